@@ -1,0 +1,1 @@
+//! The CPU backend plugin (kernels filled in by the foundation work).

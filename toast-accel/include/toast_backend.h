@@ -1,0 +1,370 @@
+/*
+ * toast_backend.h -- the backend plugin ABI of toast-rs.
+ *
+ * A backend plugin is a shared library that exports one symbol,
+ *
+ *     const toast_backend_header *toast_backend_entry(void);
+ *
+ * returning a pointer to a static, versioned header followed by a function
+ * table.  The host:
+ *   - refuses the plugin if `magic` is not TOAST_BACKEND_MAGIC, or if
+ *     `abi_major` differs from its own TOAST_BACKEND_ABI_MAJOR;
+ *   - reads min(header->table_size, sizeof(toast_backend_table)) bytes of the
+ *     table, so tables only ever grow at the end (minor versions);
+ *   - treats a NULL kernel entry as "this backend does not implement that
+ *     kernel" and dispatches the call to a fallback backend.
+ *
+ * Rules for everything that crosses the boundary:
+ *   - only C types: fixed-width integers, doubles, pointers with lengths and
+ *     the structs below; no exceptions or Rust panics may unwind out of a call;
+ *   - every function returns a toast_status; on failure the plugin keeps a
+ *     message for the calling thread that `last_error` returns (it names the
+ *     offending argument, detector or sample where there is one);
+ *   - device buffers are opaque 64-bit handles created by the plugin's
+ *     `alloc` and owned by it; a handle from another plugin, or one already
+ *     freed, must be refused with TOAST_ERR_INVALID_HANDLE, never crash;
+ *   - plugins are never unloaded.
+ *
+ * Arrays.  A kernel sees its large (per-sample) arrays as toast_array: a
+ * `ptr` and a length in ELEMENTS.  For a backend whose header sets
+ * TOAST_BACKEND_FLAG_HOST_ADDRESSABLE, `ptr` is a host address; otherwise
+ * it is a handle returned by `alloc` (the host stages data before the call).
+ * A toast_array with len == 0 is "absent" (optional arrays only) and its ptr
+ * must not be read.  Small per-detector arrays (index arrays, calibration,
+ * focal-plane quaternions) and the intervals are always plain host memory.
+ *
+ * Shapes.  Row-major (C order).  "[n_rows, n_samp, 4]" means the array has
+ * n_rows*n_samp*4 elements; n_rows is len / (n_samp*4) and must be exact.
+ * Index arrays name rows of such arrays and must lie in [0, n_rows).
+ * Intervals are [first, last) sample ranges (last exclusive), processed in
+ * order; 0 <= first <= last <= n_samp.
+ *
+ * Quaternions are [x, y, z, w] (scalar last), never normalised by a kernel.
+ * The exact mathematics of each kernel is that of TOAST 3.0.6, documented in
+ * the project's reference-case FORMAT.md, with TOAST's undefined behaviour
+ * replaced by errors (see each kernel below).
+ */
+#ifndef TOAST_BACKEND_H
+#define TOAST_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
+#define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
+#define TOAST_BACKEND_ABI_MAJOR 1u
+#define TOAST_BACKEND_ABI_MINOR 0u
+#define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
+
+/* ---- status codes ------------------------------------------------------ */
+typedef int32_t toast_status;
+#define TOAST_OK 0
+#define TOAST_ERR_INVALID_ARGUMENT 1 /* bad shape, length, index or value */
+#define TOAST_ERR_OUT_OF_MEMORY 2    /* allocation failed (names buffer and size) */
+#define TOAST_ERR_UNSUPPORTED 3      /* not implemented by this backend */
+#define TOAST_ERR_INVALID_HANDLE 4   /* unknown, foreign or freed buffer handle */
+#define TOAST_ERR_DEVICE 5           /* driver or device failure */
+#define TOAST_ERR_UNAVAILABLE 6      /* hardware or runtime library absent */
+#define TOAST_ERR_COMPILE 7          /* device code failed to compile */
+#define TOAST_ERR_PANIC 8            /* the plugin caught an internal panic */
+#define TOAST_ERR_INTERNAL 9         /* anything else */
+
+/* ---- logging ----------------------------------------------------------- */
+#define TOAST_LOG_ERROR 1
+#define TOAST_LOG_WARN 2
+#define TOAST_LOG_INFO 3
+#define TOAST_LOG_DEBUG 4
+#define TOAST_LOG_TRACE 5
+/* `msg` is UTF-8, `len` bytes, not necessarily NUL-terminated. */
+typedef void (*toast_log_fn)(void *user, int32_t level, const char *msg, size_t len);
+
+/* What the host hands to `init`.  `size` is sizeof(toast_host_api) as the
+ * host knows it; read only fields that fit in it. */
+typedef struct toast_host_api {
+    uint32_t size;
+    uint32_t abi_minor;
+    toast_log_fn log; /* may be NULL */
+    void *log_user;
+    const char *options; /* NUL-terminated "key=value;key=value", may be NULL */
+} toast_host_api;
+
+/* ---- common argument types --------------------------------------------- */
+typedef struct toast_array {
+    uint64_t ptr; /* host address or buffer handle, see above */
+    uint64_t len; /* number of elements; 0 = absent */
+} toast_array;
+
+typedef struct toast_interval {
+    int64_t first; /* first sample */
+    int64_t last;  /* one past the last sample (exclusive) */
+} toast_interval;
+
+typedef struct toast_intervals {
+    const toast_interval *ptr; /* host memory */
+    uint64_t len;
+} toast_intervals;
+
+#define TOAST_DTYPE_F64 0
+#define TOAST_DTYPE_F32 1
+#define TOAST_DTYPE_I64 2
+#define TOAST_DTYPE_I32 3
+
+typedef struct toast_device_info {
+    char name[128];       /* NUL-terminated */
+    uint64_t total_memory; /* bytes, 0 if unknown */
+    uint64_t free_memory;  /* bytes, 0 if unknown */
+    uint32_t compute_units;
+    uint32_t reserved;
+} toast_device_info;
+
+/* ---- kernel arguments ---------------------------------------------------
+ * Arrays marked "host" are plain host pointers of the stated length.
+ * "(in)" is read, "(out)" written, "(in/out)" both. */
+
+/* quats[quat_index[i], s] = b(s) * focalplane[i]  (Hamilton product), where
+ * b(s) = boresight[s], or identity when shared_flags[s] & mask. */
+typedef struct toast_pointing_detector_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *quat_index; /* host [n_det] */
+    const double *focalplane;  /* host [n_det, 4] */
+    toast_intervals intervals;
+    toast_array boresight;    /* f64 [n_samp, 4] (in) */
+    toast_array shared_flags; /* u8 [n_samp] (in), or absent */
+    uint8_t shared_flag_mask;
+    uint8_t reserved[7];
+    toast_array quats; /* f64 [n_rows, n_samp, 4] (out) */
+} toast_pointing_detector_args;
+
+/* HEALPix pixel of each detector direction.  nside must be a power of two
+ * (TOAST loops forever otherwise; here it is an error).  Flagged samples get
+ * pixel -1 and no hit.  hit_submaps[pix / n_pix_submap] is set to 1. */
+typedef struct toast_pixels_healpix_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *quat_index;  /* host [n_det] */
+    const int32_t *pixel_index; /* host [n_det] */
+    toast_intervals intervals;
+    toast_array quats;        /* f64 [n_rows, n_samp, 4] (in) */
+    toast_array shared_flags; /* u8 [n_samp] (in), or absent */
+    toast_array pixels;       /* i64 [n_rows, n_samp] (out) */
+    toast_array hit_submaps;  /* u8 [n_submap] (in/out); n_submap*n_pix_submap >= 12 nside^2 */
+    int64_t nside;
+    int64_t n_pix_submap;
+    uint8_t shared_flag_mask;
+    uint8_t nest; /* 1 NESTED, 0 RING */
+    uint8_t reserved[6];
+} toast_pixels_healpix_args;
+
+/* weights[weight_index[i], s] = cal[i] */
+typedef struct toast_stokes_weights_i_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *weight_index; /* host [n_det] */
+    const double *cal;           /* host [n_det] */
+    toast_intervals intervals;
+    toast_array weights; /* f64 [n_rows, n_samp] (out) */
+} toast_stokes_weights_i_args;
+
+/* I, Q, U weights from the detector quaternions, with optional HWP angle. */
+typedef struct toast_stokes_weights_iqu_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *quat_index;   /* host [n_det] */
+    const int32_t *weight_index; /* host [n_det] */
+    const double *epsilon;       /* host [n_det] */
+    const double *gamma;         /* host [n_det] */
+    const double *cal;           /* host [n_det] */
+    toast_intervals intervals;
+    toast_array quats;   /* f64 [n_rows, n_samp, 4] (in) */
+    toast_array hwp;     /* f64 [n_samp] (in), or absent (no HWP) */
+    toast_array weights; /* f64 [n_rows, n_samp, 3] (out) */
+    uint8_t iau;         /* 1: IAU convention (U sign flipped) */
+    uint8_t reserved[7];
+} toast_stokes_weights_iqu_args;
+
+/* det_data[d, s] (+= | -= | *=) data_scale * sum_k weights[w, s, k] * map[pixel, k].
+ * A pixel < 0 is skipped; a pixel >= n_global_submap*n_pix_submap, or one in a
+ * submap whose global2local is -1 (or >= n_local_submap), is an error.
+ * should_zero zeroes det_data over the intervals first. */
+typedef struct toast_scan_map_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    uint64_t nnz;
+    const int32_t *pixel_index;  /* host [n_det] */
+    const int32_t *weight_index; /* host [n_det] */
+    const int32_t *data_index;   /* host [n_det] */
+    toast_intervals intervals;
+    toast_array global2local; /* i64 [n_global_submap] (in) */
+    int64_t n_pix_submap;
+    int32_t map_dtype;  /* TOAST_DTYPE_* */
+    int32_t reserved0;
+    toast_array mapdata;  /* map_dtype [n_local_submap, n_pix_submap, nnz] (in) */
+    toast_array pixels;   /* i64 [n_rows, n_samp] (in) */
+    toast_array weights;  /* f64 [n_rows, n_samp, nnz] (in) */
+    toast_array det_data; /* f64 [n_rows, n_samp] (in/out) */
+    double data_scale;
+    uint8_t should_zero;
+    uint8_t should_subtract; /* takes priority over should_scale */
+    uint8_t should_scale;
+    uint8_t reserved[5];
+} toast_scan_map_args;
+
+/* zmap[l, p, k] += det_data[d, s] * det_scale[i] * weights[w, s, k] for
+ * unflagged samples with pixel >= 0; accumulation order per zmap element is
+ * detector, interval, sample.  Pixel errors as in scan_map. */
+typedef struct toast_build_noise_weighted_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    uint64_t nnz;
+    const int32_t *pixel_index;  /* host [n_det] */
+    const int32_t *weight_index; /* host [n_det] */
+    const int32_t *data_index;   /* host [n_det] */
+    const int32_t *flag_index;   /* host [n_det]; read only when det_flags is present */
+    const double *det_scale;     /* host [n_det] */
+    toast_intervals intervals;
+    toast_array global2local; /* i64 [n_global_submap] (in) */
+    int64_t n_pix_submap;
+    toast_array pixels;       /* i64 [n_rows, n_samp] (in) */
+    toast_array weights;      /* f64 [n_rows, n_samp, nnz] (in) */
+    toast_array det_data;     /* f64 [n_rows, n_samp] (in) */
+    toast_array det_flags;    /* u8 [n_rows, n_samp] (in), or absent */
+    toast_array shared_flags; /* u8 [n_samp] (in), or absent */
+    toast_array zmap;         /* f64 [n_local_submap, n_pix_submap, nnz] (in/out) */
+    uint8_t det_flag_mask;
+    uint8_t shared_flag_mask;
+    uint8_t reserved[6];
+} toast_build_noise_weighted_args;
+
+/* det_data[data_index[i], s] *= detector_weights[i] */
+typedef struct toast_noise_weight_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *data_index;       /* host [n_det] */
+    const double *detector_weights;  /* host [n_det] */
+    toast_intervals intervals;
+    toast_array det_data; /* f64 [n_rows, n_samp] (in/out) */
+} toast_noise_weight_args;
+
+/* Offset templates.  TOAST calls these once per detector; here a call may
+ * carry several detectors (processed in order).  For detector i, sample s of
+ * view (interval) v maps to amplitude
+ *     amp_offset[i] + sum_{u<v} n_amp_views[u] + (s - first_v) / step_length.
+ * n_view = intervals.len must be >= 1 and equal to the length of n_amp_views;
+ * n_amp_views[v] must hold ceil((last_v - first_v) / step_length) and every
+ * amplitude index must lie inside `amplitudes`. */
+typedef struct toast_offset_layout {
+    int64_t step_length;
+    const int64_t *n_amp_views; /* host [n_view] */
+    const int64_t *amp_offset;  /* host [n_det] */
+} toast_offset_layout;
+
+/* det_data[data_index[i], s] += amplitudes[amp] unless amplitude_flags[amp] */
+typedef struct toast_template_offset_add_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *data_index; /* host [n_det] */
+    toast_offset_layout layout;
+    toast_intervals intervals;
+    toast_array amplitudes;      /* f64 [n_amp] (in) */
+    toast_array amplitude_flags; /* u8 [n_amp] (in) */
+    toast_array det_data;        /* f64 [n_rows, n_samp] (in/out) */
+} toast_template_offset_add_args;
+
+/* amplitudes[amp] += (flagged ? 0.0 : det_data[data_index[i], s]) unless
+ * amplitude_flags[amp]; each amplitude sums its samples in sample order
+ * (deterministic, whatever the thread count).  flag_index[i] < 0 means the
+ * detector has no flags. */
+typedef struct toast_template_offset_project_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *data_index; /* host [n_det] */
+    const int32_t *flag_index; /* host [n_det], -1 = no flags */
+    toast_offset_layout layout;
+    toast_intervals intervals;
+    toast_array det_data;        /* f64 [n_rows, n_samp] (in) */
+    toast_array flag_data;       /* u8 [n_flag_rows, n_samp] (in), or absent */
+    toast_array amplitudes;      /* f64 [n_amp] (in/out) */
+    toast_array amplitude_flags; /* u8 [n_amp] (in) */
+    uint8_t flag_mask;
+    uint8_t reserved[7];
+} toast_template_offset_project_args;
+
+/* out[a] = flags[a] == 0 ? in[a] * offset_var[a] : 0.0 */
+typedef struct toast_template_offset_precond_args {
+    uint64_t n_amp;
+    toast_array offset_var;      /* f64 [n_amp] (in) */
+    toast_array amplitudes_in;   /* f64 [n_amp] (in) */
+    toast_array amplitude_flags; /* u8 [n_amp] (in) */
+    toast_array amplitudes_out;  /* f64 [n_amp] (out) */
+} toast_template_offset_precond_args;
+
+/* ---- the function table -------------------------------------------------
+ * Entries may be NULL: memory entries only for host-addressable backends,
+ * kernel entries for kernels the backend does not implement.  `ctx` is the
+ * value `init` produced. */
+typedef struct toast_backend_table {
+    /* lifecycle: init may fail with TOAST_ERR_UNAVAILABLE (no device, no
+     * driver); last_error then gives the reason shown to the user. */
+    toast_status (*init)(const toast_host_api *host, void **ctx);
+    void (*shutdown)(void *ctx);
+    /* Thread-local message of the last failed call on this thread, NUL
+     * terminated, valid until the next call; never NULL ("" if none). */
+    const char *(*last_error)(void);
+
+    /* devices */
+    toast_status (*device_count)(void *ctx, uint32_t *count);
+    toast_status (*device_info)(void *ctx, uint32_t index, toast_device_info *info);
+
+    /* memory; `name` (NUL-terminated, may be NULL) is used in error messages */
+    toast_status (*alloc)(void *ctx, uint64_t bytes, const char *name, uint64_t *handle);
+    toast_status (*free)(void *ctx, uint64_t handle);
+    toast_status (*copy_to_device)(void *ctx, uint64_t handle, uint64_t offset_bytes,
+                                   const void *src, uint64_t bytes);
+    toast_status (*copy_to_host)(void *ctx, uint64_t handle, uint64_t offset_bytes, void *dst,
+                                 uint64_t bytes);
+    toast_status (*reset)(void *ctx, uint64_t handle, uint64_t offset_bytes, uint64_t bytes);
+    toast_status (*synchronize)(void *ctx);
+
+    /* kernels */
+    toast_status (*pointing_detector)(void *ctx, const toast_pointing_detector_args *a);
+    toast_status (*pixels_healpix)(void *ctx, const toast_pixels_healpix_args *a);
+    toast_status (*stokes_weights_i)(void *ctx, const toast_stokes_weights_i_args *a);
+    toast_status (*stokes_weights_iqu)(void *ctx, const toast_stokes_weights_iqu_args *a);
+    toast_status (*scan_map)(void *ctx, const toast_scan_map_args *a);
+    toast_status (*build_noise_weighted)(void *ctx, const toast_build_noise_weighted_args *a);
+    toast_status (*noise_weight)(void *ctx, const toast_noise_weight_args *a);
+    toast_status (*template_offset_add_to_signal)(void *ctx,
+                                                  const toast_template_offset_add_args *a);
+    toast_status (*template_offset_project_signal)(void *ctx,
+                                                   const toast_template_offset_project_args *a);
+    toast_status (*template_offset_apply_diag_precond)(
+        void *ctx, const toast_template_offset_precond_args *a);
+} toast_backend_table;
+
+/* Backend capabilities (header.flags). */
+#define TOAST_BACKEND_FLAG_HOST_ADDRESSABLE 1u /* kernels take host addresses */
+
+typedef struct toast_backend_header {
+    uint64_t magic;     /* TOAST_BACKEND_MAGIC */
+    uint32_t abi_major; /* TOAST_BACKEND_ABI_MAJOR */
+    uint32_t abi_minor; /* TOAST_BACKEND_ABI_MINOR the plugin was built against */
+    uint32_t table_size; /* sizeof(toast_backend_table) as the plugin knows it */
+    uint32_t flags;      /* TOAST_BACKEND_FLAG_* */
+    const char *name;    /* e.g. "cpu"; NUL-terminated, static */
+    const char *version; /* plugin version, NUL-terminated, static */
+    const char *description;
+    const toast_backend_table *table;
+} toast_backend_header;
+
+typedef const toast_backend_header *(*toast_backend_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOAST_BACKEND_H */

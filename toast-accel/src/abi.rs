@@ -1,0 +1,426 @@
+//! The `#[repr(C)]` mirror of `include/toast_backend.h`.
+//!
+//! Everything here is plain data shared by the host (which loads plugins)
+//! and by plugins written in Rust. Field order, sizes and constants must
+//! match the C header exactly; `tests/abi_layout.rs` in this crate checks
+//! the sizes and offsets against the header compiled by the C compiler.
+
+use std::ffi::{c_char, c_void};
+
+/// The bytes `"TOASTBKD"` read as a little-endian `u64`.
+pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
+/// ABI major version: the host refuses a plugin with another major.
+pub const ABI_MAJOR: u32 = 1;
+/// ABI minor version: tables only grow at the end between minors.
+pub const ABI_MINOR: u32 = 0;
+/// The name of the one symbol a plugin exports.
+pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
+
+/// Status code returned by every plugin function.
+pub type Status = i32;
+pub const OK: Status = 0;
+pub const ERR_INVALID_ARGUMENT: Status = 1;
+pub const ERR_OUT_OF_MEMORY: Status = 2;
+pub const ERR_UNSUPPORTED: Status = 3;
+pub const ERR_INVALID_HANDLE: Status = 4;
+pub const ERR_DEVICE: Status = 5;
+pub const ERR_UNAVAILABLE: Status = 6;
+pub const ERR_COMPILE: Status = 7;
+pub const ERR_PANIC: Status = 8;
+pub const ERR_INTERNAL: Status = 9;
+
+pub const LOG_ERROR: i32 = 1;
+pub const LOG_WARN: i32 = 2;
+pub const LOG_INFO: i32 = 3;
+pub const LOG_DEBUG: i32 = 4;
+pub const LOG_TRACE: i32 = 5;
+
+/// Backend capability: kernels take host addresses in [`Array::ptr`].
+pub const FLAG_HOST_ADDRESSABLE: u32 = 1;
+
+pub const DTYPE_F64: i32 = 0;
+pub const DTYPE_F32: i32 = 1;
+pub const DTYPE_I64: i32 = 2;
+pub const DTYPE_I32: i32 = 3;
+
+/// Logging callback the host passes to `init`.
+pub type LogFn =
+    Option<unsafe extern "C" fn(user: *mut c_void, level: i32, msg: *const c_char, len: usize)>;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HostApi {
+    pub size: u32,
+    pub abi_minor: u32,
+    pub log: LogFn,
+    pub log_user: *mut c_void,
+    pub options: *const c_char,
+}
+
+/// A kernel array: host address or buffer handle, and a length in elements.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Array {
+    pub ptr: u64,
+    pub len: u64,
+}
+
+impl Array {
+    /// The absent array (`len == 0`).
+    pub const ABSENT: Array = Array { ptr: 0, len: 0 };
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Interval {
+    pub first: i64,
+    /// Exclusive.
+    pub last: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Intervals {
+    pub ptr: *const Interval,
+    pub len: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceInfo {
+    pub name: [c_char; 128],
+    pub total_memory: u64,
+    pub free_memory: u64,
+    pub compute_units: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PointingDetectorArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub quat_index: *const i32,
+    pub focalplane: *const f64,
+    pub intervals: Intervals,
+    pub boresight: Array,
+    pub shared_flags: Array,
+    pub shared_flag_mask: u8,
+    pub reserved: [u8; 7],
+    pub quats: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PixelsHealpixArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub quat_index: *const i32,
+    pub pixel_index: *const i32,
+    pub intervals: Intervals,
+    pub quats: Array,
+    pub shared_flags: Array,
+    pub pixels: Array,
+    pub hit_submaps: Array,
+    pub nside: i64,
+    pub n_pix_submap: i64,
+    pub shared_flag_mask: u8,
+    pub nest: u8,
+    pub reserved: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct StokesWeightsIArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub weight_index: *const i32,
+    pub cal: *const f64,
+    pub intervals: Intervals,
+    pub weights: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct StokesWeightsIquArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub quat_index: *const i32,
+    pub weight_index: *const i32,
+    pub epsilon: *const f64,
+    pub gamma: *const f64,
+    pub cal: *const f64,
+    pub intervals: Intervals,
+    pub quats: Array,
+    pub hwp: Array,
+    pub weights: Array,
+    pub iau: u8,
+    pub reserved: [u8; 7],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ScanMapArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub nnz: u64,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub data_index: *const i32,
+    pub intervals: Intervals,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub map_dtype: i32,
+    pub reserved0: i32,
+    pub mapdata: Array,
+    pub pixels: Array,
+    pub weights: Array,
+    pub det_data: Array,
+    pub data_scale: f64,
+    pub should_zero: u8,
+    pub should_subtract: u8,
+    pub should_scale: u8,
+    pub reserved: [u8; 5],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BuildNoiseWeightedArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub nnz: u64,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub data_index: *const i32,
+    pub flag_index: *const i32,
+    pub det_scale: *const f64,
+    pub intervals: Intervals,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub pixels: Array,
+    pub weights: Array,
+    pub det_data: Array,
+    pub det_flags: Array,
+    pub shared_flags: Array,
+    pub zmap: Array,
+    pub det_flag_mask: u8,
+    pub shared_flag_mask: u8,
+    pub reserved: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NoiseWeightArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub data_index: *const i32,
+    pub detector_weights: *const f64,
+    pub intervals: Intervals,
+    pub det_data: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct OffsetLayout {
+    pub step_length: i64,
+    pub n_amp_views: *const i64,
+    pub amp_offset: *const i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateOffsetAddArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub data_index: *const i32,
+    pub layout: OffsetLayout,
+    pub intervals: Intervals,
+    pub amplitudes: Array,
+    pub amplitude_flags: Array,
+    pub det_data: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateOffsetProjectArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub data_index: *const i32,
+    pub flag_index: *const i32,
+    pub layout: OffsetLayout,
+    pub intervals: Intervals,
+    pub det_data: Array,
+    pub flag_data: Array,
+    pub amplitudes: Array,
+    pub amplitude_flags: Array,
+    pub flag_mask: u8,
+    pub reserved: [u8; 7],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateOffsetPrecondArgs {
+    pub n_amp: u64,
+    pub offset_var: Array,
+    pub amplitudes_in: Array,
+    pub amplitude_flags: Array,
+    pub amplitudes_out: Array,
+}
+
+pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;
+pub type ShutdownFn = unsafe extern "C" fn(ctx: *mut c_void);
+pub type LastErrorFn = unsafe extern "C" fn() -> *const c_char;
+pub type DeviceCountFn = unsafe extern "C" fn(ctx: *mut c_void, count: *mut u32) -> Status;
+pub type DeviceInfoFn =
+    unsafe extern "C" fn(ctx: *mut c_void, index: u32, info: *mut DeviceInfo) -> Status;
+pub type AllocFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    bytes: u64,
+    name: *const c_char,
+    handle: *mut u64,
+) -> Status;
+pub type FreeFn = unsafe extern "C" fn(ctx: *mut c_void, handle: u64) -> Status;
+pub type CopyToDeviceFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    handle: u64,
+    offset: u64,
+    src: *const c_void,
+    bytes: u64,
+) -> Status;
+pub type CopyToHostFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    handle: u64,
+    offset: u64,
+    dst: *mut c_void,
+    bytes: u64,
+) -> Status;
+pub type ResetFn =
+    unsafe extern "C" fn(ctx: *mut c_void, handle: u64, offset: u64, bytes: u64) -> Status;
+pub type SynchronizeFn = unsafe extern "C" fn(ctx: *mut c_void) -> Status;
+/// A kernel entry: `ctx` and a pointer to that kernel's argument struct.
+pub type KernelFn<A> = unsafe extern "C" fn(ctx: *mut c_void, args: *const A) -> Status;
+
+/// The function table. `None` is a NULL entry ("not supported").
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BackendTable {
+    pub init: Option<InitFn>,
+    pub shutdown: Option<ShutdownFn>,
+    pub last_error: Option<LastErrorFn>,
+    pub device_count: Option<DeviceCountFn>,
+    pub device_info: Option<DeviceInfoFn>,
+    pub alloc: Option<AllocFn>,
+    pub free: Option<FreeFn>,
+    pub copy_to_device: Option<CopyToDeviceFn>,
+    pub copy_to_host: Option<CopyToHostFn>,
+    pub reset: Option<ResetFn>,
+    pub synchronize: Option<SynchronizeFn>,
+    pub pointing_detector: Option<KernelFn<PointingDetectorArgs>>,
+    pub pixels_healpix: Option<KernelFn<PixelsHealpixArgs>>,
+    pub stokes_weights_i: Option<KernelFn<StokesWeightsIArgs>>,
+    pub stokes_weights_iqu: Option<KernelFn<StokesWeightsIquArgs>>,
+    pub scan_map: Option<KernelFn<ScanMapArgs>>,
+    pub build_noise_weighted: Option<KernelFn<BuildNoiseWeightedArgs>>,
+    pub noise_weight: Option<KernelFn<NoiseWeightArgs>>,
+    pub template_offset_add_to_signal: Option<KernelFn<TemplateOffsetAddArgs>>,
+    pub template_offset_project_signal: Option<KernelFn<TemplateOffsetProjectArgs>>,
+    pub template_offset_apply_diag_precond: Option<KernelFn<TemplateOffsetPrecondArgs>>,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct BackendHeader {
+    pub magic: u64,
+    pub abi_major: u32,
+    pub abi_minor: u32,
+    pub table_size: u32,
+    pub flags: u32,
+    pub name: *const c_char,
+    pub version: *const c_char,
+    pub description: *const c_char,
+    pub table: *const BackendTable,
+}
+
+// SAFETY: a header is immutable static data (pointers to static strings and a
+// static table); sharing it between threads only ever reads it.
+unsafe impl Sync for BackendHeader {}
+
+/// Signature of the exported entry symbol.
+pub type EntryFn = unsafe extern "C" fn() -> *const BackendHeader;
+
+/// The ten kernels, in table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    PointingDetector,
+    PixelsHealpix,
+    StokesWeightsI,
+    StokesWeightsIqu,
+    ScanMap,
+    BuildNoiseWeighted,
+    NoiseWeight,
+    TemplateOffsetAddToSignal,
+    TemplateOffsetProjectSignal,
+    TemplateOffsetApplyDiagPrecond,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 10] = [
+        Kernel::PointingDetector,
+        Kernel::PixelsHealpix,
+        Kernel::StokesWeightsI,
+        Kernel::StokesWeightsIqu,
+        Kernel::ScanMap,
+        Kernel::BuildNoiseWeighted,
+        Kernel::NoiseWeight,
+        Kernel::TemplateOffsetAddToSignal,
+        Kernel::TemplateOffsetProjectSignal,
+        Kernel::TemplateOffsetApplyDiagPrecond,
+    ];
+
+    /// TOAST's registry name of the kernel.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::PointingDetector => "pointing_detector",
+            Kernel::PixelsHealpix => "pixels_healpix",
+            Kernel::StokesWeightsI => "stokes_weights_I",
+            Kernel::StokesWeightsIqu => "stokes_weights_IQU",
+            Kernel::ScanMap => "scan_map",
+            Kernel::BuildNoiseWeighted => "build_noise_weighted",
+            Kernel::NoiseWeight => "noise_weight",
+            Kernel::TemplateOffsetAddToSignal => "template_offset_add_to_signal",
+            Kernel::TemplateOffsetProjectSignal => "template_offset_project_signal",
+            Kernel::TemplateOffsetApplyDiagPrecond => "template_offset_apply_diag_precond",
+        }
+    }
+
+    /// Parse a registry name (as [`Kernel::name`] prints it; case-insensitive).
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        Kernel::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Whether `table` has an entry for this kernel.
+    pub fn in_table(self, table: &BackendTable) -> bool {
+        match self {
+            Kernel::PointingDetector => table.pointing_detector.is_some(),
+            Kernel::PixelsHealpix => table.pixels_healpix.is_some(),
+            Kernel::StokesWeightsI => table.stokes_weights_i.is_some(),
+            Kernel::StokesWeightsIqu => table.stokes_weights_iqu.is_some(),
+            Kernel::ScanMap => table.scan_map.is_some(),
+            Kernel::BuildNoiseWeighted => table.build_noise_weighted.is_some(),
+            Kernel::NoiseWeight => table.noise_weight.is_some(),
+            Kernel::TemplateOffsetAddToSignal => table.template_offset_add_to_signal.is_some(),
+            Kernel::TemplateOffsetProjectSignal => table.template_offset_project_signal.is_some(),
+            Kernel::TemplateOffsetApplyDiagPrecond => {
+                table.template_offset_apply_diag_precond.is_some()
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,7 @@
+//! The host side: loading plugins, initialising backends, calling kernels.
+
+pub mod error;
+pub mod plugin;
+
+pub use error::{AccelError, LoadError, StatusKind};
+pub use plugin::{Backend, DeviceSummary, KernelArgs, Plugin, TransferSnapshot, TransferStats};

@@ -1,0 +1,612 @@
+//! Loading one plugin file and initialising a backend from it.
+
+use super::error::{AccelError, LoadError, StatusKind};
+use crate::abi::{self, BackendHeader, BackendTable, EntryFn, Kernel, KernelFn};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A plugin file that passed the header checks. Never unloaded.
+#[derive(Debug)]
+pub struct Plugin {
+    pub path: PathBuf,
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub abi_major: u32,
+    pub abi_minor: u32,
+    pub flags: u32,
+    /// The plugin's table, truncated or zero-extended to the host's layout.
+    pub table: BackendTable,
+}
+
+// SAFETY: the table holds only `extern "C"` function pointers, which plugins
+// must make callable from any thread (documented in the header).
+unsafe impl Send for Plugin {}
+// SAFETY: as above; the struct is immutable after loading.
+unsafe impl Sync for Plugin {}
+
+/// Read a NUL-terminated static string from a plugin header.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string.
+unsafe fn header_str(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-null and NUL-terminated by the caller's contract.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+impl Plugin {
+    /// Open `path`, find the entry symbol and check the header.
+    pub fn load(path: &Path) -> Result<Plugin, LoadError> {
+        let p = path.to_path_buf();
+        // SAFETY: loading a shared library runs its initialisers; plugins are
+        // trusted code the user pointed us at (explicit path, environment
+        // variable or the executable's directory).
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::Open {
+            path: p.clone(),
+            reason: e.to_string(),
+        })?;
+        // Plugins are never unloaded: leak the library handle.
+        let lib: &'static libloading::Library = Box::leak(Box::new(lib));
+        // SAFETY: the symbol's type is fixed by the ABI (`toast_backend_entry_fn`).
+        let entry: libloading::Symbol<'static, EntryFn> = unsafe {
+            lib.get(abi::ENTRY_SYMBOL.as_bytes())
+        }
+        .map_err(|e| LoadError::MissingSymbol {
+            path: p.clone(),
+            symbol: abi::ENTRY_SYMBOL,
+            reason: e.to_string(),
+        })?;
+        // SAFETY: calling the entry function the ABI defines; it takes no arguments.
+        let hdr_ptr = unsafe { entry() };
+        if hdr_ptr.is_null() {
+            return Err(LoadError::NullHeader {
+                path: p,
+                symbol: abi::ENTRY_SYMBOL,
+            });
+        }
+        // Read the magic alone first: a foreign symbol may point at anything
+        // small, and the magic is the first field.
+        // SAFETY: non-null; the first 8 bytes are the magic in every ABI version.
+        let magic = unsafe { std::ptr::read_unaligned(hdr_ptr as *const u64) };
+        if magic != abi::MAGIC {
+            return Err(LoadError::BadMagic {
+                path: p,
+                found: magic,
+                expected: abi::MAGIC,
+            });
+        }
+        // SAFETY: the magic matched, so this is a toast header whose fixed
+        // prefix (through `table`) is present in every ABI major 1 plugin.
+        let hdr: &BackendHeader = unsafe { &*hdr_ptr };
+        if hdr.abi_major != abi::ABI_MAJOR {
+            return Err(LoadError::AbiMajor {
+                path: p,
+                plugin: hdr.abi_major,
+                host: abi::ABI_MAJOR,
+            });
+        }
+        if hdr.table.is_null() {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: "null function table".into(),
+            });
+        }
+        if hdr.name.is_null() {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: "null backend name".into(),
+            });
+        }
+        let mut table = BackendTable::default();
+        let n = (hdr.table_size as usize).min(std::mem::size_of::<BackendTable>());
+        // SAFETY: the plugin's table has at least `table_size` bytes; we copy
+        // at most that many into a zeroed table of the host's layout, whose
+        // fields are all `Option<fn>` (all-zero bytes are `None`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                hdr.table as *const u8,
+                &mut table as *mut BackendTable as *mut u8,
+                n,
+            );
+        }
+        // SAFETY: the header strings are static and NUL-terminated by the ABI.
+        let (name, version, description) = unsafe {
+            (
+                header_str(hdr.name),
+                header_str(hdr.version),
+                header_str(hdr.description),
+            )
+        };
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: format!("invalid backend name {name:?}"),
+            });
+        }
+        if table.init.is_none() || table.last_error.is_none() {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: "the table has no `init` or no `last_error`".into(),
+            });
+        }
+        Ok(Plugin {
+            path: p,
+            name,
+            version,
+            description,
+            abi_major: hdr.abi_major,
+            abi_minor: hdr.abi_minor,
+            flags: hdr.flags,
+            table,
+        })
+    }
+
+    /// Whether kernels of this plugin take host addresses.
+    pub fn host_addressable(&self) -> bool {
+        self.flags & abi::FLAG_HOST_ADDRESSABLE != 0
+    }
+
+    /// The kernels this plugin implements.
+    pub fn kernels(&self) -> Vec<Kernel> {
+        Kernel::ALL
+            .into_iter()
+            .filter(|k| k.in_table(&self.table))
+            .collect()
+    }
+
+    /// The plugin's last error message on this thread.
+    pub fn last_error(&self) -> String {
+        match self.table.last_error {
+            // SAFETY: `last_error` takes no arguments and returns a
+            // NUL-terminated string valid until the next call on this thread.
+            Some(f) => unsafe { header_str(f()) },
+            None => String::new(),
+        }
+    }
+
+    /// Initialise a backend context. A plugin whose hardware or runtime is
+    /// absent answers `Unavailable` with its reason.
+    pub fn init(self: &Arc<Self>, options: &str) -> Result<Backend, AccelError> {
+        let init = self.table.init.expect("checked at load");
+        let opts = CString::new(options.replace('\0', "")).unwrap_or_default();
+        let log_user = Box::leak(Box::new(self.name.clone())) as *mut String as *mut c_void;
+        let api = abi::HostApi {
+            size: std::mem::size_of::<abi::HostApi>() as u32,
+            abi_minor: abi::ABI_MINOR,
+            log: Some(log_bridge),
+            log_user,
+            options: opts.as_ptr(),
+        };
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `api` and `opts` outlive the call; `ctx` is a valid out pointer.
+        let status = unsafe { init(&api, &mut ctx) };
+        match status {
+            abi::OK => Ok(Backend {
+                plugin: Arc::clone(self),
+                ctx,
+                stats: TransferStats::default(),
+            }),
+            abi::ERR_UNAVAILABLE => Err(AccelError::Unavailable {
+                backend: self.name.clone(),
+                reason: self.last_error(),
+            }),
+            s => Err(AccelError::Unavailable {
+                backend: self.name.clone(),
+                reason: format!(
+                    "init failed ({}): {}",
+                    StatusKind::from_status(s),
+                    self.last_error()
+                ),
+            }),
+        }
+    }
+}
+
+/// The logging callback handed to plugins; forwards into `tracing`.
+unsafe extern "C" fn log_bridge(user: *mut c_void, level: i32, msg: *const c_char, len: usize) {
+    let _ = std::panic::catch_unwind(|| {
+        if msg.is_null() {
+            return;
+        }
+        // SAFETY: `user` is the leaked backend name we passed to init.
+        let name: &str = if user.is_null() {
+            "?"
+        } else {
+            unsafe { &*(user as *const String) }
+        };
+        // SAFETY: the plugin passes `len` readable bytes at `msg`.
+        let bytes = unsafe { std::slice::from_raw_parts(msg as *const u8, len) };
+        let text = String::from_utf8_lossy(bytes);
+        match level {
+            abi::LOG_ERROR => tracing::error!(target: "toast_backend", backend = name, "{text}"),
+            abi::LOG_WARN => tracing::warn!(target: "toast_backend", backend = name, "{text}"),
+            abi::LOG_INFO => tracing::info!(target: "toast_backend", backend = name, "{text}"),
+            abi::LOG_DEBUG => tracing::debug!(target: "toast_backend", backend = name, "{text}"),
+            _ => tracing::trace!(target: "toast_backend", backend = name, "{text}"),
+        }
+    });
+}
+
+/// Counts of memory operations, in each direction.
+#[derive(Debug, Default)]
+pub struct TransferStats {
+    pub allocs: AtomicU64,
+    pub alloc_bytes: AtomicU64,
+    pub frees: AtomicU64,
+    pub h2d_calls: AtomicU64,
+    pub h2d_bytes: AtomicU64,
+    pub d2h_calls: AtomicU64,
+    pub d2h_bytes: AtomicU64,
+    pub resets: AtomicU64,
+}
+
+/// A plain copy of [`TransferStats`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TransferSnapshot {
+    pub allocs: u64,
+    pub alloc_bytes: u64,
+    pub frees: u64,
+    pub h2d_calls: u64,
+    pub h2d_bytes: u64,
+    pub d2h_calls: u64,
+    pub d2h_bytes: u64,
+    pub resets: u64,
+}
+
+impl TransferStats {
+    pub fn snapshot(&self) -> TransferSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TransferSnapshot {
+            allocs: l(&self.allocs),
+            alloc_bytes: l(&self.alloc_bytes),
+            frees: l(&self.frees),
+            h2d_calls: l(&self.h2d_calls),
+            h2d_bytes: l(&self.h2d_bytes),
+            d2h_calls: l(&self.d2h_calls),
+            d2h_bytes: l(&self.d2h_bytes),
+            resets: l(&self.resets),
+        }
+    }
+    pub fn reset(&self) {
+        for a in [
+            &self.allocs,
+            &self.alloc_bytes,
+            &self.frees,
+            &self.h2d_calls,
+            &self.h2d_bytes,
+            &self.d2h_calls,
+            &self.d2h_bytes,
+            &self.resets,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An initialised backend: a plugin and its context.
+#[derive(Debug)]
+pub struct Backend {
+    plugin: Arc<Plugin>,
+    ctx: *mut c_void,
+    stats: TransferStats,
+}
+
+// SAFETY: plugins must accept calls on a context from any thread (ABI rule).
+unsafe impl Send for Backend {}
+// SAFETY: as above.
+unsafe impl Sync for Backend {}
+
+/// An argument struct of one kernel.
+pub trait KernelArgs {
+    const KERNEL: Kernel;
+    fn entry(table: &BackendTable) -> Option<KernelFn<Self>>
+    where
+        Self: Sized;
+}
+
+macro_rules! kernel_args {
+    ($($ty:ident => $kernel:ident, $field:ident;)*) => {$(
+        impl KernelArgs for abi::$ty {
+            const KERNEL: Kernel = Kernel::$kernel;
+            fn entry(table: &BackendTable) -> Option<KernelFn<Self>> { table.$field }
+        }
+    )*};
+}
+
+kernel_args! {
+    PointingDetectorArgs => PointingDetector, pointing_detector;
+    PixelsHealpixArgs => PixelsHealpix, pixels_healpix;
+    StokesWeightsIArgs => StokesWeightsI, stokes_weights_i;
+    StokesWeightsIquArgs => StokesWeightsIqu, stokes_weights_iqu;
+    ScanMapArgs => ScanMap, scan_map;
+    BuildNoiseWeightedArgs => BuildNoiseWeighted, build_noise_weighted;
+    NoiseWeightArgs => NoiseWeight, noise_weight;
+    TemplateOffsetAddArgs => TemplateOffsetAddToSignal, template_offset_add_to_signal;
+    TemplateOffsetProjectArgs => TemplateOffsetProjectSignal, template_offset_project_signal;
+    TemplateOffsetPrecondArgs => TemplateOffsetApplyDiagPrecond, template_offset_apply_diag_precond;
+}
+
+impl Backend {
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+    pub fn name(&self) -> &str {
+        &self.plugin.name
+    }
+    pub fn host_addressable(&self) -> bool {
+        self.plugin.host_addressable()
+    }
+    pub fn supports(&self, k: Kernel) -> bool {
+        k.in_table(&self.plugin.table)
+    }
+    pub fn stats(&self) -> &TransferStats {
+        &self.stats
+    }
+
+    /// Run a kernel with raw ABI arguments.
+    ///
+    /// # Safety
+    /// Every pointer in `args` must be valid for the lengths it declares
+    /// (host memory for host arrays; host addresses or live handles of this
+    /// backend for `Array` fields, as [`Backend::host_addressable`] says),
+    /// and nothing else may access the output arrays during the call.
+    pub unsafe fn launch<A: KernelArgs>(&self, args: &A) -> Result<(), AccelError> {
+        let Some(f) = A::entry(&self.plugin.table) else {
+            return Err(AccelError::Unsupported {
+                backend: self.name().to_string(),
+                kernel: A::KERNEL,
+            });
+        };
+        // SAFETY: the caller guarantees the arguments are valid.
+        let status = unsafe { f(self.ctx, args) };
+        self.kernel_status(A::KERNEL, status)
+    }
+
+    fn kernel_status(&self, kernel: Kernel, status: abi::Status) -> Result<(), AccelError> {
+        if status == abi::OK {
+            return Ok(());
+        }
+        let kind = StatusKind::from_status(status);
+        if kind == StatusKind::Unsupported {
+            return Err(AccelError::Unsupported {
+                backend: self.name().to_string(),
+                kernel,
+            });
+        }
+        Err(AccelError::Kernel {
+            backend: self.name().to_string(),
+            kernel,
+            kind,
+            message: self.plugin.last_error(),
+        })
+    }
+
+    fn mem_status(&self, op: &'static str, status: abi::Status) -> Result<(), AccelError> {
+        if status == abi::OK {
+            return Ok(());
+        }
+        Err(AccelError::Memory {
+            backend: self.name().to_string(),
+            op,
+            kind: StatusKind::from_status(status),
+            message: self.plugin.last_error(),
+        })
+    }
+
+    fn mem_unsupported(&self, op: &'static str) -> AccelError {
+        AccelError::Memory {
+            backend: self.name().to_string(),
+            op,
+            kind: StatusKind::Unsupported,
+            message: "the plugin has no entry for this operation".into(),
+        }
+    }
+
+    /// Number of devices the backend sees.
+    pub fn device_count(&self) -> Result<u32, AccelError> {
+        let Some(f) = self.plugin.table.device_count else {
+            return Ok(0);
+        };
+        let mut n = 0u32;
+        // SAFETY: valid context and out pointer.
+        let s = unsafe { f(self.ctx, &mut n) };
+        self.mem_status("device_count", s)?;
+        Ok(n)
+    }
+
+    /// Name, memory and compute units of device `index`.
+    pub fn device_info(&self, index: u32) -> Result<DeviceSummary, AccelError> {
+        let Some(f) = self.plugin.table.device_info else {
+            return Err(self.mem_unsupported("device_info"));
+        };
+        let mut info = abi::DeviceInfo {
+            name: [0; 128],
+            total_memory: 0,
+            free_memory: 0,
+            compute_units: 0,
+            reserved: 0,
+        };
+        // SAFETY: valid context and out pointer.
+        let s = unsafe { f(self.ctx, index, &mut info) };
+        self.mem_status("device_info", s)?;
+        info.name[127] = 0;
+        // SAFETY: NUL-terminated above.
+        let name = unsafe { CStr::from_ptr(info.name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(DeviceSummary {
+            name,
+            total_memory: info.total_memory,
+            free_memory: info.free_memory,
+            compute_units: info.compute_units,
+        })
+    }
+
+    /// Allocate a device buffer of `bytes` bytes.
+    pub fn alloc(&self, bytes: u64, name: &str) -> Result<u64, AccelError> {
+        let Some(f) = self.plugin.table.alloc else {
+            return Err(self.mem_unsupported("alloc"));
+        };
+        let cname = CString::new(name.replace('\0', "")).unwrap_or_default();
+        let mut h = 0u64;
+        // SAFETY: valid context, NUL-terminated name, valid out pointer.
+        let s = unsafe { f(self.ctx, bytes, cname.as_ptr(), &mut h) };
+        self.mem_status("alloc", s)?;
+        self.stats.allocs.fetch_add(1, Ordering::Relaxed);
+        self.stats.alloc_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(h)
+    }
+
+    /// Free a buffer of this backend.
+    pub fn free(&self, handle: u64) -> Result<(), AccelError> {
+        let Some(f) = self.plugin.table.free else {
+            return Err(self.mem_unsupported("free"));
+        };
+        // SAFETY: the plugin validates the handle.
+        let s = unsafe { f(self.ctx, handle) };
+        self.mem_status("free", s)?;
+        self.stats.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copy host bytes into a buffer at `offset`.
+    pub fn copy_to_device(&self, handle: u64, offset: u64, src: &[u8]) -> Result<(), AccelError> {
+        let Some(f) = self.plugin.table.copy_to_device else {
+            return Err(self.mem_unsupported("copy_to_device"));
+        };
+        // SAFETY: `src` is valid for its length; the plugin validates the handle and range.
+        let s = unsafe {
+            f(
+                self.ctx,
+                handle,
+                offset,
+                src.as_ptr() as *const c_void,
+                src.len() as u64,
+            )
+        };
+        self.mem_status("copy_to_device", s)?;
+        self.stats.h2d_calls.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .h2d_bytes
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copy bytes from a buffer at `offset` into host memory.
+    pub fn copy_to_host(&self, handle: u64, offset: u64, dst: &mut [u8]) -> Result<(), AccelError> {
+        let Some(f) = self.plugin.table.copy_to_host else {
+            return Err(self.mem_unsupported("copy_to_host"));
+        };
+        // SAFETY: `dst` is valid for writes of its length; the plugin validates the handle and range.
+        let s = unsafe {
+            f(
+                self.ctx,
+                handle,
+                offset,
+                dst.as_mut_ptr() as *mut c_void,
+                dst.len() as u64,
+            )
+        };
+        self.mem_status("copy_to_host", s)?;
+        self.stats.d2h_calls.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .d2h_bytes
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Zero `bytes` bytes of a buffer from `offset`.
+    pub fn reset(&self, handle: u64, offset: u64, bytes: u64) -> Result<(), AccelError> {
+        let Some(f) = self.plugin.table.reset else {
+            return Err(self.mem_unsupported("reset"));
+        };
+        // SAFETY: the plugin validates the handle and range.
+        let s = unsafe { f(self.ctx, handle, offset, bytes) };
+        self.mem_status("reset", s)?;
+        self.stats.resets.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Wait for all queued work of the backend.
+    pub fn synchronize(&self) -> Result<(), AccelError> {
+        let Some(f) = self.plugin.table.synchronize else {
+            return Ok(());
+        };
+        // SAFETY: valid context.
+        let s = unsafe { f(self.ctx) };
+        self.mem_status("synchronize", s)
+    }
+}
+
+/// Host-side copy of a device's description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSummary {
+    pub name: String,
+    pub total_memory: u64,
+    pub free_memory: u64,
+    pub compute_units: u32,
+}
+
+impl toast_core::device::DeviceMemory for Backend {
+    fn backend_name(&self) -> &str {
+        self.name()
+    }
+    fn alloc(&self, bytes: u64, name: &str) -> Result<u64, toast_core::device::DeviceError> {
+        Backend::alloc(self, bytes, name).map_err(|e| to_device_error(self, "alloc", e))
+    }
+    fn free(&self, handle: u64) -> Result<(), toast_core::device::DeviceError> {
+        Backend::free(self, handle).map_err(|e| to_device_error(self, "free", e))
+    }
+    fn copy_to_device(
+        &self,
+        handle: u64,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), toast_core::device::DeviceError> {
+        Backend::copy_to_device(self, handle, offset, src)
+            .map_err(|e| to_device_error(self, "copy_to_device", e))
+    }
+    fn copy_to_host(
+        &self,
+        handle: u64,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), toast_core::device::DeviceError> {
+        Backend::copy_to_host(self, handle, offset, dst)
+            .map_err(|e| to_device_error(self, "copy_to_host", e))
+    }
+    fn reset(
+        &self,
+        handle: u64,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<(), toast_core::device::DeviceError> {
+        Backend::reset(self, handle, offset, bytes).map_err(|e| to_device_error(self, "reset", e))
+    }
+}
+
+fn to_device_error(
+    b: &Backend,
+    op: &'static str,
+    e: AccelError,
+) -> toast_core::device::DeviceError {
+    let message = match e {
+        AccelError::Memory { kind, message, .. } => format!("{kind}: {message}"),
+        other => other.to_string(),
+    };
+    toast_core::device::DeviceError {
+        backend: b.name().to_string(),
+        op,
+        message,
+    }
+}

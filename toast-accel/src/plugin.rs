@@ -1,0 +1,81 @@
+//! Helpers for plugins written in Rust: the thread-local last error, and the
+//! guard that turns a Rust result (or a panic) into a status code so that
+//! nothing unwinds across the C boundary.
+
+use crate::abi::{self, Status};
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+
+/// An error a plugin returns from a call: a status code and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginError {
+    pub status: Status,
+    pub message: String,
+}
+
+impl PluginError {
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        PluginError {
+            status,
+            message: message.into(),
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(abi::ERR_INVALID_ARGUMENT, message)
+    }
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(abi::ERR_UNSUPPORTED, message)
+    }
+    pub fn invalid_handle(message: impl Into<String>) -> Self {
+        Self::new(abi::ERR_INVALID_HANDLE, message)
+    }
+}
+
+impl From<crate::check::ArgError> for PluginError {
+    fn from(e: crate::check::ArgError) -> Self {
+        PluginError::invalid(e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Store `msg` as this thread's last error (interior NULs are replaced).
+pub fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', "\u{FFFD}")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Pointer to this thread's last error message; valid until the next call
+/// that sets it on this thread. Never null.
+pub fn last_error_ptr() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Run `f`, catching panics, and convert its outcome to a status code,
+/// recording the message of a failure as the thread's last error.
+pub fn guard<F>(f: F) -> Status
+where
+    F: FnOnce() -> Result<(), PluginError>,
+{
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
+            set_last_error("");
+            abi::OK
+        }
+        Ok(Err(e)) => {
+            set_last_error(&e.message);
+            e.status
+        }
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            set_last_error(&format!("internal panic in plugin: {what}"));
+            abi::ERR_PANIC
+        }
+    }
+}

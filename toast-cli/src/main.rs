@@ -1,0 +1,2 @@
+//! toast-cli: the command line of toast-rs.
+fn main() {}

@@ -1,0 +1,1 @@
+//! toast-ops: operators and pipelines.
