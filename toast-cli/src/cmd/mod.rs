@@ -1,0 +1,3 @@
+//! The subcommands of `toast-cli`, one module each.
+
+pub mod backends;
