@@ -135,3 +135,21 @@ pub use staging::{
 };
 pub use timing::{TimerError, TimerStats, Timers};
 pub use uid::{name_uid, name_uid64};
+
+#[cfg(test)]
+mod tests {
+    /// Operators in toast-ops may process observations in parallel and keep
+    /// device buffers in the execution context.
+    #[test]
+    fn thread_safety_of_the_main_types() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<crate::Data>();
+        send_sync::<crate::Observation>();
+        send_sync::<crate::DeviceBuffers>();
+        send_sync::<crate::Timers>();
+        send_sync::<crate::AccelStateError>();
+        send::<crate::ExecContext>();
+        send::<crate::OpError>();
+    }
+}

@@ -31,6 +31,14 @@
 //! upload), and an item a host step writes is marked stale on the device so
 //! that a later accelerated step uploads it again.
 //!
+//! The plan names items only. An executor (the pipeline in toast-ops)
+//! applies it to [`crate::accel::DeviceBuffers`] in this order per step:
+//! `create`, `update_device`, `reset`, `update_host`, run the step, then the
+//! `mark_*` lists; it calls [`Operator::prepare_outputs`] first so that
+//! outputs have host fields to size their mirrors, and it skips items that
+//! have no device representation (metadata that is not an accelerator
+//! object). The tests run every plan against the real state machine.
+//!
 //! A [`Stager`] keeps the simulation state between steps, so a pipeline
 //! that runs its operator list once per detector set stages each item once;
 //! [`plan_staging`] is the one-pass convenience.
