@@ -1,1 +1,4 @@
 //! toast-ops: operators and pipelines.
+
+pub mod ephemeris;
+pub mod qarray;
