@@ -2,3 +2,5 @@
 
 pub mod ephemeris;
 pub mod qarray;
+pub mod satellite;
+pub mod uid;
