@@ -1,6 +1,7 @@
 //! toast-ops: operators and pipelines.
 
 pub mod ephemeris;
+pub mod focalplane;
 pub mod qarray;
 pub mod satellite;
 pub mod uid;
