@@ -466,8 +466,8 @@ mod tests {
             assert_eq!(d.uid, f[1].parse::<u32>().unwrap());
             assert_eq!(d.pixel, f[2]);
             let v: Vec<f64> = f[3..].iter().map(|x| x.parse().unwrap()).collect();
-            for k in 0..4 {
-                max_err = max_err.max((d.quat[k] - v[k]).abs());
+            for (q, want) in d.quat.iter().zip(&v[..4]) {
+                max_err = max_err.max((q - want).abs());
             }
             max_err = max_err.max((d.gamma - v[4]).abs());
             max_err = max_err.max((d.psi_pol - v[5]).abs());
