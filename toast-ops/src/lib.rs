@@ -2,6 +2,7 @@
 
 pub mod ephemeris;
 pub mod focalplane;
+pub mod noise;
 pub mod qarray;
 pub mod satellite;
 pub mod uid;
