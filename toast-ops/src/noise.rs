@@ -56,7 +56,11 @@
 //! TOAST's noise to ~1e-12 relative (FFT round-off); TOAST's copy of Giles'
 //! polynomial duplicates two coefficient pairs in its `w ≥ 16` branch, so
 //! for the rare deviates beyond ≈5.4σ (about one per 17 detector-hours)
-//! TOAST's value is off by ~3e-7 relative and ours is the accurate one.
+//! TOAST's value is off by ~1e-7 relative and ours is the accurate one.
+//!
+//! `SimNoise` passes the sample rate measured from the timestamps
+//! ([`crate::satellite::rate_from_times`], which differs from the nominal
+//! 100 Hz by ~1e-5 relative); use the same value to reproduce TOAST exactly.
 
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
@@ -314,6 +318,18 @@ impl AnalyticNoiseParams {
             fknee: 0.05,
             fmin: 1.0e-5,
             alpha: 1.0,
+        }
+    }
+
+    /// The model of a focal-plane detector (`DefaultNoiseModel`), at the
+    /// sample rate `rate` (the focal plane's nominal rate in TOAST).
+    pub fn from_detector(det: &crate::focalplane::Detector, rate: f64) -> Self {
+        Self {
+            rate,
+            net: det.psd_net,
+            fknee: det.psd_fknee,
+            fmin: det.psd_fmin,
+            alpha: det.psd_alpha,
         }
     }
 
@@ -901,6 +917,11 @@ mod tests {
             alpha: f(&head[4]),
         };
         assert_eq!(params, AnalyticNoiseParams::benchmark());
+        let fp = crate::focalplane::benchmark_focalplane(12).unwrap();
+        assert_eq!(
+            AnalyticNoiseParams::from_detector(&fp.detectors[5], fp.sample_rate),
+            params
+        );
         let weight = f(&head[5]);
         assert!((params.detector_weight() - weight).abs() <= 1e-15 * weight);
         let sep = vals.iter().position(|x| x == ";").expect("; separator");

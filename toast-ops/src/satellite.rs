@@ -535,7 +535,8 @@ pub struct SatelliteObservation {
 }
 
 /// Simulate observation `index` of `schedule` at sample rate `rate`, as
-/// `SimSatellite` does (equatorial coordinates, no HWP).
+/// `SimSatellite` does (equatorial coordinates, no HWP). To simulate many
+/// observations, compute [`scan_sampling`] once and call [`simulate_scan`].
 pub fn simulate_observation(
     schedule: &SatelliteSchedule,
     index: usize,
@@ -550,18 +551,29 @@ pub fn simulate_observation(
             index,
             n_scans: schedule.scans.len(),
         })?;
-    let scan = &schedule.scans[index];
+    simulate_scan(&sampling, &schedule.scans[index], rate, strategy)
+}
+
+/// Simulate one scan given its sampling layout (from [`scan_sampling`]).
+/// The precession and spin periods are taken from the scan, the opening
+/// angles from `strategy`.
+pub fn simulate_scan(
+    sampling: &ScanSampling,
+    scan: &SatelliteScan,
+    rate: f64,
+    strategy: &ScanStrategy,
+) -> Result<SatelliteObservation, SatelliteError> {
     let strategy = ScanStrategy {
         prec_period_s: scan.prec_period_s,
         spin_period_s: scan.spin_period_s,
         ..*strategy
     };
-    let times = scan_times(&sampling, rate);
+    let times = scan_times(sampling, rate);
     let (position, velocity) = space_site_position_velocity(&times);
     let q_prec = precession_quats(&position);
     let boresight = satellite_scanning(&times, sampling.sample_offset, &q_prec, &strategy)?;
     Ok(SatelliteObservation {
-        sampling,
+        sampling: sampling.clone(),
         times,
         boresight,
         position,
