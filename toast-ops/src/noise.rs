@@ -53,14 +53,14 @@
 //! `u = w · 2⁻⁶⁴ + 2⁻⁶⁵`, and the Gaussian is `√2 erfinv(2u − 1)` with
 //! M. Giles' double-precision erfinv ("Approximating the erfinv function",
 //! GPU Computing Gems Jade Edition, 2011). With the same key this reproduces
-//! TOAST's noise to ~1e-12 relative (FFT round-off); TOAST's copy of Giles'
+//! TOAST's noise to ~2e-15 of its rms (FFT round-off); TOAST's copy of Giles'
 //! polynomial duplicates two coefficient pairs in its `w ≥ 16` branch, so
 //! for the rare deviates beyond ≈5.4σ (about one per 17 detector-hours)
 //! TOAST's value is off by ~1e-7 relative and ours is the accurate one.
 //!
 //! `SimNoise` passes the sample rate measured from the timestamps
-//! ([`crate::satellite::rate_from_times`], which differs from the nominal
-//! 100 Hz by ~1e-5 relative); use the same value to reproduce TOAST exactly.
+//! ([`crate::satellite::rate_from_times`]: 100.0000954 Hz for the benchmark's
+//! timestamps); use the same value to reproduce TOAST exactly.
 
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
