@@ -8,7 +8,7 @@
 //!
 //! Every error names the argument and the offending value.
 
-use crate::abi::{Interval, Intervals};
+use crate::abi::{self, Interval, Intervals};
 use std::fmt;
 
 /// A rejected kernel argument.
@@ -187,4 +187,906 @@ pub fn exact_len(
         ));
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Generic helpers used by the per-kernel checks below.
+// ---------------------------------------------------------------------------
+
+/// `a * b`, or an error naming `arg` when it overflows.
+fn mul(kernel: &'static str, arg: &'static str, a: u64, b: u64) -> Result<u64, ArgError> {
+    a.checked_mul(b)
+        .ok_or_else(|| ArgError::new(kernel, arg, format!("size {a} x {b} overflows 64 bits")))
+}
+
+/// The number of rows of a per-sample array of `len` elements whose rows
+/// hold `n_samp * per_samp` elements, checking that every index in `index`
+/// names one of those rows.
+///
+/// With `n_samp == 0` no sample can be touched: the array must be empty and
+/// the index values are not checked (there is nothing to index).
+#[allow(clippy::too_many_arguments)]
+fn sample_rows(
+    kernel: &'static str,
+    arg: &'static str,
+    len: u64,
+    n_samp: u64,
+    per_samp: u64,
+    shape: &str,
+    index_arg: &'static str,
+    index: &[i32],
+) -> Result<u64, ArgError> {
+    let row_len = mul(kernel, arg, n_samp, per_samp)?;
+    if row_len == 0 {
+        if len != 0 {
+            return Err(ArgError::new(
+                kernel,
+                arg,
+                format!("length {len}, but its shape {shape} has no elements (n_samp = {n_samp})"),
+            ));
+        }
+        return Ok(0);
+    }
+    let n_rows = rows(kernel, arg, len, row_len, shape)?;
+    index_rows(kernel, index_arg, index, n_rows, arg)?;
+    Ok(n_rows)
+}
+
+/// A host array of `n` elements that must be present (non-null) when `n > 0`.
+///
+/// # Safety
+/// As [`host_slice`].
+unsafe fn host<'a, T>(
+    kernel: &'static str,
+    arg: &'static str,
+    ptr: *const T,
+    n: u64,
+) -> Result<&'a [T], ArgError> {
+    // SAFETY: forwarded contract.
+    unsafe { host_slice(kernel, arg, ptr, n) }
+}
+
+/// Check a `TOAST_DTYPE_*` code.
+pub fn map_dtype(kernel: &'static str, arg: &'static str, dtype: i32) -> Result<(), ArgError> {
+    match dtype {
+        abi::DTYPE_F64 | abi::DTYPE_F32 | abi::DTYPE_I64 | abi::DTYPE_I32 => Ok(()),
+        d => Err(ArgError::new(
+            kernel,
+            arg,
+            format!("unknown map dtype {d} (expected 0 f64, 1 f32, 2 i64 or 3 i32)"),
+        )),
+    }
+}
+
+/// Check the size of a map of `n_pix_submap` pixels per submap and `nnz`
+/// values per pixel, returning the number of local submaps.
+fn local_submaps(
+    kernel: &'static str,
+    arg: &'static str,
+    len: u64,
+    n_pix_submap: i64,
+    nnz: u64,
+) -> Result<u64, ArgError> {
+    if n_pix_submap <= 0 {
+        return Err(ArgError::new(
+            kernel,
+            "n_pix_submap",
+            format!("n_pix_submap = {n_pix_submap} must be > 0"),
+        ));
+    }
+    let per_submap = mul(kernel, arg, n_pix_submap as u64, nnz)?;
+    if len % per_submap != 0 {
+        return Err(ArgError::new(
+            kernel,
+            arg,
+            format!(
+                "length {len} is not n_local_submap x n_pix_submap ({n_pix_submap}) x nnz ({nnz}) for any n_local_submap"
+            ),
+        ));
+    }
+    Ok(len / per_submap)
+}
+
+/// Check the entries of `global2local` lie in `[-1, n_local_submap)`.
+///
+/// `global2local` is a kernel array (possibly device memory), so this is not
+/// part of `check_scan_map` / `check_build_noise_weighted`: a backend calls it
+/// on a host-visible copy before its kernel reads the map.
+pub fn global2local(
+    kernel: &'static str,
+    g2l: &[i64],
+    n_local_submap: u64,
+) -> Result<(), ArgError> {
+    for (g, &l) in g2l.iter().enumerate() {
+        if l < -1 || (l >= 0 && l as u64 >= n_local_submap) {
+            return Err(ArgError::new(
+                kernel,
+                "global2local",
+                format!(
+                    "global2local[{g}] = {l} is neither -1 nor a local submap in [0, n_local_submap = {n_local_submap})"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Check `nnz >= 1`.
+fn nnz(kernel: &'static str, nnz: u64) -> Result<(), ArgError> {
+    if nnz == 0 {
+        return Err(ArgError::new(kernel, "nnz", "nnz = 0, must be >= 1"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Per-kernel checks. Each returns the host-side views and derived sizes the
+// kernel needs; none reads a kernel array (`abi::Array`), which may live on a
+// device.
+// ---------------------------------------------------------------------------
+
+/// Validated `pointing_detector` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct PointingDetector<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    /// Rows of `quats`.
+    pub n_rows: usize,
+    pub quat_index: &'a [i32],
+    /// `[n_det, 4]`.
+    pub focalplane: &'a [f64],
+    pub intervals: &'a [Interval],
+    pub use_flags: bool,
+}
+
+/// Check the arguments of `pointing_detector`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_pointing_detector<'a>(
+    a: &abi::PointingDetectorArgs,
+) -> Result<PointingDetector<'a>, ArgError> {
+    const K: &str = "pointing_detector";
+    // SAFETY: host arrays of n_det (and n_det*4) elements by the caller's contract.
+    let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
+    let fp_len = mul(K, "focalplane", a.n_det, 4)?;
+    // SAFETY: as above.
+    let focalplane = unsafe { host(K, "focalplane", a.focalplane, fp_len)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    exact_len(
+        K,
+        "boresight",
+        a.boresight.len,
+        mul(K, "boresight", a.n_samp, 4)?,
+        "n_samp x 4",
+    )?;
+    let use_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
+    let n_rows = sample_rows(
+        K,
+        "quats",
+        a.quats.len,
+        a.n_samp,
+        4,
+        "[n_rows, n_samp, 4]",
+        "quat_index",
+        quat_index,
+    )?;
+    Ok(PointingDetector {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        n_rows: n_rows as usize,
+        quat_index,
+        focalplane,
+        intervals,
+        use_flags,
+    })
+}
+
+/// Largest accepted HEALPix `nside` (2^29: pixel numbers stay below 2^63).
+pub const MAX_NSIDE: i64 = 1 << 29;
+
+/// Validated `pixels_healpix` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct PixelsHealpix<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub quat_index: &'a [i32],
+    pub pixel_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub use_flags: bool,
+    /// log2(nside).
+    pub factor: u32,
+    /// 12 nside^2.
+    pub npix: i64,
+    /// Length of `hit_submaps`.
+    pub n_submap: usize,
+}
+
+/// Check the arguments of `pixels_healpix`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_pixels_healpix<'a>(
+    a: &abi::PixelsHealpixArgs,
+) -> Result<PixelsHealpix<'a>, ArgError> {
+    const K: &str = "pixels_healpix";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
+    // SAFETY: as above.
+    let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    if a.nside < 1 || a.nside > MAX_NSIDE || (a.nside & (a.nside - 1)) != 0 {
+        return Err(ArgError::new(
+            K,
+            "nside",
+            format!("nside = {} is not a power of two in [1, 2^29]", a.nside),
+        ));
+    }
+    let factor = a.nside.trailing_zeros();
+    let npix = 12 * a.nside * a.nside;
+    if a.n_pix_submap <= 0 {
+        return Err(ArgError::new(
+            K,
+            "n_pix_submap",
+            format!("n_pix_submap = {} must be > 0", a.n_pix_submap),
+        ));
+    }
+    let covered = (a.hit_submaps.len as u128) * (a.n_pix_submap as u128);
+    if covered < npix as u128 {
+        return Err(ArgError::new(
+            K,
+            "hit_submaps",
+            format!(
+                "length {} x n_pix_submap {} = {covered} pixels does not cover the 12 nside^2 = {npix} pixels of nside {}",
+                a.hit_submaps.len, a.n_pix_submap, a.nside
+            ),
+        ));
+    }
+    let use_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
+    sample_rows(
+        K,
+        "quats",
+        a.quats.len,
+        a.n_samp,
+        4,
+        "[n_rows, n_samp, 4]",
+        "quat_index",
+        quat_index,
+    )?;
+    sample_rows(
+        K,
+        "pixels",
+        a.pixels.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "pixel_index",
+        pixel_index,
+    )?;
+    Ok(PixelsHealpix {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        quat_index,
+        pixel_index,
+        intervals,
+        use_flags,
+        factor,
+        npix,
+        n_submap: a.hit_submaps.len as usize,
+    })
+}
+
+/// Validated `stokes_weights_I` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct StokesWeightsI<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub weight_index: &'a [i32],
+    pub cal: &'a [f64],
+    pub intervals: &'a [Interval],
+}
+
+/// Check the arguments of `stokes_weights_I`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_stokes_weights_i<'a>(
+    a: &abi::StokesWeightsIArgs,
+) -> Result<StokesWeightsI<'a>, ArgError> {
+    const K: &str = "stokes_weights_I";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let cal = unsafe { host(K, "cal", a.cal, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "weight_index",
+        weight_index,
+    )?;
+    Ok(StokesWeightsI {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        weight_index,
+        cal,
+        intervals,
+    })
+}
+
+/// Validated `stokes_weights_IQU` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct StokesWeightsIqu<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub quat_index: &'a [i32],
+    pub weight_index: &'a [i32],
+    pub epsilon: &'a [f64],
+    pub gamma: &'a [f64],
+    pub cal: &'a [f64],
+    pub intervals: &'a [Interval],
+    pub use_hwp: bool,
+}
+
+/// Check the arguments of `stokes_weights_IQU`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_stokes_weights_iqu<'a>(
+    a: &abi::StokesWeightsIquArgs,
+) -> Result<StokesWeightsIqu<'a>, ArgError> {
+    const K: &str = "stokes_weights_IQU";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
+    // SAFETY: as above.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let epsilon = unsafe { host(K, "epsilon", a.epsilon, a.n_det)? };
+    // SAFETY: as above.
+    let gamma = unsafe { host(K, "gamma", a.gamma, a.n_det)? };
+    // SAFETY: as above.
+    let cal = unsafe { host(K, "cal", a.cal, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let use_hwp = optional_len(K, "hwp", a.hwp.len, a.n_samp, "n_samp")?;
+    sample_rows(
+        K,
+        "quats",
+        a.quats.len,
+        a.n_samp,
+        4,
+        "[n_rows, n_samp, 4]",
+        "quat_index",
+        quat_index,
+    )?;
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        3,
+        "[n_rows, n_samp, 3]",
+        "weight_index",
+        weight_index,
+    )?;
+    Ok(StokesWeightsIqu {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        quat_index,
+        weight_index,
+        epsilon,
+        gamma,
+        cal,
+        intervals,
+        use_hwp,
+    })
+}
+
+/// Validated `scan_map` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanMap<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub nnz: usize,
+    pub pixel_index: &'a [i32],
+    pub weight_index: &'a [i32],
+    pub data_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub n_pix_submap: i64,
+    pub n_global_submap: usize,
+    pub n_local_submap: usize,
+}
+
+/// Check the arguments of `scan_map` (not the entries of `global2local`:
+/// see [`global2local`]).
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_scan_map<'a>(a: &abi::ScanMapArgs) -> Result<ScanMap<'a>, ArgError> {
+    const K: &str = "scan_map";
+    nnz(K, a.nnz)?;
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
+    // SAFETY: as above.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    map_dtype(K, "map_dtype", a.map_dtype)?;
+    let n_local_submap = local_submaps(K, "mapdata", a.mapdata.len, a.n_pix_submap, a.nnz)?;
+    sample_rows(
+        K,
+        "pixels",
+        a.pixels.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "pixel_index",
+        pixel_index,
+    )?;
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        a.nnz,
+        "[n_rows, n_samp, nnz]",
+        "weight_index",
+        weight_index,
+    )?;
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    Ok(ScanMap {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        nnz: a.nnz as usize,
+        pixel_index,
+        weight_index,
+        data_index,
+        intervals,
+        n_pix_submap: a.n_pix_submap,
+        n_global_submap: a.global2local.len as usize,
+        n_local_submap: n_local_submap as usize,
+    })
+}
+
+/// Validated `build_noise_weighted` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildNoiseWeighted<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub nnz: usize,
+    pub pixel_index: &'a [i32],
+    pub weight_index: &'a [i32],
+    pub data_index: &'a [i32],
+    /// Empty when `det_flags` is absent.
+    pub flag_index: &'a [i32],
+    pub det_scale: &'a [f64],
+    pub intervals: &'a [Interval],
+    pub n_pix_submap: i64,
+    pub n_global_submap: usize,
+    pub n_local_submap: usize,
+    pub use_det_flags: bool,
+    pub use_shared_flags: bool,
+}
+
+/// Check the arguments of `build_noise_weighted` (not the entries of
+/// `global2local`: see [`global2local`]).
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_build_noise_weighted<'a>(
+    a: &abi::BuildNoiseWeightedArgs,
+) -> Result<BuildNoiseWeighted<'a>, ArgError> {
+    const K: &str = "build_noise_weighted";
+    nnz(K, a.nnz)?;
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
+    // SAFETY: as above.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let det_scale = unsafe { host(K, "det_scale", a.det_scale, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let n_local_submap = local_submaps(K, "zmap", a.zmap.len, a.n_pix_submap, a.nnz)?;
+    sample_rows(
+        K,
+        "pixels",
+        a.pixels.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "pixel_index",
+        pixel_index,
+    )?;
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        a.nnz,
+        "[n_rows, n_samp, nnz]",
+        "weight_index",
+        weight_index,
+    )?;
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    let use_shared_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
+    let use_det_flags = a.det_flags.len != 0;
+    let flag_index = if use_det_flags {
+        // SAFETY: as above; read only when det_flags is present.
+        let fi = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
+        sample_rows(
+            K,
+            "det_flags",
+            a.det_flags.len,
+            a.n_samp,
+            1,
+            "[n_flag_rows, n_samp]",
+            "flag_index",
+            fi,
+        )?;
+        fi
+    } else {
+        &[]
+    };
+    Ok(BuildNoiseWeighted {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        nnz: a.nnz as usize,
+        pixel_index,
+        weight_index,
+        data_index,
+        flag_index,
+        det_scale,
+        intervals,
+        n_pix_submap: a.n_pix_submap,
+        n_global_submap: a.global2local.len as usize,
+        n_local_submap: n_local_submap as usize,
+        use_det_flags,
+        use_shared_flags,
+    })
+}
+
+/// Validated `noise_weight` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct NoiseWeight<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub data_index: &'a [i32],
+    pub detector_weights: &'a [f64],
+    pub intervals: &'a [Interval],
+}
+
+/// Check the arguments of `noise_weight`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_noise_weight<'a>(
+    a: &abi::NoiseWeightArgs,
+) -> Result<NoiseWeight<'a>, ArgError> {
+    const K: &str = "noise_weight";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let detector_weights = unsafe { host(K, "detector_weights", a.detector_weights, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    Ok(NoiseWeight {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        data_index,
+        detector_weights,
+        intervals,
+    })
+}
+
+/// The validated amplitude layout of an offset-template call.
+#[derive(Debug, Clone)]
+pub struct OffsetLayout<'a> {
+    pub step_length: i64,
+    /// `[n_det]`, each >= 0.
+    pub amp_offset: &'a [i64],
+    /// `[n_view]`: first amplitude of each view inside a detector's block.
+    pub view_offset: Vec<i64>,
+    /// `[n_view]`.
+    pub n_amp_views: &'a [i64],
+    /// Amplitudes of one detector's block (sum of `n_amp_views`).
+    pub block_len: i64,
+}
+
+/// Check an offset-template layout against `intervals` and `n_amp`.
+///
+/// # Safety
+/// `l.n_amp_views` must point to `intervals.len()` elements and
+/// `l.amp_offset` to `n_det` elements.
+unsafe fn offset_layout<'a>(
+    kernel: &'static str,
+    l: &abi::OffsetLayout,
+    intervals: &[Interval],
+    n_det: u64,
+    n_amp: u64,
+) -> Result<OffsetLayout<'a>, ArgError> {
+    if l.step_length < 1 {
+        return Err(ArgError::new(
+            kernel,
+            "layout.step_length",
+            format!("step_length = {} must be >= 1", l.step_length),
+        ));
+    }
+    if intervals.is_empty() {
+        return Err(ArgError::new(
+            kernel,
+            "intervals",
+            "template-offset call with no views (n_view = 0; TOAST's behaviour is undefined)",
+        ));
+    }
+    // SAFETY: n_view elements by the caller's contract.
+    let n_amp_views = unsafe {
+        host(
+            kernel,
+            "layout.n_amp_views",
+            l.n_amp_views,
+            intervals.len() as u64,
+        )?
+    };
+    // SAFETY: n_det elements by the caller's contract.
+    let amp_offset = unsafe { host(kernel, "layout.amp_offset", l.amp_offset, n_det)? };
+    let mut view_offset = Vec::with_capacity(intervals.len());
+    let mut total: i64 = 0;
+    for (v, (iv, &n)) in intervals.iter().zip(n_amp_views).enumerate() {
+        let len = iv.last - iv.first;
+        let need = len / l.step_length + i64::from(len % l.step_length != 0);
+        if n < need || n < 0 {
+            return Err(ArgError::new(
+                kernel,
+                "layout.n_amp_views",
+                format!(
+                    "n_amp_views[{v}] = {n}, but view {v} = [{}, {}) needs ceil({len} / step_length {}) = {need} amplitudes",
+                    iv.first, iv.last, l.step_length
+                ),
+            ));
+        }
+        view_offset.push(total);
+        total = total.checked_add(n).ok_or_else(|| {
+            ArgError::new(
+                kernel,
+                "layout.n_amp_views",
+                "the sum of n_amp_views overflows 64 bits",
+            )
+        })?;
+    }
+    for (i, &off) in amp_offset.iter().enumerate() {
+        let end = off.checked_add(total);
+        if off < 0 || end.is_none_or(|e| e as u64 > n_amp) {
+            return Err(ArgError::new(
+                kernel,
+                "layout.amp_offset",
+                format!(
+                    "amp_offset[{i}] = {off}: the detector's block [{off}, {off} + {total}) is not inside amplitudes [0, n_amp = {n_amp})"
+                ),
+            ));
+        }
+    }
+    Ok(OffsetLayout {
+        step_length: l.step_length,
+        amp_offset,
+        view_offset,
+        n_amp_views,
+        block_len: total,
+    })
+}
+
+/// Validated `template_offset_add_to_signal` arguments.
+#[derive(Debug, Clone)]
+pub struct TemplateOffsetAdd<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub n_amp: usize,
+    pub data_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub layout: OffsetLayout<'a>,
+}
+
+/// Check the arguments of `template_offset_add_to_signal`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_template_offset_add<'a>(
+    a: &abi::TemplateOffsetAddArgs,
+) -> Result<TemplateOffsetAdd<'a>, ArgError> {
+    const K: &str = "template_offset_add_to_signal";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let n_amp = a.amplitudes.len;
+    exact_len(
+        K,
+        "amplitude_flags",
+        a.amplitude_flags.len,
+        n_amp,
+        "n_amp, the length of amplitudes",
+    )?;
+    // SAFETY: as above.
+    let layout = unsafe { offset_layout(K, &a.layout, intervals, a.n_det, n_amp)? };
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    Ok(TemplateOffsetAdd {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        n_amp: n_amp as usize,
+        data_index,
+        intervals,
+        layout,
+    })
+}
+
+/// Validated `template_offset_project_signal` arguments.
+#[derive(Debug, Clone)]
+pub struct TemplateOffsetProject<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub n_amp: usize,
+    pub data_index: &'a [i32],
+    /// `-1` for a detector without flags.
+    pub flag_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub layout: OffsetLayout<'a>,
+}
+
+/// Check the arguments of `template_offset_project_signal`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_template_offset_project<'a>(
+    a: &abi::TemplateOffsetProjectArgs,
+) -> Result<TemplateOffsetProject<'a>, ArgError> {
+    const K: &str = "template_offset_project_signal";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let flag_index = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let n_amp = a.amplitudes.len;
+    exact_len(
+        K,
+        "amplitude_flags",
+        a.amplitude_flags.len,
+        n_amp,
+        "n_amp, the length of amplitudes",
+    )?;
+    // SAFETY: as above.
+    let layout = unsafe { offset_layout(K, &a.layout, intervals, a.n_det, n_amp)? };
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    // flag_index: -1 (no flags) or a row of flag_data, which must then be present.
+    let n_flag_rows = if a.flag_data.len == 0 {
+        0
+    } else {
+        let row_len = a.n_samp;
+        if row_len == 0 {
+            return Err(ArgError::new(
+                K,
+                "flag_data",
+                format!("length {}, but n_samp = 0", a.flag_data.len),
+            ));
+        }
+        rows(
+            K,
+            "flag_data",
+            a.flag_data.len,
+            row_len,
+            "[n_flag_rows, n_samp]",
+        )?
+    };
+    for (i, &f) in flag_index.iter().enumerate() {
+        if f < -1 {
+            return Err(ArgError::new(
+                K,
+                "flag_index",
+                format!("flag_index[{i}] = {f} is neither -1 (no flags) nor a row of flag_data"),
+            ));
+        }
+        if f >= 0 && a.flag_data.len == 0 {
+            return Err(ArgError::new(
+                K,
+                "flag_index",
+                format!("flag_index[{i}] = {f} names a row of flag_data, but flag_data is absent"),
+            ));
+        }
+        if f >= 0 && f as u64 >= n_flag_rows {
+            return Err(ArgError::new(
+                K,
+                "flag_index",
+                format!(
+                    "flag_index[{i}] = {f} is not a row of flag_data, which has {n_flag_rows} rows"
+                ),
+            ));
+        }
+    }
+    Ok(TemplateOffsetProject {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        n_amp: n_amp as usize,
+        data_index,
+        flag_index,
+        intervals,
+        layout,
+    })
+}
+
+/// Check the arguments of `template_offset_apply_diag_precond`; returns n_amp.
+///
+/// # Safety
+/// None beyond the other checks' (it reads no pointer); `unsafe` for
+/// uniformity with them.
+pub unsafe fn check_template_offset_precond(
+    a: &abi::TemplateOffsetPrecondArgs,
+) -> Result<usize, ArgError> {
+    const K: &str = "template_offset_apply_diag_precond";
+    exact_len(K, "offset_var", a.offset_var.len, a.n_amp, "n_amp")?;
+    exact_len(K, "amplitudes_in", a.amplitudes_in.len, a.n_amp, "n_amp")?;
+    exact_len(
+        K,
+        "amplitude_flags",
+        a.amplitude_flags.len,
+        a.n_amp,
+        "n_amp",
+    )?;
+    exact_len(K, "amplitudes_out", a.amplitudes_out.len, a.n_amp, "n_amp")?;
+    Ok(a.n_amp as usize)
 }
