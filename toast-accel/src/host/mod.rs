@@ -1,5 +1,7 @@
 //! The host side: loading plugins, initialising backends, calling kernels.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod error;
 pub mod plugin;
 pub mod stage;
