@@ -1090,3 +1090,684 @@ pub unsafe fn check_template_offset_precond(
     exact_len(K, "amplitudes_out", a.amplitudes_out.len, a.n_amp, "n_amp")?;
     Ok(a.n_amp as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    //! One test per validation rule; each asserts the error names the argument.
+    use super::*;
+    use crate::abi::Array;
+
+    fn arr<T>(v: &[T]) -> Array {
+        Array {
+            ptr: v.as_ptr() as u64,
+            len: v.len() as u64,
+        }
+    }
+
+    fn ivs(v: &[Interval]) -> Intervals {
+        Intervals {
+            ptr: v.as_ptr(),
+            len: v.len() as u64,
+        }
+    }
+
+    fn iv(first: i64, last: i64) -> Interval {
+        Interval { first, last }
+    }
+
+    /// Assert `r` is an error about argument `arg` whose message contains `needle`.
+    fn expect_err<T: std::fmt::Debug>(r: Result<T, ArgError>, arg: &str, needle: &str) {
+        let e = r.expect_err("the check should fail");
+        assert_eq!(e.arg, arg, "wrong argument in: {e}");
+        let s = e.to_string();
+        assert!(
+            s.contains(&format!("`{arg}`")),
+            "message does not name `{arg}`: {s}"
+        );
+        assert!(s.contains(needle), "message lacks {needle:?}: {s}");
+    }
+
+    const S: usize = 10;
+
+    /// A valid pointing_detector call: 2 detectors, 3 quats rows.
+    struct Pd {
+        qi: Vec<i32>,
+        fp: Vec<f64>,
+        iv: Vec<Interval>,
+        bore: Vec<f64>,
+        flags: Vec<u8>,
+        quats: Vec<f64>,
+    }
+    impl Pd {
+        fn new() -> Self {
+            Pd {
+                qi: vec![0, 2],
+                fp: vec![0.0; 8],
+                iv: vec![iv(0, 4), iv(6, 10)],
+                bore: vec![0.0; S * 4],
+                flags: vec![0; S],
+                quats: vec![0.0; 3 * S * 4],
+            }
+        }
+        fn args(&self) -> abi::PointingDetectorArgs {
+            abi::PointingDetectorArgs {
+                n_det: self.qi.len() as u64,
+                n_samp: S as u64,
+                quat_index: self.qi.as_ptr(),
+                focalplane: self.fp.as_ptr(),
+                intervals: ivs(&self.iv),
+                boresight: arr(&self.bore),
+                shared_flags: arr(&self.flags),
+                shared_flag_mask: 1,
+                reserved: [0; 7],
+                quats: arr(&self.quats),
+            }
+        }
+        fn check(&self) -> Result<PointingDetector<'_>, ArgError> {
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_pointing_detector(&self.args()) }
+        }
+    }
+
+    #[test]
+    fn valid_pointing_detector_passes() {
+        let p = Pd::new();
+        let v = p.check().unwrap();
+        assert_eq!((v.n_det, v.n_samp, v.n_rows, v.use_flags), (2, S, 3, true));
+    }
+
+    #[test]
+    fn interval_beyond_n_samp() {
+        let mut p = Pd::new();
+        p.iv[1] = iv(6, 11);
+        expect_err(p.check(), "intervals", "[6, 11)");
+    }
+
+    #[test]
+    fn interval_first_after_last() {
+        let mut p = Pd::new();
+        p.iv[0] = iv(5, 3);
+        expect_err(p.check(), "intervals", "[5, 3)");
+    }
+
+    #[test]
+    fn interval_negative_first() {
+        let mut p = Pd::new();
+        p.iv[0] = iv(-1, 3);
+        expect_err(p.check(), "intervals", "[-1, 3)");
+    }
+
+    #[test]
+    fn index_beyond_rows() {
+        let mut p = Pd::new();
+        p.qi[1] = 3;
+        expect_err(p.check(), "quat_index", "quat_index[1] = 3");
+    }
+
+    #[test]
+    fn negative_index() {
+        let mut p = Pd::new();
+        p.qi[0] = -1;
+        expect_err(p.check(), "quat_index", "quat_index[0] = -1");
+    }
+
+    #[test]
+    fn array_not_whole_rows() {
+        let mut p = Pd::new();
+        p.quats.pop();
+        expect_err(p.check(), "quats", "not a whole number of rows");
+    }
+
+    #[test]
+    fn required_array_wrong_length() {
+        let mut p = Pd::new();
+        p.bore.truncate(4 * (S - 1));
+        expect_err(p.check(), "boresight", "expected 40");
+    }
+
+    #[test]
+    fn optional_array_of_length_one_is_refused() {
+        // TOAST's "length 1 disables the flags" is not part of the ABI.
+        let mut p = Pd::new();
+        p.flags = vec![0];
+        expect_err(p.check(), "shared_flags", "length 1");
+    }
+
+    #[test]
+    fn absent_optional_array_is_accepted() {
+        let mut p = Pd::new();
+        p.flags.clear();
+        assert!(!p.check().unwrap().use_flags);
+    }
+
+    #[test]
+    fn null_host_array() {
+        let p = Pd::new();
+        let mut a = p.args();
+        a.focalplane = std::ptr::null();
+        // SAFETY: the other pointers are valid; the null one is what is checked.
+        expect_err(
+            unsafe { check_pointing_detector(&a) },
+            "focalplane",
+            "null pointer",
+        );
+    }
+
+    #[test]
+    fn n_samp_zero_with_data() {
+        let p = Pd::new();
+        let mut a = p.args();
+        a.n_samp = 0;
+        a.intervals = ivs(&[]);
+        a.boresight = Array::ABSENT;
+        a.shared_flags = Array::ABSENT;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_pointing_detector(&a) },
+            "quats",
+            "no elements",
+        );
+    }
+
+    #[test]
+    fn size_overflow() {
+        let p = Pd::new();
+        let mut a = p.args();
+        a.n_samp = u64::MAX / 2;
+        a.intervals = ivs(&[]);
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_pointing_detector(&a) },
+            "boresight",
+            "overflows",
+        );
+    }
+
+    /// A valid pixels_healpix call, nside 4 (192 pixels), 12 submaps of 16.
+    struct Ph {
+        qi: Vec<i32>,
+        pi: Vec<i32>,
+        iv: Vec<Interval>,
+        quats: Vec<f64>,
+        pixels: Vec<i64>,
+        hits: Vec<u8>,
+        nside: i64,
+        nps: i64,
+    }
+    impl Ph {
+        fn new() -> Self {
+            Ph {
+                qi: vec![0],
+                pi: vec![0],
+                iv: vec![iv(0, S as i64)],
+                quats: vec![0.0; S * 4],
+                pixels: vec![0; S],
+                hits: vec![0; 12],
+                nside: 4,
+                nps: 16,
+            }
+        }
+        fn check(&self) -> Result<PixelsHealpix<'_>, ArgError> {
+            let a = abi::PixelsHealpixArgs {
+                n_det: 1,
+                n_samp: S as u64,
+                quat_index: self.qi.as_ptr(),
+                pixel_index: self.pi.as_ptr(),
+                intervals: ivs(&self.iv),
+                quats: arr(&self.quats),
+                shared_flags: Array::ABSENT,
+                pixels: arr(&self.pixels),
+                hit_submaps: arr(&self.hits),
+                nside: self.nside,
+                n_pix_submap: self.nps,
+                shared_flag_mask: 0,
+                nest: 1,
+                reserved: [0; 6],
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_pixels_healpix(&a) }
+        }
+    }
+
+    #[test]
+    fn valid_pixels_healpix_passes() {
+        let f = Ph::new();
+        let v = f.check().unwrap();
+        assert_eq!((v.factor, v.npix, v.n_submap), (2, 192, 12));
+    }
+
+    #[test]
+    fn nside_not_power_of_two() {
+        let mut p = Ph::new();
+        p.nside = 6;
+        expect_err(p.check(), "nside", "nside = 6");
+        p.nside = 0;
+        expect_err(p.check(), "nside", "nside = 0");
+    }
+
+    #[test]
+    fn nside_too_large() {
+        let mut p = Ph::new();
+        p.nside = 1 << 30;
+        expect_err(p.check(), "nside", "2^29");
+    }
+
+    #[test]
+    fn n_pix_submap_not_positive() {
+        let mut p = Ph::new();
+        p.nps = 0;
+        expect_err(p.check(), "n_pix_submap", "n_pix_submap = 0");
+    }
+
+    #[test]
+    fn hit_submaps_too_short_for_the_sphere() {
+        let mut p = Ph::new();
+        p.hits.pop();
+        expect_err(p.check(), "hit_submaps", "192");
+    }
+
+    /// A valid scan_map call: nnz 3, 4 global submaps, 2 local, 8 pixels each.
+    struct Sm {
+        idx: Vec<i32>,
+        iv: Vec<Interval>,
+        g2l: Vec<i64>,
+        map: Vec<f64>,
+        pixels: Vec<i64>,
+        weights: Vec<f64>,
+        data: Vec<f64>,
+        nnz: u64,
+        dtype: i32,
+        nps: i64,
+    }
+    impl Sm {
+        fn new() -> Self {
+            Sm {
+                idx: vec![0, 1],
+                iv: vec![iv(0, S as i64)],
+                g2l: vec![-1, 0, -1, 1],
+                map: vec![0.0; 2 * 8 * 3],
+                pixels: vec![8; 2 * S],
+                weights: vec![0.0; 2 * S * 3],
+                data: vec![0.0; 2 * S],
+                nnz: 3,
+                dtype: abi::DTYPE_F64,
+                nps: 8,
+            }
+        }
+        fn args(&self) -> abi::ScanMapArgs {
+            abi::ScanMapArgs {
+                n_det: 2,
+                n_samp: S as u64,
+                nnz: self.nnz,
+                pixel_index: self.idx.as_ptr(),
+                weight_index: self.idx.as_ptr(),
+                data_index: self.idx.as_ptr(),
+                intervals: ivs(&self.iv),
+                global2local: arr(&self.g2l),
+                n_pix_submap: self.nps,
+                map_dtype: self.dtype,
+                reserved0: 0,
+                mapdata: arr(&self.map),
+                pixels: arr(&self.pixels),
+                weights: arr(&self.weights),
+                det_data: arr(&self.data),
+                data_scale: 1.0,
+                should_zero: 0,
+                should_subtract: 0,
+                should_scale: 0,
+                reserved: [0; 5],
+            }
+        }
+        fn check(&self) -> Result<ScanMap<'_>, ArgError> {
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_scan_map(&self.args()) }
+        }
+    }
+
+    #[test]
+    fn valid_scan_map_passes() {
+        let f = Sm::new();
+        let v = f.check().unwrap();
+        assert_eq!((v.n_local_submap, v.n_global_submap, v.nnz), (2, 4, 3));
+    }
+
+    #[test]
+    fn unknown_map_dtype() {
+        let mut s = Sm::new();
+        s.dtype = 7;
+        expect_err(s.check(), "map_dtype", "7");
+    }
+
+    #[test]
+    fn nnz_zero() {
+        let mut s = Sm::new();
+        s.nnz = 0;
+        expect_err(s.check(), "nnz", "nnz = 0");
+    }
+
+    #[test]
+    fn mapdata_not_whole_submaps() {
+        let mut s = Sm::new();
+        s.map.pop();
+        expect_err(s.check(), "mapdata", "n_local_submap");
+    }
+
+    #[test]
+    fn weights_rows_must_hold_nnz_per_sample() {
+        let mut s = Sm::new();
+        s.weights.truncate(2 * S * 3 - 1);
+        expect_err(s.check(), "weights", "[n_rows, n_samp, nnz]");
+    }
+
+    #[test]
+    fn scan_map_index_beyond_det_data_rows() {
+        let mut s = Sm::new();
+        s.data.truncate(S);
+        expect_err(s.check(), "data_index", "data_index[1] = 1");
+    }
+
+    #[test]
+    fn global2local_entry_out_of_range() {
+        expect_err(
+            global2local("scan_map", &[-1, 0, 2], 2),
+            "global2local",
+            "global2local[2] = 2",
+        );
+        expect_err(
+            global2local("scan_map", &[-2], 2),
+            "global2local",
+            "global2local[0] = -2",
+        );
+        assert!(global2local("scan_map", &[-1, 1, 0], 2).is_ok());
+    }
+
+    /// A valid build_noise_weighted call with det flags.
+    struct Bn {
+        sm: Sm,
+        fi: Vec<i32>,
+        scale: Vec<f64>,
+        det_flags: Vec<u8>,
+        zmap: Vec<f64>,
+    }
+    impl Bn {
+        fn new() -> Self {
+            Bn {
+                sm: Sm::new(),
+                fi: vec![0, 1],
+                scale: vec![1.0, 1.0],
+                det_flags: vec![0; 2 * S],
+                zmap: vec![0.0; 2 * 8 * 3],
+            }
+        }
+        fn check(&self) -> Result<BuildNoiseWeighted<'_>, ArgError> {
+            let s = &self.sm;
+            let a = abi::BuildNoiseWeightedArgs {
+                n_det: 2,
+                n_samp: S as u64,
+                nnz: s.nnz,
+                pixel_index: s.idx.as_ptr(),
+                weight_index: s.idx.as_ptr(),
+                data_index: s.idx.as_ptr(),
+                flag_index: self.fi.as_ptr(),
+                det_scale: self.scale.as_ptr(),
+                intervals: ivs(&s.iv),
+                global2local: arr(&s.g2l),
+                n_pix_submap: s.nps,
+                pixels: arr(&s.pixels),
+                weights: arr(&s.weights),
+                det_data: arr(&s.data),
+                det_flags: arr(&self.det_flags),
+                shared_flags: Array::ABSENT,
+                zmap: arr(&self.zmap),
+                det_flag_mask: 1,
+                shared_flag_mask: 0,
+                reserved: [0; 6],
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_build_noise_weighted(&a) }
+        }
+    }
+
+    #[test]
+    fn valid_build_noise_weighted_passes() {
+        let f = Bn::new();
+        let v = f.check().unwrap();
+        assert!(v.use_det_flags && !v.use_shared_flags);
+        assert_eq!(v.n_local_submap, 2);
+    }
+
+    #[test]
+    fn zmap_not_whole_submaps() {
+        let mut b = Bn::new();
+        b.zmap.push(0.0);
+        expect_err(b.check(), "zmap", "n_local_submap");
+    }
+
+    #[test]
+    fn det_flags_not_whole_rows() {
+        let mut b = Bn::new();
+        b.det_flags = vec![0; 1];
+        expect_err(b.check(), "det_flags", "not a whole number of rows");
+    }
+
+    #[test]
+    fn flag_index_beyond_det_flags_rows() {
+        let mut b = Bn::new();
+        b.fi[1] = 2;
+        expect_err(b.check(), "flag_index", "flag_index[1] = 2");
+    }
+
+    #[test]
+    fn flag_index_not_read_without_det_flags() {
+        let mut b = Bn::new();
+        b.fi = vec![-1, -1];
+        b.det_flags.clear();
+        assert!(!b.check().unwrap().use_det_flags);
+    }
+
+    #[test]
+    fn hwp_wrong_length() {
+        let qi = [0i32];
+        let d = [0.0f64];
+        let quats = vec![0.0; S * 4];
+        let w = vec![0.0; S * 3];
+        let hwp = vec![0.0; 1];
+        let a = abi::StokesWeightsIquArgs {
+            n_det: 1,
+            n_samp: S as u64,
+            quat_index: qi.as_ptr(),
+            weight_index: qi.as_ptr(),
+            epsilon: d.as_ptr(),
+            gamma: d.as_ptr(),
+            cal: d.as_ptr(),
+            intervals: ivs(&[]),
+            quats: arr(&quats),
+            hwp: arr(&hwp),
+            weights: arr(&w),
+            iau: 0,
+            reserved: [0; 7],
+        };
+        // SAFETY: all pointers come from live arrays of the declared lengths.
+        expect_err(unsafe { check_stokes_weights_iqu(&a) }, "hwp", "length 1");
+    }
+
+    /// A valid template-offset call: 2 detectors, views of 10 and 3 samples,
+    /// step 4 (3 + 1 amplitudes per detector), 10 amplitudes.
+    struct To {
+        di: Vec<i32>,
+        fi: Vec<i32>,
+        iv: Vec<Interval>,
+        nav: Vec<i64>,
+        off: Vec<i64>,
+        step: i64,
+        amps: Vec<f64>,
+        aflags: Vec<u8>,
+        data: Vec<f64>,
+        flag_data: Vec<u8>,
+    }
+    impl To {
+        fn new() -> Self {
+            To {
+                di: vec![0, 1],
+                fi: vec![0, -1],
+                iv: vec![iv(0, 10), iv(12, 15)],
+                nav: vec![3, 1],
+                off: vec![0, 5],
+                step: 4,
+                amps: vec![0.0; 10],
+                aflags: vec![0; 10],
+                data: vec![0.0; 2 * 16],
+                flag_data: vec![0; 16],
+            }
+        }
+        fn layout(&self) -> abi::OffsetLayout {
+            abi::OffsetLayout {
+                step_length: self.step,
+                n_amp_views: self.nav.as_ptr(),
+                amp_offset: self.off.as_ptr(),
+            }
+        }
+        fn add(&self) -> Result<TemplateOffsetAdd<'_>, ArgError> {
+            let a = abi::TemplateOffsetAddArgs {
+                n_det: 2,
+                n_samp: 16,
+                data_index: self.di.as_ptr(),
+                layout: self.layout(),
+                intervals: ivs(&self.iv),
+                amplitudes: arr(&self.amps),
+                amplitude_flags: arr(&self.aflags),
+                det_data: arr(&self.data),
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_template_offset_add(&a) }
+        }
+        fn project(&self) -> Result<TemplateOffsetProject<'_>, ArgError> {
+            let a = abi::TemplateOffsetProjectArgs {
+                n_det: 2,
+                n_samp: 16,
+                data_index: self.di.as_ptr(),
+                flag_index: self.fi.as_ptr(),
+                layout: self.layout(),
+                intervals: ivs(&self.iv),
+                det_data: arr(&self.data),
+                flag_data: arr(&self.flag_data),
+                amplitudes: arr(&self.amps),
+                amplitude_flags: arr(&self.aflags),
+                flag_mask: 1,
+                reserved: [0; 7],
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_template_offset_project(&a) }
+        }
+    }
+
+    #[test]
+    fn valid_template_offset_passes() {
+        let t = To::new();
+        let v = t.add().unwrap();
+        assert_eq!(v.layout.view_offset, vec![0, 3]);
+        assert_eq!(v.layout.block_len, 4);
+        t.project().unwrap();
+    }
+
+    #[test]
+    fn step_length_below_one() {
+        let mut t = To::new();
+        t.step = 0;
+        expect_err(t.add(), "layout.step_length", "step_length = 0");
+    }
+
+    #[test]
+    fn template_offset_with_no_views() {
+        let mut t = To::new();
+        t.iv.clear();
+        expect_err(t.add(), "intervals", "no views");
+    }
+
+    #[test]
+    fn n_amp_views_too_small_for_the_view() {
+        let mut t = To::new();
+        t.nav[0] = 2;
+        expect_err(t.add(), "layout.n_amp_views", "n_amp_views[0] = 2");
+    }
+
+    #[test]
+    fn negative_n_amp_views() {
+        let mut t = To::new();
+        t.iv[1] = iv(12, 12);
+        t.nav[1] = -1;
+        expect_err(t.add(), "layout.n_amp_views", "n_amp_views[1] = -1");
+    }
+
+    #[test]
+    fn amplitude_block_beyond_amplitudes() {
+        // The last amplitude of detector 1 would be index 10 of 10.
+        let mut t = To::new();
+        t.off[1] = 7;
+        expect_err(t.add(), "layout.amp_offset", "amp_offset[1] = 7");
+    }
+
+    #[test]
+    fn negative_amp_offset() {
+        let mut t = To::new();
+        t.off[0] = -1;
+        expect_err(t.project(), "layout.amp_offset", "amp_offset[0] = -1");
+    }
+
+    #[test]
+    fn amplitude_flags_length_differs() {
+        let mut t = To::new();
+        t.aflags.pop();
+        expect_err(t.add(), "amplitude_flags", "length 9");
+    }
+
+    #[test]
+    fn flag_index_below_minus_one() {
+        let mut t = To::new();
+        t.fi[1] = -2;
+        expect_err(t.project(), "flag_index", "flag_index[1] = -2");
+    }
+
+    #[test]
+    fn flag_index_without_flag_data() {
+        let mut t = To::new();
+        t.flag_data.clear();
+        expect_err(t.project(), "flag_index", "flag_data is absent");
+    }
+
+    #[test]
+    fn flag_index_beyond_flag_rows() {
+        let mut t = To::new();
+        t.fi[1] = 1;
+        expect_err(t.project(), "flag_index", "flag_index[1] = 1");
+    }
+
+    #[test]
+    fn precond_lengths_must_all_be_n_amp() {
+        let v = vec![0.0f64; 5];
+        let f = vec![0u8; 5];
+        let mut o = vec![0.0f64; 4];
+        let mut a = abi::TemplateOffsetPrecondArgs {
+            n_amp: 5,
+            offset_var: arr(&v),
+            amplitudes_in: arr(&v),
+            amplitude_flags: arr(&f),
+            amplitudes_out: arr(&o),
+        };
+        // SAFETY: reads no pointer.
+        expect_err(
+            unsafe { check_template_offset_precond(&a) },
+            "amplitudes_out",
+            "length 4",
+        );
+        o.push(0.0);
+        a.amplitudes_out = arr(&o);
+        a.offset_var.len = 6;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_template_offset_precond(&a) },
+            "offset_var",
+            "length 6",
+        );
+    }
+}
