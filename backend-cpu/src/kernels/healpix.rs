@@ -5,8 +5,10 @@
 //! x86-64 (`cvttsd2si`), and the integer arithmetic after it wraps; [`c_i64`]
 //! and wrapping operations reproduce that, so even degenerate directions
 //! (`dir.z` rounding below -1 near the south pole, where `rtz` is NaN) give
-//! TOAST's pixel. A result outside `[0, 12 nside^2)` (only from non-finite
-//! quaternions) is reported as an error instead of indexing `hit_submaps`.
+//! TOAST's pixel. A quaternion whose direction is not finite (NaN or
+//! infinite components), where TOAST computes a meaningless pixel, is an
+//! error, and so is any result outside `[0, 12 nside^2)`, which is never
+//! used to index `hit_submaps`.
 
 use crate::arrays::{self, Arg};
 use crate::par::{for_each_chunk, SampleFault, SharedMut};
@@ -17,7 +19,9 @@ use toast_accel::check::PixelsHealpix;
 use toast_accel::plugin::PluginError;
 
 const K: &str = "pixels_healpix";
-const TWOTHIRDS: f64 = 0.666_666_666_666_666_666_67;
+/// TOAST's `0.66666666666666666667`, which rounds to the same double as 2/3
+/// (checked in the tests).
+const TWOTHIRDS: f64 = 2.0 / 3.0;
 
 /// `(int64_t)x` as x86-64 computes it: truncation, and `i64::MIN` for NaN
 /// or a value out of range.
@@ -246,16 +250,20 @@ impl Hpix {
         }
     }
 
-    /// The NESTED or RING pixel of quaternion `q`'s direction.
+    /// The NESTED or RING pixel of quaternion `q`'s direction, or `None`
+    /// when the direction is not finite (TOAST computes a meaningless pixel).
     #[inline(always)]
-    pub(crate) fn pixel(&self, q: &[f64], nest: bool) -> i64 {
+    pub(crate) fn pixel(&self, q: &[f64], nest: bool) -> Option<i64> {
         let dir = qa_rotate(q, &[0.0, 0.0, 1.0]);
+        if !(dir[0].is_finite() && dir[1].is_finite() && dir[2].is_finite()) {
+            return None;
+        }
         let (phi, region, z, rtz) = Self::vec2zphi(&dir);
-        if nest {
+        Some(if nest {
             self.zphi2nest(phi, region, z, rtz)
         } else {
             self.zphi2ring(phi, region, z, rtz)
-        }
+        })
     }
 }
 
@@ -307,17 +315,23 @@ pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result
                         *p = -1;
                         continue;
                     }
-                    let pix = hp.pixel(qq, nest);
-                    if !(0..hp.npix).contains(&pix) {
-                        return Err(SampleFault::new(
-                            det,
-                            seg.view,
-                            s,
-                            format!(
-                                "quaternion {qq:?} gives no valid pixel (got {pix}); is it finite?"
-                            ),
-                        ));
-                    }
+                    let pix = match hp.pixel(qq, nest) {
+                        Some(p) if (0..hp.npix).contains(&p) => p,
+                        other => {
+                            return Err(SampleFault::new(
+                                det,
+                                seg.view,
+                                s,
+                                format!(
+                                    "quaternion {qq:?} gives no valid pixel: {}",
+                                    match other {
+                                        None => "its direction is not finite".to_string(),
+                                        Some(p) => format!("got {p}"),
+                                    }
+                                ),
+                            ))
+                        }
+                    };
                     *p = pix;
                     // In bounds: hit_submaps covers 12 nside^2 pixels (checked).
                     let h = &hits[(pix / nps) as usize];
@@ -330,4 +344,35 @@ pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result
         Ok(())
     });
     r.map_err(|f| super::fault_error(K, f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_match_toast() {
+        assert_eq!("0.66666666666666666667".parse::<f64>().unwrap(), TWOTHIRDS);
+        assert_eq!("0.63661977236758134308".parse::<f64>().unwrap(), FRAC_2_PI);
+    }
+
+    #[test]
+    fn c_conversion_matches_cvttsd2si() {
+        assert_eq!(c_i64(f64::NAN), i64::MIN);
+        assert_eq!(c_i64(1e300), i64::MIN);
+        assert_eq!(c_i64(-1e300), i64::MIN);
+        assert_eq!(c_i64(-2.7), -2);
+        assert_eq!(c_i64(9.2e18), 9_200_000_000_000_000_000);
+    }
+
+    #[test]
+    fn poles_and_equator() {
+        let hp = Hpix::new(4, 2);
+        // Identity: north pole, first pixel of the first ring / face 0 corner.
+        assert_eq!(hp.pixel(&[0.0, 0.0, 0.0, 1.0], false), Some(0));
+        assert_eq!(hp.pixel(&[0.0, 0.0, 0.0, 1.0], true), Some(15));
+        // (1,0,0,0): south pole.
+        assert_eq!(hp.pixel(&[1.0, 0.0, 0.0, 0.0], false), Some(188));
+        assert_eq!(hp.pixel(&[1.0, 0.0, 0.0, 0.0], true), Some(128));
+    }
 }

@@ -218,10 +218,10 @@ unsafe extern "C" fn log_bridge(user: *mut c_void, level: i32, msg: *const c_cha
         if msg.is_null() {
             return;
         }
-        // SAFETY: `user` is the leaked backend name we passed to init.
         let name: &str = if user.is_null() {
             "?"
         } else {
+            // SAFETY: `user` is the leaked backend name we passed to init.
             unsafe { &*(user as *const String) }
         };
         // SAFETY: the plugin passes `len` readable bytes at `msg`.
