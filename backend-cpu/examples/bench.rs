@@ -82,6 +82,15 @@ fn check(s: abi::Status) {
     }
 }
 
+/// Call a kernel entry of the plugin.
+///
+/// Every argument struct of this benchmark points into live vectors of the
+/// lengths it declares, and outputs are taken with `arr_mut`.
+fn launch<A>(f: Option<abi::KernelFn<A>>, ctx: *mut c_void, a: &A) {
+    // SAFETY: valid context; the arrays of `a` are valid (see above).
+    check(unsafe { f.expect("entry")(ctx, a) })
+}
+
 fn main() {
     let threads: Vec<usize> = std::env::args()
         .skip(1)
@@ -185,13 +194,9 @@ fn main() {
             reserved: [0; 7],
             quats: arr_mut(&mut quats),
         };
-        // SAFETY (all kernel calls below): every array is a live vector of the
-        // declared length, outputs are borrowed mutably for the call.
         report(
             "pointing_detector",
-            best_of(5, || {
-                check(unsafe { t.pointing_detector.unwrap()(ctx, &a) })
-            }),
+            best_of(5, || launch(t.pointing_detector, ctx, &a)),
             per,
         );
 
@@ -215,12 +220,7 @@ fn main() {
                 nest,
                 reserved: [0; 6],
             };
-            // SAFETY: see above.
-            report(
-                name,
-                best_of(5, || check(unsafe { t.pixels_healpix.unwrap()(ctx, &a) })),
-                per,
-            );
+            report(name, best_of(5, || launch(t.pixels_healpix, ctx, &a)), per);
         }
         // Leave NEST pixels for the map kernels.
         let a = abi::PixelsHealpixArgs {
@@ -239,8 +239,7 @@ fn main() {
             nest: 1,
             reserved: [0; 6],
         };
-        // SAFETY: see above.
-        check(unsafe { t.pixels_healpix.unwrap()(ctx, &a) });
+        launch(t.pixels_healpix, ctx, &a);
 
         for (use_hwp, name) in [
             (false, "stokes_weights_IQU (no HWP)"),
@@ -261,12 +260,9 @@ fn main() {
                 iau: 0,
                 reserved: [0; 7],
             };
-            // SAFETY: see above.
             report(
                 name,
-                best_of(5, || {
-                    check(unsafe { t.stokes_weights_iqu.unwrap()(ctx, &a) })
-                }),
+                best_of(5, || launch(t.stokes_weights_iqu, ctx, &a)),
                 per,
             );
         }
@@ -278,10 +274,9 @@ fn main() {
             intervals: ivs,
             weights: arr_mut(&mut weights_i),
         };
-        // SAFETY: see above.
         report(
             "stokes_weights_I",
-            best_of(5, || check(unsafe { t.stokes_weights_i.unwrap()(ctx, &a) })),
+            best_of(5, || launch(t.stokes_weights_i, ctx, &a)),
             per,
         );
 
@@ -328,10 +323,9 @@ fn main() {
                 should_scale: 0,
                 reserved: [0; 5],
             };
-            // SAFETY: see above.
             report(
                 &format!("{name} [{n_local} local submaps]"),
-                best_of(5, || check(unsafe { t.scan_map.unwrap()(ctx, &a) })),
+                best_of(5, || launch(t.scan_map, ctx, &a)),
                 per,
             );
         }
@@ -360,12 +354,9 @@ fn main() {
             shared_flag_mask: 1,
             reserved: [0; 6],
         };
-        // SAFETY: see above.
         report(
             "build_noise_weighted (nnz=3, det+shared flags)",
-            best_of(5, || {
-                check(unsafe { t.build_noise_weighted.unwrap()(ctx, &a) })
-            }),
+            best_of(5, || launch(t.build_noise_weighted, ctx, &a)),
             per,
         );
         drop(zmap);
@@ -379,10 +370,9 @@ fn main() {
             intervals: ivs,
             det_data: arr_mut(&mut det_data),
         };
-        // SAFETY: see above.
         report(
             "noise_weight",
-            best_of(5, || check(unsafe { t.noise_weight.unwrap()(ctx, &a) })),
+            best_of(5, || launch(t.noise_weight, ctx, &a)),
             per,
         );
 
@@ -395,7 +385,7 @@ fn main() {
         let n_amp = (block * N_DET as i64) as usize;
         let mut amps: Vec<f64> = (0..n_amp).map(|i| i as f64 * 1e-4).collect();
         let amp_flags: Vec<u8> = (0..n_amp).map(|i| (i % 50 == 0) as u8).collect();
-        let no_flags = vec![-1i32; N_DET];
+        let no_flags = [-1i32; N_DET];
         for (per_det, label) in [(false, "1 call"), (true, "50 calls")] {
             let calls: Vec<(usize, usize)> = if per_det {
                 (0..N_DET).map(|d| (d, 1)).collect()
@@ -418,8 +408,7 @@ fn main() {
                         amplitude_flags: arr(&amp_flags),
                         det_data: arr_mut(&mut det_data),
                     };
-                    // SAFETY: see above.
-                    check(unsafe { t.template_offset_add_to_signal.unwrap()(ctx, &a) });
+                    launch(t.template_offset_add_to_signal, ctx, &a);
                 }
             });
             report(
@@ -447,8 +436,7 @@ fn main() {
                         flag_mask: 1,
                         reserved: [0; 7],
                     };
-                    // SAFETY: see above.
-                    check(unsafe { t.template_offset_project_signal.unwrap()(ctx, &a) });
+                    launch(t.template_offset_project_signal, ctx, &a);
                 }
             });
             report(
@@ -469,10 +457,7 @@ fn main() {
                 amplitude_flags: arr(&fl),
                 amplitudes_out: arr_mut(&mut out),
             };
-            // SAFETY: see above.
-            let secs = best_of(5, || {
-                check(unsafe { t.template_offset_apply_diag_precond.unwrap()(ctx, &a) })
-            });
+            let secs = best_of(5, || launch(t.template_offset_apply_diag_precond, ctx, &a));
             report(
                 &format!("template_offset_apply_diag_precond (n_amp={n}) /amp"),
                 secs,
