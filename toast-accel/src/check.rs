@@ -2,9 +2,30 @@
 //!
 //! A kernel entry point calls the matching `check_*` function before it
 //! touches any memory. Checks here need only the argument struct and the
-//! small host-side arrays (index arrays, intervals); data-dependent checks on
-//! large arrays (a pixel beyond the map, a hit submap whose `global2local`
-//! is -1) happen inside the kernels, which report the detector and sample.
+//! small host-side arrays (index arrays, intervals, the offset-template
+//! layout); data-dependent checks on large arrays (a pixel beyond the map, a
+//! hit submap whose `global2local` is -1) happen inside the kernels, which
+//! report the detector and sample. [`global2local`] checks the entries of
+//! that (kernel) array and is called by a backend on a host-visible copy.
+//!
+//! The rules, per kernel (TOAST's undefined behaviour becomes an error):
+//!
+//! * every array has exactly the length its shape implies: per-sample arrays
+//!   are whole rows (`[n_rows, n_samp, k]`), required arrays of fixed size
+//!   (`boresight`, `amplitude_flags`, the four preconditioner arrays) match
+//!   exactly, and optional arrays (`shared_flags`, `hwp`, `det_flags`,
+//!   `flag_data`) are absent (length 0) or exactly sized; TOAST's "length 1
+//!   disables it" is not accepted (the conformance runner maps it to absent);
+//! * index arrays name rows that exist; intervals lie in `[0, n_samp]` with
+//!   `first <= last`; host arrays are non-null when non-empty;
+//! * `nside` is a power of two in `[1, 2^29]`, `n_pix_submap > 0`, and
+//!   `hit_submaps` covers the `12 nside^2` pixels; `nnz >= 1`, the map dtype
+//!   is known and maps hold whole submaps;
+//! * offset templates: `step_length >= 1`, at least one view,
+//!   `n_amp_views[v] >= ceil(len_v / step_length)`, and each detector's block
+//!   `[amp_offset[i], amp_offset[i] + sum(n_amp_views))` inside `amplitudes`,
+//!   so no sample can map to an amplitude outside it; `flag_index` is -1 or
+//!   a row of `flag_data`, which must then be present.
 //!
 //! Every error names the argument and the offending value.
 
