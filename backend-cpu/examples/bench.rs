@@ -64,7 +64,24 @@ impl Rng {
     }
 }
 
-fn best_of<F: FnMut()>(n: usize, mut f: F) -> f64 {
+/// Whether kernel `name` is selected by the `BENCH_FILTER` environment
+/// variable (a substring; all kernels when unset).
+fn selected(name: &str) -> bool {
+    std::env::var("BENCH_FILTER").map_or(true, |f| name.contains(&f))
+}
+
+/// Process CPU time (user + system) in seconds, from /proc/self/stat.
+fn cpu_time() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime, in 1/100 s) are the 12th and 13th
+    // after the command name.
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / 100.0
+}
+
+fn best_of(n: usize, f: &mut dyn FnMut()) -> f64 {
     (0..n)
         .map(|_| {
             let t = Instant::now();
@@ -174,6 +191,22 @@ fn main() {
         let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid API struct and out pointer.
         check(unsafe { t.init.unwrap()(&api, &mut ctx) });
+        let timed = |name: &str, n: f64, f: &mut dyn FnMut()| {
+            if !selected(name) {
+                // Still run it once: later kernels use its outputs.
+                f();
+                return;
+            }
+            let c0 = cpu_time();
+            let secs = best_of(5, f);
+            let cpu = (cpu_time() - c0) / 5.0;
+            println!(
+                "{name:<48} {th:>7} {:>10.2} {:>14.3}   (cpu {:.0} ms/call)",
+                secs * 1e3,
+                secs * 1e9 / n,
+                cpu * 1e3
+            );
+        };
         let report = |name: &str, secs: f64, n: f64| {
             println!(
                 "{name:<48} {th:>7} {:>10.2} {:>14.3}",
@@ -194,11 +227,9 @@ fn main() {
             reserved: [0; 7],
             quats: arr_mut(&mut quats),
         };
-        report(
-            "pointing_detector",
-            best_of(5, || launch(t.pointing_detector, ctx, &a)),
-            per,
-        );
+        timed("pointing_detector", per, &mut || {
+            launch(t.pointing_detector, ctx, &a)
+        });
 
         for (nest, name) in [
             (1u8, "pixels_healpix (NEST, nside 2048)"),
@@ -220,7 +251,7 @@ fn main() {
                 nest,
                 reserved: [0; 6],
             };
-            report(name, best_of(5, || launch(t.pixels_healpix, ctx, &a)), per);
+            timed(name, per, &mut || launch(t.pixels_healpix, ctx, &a));
         }
         // Leave NEST pixels for the map kernels.
         let a = abi::PixelsHealpixArgs {
@@ -260,11 +291,7 @@ fn main() {
                 iau: 0,
                 reserved: [0; 7],
             };
-            report(
-                name,
-                best_of(5, || launch(t.stokes_weights_iqu, ctx, &a)),
-                per,
-            );
+            timed(name, per, &mut || launch(t.stokes_weights_iqu, ctx, &a));
         }
         let a = abi::StokesWeightsIArgs {
             n_det: N_DET as u64,
@@ -274,11 +301,9 @@ fn main() {
             intervals: ivs,
             weights: arr_mut(&mut weights_i),
         };
-        report(
-            "stokes_weights_I",
-            best_of(5, || launch(t.stokes_weights_i, ctx, &a)),
-            per,
-        );
+        timed("stokes_weights_I", per, &mut || {
+            launch(t.stokes_weights_i, ctx, &a)
+        });
 
         // Maps over the hit submaps.
         let mut g2l = vec![-1i64; n_submap];
@@ -323,10 +348,10 @@ fn main() {
                 should_scale: 0,
                 reserved: [0; 5],
             };
-            report(
+            timed(
                 &format!("{name} [{n_local} local submaps]"),
-                best_of(5, || launch(t.scan_map, ctx, &a)),
                 per,
+                &mut || launch(t.scan_map, ctx, &a),
             );
         }
         drop(map32);
@@ -354,10 +379,10 @@ fn main() {
             shared_flag_mask: 1,
             reserved: [0; 6],
         };
-        report(
+        timed(
             "build_noise_weighted (nnz=3, det+shared flags)",
-            best_of(5, || launch(t.build_noise_weighted, ctx, &a)),
             per,
+            &mut || launch(t.build_noise_weighted, ctx, &a),
         );
         drop(zmap);
         drop(map);
@@ -370,11 +395,7 @@ fn main() {
             intervals: ivs,
             det_data: arr_mut(&mut det_data),
         };
-        report(
-            "noise_weight",
-            best_of(5, || launch(t.noise_weight, ctx, &a)),
-            per,
-        );
+        timed("noise_weight", per, &mut || launch(t.noise_weight, ctx, &a));
 
         let nav: Vec<i64> = intervals
             .iter()
@@ -392,7 +413,7 @@ fn main() {
             } else {
                 vec![(0, N_DET)]
             };
-            let secs = best_of(5, || {
+            let secs = best_of(5, &mut || {
                 for &(d0, n) in &calls {
                     let a = abi::TemplateOffsetAddArgs {
                         n_det: n as u64,
@@ -416,7 +437,7 @@ fn main() {
                 secs,
                 per,
             );
-            let secs = best_of(5, || {
+            let secs = best_of(5, &mut || {
                 for &(d0, n) in &calls {
                     let a = abi::TemplateOffsetProjectArgs {
                         n_det: n as u64,
@@ -457,7 +478,9 @@ fn main() {
                 amplitude_flags: arr(&fl),
                 amplitudes_out: arr_mut(&mut out),
             };
-            let secs = best_of(5, || launch(t.template_offset_apply_diag_precond, ctx, &a));
+            let secs = best_of(5, &mut || {
+                launch(t.template_offset_apply_diag_precond, ctx, &a)
+            });
             report(
                 &format!("template_offset_apply_diag_precond (n_amp={n}) /amp"),
                 secs,

@@ -70,3 +70,32 @@ fn all_cases_pass_with_many_threads() {
     // More threads than cores: a stress on the decomposition, not on speed.
     run_with("threads=5");
 }
+
+#[test]
+fn all_cases_pass_through_staged_buffers() {
+    // The cpu plugin, presented as a backend that is not host-addressable:
+    // the runner then stages every kernel array through alloc / copy /
+    // free. The cpu plugin's handles are host addresses, so its kernels
+    // still run, and the staging path of the runner is exercised for real.
+    let loaded = Plugin::load(&cpu_plugin_path()).expect("load the cpu plugin");
+    let staged = Plugin {
+        flags: loaded.flags & !toast_accel::abi::FLAG_HOST_ADDRESSABLE,
+        ..loaded
+    };
+    let backend = Arc::new(staged).init("threads=2").expect("init");
+    assert!(!backend.host_addressable());
+    let results = run_dir(&backend, &cases_dir());
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(p, r)| match r {
+            Ok(CaseOutcome::Pass) => None,
+            Ok(o) => Some(format!("{}: {o}", p.display())),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(results.len(), 29);
+    let st = backend.stats().snapshot();
+    assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
+    assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");
+}
