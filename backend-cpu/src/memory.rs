@@ -3,6 +3,9 @@
 //! A handle is the address of a zeroed, 64-byte aligned allocation. Every
 //! live handle is in a registry so that an unknown, foreign or freed handle
 //! is refused rather than dereferenced, and so that copies are range-checked.
+//! (An address may be reused by a later allocation, after which a stale copy
+//! of the old handle names the new buffer: the registry cannot tell them
+//! apart, as with any allocator-address handle.)
 
 use std::alloc::Layout;
 use std::collections::HashMap;

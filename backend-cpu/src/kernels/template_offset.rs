@@ -56,7 +56,9 @@ pub(crate) unsafe fn run_add(
                 let mut s = seg.first;
                 while s < seg.last {
                     let k = (s - first_v) / step;
-                    let end = (first_v + (k + 1).saturating_mul(step)).min(seg.last);
+                    let end = first_v
+                        .saturating_add((k + 1).saturating_mul(step))
+                        .min(seg.last);
                     let amp = voff + k;
                     if flags[amp] == 0 {
                         let x = amps[amp];
@@ -150,7 +152,7 @@ pub(crate) unsafe fn run_project(
                 continue;
             }
             let s0 = first + (t.amp_lo + k) * step;
-            let s1 = (s0 + step).min(last);
+            let s1 = s0.saturating_add(step).min(last);
             let data = &det_data[drow + s0..drow + s1];
             // Sequential sum in sample order, into the existing amplitude;
             // a flagged sample adds +0.0 as in TOAST.
