@@ -479,6 +479,7 @@ pub fn load_case(path: &Path) -> Result<Case, CaseError> {
         map,
     };
     let data = load_data(kernel, &mut fl)?;
+    host_lengths(&data).map_err(|(field, problem)| fl.err(field, problem))?;
     Ok(Case {
         path: file,
         name,
@@ -755,6 +756,111 @@ fn load_data(kernel: Kernel, f: &mut Fields) -> Result<CaseData, CaseError> {
             }
         }
     })
+}
+
+/// Check the arrays passed as plain host pointers (whose length the kernel
+/// infers from `n_det` or the number of intervals) are long enough, so a
+/// malformed case cannot make a plugin read past them.
+fn host_lengths(data: &CaseData) -> Result<(), (&'static str, String)> {
+    fn need<T>(
+        name: &'static str,
+        a: &Arr<T>,
+        n: usize,
+        what: &str,
+    ) -> Result<(), (&'static str, String)> {
+        if a.data.len() != n {
+            return Err((
+                name,
+                format!("shape {:?}, expected {n} elements ({what})", a.shape),
+            ));
+        }
+        Ok(())
+    }
+    let per_det = "one per detector, as the index arrays";
+    match data {
+        CaseData::PointingDetector {
+            focalplane,
+            quat_index,
+            ..
+        } => need(
+            "focalplane",
+            focalplane,
+            4 * quat_index.data.len(),
+            "[n_det, 4]",
+        ),
+        CaseData::PixelsHealpix {
+            quat_index,
+            pixel_index,
+            ..
+        } => need("pixel_index", pixel_index, quat_index.data.len(), per_det),
+        CaseData::StokesWeightsI {
+            weight_index, cal, ..
+        } => need("cal", cal, weight_index.data.len(), per_det),
+        CaseData::StokesWeightsIqu {
+            quat_index,
+            weight_index,
+            epsilon,
+            gamma,
+            cal,
+            ..
+        } => {
+            let n = quat_index.data.len();
+            need("weight_index", weight_index, n, per_det)?;
+            need("epsilon", epsilon, n, per_det)?;
+            need("gamma", gamma, n, per_det)?;
+            need("cal", cal, n, per_det)
+        }
+        CaseData::ScanMap {
+            pixel_index,
+            weight_index,
+            data_index,
+            ..
+        } => {
+            let n = pixel_index.data.len();
+            need("weight_index", weight_index, n, per_det)?;
+            need("data_index", data_index, n, per_det)
+        }
+        CaseData::BuildNoiseWeighted {
+            pixel_index,
+            weight_index,
+            data_index,
+            flag_index,
+            det_scale,
+            ..
+        } => {
+            let n = pixel_index.data.len();
+            need("weight_index", weight_index, n, per_det)?;
+            need("data_index", data_index, n, per_det)?;
+            need("flag_index", flag_index, n, per_det)?;
+            need("det_scale", det_scale, n, per_det)
+        }
+        CaseData::NoiseWeight {
+            data_index,
+            detector_weights,
+            ..
+        } => need(
+            "detector_weights",
+            detector_weights,
+            data_index.data.len(),
+            per_det,
+        ),
+        CaseData::TemplateOffsetAdd {
+            n_amp_views,
+            intervals,
+            ..
+        }
+        | CaseData::TemplateOffsetProject {
+            n_amp_views,
+            intervals,
+            ..
+        } => need(
+            "n_amp_views",
+            n_amp_views,
+            intervals.len(),
+            "one per interval",
+        ),
+        CaseData::TemplateOffsetPrecond { .. } => Ok(()),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1277,16 +1383,8 @@ fn run_inner(b: &Backend, data: &CaseData) -> Result<CaseOutcome, CaseOutcome> {
                     amplitude_flags: f.abi(),
                     det_data: d.abi(),
                 };
-                if n_amp_views.data.len() != intervals.len() {
-                    return Err(CaseOutcome::Error {
-                        message: format!(
-                            "n_amp_views has {} entries but there are {} intervals",
-                            n_amp_views.data.len(),
-                            intervals.len()
-                        ),
-                    });
-                }
-                // SAFETY: as above (n_amp_views has one entry per interval).
+                // SAFETY: as above (n_amp_views has one entry per interval,
+                // checked at load).
                 unsafe { launch(b, &args)? };
                 finish(vec![d, a, f])?;
             }
@@ -1318,15 +1416,6 @@ fn run_inner(b: &Backend, data: &CaseData) -> Result<CaseOutcome, CaseOutcome> {
                 } else {
                     &[]
                 };
-            if n_amp_views.data.len() != intervals.len() {
-                return Err(CaseOutcome::Error {
-                    message: format!(
-                        "n_amp_views has {} entries but there are {} intervals",
-                        n_amp_views.data.len(),
-                        intervals.len()
-                    ),
-                });
-            }
             let mut amps = amplitudes_in.data.clone();
             for c in 0..call_data_index.data.len() {
                 let d = stage_in(b, &det_data.data, "det_data").map_err(se)?;
@@ -1351,7 +1440,8 @@ fn run_inner(b: &Backend, data: &CaseData) -> Result<CaseOutcome, CaseOutcome> {
                     flag_mask: *flag_mask,
                     reserved: [0; 7],
                 };
-                // SAFETY: as above (n_amp_views has one entry per interval).
+                // SAFETY: as above (n_amp_views has one entry per interval,
+                // checked at load).
                 unsafe { launch(b, &args)? };
                 finish(vec![a, d, fd, f])?;
             }
@@ -1544,6 +1634,29 @@ mod tests {
         );
         let e = load_case(&p).unwrap_err();
         assert!(e.to_string().contains("det_data_in"), "{e}");
+    }
+
+    #[test]
+    fn short_per_detector_array_names_the_field() {
+        let p = tmp("noise_weight_short2.npz", b"");
+        let mut w = ndarray_npy::NpzWriter::new(File::create(&p).unwrap());
+        let d = ArrayD::<f64>::zeros(vec![2, 5]);
+        w.add_array("det_data_in", &d).unwrap();
+        w.add_array("det_data_out", &d).unwrap();
+        w.add_array("detector_weights", &ArrayD::<f64>::zeros(vec![1]))
+            .unwrap();
+        w.add_array("data_index", &ArrayD::<i32>::zeros(vec![2]))
+            .unwrap();
+        w.add_array("intervals_first", &ArrayD::<i64>::zeros(vec![0]))
+            .unwrap();
+        w.add_array("intervals_last", &ArrayD::<i64>::zeros(vec![0]))
+            .unwrap();
+        w.finish().unwrap();
+        let e = load_case(&p).unwrap_err();
+        match &e {
+            CaseError::Field { field, .. } => assert_eq!(field, "detector_weights", "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
