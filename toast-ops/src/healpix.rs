@@ -792,7 +792,15 @@ mod tests {
     fn phi_edge_cases() {
         let hp = Healpix::new(16).unwrap();
         for theta in [0.0, 1e-9, 0.5, FRAC_PI_2, 2.5, PI - 1e-9, PI] {
-            for phi in [-1e-300, -1e-17, 0.0, 2.0 * PI, 2.0 * PI - 1e-16, -7.0, 100.0] {
+            for phi in [
+                -1e-300,
+                -1e-17,
+                0.0,
+                2.0 * PI,
+                2.0 * PI - 1e-16,
+                -7.0,
+                100.0,
+            ] {
                 let n = hp.ang2pix_nest(theta, phi);
                 let r = hp.ang2pix_ring(theta, phi);
                 assert!(n < hp.npix() && r < hp.npix());
