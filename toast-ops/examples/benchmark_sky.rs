@@ -3,7 +3,7 @@
 //! timings and statistics.
 //!
 //! ```text
-//! cargo run --release -p toast-ops --example benchmark_sky -- [NSIDE] [OUT_DIR] [--png] [--toast-ordering]
+//! cargo run --release -p toast-ops --example benchmark_sky -- [NSIDE] [OUT_DIR] [--png] [--toast-ordering] [--lmax=N]
 //! ```
 //!
 //! `--toast-ordering` reproduces TOAST 3.0.6's RING-data-labelled-NESTED file.
@@ -23,6 +23,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = SkyConfig {
         nside,
         toast_ring_as_nest: args.iter().any(|a| a == "--toast-ordering"),
+        lmax: args
+            .iter()
+            .find_map(|a| a.strip_prefix("--lmax="))
+            .map(str::parse)
+            .transpose()?,
         ..SkyConfig::default()
     };
     println!("threads: {}", rayon::current_num_threads());

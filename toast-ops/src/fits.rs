@@ -1196,7 +1196,9 @@ pub fn toast_extra_header(
 /// `healpy.write_map(..., fits_IDL=False)` (see the module documentation).
 ///
 /// All columns must have `12 nside²` values for a valid `nside`; `extra` cards
-/// are appended after the HEALPix keywords. An existing file is replaced.
+/// are appended after the HEALPix keywords (an `EXTNAME` card replaces the
+/// default `'xtension'`; structural and HEALPix keywords are refused). An
+/// existing file is replaced.
 pub fn write_healpix_map(
     path: &Path,
     ordering: Ordering,
@@ -1307,7 +1309,18 @@ pub fn write_healpix_map(
                 c.key
             )));
         }
-        cards.push(c.clone());
+        if extra.iter().filter(|o| o.key == c.key).count() > 1 {
+            return Err(invalid(format!(
+                "extra header keyword {} given more than once",
+                c.key
+            )));
+        }
+        if let Some(existing) = cards.iter_mut().find(|o| o.key == c.key) {
+            // e.g. EXTNAME: replaced, as healpy's extra_header does.
+            *existing = c.clone();
+        } else {
+            cards.push(c.clone());
+        }
     }
     let mut header = Vec::with_capacity(cards.len() * CARD + BLOCK);
     for c in &cards {

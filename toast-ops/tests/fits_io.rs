@@ -255,6 +255,37 @@ fn write_rejects_bad_input() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("NSIDE"), "{err}");
+    let twice = [
+        HeaderCard::int("NDET", 1, ""),
+        HeaderCard::int("NDET", 2, ""),
+    ];
+    let err = write_iqu_map(
+        &p,
+        Ordering::Nested,
+        [&m, &m, &m],
+        "K",
+        MapPrecision::F32,
+        &twice,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("more than once"), "{err}");
+    // EXTNAME replaces the default.
+    let ext = [HeaderCard::string("EXTNAME", "SKY", "")];
+    write_iqu_map(
+        &p,
+        Ordering::Nested,
+        [&m, &m, &m],
+        "K",
+        MapPrecision::F32,
+        &ext,
+    )
+    .unwrap();
+    let back = read_healpix_map(&p, None).unwrap();
+    assert_eq!(
+        back.header.get("EXTNAME"),
+        Some(&HeaderValue::Str("SKY".into()))
+    );
+    assert_eq!(back.header.keys().filter(|k| *k == "EXTNAME").count(), 1);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -291,6 +322,7 @@ fn read_err(dir: &Path, name: &str, bytes: &[u8]) -> String {
     let e = read_healpix_map(&p, None).unwrap_err();
     let s = e.to_string();
     assert!(s.contains(name), "error does not name the file: {s}");
+    println!("{s}");
     s
 }
 
