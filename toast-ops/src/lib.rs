@@ -7,7 +7,7 @@
 //! * [`fits`]: healpy-compatible HEALPix map FITS reading and writing.
 //! * [`sht`]: spherical-harmonic synthesis (a_lm → I, Q, U HEALPix maps).
 //! * [`sky`]: the synthetic CMB-like input sky of the satellite benchmark
-//!   (power spectra, seeded a_lm, spherical-harmonic synthesis).
+//!   (TOAST's power spectra and beam, Philox-seeded a_lm, band-limited synthesis).
 //! * [`plot`]: Mollweide-projection PNG rendering of I/Q/U maps.
 
 pub mod fits;

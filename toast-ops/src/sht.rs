@@ -4,16 +4,19 @@
 //!
 //! Coefficients are stored for `m ≥ 0` only, in healpy's m-major layout
 //! (`index = m (2 lmax + 1 − m) / 2 + ℓ`, see [`Alm::index`]); the `m < 0`
-//! coefficients of a real field follow from `a_{ℓ,−m} = (−1)^m a*_{ℓm}`.
+//! coefficients of a real field follow from `a_{ℓ,−m} = (−1)^m a*_{ℓm}`
+//! (so the imaginary parts of `a_ℓ0` are ignored, as in healpy).
 //!
-//! Temperature: `T(θ, φ) = Σ_ℓm a_ℓm Y_ℓm(θ, φ)`, with
-//! `Y_ℓm = λ_ℓm(cos θ) e^{imφ}` and the normalised associated Legendre
-//! functions `λ_ℓm = √((2ℓ+1)/4π · (ℓ−m)!/(ℓ+m)!) P_ℓ^m(cos θ)` including the
-//! Condon–Shortley phase `(−1)^m`.
+//! Every map is `X(θ, φ) = Σ_{m=−lmax}^{lmax} X_m(θ) e^{imφ}` with
+//! `X_{−m} = conj(X_m)`. For `m ≥ 0`:
 //!
-//! Polarisation (healpy's default "COSMO" convention, spin ±2):
-//! `Q = −Σ_ℓm (a^E_ℓm F¹_ℓm − i a^B_ℓm F²_ℓm) e^{imφ}`,
-//! `U = −Σ_ℓm (a^B_ℓm F¹_ℓm + i a^E_ℓm F²_ℓm) e^{imφ}`, where (for `m ≥ 0`)
+//! * temperature (spin 0): `T_m = Σ_ℓ a^T_ℓm λ_ℓm(θ)`, where
+//!   `λ_ℓm = √((2ℓ+1)/4π · (ℓ−m)!/(ℓ+m)!) P_ℓ^m(cos θ)` are the normalised
+//!   associated Legendre functions including the Condon–Shortley phase `(−1)^m`
+//!   (`Y_ℓm = λ_ℓm e^{imφ}`);
+//! * polarisation (spin ±2, healpy's default "COSMO" convention):
+//!   `Q_m = −Σ_ℓ (a^E_ℓm F¹_ℓm − i a^B_ℓm F²_ℓm)`,
+//!   `U_m = −Σ_ℓ (a^B_ℓm F¹_ℓm + i a^E_ℓm F²_ℓm)`, with
 //!
 //! ```text
 //! F¹_ℓm = N_ℓ [ −((ℓ − m²)/sin²θ + ℓ(ℓ−1)/2) λ_ℓm + (cosθ/sin²θ) f_ℓm λ_{ℓ−1,m} ]
