@@ -63,7 +63,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use realfft::num_complex::Complex64;
+/// Complex coefficient type of [`Alm`] (re-exported from `num-complex`).
+pub use realfft::num_complex::Complex64;
 use realfft::{ComplexToReal, RealFftPlanner};
 
 use crate::healpix::{Healpix, HealpixError};

@@ -3,8 +3,7 @@
 
 use std::path::PathBuf;
 
-use realfft::num_complex::Complex64;
-use toast_ops::sht::{alm2map, Alm};
+use toast_ops::sht::{alm2map, Alm, Complex64};
 
 /// The a_lm formula of make_sht_vectors.py.
 fn alm_formula(lmax: usize, which: char) -> Alm {
