@@ -1,0 +1,3 @@
+//! Subcommands of toast-cli.
+
+pub mod bench;
