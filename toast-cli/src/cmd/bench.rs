@@ -282,7 +282,7 @@ pub struct BenchReport {
     pub step_length: i64,
     pub n_amp: usize,
     pub precond_n_amp: usize,
-    /// Seconds to generate inputs and run the pipeline outside the timed calls.
+    /// Seconds spent outside the timed calls and the staging (input generation, checks).
     pub setup_seconds: f64,
     pub kernels: Vec<KernelTiming>,
     /// Staging transfers, for a backend that is not host-addressable.
@@ -343,7 +343,7 @@ impl BenchReport {
             threads,
             self.repeats
         );
-        if let Some(d) = &self.device {
+        if let (false, Some(d)) = (self.host_addressable, &self.device) {
             let _ = writeln!(s, "device: {d}");
         }
         let _ = writeln!(s, "machine: {}", self.machine);
@@ -786,7 +786,10 @@ fn add_bursts(rng: &mut Rng, flags: &mut [u8], len: usize, bit: u8) {
 struct Timer<'b> {
     backend: &'b Backend,
     repeats: usize,
+    /// Staging (upload, download, alloc, free) time, outside the timed calls.
     transfer: Duration,
+    /// Total time of all timed calls.
+    timed: Duration,
 }
 
 fn accel(what: &str) -> impl Fn(AccelError) -> String + '_ {
@@ -829,7 +832,7 @@ impl<'b> Timer<'b> {
 
     /// Best of `repeats` wall-clock seconds of `f` followed by a synchronize.
     fn best(
-        &self,
+        &mut self,
         key: &str,
         mut f: impl FnMut() -> Result<(), AccelError>,
     ) -> Result<f64, String> {
@@ -839,7 +842,9 @@ impl<'b> Timer<'b> {
             let t = Instant::now();
             f().map_err(accel(key))?;
             self.backend.synchronize().map_err(accel(key))?;
-            best = best.min(t.elapsed().as_secs_f64());
+            let dt = t.elapsed();
+            self.timed += dt;
+            best = best.min(dt.as_secs_f64());
         }
         Ok(best)
     }
@@ -909,7 +914,6 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         ));
     }
     let setup_start = Instant::now();
-    let mut timed_total = 0.0f64;
     let stats_before = backend.stats().snapshot();
     let mut rng = Rng::new(SEED);
     let w = Workload::new(opts, &mut rng);
@@ -921,12 +925,9 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         backend,
         repeats: opts.repeats,
         transfer: Duration::ZERO,
+        timed: Duration::ZERO,
     };
     let mut out: Vec<KernelTiming> = Vec::new();
-    let record = |k: KernelTiming, out: &mut Vec<KernelTiming>, total: &mut f64| {
-        *total += k.best_s * opts.repeats as f64;
-        out.push(k);
-    };
 
     // 1. pointing_detector
     let mut quats = vec![0.0f64; n_det * n_samp * 4];
@@ -949,11 +950,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         // SAFETY: every pointer comes from a live Vec or ArrayArg of the
         // length the arguments declare, and the output is borrowed only here.
         let best = tm.best("pointing_detector", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("pointing_detector", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("pointing_detector", best, units));
         tm.finish(vec![q, bore, flags])?;
     }
 
@@ -988,20 +985,12 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         };
         // SAFETY: as for pointing_detector; pixels and hit_submaps are outputs of this call only.
         let best = tm.best("pixels_healpix_ring", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("pixels_healpix_ring", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("pixels_healpix_ring", best, units));
         args.nest = 1;
         args.hit_submaps = hn.abi();
         // SAFETY: as above.
         let best = tm.best("pixels_healpix_nest", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("pixels_healpix_nest", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("pixels_healpix_nest", best, units));
 
         let mut args = abi::StokesWeightsIquArgs {
             n_det: nd,
@@ -1022,19 +1011,11 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         let best = tm.best("stokes_weights_iqu_hwp", || unsafe {
             backend.launch(&args)
         })?;
-        record(
-            timing("stokes_weights_iqu_hwp", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("stokes_weights_iqu_hwp", best, units));
         args.hwp = abi::Array::ABSENT;
         // SAFETY: as above (no HWP array).
         let best = tm.best("stokes_weights_iqu", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("stokes_weights_iqu", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("stokes_weights_iqu", best, units));
         tm.finish(vec![px, hr, hn, wt, q, flags, hwp])?;
     }
     drop(quats);
@@ -1054,11 +1035,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         };
         // SAFETY: as above.
         let best = tm.best("stokes_weights_i", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("stokes_weights_i", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("stokes_weights_i", best, units));
         tm.finish(vec![wi])?;
     }
 
@@ -1112,20 +1089,12 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         };
         // SAFETY: as above; det_data is the only output.
         let best = tm.best("scan_map_f64", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("scan_map_f64", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("scan_map_f64", best, units));
         args.map_dtype = abi::DTYPE_F32;
         args.mapdata = m32.abi();
         // SAFETY: as above, with the float32 map.
         let best = tm.best("scan_map_f32", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("scan_map_f32", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("scan_map_f32", best, units));
         tm.finish(vec![dd, g2l, m64, m32, px, wt])?;
     }
 
@@ -1163,11 +1132,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         };
         // SAFETY: as above; zmap is the only output.
         let best = tm.best("build_noise_weighted", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("build_noise_weighted", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("build_noise_weighted", best, units));
         tm.finish(vec![zm, g2l, px, wt, dd, df, sf])?;
     }
     drop(map);
@@ -1187,11 +1152,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         };
         // SAFETY: as above; det_data is the only output.
         let best = tm.best("noise_weight", || unsafe { backend.launch(&args) })?;
-        record(
-            timing("noise_weight", best, units),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing("noise_weight", best, units));
         tm.finish(vec![dd])?;
     }
 
@@ -1248,7 +1209,6 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
             Ok(())
         })?;
         let k = offset_timing("template_offset_add_to_signal", n_det, multi, single, units);
-        timed_total += (multi + single) * opts.repeats as f64;
         out.push(k);
         tm.finish(vec![dd, am, af])?;
     }
@@ -1303,7 +1263,6 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
             single,
             units,
         );
-        timed_total += (multi + single) * opts.repeats as f64;
         out.push(k);
         tm.finish(vec![am, dd, fl, af])?;
     }
@@ -1328,11 +1287,11 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
             &mut amps_out,
             "template_offset_apply_diag_precond",
         )?;
-        record(
-            timing("template_offset_apply_diag_precond", best, n_amp as u64),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing(
+            "template_offset_apply_diag_precond",
+            best,
+            n_amp as u64,
+        ));
     }
     drop(amplitudes);
     {
@@ -1351,11 +1310,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
             &mut amps_out,
             PRECOND_LARGE,
         )?;
-        record(
-            timing(PRECOND_LARGE, best, n as u64),
-            &mut out,
-            &mut timed_total,
-        );
+        out.push(timing(PRECOND_LARGE, best, n as u64));
     }
 
     // Table order: that of timings.md.
@@ -1374,7 +1329,10 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         Ok(n) if n > 0 => backend.device_info(0).ok().map(|d| d.name),
         _ => None,
     };
-    let setup_seconds = (setup_start.elapsed().as_secs_f64() - timed_total).max(0.0);
+    let setup_seconds = setup_start
+        .elapsed()
+        .saturating_sub(tm.timed + tm.transfer)
+        .as_secs_f64();
     Ok(BenchReport {
         backend: backend.name().to_string(),
         backend_version: backend.plugin().version.clone(),
