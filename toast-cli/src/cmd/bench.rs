@@ -270,6 +270,9 @@ pub struct BenchReport {
     pub device: Option<String>,
     pub threads: Option<usize>,
     pub machine: String,
+    /// 1-minute load average before and after the run (Linux), to judge how
+    /// shared the machine was.
+    pub load_average: Option<(f64, f64)>,
     pub repeats: usize,
     pub n_det: usize,
     pub n_samp: usize,
@@ -346,7 +349,11 @@ impl BenchReport {
         if let (false, Some(d)) = (self.host_addressable, &self.device) {
             let _ = writeln!(s, "device: {d}");
         }
-        let _ = writeln!(s, "machine: {}", self.machine);
+        let _ = write!(s, "machine: {}", self.machine);
+        if let Some((a, b)) = self.load_average {
+            let _ = write!(s, "; load average {a:.2} before, {b:.2} after");
+        }
+        let _ = writeln!(s);
         let _ = writeln!(
             s,
             "workload: {} det x {} samples, {} intervals ({} samples inside), nside {} \
@@ -472,6 +479,7 @@ impl BenchReport {
             "device": self.device,
             "threads": self.threads,
             "machine": self.machine,
+            "load_average_1min": self.load_average.map(|(a, b)| json!({"before": a, "after": b})),
             "repeats": self.repeats,
             "metric": "best wall-clock time of one call (+ synchronize) divided by n_det x samples \
                        inside intervals; template_offset_apply_diag_precond: per amplitude",
@@ -914,6 +922,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         ));
     }
     let setup_start = Instant::now();
+    let load_before = load_average();
     let stats_before = backend.stats().snapshot();
     let mut rng = Rng::new(SEED);
     let w = Workload::new(opts, &mut rng);
@@ -1340,6 +1349,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         device,
         threads: opts.threads,
         machine: machine_description(),
+        load_average: load_before.zip(load_average()),
         repeats: opts.repeats,
         n_det,
         n_samp,
@@ -1397,6 +1407,16 @@ fn diff(a: TransferSnapshot, b: TransferSnapshot) -> TransferSnapshot {
         d2h_bytes: a.d2h_bytes - b.d2h_bytes,
         resets: a.resets - b.resets,
     }
+}
+
+/// The 1-minute load average (Linux /proc/loadavg).
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// CPU model, logical CPUs and memory of this machine (Linux /proc; best effort).
