@@ -7,6 +7,8 @@ use thiserror::Error;
 /// Why a plugin file could not be used.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum LoadError {
+    #[error("{path}: no such file")]
+    Missing { path: PathBuf },
     #[error("{path}: cannot open shared library: {reason}")]
     Open { path: PathBuf, reason: String },
     #[error("{path}: missing entry symbol `{symbol}`: {reason}")]
@@ -58,6 +60,15 @@ pub enum AccelError {
     },
     #[error("no backend named `{name}` was found{detail}")]
     NotFound { name: String, detail: String },
+    #[error("no backend can run kernel `{kernel}` for operator `{operator}`: {tried}")]
+    NoBackend {
+        kernel: Kernel,
+        operator: String,
+        /// Each backend of the dispatch chain and why it was passed over.
+        tried: String,
+    },
+    #[error("dispatch setting `{setting}`: {reason}")]
+    Policy { setting: String, reason: String },
 }
 
 /// The meaning of a non-zero [`Status`].
@@ -73,6 +84,21 @@ pub enum StatusKind {
     Panic,
     Internal,
     Unknown(Status),
+}
+
+impl LoadError {
+    /// The plugin file the error is about.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            LoadError::Missing { path }
+            | LoadError::Open { path, .. }
+            | LoadError::MissingSymbol { path, .. }
+            | LoadError::NullHeader { path, .. }
+            | LoadError::BadMagic { path, .. }
+            | LoadError::AbiMajor { path, .. }
+            | LoadError::Malformed { path, .. } => path,
+        }
+    }
 }
 
 impl StatusKind {

@@ -1,9 +1,16 @@
-//! The host side: loading plugins, initialising backends, calling kernels.
+//! The host side: finding and loading plugins, the backend registry,
+//! dispatch, and calling kernels.
 
+pub mod discovery;
+pub mod dispatch;
 pub mod error;
 pub mod plugin;
+pub mod registry;
 pub mod stage;
 
+pub use discovery::{DiscoveryOptions, Source};
+pub use dispatch::{DispatchLevel, DispatchPolicy, Dispatcher, Resolved, DEFAULT_BACKEND};
 pub use error::{AccelError, LoadError, StatusKind};
 pub use plugin::{Backend, DeviceSummary, KernelArgs, Plugin, TransferSnapshot, TransferStats};
+pub use registry::{LoadFailure, PluginEntry, Registry, Shadowed};
 pub use stage::{ArrayArg, Element};

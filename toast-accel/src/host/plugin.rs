@@ -44,6 +44,9 @@ impl Plugin {
     /// Open `path`, find the entry symbol and check the header.
     pub fn load(path: &Path) -> Result<Plugin, LoadError> {
         let p = path.to_path_buf();
+        if !path.exists() {
+            return Err(LoadError::Missing { path: p });
+        }
         // SAFETY: loading a shared library runs its initialisers; plugins are
         // trusted code the user pointed us at (explicit path, environment
         // variable or the executable's directory).
@@ -62,6 +65,22 @@ impl Plugin {
             symbol: abi::ENTRY_SYMBOL,
             reason: e.to_string(),
         })?;
+        // SAFETY: `entry` is the plugin's exported `toast_backend_entry`, and
+        // the library stays loaded for the life of the process.
+        unsafe { Self::from_entry(*entry, path) }
+    }
+
+    /// Check the header returned by an entry function that is already in
+    /// the process (a backend linked statically, or one a test defines).
+    /// `origin` names it in errors and listings.
+    ///
+    /// # Safety
+    /// `entry` must behave as `toast_backend_entry` of the ABI: it returns
+    /// null or a pointer to a header that, when its magic matches, is a
+    /// complete static `toast_backend_header` of ABI major 1, whose table and
+    /// functions stay valid for the life of the process.
+    pub unsafe fn from_entry(entry: EntryFn, origin: &Path) -> Result<Plugin, LoadError> {
+        let p = origin.to_path_buf();
         // SAFETY: calling the entry function the ABI defines; it takes no arguments.
         let hdr_ptr = unsafe { entry() };
         if hdr_ptr.is_null() {
@@ -177,7 +196,12 @@ impl Plugin {
     /// Initialise a backend context. A plugin whose hardware or runtime is
     /// absent answers `Unavailable` with its reason.
     pub fn init(self: &Arc<Self>, options: &str) -> Result<Backend, AccelError> {
-        let init = self.table.init.expect("checked at load");
+        let Some(init) = self.table.init else {
+            return Err(AccelError::Unavailable {
+                backend: self.name.clone(),
+                reason: "the plugin's table has no `init` entry".into(),
+            });
+        };
         let opts = CString::new(options.replace('\0', "")).unwrap_or_default();
         let log_user = Box::leak(Box::new(self.name.clone())) as *mut String as *mut c_void;
         let api = abi::HostApi {
@@ -218,10 +242,11 @@ unsafe extern "C" fn log_bridge(user: *mut c_void, level: i32, msg: *const c_cha
         if msg.is_null() {
             return;
         }
-        // SAFETY: `user` is the leaked backend name we passed to init.
         let name: &str = if user.is_null() {
             "?"
         } else {
+            // SAFETY: `user` is the leaked (never freed) backend name that
+            // `Plugin::init` passed to the plugin as `log_user`.
             unsafe { &*(user as *const String) }
         };
         // SAFETY: the plugin passes `len` readable bytes at `msg`.

@@ -19,13 +19,15 @@
 //! finished (downloaded) after it; for a non-host-addressable backend that
 //! staging time is reported separately, with the transfer counters.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use toast_accel::abi::{self, Interval, Intervals};
-use toast_accel::host::{AccelError, ArrayArg, Backend, Element, Plugin, TransferSnapshot};
+use toast_accel::host::{
+    AccelError, ArrayArg, Backend, DiscoveryOptions, Element, Registry, TransferSnapshot,
+};
 
 // ---------------------------------------------------------------------------
 // TOAST's reference figures
@@ -1454,13 +1456,14 @@ pub fn machine_description() -> String {
 /// `toast-cli bench kernels` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KernelsArgs {
-    /// Backend plugin file; default: libtoast_backend_<BACKEND>.so next to
-    /// this executable (or in its deps/ directory).
-    #[arg(long)]
-    pub plugin: Option<PathBuf>,
-    /// Backend name used to find the plugin when --plugin is not given.
+    /// Backend to time (a plugin name, as `toast-cli backends` lists them).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// A plugin file or a directory of plugins, searched before
+    /// TOAST_BACKEND_PATH, the executable's directory and the system
+    /// directories (repeatable).
+    #[arg(long = "backend-path", value_name = "PATH")]
+    pub backend_path: Vec<PathBuf>,
     /// Threads for the backend (passed to its init options as threads=N).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -1468,7 +1471,7 @@ pub struct KernelsArgs {
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
     /// Write ns per sample per detector (and metadata) to this JSON file.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Detectors.
     #[arg(long, default_value_t = 50)]
@@ -1488,44 +1491,29 @@ pub struct KernelsArgs {
     pub tiny: bool,
 }
 
-/// Find `libtoast_backend_<name>.so` next to the executable or in its deps/.
-pub fn default_plugin_path(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    let file = format!(
-        "{}toast_backend_{name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let candidates = [dir.join(&file), dir.join("deps").join(&file)];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            format!(
-                "no plugin {file} next to {} (looked in {} and {}); pass --plugin PATH",
-                exe.display(),
-                candidates[0].display(),
-                candidates[1].display()
-            )
-        })
-}
-
-/// Load the plugin and initialise a backend with `threads=N` when given.
-pub fn open_backend(path: &Path, threads: Option<usize>) -> Result<Backend, String> {
-    let plugin = Arc::new(Plugin::load(path).map_err(|e| e.to_string())?);
-    let options = threads.map(|n| format!("threads={n}")).unwrap_or_default();
-    plugin.init(&options).map_err(|e| e.to_string())
+/// Find backend `name` (searching `backend_path` first, then the standard
+/// places) and initialise it, with `threads=N` in its options when given.
+pub fn open_backend(
+    name: &str,
+    backend_path: &[PathBuf],
+    threads: Option<usize>,
+) -> Result<Arc<Backend>, String> {
+    let mut opts = DiscoveryOptions {
+        explicit: backend_path.to_vec(),
+        ..DiscoveryOptions::default()
+    };
+    if let Some(n) = threads {
+        opts.backend_options
+            .push((name.to_string(), format!("threads={n}")));
+    }
+    Registry::discover(&opts)
+        .get(name)
+        .map_err(|e| e.to_string())
 }
 
 /// `toast-cli bench kernels`.
 pub fn cmd_kernels(args: &KernelsArgs) -> Result<(), String> {
-    let path = match &args.plugin {
-        Some(p) => p.clone(),
-        None => default_plugin_path(&args.backend)?,
-    };
-    let backend = open_backend(&path, args.threads)?;
+    let backend = open_backend(&args.backend, &args.backend_path, args.threads)?;
     let opts = if args.tiny {
         BenchOptions {
             threads: args.threads,
@@ -1606,13 +1594,10 @@ mod tests {
         assert!(BenchOptions { n_samp: 100, ..o }.validate().is_err());
     }
 
-    fn cpu_plugin() -> PathBuf {
-        default_plugin_path("cpu").expect("the CPU plugin is built with the workspace")
-    }
-
     #[test]
     fn tiny_bench_reports_every_key() {
-        let backend = open_backend(&cpu_plugin(), Some(1)).expect("CPU backend");
+        // The CPU plugin is built next to the test binary (target/<profile>/deps).
+        let backend = open_backend("cpu", &[], Some(1)).expect("CPU backend");
         let opts = BenchOptions {
             threads: Some(1),
             ..BenchOptions::tiny()

@@ -1,3 +1,4 @@
-//! Subcommands of toast-cli.
+//! The subcommands of `toast-cli`, one module each.
 
+pub mod backends;
 pub mod bench;
