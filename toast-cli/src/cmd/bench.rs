@@ -20,13 +20,12 @@
 //! staging time is reported separately, with the transfer counters.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use toast_accel::abi::{self, Interval, Intervals};
 use toast_accel::host::{
-    AccelError, ArrayArg, Backend, DiscoveryOptions, Element, Registry, TransferSnapshot,
+    AccelError, ArrayArg, Backend, DiscoveryOptions, Element, TransferSnapshot,
 };
 
 // ---------------------------------------------------------------------------
@@ -1459,11 +1458,6 @@ pub struct KernelsArgs {
     /// Backend to time (a plugin name, as `toast-cli backends` lists them).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// A plugin file or a directory of plugins, searched before
-    /// TOAST_BACKEND_PATH, the executable's directory and the system
-    /// directories (repeatable).
-    #[arg(long = "backend-path", value_name = "PATH")]
-    pub backend_path: Vec<PathBuf>,
     /// Threads for the backend (passed to its init options as threads=N).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -1491,32 +1485,47 @@ pub struct KernelsArgs {
     pub tiny: bool,
 }
 
-/// Find backend `name` (searching `backend_path` first, then the standard
-/// places) and initialise it, with `threads=N` in its options when given.
-pub fn open_backend(
+/// Add `threads=N` to the init options of backend `name`, after any given
+/// with `--backend-options` (the last `threads` wins in the plugin's parser).
+pub fn with_threads(
+    opts: DiscoveryOptions,
     name: &str,
-    backend_path: &[PathBuf],
     threads: Option<usize>,
-) -> Result<Arc<Backend>, String> {
-    let mut opts = DiscoveryOptions {
-        explicit: backend_path.to_vec(),
-        ..DiscoveryOptions::default()
-    };
-    if let Some(n) = threads {
-        opts.backend_options
-            .push((name.to_string(), format!("threads={n}")));
+) -> DiscoveryOptions {
+    match threads {
+        None => opts,
+        Some(n) => {
+            let given = opts.options_for(name);
+            let options = if given.is_empty() {
+                format!("threads={n}")
+            } else {
+                format!("{given};threads={n}")
+            };
+            opts.with_backend_options(name, &options)
+        }
     }
-    Registry::discover(&opts)
-        .get(name)
-        .map_err(|e| e.to_string())
 }
 
-/// `toast-cli bench kernels`.
-pub fn cmd_kernels(args: &KernelsArgs) -> Result<(), String> {
-    let backend = open_backend(&args.backend, &args.backend_path, args.threads)?;
+/// The thread count an init options string asks for (its last `threads=N`).
+pub fn threads_option(options: &str) -> Option<usize> {
+    options
+        .split(';')
+        .filter_map(|item| item.split_once('='))
+        .filter(|(k, _)| k.trim() == "threads")
+        .filter_map(|(_, v)| v.trim().parse().ok())
+        .next_back()
+}
+
+/// `toast-cli bench kernels` on an initialised backend; `threads` is the
+/// thread count it was initialised with (None: its default).
+pub fn cmd_kernels(
+    backend: &Backend,
+    args: &KernelsArgs,
+    threads: Option<usize>,
+) -> Result<(), String> {
     let opts = if args.tiny {
         BenchOptions {
-            threads: args.threads,
+            threads,
             ..BenchOptions::tiny()
         }
     } else {
@@ -1525,11 +1534,11 @@ pub fn cmd_kernels(args: &KernelsArgs) -> Result<(), String> {
             n_samp: args.n_samp,
             nside: args.nside,
             repeats: args.repeats,
-            threads: args.threads,
+            threads,
             precond_n_amp: args.precond_n_amp,
         }
     };
-    let report = run_kernels(&backend, &opts)?;
+    let report = run_kernels(backend, &opts)?;
     print!("{}", report.table());
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report.to_json())
@@ -1543,6 +1552,17 @@ pub fn cmd_kernels(args: &KernelsArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use toast_accel::host::Registry;
+
+    /// Find backend `name` in the standard places and initialise it, with
+    /// `threads=N` in its options when given.
+    fn open_backend(name: &str, threads: Option<usize>) -> Result<Arc<Backend>, String> {
+        let opts = with_threads(DiscoveryOptions::default(), name, threads);
+        Registry::discover(&opts)
+            .get(name)
+            .map_err(|e| e.to_string())
+    }
 
     #[test]
     fn rng_is_deterministic_and_in_range() {
@@ -1595,9 +1615,21 @@ mod tests {
     }
 
     #[test]
+    fn thread_options() {
+        assert_eq!(threads_option(""), None);
+        assert_eq!(threads_option("threads=3"), Some(3));
+        assert_eq!(threads_option("a=b; threads = 2 ;threads=4"), Some(4));
+        let o = with_threads(DiscoveryOptions::default(), "cpu", None);
+        assert_eq!(o.options_for("cpu"), "");
+        let o = with_threads(o.with_backend_options("cpu", "x=1"), "cpu", Some(2));
+        assert_eq!(o.options_for("cpu"), "x=1;threads=2");
+        assert_eq!(threads_option(o.options_for("cpu")), Some(2));
+    }
+
+    #[test]
     fn tiny_bench_reports_every_key() {
         // The CPU plugin is built next to the test binary (target/<profile>/deps).
-        let backend = open_backend("cpu", &[], Some(1)).expect("CPU backend");
+        let backend = open_backend("cpu", Some(1)).expect("CPU backend");
         let opts = BenchOptions {
             threads: Some(1),
             ..BenchOptions::tiny()

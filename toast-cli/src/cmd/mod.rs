@@ -2,3 +2,4 @@
 
 pub mod backends;
 pub mod bench;
+pub mod verify;
