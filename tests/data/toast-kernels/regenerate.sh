@@ -9,8 +9,9 @@
 #   --venv DIR             virtual environment to create or reuse
 #                          (default: $TMPDIR/toast-3.0.6-venv)
 #
-# Creates the venv with `python3 -m venv`, installs toast==3.0.6 and numpy
-# from PyPI, runs generate_cases.py with OMP_NUM_THREADS=1, then compares the
+# Creates the venv with `$PYTHON -m venv` (PYTHON defaults to python3; pick a
+# CPython that PyPI has toast 3.0.6 wheels for, e.g. 3.11), installs
+# toast==3.0.6 and numpy from PyPI, runs generate_cases.py with OMP_NUM_THREADS=1, then compares the
 # result structurally with the repo copy (compare_cases.py).
 set -euo pipefail
 
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --venv) venv="$2"; shift 2 ;;
         --overwrite-repo-copy) overwrite=1; shift ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         -*) echo "regenerate.sh: unknown option $1" >&2; exit 2 ;;
         *) out="$1"; shift ;;
     esac
@@ -38,7 +39,7 @@ elif [ "$(cd "$out" 2>/dev/null && pwd)" = "$here/cases" ]; then
 fi
 
 if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
+    "${PYTHON:-python3}" -m venv "$venv"
 fi
 if ! "$venv/bin/python" -c 'import toast, numpy, sys; sys.exit(toast.__version__ != "3.0.6")' 2>/dev/null; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check "toast==3.0.6" numpy
