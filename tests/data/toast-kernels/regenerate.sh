@@ -11,8 +11,9 @@
 #
 # Creates the venv with `$PYTHON -m venv` (PYTHON defaults to python3; pick a
 # CPython that PyPI has toast 3.0.6 wheels for, e.g. 3.11), installs
-# toast==3.0.6 and numpy from PyPI, runs generate_cases.py with OMP_NUM_THREADS=1, then compares the
-# result structurally with the repo copy (compare_cases.py).
+# toast==3.0.6 and numpy from PyPI, runs generate_cases.py with
+# OMP_NUM_THREADS=1, then compares the result structurally with the repo copy
+# (compare_cases.py).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --venv) venv="$2"; shift 2 ;;
         --overwrite-repo-copy) overwrite=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         -*) echo "regenerate.sh: unknown option $1" >&2; exit 2 ;;
         *) out="$1"; shift ;;
     esac
