@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --venv) venv="$2"; shift 2 ;;
         --overwrite-repo-copy) overwrite=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         -*) echo "regenerate.sh: unknown option $1" >&2; exit 2 ;;
         *) out="$1"; shift ;;
     esac
