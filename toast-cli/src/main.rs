@@ -58,6 +58,16 @@ enum Command {
         #[arg(long)]
         cases: Option<PathBuf>,
     },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Time every kernel of a backend on TOAST's benchmark workload and
+    /// compare with TOAST 3.0.6's compiled kernels.
+    Kernels(cmd::bench::KernelsArgs),
 }
 
 fn default_cases_dir() -> PathBuf {
@@ -101,7 +111,11 @@ fn init_logging(verbose: u8) {
 }
 
 fn run(cli: Cli) -> Result<u8, String> {
-    let registry = Registry::discover(&discovery(&cli)?);
+    let mut opts = discovery(&cli)?;
+    if let Command::Bench(BenchCommand::Kernels(a)) = &cli.command {
+        opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
+    }
+    let registry = Registry::discover(&opts);
     match &cli.command {
         Command::Backends => Ok(code(cmd::backends::run(&registry))),
         Command::Verify { backend, cases } => {
@@ -114,6 +128,17 @@ fn run(cli: Cli) -> Result<u8, String> {
                     Ok(EXIT_UNAVAILABLE)
                 }
                 Err(e) => Err(e.to_string()),
+            }
+        }
+        Command::Bench(BenchCommand::Kernels(args)) => {
+            let b = registry.get(&args.backend).map_err(|e| e.to_string())?;
+            let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
+            match cmd::bench::cmd_kernels(&b, args, threads) {
+                Ok(()) => Ok(0),
+                Err(e) => {
+                    eprintln!("toast-cli bench kernels: {e}");
+                    Ok(1)
+                }
             }
         }
     }
