@@ -2,13 +2,34 @@
 //!
 //! A kernel entry point calls the matching `check_*` function before it
 //! touches any memory. Checks here need only the argument struct and the
-//! small host-side arrays (index arrays, intervals); data-dependent checks on
-//! large arrays (a pixel beyond the map, a hit submap whose `global2local`
-//! is -1) happen inside the kernels, which report the detector and sample.
+//! small host-side arrays (index arrays, intervals, the offset-template
+//! layout); data-dependent checks on large arrays (a pixel beyond the map, a
+//! hit submap whose `global2local` is -1) happen inside the kernels, which
+//! report the detector and sample. [`global2local`] checks the entries of
+//! that (kernel) array and is called by a backend on a host-visible copy.
+//!
+//! The rules, per kernel (TOAST's undefined behaviour becomes an error):
+//!
+//! * every array has exactly the length its shape implies: per-sample arrays
+//!   are whole rows (`[n_rows, n_samp, k]`), required arrays of fixed size
+//!   (`boresight`, `amplitude_flags`, the four preconditioner arrays) match
+//!   exactly, and optional arrays (`shared_flags`, `hwp`, `det_flags`,
+//!   `flag_data`) are absent (length 0) or exactly sized; TOAST's "length 1
+//!   disables it" is not accepted (the conformance runner maps it to absent);
+//! * index arrays name rows that exist; intervals lie in `[0, n_samp]` with
+//!   `first <= last`; host arrays are non-null when non-empty;
+//! * `nside` is a power of two in `[1, 2^29]`, `n_pix_submap > 0`, and
+//!   `hit_submaps` covers the `12 nside^2` pixels; `nnz >= 1`, the map dtype
+//!   is known and maps hold whole submaps;
+//! * offset templates: `step_length >= 1`, at least one view,
+//!   `n_amp_views[v] >= ceil(len_v / step_length)`, and each detector's block
+//!   `[amp_offset[i], amp_offset[i] + sum(n_amp_views))` inside `amplitudes`,
+//!   so no sample can map to an amplitude outside it; `flag_index` is -1 or
+//!   a row of `flag_data`, which must then be present.
 //!
 //! Every error names the argument and the offending value.
 
-use crate::abi::{Interval, Intervals};
+use crate::abi::{self, Interval, Intervals};
 use std::fmt;
 
 /// A rejected kernel argument.
@@ -187,4 +208,1587 @@ pub fn exact_len(
         ));
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Generic helpers used by the per-kernel checks below.
+// ---------------------------------------------------------------------------
+
+/// `a * b`, or an error naming `arg` when it overflows.
+fn mul(kernel: &'static str, arg: &'static str, a: u64, b: u64) -> Result<u64, ArgError> {
+    a.checked_mul(b)
+        .ok_or_else(|| ArgError::new(kernel, arg, format!("size {a} x {b} overflows 64 bits")))
+}
+
+/// The number of rows of a per-sample array of `len` elements whose rows
+/// hold `n_samp * per_samp` elements, checking that every index in `index`
+/// names one of those rows.
+///
+/// With `n_samp == 0` no sample can be touched: the array must be empty and
+/// the index values are not checked (there is nothing to index).
+#[allow(clippy::too_many_arguments)]
+fn sample_rows(
+    kernel: &'static str,
+    arg: &'static str,
+    len: u64,
+    n_samp: u64,
+    per_samp: u64,
+    shape: &str,
+    index_arg: &'static str,
+    index: &[i32],
+) -> Result<u64, ArgError> {
+    let row_len = mul(kernel, arg, n_samp, per_samp)?;
+    if row_len == 0 {
+        if len != 0 {
+            return Err(ArgError::new(
+                kernel,
+                arg,
+                format!("length {len}, but its shape {shape} has no elements (n_samp = {n_samp})"),
+            ));
+        }
+        return Ok(0);
+    }
+    let n_rows = rows(kernel, arg, len, row_len, shape)?;
+    index_rows(kernel, index_arg, index, n_rows, arg)?;
+    Ok(n_rows)
+}
+
+/// A host array of `n` elements that must be present (non-null) when `n > 0`.
+///
+/// # Safety
+/// As [`host_slice`].
+unsafe fn host<'a, T>(
+    kernel: &'static str,
+    arg: &'static str,
+    ptr: *const T,
+    n: u64,
+) -> Result<&'a [T], ArgError> {
+    // SAFETY: forwarded contract.
+    unsafe { host_slice(kernel, arg, ptr, n) }
+}
+
+/// Check a `TOAST_DTYPE_*` code.
+pub fn map_dtype(kernel: &'static str, arg: &'static str, dtype: i32) -> Result<(), ArgError> {
+    match dtype {
+        abi::DTYPE_F64 | abi::DTYPE_F32 | abi::DTYPE_I64 | abi::DTYPE_I32 => Ok(()),
+        d => Err(ArgError::new(
+            kernel,
+            arg,
+            format!("unknown map dtype {d} (expected 0 f64, 1 f32, 2 i64 or 3 i32)"),
+        )),
+    }
+}
+
+/// Check the size of a map of `n_pix_submap` pixels per submap and `nnz`
+/// values per pixel, returning the number of local submaps.
+fn local_submaps(
+    kernel: &'static str,
+    arg: &'static str,
+    len: u64,
+    n_pix_submap: i64,
+    nnz: u64,
+) -> Result<u64, ArgError> {
+    if n_pix_submap <= 0 {
+        return Err(ArgError::new(
+            kernel,
+            "n_pix_submap",
+            format!("n_pix_submap = {n_pix_submap} must be > 0"),
+        ));
+    }
+    let per_submap = mul(kernel, arg, n_pix_submap as u64, nnz)?;
+    if len % per_submap != 0 {
+        return Err(ArgError::new(
+            kernel,
+            arg,
+            format!(
+                "length {len} is not n_local_submap x n_pix_submap ({n_pix_submap}) x nnz ({nnz}) for any n_local_submap"
+            ),
+        ));
+    }
+    Ok(len / per_submap)
+}
+
+/// Check the entries of `global2local` lie in `[-1, n_local_submap)`.
+///
+/// `global2local` is a kernel array (possibly device memory), so this is not
+/// part of `check_scan_map` / `check_build_noise_weighted`: a backend calls it
+/// on a host-visible copy before its kernel reads the map.
+pub fn global2local(
+    kernel: &'static str,
+    g2l: &[i64],
+    n_local_submap: u64,
+) -> Result<(), ArgError> {
+    for (g, &l) in g2l.iter().enumerate() {
+        if l < -1 || (l >= 0 && l as u64 >= n_local_submap) {
+            return Err(ArgError::new(
+                kernel,
+                "global2local",
+                format!(
+                    "global2local[{g}] = {l} is neither -1 nor a local submap in [0, n_local_submap = {n_local_submap})"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Check `nnz >= 1`.
+fn nnz(kernel: &'static str, nnz: u64) -> Result<(), ArgError> {
+    if nnz == 0 {
+        return Err(ArgError::new(kernel, "nnz", "nnz = 0, must be >= 1"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Per-kernel checks. Each returns the host-side views and derived sizes the
+// kernel needs; none reads a kernel array (`abi::Array`), which may live on a
+// device.
+// ---------------------------------------------------------------------------
+
+/// Validated `pointing_detector` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct PointingDetector<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    /// Rows of `quats`.
+    pub n_rows: usize,
+    pub quat_index: &'a [i32],
+    /// `[n_det, 4]`.
+    pub focalplane: &'a [f64],
+    pub intervals: &'a [Interval],
+    pub use_flags: bool,
+}
+
+/// Check the arguments of `pointing_detector`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_pointing_detector<'a>(
+    a: &abi::PointingDetectorArgs,
+) -> Result<PointingDetector<'a>, ArgError> {
+    const K: &str = "pointing_detector";
+    // SAFETY: host arrays of n_det (and n_det*4) elements by the caller's contract.
+    let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
+    let fp_len = mul(K, "focalplane", a.n_det, 4)?;
+    // SAFETY: as above.
+    let focalplane = unsafe { host(K, "focalplane", a.focalplane, fp_len)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    exact_len(
+        K,
+        "boresight",
+        a.boresight.len,
+        mul(K, "boresight", a.n_samp, 4)?,
+        "n_samp x 4",
+    )?;
+    let use_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
+    let n_rows = sample_rows(
+        K,
+        "quats",
+        a.quats.len,
+        a.n_samp,
+        4,
+        "[n_rows, n_samp, 4]",
+        "quat_index",
+        quat_index,
+    )?;
+    Ok(PointingDetector {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        n_rows: n_rows as usize,
+        quat_index,
+        focalplane,
+        intervals,
+        use_flags,
+    })
+}
+
+/// Largest accepted HEALPix `nside` (2^29: pixel numbers stay below 2^63).
+pub const MAX_NSIDE: i64 = 1 << 29;
+
+/// Validated `pixels_healpix` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct PixelsHealpix<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub quat_index: &'a [i32],
+    pub pixel_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub use_flags: bool,
+    /// log2(nside).
+    pub factor: u32,
+    /// 12 nside^2.
+    pub npix: i64,
+    /// Length of `hit_submaps`.
+    pub n_submap: usize,
+}
+
+/// Check the arguments of `pixels_healpix`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_pixels_healpix<'a>(
+    a: &abi::PixelsHealpixArgs,
+) -> Result<PixelsHealpix<'a>, ArgError> {
+    const K: &str = "pixels_healpix";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
+    // SAFETY: as above.
+    let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    if a.nside < 1 || a.nside > MAX_NSIDE || (a.nside & (a.nside - 1)) != 0 {
+        return Err(ArgError::new(
+            K,
+            "nside",
+            format!("nside = {} is not a power of two in [1, 2^29]", a.nside),
+        ));
+    }
+    let factor = a.nside.trailing_zeros();
+    let npix = 12 * a.nside * a.nside;
+    if a.n_pix_submap <= 0 {
+        return Err(ArgError::new(
+            K,
+            "n_pix_submap",
+            format!("n_pix_submap = {} must be > 0", a.n_pix_submap),
+        ));
+    }
+    let covered = (a.hit_submaps.len as u128) * (a.n_pix_submap as u128);
+    if covered < npix as u128 {
+        return Err(ArgError::new(
+            K,
+            "hit_submaps",
+            format!(
+                "length {} x n_pix_submap {} = {covered} pixels does not cover the 12 nside^2 = {npix} pixels of nside {}",
+                a.hit_submaps.len, a.n_pix_submap, a.nside
+            ),
+        ));
+    }
+    let use_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
+    sample_rows(
+        K,
+        "quats",
+        a.quats.len,
+        a.n_samp,
+        4,
+        "[n_rows, n_samp, 4]",
+        "quat_index",
+        quat_index,
+    )?;
+    sample_rows(
+        K,
+        "pixels",
+        a.pixels.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "pixel_index",
+        pixel_index,
+    )?;
+    Ok(PixelsHealpix {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        quat_index,
+        pixel_index,
+        intervals,
+        use_flags,
+        factor,
+        npix,
+        n_submap: a.hit_submaps.len as usize,
+    })
+}
+
+/// Validated `stokes_weights_I` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct StokesWeightsI<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub weight_index: &'a [i32],
+    pub cal: &'a [f64],
+    pub intervals: &'a [Interval],
+}
+
+/// Check the arguments of `stokes_weights_I`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_stokes_weights_i<'a>(
+    a: &abi::StokesWeightsIArgs,
+) -> Result<StokesWeightsI<'a>, ArgError> {
+    const K: &str = "stokes_weights_I";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let cal = unsafe { host(K, "cal", a.cal, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "weight_index",
+        weight_index,
+    )?;
+    Ok(StokesWeightsI {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        weight_index,
+        cal,
+        intervals,
+    })
+}
+
+/// Validated `stokes_weights_IQU` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct StokesWeightsIqu<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub quat_index: &'a [i32],
+    pub weight_index: &'a [i32],
+    pub epsilon: &'a [f64],
+    pub gamma: &'a [f64],
+    pub cal: &'a [f64],
+    pub intervals: &'a [Interval],
+    pub use_hwp: bool,
+}
+
+/// Check the arguments of `stokes_weights_IQU`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_stokes_weights_iqu<'a>(
+    a: &abi::StokesWeightsIquArgs,
+) -> Result<StokesWeightsIqu<'a>, ArgError> {
+    const K: &str = "stokes_weights_IQU";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
+    // SAFETY: as above.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let epsilon = unsafe { host(K, "epsilon", a.epsilon, a.n_det)? };
+    // SAFETY: as above.
+    let gamma = unsafe { host(K, "gamma", a.gamma, a.n_det)? };
+    // SAFETY: as above.
+    let cal = unsafe { host(K, "cal", a.cal, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let use_hwp = optional_len(K, "hwp", a.hwp.len, a.n_samp, "n_samp")?;
+    sample_rows(
+        K,
+        "quats",
+        a.quats.len,
+        a.n_samp,
+        4,
+        "[n_rows, n_samp, 4]",
+        "quat_index",
+        quat_index,
+    )?;
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        3,
+        "[n_rows, n_samp, 3]",
+        "weight_index",
+        weight_index,
+    )?;
+    Ok(StokesWeightsIqu {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        quat_index,
+        weight_index,
+        epsilon,
+        gamma,
+        cal,
+        intervals,
+        use_hwp,
+    })
+}
+
+/// Validated `scan_map` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanMap<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub nnz: usize,
+    pub pixel_index: &'a [i32],
+    pub weight_index: &'a [i32],
+    pub data_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub n_pix_submap: i64,
+    pub n_global_submap: usize,
+    pub n_local_submap: usize,
+}
+
+/// Check the arguments of `scan_map` (not the entries of `global2local`:
+/// see [`global2local`]).
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_scan_map<'a>(a: &abi::ScanMapArgs) -> Result<ScanMap<'a>, ArgError> {
+    const K: &str = "scan_map";
+    nnz(K, a.nnz)?;
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
+    // SAFETY: as above.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    map_dtype(K, "map_dtype", a.map_dtype)?;
+    let n_local_submap = local_submaps(K, "mapdata", a.mapdata.len, a.n_pix_submap, a.nnz)?;
+    sample_rows(
+        K,
+        "pixels",
+        a.pixels.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "pixel_index",
+        pixel_index,
+    )?;
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        a.nnz,
+        "[n_rows, n_samp, nnz]",
+        "weight_index",
+        weight_index,
+    )?;
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    Ok(ScanMap {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        nnz: a.nnz as usize,
+        pixel_index,
+        weight_index,
+        data_index,
+        intervals,
+        n_pix_submap: a.n_pix_submap,
+        n_global_submap: a.global2local.len as usize,
+        n_local_submap: n_local_submap as usize,
+    })
+}
+
+/// Validated `build_noise_weighted` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildNoiseWeighted<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub nnz: usize,
+    pub pixel_index: &'a [i32],
+    pub weight_index: &'a [i32],
+    pub data_index: &'a [i32],
+    /// Empty when `det_flags` is absent.
+    pub flag_index: &'a [i32],
+    pub det_scale: &'a [f64],
+    pub intervals: &'a [Interval],
+    pub n_pix_submap: i64,
+    pub n_global_submap: usize,
+    pub n_local_submap: usize,
+    pub use_det_flags: bool,
+    pub use_shared_flags: bool,
+}
+
+/// Check the arguments of `build_noise_weighted` (not the entries of
+/// `global2local`: see [`global2local`]).
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_build_noise_weighted<'a>(
+    a: &abi::BuildNoiseWeightedArgs,
+) -> Result<BuildNoiseWeighted<'a>, ArgError> {
+    const K: &str = "build_noise_weighted";
+    nnz(K, a.nnz)?;
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
+    // SAFETY: as above.
+    let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
+    // SAFETY: as above.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let det_scale = unsafe { host(K, "det_scale", a.det_scale, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let n_local_submap = local_submaps(K, "zmap", a.zmap.len, a.n_pix_submap, a.nnz)?;
+    sample_rows(
+        K,
+        "pixels",
+        a.pixels.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "pixel_index",
+        pixel_index,
+    )?;
+    sample_rows(
+        K,
+        "weights",
+        a.weights.len,
+        a.n_samp,
+        a.nnz,
+        "[n_rows, n_samp, nnz]",
+        "weight_index",
+        weight_index,
+    )?;
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    let use_shared_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
+    let use_det_flags = a.det_flags.len != 0;
+    let flag_index = if use_det_flags {
+        // SAFETY: as above; read only when det_flags is present.
+        let fi = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
+        sample_rows(
+            K,
+            "det_flags",
+            a.det_flags.len,
+            a.n_samp,
+            1,
+            "[n_flag_rows, n_samp]",
+            "flag_index",
+            fi,
+        )?;
+        fi
+    } else {
+        &[]
+    };
+    Ok(BuildNoiseWeighted {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        nnz: a.nnz as usize,
+        pixel_index,
+        weight_index,
+        data_index,
+        flag_index,
+        det_scale,
+        intervals,
+        n_pix_submap: a.n_pix_submap,
+        n_global_submap: a.global2local.len as usize,
+        n_local_submap: n_local_submap as usize,
+        use_det_flags,
+        use_shared_flags,
+    })
+}
+
+/// Validated `noise_weight` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct NoiseWeight<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub data_index: &'a [i32],
+    pub detector_weights: &'a [f64],
+    pub intervals: &'a [Interval],
+}
+
+/// Check the arguments of `noise_weight`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_noise_weight<'a>(
+    a: &abi::NoiseWeightArgs,
+) -> Result<NoiseWeight<'a>, ArgError> {
+    const K: &str = "noise_weight";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let detector_weights = unsafe { host(K, "detector_weights", a.detector_weights, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    Ok(NoiseWeight {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        data_index,
+        detector_weights,
+        intervals,
+    })
+}
+
+/// The validated amplitude layout of an offset-template call.
+#[derive(Debug, Clone)]
+pub struct OffsetLayout<'a> {
+    pub step_length: i64,
+    /// `[n_det]`, each >= 0.
+    pub amp_offset: &'a [i64],
+    /// `[n_view]`: first amplitude of each view inside a detector's block.
+    pub view_offset: Vec<i64>,
+    /// `[n_view]`.
+    pub n_amp_views: &'a [i64],
+    /// Amplitudes of one detector's block (sum of `n_amp_views`).
+    pub block_len: i64,
+}
+
+/// Check an offset-template layout against `intervals` and `n_amp`.
+///
+/// # Safety
+/// `l.n_amp_views` must point to `intervals.len()` elements and
+/// `l.amp_offset` to `n_det` elements.
+unsafe fn offset_layout<'a>(
+    kernel: &'static str,
+    l: &abi::OffsetLayout,
+    intervals: &[Interval],
+    n_det: u64,
+    n_amp: u64,
+) -> Result<OffsetLayout<'a>, ArgError> {
+    if l.step_length < 1 {
+        return Err(ArgError::new(
+            kernel,
+            "layout.step_length",
+            format!("step_length = {} must be >= 1", l.step_length),
+        ));
+    }
+    if intervals.is_empty() {
+        return Err(ArgError::new(
+            kernel,
+            "intervals",
+            "template-offset call with no views (n_view = 0; TOAST's behaviour is undefined)",
+        ));
+    }
+    // SAFETY: n_view elements by the caller's contract.
+    let n_amp_views = unsafe {
+        host(
+            kernel,
+            "layout.n_amp_views",
+            l.n_amp_views,
+            intervals.len() as u64,
+        )?
+    };
+    // SAFETY: n_det elements by the caller's contract.
+    let amp_offset = unsafe { host(kernel, "layout.amp_offset", l.amp_offset, n_det)? };
+    let mut view_offset = Vec::with_capacity(intervals.len());
+    let mut total: i64 = 0;
+    for (v, (iv, &n)) in intervals.iter().zip(n_amp_views).enumerate() {
+        let len = iv.last - iv.first;
+        let need = len / l.step_length + i64::from(len % l.step_length != 0);
+        if n < need || n < 0 {
+            return Err(ArgError::new(
+                kernel,
+                "layout.n_amp_views",
+                format!(
+                    "n_amp_views[{v}] = {n}, but view {v} = [{}, {}) needs ceil({len} / step_length {}) = {need} amplitudes",
+                    iv.first, iv.last, l.step_length
+                ),
+            ));
+        }
+        view_offset.push(total);
+        total = total.checked_add(n).ok_or_else(|| {
+            ArgError::new(
+                kernel,
+                "layout.n_amp_views",
+                "the sum of n_amp_views overflows 64 bits",
+            )
+        })?;
+    }
+    for (i, &off) in amp_offset.iter().enumerate() {
+        let end = off.checked_add(total);
+        if off < 0 || end.is_none_or(|e| e as u64 > n_amp) {
+            return Err(ArgError::new(
+                kernel,
+                "layout.amp_offset",
+                format!(
+                    "amp_offset[{i}] = {off}: the detector's block [{off}, {off} + {total}) is not inside amplitudes [0, n_amp = {n_amp})"
+                ),
+            ));
+        }
+    }
+    Ok(OffsetLayout {
+        step_length: l.step_length,
+        amp_offset,
+        view_offset,
+        n_amp_views,
+        block_len: total,
+    })
+}
+
+/// Validated `template_offset_add_to_signal` arguments.
+#[derive(Debug, Clone)]
+pub struct TemplateOffsetAdd<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub n_amp: usize,
+    pub data_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub layout: OffsetLayout<'a>,
+}
+
+/// Check the arguments of `template_offset_add_to_signal`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_template_offset_add<'a>(
+    a: &abi::TemplateOffsetAddArgs,
+) -> Result<TemplateOffsetAdd<'a>, ArgError> {
+    const K: &str = "template_offset_add_to_signal";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let n_amp = a.amplitudes.len;
+    exact_len(
+        K,
+        "amplitude_flags",
+        a.amplitude_flags.len,
+        n_amp,
+        "n_amp, the length of amplitudes",
+    )?;
+    // SAFETY: as above.
+    let layout = unsafe { offset_layout(K, &a.layout, intervals, a.n_det, n_amp)? };
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    Ok(TemplateOffsetAdd {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        n_amp: n_amp as usize,
+        data_index,
+        intervals,
+        layout,
+    })
+}
+
+/// Validated `template_offset_project_signal` arguments.
+#[derive(Debug, Clone)]
+pub struct TemplateOffsetProject<'a> {
+    pub n_det: usize,
+    pub n_samp: usize,
+    pub n_amp: usize,
+    pub data_index: &'a [i32],
+    /// `-1` for a detector without flags.
+    pub flag_index: &'a [i32],
+    pub intervals: &'a [Interval],
+    pub layout: OffsetLayout<'a>,
+}
+
+/// Check the arguments of `template_offset_project_signal`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_template_offset_project<'a>(
+    a: &abi::TemplateOffsetProjectArgs,
+) -> Result<TemplateOffsetProject<'a>, ArgError> {
+    const K: &str = "template_offset_project_signal";
+    // SAFETY: host arrays of n_det elements by the caller's contract.
+    let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
+    // SAFETY: as above.
+    let flag_index = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
+    // SAFETY: as above.
+    let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
+    let n_amp = a.amplitudes.len;
+    exact_len(
+        K,
+        "amplitude_flags",
+        a.amplitude_flags.len,
+        n_amp,
+        "n_amp, the length of amplitudes",
+    )?;
+    // SAFETY: as above.
+    let layout = unsafe { offset_layout(K, &a.layout, intervals, a.n_det, n_amp)? };
+    sample_rows(
+        K,
+        "det_data",
+        a.det_data.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "data_index",
+        data_index,
+    )?;
+    // flag_index: -1 (no flags) or a row of flag_data, which must then be present.
+    let n_flag_rows = if a.flag_data.len == 0 {
+        0
+    } else {
+        let row_len = a.n_samp;
+        if row_len == 0 {
+            return Err(ArgError::new(
+                K,
+                "flag_data",
+                format!("length {}, but n_samp = 0", a.flag_data.len),
+            ));
+        }
+        rows(
+            K,
+            "flag_data",
+            a.flag_data.len,
+            row_len,
+            "[n_flag_rows, n_samp]",
+        )?
+    };
+    for (i, &f) in flag_index.iter().enumerate() {
+        if f < -1 {
+            return Err(ArgError::new(
+                K,
+                "flag_index",
+                format!("flag_index[{i}] = {f} is neither -1 (no flags) nor a row of flag_data"),
+            ));
+        }
+        if f >= 0 && a.flag_data.len == 0 {
+            return Err(ArgError::new(
+                K,
+                "flag_index",
+                format!("flag_index[{i}] = {f} names a row of flag_data, but flag_data is absent"),
+            ));
+        }
+        if f >= 0 && f as u64 >= n_flag_rows {
+            return Err(ArgError::new(
+                K,
+                "flag_index",
+                format!(
+                    "flag_index[{i}] = {f} is not a row of flag_data, which has {n_flag_rows} rows"
+                ),
+            ));
+        }
+    }
+    Ok(TemplateOffsetProject {
+        n_det: a.n_det as usize,
+        n_samp: a.n_samp as usize,
+        n_amp: n_amp as usize,
+        data_index,
+        flag_index,
+        intervals,
+        layout,
+    })
+}
+
+/// Check the arguments of `template_offset_apply_diag_precond`; returns n_amp.
+///
+/// # Safety
+/// None beyond the other checks' (it reads no pointer); `unsafe` for
+/// uniformity with them.
+pub unsafe fn check_template_offset_precond(
+    a: &abi::TemplateOffsetPrecondArgs,
+) -> Result<usize, ArgError> {
+    const K: &str = "template_offset_apply_diag_precond";
+    exact_len(K, "offset_var", a.offset_var.len, a.n_amp, "n_amp")?;
+    exact_len(K, "amplitudes_in", a.amplitudes_in.len, a.n_amp, "n_amp")?;
+    exact_len(
+        K,
+        "amplitude_flags",
+        a.amplitude_flags.len,
+        a.n_amp,
+        "n_amp",
+    )?;
+    exact_len(K, "amplitudes_out", a.amplitudes_out.len, a.n_amp, "n_amp")?;
+    Ok(a.n_amp as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    //! One test per validation rule; each asserts the error names the argument.
+    use super::*;
+    use crate::abi::Array;
+
+    fn arr<T>(v: &[T]) -> Array {
+        Array {
+            ptr: v.as_ptr() as u64,
+            len: v.len() as u64,
+        }
+    }
+
+    fn ivs(v: &[Interval]) -> Intervals {
+        Intervals {
+            ptr: v.as_ptr(),
+            len: v.len() as u64,
+        }
+    }
+
+    fn iv(first: i64, last: i64) -> Interval {
+        Interval { first, last }
+    }
+
+    /// Assert `r` is an error about argument `arg` whose message contains `needle`.
+    fn expect_err<T: std::fmt::Debug>(r: Result<T, ArgError>, arg: &str, needle: &str) {
+        let e = r.expect_err("the check should fail");
+        assert_eq!(e.arg, arg, "wrong argument in: {e}");
+        let s = e.to_string();
+        assert!(
+            s.contains(&format!("`{arg}`")),
+            "message does not name `{arg}`: {s}"
+        );
+        assert!(s.contains(needle), "message lacks {needle:?}: {s}");
+    }
+
+    const S: usize = 10;
+
+    /// A valid pointing_detector call: 2 detectors, 3 quats rows.
+    struct Pd {
+        qi: Vec<i32>,
+        fp: Vec<f64>,
+        iv: Vec<Interval>,
+        bore: Vec<f64>,
+        flags: Vec<u8>,
+        quats: Vec<f64>,
+    }
+    impl Pd {
+        fn new() -> Self {
+            Pd {
+                qi: vec![0, 2],
+                fp: vec![0.0; 8],
+                iv: vec![iv(0, 4), iv(6, 10)],
+                bore: vec![0.0; S * 4],
+                flags: vec![0; S],
+                quats: vec![0.0; 3 * S * 4],
+            }
+        }
+        fn args(&self) -> abi::PointingDetectorArgs {
+            abi::PointingDetectorArgs {
+                n_det: self.qi.len() as u64,
+                n_samp: S as u64,
+                quat_index: self.qi.as_ptr(),
+                focalplane: self.fp.as_ptr(),
+                intervals: ivs(&self.iv),
+                boresight: arr(&self.bore),
+                shared_flags: arr(&self.flags),
+                shared_flag_mask: 1,
+                reserved: [0; 7],
+                quats: arr(&self.quats),
+            }
+        }
+        fn check(&self) -> Result<PointingDetector<'_>, ArgError> {
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_pointing_detector(&self.args()) }
+        }
+    }
+
+    #[test]
+    fn valid_pointing_detector_passes() {
+        let p = Pd::new();
+        let v = p.check().unwrap();
+        assert_eq!((v.n_det, v.n_samp, v.n_rows, v.use_flags), (2, S, 3, true));
+    }
+
+    #[test]
+    fn interval_beyond_n_samp() {
+        let mut p = Pd::new();
+        p.iv[1] = iv(6, 11);
+        expect_err(p.check(), "intervals", "[6, 11)");
+    }
+
+    #[test]
+    fn interval_first_after_last() {
+        let mut p = Pd::new();
+        p.iv[0] = iv(5, 3);
+        expect_err(p.check(), "intervals", "[5, 3)");
+    }
+
+    #[test]
+    fn interval_negative_first() {
+        let mut p = Pd::new();
+        p.iv[0] = iv(-1, 3);
+        expect_err(p.check(), "intervals", "[-1, 3)");
+    }
+
+    #[test]
+    fn index_beyond_rows() {
+        let mut p = Pd::new();
+        p.qi[1] = 3;
+        expect_err(p.check(), "quat_index", "quat_index[1] = 3");
+    }
+
+    #[test]
+    fn negative_index() {
+        let mut p = Pd::new();
+        p.qi[0] = -1;
+        expect_err(p.check(), "quat_index", "quat_index[0] = -1");
+    }
+
+    #[test]
+    fn array_not_whole_rows() {
+        let mut p = Pd::new();
+        p.quats.pop();
+        expect_err(p.check(), "quats", "not a whole number of rows");
+    }
+
+    #[test]
+    fn required_array_wrong_length() {
+        let mut p = Pd::new();
+        p.bore.truncate(4 * (S - 1));
+        expect_err(p.check(), "boresight", "expected 40");
+    }
+
+    #[test]
+    fn optional_array_of_length_one_is_refused() {
+        // TOAST's "length 1 disables the flags" is not part of the ABI.
+        let mut p = Pd::new();
+        p.flags = vec![0];
+        expect_err(p.check(), "shared_flags", "length 1");
+    }
+
+    #[test]
+    fn absent_optional_array_is_accepted() {
+        let mut p = Pd::new();
+        p.flags.clear();
+        assert!(!p.check().unwrap().use_flags);
+    }
+
+    #[test]
+    fn null_host_array() {
+        let p = Pd::new();
+        let mut a = p.args();
+        a.focalplane = std::ptr::null();
+        // SAFETY: the other pointers are valid; the null one is what is checked.
+        expect_err(
+            unsafe { check_pointing_detector(&a) },
+            "focalplane",
+            "null pointer",
+        );
+    }
+
+    #[test]
+    fn n_samp_zero_with_data() {
+        let p = Pd::new();
+        let mut a = p.args();
+        a.n_samp = 0;
+        a.intervals = ivs(&[]);
+        a.boresight = Array::ABSENT;
+        a.shared_flags = Array::ABSENT;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_pointing_detector(&a) },
+            "quats",
+            "no elements",
+        );
+    }
+
+    #[test]
+    fn size_overflow() {
+        let p = Pd::new();
+        let mut a = p.args();
+        a.n_samp = u64::MAX / 2;
+        a.intervals = ivs(&[]);
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_pointing_detector(&a) },
+            "boresight",
+            "overflows",
+        );
+    }
+
+    /// A valid pixels_healpix call, nside 4 (192 pixels), 12 submaps of 16.
+    struct Ph {
+        qi: Vec<i32>,
+        pi: Vec<i32>,
+        iv: Vec<Interval>,
+        quats: Vec<f64>,
+        pixels: Vec<i64>,
+        hits: Vec<u8>,
+        nside: i64,
+        nps: i64,
+    }
+    impl Ph {
+        fn new() -> Self {
+            Ph {
+                qi: vec![0],
+                pi: vec![0],
+                iv: vec![iv(0, S as i64)],
+                quats: vec![0.0; S * 4],
+                pixels: vec![0; S],
+                hits: vec![0; 12],
+                nside: 4,
+                nps: 16,
+            }
+        }
+        fn check(&self) -> Result<PixelsHealpix<'_>, ArgError> {
+            let a = abi::PixelsHealpixArgs {
+                n_det: 1,
+                n_samp: S as u64,
+                quat_index: self.qi.as_ptr(),
+                pixel_index: self.pi.as_ptr(),
+                intervals: ivs(&self.iv),
+                quats: arr(&self.quats),
+                shared_flags: Array::ABSENT,
+                pixels: arr(&self.pixels),
+                hit_submaps: arr(&self.hits),
+                nside: self.nside,
+                n_pix_submap: self.nps,
+                shared_flag_mask: 0,
+                nest: 1,
+                reserved: [0; 6],
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_pixels_healpix(&a) }
+        }
+    }
+
+    #[test]
+    fn valid_pixels_healpix_passes() {
+        let f = Ph::new();
+        let v = f.check().unwrap();
+        assert_eq!((v.factor, v.npix, v.n_submap), (2, 192, 12));
+    }
+
+    #[test]
+    fn nside_not_power_of_two() {
+        let mut p = Ph::new();
+        p.nside = 6;
+        expect_err(p.check(), "nside", "nside = 6");
+        p.nside = 0;
+        expect_err(p.check(), "nside", "nside = 0");
+    }
+
+    #[test]
+    fn nside_too_large() {
+        let mut p = Ph::new();
+        p.nside = 1 << 30;
+        expect_err(p.check(), "nside", "2^29");
+    }
+
+    #[test]
+    fn n_pix_submap_not_positive() {
+        let mut p = Ph::new();
+        p.nps = 0;
+        expect_err(p.check(), "n_pix_submap", "n_pix_submap = 0");
+    }
+
+    #[test]
+    fn hit_submaps_too_short_for_the_sphere() {
+        let mut p = Ph::new();
+        p.hits.pop();
+        expect_err(p.check(), "hit_submaps", "192");
+    }
+
+    /// A valid scan_map call: nnz 3, 4 global submaps, 2 local, 8 pixels each.
+    struct Sm {
+        idx: Vec<i32>,
+        iv: Vec<Interval>,
+        g2l: Vec<i64>,
+        map: Vec<f64>,
+        pixels: Vec<i64>,
+        weights: Vec<f64>,
+        data: Vec<f64>,
+        nnz: u64,
+        dtype: i32,
+        nps: i64,
+    }
+    impl Sm {
+        fn new() -> Self {
+            Sm {
+                idx: vec![0, 1],
+                iv: vec![iv(0, S as i64)],
+                g2l: vec![-1, 0, -1, 1],
+                map: vec![0.0; 2 * 8 * 3],
+                pixels: vec![8; 2 * S],
+                weights: vec![0.0; 2 * S * 3],
+                data: vec![0.0; 2 * S],
+                nnz: 3,
+                dtype: abi::DTYPE_F64,
+                nps: 8,
+            }
+        }
+        fn args(&self) -> abi::ScanMapArgs {
+            abi::ScanMapArgs {
+                n_det: 2,
+                n_samp: S as u64,
+                nnz: self.nnz,
+                pixel_index: self.idx.as_ptr(),
+                weight_index: self.idx.as_ptr(),
+                data_index: self.idx.as_ptr(),
+                intervals: ivs(&self.iv),
+                global2local: arr(&self.g2l),
+                n_pix_submap: self.nps,
+                map_dtype: self.dtype,
+                reserved0: 0,
+                mapdata: arr(&self.map),
+                pixels: arr(&self.pixels),
+                weights: arr(&self.weights),
+                det_data: arr(&self.data),
+                data_scale: 1.0,
+                should_zero: 0,
+                should_subtract: 0,
+                should_scale: 0,
+                reserved: [0; 5],
+            }
+        }
+        fn check(&self) -> Result<ScanMap<'_>, ArgError> {
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_scan_map(&self.args()) }
+        }
+    }
+
+    #[test]
+    fn valid_scan_map_passes() {
+        let f = Sm::new();
+        let v = f.check().unwrap();
+        assert_eq!((v.n_local_submap, v.n_global_submap, v.nnz), (2, 4, 3));
+    }
+
+    #[test]
+    fn unknown_map_dtype() {
+        let mut s = Sm::new();
+        s.dtype = 7;
+        expect_err(s.check(), "map_dtype", "7");
+    }
+
+    #[test]
+    fn nnz_zero() {
+        let mut s = Sm::new();
+        s.nnz = 0;
+        expect_err(s.check(), "nnz", "nnz = 0");
+    }
+
+    #[test]
+    fn mapdata_not_whole_submaps() {
+        let mut s = Sm::new();
+        s.map.pop();
+        expect_err(s.check(), "mapdata", "n_local_submap");
+    }
+
+    #[test]
+    fn weights_rows_must_hold_nnz_per_sample() {
+        let mut s = Sm::new();
+        s.weights.truncate(2 * S * 3 - 1);
+        expect_err(s.check(), "weights", "[n_rows, n_samp, nnz]");
+    }
+
+    #[test]
+    fn scan_map_index_beyond_det_data_rows() {
+        let mut s = Sm::new();
+        s.data.truncate(S);
+        expect_err(s.check(), "data_index", "data_index[1] = 1");
+    }
+
+    #[test]
+    fn global2local_entry_out_of_range() {
+        expect_err(
+            global2local("scan_map", &[-1, 0, 2], 2),
+            "global2local",
+            "global2local[2] = 2",
+        );
+        expect_err(
+            global2local("scan_map", &[-2], 2),
+            "global2local",
+            "global2local[0] = -2",
+        );
+        assert!(global2local("scan_map", &[-1, 1, 0], 2).is_ok());
+    }
+
+    /// A valid build_noise_weighted call with det flags.
+    struct Bn {
+        sm: Sm,
+        fi: Vec<i32>,
+        scale: Vec<f64>,
+        det_flags: Vec<u8>,
+        zmap: Vec<f64>,
+    }
+    impl Bn {
+        fn new() -> Self {
+            Bn {
+                sm: Sm::new(),
+                fi: vec![0, 1],
+                scale: vec![1.0, 1.0],
+                det_flags: vec![0; 2 * S],
+                zmap: vec![0.0; 2 * 8 * 3],
+            }
+        }
+        fn check(&self) -> Result<BuildNoiseWeighted<'_>, ArgError> {
+            let s = &self.sm;
+            let a = abi::BuildNoiseWeightedArgs {
+                n_det: 2,
+                n_samp: S as u64,
+                nnz: s.nnz,
+                pixel_index: s.idx.as_ptr(),
+                weight_index: s.idx.as_ptr(),
+                data_index: s.idx.as_ptr(),
+                flag_index: self.fi.as_ptr(),
+                det_scale: self.scale.as_ptr(),
+                intervals: ivs(&s.iv),
+                global2local: arr(&s.g2l),
+                n_pix_submap: s.nps,
+                pixels: arr(&s.pixels),
+                weights: arr(&s.weights),
+                det_data: arr(&s.data),
+                det_flags: arr(&self.det_flags),
+                shared_flags: Array::ABSENT,
+                zmap: arr(&self.zmap),
+                det_flag_mask: 1,
+                shared_flag_mask: 0,
+                reserved: [0; 6],
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_build_noise_weighted(&a) }
+        }
+    }
+
+    #[test]
+    fn valid_build_noise_weighted_passes() {
+        let f = Bn::new();
+        let v = f.check().unwrap();
+        assert!(v.use_det_flags && !v.use_shared_flags);
+        assert_eq!(v.n_local_submap, 2);
+    }
+
+    #[test]
+    fn zmap_not_whole_submaps() {
+        let mut b = Bn::new();
+        b.zmap.push(0.0);
+        expect_err(b.check(), "zmap", "n_local_submap");
+    }
+
+    #[test]
+    fn det_flags_not_whole_rows() {
+        let mut b = Bn::new();
+        b.det_flags = vec![0; 1];
+        expect_err(b.check(), "det_flags", "not a whole number of rows");
+    }
+
+    #[test]
+    fn flag_index_beyond_det_flags_rows() {
+        let mut b = Bn::new();
+        b.fi[1] = 2;
+        expect_err(b.check(), "flag_index", "flag_index[1] = 2");
+    }
+
+    #[test]
+    fn flag_index_not_read_without_det_flags() {
+        let mut b = Bn::new();
+        b.fi = vec![-1, -1];
+        b.det_flags.clear();
+        assert!(!b.check().unwrap().use_det_flags);
+    }
+
+    #[test]
+    fn hwp_wrong_length() {
+        let qi = [0i32];
+        let d = [0.0f64];
+        let quats = vec![0.0; S * 4];
+        let w = vec![0.0; S * 3];
+        let hwp = vec![0.0; 1];
+        let a = abi::StokesWeightsIquArgs {
+            n_det: 1,
+            n_samp: S as u64,
+            quat_index: qi.as_ptr(),
+            weight_index: qi.as_ptr(),
+            epsilon: d.as_ptr(),
+            gamma: d.as_ptr(),
+            cal: d.as_ptr(),
+            intervals: ivs(&[]),
+            quats: arr(&quats),
+            hwp: arr(&hwp),
+            weights: arr(&w),
+            iau: 0,
+            reserved: [0; 7],
+        };
+        // SAFETY: all pointers come from live arrays of the declared lengths.
+        expect_err(unsafe { check_stokes_weights_iqu(&a) }, "hwp", "length 1");
+    }
+
+    /// A valid template-offset call: 2 detectors, views of 10 and 3 samples,
+    /// step 4 (3 + 1 amplitudes per detector), 10 amplitudes.
+    struct To {
+        di: Vec<i32>,
+        fi: Vec<i32>,
+        iv: Vec<Interval>,
+        nav: Vec<i64>,
+        off: Vec<i64>,
+        step: i64,
+        amps: Vec<f64>,
+        aflags: Vec<u8>,
+        data: Vec<f64>,
+        flag_data: Vec<u8>,
+    }
+    impl To {
+        fn new() -> Self {
+            To {
+                di: vec![0, 1],
+                fi: vec![0, -1],
+                iv: vec![iv(0, 10), iv(12, 15)],
+                nav: vec![3, 1],
+                off: vec![0, 5],
+                step: 4,
+                amps: vec![0.0; 10],
+                aflags: vec![0; 10],
+                data: vec![0.0; 2 * 16],
+                flag_data: vec![0; 16],
+            }
+        }
+        fn layout(&self) -> abi::OffsetLayout {
+            abi::OffsetLayout {
+                step_length: self.step,
+                n_amp_views: self.nav.as_ptr(),
+                amp_offset: self.off.as_ptr(),
+            }
+        }
+        fn add(&self) -> Result<TemplateOffsetAdd<'_>, ArgError> {
+            let a = abi::TemplateOffsetAddArgs {
+                n_det: 2,
+                n_samp: 16,
+                data_index: self.di.as_ptr(),
+                layout: self.layout(),
+                intervals: ivs(&self.iv),
+                amplitudes: arr(&self.amps),
+                amplitude_flags: arr(&self.aflags),
+                det_data: arr(&self.data),
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_template_offset_add(&a) }
+        }
+        fn project(&self) -> Result<TemplateOffsetProject<'_>, ArgError> {
+            let a = abi::TemplateOffsetProjectArgs {
+                n_det: 2,
+                n_samp: 16,
+                data_index: self.di.as_ptr(),
+                flag_index: self.fi.as_ptr(),
+                layout: self.layout(),
+                intervals: ivs(&self.iv),
+                det_data: arr(&self.data),
+                flag_data: arr(&self.flag_data),
+                amplitudes: arr(&self.amps),
+                amplitude_flags: arr(&self.aflags),
+                flag_mask: 1,
+                reserved: [0; 7],
+            };
+            // SAFETY: all pointers come from live vectors of the declared lengths.
+            unsafe { check_template_offset_project(&a) }
+        }
+    }
+
+    #[test]
+    fn valid_template_offset_passes() {
+        let t = To::new();
+        let v = t.add().unwrap();
+        assert_eq!(v.layout.view_offset, vec![0, 3]);
+        assert_eq!(v.layout.block_len, 4);
+        t.project().unwrap();
+    }
+
+    #[test]
+    fn step_length_below_one() {
+        let mut t = To::new();
+        t.step = 0;
+        expect_err(t.add(), "layout.step_length", "step_length = 0");
+    }
+
+    #[test]
+    fn template_offset_with_no_views() {
+        let mut t = To::new();
+        t.iv.clear();
+        expect_err(t.add(), "intervals", "no views");
+    }
+
+    #[test]
+    fn n_amp_views_too_small_for_the_view() {
+        let mut t = To::new();
+        t.nav[0] = 2;
+        expect_err(t.add(), "layout.n_amp_views", "n_amp_views[0] = 2");
+    }
+
+    #[test]
+    fn negative_n_amp_views() {
+        let mut t = To::new();
+        t.iv[1] = iv(12, 12);
+        t.nav[1] = -1;
+        expect_err(t.add(), "layout.n_amp_views", "n_amp_views[1] = -1");
+    }
+
+    #[test]
+    fn amplitude_block_beyond_amplitudes() {
+        // The last amplitude of detector 1 would be index 10 of 10.
+        let mut t = To::new();
+        t.off[1] = 7;
+        expect_err(t.add(), "layout.amp_offset", "amp_offset[1] = 7");
+    }
+
+    #[test]
+    fn negative_amp_offset() {
+        let mut t = To::new();
+        t.off[0] = -1;
+        expect_err(t.project(), "layout.amp_offset", "amp_offset[0] = -1");
+    }
+
+    #[test]
+    fn amplitude_flags_length_differs() {
+        let mut t = To::new();
+        t.aflags.pop();
+        expect_err(t.add(), "amplitude_flags", "length 9");
+    }
+
+    #[test]
+    fn flag_index_below_minus_one() {
+        let mut t = To::new();
+        t.fi[1] = -2;
+        expect_err(t.project(), "flag_index", "flag_index[1] = -2");
+    }
+
+    #[test]
+    fn flag_index_without_flag_data() {
+        let mut t = To::new();
+        t.flag_data.clear();
+        expect_err(t.project(), "flag_index", "flag_data is absent");
+    }
+
+    #[test]
+    fn flag_index_beyond_flag_rows() {
+        let mut t = To::new();
+        t.fi[1] = 1;
+        expect_err(t.project(), "flag_index", "flag_index[1] = 1");
+    }
+
+    #[test]
+    fn precond_lengths_must_all_be_n_amp() {
+        let v = vec![0.0f64; 5];
+        let f = vec![0u8; 5];
+        let mut o = vec![0.0f64; 4];
+        let mut a = abi::TemplateOffsetPrecondArgs {
+            n_amp: 5,
+            offset_var: arr(&v),
+            amplitudes_in: arr(&v),
+            amplitude_flags: arr(&f),
+            amplitudes_out: arr(&o),
+        };
+        // SAFETY: reads no pointer.
+        expect_err(
+            unsafe { check_template_offset_precond(&a) },
+            "amplitudes_out",
+            "length 4",
+        );
+        o.push(0.0);
+        a.amplitudes_out = arr(&o);
+        a.offset_var.len = 6;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_template_offset_precond(&a) },
+            "offset_var",
+            "length 6",
+        );
+    }
 }

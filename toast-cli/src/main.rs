@@ -1,11 +1,24 @@
 //! toast-cli: the command line of toast-rs.
+//!
+//! Subcommands live in `cmd/`, one module each; this file parses arguments,
+//! sets up logging and plugin discovery, and maps outcomes to exit codes:
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | the command ran and found failures (e.g. a verify case failed) |
+//! | 2 | bad usage or setup (unknown backend, unreadable input) |
+//! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped |
 
 mod cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use toast_accel::host::{DiscoveryOptions, Registry};
+use toast_accel::host::{AccelError, DiscoveryOptions, Registry};
+
+/// Exit status when the requested backend is unavailable (all skipped).
+const EXIT_UNAVAILABLE: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -14,6 +27,18 @@ use toast_accel::host::{DiscoveryOptions, Registry};
     about = "toast-rs: CMB time-ordered data processing"
 )]
 struct Cli {
+    /// A plugin file or a directory of plugins, searched before
+    /// TOAST_BACKEND_PATH, the executable's directory and the system
+    /// directories (repeatable).
+    #[arg(long = "backend-path", value_name = "PATH", global = true)]
+    backend_path: Vec<PathBuf>,
+    /// Options passed to a backend's init, as NAME:KEY=VALUE[;KEY=VALUE]
+    /// (e.g. `cpu:threads=2`; repeatable).
+    #[arg(long = "backend-options", value_name = "NAME:OPTIONS", global = true)]
+    backend_options: Vec<String>,
+    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -21,33 +46,91 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// List the backend plugins found, their status, devices and kernels.
-    Backends {
-        /// A plugin file or a directory of plugins, searched before
-        /// TOAST_BACKEND_PATH, the executable's directory and the system
-        /// directories (repeatable).
-        #[arg(long = "backend-path", value_name = "PATH")]
-        backend_path: Vec<PathBuf>,
+    Backends,
+    /// Run TOAST's reference kernel cases on a backend: one line per case,
+    /// then `N passed, N failed[, N skipped]`.
+    Verify {
+        /// The backend to verify (as `toast-cli backends` names it).
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// Directory of reference cases (*.npz); default: the cases shipped
+        /// in the repository (or $TOAST_CASES_DIR).
+        #[arg(long)]
+        cases: Option<PathBuf>,
     },
 }
 
-fn main() -> ExitCode {
+fn default_cases_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TOAST_CASES_DIR") {
+        return PathBuf::from(d);
+    }
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/toast-kernels/cases"
+    ))
+}
+
+fn discovery(cli: &Cli) -> Result<DiscoveryOptions, String> {
+    let mut opts = DiscoveryOptions {
+        explicit: cli.backend_path.clone(),
+        ..DiscoveryOptions::default()
+    };
+    for spec in &cli.backend_options {
+        let (name, options) = spec.split_once(':').ok_or_else(|| {
+            format!("--backend-options {spec:?}: expected NAME:OPTIONS, e.g. cpu:threads=2")
+        })?;
+        opts = opts.with_backend_options(name, options);
+    }
+    Ok(opts)
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
-    let code = match cli.command {
-        Command::Backends { backend_path } => {
-            let opts = DiscoveryOptions {
-                explicit: backend_path,
-                ..DiscoveryOptions::default()
-            };
-            cmd::backends::run(&Registry::discover(&opts))
+}
+
+fn run(cli: Cli) -> Result<u8, String> {
+    let registry = Registry::discover(&discovery(&cli)?);
+    match &cli.command {
+        Command::Backends => Ok(code(cmd::backends::run(&registry))),
+        Command::Verify { backend, cases } => {
+            let cases = cases.clone().unwrap_or_else(default_cases_dir);
+            match registry.get(backend) {
+                Ok(b) => cmd::verify::run(&b, &cases).map(code),
+                Err(AccelError::Unavailable { backend, reason }) => {
+                    eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
+                    cmd::verify::run_unavailable(&backend, &reason, &cases)?;
+                    Ok(EXIT_UNAVAILABLE)
+                }
+                Err(e) => Err(e.to_string()),
+            }
         }
-    };
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
+    }
+}
+
+fn code(c: i32) -> u8 {
+    u8::try_from(c).unwrap_or(1)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match run(cli) {
+        Ok(c) => ExitCode::from(c),
+        Err(e) => {
+            eprintln!("toast-cli: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

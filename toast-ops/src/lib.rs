@@ -38,17 +38,33 @@
 //! deterministic: reductions run in a fixed order, so one and several threads
 //! give the same bits.
 //!
-//! Other modules of this crate (HEALPix, FITS I/O, sky and noise simulation,
-//! the satellite scan) are developed separately.
+//! # Simulation building blocks
+//!
+//! Standalone building blocks of the satellite simulation (plain functions
+//! over slices and small structs, independent of the observation data
+//! model):
+//!
+//! * [`qarray`]: quaternions with TOAST's conventions.
+//! * [`ephemeris`]: barycentric Earth position/velocity (ICRS).
+//! * [`satellite`]: TOAST's satellite schedule, timestamps and boresight.
+//! * [`focalplane`]: the benchmark's hexagonal focal plane.
+//! * [`noise`]: analytic 1/f noise model and counter-based noise simulation.
+//! * [`uid`]: TOAST's `name_UID` identifiers.
 
 pub mod covariance;
+pub mod ephemeris;
+pub mod focalplane;
 pub mod global_data;
 pub mod kernels;
 pub mod mapmaker;
+pub mod noise;
 pub mod ops;
 pub mod pipeline;
 pub mod pixel_dist;
+pub mod qarray;
+pub mod satellite;
 pub mod templates;
+pub mod uid;
 
 pub use mapmaker::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
 pub use pipeline::{DetectorSets, Pipeline};

@@ -1,6 +1,8 @@
 //! The host side: finding and loading plugins, the backend registry,
 //! dispatch, and calling kernels.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod discovery;
 pub mod dispatch;
 pub mod error;

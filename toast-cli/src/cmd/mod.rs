@@ -1,3 +1,4 @@
 //! The subcommands of `toast-cli`, one module each.
 
 pub mod backends;
+pub mod verify;

@@ -1,0 +1,168 @@
+//! The backend context: thread pool, host logging, buffer registry.
+
+use crate::memory::Registry;
+use std::ffi::{c_char, c_void, CStr};
+use toast_accel::abi::{self, HostApi, LogFn};
+use toast_accel::plugin::PluginError;
+
+/// What `init` creates and every call receives as `ctx`.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    /// A dedicated pool when a thread count was asked for; otherwise the
+    /// rayon global pool is used.
+    pool: Option<rayon::ThreadPool>,
+    log: LogFn,
+    log_user: *mut c_void,
+    pub(crate) registry: Registry,
+}
+
+impl Ctx {
+    /// Parse the host API and options and build the context.
+    ///
+    /// # Safety
+    /// `host` is null or points to a `HostApi` of at least `host.size`
+    /// bytes whose `options` is null or NUL-terminated.
+    pub(crate) unsafe fn new(host: *const HostApi) -> Result<Ctx, PluginError> {
+        let mut log: LogFn = None;
+        let mut log_user = std::ptr::null_mut();
+        let mut options = String::new();
+        if !host.is_null() {
+            // SAFETY: non-null; the host passes a valid struct. Read the size first.
+            let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
+            if size >= std::mem::size_of::<HostApi>() {
+                // SAFETY: the whole struct is present.
+                let h = unsafe { &*host };
+                log = h.log;
+                log_user = h.log_user;
+                if !h.options.is_null() {
+                    // SAFETY: NUL-terminated by the ABI.
+                    options = unsafe { CStr::from_ptr(h.options) }
+                        .to_string_lossy()
+                        .into_owned();
+                }
+            }
+        }
+        let mut threads: Option<usize> = None;
+        let mut unknown = Vec::new();
+        if let Ok(v) = std::env::var("TOAST_CPU_THREADS") {
+            if !v.trim().is_empty() {
+                threads = Some(parse_threads(&v, "environment variable TOAST_CPU_THREADS")?);
+            }
+        }
+        for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = item.split_once('=').unwrap_or((item, ""));
+            match k.trim() {
+                "threads" => threads = Some(parse_threads(v, "option threads")?),
+                other => unknown.push(other.to_string()),
+            }
+        }
+        let pool = match threads {
+            Some(n) if n > 0 => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("toast-cpu-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        PluginError::new(
+                            abi::ERR_INTERNAL,
+                            format!("cannot start a pool of {n} threads: {e}"),
+                        )
+                    })?,
+            ),
+            _ => None,
+        };
+        let ctx = Ctx {
+            pool,
+            log,
+            log_user,
+            registry: Registry::default(),
+        };
+        for k in unknown {
+            ctx.log(
+                abi::LOG_WARN,
+                &format!("cpu backend: unknown option `{k}` ignored"),
+            );
+        }
+        ctx.log(
+            abi::LOG_DEBUG,
+            &format!(
+                "cpu backend {} initialised: {} threads ({})",
+                env!("CARGO_PKG_VERSION"),
+                ctx.threads(),
+                if ctx.pool.is_some() {
+                    "dedicated pool"
+                } else {
+                    "rayon global pool"
+                }
+            ),
+        );
+        Ok(ctx)
+    }
+
+    /// Number of threads the kernels run on.
+    pub(crate) fn threads(&self) -> usize {
+        match &self.pool {
+            Some(p) => p.current_num_threads(),
+            None => rayon::current_num_threads(),
+        }
+    }
+
+    /// Run `f` on this context's pool.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    /// Send a message to the host's log callback, if any.
+    pub(crate) fn log(&self, level: i32, msg: &str) {
+        if let Some(f) = self.log {
+            // SAFETY: the host's callback takes `len` bytes at `msg` and the
+            // user pointer it gave us.
+            unsafe {
+                f(
+                    self.log_user,
+                    level,
+                    msg.as_ptr() as *const c_char,
+                    msg.len(),
+                )
+            };
+        }
+    }
+}
+
+fn parse_threads(v: &str, what: &str) -> Result<usize, PluginError> {
+    v.trim().parse::<usize>().map_err(|_| {
+        PluginError::invalid(format!(
+            "{what}: `{v}` is not a thread count (a non-negative integer; 0 = all cores)"
+        ))
+    })
+}
+
+/// The CPU model name from /proc/cpuinfo, or "cpu".
+pub(crate) fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "cpu".to_string())
+}
+
+/// Total and available memory in bytes from /proc/meminfo (0 if unknown).
+pub(crate) fn meminfo() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |kb| kb.saturating_mul(1024))
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}

@@ -1,0 +1,378 @@
+//! pixels_healpix: HEALPix pixel of each detector direction, as TOAST 3.0.6
+//! computes it (`ops_pixels_healpix.cpp`), operation for operation.
+//!
+//! C's `(int64_t)x` of a NaN or out-of-range double gives `INT64_MIN` on
+//! x86-64 (`cvttsd2si`), and the integer arithmetic after it wraps; [`c_i64`]
+//! and wrapping operations reproduce that, so even degenerate directions
+//! (`dir.z` rounding below -1 near the south pole, where `rtz` is NaN) give
+//! TOAST's pixel. A quaternion whose direction is not finite (NaN or
+//! infinite components), where TOAST computes a meaningless pixel, is an
+//! error, and so is any result outside `[0, 12 nside^2)`, which is never
+//! used to index `hit_submaps`.
+
+use crate::arrays::{self, Arg};
+use crate::par::{for_each_chunk, SampleFault, SharedMut};
+use std::f64::consts::{FRAC_2_PI, PI};
+use std::sync::atomic::{AtomicU8, Ordering};
+use toast_accel::abi::PixelsHealpixArgs;
+use toast_accel::check::PixelsHealpix;
+use toast_accel::plugin::PluginError;
+
+const K: &str = "pixels_healpix";
+/// TOAST's `0.66666666666666666667`, which rounds to the same double as 2/3
+/// (checked in the tests).
+const TWOTHIRDS: f64 = 2.0 / 3.0;
+
+/// `(int64_t)x` as x86-64 computes it: truncation, and `i64::MIN` for NaN
+/// or a value out of range.
+#[inline(always)]
+pub(crate) fn c_i64(x: f64) -> i64 {
+    if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&x) {
+        x as i64
+    } else {
+        i64::MIN
+    }
+}
+
+/// The bit-spreading table of `hpix_init_utab`.
+const fn make_utab() -> [i64; 256] {
+    let mut t = [0i64; 256];
+    let mut m = 0i64;
+    while m < 256 {
+        t[m as usize] = (m & 0x1)
+            | ((m & 0x2) << 1)
+            | ((m & 0x4) << 2)
+            | ((m & 0x8) << 3)
+            | ((m & 0x10) << 4)
+            | ((m & 0x20) << 5)
+            | ((m & 0x40) << 6)
+            | ((m & 0x80) << 7);
+        m += 1;
+    }
+    t
+}
+
+static UTAB: [i64; 256] = make_utab();
+
+#[inline(always)]
+fn ut(x: i64, shift: u32) -> i64 {
+    UTAB[(x.wrapping_shr(shift) & 0xff) as usize]
+}
+
+#[inline(always)]
+fn xy2pix(x: i64, y: i64) -> i64 {
+    ut(x, 0)
+        | ut(x, 8).wrapping_shl(16)
+        | ut(x, 16).wrapping_shl(32)
+        | ut(x, 24).wrapping_shl(48)
+        | ut(y, 0).wrapping_shl(1)
+        | ut(y, 8).wrapping_shl(17)
+        | ut(y, 16).wrapping_shl(33)
+        | ut(y, 24).wrapping_shl(49)
+}
+
+/// `hpix_qa_rotate(q, v)`, every term kept (multiplications by 0 and 1
+/// included) so that signed zeros, infinities and NaNs propagate as in C.
+#[inline(always)]
+pub(crate) fn qa_rotate(q: &[f64], v: &[f64; 3]) -> [f64; 3] {
+    let xw = q[3] * q[0];
+    let yw = q[3] * q[1];
+    let zw = q[3] * q[2];
+    let x2 = -q[0] * q[0];
+    let xy = q[0] * q[1];
+    let xz = q[0] * q[2];
+    let y2 = -q[1] * q[1];
+    let yz = q[1] * q[2];
+    let z2 = -q[2] * q[2];
+    [
+        2.0 * ((y2 + z2) * v[0] + (xy - zw) * v[1] + (yw + xz) * v[2]) + v[0],
+        2.0 * ((zw + xy) * v[0] + (x2 + z2) * v[1] + (yz - xw) * v[2]) + v[1],
+        2.0 * ((xz - yw) * v[0] + (xw + yz) * v[1] + (x2 + y2) * v[2]) + v[2],
+    ]
+}
+
+/// Per-nside constants.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hpix {
+    nside: i64,
+    factor: u32,
+    dnside: f64,
+    halfnside: f64,
+    tqnside: f64,
+    nsm1: i64,
+    ncap: i64,
+    npix: i64,
+    fournside: i64,
+}
+
+impl Hpix {
+    pub(crate) fn new(nside: i64, factor: u32) -> Self {
+        let dnside = nside as f64;
+        Hpix {
+            nside,
+            factor,
+            dnside,
+            halfnside: 0.5 * dnside,
+            tqnside: 0.75 * dnside,
+            nsm1: nside - 1,
+            ncap: 2 * (nside * nside - nside),
+            npix: 12 * nside * nside,
+            fournside: 4 * nside,
+        }
+    }
+
+    /// `(phi, region, z, rtz)` of `hpix_vec2zphi`.
+    #[inline(always)]
+    fn vec2zphi(v: &[f64; 3]) -> (f64, i32, f64, f64) {
+        let z = v[2];
+        let za = z.abs();
+        let itemp = if z > 0.0 { 1 } else { -1 };
+        let region = if za <= TWOTHIRDS {
+            itemp
+        } else {
+            itemp + itemp
+        };
+        let rtz = (3.0 * (1.0 - za)).sqrt();
+        let phi = v[1].atan2(v[0]);
+        (phi, region, z, rtz)
+    }
+
+    /// `tt` from `phi` as both `zphi2*` functions compute it.
+    #[inline(always)]
+    fn tt(phi: f64) -> f64 {
+        let tol = 10.0 * f64::EPSILON;
+        let m = 2.0 * PI;
+        let div = phi / m;
+        let mut phi_mod = m * (div - c_i64(div) as f64);
+        if phi_mod < tol && phi_mod > -tol {
+            phi_mod = 0.0;
+        }
+        if phi_mod >= 0.0 {
+            phi_mod * FRAC_2_PI
+        } else {
+            phi_mod * FRAC_2_PI + 4.0
+        }
+    }
+
+    #[inline(always)]
+    fn zphi2nest(&self, phi: f64, region: i32, z: f64, rtz: f64) -> i64 {
+        let tt = Self::tt(phi);
+        let nsm1 = self.nsm1;
+        let (face, x, y);
+        if region == 1 || region == -1 {
+            let temp1 = self.halfnside + self.dnside * tt;
+            let temp2 = self.tqnside * z;
+            let jp = c_i64(temp1 - temp2);
+            let jm = c_i64(temp1 + temp2);
+            let ifp = jp >> self.factor;
+            let ifm = jm >> self.factor;
+            face = if ifp == ifm {
+                if ifp == 4 {
+                    4
+                } else {
+                    ifp.wrapping_add(4)
+                }
+            } else if ifp < ifm {
+                ifp
+            } else {
+                ifm.wrapping_add(8)
+            };
+            x = jm & nsm1;
+            y = nsm1.wrapping_sub(jp & nsm1);
+        } else {
+            let ntt = c_i64(tt);
+            let tp = tt - ntt as f64;
+            let temp1 = self.dnside * rtz;
+            let mut jp = c_i64(tp * temp1);
+            let mut jm = c_i64((1.0 - tp) * temp1);
+            if jp >= self.nside {
+                jp = nsm1;
+            }
+            if jm >= self.nside {
+                jm = nsm1;
+            }
+            if z >= 0.0 {
+                face = ntt;
+                x = nsm1.wrapping_sub(jm);
+                y = nsm1.wrapping_sub(jp);
+            } else {
+                face = ntt.wrapping_add(8);
+                x = jp;
+                y = jm;
+            }
+        }
+        xy2pix(x, y).wrapping_add(face.wrapping_shl(2 * self.factor))
+    }
+
+    #[inline(always)]
+    fn zphi2ring(&self, phi: f64, region: i32, z: f64, rtz: f64) -> i64 {
+        let tt = Self::tt(phi);
+        if region == 1 || region == -1 {
+            let temp1 = self.halfnside + self.dnside * tt;
+            let temp2 = self.tqnside * z;
+            let jp = c_i64(temp1 - temp2);
+            let jm = c_i64(temp1 + temp2);
+            let ir = (self.nside + 1).wrapping_add(jp).wrapping_sub(jm);
+            let kshift = 1 - (ir & 1);
+            let ip = jp
+                .wrapping_add(jm)
+                .wrapping_sub(self.nside)
+                .wrapping_add(kshift + 1)
+                >> 1;
+            let ip = ip.wrapping_rem(self.fournside);
+            self.ncap.wrapping_add(
+                ir.wrapping_sub(1)
+                    .wrapping_mul(self.fournside)
+                    .wrapping_add(ip),
+            )
+        } else {
+            let tp = tt - tt.floor();
+            let temp1 = self.dnside * rtz;
+            let jp = c_i64(tp * temp1);
+            let jm = c_i64((1.0 - tp) * temp1);
+            let ir = jp.wrapping_add(jm).wrapping_add(1);
+            let mut ip = c_i64(tt * ir as f64);
+            let d = ir.wrapping_mul(4);
+            if d == 0 {
+                // C divides by zero here; only reachable from non-finite input.
+                return i64::MIN;
+            }
+            ip = ip.wrapping_sub(ip.wrapping_div(d));
+            if region > 0 {
+                ir.wrapping_mul(2)
+                    .wrapping_mul(ir.wrapping_sub(1))
+                    .wrapping_add(ip)
+            } else {
+                self.npix
+                    .wrapping_sub(ir.wrapping_mul(2).wrapping_mul(ir.wrapping_add(1)))
+                    .wrapping_add(ip)
+            }
+        }
+    }
+
+    /// The NESTED or RING pixel of quaternion `q`'s direction, or `None`
+    /// when the direction is not finite (TOAST computes a meaningless pixel).
+    #[inline(always)]
+    pub(crate) fn pixel(&self, q: &[f64], nest: bool) -> Option<i64> {
+        let dir = qa_rotate(q, &[0.0, 0.0, 1.0]);
+        if !(dir[0].is_finite() && dir[1].is_finite() && dir[2].is_finite()) {
+            return None;
+        }
+        let (phi, region, z, rtz) = Self::vec2zphi(&dir);
+        Some(if nest {
+            self.zphi2nest(phi, region, z, rtz)
+        } else {
+            self.zphi2ring(phi, region, z, rtz)
+        })
+    }
+}
+
+/// # Safety
+/// `a` has passed `check_pixels_healpix` (giving `v`) and its arrays are
+/// host memory of the stated lengths.
+pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result<(), PluginError> {
+    arrays::check_disjoint(
+        K,
+        &[
+            Arg::new::<i64>("pixels", a.pixels),
+            Arg::new::<u8>("hit_submaps", a.hit_submaps),
+        ],
+        &[
+            Arg::new::<f64>("quats", a.quats),
+            Arg::new::<u8>("shared_flags", a.shared_flags),
+        ],
+    )?;
+    // SAFETY: host arrays of the validated lengths; outputs overlap nothing.
+    let (quats, flags, pixels, hits) = unsafe {
+        (
+            arrays::input::<f64>(K, "quats", a.quats)?,
+            arrays::input::<u8>(K, "shared_flags", a.shared_flags)?,
+            arrays::output::<i64>(K, "pixels", a.pixels)?,
+            arrays::output::<u8>(K, "hit_submaps", a.hit_submaps)?,
+        )
+    };
+    // SAFETY: AtomicU8 has the size and alignment of u8, and the exclusive
+    // borrow of `hits` is only used through this shared atomic view.
+    let hits: &[AtomicU8] = unsafe { &*(hits as *mut [u8] as *const [AtomicU8]) };
+    let pixels = SharedMut::new(pixels);
+    let hp = Hpix::new(a.nside, v.factor);
+    let nest = a.nest != 0;
+    let n_samp = v.n_samp;
+    let nps = a.n_pix_submap;
+    let mask = a.shared_flag_mask;
+    let use_flags = v.use_flags;
+    let r = for_each_chunk(n_samp, v.intervals, |segs| {
+        for det in 0..v.n_det {
+            let qrow = v.quat_index[det] as usize;
+            let prow = v.pixel_index[det] as usize;
+            for seg in segs {
+                let q = &quats[4 * (qrow * n_samp + seg.first)..4 * (qrow * n_samp + seg.last)];
+                // SAFETY: this task owns samples [seg.first, seg.last) of every row.
+                let out = unsafe { pixels.slice_mut(prow * n_samp + seg.first, seg.len()) };
+                for (k, (p, qq)) in out.iter_mut().zip(q.chunks_exact(4)).enumerate() {
+                    let s = seg.first + k;
+                    if use_flags && flags[s] & mask != 0 {
+                        *p = -1;
+                        continue;
+                    }
+                    let pix = match hp.pixel(qq, nest) {
+                        Some(p) if (0..hp.npix).contains(&p) => p,
+                        other => {
+                            return Err(SampleFault::new(
+                                det,
+                                seg.view,
+                                s,
+                                format!(
+                                    "quaternion {qq:?} gives no valid pixel: {}",
+                                    match other {
+                                        None => "its direction is not finite".to_string(),
+                                        Some(p) => format!("got {p}"),
+                                    }
+                                ),
+                            ))
+                        }
+                    };
+                    *p = pix;
+                    // In bounds: hit_submaps covers 12 nside^2 pixels (checked).
+                    let h = &hits[(pix / nps) as usize];
+                    if h.load(Ordering::Relaxed) == 0 {
+                        h.store(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    r.map_err(|f| super::fault_error(K, f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_match_toast() {
+        assert_eq!("0.66666666666666666667".parse::<f64>().unwrap(), TWOTHIRDS);
+        assert_eq!("0.63661977236758134308".parse::<f64>().unwrap(), FRAC_2_PI);
+    }
+
+    #[test]
+    fn c_conversion_matches_cvttsd2si() {
+        assert_eq!(c_i64(f64::NAN), i64::MIN);
+        assert_eq!(c_i64(1e300), i64::MIN);
+        assert_eq!(c_i64(-1e300), i64::MIN);
+        assert_eq!(c_i64(-2.7), -2);
+        assert_eq!(c_i64(9.2e18), 9_200_000_000_000_000_000);
+    }
+
+    #[test]
+    fn poles_and_equator() {
+        let hp = Hpix::new(4, 2);
+        // Identity: north pole, first pixel of the first ring / face 0 corner.
+        assert_eq!(hp.pixel(&[0.0, 0.0, 0.0, 1.0], false), Some(0));
+        assert_eq!(hp.pixel(&[0.0, 0.0, 0.0, 1.0], true), Some(15));
+        // (1,0,0,0): south pole.
+        assert_eq!(hp.pixel(&[1.0, 0.0, 0.0, 0.0], false), Some(188));
+        assert_eq!(hp.pixel(&[1.0, 0.0, 0.0, 0.0], true), Some(128));
+    }
+}

@@ -1,0 +1,76 @@
+//! The ten kernels. Each `run` takes the validated arguments from
+//! `toast_accel::check` and the raw argument struct (for the kernel arrays,
+//! which are host addresses here) and returns a data-dependent fault, if any.
+
+pub(crate) mod healpix;
+pub(crate) mod mapmaker;
+pub(crate) mod pointing;
+pub(crate) mod scan_map;
+pub(crate) mod stokes;
+pub(crate) mod template_offset;
+pub(crate) mod weight;
+
+use crate::par::SampleFault;
+use toast_accel::plugin::PluginError;
+
+/// Turn a data-dependent fault into the plugin error the host sees.
+pub(crate) fn fault_error(kernel: &str, f: SampleFault) -> PluginError {
+    PluginError::invalid(format!(
+        "{kernel}: detector {} (interval {}), sample {}: {}",
+        f.det, f.view, f.samp, f.message
+    ))
+}
+
+/// `pix / n_pix_submap` and `pix % n_pix_submap` for `pix >= 0`, with a
+/// shift and a mask when `n_pix_submap` is a power of two (same results).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SubmapDiv {
+    n_pix_submap: i64,
+    shift: Option<u32>,
+}
+
+impl SubmapDiv {
+    pub(crate) fn new(n_pix_submap: i64) -> Self {
+        debug_assert!(n_pix_submap > 0);
+        let shift = (n_pix_submap & (n_pix_submap - 1) == 0).then(|| n_pix_submap.trailing_zeros());
+        SubmapDiv {
+            n_pix_submap,
+            shift,
+        }
+    }
+
+    /// `(submap, sub-pixel)` of a pixel `>= 0`.
+    #[inline(always)]
+    pub(crate) fn split(&self, pix: i64) -> (i64, i64) {
+        match self.shift {
+            Some(s) => (pix >> s, pix & (self.n_pix_submap - 1)),
+            None => {
+                let g = pix / self.n_pix_submap;
+                (g, pix - g * self.n_pix_submap)
+            }
+        }
+    }
+}
+
+/// Locate pixel `pix >= 0` of a map: the local submap and sub-pixel, or the
+/// reason it is not in the map.
+#[inline(always)]
+pub(crate) fn locate(
+    div: &SubmapDiv,
+    global2local: &[i64],
+    pix: i64,
+) -> Result<(usize, usize), String> {
+    let (g, sub) = div.split(pix);
+    match global2local.get(g as usize) {
+        None => Err(format!(
+            "pixel {pix} is beyond the map ({} submaps x {} pixels)",
+            global2local.len(),
+            div.n_pix_submap
+        )),
+        // Entries are validated to lie in [-1, n_local_submap).
+        Some(&l) if l < 0 => Err(format!(
+            "pixel {pix} is in submap {g}, which is not local to this map (global2local = {l})"
+        )),
+        Some(&l) => Ok((l as usize, sub as usize)),
+    }
+}

@@ -1,0 +1,116 @@
+//! stokes_weights_I and stokes_weights_IQU.
+
+use super::healpix::qa_rotate;
+use crate::arrays::{self, Arg};
+use crate::par::{for_each_chunk, SharedMut};
+use toast_accel::abi::{StokesWeightsIArgs, StokesWeightsIquArgs};
+use toast_accel::check::{StokesWeightsI, StokesWeightsIqu};
+use toast_accel::plugin::PluginError;
+
+/// # Safety
+/// `a` has passed `check_stokes_weights_i` (giving `v`) and its arrays are
+/// host memory of the stated lengths.
+pub(crate) unsafe fn run_i(
+    v: &StokesWeightsI<'_>,
+    a: &StokesWeightsIArgs,
+) -> Result<(), PluginError> {
+    const K: &str = "stokes_weights_I";
+    // SAFETY: host array of the validated length; the only array argument.
+    let weights = SharedMut::new(unsafe { arrays::output::<f64>(K, "weights", a.weights)? });
+    let n_samp = v.n_samp;
+    let r = for_each_chunk(n_samp, v.intervals, |segs| {
+        for det in 0..v.n_det {
+            let row = v.weight_index[det] as usize;
+            for seg in segs {
+                // SAFETY: this task owns samples [seg.first, seg.last) of every row.
+                unsafe { weights.slice_mut(row * n_samp + seg.first, seg.len()) }.fill(v.cal[det]);
+            }
+        }
+        Ok(())
+    });
+    r.map_err(|f| super::fault_error(K, f))
+}
+
+/// The polarisation angle `alpha` of `stokes_weights_alpha`.
+#[inline(always)]
+fn alpha(q: &[f64]) -> f64 {
+    let vd = qa_rotate(q, &[0.0, 0.0, 1.0]);
+    let vo = qa_rotate(q, &[1.0, 0.0, 0.0]);
+    let ang_xy = vd[1].atan2(vd[0]);
+    let vm_x = vd[2] * ang_xy.cos();
+    let vm_y = vd[2] * ang_xy.sin();
+    let vm_z = -(1.0 - vd[2] * vd[2]).sqrt();
+    let alpha_y = vd[0] * (vm_y * vo[2] - vm_z * vo[1]) - vd[1] * (vm_x * vo[2] - vm_z * vo[0])
+        + vd[2] * (vm_x * vo[1] - vm_y * vo[0]);
+    let alpha_x = vm_x * vo[0] + vm_y * vo[1] + vm_z * vo[2];
+    alpha_y.atan2(alpha_x)
+}
+
+/// # Safety
+/// `a` has passed `check_stokes_weights_iqu` (giving `v`) and its arrays are
+/// host memory of the stated lengths.
+pub(crate) unsafe fn run_iqu(
+    v: &StokesWeightsIqu<'_>,
+    a: &StokesWeightsIquArgs,
+) -> Result<(), PluginError> {
+    const K: &str = "stokes_weights_IQU";
+    arrays::check_disjoint(
+        K,
+        &[Arg::new::<f64>("weights", a.weights)],
+        &[
+            Arg::new::<f64>("quats", a.quats),
+            Arg::new::<f64>("hwp", a.hwp),
+        ],
+    )?;
+    // SAFETY: host arrays of the validated lengths; `weights` overlaps nothing.
+    let (quats, hwp, weights) = unsafe {
+        (
+            arrays::input::<f64>(K, "quats", a.quats)?,
+            arrays::input::<f64>(K, "hwp", a.hwp)?,
+            arrays::output::<f64>(K, "weights", a.weights)?,
+        )
+    };
+    let weights = SharedMut::new(weights);
+    let n_samp = v.n_samp;
+    let u_sign = if a.iau != 0 { -1.0 } else { 1.0 };
+    let use_hwp = v.use_hwp;
+    let r = for_each_chunk(n_samp, v.intervals, |segs| {
+        for det in 0..v.n_det {
+            let eps = v.epsilon[det];
+            let eta = (1.0 - eps) / (1.0 + eps);
+            let cal = v.cal[det];
+            let gamma = v.gamma[det];
+            let qrow = v.quat_index[det] as usize;
+            let wrow = v.weight_index[det] as usize;
+            for seg in segs {
+                let q = &quats[4 * (qrow * n_samp + seg.first)..4 * (qrow * n_samp + seg.last)];
+                // SAFETY: this task owns samples [seg.first, seg.last) of every row.
+                let out =
+                    unsafe { weights.slice_mut(3 * (wrow * n_samp + seg.first), 3 * seg.len()) };
+                if use_hwp {
+                    let h = &hwp[seg.first..seg.last];
+                    for ((w, qq), &hw) in out.chunks_exact_mut(3).zip(q.chunks_exact(4)).zip(h) {
+                        let al = alpha(qq);
+                        let ang = 2.0 * (2.0 * (gamma - hw) - al);
+                        let cang = ang.cos();
+                        let sang = ang.sin();
+                        w[0] = cal;
+                        w[1] = cang * eta * cal;
+                        w[2] = -sang * eta * cal * u_sign;
+                    }
+                } else {
+                    for (w, qq) in out.chunks_exact_mut(3).zip(q.chunks_exact(4)) {
+                        let ang = alpha(qq) * 2.0;
+                        let cang = ang.cos();
+                        let sang = ang.sin();
+                        w[0] = cal;
+                        w[1] = cang * eta * cal;
+                        w[2] = sang * eta * cal * u_sign;
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    r.map_err(|f| super::fault_error(K, f))
+}

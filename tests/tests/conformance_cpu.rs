@@ -1,0 +1,101 @@
+//! Every shipped TOAST reference case must pass bit for bit on the CPU
+//! plugin, loaded as a real plugin (the cdylib, through the ABI), with one
+//! thread and with two.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use toast_accel::host::conformance::{run_dir, CaseOutcome};
+use toast_accel::host::Plugin;
+
+/// The CPU plugin's shared library, built by cargo next to the test binary
+/// (`target/<profile>/deps/`) or one level up.
+fn cpu_plugin_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let name = format!(
+        "{}toast_backend_cpu{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let mut dir = exe.parent();
+    while let Some(d) = dir {
+        let p = d.join(&name);
+        if p.is_file() {
+            return p;
+        }
+        if d.file_name().is_some_and(|n| n == "target") {
+            break;
+        }
+        dir = d.parent();
+    }
+    panic!("{name} not found next to {}", exe.display());
+}
+
+fn cases_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
+}
+
+fn run_with(options: &str) {
+    let plugin = Arc::new(Plugin::load(&cpu_plugin_path()).expect("load the cpu plugin"));
+    let backend = plugin.init(options).expect("init the cpu backend");
+    let results = run_dir(&backend, &cases_dir());
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (path, r) in &results {
+        match r {
+            Ok(CaseOutcome::Pass) => passed += 1,
+            Ok(other) => failures.push(format!("{}: {other}", path.display())),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "[{options}] failures:\n{}",
+        failures.join("\n")
+    );
+    assert_eq!(passed, 29, "[{options}] expected the 29 shipped cases");
+}
+
+#[test]
+fn all_cases_pass_with_one_thread() {
+    run_with("threads=1");
+}
+
+#[test]
+fn all_cases_pass_with_two_threads() {
+    run_with("threads=2");
+}
+
+#[test]
+fn all_cases_pass_with_many_threads() {
+    // More threads than cores: a stress on the decomposition, not on speed.
+    run_with("threads=5");
+}
+
+#[test]
+fn all_cases_pass_through_staged_buffers() {
+    // The cpu plugin, presented as a backend that is not host-addressable:
+    // the runner then stages every kernel array through alloc / copy /
+    // free. The cpu plugin's handles are host addresses, so its kernels
+    // still run, and the staging path of the runner is exercised for real.
+    let loaded = Plugin::load(&cpu_plugin_path()).expect("load the cpu plugin");
+    let staged = Plugin {
+        flags: loaded.flags & !toast_accel::abi::FLAG_HOST_ADDRESSABLE,
+        ..loaded
+    };
+    let backend = Arc::new(staged).init("threads=2").expect("init");
+    assert!(!backend.host_addressable());
+    let results = run_dir(&backend, &cases_dir());
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(p, r)| match r {
+            Ok(CaseOutcome::Pass) => None,
+            Ok(o) => Some(format!("{}: {o}", p.display())),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(results.len(), 29);
+    let st = backend.stats().snapshot();
+    assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
+    assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");
+}

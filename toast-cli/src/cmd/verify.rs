@@ -1,0 +1,231 @@
+//! `toast-cli verify`: run TOAST's reference cases on a backend and report
+//! one line per case, then a summary line:
+//!
+//! ```text
+//! PASS  noise_weight_basic
+//! FAIL  scan_map_f64_nnz3_add: det_data max |diff| = 2.2e-16, n = 3
+//! SKIP  pixels_healpix_nest_nside64: backend `x` does not implement kernel `pixels_healpix`
+//! 27 passed, 1 failed, 1 skipped
+//! ```
+//!
+//! A case file that cannot be read counts as failed. The exit status is 0
+//! only when nothing failed.
+
+use std::io::Write;
+use std::path::Path;
+use toast_accel::host::conformance::{run_dir, CaseOutcome};
+use toast_accel::host::Backend;
+
+/// Counts of a verify run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub passed: usize,
+    pub failed: usize,
+    pub skipped: usize,
+}
+
+impl Summary {
+    /// The closing line: `N passed, N failed` and `, N skipped` when some were.
+    pub fn line(&self) -> String {
+        let mut s = format!("{} passed, {} failed", self.passed, self.failed);
+        if self.skipped > 0 {
+            s.push_str(&format!(", {} skipped", self.skipped));
+        }
+        s
+    }
+
+    /// 0 when nothing failed, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        i32::from(self.failed > 0)
+    }
+}
+
+/// Run every case of `cases_dir` on `backend`, writing the report to `out`.
+/// Returns the summary, or an error when there is nothing to verify.
+pub fn verify(backend: &Backend, cases_dir: &Path, out: &mut dyn Write) -> Result<Summary, String> {
+    if !cases_dir.is_dir() {
+        return Err(format!(
+            "cases directory {} does not exist or is not a directory",
+            cases_dir.display()
+        ));
+    }
+    let results = run_dir(backend, cases_dir);
+    if results.is_empty() {
+        return Err(format!("no .npz cases in {}", cases_dir.display()));
+    }
+    let mut sum = Summary::default();
+    let w = |out: &mut dyn Write, line: String| {
+        writeln!(out, "{line}").map_err(|e| format!("cannot write the report: {e}"))
+    };
+    for (path, result) in results {
+        let case = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        let line = match result {
+            Ok(CaseOutcome::Pass) => {
+                sum.passed += 1;
+                format!("PASS  {case}")
+            }
+            Ok(CaseOutcome::Fail {
+                field,
+                max_abs_diff,
+                n_diff,
+                ..
+            }) => {
+                sum.failed += 1;
+                format!("FAIL  {case}: {field} max |diff| = {max_abs_diff:e}, n = {n_diff}")
+            }
+            Ok(CaseOutcome::Error { message }) => {
+                sum.failed += 1;
+                format!("FAIL  {case}: {message}")
+            }
+            Ok(CaseOutcome::Skipped { reason }) => {
+                sum.skipped += 1;
+                format!("SKIP  {case}: {reason}")
+            }
+            Err(e) => {
+                sum.failed += 1;
+                format!("FAIL  {case}: {e}")
+            }
+        };
+        w(out, line)?;
+    }
+    w(out, sum.line())?;
+    Ok(sum)
+}
+
+/// [`verify`] to standard output; returns the process exit code.
+pub fn run(backend: &Backend, cases_dir: &Path) -> Result<i32, String> {
+    let stdout = std::io::stdout();
+    let mut lock = stdout.lock();
+    verify(backend, cases_dir, &mut lock).map(|s| s.exit_code())
+}
+
+/// The report for a backend that is unavailable on this machine: every case
+/// of `cases_dir` is listed as skipped with the reason, then the summary.
+pub fn unavailable(
+    backend: &str,
+    reason: &str,
+    cases_dir: &Path,
+    out: &mut dyn Write,
+) -> Result<Summary, String> {
+    let entries = std::fs::read_dir(cases_dir)
+        .map_err(|e| format!("cannot read cases directory {}: {e}", cases_dir.display()))?;
+    let mut cases: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "npz"))
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    if cases.is_empty() {
+        return Err(format!("no .npz cases in {}", cases_dir.display()));
+    }
+    cases.sort();
+    let mut sum = Summary::default();
+    let err = |e: std::io::Error| format!("cannot write the report: {e}");
+    for case in cases {
+        sum.skipped += 1;
+        writeln!(
+            out,
+            "SKIP  {case}: backend `{backend}` is unavailable: {reason}"
+        )
+        .map_err(err)?;
+    }
+    writeln!(out, "{}", sum.line()).map_err(err)?;
+    Ok(sum)
+}
+
+/// [`unavailable`] to standard output.
+pub fn run_unavailable(backend: &str, reason: &str, cases_dir: &Path) -> Result<Summary, String> {
+    let stdout = std::io::stdout();
+    let mut lock = stdout.lock();
+    unavailable(backend, reason, cases_dir, &mut lock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use toast_accel::host::Plugin;
+
+    fn cpu_backend() -> Backend {
+        let exe = std::env::current_exe().unwrap();
+        let name = format!(
+            "{}toast_backend_cpu{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        let path = exe
+            .ancestors()
+            .skip(1)
+            .take(3)
+            .map(|d| d.join(&name))
+            .find(|p| p.is_file())
+            .expect("the cpu plugin next to the test executable");
+        Arc::new(Plugin::load(&path).unwrap())
+            .init("threads=2")
+            .unwrap()
+    }
+
+    fn shipped() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/toast-kernels/cases")
+    }
+
+    #[test]
+    fn report_lines_and_exit_code() {
+        let dir = std::env::temp_dir().join(format!("toast-verify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["noise_weight_basic.npz", "stokes_weights_I_basic.npz"] {
+            std::fs::copy(shipped().join(f), dir.join(f)).unwrap();
+        }
+        std::fs::write(dir.join("scan_map_broken.npz"), b"not a zip").unwrap();
+        let b = cpu_backend();
+        let mut out = Vec::new();
+        let s = verify(&b, &dir, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "PASS  noise_weight_basic");
+        assert!(
+            lines[1].starts_with("FAIL  scan_map_broken: "),
+            "{}",
+            lines[1]
+        );
+        assert_eq!(lines[2], "PASS  stokes_weights_I_basic");
+        assert_eq!(lines[3], "2 passed, 1 failed");
+        assert_eq!(s.exit_code(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn all_shipped_cases_pass() {
+        let mut out = Vec::new();
+        let s = verify(&cpu_backend(), &shipped(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().last(), Some("29 passed, 0 failed"), "{text}");
+        assert_eq!(s.exit_code(), 0);
+    }
+
+    #[test]
+    fn summary_line_mentions_skips_only_when_there_are_some() {
+        let s = Summary {
+            passed: 3,
+            failed: 0,
+            skipped: 2,
+        };
+        assert_eq!(s.line(), "3 passed, 0 failed, 2 skipped");
+        assert_eq!(s.exit_code(), 0);
+    }
+
+    #[test]
+    fn missing_directory_is_an_error() {
+        let e = verify(
+            &cpu_backend(),
+            Path::new("/nonexistent/cases"),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(e.contains("/nonexistent/cases"), "{e}");
+    }
+}
