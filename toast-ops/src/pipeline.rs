@@ -46,7 +46,7 @@ use toast_accel::host::{Backend, Dispatcher, DEFAULT_BACKEND};
 use toast_core::staging::{StepSpec, StepStaging};
 use toast_core::{
     pipeline_provides, pipeline_requires, BufferKey, BufferState, Category, Data, DeviceBuffers,
-    ExecContext, Item, OpError, Operator, Requirements, Stager,
+    ExecContext, Item, OpError, Operator, Requirements, Stager, TransferReport,
 };
 
 /// A borrowed operator in a list of pipeline steps.
@@ -81,6 +81,40 @@ impl StagingState {
     /// Steps staged so far.
     pub fn steps(&self) -> usize {
         self.steps
+    }
+}
+
+/// The transfer reports of the staging scopes closed so far (an
+/// [`ExecContext`] extension that [`close_scope`] appends to).
+#[derive(Debug, Clone, Default)]
+pub struct StagingReports {
+    /// One report per closed scope, in order.
+    pub reports: Vec<TransferReport>,
+}
+
+impl StagingReports {
+    /// Host→device and device→host copies of buffer name `name`
+    /// (`detdata.signal`, `global.map`, ...) summed over all scopes.
+    pub fn copies(&self, name: &str) -> (u64, u64) {
+        self.reports
+            .iter()
+            .filter_map(|r| r.per_buffer.get(name))
+            .fold((0, 0), |(h, d), c| (h + c.h2d_calls, d + c.d2h_calls))
+    }
+
+    /// Totals over all buffers and scopes: (h2d calls, d2h calls, allocs, frees).
+    pub fn totals(&self) -> (u64, u64, u64, u64) {
+        self.reports
+            .iter()
+            .map(|r| r.totals())
+            .fold((0, 0, 0, 0), |a, t| {
+                (
+                    a.0 + t.h2d_calls,
+                    a.1 + t.d2h_calls,
+                    a.2 + t.allocs,
+                    a.3 + t.frees,
+                )
+            })
     }
 }
 
@@ -168,6 +202,15 @@ pub fn close_scope(
         first_err.get_or_insert(e.into());
     }
     tracing::debug!("closed a staging scope:\n{}", bufs.report());
+    let report = bufs.report().clone();
+    match ctx.extensions.get_mut::<StagingReports>() {
+        Some(r) => r.reports.push(report),
+        None => {
+            ctx.insert(StagingReports {
+                reports: vec![report],
+            });
+        }
+    }
     match first_err {
         Some(e) => Err(e),
         None => Ok(Some(bufs)),

@@ -265,7 +265,25 @@ impl<T: Element> PixelData<T> {
     }
 }
 
-impl<T: Element + Into<f64>> PixelData<T> {
+/// Element types whose values convert to `f64` for statistics.
+pub trait MapValue: Element {
+    /// The value as `f64`.
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! map_value {
+    ($($t:ty),*) => {$(
+        impl MapValue for $t {
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+        }
+    )*};
+}
+map_value!(f64, f32, i64, i32, u8);
+
+impl<T: MapValue> PixelData<T> {
     /// TOAST's MPI-style statistics: for each component, the sum, the mean
     /// over all `n_submap × n_pix_submap` pixels (pixels of submaps not
     /// stored here count as zeros) and the standard deviation with
@@ -277,14 +295,14 @@ impl<T: Element + Into<f64>> PixelData<T> {
         let mut sum = vec![0.0f64; nv];
         for px in self.data.chunks_exact(nv.max(1)) {
             for (s, &x) in sum.iter_mut().zip(px) {
-                *s += x.into();
+                *s += x.to_f64();
             }
         }
         let mean: Vec<f64> = sum.iter().map(|s| s / n_total as f64).collect();
         let mut var = vec![0.0f64; nv];
         for px in self.data.chunks_exact(nv.max(1)) {
             for ((v, &x), m) in var.iter_mut().zip(px).zip(&mean) {
-                let d = x.into() - m;
+                let d = x.to_f64() - m;
                 *v += d * d;
             }
         }
