@@ -65,6 +65,9 @@ pub struct KernelError {
     pub backend: String,
     /// Observation (empty for calls not tied to one).
     pub observation: String,
+    /// The detectors of the call, in argument order (a backend reports a
+    /// detector by its position in this list).
+    pub detectors: Vec<String>,
     /// The cause.
     pub source: AccelError,
 }
@@ -78,7 +81,24 @@ impl fmt::Display for KernelError {
         if !self.observation.is_empty() {
             write!(f, " for observation '{}'", self.observation)?;
         }
-        write!(f, ": {}", self.source)
+        write!(f, ": {}", self.source)?;
+        if !self.detectors.is_empty() {
+            const SHOW: usize = 16;
+            let names: Vec<String> = self
+                .detectors
+                .iter()
+                .take(SHOW)
+                .enumerate()
+                .map(|(i, d)| format!("{i} = '{d}'"))
+                .collect();
+            let more = if self.detectors.len() > SHOW {
+                ", ..."
+            } else {
+                ""
+            };
+            write!(f, " (detectors: {}{more})", names.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -270,6 +290,7 @@ fn same_backend(buffers: &DeviceBuffers, backend: &Arc<Backend>) -> bool {
 fn launch<A: KernelArgs>(
     ctx: &mut ExecContext,
     operator: &str,
+    detectors: &[String],
     kernel: Kernel,
     mut target: Target<'_>,
     mut specs: Vec<Spec<'_>>,
@@ -282,6 +303,7 @@ fn launch<A: KernelArgs>(
             kernel,
             backend: backend.to_string(),
             observation: observation.clone(),
+            detectors: detectors.to_vec(),
             source,
         }))
     };
@@ -582,6 +604,7 @@ pub fn pointing_detector(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::PointingDetector,
         Target { ob: Some(ob), meta },
         specs,
@@ -640,6 +663,7 @@ pub fn pixels_healpix(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::PixelsHealpix,
         Target { ob: Some(ob), meta },
         specs,
@@ -678,6 +702,7 @@ pub fn stokes_weights_i(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::StokesWeightsI,
         Target { ob: Some(ob), meta },
         specs,
@@ -749,6 +774,7 @@ pub fn stokes_weights_iqu(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::StokesWeightsIqu,
         Target { ob: Some(ob), meta },
         specs,
@@ -859,6 +885,7 @@ pub fn scan_map(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::ScanMap,
         Target { ob: Some(ob), meta },
         specs,
@@ -935,6 +962,7 @@ pub fn build_noise_weighted(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::BuildNoiseWeighted,
         Target { ob: Some(ob), meta },
         specs,
@@ -983,6 +1011,7 @@ pub fn noise_weight(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::NoiseWeight,
         Target { ob: Some(ob), meta },
         specs,
@@ -1051,6 +1080,7 @@ pub fn offset_add_to_signal(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::TemplateOffsetAddToSignal,
         Target { ob: Some(ob), meta },
         specs,
@@ -1100,6 +1130,7 @@ pub fn offset_project_signal(
     launch(
         ctx,
         call.operator,
+        call.detectors,
         Kernel::TemplateOffsetProjectSignal,
         Target { ob: Some(ob), meta },
         specs,
@@ -1143,6 +1174,7 @@ pub fn offset_apply_diag_precond(
     launch(
         ctx,
         operator,
+        &[],
         Kernel::TemplateOffsetApplyDiagPrecond,
         Target { ob: None, meta },
         specs,

@@ -456,7 +456,11 @@ fn run_inner(
         for op in ops.iter_mut() {
             let r = run_step(&mut **op, data, ctx, scope.accel);
             if let Err(e) = r {
-                result = Err(e.in_operator(op.name()));
+                // Kernel errors already name their operator.
+                let named = e
+                    .to_string()
+                    .starts_with(&format!("operator '{}'", op.name()));
+                result = Err(if named { e } else { e.in_operator(op.name()) });
                 break 'passes;
             }
         }
