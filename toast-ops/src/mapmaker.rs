@@ -233,7 +233,9 @@ impl Default for MapMakerSetup {
 /// How the PCG solve ended, and the products it left in `data.meta`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MapMakerResult {
-    /// PCG iterations run (LHS applications).
+    /// PCG iterations run, i.e. LHS applications (TOAST logs the 0-based
+    /// index of the last one, `iterations - 1`, as "converged after N
+    /// iterations").
     pub iterations: usize,
     /// Whether the convergence criterion was met.
     pub converged: bool,

@@ -576,3 +576,85 @@ fn map_statistics_follow_toast() {
     );
     let _ = Arc::clone(m.distribution());
 }
+
+/// A run the size of TOAST's `tiny` satellite case (12 detectors, 360 000
+/// samples at 100 Hz, nside 1024 with nside_submap 16, one baseline per
+/// detector), for timing by hand:
+/// `cargo test --release -p toast-ops --test mapmaker -- --ignored --nocapture tiny`.
+/// It prints timings and checks nothing about them.
+#[test]
+#[ignore = "manual timing run"]
+fn tiny_sized_run_for_timing() {
+    let scan = Scan {
+        n_obs: 1,
+        n_samples: 360_000,
+        rate: 100.0,
+        n_pairs: 6,
+        spin_period: 600.0,
+        prec_period: 3000.0,
+        prec_angle: 65.0,
+        spin_angle: 30.0,
+        det_spacing: 0.0,
+    };
+    let nside = 1024;
+    for full_pointing in [false, true] {
+        let reg = registry(2);
+        let mut ctx = context(&reg, "");
+        let mut data = make_data(&scan);
+        make_sky(&mut data, nside, 16);
+        scan_sky(&mut data, &mut ctx, nside, 16);
+        data.meta.remove("sky");
+        add_offsets(&mut data, 36_000, 1.0);
+        for ob in &mut data.obs {
+            let sig = ob.detdata.get_mut(defaults::DET_DATA).unwrap();
+            for (i, x) in sig.data_mut::<f64>().unwrap().iter_mut().enumerate() {
+                *x += 0.1 * hash01(5, i as u64);
+            }
+        }
+        let mut s = MapMakerSetup {
+            pixels: PixelsHealpixConfig {
+                nside,
+                nside_submap: 16,
+                ..PixelsHealpixConfig::default()
+            },
+            weights: StokesWeightsConfig {
+                mode: StokesMode::IQU,
+                ..StokesWeightsConfig::default()
+            },
+            ..MapMakerSetup::default()
+        };
+        s.binner.pixel_dist = "pix_dist".into();
+        s.binner.full_pointing = full_pointing;
+        s.mapmaker.solve_rcond_threshold = 1e-6;
+        s.mapmaker.map_rcond_threshold = 1e-6;
+        let mut mm = MapMaker::new(s).unwrap();
+        let t0 = std::time::Instant::now();
+        let res = mm.run(&mut data, &mut ctx).unwrap();
+        let dt = t0.elapsed().as_secs_f64();
+        let st = map(&data, &res.map).stats();
+        eprintln!(
+            "full_pointing={full_pointing}: {dt:.2} s, {} iterations, {} amplitudes ({} flagged), \
+             cut {}/{}, initial residual {:e}, residuals {:?}, rms {:?}",
+            res.iterations,
+            res.n_amplitudes,
+            res.n_flagged_amplitudes,
+            res.solver_cut_samples,
+            res.solver_total_samples,
+            res.initial_residual,
+            res.residuals,
+            st.rms
+        );
+        let mut timers: Vec<(String, f64, u64)> = ctx
+            .timers
+            .names()
+            .map(|n| {
+                let t = ctx.timers.get(n).unwrap();
+                (n.to_string(), t.seconds(), t.calls())
+            })
+            .collect();
+        timers.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (n, s, c) in timers.iter().take(25) {
+            eprintln!("  {s:9.3} s {c:6}  {n}");
+        }
+    }
+}
