@@ -47,6 +47,15 @@
 //!   the map's monopole absorbs) is left as TOAST leaves it: CG from zero
 //!   does not excite it, and nothing removes it.
 //!
+//! # Not implemented
+//!
+//! TOAST options outside the satellite benchmark's path are refused by the
+//! configuration (unknown keys) or by validation: the offset noise prior and
+//! its banded/Toeplitz preconditioners (`baselines.use_noise_prior`), the
+//! pixel mask (`mapmaker.mask`), Monte-Carlo mode (`mc_mode`), detector
+//! splits (`focalplane_key`, `pattern`), QU-only Stokes weights, detector
+//! calibration tables and coordinate rotations of the boresight.
+//!
 //! # Determinism
 //!
 //! The CG vectors live on the host and every dot product and update runs
@@ -192,9 +201,16 @@ impl MapMakerConfig {
 /// Everything a map-maker is built from: the configuration sections TOAST's
 /// satellite workflow exposes (`mapmaker`, `baselines`, `binner`,
 /// `binner_final`, `det_pointing`, `pixels`, `weights`, `pixels_final`).
-#[derive(Debug, Clone, PartialEq)]
+///
+/// It deserializes from a table with those sections (each optional, each
+/// strict about its own keys); other top-level sections are ignored, so a
+/// whole job configuration can be read into it. `pixels_final` and
+/// `binner_final` are used only when present and `enabled`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
 pub struct MapMakerSetup {
-    /// Instance name (prefix of the product keys).
+    /// Instance name (prefix of the product keys; not read from a configuration).
+    #[serde(skip)]
     pub name: String,
     /// Map-maker parameters.
     pub mapmaker: MapMakerConfig,
@@ -388,7 +404,7 @@ impl MapMaker {
         let pixels =
             PixelsHealpix::new("pixels", setup.pixels.clone(), setup.det_pointing.clone())?;
         let solve_pointing = PointingOps::new(det_pointing.clone(), pixels, weights.clone());
-        let final_pointing = match &setup.pixels_final {
+        let final_pointing = match setup.pixels_final.as_ref().filter(|p| p.enabled) {
             Some(p) => Some(PointingOps::new(
                 det_pointing,
                 PixelsHealpix::new("pixels_final", p.clone(), setup.det_pointing.clone())?,
@@ -1064,6 +1080,7 @@ impl MapMaker {
         let scan = ScanMap::new(
             "scan_map",
             ScanMapConfig {
+                enabled: true,
                 det_data: keys.temp.clone(),
                 det_mask: binner.det_mask,
                 view: view.clone(),
@@ -1079,6 +1096,7 @@ impl MapMaker {
         let nw = NoiseWeight::new(
             "noise_weight",
             NoiseWeightConfig {
+                enabled: true,
                 noise_model: binner.noise_model.clone(),
                 view,
                 det_data: keys.temp.clone(),

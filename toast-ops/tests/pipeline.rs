@@ -308,4 +308,27 @@ fn configuration_uses_toast_names_and_rejects_unknown_ones() {
     let px: toast_ops::ops::PixelsHealpixConfig =
         serde_json::from_str(r#"{"nside": 1024, "nside_submap": 16, "nest": true}"#).unwrap();
     assert_eq!(px.nside, 1024);
+
+    // A whole job configuration: the map-maker's sections are picked out,
+    // other sections ignored, each section strict about its keys.
+    let setup: toast_ops::MapMakerSetup = serde_json::from_str(
+        r#"{"sim_satellite": {"hwp_rpm": null},
+            "mapmaker": {"iter_max": 20, "solve_rcond_threshold": 1e-6},
+            "baselines": {"step_time": 600.0},
+            "binner": {"pixel_dist": "pix_dist"},
+            "pixels": {"nside": 64},
+            "weights": {"mode": "IQU"},
+            "pixels_final": {"enabled": false}}"#,
+    )
+    .unwrap();
+    assert_eq!(setup.name, "mapmaker");
+    assert_eq!(setup.mapmaker.iter_max, 20);
+    assert_eq!(setup.baselines.step_time, 600.0);
+    assert_eq!(setup.pixels.nside, 64);
+    assert!(setup.binner_final.is_none());
+    assert!(!setup.pixels_final.as_ref().unwrap().enabled);
+    let e = serde_json::from_str::<toast_ops::MapMakerSetup>(r#"{"binner": {"nsid": 4}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nsid"), "{e}");
 }

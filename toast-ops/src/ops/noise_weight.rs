@@ -145,6 +145,8 @@ pub fn detector_weights(ob: &Observation, key: &str, dets: &[String]) -> Result<
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NoiseWeightConfig {
+    /// Whether the operator runs (TOAST's `enabled`).
+    pub enabled: bool,
     /// Observation metadata key of the noise model.
     pub noise_model: String,
     /// Interval list (`None`: every sample).
@@ -158,6 +160,7 @@ pub struct NoiseWeightConfig {
 impl Default for NoiseWeightConfig {
     fn default() -> Self {
         NoiseWeightConfig {
+            enabled: true,
             noise_model: defaults::NOISE_MODEL.into(),
             view: None,
             det_data: defaults::DET_DATA.into(),
@@ -209,6 +212,9 @@ impl Operator for NoiseWeight {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
         let c = &self.config;
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
