@@ -284,6 +284,11 @@ pub fn invert_covariance(
 /// `map = cov · map` per pixel (TOAST's `cov_apply_diag`).
 pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Result<(), OpError> {
     let nnz = map.n_value();
+    if nnz == 0 || nnz > 16 {
+        return Err(OpError::Config(format!(
+            "cannot apply a covariance to a map with {nnz} values per pixel (1 to 16 supported)"
+        )));
+    }
     if cov.n_value() != block_size(nnz) {
         return Err(OpError::Config(format!(
             "cannot apply a covariance with {} values per pixel to a map with {nnz} values per \

@@ -547,6 +547,17 @@ impl MapMaker {
         if full {
             let mut ops = self.solve_pointing.operators();
             run_operators("pointing", &mut ops, data, ctx, &RunOptions::default())?;
+            // Nothing reads the quaternions again unless the final maps
+            // have their own pixelization: free the host copy (32 bytes a
+            // sample). A staged device copy stays until the scope closes.
+            let quats = self.setup.det_pointing.quats.clone();
+            if self.final_pointing.is_none() && !self.preexisting.contains(&quats) {
+                for ob in &mut data.obs {
+                    if ob.detdata.contains(&quats) {
+                        ob.detdata.remove(&quats)?;
+                    }
+                }
+            }
         }
 
         // Pixel distribution of the solve.

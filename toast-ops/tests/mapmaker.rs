@@ -409,6 +409,10 @@ fn requirements_hold_before_and_after() {
 }
 
 fn run_on(policy: &str) -> (Data, MapMakerResult, ExecContext) {
+    run_on_with(policy, false)
+}
+
+fn run_on_with(policy: &str, full_pointing: bool) -> (Data, MapMakerResult, ExecContext) {
     let scan = Scan::default();
     let reg = registry(2);
     let mut ctx = context(&reg, policy);
@@ -421,6 +425,7 @@ fn run_on(policy: &str) -> (Data, MapMakerResult, ExecContext) {
     s.mapmaker.keep_solver_products = true;
     s.mapmaker.save_cleaned = true;
     s.mapmaker.overwrite_cleaned = true;
+    s.binner.full_pointing = full_pointing;
     let mut mm = MapMaker::new(s).unwrap();
     let res = mm.run(&mut data, &mut ctx).unwrap();
     (data, res, ctx)
@@ -514,6 +519,42 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
         "{timers:?}"
     );
     assert!(!timers.iter().any(|t| t.contains("[cpu]")), "{timers:?}");
+}
+
+#[test]
+fn device_backend_with_cached_pointing() {
+    let (cpu_data, cpu_res, _) = run_on_with("", true);
+    let (dev_data, dev_res, ctx) = run_on_with("run=fakedev", true);
+    assert_eq!(cpu_res, dev_res);
+    assert_same_maps(&cpu_data, &dev_data, &cpu_res);
+    let unstaged = ctx
+        .extensions
+        .get::<UnstagedTransfers>()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
+    let rep = ctx.extensions.get::<StagingReports>().unwrap();
+    let n_obs = dev_data.obs.len() as u64;
+    // Computed once on the device, brought back once for the host passes
+    // (hits, covariance, rcond mask) and kept.
+    assert_eq!(rep.copies("detdata.pixels"), (0, n_obs));
+    assert_eq!(rep.copies("detdata.weights"), (0, n_obs));
+    assert_eq!(rep.copies("detdata.quats"), (0, 0));
+    for (a, b) in cpu_data.obs.iter().zip(&dev_data.obs) {
+        assert!(!a.detdata.contains("quats") && !b.detdata.contains("quats"));
+        assert_eq!(
+            a.detdata.get("pixels").unwrap().as_bytes(),
+            b.detdata.get("pixels").unwrap().as_bytes()
+        );
+        assert_eq!(
+            a.detdata.get("weights").unwrap().as_bytes(),
+            b.detdata.get("weights").unwrap().as_bytes()
+        );
+    }
+    // Same maps as recomputing the pointing in every pass.
+    let (rec_data, rec_res, _) = run_on_with("", false);
+    assert_eq!(rec_res, cpu_res);
+    assert_same_maps(&rec_data, &cpu_data, &cpu_res);
 }
 
 #[test]
