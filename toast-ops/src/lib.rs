@@ -14,7 +14,7 @@
 //!   `StokesWeights`, `ScanMap`, `NoiseWeight`, `BuildNoiseWeighted`
 //!   (kernel-backed, `supports_accel() == true`), and the host-only
 //!   `BuildHitMap`, `BuildInverseCovariance`, `BuildPixelDistribution`, plus
-//!   the composite `BinMap`.
+//!   the composites `CovarianceAndHits` and `BinMap`.
 //! * [`pixel_dist`]: `PixelDistribution` (submaps, `global2local`) and
 //!   `PixelData<T>` (local submaps × pixels × values) with TOAST's full-sky
 //!   statistics; [`covariance`]: hits and inverse-covariance accumulation,

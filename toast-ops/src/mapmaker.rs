@@ -72,15 +72,15 @@
 //! amplitude vectors and the map cross the bus (the map because the
 //! covariance is applied on the host, as in TOAST).
 
-use crate::covariance::invert_covariance;
 use crate::global_data::HostArray;
 use crate::kernels::view_intervals;
 use crate::ops::binning::{bin_map, BinPass};
+use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
 use crate::ops::{
-    select_detectors, BinnerConfig, BuildHitMap, BuildInverseCovariance, BuildPixelDistribution,
-    CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, PixelsHealpix, PixelsHealpixConfig,
-    PointingDetector, PointingDetectorConfig, PointingOps, ResetData, ScanMap, ScanMapConfig,
-    StokesWeights, StokesWeightsConfig,
+    select_detectors, BinnerConfig, BuildPixelDistribution, CopyDetData, FlagSelection,
+    NoiseWeight, NoiseWeightConfig, PixelsHealpix, PixelsHealpixConfig, PointingDetector,
+    PointingDetectorConfig, PointingOps, ResetData, ScanMap, ScanMapConfig, StokesWeights,
+    StokesWeightsConfig,
 };
 use crate::pipeline::{
     close_scope, open_scope, pipeline_backend, run_operators, with_host_step, OpRef, RunOptions,
@@ -741,7 +741,8 @@ impl MapMaker {
         run_operators(name, &mut all, data, ctx, &RunOptions::default())
     }
 
-    /// Hits, inverse covariance, inversion with `threshold`.
+    /// Hits, inverse covariance, inversion with `threshold`, with the
+    /// solver's or the final pointing (expanded first when `expand`).
     #[allow(clippy::too_many_arguments)]
     fn covariance_and_hits(
         &mut self,
@@ -754,82 +755,31 @@ impl MapMaker {
         expand: bool,
         final_pointing: bool,
     ) -> Result<(), OpError> {
-        for key in [k.hits, k.cov, k.rcond] {
-            data.meta.remove(key);
-        }
         let ops = if final_pointing {
-            self.final_ops()
+            self.final_ops_mut()
         } else {
-            &self.solve_pointing
+            &mut self.solve_pointing
         };
         let (pix, wts, view) = (
             ops.pixels_field().to_string(),
             ops.weights_field().to_string(),
             ops.view().map(str::to_string),
         );
-        let mut hits = BuildHitMap::new(
-            "build_hits",
-            k.pixel_dist,
-            k.hits,
-            &pix,
-            view.clone(),
-            flags.clone(),
-        );
-        let mut invcov = BuildInverseCovariance::new(
-            "build_invcov",
-            k.pixel_dist,
-            k.cov,
-            &pix,
-            &wts,
-            noise_model,
-            view,
+        let pass = CovPass {
+            name: "CovarianceAndHits",
+            pixel_dist: k.pixel_dist,
+            hits: k.hits,
+            covariance: k.cov,
+            rcond: k.rcond,
+            inverse_covariance: k.invcov,
+            pixels: &pix,
+            weights: &wts,
+            view: view.as_deref(),
             flags,
-        );
-        self.run_with_pointing(
-            data,
-            ctx,
-            "CovarianceAndHits",
-            expand,
-            final_pointing,
-            vec![&mut hits, &mut invcov],
-        )?;
-        let (cov, rcond, invcov_key) = (
-            k.cov.to_string(),
-            k.rcond.to_string(),
-            k.invcov.map(str::to_string),
-        );
-        let mut provides = Requirements::new().global(&cov).global(&rcond);
-        if let Some(i) = &invcov_key {
-            provides.add(Category::Global, i);
-        }
-        with_host_step(
-            data,
-            ctx,
-            "covariance_invert",
-            Requirements::new().global(&cov),
-            provides,
-            |data, _| {
-                let mut c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
-                if let Some(i) = &invcov_key {
-                    data.meta.set_object(i, c.clone());
-                }
-                let r = invert_covariance(&mut c, threshold)?;
-                let good: Vec<f64> = r.data().iter().copied().filter(|&x| x > 0.0).collect();
-                let (lo, hi) = good
-                    .iter()
-                    .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
-                if good.is_empty() || hi < 1e-10 {
-                    tracing::warn!("there are no valid pixels (rcond max {hi})");
-                } else {
-                    tracing::debug!(
-                        "pixel covariance condition number range = {lo:.3e} ... {hi:.3e}"
-                    );
-                }
-                data.meta.set_object(&cov, c);
-                data.meta.set_object(&rcond, r);
-                Ok(())
-            },
-        )
+            noise_model,
+            threshold,
+        };
+        covariance_and_hits(data, ctx, pass, expand.then_some(ops))
     }
 
     /// 5a-5e. Returns the template and the solved amplitudes, or `None` when
