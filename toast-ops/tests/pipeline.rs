@@ -382,8 +382,8 @@ fn standalone_covariance_and_binning_reproduce_the_sky() {
             if rcond.data()[i] >= 1e-3 {
                 n_good += 1;
                 let s = sky.pixel(m.distribution().global_pixel(i)).unwrap();
-                for k in 0..3 {
-                    let e = (m.data()[3 * i + k] - s[k]).abs();
+                for (k, (x, y)) in m.data()[3 * i..3 * i + 3].iter().zip(s).enumerate() {
+                    let e = (x - y).abs();
                     assert!(
                         e < 1e-10,
                         "{policy:?}: pixel {i} component {k}: error {e:e}"
