@@ -17,7 +17,7 @@ reads it and checks the direction error (< 10", currently 0.31").
 
 Run with the TOAST environment (astropy + ERFA):
 
-    /work/toastenv/bin/python toast-ops/scripts/check_ephemeris.py
+    env/bin/python toast-ops/scripts/check_ephemeris.py
 """
 
 import os

@@ -18,7 +18,7 @@ Writes toast-ops/tests/data/satsim/noise_vectors.txt with records:
 
 Run with the TOAST environment:
 
-    /work/toastenv/bin/python toast-ops/scripts/satsim_noise_vectors.py
+    env/bin/python toast-ops/scripts/satsim_noise_vectors.py
 """
 
 import os

@@ -3,7 +3,7 @@
 
 Run with the TOAST 3.0.6 environment:
 
-    /work/toastenv/bin/python toast-ops/scripts/satsim_qarray_vectors.py
+    env/bin/python toast-ops/scripts/satsim_qarray_vectors.py
 
 Output: toast-ops/tests/data/satsim/qarray_vectors.txt, one record per line:
 

@@ -21,7 +21,7 @@ UTC, 1-hour observations at 100 Hz, precession 65 deg / 50 min, spin
 
 Run with the TOAST 3.0.6 environment:
 
-    /work/toastenv/bin/python toast-ops/scripts/satsim_satellite_vectors.py
+    env/bin/python toast-ops/scripts/satsim_satellite_vectors.py
 """
 
 import argparse

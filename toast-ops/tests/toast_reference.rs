@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! TOAST_REF_DIR=/tmp/mm cargo test -p toast-ops --test toast_reference -- --ignored export
-//! /work/toastenv/bin/python toast-ops/scripts/mapmaker_vs_toast.py /tmp/mm toast-ops/tests/data/mapmaker_toast
+//! env/bin/python toast-ops/scripts/mapmaker_vs_toast.py /tmp/mm toast-ops/tests/data/mapmaker_toast
 //! ```
 
 mod common;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that healpy (and astropy) read the FITS maps toast-ops writes.
 
-    /work/toastenv/bin/python toast-ops/tests/data/check_fits_with_healpy.py
+    env/bin/python toast-ops/tests/data/check_fits_with_healpy.py
 
 Runs the Rust test `write_files_for_healpy_check` (toast-ops/tests/fits_io.rs)
 with TOAST_OPS_FITS_OUT set to a temporary directory, then reads the files

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Full-map comparison of toast-ops' synthesis with healpy.alm2map.
 
-    /work/toastenv/bin/python toast-ops/tests/data/check_sht_with_healpy.py
+    env/bin/python toast-ops/tests/data/check_sht_with_healpy.py
 
 Runs the Rust test `write_full_maps_for_healpy_check` (tests/sht_vectors.rs)
 with TOAST_OPS_SHT_OUT set to a temporary directory; it writes I, Q, U maps

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare the toast-ops synthetic sky with TOAST's benchmark input sky.
 
-    /work/toastenv/bin/python toast-ops/tests/data/check_sky_vs_toast.py [WORKDIR]
+    env/bin/python toast-ops/tests/data/check_sky_vs_toast.py [WORKDIR]
 
 1. Makes TOAST's map with toast.scripts.benchmarking_utilities.create_input_maps
    (healpy.synfast, nside 1024, 151 MB) in WORKDIR unless already there.

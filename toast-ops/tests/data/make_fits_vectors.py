@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write small healpy-made HEALPix FITS files for toast-ops/tests/fits_io.rs.
 
-    /work/toastenv/bin/python toast-ops/tests/data/make_fits_vectors.py
+    env/bin/python toast-ops/tests/data/make_fits_vectors.py
 
 Values are a deterministic function of the RING pixel index r and field f, so
 the Rust test recomputes them:

@@ -2,7 +2,7 @@
 """Generate HEALPix test vectors with healpy for toast-ops/tests/healpix_vectors.rs.
 
 Run from anywhere with a Python that has healpy and numpy, e.g.
-    /work/toastenv/bin/python toast-ops/tests/data/make_healpix_vectors.py
+    env/bin/python toast-ops/tests/data/make_healpix_vectors.py
 It (re)writes healpix_*.txt next to this script. Floats are written with
 repr() (17 significant digits), so the Rust side parses them exactly.
 """

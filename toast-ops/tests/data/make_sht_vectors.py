@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """healpy.alm2map reference values for toast-ops/tests/sht_vectors.rs.
 
-    /work/toastenv/bin/python toast-ops/tests/data/make_sht_vectors.py
+    env/bin/python toast-ops/tests/data/make_sht_vectors.py
 
 The a_lm are a deterministic formula (alm_formula below, mirrored in the Rust
 test), so only sampled map values are committed: every pixel of the first and
