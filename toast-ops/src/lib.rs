@@ -1,4 +1,44 @@
-//! toast-ops: operators and pipelines.
+//! toast-ops: operators, pipelines, map containers and the destriping
+//! map-maker of toast-rs.
+//!
+//! # Layers of this crate
+//!
+//! * [`kernels`]: the kernel call layer. One safe function per TOAST kernel
+//!   runs it for a set of detectors of an observation on the backend the
+//!   dispatcher resolves (kernel > operator > pipeline > run > cpu), timed
+//!   under the resolved timer name, with host addresses for host-addressable
+//!   backends and the device handles of staged fields otherwise (temporary
+//!   copies, counted as unstaged transfers, when a field was not staged).
+//! * [`ops`]: operators with TOAST's names, traits and defaults, each with
+//!   exact `requires()`/`provides()`: `PointingDetector`, `PixelsHealpix`,
+//!   `StokesWeights`, `ScanMap`, `NoiseWeight`, `BuildNoiseWeighted`
+//!   (kernel-backed, `supports_accel() == true`), and the host-only
+//!   `BuildHitMap`, `BuildInverseCovariance`, `BuildPixelDistribution`, plus
+//!   the composite `BinMap`.
+//! * [`pixel_dist`]: `PixelDistribution` (submaps, `global2local`) and
+//!   `PixelData<T>` (local submaps × pixels × values) with TOAST's full-sky
+//!   statistics; [`covariance`]: hits and inverse-covariance accumulation,
+//!   per-pixel eigendecomposition with the rcond cut, `cov_apply`;
+//!   [`global_data`]: which global objects have a device form.
+//! * [`pipeline`]: TOAST's `Pipeline` (detector sets, a pipeline-level
+//!   backend) with data staging: data moves to a non-host-addressable device
+//!   once per staging scope, following toast-core's staging plan.
+//! * [`templates`]: the offset template; [`mapmaker`]: the destriping
+//!   `MapMaker` (TOAST's solver steps 5a–5i, PCG with the diagonal
+//!   preconditioner), configured by serde structs named as TOAST names its
+//!   operator traits.
+//!
+//! # Conventions
+//!
+//! Fields, keys and defaults are TOAST's (`signal`, `flags`, `quats`,
+//! `pixels`, `weights`, `noise_model`; detector masks, shared masks). Data
+//! products of the map-maker live in `Data::meta` under TOAST's names
+//! (`mapmaker_hits`, `mapmaker_map`, ...). Errors name the observation,
+//! detector, field or key involved; nothing panics on bad input. Results are
+//! deterministic: reductions run in a fixed order, so one and several threads
+//! give the same bits.
+//!
+//! # Simulation building blocks
 //!
 //! Standalone building blocks of the satellite simulation and map-making
 //! (plain functions over slices and small structs, independent of the
@@ -17,14 +57,26 @@
 //!   (TOAST's power spectra and beam, Philox-seeded a_lm, band-limited synthesis).
 //! * [`plot`]: Mollweide-projection PNG rendering of I/Q/U maps.
 
+pub mod covariance;
 pub mod ephemeris;
 pub mod fits;
 pub mod focalplane;
+pub mod global_data;
 pub mod healpix;
+pub mod kernels;
+pub mod mapmaker;
 pub mod noise;
+pub mod ops;
+pub mod pipeline;
+pub mod pixel_dist;
 pub mod plot;
 pub mod qarray;
 pub mod satellite;
 pub mod sht;
 pub mod sky;
+pub mod templates;
 pub mod uid;
+
+pub use mapmaker::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
+pub use pipeline::{DetectorSets, Pipeline};
+pub use pixel_dist::{MapStats, PixelData, PixelDistribution};

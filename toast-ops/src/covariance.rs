@@ -1,0 +1,453 @@
+//! The pixel-domain white-noise covariance: accumulation of hits and of the
+//! inverse covariance, per-pixel inversion with a condition-number cut, and
+//! application to a noise-weighted map.
+//!
+//! The inverse covariance of a pixel is the symmetric `nnz × nnz` matrix
+//! `Σ_samples w_det · p pᵀ` (`p` the Stokes weights of the sample, `w_det`
+//! the detector's noise weight). It is stored, as in TOAST, as the upper
+//! triangle row by row (`(0,0) (0,1) (0,2) (1,1) (1,2) (2,2)` for IQU), that
+//! is `nnz (nnz + 1) / 2` values per pixel.
+//!
+//! [`invert_covariance`] follows TOAST's `cov_eigendecompose_diag`: an
+//! eigendecomposition of each pixel's matrix (here by cyclic Jacobi
+//! rotations, which are exact to rounding for these tiny matrices and need
+//! no LAPACK), `rcond = λ_min / λ_max` (0 when `λ_max <= 0`), and the
+//! inverse `V diag(1/λ) Vᵀ` when `rcond >= threshold`; otherwise, and for
+//! unhit pixels, the pixel is cut: its covariance is set to zero. For
+//! `nnz = 1` TOAST takes a shortcut that we keep: `rcond = 1` everywhere and
+//! the value is inverted where it is non-zero. [`apply_covariance`] is
+//! `cov_apply_diag`: `m = C z` per pixel.
+//!
+//! Every pixel is independent, so the inversion and the application run in
+//! parallel over pixels and give the same bits for any thread count. The
+//! accumulation helpers are sequential (detector, interval, sample order),
+//! so their sums are deterministic too.
+
+use crate::pixel_dist::{PixelData, PixelDistribution};
+use rayon::prelude::*;
+use std::sync::Arc;
+use toast_core::OpError;
+
+/// Values per pixel of a packed symmetric `nnz × nnz` matrix.
+pub fn block_size(nnz: usize) -> usize {
+    nnz * (nnz + 1) / 2
+}
+
+/// The `nnz` of a packed matrix with `block` values per pixel, if any.
+pub fn nnz_of_block(block: usize) -> Option<usize> {
+    (1..=16).find(|&n| block_size(n) == block)
+}
+
+/// A pixel outside the local submaps met while accumulating.
+fn pixel_error(
+    what: &str,
+    observation: &str,
+    detector: &str,
+    sample: usize,
+    pix: i64,
+    dist: &PixelDistribution,
+) -> OpError {
+    OpError::Config(format!(
+        "{what}: observation '{observation}', detector '{detector}', sample {sample}: pixel \
+         {pix} is not in a local submap of the pixel distribution ({} pixels, {} of {} \
+         submaps local); was the distribution built from this pointing?",
+        dist.n_pix(),
+        dist.n_local_submap(),
+        dist.n_submap()
+    ))
+}
+
+/// Where one detector's samples come from, for the accumulation helpers.
+#[derive(Debug, Clone, Copy)]
+pub struct DetSamples<'a> {
+    /// Observation name (for errors).
+    pub observation: &'a str,
+    /// Detector name (for errors).
+    pub detector: &'a str,
+    /// The detector's pixels (one per sample).
+    pub pixels: &'a [i64],
+    /// Sample ranges to use, `[first, last)`.
+    pub ranges: &'a [(usize, usize)],
+}
+
+/// Add one hit per unflagged sample with a valid pixel (TOAST's
+/// `cov_accum_diag_hits`). `flagged(s)` tells whether sample `s` is cut.
+pub fn accum_hits(
+    dist: &PixelDistribution,
+    hits: &mut [i64],
+    det: DetSamples<'_>,
+    flagged: impl Fn(usize) -> bool,
+) -> Result<(), OpError> {
+    for &(first, last) in det.ranges {
+        for s in first..last {
+            let pix = det.pixels[s];
+            if pix < 0 || flagged(s) {
+                continue;
+            }
+            let i = dist.local_index(pix).ok_or_else(|| {
+                pixel_error("hit map", det.observation, det.detector, s, pix, dist)
+            })?;
+            hits[i] += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Add `detweight · p pᵀ` (upper triangle) for each unflagged sample with a
+/// valid pixel (TOAST's `cov_accum_diag_invnpp`). `weights` holds `nnz`
+/// values per sample.
+pub fn accum_inverse_covariance(
+    dist: &PixelDistribution,
+    invcov: &mut [f64],
+    nnz: usize,
+    det: DetSamples<'_>,
+    weights: &[f64],
+    detweight: f64,
+    flagged: impl Fn(usize) -> bool,
+) -> Result<(), OpError> {
+    let block = block_size(nnz);
+    for &(first, last) in det.ranges {
+        for s in first..last {
+            let pix = det.pixels[s];
+            if pix < 0 || flagged(s) {
+                continue;
+            }
+            let i = dist.local_index(pix).ok_or_else(|| {
+                pixel_error(
+                    "inverse covariance",
+                    det.observation,
+                    det.detector,
+                    s,
+                    pix,
+                    dist,
+                )
+            })?;
+            let w = &weights[s * nnz..(s + 1) * nnz];
+            let out = &mut invcov[i * block..(i + 1) * block];
+            let mut off = 0;
+            for j in 0..nnz {
+                for k in j..nnz {
+                    out[off] += detweight * w[j] * w[k];
+                    off += 1;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Unpack a packed symmetric block into a full row-major matrix.
+fn unpack(packed: &[f64], nnz: usize, full: &mut [f64]) {
+    let mut off = 0;
+    for j in 0..nnz {
+        for k in j..nnz {
+            full[j * nnz + k] = packed[off];
+            full[k * nnz + j] = packed[off];
+            off += 1;
+        }
+    }
+}
+
+/// Eigenvalues and eigenvectors of a symmetric matrix by cyclic Jacobi
+/// rotations. `a` (row-major `n × n`) is destroyed; on return `evals` holds
+/// the eigenvalues and the columns of `v` the eigenvectors. Returns false if
+/// the iteration did not converge (or met a non-finite value).
+pub fn jacobi_eigen(a: &mut [f64], n: usize, evals: &mut [f64], v: &mut [f64]) -> bool {
+    for (i, x) in v.iter_mut().enumerate() {
+        *x = if i / n == i % n { 1.0 } else { 0.0 };
+    }
+    if a.iter().any(|x| !x.is_finite()) {
+        return false;
+    }
+    let mut converged = false;
+    for _sweep in 0..64 {
+        let mut off = 0.0;
+        let mut diag = 0.0;
+        for p in 0..n {
+            diag += a[p * n + p] * a[p * n + p];
+            for q in p + 1..n {
+                off += a[p * n + q] * a[p * n + q];
+            }
+        }
+        if off == 0.0 || off <= 1e-34 * diag {
+            converged = true;
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = a[p * n + q];
+                if apq == 0.0 {
+                    continue;
+                }
+                let app = a[p * n + p];
+                let aqq = a[q * n + q];
+                let theta = 0.5 * (aqq - app) / apq;
+                let mut t = 1.0 / (theta.abs() + (theta * theta + 1.0).sqrt());
+                if theta < 0.0 {
+                    t = -t;
+                }
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                a[p * n + p] = app - t * apq;
+                a[q * n + q] = aqq + t * apq;
+                a[p * n + q] = 0.0;
+                a[q * n + p] = 0.0;
+                for r in 0..n {
+                    if r != p && r != q {
+                        let arp = a[r * n + p];
+                        let arq = a[r * n + q];
+                        let np = c * arp - s * arq;
+                        let nq = s * arp + c * arq;
+                        a[r * n + p] = np;
+                        a[p * n + r] = np;
+                        a[r * n + q] = nq;
+                        a[q * n + r] = nq;
+                    }
+                }
+                for r in 0..n {
+                    let vrp = v[r * n + p];
+                    let vrq = v[r * n + q];
+                    v[r * n + p] = c * vrp - s * vrq;
+                    v[r * n + q] = s * vrp + c * vrq;
+                }
+            }
+        }
+    }
+    for (i, e) in evals.iter_mut().enumerate() {
+        *e = a[i * n + i];
+    }
+    converged && evals.iter().all(|e| e.is_finite())
+}
+
+/// Invert one packed block in place; returns its rcond (see the module doc).
+fn invert_block(block: &mut [f64], nnz: usize, threshold: f64) -> f64 {
+    if nnz == 1 {
+        if block[0] != 0.0 {
+            block[0] = 1.0 / block[0];
+        }
+        return 1.0;
+    }
+    let mut a = [0.0f64; 256];
+    let mut v = [0.0f64; 256];
+    let mut evals = [0.0f64; 16];
+    let a = &mut a[..nnz * nnz];
+    let v = &mut v[..nnz * nnz];
+    let evals = &mut evals[..nnz];
+    unpack(block, nnz, a);
+    let mut rcond = 0.0;
+    if jacobi_eigen(a, nnz, evals, v) {
+        let emin = evals.iter().copied().fold(1.0e100, f64::min);
+        let emax = evals.iter().copied().fold(0.0, f64::max);
+        if emax > 0.0 {
+            rcond = emin / emax;
+        }
+        if rcond >= threshold && emin > 0.0 {
+            let mut off = 0;
+            for j in 0..nnz {
+                for k in j..nnz {
+                    let mut x = 0.0;
+                    for (m, e) in evals.iter().enumerate() {
+                        x += v[j * nnz + m] * v[k * nnz + m] / e;
+                    }
+                    block[off] = x;
+                    off += 1;
+                }
+            }
+            return rcond;
+        }
+    }
+    block.iter_mut().for_each(|x| *x = 0.0);
+    rcond
+}
+
+/// Invert every pixel's packed covariance in place, cutting (zeroing) the
+/// pixels whose rcond is below `threshold`; returns the rcond map.
+pub fn invert_covariance(
+    cov: &mut PixelData<f64>,
+    threshold: f64,
+) -> Result<PixelData<f64>, OpError> {
+    let block = cov.n_value();
+    let nnz = nnz_of_block(block).ok_or_else(|| {
+        OpError::Config(format!(
+            "a covariance with {block} values per pixel is not a packed symmetric matrix"
+        ))
+    })?;
+    let mut rcond = PixelData::<f64>::new(Arc::clone(cov.distribution()), 1);
+    cov.data_mut()
+        .par_chunks_mut(block)
+        .zip(rcond.data_mut().par_iter_mut())
+        .with_min_len(1024)
+        .for_each(|(b, r)| *r = invert_block(b, nnz, threshold));
+    Ok(rcond)
+}
+
+/// `map = cov · map` per pixel (TOAST's `cov_apply_diag`).
+pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Result<(), OpError> {
+    let nnz = map.n_value();
+    if cov.n_value() != block_size(nnz) {
+        return Err(OpError::Config(format!(
+            "cannot apply a covariance with {} values per pixel to a map with {nnz} values per \
+             pixel (expected {})",
+            cov.n_value(),
+            block_size(nnz)
+        )));
+    }
+    if cov.distribution() != map.distribution() {
+        return Err(OpError::Config(
+            "the covariance and the map have different pixel distributions".into(),
+        ));
+    }
+    let block = cov.n_value();
+    map.data_mut()
+        .par_chunks_mut(nnz)
+        .zip(cov.data().par_chunks(block))
+        .with_min_len(1024)
+        .for_each(|(m, c)| {
+            let mut out = [0.0f64; 16];
+            let mut off = 0;
+            for j in 0..nnz {
+                for k in j..nnz {
+                    out[j] += c[off] * m[k];
+                    if k != j {
+                        out[k] += c[off] * m[j];
+                    }
+                    off += 1;
+                }
+            }
+            m.copy_from_slice(&out[..nnz]);
+        });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dist() -> Arc<PixelDistribution> {
+        Arc::new(PixelDistribution::new(8, 2, &[1]).unwrap())
+    }
+
+    #[test]
+    fn jacobi_recovers_a_known_decomposition() {
+        // A = R diag(4, 1, 0.25) Rᵀ for a rotation R.
+        let (c, s) = (0.6f64, 0.8f64);
+        let r = [
+            c,
+            -s,
+            0.0,
+            s * 0.5,
+            c * 0.5,
+            -0.75f64.sqrt(),
+            s * 0.75f64.sqrt(),
+            c * 0.75f64.sqrt(),
+            0.5,
+        ];
+        let d = [4.0, 1.0, 0.25];
+        let mut a = [0.0; 9];
+        for i in 0..3 {
+            for j in 0..3 {
+                a[i * 3 + j] = (0..3).map(|k| r[i * 3 + k] * d[k] * r[j * 3 + k]).sum();
+            }
+        }
+        let orig = a;
+        let mut ev = [0.0; 3];
+        let mut v = [0.0; 9];
+        assert!(jacobi_eigen(&mut a, 3, &mut ev, &mut v));
+        let mut sorted = ev;
+        sorted.sort_by(f64::total_cmp);
+        for (e, x) in sorted.iter().zip([0.25, 1.0, 4.0]) {
+            assert!((e - x).abs() < 1e-14, "{sorted:?}");
+        }
+        // A v = λ v
+        for m in 0..3 {
+            for i in 0..3 {
+                let av: f64 = (0..3).map(|k| orig[i * 3 + k] * v[k * 3 + m]).sum();
+                assert!((av - ev[m] * v[i * 3 + m]).abs() < 1e-13);
+            }
+        }
+    }
+
+    #[test]
+    fn invert_and_apply_round_trip() {
+        let mut cov = PixelData::<f64>::new(dist(), 6);
+        // Pixel 0: well conditioned; pixel 1: singular (one direction only);
+        // pixel 2: unhit; pixel 3: diagonal.
+        let p0 = [3.0, 0.5, -0.2, 2.0, 0.1, 1.5];
+        let p1 = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0];
+        let p3 = [2.0, 0.0, 0.0, 4.0, 0.0, 8.0];
+        cov.data_mut()[0..6].copy_from_slice(&p0);
+        cov.data_mut()[6..12].copy_from_slice(&p1);
+        cov.data_mut()[18..24].copy_from_slice(&p3);
+        let inv = cov.clone();
+        let rcond = invert_covariance(&mut cov, 1e-3).unwrap();
+        let r = rcond.data();
+        assert!(r[0] > 0.1 && r[0] <= 1.0);
+        assert!(r[1].abs() < 1e-12);
+        assert_eq!(r[2], 0.0);
+        assert!((r[3] - 0.25).abs() < 1e-15);
+        assert!(
+            cov.data()[6..18].iter().all(|&x| x == 0.0),
+            "cut pixels zeroed"
+        );
+        let d3 = &cov.data()[18..24];
+        for (x, e) in d3.iter().zip([0.5, 0.0, 0.0, 0.25, 0.0, 0.125]) {
+            assert!((x - e).abs() < 1e-15);
+        }
+        // C⁻¹ applied to C z gives z back on the good pixel.
+        let mut m = PixelData::<f64>::new(dist(), 3);
+        m.data_mut()[0..3].copy_from_slice(&[1.0, -2.0, 0.5]);
+        apply_covariance(&inv, &mut m).unwrap();
+        apply_covariance(&cov, &mut m).unwrap();
+        for (x, e) in m.data()[0..3].iter().zip([1.0, -2.0, 0.5]) {
+            assert!((x - e).abs() < 1e-14, "{:?}", &m.data()[0..3]);
+        }
+        assert!(apply_covariance(&rcond, &mut m).is_err());
+    }
+
+    #[test]
+    fn nnz_one_is_toast_shortcut() {
+        let mut cov = PixelData::<f64>::new(dist(), 1);
+        cov.data_mut()[0] = 4.0;
+        let rcond = invert_covariance(&mut cov, 0.5).unwrap();
+        assert_eq!(cov.data(), &[0.25, 0.0, 0.0, 0.0]);
+        assert_eq!(rcond.data(), &[1.0; 4]);
+    }
+
+    #[test]
+    fn accumulation_skips_flags_and_negative_pixels() {
+        let d = dist();
+        let mut hits = vec![0i64; 4];
+        let mut inv = vec![0.0f64; 4 * 3];
+        let pixels = [4, 5, -1, 4, 7, 4];
+        let weights: Vec<f64> = (0..12).map(|i| i as f64).collect();
+        let det = DetSamples {
+            observation: "o",
+            detector: "d",
+            pixels: &pixels,
+            ranges: &[(0, 2), (3, 6)],
+        };
+        accum_hits(&d, &mut hits, det, |s| s == 4).unwrap();
+        assert_eq!(hits, vec![3, 1, 0, 0]);
+        accum_inverse_covariance(&d, &mut inv, 2, det, &weights, 2.0, |s| s == 4).unwrap();
+        // Pixel 4 (local 0): samples 0 (w 0,1) and 3 (w 6,7), and 5 (10,11).
+        assert_eq!(
+            &inv[0..3],
+            &[
+                2.0 * (36.0 + 100.0),
+                2.0 * (42.0 + 110.0),
+                2.0 * (1.0 + 49.0 + 121.0)
+            ]
+        );
+        let bad = [0i64];
+        let det = DetSamples {
+            pixels: &bad,
+            ranges: &[(0, 1)],
+            ..det
+        };
+        let e = accum_hits(&d, &mut hits, det, |_| false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pixel 0 is not in a local submap"), "{e}");
+        assert!(e.contains("observation 'o', detector 'd', sample 0"), "{e}");
+    }
+}

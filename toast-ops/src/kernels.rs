@@ -1,0 +1,1194 @@
+//! The kernel call layer: one safe function per kernel, which runs it for a
+//! set of detectors of one observation on the backend the dispatcher picks.
+//!
+//! # What a call does
+//!
+//! 1. **Dispatch.** The backend comes from the [`Dispatcher`] installed in the
+//!    [`ExecContext`] (`ctx.insert(dispatcher)`), resolved for the kernel and
+//!    the calling operator: kernel override > operator override > pipeline >
+//!    run > `cpu`, with fallback when a backend lacks the kernel. The call is
+//!    timed under [`toast_accel::host::Resolved::timer_name`]
+//!    (`"{operator}.{kernel}[{backend}]"`) in `ctx.timers`, so the timing
+//!    report says what actually ran.
+//! 2. **Arguments.** Small per-detector arrays (index arrays, focalplane
+//!    quaternions, calibration, noise weights, the offset layout) and the
+//!    intervals are host memory, built here. Every large array names its
+//!    source: a detdata or shared field of the observation, or a global item
+//!    of the data (a map, a pixel distribution's `global2local`, template
+//!    amplitudes; see [`crate::global_data`]). Its kernel address is
+//!    * the **host address**, for a host-addressable backend (the CPU plugin);
+//!    * otherwise the **device handle** of the field's mirror in the
+//!      [`DeviceBuffers`] installed in the context, when the pipeline has
+//!      staged it on this backend;
+//!    * otherwise a temporary device copy made by
+//!      [`toast_accel::host::ArrayArg`] (uploaded before the call, an output
+//!      downloaded after): an **unstaged transfer**, counted per buffer in the
+//!      [`UnstagedTransfers`] extension and logged at debug level, because a
+//!      well-staged pipeline never makes one.
+//! 3. **Consistency with the staged copies.** The layer keeps
+//!    [`DeviceBuffers`] truthful whatever ran where: before a call on the
+//!    staging backend it uploads a staged input whose device copy is stale
+//!    (counted as unstaged); before a call elsewhere (the CPU, or a backend a
+//!    kernel override chose) it downloads a staged argument whose device copy
+//!    is newer; after the call it marks the staged outputs as modified on the
+//!    side that wrote them.
+//!
+//! One code path serves every backend; nothing here knows backend names.
+//!
+//! The operator-owned `hit_submaps` array of `pixels_healpix` is *scratch*:
+//! its contents are never read back (the pixel distribution is built from
+//! the pixels on the host, as TOAST does), so on a staging backend it lives
+//! in a device buffer that is created once and never transferred.
+
+use crate::global_data::{global_bytes, global_bytes_mut};
+use crate::pixel_dist::{PixelData, PixelDistribution};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+use toast_accel::abi::{self, Kernel};
+use toast_accel::host::{AccelError, ArrayArg, Backend, Dispatcher, KernelArgs};
+use toast_core::{
+    BufferKey, BufferState, Category, DType, DeviceBuffers, Element, ExecContext, Meta,
+    Observation, OpError,
+};
+
+/// A kernel call that failed, naming the operator, kernel, backend and
+/// observation.
+#[derive(Debug)]
+pub struct KernelError {
+    /// Calling operator.
+    pub operator: String,
+    /// Kernel.
+    pub kernel: Kernel,
+    /// Backend that ran (or would have run) it; empty if dispatch failed.
+    pub backend: String,
+    /// Observation (empty for calls not tied to one).
+    pub observation: String,
+    /// The detectors of the call, in argument order (a backend reports a
+    /// detector by its position in this list).
+    pub detectors: Vec<String>,
+    /// The cause.
+    pub source: AccelError,
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "operator '{}': kernel `{}`", self.operator, self.kernel)?;
+        if !self.backend.is_empty() {
+            write!(f, " on backend `{}`", self.backend)?;
+        }
+        if !self.observation.is_empty() {
+            write!(f, " for observation '{}'", self.observation)?;
+        }
+        write!(f, ": {}", self.source)?;
+        if !self.detectors.is_empty() {
+            const SHOW: usize = 16;
+            let names: Vec<String> = self
+                .detectors
+                .iter()
+                .take(SHOW)
+                .enumerate()
+                .map(|(i, d)| format!("{i} = '{d}'"))
+                .collect();
+            let more = if self.detectors.len() > SHOW {
+                ", ..."
+            } else {
+                ""
+            };
+            write!(f, " (detectors: {}{more})", names.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for KernelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Transfers of one buffer name made because the data was not staged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnstagedCounts {
+    /// Host→device copies.
+    pub uploads: u64,
+    /// Host→device bytes.
+    pub upload_bytes: u64,
+    /// Device→host copies.
+    pub downloads: u64,
+    /// Device→host bytes.
+    pub download_bytes: u64,
+}
+
+/// Unstaged transfers per buffer name (`detdata.signal`, `global.zmap`, ...),
+/// an [`ExecContext`] extension the layer creates on first use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnstagedTransfers {
+    /// Per buffer name.
+    pub per_buffer: BTreeMap<String, UnstagedCounts>,
+}
+
+impl UnstagedTransfers {
+    /// Total number of copies in both directions.
+    pub fn total_calls(&self) -> u64 {
+        self.per_buffer
+            .values()
+            .map(|c| c.uploads + c.downloads)
+            .sum()
+    }
+}
+
+fn count_unstaged(ctx: &mut ExecContext, name: &str, up: bool, bytes: u64, kernel: Kernel) {
+    tracing::debug!(
+        "kernel {kernel}: unstaged {} of {name} ({bytes} bytes)",
+        if up { "upload" } else { "download" }
+    );
+    if ctx.extensions.get::<UnstagedTransfers>().is_none() {
+        ctx.insert(UnstagedTransfers::default());
+    }
+    if let Some(u) = ctx.extensions.get_mut::<UnstagedTransfers>() {
+        let c = u.per_buffer.entry(name.to_string()).or_default();
+        if up {
+            c.uploads += 1;
+            c.upload_bytes += bytes;
+        } else {
+            c.downloads += 1;
+            c.download_bytes += bytes;
+        }
+    }
+}
+
+/// Where the data of a kernel array argument lives on the host.
+#[derive(Debug)]
+enum Source<'a> {
+    /// An absent optional array.
+    Absent,
+    /// A detdata field of the observation.
+    DetData(&'a str),
+    /// A shared field of the observation.
+    Shared(&'a str),
+    /// A global item of the data.
+    Global(&'a str),
+    /// Operator-owned scratch memory whose contents are never needed back.
+    Scratch(&'a mut [u8], &'a str),
+}
+
+/// One kernel array argument.
+#[derive(Debug)]
+struct Spec<'a> {
+    source: Source<'a>,
+    elem_size: usize,
+    output: bool,
+}
+
+impl<'a> Spec<'a> {
+    fn input(source: Source<'a>, elem_size: usize) -> Self {
+        Spec {
+            source,
+            elem_size,
+            output: false,
+        }
+    }
+    fn output(source: Source<'a>, elem_size: usize) -> Self {
+        Spec {
+            source,
+            elem_size,
+            output: true,
+        }
+    }
+    fn key(&self, observation: &str) -> Option<BufferKey> {
+        match self.source {
+            Source::Absent => None,
+            Source::DetData(n) => Some(BufferKey::new(observation, Category::DetData, n)),
+            Source::Shared(n) => Some(BufferKey::new(observation, Category::Shared, n)),
+            Source::Global(n) => Some(BufferKey::global(n)),
+            Source::Scratch(_, n) => Some(BufferKey::global(format!("scratch/{n}"))),
+        }
+    }
+    fn is_scratch(&self) -> bool {
+        matches!(self.source, Source::Scratch(..))
+    }
+}
+
+/// The common part of one kernel call: an observation (or none) and the
+/// data-level metadata.
+struct Target<'a> {
+    ob: Option<&'a mut Observation>,
+    meta: &'a mut Meta,
+}
+
+impl Target<'_> {
+    fn obs_name(&self) -> String {
+        self.ob
+            .as_ref()
+            .map(|o| o.name().to_string())
+            .unwrap_or_default()
+    }
+
+    fn missing_obs(what: &str) -> OpError {
+        OpError::Config(format!("kernel argument {what} needs an observation"))
+    }
+
+    fn bytes<'s>(&'s self, s: &'s Source<'_>) -> Result<&'s [u8], OpError> {
+        Ok(match s {
+            Source::Absent => &[],
+            Source::DetData(n) => self
+                .ob
+                .as_ref()
+                .ok_or_else(|| Self::missing_obs(n))?
+                .field_bytes(Category::DetData, n)?,
+            Source::Shared(n) => self
+                .ob
+                .as_ref()
+                .ok_or_else(|| Self::missing_obs(n))?
+                .field_bytes(Category::Shared, n)?,
+            Source::Global(n) => global_bytes(self.meta, n).ok_or_else(|| no_global(n))?,
+            Source::Scratch(b, _) => b,
+        })
+    }
+
+    fn bytes_mut<'s>(&'s mut self, s: &'s mut Source<'_>) -> Result<&'s mut [u8], OpError> {
+        Ok(match s {
+            Source::Absent => &mut [],
+            Source::DetData(n) => self
+                .ob
+                .as_mut()
+                .ok_or_else(|| Self::missing_obs(n))?
+                .field_bytes_mut(Category::DetData, n)?,
+            Source::Shared(n) => self
+                .ob
+                .as_mut()
+                .ok_or_else(|| Self::missing_obs(n))?
+                .field_bytes_mut(Category::Shared, n)?,
+            Source::Global(n) => global_bytes_mut(self.meta, n).ok_or_else(|| no_global_mut(n))?,
+            Source::Scratch(b, _) => b,
+        })
+    }
+}
+
+fn no_global(name: &str) -> OpError {
+    OpError::Config(format!(
+        "the data has no global item '{name}' usable as a kernel array (a map, a pixel \
+         distribution or a host array)"
+    ))
+}
+
+fn no_global_mut(name: &str) -> OpError {
+    OpError::Config(format!(
+        "the global item '{name}' cannot be written by a kernel (missing, or read-only)"
+    ))
+}
+
+/// Whether `buffers` stage data on `backend`.
+fn same_backend(buffers: &DeviceBuffers, backend: &Arc<Backend>) -> bool {
+    Arc::as_ptr(buffers.device()) as *const u8 == Arc::as_ptr(backend) as *const u8
+}
+
+/// Run one kernel. `make` builds the argument struct from the resolved
+/// kernel arrays (in the order of `specs`).
+fn launch<A: KernelArgs>(
+    ctx: &mut ExecContext,
+    operator: &str,
+    detectors: &[String],
+    kernel: Kernel,
+    mut target: Target<'_>,
+    mut specs: Vec<Spec<'_>>,
+    make: impl FnOnce(&[abi::Array]) -> A,
+) -> Result<(), OpError> {
+    let observation = target.obs_name();
+    let wrap = |backend: &str, source: AccelError| {
+        OpError::Other(Box::new(KernelError {
+            operator: operator.to_string(),
+            kernel,
+            backend: backend.to_string(),
+            observation: observation.clone(),
+            detectors: detectors.to_vec(),
+            source,
+        }))
+    };
+    let resolved = ctx
+        .ext::<Dispatcher>()?
+        .resolve(kernel, Some(operator))
+        .map_err(|e| wrap("", e))?;
+    let backend = Arc::clone(&resolved.backend);
+    let timer = resolved.timer_name();
+
+    // The same field twice would alias an output with another argument.
+    for (i, s) in specs.iter().enumerate() {
+        if let Some(k) = s.key(&observation) {
+            if specs[..i]
+                .iter()
+                .any(|o| o.key(&observation).as_ref() == Some(&k))
+            {
+                return Err(OpError::Config(format!(
+                    "operator '{operator}': kernel `{kernel}` was given {k} for two arguments"
+                )));
+            }
+        }
+    }
+
+    let host_addressable = backend.host_addressable();
+    let staged = !host_addressable
+        && ctx
+            .extensions
+            .get::<DeviceBuffers>()
+            .is_some_and(|b| same_backend(b, &backend));
+
+    // Keep the staged copies truthful (see the module documentation).
+    let mut unstaged: Vec<(String, bool, u64)> = Vec::new();
+    if let Some(bufs) = ctx.extensions.get_mut::<DeviceBuffers>() {
+        for s in specs.iter_mut() {
+            if s.is_scratch() {
+                continue;
+            }
+            let Some(key) = s.key(&observation) else {
+                continue;
+            };
+            let state = bufs.state(&key);
+            if !state.is_present() {
+                continue;
+            }
+            if staged {
+                if matches!(state, BufferState::Allocated | BufferState::HostNewer) {
+                    let src = target.bytes(&s.source)?;
+                    bufs.update_device(&key, src)?;
+                    unstaged.push((key.stat_name(), true, src.len() as u64));
+                }
+            } else if state == BufferState::DeviceNewer {
+                let dst = target.bytes_mut(&mut s.source)?;
+                let n = dst.len() as u64;
+                bufs.update_host(&key, dst)?;
+                unstaged.push((key.stat_name(), false, n));
+            }
+        }
+    }
+    for (name, up, bytes) in unstaged.drain(..) {
+        count_unstaged(ctx, &name, up, bytes, kernel);
+    }
+
+    // Host addresses. No Rust reference to these buffers lives past this
+    // loop, and `target` is borrowed mutably for the whole call, so nothing
+    // else can move or reallocate them before the kernel returns.
+    let mut host: Vec<(*mut u8, usize)> = Vec::with_capacity(specs.len());
+    for s in specs.iter_mut() {
+        if s.output {
+            let b = target.bytes_mut(&mut s.source)?;
+            host.push((b.as_mut_ptr(), b.len()));
+        } else {
+            let b = target.bytes(&s.source)?;
+            host.push((b.as_ptr() as *mut u8, b.len()));
+        }
+    }
+
+    let mut arrays = Vec::with_capacity(specs.len());
+    let mut temporaries: Vec<ArrayArg<'_>> = Vec::new();
+    for (s, &(ptr, bytes)) in specs.iter().zip(&host) {
+        let len = (bytes / s.elem_size.max(1)) as u64;
+        if matches!(s.source, Source::Absent) || bytes == 0 {
+            arrays.push(abi::Array::ABSENT);
+            continue;
+        }
+        if host_addressable {
+            arrays.push(abi::Array {
+                ptr: ptr as u64,
+                len,
+            });
+            continue;
+        }
+        let key = s.key(&observation);
+        if staged {
+            if let (Some(key), Some(bufs)) =
+                (key.as_ref(), ctx.extensions.get_mut::<DeviceBuffers>())
+            {
+                if s.is_scratch() && !bufs.is_present(key) {
+                    bufs.create(key, bytes as u64)?;
+                    bufs.reset(key)?;
+                }
+                if bufs.is_present(key) {
+                    let view = bufs.handle(key)?;
+                    if view.bytes != bytes as u64 {
+                        return Err(OpError::Config(format!(
+                            "operator '{operator}': kernel `{kernel}`: device buffer {key} has \
+                             {} bytes, its host data {bytes}",
+                            view.bytes
+                        )));
+                    }
+                    arrays.push(abi::Array {
+                        ptr: view.handle,
+                        len,
+                    });
+                    continue;
+                }
+            }
+        }
+        // Not staged: a temporary device copy.
+        let name = key.as_ref().map(|k| k.to_string()).unwrap_or_default();
+        let arg = if s.output {
+            // SAFETY: `ptr` addresses `bytes` bytes of a host buffer that no
+            // other live reference points into (distinct arguments are
+            // distinct allocations, checked above), valid for the call.
+            let slice = unsafe { std::slice::from_raw_parts_mut(ptr, bytes) };
+            ArrayArg::output::<u8>(&backend, slice, &name)
+        } else {
+            // SAFETY: as above; the buffer is only read.
+            let slice = unsafe { std::slice::from_raw_parts(ptr as *const u8, bytes) };
+            ArrayArg::input::<u8>(&backend, slice, &name)
+        }
+        .map_err(|e| wrap(backend.name(), e))?;
+        let a = arg.abi();
+        arrays.push(abi::Array { ptr: a.ptr, len });
+        if !s.is_scratch() {
+            let stat = key.map(|k| k.stat_name()).unwrap_or_default();
+            unstaged.push((stat.clone(), true, bytes as u64));
+            if s.output {
+                unstaged.push((stat, false, bytes as u64));
+            }
+        }
+        temporaries.push(arg);
+    }
+
+    let args = make(&arrays);
+    let t0 = Instant::now();
+    // SAFETY: every array is a host address valid for its length (host-
+    // addressable backend), a live handle of this backend from the staged
+    // buffers or a temporary `ArrayArg`, each sized by its host data; the
+    // small host arrays the argument struct points to are owned by the caller
+    // and outlive this call; no other code touches the outputs meanwhile.
+    let result = unsafe { backend.launch(&args) };
+    ctx.timers.record(&timer, t0.elapsed().as_secs_f64(), 1);
+    result.map_err(|e| wrap(backend.name(), e))?;
+    for t in temporaries {
+        t.finish().map_err(|e| wrap(backend.name(), e))?;
+    }
+    for (name, up, bytes) in unstaged {
+        count_unstaged(ctx, &name, up, bytes, kernel);
+    }
+
+    // Outputs now newest where the kernel wrote them.
+    if let Some(bufs) = ctx.extensions.get_mut::<DeviceBuffers>() {
+        for s in specs.iter().filter(|s| s.output && !s.is_scratch()) {
+            let Some(key) = s.key(&observation) else {
+                continue;
+            };
+            if !bufs.is_present(&key) {
+                continue;
+            }
+            if staged {
+                bufs.mark_device_modified(&key)?;
+            } else {
+                bufs.mark_host_modified(&key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What every per-detector kernel call needs: the calling operator, the
+/// detectors (rows are looked up by name in each field), and the sample
+/// intervals, `[first, last)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    /// Operator name (dispatch and timer name).
+    pub operator: &'a str,
+    /// Detectors to process, in order.
+    pub detectors: &'a [String],
+    /// Intervals to process, in order.
+    pub intervals: &'a [abi::Interval],
+}
+
+impl Call<'_> {
+    fn intervals(&self) -> abi::Intervals {
+        abi::Intervals {
+            ptr: self.intervals.as_ptr(),
+            len: self.intervals.len() as u64,
+        }
+    }
+}
+
+/// The sample intervals of a view (`None`: the whole observation), as
+/// kernel intervals.
+pub fn view_intervals(ob: &Observation, view: Option<&str>) -> Result<Vec<abi::Interval>, OpError> {
+    let list = match view {
+        Some(v) => ob.intervals.get(v)?.clone(),
+        None => {
+            return Ok(vec![abi::Interval {
+                first: 0,
+                last: ob.n_samples() as i64,
+            }])
+        }
+    };
+    Ok(list
+        .iter()
+        .map(|iv| abi::Interval {
+            first: iv.first,
+            last: iv.last,
+        })
+        .collect())
+}
+
+/// Rows of `dets` in the detdata field `field` (checked for type and
+/// per-sample shape).
+fn rows<T: Element>(
+    ob: &Observation,
+    field: &str,
+    shape: &[usize],
+    dets: &[String],
+) -> Result<Vec<i32>, OpError> {
+    let f = ob.detdata.get(field)?;
+    f.check::<T>(shape)?;
+    dets.iter()
+        .map(|d| {
+            f.row_index(d).map(|r| r as i32).ok_or_else(|| {
+                OpError::Data(toast_core::DataError::MissingDetector {
+                    observation: ob.name().to_string(),
+                    where_: format!("detdata '{field}'"),
+                    detector: d.clone(),
+                })
+            })
+        })
+        .collect()
+}
+
+fn check_shared<T: Element>(ob: &Observation, name: &str, shape: &[usize]) -> Result<(), OpError> {
+    let f = ob.shared.get(name)?;
+    f.check::<T>(shape)?;
+    if f.n_rows() != ob.n_samples() {
+        return Err(OpError::Config(format!(
+            "observation '{}': shared field '{name}' has {} rows, expected one per sample ({})",
+            ob.name(),
+            f.n_rows(),
+            ob.n_samples()
+        )));
+    }
+    Ok(())
+}
+
+fn shared_flags<'a>(
+    ob: &Observation,
+    flags: Option<(&'a str, u8)>,
+) -> Result<(Source<'a>, u8), OpError> {
+    match flags {
+        Some((name, mask)) if mask != 0 => {
+            check_shared::<u8>(ob, name, &[])?;
+            Ok((Source::Shared(name), mask))
+        }
+        _ => Ok((Source::Absent, 0)),
+    }
+}
+
+/// `pointing_detector`: detector quaternions `quats` = boresight ⊗ focalplane
+/// offset (identity boresight on samples with `shared_flags & mask`).
+pub fn pointing_detector(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    boresight: &str,
+    shared_flag: Option<(&str, u8)>,
+    quats: &str,
+) -> Result<(), OpError> {
+    check_shared::<f64>(ob, boresight, &[4])?;
+    let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
+    let mut fp = Vec::with_capacity(4 * call.detectors.len());
+    for d in call.detectors {
+        fp.extend_from_slice(&ob.detector(d)?.quat);
+    }
+    let (flags, mask) = shared_flags(ob, shared_flag)?;
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![
+        Spec::input(Source::Shared(boresight), 8),
+        Spec::input(flags, 1),
+        Spec::output(Source::DetData(quats), 8),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::PointingDetector,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::PointingDetectorArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            quat_index: quat_index.as_ptr(),
+            focalplane: fp.as_ptr(),
+            intervals: call.intervals(),
+            boresight: a[0],
+            shared_flags: a[1],
+            shared_flag_mask: mask,
+            reserved: [0; 7],
+            quats: a[2],
+        },
+    )
+}
+
+/// HEALPix parameters of `pixels_healpix`.
+#[derive(Debug, Clone, Copy)]
+pub struct HealpixParams {
+    /// Resolution (a power of two).
+    pub nside: i64,
+    /// Pixels per submap.
+    pub n_pix_submap: i64,
+    /// NESTED (true) or RING ordering.
+    pub nest: bool,
+}
+
+/// `pixels_healpix`: pixel numbers from detector quaternions; `-1` on
+/// samples with `shared_flags & mask`. `hit_submaps` (one byte per submap) is
+/// scratch: its host contents are updated only on a host-addressable backend.
+#[allow(clippy::too_many_arguments)]
+pub fn pixels_healpix(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    quats: &str,
+    shared_flag: Option<(&str, u8)>,
+    pixels: &str,
+    params: HealpixParams,
+    hit_submaps: &mut [u8],
+) -> Result<(), OpError> {
+    let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
+    let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
+    let (flags, mask) = shared_flags(ob, shared_flag)?;
+    let n_samp = ob.n_samples() as u64;
+    let scratch_name = format!("hit_submaps_{}", hit_submaps.len());
+    let specs = vec![
+        Spec::input(Source::DetData(quats), 8),
+        Spec::input(flags, 1),
+        Spec::output(Source::DetData(pixels), 8),
+        Spec::output(Source::Scratch(hit_submaps, &scratch_name), 1),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::PixelsHealpix,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::PixelsHealpixArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            quat_index: quat_index.as_ptr(),
+            pixel_index: pixel_index.as_ptr(),
+            intervals: call.intervals(),
+            quats: a[0],
+            shared_flags: a[1],
+            pixels: a[2],
+            hit_submaps: a[3],
+            nside: params.nside,
+            n_pix_submap: params.n_pix_submap,
+            shared_flag_mask: mask,
+            nest: u8::from(params.nest),
+            reserved: [0; 6],
+        },
+    )
+}
+
+/// `stokes_weights_I`: `weights[d, s] = cal[d]`.
+pub fn stokes_weights_i(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    weights: &str,
+    cal: &[f64],
+) -> Result<(), OpError> {
+    let weight_index = rows::<f64>(ob, weights, &[1], call.detectors)?;
+    check_len("cal", cal.len(), call.detectors.len())?;
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![Spec::output(Source::DetData(weights), 8)];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::StokesWeightsI,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::StokesWeightsIArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            weight_index: weight_index.as_ptr(),
+            cal: cal.as_ptr(),
+            intervals: call.intervals(),
+            weights: a[0],
+        },
+    )
+}
+
+fn check_len(what: &str, got: usize, expected: usize) -> Result<(), OpError> {
+    if got != expected {
+        return Err(OpError::Config(format!(
+            "{what} has {got} entries for {expected} detectors"
+        )));
+    }
+    Ok(())
+}
+
+/// Per-detector parameters of `stokes_weights_IQU`.
+#[derive(Debug, Clone, Copy)]
+pub struct IquParams<'a> {
+    /// Cross-polar leakage per detector.
+    pub epsilon: &'a [f64],
+    /// Polarisation angle `gamma` per detector (used with a HWP).
+    pub gamma: &'a [f64],
+    /// Calibration per detector.
+    pub cal: &'a [f64],
+    /// IAU convention (U sign flipped).
+    pub iau: bool,
+}
+
+/// `stokes_weights_IQU`: I, Q, U weights from detector quaternions and an
+/// optional HWP angle (shared field).
+#[allow(clippy::too_many_arguments)]
+pub fn stokes_weights_iqu(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    quats: &str,
+    weights: &str,
+    hwp_angle: Option<&str>,
+    params: IquParams<'_>,
+) -> Result<(), OpError> {
+    let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
+    let weight_index = rows::<f64>(ob, weights, &[3], call.detectors)?;
+    let n = call.detectors.len();
+    check_len("epsilon", params.epsilon.len(), n)?;
+    check_len("gamma", params.gamma.len(), n)?;
+    check_len("cal", params.cal.len(), n)?;
+    let hwp = match hwp_angle {
+        Some(h) => {
+            check_shared::<f64>(ob, h, &[])?;
+            Source::Shared(h)
+        }
+        None => Source::Absent,
+    };
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![
+        Spec::input(Source::DetData(quats), 8),
+        Spec::input(hwp, 8),
+        Spec::output(Source::DetData(weights), 8),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::StokesWeightsIqu,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::StokesWeightsIquArgs {
+            n_det: n as u64,
+            n_samp,
+            quat_index: quat_index.as_ptr(),
+            weight_index: weight_index.as_ptr(),
+            epsilon: params.epsilon.as_ptr(),
+            gamma: params.gamma.as_ptr(),
+            cal: params.cal.as_ptr(),
+            intervals: call.intervals(),
+            quats: a[0],
+            hwp: a[1],
+            weights: a[2],
+            iau: u8::from(params.iau),
+            reserved: [0; 7],
+        },
+    )
+}
+
+/// The element type code and nnz of the map stored at `key`.
+fn map_info(meta: &Meta, key: &str) -> Result<(i32, usize, Arc<PixelDistribution>), OpError> {
+    macro_rules! probe {
+        ($t:ty, $code:expr) => {
+            if let Ok(m) = meta.object::<PixelData<$t>>(key) {
+                return Ok(($code, m.n_value(), Arc::clone(m.distribution())));
+            }
+        };
+    }
+    probe!(f64, abi::DTYPE_F64);
+    probe!(f32, abi::DTYPE_F32);
+    probe!(i64, abi::DTYPE_I64);
+    probe!(i32, abi::DTYPE_I32);
+    Err(OpError::Config(format!(
+        "the data has no map '{key}' (a PixelData of f64, f32, i64 or i32)"
+    )))
+}
+
+/// The pixel distribution at `dist_key`, checked against a map's.
+fn dist_for_map(
+    meta: &Meta,
+    dist_key: &str,
+    map_key: &str,
+    map_dist: &PixelDistribution,
+) -> Result<Arc<PixelDistribution>, OpError> {
+    let d = meta.object::<Arc<PixelDistribution>>(dist_key)?;
+    if **d != *map_dist {
+        return Err(OpError::Config(format!(
+            "map '{map_key}' does not use the pixel distribution '{dist_key}'"
+        )));
+    }
+    Ok(Arc::clone(d))
+}
+
+/// How `scan_map` combines the scanned value `v` with the timestream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScanMode {
+    /// Zero the timestream over the intervals first.
+    pub zero: bool,
+    /// `d -= v` (takes priority over `scale`).
+    pub subtract: bool,
+    /// `d *= v`.
+    pub scale: bool,
+}
+
+/// Fields read by `scan_map` and `build_noise_weighted`.
+#[derive(Debug, Clone, Copy)]
+pub struct PointingFields<'a> {
+    /// Pixel numbers (i64).
+    pub pixels: &'a str,
+    /// Stokes weights (f64 × nnz).
+    pub weights: &'a str,
+    /// The global key of the pixel distribution of the map.
+    pub pixel_dist: &'a str,
+}
+
+/// `scan_map`: `det_data (+= | -= | *=) data_scale · Σ_k weights_k · map_k`.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_map(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    map_key: &str,
+    pointing: PointingFields<'_>,
+    det_data: &str,
+    data_scale: f64,
+    mode: ScanMode,
+) -> Result<(), OpError> {
+    let (dtype, nnz, map_dist) = map_info(meta, map_key)?;
+    let dist = dist_for_map(meta, pointing.pixel_dist, map_key, &map_dist)?;
+    let pixel_index = rows::<i64>(ob, pointing.pixels, &[], call.detectors)?;
+    let weight_index = rows::<f64>(ob, pointing.weights, &[nnz], call.detectors)?;
+    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let n_samp = ob.n_samples() as u64;
+    let map_elem = match dtype {
+        abi::DTYPE_F64 | abi::DTYPE_I64 => 8,
+        _ => 4,
+    };
+    let specs = vec![
+        Spec::input(Source::Global(pointing.pixel_dist), 8),
+        Spec::input(Source::Global(map_key), map_elem),
+        Spec::input(Source::DetData(pointing.pixels), 8),
+        Spec::input(Source::DetData(pointing.weights), 8),
+        Spec::output(Source::DetData(det_data), 8),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::ScanMap,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::ScanMapArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            nnz: nnz as u64,
+            pixel_index: pixel_index.as_ptr(),
+            weight_index: weight_index.as_ptr(),
+            data_index: data_index.as_ptr(),
+            intervals: call.intervals(),
+            global2local: a[0],
+            n_pix_submap: dist.n_pix_submap(),
+            map_dtype: dtype,
+            reserved0: 0,
+            mapdata: a[1],
+            pixels: a[2],
+            weights: a[3],
+            det_data: a[4],
+            data_scale,
+            should_zero: u8::from(mode.zero),
+            should_subtract: u8::from(mode.subtract),
+            should_scale: u8::from(mode.scale),
+            reserved: [0; 5],
+        },
+    )
+}
+
+/// `build_noise_weighted`: accumulate `det_scale · det_data · weights` into
+/// the f64 map `zmap_key` over unflagged samples with a valid pixel.
+#[allow(clippy::too_many_arguments)]
+pub fn build_noise_weighted(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    zmap_key: &str,
+    pointing: PointingFields<'_>,
+    det_data: &str,
+    det_flags: Option<(&str, u8)>,
+    shared_flag: Option<(&str, u8)>,
+    det_scale: &[f64],
+) -> Result<(), OpError> {
+    let (dtype, nnz, map_dist) = map_info(meta, zmap_key)?;
+    if dtype != abi::DTYPE_F64 {
+        return Err(OpError::Config(format!(
+            "the noise-weighted map '{zmap_key}' must hold f64 values"
+        )));
+    }
+    let dist = dist_for_map(meta, pointing.pixel_dist, zmap_key, &map_dist)?;
+    check_len("det_scale", det_scale.len(), call.detectors.len())?;
+    let pixel_index = rows::<i64>(ob, pointing.pixels, &[], call.detectors)?;
+    let weight_index = rows::<f64>(ob, pointing.weights, &[nnz], call.detectors)?;
+    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let (dflags, dmask, flag_index) = match det_flags {
+        Some((name, mask)) if mask != 0 => (
+            Source::DetData(name),
+            mask,
+            rows::<u8>(ob, name, &[], call.detectors)?,
+        ),
+        _ => (Source::Absent, 0, vec![-1; call.detectors.len()]),
+    };
+    let (sflags, smask) = shared_flags(ob, shared_flag)?;
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![
+        Spec::input(Source::Global(pointing.pixel_dist), 8),
+        Spec::input(Source::DetData(pointing.pixels), 8),
+        Spec::input(Source::DetData(pointing.weights), 8),
+        Spec::input(Source::DetData(det_data), 8),
+        Spec::input(dflags, 1),
+        Spec::input(sflags, 1),
+        Spec::output(Source::Global(zmap_key), 8),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::BuildNoiseWeighted,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::BuildNoiseWeightedArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            nnz: nnz as u64,
+            pixel_index: pixel_index.as_ptr(),
+            weight_index: weight_index.as_ptr(),
+            data_index: data_index.as_ptr(),
+            flag_index: flag_index.as_ptr(),
+            det_scale: det_scale.as_ptr(),
+            intervals: call.intervals(),
+            global2local: a[0],
+            n_pix_submap: dist.n_pix_submap(),
+            pixels: a[1],
+            weights: a[2],
+            det_data: a[3],
+            det_flags: a[4],
+            shared_flags: a[5],
+            zmap: a[6],
+            det_flag_mask: dmask,
+            shared_flag_mask: smask,
+            reserved: [0; 6],
+        },
+    )
+}
+
+/// `noise_weight`: `det_data[d, s] *= detector_weights[d]`.
+pub fn noise_weight(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    det_data: &str,
+    detector_weights: &[f64],
+) -> Result<(), OpError> {
+    check_len(
+        "detector_weights",
+        detector_weights.len(),
+        call.detectors.len(),
+    )?;
+    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![Spec::output(Source::DetData(det_data), 8)];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::NoiseWeight,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::NoiseWeightArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            data_index: data_index.as_ptr(),
+            detector_weights: detector_weights.as_ptr(),
+            intervals: call.intervals(),
+            det_data: a[0],
+        },
+    )
+}
+
+/// The amplitude layout of the offset template in one observation: the step
+/// length, the number of amplitudes of each interval (view), and where each
+/// detector's block starts in the amplitude vector.
+#[derive(Debug, Clone, Copy)]
+pub struct OffsetLayout<'a> {
+    /// Samples per amplitude.
+    pub step_length: i64,
+    /// Amplitudes per interval (`ceil(len / step_length)`).
+    pub n_amp_views: &'a [i64],
+    /// First amplitude of each detector's block.
+    pub amp_offset: &'a [i64],
+}
+
+impl OffsetLayout<'_> {
+    fn abi(&self) -> abi::OffsetLayout {
+        abi::OffsetLayout {
+            step_length: self.step_length,
+            n_amp_views: self.n_amp_views.as_ptr(),
+            amp_offset: self.amp_offset.as_ptr(),
+        }
+    }
+}
+
+/// Global keys of an amplitude vector and its flags.
+#[derive(Debug, Clone, Copy)]
+pub struct AmplitudeKeys<'a> {
+    /// Amplitudes (`HostArray<f64>`).
+    pub amplitudes: &'a str,
+    /// Flags (`HostArray<u8>`, non-zero: not used).
+    pub flags: &'a str,
+}
+
+/// `template_offset_add_to_signal`: `det_data += amplitude` of each sample's
+/// step, for unflagged amplitudes.
+pub fn offset_add_to_signal(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    layout: OffsetLayout<'_>,
+    amps: AmplitudeKeys<'_>,
+    det_data: &str,
+) -> Result<(), OpError> {
+    check_len("amp_offset", layout.amp_offset.len(), call.detectors.len())?;
+    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![
+        Spec::input(Source::Global(amps.amplitudes), 8),
+        Spec::input(Source::Global(amps.flags), 1),
+        Spec::output(Source::DetData(det_data), 8),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::TemplateOffsetAddToSignal,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::TemplateOffsetAddArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            data_index: data_index.as_ptr(),
+            layout: layout.abi(),
+            intervals: call.intervals(),
+            amplitudes: a[0],
+            amplitude_flags: a[1],
+            det_data: a[2],
+        },
+    )
+}
+
+/// `template_offset_project_signal`: accumulate each step's unflagged
+/// samples (`flags & mask == 0`) into its (unflagged) amplitude.
+#[allow(clippy::too_many_arguments)]
+pub fn offset_project_signal(
+    ctx: &mut ExecContext,
+    call: Call<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    layout: OffsetLayout<'_>,
+    det_data: &str,
+    det_flags: Option<(&str, u8)>,
+    amps: AmplitudeKeys<'_>,
+) -> Result<(), OpError> {
+    check_len("amp_offset", layout.amp_offset.len(), call.detectors.len())?;
+    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let (flags, mask, flag_index) = match det_flags {
+        Some((name, mask)) => (
+            Source::DetData(name),
+            mask,
+            rows::<u8>(ob, name, &[], call.detectors)?,
+        ),
+        None => (Source::Absent, 0, vec![-1; call.detectors.len()]),
+    };
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![
+        Spec::input(Source::DetData(det_data), 8),
+        Spec::input(flags, 1),
+        Spec::output(Source::Global(amps.amplitudes), 8),
+        Spec::input(Source::Global(amps.flags), 1),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Kernel::TemplateOffsetProjectSignal,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::TemplateOffsetProjectArgs {
+            n_det: call.detectors.len() as u64,
+            n_samp,
+            data_index: data_index.as_ptr(),
+            flag_index: flag_index.as_ptr(),
+            layout: layout.abi(),
+            intervals: call.intervals(),
+            det_data: a[0],
+            flag_data: a[1],
+            amplitudes: a[2],
+            amplitude_flags: a[3],
+            flag_mask: mask,
+            reserved: [0; 7],
+        },
+    )
+}
+
+/// `template_offset_apply_diag_precond`: `out = flags == 0 ? in · var : 0`,
+/// on global `HostArray`s of equal length.
+pub fn offset_apply_diag_precond(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    offset_var: &str,
+    input: AmplitudeKeys<'_>,
+    output: &str,
+) -> Result<(), OpError> {
+    let n = global_bytes(meta, offset_var)
+        .ok_or_else(|| no_global(offset_var))?
+        .len()
+        / 8;
+    let specs = vec![
+        Spec::input(Source::Global(offset_var), 8),
+        Spec::input(Source::Global(input.amplitudes), 8),
+        Spec::input(Source::Global(input.flags), 1),
+        Spec::output(Source::Global(output), 8),
+    ];
+    launch(
+        ctx,
+        operator,
+        &[],
+        Kernel::TemplateOffsetApplyDiagPrecond,
+        Target { ob: None, meta },
+        specs,
+        |a| abi::TemplateOffsetPrecondArgs {
+            n_amp: n as u64,
+            offset_var: a[0],
+            amplitudes_in: a[1],
+            amplitude_flags: a[2],
+            amplitudes_out: a[3],
+        },
+    )
+}
+
+/// The element type of a detdata field, for operators that create outputs.
+pub fn det_dtype(ob: &Observation, field: &str) -> Result<DType, OpError> {
+    Ok(ob.detdata.get(field)?.dtype())
+}

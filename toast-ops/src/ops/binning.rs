@@ -1,0 +1,277 @@
+//! Binned maps (TOAST's `BinMap`): `m = (Pᵀ N⁻¹ P)⁻¹ Pᵀ N⁻¹ d` with the
+//! inverted covariance already in the data.
+
+use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
+use super::util::{PointingOps, ResetData};
+use crate::covariance::{apply_covariance, nnz_of_block};
+use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::pixel_dist::{get_distribution, PixelData};
+use serde::Deserialize;
+use toast_core::observation::defaults;
+use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
+
+/// Configuration of a binning operator (TOAST's `BinMap` traits and
+/// defaults; the `binner` and `binner_final` sections).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BinnerConfig {
+    /// Whether the operator is used (for `binner_final`: whether the final
+    /// maps use it instead of `binner`).
+    pub enabled: bool,
+    /// Global key of the pixel distribution.
+    pub pixel_dist: String,
+    /// Global key of the (inverted) covariance.
+    pub covariance: String,
+    /// Global key of the binned map.
+    pub binned: String,
+    /// Global key to keep the noise-weighted map under (`None`: not kept).
+    pub noiseweighted: Option<String>,
+    /// Timestream field.
+    pub det_data: String,
+    /// Detector flag bits that exclude a detector.
+    pub det_mask: u8,
+    /// Per-sample detector flags.
+    pub det_flags: Option<String>,
+    /// Detector flag bits that exclude a sample.
+    pub det_flag_mask: u8,
+    /// Shared flags.
+    pub shared_flags: Option<String>,
+    /// Shared flag bits that exclude a sample.
+    pub shared_flag_mask: u8,
+    /// Observation key of the noise model.
+    pub noise_model: String,
+    /// `alltoallv` or `allreduce` (TOAST's map reduction; one process needs none).
+    pub sync_type: String,
+    /// Expand the pointing once and keep it, instead of recomputing it in
+    /// every pass over the data (TOAST's default).
+    pub full_pointing: bool,
+}
+
+impl Default for BinnerConfig {
+    fn default() -> Self {
+        BinnerConfig {
+            enabled: true,
+            pixel_dist: "pixel_dist".into(),
+            covariance: "covariance".into(),
+            binned: "binned".into(),
+            noiseweighted: None,
+            det_data: defaults::DET_DATA.into(),
+            det_mask: defaults::DET_MASK_NONSCIENCE,
+            det_flags: Some(defaults::DET_FLAGS.into()),
+            det_flag_mask: defaults::DET_MASK_NONSCIENCE,
+            shared_flags: Some(defaults::SHARED_FLAGS.into()),
+            shared_flag_mask: defaults::SHARED_MASK_NONSCIENCE,
+            noise_model: defaults::NOISE_MODEL.into(),
+            sync_type: "alltoallv".into(),
+            full_pointing: false,
+        }
+    }
+}
+
+impl BinnerConfig {
+    /// The flag selection of this binner.
+    pub fn flags(&self) -> FlagSelection {
+        FlagSelection {
+            det_mask: self.det_mask,
+            det_flags: self.det_flags.clone(),
+            det_flag_mask: self.det_flag_mask,
+            shared_flags: self.shared_flags.clone(),
+            shared_flag_mask: self.shared_flag_mask,
+        }
+    }
+
+    /// Check the values.
+    pub fn validate(&self) -> Result<(), OpError> {
+        if self.sync_type != "alltoallv" && self.sync_type != "allreduce" {
+            return Err(OpError::Config(format!(
+                "binner: sync_type '{}' is neither 'alltoallv' nor 'allreduce'",
+                self.sync_type
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One binning pass.
+pub(crate) struct BinPass<'a> {
+    /// Timer frame / operator name prefix.
+    pub name: &'a str,
+    /// The binner's keys and noise model.
+    pub config: &'a BinnerConfig,
+    /// Covariance key (overrides the config's).
+    pub covariance: &'a str,
+    /// Output map key (overrides the config's).
+    pub binned: &'a str,
+    /// Timestream field.
+    pub det_data: &'a str,
+    /// Which samples to bin.
+    pub flags: FlagSelection,
+    /// Keep the noise-weighted map under this key.
+    pub noiseweighted: Option<&'a str>,
+}
+
+/// Bin `det_data`: run `pre` (e.g. a template projection), the pointing
+/// operators (when given), and the noise-weighted accumulation as one
+/// pipeline, then apply the covariance on the host.
+pub(crate) fn bin_map(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    pass: BinPass<'_>,
+    pointing: Option<&mut PointingOps>,
+    pre: Vec<OpRef<'_>>,
+) -> Result<(), OpError> {
+    let cfg = pass.config;
+    let dist = get_distribution(data, &cfg.pixel_dist)?;
+    let (nnz, cov_dist) = {
+        let cov = data.meta.object::<PixelData<f64>>(pass.covariance)?;
+        let nnz = nnz_of_block(cov.n_value()).ok_or_else(|| {
+            OpError::Config(format!(
+                "covariance '{}' has {} values per pixel, not a packed symmetric matrix",
+                pass.covariance,
+                cov.n_value()
+            ))
+        })?;
+        (nnz, cov.distribution().clone())
+    };
+    if cov_dist != dist {
+        return Err(OpError::Config(format!(
+            "pixel distribution '{}' does not match the one of covariance '{}'",
+            cfg.pixel_dist, pass.covariance
+        )));
+    }
+    ensure_map::<f64>(data, pass.binned, &dist, nnz)?;
+
+    let (pix_field, wts_field, view) = match &pointing {
+        Some(p) => (
+            p.pixels_field().to_string(),
+            p.weights_field().to_string(),
+            p.view().map(str::to_string),
+        ),
+        None => (
+            defaults::PIXELS.to_string(),
+            defaults::WEIGHTS.to_string(),
+            None,
+        ),
+    };
+    let mut reset = ResetData {
+        name: format!("{}_reset", pass.name),
+        detdata: Vec::new(),
+        global: vec![pass.binned.to_string()],
+    };
+    let mut accum = BuildNoiseWeighted::new(
+        format!("{}_build_zmap", pass.name),
+        &cfg.pixel_dist,
+        pass.binned,
+        pix_field,
+        wts_field,
+        pass.det_data,
+        &cfg.noise_model,
+        view,
+        pass.flags.clone(),
+    );
+    let mut ops: Vec<OpRef<'_>> = vec![&mut reset];
+    ops.extend(pre);
+    if let Some(p) = pointing {
+        ops.extend(p.operators());
+    }
+    ops.push(&mut accum);
+    run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
+
+    if let Some(nw) = pass.noiseweighted {
+        let binned = pass.binned.to_string();
+        with_host_step(
+            data,
+            ctx,
+            "keep_noiseweighted",
+            Requirements::new().global(&binned),
+            Requirements::new().global(nw),
+            |data, _| {
+                let m = data.meta.object::<PixelData<f64>>(&binned)?.clone();
+                data.meta.set_object(nw, m);
+                Ok(())
+            },
+        )?;
+    }
+    let (binned, cov) = (pass.binned.to_string(), pass.covariance.to_string());
+    with_host_step(
+        data,
+        ctx,
+        "apply_covariance",
+        Requirements::new().global(&binned).global(&cov),
+        Requirements::new().global(&binned),
+        |data, _| {
+            let c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
+            let m = data.meta.object_mut::<PixelData<f64>>(&binned)?;
+            apply_covariance(&c, m)
+        },
+    )
+}
+
+/// Bin a timestream into a map with an existing inverted covariance
+/// (TOAST's `BinMap`). Composite: it runs its own pipeline (joining an open
+/// staging scope), so it reports `supports_accel() == false`.
+#[derive(Debug, Clone)]
+pub struct BinMap {
+    name: String,
+    /// The configuration.
+    pub config: BinnerConfig,
+    /// The pointing operators.
+    pub pointing: PointingOps,
+}
+
+impl BinMap {
+    /// An operator.
+    pub fn new(
+        name: impl Into<String>,
+        config: BinnerConfig,
+        pointing: PointingOps,
+    ) -> Result<Self, OpError> {
+        config.validate()?;
+        Ok(BinMap {
+            name: name.into(),
+            config,
+            pointing,
+        })
+    }
+}
+
+impl Operator for BinMap {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        let mut r = self.pointing.requires();
+        let c = &self.config;
+        r.add(Category::Global, &c.pixel_dist);
+        r.add(Category::Global, &c.covariance);
+        r.add(Category::Meta, &c.noise_model);
+        r.add(Category::DetData, &c.det_data);
+        if let Some(f) = &c.det_flags {
+            r.add(Category::DetData, f);
+        }
+        if let Some(f) = &c.shared_flags {
+            r.add(Category::Shared, f);
+        }
+        r
+    }
+    fn provides(&self) -> Requirements {
+        let mut p = Requirements::new().global(&self.config.binned);
+        if let Some(n) = &self.config.noiseweighted {
+            p.add(Category::Global, n);
+        }
+        p
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let c = self.config.clone();
+        let pass = BinPass {
+            name: &self.name,
+            config: &c,
+            covariance: &c.covariance,
+            binned: &c.binned,
+            det_data: &c.det_data,
+            flags: c.flags(),
+            noiseweighted: c.noiseweighted.as_deref(),
+        };
+        bin_map(data, ctx, pass, Some(&mut self.pointing), Vec::new())
+    }
+}

@@ -1,0 +1,531 @@
+//! Map-domain accumulations (TOAST's `mapmaker_utils`): the pixel
+//! distribution, the hit map and the inverse covariance (host only, as in
+//! TOAST), and the noise-weighted map (the `build_noise_weighted` kernel).
+
+use super::noise_weight::detector_weights;
+use super::util::select_detectors;
+use super::PixelsHealpix;
+use crate::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
+use crate::kernels::{self, view_intervals, Call, PointingFields};
+use crate::pixel_dist::{PixelData, PixelDistribution};
+use std::sync::Arc;
+use toast_core::observation::defaults;
+use toast_core::{
+    Category, Data, Element, ExecContext, Observation, OpError, Operator, Requirements,
+};
+
+/// Which samples and detectors a map-domain operator uses: a detector is
+/// skipped when its flags have a bit of `det_mask`; a sample is skipped when
+/// its detector flags have a bit of `det_flag_mask` or its shared flags a bit
+/// of `shared_flag_mask`, or when its pixel is negative.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagSelection {
+    /// Detector flag bits that exclude a detector.
+    pub det_mask: u8,
+    /// Per-sample detector flags field (`None`: none).
+    pub det_flags: Option<String>,
+    /// Detector flag bits that exclude a sample.
+    pub det_flag_mask: u8,
+    /// Shared flags field (`None`: none).
+    pub shared_flags: Option<String>,
+    /// Shared flag bits that exclude a sample.
+    pub shared_flag_mask: u8,
+}
+
+impl Default for FlagSelection {
+    /// TOAST's defaults: non-science detector and shared flags.
+    fn default() -> Self {
+        FlagSelection {
+            det_mask: defaults::DET_MASK_NONSCIENCE,
+            det_flags: Some(defaults::DET_FLAGS.into()),
+            det_flag_mask: defaults::DET_MASK_NONSCIENCE,
+            shared_flags: Some(defaults::SHARED_FLAGS.into()),
+            shared_flag_mask: defaults::SHARED_MASK_NONSCIENCE,
+        }
+    }
+}
+
+impl FlagSelection {
+    fn add_requirements(&self, r: &mut Requirements) {
+        if let Some(f) = &self.det_flags {
+            r.add(Category::DetData, f);
+        }
+        if let Some(f) = &self.shared_flags {
+            r.add(Category::Shared, f);
+        }
+    }
+
+    /// The detector flags to use, if any (`None` when the mask is 0).
+    pub fn det(&self) -> Option<(&str, u8)> {
+        self.det_flags
+            .as_deref()
+            .filter(|_| self.det_flag_mask != 0)
+            .map(|f| (f, self.det_flag_mask))
+    }
+
+    /// The shared flags to use, if any (`None` when the mask is 0).
+    pub fn shared(&self) -> Option<(&str, u8)> {
+        self.shared_flags
+            .as_deref()
+            .filter(|_| self.shared_flag_mask != 0)
+            .map(|f| (f, self.shared_flag_mask))
+    }
+
+    /// The per-sample cut of detector `det` of `ob`: `cut[s]` is true when the
+    /// sample is excluded by its flags.
+    pub fn sample_cut(&self, ob: &Observation, det: &str) -> Result<Vec<bool>, OpError> {
+        let mut cut = vec![false; ob.n_samples()];
+        if let Some((name, mask)) = self.shared() {
+            let f = ob.shared.get(name)?;
+            f.check::<u8>(&[])?;
+            for (c, &x) in cut.iter_mut().zip(f.data::<u8>()?) {
+                *c |= x & mask != 0;
+            }
+        }
+        if let Some((name, mask)) = self.det() {
+            let f = ob.detdata.get(name)?;
+            f.check::<u8>(&[])?;
+            for (c, &x) in cut.iter_mut().zip(f.row_of::<u8>(det)?) {
+                *c |= x & mask != 0;
+            }
+        }
+        Ok(cut)
+    }
+}
+
+/// The sample ranges of a view, as host ranges.
+fn view_ranges(ob: &Observation, view: Option<&str>) -> Result<Vec<(usize, usize)>, OpError> {
+    Ok(view_intervals(ob, view)?
+        .iter()
+        .map(|iv| (iv.first as usize, iv.last as usize))
+        .collect())
+}
+
+/// Get or create a map at `key` on `dist` with `n_value` values per pixel.
+pub(crate) fn ensure_map<T: Element>(
+    data: &mut Data,
+    key: &str,
+    dist: &Arc<PixelDistribution>,
+    n_value: usize,
+) -> Result<(), OpError> {
+    if data.meta.contains(key) {
+        let m = data.meta.object::<PixelData<T>>(key)?;
+        if m.distribution() != dist || m.n_value() != n_value {
+            return Err(OpError::Config(format!(
+                "the existing map '{key}' has another pixel distribution or {} values per pixel \
+                 instead of {n_value}",
+                m.n_value()
+            )));
+        }
+        return Ok(());
+    }
+    data.meta
+        .set_object(key, PixelData::<T>::new(Arc::clone(dist), n_value));
+    Ok(())
+}
+
+/// Build the pixel distribution from the pixels of the selected detectors:
+/// the submaps any sample hits are local (TOAST's `BuildPixelDistribution`;
+/// host only). Repeated `exec` calls (detector sets) accumulate.
+#[derive(Debug, Clone)]
+pub struct BuildPixelDistribution {
+    name: String,
+    /// Global key of the distribution.
+    pub pixel_dist: String,
+    pixels: PixelsHealpix,
+    hit: Vec<u8>,
+}
+
+impl BuildPixelDistribution {
+    /// An operator for the pixelization of `pixels` (its field, view and
+    /// detector mask).
+    pub fn new(
+        name: impl Into<String>,
+        pixel_dist: impl Into<String>,
+        pixels: &PixelsHealpix,
+    ) -> Self {
+        BuildPixelDistribution {
+            name: name.into(),
+            pixel_dist: pixel_dist.into(),
+            hit: vec![0; pixels.n_submap() as usize],
+            pixels: pixels.clone(),
+        }
+    }
+}
+
+impl Operator for BuildPixelDistribution {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        let mut r = Requirements::new().detdata(&self.pixels.config.pixels);
+        if let Some(v) = self.pixels.view() {
+            r.add(Category::Intervals, v);
+        }
+        r
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().global(&self.pixel_dist)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let nps = self.pixels.n_pix_submap();
+        let n_pix = self.pixels.n_pix();
+        for ob in &data.obs {
+            let dets = select_detectors(ctx, ob, self.pixels.detector_pointing.det_mask);
+            let ranges = view_ranges(ob, self.pixels.view())?;
+            let field = ob.detdata.get(&self.pixels.config.pixels)?;
+            field.check::<i64>(&[])?;
+            for d in &dets {
+                let pix = field.row_of::<i64>(d)?;
+                for &(a, b) in &ranges {
+                    for (s, &p) in pix[a..b].iter().enumerate() {
+                        if p >= n_pix {
+                            return Err(OpError::Config(format!(
+                                "observation '{}', detector '{d}', sample {}: pixel {p} is \
+                                 beyond the {n_pix} pixels of nside {}",
+                                ob.name(),
+                                a + s,
+                                self.pixels.config.nside
+                            )));
+                        }
+                        if p >= 0 {
+                            self.hit[(p / nps) as usize] = 1;
+                        }
+                    }
+                }
+            }
+        }
+        let dist = Arc::new(self.pixels.distribution(&self.hit)?);
+        data.meta.set_object(&self.pixel_dist, dist);
+        Ok(())
+    }
+}
+
+/// Accumulate the hit map (TOAST's `BuildHitMap`; host only): one hit per
+/// unflagged sample with a valid pixel. Accumulates into an existing map.
+#[derive(Debug, Clone)]
+pub struct BuildHitMap {
+    name: String,
+    /// Global key of the pixel distribution.
+    pub pixel_dist: String,
+    /// Global key of the hit map (`PixelData<i64>`, one value).
+    pub hits: String,
+    /// Pixel field.
+    pub pixels: String,
+    /// Interval list.
+    pub view: Option<String>,
+    /// Flags.
+    pub flags: FlagSelection,
+}
+
+impl BuildHitMap {
+    /// An operator.
+    pub fn new(
+        name: impl Into<String>,
+        pixel_dist: impl Into<String>,
+        hits: impl Into<String>,
+        pixels: impl Into<String>,
+        view: Option<String>,
+        flags: FlagSelection,
+    ) -> Self {
+        BuildHitMap {
+            name: name.into(),
+            pixel_dist: pixel_dist.into(),
+            hits: hits.into(),
+            pixels: pixels.into(),
+            view,
+            flags,
+        }
+    }
+}
+
+impl Operator for BuildHitMap {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        let mut r = Requirements::new()
+            .global(&self.pixel_dist)
+            .detdata(&self.pixels);
+        self.flags.add_requirements(&mut r);
+        if let Some(v) = &self.view {
+            r.add(Category::Intervals, v);
+        }
+        r
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().global(&self.hits)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let dist = crate::pixel_dist::get_distribution(data, &self.pixel_dist)?;
+        ensure_map::<i64>(data, &self.hits, &dist, 1)?;
+        let Data { obs, meta } = data;
+        let hits = meta.object_mut::<PixelData<i64>>(&self.hits)?;
+        for ob in obs.iter() {
+            let dets = select_detectors(ctx, ob, self.flags.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let ranges = view_ranges(ob, self.view.as_deref())?;
+            let field = ob.detdata.get(&self.pixels)?;
+            field.check::<i64>(&[])?;
+            for d in &dets {
+                let cut = self.flags.sample_cut(ob, d)?;
+                let det = DetSamples {
+                    observation: ob.name(),
+                    detector: d,
+                    pixels: field.row_of::<i64>(d)?,
+                    ranges: &ranges,
+                };
+                accum_hits(&dist, hits.data_mut(), det, |s| cut[s])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Accumulate the inverse pixel covariance `Σ w_det p pᵀ` (TOAST's
+/// `BuildInverseCovariance`; host only), packed upper triangle per pixel.
+#[derive(Debug, Clone)]
+pub struct BuildInverseCovariance {
+    name: String,
+    /// Global key of the pixel distribution.
+    pub pixel_dist: String,
+    /// Global key of the output (`PixelData<f64>`, `nnz(nnz+1)/2` values).
+    pub inverse_covariance: String,
+    /// Pixel field.
+    pub pixels: String,
+    /// Stokes weight field.
+    pub weights: String,
+    /// Observation key of the noise model.
+    pub noise_model: String,
+    /// Interval list.
+    pub view: Option<String>,
+    /// Flags.
+    pub flags: FlagSelection,
+}
+
+impl BuildInverseCovariance {
+    /// An operator.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: impl Into<String>,
+        pixel_dist: impl Into<String>,
+        inverse_covariance: impl Into<String>,
+        pixels: impl Into<String>,
+        weights: impl Into<String>,
+        noise_model: impl Into<String>,
+        view: Option<String>,
+        flags: FlagSelection,
+    ) -> Self {
+        BuildInverseCovariance {
+            name: name.into(),
+            pixel_dist: pixel_dist.into(),
+            inverse_covariance: inverse_covariance.into(),
+            pixels: pixels.into(),
+            weights: weights.into(),
+            noise_model: noise_model.into(),
+            view,
+            flags,
+        }
+    }
+}
+
+/// The number of Stokes weights of field `weights` (its per-sample shape),
+/// the same in every observation that has it.
+pub(crate) fn weights_nnz(data: &Data, weights: &str) -> Result<usize, OpError> {
+    let mut nnz = None;
+    for ob in &data.obs {
+        if let Ok(f) = ob.detdata.get(weights) {
+            let n = f.sample_shape().iter().product::<usize>().max(1);
+            match nnz {
+                None => nnz = Some(n),
+                Some(m) if m != n => {
+                    return Err(OpError::Config(format!(
+                        "observation '{}': Stokes weights '{weights}' have {n} values per sample, \
+                         other observations {m}",
+                        ob.name()
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
+    nnz.ok_or_else(|| OpError::Config(format!("no observation has the Stokes weights '{weights}'")))
+}
+
+impl Operator for BuildInverseCovariance {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        let mut r = Requirements::new()
+            .global(&self.pixel_dist)
+            .meta(&self.noise_model)
+            .detdata(&self.pixels)
+            .detdata(&self.weights);
+        self.flags.add_requirements(&mut r);
+        if let Some(v) = &self.view {
+            r.add(Category::Intervals, v);
+        }
+        r
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().global(&self.inverse_covariance)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let dist = crate::pixel_dist::get_distribution(data, &self.pixel_dist)?;
+        let nnz = weights_nnz(data, &self.weights)?;
+        ensure_map::<f64>(data, &self.inverse_covariance, &dist, block_size(nnz))?;
+        let Data { obs, meta } = data;
+        let invcov = meta.object_mut::<PixelData<f64>>(&self.inverse_covariance)?;
+        for ob in obs.iter() {
+            let dets = select_detectors(ctx, ob, self.flags.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let detweights = detector_weights(ob, &self.noise_model, &dets)?;
+            let ranges = view_ranges(ob, self.view.as_deref())?;
+            let pix = ob.detdata.get(&self.pixels)?;
+            pix.check::<i64>(&[])?;
+            let wts = ob.detdata.get(&self.weights)?;
+            wts.check::<f64>(&[nnz])?;
+            for (d, &w) in dets.iter().zip(&detweights) {
+                let cut = self.flags.sample_cut(ob, d)?;
+                let det = DetSamples {
+                    observation: ob.name(),
+                    detector: d,
+                    pixels: pix.row_of::<i64>(d)?,
+                    ranges: &ranges,
+                };
+                accum_inverse_covariance(
+                    &dist,
+                    invcov.data_mut(),
+                    nnz,
+                    det,
+                    wts.row_of::<f64>(d)?,
+                    w,
+                    |s| cut[s],
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Accumulate the noise-weighted map `Σ w_det d p` (TOAST's
+/// `BuildNoiseWeighted`, the `build_noise_weighted` kernel). Accumulates
+/// into an existing map; creates it (zeroed) if missing.
+#[derive(Debug, Clone)]
+pub struct BuildNoiseWeighted {
+    name: String,
+    /// Global key of the pixel distribution.
+    pub pixel_dist: String,
+    /// Global key of the output map (`PixelData<f64>`, nnz values).
+    pub zmap: String,
+    /// Pixel field.
+    pub pixels: String,
+    /// Stokes weight field.
+    pub weights: String,
+    /// Timestream field.
+    pub det_data: String,
+    /// Observation key of the noise model.
+    pub noise_model: String,
+    /// Interval list.
+    pub view: Option<String>,
+    /// Flags.
+    pub flags: FlagSelection,
+}
+
+impl BuildNoiseWeighted {
+    /// An operator.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: impl Into<String>,
+        pixel_dist: impl Into<String>,
+        zmap: impl Into<String>,
+        pixels: impl Into<String>,
+        weights: impl Into<String>,
+        det_data: impl Into<String>,
+        noise_model: impl Into<String>,
+        view: Option<String>,
+        flags: FlagSelection,
+    ) -> Self {
+        BuildNoiseWeighted {
+            name: name.into(),
+            pixel_dist: pixel_dist.into(),
+            zmap: zmap.into(),
+            pixels: pixels.into(),
+            weights: weights.into(),
+            det_data: det_data.into(),
+            noise_model: noise_model.into(),
+            view,
+            flags,
+        }
+    }
+}
+
+impl Operator for BuildNoiseWeighted {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        let mut r = Requirements::new()
+            .global(&self.pixel_dist)
+            .meta(&self.noise_model)
+            .detdata(&self.pixels)
+            .detdata(&self.weights)
+            .detdata(&self.det_data);
+        self.flags.add_requirements(&mut r);
+        if let Some(v) = &self.view {
+            r.add(Category::Intervals, v);
+        }
+        r
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().global(&self.zmap)
+    }
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+        let dist = crate::pixel_dist::get_distribution(data, &self.pixel_dist)?;
+        let nnz = weights_nnz(data, &self.weights)?;
+        ensure_map::<f64>(data, &self.zmap, &dist, nnz)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        self.prepare_outputs(data)?;
+        let pointing = PointingFields {
+            pixels: &self.pixels,
+            weights: &self.weights,
+            pixel_dist: &self.pixel_dist,
+        };
+        let Data { obs, meta } = data;
+        for ob in obs.iter_mut() {
+            let dets = select_detectors(ctx, ob, self.flags.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let det_scale = detector_weights(ob, &self.noise_model, &dets)?;
+            let intervals = view_intervals(ob, self.view.as_deref())?;
+            let call = Call {
+                operator: &self.name,
+                detectors: &dets,
+                intervals: &intervals,
+            };
+            kernels::build_noise_weighted(
+                ctx,
+                call,
+                ob,
+                meta,
+                &self.zmap,
+                pointing,
+                &self.det_data,
+                self.flags.det(),
+                self.flags.shared(),
+                &det_scale,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! HEALPix pixel numbers from detector quaternions (TOAST's `PixelsHealpix`).
+
+use super::util::select_detectors;
+use super::PointingDetectorConfig;
+use crate::kernels::{self, view_intervals, Call, HealpixParams};
+use crate::pixel_dist::{check_nside, PixelDistribution};
+use serde::Deserialize;
+use toast_core::observation::defaults;
+use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
+
+/// Configuration of [`PixelsHealpix`] (TOAST trait names and defaults).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PixelsHealpixConfig {
+    /// HEALPix resolution.
+    pub nside: i64,
+    /// Resolution of the submaps.
+    pub nside_submap: i64,
+    /// NESTED (true) or RING ordering.
+    pub nest: bool,
+    /// Interval list (`None`: the detector pointing's view).
+    pub view: Option<String>,
+    /// Output detdata field of pixel numbers (i64).
+    pub pixels: String,
+}
+
+impl Default for PixelsHealpixConfig {
+    fn default() -> Self {
+        PixelsHealpixConfig {
+            nside: 64,
+            nside_submap: 16,
+            nest: true,
+            view: None,
+            pixels: defaults::PIXELS.into(),
+        }
+    }
+}
+
+/// Pixel numbers of each sample (the `pixels_healpix` kernel); `-1` on
+/// samples whose shared flags have a bit of the detector pointing's mask.
+/// It reads the quaternions and flags that its detector pointing
+/// configuration names, as TOAST's operator does.
+#[derive(Debug, Clone)]
+pub struct PixelsHealpix {
+    name: String,
+    /// The configuration.
+    pub config: PixelsHealpixConfig,
+    /// The detector pointing it reads.
+    pub detector_pointing: PointingDetectorConfig,
+    n_pix_submap: i64,
+    n_submap: i64,
+    hit_submaps: Vec<u8>,
+}
+
+impl PixelsHealpix {
+    /// An operator; checks `nside` and `nside_submap`.
+    pub fn new(
+        name: impl Into<String>,
+        config: PixelsHealpixConfig,
+        detector_pointing: PointingDetectorConfig,
+    ) -> Result<Self, OpError> {
+        check_nside(config.nside, config.nside_submap)?;
+        let n_submap = (config.nside / config.nside_submap).pow(2);
+        Ok(PixelsHealpix {
+            name: name.into(),
+            n_pix_submap: 12 * config.nside_submap * config.nside_submap,
+            n_submap,
+            hit_submaps: vec![0; n_submap as usize],
+            config,
+            detector_pointing,
+        })
+    }
+
+    /// Total number of pixels (`12 nside²`).
+    pub fn n_pix(&self) -> i64 {
+        12 * self.config.nside * self.config.nside
+    }
+
+    /// Pixels per submap (`12 nside_submap²`).
+    pub fn n_pix_submap(&self) -> i64 {
+        self.n_pix_submap
+    }
+
+    /// Number of submaps (`(nside / nside_submap)²`).
+    pub fn n_submap(&self) -> i64 {
+        self.n_submap
+    }
+
+    /// The view used (its own, else the detector pointing's).
+    pub fn view(&self) -> Option<&str> {
+        self.config
+            .view
+            .as_deref()
+            .or(self.detector_pointing.view.as_deref())
+    }
+
+    /// A distribution of this pixelization that stores the given submaps.
+    pub fn distribution(&self, hit: &[u8]) -> Result<PixelDistribution, OpError> {
+        PixelDistribution::healpix(
+            self.config.nside,
+            self.config.nside_submap,
+            self.config.nest,
+            hit,
+        )
+    }
+}
+
+impl Operator for PixelsHealpix {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn requires(&self) -> Requirements {
+        let mut r = Requirements::new().detdata(&self.detector_pointing.quats);
+        if let Some(f) = &self.detector_pointing.shared_flags {
+            r.add(Category::Shared, f);
+        }
+        if let Some(v) = self.view() {
+            r.add(Category::Intervals, v);
+        }
+        r
+    }
+
+    fn provides(&self) -> Requirements {
+        Requirements::new().detdata(&self.config.pixels)
+    }
+
+    fn supports_accel(&self) -> bool {
+        true
+    }
+
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            ob.detdata
+                .create(&self.config.pixels, DType::I64, &[], None)?;
+        }
+        Ok(())
+    }
+
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        self.prepare_outputs(data)?;
+        let params = HealpixParams {
+            nside: self.config.nside,
+            n_pix_submap: self.n_pix_submap,
+            nest: self.config.nest,
+        };
+        let flags = self
+            .detector_pointing
+            .shared_flags
+            .as_deref()
+            .map(|f| (f, self.detector_pointing.shared_flag_mask));
+        let view = self.view().map(str::to_string);
+        let Data { obs, meta } = data;
+        for ob in obs.iter_mut() {
+            let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let intervals = view_intervals(ob, view.as_deref())?;
+            let call = Call {
+                operator: &self.name,
+                detectors: &dets,
+                intervals: &intervals,
+            };
+            kernels::pixels_healpix(
+                ctx,
+                call,
+                ob,
+                meta,
+                &self.detector_pointing.quats,
+                flags,
+                &self.config.pixels,
+                params,
+                &mut self.hit_submaps,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Detector quaternions from the boresight (TOAST's `PointingDetectorSimple`).
+
+use super::util::select_detectors;
+use crate::kernels::{self, view_intervals, Call};
+use serde::Deserialize;
+use toast_core::observation::defaults;
+use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
+
+/// Configuration of [`PointingDetector`] (TOAST trait names and defaults).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PointingDetectorConfig {
+    /// Interval list to process (`None`: every sample).
+    pub view: Option<String>,
+    /// Shared field of boresight quaternions.
+    pub boresight: String,
+    /// Shared flags (`None`: no flags).
+    pub shared_flags: Option<String>,
+    /// Shared flag bits that replace the boresight by the identity.
+    pub shared_flag_mask: u8,
+    /// Detector flag bits that exclude a detector.
+    pub det_mask: u8,
+    /// Output detdata field of detector quaternions.
+    pub quats: String,
+}
+
+impl Default for PointingDetectorConfig {
+    fn default() -> Self {
+        PointingDetectorConfig {
+            view: None,
+            boresight: defaults::BORESIGHT_RADEC.into(),
+            shared_flags: Some(defaults::SHARED_FLAGS.into()),
+            shared_flag_mask: defaults::SHARED_MASK_INVALID,
+            det_mask: defaults::DET_MASK_INVALID,
+            quats: defaults::QUATS.into(),
+        }
+    }
+}
+
+/// Detector quaternions `quats = boresight ⊗ detector offset` (the
+/// `pointing_detector` kernel). Samples with a shared flag bit of
+/// `shared_flag_mask` get the bare detector offset.
+#[derive(Debug, Clone)]
+pub struct PointingDetector {
+    name: String,
+    /// The configuration.
+    pub config: PointingDetectorConfig,
+}
+
+impl PointingDetector {
+    /// An operator.
+    pub fn new(name: impl Into<String>, config: PointingDetectorConfig) -> Self {
+        PointingDetector {
+            name: name.into(),
+            config,
+        }
+    }
+
+    fn flags(&self) -> Option<(&str, u8)> {
+        self.config
+            .shared_flags
+            .as_deref()
+            .map(|f| (f, self.config.shared_flag_mask))
+    }
+}
+
+impl Operator for PointingDetector {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn requires(&self) -> Requirements {
+        let mut r = Requirements::new().shared(&self.config.boresight);
+        if let Some(f) = &self.config.shared_flags {
+            r.add(toast_core::Category::Shared, f);
+        }
+        if let Some(v) = &self.config.view {
+            r.add(toast_core::Category::Intervals, v);
+        }
+        r
+    }
+
+    fn provides(&self) -> Requirements {
+        Requirements::new().detdata(&self.config.quats)
+    }
+
+    fn supports_accel(&self) -> bool {
+        true
+    }
+
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            ob.detdata
+                .create(&self.config.quats, DType::F64, &[4], None)?;
+        }
+        Ok(())
+    }
+
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        self.prepare_outputs(data)?;
+        let Data { obs, meta } = data;
+        for ob in obs.iter_mut() {
+            let dets = select_detectors(ctx, ob, self.config.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let intervals = view_intervals(ob, self.config.view.as_deref())?;
+            let call = Call {
+                operator: &self.name,
+                detectors: &dets,
+                intervals: &intervals,
+            };
+            kernels::pointing_detector(
+                ctx,
+                call,
+                ob,
+                meta,
+                &self.config.boresight,
+                self.flags(),
+                &self.config.quats,
+            )?;
+        }
+        Ok(())
+    }
+}

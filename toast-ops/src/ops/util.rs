@@ -1,0 +1,280 @@
+//! Small helpers shared by the operators: detector selection, the pointing
+//! operator bundle, and field utilities (copy, reset, delete).
+
+use super::{PixelsHealpix, PointingDetector, StokesWeights};
+use crate::global_data::{global_bytes, global_bytes_mut};
+use toast_core::{
+    BufferKey, Category, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
+    Requirements,
+};
+
+/// The detectors of `ob` to process: the context's selection (or every
+/// local detector), minus those whose detector flags have a bit of
+/// `det_mask` (TOAST's `select_local_detectors(selection, flagmask)`).
+pub fn select_detectors(ctx: &ExecContext, ob: &Observation, det_mask: u8) -> Vec<String> {
+    ctx.selected_detectors(ob.local_detectors())
+        .into_iter()
+        .filter(|d| ob.det_flags(d).map(|f| f & det_mask == 0).unwrap_or(false))
+        .collect()
+}
+
+/// The three operators that expand pointing, configured together as TOAST's
+/// `pixel_pointing` (with its `detector_pointing`) and `stokes_weights`.
+#[derive(Debug, Clone)]
+pub struct PointingOps {
+    /// Detector quaternions.
+    pub det_pointing: PointingDetector,
+    /// HEALPix pixels.
+    pub pixels: PixelsHealpix,
+    /// Stokes weights.
+    pub weights: StokesWeights,
+}
+
+impl PointingOps {
+    /// The bundle.
+    pub fn new(
+        det_pointing: PointingDetector,
+        pixels: PixelsHealpix,
+        weights: StokesWeights,
+    ) -> Self {
+        PointingOps {
+            det_pointing,
+            pixels,
+            weights,
+        }
+    }
+
+    /// The operators, in pipeline order.
+    pub fn operators(&mut self) -> Vec<crate::pipeline::OpRef<'_>> {
+        vec![&mut self.det_pointing, &mut self.pixels, &mut self.weights]
+    }
+
+    /// What the three operators need from outside, as a pipeline.
+    pub fn requires(&self) -> Requirements {
+        toast_core::pipeline_requires(&self.specs())
+    }
+
+    /// What they leave behind (the pixels and weights).
+    pub fn provides(&self) -> Requirements {
+        toast_core::pipeline_provides(&self.specs())
+    }
+
+    fn specs(&self) -> Vec<toast_core::StepSpec> {
+        vec![
+            toast_core::StepSpec::from_operator(&self.det_pointing, true),
+            toast_core::StepSpec::from_operator(&self.pixels, true),
+            toast_core::StepSpec::from_operator(&self.weights, true),
+        ]
+    }
+
+    /// Name of the pixel field.
+    pub fn pixels_field(&self) -> &str {
+        &self.pixels.config.pixels
+    }
+
+    /// Name of the weights field.
+    pub fn weights_field(&self) -> &str {
+        &self.weights.config.weights
+    }
+
+    /// Number of Stokes weights per sample.
+    pub fn nnz(&self) -> usize {
+        self.weights.config.mode.nnz()
+    }
+
+    /// The sample view of the pixel pointing (TOAST's `pixel_pointing.view`).
+    pub fn view(&self) -> Option<&str> {
+        self.pixels.view()
+    }
+}
+
+/// Copy detdata field `input` into `output` for the selected detectors
+/// (TOAST's `Copy` operator), creating `output` like `input` if needed.
+/// Host only.
+#[derive(Debug, Clone)]
+pub struct CopyDetData {
+    /// Instance name.
+    pub name: String,
+    /// Source field.
+    pub input: String,
+    /// Destination field.
+    pub output: String,
+    /// Detector flag bits that exclude a detector.
+    pub det_mask: u8,
+}
+
+impl Operator for CopyDetData {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        Requirements::new().detdata(&self.input)
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().detdata(&self.output)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            let dets = select_detectors(ctx, ob, self.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let (dtype, shape, units) = {
+                let f = ob.detdata.get(&self.input)?;
+                (f.dtype(), f.sample_shape().to_vec(), f.units().to_string())
+            };
+            ob.detdata.create(&self.output, dtype, &shape, None)?;
+            let [src, dst] = ob
+                .detdata
+                .get_disjoint_mut([self.input.as_str(), self.output.as_str()])?;
+            if dst.dtype() != dtype || dst.sample_shape() != shape.as_slice() {
+                return Err(OpError::Config(format!(
+                    "observation '{}': cannot copy detdata '{}' into '{}': different types or shapes",
+                    ob.name(),
+                    self.input,
+                    self.output
+                )));
+            }
+            let n = src.row_len() * dtype.size();
+            for d in &dets {
+                let (si, di) = match (src.row_index(d), dst.row_index(d)) {
+                    (Some(a), Some(b)) => (a, b),
+                    _ => {
+                        return Err(OpError::Data(toast_core::DataError::MissingDetector {
+                            observation: ob.name().to_string(),
+                            where_: format!("detdata '{}' or '{}'", self.input, self.output),
+                            detector: d.clone(),
+                        }))
+                    }
+                };
+                let from = src.as_bytes()[si * n..(si + 1) * n].to_vec();
+                dst.as_bytes_mut()[di * n..(di + 1) * n].copy_from_slice(&from);
+            }
+            dst.set_units(units);
+        }
+        Ok(())
+    }
+}
+
+/// Zero detdata fields (all rows) and global items. On an accelerated step,
+/// an item staged on the device is zeroed there in place (TOAST's
+/// `accel_reset`), with no transfer; otherwise the host copy is zeroed.
+/// Missing detdata fields are created as f64 scalars per sample; global
+/// items must exist.
+#[derive(Debug, Clone, Default)]
+pub struct ResetData {
+    /// Instance name.
+    pub name: String,
+    /// Detdata fields.
+    pub detdata: Vec<String>,
+    /// Global items (maps, amplitude vectors).
+    pub global: Vec<String>,
+}
+
+impl Operator for ResetData {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        Requirements::new()
+    }
+    fn provides(&self) -> Requirements {
+        let mut r = Requirements::new();
+        for f in &self.detdata {
+            r.add(Category::DetData, f);
+        }
+        for g in &self.global {
+            r.add(Category::Global, g);
+        }
+        r
+    }
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            for f in &self.detdata {
+                ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
+            }
+        }
+        for g in &self.global {
+            if global_bytes(&data.meta, g).is_none() {
+                return Err(OpError::Config(format!(
+                    "cannot reset global item '{g}': it is missing or not a map or array"
+                )));
+            }
+        }
+        Ok(())
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        self.prepare_outputs(data)?;
+        let use_accel = ctx.use_accel;
+        let mut keys: Vec<BufferKey> = Vec::new();
+        for ob in &data.obs {
+            for f in &self.detdata {
+                keys.push(BufferKey::new(ob.name(), Category::DetData, f.clone()));
+            }
+        }
+        for g in &self.global {
+            keys.push(BufferKey::global(g.clone()));
+        }
+        for key in keys {
+            let on_device = use_accel
+                && ctx
+                    .extensions
+                    .get::<DeviceBuffers>()
+                    .is_some_and(|b| b.is_present(&key));
+            if on_device {
+                if let Some(b) = ctx.extensions.get_mut::<DeviceBuffers>() {
+                    b.reset(&key)?;
+                }
+                continue;
+            }
+            match key.category {
+                Category::Global => {
+                    if let Some(bytes) = global_bytes_mut(&mut data.meta, &key.field) {
+                        bytes.fill(0);
+                    }
+                }
+                _ => data
+                    .get_mut(&key.observation)?
+                    .detdata
+                    .get_mut(&key.field)?
+                    .fill_zero(),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Delete detdata fields from every observation (host only; device mirrors
+/// are freed by the pipeline scope that made them).
+#[derive(Debug, Clone)]
+pub struct DeleteDetData {
+    /// Instance name.
+    pub name: String,
+    /// Fields to delete (missing ones are ignored).
+    pub fields: Vec<String>,
+}
+
+impl Operator for DeleteDetData {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        Requirements::new()
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new()
+    }
+    fn exec(&mut self, data: &mut Data, _ctx: &mut ExecContext) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            for f in &self.fields {
+                if ob.detdata.contains(f) {
+                    ob.detdata.remove(f)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,400 @@
+//! Distributed pixel maps: [`PixelDistribution`] and [`PixelData`].
+//!
+//! As in TOAST, a map of `n_pix` pixels is cut into `n_submap` submaps of
+//! `n_pix_submap` pixels, and a process stores only its *local* submaps (in
+//! this single-process implementation, the submaps its pointing hits). A
+//! [`PixelData`] holds `n_local_submap × n_pix_submap × n_value` elements,
+//! row-major, so the kernels (`scan_map`, `build_noise_weighted`) index it
+//! as `[global2local[pix / n_pix_submap], pix % n_pix_submap, k]` with the
+//! distribution's `global2local` array (`-1` for submaps not stored here).
+//!
+//! Both live in [`toast_core::Data::meta`] as objects, under TOAST's keys
+//! (`pix_dist`, `mapmaker_hits`, ...). A map shares its distribution
+//! through an `Arc`, and maps are compatible when their distributions are
+//! equal.
+//!
+//! [`PixelData::stats`] computes TOAST's MPI-style statistics: the mean and
+//! the RMS over **all** `n_submap × n_pix_submap` pixels, unhit ones counted
+//! as zeros, with `ddof = 1`. That is what TOAST's `stats.json` reference
+//! values were produced with (see the project's `toast-satellite.md` §4).
+//! The sums run in pixel order, so the result does not depend on threads.
+
+use std::sync::Arc;
+use toast_core::OpError;
+use toast_core::{Data, DataError, Element};
+
+/// How a map's pixels are cut into submaps, and which submaps are stored here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PixelDistribution {
+    n_pix: i64,
+    n_submap: i64,
+    n_pix_submap: i64,
+    local_submaps: Vec<i64>,
+    global2local: Vec<i64>,
+    nest: bool,
+}
+
+impl PixelDistribution {
+    /// A distribution of `n_pix` pixels into `n_submap` submaps (the last
+    /// may be padded, as in TOAST), storing `local_submaps` here in the given
+    /// order.
+    pub fn new(n_pix: i64, n_submap: i64, local_submaps: &[i64]) -> Result<Self, OpError> {
+        if n_pix <= 0 || n_submap <= 0 || n_submap > n_pix {
+            return Err(OpError::Config(format!(
+                "pixel distribution: need 0 < n_submap ({n_submap}) <= n_pix ({n_pix})"
+            )));
+        }
+        let mut n_pix_submap = n_pix / n_submap;
+        if n_pix % n_submap != 0 {
+            n_pix_submap += 1;
+        }
+        let mut global2local = vec![-1i64; n_submap as usize];
+        for (i, &s) in local_submaps.iter().enumerate() {
+            if s < 0 || s >= n_submap {
+                return Err(OpError::Config(format!(
+                    "pixel distribution: local submap {s} (entry {i}) is outside [0, {n_submap})"
+                )));
+            }
+            if global2local[s as usize] >= 0 {
+                return Err(OpError::Config(format!(
+                    "pixel distribution: local submap {s} is listed twice"
+                )));
+            }
+            global2local[s as usize] = i as i64;
+        }
+        Ok(PixelDistribution {
+            n_pix,
+            n_submap,
+            n_pix_submap,
+            local_submaps: local_submaps.to_vec(),
+            global2local,
+            nest: true,
+        })
+    }
+
+    /// The HEALPix distribution TOAST's `PixelsHealpix` makes: `12 nside²`
+    /// pixels in `(nside / nside_submap)²` submaps of `12 nside_submap²`
+    /// pixels, storing the submaps whose entry in `hit` is non-zero.
+    pub fn healpix(nside: i64, nside_submap: i64, nest: bool, hit: &[u8]) -> Result<Self, OpError> {
+        check_nside(nside, nside_submap)?;
+        let n_submap = (nside / nside_submap) * (nside / nside_submap);
+        if hit.len() as i64 != n_submap {
+            return Err(OpError::Config(format!(
+                "pixel distribution: {} hit-submap flags for {n_submap} submaps",
+                hit.len()
+            )));
+        }
+        let local: Vec<i64> = (0..n_submap).filter(|&s| hit[s as usize] != 0).collect();
+        let mut d = Self::new(12 * nside * nside, n_submap, &local)?;
+        d.nest = nest;
+        Ok(d)
+    }
+
+    /// Total number of pixels.
+    pub fn n_pix(&self) -> i64 {
+        self.n_pix
+    }
+    /// Number of submaps.
+    pub fn n_submap(&self) -> i64 {
+        self.n_submap
+    }
+    /// Pixels per submap.
+    pub fn n_pix_submap(&self) -> i64 {
+        self.n_pix_submap
+    }
+    /// Number of submaps stored here.
+    pub fn n_local_submap(&self) -> usize {
+        self.local_submaps.len()
+    }
+    /// The submaps stored here, in storage order.
+    pub fn local_submaps(&self) -> &[i64] {
+        &self.local_submaps
+    }
+    /// For each global submap, its local index or -1.
+    pub fn global2local(&self) -> &[i64] {
+        &self.global2local
+    }
+    /// Whether pixel numbers are HEALPix NESTED.
+    pub fn nest(&self) -> bool {
+        self.nest
+    }
+
+    /// The flat index of global pixel `pix` in a local buffer with one value
+    /// per pixel, or `None` when the pixel is negative or its submap is not
+    /// stored here.
+    #[inline]
+    pub fn local_index(&self, pix: i64) -> Option<usize> {
+        if pix < 0 || pix >= self.n_pix {
+            return None;
+        }
+        let sm = pix / self.n_pix_submap;
+        let loc = self.global2local[sm as usize];
+        if loc < 0 {
+            return None;
+        }
+        Some((loc * self.n_pix_submap + (pix - sm * self.n_pix_submap)) as usize)
+    }
+
+    /// The global pixel of local flat pixel index `i`.
+    pub fn global_pixel(&self, i: usize) -> i64 {
+        let nps = self.n_pix_submap as usize;
+        self.local_submaps[i / nps] * self.n_pix_submap + (i % nps) as i64
+    }
+
+    /// Bytes of the `global2local` array, for device staging.
+    pub fn global2local_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.global2local)
+    }
+}
+
+/// Check HEALPix resolution parameters as TOAST's `PixelsHealpix` does.
+pub fn check_nside(nside: i64, nside_submap: i64) -> Result<(), OpError> {
+    let pow2 = |n: i64| n > 0 && n & (n - 1) == 0;
+    if !pow2(nside) || nside > (1 << 29) {
+        return Err(OpError::Config(format!(
+            "nside = {nside} is not a power of two in [1, 2^29]"
+        )));
+    }
+    if !pow2(nside_submap) {
+        return Err(OpError::Config(format!(
+            "nside_submap = {nside_submap} is not a power of two"
+        )));
+    }
+    if nside_submap > nside {
+        return Err(OpError::Config(format!(
+            "nside_submap = {nside_submap} is larger than nside = {nside}"
+        )));
+    }
+    Ok(())
+}
+
+/// Statistics of each component of a map (see [`PixelData::stats`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapStats {
+    /// Sum of each component.
+    pub sum: Vec<f64>,
+    /// Mean of each component.
+    pub mean: Vec<f64>,
+    /// Standard deviation (ddof 1) of each component.
+    pub rms: Vec<f64>,
+    /// Number of pixels each statistic is over.
+    pub count: u64,
+}
+
+/// Values on the local submaps of a [`PixelDistribution`]: `n_value` per
+/// pixel, stored `[n_local_submap, n_pix_submap, n_value]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelData<T: Element> {
+    dist: Arc<PixelDistribution>,
+    n_value: usize,
+    data: Vec<T>,
+    units: String,
+}
+
+impl<T: Element> PixelData<T> {
+    /// A zeroed map.
+    pub fn new(dist: Arc<PixelDistribution>, n_value: usize) -> Self {
+        let len = dist.n_local_submap() * dist.n_pix_submap() as usize * n_value;
+        PixelData {
+            dist,
+            n_value,
+            data: vec![T::default(); len],
+            units: String::new(),
+        }
+    }
+
+    /// The distribution.
+    pub fn distribution(&self) -> &Arc<PixelDistribution> {
+        &self.dist
+    }
+    /// Values per pixel.
+    pub fn n_value(&self) -> usize {
+        self.n_value
+    }
+    /// Number of locally stored pixels.
+    pub fn n_local_pix(&self) -> usize {
+        self.dist.n_local_submap() * self.dist.n_pix_submap() as usize
+    }
+    /// The local buffer.
+    pub fn data(&self) -> &[T] {
+        &self.data
+    }
+    /// The local buffer, mutably.
+    pub fn data_mut(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+    /// Units (free text).
+    pub fn units(&self) -> &str {
+        &self.units
+    }
+    /// Set the units.
+    pub fn set_units(&mut self, units: impl Into<String>) {
+        self.units = units.into();
+    }
+    /// Zero every value.
+    pub fn reset(&mut self) {
+        self.data.iter_mut().for_each(|x| *x = T::default());
+    }
+    /// The values of global pixel `pix`, if it is stored here.
+    pub fn pixel(&self, pix: i64) -> Option<&[T]> {
+        let i = self.dist.local_index(pix)?;
+        Some(&self.data[i * self.n_value..(i + 1) * self.n_value])
+    }
+    /// Raw bytes, for device staging.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.data)
+    }
+    /// Raw bytes, mutably.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.data)
+    }
+
+    /// The full-sky map in the distribution's pixel order (`n_pix × n_value`,
+    /// pixels not stored here as zeros), as the FITS writers want it.
+    pub fn to_full_sky(&self) -> Vec<T> {
+        let nv = self.n_value;
+        let mut out = vec![T::default(); self.dist.n_pix() as usize * nv];
+        let nps = self.dist.n_pix_submap() as usize;
+        for (loc, &sm) in self.dist.local_submaps().iter().enumerate() {
+            let first = sm as usize * nps;
+            let n = nps.min(self.dist.n_pix() as usize - first);
+            out[first * nv..(first + n) * nv]
+                .copy_from_slice(&self.data[loc * nps * nv..(loc * nps + n) * nv]);
+        }
+        out
+    }
+}
+
+/// Element types whose values convert to `f64` for statistics.
+pub trait MapValue: Element {
+    /// The value as `f64`.
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! map_value {
+    ($($t:ty),*) => {$(
+        impl MapValue for $t {
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+        }
+    )*};
+}
+map_value!(f64, f32, i64, i32, u8);
+
+impl<T: MapValue> PixelData<T> {
+    /// TOAST's MPI-style statistics: for each component, the sum, the mean
+    /// over all `n_submap × n_pix_submap` pixels (pixels of submaps not
+    /// stored here count as zeros) and the standard deviation with
+    /// `ddof = 1`, by two passes in pixel order.
+    pub fn stats(&self) -> MapStats {
+        let nv = self.n_value;
+        let n_total = (self.dist.n_submap() * self.dist.n_pix_submap()) as u64;
+        let n_local = self.n_local_pix() as u64;
+        let mut sum = vec![0.0f64; nv];
+        for px in self.data.chunks_exact(nv.max(1)) {
+            for (s, &x) in sum.iter_mut().zip(px) {
+                *s += x.to_f64();
+            }
+        }
+        let mean: Vec<f64> = sum.iter().map(|s| s / n_total as f64).collect();
+        let mut var = vec![0.0f64; nv];
+        for px in self.data.chunks_exact(nv.max(1)) {
+            for ((v, &x), m) in var.iter_mut().zip(px).zip(&mean) {
+                let d = x.to_f64() - m;
+                *v += d * d;
+            }
+        }
+        // Pixels of submaps stored elsewhere are zeros.
+        let n_zero = (n_total - n_local) as f64;
+        for (v, m) in var.iter_mut().zip(&mean) {
+            *v += n_zero * m * m;
+        }
+        let rms = var
+            .iter()
+            .map(|v| {
+                if n_total > 1 {
+                    (v / (n_total - 1) as f64).sqrt()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        MapStats {
+            sum,
+            mean,
+            rms,
+            count: n_total,
+        }
+    }
+}
+
+/// The distribution stored at `key` in the data.
+pub fn get_distribution(data: &Data, key: &str) -> Result<Arc<PixelDistribution>, DataError> {
+    data.meta.object::<Arc<PixelDistribution>>(key).cloned()
+}
+
+/// A map of element type `T` stored at `key`.
+pub fn get_map<'a, T: Element>(data: &'a Data, key: &str) -> Result<&'a PixelData<T>, DataError> {
+    data.meta.object::<PixelData<T>>(key)
+}
+
+/// A map of element type `T` stored at `key`, mutably.
+pub fn get_map_mut<'a, T: Element>(
+    data: &'a mut Data,
+    key: &str,
+) -> Result<&'a mut PixelData<T>, DataError> {
+    data.meta.object_mut::<PixelData<T>>(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healpix_distribution_layout() {
+        let mut hit = vec![0u8; 16];
+        hit[3] = 1;
+        hit[10] = 1;
+        let d = PixelDistribution::healpix(8, 2, true, &hit).unwrap();
+        assert_eq!(d.n_pix(), 768);
+        assert_eq!(d.n_submap(), 16);
+        assert_eq!(d.n_pix_submap(), 48);
+        assert_eq!(d.local_submaps(), &[3, 10]);
+        assert_eq!(d.global2local()[3], 0);
+        assert_eq!(d.global2local()[10], 1);
+        assert_eq!(d.global2local()[0], -1);
+        assert_eq!(d.local_index(3 * 48 + 5), Some(5));
+        assert_eq!(d.local_index(10 * 48), Some(48));
+        assert_eq!(d.local_index(0), None);
+        assert_eq!(d.local_index(-1), None);
+        assert_eq!(d.global_pixel(49), 10 * 48 + 1);
+        assert!(PixelDistribution::healpix(6, 2, true, &hit).is_err());
+        assert!(PixelDistribution::healpix(8, 16, true, &hit).is_err());
+        assert!(PixelDistribution::new(10, 3, &[5]).is_err());
+        assert!(PixelDistribution::new(10, 3, &[1, 1]).is_err());
+    }
+
+    #[test]
+    fn stats_count_unhit_pixels_as_zeros() {
+        // 4 submaps of 3 pixels, one stored.
+        let d = Arc::new(PixelDistribution::new(12, 4, &[2]).unwrap());
+        let mut m = PixelData::<f64>::new(d, 2);
+        m.data_mut()
+            .copy_from_slice(&[1.0, -1.0, 2.0, 0.0, 3.0, 1.0]);
+        let s = m.stats();
+        let full = m.to_full_sky();
+        assert_eq!(full.len(), 24);
+        assert_eq!(&full[12..18], &[1.0, -1.0, 2.0, 0.0, 3.0, 1.0]);
+        for c in 0..2 {
+            let xs: Vec<f64> = full.iter().skip(c).step_by(2).copied().collect();
+            let mean = xs.iter().sum::<f64>() / 12.0;
+            let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / 11.0;
+            assert!((s.mean[c] - mean).abs() < 1e-15);
+            assert!((s.rms[c] - var.sqrt()).abs() < 1e-14);
+        }
+        assert_eq!(s.sum, vec![6.0, 0.0]);
+        assert_eq!(s.count, 12);
+    }
+}

@@ -1,0 +1,578 @@
+//! The destriping map-maker on synthetic scans, through the CPU plugin and
+//! a non-host-addressable test device.
+
+mod common;
+
+use common::{add_offsets, context, hash01, make_data, make_sky, registry, scan_sky, Scan};
+use std::sync::Arc;
+use toast_core::observation::defaults;
+use toast_core::{check_requirements, Data, ExecContext, Operator};
+use toast_ops::global_data::HostArray;
+use toast_ops::kernels::UnstagedTransfers;
+use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
+use toast_ops::pipeline::StagingReports;
+use toast_ops::templates::OffsetConfig;
+use toast_ops::{MapMaker, MapMakerResult, MapMakerSetup, PixelData};
+
+const NSIDE: i64 = 16;
+const NSIDE_SUBMAP: i64 = 4;
+const RCOND: f64 = 1e-3;
+
+fn setup(step_time: f64, templates: bool) -> MapMakerSetup {
+    let mut s = MapMakerSetup {
+        pixels: PixelsHealpixConfig {
+            nside: NSIDE,
+            nside_submap: NSIDE_SUBMAP,
+            ..PixelsHealpixConfig::default()
+        },
+        weights: StokesWeightsConfig {
+            mode: StokesMode::IQU,
+            ..StokesWeightsConfig::default()
+        },
+        baselines: OffsetConfig {
+            enabled: templates,
+            step_time,
+            ..OffsetConfig::default()
+        },
+        ..MapMakerSetup::default()
+    };
+    s.binner.pixel_dist = "pix_dist".into();
+    s.mapmaker.solve_rcond_threshold = RCOND;
+    s.mapmaker.map_rcond_threshold = RCOND;
+    s
+}
+
+/// Data with the sky scanned in (and nothing else).
+fn sky_data(scan: &Scan, ctx: &mut ExecContext) -> Data {
+    let mut data = make_data(scan);
+    make_sky(&mut data, NSIDE, NSIDE_SUBMAP);
+    scan_sky(&mut data, ctx, NSIDE, NSIDE_SUBMAP);
+    data
+}
+
+fn map<'a>(data: &'a Data, key: &str) -> &'a PixelData<f64> {
+    data.meta.object::<PixelData<f64>>(key).unwrap()
+}
+
+/// (pixel, map value, sky value) of each good pixel (rcond ≥ threshold).
+fn good_pixels(data: &Data, res: &MapMakerResult, key: &str) -> Vec<(i64, [f64; 3], [f64; 3])> {
+    let m = map(data, key);
+    let rcond = map(data, &res.rcond);
+    let sky = map(data, "sky");
+    let dist = m.distribution().clone();
+    let mut out = Vec::new();
+    for i in 0..m.n_local_pix() {
+        if rcond.data()[i] >= RCOND {
+            let pix = dist.global_pixel(i);
+            let v = &m.data()[3 * i..3 * i + 3];
+            let s = sky.pixel(pix).unwrap();
+            out.push((pix, [v[0], v[1], v[2]], [s[0], s[1], s[2]]));
+        }
+    }
+    out
+}
+
+#[test]
+fn binned_map_of_a_noiseless_sky_is_the_sky() {
+    let scan = Scan::default();
+    let reg = registry(2);
+    let mut ctx = context(&reg, "");
+    let mut data = sky_data(&scan, &mut ctx);
+    let mut mm = MapMaker::new(setup(25.0, false)).unwrap();
+    let res = mm.run(&mut data, &mut ctx).unwrap();
+    assert_eq!(res.iterations, 0, "no template, no solve");
+    let good = good_pixels(&data, &res, &res.map);
+    assert!(good.len() > 800, "only {} good pixels", good.len());
+    let mut worst = 0.0f64;
+    for (pix, m, s) in &good {
+        for k in 0..3 {
+            let e = (m[k] - s[k]).abs();
+            worst = worst.max(e);
+            assert!(
+                e < 1e-10,
+                "pixel {pix} component {k}: map {} sky {}",
+                m[k],
+                s[k]
+            );
+        }
+    }
+    // Without templates the destriped map is the binned map.
+    assert_eq!(
+        map(&data, &res.map).data(),
+        map(&data, res.binmap.as_ref().unwrap()).data()
+    );
+    // Cut pixels are zero in the map.
+    let m = map(&data, &res.map);
+    let rcond = map(&data, &res.rcond);
+    for (i, r) in rcond.data().iter().enumerate() {
+        if *r < RCOND {
+            assert_eq!(&m.data()[3 * i..3 * i + 3], &[0.0; 3]);
+        }
+    }
+    eprintln!(
+        "binned map: {} good pixels, worst error {worst:e}",
+        good.len()
+    );
+}
+
+/// The injected offset of detector `d` (index in the focalplane) in
+/// observation `o`, step `k` (as `common::add_offsets` makes it).
+fn injected(o: usize, d: usize, k: usize, scale: f64) -> f64 {
+    scale * hash01(100 + o as u64, (d * 100_000 + k) as u64)
+}
+
+#[test]
+fn destriper_removes_many_offsets_per_observation() {
+    let scan = Scan::default();
+    let reg = registry(2);
+    let mut ctx = context(&reg, "");
+    let mut data = sky_data(&scan, &mut ctx);
+    // 25 s steps at 10 Hz: 250 samples, 48 baselines per detector and observation.
+    let step = 250;
+    let scale = 3.0;
+    add_offsets(&mut data, step, scale);
+    let mut s = setup(25.0, true);
+    s.mapmaker.convergence = 1e-24;
+    s.mapmaker.keep_solver_products = true;
+    let mut mm = MapMaker::new(s).unwrap();
+    let res = mm.run(&mut data, &mut ctx).unwrap();
+    eprintln!(
+        "destriper: {} amplitudes ({} flagged), {} iterations, converged {}, residuals {:?}",
+        res.n_amplitudes, res.n_flagged_amplitudes, res.iterations, res.converged, res.residuals
+    );
+    let n_det = 2 * scan.n_pairs;
+    assert_eq!(
+        res.n_amplitudes,
+        scan.n_obs * n_det * scan.n_samples.div_ceil(step)
+    );
+    assert_eq!(
+        res.n_flagged_amplitudes, 0,
+        "the test scan should flag nothing"
+    );
+    assert!(res.converged, "{res:?}");
+    assert!(res.iterations >= 3);
+
+    // The raw binned map is far from the sky; the destriped map is the sky up
+    // to a monopole (the offsets' common constant, which nothing fixes).
+    let raw = good_pixels(&data, &res, res.binmap.as_ref().unwrap());
+    let worst_raw = raw
+        .iter()
+        .map(|(_, m, s)| (m[1] - s[1]).abs().max((m[2] - s[2]).abs()))
+        .fold(0.0, f64::max);
+    assert!(
+        worst_raw > 0.1,
+        "the offsets should show in the raw map ({worst_raw})"
+    );
+    let good = good_pixels(&data, &res, &res.map);
+    assert!(good.len() > 800);
+    let mono = good.iter().map(|(_, m, s)| m[0] - s[0]).sum::<f64>() / good.len() as f64;
+    let mut worst = [0.0f64; 3];
+    for (pix, m, s) in &good {
+        let e = [m[0] - s[0] - mono, m[1] - s[1], m[2] - s[2]];
+        for k in 0..3 {
+            worst[k] = worst[k].max(e[k].abs());
+            assert!(
+                e[k].abs() < 1e-8,
+                "pixel {pix} component {k}: error {:e}",
+                e[k]
+            );
+        }
+    }
+    eprintln!("destriped map: monopole {mono:e}, worst errors I/Q/U {worst:?}");
+
+    // The amplitudes are the injected offsets plus one common constant.
+    let amps = &data
+        .meta
+        .object::<HostArray<f64>>(res.amplitudes.as_ref().unwrap())
+        .unwrap()
+        .values;
+    let n_steps = scan.n_samples.div_ceil(step);
+    // Detector-major: detector d, observation o, step k.
+    let mut diffs = Vec::new();
+    for d in 0..n_det {
+        for o in 0..scan.n_obs {
+            for k in 0..n_steps {
+                let a = amps[(d * scan.n_obs + o) * n_steps + k];
+                diffs.push(a - injected(o, d, k, scale));
+            }
+        }
+    }
+    let c = diffs[0];
+    for (i, x) in diffs.iter().enumerate() {
+        assert!((x - c).abs() < 1e-8, "amplitude {i}: {x} vs common {c}");
+    }
+    assert!(
+        (mono + c).abs() < 1e-8,
+        "the map monopole is minus the common offset"
+    );
+
+    // The cleaned timestream was not kept (save_cleaned is off), and the
+    // solver products were.
+    for ob in &data.obs {
+        assert!(!ob.detdata.contains("mapmaker_cleaned"));
+        assert!(!ob.detdata.contains("mapmaker_temp"));
+        assert!(ob.detdata.contains("mapmaker_solve_flags"));
+        assert!(!ob.detdata.contains("pixels"), "pointing is not kept");
+    }
+}
+
+#[test]
+fn hits_count_the_unflagged_samples() {
+    let scan = Scan {
+        n_obs: 1,
+        ..Scan::default()
+    };
+    let reg = registry(2);
+    let mut ctx = context(&reg, "");
+    let mut data = sky_data(&scan, &mut ctx);
+    // Detector flags: bit 1 (cut), bit 8 (not in the mask). Shared flags:
+    // bit 1 (invalid: no pixel either), bit 32 (not in the mask).
+    for ob in &mut data.obs {
+        let n = ob.n_samples();
+        let shared: Vec<u8> = (0..n)
+            .map(|s| match (hash01(7, s as u64) * 50.0) as i64 {
+                0 => defaults::SHARED_MASK_INVALID,
+                1 => 32,
+                _ => 0,
+            })
+            .collect();
+        ob.shared.set(defaults::SHARED_FLAGS, &[], &shared).unwrap();
+        let dets = ob.local_detectors().to_vec();
+        let f = ob.detdata.get_mut(defaults::DET_FLAGS).unwrap();
+        for (d, name) in dets.iter().enumerate() {
+            for (s, x) in f.row_of_mut::<u8>(name).unwrap().iter_mut().enumerate() {
+                *x = match (hash01(8 + d as u64, s as u64) * 30.0) as i64 {
+                    0 => defaults::DET_MASK_INVALID,
+                    1 => 8,
+                    _ => 0,
+                };
+            }
+        }
+    }
+    let mut s = setup(100.0, true);
+    s.binner.full_pointing = true;
+    let mut mm = MapMaker::new(s).unwrap();
+    let res = mm.run(&mut data, &mut ctx).unwrap();
+    let hits = data.meta.object::<PixelData<i64>>(&res.hits).unwrap();
+    let dist = hits.distribution().clone();
+    let mut expected = vec![0i64; hits.n_local_pix()];
+    let mut total = 0i64;
+    for ob in &data.obs {
+        let shared = ob.shared.data::<u8>(defaults::SHARED_FLAGS).unwrap();
+        let pixels = ob
+            .detdata
+            .get("pixels")
+            .expect("full_pointing keeps the pixels");
+        let flags = ob.detdata.get(defaults::DET_FLAGS).unwrap();
+        for d in ob.local_detectors() {
+            let p = pixels.row_of::<i64>(d).unwrap();
+            let f = flags.row_of::<u8>(d).unwrap();
+            for s in 0..ob.n_samples() {
+                if shared[s] & defaults::SHARED_MASK_NONSCIENCE == 0
+                    && f[s] & defaults::DET_MASK_NONSCIENCE == 0
+                {
+                    assert!(p[s] >= 0);
+                    expected[dist.local_index(p[s]).unwrap()] += 1;
+                    total += 1;
+                } else if shared[s] & defaults::SHARED_MASK_INVALID != 0 {
+                    assert_eq!(p[s], -1, "invalid samples have no pixel");
+                }
+            }
+        }
+    }
+    assert_eq!(hits.data(), expected.as_slice());
+    assert_eq!(hits.data().iter().sum::<i64>(), total);
+    assert!(
+        total < (scan.n_samples * 2 * scan.n_pairs) as i64,
+        "some samples are cut"
+    );
+    // The solver saw at least the same cuts.
+    assert!(res.solver_cut_samples >= (scan.n_samples * 2 * scan.n_pairs) as u64 - total as u64);
+}
+
+fn run_with_threads(threads: usize) -> (Data, MapMakerResult) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let scan = Scan::default();
+        let reg = registry(threads);
+        let mut ctx = context(&reg, "");
+        let mut data = sky_data(&scan, &mut ctx);
+        add_offsets(&mut data, 400, 2.0);
+        // Some noise, so the solve does not converge trivially.
+        for ob in &mut data.obs {
+            let name = ob.name().to_string();
+            let sig = ob.detdata.get_mut(defaults::DET_DATA).unwrap();
+            for (i, x) in sig.data_mut::<f64>().unwrap().iter_mut().enumerate() {
+                *x += 0.01 * hash01(name.len() as u64 + 99, i as u64);
+            }
+        }
+        let mut s = setup(40.0, true);
+        s.mapmaker.keep_solver_products = true;
+        s.mapmaker.write_noiseweighted_map = true;
+        let mut mm = MapMaker::new(s).unwrap();
+        let res = mm.run(&mut data, &mut ctx).unwrap();
+        (data, res)
+    })
+}
+
+#[test]
+fn one_and_two_threads_give_identical_bits() {
+    let (d1, r1) = run_with_threads(1);
+    let (d2, r2) = run_with_threads(2);
+    assert_eq!(r1, r2, "iterations and residuals");
+    assert!(r1.iterations > 3);
+    for key in [
+        r1.map.clone(),
+        r1.binmap.clone().unwrap(),
+        r1.cov.clone(),
+        r1.rcond.clone(),
+        r1.noiseweighted_map.clone().unwrap(),
+    ] {
+        let (a, b) = (map(&d1, &key), map(&d2, &key));
+        assert!(
+            a.data()
+                .iter()
+                .zip(b.data())
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{key} differs"
+        );
+    }
+    let h = |d: &Data| {
+        d.meta
+            .object::<PixelData<i64>>(&r1.hits)
+            .unwrap()
+            .data()
+            .to_vec()
+    };
+    assert_eq!(h(&d1), h(&d2));
+    let a = |d: &Data| {
+        d.meta
+            .object::<HostArray<f64>>(r1.amplitudes.as_ref().unwrap())
+            .unwrap()
+            .values
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(a(&d1), a(&d2));
+}
+
+#[test]
+fn requirements_hold_before_and_after() {
+    let scan = Scan {
+        n_obs: 1,
+        n_samples: 4000,
+        ..Scan::default()
+    };
+    let reg = registry(2);
+    let mut ctx = context(&reg, "");
+    let mut data = sky_data(&scan, &mut ctx);
+    let mut s = setup(30.0, true);
+    s.mapmaker.write_invcov = true;
+    s.mapmaker.save_cleaned = true;
+    s.binner.full_pointing = true;
+    let mut mm = MapMaker::new(s).unwrap();
+    check_requirements(&data, &mm.requires()).unwrap();
+    mm.exec(&mut data, &mut ctx).unwrap();
+    check_requirements(&data, &mm.provides()).unwrap();
+    let res = mm.result().unwrap().clone();
+    assert_eq!(res.cleaned.as_deref(), Some("mapmaker_cleaned"));
+    assert!(
+        res.amplitudes.is_none(),
+        "solver products are not kept by default"
+    );
+    for key in [
+        "mapmaker_solve_hits",
+        "mapmaker_solve_cov",
+        "mapmaker_solve_rhs",
+    ] {
+        assert!(!data.meta.contains(key), "{key} should be gone");
+    }
+
+    // A missing input is reported by name.
+    let mut data2 = make_data(&scan);
+    data2.obs[0]
+        .shared
+        .remove(defaults::BORESIGHT_RADEC)
+        .unwrap();
+    let mut mm2 = MapMaker::new(setup(30.0, true)).unwrap();
+    let e = mm2.run(&mut data2, &mut ctx).unwrap_err().to_string();
+    assert_eq!(e, "observation 'obs_000' lacks shared 'boresight_radec'");
+
+    // A bad configuration is refused.
+    let mut bad = setup(30.0, true);
+    bad.baselines.use_noise_prior = true;
+    assert!(MapMaker::new(bad).is_err());
+}
+
+fn run_on(policy: &str) -> (Data, MapMakerResult, ExecContext) {
+    let scan = Scan::default();
+    let reg = registry(2);
+    let mut ctx = context(&reg, policy);
+    let mut data = {
+        let mut cpu = context(&reg, "");
+        sky_data(&scan, &mut cpu)
+    };
+    add_offsets(&mut data, 300, 1.5);
+    let mut s = setup(30.0, true);
+    s.mapmaker.keep_solver_products = true;
+    s.mapmaker.save_cleaned = true;
+    s.mapmaker.overwrite_cleaned = true;
+    let mut mm = MapMaker::new(s).unwrap();
+    let res = mm.run(&mut data, &mut ctx).unwrap();
+    (data, res, ctx)
+}
+
+fn assert_same_maps(a: &Data, b: &Data, res: &MapMakerResult) {
+    for key in [&res.map, res.binmap.as_ref().unwrap(), &res.cov] {
+        let (x, y) = (map(a, key), map(b, key));
+        assert!(
+            x.data()
+                .iter()
+                .zip(y.data())
+                .all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{key} differs"
+        );
+    }
+    for (oa, ob) in a.obs.iter().zip(&b.obs) {
+        let sa = oa
+            .detdata
+            .get(defaults::DET_DATA)
+            .unwrap()
+            .data::<f64>()
+            .unwrap();
+        let sb = ob
+            .detdata
+            .get(defaults::DET_DATA)
+            .unwrap()
+            .data::<f64>()
+            .unwrap();
+        assert!(
+            sa.iter().zip(sb).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "cleaned signal differs"
+        );
+    }
+}
+
+#[test]
+fn device_backend_gives_the_same_maps_with_data_staged_once() {
+    let (cpu_data, cpu_res, _) = run_on("");
+    let (dev_data, dev_res, ctx) = run_on("run=fakedev");
+    assert_eq!(cpu_res, dev_res);
+    assert_same_maps(&cpu_data, &dev_data, &cpu_res);
+
+    // Every kernel argument was staged: no temporary copies.
+    let unstaged = ctx
+        .extensions
+        .get::<UnstagedTransfers>()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
+    let reports = ctx
+        .extensions
+        .get::<StagingReports>()
+        .expect("a staging scope ran");
+    assert_eq!(
+        reports.reports.len(),
+        1,
+        "one scope for the whole map-maker"
+    );
+    eprintln!("{}", reports.reports[0]);
+    let n_obs = dev_data.obs.len() as u64;
+    // The timestream goes up once and, cleaned in place, comes back once.
+    assert_eq!(reports.copies("detdata.signal"), (n_obs, n_obs));
+    // Boresight and flags go up once; pointing never crosses the bus.
+    assert_eq!(reports.copies("shared.boresight_radec"), (n_obs, 0));
+    assert_eq!(reports.copies("detdata.mapmaker_solve_flags").0, n_obs);
+    assert_eq!(reports.copies("detdata.quats"), (0, 0));
+    // Pixels and weights come back only for the host-side hits/covariance
+    // passes and the rcond mask (TOAST runs those on the host too).
+    let (_, pix_down) = reports.copies("detdata.pixels");
+    assert!(pix_down <= 4 * n_obs, "pixels came back {pix_down} times");
+    // The temporary timestream never crosses the bus after its one upload.
+    assert!(reports.copies("detdata.mapmaker_temp").1 == 0);
+    let (h2d, d2h, allocs, frees) = reports.totals();
+    assert_eq!(allocs, frees, "every device buffer freed");
+    // What the device saw is exactly what the scope accounted for.
+    let reg_stats = ctx
+        .ext::<toast_accel::host::Dispatcher>()
+        .unwrap()
+        .registry()
+        .get("fakedev")
+        .unwrap()
+        .stats()
+        .snapshot();
+    assert_eq!((reg_stats.h2d_calls, reg_stats.d2h_calls), (h2d, d2h));
+    assert_eq!(reg_stats.allocs, reg_stats.frees);
+    // And the kernels ran there.
+    let timers: Vec<&str> = ctx.timers.names().collect();
+    assert!(
+        timers.iter().any(|t| t.contains("scan_map[fakedev]")),
+        "{timers:?}"
+    );
+    assert!(!timers.iter().any(|t| t.contains("[cpu]")), "{timers:?}");
+}
+
+#[test]
+fn kernel_override_to_the_host_keeps_staged_data_consistent() {
+    let (cpu_data, cpu_res, _) = run_on("");
+    let (dev_data, dev_res, ctx) =
+        run_on("run=fakedev,kernel.scan_map=cpu,kernel.noise_weight=cpu");
+    assert_eq!(cpu_res, dev_res);
+    assert_same_maps(&cpu_data, &dev_data, &cpu_res);
+    let unstaged = ctx
+        .extensions
+        .get::<UnstagedTransfers>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        unstaged.total_calls() > 0,
+        "host kernels must sync the staged data"
+    );
+    let timers: Vec<&str> = ctx.timers.names().collect();
+    assert!(
+        timers.iter().any(|t| t.contains("scan_map[cpu]")),
+        "{timers:?}"
+    );
+    assert!(
+        timers
+            .iter()
+            .any(|t| t.contains("build_noise_weighted[fakedev]")),
+        "{timers:?}"
+    );
+}
+
+#[test]
+fn map_statistics_follow_toast() {
+    let scan = Scan {
+        n_obs: 1,
+        ..Scan::default()
+    };
+    let reg = registry(2);
+    let mut ctx = context(&reg, "");
+    let mut data = sky_data(&scan, &mut ctx);
+    let mut mm = MapMaker::new(setup(25.0, false)).unwrap();
+    let res = mm.run(&mut data, &mut ctx).unwrap();
+    let m = map(&data, &res.map);
+    let full = m.to_full_sky();
+    let n = full.len() / 3;
+    assert_eq!(n as i64, 12 * NSIDE * NSIDE);
+    let st = m.stats();
+    for c in 0..3 {
+        let xs: Vec<f64> = full.iter().skip(c).step_by(3).copied().collect();
+        let mean = xs.iter().sum::<f64>() / n as f64;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        assert!((st.mean[c] - mean).abs() <= 1e-12 * mean.abs().max(1.0));
+        assert!((st.rms[c] - var.sqrt()).abs() <= 1e-12 * var.sqrt());
+    }
+    let hits = data.meta.object::<PixelData<i64>>(&res.hits).unwrap();
+    assert_eq!(
+        hits.stats().sum[0] as usize,
+        scan.n_samples * 2 * scan.n_pairs,
+        "no flags: every sample hits"
+    );
+    let _ = Arc::clone(m.distribution());
+}

@@ -1,0 +1,311 @@
+//! Pipelines and the kernel call layer: staging onto a non-host-addressable
+//! device once per pipeline, the pipeline-level backend, unstaged calls,
+//! requirements, error messages, and configuration parsing.
+
+mod common;
+
+use common::{context, make_data, make_sky, pointing_ops, registry, Scan};
+use toast_core::observation::defaults;
+use toast_core::{check_requirements, Data, ExecContext, Operator, Requirements};
+use toast_ops::kernels::UnstagedTransfers;
+use toast_ops::ops::{ScanMap, ScanMapConfig};
+use toast_ops::pipeline::StagingReports;
+use toast_ops::{DetectorSets, MapMakerConfig, Pipeline};
+
+const NSIDE: i64 = 16;
+
+fn scan_pipeline(sets: DetectorSets) -> Pipeline {
+    let (a, b, c) = pointing_ops(NSIDE, 4);
+    let scan = ScanMap::new(
+        "scan_map",
+        ScanMapConfig {
+            map_key: "sky".into(),
+            pixel_dist: "sky_dist".into(),
+            ..ScanMapConfig::default()
+        },
+    )
+    .unwrap();
+    Pipeline::new(
+        "scan_sky",
+        vec![Box::new(a), Box::new(b), Box::new(c), Box::new(scan)],
+    )
+    .with_detector_sets(sets)
+}
+
+fn data(n_obs: usize) -> Data {
+    let scan = Scan {
+        n_obs,
+        n_samples: 3000,
+        ..Scan::default()
+    };
+    let mut d = make_data(&scan);
+    make_sky(&mut d, NSIDE, 4);
+    d
+}
+
+fn signal_bits(d: &Data) -> Vec<u64> {
+    d.obs
+        .iter()
+        .flat_map(|ob| {
+            ob.detdata
+                .get(defaults::DET_DATA)
+                .unwrap()
+                .data::<f64>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn run(policy: &str, sets: DetectorSets) -> (Data, ExecContext) {
+    let reg = registry(2);
+    let mut ctx = context(&reg, policy);
+    let mut d = data(2);
+    let mut p = scan_pipeline(sets);
+    check_requirements(&d, &p.requires()).unwrap();
+    p.apply(&mut d, &mut ctx).unwrap();
+    check_requirements(&d, &p.provides()).unwrap();
+    (d, ctx)
+}
+
+#[test]
+fn pipeline_requirements_are_toast_s() {
+    let p = scan_pipeline(DetectorSets::All);
+    let r = p.requires();
+    let sorted = |v: &[String]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(&r.global), ["sky", "sky_dist"]);
+    assert_eq!(r.detdata, ["signal"]);
+    assert_eq!(sorted(&r.shared), ["boresight_radec", "flags"]);
+    // Quaternions are an intermediate; the signal (and the pixels and
+    // weights, which no later step consumes) are left for later operators.
+    let prov = p.provides();
+    assert!(prov.detdata.contains(&"signal".to_string()));
+    assert!(!prov.detdata.contains(&"quats".to_string()));
+    let missing = Data::new();
+    check_requirements(&missing, &Requirements::new()).unwrap();
+}
+
+#[test]
+fn device_pipeline_uploads_each_input_once_per_pipeline() {
+    let (cpu, _) = run("", DetectorSets::All);
+    for sets in [DetectorSets::All, DetectorSets::Single] {
+        let (dev, ctx) = run("run=fakedev", sets.clone());
+        assert_eq!(signal_bits(&cpu), signal_bits(&dev), "{sets:?}");
+        let unstaged = ctx
+            .extensions
+            .get::<UnstagedTransfers>()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(unstaged.total_calls(), 0, "{sets:?}: {unstaged:?}");
+        let rep = ctx.extensions.get::<StagingReports>().unwrap();
+        assert_eq!(rep.reports.len(), 1);
+        eprintln!("{sets:?}\n{}", rep.reports[0]);
+        // Two observations: one upload each of the per-observation inputs,
+        // one download of the output, nothing for the intermediates.
+        assert_eq!(rep.copies("shared.boresight_radec"), (2, 0), "{sets:?}");
+        assert_eq!(rep.copies("shared.flags"), (2, 0), "{sets:?}");
+        assert_eq!(rep.copies("detdata.signal"), (2, 2), "{sets:?}");
+        assert_eq!(rep.copies("global.sky"), (1, 0), "{sets:?}");
+        assert_eq!(rep.copies("global.sky_dist"), (1, 0), "{sets:?}");
+        for f in ["detdata.quats", "detdata.pixels", "detdata.weights"] {
+            assert_eq!(rep.copies(f), (0, 0), "{sets:?}: {f}");
+        }
+        let (h2d, d2h, allocs, frees) = rep.totals();
+        assert_eq!((h2d, d2h), (8, 2));
+        assert_eq!(allocs, frees);
+        let stats = ctx
+            .ext::<toast_accel::host::Dispatcher>()
+            .unwrap()
+            .registry()
+            .get("fakedev")
+            .unwrap()
+            .stats()
+            .snapshot();
+        assert_eq!(
+            (stats.h2d_calls, stats.d2h_calls),
+            (h2d, d2h),
+            "the device saw only these"
+        );
+        assert_eq!(stats.allocs, stats.frees);
+        let n_calls = ctx
+            .timers
+            .get("scan_map.scan_map[fakedev]")
+            .expect("timer named by the resolved backend")
+            .calls();
+        let expected = match sets {
+            DetectorSets::All => 2,
+            _ => 2 * 6,
+        };
+        assert_eq!(
+            n_calls, expected,
+            "one call per observation and detector set"
+        );
+    }
+}
+
+#[test]
+fn pipeline_backend_setting_feeds_the_dispatch_chain() {
+    let reg = registry(2);
+    let mut ctx = context(&reg, "");
+    let mut d = data(1);
+    let mut p = scan_pipeline(DetectorSets::All).with_backend(Some("fakedev"));
+    p.apply(&mut d, &mut ctx).unwrap();
+    assert!(ctx
+        .timers
+        .get("det_pointing.pointing_detector[fakedev]")
+        .is_some());
+    assert!(ctx.timers.get("scan_map.scan_map[fakedev]").is_some());
+    assert!(ctx.extensions.get::<StagingReports>().is_some(), "staged");
+    // The context's dispatcher is restored.
+    assert_eq!(
+        ctx.ext::<toast_accel::host::Dispatcher>()
+            .unwrap()
+            .policy()
+            .pipeline,
+        None
+    );
+    // An operator override beats the pipeline setting.
+    let mut ctx = context(&reg, "operator.scan_map=cpu");
+    let mut d2 = data(1);
+    let mut p = scan_pipeline(DetectorSets::All).with_backend(Some("fakedev"));
+    p.apply(&mut d2, &mut ctx).unwrap();
+    assert!(ctx.timers.get("scan_map.scan_map[cpu]").is_some());
+    assert_eq!(signal_bits(&d), signal_bits(&d2));
+}
+
+#[test]
+fn operators_outside_a_pipeline_make_counted_unstaged_copies() {
+    let reg = registry(1);
+    let (mut cpu_data, mut dev_data) = (data(1), data(1));
+    let mut cpu = context(&reg, "");
+    let mut dev = context(&reg, "run=fakedev");
+    for (d, ctx) in [(&mut cpu_data, &mut cpu), (&mut dev_data, &mut dev)] {
+        let (mut a, mut b, _) = pointing_ops(NSIDE, 4);
+        a.apply(d, ctx).unwrap();
+        b.apply(d, ctx).unwrap();
+    }
+    let q = |d: &Data, f: &str| -> Vec<u8> { d.obs[0].detdata.get(f).unwrap().as_bytes().to_vec() };
+    assert_eq!(q(&cpu_data, "quats"), q(&dev_data, "quats"));
+    assert_eq!(q(&cpu_data, "pixels"), q(&dev_data, "pixels"));
+    let u = dev.extensions.get::<UnstagedTransfers>().unwrap();
+    let c = |n: &str| u.per_buffer.get(n).cloned().unwrap_or_default();
+    assert_eq!(
+        (
+            c("shared.boresight_radec").uploads,
+            c("shared.boresight_radec").downloads
+        ),
+        (1, 0)
+    );
+    // Quaternions: written by one kernel (up and down), read by the next (up).
+    assert_eq!(
+        (c("detdata.quats").uploads, c("detdata.quats").downloads),
+        (2, 1)
+    );
+    assert_eq!(
+        (c("detdata.pixels").uploads, c("detdata.pixels").downloads),
+        (1, 1)
+    );
+    assert!(
+        cpu.extensions.get::<UnstagedTransfers>().is_none(),
+        "host addresses: no copies"
+    );
+}
+
+#[test]
+fn errors_name_the_operator_kernel_backend_and_observation() {
+    let reg = registry(1);
+    let mut ctx = context(&reg, "");
+    let mut d = data(1);
+    // A map whose distribution holds one submap: scanning hits the others.
+    let dist = std::sync::Arc::new(
+        toast_ops::PixelDistribution::healpix(NSIDE, 4, true, &{
+            let mut h = vec![0u8; 16];
+            h[0] = 1;
+            h
+        })
+        .unwrap(),
+    );
+    d.meta.set_object("small_dist", dist.clone());
+    d.meta
+        .set_object("small", toast_ops::PixelData::<f64>::new(dist, 3));
+    let (a, b, c) = pointing_ops(NSIDE, 4);
+    let scan = ScanMap::new(
+        "scan_small",
+        ScanMapConfig {
+            map_key: "small".into(),
+            pixel_dist: "small_dist".into(),
+            ..ScanMapConfig::default()
+        },
+    )
+    .unwrap();
+    let mut p = Pipeline::new(
+        "p",
+        vec![Box::new(a), Box::new(b), Box::new(c), Box::new(scan)],
+    );
+    let e = p.apply(&mut d, &mut ctx).unwrap_err().to_string();
+    eprintln!("{e}");
+    assert!(
+        e.starts_with(
+            "operator 'scan_small': kernel `scan_map` on backend `cpu` for observation 'obs_000': "
+        ),
+        "{e}"
+    );
+
+    // No dispatcher installed.
+    let mut bare = ExecContext::new();
+    let (mut a, _, _) = pointing_ops(NSIDE, 4);
+    let e = a.apply(&mut data(1), &mut bare).unwrap_err().to_string();
+    assert!(e.contains("Dispatcher"), "{e}");
+
+    // A shape mismatch is found before any kernel runs.
+    let mut d = data(1);
+    d.obs[0]
+        .detdata
+        .create("quats", toast_core::DType::F64, &[3], None)
+        .unwrap();
+    let (mut a, _, _) = pointing_ops(NSIDE, 4);
+    let e = a.apply(&mut d, &mut ctx).unwrap_err().to_string();
+    assert!(e.contains("'quats'") && e.contains("obs_000"), "{e}");
+}
+
+#[test]
+fn configuration_uses_toast_names_and_rejects_unknown_ones() {
+    let c: MapMakerConfig = serde_json::from_str(
+        r#"{"iter_max": 50, "convergence": 1e-10, "solve_rcond_threshold": 1e-3,
+            "map_rcond_threshold": 1e-6, "write_hits": false}"#,
+    )
+    .unwrap();
+    assert_eq!(c.iter_max, 50);
+    assert_eq!(c.iter_min, 3, "defaults fill the rest");
+    assert_eq!(c.convergence, 1e-10);
+    assert!(!c.write_hits);
+    let e = serde_json::from_str::<MapMakerConfig>(r#"{"iter_maxx": 5}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("iter_maxx"), "{e}");
+
+    let b: toast_ops::templates::OffsetConfig =
+        serde_json::from_str(r#"{"step_time": 60.0, "good_fraction": 0.8}"#).unwrap();
+    assert_eq!(b.step_time, 60.0);
+    assert!(!b.use_noise_prior);
+    let w: toast_ops::ops::StokesWeightsConfig =
+        serde_json::from_str(r#"{"mode": "IQU", "IAU": true}"#).unwrap();
+    assert_eq!(w.mode, toast_ops::ops::StokesMode::IQU);
+    assert!(w.iau);
+    assert!(
+        serde_json::from_str::<toast_ops::ops::StokesWeightsConfig>(r#"{"mode": "QU"}"#).is_err()
+    );
+    let bin: toast_ops::ops::BinnerConfig =
+        serde_json::from_str(r#"{"pixel_dist": "pix_dist", "full_pointing": true}"#).unwrap();
+    assert!(bin.full_pointing);
+    assert_eq!(bin.shared_flag_mask, 15);
+    let px: toast_ops::ops::PixelsHealpixConfig =
+        serde_json::from_str(r#"{"nside": 1024, "nside_submap": 16, "nest": true}"#).unwrap();
+    assert_eq!(px.nside, 1024);
+}
