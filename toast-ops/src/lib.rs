@@ -72,6 +72,7 @@ pub mod pixel_dist;
 pub mod plot;
 pub mod qarray;
 pub mod satellite;
+pub mod sim;
 pub mod sht;
 pub mod sky;
 pub mod templates;
