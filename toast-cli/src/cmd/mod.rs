@@ -1,4 +1,5 @@
 //! The subcommands of `toast-cli`, one module each.
 
 pub mod backends;
+pub mod run;
 pub mod verify;
