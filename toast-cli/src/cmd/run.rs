@@ -474,45 +474,31 @@ fn local_submaps(data: &Data, key: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// `kernel=backend` for each kernel that ran, from the timer names (which
-/// carry the resolved backend).
+/// `kernel=backend[/backend...]` for each kernel that ran, from the kernel
+/// timer names (`operator.kernel[backend]`, the resolved backend).
 fn kernel_backends(ctx: &ExecContext) -> String {
-    let kernels = [
-        "pointing_detector",
-        "pixels_healpix",
-        "stokes_weights_IQU",
-        "stokes_weights_I",
-        "scan_map",
-        "build_noise_weighted",
-        "noise_weight",
-        "template_offset_add_to_signal",
-        "template_offset_project_signal",
-        "template_offset_apply_diag_precond",
-    ];
-    let mut out: Vec<String> = Vec::new();
-    for k in kernels {
-        let mut seen: Vec<String> = Vec::new();
-        for name in ctx.timers.names() {
-            let leaf = name.rsplit('|').next().unwrap_or(name);
-            if let Some(rest) = leaf.strip_prefix(k) {
-                // e.g. "scan_map[cpu]" or "scan_map (cpu)".
-                let b: String = rest
-                    .trim_matches(|c: char| !c.is_alphanumeric())
-                    .to_string();
-                if !b.is_empty() && !b.starts_with('I') && !seen.contains(&b) {
-                    seen.push(b);
-                }
-            }
+    let mut map: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for name in ctx.timers.names() {
+        if name.starts_with("(function)") {
+            continue;
         }
-        if !seen.is_empty() {
-            out.push(format!("{k}={}", seen.join("/")));
+        let Some((head, rest)) = name.split_once('[') else {
+            continue;
+        };
+        let backend = rest.trim_end_matches(']').to_string();
+        let kernel = head.rsplit('.').next().unwrap_or(head).to_string();
+        let e = map.entry(kernel).or_default();
+        if !e.contains(&backend) {
+            e.push(backend);
         }
     }
-    if out.is_empty() {
-        "none recorded".into()
-    } else {
-        out.join(", ")
+    if map.is_empty() {
+        return "none recorded".into();
     }
+    map.into_iter()
+        .map(|(k, b)| format!("{k}={}", b.join("/")))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn time_span(data: &Data) -> (f64, f64) {
