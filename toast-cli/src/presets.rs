@@ -83,12 +83,14 @@ pub struct Sizing {
     pub n_det: u64,
     /// Observations.
     pub n_obs: u64,
+    /// Samples per detector and observation (360 000 for 1 hour at 100 Hz).
+    pub samples_per_obs: u64,
 }
 
 impl Sizing {
     /// Total detector samples (= the expected total hits).
     pub fn samples(&self) -> u64 {
-        self.n_det * self.n_obs * SAMPLES_PER_OBS
+        self.n_det * self.n_obs * self.samples_per_obs
     }
 }
 
@@ -108,6 +110,7 @@ pub fn select_distribution(cap: f64) -> Sizing {
     Sizing {
         n_det: n_det.max(2),
         n_obs,
+        samples_per_obs: SAMPLES_PER_OBS,
     }
 }
 
@@ -130,7 +133,7 @@ pub fn names() -> String {
 pub fn predicted_memory(s: Sizing, nside: u64) -> f64 {
     let npix = 12.0 * (nside as f64) * (nside as f64);
     let det_samples = s.samples() as f64;
-    let time_samples = (s.n_obs * SAMPLES_PER_OBS) as f64;
+    let time_samples = (s.n_obs * s.samples_per_obs) as f64;
     let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * s.n_obs as f64).min(1.0);
     BASE_BYTES
         + BYTES_PER_DET_SAMPLE * det_samples

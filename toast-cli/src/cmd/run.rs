@@ -198,6 +198,9 @@ fn prepare(args: &RunArgs) -> Result<Job, String> {
         }
         sizing.n_obs = n;
     }
+    // SimSatellite's sampling: 1 + floor(rate (T - 2 µs)) samples per scan.
+    let span = cfg.sim_satellite.obs_minutes * 60.0 - 2e-6;
+    sizing.samples_per_obs = 1 + (span * 100.0).floor() as u64;
     let sky_file = (!cfg.scan_map.file.is_empty()).then(|| PathBuf::from(&cfg.scan_map.file));
     if let Some(p) = &sky_file {
         if cfg.scan_map.enabled {
@@ -310,7 +313,7 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
         s.n_det,
         s.n_det / 2,
         s.n_obs,
-        presets::SAMPLES_PER_OBS,
+        s.samples_per_obs,
         s.samples(),
         rayon::current_num_threads(),
         gib(predicted)
