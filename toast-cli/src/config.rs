@@ -41,8 +41,12 @@
 
 use serde::de::DeserializeOwned;
 use toast_ops::mapmaker::MapMakerConfig;
-use toast_ops::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};
-use toast_ops::sim::{DefaultNoiseModelConfig, ScanHealpixMapConfig, SimNoiseConfig, SimSatelliteConfig};
+use toast_ops::ops::{
+    BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig,
+};
+use toast_ops::sim::{
+    DefaultNoiseModelConfig, ScanHealpixMapConfig, SimNoiseConfig, SimSatelliteConfig,
+};
 use toast_ops::templates::OffsetConfig;
 use toml::{Table, Value};
 
@@ -341,9 +345,10 @@ mod tests {
         let back = build(text.parse::<Table>().unwrap()).unwrap();
         assert_eq!(back.baselines.step_time, 60.0);
         assert_eq!(back.mapmaker.iter_max, 50);
-        let mut file: Table = "[mapmaker]\niter_max = 7\n[dispatch]\nkernel.scan_map = \"opencl\"\n"
-            .parse()
-            .unwrap();
+        let mut file: Table =
+            "[mapmaker]\niter_max = 7\n[dispatch]\nkernel.scan_map = \"opencl\"\n"
+                .parse()
+                .unwrap();
         let mut t = workflow_defaults("small");
         merge(&mut t, &std::mem::take(&mut file));
         let c = build(t).unwrap();

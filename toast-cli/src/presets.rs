@@ -210,7 +210,10 @@ mod tests {
         assert_eq!(auto(1.0, 1024).0, "tiny");
         assert_eq!(auto(1e18, 1024).0, "heroic");
         assert_eq!(
-            parse_meminfo_kb("MemTotal: 10 kB\nMemAvailable:   2048 kB\n", "MemAvailable:"),
+            parse_meminfo_kb(
+                "MemTotal: 10 kB\nMemAvailable:   2048 kB\n",
+                "MemAvailable:"
+            ),
             Some(2048.0)
         );
     }

@@ -115,11 +115,20 @@ fn tiny_hits_outputs_and_stats() {
     assert!(csv.starts_with(
         "Timer,Processes,Minimum Calls,Maximum Calls,Minimum Time,Maximum Time,Mean Time,Median Time"
     ));
-    assert!(csv.contains("(function) toast-cli run|MapMaker|mapmaker"), "{csv}");
+    assert!(
+        csv.contains("(function) toast-cli run|MapMaker|mapmaker"),
+        "{csv}"
+    );
     assert!(csv.contains("scan_map[cpu]"), "{csv}");
     let cfg = std::fs::read_to_string(out.join("config.toml")).unwrap();
-    assert!(cfg.contains("[mapmaker]") && cfg.contains("nside = 128"), "{cfg}");
-    assert!(t.contains("total hits:     4320000 (expected 4320000)"), "{t}");
+    assert!(
+        cfg.contains("[mapmaker]") && cfg.contains("nside = 128"),
+        "{cfg}"
+    );
+    assert!(
+        t.contains("total hits:     4320000 (expected 4320000)"),
+        "{t}"
+    );
     assert!(t.contains("scan_map=cpu"), "{t}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -78,10 +78,7 @@ pub struct RunArgs {
 
 /// `--threads N`: the global rayon pool and the CPU plugin's `threads`
 /// option (unless `--backend-options cpu:...` gave one).
-pub fn set_threads(
-    n: usize,
-    opts: &mut toast_accel::host::DiscoveryOptions,
-) -> Result<(), String> {
+pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> Result<(), String> {
     if n == 0 {
         return Err("--threads 0: must be at least 1".into());
     }
@@ -173,12 +170,15 @@ fn prepare(args: &RunArgs) -> Result<Job, String> {
     let cfg = config::build(table)?;
     let nside = cfg.pixels.nside as u64;
     let (case, mut sizing) = if args.case == "auto" {
-        let avail = presets::mem_available()
-            .ok_or("auto: cannot read MemAvailable from /proc/meminfo")?;
+        let avail =
+            presets::mem_available().ok_or("auto: cannot read MemAvailable from /proc/meminfo")?;
         let (n, s) = presets::auto(avail, nside);
         (n.to_string(), s)
     } else {
-        (args.case.clone(), presets::preset(&args.case).expect("checked"))
+        (
+            args.case.clone(),
+            presets::preset(&args.case).expect("checked"),
+        )
     };
     if let Some(n) = args.n_det {
         if n == 0 || n % 2 != 0 || n > presets::MAX_DETECTORS {
@@ -292,7 +292,11 @@ fn phase<R>(
     let _ = ctx.timers.exit(name);
     pb.set_position(i as u64 + 1);
     pb.finish_with_message(format!("{name}: {:.2} s", t0.elapsed().as_secs_f64()));
-    tracing::info!("{name}: {:.3} s", t0.elapsed().as_secs_f64());
+    tracing::info!(
+        "{name}: {:.3} s, peak memory so far {}",
+        t0.elapsed().as_secs_f64(),
+        gib(presets::peak_rss().unwrap_or(0.0))
+    );
     r
 }
 
@@ -412,7 +416,14 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
     })?;
     let (t_first, t_last) = time_span(&data);
     let stats = phase(&ui, 5, "write outputs", &mut ctx, |_| {
-        write_outputs(&job, &data, &res, s.n_det as i64, (t_first, t_last), args.no_plot)
+        write_outputs(
+            &job,
+            &data,
+            &res,
+            s.n_det as i64,
+            (t_first, t_last),
+            args.no_plot,
+        )
     })?;
     let _ = ctx.timers.exit(top);
     ctx.timers.stop_all();
@@ -447,7 +458,11 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
     );
     println!("wall time:      {wall:.2} s");
     println!("samples/s:      {:.4e}", s.samples() as f64 / wall);
-    println!("peak memory:    {} (predicted {})", gib(peak), gib(predicted));
+    println!(
+        "peak memory:    {} (predicted {})",
+        gib(peak),
+        gib(predicted)
+    );
     println!(
         "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
         res.iterations,

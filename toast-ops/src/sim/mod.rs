@@ -43,4 +43,3 @@ pub use model::{
 };
 pub use satellite::{core_focalplane, SimSatellite, SimSatelliteConfig, SESSION_UID};
 pub use scan::{InputSky, ScanHealpixMap, ScanHealpixMapConfig};
-

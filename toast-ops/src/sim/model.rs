@@ -162,7 +162,8 @@ impl Operator for SimNoise {
         let cfg = &self.config;
         for ob in &mut data.obs {
             let obname = ob.name().to_string();
-            let err = |m: String| OpError::Config(format!("sim_noise: observation '{obname}': {m}"));
+            let err =
+                |m: String| OpError::Config(format!("sim_noise: observation '{obname}': {m}"));
             let rate = rate_from_times(ob.times()?).map_err(|e| err(e.to_string()))?;
             let session = match ob.meta.value(SESSION_UID) {
                 Ok(Value::Int(v)) => *v as u64,

@@ -168,7 +168,9 @@ impl SimSatellite {
     ) -> Result<Self, OpError> {
         config.validate()?;
         if focalplane.is_empty() {
-            return Err(OpError::Config("sim_satellite: the focalplane is empty".into()));
+            return Err(OpError::Config(
+                "sim_satellite: the focalplane is empty".into(),
+            ));
         }
         Ok(SimSatellite {
             name: name.into(),
@@ -247,21 +249,26 @@ impl Operator for SimSatellite {
             let mut ob = Observation::new(sim.sampling.obs_name.clone(), telescope.clone(), n)?;
             ob.set_uid(sim.sampling.obs_uid as u64);
             ob.shared.set(defaults::TIMES, &[], &sim.times)?;
-            ob.shared.set::<u8>(defaults::SHARED_FLAGS, &[], &vec![0; n])?;
+            ob.shared
+                .set::<u8>(defaults::SHARED_FLAGS, &[], &vec![0; n])?;
             let flat = |v: &[[f64; 4]]| v.iter().flatten().copied().collect::<Vec<f64>>();
             ob.shared
                 .set(defaults::BORESIGHT_RADEC, &[4], &flat(&sim.boresight))?;
             let flat3 = |v: &[[f64; 3]]| v.iter().flatten().copied().collect::<Vec<f64>>();
-            ob.shared.set(defaults::POSITION, &[3], &flat3(&sim.position))?;
-            ob.shared.set(defaults::VELOCITY, &[3], &flat3(&sim.velocity))?;
-            ob.detdata.create(defaults::DET_DATA, DType::F64, &[], None)?;
+            ob.shared
+                .set(defaults::POSITION, &[3], &flat3(&sim.position))?;
+            ob.shared
+                .set(defaults::VELOCITY, &[3], &flat3(&sim.velocity))?;
+            ob.detdata
+                .create(defaults::DET_DATA, DType::F64, &[], None)?;
             ob.detdata.get_mut(defaults::DET_DATA)?.set_units("K");
             ob.detdata
                 .create(defaults::DET_FLAGS, DType::U8, &[], None)?;
             ob.meta
                 .set("session_name", sim.sampling.session_name.as_str());
             ob.meta.set(SESSION_UID, sim.sampling.session_uid as i64);
-            ob.meta.set("sample_offset", sim.sampling.sample_offset as i64);
+            ob.meta
+                .set("sample_offset", sim.sampling.sample_offset as i64);
             data.push(ob)?;
         }
         Ok(())

@@ -35,7 +35,13 @@ impl InputSky {
                 m.fields.len()
             )));
         }
-        let unseen = |x: f64| if x <= -1.6e30 || !x.is_finite() { 0.0 } else { x };
+        let unseen = |x: f64| {
+            if x <= -1.6e30 || !x.is_finite() {
+                0.0
+            } else {
+                x
+            }
+        };
         let mut fields = m.fields.into_iter();
         let mut take = || -> Vec<f32> {
             fields
@@ -166,11 +172,18 @@ impl Operator for ScanHealpixMap {
         let cfg = &self.config;
         // Pointing and the pixel distribution.
         let pixels = self.pointing.pixels.clone();
-        let mut build = BuildPixelDistribution::new("BuildPixelDistribution", &cfg.pixel_dist, &pixels);
+        let mut build =
+            BuildPixelDistribution::new("BuildPixelDistribution", &cfg.pixel_dist, &pixels);
         {
             let mut ops = self.pointing.operators();
             ops.push(&mut build);
-            run_operators("ScanHealpixMap.pointing", &mut ops, data, ctx, &self.options)?;
+            run_operators(
+                "ScanHealpixMap.pointing",
+                &mut ops,
+                data,
+                ctx,
+                &self.options,
+            )?;
         }
         let dist = data
             .meta
@@ -184,8 +197,8 @@ impl Operator for ScanHealpixMap {
             let g0 = gs as usize * nps;
             let block = &mut map.data_mut()[ls * nps * 3..(ls + 1) * nps * 3];
             for (p, v) in block.chunks_exact_mut(3).enumerate() {
-                for k in 0..3 {
-                    v[k] = sky.maps[k][g0 + p] as f64;
+                for (x, m) in v.iter_mut().zip(&sky.maps) {
+                    *x = m[g0 + p] as f64;
                 }
             }
         }
