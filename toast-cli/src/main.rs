@@ -63,6 +63,16 @@ enum Command {
     /// Run TOAST's satellite simulation and map-making workflow
     /// (`toast_benchmark_satellite`): tiny on the CPU into ./toast_out by default.
     Run(cmd::run::RunArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Time every kernel of a backend on TOAST's benchmark workload and
+    /// compare with TOAST 3.0.6's compiled kernels.
+    Kernels(cmd::bench::KernelsArgs),
 }
 
 fn default_cases_dir() -> PathBuf {
@@ -112,6 +122,9 @@ fn run(cli: Cli) -> Result<u8, String> {
             cmd::run::set_threads(n, &mut opts)?;
         }
     }
+    if let Command::Bench(BenchCommand::Kernels(a)) = &cli.command {
+        opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
+    }
     let registry = Registry::discover(&opts);
     match &cli.command {
         Command::Run(args) => cmd::run::run(args, registry).map(code),
@@ -126,6 +139,17 @@ fn run(cli: Cli) -> Result<u8, String> {
                     Ok(EXIT_UNAVAILABLE)
                 }
                 Err(e) => Err(e.to_string()),
+            }
+        }
+        Command::Bench(BenchCommand::Kernels(args)) => {
+            let b = registry.get(&args.backend).map_err(|e| e.to_string())?;
+            let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
+            match cmd::bench::cmd_kernels(&b, args, threads) {
+                Ok(()) => Ok(0),
+                Err(e) => {
+                    eprintln!("toast-cli bench kernels: {e}");
+                    Ok(1)
+                }
             }
         }
     }

@@ -1,0 +1,834 @@
+#!/usr/bin/env python3
+# Copyright (c) toast-rs contributors. BSD-2-Clause.
+"""Regenerate the TOAST 3.0.6 compiled-kernel reference cases.
+
+Every case calls the real compiled extension ``toast._libtoast`` of the PyPI
+wheel ``toast==3.0.6`` (CPU path, ``use_accel=False``, one OpenMP thread) on
+deterministic, seeded inputs, and writes ``<kernel>_<case>.npz`` plus a
+``manifest.json`` in the schema described in FORMAT.md.
+
+Usage:  OMP_NUM_THREADS=1 python generate_cases.py OUTDIR
+
+``regenerate.sh`` beside this file sets up a virtual environment with the
+right toast and runs this script.  The layout of every case (names, dtypes,
+shapes, special directions, sentinel ``_in`` values, flag patterns, interval
+shapes, offset-template call replay arrays) follows FORMAT.md; the random
+values come from ``numpy.random.default_rng`` seeded from the case name, so a
+run is reproducible bit for bit with the same numpy, toast and libm.
+"""
+
+import json
+import math
+import os
+import sys
+import zlib
+
+# The kernels must run with one OpenMP thread (sequential summation order in
+# template_offset_project_signal).  OMP_NUM_THREADS is read when libgomp
+# initialises, i.e. on the first import of toast._libtoast.
+if os.environ.get("OMP_NUM_THREADS") not in (None, "1"):
+    sys.exit("generate_cases.py: run with OMP_NUM_THREADS=1 (it is %r)" % os.environ["OMP_NUM_THREADS"])
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import numpy as np  # noqa: E402
+
+import toast  # noqa: E402
+from toast import _libtoast as lt  # noqa: E402
+from toast.intervals import interval_dtype  # noqa: E402
+
+TOAST_VERSION = "3.0.6"
+SAMPLE_RATE = 10.0  # Hz: only used for the (unused by the kernels) start/stop times
+T0 = 1.0e9
+BASE_SEED = 20240606
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def rng_for(name):
+    """A generator seeded from the case name (stable across runs and Pythons)."""
+    return np.random.default_rng([BASE_SEED, zlib.crc32(name.encode("ascii"))])
+
+
+def make_intervals(spans):
+    """(structured interval array for the kernel, dict of the four npz fields)."""
+    iv = np.zeros(len(spans), dtype=interval_dtype)
+    for i, (first, last) in enumerate(spans):
+        iv[i]["first"] = first
+        iv[i]["last"] = last
+        iv[i]["start"] = T0 + first / SAMPLE_RATE
+        iv[i]["stop"] = T0 + max(last - 1, first) / SAMPLE_RATE
+    fields = {
+        "intervals_first": np.ascontiguousarray(iv["first"], dtype=np.int64),
+        "intervals_last": np.ascontiguousarray(iv["last"], dtype=np.int64),
+        "intervals_start": np.ascontiguousarray(iv["start"], dtype=np.float64),
+        "intervals_stop": np.ascontiguousarray(iv["stop"], dtype=np.float64),
+    }
+    return iv, fields
+
+
+def random_quats(rng, shape):
+    """Unit quaternions [x, y, z, w], uniformly distributed on S3."""
+    q = rng.normal(size=tuple(shape) + (4,))
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    return np.ascontiguousarray(q)
+
+
+def qmult(p, q):
+    """Hamilton product p * q of [x, y, z, w] quaternions (numpy broadcasting)."""
+    p0, p1, p2, p3 = (p[..., i] for i in range(4))
+    q0, q1, q2, q3 = (q[..., i] for i in range(4))
+    return np.stack(
+        [
+            p0 * q3 + p1 * q2 - p2 * q1 + p3 * q0,
+            -p0 * q2 + p1 * q3 + p2 * q0 + p3 * q1,
+            p0 * q1 - p1 * q0 + p2 * q3 + p3 * q2,
+            -p0 * q0 - p1 * q1 - p2 * q2 + p3 * q3,
+        ],
+        axis=-1,
+    )
+
+
+def axis_angle(axis, angle):
+    axis = np.asarray(axis, dtype=np.float64)
+    s = math.sin(0.5 * angle)
+    return np.array([axis[0] * s, axis[1] * s, axis[2] * s, math.cos(0.5 * angle)])
+
+
+def dir_quat(theta, phi, psi):
+    """Quaternion Rz(phi) Ry(theta) Rz(psi): rotates z-hat to (theta, phi)."""
+    return qmult(
+        qmult(axis_angle([0, 0, 1], phi), axis_angle([0, 1, 0], theta)),
+        axis_angle([0, 0, 1], psi),
+    )
+
+
+def rotate_toast(q, v):
+    """TOAST's un-normalised rotation of vector v by quaternion(s) q (same op order)."""
+    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    xw = w * x
+    yw = w * y
+    zw = w * z
+    x2 = -x * x
+    xy = x * y
+    xz = x * z
+    y2 = -y * y
+    yz = y * z
+    z2 = -z * z
+    v0, v1, v2 = v
+    return np.stack(
+        [
+            2 * ((y2 + z2) * v0 + (xy - zw) * v1 + (yw + xz) * v2) + v0,
+            2 * ((zw + xy) * v0 + (x2 + z2) * v1 + (yz - xw) * v2) + v1,
+            2 * ((xz - yw) * v0 + (xw + yz) * v1 + (x2 + y2) * v2) + v2,
+        ],
+        axis=-1,
+    )
+
+
+THETA_SPECIAL = [
+    math.acos(2.0 / 3.0),
+    math.acos(-2.0 / 3.0),
+    math.acos(2.0 / 3.0) + 1e-12,
+    math.acos(2.0 / 3.0) - 1e-12,
+    1e-9,
+    math.pi - 1e-9,
+    0.5 * math.pi,
+]
+PHI_SPECIAL = [0.0, 1e-17, -1e-17, 2 * math.pi - 1e-15, 0.25 * math.pi, 1.5 * math.pi, math.pi]
+N_SPECIAL = 6 + len(THETA_SPECIAL) * len(PHI_SPECIAL)  # 55
+
+
+def special_quats(rng):
+    """The 55 special pointing quaternions of FORMAT.md (poles, equator, z=+-2/3, phi~0/2pi)."""
+    s = 1.0 / math.sqrt(2.0)
+    out = [
+        [0.0, 0.0, 0.0, 1.0],  # identity: north pole
+        [1.0, 0.0, 0.0, 0.0],  # 180 deg about x: south pole
+        [0.0, s, 0.0, s],  # +90 about y: equator, phi = 0
+        [-s, 0.0, 0.0, s],  # -90 about x: equator, phi = pi/2
+        [0.0, -s, 0.0, s],  # -90 about y: equator, phi = pi
+        [s, 0.0, 0.0, s],  # +90 about x: equator, phi = -pi/2
+    ]
+    for theta in THETA_SPECIAL:
+        for phi in PHI_SPECIAL:
+            out.append(dir_quat(theta, phi, rng.uniform(0, 2 * math.pi)))
+    q = np.array(out, dtype=np.float64)
+    assert q.shape == (N_SPECIAL, 4)
+    return q
+
+
+def find_nan_quat(rng):
+    """A quaternion (a, b, 0, 0) whose TOAST-rotated z-hat has z < -1 by rounding."""
+    for _ in range(1_000_000):
+        t = rng.uniform(0, 2 * math.pi)
+        q = np.array([math.cos(t), math.sin(t), 0.0, 0.0])
+        vz = rotate_toast(q, (0.0, 0.0, 1.0))[2]
+        if vz < -1.0:
+            return q
+    raise RuntimeError("no quaternion with rotated z < -1 found")
+
+
+def u8(x):
+    return np.asarray(x, dtype=np.uint8)
+
+
+class Case:
+    def __init__(self, kernel, case, function, description):
+        self.kernel = kernel
+        self.case = case
+        self.function = function
+        self.description = description
+        self.fields = {}
+        self.scalars = {}
+        self.extra = None
+
+    @property
+    def file(self):
+        return f"{self.kernel}_{self.case}.npz"
+
+    def add(self, **arrays):
+        for k, v in arrays.items():
+            a = np.asarray(v)
+            if a.dtype.kind == "b":
+                raise TypeError(f"{k}: booleans are stored as uint8")
+            self.fields[k] = np.ascontiguousarray(a)
+
+    def scalar(self, name, value, dtype):
+        self.fields[name] = np.array(value, dtype=dtype)
+        self.scalars[name] = value.item() if hasattr(value, "item") else value
+
+    def manifest(self):
+        m = {
+            "file": self.file,
+            "kernel": self.kernel,
+            "case": self.case,
+            "libtoast_function": self.function,
+            "description": self.description,
+            "omp_num_threads": 1,
+            "fields": {
+                k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in self.fields.items()
+            },
+            "scalars": self.scalars,
+        }
+        if self.extra is not None:
+            m["extra"] = self.extra
+        return m
+
+
+# ---------------------------------------------------------------------------
+# 1. pointing_detector
+
+
+def pointing_replica(focalplane, boresight, quat_index, quats, spans, flags, mask):
+    out = quats.copy()
+    use_flags = flags.shape[0] == boresight.shape[0]
+    ident = np.array([0.0, 0.0, 0.0, 1.0])
+    for i, row in enumerate(quat_index):
+        for first, last in spans:
+            b = boresight[first:last].copy()
+            if use_flags:
+                b[(flags[first:last] & mask) != 0] = ident
+            out[row, first:last] = qmult(b, focalplane[i][None, :])
+    return out
+
+
+def case_pointing_detector(name, n_samp, spans, with_flags, description):
+    c = Case("pointing_detector", name, "pointing_detector", description)
+    rng = rng_for(c.file)
+    n_rows = 5
+    quat_index = np.array([2, 0, 4, 1], dtype=np.int32)  # row 3 never written
+    focalplane = random_quats(rng, (4,))
+    boresight = random_quats(rng, (n_samp,))
+    quats_in = random_quats(rng, (n_rows, n_samp))
+    if with_flags:
+        flags = np.where(rng.random(n_samp) < 0.25, rng.integers(1, 256, n_samp), 0).astype(np.uint8)
+    else:
+        flags = np.zeros(1, dtype=np.uint8)
+    mask = 5
+    iv, ivf = make_intervals(spans)
+    quats = quats_in.copy()
+    lt.pointing_detector(focalplane, boresight, quat_index, quats, iv, flags, mask, False)
+    c.add(focalplane=focalplane, boresight=boresight, quat_index=quat_index)
+    c.add(quats_in=quats_in, quats_out=quats, shared_flags=flags)
+    c.scalar("shared_flag_mask", mask, np.uint8)
+    c.add(**ivf)
+    rep = pointing_replica(focalplane, boresight, quat_index, quats_in, spans, flags, mask)
+    c.extra = {"numpy_replica_bitexact": bool(np.array_equal(rep, quats))}
+    return c
+
+
+# ---------------------------------------------------------------------------
+# 2. pixels_healpix
+
+PIX_SPANS = [(0, 300), (300, 301), (450, 1200), (1300, 1300), (1500, 2000)]
+
+
+def pixels_inputs():
+    """Quats, flags and indices shared by the six pixels_healpix cases."""
+    rng = rng_for("pixels_healpix_inputs")
+    n_samp = 2000
+    quats = random_quats(rng, (4, n_samp))
+    for row in range(4):
+        quats[row, :N_SPECIAL] = special_quats(rng)
+    flags = np.zeros(n_samp, dtype=np.uint8)
+    flags[rng.random(n_samp) < 0.09] |= 2  # masked (mask 3)
+    flags[rng.random(n_samp) < 0.09] |= 16  # present but not in the mask
+    return quats, flags
+
+
+def case_pixels_healpix(nest, nside, quats, flags):
+    n_submap = 192 if nside <= 64 else 3072
+    n_pix_submap = 12 * nside * nside // n_submap
+    order = "NEST" if nest else "RING"
+    c = Case(
+        "pixels_healpix",
+        f"{'nest' if nest else 'ring'}_nside{nside}",
+        "pixels_healpix",
+        f"{order} ordering, nside={nside}, n_submap={n_submap}; 3 dets (quat/pixel index "
+        "permuted, pixel row 3 never written), first 55 samples of each quat row are special "
+        "directions (exact poles, phi=0/pi/2/pi/-pi/2 on the equator, z=+-2/3 boundary, "
+        "phi~2pi); shared flags mask 3 (bit 16 present but unmasked); flagged samples -> "
+        "pixel -1 and no hit; hit_submaps_in has submaps 0 and last pre-set to 1",
+    )
+    n_samp = quats.shape[1]
+    quat_index = np.array([3, 0, 1], dtype=np.int32)
+    pixel_index = np.array([1, 2, 0], dtype=np.int32)
+    pixels_in = np.full((4, n_samp), -7, dtype=np.int64)
+    hits_in = np.zeros(n_submap, dtype=np.uint8)
+    hits_in[0] = 1
+    hits_in[-1] = 1
+    mask = 3
+    iv, ivf = make_intervals(PIX_SPANS)
+    pixels = pixels_in.copy()
+    hits = hits_in.copy()
+    lt.pixels_healpix(
+        quat_index, quats, flags, mask, pixel_index, pixels, iv, hits, n_pix_submap, nside, nest, False
+    )
+    c.add(quat_index=quat_index, quats=quats, shared_flags=flags)
+    c.scalar("shared_flag_mask", mask, np.uint8)
+    c.add(pixel_index=pixel_index, pixels_in=pixels_in, pixels_out=pixels)
+    c.add(hit_submaps_in=hits_in, hit_submaps_out=hits)
+    c.scalar("n_pix_submap", n_pix_submap, np.int64)
+    c.scalar("nside", nside, np.int64)
+    c.scalar("nest", 1 if nest else 0, np.uint8)
+    c.add(**ivf)
+    c.extra = healpy_check(quats, flags, mask, quat_index, pixel_index, pixels, nside, nest)
+    return c
+
+
+def healpy_check(quats, flags, mask, quat_index, pixel_index, pixels, nside, nest):
+    """Compare with healpy.vec2pix on TOAST's (un-normalised) direction vectors."""
+    try:
+        import healpy
+    except ImportError:
+        return {"healpy_available": False}
+    total = 0
+    bad = 0
+    bad_random = 0
+    for i in range(len(quat_index)):
+        for first, last in PIX_SPANS:
+            s = np.arange(first, last)
+            s = s[(flags[s] & mask) == 0]
+            if s.size == 0:
+                continue
+            v = rotate_toast(quats[quat_index[i], s], (0.0, 0.0, 1.0))
+            hp = healpy.vec2pix(nside, v[:, 0], v[:, 1], v[:, 2], nest=bool(nest))
+            diff = hp != pixels[pixel_index[i], s]
+            total += s.size
+            bad += int(diff.sum())
+            bad_random += int(diff[s >= N_SPECIAL].sum())
+    return {
+        "healpy_vec2pix_mismatches": bad,
+        "healpy_compared": total,
+        "healpy_mismatches_random_dirs": bad_random,
+    }
+
+
+# ---------------------------------------------------------------------------
+# 3. stokes_weights_I
+
+
+def case_stokes_I(name, n_samp, spans, description):
+    c = Case("stokes_weights_I", name, "stokes_weights_I", description)
+    rng = rng_for(c.file)
+    weight_index = np.array([2, 0, 1], dtype=np.int32)
+    weights_in = rng.uniform(-5, 5, (3, n_samp))
+    cal = rng.uniform(0.7, 1.5, 3)
+    iv, ivf = make_intervals(spans)
+    weights = weights_in.copy()
+    lt.stokes_weights_I(weight_index, weights, iv, cal, False)
+    c.add(weight_index=weight_index, weights_in=weights_in, weights_out=weights, cal=cal)
+    c.add(**ivf)
+    return c
+
+
+# ---------------------------------------------------------------------------
+# 4. stokes_weights_IQU
+
+
+def iqu_replica(quats, quat_index, weight_index, weights_in, hwp, spans, eps, gamma, cal, iau):
+    out = weights_in.copy()
+    n_samp = weights_in.shape[1]
+    use_hwp = hwp.shape[0] == n_samp
+    u_sign = -1.0 if iau else 1.0
+    for i in range(len(quat_index)):
+        eta = (1.0 - eps[i]) / (1.0 + eps[i])
+        for first, last in spans:
+            for s in range(first, last):
+                q = quats[quat_index[i], s]
+                vd = rotate_toast(q, (0.0, 0.0, 1.0))
+                vo = rotate_toast(q, (1.0, 0.0, 0.0))
+                ang_xy = math.atan2(vd[1], vd[0])
+                vmx = vd[2] * math.cos(ang_xy)
+                vmy = vd[2] * math.sin(ang_xy)
+                arg = 1.0 - vd[2] * vd[2]
+                vmz = -math.sqrt(arg) if arg >= 0 else math.nan
+                ay = (
+                    vd[0] * (vmy * vo[2] - vmz * vo[1])
+                    - vd[1] * (vmx * vo[2] - vmz * vo[0])
+                    + vd[2] * (vmx * vo[1] - vmy * vo[0])
+                )
+                ax = vmx * vo[0] + vmy * vo[1] + vmz * vo[2]
+                alpha = math.atan2(ay, ax)
+                w = out[weight_index[i], s]
+                w[0] = cal[i]
+                if use_hwp:
+                    ang = 2.0 * (2.0 * (gamma[i] - hwp[s]) - alpha)
+                    w[1] = math.cos(ang) * eta * cal[i]
+                    w[2] = -math.sin(ang) * eta * cal[i] * u_sign
+                else:
+                    ang = 2.0 * alpha
+                    w[1] = math.cos(ang) * eta * cal[i]
+                    w[2] = math.sin(ang) * eta * cal[i] * u_sign
+    return out
+
+
+def case_stokes_IQU(name, n_samp, spans, use_hwp, iau, special, description):
+    c = Case("stokes_weights_IQU", name, "stokes_weights_IQU", description)
+    rng = rng_for(c.file)
+    quat_index = np.array([1, 3, 0, 2], dtype=np.int32)
+    weight_index = np.array([4, 2, 0, 1], dtype=np.int32)  # row 3 never written
+    quats = random_quats(rng, (4, n_samp))
+    extra = {}
+    if special:
+        for row in range(4):
+            quats[row, :N_SPECIAL] = special_quats(rng)
+        nan_q = find_nan_quat(rng)
+        quats[:, 60] = nan_q
+        extra["nan_sample"] = 60
+    weights_in = rng.uniform(-9, 9, (5, n_samp, 3))
+    hwp = rng.uniform(0, 2 * math.pi, n_samp) if use_hwp else np.zeros(1)
+    epsilon = np.array([0.0, 0.01, 0.2, -0.05])
+    gamma = rng.uniform(0, math.pi, 4)
+    cal = np.array([1.0, 0.9, 1.1, 2.0])
+    iv, ivf = make_intervals(spans)
+    weights = weights_in.copy()
+    lt.stokes_weights_IQU(
+        quat_index, quats, weight_index, weights, hwp, iv, epsilon, gamma, cal, bool(iau), False
+    )
+    c.add(quat_index=quat_index, quats=quats, weight_index=weight_index)
+    c.add(weights_in=weights_in, weights_out=weights, hwp=hwp, epsilon=epsilon, gamma=gamma, cal=cal)
+    c.scalar("IAU", 1 if iau else 0, np.uint8)
+    c.add(**ivf)
+    rep = iqu_replica(quats, quat_index, weight_index, weights_in, hwp, spans, epsilon, gamma, cal, iau)
+    same = np.array_equal(rep, weights, equal_nan=True)
+    diff = np.abs(rep - weights)
+    extra["numpy_replica_bitexact"] = bool(same)
+    extra["numpy_replica_maxabsdiff"] = float(np.nanmax(diff)) if np.any(~np.isnan(diff)) else 0.0
+    c.extra = extra
+    return c
+
+
+# ---------------------------------------------------------------------------
+# 5. scan_map
+
+SCAN_SPANS = [(0, 150), (150, 152), (300, 300), (310, 600)]
+
+
+def local_submap_layout(rng, n_global, n_local):
+    """global2local with n_local randomly chosen, permuted local submaps; -1 elsewhere."""
+    g2l = np.full(n_global, -1, dtype=np.int64)
+    chosen = np.sort(rng.choice(n_global, n_local, replace=False))
+    g2l[chosen] = rng.permutation(n_local)
+    return g2l, chosen
+
+
+def random_pixels(rng, shape, chosen, n_pix_submap, frac_bad):
+    sub = rng.choice(chosen, size=shape)
+    pix = sub * n_pix_submap + rng.integers(0, n_pix_submap, size=shape)
+    pix[rng.random(shape) < frac_bad] = -1
+    return pix.astype(np.int64)
+
+
+SCAN_FUNCS = {
+    "f64": ("ops_scan_map_float64", np.float64),
+    "f32": ("ops_scan_map_float32", np.float32),
+    "i64": ("ops_scan_map_int64", np.int64),
+    "i32": ("ops_scan_map_int32", np.int32),
+}
+
+
+def case_scan_map(name, dt, nnz, scale, zero, subtract, do_scale):
+    func, dtype = SCAN_FUNCS[dt]
+    c = Case(
+        "scan_map",
+        name,
+        func,
+        f"mapdata dtype {np.dtype(dtype).name}, nnz={nnz} ({'3-D' if nnz > 1 else '2-D'} weights), "
+        f"data_scale={scale}, should_zero={zero}, should_subtract={subtract}, "
+        f"should_scale={do_scale}; 20 of 48 submaps local (global2local permuted, -1 for "
+        "non-local); pixels -1 for ~10% samples and for all of pixel row 1; det_data row 1 "
+        "never written",
+    )
+    rng = rng_for(c.file)
+    n_samp, n_pix_submap = 600, 64
+    g2l, chosen = local_submap_layout(rng, 48, 20)
+    if dtype in (np.float64, np.float32):
+        mapdata = rng.normal(size=(20, n_pix_submap, nnz)).astype(dtype)
+    else:
+        mapdata = rng.integers(-1000, 1000, size=(20, n_pix_submap, nnz)).astype(dtype)
+    det_data_in = rng.normal(size=(4, n_samp))
+    data_index = np.array([2, 3, 0], dtype=np.int32)
+    pixels = random_pixels(rng, (4, n_samp), chosen, n_pix_submap, 0.1)
+    pixels[1] = -1
+    pixel_index = np.array([0, 1, 3], dtype=np.int32)
+    if nnz == 1:
+        weights = rng.normal(size=(4, n_samp))
+    else:
+        weights = rng.normal(size=(4, n_samp, nnz))
+    weight_index = np.array([3, 0, 2], dtype=np.int32)
+    iv, ivf = make_intervals(SCAN_SPANS)
+    det_data = det_data_in.copy()
+    getattr(lt, func)(
+        g2l,
+        n_pix_submap,
+        mapdata,
+        det_data,
+        data_index,
+        pixels,
+        pixel_index,
+        weights.reshape((4, n_samp, nnz)),
+        weight_index,
+        iv,
+        scale,
+        bool(zero),
+        bool(subtract),
+        bool(do_scale),
+        False,
+    )
+    c.add(global2local=g2l)
+    c.scalar("n_pix_submap", n_pix_submap, np.int64)
+    c.add(mapdata=mapdata, det_data_in=det_data_in, det_data_out=det_data, data_index=data_index)
+    c.add(pixels=pixels, pixel_index=pixel_index, weights=weights, weight_index=weight_index)
+    c.scalar("data_scale", float(scale), np.float64)
+    c.scalar("should_zero", int(zero), np.uint8)
+    c.scalar("should_subtract", int(subtract), np.uint8)
+    c.scalar("should_scale", int(do_scale), np.uint8)
+    c.add(**ivf)
+    return c
+
+
+# ---------------------------------------------------------------------------
+# 6. build_noise_weighted
+
+BNW_SPANS = [(0, 400), (400, 401), (700, 700), (800, 1500)]
+
+
+def bnw_replica(g2l, zmap_in, pixel_index, pixels, weight_index, weights, data_index, det_data,
+                flag_index, det_flags, det_scale, det_mask, spans, shared_flags, shared_mask):
+    zmap = zmap_in.copy()
+    nps = zmap.shape[1]
+    n_samp = pixels.shape[1]
+    use_det = det_flags.shape[1] == n_samp
+    use_shared = shared_flags.shape[0] == n_samp
+    w3 = weights.reshape((weights.shape[0], weights.shape[1], -1))
+    for i in range(len(pixel_index)):
+        for first, last in spans:
+            for s in range(first, last):
+                if use_det and (det_flags[flag_index[i], s] & det_mask) != 0:
+                    continue
+                if use_shared and (shared_flags[s] & shared_mask) != 0:
+                    continue
+                pix = pixels[pixel_index[i], s]
+                if pix < 0:
+                    continue
+                g = pix // nps
+                scaled = det_data[data_index[i], s] * det_scale[i]
+                for k in range(zmap.shape[2]):
+                    zmap[g2l[g], pix - g * nps, k] += scaled * w3[weight_index[i], s, k]
+    return zmap
+
+
+def case_bnw(name, nnz, with_flags, description):
+    c = Case("build_noise_weighted", name, "build_noise_weighted", description)
+    rng = rng_for(c.file)
+    n_samp, nps, n_rows = 1500, 16, 5
+    g2l, chosen = local_submap_layout(rng, 48, 12)
+    zmap_in = rng.normal(size=(12, nps, nnz))
+    pixel_index = np.array([4, 0, 2, 1], dtype=np.int32)
+    pixels = random_pixels(rng, (n_rows, n_samp), chosen, nps, 0.05)
+    weight_index = np.array([0, 4, 1, 3], dtype=np.int32)
+    weights = rng.normal(size=(n_rows, n_samp)) if nnz == 1 else rng.normal(size=(n_rows, n_samp, nnz))
+    data_index = np.array([1, 2, 4, 0], dtype=np.int32)
+    det_data = rng.normal(size=(n_rows, n_samp))
+    det_scale = np.array([1.5, 0.25, 3.0, 0.001])
+    det_mask, shared_mask = 5, 2
+    if with_flags:
+        flag_index = np.array([3, 1, 0, 4], dtype=np.int32)
+        det_flags = np.zeros((n_rows, n_samp), dtype=np.uint8)
+        for bit, p in ((1, 0.08), (4, 0.3), (8, 0.08)):  # bit 8 is not in the mask
+            det_flags[rng.random((n_rows, n_samp)) < p] |= bit
+        det_flags[flag_index[1]] |= np.where(rng.random(n_samp) < 0.5, 1, 4).astype(np.uint8)
+        shared_flags = np.zeros(n_samp, dtype=np.uint8)
+        shared_flags[rng.random(n_samp) < 0.09] |= 1  # not in the mask
+        shared_flags[rng.random(n_samp) < 0.09] |= 2
+    else:
+        flag_index = np.full(4, -1, dtype=np.int32)
+        det_flags = np.zeros((1, 1), dtype=np.uint8)
+        shared_flags = np.zeros(1, dtype=np.uint8)
+    iv, ivf = make_intervals(BNW_SPANS)
+    zmap = zmap_in.copy()
+    lt.build_noise_weighted(
+        g2l, zmap, pixel_index, pixels, weight_index, weights.reshape((n_rows, n_samp, nnz)),
+        data_index, det_data, flag_index, det_flags, det_scale, det_mask, iv, shared_flags,
+        shared_mask, False,
+    )
+    c.add(global2local=g2l, zmap_in=zmap_in, zmap_out=zmap, pixel_index=pixel_index, pixels=pixels)
+    c.add(weight_index=weight_index, weights=weights, data_index=data_index, det_data=det_data)
+    c.add(flag_index=flag_index, det_flags=det_flags, det_scale=det_scale)
+    c.scalar("det_flag_mask", det_mask, np.uint8)
+    c.add(shared_flags=shared_flags)
+    c.scalar("shared_flag_mask", shared_mask, np.uint8)
+    c.add(**ivf)
+    rep = bnw_replica(g2l, zmap_in, pixel_index, pixels, weight_index, weights, data_index,
+                      det_data, flag_index, det_flags, det_scale, det_mask, BNW_SPANS,
+                      shared_flags, shared_mask)
+    c.extra = {"sequential_replica_bitexact": bool(np.array_equal(rep, zmap))}
+    return c
+
+
+# ---------------------------------------------------------------------------
+# 7. noise_weight
+
+
+def case_noise_weight(name, n_samp, spans, description):
+    c = Case("noise_weight", name, "noise_weight", description)
+    rng = rng_for(c.file)
+    det_data_in = rng.normal(size=(5, n_samp))
+    data_index = np.array([3, 1, 4, 0], dtype=np.int32)  # row 2 never written
+    weights = np.array([2.0, 0.5, 1.0e4, -1.0])
+    iv, ivf = make_intervals(spans)
+    det_data = det_data_in.copy()
+    lt.noise_weight(det_data, data_index, iv, weights, False)
+    c.add(det_data_in=det_data_in, det_data_out=det_data, data_index=data_index, detector_weights=weights)
+    c.add(**ivf)
+    return c
+
+
+# ---------------------------------------------------------------------------
+# 8-10. template_offset_*
+
+
+def offset_layout(spans, step, n_det, lead=3, trail=2):
+    n_amp_views = np.array([-(-(last - first) // step) for first, last in spans], dtype=np.int64)
+    per_det = int(n_amp_views.sum())
+    amp_offset = np.array([lead + d * per_det for d in range(n_det)], dtype=np.int64)
+    n_amp = lead + n_det * per_det + trail
+    return n_amp_views, amp_offset, n_amp
+
+
+OFFSET_SETUPS = {
+    7: [(0, 50), (60, 83), (90, 90), (100, 101), (150, 400)],
+    40: [(3, 13), (13, 53), (100, 300)],
+}
+CALL_DATA_INDEX = np.array([4, 0, 2, 1], dtype=np.int32)  # det_data row 3 never touched
+
+
+def case_offset_add(name, step, description):
+    c = Case("template_offset_add_to_signal", name, "template_offset_add_to_signal", description)
+    rng = rng_for(c.file)
+    spans = OFFSET_SETUPS[step]
+    n_amp_views, amp_offset, n_amp = offset_layout(spans, step, 4)
+    amplitudes = rng.normal(size=n_amp)
+    amp_flags = (rng.random(n_amp) < 0.15).astype(np.uint8)
+    det_data_in = rng.normal(size=(5, 400))
+    iv, ivf = make_intervals(spans)
+    det_data = det_data_in.copy()
+    for d in range(4):
+        lt.template_offset_add_to_signal(
+            step, int(amp_offset[d]), n_amp_views, amplitudes, amp_flags, int(CALL_DATA_INDEX[d]),
+            det_data, iv, False,
+        )
+    c.scalar("step_length", step, np.int64)
+    c.add(n_amp_views=n_amp_views, amplitudes=amplitudes, amplitude_flags=amp_flags)
+    c.add(call_data_index=CALL_DATA_INDEX, call_amp_offset=amp_offset)
+    c.add(det_data_in=det_data_in, det_data_out=det_data)
+    c.add(**ivf)
+    return c
+
+
+def case_offset_project(name, step, with_flags, description):
+    c = Case("template_offset_project_signal", name, "template_offset_project_signal", description)
+    rng = rng_for(c.file)
+    spans = OFFSET_SETUPS[step]
+    n_amp_views, amp_offset, n_amp = offset_layout(spans, step, 4)
+    det_data = rng.normal(size=(5, 400))
+    mask = 3
+    if with_flags:
+        call_flag_index = np.array([1, 3, 0, 4], dtype=np.int32)
+        flag_data = np.zeros((5, 400), dtype=np.uint8)
+        for bit, p in ((1, 0.2), (2, 0.08), (4, 0.2)):  # bit 4 is not in the mask
+            flag_data[rng.random((5, 400)) < p] |= bit
+    else:
+        call_flag_index = np.full(4, -1, dtype=np.int32)
+        flag_data = np.zeros(1, dtype=np.uint8)
+    amplitudes_in = rng.normal(size=n_amp)
+    amp_flags = (rng.random(n_amp) < 0.12).astype(np.uint8)
+    iv, ivf = make_intervals(spans)
+    amplitudes = amplitudes_in.copy()
+    for d in range(4):
+        lt.template_offset_project_signal(
+            int(CALL_DATA_INDEX[d]), det_data, int(call_flag_index[d]), flag_data, mask, step,
+            int(amp_offset[d]), n_amp_views, amplitudes, amp_flags, iv, False,
+        )
+    c.add(call_data_index=CALL_DATA_INDEX, det_data=det_data, call_flag_index=call_flag_index)
+    c.add(flag_data=flag_data)
+    c.scalar("flag_mask", mask, np.uint8)
+    c.scalar("step_length", step, np.int64)
+    c.add(call_amp_offset=amp_offset, n_amp_views=n_amp_views, amplitudes_in=amplitudes_in)
+    c.add(amplitudes_out=amplitudes, amplitude_flags=amp_flags)
+    c.add(**ivf)
+    return c
+
+
+def case_precond(name, n_amp, frac_flagged, description):
+    c = Case("template_offset_apply_diag_precond", name, "template_offset_apply_diag_precond", description)
+    rng = rng_for(c.file)
+    offset_var = rng.uniform(0.1, 2.0, n_amp)
+    amps_in = rng.normal(size=n_amp)
+    flagged = rng.random(n_amp) < frac_flagged
+    if frac_flagged >= 1.0:
+        flagged[:] = True
+    # Any non-zero value counts as flagged; flagged entries carry NaN that must never be read.
+    amp_flags = np.where(flagged, rng.integers(1, 256, n_amp), 0).astype(np.uint8)
+    offset_var[flagged] = np.nan
+    amps_in[flagged] = np.nan
+    out_in = rng.normal(scale=1.0e6, size=n_amp)  # garbage, to show it is overwritten
+    out = out_in.copy()
+    lt.template_offset_apply_diag_precond(offset_var, amps_in, amp_flags, out, False)
+    c.add(offset_var=offset_var, amplitudes_in=amps_in, amplitude_flags=amp_flags)
+    c.add(amplitudes_out_in=out_in, amplitudes_out_out=out)
+    return c
+
+
+# ---------------------------------------------------------------------------
+
+
+def all_cases():
+    yield case_pointing_detector(
+        "flags", 1000, [(0, 137), (200, 531), (600, 601), (700, 1000)], True,
+        "4 dets, 5 quat rows (row 3 never written), 4 intervals incl. a 1-sample one, random "
+        "shared flags with mask 5 (flagged samples use identity boresight)",
+    )
+    yield case_pointing_detector(
+        "noflags_empty", 777, [(10, 10), (0, 50), (400, 777), (60, 61)], False,
+        "shared_flags has length 1 (!= n_samp) so flags are ignored; includes an empty interval "
+        "(first==last) and unsorted intervals",
+    )
+    quats, flags = pixels_inputs()
+    for nside in (64, 8192, 1048576):
+        for nest in (True, False):
+            yield case_pixels_healpix(nest, nside, quats, flags)
+    yield case_stokes_I("basic", 500, [(0, 100), (150, 151), (300, 500)],
+                        "3 dets, weight_index permuted, 3 intervals")
+    yield case_stokes_I("empty_full", 257, [(5, 5), (0, 257)],
+                        "empty interval followed by an interval covering everything")
+    yield case_stokes_IQU("nohwp_cosmo", 800, [(0, 100), (100, 350), (500, 800)], False, False, False,
+                          "no HWP (hwp array length 1), COSMO convention")
+    yield case_stokes_IQU("hwp_iau", 800, [(20, 21), (40, 700)], True, True, False,
+                          "HWP angle per sample, IAU convention (U sign flipped)")
+    yield case_stokes_IQU(
+        "hwp_cosmo_special", 300, [(0, 300), (7, 7)], True, False, True,
+        "HWP, COSMO; quats include exact poles (identity = what flagged samples get from "
+        "pointing_detector), z=+-2/3 boundaries, and at sample 60 a unit quaternion (a,b,0,0) "
+        "whose rotated z has z<-1 by rounding, which makes the compiled kernel produce NaN Q/U",
+    )
+    yield case_scan_map("f64_nnz3_add", "f64", 3, 1.0, 0, 0, 0)
+    yield case_scan_map("f64_nnz3_zero_subtract", "f64", 3, 2.5, 1, 1, 0)
+    yield case_scan_map("f32_nnz1_scale", "f32", 1, 0.5, 0, 0, 1)
+    yield case_scan_map("i64_nnz3_zero", "i64", 3, 1.0, 1, 0, 0)
+    yield case_scan_map("i32_nnz1_add", "i32", 1, -3.0, 0, 0, 0)
+    yield case_bnw(
+        "nnz3_flags", 3, True,
+        "nnz=3, det flags (mask 5, bit 8 unmasked) and shared flags (mask 2, bit 1 unmasked), "
+        "detector 1 fully flagged, ~5% pixels -1, zmap starts non-zero (kernel accumulates), "
+        "n_pix_submap=16 so pixels are hit many times",
+    )
+    yield case_bnw(
+        "nnz1_noflags", 1, False,
+        "nnz=1 with 2-D weights, det_flags shape (1,1) + flag_index all -1 and shared_flags "
+        "length 1 -> no flagging at all",
+    )
+    yield case_noise_weight("basic", 700, [(0, 100), (120, 121), (300, 700)],
+                            "4 dets, data_index permuted with an untouched extra row")
+    yield case_noise_weight(
+        "empty_overlap", 300, [(50, 50), (0, 200), (150, 250)],
+        "empty interval; intervals [0,200) and [150,250) OVERLAP, so samples 150..199 are "
+        "multiplied twice (kernel does not de-duplicate)",
+    )
+    yield case_offset_add(
+        "step7_multidet", 7,
+        "step_length 7, 5 views incl. empty and 1-sample views, partial last step in each view; "
+        "4 detectors called in sequence; n_amp=201 (3 unused leading, 2 unused trailing)",
+    )
+    yield case_offset_add(
+        "step40_short_views", 40,
+        "step_length 40 longer than the first view (1 amplitude covering 10 samples); 4 "
+        "detectors; n_amp=33 (3 unused leading, 2 unused trailing)",
+    )
+    yield case_offset_project(
+        "step7_flags", 7, True,
+        "step_length 7, det flags with flag_mask 3 (bit 4 unmasked), 4 detectors called in "
+        "sequence; n_amp=201; amplitudes_in non-zero (kernel accumulates)",
+    )
+    yield case_offset_project(
+        "step40_noflags", 40, False,
+        "flag_index = -1 (flag_data is a dummy length-1 array and is never read), step 40 > "
+        "first view length; n_amp=33; amplitudes_in non-zero (kernel accumulates)",
+    )
+    yield case_precond("basic", 257, 0.2,
+                       "~20% flagged; flagged entries have NaN in amplitudes_in and offset_var, "
+                       "and still give exactly 0.0")
+    yield case_precond("allflagged", 31, 1.0, "every amplitude flagged -> output all 0.0")
+    yield case_precond("empty", 0, 0.2, "n_amp = 0")
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.exit("usage: generate_cases.py OUTDIR")
+    if toast.__version__ != TOAST_VERSION:
+        sys.exit(f"generate_cases.py: needs toast {TOAST_VERSION}, found {toast.__version__}")
+    outdir = argv[1]
+    os.makedirs(outdir, exist_ok=True)
+    entries = []
+    problems = []
+    for c in all_cases():
+        np.savez(os.path.join(outdir, c.file), **c.fields)
+        entries.append(c.manifest())
+        for key, val in (c.extra or {}).items():
+            if key.endswith("bitexact") and val is not True:
+                problems.append(f"{c.file}: {key} is {val}")
+        print(f"wrote {c.file}")
+    manifest = {"toast_version": toast.__version__, "numpy_version": np.__version__, "cases": entries}
+    with open(os.path.join(outdir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    print(f"{len(entries)} cases and manifest.json in {outdir}")
+    for p in problems:
+        print(f"WARNING: self-check failed: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
