@@ -13,7 +13,8 @@
 //! rotations, which are exact to rounding for these tiny matrices and need
 //! no LAPACK), `rcond = λ_min / λ_max` (0 when `λ_max <= 0`), and the
 //! inverse `V diag(1/λ) Vᵀ` when `rcond >= threshold`; otherwise, and for
-//! unhit pixels, the pixel is cut: its covariance is set to zero. For
+//! unhit pixels, the pixel is cut: its covariance and its rcond are set to
+//! zero (TOAST's rcond map holds only the kept pixels' values). For
 //! `nnz = 1` TOAST takes a shortcut that we keep: `rcond = 1` everywhere and
 //! the value is inverted where it is non-zero. [`apply_covariance`] is
 //! `cov_apply_diag`: `m = C z` per pixel.
@@ -256,8 +257,9 @@ fn invert_block(block: &mut [f64], nnz: usize, threshold: f64) -> f64 {
             return rcond;
         }
     }
+    // A cut pixel reports rcond 0, as TOAST's `cov_eigendecompose_diag`.
     block.iter_mut().for_each(|x| *x = 0.0);
-    rcond
+    0.0
 }
 
 /// Invert every pixel's packed covariance in place, cutting (zeroing) the
@@ -284,6 +286,11 @@ pub fn invert_covariance(
 /// `map = cov · map` per pixel (TOAST's `cov_apply_diag`).
 pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Result<(), OpError> {
     let nnz = map.n_value();
+    if nnz == 0 || nnz > 16 {
+        return Err(OpError::Config(format!(
+            "cannot apply a covariance to a map with {nnz} values per pixel (1 to 16 supported)"
+        )));
+    }
     if cov.n_value() != block_size(nnz) {
         return Err(OpError::Config(format!(
             "cannot apply a covariance with {} values per pixel to a map with {nnz} values per \
@@ -382,7 +389,7 @@ mod tests {
         let rcond = invert_covariance(&mut cov, 1e-3).unwrap();
         let r = rcond.data();
         assert!(r[0] > 0.1 && r[0] <= 1.0);
-        assert!(r[1].abs() < 1e-12);
+        assert_eq!(r[1], 0.0, "a cut pixel reports rcond 0");
         assert_eq!(r[2], 0.0);
         assert!((r[3] - 0.25).abs() < 1e-15);
         assert!(

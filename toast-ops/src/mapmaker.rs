@@ -47,6 +47,15 @@
 //!   the map's monopole absorbs) is left as TOAST leaves it: CG from zero
 //!   does not excite it, and nothing removes it.
 //!
+//! # Not implemented
+//!
+//! TOAST options outside the satellite benchmark's path are refused by the
+//! configuration (unknown keys) or by validation: the offset noise prior and
+//! its banded/Toeplitz preconditioners (`baselines.use_noise_prior`), the
+//! pixel mask (`mapmaker.mask`), Monte-Carlo mode (`mc_mode`), detector
+//! splits (`focalplane_key`, `pattern`), QU-only Stokes weights, detector
+//! calibration tables and coordinate rotations of the boresight.
+//!
 //! # Determinism
 //!
 //! The CG vectors live on the host and every dot product and update runs
@@ -63,15 +72,15 @@
 //! amplitude vectors and the map cross the bus (the map because the
 //! covariance is applied on the host, as in TOAST).
 
-use crate::covariance::invert_covariance;
 use crate::global_data::HostArray;
 use crate::kernels::view_intervals;
 use crate::ops::binning::{bin_map, BinPass};
+use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
 use crate::ops::{
-    select_detectors, BinnerConfig, BuildHitMap, BuildInverseCovariance, BuildPixelDistribution,
-    CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, PixelsHealpix, PixelsHealpixConfig,
-    PointingDetector, PointingDetectorConfig, PointingOps, ResetData, ScanMap, ScanMapConfig,
-    StokesWeights, StokesWeightsConfig,
+    select_detectors, BinnerConfig, BuildPixelDistribution, CopyDetData, FlagSelection,
+    NoiseWeight, NoiseWeightConfig, PixelsHealpix, PixelsHealpixConfig, PointingDetector,
+    PointingDetectorConfig, PointingOps, ResetData, ScanMap, ScanMapConfig, StokesWeights,
+    StokesWeightsConfig,
 };
 use crate::pipeline::{
     close_scope, open_scope, pipeline_backend, run_operators, with_host_step, OpRef, RunOptions,
@@ -192,9 +201,16 @@ impl MapMakerConfig {
 /// Everything a map-maker is built from: the configuration sections TOAST's
 /// satellite workflow exposes (`mapmaker`, `baselines`, `binner`,
 /// `binner_final`, `det_pointing`, `pixels`, `weights`, `pixels_final`).
-#[derive(Debug, Clone, PartialEq)]
+///
+/// It deserializes from a table with those sections (each optional, each
+/// strict about its own keys); other top-level sections are ignored, so a
+/// whole job configuration can be read into it. `pixels_final` and
+/// `binner_final` are used only when present and `enabled`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
 pub struct MapMakerSetup {
-    /// Instance name (prefix of the product keys).
+    /// Instance name (prefix of the product keys; not read from a configuration).
+    #[serde(skip)]
     pub name: String,
     /// Map-maker parameters.
     pub mapmaker: MapMakerConfig,
@@ -233,7 +249,9 @@ impl Default for MapMakerSetup {
 /// How the PCG solve ended, and the products it left in `data.meta`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MapMakerResult {
-    /// PCG iterations run (LHS applications).
+    /// PCG iterations run, i.e. LHS applications (TOAST logs the 0-based
+    /// index of the last one, `iterations - 1`, as "converged after N
+    /// iterations").
     pub iterations: usize,
     /// Whether the convergence criterion was met.
     pub converged: bool,
@@ -386,7 +404,7 @@ impl MapMaker {
         let pixels =
             PixelsHealpix::new("pixels", setup.pixels.clone(), setup.det_pointing.clone())?;
         let solve_pointing = PointingOps::new(det_pointing.clone(), pixels, weights.clone());
-        let final_pointing = match &setup.pixels_final {
+        let final_pointing = match setup.pixels_final.as_ref().filter(|p| p.enabled) {
             Some(p) => Some(PointingOps::new(
                 det_pointing,
                 PixelsHealpix::new("pixels_final", p.clone(), setup.det_pointing.clone())?,
@@ -529,6 +547,17 @@ impl MapMaker {
         if full {
             let mut ops = self.solve_pointing.operators();
             run_operators("pointing", &mut ops, data, ctx, &RunOptions::default())?;
+            // Nothing reads the quaternions again unless the final maps
+            // have their own pixelization: free the host copy (32 bytes a
+            // sample). A staged device copy stays until the scope closes.
+            let quats = self.setup.det_pointing.quats.clone();
+            if self.final_pointing.is_none() && !self.preexisting.contains(&quats) {
+                for ob in &mut data.obs {
+                    if ob.detdata.contains(&quats) {
+                        ob.detdata.remove(&quats)?;
+                    }
+                }
+            }
         }
 
         // Pixel distribution of the solve.
@@ -712,7 +741,8 @@ impl MapMaker {
         run_operators(name, &mut all, data, ctx, &RunOptions::default())
     }
 
-    /// Hits, inverse covariance, inversion with `threshold`.
+    /// Hits, inverse covariance, inversion with `threshold`, with the
+    /// solver's or the final pointing (expanded first when `expand`).
     #[allow(clippy::too_many_arguments)]
     fn covariance_and_hits(
         &mut self,
@@ -725,82 +755,31 @@ impl MapMaker {
         expand: bool,
         final_pointing: bool,
     ) -> Result<(), OpError> {
-        for key in [k.hits, k.cov, k.rcond] {
-            data.meta.remove(key);
-        }
         let ops = if final_pointing {
-            self.final_ops()
+            self.final_ops_mut()
         } else {
-            &self.solve_pointing
+            &mut self.solve_pointing
         };
         let (pix, wts, view) = (
             ops.pixels_field().to_string(),
             ops.weights_field().to_string(),
             ops.view().map(str::to_string),
         );
-        let mut hits = BuildHitMap::new(
-            "build_hits",
-            k.pixel_dist,
-            k.hits,
-            &pix,
-            view.clone(),
-            flags.clone(),
-        );
-        let mut invcov = BuildInverseCovariance::new(
-            "build_invcov",
-            k.pixel_dist,
-            k.cov,
-            &pix,
-            &wts,
-            noise_model,
-            view,
+        let pass = CovPass {
+            name: "CovarianceAndHits",
+            pixel_dist: k.pixel_dist,
+            hits: k.hits,
+            covariance: k.cov,
+            rcond: k.rcond,
+            inverse_covariance: k.invcov,
+            pixels: &pix,
+            weights: &wts,
+            view: view.as_deref(),
             flags,
-        );
-        self.run_with_pointing(
-            data,
-            ctx,
-            "CovarianceAndHits",
-            expand,
-            final_pointing,
-            vec![&mut hits, &mut invcov],
-        )?;
-        let (cov, rcond, invcov_key) = (
-            k.cov.to_string(),
-            k.rcond.to_string(),
-            k.invcov.map(str::to_string),
-        );
-        let mut provides = Requirements::new().global(&cov).global(&rcond);
-        if let Some(i) = &invcov_key {
-            provides.add(Category::Global, i);
-        }
-        with_host_step(
-            data,
-            ctx,
-            "covariance_invert",
-            Requirements::new().global(&cov),
-            provides,
-            |data, _| {
-                let mut c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
-                if let Some(i) = &invcov_key {
-                    data.meta.set_object(i, c.clone());
-                }
-                let r = invert_covariance(&mut c, threshold)?;
-                let good: Vec<f64> = r.data().iter().copied().filter(|&x| x > 0.0).collect();
-                let (lo, hi) = good
-                    .iter()
-                    .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
-                if good.is_empty() || hi < 1e-10 {
-                    tracing::warn!("there are no valid pixels (rcond max {hi})");
-                } else {
-                    tracing::debug!(
-                        "pixel covariance condition number range = {lo:.3e} ... {hi:.3e}"
-                    );
-                }
-                data.meta.set_object(&cov, c);
-                data.meta.set_object(&rcond, r);
-                Ok(())
-            },
-        )
+            noise_model,
+            threshold,
+        };
+        covariance_and_hits(data, ctx, pass, expand.then_some(ops))
     }
 
     /// 5a-5e. Returns the template and the solved amplitudes, or `None` when
@@ -1062,6 +1041,7 @@ impl MapMaker {
         let scan = ScanMap::new(
             "scan_map",
             ScanMapConfig {
+                enabled: true,
                 det_data: keys.temp.clone(),
                 det_mask: binner.det_mask,
                 view: view.clone(),
@@ -1077,6 +1057,7 @@ impl MapMaker {
         let nw = NoiseWeight::new(
             "noise_weight",
             NoiseWeightConfig {
+                enabled: true,
                 noise_model: binner.noise_model.clone(),
                 view,
                 det_data: keys.temp.clone(),

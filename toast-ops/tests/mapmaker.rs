@@ -409,6 +409,10 @@ fn requirements_hold_before_and_after() {
 }
 
 fn run_on(policy: &str) -> (Data, MapMakerResult, ExecContext) {
+    run_on_with(policy, false)
+}
+
+fn run_on_with(policy: &str, full_pointing: bool) -> (Data, MapMakerResult, ExecContext) {
     let scan = Scan::default();
     let reg = registry(2);
     let mut ctx = context(&reg, policy);
@@ -421,6 +425,7 @@ fn run_on(policy: &str) -> (Data, MapMakerResult, ExecContext) {
     s.mapmaker.keep_solver_products = true;
     s.mapmaker.save_cleaned = true;
     s.mapmaker.overwrite_cleaned = true;
+    s.binner.full_pointing = full_pointing;
     let mut mm = MapMaker::new(s).unwrap();
     let res = mm.run(&mut data, &mut ctx).unwrap();
     (data, res, ctx)
@@ -517,6 +522,42 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
 }
 
 #[test]
+fn device_backend_with_cached_pointing() {
+    let (cpu_data, cpu_res, _) = run_on_with("", true);
+    let (dev_data, dev_res, ctx) = run_on_with("run=fakedev", true);
+    assert_eq!(cpu_res, dev_res);
+    assert_same_maps(&cpu_data, &dev_data, &cpu_res);
+    let unstaged = ctx
+        .extensions
+        .get::<UnstagedTransfers>()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
+    let rep = ctx.extensions.get::<StagingReports>().unwrap();
+    let n_obs = dev_data.obs.len() as u64;
+    // Computed once on the device, brought back once for the host passes
+    // (hits, covariance, rcond mask) and kept.
+    assert_eq!(rep.copies("detdata.pixels"), (0, n_obs));
+    assert_eq!(rep.copies("detdata.weights"), (0, n_obs));
+    assert_eq!(rep.copies("detdata.quats"), (0, 0));
+    for (a, b) in cpu_data.obs.iter().zip(&dev_data.obs) {
+        assert!(!a.detdata.contains("quats") && !b.detdata.contains("quats"));
+        assert_eq!(
+            a.detdata.get("pixels").unwrap().as_bytes(),
+            b.detdata.get("pixels").unwrap().as_bytes()
+        );
+        assert_eq!(
+            a.detdata.get("weights").unwrap().as_bytes(),
+            b.detdata.get("weights").unwrap().as_bytes()
+        );
+    }
+    // Same maps as recomputing the pointing in every pass.
+    let (rec_data, rec_res, _) = run_on_with("", false);
+    assert_eq!(rec_res, cpu_res);
+    assert_same_maps(&rec_data, &cpu_data, &cpu_res);
+}
+
+#[test]
 fn kernel_override_to_the_host_keeps_staged_data_consistent() {
     let (cpu_data, cpu_res, _) = run_on("");
     let (dev_data, dev_res, ctx) =
@@ -575,4 +616,86 @@ fn map_statistics_follow_toast() {
         "no flags: every sample hits"
     );
     let _ = Arc::clone(m.distribution());
+}
+
+/// A run the size of TOAST's `tiny` satellite case (12 detectors, 360 000
+/// samples at 100 Hz, nside 1024 with nside_submap 16, one baseline per
+/// detector), for timing by hand:
+/// `cargo test --release -p toast-ops --test mapmaker -- --ignored --nocapture tiny`.
+/// It prints timings and checks nothing about them.
+#[test]
+#[ignore = "manual timing run"]
+fn tiny_sized_run_for_timing() {
+    let scan = Scan {
+        n_obs: 1,
+        n_samples: 360_000,
+        rate: 100.0,
+        n_pairs: 6,
+        spin_period: 600.0,
+        prec_period: 3000.0,
+        prec_angle: 65.0,
+        spin_angle: 30.0,
+        det_spacing: 0.0,
+    };
+    let nside = 1024;
+    for full_pointing in [false, true] {
+        let reg = registry(2);
+        let mut ctx = context(&reg, "");
+        let mut data = make_data(&scan);
+        make_sky(&mut data, nside, 16);
+        scan_sky(&mut data, &mut ctx, nside, 16);
+        data.meta.remove("sky");
+        add_offsets(&mut data, 36_000, 1.0);
+        for ob in &mut data.obs {
+            let sig = ob.detdata.get_mut(defaults::DET_DATA).unwrap();
+            for (i, x) in sig.data_mut::<f64>().unwrap().iter_mut().enumerate() {
+                *x += 0.1 * hash01(5, i as u64);
+            }
+        }
+        let mut s = MapMakerSetup {
+            pixels: PixelsHealpixConfig {
+                nside,
+                nside_submap: 16,
+                ..PixelsHealpixConfig::default()
+            },
+            weights: StokesWeightsConfig {
+                mode: StokesMode::IQU,
+                ..StokesWeightsConfig::default()
+            },
+            ..MapMakerSetup::default()
+        };
+        s.binner.pixel_dist = "pix_dist".into();
+        s.binner.full_pointing = full_pointing;
+        s.mapmaker.solve_rcond_threshold = 1e-6;
+        s.mapmaker.map_rcond_threshold = 1e-6;
+        let mut mm = MapMaker::new(s).unwrap();
+        let t0 = std::time::Instant::now();
+        let res = mm.run(&mut data, &mut ctx).unwrap();
+        let dt = t0.elapsed().as_secs_f64();
+        let st = map(&data, &res.map).stats();
+        eprintln!(
+            "full_pointing={full_pointing}: {dt:.2} s, {} iterations, {} amplitudes ({} flagged), \
+             cut {}/{}, initial residual {:e}, residuals {:?}, rms {:?}",
+            res.iterations,
+            res.n_amplitudes,
+            res.n_flagged_amplitudes,
+            res.solver_cut_samples,
+            res.solver_total_samples,
+            res.initial_residual,
+            res.residuals,
+            st.rms
+        );
+        let mut timers: Vec<(String, f64, u64)> = ctx
+            .timers
+            .names()
+            .map(|n| {
+                let t = ctx.timers.get(n).unwrap();
+                (n.to_string(), t.seconds(), t.calls())
+            })
+            .collect();
+        timers.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (n, s, c) in timers.iter().take(25) {
+            eprintln!("  {s:9.3} s {c:6}  {n}");
+        }
+    }
 }

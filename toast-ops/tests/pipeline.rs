@@ -308,4 +308,99 @@ fn configuration_uses_toast_names_and_rejects_unknown_ones() {
     let px: toast_ops::ops::PixelsHealpixConfig =
         serde_json::from_str(r#"{"nside": 1024, "nside_submap": 16, "nest": true}"#).unwrap();
     assert_eq!(px.nside, 1024);
+
+    // A whole job configuration: the map-maker's sections are picked out,
+    // other sections ignored, each section strict about its keys.
+    let setup: toast_ops::MapMakerSetup = serde_json::from_str(
+        r#"{"sim_satellite": {"hwp_rpm": null},
+            "mapmaker": {"iter_max": 20, "solve_rcond_threshold": 1e-6},
+            "baselines": {"step_time": 600.0},
+            "binner": {"pixel_dist": "pix_dist"},
+            "pixels": {"nside": 64},
+            "weights": {"mode": "IQU"},
+            "pixels_final": {"enabled": false}}"#,
+    )
+    .unwrap();
+    assert_eq!(setup.name, "mapmaker");
+    assert_eq!(setup.mapmaker.iter_max, 20);
+    assert_eq!(setup.baselines.step_time, 600.0);
+    assert_eq!(setup.pixels.nside, 64);
+    assert!(setup.binner_final.is_none());
+    assert!(!setup.pixels_final.as_ref().unwrap().enabled);
+    let e = serde_json::from_str::<toast_ops::MapMakerSetup>(r#"{"binner": {"nsid": 4}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nsid"), "{e}");
+}
+
+#[test]
+fn standalone_covariance_and_binning_reproduce_the_sky() {
+    use toast_ops::ops::{
+        BinMap, BinnerConfig, CovarianceAndHits, CovarianceAndHitsConfig, PointingOps,
+    };
+    let mut results = Vec::new();
+    for policy in ["", "run=fakedev"] {
+        let reg = registry(2);
+        let mut ctx = context(&reg, policy);
+        let mut d = data(2);
+        common::scan_sky(&mut d, &mut context(&reg, ""), NSIDE, 4);
+        let (a, b, c) = pointing_ops(NSIDE, 4);
+        let pointing = PointingOps::new(a, b, c);
+        let mut cov = CovarianceAndHits::new(
+            "cov_and_hits",
+            CovarianceAndHitsConfig {
+                pixel_dist: "pix_dist".into(),
+                rcond_threshold: 1e-3,
+                ..CovarianceAndHitsConfig::default()
+            },
+            pointing.clone(),
+        )
+        .unwrap();
+        check_requirements(&d, &cov.requires()).unwrap();
+        cov.apply(&mut d, &mut ctx).unwrap();
+        check_requirements(&d, &cov.provides()).unwrap();
+        let mut bin = BinMap::new(
+            "binner",
+            BinnerConfig {
+                pixel_dist: "pix_dist".into(),
+                ..BinnerConfig::default()
+            },
+            pointing,
+        )
+        .unwrap();
+        check_requirements(&d, &bin.requires()).unwrap();
+        bin.apply(&mut d, &mut ctx).unwrap();
+        check_requirements(&d, &bin.provides()).unwrap();
+        let m = d
+            .meta
+            .object::<toast_ops::PixelData<f64>>("binned")
+            .unwrap();
+        let rcond = d.meta.object::<toast_ops::PixelData<f64>>("rcond").unwrap();
+        let sky = d.meta.object::<toast_ops::PixelData<f64>>("sky").unwrap();
+        let mut n_good = 0;
+        for i in 0..m.n_local_pix() {
+            if rcond.data()[i] >= 1e-3 {
+                n_good += 1;
+                let s = sky.pixel(m.distribution().global_pixel(i)).unwrap();
+                for (k, (x, y)) in m.data()[3 * i..3 * i + 3].iter().zip(s).enumerate() {
+                    let e = (x - y).abs();
+                    assert!(
+                        e < 1e-10,
+                        "{policy:?}: pixel {i} component {k}: error {e:e}"
+                    );
+                }
+            }
+        }
+        assert!(n_good > 100, "{policy:?}: only {n_good} good pixels");
+        let hits: i64 = d
+            .meta
+            .object::<toast_ops::PixelData<i64>>("hits")
+            .unwrap()
+            .data()
+            .iter()
+            .sum();
+        assert_eq!(hits, 2 * 3000 * 6, "no flags: every sample is a hit");
+        results.push(m.data().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    }
+    assert_eq!(results[0], results[1], "CPU and device give the same bits");
 }

@@ -23,6 +23,7 @@
 //!   buffers per detector set.
 
 pub(crate) mod binning;
+pub(crate) mod covariance_and_hits;
 mod mapmaker_utils;
 mod noise_weight;
 mod pixels_healpix;
@@ -32,6 +33,7 @@ mod stokes_weights;
 mod util;
 
 pub use binning::{BinMap, BinnerConfig};
+pub use covariance_and_hits::{CovarianceAndHits, CovarianceAndHitsConfig};
 pub use mapmaker_utils::{
     BuildHitMap, BuildInverseCovariance, BuildNoiseWeighted, BuildPixelDistribution, FlagSelection,
 };

@@ -9,16 +9,21 @@
 //! it in a metadata object stored as
 //!
 //! * an `Arc<dyn DetectorWeights>` or `Box<dyn DetectorWeights>`,
-//! * a [`WhiteNoiseWeights`] (explicit weights, or from the focalplane NETs),
+//! * a [`WhiteNoiseWeights`] (explicit weights, or from the focalplane NETs:
+//!   `1 / (NET² · rate)`, exactly TOAST's `AnalyticNoise` weight),
+//! * a `BTreeMap` or `HashMap` from detector name to
+//!   [`crate::noise::AnalyticNoiseParams`] (the analytic model of
+//!   [`crate::noise`], weight [`crate::noise::AnalyticNoiseParams::detector_weight`]),
 //! * or any type registered once with [`register_noise_model`] (how a noise
 //!   model type defined elsewhere, e.g. an analytic PSD model, plugs in
 //!   without this crate knowing it).
 
 use super::util::select_detectors;
 use crate::kernels::{self, view_intervals, Call};
+use crate::noise::AnalyticNoiseParams;
 use serde::Deserialize;
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use toast_core::meta::MetaItem;
 use toast_core::observation::defaults;
@@ -64,6 +69,18 @@ impl DetectorWeights for WhiteNoiseWeights {
     }
 }
 
+impl DetectorWeights for BTreeMap<String, AnalyticNoiseParams> {
+    fn detector_weight(&self, det: &str) -> Option<f64> {
+        self.get(det).map(AnalyticNoiseParams::detector_weight)
+    }
+}
+
+impl DetectorWeights for HashMap<String, AnalyticNoiseParams> {
+    fn detector_weight(&self, det: &str) -> Option<f64> {
+        self.get(det).map(AnalyticNoiseParams::detector_weight)
+    }
+}
+
 type Probe = for<'a> fn(&'a (dyn Any + Send + Sync)) -> Option<&'a dyn DetectorWeights>;
 
 fn probe<T: DetectorWeights + 'static>(
@@ -92,6 +109,12 @@ fn as_weights(object: &(dyn Any + Send + Sync)) -> Option<&dyn DetectorWeights> 
         return Some(b.as_ref());
     }
     if let Some(w) = probe::<WhiteNoiseWeights>(object) {
+        return Some(w);
+    }
+    if let Some(w) = probe::<BTreeMap<String, AnalyticNoiseParams>>(object) {
+        return Some(w);
+    }
+    if let Some(w) = probe::<HashMap<String, AnalyticNoiseParams>>(object) {
         return Some(w);
     }
     let reg = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
@@ -145,6 +168,8 @@ pub fn detector_weights(ob: &Observation, key: &str, dets: &[String]) -> Result<
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NoiseWeightConfig {
+    /// Whether the operator runs (TOAST's `enabled`).
+    pub enabled: bool,
     /// Observation metadata key of the noise model.
     pub noise_model: String,
     /// Interval list (`None`: every sample).
@@ -158,6 +183,7 @@ pub struct NoiseWeightConfig {
 impl Default for NoiseWeightConfig {
     fn default() -> Self {
         NoiseWeightConfig {
+            enabled: true,
             noise_model: defaults::NOISE_MODEL.into(),
             view: None,
             det_data: defaults::DET_DATA.into(),
@@ -209,6 +235,9 @@ impl Operator for NoiseWeight {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
         let c = &self.config;
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
@@ -226,5 +255,77 @@ impl Operator for NoiseWeight {
             kernels::noise_weight(ctx, call, ob, meta, &c.det_data, &weights)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use toast_core::{Detector, Focalplane, Telescope};
+
+    #[derive(Debug)]
+    struct Flat(f64);
+    impl DetectorWeights for Flat {
+        fn detector_weight(&self, _det: &str) -> Option<f64> {
+            Some(self.0)
+        }
+    }
+
+    fn obs() -> Observation {
+        let mut d = Detector::new("d0");
+        d.net = 2.0;
+        let fp = Arc::new(Focalplane::new(vec![d, Detector::new("d1")], 10.0).unwrap());
+        Observation::new("o", Telescope::new("t", fp), 4).unwrap()
+    }
+
+    #[test]
+    fn every_supported_model_form() {
+        let mut ob = obs();
+        let dets = vec!["d0".to_string()];
+        let e = detector_weights(&ob, "noise_model", &dets)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "invalid configuration: observation 'o' has no noise model 'noise_model'"
+        );
+        ob.meta
+            .set_object("noise_model", WhiteNoiseWeights::from_net(&ob).unwrap());
+        assert_eq!(
+            detector_weights(&ob, "noise_model", &dets).unwrap(),
+            [1.0 / 40.0]
+        );
+        let e = detector_weights(&ob, "noise_model", &["zz".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("has no detector 'zz'"), "{e}");
+        let arc: Arc<dyn DetectorWeights> = Arc::new(Flat(3.0));
+        ob.meta.set_object("noise_model", arc);
+        assert_eq!(detector_weights(&ob, "noise_model", &dets).unwrap(), [3.0]);
+        let mut m = BTreeMap::new();
+        m.insert(
+            "d0".to_string(),
+            AnalyticNoiseParams {
+                rate: 10.0,
+                net: 2.0,
+                fknee: 0.0,
+                fmin: 0.0,
+                alpha: 1.0,
+            },
+        );
+        ob.meta.set_object("noise_model", m);
+        assert_eq!(
+            detector_weights(&ob, "noise_model", &dets).unwrap(),
+            [1.0 / 40.0]
+        );
+        ob.meta.set_object("noise_model", Flat(5.0));
+        let e = detector_weights(&ob, "noise_model", &dets)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("register_noise_model"), "{e}");
+        register_noise_model::<Flat>();
+        register_noise_model::<Flat>();
+        assert_eq!(detector_weights(&ob, "noise_model", &dets).unwrap(), [5.0]);
+        ob.meta.set("noise_model", 1i64);
+        assert!(detector_weights(&ob, "noise_model", &dets).is_err());
     }
 }

@@ -12,6 +12,8 @@ use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirem
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PixelsHealpixConfig {
+    /// Whether the operator runs (TOAST's `enabled`).
+    pub enabled: bool,
     /// HEALPix resolution.
     pub nside: i64,
     /// Resolution of the submaps.
@@ -27,6 +29,7 @@ pub struct PixelsHealpixConfig {
 impl Default for PixelsHealpixConfig {
     fn default() -> Self {
         PixelsHealpixConfig {
+            enabled: true,
             nside: 64,
             nside_submap: 16,
             nest: true,
@@ -138,6 +141,9 @@ impl Operator for PixelsHealpix {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
         self.prepare_outputs(data)?;
         let params = HealpixParams {
             nside: self.config.nside,

@@ -10,6 +10,8 @@ use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PointingDetectorConfig {
+    /// Whether the operator runs (TOAST's `enabled`).
+    pub enabled: bool,
     /// Interval list to process (`None`: every sample).
     pub view: Option<String>,
     /// Shared field of boresight quaternions.
@@ -27,6 +29,7 @@ pub struct PointingDetectorConfig {
 impl Default for PointingDetectorConfig {
     fn default() -> Self {
         PointingDetectorConfig {
+            enabled: true,
             view: None,
             boresight: defaults::BORESIGHT_RADEC.into(),
             shared_flags: Some(defaults::SHARED_FLAGS.into()),
@@ -97,6 +100,9 @@ impl Operator for PointingDetector {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
         self.prepare_outputs(data)?;
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {

@@ -10,6 +10,8 @@ use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirem
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScanMapConfig {
+    /// Whether the operator runs (TOAST's `enabled`).
+    pub enabled: bool,
     /// Timestream field (created, zeroed, if missing).
     pub det_data: String,
     /// Detector flag bits that exclude a detector.
@@ -35,6 +37,7 @@ pub struct ScanMapConfig {
 impl Default for ScanMapConfig {
     fn default() -> Self {
         ScanMapConfig {
+            enabled: true,
             det_data: defaults::DET_DATA.into(),
             det_mask: defaults::DET_MASK_INVALID,
             view: None,
@@ -107,6 +110,9 @@ impl Operator for ScanMap {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
         self.prepare_outputs(data)?;
         let c = &self.config;
         let mode = ScanMode {

@@ -31,6 +31,8 @@ impl StokesMode {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StokesWeightsConfig {
+    /// Whether the operator runs (TOAST's `enabled`).
+    pub enabled: bool,
     /// `I` (TOAST's default) or `IQU`.
     pub mode: StokesMode,
     /// Interval list (`None`: the detector pointing's view).
@@ -47,6 +49,7 @@ pub struct StokesWeightsConfig {
 impl Default for StokesWeightsConfig {
     fn default() -> Self {
         StokesWeightsConfig {
+            enabled: true,
             mode: StokesMode::I,
             view: None,
             weights: defaults::WEIGHTS.into(),
@@ -126,6 +129,9 @@ impl Operator for StokesWeights {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
         self.prepare_outputs(data)?;
         let view = self.view().map(str::to_string);
         let Data { obs, meta } = data;

@@ -402,6 +402,10 @@ pub struct Scan {
     pub prec_period: f64,
     /// Opening angle of the spin axis from the precession axis (degrees).
     pub prec_angle: f64,
+    /// Angle of the boresight from the spin axis (degrees; 90: great circles).
+    pub spin_angle: f64,
+    /// Offset of detector pair `p` from the boresight: `p · det_spacing` (degrees).
+    pub det_spacing: f64,
 }
 
 impl Default for Scan {
@@ -414,6 +418,8 @@ impl Default for Scan {
             spin_period: 60.0,
             prec_period: 1300.0,
             prec_angle: 50.0,
+            spin_angle: 90.0,
+            det_spacing: 0.7,
         }
     }
 }
@@ -427,7 +433,7 @@ pub fn focalplane(scan: &Scan) -> Arc<Focalplane> {
         let psi = angles[p % angles.len()].to_radians();
         let tilt = qarray::mult(
             &qarray::from_axisangle(&qarray::ZAXIS, p as f64 * 1.1),
-            &qarray::from_axisangle(&qarray::XAXIS, (0.7 * p as f64).to_radians()),
+            &qarray::from_axisangle(&qarray::XAXIS, (scan.det_spacing * p as f64).to_radians()),
         );
         for (k, suffix) in ["A", "B"].iter().enumerate() {
             let mut d = Detector::new(format!("D{p}{suffix}"));
@@ -444,14 +450,14 @@ pub fn focalplane(scan: &Scan) -> Arc<Focalplane> {
     Arc::new(Focalplane::new(dets, scan.rate).unwrap())
 }
 
-/// The boresight at time `t`: on the great circle about a spin axis that
-/// precesses about the z axis.
+/// The boresight at time `t`: on a circle (`spin_angle` from the spin axis;
+/// a great circle at 90°) about a spin axis that precesses about the z axis.
 pub fn boresight(scan: &Scan, t: f64) -> Quat {
-    use std::f64::consts::{FRAC_PI_2, TAU};
+    use std::f64::consts::TAU;
     let prec = qarray::from_axisangle(&qarray::ZAXIS, TAU * t / scan.prec_period);
     let open = qarray::from_axisangle(&qarray::YAXIS, scan.prec_angle.to_radians());
     let spin = qarray::from_axisangle(&qarray::ZAXIS, TAU * t / scan.spin_period);
-    let perp = qarray::from_axisangle(&qarray::YAXIS, FRAC_PI_2);
+    let perp = qarray::from_axisangle(&qarray::YAXIS, scan.spin_angle.to_radians());
     qarray::mult(&prec, &qarray::mult(&open, &qarray::mult(&spin, &perp)))
 }
 
