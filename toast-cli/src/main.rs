@@ -11,6 +11,8 @@
 //! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped |
 
 mod cmd;
+mod config;
+mod presets;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -58,6 +60,9 @@ enum Command {
         #[arg(long)]
         cases: Option<PathBuf>,
     },
+    /// Run TOAST's satellite simulation and map-making workflow
+    /// (`toast_benchmark_satellite`): tiny on the CPU into ./toast_out by default.
+    Run(cmd::run::RunArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -112,11 +117,17 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> Result<u8, String> {
     let mut opts = discovery(&cli)?;
+    if let Command::Run(args) = &cli.command {
+        if let Some(n) = args.threads {
+            cmd::run::set_threads(n, &mut opts)?;
+        }
+    }
     if let Command::Bench(BenchCommand::Kernels(a)) = &cli.command {
         opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
     }
     let registry = Registry::discover(&opts);
     match &cli.command {
+        Command::Run(args) => cmd::run::run(args, registry).map(code),
         Command::Backends => Ok(code(cmd::backends::run(&registry))),
         Command::Verify { backend, cases } => {
             let cases = cases.clone().unwrap_or_else(default_cases_dir);

@@ -62,6 +62,9 @@
 //! * [`focalplane`]: the benchmark's hexagonal focal plane.
 //! * [`noise`]: analytic 1/f noise model and counter-based noise simulation.
 //! * [`uid`]: TOAST's `name_UID` identifiers.
+//! * [`sim`]: the simulation operators on the data model (`SimSatellite`,
+//!   `DefaultNoiseModel`, `SimNoise`, `ScanHealpixMap`) that `toast-cli run`
+//!   chains with the map-maker.
 //! * [`healpix`]: HEALPix pixel indexing, angle/vector conversions and ring geometry.
 //! * [`fits`]: healpy-compatible HEALPix map FITS reading and writing.
 //! * [`sht`]: spherical-harmonic synthesis (a_lm → I, Q, U HEALPix maps).
@@ -85,6 +88,7 @@ pub mod plot;
 pub mod qarray;
 pub mod satellite;
 pub mod sht;
+pub mod sim;
 pub mod sky;
 pub mod templates;
 pub mod uid;

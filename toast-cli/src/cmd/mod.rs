@@ -2,4 +2,5 @@
 
 pub mod backends;
 pub mod bench;
+pub mod run;
 pub mod verify;

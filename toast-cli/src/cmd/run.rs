@@ -1,0 +1,625 @@
+//! `toast-cli run`: TOAST's satellite simulation and map-making workflow
+//! (`toast_benchmark_satellite`), end to end.
+//!
+//! Phases, each an operator of `toast-ops` timed under its TOAST name:
+//! `SimSatellite` → `DefaultNoiseModel` → `ScanHealpixMap` → `SimNoise` →
+//! `MapMaker` (destriping, offset template) → outputs.
+//!
+//! Everything that can be checked is checked before the long work starts
+//! (case, configuration, sky map header and nside, output directory); such
+//! errors exit with status 2 and a message naming the file, key or value.
+//!
+//! Outputs in the output directory (TOAST's names): `mapmaker_hits.fits`,
+//! `mapmaker_binmap.fits`, `mapmaker_map.fits` (NEST, float32, K, cut
+//! pixels 0), `timing.csv`, `stats.json`, `config.toml`, `mapmaker_map.png`.
+
+use crate::config::{self, RunConfig};
+use crate::presets::{self, Sizing};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use toast_accel::host::{DispatchPolicy, Dispatcher, Registry};
+use toast_core::{Data, ExecContext, Operator};
+use toast_ops::fits::{self, Ordering};
+use toast_ops::focalplane::benchmark_focalplane;
+use toast_ops::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
+use toast_ops::pipeline::{DetectorSets, RunOptions};
+use toast_ops::sim::{
+    core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, SimNoise, SimSatellite,
+};
+use toast_ops::sky::SkyConfig;
+use toast_ops::{MapMaker, MapMakerSetup, PixelData};
+
+/// Arguments of `toast-cli run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Workflow size: tiny, xsmall, small, medium, large, xlarge, heroic, or
+    /// auto (the largest whose predicted memory fits 80% of MemAvailable).
+    #[arg(long, default_value = "tiny")]
+    pub case: String,
+    /// Output directory.
+    #[arg(long = "out-dir", default_value = "toast_out")]
+    pub out_dir: PathBuf,
+    /// TOML configuration file (a section per operator).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override one parameter: section.key=value (repeatable), e.g.
+    /// `--set baselines.step_time=60`, `--set mapmaker.iter_max=50`.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Input sky: a HEALPix FITS map (I, Q, U; NEST or RING) of nside
+    /// `pixels.nside`; default: the built-in synthetic sky.
+    #[arg(long = "sky-map")]
+    pub sky_map: Option<PathBuf>,
+    /// Run-level backend (dispatch `run=NAME`).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Threads (rayon and the CPU plugin); default: all cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Override the case's number of detectors (even, ≤ 2054).
+    #[arg(long = "n-det")]
+    pub n_det: Option<u64>,
+    /// Override the case's number of observations.
+    #[arg(long = "n-obs")]
+    pub n_obs: Option<u64>,
+    /// Print the distribution, sample count and predicted memory, and exit.
+    #[arg(long = "dry-run")]
+    pub dry_run: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Skip the PNG plot.
+    #[arg(long = "no-plot")]
+    pub no_plot: bool,
+}
+
+/// `--threads N`: the global rayon pool and the CPU plugin's `threads`
+/// option (unless `--backend-options cpu:...` gave one).
+pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> Result<(), String> {
+    if n == 0 {
+        return Err("--threads 0: must be at least 1".into());
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| format!("--threads {n}: {e}"))?;
+    if opts.options_for("cpu").is_empty() {
+        *opts = std::mem::take(opts).with_backend_options("cpu", &format!("threads={n}"));
+    }
+    Ok(())
+}
+
+/// A checked, ready-to-run job.
+struct Job {
+    case: String,
+    sizing: Sizing,
+    cfg: RunConfig,
+    sky_file: Option<PathBuf>,
+    out_dir: PathBuf,
+}
+
+/// Read only the header of a HEALPix FITS file and return its NSIDE (cheap:
+/// the header blocks of the first extension).
+fn sky_header_nside(path: &Path) -> Result<u64, String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| format!("sky map {}: cannot open: {e}", path.display()))?;
+    let mut buf = vec![0u8; 2880 * 40];
+    let mut n = 0;
+    loop {
+        let k = f
+            .read(&mut buf[n..])
+            .map_err(|e| format!("sky map {}: cannot read: {e}", path.display()))?;
+        if k == 0 || n + k == buf.len() {
+            n += k;
+            break;
+        }
+        n += k;
+    }
+    if n < 2880 || !buf.starts_with(b"SIMPLE  =") {
+        return Err(format!("sky map {}: not a FITS file", path.display()));
+    }
+    for card in buf[..n - n % 80].chunks_exact(80) {
+        if card.starts_with(b"NSIDE   =") {
+            let text = String::from_utf8_lossy(&card[10..]);
+            let v = text.split('/').next().unwrap_or("").trim();
+            return v
+                .parse::<u64>()
+                .map_err(|_| format!("sky map {}: bad NSIDE card {v:?}", path.display()));
+        }
+    }
+    Err(format!(
+        "sky map {}: no NSIDE keyword (not a HEALPix map)",
+        path.display()
+    ))
+}
+
+/// Check everything before any long work (exit 2 on failure).
+fn prepare(args: &RunArgs) -> Result<Job, String> {
+    let known = presets::PRESETS.iter().any(|(n, _)| *n == args.case) || args.case == "auto";
+    if !known {
+        return Err(format!(
+            "unknown case `{}` (known: {})",
+            args.case,
+            presets::names()
+        ));
+    }
+    let mut table = config::workflow_defaults(&args.case);
+    if let Some(p) = &args.config {
+        let file = config::read_file(p)?;
+        config::merge(&mut table, &file);
+    }
+    for s in &args.set {
+        config::apply_set(&mut table, s)?;
+    }
+    if let Some(b) = &args.backend {
+        config::apply_set(&mut table, &format!("dispatch.run={b}"))?;
+    }
+    if let Some(p) = &args.sky_map {
+        let s = p.display().to_string();
+        let sec = table
+            .entry("scan_map")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(t) = sec {
+            t.insert("file".into(), toml::Value::String(s));
+        }
+    }
+    let cfg = config::build(table)?;
+    let nside = cfg.pixels.nside as u64;
+    let (case, mut sizing) = if args.case == "auto" {
+        let avail =
+            presets::mem_available().ok_or("auto: cannot read MemAvailable from /proc/meminfo")?;
+        let (n, s) = presets::auto(avail, nside);
+        (n.to_string(), s)
+    } else {
+        (
+            args.case.clone(),
+            presets::preset(&args.case).expect("checked"),
+        )
+    };
+    if let Some(n) = args.n_det {
+        if n == 0 || n % 2 != 0 || n > presets::MAX_DETECTORS {
+            return Err(format!(
+                "--n-det {n}: must be even, between 2 and {}",
+                presets::MAX_DETECTORS
+            ));
+        }
+        sizing.n_det = n;
+    }
+    if let Some(n) = args.n_obs {
+        if n == 0 || n > presets::MAX_OBSERVATIONS {
+            return Err(format!(
+                "--n-obs {n}: must be between 1 and {}",
+                presets::MAX_OBSERVATIONS
+            ));
+        }
+        sizing.n_obs = n;
+    }
+    // SimSatellite's sampling: 1 + floor(rate (T - 2 µs)) samples per scan.
+    let span = cfg.sim_satellite.obs_minutes * 60.0 - 2e-6;
+    sizing.samples_per_obs = 1 + (span * 100.0).floor() as u64;
+    let sky_file = (!cfg.scan_map.file.is_empty()).then(|| PathBuf::from(&cfg.scan_map.file));
+    if let Some(p) = &sky_file {
+        if cfg.scan_map.enabled {
+            let got = sky_header_nside(p)?;
+            if got != nside {
+                return Err(format!(
+                    "sky map {}: NSIDE = {got}, but pixels.nside = {nside} (the map must match \
+                     the pixelization)",
+                    p.display()
+                ));
+            }
+        }
+    }
+    if !args.dry_run {
+        std::fs::create_dir_all(&args.out_dir).map_err(|e| {
+            format!(
+                "output directory {}: cannot create: {e}",
+                args.out_dir.display()
+            )
+        })?;
+        let probe = args.out_dir.join(".toast-cli-write-test");
+        std::fs::write(&probe, b"ok").map_err(|e| {
+            format!(
+                "output directory {}: not writable: {e}",
+                args.out_dir.display()
+            )
+        })?;
+        let _ = std::fs::remove_file(&probe);
+    }
+    Ok(Job {
+        case,
+        sizing,
+        cfg,
+        sky_file,
+        out_dir: args.out_dir.clone(),
+    })
+}
+
+fn gib(b: f64) -> String {
+    format!("{:.2} GiB", b / (1u64 << 30) as f64)
+}
+
+/// A spinner for one phase (hidden when quiet or not on a terminal).
+struct Phases {
+    visible: bool,
+    bars: indicatif::MultiProgress,
+}
+
+impl Phases {
+    fn new(quiet: bool) -> Self {
+        let visible = !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let bars = indicatif::MultiProgress::with_draw_target(if visible {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        });
+        Phases { visible, bars }
+    }
+
+    fn start(&self, i: usize, n: usize, name: &str) -> ProgressBar {
+        let pb = self.bars.add(ProgressBar::new_spinner());
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} {elapsed_precise}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        pb.set_length(n as u64);
+        pb.set_position(i as u64);
+        pb.set_message(name.to_string());
+        if self.visible {
+            pb.enable_steady_tick(Duration::from_millis(120));
+        }
+        pb
+    }
+}
+
+/// Run a phase under the timer frame `name`, with a spinner.
+fn phase<R>(
+    ui: &Phases,
+    i: usize,
+    name: &str,
+    ctx: &mut ExecContext,
+    f: impl FnOnce(&mut ExecContext) -> Result<R, String>,
+) -> Result<R, String> {
+    const N: usize = 6;
+    let pb = ui.start(i, N, name);
+    let t0 = Instant::now();
+    ctx.timers.enter(name).map_err(|e| e.to_string())?;
+    let r = f(ctx);
+    let _ = ctx.timers.exit(name);
+    pb.set_position(i as u64 + 1);
+    pb.finish_with_message(format!("{name}: {:.2} s", t0.elapsed().as_secs_f64()));
+    tracing::info!(
+        "{name}: {:.3} s, peak memory so far {}",
+        t0.elapsed().as_secs_f64(),
+        gib(presets::peak_rss().unwrap_or(0.0))
+    );
+    r
+}
+
+fn op_err(e: toast_core::OpError) -> String {
+    e.to_string()
+}
+
+/// The workflow; returns the process exit status.
+pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
+    let job = prepare(args)?;
+    let nside = job.cfg.pixels.nside as u64;
+    let s = job.sizing;
+    let predicted = presets::predicted_memory(s, nside);
+    println!(
+        "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
+         1 process, {} thread(s); predicted peak memory {}",
+        job.case,
+        s.n_det,
+        s.n_det / 2,
+        s.n_obs,
+        s.samples_per_obs,
+        s.samples(),
+        rayon::current_num_threads(),
+        gib(predicted)
+    );
+    if args.dry_run {
+        if let Some(a) = presets::mem_available() {
+            println!("available memory (MemAvailable): {}", gib(a));
+        }
+        println!("expected total hits: {}", s.samples());
+        return Ok(0);
+    }
+    let t_start = Instant::now();
+    let cfg = &job.cfg;
+    let mut policy = DispatchPolicy::new();
+    for d in &cfg.dispatch {
+        policy.apply(d).map_err(|e| format!("dispatch {d}: {e}"))?;
+    }
+    let registry = Arc::new(registry);
+    let mut ctx = ExecContext::new();
+    ctx.insert(Dispatcher::new(Arc::clone(&registry), policy));
+    let ui = Phases::new(args.quiet);
+    let top = "toast-cli run";
+    ctx.timers.enter(top).map_err(|e| e.to_string())?;
+
+    // Focal plane and operators.
+    let fp = benchmark_focalplane(s.n_det as usize).map_err(|e| format!("focalplane: {e}"))?;
+    let fp = Arc::new(core_focalplane(&fp).map_err(op_err)?);
+    let mut sim = SimSatellite::new(
+        "sim_satellite",
+        cfg.sim_satellite.clone(),
+        Arc::clone(&fp),
+        0,
+        s.n_obs as usize,
+    )
+    .map_err(op_err)?;
+    let detsets = sim.detector_sets();
+    let mut data = Data::new();
+    phase(&ui, 0, "SimSatellite", &mut ctx, |ctx| {
+        sim.apply(&mut data, ctx).map_err(op_err)
+    })?;
+    let mut model = DefaultNoiseModel::new("default_model", cfg.default_model.clone());
+    phase(&ui, 1, "DefaultNoiseModel", &mut ctx, |ctx| {
+        model.apply(&mut data, ctx).map_err(op_err)
+    })?;
+    let pointing = || -> Result<PointingOps, String> {
+        Ok(PointingOps::new(
+            PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
+            PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
+                .map_err(op_err)?,
+            StokesWeights::new("weights", cfg.weights.clone(), cfg.det_pointing.clone()),
+        ))
+    };
+    let mut scan_cfg = cfg.scan_map.clone();
+    scan_cfg.pixel_dist = cfg.binner.pixel_dist.clone();
+    phase(&ui, 2, "ScanHealpixMap", &mut ctx, |ctx| {
+        if !scan_cfg.enabled {
+            return Ok(());
+        }
+        let sky = match &job.sky_file {
+            Some(p) => InputSky::from_file(p).map_err(op_err)?,
+            None => InputSky::synthetic(&SkyConfig {
+                nside,
+                seed: scan_cfg.seed,
+                fwhm_arcmin: scan_cfg.fwhm_arcmin,
+                toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
+                ..SkyConfig::default()
+            })
+            .map_err(op_err)?,
+        };
+        let mut op =
+            ScanHealpixMap::new("scan_map", scan_cfg.clone(), pointing()?, sky).map_err(op_err)?;
+        op.options = RunOptions {
+            detector_sets: DetectorSets::Sets(detsets.clone()),
+            ..RunOptions::default()
+        };
+        op.apply(&mut data, ctx).map_err(op_err)
+    })?;
+    let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
+    phase(&ui, 3, "SimNoise", &mut ctx, |ctx| {
+        noise.apply(&mut data, ctx).map_err(op_err)
+    })?;
+    let setup = MapMakerSetup {
+        name: "mapmaker".into(),
+        mapmaker: cfg.mapmaker.clone(),
+        baselines: cfg.baselines.clone(),
+        binner: cfg.binner.clone(),
+        binner_final: None,
+        det_pointing: cfg.det_pointing.clone(),
+        pixels: cfg.pixels.clone(),
+        weights: cfg.weights.clone(),
+        pixels_final: None,
+    };
+    let mut mm = MapMaker::new(setup).map_err(op_err)?;
+    let res = phase(&ui, 4, "MapMaker", &mut ctx, |ctx| {
+        mm.run(&mut data, ctx).map_err(op_err)
+    })?;
+    let (t_first, t_last) = time_span(&data);
+    let stats = phase(&ui, 5, "write outputs", &mut ctx, |_| {
+        write_outputs(
+            &job,
+            &data,
+            &res,
+            s.n_det as i64,
+            (t_first, t_last),
+            args.no_plot,
+        )
+    })?;
+    let _ = ctx.timers.exit(top);
+    ctx.timers.stop_all();
+    let wall = t_start.elapsed().as_secs_f64();
+    ctx.timers
+        .dump(job.out_dir.join("timing.csv"))
+        .map_err(|e| format!("{}: {e}", job.out_dir.join("timing.csv").display()))?;
+    std::fs::write(job.out_dir.join("config.toml"), config::to_toml(&cfg.table))
+        .map_err(|e| format!("{}: {e}", job.out_dir.join("config.toml").display()))?;
+    let peak = presets::peak_rss().unwrap_or(0.0);
+    let mut stats = stats;
+    stats["wall_time_s"] = json!(wall);
+    stats["peak_memory_bytes"] = json!(peak);
+    stats["predicted_memory_bytes"] = json!(predicted);
+    stats["cg_iterations"] = json!(res.iterations);
+    stats["converged"] = json!(res.converged);
+    stats["n_det"] = json!(s.n_det);
+    stats["n_obs"] = json!(s.n_obs);
+    stats["samples"] = json!(s.samples());
+    stats["local_submaps"] = json!(local_submaps(&data, &cfg.binner.pixel_dist));
+    let text = serde_json::to_string_pretty(&stats).map_err(|e| e.to_string())?;
+    std::fs::write(job.out_dir.join("stats.json"), text + "\n")
+        .map_err(|e| format!("{}: {e}", job.out_dir.join("stats.json").display()))?;
+
+    // Summary.
+    let backends = kernel_backends(&ctx);
+    println!("samples:        {}", s.samples());
+    println!(
+        "total hits:     {} (expected {})",
+        stats["totalhits"],
+        s.samples()
+    );
+    println!("wall time:      {wall:.2} s");
+    println!("samples/s:      {:.4e}", s.samples() as f64 / wall);
+    println!(
+        "peak memory:    {} (predicted {})",
+        gib(peak),
+        gib(predicted)
+    );
+    println!(
+        "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
+        res.iterations,
+        if res.converged {
+            "converged"
+        } else {
+            "not converged"
+        },
+        res.n_amplitudes,
+        res.n_flagged_amplitudes
+    );
+    println!(
+        "map RMS (K):    I {:.6e}  Q {:.6e}  U {:.6e}",
+        stats["rms_I"].as_f64().unwrap_or(0.0),
+        stats["rms_Q"].as_f64().unwrap_or(0.0),
+        stats["rms_U"].as_f64().unwrap_or(0.0)
+    );
+    println!("kernels:        {backends}");
+    println!("outputs in:     {}", job.out_dir.display());
+    Ok(0)
+}
+
+fn local_submaps(data: &Data, key: &str) -> usize {
+    data.meta
+        .object::<Arc<toast_ops::PixelDistribution>>(key)
+        .map(|d| d.n_local_submap())
+        .unwrap_or(0)
+}
+
+/// `kernel=backend[/backend...]` for each kernel that ran, from the kernel
+/// timer names (`operator.kernel[backend]`, the resolved backend).
+fn kernel_backends(ctx: &ExecContext) -> String {
+    let mut map: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for name in ctx.timers.names() {
+        if name.starts_with("(function)") {
+            continue;
+        }
+        let Some((head, rest)) = name.split_once('[') else {
+            continue;
+        };
+        let backend = rest.trim_end_matches(']').to_string();
+        let kernel = head.rsplit('.').next().unwrap_or(head).to_string();
+        let e = map.entry(kernel).or_default();
+        if !e.contains(&backend) {
+            e.push(backend);
+        }
+    }
+    if map.is_empty() {
+        return "none recorded".into();
+    }
+    map.into_iter()
+        .map(|(k, b)| format!("{k}={}", b.join("/")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn time_span(data: &Data) -> (f64, f64) {
+    let mut lo = f64::INFINITY;
+    let mut hi = f64::NEG_INFINITY;
+    for ob in &data.obs {
+        if let Ok(t) = ob.times() {
+            if let (Some(a), Some(b)) = (t.first(), t.last()) {
+                lo = lo.min(*a);
+                hi = hi.max(*b);
+            }
+        }
+    }
+    (lo, hi)
+}
+
+/// Full-sky NEST values of component `k` of a map (zeros elsewhere).
+fn full_sky_component(m: &PixelData<f64>, k: usize) -> Vec<f64> {
+    let dist = m.distribution();
+    let nps = dist.n_pix_submap() as usize;
+    let nv = m.n_value();
+    let mut out = vec![0.0; (dist.n_submap() as usize) * nps];
+    for (ls, &gs) in dist.local_submaps().iter().enumerate() {
+        let src = &m.data()[ls * nps * nv..(ls + 1) * nps * nv];
+        let dst = &mut out[gs as usize * nps..(gs as usize + 1) * nps];
+        for (d, v) in dst.iter_mut().zip(src.chunks_exact(nv)) {
+            *d = v[k];
+        }
+    }
+    out
+}
+
+fn write_outputs(
+    job: &Job,
+    data: &Data,
+    res: &toast_ops::MapMakerResult,
+    n_det: i64,
+    span: (f64, f64),
+    no_plot: bool,
+) -> Result<serde_json::Value, String> {
+    let dir = &job.out_dir;
+    let ferr = |p: &Path, e: fits::FitsError| format!("{}: {e}", p.display());
+    let get = |key: &str| -> Result<&PixelData<f64>, String> {
+        data.meta
+            .object::<PixelData<f64>>(key)
+            .map_err(|e| format!("map-maker product {key}: {e}"))
+    };
+    let hits = data
+        .meta
+        .object::<PixelData<i64>>(&res.hits)
+        .map_err(|e| format!("map-maker product {}: {e}", res.hits))?;
+    let header = fits::toast_extra_header(span.0, span.1, n_det, n_det, "3.0.6");
+    let hits_full = hits.to_full_sky();
+    let total_hits: i64 = hits_full.iter().sum();
+    let p = dir.join("mapmaker_hits.fits");
+    fits::write_hits_map(&p, Ordering::Nested, &hits_full, &header).map_err(|e| ferr(&p, e))?;
+    let precision = if job.cfg.mapmaker.write_float64 {
+        fits::MapPrecision::F64
+    } else {
+        fits::MapPrecision::F32
+    };
+    let mut products: Vec<(&str, &str)> = Vec::new();
+    if let Some(b) = &res.binmap {
+        products.push(("mapmaker_binmap.fits", b.as_str()));
+    }
+    products.push(("mapmaker_map.fits", res.map.as_str()));
+    let mut stats = json!({ "case": job.case, "totalhits": total_hits });
+    for (file, key) in products {
+        let m = get(key)?;
+        let comps: Vec<Vec<f64>> = (0..3).map(|k| full_sky_component(m, k)).collect();
+        let p = dir.join(file);
+        fits::write_iqu_map(
+            &p,
+            Ordering::Nested,
+            [&comps[0], &comps[1], &comps[2]],
+            "K",
+            precision,
+            &header,
+        )
+        .map_err(|e| ferr(&p, e))?;
+        if key == res.map {
+            // TOAST's MPI-style statistics: all pixels, zeros included, ddof 1.
+            let st = m.stats();
+            for (k, c) in ["I", "Q", "U"].iter().enumerate() {
+                stats[format!("mean_{c}")] = json!(st.mean[k]);
+                stats[format!("rms_{c}")] = json!(st.rms[k]);
+            }
+            if !no_plot {
+                let hit: Vec<bool> = hits_full.iter().map(|&h| h > 0).collect();
+                let p = dir.join("mapmaker_map.png");
+                toast_ops::plot::plot_iqu_mollweide(
+                    &p,
+                    job.cfg.pixels.nside as u64,
+                    [&comps[0], &comps[1], &comps[2]],
+                    Some(&hit),
+                    1200,
+                )
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+        }
+    }
+    if let Some(src) = &job.sky_file {
+        stats["sky_map"] = json!(src.display().to_string());
+    }
+    Ok(stats)
+}

@@ -1,0 +1,378 @@
+//! The configuration of `toast-cli run`: a TOML table with one section per
+//! operator, named as TOAST names its operator instances, and `--set`
+//! overrides.
+//!
+//! # Sections
+//!
+//! | section | operator | struct |
+//! |---|---|---|
+//! | `sim_satellite` | `SimSatellite` | [`SimSatelliteConfig`] |
+//! | `default_model` | `DefaultNoiseModel` | [`DefaultNoiseModelConfig`] |
+//! | `scan_map` | `ScanHealpixMap` | [`ScanHealpixMapConfig`] |
+//! | `sim_noise` | `SimNoise` | [`SimNoiseConfig`] |
+//! | `det_pointing` | `PointingDetector` | [`PointingDetectorConfig`] |
+//! | `pixels` | `PixelsHealpix` | [`PixelsHealpixConfig`] |
+//! | `weights` | `StokesWeights` | [`StokesWeightsConfig`] |
+//! | `binner` | `BinMap` | [`BinnerConfig`] |
+//! | `mapmaker` | `MapMaker` | [`MapMakerConfig`] |
+//! | `baselines` | `Offset` template | [`OffsetConfig`] |
+//! | `dispatch` | backend choice | settings of `DispatchPolicy` |
+//!
+//! The `dispatch` section holds dispatch settings as keys: `run = "cpu"`,
+//! `pipeline = "..."`, `operator.MapMaker = "opencl"`, `kernel.scan_map =
+//! "opencl"` (TOML dotted keys). The dispatcher tries, for each kernel call,
+//! the kernel override, the operator override, the pipeline, the run
+//! backend (`--backend` sets `run`), then `cpu`, falling back along that
+//! chain when a backend lacks the kernel.
+//!
+//! # Precedence
+//!
+//! The workflow's defaults (TOAST's benchmark settings for the chosen case,
+//! [`workflow_defaults`]) < the `--config` file < `--set section.key=value`
+//! (the value is read as a TOML value: `60`, `1e-6`, `true`, `"IQU"`; a
+//! bare word that is not valid TOML is taken as a string). Keys not given
+//! anywhere take the operator's defaults (TOAST's). Unknown sections, unknown
+//! keys and values of the wrong type are errors naming the section and key.
+//!
+//! Our workflow default that differs from TOAST's benchmark:
+//! `binner.full_pointing = true` (the pointing is expanded once and kept
+//! for the whole solve instead of being recomputed in every pass; set it to
+//! `false` to recompute as TOAST does; the maps are the same).
+
+use serde::de::DeserializeOwned;
+use toast_ops::mapmaker::MapMakerConfig;
+use toast_ops::ops::{
+    BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig,
+};
+use toast_ops::sim::{
+    DefaultNoiseModelConfig, ScanHealpixMapConfig, SimNoiseConfig, SimSatelliteConfig,
+};
+use toast_ops::templates::OffsetConfig;
+use toml::{Table, Value};
+
+/// Known sections, in the order they are written.
+pub const SECTIONS: [&str; 11] = [
+    "sim_satellite",
+    "default_model",
+    "scan_map",
+    "sim_noise",
+    "det_pointing",
+    "pixels",
+    "weights",
+    "binner",
+    "mapmaker",
+    "baselines",
+    "dispatch",
+];
+
+/// The parsed configuration.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub sim_satellite: SimSatelliteConfig,
+    pub default_model: DefaultNoiseModelConfig,
+    pub scan_map: ScanHealpixMapConfig,
+    pub sim_noise: SimNoiseConfig,
+    pub det_pointing: PointingDetectorConfig,
+    pub pixels: PixelsHealpixConfig,
+    pub weights: StokesWeightsConfig,
+    pub binner: BinnerConfig,
+    pub mapmaker: MapMakerConfig,
+    pub baselines: OffsetConfig,
+    /// Dispatch settings (`level[.name]=backend`).
+    pub dispatch: Vec<String>,
+    /// The effective table (written to `config.toml`).
+    pub table: Table,
+}
+
+/// The workflow's defaults for `case` (TOAST's benchmark settings: nside
+/// 1024 NEST with 16-nside submaps, IQU weights, rcond threshold 1e-3 or
+/// 1e-6 for tiny, the map-maker's outputs, cleaned timestream in place).
+pub fn workflow_defaults(case: &str) -> Table {
+    let rcond = if case == "tiny" { "1.0e-6" } else { "1.0e-3" };
+    let text = format!(
+        r#"
+[sim_satellite]
+prec_angle = 65.0
+spin_angle = 30.0
+prec_period = 50.0
+spin_period = 10.0
+
+[scan_map]
+file = ""
+
+[sim_noise]
+realization = 0
+
+[pixels]
+nside = 1024
+nside_submap = 16
+nest = true
+
+[weights]
+mode = "IQU"
+
+[binner]
+pixel_dist = "pixel_dist"
+full_pointing = true
+
+[mapmaker]
+iter_max = 100
+convergence = 1.0e-12
+solve_rcond_threshold = {rcond}
+map_rcond_threshold = {rcond}
+write_hits = true
+write_binmap = true
+write_map = true
+write_cov = false
+write_rcond = false
+save_cleaned = true
+overwrite_cleaned = true
+
+[baselines]
+step_time = 10000.0
+good_fraction = 0.5
+"#
+    );
+    text.parse::<Table>()
+        .expect("the built-in defaults are valid TOML")
+}
+
+/// Merge `over` into `base`, section by section (keys of `over` win).
+pub fn merge(base: &mut Table, over: &Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(Value::Table(b)), Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Read a `--config` TOML file.
+pub fn read_file(path: &std::path::Path) -> Result<Table, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--config {}: cannot read: {e}", path.display()))?;
+    text.parse::<Table>()
+        .map_err(|e| format!("--config {}: {e}", path.display()))
+}
+
+/// Apply one `--set section.key=value`.
+pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), String> {
+    let (path, raw) = spec.split_once('=').ok_or_else(|| {
+        format!("--set {spec:?}: expected section.key=value (e.g. baselines.step_time=60)")
+    })?;
+    let path = path.trim();
+    let (section, key) = path.split_once('.').ok_or_else(|| {
+        format!("--set {spec:?}: `{path}` must be section.key (e.g. mapmaker.iter_max)")
+    })?;
+    if !SECTIONS.contains(&section) {
+        return Err(format!(
+            "--set {spec:?}: unknown section `{section}` (known: {})",
+            SECTIONS.join(", ")
+        ));
+    }
+    if key.is_empty() || (section != "dispatch" && key.contains('.')) {
+        return Err(format!("--set {spec:?}: bad key `{key}`"));
+    }
+    let raw = raw.trim();
+    let value = match format!("v = {raw}").parse::<Table>() {
+        Ok(mut t) => t.remove("v").expect("parsed key"),
+        Err(_) => Value::String(raw.to_string()),
+    };
+    let sec = table
+        .entry(section.to_string())
+        .or_insert_with(|| Value::Table(Table::new()));
+    let Value::Table(sec) = sec else {
+        return Err(format!("config: `{section}` is not a section"));
+    };
+    // Dotted keys of `dispatch` become nested tables, as in a TOML file.
+    let mut cur = sec;
+    let parts: Vec<&str> = key.split('.').collect();
+    for p in &parts[..parts.len() - 1] {
+        let e = cur
+            .entry(p.to_string())
+            .or_insert_with(|| Value::Table(Table::new()));
+        let Value::Table(t) = e else {
+            return Err(format!("--set {spec:?}: `{section}.{p}` is not a table"));
+        };
+        cur = t;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// Deserialize one section; on failure find the offending key.
+fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, String> {
+    let sec = match table.get(name) {
+        None => Table::new(),
+        Some(Value::Table(t)) => t.clone(),
+        Some(v) => return Err(format!("config: `{name}` must be a section, not {v}")),
+    };
+    match Value::Table(sec.clone()).try_into::<T>() {
+        Ok(v) => Ok(v),
+        Err(whole) => {
+            for (k, v) in &sec {
+                let mut one = Table::new();
+                one.insert(k.clone(), v.clone());
+                if let Err(e) = Value::Table(one).try_into::<T>() {
+                    let msg = e.to_string().trim().replace('\n', " ");
+                    return Err(format!("config: [{name}] {k} = {v}: {msg}"));
+                }
+            }
+            Err(format!(
+                "config: [{name}]: {}",
+                whole.to_string().trim().replace('\n', " ")
+            ))
+        }
+    }
+}
+
+fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), String> {
+    for (k, v) in t {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            Value::Table(sub) => flatten(&key, sub, out)?,
+            Value::String(s) => out.push(format!("{key}={s}")),
+            other => {
+                return Err(format!(
+                    "config: [dispatch] {key} = {other}: expected a backend name (string)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check the table and build the typed configuration.
+pub fn build(table: Table) -> Result<RunConfig, String> {
+    for k in table.keys() {
+        if !SECTIONS.contains(&k.as_str()) {
+            return Err(format!(
+                "config: unknown section `{k}` (known: {})",
+                SECTIONS.join(", ")
+            ));
+        }
+    }
+    let mut dispatch = Vec::new();
+    if let Some(v) = table.get("dispatch") {
+        let Value::Table(t) = v else {
+            return Err("config: `dispatch` must be a section".into());
+        };
+        flatten("", t, &mut dispatch)?;
+        let mut p = toast_accel::host::DispatchPolicy::new();
+        for s in &dispatch {
+            p.apply(s)
+                .map_err(|e| format!("config: [dispatch] {s}: {e}"))?;
+        }
+    }
+    let cfg = RunConfig {
+        sim_satellite: section(&table, "sim_satellite")?,
+        default_model: section(&table, "default_model")?,
+        scan_map: section(&table, "scan_map")?,
+        sim_noise: section(&table, "sim_noise")?,
+        det_pointing: section(&table, "det_pointing")?,
+        pixels: section(&table, "pixels")?,
+        weights: section(&table, "weights")?,
+        binner: section(&table, "binner")?,
+        mapmaker: section(&table, "mapmaker")?,
+        baselines: section(&table, "baselines")?,
+        dispatch,
+        table,
+    };
+    let e = |e: toast_core::OpError| format!("config: {e}");
+    cfg.sim_satellite.validate().map_err(e)?;
+    cfg.mapmaker.validate().map_err(e)?;
+    cfg.baselines.validate().map_err(e)?;
+    cfg.binner.validate().map_err(e)?;
+    toast_ops::pixel_dist::check_nside(cfg.pixels.nside, cfg.pixels.nside_submap)
+        .map_err(|x| format!("config: [pixels] {x}"))?;
+    if !cfg.pixels.nest {
+        return Err("config: [pixels] nest = false: the workflow writes NEST maps".into());
+    }
+    Ok(cfg)
+}
+
+/// The effective configuration as TOML text (sections in [`SECTIONS`] order).
+pub fn to_toml(table: &Table) -> String {
+    let mut out = String::from(
+        "# toast-cli run: the configuration used (keys not listed take the operators' defaults)\n",
+    );
+    for s in SECTIONS {
+        if let Some(v) = table.get(s) {
+            let mut one = Table::new();
+            one.insert(s.to_string(), v.clone());
+            out.push('\n');
+            out.push_str(&toml::to_string(&one).unwrap_or_default());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(sets: &[&str]) -> Result<RunConfig, String> {
+        let mut t = workflow_defaults("tiny");
+        for s in sets {
+            apply_set(&mut t, s)?;
+        }
+        build(t)
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.pixels.nside, 1024);
+        assert_eq!(c.mapmaker.solve_rcond_threshold, 1e-6);
+        assert_eq!(c.baselines.step_time, 10000.0);
+        let c = cfg(&[
+            "baselines.step_time=60",
+            "mapmaker.iter_max=50",
+            "dispatch.kernel.scan_map=cpu",
+            "weights.mode=IQU",
+        ])
+        .unwrap();
+        assert_eq!(c.baselines.step_time, 60.0);
+        assert_eq!(c.mapmaker.iter_max, 50);
+        assert_eq!(c.dispatch, vec!["kernel.scan_map=cpu".to_string()]);
+        let text = to_toml(&c.table);
+        let back = build(text.parse::<Table>().unwrap()).unwrap();
+        assert_eq!(back.baselines.step_time, 60.0);
+        assert_eq!(back.mapmaker.iter_max, 50);
+        let mut file: Table =
+            "[mapmaker]\niter_max = 7\n[dispatch]\nkernel.scan_map = \"opencl\"\n"
+                .parse()
+                .unwrap();
+        let mut t = workflow_defaults("small");
+        merge(&mut t, &std::mem::take(&mut file));
+        let c = build(t).unwrap();
+        assert_eq!(c.mapmaker.iter_max, 7);
+        assert_eq!(c.mapmaker.solve_rcond_threshold, 1e-3);
+        assert_eq!(c.mapmaker.convergence, 1e-12);
+        assert_eq!(c.dispatch, vec!["kernel.scan_map=opencl".to_string()]);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = cfg(&["baselines.step_tim=60"]).unwrap_err();
+        assert!(e.contains("[baselines] step_tim"), "{e}");
+        let e = cfg(&["mapmaker.iter_max=abc"]).unwrap_err();
+        assert!(e.contains("[mapmaker] iter_max"), "{e}");
+        let e = cfg(&["nosuch.x=1"]).unwrap_err();
+        assert!(e.contains("unknown section `nosuch`"), "{e}");
+        let e = cfg(&["mapmaker"]).unwrap_err();
+        assert!(e.contains("section.key=value"), "{e}");
+        let e = cfg(&["baselines.step_time=-1"]).unwrap_err();
+        assert!(e.contains("step_time"), "{e}");
+        let e = cfg(&["pixels.nside=1000"]).unwrap_err();
+        assert!(e.contains("[pixels]"), "{e}");
+        let e = cfg(&["dispatch.kernel.nosuch=cpu"]).unwrap_err();
+        assert!(e.contains("[dispatch]"), "{e}");
+    }
+}

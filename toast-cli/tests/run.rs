@@ -1,0 +1,286 @@
+//! `toast-cli run` end to end: hits, outputs, determinism, bad input.
+//!
+//! The runs use reduced settings (lower nside, fewer or shorter
+//! observations) so each test takes seconds; the workflow is the same.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_toast-cli"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("toast-cli-run-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = bin().arg("run").args(args).output().expect("run toast-cli");
+    out
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A map file's bytes without the `CREATED` header card (the only field
+/// that differs between identical runs).
+fn map_bytes(p: &Path) -> Vec<u8> {
+    let b = std::fs::read(p).unwrap();
+    let mut out = Vec::with_capacity(b.len());
+    for card in b.chunks(80) {
+        if !card.starts_with(b"CREATED ") {
+            out.extend_from_slice(card);
+        }
+    }
+    out
+}
+
+#[test]
+fn dry_run_sizes_every_preset() {
+    for (case, n_det, n_obs) in [
+        ("tiny", 12u64, 1u64),
+        ("xsmall", 138, 1),
+        ("small", 1388, 1),
+        ("medium", 2054, 6),
+        ("large", 2054, 67),
+        ("xlarge", 2054, 676),
+        ("heroic", 2054, 4320),
+    ] {
+        let o = run(&["--case", case, "--dry-run"]);
+        let t = text(&o);
+        assert!(o.status.success(), "{case}: {t}");
+        let hits = n_det * n_obs * 360_000;
+        assert!(
+            t.contains(&format!("{n_det} detectors"))
+                && t.contains(&format!("x {n_obs} observation"))
+                && t.contains(&format!("expected total hits: {hits}")),
+            "{case}: {t}"
+        );
+        assert!(t.contains("predicted peak memory"), "{t}");
+    }
+    let o = run(&["--case", "auto", "--dry-run"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn tiny_hits_outputs_and_stats() {
+    // tiny's detectors and observation; a coarser map keeps the test short.
+    let dir = scratch("tiny");
+    let out = dir.join("out");
+    let o = run(&[
+        "--quiet",
+        "--no-plot",
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--set",
+        "pixels.nside=128",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["totalhits"], 12 * 360_000, "{stats}");
+    assert_eq!(stats["samples"], 12 * 360_000);
+    for k in ["rms_I", "rms_Q", "rms_U", "mean_I", "mean_Q", "mean_U"] {
+        assert!(stats[k].as_f64().unwrap().is_finite(), "{k}: {stats}");
+    }
+    assert!(stats["cg_iterations"].as_u64().unwrap() >= 1);
+    // The hit map read back sums to the hits.
+    let hits = toast_ops::fits::read_healpix_map(&out.join("mapmaker_hits.fits"), None).unwrap();
+    assert_eq!(hits.nside, 128);
+    let total: f64 = hits.fields[0].data.iter().sum();
+    assert_eq!(total, (12 * 360_000) as f64);
+    for f in ["mapmaker_map.fits", "mapmaker_binmap.fits"] {
+        let m = toast_ops::fits::read_healpix_map(&out.join(f), None).unwrap();
+        assert_eq!(m.file_ordering, toast_ops::fits::Ordering::Nested);
+        let names: Vec<&str> = m.fields.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["TEMPERATURE", "Q_POLARISATION", "U_POLARISATION"]);
+        assert_eq!(m.fields[0].unit.as_deref(), Some("K"));
+        // Unhit pixels are 0.
+        for (p, h) in hits.fields[0].data.iter().enumerate() {
+            if *h == 0.0 {
+                assert_eq!(m.fields[0].data[p], 0.0);
+            }
+        }
+    }
+    let csv = std::fs::read_to_string(out.join("timing.csv")).unwrap();
+    assert!(csv.starts_with(
+        "Timer,Processes,Minimum Calls,Maximum Calls,Minimum Time,Maximum Time,Mean Time,Median Time"
+    ));
+    assert!(
+        csv.contains("(function) toast-cli run|MapMaker|mapmaker"),
+        "{csv}"
+    );
+    assert!(csv.contains("scan_map[cpu]"), "{csv}");
+    let cfg = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(
+        cfg.contains("[mapmaker]") && cfg.contains("nside = 128"),
+        "{cfg}"
+    );
+    assert!(
+        t.contains("total hits:     4320000 (expected 4320000)"),
+        "{t}"
+    );
+    assert!(t.contains("scan_map=cpu"), "{t}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn same_maps_twice_and_with_one_or_two_threads() {
+    // Two detectors, 20-minute observations, 60 s baselines (many per
+    // observation), nside 64.
+    let dir = scratch("determinism");
+    let go = |name: &str, threads: &str| {
+        let out = dir.join(name);
+        let o = run(&[
+            "--quiet",
+            "--no-plot",
+            "--threads",
+            threads,
+            "--n-det",
+            "2",
+            "--n-obs",
+            "2",
+            "--out-dir",
+            out.to_str().unwrap(),
+            "--set",
+            "sim_satellite.obs_minutes=20",
+            "--set",
+            "pixels.nside=64",
+            "--set",
+            "baselines.step_time=60",
+            "--set",
+            "mapmaker.solve_rcond_threshold=1e-3",
+            "--set",
+            "mapmaker.map_rcond_threshold=1e-3",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        out
+    };
+    let a = go("a", "2");
+    let b = go("b", "2");
+    let c = go("c", "1");
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(a.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["totalhits"], 2 * 2 * 120_000);
+    for f in [
+        "mapmaker_map.fits",
+        "mapmaker_binmap.fits",
+        "mapmaker_hits.fits",
+    ] {
+        let x = map_bytes(&a.join(f));
+        assert!(x == map_bytes(&b.join(f)), "{f}: two runs differ");
+        assert!(x == map_bytes(&c.join(f)), "{f}: 1 and 2 threads differ");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn assert_fails(args: &[&str], needle: &str) {
+    let o = run(args);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+    assert!(t.contains(needle), "{args:?}: expected {needle:?} in {t}");
+}
+
+#[test]
+fn bad_input_is_reported_before_work() {
+    let dir = scratch("bad");
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    assert_fails(&["--case", "huge", "--out-dir", o], "unknown case `huge`");
+    assert_fails(
+        &["--set", "baselines.step_tim=60", "--out-dir", o],
+        "[baselines] step_tim",
+    );
+    assert_fails(
+        &["--set", "mapmaker.iter_max=many", "--out-dir", o],
+        "[mapmaker] iter_max",
+    );
+    assert_fails(
+        &["--set", "nosuch.key=1", "--out-dir", o],
+        "unknown section `nosuch`",
+    );
+    assert_fails(&["--set", "iter_max", "--out-dir", o], "section.key=value");
+    let missing = dir.join("missing.fits");
+    assert_fails(
+        &["--sky-map", missing.to_str().unwrap(), "--out-dir", o],
+        "missing.fits: cannot open",
+    );
+    let junk = dir.join("junk.fits");
+    std::fs::write(&junk, vec![b'x'; 5000]).unwrap();
+    assert_fails(
+        &["--sky-map", junk.to_str().unwrap(), "--out-dir", o],
+        "not a FITS file",
+    );
+    // A valid map of the wrong nside.
+    let small = dir.join("nside8.fits");
+    let z = vec![0.0f64; 12 * 64];
+    toast_ops::fits::write_iqu_map(
+        &small,
+        toast_ops::fits::Ordering::Nested,
+        [&z, &z, &z],
+        "K",
+        toast_ops::fits::MapPrecision::F32,
+        &[],
+    )
+    .unwrap();
+    assert_fails(
+        &["--sky-map", small.to_str().unwrap(), "--out-dir", o],
+        "NSIDE = 8, but pixels.nside = 1024",
+    );
+    // An output directory below a regular file cannot be created.
+    let file = dir.join("afile");
+    std::fs::write(&file, b"x").unwrap();
+    let bad_out = file.join("out");
+    assert_fails(
+        &["--out-dir", bad_out.to_str().unwrap()],
+        "output directory",
+    );
+    let cfg = dir.join("bad.toml");
+    std::fs::write(&cfg, "[mapmaker]\nnot_a_key = 1\n").unwrap();
+    assert_fails(
+        &["--config", cfg.to_str().unwrap(), "--out-dir", o],
+        "[mapmaker] not_a_key",
+    );
+    assert!(!out.exists(), "nothing may be written on bad input");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn backend_cpu_works_and_config_file_is_read() {
+    let dir = scratch("cpu");
+    let out = dir.join("out");
+    let cfg = dir.join("run.toml");
+    std::fs::write(
+        &cfg,
+        "[pixels]\nnside = 64\n\n[sim_satellite]\nobs_minutes = 10\n\n[dispatch]\nkernel.scan_map = \"cpu\"\n",
+    )
+    .unwrap();
+    let o = run(&[
+        "--quiet",
+        "--no-plot",
+        "--backend",
+        "cpu",
+        "--n-det",
+        "2",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("total hits:     120000 (expected"), "{t}");
+    let used = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(used.contains("run = \"cpu\""), "{used}");
+    assert!(used.contains("scan_map = \"cpu\""), "{used}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,45 @@
+//! The simulation operators of TOAST's satellite workflow, on the
+//! observation data model: `SimSatellite`, `DefaultNoiseModel`, `SimNoise`
+//! and `ScanHealpixMap`.
+//!
+//! They wrap the standalone building blocks of this crate
+//! ([`crate::satellite`], [`crate::focalplane`], [`crate::noise`],
+//! [`crate::sky`], [`crate::fits`]) and the pointing/scanning operators of
+//! [`crate::ops`]:
+//!
+//! * [`SimSatellite`] creates one [`toast_core::Observation`] per scan of the schedule
+//!   (observations in parallel with rayon), with the shared fields `times`,
+//!   `flags` (u8, zero), `boresight_radec` (4 per sample), `position` and
+//!   `velocity` (3 per sample, km and km/s), the detector fields `signal`
+//!   (f64, K, zero) and `flags` (u8, zero), and the metadata `session_name`
+//!   and `session_uid` (the key of the noise streams).
+//! * [`DefaultNoiseModel`] stores an [`AnalyticNoiseModel`] (one
+//!   [`crate::noise::AnalyticNoiseParams`] per detector, from the focal plane) under
+//!   `noise_model`. It implements the map-maker's [`crate::ops::DetectorWeights`]
+//!   (`1 / (NET² f_s)`).
+//! * [`SimNoise`] adds 1/f + white noise to `signal`, with TOAST's keys
+//!   `(realization, telescope UID, component 0, session UID, detector UID)`
+//!   and the sample rate measured from the timestamps, so the noise of a
+//!   detector does not depend on how the work is split.
+//! * [`ScanHealpixMap`] expands the pointing, builds the pixel distribution
+//!   (kept under `pixel_dist` for the map-maker, as TOAST's benchmark
+//!   reuses it), restricts the input sky to the hit submaps and scans I, Q,
+//!   U into `signal` through the `scan_map` kernel.
+//!
+//! The input sky is an [`InputSky`]: read from a HEALPix FITS file
+//! ([`InputSky::from_file`], any ordering; the file's `ORDERING` header is
+//! honoured, exactly as TOAST does, so TOAST's own
+//! `fake_input_sky_nside1024.fits` — RING data labelled NESTED — gives the
+//! same scrambled sky TOAST scans), or synthesised
+//! ([`InputSky::synthetic`], correctly NEST-ordered unless
+//! `toast_ring_as_nest` is asked for).
+
+mod model;
+mod satellite;
+mod scan;
+
+pub use model::{
+    AnalyticNoiseModel, DefaultNoiseModel, DefaultNoiseModelConfig, SimNoise, SimNoiseConfig,
+};
+pub use satellite::{core_focalplane, SimSatellite, SimSatelliteConfig, SESSION_UID};
+pub use scan::{InputSky, ScanHealpixMap, ScanHealpixMapConfig};

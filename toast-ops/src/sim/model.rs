@@ -1,0 +1,234 @@
+//! `DefaultNoiseModel` and `SimNoise`.
+
+use super::satellite::SESSION_UID;
+use crate::noise::{sim_noise_add, AnalyticNoiseParams, NoiseFilter, NoiseKey};
+use crate::ops::{register_noise_model, DetectorWeights};
+use crate::satellite::rate_from_times;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use toast_core::meta::Value;
+use toast_core::observation::defaults;
+use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
+
+/// TOAST's `AnalyticNoise`: one 1/f model per detector.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AnalyticNoiseModel {
+    /// Parameters per detector (the rate is the focal plane's nominal one).
+    pub params: BTreeMap<String, AnalyticNoiseParams>,
+}
+
+impl DetectorWeights for AnalyticNoiseModel {
+    fn detector_weight(&self, det: &str) -> Option<f64> {
+        self.params.get(det).map(|p| p.detector_weight())
+    }
+}
+
+/// Configuration of [`DefaultNoiseModel`] (TOAST's trait names).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DefaultNoiseModelConfig {
+    /// Observation key of the model.
+    pub noise_model: String,
+}
+
+impl Default for DefaultNoiseModelConfig {
+    fn default() -> Self {
+        DefaultNoiseModelConfig {
+            noise_model: defaults::NOISE_MODEL.into(),
+        }
+    }
+}
+
+/// Stores an [`AnalyticNoiseModel`] built from the focal-plane columns
+/// (`psd_net`, `psd_fknee`, `psd_fmin`, `psd_alpha`, nominal sample rate) in
+/// every observation.
+#[derive(Debug, Clone)]
+pub struct DefaultNoiseModel {
+    name: String,
+    /// The configuration.
+    pub config: DefaultNoiseModelConfig,
+}
+
+impl DefaultNoiseModel {
+    /// The operator.
+    pub fn new(name: impl Into<String>, config: DefaultNoiseModelConfig) -> Self {
+        register_noise_model::<AnalyticNoiseModel>();
+        DefaultNoiseModel {
+            name: name.into(),
+            config,
+        }
+    }
+}
+
+impl Operator for DefaultNoiseModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        Requirements::new()
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().meta(&self.config.noise_model)
+    }
+    fn exec(&mut self, data: &mut Data, _ctx: &mut ExecContext) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            let fp = &ob.telescope().focalplane;
+            let rate = fp.sample_rate();
+            let mut params = BTreeMap::new();
+            for d in ob.local_detectors() {
+                let det = ob.detector(d)?;
+                params.insert(
+                    d.clone(),
+                    AnalyticNoiseParams {
+                        rate,
+                        net: det.net,
+                        fknee: det.fknee,
+                        fmin: det.fmin,
+                        alpha: det.alpha,
+                    },
+                );
+            }
+            ob.meta
+                .set_object(&self.config.noise_model, AnalyticNoiseModel { params });
+        }
+        Ok(())
+    }
+}
+
+/// Configuration of [`SimNoise`] (TOAST's trait names).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimNoiseConfig {
+    /// Whether noise is added.
+    pub enabled: bool,
+    /// Observation key of the noise model.
+    pub noise_model: String,
+    /// Timestream field the noise is added to.
+    pub det_data: String,
+    /// Monte Carlo realization.
+    pub realization: u64,
+    /// Component of the RNG key.
+    pub component: u64,
+}
+
+impl Default for SimNoiseConfig {
+    fn default() -> Self {
+        SimNoiseConfig {
+            enabled: true,
+            noise_model: defaults::NOISE_MODEL.into(),
+            det_data: defaults::DET_DATA.into(),
+            realization: 0,
+            component: 0,
+        }
+    }
+}
+
+/// Adds simulated 1/f + white noise to the timestream (TOAST's `SimNoise`
+/// with `serial = True`), with TOAST's RNG keys (see [`crate::noise`]).
+#[derive(Debug, Clone)]
+pub struct SimNoise {
+    name: String,
+    /// The configuration.
+    pub config: SimNoiseConfig,
+}
+
+impl SimNoise {
+    /// The operator.
+    pub fn new(name: impl Into<String>, config: SimNoiseConfig) -> Self {
+        SimNoise {
+            name: name.into(),
+            config,
+        }
+    }
+}
+
+impl Operator for SimNoise {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        Requirements::new()
+            .meta(&self.config.noise_model)
+            .shared(defaults::TIMES)
+            .detdata(&self.config.det_data)
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().detdata(&self.config.det_data)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
+        let cfg = &self.config;
+        for ob in &mut data.obs {
+            let obname = ob.name().to_string();
+            let err =
+                |m: String| OpError::Config(format!("sim_noise: observation '{obname}': {m}"));
+            let rate = rate_from_times(ob.times()?).map_err(|e| err(e.to_string()))?;
+            let session = match ob.meta.value(SESSION_UID) {
+                Ok(Value::Int(v)) => *v as u64,
+                _ => ob.uid(),
+            };
+            // TOAST's `local_index_offset`: 0, as each process holds whole
+            // observations (`distribute_time = False`).
+            let first_sample = 0u64;
+            let telescope = ob.telescope().uid;
+            let dets = ctx.selected_detectors(ob.local_detectors());
+            let n = ob.n_samples();
+            let model = ob.meta.object::<AnalyticNoiseModel>(&cfg.noise_model)?;
+            // One filter per distinct set of parameters.
+            let mut filters: Vec<(AnalyticNoiseParams, NoiseFilter)> = Vec::new();
+            let mut which = Vec::with_capacity(dets.len());
+            let mut keys = Vec::with_capacity(dets.len());
+            for d in &dets {
+                let p = *model
+                    .params
+                    .get(d)
+                    .ok_or_else(|| err(format!("no noise model for detector '{d}'")))?;
+                let i = match filters.iter().position(|(q, _)| *q == p) {
+                    Some(i) => i,
+                    None => {
+                        let (freq, psd) = p
+                            .tabulate()
+                            .map_err(|e| err(format!("detector '{d}': {e}")))?;
+                        let f = NoiseFilter::new(rate, n, 2, &freq, &psd)
+                            .map_err(|e| err(format!("detector '{d}': {e}")))?;
+                        filters.push((p, f));
+                        filters.len() - 1
+                    }
+                };
+                which.push(i);
+                keys.push(NoiseKey {
+                    realization: cfg.realization,
+                    telescope,
+                    component: cfg.component,
+                    session,
+                    detector: ob.detector(d)?.uid,
+                });
+            }
+            let frefs: Vec<&NoiseFilter> = which.iter().map(|&i| &filters[i].1).collect();
+            let field = ob.detdata.get_mut(&cfg.det_data)?;
+            let rows: Vec<usize> = dets
+                .iter()
+                .map(|d| {
+                    field
+                        .row_index(d)
+                        .ok_or_else(|| err(format!("'{}' has no detector '{d}'", cfg.det_data)))
+                })
+                .collect::<Result<_, _>>()?;
+            let all = field.data_mut::<f64>()?;
+            let mut by_row: Vec<Option<&mut [f64]>> = all.chunks_mut(n).map(Some).collect();
+            let mut signals: Vec<&mut [f64]> = rows
+                .iter()
+                .map(|&r| {
+                    by_row[r]
+                        .take()
+                        .ok_or_else(|| err(format!("detector row {r} selected twice")))
+                })
+                .collect::<Result<_, _>>()?;
+            sim_noise_add(&frefs, &keys, first_sample, &mut signals)
+                .map_err(|e| err(e.to_string()))?;
+        }
+        Ok(())
+    }
+}

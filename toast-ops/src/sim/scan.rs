@@ -1,0 +1,242 @@
+//! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
+
+use crate::fits::read_healpix_map;
+use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
+use crate::pipeline::{run_operators, OpRef, RunOptions};
+use crate::pixel_dist::{PixelData, PixelDistribution};
+use crate::sky::{synthesize_sky, SkyConfig};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::Arc;
+use toast_core::observation::defaults;
+use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
+
+/// A full-sky I/Q/U input map in NEST order (float32, K).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputSky {
+    /// Resolution.
+    pub nside: u64,
+    /// I, Q, U.
+    pub maps: [Vec<f32>; 3],
+    /// Where it came from (a path or "synthetic").
+    pub source: String,
+}
+
+impl InputSky {
+    /// Read I, Q, U (the first three map columns) from a HEALPix FITS file,
+    /// honouring its `ORDERING` header. Errors name the file.
+    pub fn from_file(path: &Path) -> Result<Self, OpError> {
+        let m = read_healpix_map(path, None)
+            .map_err(|e| OpError::Config(format!("sky map {}: {e}", path.display())))?;
+        if m.fields.len() < 3 {
+            return Err(OpError::Config(format!(
+                "sky map {}: {} map column(s), need 3 (I, Q, U)",
+                path.display(),
+                m.fields.len()
+            )));
+        }
+        let unseen = |x: f64| {
+            if x <= -1.6e30 || !x.is_finite() {
+                0.0
+            } else {
+                x
+            }
+        };
+        let mut fields = m.fields.into_iter();
+        let mut take = || -> Vec<f32> {
+            fields
+                .next()
+                .map(|f| f.data.into_iter().map(|x| unseen(x) as f32).collect())
+                .unwrap_or_default()
+        };
+        let maps = [take(), take(), take()];
+        Ok(InputSky {
+            nside: m.nside,
+            maps,
+            source: path.display().to_string(),
+        })
+    }
+
+    /// The benchmark's synthetic sky (see [`crate::sky`]).
+    pub fn synthetic(cfg: &SkyConfig) -> Result<Self, OpError> {
+        let s = synthesize_sky(cfg).map_err(|e| OpError::Config(format!("synthetic sky: {e}")))?;
+        Ok(InputSky {
+            nside: s.nside,
+            maps: [s.i, s.q, s.u],
+            source: "synthetic".into(),
+        })
+    }
+}
+
+/// Configuration of [`ScanHealpixMap`] (TOAST's trait names; `file` empty
+/// means the built-in synthetic sky).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScanHealpixMapConfig {
+    /// Whether the sky is scanned.
+    pub enabled: bool,
+    /// HEALPix FITS file of the input sky (I, Q, U); empty: synthetic.
+    pub file: String,
+    /// Timestream field.
+    pub det_data: String,
+    /// Global key of the pixel distribution (built here, reused by the map-maker).
+    pub pixel_dist: String,
+    /// Subtract instead of add.
+    pub subtract: bool,
+    /// Zero the timestream first.
+    pub zero: bool,
+    /// Seed of the synthetic sky.
+    pub seed: u64,
+    /// Beam FWHM of the synthetic sky (arcmin).
+    pub fwhm_arcmin: f64,
+    /// Reproduce TOAST 3.0.6's ordering bug for the synthetic sky (RING data used as NEST).
+    pub toast_ring_as_nest: bool,
+}
+
+impl Default for ScanHealpixMapConfig {
+    fn default() -> Self {
+        ScanHealpixMapConfig {
+            enabled: true,
+            file: String::new(),
+            det_data: defaults::DET_DATA.into(),
+            pixel_dist: "pixel_dist".into(),
+            subtract: false,
+            zero: false,
+            seed: crate::sky::TOAST_SKY_SEED,
+            fwhm_arcmin: crate::sky::TOAST_SKY_FWHM_ARCMIN,
+            toast_ring_as_nest: false,
+        }
+    }
+}
+
+/// Expand pointing, build the pixel distribution, scan the sky (see
+/// [`crate::sim`]). The input sky is consumed by the first `exec`.
+#[derive(Debug)]
+pub struct ScanHealpixMap {
+    name: String,
+    /// The configuration.
+    pub config: ScanHealpixMapConfig,
+    pointing: PointingOps,
+    sky: Option<InputSky>,
+    /// Detector sets for the pointing passes.
+    pub options: RunOptions,
+}
+
+impl ScanHealpixMap {
+    /// The operator; `sky` must have the pointing's nside.
+    pub fn new(
+        name: impl Into<String>,
+        config: ScanHealpixMapConfig,
+        pointing: PointingOps,
+        sky: InputSky,
+    ) -> Result<Self, OpError> {
+        let nside = pointing.pixels.config.nside;
+        if sky.nside as i64 != nside {
+            return Err(OpError::Config(format!(
+                "scan_map: the sky map {} has nside {} but pixels.nside is {nside}",
+                sky.source, sky.nside
+            )));
+        }
+        Ok(ScanHealpixMap {
+            name: name.into(),
+            config,
+            pointing,
+            sky: Some(sky),
+            options: RunOptions::default(),
+        })
+    }
+}
+
+impl Operator for ScanHealpixMap {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        let mut r = self.pointing.requires();
+        r.add(toast_core::Category::DetData, self.config.det_data.clone());
+        r
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new()
+            .detdata(&self.config.det_data)
+            .global(&self.config.pixel_dist)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !self.config.enabled {
+            return Ok(());
+        }
+        let sky = self
+            .sky
+            .take()
+            .ok_or_else(|| OpError::Config("scan_map: the input sky was already used".into()))?;
+        let cfg = &self.config;
+        // Pointing and the pixel distribution.
+        let pixels = self.pointing.pixels.clone();
+        let mut build =
+            BuildPixelDistribution::new("BuildPixelDistribution", &cfg.pixel_dist, &pixels);
+        {
+            let mut ops = self.pointing.operators();
+            ops.push(&mut build);
+            run_operators(
+                "ScanHealpixMap.pointing",
+                &mut ops,
+                data,
+                ctx,
+                &self.options,
+            )?;
+        }
+        let dist = data
+            .meta
+            .object::<Arc<PixelDistribution>>(&cfg.pixel_dist)?
+            .clone();
+        // The sky on the hit submaps only (TOAST's `PixelData.read`).
+        let mut map = PixelData::<f64>::new(Arc::clone(&dist), 3);
+        map.set_units("K");
+        let nps = dist.n_pix_submap() as usize;
+        for (ls, &gs) in dist.local_submaps().iter().enumerate() {
+            let g0 = gs as usize * nps;
+            let block = &mut map.data_mut()[ls * nps * 3..(ls + 1) * nps * 3];
+            for (p, v) in block.chunks_exact_mut(3).enumerate() {
+                for (x, m) in v.iter_mut().zip(&sky.maps) {
+                    *x = m[g0 + p] as f64;
+                }
+            }
+        }
+        drop(sky);
+        let map_key = format!("{}_input_map", self.name);
+        data.meta.set_object(&map_key, map);
+        let mut scan = ScanMap::new(
+            "ScanMap",
+            ScanMapConfig {
+                det_data: cfg.det_data.clone(),
+                pixels: self.pointing.pixels_field().to_string(),
+                weights: self.pointing.weights_field().to_string(),
+                map_key: map_key.clone(),
+                pixel_dist: cfg.pixel_dist.clone(),
+                subtract: cfg.subtract,
+                zero: cfg.zero,
+                det_mask: self.pointing.det_pointing.config.det_mask,
+                view: self.pointing.view().map(String::from),
+                ..ScanMapConfig::default()
+            },
+        )?;
+        let r = {
+            let mut ops: Vec<OpRef<'_>> = vec![&mut scan];
+            run_operators("ScanHealpixMap.scan", &mut ops, data, ctx, &self.options)
+        };
+        data.meta.remove(&map_key);
+        // The pointing is recomputed (or re-expanded) by the map-maker.
+        for ob in &mut data.obs {
+            for f in [
+                self.pointing.det_pointing.config.quats.as_str(),
+                self.pointing.pixels_field(),
+                self.pointing.weights_field(),
+            ] {
+                if ob.detdata.contains(f) {
+                    ob.detdata.remove(f)?;
+                }
+            }
+        }
+        r
+    }
+}
