@@ -3,7 +3,7 @@
 
 Usage (with the healpy/numpy of a TOAST environment):
 
-    /work/toastenv/bin/python scripts/compare_with_toast.py TOAST_OUT_DIR OURS_OUT_DIR \
+    env/bin/python scripts/compare_with_toast.py TOAST_OUT_DIR OURS_OUT_DIR \
         [--file mapmaker_map.fits] [--tol-i 0.02] [--tol-qu 0.05] [--min-overlap 0.95]
 
 Both directories hold `mapmaker_map.fits` and `mapmaker_hits.fits` (NEST,
