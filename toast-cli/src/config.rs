@@ -297,20 +297,40 @@ pub fn build(table: Table) -> Result<RunConfig, String> {
     Ok(cfg)
 }
 
-/// The effective configuration as TOML text (sections in [`SECTIONS`] order).
-pub fn to_toml(table: &Table) -> String {
-    let mut out = String::from(
-        "# toast-cli run: the configuration used (keys not listed take the operators' defaults)\n",
-    );
-    for s in SECTIONS {
-        if let Some(v) = table.get(s) {
-            let mut one = Table::new();
-            one.insert(s.to_string(), v.clone());
-            out.push('\n');
-            out.push_str(&toml::to_string(&one).unwrap_or_default());
-        }
+/// The effective configuration as TOML text: every parameter of every
+/// section, defaults included, as the run used it (sections in [`SECTIONS`]
+/// order), so the file reproduces the run with `--config`.
+pub fn to_toml(cfg: &RunConfig) -> Result<String, String> {
+    fn section<T: serde::Serialize>(name: &str, v: &T) -> Result<String, String> {
+        let value = Value::try_from(v).map_err(|e| format!("config: [{name}]: {e}"))?;
+        let mut one = Table::new();
+        one.insert(name.to_string(), value);
+        toml::to_string(&one).map_err(|e| format!("config: [{name}]: {e}"))
     }
-    out
+    let mut out = String::from("# toast-cli run: the configuration used (every parameter)\n");
+    // Dispatch settings as given (TOML dotted keys kept as nested tables).
+    let dispatch = match cfg.table.get("dispatch") {
+        Some(Value::Table(t)) => t.clone(),
+        _ => Table::new(),
+    };
+    let parts = [
+        section("sim_satellite", &cfg.sim_satellite)?,
+        section("default_model", &cfg.default_model)?,
+        section("scan_map", &cfg.scan_map)?,
+        section("sim_noise", &cfg.sim_noise)?,
+        section("det_pointing", &cfg.det_pointing)?,
+        section("pixels", &cfg.pixels)?,
+        section("weights", &cfg.weights)?,
+        section("binner", &cfg.binner)?,
+        section("mapmaker", &cfg.mapmaker)?,
+        section("baselines", &cfg.baselines)?,
+        section("dispatch", &dispatch)?,
+    ];
+    for p in parts {
+        out.push('\n');
+        out.push_str(&p);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -341,10 +361,18 @@ mod tests {
         assert_eq!(c.baselines.step_time, 60.0);
         assert_eq!(c.mapmaker.iter_max, 50);
         assert_eq!(c.dispatch, vec!["kernel.scan_map=cpu".to_string()]);
-        let text = to_toml(&c.table);
+        let text = to_toml(&c).unwrap();
         let back = build(text.parse::<Table>().unwrap()).unwrap();
         assert_eq!(back.baselines.step_time, 60.0);
         assert_eq!(back.mapmaker.iter_max, 50);
+        assert_eq!(back.dispatch, c.dispatch);
+        // Every parameter is written, defaults included.
+        assert!(text.contains("good_fraction"), "{text}");
+        assert!(text.contains("nside_submap"), "{text}");
+        assert!(text.contains("solve_rcond_threshold"), "{text}");
+        assert_eq!(back.pixels, c.pixels);
+        assert_eq!(back.mapmaker, c.mapmaker);
+        assert_eq!(back.baselines, c.baselines);
         let mut file: Table =
             "[mapmaker]\niter_max = 7\n[dispatch]\nkernel.scan_map = \"opencl\"\n"
                 .parse()

@@ -90,7 +90,7 @@ use crate::templates::offset::{
     OffsetAddToSignal, OffsetApplyPrecond, OffsetInit, OffsetProjectSignal,
 };
 use crate::templates::{OffsetConfig, OffsetTemplate};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use toast_accel::host::Dispatcher;
 use toast_core::observation::defaults;
@@ -98,7 +98,7 @@ use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirem
 
 /// Configuration of the map-maker (TOAST's `MapMaker` traits and defaults;
 /// the `mapmaker` section).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MapMakerConfig {
     /// Whether the map-maker runs.

@@ -431,7 +431,7 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
     ctx.timers
         .dump(job.out_dir.join("timing.csv"))
         .map_err(|e| format!("{}: {e}", job.out_dir.join("timing.csv").display()))?;
-    std::fs::write(job.out_dir.join("config.toml"), config::to_toml(&cfg.table))
+    std::fs::write(job.out_dir.join("config.toml"), config::to_toml(cfg)?)
         .map_err(|e| format!("{}: {e}", job.out_dir.join("config.toml").display()))?;
     let peak = presets::peak_rss().unwrap_or(0.0);
     let mut stats = stats;

@@ -6,13 +6,13 @@ use super::util::{PointingOps, ResetData};
 use crate::covariance::{apply_covariance, nnz_of_block};
 use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
 use crate::pixel_dist::{get_distribution, PixelData};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Configuration of a binning operator (TOAST's `BinMap` traits and
 /// defaults; the `binner` and `binner_final` sections).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BinnerConfig {
     /// Whether the operator is used (for `binner_final`: whether the final

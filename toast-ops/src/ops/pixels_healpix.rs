@@ -4,12 +4,12 @@ use super::util::select_detectors;
 use super::PointingDetectorConfig;
 use crate::kernels::{self, view_intervals, Call, HealpixParams};
 use crate::pixel_dist::{check_nside, PixelDistribution};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Configuration of [`PixelsHealpix`] (TOAST trait names and defaults).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PixelsHealpixConfig {
     /// Whether the operator runs (TOAST's `enabled`).

@@ -2,12 +2,12 @@
 
 use super::util::select_detectors;
 use crate::kernels::{self, view_intervals, Call};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Configuration of [`PointingDetector`] (TOAST trait names and defaults).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PointingDetectorConfig {
     /// Whether the operator runs (TOAST's `enabled`).

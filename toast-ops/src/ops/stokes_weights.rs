@@ -3,12 +3,12 @@
 use super::util::select_detectors;
 use super::PointingDetectorConfig;
 use crate::kernels::{self, view_intervals, Call, IquParams};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Which Stokes parameters a detector's samples are weighted for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum StokesMode {
     /// Intensity only: one weight, the calibration.
     I,
@@ -28,7 +28,7 @@ impl StokesMode {
 }
 
 /// Configuration of [`StokesWeights`] (TOAST trait names and defaults).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StokesWeightsConfig {
     /// Whether the operator runs (TOAST's `enabled`).

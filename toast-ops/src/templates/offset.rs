@@ -33,7 +33,7 @@
 use crate::global_data::HostArray;
 use crate::kernels::{self, view_intervals, AmplitudeKeys, Call, OffsetLayout};
 use crate::ops::{detector_weights, select_detectors};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toast_accel::abi;
@@ -42,7 +42,7 @@ use toast_core::{Category, Data, ExecContext, Observation, OpError, Operator, Re
 
 /// Configuration of the offset template (TOAST trait names and defaults,
 /// loaded from the `baselines` section).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OffsetConfig {
     /// Whether the template is used.
