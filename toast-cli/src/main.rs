@@ -17,6 +17,7 @@ mod presets;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use toast_accel::host::conformance::Comparison;
 use toast_accel::host::{AccelError, DiscoveryOptions, Registry};
 
 /// Exit status when the requested backend is unavailable (all skipped).
@@ -59,6 +60,15 @@ enum Command {
         /// in the repository (or $TOAST_CASES_DIR).
         #[arg(long)]
         cases: Option<PathBuf>,
+        /// Print the backend's transfer counters at the end (always done
+        /// for backends that are not host-addressable).
+        #[arg(long)]
+        transfers: bool,
+        /// Compare bit for bit even on a device backend (default: exact for
+        /// host-addressable backends, the documented tolerant mode for
+        /// device backends).
+        #[arg(long)]
+        exact: bool,
     },
     /// Run TOAST's satellite simulation and map-making workflow
     /// (`toast_benchmark_satellite`): tiny on the CPU into ./toast_out by default.
@@ -129,10 +139,21 @@ fn run(cli: Cli) -> Result<u8, String> {
     match &cli.command {
         Command::Run(args) => cmd::run::run(args, registry).map(code),
         Command::Backends => Ok(code(cmd::backends::run(&registry))),
-        Command::Verify { backend, cases } => {
+        Command::Verify {
+            backend,
+            cases,
+            transfers,
+            exact,
+        } => {
             let cases = cases.clone().unwrap_or_else(default_cases_dir);
             match registry.get(backend) {
-                Ok(b) => cmd::verify::run(&b, &cases).map(code),
+                Ok(b) => {
+                    let opts = cmd::verify::Options {
+                        comparison: exact.then_some(Comparison::Exact),
+                        transfers: *transfers,
+                    };
+                    cmd::verify::run_with(&b, &cases, opts).map(code)
+                }
                 Err(AccelError::Unavailable { backend, reason }) => {
                     eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
                     cmd::verify::run_unavailable(&backend, &reason, &cases)?;
