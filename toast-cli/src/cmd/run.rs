@@ -335,6 +335,15 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
     for d in &cfg.dispatch {
         policy.apply(d).map_err(|e| format!("dispatch {d}: {e}"))?;
     }
+    // A backend asked for by name must be there and usable: fail before any
+    // work rather than silently running elsewhere. (Dispatch still falls
+    // back, per kernel, when a named backend lacks that one kernel.)
+    for d in &cfg.dispatch {
+        let name = d.split_once('=').map_or(d.as_str(), |(_, v)| v.trim());
+        registry
+            .get(name)
+            .map_err(|e| format!("dispatch {d}: {e}"))?;
+    }
     let registry = Arc::new(registry);
     let mut ctx = ExecContext::new();
     ctx.insert(Dispatcher::new(Arc::clone(&registry), policy));
