@@ -1,0 +1,353 @@
+//! NVRTC, loaded at run time, and the on-disk cache of compiled modules.
+//!
+//! NVRTC is loaded with `libloading` by this module rather than through
+//! cudarc so that (a) a caller can name the library file
+//! (`TOAST_NVRTC_LIB`, which `toast-cli kernels compile` uses to compile with
+//! the NVRTC of the PyPI wheel `nvidia-cuda-nvrtc-cu12` without a GPU), and
+//! (b) a missing library or symbol is an error value, never a panic.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+
+type NvrtcProgram = *mut c_void;
+type NvrtcResult = c_int;
+
+/// The library names tried, in order, after `TOAST_NVRTC_LIB`.
+pub const NVRTC_NAMES: &[&str] = &[
+    "libnvrtc.so",
+    "libnvrtc.so.13",
+    "libnvrtc.so.12",
+    "libnvrtc.so.11.2",
+];
+
+/// A loaded NVRTC library.
+#[derive(Debug)]
+pub struct Nvrtc {
+    lib: libloading::Library,
+    /// What was opened (a path or a library name).
+    pub origin: String,
+    /// `nvrtcVersion()`.
+    pub version: (i32, i32),
+}
+
+/// Code NVRTC produced.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// A cubin for `sm_XY`, PTX text (NUL-terminated) for `compute_XY`.
+    pub code: Vec<u8>,
+    /// `"cubin"` or `"ptx"`.
+    pub kind: &'static str,
+    /// The compiler log (warnings), possibly empty.
+    pub log: String,
+}
+
+/// A failed compilation: the NVRTC status and its log.
+#[derive(Debug, Clone)]
+pub struct CompileError {
+    pub message: String,
+    pub log: String,
+}
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.log.trim().is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}\n--- NVRTC log ---\n{}", self.message, self.log.trim_end())
+        }
+    }
+}
+
+impl std::error::Error for CompileError {}
+
+impl Nvrtc {
+    /// Open NVRTC: the file named by `TOAST_NVRTC_LIB` if set, otherwise the
+    /// first of [`NVRTC_NAMES`] the dynamic loader finds.
+    pub fn load() -> Result<Nvrtc, String> {
+        if let Some(p) = std::env::var_os("TOAST_NVRTC_LIB").filter(|p| !p.is_empty()) {
+            return Self::open(Path::new(&p));
+        }
+        let mut tried = Vec::new();
+        for name in NVRTC_NAMES {
+            match Self::open(Path::new(name)) {
+                Ok(n) => return Ok(n),
+                Err(e) => tried.push(e),
+            }
+        }
+        Err(format!(
+            "no NVRTC (libnvrtc.so): tried {} (set TOAST_NVRTC_LIB to the library file)",
+            NVRTC_NAMES.join(", ")
+        ))
+    }
+
+    /// Open NVRTC from one file or library name.
+    pub fn open(path: &Path) -> Result<Nvrtc, String> {
+        // SAFETY: loading NVRTC runs no initialisers with preconditions; the
+        // library is kept open as long as this value lives.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("no NVRTC ({}): {e}", path.display()))?;
+        let mut n = Nvrtc {
+            lib,
+            origin: path.display().to_string(),
+            version: (0, 0),
+        };
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: nvrtcVersion(int*, int*) writes two ints.
+        let r = unsafe {
+            n.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult>("nvrtcVersion")?(
+                &mut major, &mut minor,
+            )
+        };
+        if r != 0 {
+            return Err(format!("nvrtcVersion failed with status {r}"));
+        }
+        n.version = (major, minor);
+        Ok(n)
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> Result<T, String> {
+        // SAFETY: every caller names T as the C prototype of `name` from nvrtc.h.
+        unsafe { self.lib.get::<T>(name.as_bytes()) }
+            .map(|s| *s)
+            .map_err(|e| format!("NVRTC at {} lacks {name}: {e}", self.origin))
+    }
+
+    fn error_string(&self, r: NvrtcResult) -> String {
+        match self.sym::<unsafe extern "C" fn(NvrtcResult) -> *const c_char>("nvrtcGetErrorString")
+        {
+            // SAFETY: returns a static NUL-terminated string (or null).
+            Ok(f) => unsafe {
+                let p = f(r);
+                if p.is_null() {
+                    format!("status {r}")
+                } else {
+                    format!("{} ({r})", CStr::from_ptr(p).to_string_lossy())
+                }
+            },
+            Err(_) => format!("status {r}"),
+        }
+    }
+
+    /// Compile `source` (named `name` in diagnostics) for `arch`: `sm_XY`
+    /// gives a cubin, `compute_XY` PTX. `-fmad=false` keeps the results
+    /// those of the CPU reference (no contraction into fused multiply-adds).
+    pub fn compile(&self, source: &str, name: &str, arch: &str) -> Result<Compiled, CompileError> {
+        let fail = |message: String| CompileError {
+            message,
+            log: String::new(),
+        };
+        let cubin = if arch.starts_with("sm_") {
+            true
+        } else if arch.starts_with("compute_") {
+            false
+        } else {
+            return Err(fail(format!(
+                "architecture `{arch}` is not an NVIDIA one (sm_XY or compute_XY, e.g. sm_80)"
+            )));
+        };
+        type Create = unsafe extern "C" fn(
+            *mut NvrtcProgram,
+            *const c_char,
+            *const c_char,
+            c_int,
+            *const *const c_char,
+            *const *const c_char,
+        ) -> NvrtcResult;
+        type CompileFn = unsafe extern "C" fn(NvrtcProgram, c_int, *const *const c_char) -> NvrtcResult;
+        type Size = unsafe extern "C" fn(NvrtcProgram, *mut usize) -> NvrtcResult;
+        type Get = unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> NvrtcResult;
+        type Destroy = unsafe extern "C" fn(*mut NvrtcProgram) -> NvrtcResult;
+        let create: Create = self.sym("nvrtcCreateProgram").map_err(fail)?;
+        let compile: CompileFn = self.sym("nvrtcCompileProgram").map_err(fail)?;
+        let log_size: Size = self.sym("nvrtcGetProgramLogSize").map_err(fail)?;
+        let get_log: Get = self.sym("nvrtcGetProgramLog").map_err(fail)?;
+        let (code_size, get_code): (Size, Get) = if cubin {
+            (
+                self.sym("nvrtcGetCUBINSize").map_err(fail)?,
+                self.sym("nvrtcGetCUBIN").map_err(fail)?,
+            )
+        } else {
+            (
+                self.sym("nvrtcGetPTXSize").map_err(fail)?,
+                self.sym("nvrtcGetPTX").map_err(fail)?,
+            )
+        };
+        let destroy: Destroy = self.sym("nvrtcDestroyProgram").map_err(fail)?;
+
+        let src = CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
+        let cname = CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
+        let opts: Vec<CString> = [
+            format!("--gpu-architecture={arch}"),
+            "-fmad=false".to_string(),
+            "-default-device".to_string(),
+            "-std=c++14".to_string(),
+        ]
+        .into_iter()
+        .map(|o| CString::new(o).expect("no NUL in options"))
+        .collect();
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+
+        let mut prog: NvrtcProgram = std::ptr::null_mut();
+        // SAFETY: valid NUL-terminated strings; no headers.
+        let r = unsafe {
+            create(
+                &mut prog,
+                src.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(fail(format!(
+                "nvrtcCreateProgram for {name}: {}",
+                self.error_string(r)
+            )));
+        }
+        // SAFETY: `prog` is a live program; option pointers outlive the call.
+        let r = unsafe { compile(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        let log = {
+            let mut n = 0usize;
+            // SAFETY: live program, out pointer to a usize.
+            if unsafe { log_size(prog, &mut n) } == 0 && n > 1 {
+                let mut buf = vec![0u8; n];
+                // SAFETY: `buf` holds the `n` bytes NVRTC said it needs.
+                unsafe { get_log(prog, buf.as_mut_ptr() as *mut c_char) };
+                String::from_utf8_lossy(&buf[..n - 1]).into_owned()
+            } else {
+                String::new()
+            }
+        };
+        let result = if r != 0 {
+            Err(CompileError {
+                message: format!(
+                    "NVRTC {}.{} failed to compile {name} for {arch}: {}",
+                    self.version.0,
+                    self.version.1,
+                    self.error_string(r)
+                ),
+                log,
+            })
+        } else {
+            let mut n = 0usize;
+            // SAFETY: live, compiled program; out pointer to a usize.
+            let r = unsafe { code_size(prog, &mut n) };
+            if r != 0 || n == 0 {
+                Err(CompileError {
+                    message: format!(
+                        "NVRTC produced no {} for {name} ({arch}): {}",
+                        if cubin { "cubin" } else { "PTX" },
+                        self.error_string(r)
+                    ),
+                    log,
+                })
+            } else {
+                let mut code = vec![0u8; n];
+                // SAFETY: `code` holds the `n` bytes NVRTC reported.
+                let r = unsafe { get_code(prog, code.as_mut_ptr() as *mut c_char) };
+                if r != 0 {
+                    Err(CompileError {
+                        message: format!("NVRTC could not return the code of {name}: {}", self.error_string(r)),
+                        log,
+                    })
+                } else {
+                    Ok(Compiled {
+                        code,
+                        kind: if cubin { "cubin" } else { "ptx" },
+                        log,
+                    })
+                }
+            }
+        };
+        // SAFETY: `prog` is live and destroyed once.
+        unsafe { destroy(&mut prog) };
+        result
+    }
+}
+
+/// The directory compiled modules are cached in:
+/// `$XDG_CACHE_HOME/toast-rs` or `~/.cache/toast-rs`; `None` when neither
+/// variable is set or `TOAST_KERNEL_CACHE=0`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("TOAST_KERNEL_CACHE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("toast-rs"))
+}
+
+/// Read a cached module, if present.
+pub fn cache_read(file: &str) -> Option<Vec<u8>> {
+    let p = cache_dir()?.join(file);
+    std::fs::read(p).ok().filter(|b| !b.is_empty())
+}
+
+/// Store a module in the cache (best effort: a read-only cache is not an
+/// error). Written to a temporary file and renamed, so concurrent processes
+/// never see a partial file.
+pub fn cache_write(file: &str, code: &[u8]) {
+    let Some(dir) = cache_dir() else { return };
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let tmp = dir.join(format!("{file}.{}.tmp", std::process::id()));
+    if std::fs::write(&tmp, code).is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join(file));
+    }
+    let _ = std::fs::remove_file(&tmp);
+}
+
+/// The kernel a compiler log's first error falls in: the last `KERNEL`
+/// definition at or before the error's line of `kernels.h` (logs read
+/// `kernels.h(LINE): error` from NVRTC, `kernels.h:LINE:COL: error` from
+/// hiprtc), `"(prelude)"` for an error before the kernels, or
+/// `"(device source)"` when the log names no line.
+pub fn kernel_at_error(source: &str, log: &str) -> String {
+    let Some(line) = first_error_line(log) else {
+        return "(device source)".to_string();
+    };
+    let Some(start) = source.find("#line 1 \"kernels.h\"") else {
+        return "(device source)".to_string();
+    };
+    let kernels = source[start..].split_once('\n').map_or("", |(_, k)| k);
+    let mut name = None;
+    for l in kernels.lines().take(line) {
+        if let Some(rest) = l.trim_start().strip_prefix("KERNEL void ") {
+            name = rest.split('(').next().map(|n| n.trim().to_string());
+        }
+    }
+    name.unwrap_or_else(|| "(prelude)".to_string())
+}
+
+fn first_error_line(log: &str) -> Option<usize> {
+    for l in log.lines().filter(|l| l.contains("error")) {
+        if let Some(i) = l.find("kernels.h") {
+            let rest = &l[i + "kernels.h".len()..];
+            let digits: String = rest
+                .trim_start_matches(['(', ':'])
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if let Ok(n) = digits.parse() {
+                return Some(n);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_lines_name_the_kernel() {
+        let src = "prelude\n#line 1 \"kernels.h\"\nhelper\nKERNEL void toast_a(int x) {\n  bad;\n}\nKERNEL void toast_b(\n  worse;\n";
+        assert_eq!(super::kernel_at_error(src, "kernels.h(4): error: bad"), "toast_a");
+        assert_eq!(super::kernel_at_error(src, "kernels.h:7:3: error: worse"), "toast_b");
+        assert_eq!(super::kernel_at_error(src, "kernels.h(1): error: x"), "(prelude)");
+        assert_eq!(super::kernel_at_error(src, "it broke"), "(device source)");
+    }
+}
