@@ -91,6 +91,7 @@
 
 pub mod abi;
 pub mod check;
+pub mod device_source;
 pub mod plugin;
 
 #[cfg(feature = "host")]

@@ -1,0 +1,557 @@
+/* kernels.h -- the ten TOAST kernels for every device target (CUDA, HIP,
+ * OpenCL), written once in a C subset that NVRTC, hiprtc and OpenCL C 1.2 /
+ * 3.0 all accept.  It is compiled after one of prelude_{cuda,hip,opencl}.h,
+ * which defines KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types
+ * i64/u64/i32/u8, I64_MIN, the grid indices GID0..GID2, atomic_add_f64 and
+ * atomic_min_u64.
+ *
+ * Launch shape (TOAST's offload layout).  Per-sample kernels run on a 3-D
+ * grid: dimension 0 is the sample offset inside an interval (0 up to the
+ * longest interval, rounded up to the work-group size), dimension 1 the
+ * interval (iv0 + GID1, below iv_end), dimension 2 the detector
+ * (det0 + GID2, below det_end).  A thread past its interval's end returns at
+ * once.  det0/iv0 let the host split a call into several launches (grid
+ * limits, or detectors / intervals that must run one after the other because
+ * they write the same element).  Intervals are a device array of
+ * (first, last) i64 pairs; per-detector index arrays and constants are small
+ * device arrays.
+ *
+ * Arithmetic follows the CPU reference (backend-cpu, TOAST 3.0.6's C++)
+ * operation for operation with FP contraction disabled; atan2/sin/cos may
+ * differ from glibc's by an ulp or so on a device.  build_noise_weighted
+ * accumulates with atomics, so its summation order (and the last bits of
+ * zmap) is not deterministic; every other kernel writes each output element
+ * from one thread, template_offset_project_signal summing each amplitude's
+ * samples in sample order as the CPU does.
+ *
+ * Data-dependent errors (a pixel beyond the map or in a non-local submap, a
+ * quaternion with no valid pixel) are never written out of bounds: the
+ * thread records  (det << 44) | sample  into err[0] with atomic_min_u64 and
+ * returns; the host, which initialised err[0] to all ones, turns the
+ * smallest key into a message naming the detector and the sample.
+ */
+
+#define TOAST_ERR_KEY(det, s) ((((u64)(det)) << 44) | (u64)(s))
+
+/* Common prologue of the per-sample kernels: defines det, iv, first, s. */
+#define TOAST_SAMPLE_GRID(intervals)                 \
+    const i64 det = det0 + GID2;                     \
+    const i64 iv = iv0 + GID1;                       \
+    if (det >= det_end || iv >= iv_end) {            \
+        return;                                      \
+    }                                                \
+    const i64 first = (intervals)[2 * iv];           \
+    const i64 s = first + GID0;                      \
+    if (s >= (intervals)[2 * iv + 1]) {              \
+        return;                                      \
+    }
+
+#define TOAST_GRID_ARGS i64 det0, i64 det_end, i64 iv0, i64 iv_end
+
+/* ---- quaternions and HEALPix ------------------------------------------ */
+
+/* hpix_qa_rotate(q, v), every term kept so signed zeros / NaNs propagate. */
+DEVICE_FN void toast_qa_rotate(const double *q, const double *v, double *out) {
+    double xw = q[3] * q[0];
+    double yw = q[3] * q[1];
+    double zw = q[3] * q[2];
+    double x2 = -q[0] * q[0];
+    double xy = q[0] * q[1];
+    double xz = q[0] * q[2];
+    double y2 = -q[1] * q[1];
+    double yz = q[1] * q[2];
+    double z2 = -q[2] * q[2];
+    out[0] = 2.0 * ((y2 + z2) * v[0] + (xy - zw) * v[1] + (yw + xz) * v[2]) + v[0];
+    out[1] = 2.0 * ((zw + xy) * v[0] + (x2 + z2) * v[1] + (yz - xw) * v[2]) + v[1];
+    out[2] = 2.0 * ((xz - yw) * v[0] + (xw + yz) * v[1] + (x2 + y2) * v[2]) + v[2];
+}
+
+/* (int64_t)x as x86-64 computes it: truncation, I64_MIN for NaN or out of
+ * range (C leaves that undefined; the CPU reference reproduces cvttsd2si). */
+DEVICE_FN i64 toast_c_i64(double x) {
+    if (x >= -9223372036854775808.0 && x < 9223372036854775808.0) {
+        return (i64)x;
+    }
+    return I64_MIN;
+}
+
+/* Wrapping 64-bit arithmetic (signed overflow is undefined in C). */
+DEVICE_FN i64 toast_wadd(i64 a, i64 b) { return (i64)((u64)a + (u64)b); }
+DEVICE_FN i64 toast_wsub(i64 a, i64 b) { return (i64)((u64)a - (u64)b); }
+DEVICE_FN i64 toast_wmul(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
+DEVICE_FN i64 toast_wshl(i64 a, i64 n) { return (i64)((u64)a << (n & 63)); }
+DEVICE_FN i64 toast_wdiv(i64 a, i64 b) {
+    if (b == -1) {
+        return toast_wsub(0, a);
+    }
+    return a / b;
+}
+DEVICE_FN i64 toast_wrem(i64 a, i64 b) {
+    if (b == -1) {
+        return 0;
+    }
+    return a % b;
+}
+
+/* The bit-spreading table of hpix_init_utab, computed. */
+DEVICE_FN i64 toast_utab(i64 m) {
+    return (m & 0x1) | ((m & 0x2) << 1) | ((m & 0x4) << 2) | ((m & 0x8) << 3) |
+           ((m & 0x10) << 4) | ((m & 0x20) << 5) | ((m & 0x40) << 6) | ((m & 0x80) << 7);
+}
+
+DEVICE_FN i64 toast_ut(i64 x, i64 shift) { return toast_utab((x >> shift) & 0xff); }
+
+DEVICE_FN i64 toast_xy2pix(i64 x, i64 y) {
+    return toast_ut(x, 0) | toast_wshl(toast_ut(x, 8), 16) | toast_wshl(toast_ut(x, 16), 32) |
+           toast_wshl(toast_ut(x, 24), 48) | toast_wshl(toast_ut(y, 0), 1) |
+           toast_wshl(toast_ut(y, 8), 17) | toast_wshl(toast_ut(y, 16), 33) |
+           toast_wshl(toast_ut(y, 24), 49);
+}
+
+/* tt from phi, as both zphi2* functions compute it. */
+DEVICE_FN double toast_hpix_tt(double phi) {
+    const double tol = 10.0 * 2.220446049250313080847263336181640625e-16;
+    const double m = 6.283185307179586476925286766559;   /* 2 pi */
+    const double two_over_pi = 0.63661977236758134308;
+    double div = phi / m;
+    double phi_mod = m * (div - (double)toast_c_i64(div));
+    if (phi_mod < tol && phi_mod > -tol) {
+        phi_mod = 0.0;
+    }
+    if (phi_mod >= 0.0) {
+        return phi_mod * two_over_pi;
+    }
+    return phi_mod * two_over_pi + 4.0;
+}
+
+/* The pixel of quaternion q's direction; returns 0 when the direction is
+ * not finite or the pixel is outside [0, 12 nside^2), else 1. */
+DEVICE_FN int toast_hpix_pixel(const double *q, i64 nside, i64 factor, int nest, i64 *pix) {
+    const double zaxis[3] = {0.0, 0.0, 1.0};
+    double dir[3];
+    toast_qa_rotate(q, zaxis, dir);
+    if (!(isfinite(dir[0]) && isfinite(dir[1]) && isfinite(dir[2]))) {
+        return 0;
+    }
+    const double dnside = (double)nside;
+    const double halfnside = 0.5 * dnside;
+    const double tqnside = 0.75 * dnside;
+    const i64 nsm1 = nside - 1;
+    const i64 ncap = 2 * (nside * nside - nside);
+    const i64 npix = 12 * nside * nside;
+    const i64 fournside = 4 * nside;
+    /* hpix_vec2zphi */
+    const double z = dir[2];
+    const double za = fabs(z);
+    const int itemp = z > 0.0 ? 1 : -1;
+    const int region = za <= 0.66666666666666666667 ? itemp : itemp + itemp;
+    const double rtz = sqrt(3.0 * (1.0 - za));
+    const double phi = atan2(dir[1], dir[0]);
+    const double tt = toast_hpix_tt(phi);
+    i64 p;
+    if (nest) {
+        i64 face, x, y;
+        if (region == 1 || region == -1) {
+            double temp1 = halfnside + dnside * tt;
+            double temp2 = tqnside * z;
+            i64 jp = toast_c_i64(temp1 - temp2);
+            i64 jm = toast_c_i64(temp1 + temp2);
+            i64 ifp = jp >> factor;
+            i64 ifm = jm >> factor;
+            if (ifp == ifm) {
+                face = ifp == 4 ? 4 : toast_wadd(ifp, 4);
+            } else if (ifp < ifm) {
+                face = ifp;
+            } else {
+                face = toast_wadd(ifm, 8);
+            }
+            x = jm & nsm1;
+            y = toast_wsub(nsm1, jp & nsm1);
+        } else {
+            i64 ntt = toast_c_i64(tt);
+            double tp = tt - (double)ntt;
+            double temp1 = dnside * rtz;
+            i64 jp = toast_c_i64(tp * temp1);
+            i64 jm = toast_c_i64((1.0 - tp) * temp1);
+            if (jp >= nside) {
+                jp = nsm1;
+            }
+            if (jm >= nside) {
+                jm = nsm1;
+            }
+            if (z >= 0.0) {
+                face = ntt;
+                x = toast_wsub(nsm1, jm);
+                y = toast_wsub(nsm1, jp);
+            } else {
+                face = toast_wadd(ntt, 8);
+                x = jp;
+                y = jm;
+            }
+        }
+        p = toast_wadd(toast_xy2pix(x, y), toast_wshl(face, 2 * factor));
+    } else {
+        if (region == 1 || region == -1) {
+            double temp1 = halfnside + dnside * tt;
+            double temp2 = tqnside * z;
+            i64 jp = toast_c_i64(temp1 - temp2);
+            i64 jm = toast_c_i64(temp1 + temp2);
+            i64 ir = toast_wsub(toast_wadd(nside + 1, jp), jm);
+            i64 kshift = 1 - (ir & 1);
+            i64 ip = toast_wadd(toast_wsub(toast_wadd(jp, jm), nside), kshift + 1) >> 1;
+            ip = toast_wrem(ip, fournside);
+            p = toast_wadd(ncap, toast_wadd(toast_wmul(toast_wsub(ir, 1), fournside), ip));
+        } else {
+            double tp = tt - floor(tt);
+            double temp1 = dnside * rtz;
+            i64 jp = toast_c_i64(tp * temp1);
+            i64 jm = toast_c_i64((1.0 - tp) * temp1);
+            i64 ir = toast_wadd(toast_wadd(jp, jm), 1);
+            i64 ip = toast_c_i64(tt * (double)ir);
+            i64 d = toast_wmul(ir, 4);
+            if (d == 0) {
+                return 0;
+            }
+            ip = toast_wsub(ip, toast_wdiv(ip, d));
+            if (region > 0) {
+                p = toast_wadd(toast_wmul(toast_wmul(ir, 2), toast_wsub(ir, 1)), ip);
+            } else {
+                p = toast_wadd(toast_wsub(npix, toast_wmul(toast_wmul(ir, 2), toast_wadd(ir, 1))),
+                               ip);
+            }
+        }
+    }
+    if (p < 0 || p >= npix) {
+        return 0;
+    }
+    *pix = p;
+    return 1;
+}
+
+/* Local submap and sub-pixel of pixel pix >= 0; 0 when the pixel is beyond
+ * the map or in a submap that is not local (global2local = -1). The host has
+ * checked every global2local entry lies in [-1, n_local_submap). */
+DEVICE_FN int toast_locate(GLOBAL const i64 *g2l, i64 n_global_submap, i64 n_pix_submap, i64 pix,
+                           i64 *local, i64 *sub) {
+    i64 g = pix / n_pix_submap;
+    if (g >= n_global_submap) {
+        return 0;
+    }
+    i64 l = g2l[g];
+    if (l < 0) {
+        return 0;
+    }
+    *local = l;
+    *sub = pix - g * n_pix_submap;
+    return 1;
+}
+
+/* ---- 1. pointing_detector ---------------------------------------------- */
+
+KERNEL void toast_pointing_detector(TOAST_GRID_ARGS, i64 n_samp,
+                                    GLOBAL const i64 *RESTRICT intervals,
+                                    GLOBAL const i32 *RESTRICT quat_index,
+                                    GLOBAL const double *RESTRICT focalplane,
+                                    GLOBAL const double *RESTRICT boresight,
+                                    GLOBAL const u8 *RESTRICT shared_flags, i32 use_flags,
+                                    i32 mask, GLOBAL double *RESTRICT quats) {
+    TOAST_SAMPLE_GRID(intervals)
+    double p[4];
+    if (use_flags && (shared_flags[s] & mask) != 0) {
+        p[0] = 0.0;
+        p[1] = 0.0;
+        p[2] = 0.0;
+        p[3] = 1.0;
+    } else {
+        p[0] = boresight[4 * s];
+        p[1] = boresight[4 * s + 1];
+        p[2] = boresight[4 * s + 2];
+        p[3] = boresight[4 * s + 3];
+    }
+    const double q0 = focalplane[4 * det];
+    const double q1 = focalplane[4 * det + 1];
+    const double q2 = focalplane[4 * det + 2];
+    const double q3 = focalplane[4 * det + 3];
+    const i64 o = 4 * ((i64)quat_index[det] * n_samp + s);
+    quats[o] = p[0] * q3 + p[1] * q2 - p[2] * q1 + p[3] * q0;
+    quats[o + 1] = -p[0] * q2 + p[1] * q3 + p[2] * q0 + p[3] * q1;
+    quats[o + 2] = p[0] * q1 - p[1] * q0 + p[2] * q3 + p[3] * q2;
+    quats[o + 3] = -p[0] * q0 - p[1] * q1 - p[2] * q2 + p[3] * q3;
+}
+
+/* ---- 2. pixels_healpix ------------------------------------------------- */
+
+KERNEL void toast_pixels_healpix(TOAST_GRID_ARGS, i64 n_samp,
+                                 GLOBAL const i64 *RESTRICT intervals,
+                                 GLOBAL const i32 *RESTRICT quat_index,
+                                 GLOBAL const i32 *RESTRICT pixel_index,
+                                 GLOBAL const double *RESTRICT quats,
+                                 GLOBAL const u8 *RESTRICT shared_flags, i32 use_flags, i32 mask,
+                                 GLOBAL i64 *RESTRICT pixels, GLOBAL u8 *RESTRICT hit_submaps,
+                                 i64 nside, i64 factor, i64 n_pix_submap, i32 nest,
+                                 GLOBAL u64 *RESTRICT err) {
+    TOAST_SAMPLE_GRID(intervals)
+    const i64 po = (i64)pixel_index[det] * n_samp + s;
+    if (use_flags && (shared_flags[s] & mask) != 0) {
+        pixels[po] = -1;
+        return;
+    }
+    const i64 qo = 4 * ((i64)quat_index[det] * n_samp + s);
+    double q[4];
+    q[0] = quats[qo];
+    q[1] = quats[qo + 1];
+    q[2] = quats[qo + 2];
+    q[3] = quats[qo + 3];
+    i64 pix = 0;
+    if (!toast_hpix_pixel(q, nside, factor, nest, &pix)) {
+        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+        return;
+    }
+    pixels[po] = pix;
+    /* Benign race: every writer stores 1. */
+    hit_submaps[pix / n_pix_submap] = 1;
+}
+
+/* ---- 3. stokes_weights_I ----------------------------------------------- */
+
+KERNEL void toast_stokes_weights_i(TOAST_GRID_ARGS, i64 n_samp,
+                                   GLOBAL const i64 *RESTRICT intervals,
+                                   GLOBAL const i32 *RESTRICT weight_index,
+                                   GLOBAL const double *RESTRICT cal,
+                                   GLOBAL double *RESTRICT weights) {
+    TOAST_SAMPLE_GRID(intervals)
+    weights[(i64)weight_index[det] * n_samp + s] = cal[det];
+}
+
+/* ---- 4. stokes_weights_IQU --------------------------------------------- */
+
+/* The polarisation angle alpha of stokes_weights_alpha. */
+DEVICE_FN double toast_stokes_alpha(const double *q) {
+    const double zaxis[3] = {0.0, 0.0, 1.0};
+    const double xaxis[3] = {1.0, 0.0, 0.0};
+    double vd[3];
+    double vo[3];
+    toast_qa_rotate(q, zaxis, vd);
+    toast_qa_rotate(q, xaxis, vo);
+    double ang_xy = atan2(vd[1], vd[0]);
+    double vm_x = vd[2] * cos(ang_xy);
+    double vm_y = vd[2] * sin(ang_xy);
+    double vm_z = -sqrt(1.0 - vd[2] * vd[2]);
+    double alpha_y = vd[0] * (vm_y * vo[2] - vm_z * vo[1]) - vd[1] * (vm_x * vo[2] - vm_z * vo[0]) +
+                     vd[2] * (vm_x * vo[1] - vm_y * vo[0]);
+    double alpha_x = vm_x * vo[0] + vm_y * vo[1] + vm_z * vo[2];
+    return atan2(alpha_y, alpha_x);
+}
+
+KERNEL void toast_stokes_weights_iqu(TOAST_GRID_ARGS, i64 n_samp,
+                                     GLOBAL const i64 *RESTRICT intervals,
+                                     GLOBAL const i32 *RESTRICT quat_index,
+                                     GLOBAL const i32 *RESTRICT weight_index,
+                                     GLOBAL const double *RESTRICT epsilon,
+                                     GLOBAL const double *RESTRICT gamma,
+                                     GLOBAL const double *RESTRICT cal,
+                                     GLOBAL const double *RESTRICT quats,
+                                     GLOBAL const double *RESTRICT hwp, i32 use_hwp, i32 iau,
+                                     GLOBAL double *RESTRICT weights) {
+    TOAST_SAMPLE_GRID(intervals)
+    const double u_sign = iau ? -1.0 : 1.0;
+    const double eps = epsilon[det];
+    const double eta = (1.0 - eps) / (1.0 + eps);
+    const double c = cal[det];
+    const i64 qo = 4 * ((i64)quat_index[det] * n_samp + s);
+    double q[4];
+    q[0] = quats[qo];
+    q[1] = quats[qo + 1];
+    q[2] = quats[qo + 2];
+    q[3] = quats[qo + 3];
+    const i64 wo = 3 * ((i64)weight_index[det] * n_samp + s);
+    const double al = toast_stokes_alpha(q);
+    if (use_hwp) {
+        double ang = 2.0 * (2.0 * (gamma[det] - hwp[s]) - al);
+        double cang = cos(ang);
+        double sang = sin(ang);
+        weights[wo] = c;
+        weights[wo + 1] = cang * eta * c;
+        weights[wo + 2] = -sang * eta * c * u_sign;
+    } else {
+        double ang = al * 2.0;
+        double cang = cos(ang);
+        double sang = sin(ang);
+        weights[wo] = c;
+        weights[wo + 1] = cang * eta * c;
+        weights[wo + 2] = sang * eta * c * u_sign;
+    }
+}
+
+/* ---- 5. scan_map (one kernel per map dtype) ---------------------------- */
+
+/* mode: 0 add, 1 subtract, 2 scale. */
+#define TOAST_SCAN_MAP(NAME, MAPT)                                                              \
+    KERNEL void NAME(TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,        \
+                     i64 nnz, GLOBAL const i32 *RESTRICT pixel_index,                           \
+                     GLOBAL const i32 *RESTRICT weight_index,                                   \
+                     GLOBAL const i32 *RESTRICT data_index, GLOBAL const i64 *RESTRICT g2l,     \
+                     i64 n_global_submap, i64 n_pix_submap, GLOBAL const MAPT *RESTRICT mapdata, \
+                     GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,  \
+                     GLOBAL double *RESTRICT det_data, double data_scale, i32 should_zero,      \
+                     i32 mode, GLOBAL u64 *RESTRICT err) {                                      \
+        TOAST_SAMPLE_GRID(intervals)                                                            \
+        const i64 d_o = (i64)data_index[det] * n_samp + s;                                     \
+        if (should_zero) {                                                                      \
+            det_data[d_o] = 0.0;                                                                \
+        }                                                                                       \
+        const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];                               \
+        if (p < 0) {                                                                            \
+            return;                                                                             \
+        }                                                                                       \
+        i64 l = 0;                                                                              \
+        i64 sub = 0;                                                                            \
+        if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {                  \
+            atomic_min_u64(err, TOAST_ERR_KEY(det, s));                                         \
+            return;                                                                             \
+        }                                                                                       \
+        const i64 mo = nnz * (l * n_pix_submap + sub);                                          \
+        const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);                             \
+        double val = 0.0;                                                                       \
+        for (i64 i = 0; i < nnz; i++) {                                                         \
+            val += weights[wo + i] * (double)mapdata[mo + i];                                   \
+        }                                                                                       \
+        val *= data_scale;                                                                      \
+        if (mode == 1) {                                                                        \
+            det_data[d_o] -= val;                                                               \
+        } else if (mode == 2) {                                                                 \
+            det_data[d_o] *= val;                                                               \
+        } else {                                                                                \
+            det_data[d_o] += val;                                                               \
+        }                                                                                       \
+    }
+
+TOAST_SCAN_MAP(toast_scan_map_f64, double)
+TOAST_SCAN_MAP(toast_scan_map_f32, float)
+TOAST_SCAN_MAP(toast_scan_map_i64, i64)
+TOAST_SCAN_MAP(toast_scan_map_i32, i32)
+
+/* ---- 6. build_noise_weighted (atomic accumulation) --------------------- */
+
+KERNEL void toast_build_noise_weighted(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 nnz,
+    GLOBAL const i32 *RESTRICT pixel_index, GLOBAL const i32 *RESTRICT weight_index,
+    GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
+    GLOBAL const double *RESTRICT det_scale, GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap,
+    i64 n_pix_submap, GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,
+    GLOBAL const double *RESTRICT det_data, GLOBAL const u8 *RESTRICT det_flags,
+    i32 use_det_flags, i32 det_mask, GLOBAL const u8 *RESTRICT shared_flags,
+    i32 use_shared_flags, i32 shared_mask, GLOBAL double *RESTRICT zmap,
+    GLOBAL u64 *RESTRICT err) {
+    TOAST_SAMPLE_GRID(intervals)
+    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+        return;
+    }
+    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
+        return;
+    }
+    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
+    if (p < 0) {
+        return;
+    }
+    i64 l = 0;
+    i64 sub = 0;
+    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+        return;
+    }
+    const i64 zo = nnz * (l * n_pix_submap + sub);
+    const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);
+    const double scaled = det_data[(i64)data_index[det] * n_samp + s] * det_scale[det];
+    for (i64 i = 0; i < nnz; i++) {
+        atomic_add_f64(&zmap[zo + i], scaled * weights[wo + i]);
+    }
+}
+
+/* ---- 7. noise_weight --------------------------------------------------- */
+
+KERNEL void toast_noise_weight(TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,
+                               GLOBAL const i32 *RESTRICT data_index,
+                               GLOBAL const double *RESTRICT detector_weights,
+                               GLOBAL double *RESTRICT det_data) {
+    TOAST_SAMPLE_GRID(intervals)
+    det_data[(i64)data_index[det] * n_samp + s] *= detector_weights[det];
+}
+
+/* ---- 8. template_offset_add_to_signal ---------------------------------- */
+
+/* view_offset[v]: first amplitude of view v inside a detector's block. */
+KERNEL void toast_template_offset_add_to_signal(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,
+    GLOBAL const i32 *RESTRICT data_index, i64 step_length, GLOBAL const i64 *RESTRICT amp_offset,
+    GLOBAL const i64 *RESTRICT view_offset, GLOBAL const double *RESTRICT amplitudes,
+    GLOBAL const u8 *RESTRICT amplitude_flags, GLOBAL double *RESTRICT det_data) {
+    TOAST_SAMPLE_GRID(intervals)
+    const i64 amp = amp_offset[det] + view_offset[iv] + (s - first) / step_length;
+    if (amplitude_flags[amp] == 0) {
+        det_data[(i64)data_index[det] * n_samp + s] += amplitudes[amp];
+    }
+}
+
+/* ---- 9. template_offset_project_signal --------------------------------- */
+
+/* One thread per amplitude: dimension 0 is the amplitude inside the view
+ * (up to the largest n_amp of a view); it sums its samples in sample order
+ * into the existing value, deterministic and equal to the CPU's. */
+KERNEL void toast_template_offset_project_signal(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,
+    GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
+    i64 step_length, GLOBAL const i64 *RESTRICT amp_offset,
+    GLOBAL const i64 *RESTRICT view_offset, GLOBAL const double *RESTRICT det_data,
+    GLOBAL const u8 *RESTRICT flag_data, i32 flag_mask, GLOBAL double *RESTRICT amplitudes,
+    GLOBAL const u8 *RESTRICT amplitude_flags) {
+    const i64 det = det0 + GID2;
+    const i64 iv = iv0 + GID1;
+    if (det >= det_end || iv >= iv_end) {
+        return;
+    }
+    const i64 first = intervals[2 * iv];
+    const i64 last = intervals[2 * iv + 1];
+    const i64 k = GID0;
+    const i64 s0 = first + k * step_length;
+    if (s0 >= last) {
+        return;
+    }
+    const i64 amp = amp_offset[det] + view_offset[iv] + k;
+    if (amplitude_flags[amp] != 0) {
+        return;
+    }
+    i64 s1 = s0 + step_length;
+    if (s1 > last) {
+        s1 = last;
+    }
+    const i64 drow = (i64)data_index[det] * n_samp;
+    const i32 fi = flag_index[det];
+    double x = amplitudes[amp];
+    if (fi >= 0) {
+        const i64 frow = (i64)fi * n_samp;
+        for (i64 s = s0; s < s1; s++) {
+            x += (flag_data[frow + s] & flag_mask) == 0 ? det_data[drow + s] : 0.0;
+        }
+    } else {
+        for (i64 s = s0; s < s1; s++) {
+            x += det_data[drow + s];
+        }
+    }
+    amplitudes[amp] = x;
+}
+
+/* ---- 10. template_offset_apply_diag_precond ---------------------------- */
+
+/* 1-D over amplitudes; amplitudes_in may be amplitudes_out (element-wise). */
+KERNEL void toast_template_offset_apply_diag_precond(i64 n_amp,
+                                                     GLOBAL const double *offset_var,
+                                                     GLOBAL const double *amplitudes_in,
+                                                     GLOBAL const u8 *amplitude_flags,
+                                                     GLOBAL double *amplitudes_out) {
+    const i64 a = GID0;
+    if (a >= n_amp) {
+        return;
+    }
+    amplitudes_out[a] = amplitude_flags[a] == 0 ? amplitudes_in[a] * offset_var[a] : 0.0;
+}

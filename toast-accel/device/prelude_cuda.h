@@ -1,0 +1,26 @@
+/* prelude_cuda.h -- the CUDA (NVRTC) layer under kernels.h.
+ *
+ * Compile with `-fmad=false` so that a*b+c is never fused (the CPU
+ * reference rounds every operation); native atomicAdd(double*) needs
+ * sm_60 or newer. */
+#define TOAST_TARGET_CUDA 1
+#define KERNEL extern "C" __global__
+#define GLOBAL
+#define RESTRICT __restrict__
+#define DEVICE_FN static __device__ __forceinline__
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef int i32;
+typedef unsigned char u8;
+
+#define I64_MIN ((i64)(-9223372036854775807LL - 1LL))
+
+/* Global index along grid dimension 0 (sample), 1 (interval), 2 (detector). */
+#define GID0 ((i64)blockIdx.x * (i64)blockDim.x + (i64)threadIdx.x)
+#define GID1 ((i64)blockIdx.y * (i64)blockDim.y + (i64)threadIdx.y)
+#define GID2 ((i64)blockIdx.z * (i64)blockDim.z + (i64)threadIdx.z)
+
+DEVICE_FN void atomic_add_f64(double *p, double v) { atomicAdd(p, v); }
+
+DEVICE_FN void atomic_min_u64(u64 *p, u64 v) { atomicMin(p, v); }

@@ -1,0 +1,51 @@
+/* prelude_opencl.h -- the OpenCL C (1.2 and 3.0) layer under kernels.h.
+ *
+ * Needs cl_khr_fp64, and cl_khr_int64_base_atomics for the two atomic
+ * helpers (build_noise_weighted and the data-dependent error buffer).
+ * FP contraction is off so that a*b+c is never fused (the CPU reference
+ * rounds every operation). */
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
+#pragma OPENCL FP_CONTRACT OFF
+
+#define TOAST_TARGET_OPENCL 1
+#define KERNEL __kernel
+#define GLOBAL __global
+#define RESTRICT restrict
+#define DEVICE_FN static inline
+
+typedef long i64;
+typedef ulong u64;
+typedef int i32;
+typedef uchar u8;
+
+#define I64_MIN ((i64)(-9223372036854775807L - 1L))
+
+/* Global index along grid dimension 0 (sample), 1 (interval), 2 (detector). */
+#define GID0 ((i64)get_global_id(0))
+#define GID1 ((i64)get_global_id(1))
+#define GID2 ((i64)get_global_id(2))
+
+/* *p += v, atomically: a compare-and-swap loop on the 64-bit pattern. */
+DEVICE_FN void atomic_add_f64(GLOBAL double *p, double v) {
+    volatile GLOBAL ulong *ip = (volatile GLOBAL ulong *)p;
+    ulong old = *ip;
+    ulong assumed;
+    do {
+        assumed = old;
+        old = atom_cmpxchg(ip, assumed, as_ulong(as_double(assumed) + v));
+    } while (old != assumed);
+}
+
+/* *p = min(*p, v), atomically (unsigned). */
+DEVICE_FN void atomic_min_u64(GLOBAL u64 *p, u64 v) {
+    volatile GLOBAL ulong *ip = (volatile GLOBAL ulong *)p;
+    ulong old = *ip;
+    while (v < old) {
+        ulong seen = atom_cmpxchg(ip, old, v);
+        if (seen == old) {
+            break;
+        }
+        old = seen;
+    }
+}
