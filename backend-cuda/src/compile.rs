@@ -53,7 +53,12 @@ impl std::fmt::Display for CompileError {
         if self.log.trim().is_empty() {
             write!(f, "{}", self.message)
         } else {
-            write!(f, "{}\n--- NVRTC log ---\n{}", self.message, self.log.trim_end())
+            write!(
+                f,
+                "{}\n--- NVRTC log ---\n{}",
+                self.message,
+                self.log.trim_end()
+            )
         }
     }
 }
@@ -153,7 +158,8 @@ impl Nvrtc {
             *const *const c_char,
             *const *const c_char,
         ) -> NvrtcResult;
-        type CompileFn = unsafe extern "C" fn(NvrtcProgram, c_int, *const *const c_char) -> NvrtcResult;
+        type CompileFn =
+            unsafe extern "C" fn(NvrtcProgram, c_int, *const *const c_char) -> NvrtcResult;
         type Size = unsafe extern "C" fn(NvrtcProgram, *mut usize) -> NvrtcResult;
         type Get = unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> NvrtcResult;
         type Destroy = unsafe extern "C" fn(*mut NvrtcProgram) -> NvrtcResult;
@@ -174,8 +180,10 @@ impl Nvrtc {
         };
         let destroy: Destroy = self.sym("nvrtcDestroyProgram").map_err(fail)?;
 
-        let src = CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
-        let cname = CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
+        let src =
+            CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
+        let cname =
+            CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
         let opts: Vec<CString> = [
             format!("--gpu-architecture={arch}"),
             "-fmad=false".to_string(),
@@ -248,7 +256,10 @@ impl Nvrtc {
                 let r = unsafe { get_code(prog, code.as_mut_ptr() as *mut c_char) };
                 if r != 0 {
                     Err(CompileError {
-                        message: format!("NVRTC could not return the code of {name}: {}", self.error_string(r)),
+                        message: format!(
+                            "NVRTC could not return the code of {name}: {}",
+                            self.error_string(r)
+                        ),
                         log,
                     })
                 } else {
@@ -345,9 +356,18 @@ mod tests {
     #[test]
     fn error_lines_name_the_kernel() {
         let src = "prelude\n#line 1 \"kernels.h\"\nhelper\nKERNEL void toast_a(int x) {\n  bad;\n}\nKERNEL void toast_b(\n  worse;\n";
-        assert_eq!(super::kernel_at_error(src, "kernels.h(4): error: bad"), "toast_a");
-        assert_eq!(super::kernel_at_error(src, "kernels.h:7:3: error: worse"), "toast_b");
-        assert_eq!(super::kernel_at_error(src, "kernels.h(1): error: x"), "(prelude)");
+        assert_eq!(
+            super::kernel_at_error(src, "kernels.h(4): error: bad"),
+            "toast_a"
+        );
+        assert_eq!(
+            super::kernel_at_error(src, "kernels.h:7:3: error: worse"),
+            "toast_b"
+        );
+        assert_eq!(
+            super::kernel_at_error(src, "kernels.h(1): error: x"),
+            "(prelude)"
+        );
         assert_eq!(super::kernel_at_error(src, "it broke"), "(device source)");
     }
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi, LogFn};
+use toast_accel::device_source as ds;
 use toast_accel::plugin::PluginError;
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
@@ -54,8 +55,13 @@ unsafe impl Sync for Gpu {}
 
 impl Gpu {
     fn open(ordinal: i32) -> Result<Gpu, PluginError> {
-        cu::init().map_err(|e| unavailable(format!("cuInit failed: {e:?} (driver present but unusable)")))?;
-        let count = cu::device::get_count().map_err(|e| unavailable(format!("cuDeviceGetCount failed: {e:?}")))?;
+        cu::init().map_err(|e| {
+            unavailable(format!(
+                "cuInit failed: {e:?} (driver present but unusable)"
+            ))
+        })?;
+        let count = cu::device::get_count()
+            .map_err(|e| unavailable(format!("cuDeviceGetCount failed: {e:?}")))?;
         if count == 0 {
             return Err(unavailable("no NVIDIA GPU: cuDeviceGetCount returned 0"));
         }
@@ -75,10 +81,12 @@ impl Gpu {
         let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| driver("cuDeviceGetAttribute", e))?;
         // SAFETY: valid device.
-        let total = unsafe { cu::device::total_mem(dev) }.map_err(|e| driver("cuDeviceTotalMem", e))?;
+        let total =
+            unsafe { cu::device::total_mem(dev) }.map_err(|e| driver("cuDeviceTotalMem", e))?;
         // SAFETY: valid device; the primary context is retained for the life
         // of the process (plugins are never unloaded).
-        let cu_ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+        let cu_ctx = unsafe { cu::primary_ctx::retain(dev) }
+            .map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: a context just retained.
         unsafe { cu::ctx::set_current(cu_ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
@@ -107,7 +115,8 @@ impl Gpu {
 
     pub(crate) fn synchronize(&self) -> Result<(), PluginError> {
         // SAFETY: our live stream.
-        unsafe { cu::stream::synchronize(self.stream) }.map_err(|e| driver("cuStreamSynchronize", e))
+        unsafe { cu::stream::synchronize(self.stream) }
+            .map_err(|e| driver("cuStreamSynchronize", e))
     }
 
     /// Copy `bytes` host bytes to device address `dst`; waits for the copy
@@ -119,9 +128,11 @@ impl Gpu {
         // SAFETY: `dst` has `bytes` bytes (range-checked by the caller) and
         // `src` `bytes` readable bytes (ABI contract); we synchronise before
         // returning, so `src` outlives the copy.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes as usize, self.stream) }
-            .result()
-            .map_err(|e| driver(&format!("copy of {bytes} bytes to the device"), e))?;
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes as usize, self.stream)
+        }
+        .result()
+        .map_err(|e| driver(&format!("copy of {bytes} bytes to the device"), e))?;
         self.synchronize()
     }
 
@@ -144,7 +155,10 @@ impl Gpu {
         unsafe { cu::module::load_data(image.as_ptr() as *const c_void) }.map_err(|e| {
             PluginError::new(
                 abi::ERR_COMPILE,
-                format!("cuda: cuModuleLoadData rejected the compiled device code for {}: {e:?}", self.arch),
+                format!(
+                    "cuda: cuModuleLoadData rejected the compiled device code for {}: {e:?}",
+                    self.arch
+                ),
             )
         })
     }
@@ -236,7 +250,9 @@ impl Ctx {
                 log_user = h.log_user;
                 if !h.options.is_null() {
                     // SAFETY: NUL-terminated by the ABI.
-                    options = unsafe { CStr::from_ptr(h.options) }.to_string_lossy().into_owned();
+                    options = unsafe { CStr::from_ptr(h.options) }
+                        .to_string_lossy()
+                        .into_owned();
                 }
             }
         }
@@ -265,7 +281,10 @@ impl Ctx {
             module: Mutex::new(None),
         };
         for k in unknown {
-            ctx.log(abi::LOG_WARN, &format!("cuda backend: unknown option `{k}` ignored"));
+            ctx.log(
+                abi::LOG_WARN,
+                &format!("cuda backend: unknown option `{k}` ignored"),
+            );
         }
         ctx.log(
             abi::LOG_DEBUG,
@@ -286,23 +305,25 @@ impl Ctx {
 
     /// The function `name` of the device module, compiling (or loading from
     /// the disk cache) the shared source on first use.
-    pub(crate) fn function(
-        &self,
-        source: &str,
-        source_hash: &str,
-        kernels: &[&'static str],
-        name: &str,
-    ) -> Result<sys::CUfunction, PluginError> {
+    pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, PluginError> {
         let mut m = self.module.lock().unwrap_or_else(|e| e.into_inner());
         if m.is_none() {
-            *m = Some(self.build_module(source, source_hash, kernels)?);
+            let target = crate::kernels::TARGET;
+            let source = ds::source(target);
+            let hash = format!("{:016x}", ds::source_hash(target));
+            *m = Some(self.build_module(&source, &hash, &ds::KERNEL_NAMES)?);
         }
         let module = m.as_ref().expect("built above");
         module
             .functions
             .get(name)
             .map(|&f| f as sys::CUfunction)
-            .ok_or_else(|| PluginError::new(abi::ERR_INTERNAL, format!("cuda: kernel {name} is not in the device source")))
+            .ok_or_else(|| {
+                PluginError::new(
+                    abi::ERR_INTERNAL,
+                    format!("cuda: kernel {name} is not in the device source"),
+                )
+            })
     }
 
     fn build_module(
@@ -316,19 +337,25 @@ impl Ctx {
         let file = format!("cuda-{source_hash}-{arch}-nvrtc{maj}.{min}.cubin");
         let image = match compile::cache_read(&file) {
             Some(code) => {
-                self.log(abi::LOG_DEBUG, &format!("cuda: device code from the cache ({file})"));
+                self.log(
+                    abi::LOG_DEBUG,
+                    &format!("cuda: device code from the cache ({file})"),
+                );
                 code
             }
             None => {
-                let c = self.nvrtc.compile(source, "toast_kernels.cu", arch).map_err(|e| {
-                    let kernel = compile::kernel_at_error(source, &e.log);
-                    PluginError::new(
-                        abi::ERR_COMPILE,
-                        format!("cuda: kernel {kernel}: {e}"),
-                    )
-                })?;
+                let c = self
+                    .nvrtc
+                    .compile(source, "toast_kernels.cu", arch)
+                    .map_err(|e| {
+                        let kernel = compile::kernel_at_error(source, &e.log);
+                        PluginError::new(abi::ERR_COMPILE, format!("cuda: kernel {kernel}: {e}"))
+                    })?;
                 if !c.log.trim().is_empty() {
-                    self.log(abi::LOG_WARN, &format!("cuda: NVRTC log for {arch}:\n{}", c.log));
+                    self.log(
+                        abi::LOG_WARN,
+                        &format!("cuda: NVRTC log for {arch}:\n{}", c.log),
+                    );
                 }
                 compile::cache_write(&file, &c.code);
                 c.code
@@ -340,7 +367,10 @@ impl Ctx {
             let cname = CString::new(k).expect("kernel names have no NUL");
             // SAFETY: a module just loaded; a NUL-terminated name.
             let f = unsafe { cu::module::get_function(module, cname) }.map_err(|e| {
-                PluginError::new(abi::ERR_COMPILE, format!("cuda: kernel {k} not found in the compiled module for {arch}: {e:?}"))
+                PluginError::new(
+                    abi::ERR_COMPILE,
+                    format!("cuda: kernel {k} not found in the compiled module for {arch}: {e:?}"),
+                )
             })?;
             functions.insert(k, f as usize);
         }
@@ -352,7 +382,14 @@ impl Ctx {
         if let Some(f) = self.log {
             // SAFETY: the host's callback takes `len` bytes at `msg` and the
             // user pointer it gave us.
-            unsafe { f(self.log_user, level, msg.as_ptr() as *const c_char, msg.len()) };
+            unsafe {
+                f(
+                    self.log_user,
+                    level,
+                    msg.as_ptr() as *const c_char,
+                    msg.len(),
+                )
+            };
         }
     }
 }
@@ -367,7 +404,13 @@ impl Drop for Ctx {
 }
 
 fn parse_device(v: &str, what: &str) -> Result<i32, PluginError> {
-    v.trim().parse::<i32>().ok().filter(|&d| d >= 0).ok_or_else(|| {
-        PluginError::invalid(format!("{what}: `{v}` is not a device index (a non-negative integer)"))
-    })
+    v.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|&d| d >= 0)
+        .ok_or_else(|| {
+            PluginError::invalid(format!(
+                "{what}: `{v}` is not a device index (a non-negative integer)"
+            ))
+        })
 }

@@ -89,16 +89,16 @@ static TABLE: BackendTable = BackendTable {
     copy_to_host: Some(copy_to_host),
     reset: Some(reset),
     synchronize: Some(synchronize),
-    pointing_detector: kernels::POINTING_DETECTOR,
-    pixels_healpix: kernels::PIXELS_HEALPIX,
-    stokes_weights_i: kernels::STOKES_WEIGHTS_I,
-    stokes_weights_iqu: kernels::STOKES_WEIGHTS_IQU,
-    scan_map: kernels::SCAN_MAP,
-    build_noise_weighted: kernels::BUILD_NOISE_WEIGHTED,
-    noise_weight: kernels::NOISE_WEIGHT,
-    template_offset_add_to_signal: kernels::TEMPLATE_OFFSET_ADD,
-    template_offset_project_signal: kernels::TEMPLATE_OFFSET_PROJECT,
-    template_offset_apply_diag_precond: kernels::TEMPLATE_OFFSET_PRECOND,
+    pointing_detector: Some(kernels::entries::pointing_detector),
+    pixels_healpix: Some(kernels::entries::pixels_healpix),
+    stokes_weights_i: Some(kernels::entries::stokes_weights_i),
+    stokes_weights_iqu: Some(kernels::entries::stokes_weights_iqu),
+    scan_map: Some(kernels::entries::scan_map),
+    build_noise_weighted: Some(kernels::entries::build_noise_weighted),
+    noise_weight: Some(kernels::entries::noise_weight),
+    template_offset_add_to_signal: Some(kernels::entries::template_offset_add_to_signal),
+    template_offset_project_signal: Some(kernels::entries::template_offset_project_signal),
+    template_offset_apply_diag_precond: Some(kernels::entries::template_offset_apply_diag_precond),
 };
 
 static HEADER: BackendHeader = BackendHeader {
@@ -142,6 +142,20 @@ pub(crate) unsafe fn ctx_ref<'a>(ctx: *mut c_void) -> Result<&'a Ctx, PluginErro
     let c = unsafe { &*(ctx as *const Ctx) };
     c.gpu.bind()?;
     Ok(c)
+}
+
+/// The argument struct behind a kernel's `args` pointer.
+///
+/// # Safety
+/// `p` is null or points to a valid `A`.
+pub(crate) unsafe fn args_ref<'a, A>(kernel: &str, p: *const A) -> Result<&'a A, PluginError> {
+    if p.is_null() {
+        return Err(PluginError::invalid(format!(
+            "{kernel}: null argument struct"
+        )));
+    }
+    // SAFETY: non-null and valid by the caller's contract.
+    Ok(unsafe { &*p })
 }
 
 fn buffer_name(name: *const c_char) -> String {
@@ -196,7 +210,11 @@ unsafe extern "C" fn device_count(ctx: *mut c_void, count: *mut u32) -> Status {
     })
 }
 
-unsafe extern "C" fn device_info(ctx: *mut c_void, index: u32, info: *mut abi::DeviceInfo) -> Status {
+unsafe extern "C" fn device_info(
+    ctx: *mut c_void,
+    index: u32,
+    info: *mut abi::DeviceInfo,
+) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx.
         let c = unsafe { ctx_ref(ctx)? };
@@ -226,7 +244,12 @@ unsafe extern "C" fn device_info(ctx: *mut c_void, index: u32, info: *mut abi::D
     })
 }
 
-unsafe extern "C" fn alloc(ctx: *mut c_void, bytes: u64, name: *const c_char, handle: *mut u64) -> Status {
+unsafe extern "C" fn alloc(
+    ctx: *mut c_void,
+    bytes: u64,
+    name: *const c_char,
+    handle: *mut u64,
+) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx.
         let c = unsafe { ctx_ref(ctx)? };

@@ -31,7 +31,12 @@ impl std::fmt::Display for CompileError {
         if self.log.trim().is_empty() {
             write!(f, "{}", self.message)
         } else {
-            write!(f, "{}\n--- hiprtc log ---\n{}", self.message, self.log.trim_end())
+            write!(
+                f,
+                "{}\n--- hiprtc log ---\n{}",
+                self.message,
+                self.log.trim_end()
+            )
         }
     }
 }
@@ -87,8 +92,10 @@ impl Hiprtc {
         let get_code: Get = self.sym("hiprtcGetCode").map_err(fail)?;
         let destroy: Destroy = self.sym("hiprtcDestroyProgram").map_err(fail)?;
 
-        let src = CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
-        let cname = CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
+        let src =
+            CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
+        let cname =
+            CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
         let opts: Vec<CString> = [
             format!("--offload-arch={arch}"),
             "-O3".to_string(),
@@ -160,7 +167,10 @@ impl Hiprtc {
                 let r = unsafe { get_code(prog, code.as_mut_ptr() as *mut c_char) };
                 if r != 0 {
                     Err(CompileError {
-                        message: format!("hiprtc could not return the code of {name}: {}", self.error_string(r)),
+                        message: format!(
+                            "hiprtc could not return the code of {name}: {}",
+                            self.error_string(r)
+                        ),
                         log,
                     })
                 } else {
@@ -257,9 +267,18 @@ mod tests {
     #[test]
     fn error_lines_name_the_kernel() {
         let src = "prelude\n#line 1 \"kernels.h\"\nhelper\nKERNEL void toast_a(int x) {\n  bad;\n}\nKERNEL void toast_b(\n  worse;\n";
-        assert_eq!(super::kernel_at_error(src, "kernels.h(4): error: bad"), "toast_a");
-        assert_eq!(super::kernel_at_error(src, "kernels.h:7:3: error: worse"), "toast_b");
-        assert_eq!(super::kernel_at_error(src, "kernels.h(1): error: x"), "(prelude)");
+        assert_eq!(
+            super::kernel_at_error(src, "kernels.h(4): error: bad"),
+            "toast_a"
+        );
+        assert_eq!(
+            super::kernel_at_error(src, "kernels.h:7:3: error: worse"),
+            "toast_b"
+        );
+        assert_eq!(
+            super::kernel_at_error(src, "kernels.h(1): error: x"),
+            "(prelude)"
+        );
         assert_eq!(super::kernel_at_error(src, "it broke"), "(device source)");
     }
 }

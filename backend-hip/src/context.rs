@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi, LogFn};
+use toast_accel::device_source as ds;
 use toast_accel::plugin::PluginError;
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
@@ -54,7 +55,10 @@ impl Gpu {
             return Err(unavailable("no AMD GPU: hipInit returned hipErrorNoDevice"));
         }
         if r != ffi::HIP_SUCCESS {
-            return Err(unavailable(format!("hipInit failed: {}", hip.error_string(r))));
+            return Err(unavailable(format!(
+                "hipInit failed: {}",
+                hip.error_string(r)
+            )));
         }
         let mut count: c_int = 0;
         // SAFETY: valid out pointer.
@@ -82,10 +86,12 @@ impl Gpu {
             stream: std::ptr::null_mut(),
         };
         gpu.bind()?;
-        let (name, arch) = gpu
-            .hip
-            .device_name_arch(ordinal)
-            .map_err(|r| PluginError::new(abi::ERR_DEVICE, format!("hip: hipGetDeviceProperties: {}", gpu.hip.error_string(r))))?;
+        let (name, arch) = gpu.hip.device_name_arch(ordinal).map_err(|r| {
+            PluginError::new(
+                abi::ERR_DEVICE,
+                format!("hip: hipGetDeviceProperties: {}", gpu.hip.error_string(r)),
+            )
+        })?;
         if arch.is_empty() {
             return Err(PluginError::new(
                 abi::ERR_DEVICE,
@@ -195,7 +201,6 @@ impl Gpu {
     /// `params` point to values whose types and order are the kernel's
     /// parameters, and every device address among them is live for the
     /// call (it is synchronous).
-    #[allow(dead_code)]
     pub(crate) unsafe fn launch(
         &self,
         kernel: &str,
@@ -246,7 +251,8 @@ impl DeviceAlloc for Gpu {
     }
     fn raw_zero(&self, ptr: u64, bytes: u64) -> Result<(), PluginError> {
         // SAFETY: `ptr` is a block of at least `bytes` bytes.
-        let r = unsafe { (self.hip.memset_async)(ptr as *mut c_void, 0, bytes as usize, self.stream) };
+        let r =
+            unsafe { (self.hip.memset_async)(ptr as *mut c_void, 0, bytes as usize, self.stream) };
         self.check(&format!("zeroing {bytes} bytes"), r)?;
         self.synchronize()
     }
@@ -350,17 +356,13 @@ impl Ctx {
 
     /// The function `name` of the device module, compiling (or loading from
     /// the disk cache) the shared source on first use.
-    #[allow(dead_code)]
-    pub(crate) fn function(
-        &self,
-        source: &str,
-        source_hash: &str,
-        kernels: &[&'static str],
-        name: &str,
-    ) -> Result<*mut c_void, PluginError> {
+    pub(crate) fn function(&self, name: &str) -> Result<*mut c_void, PluginError> {
         let mut m = self.module.lock().unwrap_or_else(|e| e.into_inner());
         if m.is_none() {
-            *m = Some(self.build_module(source, source_hash, kernels)?);
+            let target = crate::kernels::TARGET;
+            let source = ds::source(target);
+            let hash = format!("{:016x}", ds::source_hash(target));
+            *m = Some(self.build_module(&source, &hash, &ds::KERNEL_NAMES)?);
         }
         let module = m.as_ref().expect("built above");
         module
@@ -458,9 +460,13 @@ impl Drop for Ctx {
 }
 
 fn parse_device(v: &str, what: &str) -> Result<i32, PluginError> {
-    v.trim().parse::<i32>().ok().filter(|&d| d >= 0).ok_or_else(|| {
-        PluginError::invalid(format!(
-            "{what}: `{v}` is not a device index (a non-negative integer)"
-        ))
-    })
+    v.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|&d| d >= 0)
+        .ok_or_else(|| {
+            PluginError::invalid(format!(
+                "{what}: `{v}` is not a device index (a non-negative integer)"
+            ))
+        })
 }

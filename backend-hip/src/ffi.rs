@@ -34,7 +34,8 @@ pub(crate) struct Hip {
     pub(crate) free: unsafe extern "C" fn(*mut c_void) -> HipError,
     pub(crate) memcpy_async:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, *mut c_void) -> HipError,
-    pub(crate) memset_async: unsafe extern "C" fn(*mut c_void, c_int, usize, *mut c_void) -> HipError,
+    pub(crate) memset_async:
+        unsafe extern "C" fn(*mut c_void, c_int, usize, *mut c_void) -> HipError,
     pub(crate) stream_create: unsafe extern "C" fn(*mut *mut c_void) -> HipError,
     pub(crate) stream_synchronize: unsafe extern "C" fn(*mut c_void) -> HipError,
     pub(crate) module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> HipError,
@@ -192,7 +193,9 @@ impl Hiprtc {
                 origin: n.clone(),
                 version: (0, 0),
             };
-            if let Ok(f) = h.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("hiprtcVersion") {
+            if let Ok(f) =
+                h.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("hiprtcVersion")
+            {
                 let (mut a, mut b) = (0, 0);
                 // SAFETY: writes two ints.
                 if unsafe { f(&mut a, &mut b) } == 0 {

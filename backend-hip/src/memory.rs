@@ -112,17 +112,18 @@ impl Memory {
                 g.cached_bytes -= class;
                 p
             }
-            None => match dev.raw_alloc(class) {
-                Ok(p) => p,
-                Err((true, _)) => {
-                    // Give the cached blocks back to the driver and retry once.
-                    for (_, ptrs) in std::mem::take(&mut g.free) {
-                        for p in ptrs {
-                            dev.raw_free(p);
+            None => {
+                match dev.raw_alloc(class) {
+                    Ok(p) => p,
+                    Err((true, _)) => {
+                        // Give the cached blocks back to the driver and retry once.
+                        for (_, ptrs) in std::mem::take(&mut g.free) {
+                            for p in ptrs {
+                                dev.raw_free(p);
+                            }
                         }
-                    }
-                    g.cached_bytes = 0;
-                    dev.raw_alloc(class).map_err(|(oom, msg)| {
+                        g.cached_bytes = 0;
+                        dev.raw_alloc(class).map_err(|(oom, msg)| {
                         PluginError::new(
                             if oom { abi::ERR_OUT_OF_MEMORY } else { abi::ERR_DEVICE },
                             format!(
@@ -132,14 +133,15 @@ impl Memory {
                             ),
                         )
                     })?
-                }
-                Err((false, msg)) => {
-                    return Err(PluginError::new(
+                    }
+                    Err((false, msg)) => return Err(PluginError::new(
                         abi::ERR_DEVICE,
-                        format!("{BACKEND}: cannot allocate {bytes} bytes for buffer `{name}`: {msg}"),
-                    ))
+                        format!(
+                            "{BACKEND}: cannot allocate {bytes} bytes for buffer `{name}`: {msg}"
+                        ),
+                    )),
                 }
-            },
+            }
         };
         if let Err(e) = dev.raw_zero(ptr, class) {
             dev.raw_free(ptr);
@@ -293,7 +295,11 @@ mod tests {
         );
         let h2 = m.alloc(&d, 900, "b").unwrap();
         assert_ne!(h, h2, "handles are never reused");
-        assert_eq!(m.range("t", h2, 0, 0).unwrap(), p, "block reused from the pool");
+        assert_eq!(
+            m.range("t", h2, 0, 0).unwrap(),
+            p,
+            "block reused from the pool"
+        );
         m.release_all(&d);
         assert_eq!(*d.used.borrow(), 0);
     }
@@ -308,7 +314,11 @@ mod tests {
         let b = m.alloc(&d, 4000, "big").unwrap();
         let e = m.alloc(&d, 100, "signal").unwrap_err();
         assert_eq!(e.status, abi::ERR_OUT_OF_MEMORY);
-        assert!(e.message.contains("`signal`") && e.message.contains("100 bytes"), "{}", e.message);
+        assert!(
+            e.message.contains("`signal`") && e.message.contains("100 bytes"),
+            "{}",
+            e.message
+        );
         m.free(&d, b).unwrap();
         m.release_all(&d);
     }
