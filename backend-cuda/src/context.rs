@@ -1,7 +1,6 @@
 //! The backend context: probing for the driver, the device, its stream, the
 //! compiled module, host logging and the buffer table.
 
-use crate::compile::{self, Nvrtc};
 use crate::memory::{DeviceAlloc, Memory};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
@@ -11,6 +10,8 @@ use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi, LogFn};
 use toast_accel::device_source as ds;
 use toast_accel::plugin::PluginError;
+use toast_accel::rtc as compile;
+use toast_accel::rtc::nvrtc::Nvrtc;
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)

@@ -65,7 +65,6 @@ use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
 use toast_accel::plugin::{self, guard, PluginError};
 
-pub mod compile;
 mod context;
 mod kernels;
 mod memory;

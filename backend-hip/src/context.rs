@@ -1,8 +1,7 @@
 //! The backend context: probing for the runtime, the device, its stream,
 //! the compiled module, host logging and the buffer table.
 
-use crate::compile;
-use crate::ffi::{self, Hip, HipError, Hiprtc};
+use crate::ffi::{self, Hip, HipError};
 use crate::memory::{DeviceAlloc, Memory};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -10,6 +9,8 @@ use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi, LogFn};
 use toast_accel::device_source as ds;
 use toast_accel::plugin::PluginError;
+use toast_accel::rtc as compile;
+use toast_accel::rtc::hiprtc::Hiprtc;
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)

@@ -64,7 +64,6 @@ use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
 use toast_accel::plugin::{self, guard, PluginError};
 
-pub mod compile;
 mod context;
 pub mod ffi;
 mod kernels;

@@ -134,12 +134,14 @@ impl Memory {
                         )
                     })?
                     }
-                    Err((false, msg)) => return Err(PluginError::new(
-                        abi::ERR_DEVICE,
-                        format!(
+                    Err((false, msg)) => {
+                        return Err(PluginError::new(
+                            abi::ERR_DEVICE,
+                            format!(
                             "{BACKEND}: cannot allocate {bytes} bytes for buffer `{name}`: {msg}"
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
         };

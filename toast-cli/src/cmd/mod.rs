@@ -2,4 +2,5 @@
 
 pub mod backends;
 pub mod bench;
+pub mod kernels;
 pub mod verify;

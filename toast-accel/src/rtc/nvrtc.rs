@@ -1,13 +1,10 @@
-//! NVRTC, loaded at run time, and the on-disk cache of compiled modules.
-//!
-//! NVRTC is loaded with `libloading` by this module rather than through
-//! cudarc so that (a) a caller can name the library file
-//! (`TOAST_NVRTC_LIB`, which `toast-cli kernels compile` uses to compile with
-//! the NVRTC of the PyPI wheel `nvidia-cuda-nvrtc-cu12` without a GPU), and
-//! (b) a missing library or symbol is an error value, never a panic.
+//! NVRTC, loaded at run time. A caller can name the library file
+//! (`TOAST_NVRTC_LIB`), which `toast-cli kernels compile` uses to compile
+//! with the NVRTC of the PyPI wheel `nvidia-cuda-nvrtc-cu12` without a GPU.
 
+use super::{CompileError, Compiled};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 type NvrtcProgram = *mut c_void;
 type NvrtcResult = c_int;
@@ -29,41 +26,6 @@ pub struct Nvrtc {
     /// `nvrtcVersion()`.
     pub version: (i32, i32),
 }
-
-/// Code NVRTC produced.
-#[derive(Debug, Clone)]
-pub struct Compiled {
-    /// A cubin for `sm_XY`, PTX text (NUL-terminated) for `compute_XY`.
-    pub code: Vec<u8>,
-    /// `"cubin"` or `"ptx"`.
-    pub kind: &'static str,
-    /// The compiler log (warnings), possibly empty.
-    pub log: String,
-}
-
-/// A failed compilation: the NVRTC status and its log.
-#[derive(Debug, Clone)]
-pub struct CompileError {
-    pub message: String,
-    pub log: String,
-}
-
-impl std::fmt::Display for CompileError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.log.trim().is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(
-                f,
-                "{}\n--- NVRTC log ---\n{}",
-                self.message,
-                self.log.trim_end()
-            )
-        }
-    }
-}
-
-impl std::error::Error for CompileError {}
 
 impl Nvrtc {
     /// Open NVRTC: the file named by `TOAST_NVRTC_LIB` if set, otherwise the
@@ -274,100 +236,5 @@ impl Nvrtc {
         // SAFETY: `prog` is live and destroyed once.
         unsafe { destroy(&mut prog) };
         result
-    }
-}
-
-/// The directory compiled modules are cached in:
-/// `$XDG_CACHE_HOME/toast-rs` or `~/.cache/toast-rs`; `None` when neither
-/// variable is set or `TOAST_KERNEL_CACHE=0`.
-pub fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("TOAST_KERNEL_CACHE").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("toast-rs"))
-}
-
-/// Read a cached module, if present.
-pub fn cache_read(file: &str) -> Option<Vec<u8>> {
-    let p = cache_dir()?.join(file);
-    std::fs::read(p).ok().filter(|b| !b.is_empty())
-}
-
-/// Store a module in the cache (best effort: a read-only cache is not an
-/// error). Written to a temporary file and renamed, so concurrent processes
-/// never see a partial file.
-pub fn cache_write(file: &str, code: &[u8]) {
-    let Some(dir) = cache_dir() else { return };
-    if std::fs::create_dir_all(&dir).is_err() {
-        return;
-    }
-    let tmp = dir.join(format!("{file}.{}.tmp", std::process::id()));
-    if std::fs::write(&tmp, code).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join(file));
-    }
-    let _ = std::fs::remove_file(&tmp);
-}
-
-/// The kernel a compiler log's first error falls in: the last `KERNEL`
-/// definition at or before the error's line of `kernels.h` (logs read
-/// `kernels.h(LINE): error` from NVRTC, `kernels.h:LINE:COL: error` from
-/// hiprtc), `"(prelude)"` for an error before the kernels, or
-/// `"(device source)"` when the log names no line.
-pub fn kernel_at_error(source: &str, log: &str) -> String {
-    let Some(line) = first_error_line(log) else {
-        return "(device source)".to_string();
-    };
-    let Some(start) = source.find("#line 1 \"kernels.h\"") else {
-        return "(device source)".to_string();
-    };
-    let kernels = source[start..].split_once('\n').map_or("", |(_, k)| k);
-    let mut name = None;
-    for l in kernels.lines().take(line) {
-        if let Some(rest) = l.trim_start().strip_prefix("KERNEL void ") {
-            name = rest.split('(').next().map(|n| n.trim().to_string());
-        }
-    }
-    name.unwrap_or_else(|| "(prelude)".to_string())
-}
-
-fn first_error_line(log: &str) -> Option<usize> {
-    for l in log.lines().filter(|l| l.contains("error")) {
-        if let Some(i) = l.find("kernels.h") {
-            let rest = &l[i + "kernels.h".len()..];
-            let digits: String = rest
-                .trim_start_matches(['(', ':'])
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            if let Ok(n) = digits.parse() {
-                return Some(n);
-            }
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn error_lines_name_the_kernel() {
-        let src = "prelude\n#line 1 \"kernels.h\"\nhelper\nKERNEL void toast_a(int x) {\n  bad;\n}\nKERNEL void toast_b(\n  worse;\n";
-        assert_eq!(
-            super::kernel_at_error(src, "kernels.h(4): error: bad"),
-            "toast_a"
-        );
-        assert_eq!(
-            super::kernel_at_error(src, "kernels.h:7:3: error: worse"),
-            "toast_b"
-        );
-        assert_eq!(
-            super::kernel_at_error(src, "kernels.h(1): error: x"),
-            "(prelude)"
-        );
-        assert_eq!(super::kernel_at_error(src, "it broke"), "(device source)");
     }
 }

@@ -1,47 +1,89 @@
-//! hiprtc compilation of the shared device source, and the on-disk cache of
-//! compiled code objects (the same scheme as the CUDA backend's).
+//! hiprtc, loaded at run time: `TOAST_HIPRTC_LIB` names a file, else
+//! `libhiprtc.so` (ROCm 6) or `libamdhip64.so` (ROCm 5.x keeps hiprtc inside
+//! the runtime, as Debian's `libamdhip64-dev` does).
 
-use crate::ffi::Hiprtc;
+use super::{CompileError, Compiled};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::path::PathBuf;
 
 type RtcProgram = *mut c_void;
 type RtcResult = c_int;
 
-/// Code hiprtc produced.
-#[derive(Debug, Clone)]
-pub struct Compiled {
-    /// A code object (an offload bundle hipModuleLoadData accepts).
-    pub code: Vec<u8>,
-    /// Always `"code object"`.
-    pub kind: &'static str,
-    /// The compiler log (warnings), possibly empty.
-    pub log: String,
+fn sym<T: Copy>(lib: &libloading::Library, origin: &str, name: &str) -> Result<T, String> {
+    // SAFETY: every caller names T as the C prototype of `name` in hiprtc.h.
+    unsafe { lib.get::<T>(name.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| format!("{origin} lacks {name}: {e}"))
 }
 
-/// A failed compilation: the hiprtc status and its log.
-#[derive(Debug, Clone)]
-pub struct CompileError {
-    pub message: String,
-    pub log: String,
+/// The hiprtc library names tried after `TOAST_HIPRTC_LIB`: ROCm 6 ships
+/// `libhiprtc.so`; ROCm 5.x keeps hiprtc inside `libamdhip64`.
+pub const HIPRTC_NAMES: &[&str] = &[
+    "libhiprtc.so",
+    "libhiprtc.so.6",
+    "libhiprtc.so.5",
+    "libamdhip64.so",
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+];
+
+/// A loaded hiprtc.
+#[derive(Debug)]
+pub struct Hiprtc {
+    lib: libloading::Library,
+    /// The library opened.
+    pub origin: String,
+    /// `hiprtcVersion()`, `(0, 0)` when absent.
+    pub version: (i32, i32),
 }
 
-impl std::fmt::Display for CompileError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.log.trim().is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(
-                f,
-                "{}\n--- hiprtc log ---\n{}",
-                self.message,
-                self.log.trim_end()
-            )
+impl Hiprtc {
+    /// Open hiprtc: the file `TOAST_HIPRTC_LIB` names, else the first of
+    /// [`HIPRTC_NAMES`] that has `hiprtcCreateProgram`.
+    pub fn load() -> Result<Hiprtc, String> {
+        let names: Vec<String> = match std::env::var("TOAST_HIPRTC_LIB") {
+            Ok(p) if !p.is_empty() => vec![p],
+            _ => HIPRTC_NAMES.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut errs = Vec::new();
+        for n in &names {
+            // SAFETY: as in `open_first`.
+            let lib = match unsafe { libloading::Library::new(n.as_str()) } {
+                Ok(l) => l,
+                Err(e) => {
+                    errs.push(format!("{n}: {e}"));
+                    continue;
+                }
+            };
+            if let Err(e) = sym::<unsafe extern "C" fn()>(&lib, n, "hiprtcCreateProgram") {
+                errs.push(e);
+                continue;
+            }
+            let mut h = Hiprtc {
+                lib,
+                origin: n.clone(),
+                version: (0, 0),
+            };
+            if let Ok(f) =
+                h.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("hiprtcVersion")
+            {
+                let (mut a, mut b) = (0, 0);
+                // SAFETY: writes two ints.
+                if unsafe { f(&mut a, &mut b) } == 0 {
+                    h.version = (a, b);
+                }
+            }
+            return Ok(h);
         }
+        Err(format!(
+            "no hiprtc (libhiprtc.so or libamdhip64.so): {} (set TOAST_HIPRTC_LIB to the library file)",
+            errs.join("; ")
+        ))
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> Result<T, String> {
+        sym(&self.lib, &self.origin, name)
     }
 }
-
-impl std::error::Error for CompileError {}
 
 impl Hiprtc {
     fn error_string(&self, r: RtcResult) -> String {
@@ -185,100 +227,5 @@ impl Hiprtc {
         // SAFETY: `prog` is live and destroyed once.
         unsafe { destroy(&mut prog) };
         result
-    }
-}
-
-/// The directory compiled modules are cached in:
-/// `$XDG_CACHE_HOME/toast-rs` or `~/.cache/toast-rs`; `None` when neither
-/// variable is set or `TOAST_KERNEL_CACHE=0`.
-pub fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("TOAST_KERNEL_CACHE").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("toast-rs"))
-}
-
-/// Read a cached module, if present.
-pub fn cache_read(file: &str) -> Option<Vec<u8>> {
-    let p = cache_dir()?.join(file);
-    std::fs::read(p).ok().filter(|b| !b.is_empty())
-}
-
-/// Store a module in the cache (best effort: a read-only cache is not an
-/// error). Written to a temporary file and renamed, so concurrent processes
-/// never see a partial file.
-pub fn cache_write(file: &str, code: &[u8]) {
-    let Some(dir) = cache_dir() else { return };
-    if std::fs::create_dir_all(&dir).is_err() {
-        return;
-    }
-    let tmp = dir.join(format!("{file}.{}.tmp", std::process::id()));
-    if std::fs::write(&tmp, code).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join(file));
-    }
-    let _ = std::fs::remove_file(&tmp);
-}
-
-/// The kernel a compiler log's first error falls in: the last `KERNEL`
-/// definition at or before the error's line of `kernels.h` (logs read
-/// `kernels.h(LINE): error` from NVRTC, `kernels.h:LINE:COL: error` from
-/// hiprtc), `"(prelude)"` for an error before the kernels, or
-/// `"(device source)"` when the log names no line.
-pub fn kernel_at_error(source: &str, log: &str) -> String {
-    let Some(line) = first_error_line(log) else {
-        return "(device source)".to_string();
-    };
-    let Some(start) = source.find("#line 1 \"kernels.h\"") else {
-        return "(device source)".to_string();
-    };
-    let kernels = source[start..].split_once('\n').map_or("", |(_, k)| k);
-    let mut name = None;
-    for l in kernels.lines().take(line) {
-        if let Some(rest) = l.trim_start().strip_prefix("KERNEL void ") {
-            name = rest.split('(').next().map(|n| n.trim().to_string());
-        }
-    }
-    name.unwrap_or_else(|| "(prelude)".to_string())
-}
-
-fn first_error_line(log: &str) -> Option<usize> {
-    for l in log.lines().filter(|l| l.contains("error")) {
-        if let Some(i) = l.find("kernels.h") {
-            let rest = &l[i + "kernels.h".len()..];
-            let digits: String = rest
-                .trim_start_matches(['(', ':'])
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            if let Ok(n) = digits.parse() {
-                return Some(n);
-            }
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn error_lines_name_the_kernel() {
-        let src = "prelude\n#line 1 \"kernels.h\"\nhelper\nKERNEL void toast_a(int x) {\n  bad;\n}\nKERNEL void toast_b(\n  worse;\n";
-        assert_eq!(
-            super::kernel_at_error(src, "kernels.h(4): error: bad"),
-            "toast_a"
-        );
-        assert_eq!(
-            super::kernel_at_error(src, "kernels.h:7:3: error: worse"),
-            "toast_b"
-        );
-        assert_eq!(
-            super::kernel_at_error(src, "kernels.h(1): error: x"),
-            "(prelude)"
-        );
-        assert_eq!(super::kernel_at_error(src, "it broke"), "(device source)");
     }
 }
