@@ -232,7 +232,7 @@ DEVICE_FN int toast_hpix_pixel(const double *q, i64 nside, i64 factor, int nest,
  * the map or in a submap that is not local (global2local = -1). The host has
  * checked every global2local entry lies in [-1, n_local_submap). */
 DEVICE_FN int toast_locate(GLOBAL const i64 *g2l, i64 n_global_submap, i64 n_pix_submap, i64 pix,
-                           i64 *local, i64 *sub) {
+                           i64 *out_local, i64 *out_sub) {
     i64 g = pix / n_pix_submap;
     if (g >= n_global_submap) {
         return 0;
@@ -241,8 +241,8 @@ DEVICE_FN int toast_locate(GLOBAL const i64 *g2l, i64 n_global_submap, i64 n_pix
     if (l < 0) {
         return 0;
     }
-    *local = l;
-    *sub = pix - g * n_pix_submap;
+    *out_local = l;
+    *out_sub = pix - g * n_pix_submap;
     return 1;
 }
 

@@ -1,0 +1,291 @@
+//! The backend context: runtime loading, device selection, the compiled
+//! program, host logging and the buffer registry.
+
+use crate::memory::Registry;
+use opencl3::command_queue::CommandQueue;
+use opencl3::context::Context;
+use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL};
+use opencl3::error_codes::ClError;
+use opencl3::kernel::Kernel;
+use opencl3::platform::get_platforms;
+use opencl3::program::Program;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+use toast_accel::abi::{self, HostApi, LogFn};
+use toast_accel::device_source::{self, Target};
+use toast_accel::plugin::PluginError;
+
+/// An OpenCL error code as text.
+pub(crate) fn cl_error(e: ClError) -> String {
+    format!("{e} ({})", e.0)
+}
+
+/// The selected device, its context, queue and compiled program.
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub(crate) name: String,
+    pub(crate) platform: String,
+    pub(crate) driver: String,
+    pub(crate) global_mem: u64,
+    pub(crate) max_alloc: u64,
+    pub(crate) compute_units: u32,
+    pub(crate) context: Context,
+    pub(crate) queue: CommandQueue,
+    /// Every kernel of the program, by entry-point name; the lock also
+    /// serialises argument setting and launching.
+    pub(crate) kernels: Mutex<HashMap<&'static str, Kernel>>,
+    _program: Program,
+}
+
+/// What `init` creates and every call receives as `ctx`.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) dev: Device,
+    pub(crate) registry: Registry,
+    log: LogFn,
+    log_user: *mut c_void,
+}
+
+// SAFETY: the host's log callback and its user pointer may be called from
+// any thread (ABI rule); every other field is Send + Sync (the kernels are
+// behind a mutex).
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+fn unavailable(msg: impl Into<String>) -> PluginError {
+    PluginError::new(abi::ERR_UNAVAILABLE, msg)
+}
+
+impl Ctx {
+    /// Parse the host API and options, pick a device and compile the kernels.
+    ///
+    /// # Safety
+    /// `host` is null or points to a `HostApi` of at least `host.size`
+    /// bytes whose `options` is null or NUL-terminated.
+    pub(crate) unsafe fn new(host: *const HostApi) -> Result<Ctx, PluginError> {
+        let mut log: LogFn = None;
+        let mut log_user = std::ptr::null_mut();
+        let mut options = String::new();
+        if !host.is_null() {
+            // SAFETY: non-null; the host passes a valid struct. Read the size first.
+            let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
+            if size >= std::mem::size_of::<HostApi>() {
+                // SAFETY: the whole struct is present.
+                let h = unsafe { &*host };
+                log = h.log;
+                log_user = h.log_user;
+                if !h.options.is_null() {
+                    // SAFETY: NUL-terminated by the ABI.
+                    options = unsafe { CStr::from_ptr(h.options) }
+                        .to_string_lossy()
+                        .into_owned();
+                }
+            }
+        }
+        let mut selector = std::env::var("TOAST_OPENCL_DEVICE")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        let mut unknown = Vec::new();
+        for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = item.split_once('=').unwrap_or((item, ""));
+            match k.trim() {
+                "device" => selector = Some(v.trim().to_string()),
+                other => unknown.push(other.to_string()),
+            }
+        }
+        let dev = open_device(selector.as_deref())?;
+        let ctx = Ctx {
+            dev,
+            registry: Registry::default(),
+            log,
+            log_user,
+        };
+        ctx.log(
+            abi::LOG_DEBUG,
+            &format!(
+                "opencl backend on `{}` ({}, driver {}), {} compute units, {} bytes",
+                ctx.dev.name,
+                ctx.dev.platform,
+                ctx.dev.driver,
+                ctx.dev.compute_units,
+                ctx.dev.global_mem
+            ),
+        );
+        for k in unknown {
+            ctx.log(
+                abi::LOG_WARN,
+                &format!("unknown option `{k}` ignored (known: device)"),
+            );
+        }
+        Ok(ctx)
+    }
+
+    pub(crate) fn log(&self, level: i32, msg: &str) {
+        if let Some(f) = self.log {
+            // SAFETY: the host's callback with its own user pointer; `msg`
+            // is valid for `len` bytes during the call.
+            unsafe {
+                f(
+                    self.log_user,
+                    level,
+                    msg.as_ptr() as *const c_char,
+                    msg.len(),
+                )
+            };
+        }
+    }
+}
+
+/// Every device of every platform: `(platform index, device index,
+/// platform name, device)`.
+fn all_devices() -> Result<Vec<(usize, usize, String, ClDevice)>, PluginError> {
+    let platforms = get_platforms().map_err(|e| {
+        unavailable(format!(
+            "no OpenCL platform (the ICD loader found none: {})",
+            cl_error(e)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for (pi, p) in platforms.iter().enumerate() {
+        let pname = p.name().unwrap_or_else(|_| format!("platform {pi}"));
+        // A platform without devices reports CL_DEVICE_NOT_FOUND.
+        let ids = p.get_devices(CL_DEVICE_TYPE_ALL).unwrap_or_default();
+        for (di, id) in ids.into_iter().enumerate() {
+            out.push((pi, di, pname.clone(), ClDevice::new(id)));
+        }
+    }
+    Ok(out)
+}
+
+/// Why a device cannot run the kernels, if it cannot.
+fn unsuitable(d: &ClDevice) -> Option<String> {
+    let ext = d.extensions().unwrap_or_default();
+    let missing: Vec<&str> = ["cl_khr_fp64", "cl_khr_int64_base_atomics"]
+        .into_iter()
+        .filter(|e| !ext.split_whitespace().any(|x| x == *e))
+        .collect();
+    (!missing.is_empty()).then(|| format!("it lacks {}", missing.join(" and ")))
+}
+
+/// Pick the device (`selector`: "P:D" indices or a substring of the device
+/// name, case-insensitive; else the first suitable one) and build it.
+fn open_device(selector: Option<&str>) -> Result<Device, PluginError> {
+    if let Err(e) = cl3::load_library() {
+        return Err(unavailable(format!(
+            "no OpenCL runtime (libOpenCL.so.1): {e}"
+        )));
+    }
+    let devs = all_devices()?;
+    if devs.is_empty() {
+        return Err(unavailable(
+            "no OpenCL device: the OpenCL platforms list no device (install an ICD such as pocl-opencl-icd)",
+        ));
+    }
+    let listing = || {
+        devs.iter()
+            .map(|(p, d, pn, dev)| format!("{p}:{d} `{}` ({pn})", dev.name().unwrap_or_default()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let chosen = match selector {
+        Some(sel) => {
+            let by_index = sel.split_once(':').and_then(|(p, d)| {
+                Some((
+                    p.trim().parse::<usize>().ok()?,
+                    d.trim().parse::<usize>().ok()?,
+                ))
+            });
+            let found = devs.iter().find(|(p, d, _, dev)| match by_index {
+                Some((pi, di)) => *p == pi && *d == di,
+                None => dev
+                    .name()
+                    .unwrap_or_default()
+                    .to_lowercase()
+                    .contains(&sel.to_lowercase()),
+            });
+            let Some(f) = found else {
+                return Err(unavailable(format!(
+                    "no OpenCL device matches `{sel}` (TOAST_OPENCL_DEVICE or option device=); devices: {}",
+                    listing()
+                )));
+            };
+            if let Some(why) = unsuitable(&f.3) {
+                return Err(unavailable(format!(
+                    "OpenCL device `{}` cannot run the kernels: {why}",
+                    f.3.name().unwrap_or_default()
+                )));
+            }
+            f
+        }
+        None => match devs.iter().find(|d| unsuitable(&d.3).is_none()) {
+            Some(f) => f,
+            None => {
+                return Err(unavailable(format!(
+                    "no OpenCL device has cl_khr_fp64 and cl_khr_int64_base_atomics; devices: {}",
+                    listing()
+                )))
+            }
+        },
+    };
+    let (_, _, pname, d) = chosen;
+    let name = d.name().unwrap_or_default();
+    let context = Context::from_device(d).map_err(|e| {
+        PluginError::new(
+            abi::ERR_DEVICE,
+            format!(
+                "cannot create an OpenCL context on `{name}`: {}",
+                cl_error(e)
+            ),
+        )
+    })?;
+    // SAFETY: the device belongs to the context just created.
+    let queue = unsafe { CommandQueue::create(&context, d.id(), 0) }.map_err(|e| {
+        PluginError::new(
+            abi::ERR_DEVICE,
+            format!("cannot create an OpenCL queue on `{name}`: {}", cl_error(e)),
+        )
+    })?;
+    let program = compile(&context, &name)?;
+    let mut kernels = HashMap::new();
+    for k in device_source::KERNEL_NAMES {
+        let kern = Kernel::create(&program, k).map_err(|e| {
+            PluginError::new(
+                abi::ERR_COMPILE,
+                format!(
+                    "kernel `{k}`: not found in the compiled program: {}",
+                    cl_error(e)
+                ),
+            )
+        })?;
+        kernels.insert(k, kern);
+    }
+    Ok(Device {
+        name: name.clone(),
+        platform: pname.clone(),
+        driver: d.driver_version().unwrap_or_default(),
+        global_mem: d.global_mem_size().unwrap_or(0),
+        max_alloc: d.max_mem_alloc_size().unwrap_or(u64::MAX),
+        compute_units: d.max_compute_units().unwrap_or(0),
+        context,
+        queue,
+        kernels: Mutex::new(kernels),
+        _program: program,
+    })
+}
+
+/// Compile the shared device source for this device (once per context).
+fn compile(context: &Context, device: &str) -> Result<Program, PluginError> {
+    let src = device_source::source(Target::OpenCl);
+    Program::create_and_build_from_source(context, &src, "").map_err(|log| {
+        PluginError::new(
+            abi::ERR_COMPILE,
+            format!(
+                "the device kernels ({}; source hash {:016x}) failed to compile for OpenCL device `{device}`: {log}",
+                device_source::KERNEL_NAMES.join(", "),
+                device_source::source_hash(Target::OpenCl)
+            ),
+        )
+    })
+}
