@@ -29,7 +29,13 @@ pub(crate) fn probe() -> Result<Nvrtc, PluginError> {
     // closed again at once (cudarc opens its own handle).
     match unsafe { libloading::Library::new("libcuda.so.1") } {
         Ok(lib) => drop(lib),
-        Err(e) => return Err(unavailable(format!("no NVIDIA driver (libcuda.so.1): {e}"))),
+        Err(e) => {
+            let detail =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            return Err(unavailable(format!(
+                "no NVIDIA driver (libcuda.so.1): {detail}"
+            )));
+        }
     }
     Nvrtc::load().map_err(unavailable)
 }

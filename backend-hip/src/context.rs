@@ -52,8 +52,16 @@ impl Gpu {
         let hip = Hip::load().map_err(unavailable)?;
         // SAFETY: plain runtime calls with valid out pointers.
         let r = unsafe { (hip.init)(0) };
-        if r == ffi::HIP_ERROR_NO_DEVICE {
-            return Err(unavailable("no AMD GPU: hipInit returned hipErrorNoDevice"));
+        if r == ffi::HIP_ERROR_NO_DEVICE || r == ffi::HIP_ERROR_INVALID_DEVICE {
+            let kfd = if std::path::Path::new("/dev/kfd").exists() {
+                ""
+            } else {
+                ", no /dev/kfd"
+            };
+            return Err(unavailable(format!(
+                "no AMD GPU: hipInit returned {}{kfd}",
+                hip.error_string(r)
+            )));
         }
         if r != ffi::HIP_SUCCESS {
             return Err(unavailable(format!(

@@ -13,6 +13,7 @@ pub(crate) type HipError = c_int;
 pub(crate) const HIP_SUCCESS: HipError = 0;
 pub(crate) const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 pub(crate) const HIP_ERROR_NO_DEVICE: HipError = 100;
+pub(crate) const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 pub(crate) const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 

@@ -86,7 +86,8 @@ pub fn cache_write(file: &str, code: &[u8]) {
 }
 
 /// The kernel a compiler log's first error falls in: the last `KERNEL`
-/// definition at or before the error's line of `kernels.h` (logs read
+/// (or `DEVICE_FN` helper) definition at or before the error's line of
+/// `kernels.h` (logs read
 /// `kernels.h(LINE): error` from NVRTC, `kernels.h:LINE:COL: error` from
 /// hiprtc), `"(prelude)"` for an error before the kernels, or
 /// `"(device source)"` when the log names no line.
@@ -100,8 +101,18 @@ pub fn kernel_at_error(source: &str, log: &str) -> String {
     let kernels = source[start..].split_once('\n').map_or("", |(_, k)| k);
     let mut name = None;
     for l in kernels.lines().take(line) {
-        if let Some(rest) = l.trim_start().strip_prefix("KERNEL void ") {
+        let l = l.trim_start();
+        if let Some(rest) = l.strip_prefix("KERNEL void ") {
             name = rest.split('(').next().map(|n| n.trim().to_string());
+        } else if let Some(rest) = l.strip_prefix("DEVICE_FN ") {
+            // `DEVICE_FN type name(`: the helper, named as such.
+            if let Some(n) = rest
+                .split('(')
+                .next()
+                .and_then(|h| h.split_whitespace().last())
+            {
+                name = Some(format!("(helper {n})"));
+            }
         }
     }
     name.unwrap_or_else(|| "(prelude)".to_string())

@@ -345,7 +345,8 @@ mod opencl {
                     "clCreateProgramWithSource failed: {err}"
                 )));
             }
-            let opts = CString::new("-cl-std=CL1.2").expect("no NUL");
+            // The options of the OpenCL plugin (none: the prelude turns contraction off).
+            let opts = CString::new("").expect("no NUL");
             // SAFETY: valid program and device; synchronous build.
             let r = unsafe {
                 build(
