@@ -11,7 +11,7 @@ use opencl3::platform::get_platforms;
 use opencl3::program::Program;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use toast_accel::abi::{self, HostApi, LogFn};
 use toast_accel::device_source::{self, Target};
 use toast_accel::plugin::PluginError;
@@ -41,7 +41,8 @@ pub(crate) struct Device {
 /// What `init` creates and every call receives as `ctx`.
 #[derive(Debug)]
 pub(crate) struct Ctx {
-    pub(crate) dev: Device,
+    /// Shared by every context of the process on the same device.
+    pub(crate) dev: Arc<Device>,
     pub(crate) registry: Registry,
     log: LogFn,
     log_user: *mut c_void,
@@ -169,9 +170,18 @@ fn unsuitable(d: &ClDevice) -> Option<String> {
     (!missing.is_empty()).then(|| format!("it lacks {}", missing.join(" and ")))
 }
 
+/// Devices opened so far, by (platform index, device index): the OpenCL
+/// context, queue and compiled program are made once per device and process
+/// and shared by every backend context (the lock also serialises opening,
+/// as concurrent program builds are not safe on every implementation).
+#[allow(clippy::type_complexity)]
+static OPENED: Mutex<Vec<((usize, usize), Arc<Device>)>> = Mutex::new(Vec::new());
+
 /// Pick the device (`selector`: "P:D" indices or a substring of the device
-/// name, case-insensitive; else the first suitable one) and build it.
-fn open_device(selector: Option<&str>) -> Result<Device, PluginError> {
+/// name, case-insensitive; else the first suitable one) and open it, or
+/// return it if this process opened it already.
+fn open_device(selector: Option<&str>) -> Result<Arc<Device>, PluginError> {
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
     if let Err(e) = cl3::load_library() {
         return Err(unavailable(format!(
             "no OpenCL runtime (libOpenCL.so.1): {e}"
@@ -229,7 +239,10 @@ fn open_device(selector: Option<&str>) -> Result<Device, PluginError> {
             }
         },
     };
-    let (_, _, pname, d) = chosen;
+    let (pi, di, pname, d) = chosen;
+    if let Some((_, dev)) = opened.iter().find(|(k, _)| *k == (*pi, *di)) {
+        return Ok(Arc::clone(dev));
+    }
     let name = d.name().unwrap_or_default();
     let context = Context::from_device(d).map_err(|e| {
         PluginError::new(
@@ -261,7 +274,7 @@ fn open_device(selector: Option<&str>) -> Result<Device, PluginError> {
         })?;
         kernels.insert(k, kern);
     }
-    Ok(Device {
+    let dev = Arc::new(Device {
         name: name.clone(),
         platform: pname.clone(),
         driver: d.driver_version().unwrap_or_default(),
@@ -272,7 +285,9 @@ fn open_device(selector: Option<&str>) -> Result<Device, PluginError> {
         queue,
         kernels: Mutex::new(kernels),
         _program: program,
-    })
+    });
+    opened.push(((*pi, *di), Arc::clone(&dev)));
+    Ok(dev)
 }
 
 /// Compile the shared device source for this device (once per context).

@@ -15,6 +15,7 @@ mod cmd;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use toast_accel::host::conformance::Comparison;
 use toast_accel::host::{AccelError, DiscoveryOptions, Registry};
 
 /// Exit status when the requested backend is unavailable (all skipped).
@@ -57,6 +58,15 @@ enum Command {
         /// in the repository (or $TOAST_CASES_DIR).
         #[arg(long)]
         cases: Option<PathBuf>,
+        /// Print the backend's transfer counters at the end (always done
+        /// for backends that are not host-addressable).
+        #[arg(long)]
+        transfers: bool,
+        /// Compare bit for bit even on a device backend (default: exact for
+        /// host-addressable backends, the documented tolerant mode for
+        /// device backends).
+        #[arg(long)]
+        exact: bool,
     },
     /// Benchmarks.
     #[command(subcommand)]
@@ -145,10 +155,21 @@ fn run(cli: Cli) -> Result<u8, String> {
     let registry = Registry::discover(&opts);
     match &cli.command {
         Command::Backends => Ok(code(cmd::backends::run(&registry))),
-        Command::Verify { backend, cases } => {
+        Command::Verify {
+            backend,
+            cases,
+            transfers,
+            exact,
+        } => {
             let cases = cases.clone().unwrap_or_else(default_cases_dir);
             match registry.get(backend) {
-                Ok(b) => cmd::verify::run(&b, &cases).map(code),
+                Ok(b) => {
+                    let opts = cmd::verify::Options {
+                        comparison: exact.then_some(Comparison::Exact),
+                        transfers: *transfers,
+                    };
+                    cmd::verify::run_with(&b, &cases, opts).map(code)
+                }
                 Err(AccelError::Unavailable { backend, reason }) => {
                     eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
                     cmd::verify::run_unavailable(&backend, &reason, &cases)?;
