@@ -315,9 +315,14 @@ mod opencl {
             let mut dev: Id = std::ptr::null_mut();
             // SAFETY: room for one id.
             unsafe { get_devices(p, CL_DEVICE_TYPE_ALL, 1, &mut dev, std::ptr::null_mut()) };
-            // SAFETY (closures): size queries then reads into buffers of that size.
-            let pname = string(&|n, b, s| unsafe { platform_info(p, CL_PLATFORM_NAME, n, b, s) });
-            let dname = string(&|n, b, s| unsafe { device_info(dev, CL_DEVICE_NAME, n, b, s) });
+            let pname = string(&|n, b, s| {
+                // SAFETY: a size query, then a read into a buffer of that size.
+                unsafe { platform_info(p, CL_PLATFORM_NAME, n, b, s) }
+            });
+            let dname = string(&|n, b, s| {
+                // SAFETY: as above.
+                unsafe { device_info(dev, CL_DEVICE_NAME, n, b, s) }
+            });
             let mut err = 0i32;
             // SAFETY: one valid device; no properties or callback.
             let ctx = unsafe {
