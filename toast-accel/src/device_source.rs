@@ -181,12 +181,10 @@ pub const NO_ERROR: u64 = u64::MAX;
 
 /// `(detector, sample)` of an error key, or `None` for [`NO_ERROR`].
 pub fn decode_error_key(key: u64) -> Option<(u64, u64)> {
-    (key != NO_ERROR).then(|| {
-        (
-            key >> ERROR_KEY_SAMPLE_BITS,
-            key & ((1u64 << ERROR_KEY_SAMPLE_BITS) - 1),
-        )
-    })
+    (key != NO_ERROR).then_some((
+        key >> ERROR_KEY_SAMPLE_BITS,
+        key & ((1u64 << ERROR_KEY_SAMPLE_BITS) - 1),
+    ))
 }
 
 #[cfg(test)]
