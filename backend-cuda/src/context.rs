@@ -30,11 +30,10 @@ pub(crate) fn probe() -> Result<Nvrtc, PluginError> {
     match unsafe { libloading::Library::new("libcuda.so.1") } {
         Ok(lib) => drop(lib),
         Err(e) => {
-            let detail =
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
             return Err(unavailable(format!(
-                "no NVIDIA driver (libcuda.so.1): {detail}"
-            )));
+                "no NVIDIA driver (libcuda.so.1): {}",
+                toast_accel::rtc::dl_error(&e)
+            )))
         }
     }
     Nvrtc::load().map_err(unavailable)

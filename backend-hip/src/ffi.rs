@@ -74,7 +74,7 @@ fn open_first(names: &[&str]) -> Result<(libloading::Library, String), String> {
         // open as long as the returned handle lives.
         match unsafe { libloading::Library::new(*n) } {
             Ok(l) => return Ok((l, n.to_string())),
-            Err(e) => errs.push(format!("{n}: {e}")),
+            Err(e) => errs.push(toast_accel::rtc::dl_error(&e)),
         }
     }
     Err(errs.join("; "))

@@ -50,7 +50,7 @@ impl Hiprtc {
             let lib = match unsafe { libloading::Library::new(n.as_str()) } {
                 Ok(l) => l,
                 Err(e) => {
-                    errs.push(format!("{n}: {e}"));
+                    errs.push(super::dl_error(&e));
                     continue;
                 }
             };

@@ -50,6 +50,13 @@ impl std::fmt::Display for CompileError {
 
 impl std::error::Error for CompileError {}
 
+/// The message of a library-loading error with its cause (`dlerror()`'s
+/// text), e.g. "libcuda.so.1: cannot open shared object file: No such file
+/// or directory", rather than libloading's bare "dlopen failed".
+pub fn dl_error(e: &libloading::Error) -> String {
+    std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
+}
+
 /// The directory compiled modules are cached in:
 /// `$XDG_CACHE_HOME/toast-rs` or `~/.cache/toast-rs`; `None` when neither
 /// variable is set or `TOAST_KERNEL_CACHE=0`.

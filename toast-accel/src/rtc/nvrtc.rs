@@ -52,7 +52,7 @@ impl Nvrtc {
         // SAFETY: loading NVRTC runs no initialisers with preconditions; the
         // library is kept open as long as this value lives.
         let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| format!("no NVRTC ({}): {e}", path.display()))?;
+            .map_err(|e| format!("no NVRTC ({}): {}", path.display(), super::dl_error(&e)))?;
         let mut n = Nvrtc {
             lib,
             origin: path.display().to_string(),
