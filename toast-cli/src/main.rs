@@ -8,7 +8,7 @@
 //! | 0 | success |
 //! | 1 | the command ran and found failures (e.g. a verify case failed) |
 //! | 2 | bad usage or setup (unknown backend, unreadable input) |
-//! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`); the device compiler is not installed (`kernels compile`) |
+//! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`), nothing was timed (`bench`); the device compiler is not installed (`kernels compile`) |
 
 mod cmd;
 
@@ -180,7 +180,14 @@ fn run(cli: Cli) -> Result<u8, String> {
         }
         Command::Kernels(_) => unreachable!("handled before discovery"),
         Command::Bench(BenchCommand::Kernels(args)) => {
-            let b = registry.get(&args.backend).map_err(|e| e.to_string())?;
+            let b = match registry.get(&args.backend) {
+                Ok(b) => b,
+                Err(AccelError::Unavailable { backend, reason }) => {
+                    eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
+                    return Ok(EXIT_UNAVAILABLE);
+                }
+                Err(e) => return Err(e.to_string()),
+            };
             let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
             match cmd::bench::cmd_kernels(&b, args, threads) {
                 Ok(()) => Ok(0),
