@@ -62,9 +62,13 @@ unsafe impl Sync for Gpu {}
 impl Gpu {
     fn open(ordinal: i32) -> Result<Gpu, PluginError> {
         cu::init().map_err(|e| {
-            unavailable(format!(
-                "cuInit failed: {e:?} (driver present but unusable)"
-            ))
+            if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
+                unavailable("no NVIDIA GPU: cuInit returned CUDA_ERROR_NO_DEVICE")
+            } else {
+                unavailable(format!(
+                    "cuInit failed: {e:?} (the driver is installed but unusable)"
+                ))
+            }
         })?;
         let count = cu::device::get_count()
             .map_err(|e| unavailable(format!("cuDeviceGetCount failed: {e:?}")))?;

@@ -26,6 +26,19 @@ pub const HIPRTC_NAMES: &[&str] = &[
     "libamdhip64.so.5",
 ];
 
+/// The hiprtc options for `arch`: `--offload-arch`, `-O3`, and the
+/// target's flags from `device_source::compile_flags` (`-ffp-contract=off`:
+/// no fused multiply-add, as in the CPU reference).
+pub fn options(arch: &str) -> Vec<String> {
+    let mut o = vec![format!("--offload-arch={arch}"), "-O3".to_string()];
+    o.extend(
+        crate::device_source::compile_flags(crate::device_source::Target::Hip)
+            .iter()
+            .map(|f| f.to_string()),
+    );
+    o
+}
+
 /// A loaded hiprtc.
 #[derive(Debug)]
 pub struct Hiprtc {
@@ -138,14 +151,10 @@ impl Hiprtc {
             CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
         let cname =
             CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
-        let opts: Vec<CString> = [
-            format!("--offload-arch={arch}"),
-            "-O3".to_string(),
-            "-ffp-contract=off".to_string(),
-        ]
-        .into_iter()
-        .map(|o| CString::new(o).expect("no NUL in options"))
-        .collect();
+        let opts: Vec<CString> = options(arch)
+            .into_iter()
+            .map(|o| CString::new(o).expect("no NUL in options"))
+            .collect();
         let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
 
         let mut prog: RtcProgram = std::ptr::null_mut();

@@ -145,6 +145,14 @@ fn first_error_line(log: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn options_carry_the_no_contraction_flags() {
+        assert!(super::nvrtc::options("sm_80").contains(&"-fmad=false".to_string()));
+        assert!(super::nvrtc::options("sm_80").contains(&"--gpu-architecture=sm_80".to_string()));
+        assert!(super::hiprtc::options("gfx90a").contains(&"-ffp-contract=off".to_string()));
+        assert!(super::hiprtc::options("gfx90a").contains(&"--offload-arch=gfx90a".to_string()));
+    }
+
+    #[test]
     fn error_lines_name_the_kernel() {
         let src = "prelude\n#line 1 \"kernels.h\"\nhelper\nKERNEL void toast_a(int x) {\n  bad;\n}\nKERNEL void toast_b(\n  worse;\n";
         assert_eq!(

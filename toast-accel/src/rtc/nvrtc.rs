@@ -27,6 +27,23 @@ pub struct Nvrtc {
     pub version: (i32, i32),
 }
 
+/// The NVRTC options for `arch`: the architecture, `-default-device`,
+/// C++14, and the target's flags from `device_source::compile_flags`
+/// (`-fmad=false`: no fused multiply-add, as in the CPU reference).
+pub fn options(arch: &str) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={arch}"),
+        "-default-device".to_string(),
+        "-std=c++14".to_string(),
+    ];
+    o.extend(
+        crate::device_source::compile_flags(crate::device_source::Target::Cuda)
+            .iter()
+            .map(|f| f.to_string()),
+    );
+    o
+}
+
 impl Nvrtc {
     /// Open NVRTC: the file named by `TOAST_NVRTC_LIB` if set, otherwise the
     /// first of [`NVRTC_NAMES`] the dynamic loader finds.
@@ -96,8 +113,7 @@ impl Nvrtc {
     }
 
     /// Compile `source` (named `name` in diagnostics) for `arch`: `sm_XY`
-    /// gives a cubin, `compute_XY` PTX. `-fmad=false` keeps the results
-    /// those of the CPU reference (no contraction into fused multiply-adds).
+    /// gives a cubin, `compute_XY` PTX; the options are [`options`].
     pub fn compile(&self, source: &str, name: &str, arch: &str) -> Result<Compiled, CompileError> {
         let fail = |message: String| CompileError {
             message,
@@ -146,15 +162,10 @@ impl Nvrtc {
             CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
         let cname =
             CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
-        let opts: Vec<CString> = [
-            format!("--gpu-architecture={arch}"),
-            "-fmad=false".to_string(),
-            "-default-device".to_string(),
-            "-std=c++14".to_string(),
-        ]
-        .into_iter()
-        .map(|o| CString::new(o).expect("no NUL in options"))
-        .collect();
+        let opts: Vec<CString> = options(arch)
+            .into_iter()
+            .map(|o| CString::new(o).expect("no NUL in options"))
+            .collect();
         let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
 
         let mut prog: NvrtcProgram = std::ptr::null_mut();
