@@ -11,6 +11,7 @@ use opencl3::platform::get_platforms;
 use opencl3::program::Program;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use toast_accel::abi::{self, HostApi, LogFn};
 use toast_accel::device_source::{self, Target};
@@ -260,7 +261,8 @@ fn open_device(selector: Option<&str>) -> Result<Arc<Device>, PluginError> {
             format!("cannot create an OpenCL queue on `{name}`: {}", cl_error(e)),
         )
     })?;
-    let program = compile(&context, &name)?;
+    let driver = d.driver_version().unwrap_or_default();
+    let program = compile(&context, &name, pname, &driver)?;
     let mut kernels = HashMap::new();
     for k in device_source::KERNEL_NAMES {
         let kern = Kernel::create(&program, k).map_err(|e| {
@@ -277,7 +279,7 @@ fn open_device(selector: Option<&str>) -> Result<Arc<Device>, PluginError> {
     let dev = Arc::new(Device {
         name: name.clone(),
         platform: pname.clone(),
-        driver: d.driver_version().unwrap_or_default(),
+        driver,
         global_mem: d.global_mem_size().unwrap_or(0),
         max_alloc: d.max_mem_alloc_size().unwrap_or(u64::MAX),
         compute_units: d.max_compute_units().unwrap_or(0),
@@ -290,10 +292,61 @@ fn open_device(selector: Option<&str>) -> Result<Arc<Device>, PluginError> {
     Ok(dev)
 }
 
-/// Compile the shared device source for this device (once per context).
-fn compile(context: &Context, device: &str) -> Result<Program, PluginError> {
+/// Where compiled programs are cached: `$TOAST_CACHE_DIR/opencl`, else
+/// `$XDG_CACHE_HOME/toast-rs/opencl`, else `$HOME/.cache/toast-rs/opencl`;
+/// `None` when `TOAST_OPENCL_CACHE=0` or no directory is known.
+fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("TOAST_OPENCL_CACHE").is_ok_and(|v| v.trim() == "0") {
+        return None;
+    }
+    let nonempty = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    nonempty("TOAST_CACHE_DIR")
+        .or_else(|| nonempty("XDG_CACHE_HOME").map(|d| d.join("toast-rs")))
+        .or_else(|| nonempty("HOME").map(|d| d.join(".cache").join("toast-rs")))
+        .map(|d| d.join("opencl"))
+}
+
+/// The cache file of the program for this source, device and driver.
+fn cache_file(device: &str, platform: &str, driver: &str) -> Option<PathBuf> {
+    let key = format!(
+        "{:016x}\0{device}\0{platform}\0{driver}",
+        device_source::source_hash(Target::OpenCl)
+    );
+    Some(cache_dir()?.join(format!("{:016x}.bin", device_source::fnv1a(key.as_bytes()))))
+}
+
+/// Whether a built program holds every kernel.
+fn complete(p: &Program) -> bool {
+    let names: Vec<&str> = p.kernel_names().split(';').map(str::trim).collect();
+    device_source::KERNEL_NAMES
+        .iter()
+        .all(|k| names.contains(k))
+}
+
+/// The compiled kernels for this device: from the on-disk cache (keyed by
+/// the source hash, device name, platform and driver version) when a usable
+/// binary is there, else compiled from the shared device source and stored
+/// (best effort: a cache that cannot be read or written is only skipped).
+fn compile(
+    context: &Context,
+    device: &str,
+    platform: &str,
+    driver: &str,
+) -> Result<Program, PluginError> {
+    let file = cache_file(device, platform, driver);
+    if let Some(bin) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+        if let Ok(p) = Program::create_and_build_from_binary(context, &[&bin], "") {
+            if complete(&p) {
+                return Ok(p);
+            }
+        }
+    }
     let src = device_source::source(Target::OpenCl);
-    Program::create_and_build_from_source(context, &src, "").map_err(|log| {
+    let p = Program::create_and_build_from_source(context, &src, "").map_err(|log| {
         PluginError::new(
             abi::ERR_COMPILE,
             format!(
@@ -302,5 +355,18 @@ fn compile(context: &Context, device: &str) -> Result<Program, PluginError> {
                 device_source::source_hash(Target::OpenCl)
             ),
         )
-    })
+    })?;
+    if let (Some(f), Ok(bins)) = (file, p.get_binaries()) {
+        if let (Some(bin), Some(dir)) = (bins.first().filter(|b| !b.is_empty()), f.parent()) {
+            // Write then rename, so a concurrent reader never sees half a file.
+            let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+            let stored = std::fs::create_dir_all(dir)
+                .and_then(|_| std::fs::write(&tmp, bin))
+                .and_then(|_| std::fs::rename(&tmp, &f));
+            if stored.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+    }
+    Ok(p)
 }

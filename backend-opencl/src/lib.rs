@@ -22,10 +22,15 @@
 //! `TOAST_OPENCL_DEVICE=SEL`: `SEL` is `P:D` (platform and device indices,
 //! as `clinfo -l` lists them) or a case-insensitive substring of the device
 //! name. Without a selector the first device with double precision and
-//! 64-bit atomics is used. The source is compiled once per context (at
-//! `init`), and every kernel object is created then; a compile failure is
-//! `ERR_COMPILE` with the compiler's build log, the kernel names and the
-//! source hash.
+//! 64-bit atomics is used. The OpenCL context, queue and program are made
+//! once per device and process (shared by every backend context on that
+//! device), with every kernel object created then. The compiled program is
+//! also cached on disk, keyed by the source hash, device name, platform and
+//! driver version, in `$TOAST_CACHE_DIR/opencl` (else
+//! `$XDG_CACHE_HOME/toast-rs/opencl`, else `~/.cache/toast-rs/opencl`;
+//! `TOAST_OPENCL_CACHE=0` disables it); an unreadable or stale binary is
+//! ignored and rebuilt from source. A compile failure is `ERR_COMPILE` with
+//! the compiler's build log, the kernel names and the source hash.
 //!
 //! # Memory
 //!

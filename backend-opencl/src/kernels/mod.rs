@@ -363,3 +363,40 @@ pub(crate) fn pixel_fault(pix: i64, g2l: &[i64], n_pix_submap: i64) -> String {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iv(first: i64, last: i64) -> Interval {
+        Interval { first, last }
+    }
+
+    #[test]
+    fn conflicts_are_shared_rows_or_overlapping_intervals() {
+        assert!(!conflicts(&[0, 1, 2], &[iv(0, 5), iv(5, 9)]));
+        assert!(conflicts(&[0, 1, 0], &[iv(0, 5)]));
+        assert!(conflicts(&[0], &[iv(4, 9), iv(0, 5)]));
+        // Empty intervals overlap nothing.
+        assert!(!conflicts(&[0], &[iv(3, 3), iv(0, 5)]));
+    }
+
+    #[test]
+    fn key_range_is_checked() {
+        assert!(check_key_range("k", 1 << 20, 1 << 40).is_err());
+        assert!(check_key_range("k", (1 << 20) - 1, (1 << 44) - 1).is_ok());
+        assert!(check_key_range("k", 1, 1 << 44).is_err());
+    }
+
+    #[test]
+    fn pixel_faults_are_worded_as_on_the_cpu() {
+        assert_eq!(
+            pixel_fault(1000, &[0, 1], 4),
+            "pixel 1000 is beyond the map (2 submaps x 4 pixels)"
+        );
+        assert_eq!(
+            pixel_fault(5, &[0, -1], 4),
+            "pixel 5 is in submap 1, which is not local to this map (global2local = -1)"
+        );
+    }
+}
