@@ -1,8 +1,9 @@
 //! `toast-cli kernels compile` on this machine: the shared device source must
 //! compile for CUDA (NVRTC) and HIP (hiprtc) wherever the compiler is
 //! installed (exit 0, every entry point reported); where it is not, the
-//! command exits 3 and the test prints `SKIPPED: <reason>`. A compiler error
-//! (exit 1) always fails.
+//! command exits 3 and the test prints `SKIPPED: <reason>` (or fails, with
+//! `TOAST_REQUIRE_GPU_COMPILERS=1`, as CI sets). A compiler error (exit 1)
+//! always fails.
 
 use std::process::Command;
 
@@ -21,7 +22,13 @@ fn compile(target: &str, arch: &str) {
             }
             println!("{}", stdout.lines().next().unwrap_or_default());
         }
-        Some(3) => println!("SKIPPED: {target} {arch}: {}", stderr.trim()),
+        Some(3) => {
+            assert!(
+                !std::env::var("TOAST_REQUIRE_GPU_COMPILERS").is_ok_and(|v| v == "1"),
+                "TOAST_REQUIRE_GPU_COMPILERS=1 but the {target} compiler is missing: {stderr}"
+            );
+            println!("SKIPPED: {target} {arch}: {}", stderr.trim());
+        }
         other => panic!(
             "kernels compile --target {target} --arch {arch} exited {other:?}:\n{stdout}\n{stderr}"
         ),
