@@ -144,6 +144,37 @@ fn first_error_line(log: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    /// A source with an error in one kernel: the compiler's log comes back
+    /// and names the line, which maps to that kernel. Runs with whichever
+    /// compilers are installed (CI has both).
+    #[test]
+    fn a_compile_error_gives_the_log_and_the_kernel() {
+        use crate::device_source::{Target, PRELUDE_CUDA, PRELUDE_HIP};
+        let bad = |prelude: &str| {
+            format!(
+                "{prelude}\n#line 1 \"kernels.h\"\nKERNEL void toast_ok(i64 n) {{ }}\n\nKERNEL void toast_bad(i64 n) {{\n    no_such_function(n);\n}}\n"
+            )
+        };
+        match super::nvrtc::Nvrtc::load() {
+            Ok(nv) => {
+                let src = bad(PRELUDE_CUDA);
+                let e = nv.compile(&src, "bad.cu", "sm_80").unwrap_err();
+                assert!(e.log.contains("no_such_function"), "{e}");
+                assert_eq!(super::kernel_at_error(&src, &e.log), "toast_bad", "{e}");
+            }
+            Err(e) => println!("SKIPPED: {}: {e}", Target::Cuda.name()),
+        }
+        match super::hiprtc::Hiprtc::load() {
+            Ok(h) => {
+                let src = bad(PRELUDE_HIP);
+                let e = h.compile(&src, "bad.hip", "gfx90a").unwrap_err();
+                assert!(e.log.contains("no_such_function"), "{e}");
+                assert_eq!(super::kernel_at_error(&src, &e.log), "toast_bad", "{e}");
+            }
+            Err(e) => println!("SKIPPED: {}: {e}", Target::Hip.name()),
+        }
+    }
+
     #[test]
     fn options_carry_the_no_contraction_flags() {
         assert!(super::nvrtc::options("sm_80").contains(&"-fmad=false".to_string()));
