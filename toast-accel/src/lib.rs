@@ -93,6 +93,8 @@ pub mod abi;
 pub mod check;
 pub mod device_source;
 pub mod plugin;
+#[cfg(feature = "rtc")]
+pub mod rtc;
 
 #[cfg(feature = "host")]
 pub mod host;

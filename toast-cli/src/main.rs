@@ -8,7 +8,7 @@
 //! | 0 | success |
 //! | 1 | the command ran and found failures (e.g. a verify case failed) |
 //! | 2 | bad usage or setup (unknown backend, unreadable input) |
-//! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped |
+//! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`), nothing was timed (`bench`); the device compiler is not installed (`kernels compile`) |
 
 mod cmd;
 mod config;
@@ -76,6 +76,17 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The shared device-kernel source.
+    #[command(subcommand)]
+    Kernels(KernelsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum KernelsCommand {
+    /// Compile the device source for a target and architecture (no GPU
+    /// needed): exit 1 on a compiler error (the log is printed), 3 when the
+    /// compiler is not installed.
+    Compile(cmd::kernels::CompileArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,6 +137,22 @@ fn init_logging(verbose: u8) {
 }
 
 fn run(cli: Cli) -> Result<u8, String> {
+    if let Command::Kernels(KernelsCommand::Compile(args)) = &cli.command {
+        return match cmd::kernels::compile(args)? {
+            cmd::kernels::Outcome::Compiled(report) => {
+                print!("{report}");
+                Ok(0)
+            }
+            cmd::kernels::Outcome::Failed(e) => {
+                eprintln!("toast-cli kernels compile: {e}");
+                Ok(1)
+            }
+            cmd::kernels::Outcome::Unavailable(e) => {
+                eprintln!("toast-cli kernels compile: compiler unavailable: {e}");
+                Ok(EXIT_UNAVAILABLE)
+            }
+        };
+    }
     let mut opts = discovery(&cli)?;
     if let Command::Run(args) = &cli.command {
         if let Some(n) = args.threads {
@@ -162,8 +189,16 @@ fn run(cli: Cli) -> Result<u8, String> {
                 Err(e) => Err(e.to_string()),
             }
         }
+        Command::Kernels(_) => unreachable!("handled before discovery"),
         Command::Bench(BenchCommand::Kernels(args)) => {
-            let b = registry.get(&args.backend).map_err(|e| e.to_string())?;
+            let b = match registry.get(&args.backend) {
+                Ok(b) => b,
+                Err(AccelError::Unavailable { backend, reason }) => {
+                    eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
+                    return Ok(EXIT_UNAVAILABLE);
+                }
+                Err(e) => return Err(e.to_string()),
+            };
             let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
             match cmd::bench::cmd_kernels(&b, args, threads) {
                 Ok(()) => Ok(0),

@@ -2,5 +2,6 @@
 
 pub mod backends;
 pub mod bench;
+pub mod kernels;
 pub mod run;
 pub mod verify;

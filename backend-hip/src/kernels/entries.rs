@@ -1,0 +1,587 @@
+//! The exported kernel entries: validate with `toast_accel::check`, resolve
+//! the arrays, plan and launch. Parameter lists follow the prototypes of
+//! `toast-accel/device/kernels.h` in order.
+
+use super::{blocks_overlap, has_duplicates, intervals_overlap, Call, P};
+use crate::{args_ref, ctx_ref};
+use std::ffi::c_void;
+use toast_accel::abi::{self, Status};
+use toast_accel::check;
+use toast_accel::device_source as ds;
+use toast_accel::plugin::{guard, PluginError};
+
+const F64: u64 = 8;
+const I64: u64 = 8;
+const U8: u64 = 1;
+
+/// Download `global2local` and check its entries (the kernels index the map
+/// with them unchecked).
+fn check_g2l(
+    call: &Call<'_>,
+    kernel: &'static str,
+    ptr: u64,
+    n: usize,
+    n_local: usize,
+) -> Result<(), PluginError> {
+    let mut g2l = vec![0i64; n];
+    if n > 0 {
+        call.c
+            .gpu
+            .download(g2l.as_mut_ptr() as *mut u8, ptr, (n * 8) as u64)?;
+    }
+    check::global2local(kernel, &g2l, n_local as u64)?;
+    Ok(())
+}
+
+pub(crate) unsafe extern "C" fn pointing_detector(
+    ctx: *mut c_void,
+    a: *const abi::PointingDetectorArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("pointing_detector", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_pointing_detector(a)? };
+        let mut call = Call::new(c, "pointing_detector");
+        let bore = call.array("boresight", a.boresight, F64)?;
+        let flags = call.array("shared_flags", a.shared_flags, U8)?;
+        let quats = call.array("quats", a.quats, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let qi = call.small("quat_index", v.quat_index)?;
+        let fp = call.small("focalplane", v.focalplane)?;
+        let split_det = has_duplicates(v.quat_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_pointing_detector",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::Ptr(qi),
+                    P::Ptr(fp),
+                    P::Ptr(bore),
+                    P::Ptr(flags),
+                    P::I32(v.use_flags as i32),
+                    P::I32(i32::from(a.shared_flag_mask)),
+                    P::Ptr(quats),
+                ]
+            },
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn pixels_healpix(
+    ctx: *mut c_void,
+    a: *const abi::PixelsHealpixArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("pixels_healpix", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_pixels_healpix(a)? };
+        let mut call = Call::new(c, "pixels_healpix");
+        let quats = call.array("quats", a.quats, F64)?;
+        let flags = call.array("shared_flags", a.shared_flags, U8)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let hits = call.array("hit_submaps", a.hit_submaps, U8)?;
+        let iv = call.intervals(v.intervals)?;
+        let qi = call.small("quat_index", v.quat_index)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let err = call.error_buffer()?;
+        let split_det = has_duplicates(v.pixel_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_pixels_healpix",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::Ptr(qi),
+                    P::Ptr(pi),
+                    P::Ptr(quats),
+                    P::Ptr(flags),
+                    P::I32(v.use_flags as i32),
+                    P::I32(i32::from(a.shared_flag_mask)),
+                    P::Ptr(pixels),
+                    P::Ptr(hits),
+                    P::I64(a.nside),
+                    P::I64(i64::from(v.factor)),
+                    P::I64(a.n_pix_submap),
+                    P::I32(i32::from(a.nest != 0)),
+                    P::Ptr(err),
+                ]
+            },
+        )?;
+        if let Some((det, s)) = call.read_error(err)? {
+            return Err(call.fault(
+                v.intervals,
+                det,
+                s,
+                "the detector quaternion gives no valid HEALPix pixel (not finite or degenerate)",
+            ));
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn stokes_weights_i(
+    ctx: *mut c_void,
+    a: *const abi::StokesWeightsIArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("stokes_weights_I", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_stokes_weights_i(a)? };
+        let mut call = Call::new(c, "stokes_weights_I");
+        let w = call.array("weights", a.weights, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let cal = call.small("cal", v.cal)?;
+        let split_det = has_duplicates(v.weight_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_stokes_weights_i",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::Ptr(wi),
+                    P::Ptr(cal),
+                    P::Ptr(w),
+                ]
+            },
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn stokes_weights_iqu(
+    ctx: *mut c_void,
+    a: *const abi::StokesWeightsIquArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("stokes_weights_IQU", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_stokes_weights_iqu(a)? };
+        let mut call = Call::new(c, "stokes_weights_IQU");
+        let quats = call.array("quats", a.quats, F64)?;
+        let hwp = call.array("hwp", a.hwp, F64)?;
+        let w = call.array("weights", a.weights, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let qi = call.small("quat_index", v.quat_index)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let eps = call.small("epsilon", v.epsilon)?;
+        let gamma = call.small("gamma", v.gamma)?;
+        let cal = call.small("cal", v.cal)?;
+        let split_det = has_duplicates(v.weight_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_stokes_weights_iqu",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::Ptr(qi),
+                    P::Ptr(wi),
+                    P::Ptr(eps),
+                    P::Ptr(gamma),
+                    P::Ptr(cal),
+                    P::Ptr(quats),
+                    P::Ptr(hwp),
+                    P::I32(v.use_hwp as i32),
+                    P::I32(i32::from(a.iau != 0)),
+                    P::Ptr(w),
+                ]
+            },
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn scan_map(ctx: *mut c_void, a: *const abi::ScanMapArgs) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("scan_map", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_scan_map(a)? };
+        let (kname, elem) = match a.map_dtype {
+            abi::DTYPE_F32 | abi::DTYPE_I32 => (ds::scan_map_kernel(a.map_dtype), 4),
+            _ => (ds::scan_map_kernel(a.map_dtype), 8),
+        };
+        let kname = kname.ok_or_else(|| {
+            PluginError::invalid(format!(
+                "scan_map: map_dtype {} is not a TOAST_DTYPE_*",
+                a.map_dtype
+            ))
+        })?;
+        let mut call = Call::new(c, "scan_map");
+        let g2l = call.array("global2local", a.global2local, I64)?;
+        let map = call.array("mapdata", a.mapdata, elem)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let weights = call.array("weights", a.weights, F64)?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        check_g2l(&call, "scan_map", g2l, v.n_global_submap, v.n_local_submap)?;
+        let iv = call.intervals(v.intervals)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let di = call.small("data_index", v.data_index)?;
+        let err = call.error_buffer()?;
+        let mode = if a.should_subtract != 0 {
+            1
+        } else if a.should_scale != 0 {
+            2
+        } else {
+            0
+        };
+        let split_det = has_duplicates(v.data_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            kname,
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::I64(v.nnz as i64),
+                    P::Ptr(pi),
+                    P::Ptr(wi),
+                    P::Ptr(di),
+                    P::Ptr(g2l),
+                    P::I64(v.n_global_submap as i64),
+                    P::I64(v.n_pix_submap),
+                    P::Ptr(map),
+                    P::Ptr(pixels),
+                    P::Ptr(weights),
+                    P::Ptr(det_data),
+                    P::F64(a.data_scale),
+                    P::I32(i32::from(a.should_zero != 0)),
+                    P::I32(mode),
+                    P::Ptr(err),
+                ]
+            },
+        )?;
+        if let Some((det, s)) = call.read_error(err)? {
+            let pix: i64 = call.read(
+                pixels,
+                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
+            )?;
+            return Err(call.fault(
+                v.intervals,
+                det,
+                s,
+                &format!("pixel {pix} is beyond the map or in a submap that is not local"),
+            ));
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn build_noise_weighted(
+    ctx: *mut c_void,
+    a: *const abi::BuildNoiseWeightedArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("build_noise_weighted", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_build_noise_weighted(a)? };
+        let mut call = Call::new(c, "build_noise_weighted");
+        let g2l = call.array("global2local", a.global2local, I64)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let weights = call.array("weights", a.weights, F64)?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let det_flags = call.array("det_flags", a.det_flags, U8)?;
+        let shared = call.array("shared_flags", a.shared_flags, U8)?;
+        let zmap = call.array("zmap", a.zmap, F64)?;
+        check_g2l(
+            &call,
+            "build_noise_weighted",
+            g2l,
+            v.n_global_submap,
+            v.n_local_submap,
+        )?;
+        let iv = call.intervals(v.intervals)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let di = call.small("data_index", v.data_index)?;
+        let fi = call.small("flag_index", v.flag_index)?;
+        let scale = call.small("det_scale", v.det_scale)?;
+        let err = call.error_buffer()?;
+        // Atomic accumulation: no two launches are needed for correctness.
+        call.launch_samples(
+            "toast_build_noise_weighted",
+            v.n_det,
+            v.intervals,
+            false,
+            false,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::I64(v.nnz as i64),
+                    P::Ptr(pi),
+                    P::Ptr(wi),
+                    P::Ptr(di),
+                    P::Ptr(fi),
+                    P::Ptr(scale),
+                    P::Ptr(g2l),
+                    P::I64(v.n_global_submap as i64),
+                    P::I64(v.n_pix_submap),
+                    P::Ptr(pixels),
+                    P::Ptr(weights),
+                    P::Ptr(det_data),
+                    P::Ptr(det_flags),
+                    P::I32(v.use_det_flags as i32),
+                    P::I32(i32::from(a.det_flag_mask)),
+                    P::Ptr(shared),
+                    P::I32(v.use_shared_flags as i32),
+                    P::I32(i32::from(a.shared_flag_mask)),
+                    P::Ptr(zmap),
+                    P::Ptr(err),
+                ]
+            },
+        )?;
+        if let Some((det, s)) = call.read_error(err)? {
+            let pix: i64 = call.read(
+                pixels,
+                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
+            )?;
+            return Err(call.fault(
+                v.intervals,
+                det,
+                s,
+                &format!("pixel {pix} is beyond the map or in a submap that is not local"),
+            ));
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn noise_weight(
+    ctx: *mut c_void,
+    a: *const abi::NoiseWeightArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("noise_weight", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_noise_weight(a)? };
+        let mut call = Call::new(c, "noise_weight");
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let di = call.small("data_index", v.data_index)?;
+        let w = call.small("detector_weights", v.detector_weights)?;
+        let split_det = has_duplicates(v.data_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_noise_weight",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::Ptr(di),
+                    P::Ptr(w),
+                    P::Ptr(det_data),
+                ]
+            },
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn template_offset_add_to_signal(
+    ctx: *mut c_void,
+    a: *const abi::TemplateOffsetAddArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("template_offset_add_to_signal", a)?) };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_template_offset_add(a)? };
+        let mut call = Call::new(c, "template_offset_add_to_signal");
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let di = call.small("data_index", v.data_index)?;
+        let ao = call.small("amp_offset", v.layout.amp_offset)?;
+        let vo = call.small("view_offset", &v.layout.view_offset)?;
+        let split_det = has_duplicates(v.data_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_template_offset_add_to_signal",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Ptr(iv),
+                    P::Ptr(di),
+                    P::I64(v.layout.step_length),
+                    P::Ptr(ao),
+                    P::Ptr(vo),
+                    P::Ptr(amps),
+                    P::Ptr(aflags),
+                    P::Ptr(det_data),
+                ]
+            },
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn template_offset_project_signal(
+    ctx: *mut c_void,
+    a: *const abi::TemplateOffsetProjectArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe {
+            (
+                ctx_ref(ctx)?,
+                args_ref("template_offset_project_signal", a)?,
+            )
+        };
+        // SAFETY: host pointers valid for the declared lengths (ABI contract).
+        let v = unsafe { check::check_template_offset_project(a)? };
+        let mut call = Call::new(c, "template_offset_project_signal");
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let flag_data = call.array("flag_data", a.flag_data, U8)?;
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let iv = call.intervals(v.intervals)?;
+        let di = call.small("data_index", v.data_index)?;
+        let fi = call.small("flag_index", v.flag_index)?;
+        let ao = call.small("amp_offset", v.layout.amp_offset)?;
+        let vo = call.small("view_offset", &v.layout.view_offset)?;
+        let split_det = blocks_overlap(v.layout.amp_offset, v.layout.block_len);
+        let max_amp = v
+            .layout
+            .n_amp_views
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(0) as u64;
+        let name = "toast_template_offset_project_signal";
+        for (d0, d1) in super::ranges(v.n_det, split_det) {
+            for (i0, i1) in super::ranges(v.intervals.len(), false) {
+                call.launch(
+                    name,
+                    max_amp,
+                    i1 - i0,
+                    d1 - d0,
+                    &[
+                        P::I64(d0 as i64),
+                        P::I64(d1 as i64),
+                        P::I64(i0 as i64),
+                        P::I64(i1 as i64),
+                        P::I64(v.n_samp as i64),
+                        P::Ptr(iv),
+                        P::Ptr(di),
+                        P::Ptr(fi),
+                        P::I64(v.layout.step_length),
+                        P::Ptr(ao),
+                        P::Ptr(vo),
+                        P::Ptr(det_data),
+                        P::Ptr(flag_data),
+                        P::I32(i32::from(a.flag_mask)),
+                        P::Ptr(amps),
+                        P::Ptr(aflags),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond(
+    ctx: *mut c_void,
+    a: *const abi::TemplateOffsetPrecondArgs,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx and args.
+        let (c, a) = unsafe {
+            (
+                ctx_ref(ctx)?,
+                args_ref("template_offset_apply_diag_precond", a)?,
+            )
+        };
+        // SAFETY: reads no pointer.
+        let n_amp = unsafe { check::check_template_offset_precond(a)? };
+        let call = Call::new(c, "template_offset_apply_diag_precond");
+        let var = call.array("offset_var", a.offset_var, F64)?;
+        let ain = call.array("amplitudes_in", a.amplitudes_in, F64)?;
+        let fl = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let aout = call.array("amplitudes_out", a.amplitudes_out, F64)?;
+        call.launch(
+            "toast_template_offset_apply_diag_precond",
+            n_amp as u64,
+            1,
+            1,
+            &[
+                P::I64(n_amp as i64),
+                P::Ptr(var),
+                P::Ptr(ain),
+                P::Ptr(fl),
+                P::Ptr(aout),
+            ],
+        )
+    })
+}

@@ -1,0 +1,274 @@
+//! The ten kernels: validation, argument marshalling and launch planning
+//! for the shared device source (`toast_accel::device_source`). This file
+//! is the same in the CUDA and HIP backends but for [`TARGET`].
+//!
+//! # Launch planning
+//!
+//! The per-sample kernels run on the source's grid: dimension 0 the sample
+//! inside an interval (up to the longest interval), dimension 1 the
+//! interval, dimension 2 the detector. One launch covers every detector and
+//! interval when no two grid points write the same element. Otherwise the
+//! call is split, in the CPU's detector → interval order: one detector per
+//! launch when two detectors share an output row, one interval per launch
+//! when intervals overlap. `build_noise_weighted` accumulates with atomics
+//! and never splits; `template_offset_project_signal` runs one detector per
+//! launch when the amplitude blocks of two detectors overlap. Grid
+//! dimensions 1 and 2 are cut into chunks of at most 65535 (the hardware
+//! limit) with the source's `det0`/`iv0` arguments.
+//!
+//! The small per-detector arrays and the intervals are uploaded into pool
+//! buffers for the call and returned to the pool after it. Parameters are
+//! passed as 8-byte slots; an `i32` parameter is read by the driver from
+//! the low four bytes of its slot (little-endian targets only, as every
+//! CUDA and ROCm platform is).
+
+pub(crate) mod entries;
+
+use crate::context::Ctx;
+use std::ffi::c_void;
+use toast_accel::abi::{self, Interval};
+use toast_accel::device_source::{self as ds, Target};
+use toast_accel::plugin::PluginError;
+
+/// The compiler target of this backend.
+pub(crate) const TARGET: Target = Target::Hip;
+
+/// Threads per block (along dimension 0).
+const BLOCK: u32 = 128;
+/// Largest grid extent along dimensions 1 and 2.
+const MAX_GRID_YZ: usize = 65535;
+
+/// One kernel parameter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum P {
+    I64(i64),
+    I32(i32),
+    F64(f64),
+    /// A device address (0 for an absent array).
+    Ptr(u64),
+}
+
+/// A kernel call in progress: the context, the kernel's name and the
+/// scratch buffers to return to the pool afterwards.
+pub(crate) struct Call<'c> {
+    c: &'c Ctx,
+    kernel: &'static str,
+    scratch: Vec<u64>,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        for h in self.scratch.drain(..) {
+            let _ = self.c.memory.free(&self.c.gpu, h);
+        }
+    }
+}
+
+impl<'c> Call<'c> {
+    pub(crate) fn new(c: &'c Ctx, kernel: &'static str) -> Self {
+        Call {
+            c,
+            kernel,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Upload a small host array for the call; its device address (0 when
+    /// empty: the kernel never reads it then).
+    pub(crate) fn small<T: Copy>(&mut self, name: &str, data: &[T]) -> Result<u64, PluginError> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let bytes = std::mem::size_of_val(data) as u64;
+        let h = self
+            .c
+            .memory
+            .alloc(&self.c.gpu, bytes, &format!("{}.{name}", self.kernel))?;
+        self.scratch.push(h);
+        let p = self.c.memory.range(self.kernel, h, 0, bytes)?;
+        self.c.gpu.upload(p, data.as_ptr() as *const u8, bytes)?;
+        Ok(p)
+    }
+
+    /// The device address of a kernel array argument.
+    pub(crate) fn array(&self, arg: &str, a: abi::Array, elem: u64) -> Result<u64, PluginError> {
+        self.c.memory.array(self.kernel, arg, a, elem)
+    }
+
+    /// The intervals as `(first, last)` pairs on the device.
+    pub(crate) fn intervals(&mut self, iv: &[Interval]) -> Result<u64, PluginError> {
+        let flat: Vec<i64> = iv.iter().flat_map(|i| [i.first, i.last]).collect();
+        self.small("intervals", &flat)
+    }
+
+    /// A one-element error buffer holding `NO_ERROR`.
+    pub(crate) fn error_buffer(&mut self) -> Result<u64, PluginError> {
+        self.small("error", &[ds::NO_ERROR])
+    }
+
+    /// The `(detector, sample)` recorded in an error buffer, if any.
+    pub(crate) fn read_error(&self, err: u64) -> Result<Option<(u64, u64)>, PluginError> {
+        let mut key = 0u64;
+        self.c
+            .gpu
+            .download(&mut key as *mut u64 as *mut u8, err, 8)?;
+        Ok(ds::decode_error_key(key))
+    }
+
+    /// Read one element of a device array.
+    pub(crate) fn read<T: Copy + Default>(&self, ptr: u64, index: u64) -> Result<T, PluginError> {
+        let mut v = T::default();
+        let sz = std::mem::size_of::<T>() as u64;
+        self.c
+            .gpu
+            .download(&mut v as *mut T as *mut u8, ptr + index * sz, sz)?;
+        Ok(v)
+    }
+
+    /// Launch the kernel `name` once on a grid of `dim0` threads along
+    /// dimension 0 and `ny`, `nz` along 1 and 2.
+    pub(crate) fn launch(
+        &self,
+        name: &'static str,
+        dim0: u64,
+        ny: usize,
+        nz: usize,
+        params: &[P],
+    ) -> Result<(), PluginError> {
+        if dim0 == 0 || ny == 0 || nz == 0 {
+            return Ok(());
+        }
+        let gx = dim0.div_ceil(u64::from(BLOCK));
+        let gx = u32::try_from(gx).map_err(|_| {
+            PluginError::invalid(format!(
+                "{}: {dim0} threads along the sample axis exceed the grid limit",
+                self.kernel
+            ))
+        })?;
+        let mut slots: Vec<u64> = params
+            .iter()
+            .map(|p| match *p {
+                P::I64(v) => v as u64,
+                P::I32(v) => u64::from(v as u32),
+                P::F64(v) => v.to_bits(),
+                P::Ptr(v) => v,
+            })
+            .collect();
+        let mut ptrs: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        let f = self.c.function(name)?;
+        // SAFETY: `params` follow the kernel's prototype in kernels.h (each
+        // call site below lists them in order); every device address is a
+        // live pool buffer checked to be large enough; the launch is
+        // synchronous, so `slots` outlives it.
+        unsafe {
+            self.c
+                .gpu
+                .launch(name, f, (gx, ny as u32, nz as u32), BLOCK, &mut ptrs)
+        }
+    }
+
+    /// Launch a per-sample kernel over `n_det` detectors and `iv`, split as
+    /// the module documentation says. `params(det0, det_end, iv0, iv_end)`
+    /// gives the full parameter list of one launch.
+    pub(crate) fn launch_samples(
+        &self,
+        name: &'static str,
+        n_det: usize,
+        iv: &[Interval],
+        split_det: bool,
+        split_iv: bool,
+        params: impl Fn(i64, i64, i64, i64) -> Vec<P>,
+    ) -> Result<(), PluginError> {
+        let len = |r: std::ops::Range<usize>| {
+            iv[r]
+                .iter()
+                .map(|i| (i.last - i.first).max(0) as u64)
+                .max()
+                .unwrap_or(0)
+        };
+        for (d0, d1) in ranges(n_det, split_det) {
+            for (i0, i1) in ranges(iv.len(), split_iv) {
+                self.launch(
+                    name,
+                    len(i0..i1),
+                    i1 - i0,
+                    d1 - d0,
+                    &params(d0 as i64, d1 as i64, i0 as i64, i1 as i64),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for a data-dependent fault at `(det, sample)`.
+    pub(crate) fn fault(&self, iv: &[Interval], det: u64, samp: u64, what: &str) -> PluginError {
+        let s = samp as i64;
+        let view = iv
+            .iter()
+            .position(|i| i.first <= s && s < i.last)
+            .map_or("?".to_string(), |v| v.to_string());
+        PluginError::invalid(format!(
+            "{}: detector {det} (interval {view}), sample {samp}: {what}",
+            self.kernel
+        ))
+    }
+}
+
+/// `[start, end)` chunks of `0..n`: single items when `split`, else runs of
+/// at most `MAX_GRID_YZ`.
+fn ranges(n: usize, split: bool) -> Vec<(usize, usize)> {
+    let step = if split { 1 } else { MAX_GRID_YZ };
+    (0..n)
+        .step_by(step)
+        .map(|a| (a, (a + step).min(n)))
+        .collect()
+}
+
+/// Whether an index array names a row twice.
+pub(crate) fn has_duplicates(rows: &[i32]) -> bool {
+    let mut v = rows.to_vec();
+    v.sort_unstable();
+    v.windows(2).any(|w| w[0] == w[1])
+}
+
+/// Whether two non-empty intervals overlap.
+pub(crate) fn intervals_overlap(iv: &[Interval]) -> bool {
+    let mut v: Vec<(i64, i64)> = iv
+        .iter()
+        .filter(|i| i.last > i.first)
+        .map(|i| (i.first, i.last))
+        .collect();
+    v.sort_unstable();
+    v.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// Whether the amplitude blocks `[off, off + len)` of two detectors overlap.
+pub(crate) fn blocks_overlap(amp_offset: &[i64], len: i64) -> bool {
+    if len == 0 {
+        return false;
+    }
+    let mut v = amp_offset.to_vec();
+    v.sort_unstable();
+    v.windows(2).any(|w| w[1] < w[0] + len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn planning_helpers() {
+        assert_eq!(ranges(3, true), vec![(0, 1), (1, 2), (2, 3)]);
+        assert_eq!(ranges(70000, false), vec![(0, 65535), (65535, 70000)]);
+        assert!(has_duplicates(&[0, 2, 0]));
+        assert!(!has_duplicates(&[0, 1, 2]));
+        let iv = |a, b| Interval { first: a, last: b };
+        assert!(!intervals_overlap(&[iv(0, 5), iv(5, 9), iv(3, 3)]));
+        assert!(intervals_overlap(&[iv(4, 9), iv(0, 5)]));
+        assert!(blocks_overlap(&[0, 3], 4));
+        assert!(!blocks_overlap(&[4, 0], 4));
+    }
+}

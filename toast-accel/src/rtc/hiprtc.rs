@@ -1,0 +1,240 @@
+//! hiprtc, loaded at run time: `TOAST_HIPRTC_LIB` names a file, else
+//! `libhiprtc.so` (ROCm 6) or `libamdhip64.so` (ROCm 5.x keeps hiprtc inside
+//! the runtime, as Debian's `libamdhip64-dev` does).
+
+use super::{CompileError, Compiled};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+
+type RtcProgram = *mut c_void;
+type RtcResult = c_int;
+
+fn sym<T: Copy>(lib: &libloading::Library, origin: &str, name: &str) -> Result<T, String> {
+    // SAFETY: every caller names T as the C prototype of `name` in hiprtc.h.
+    unsafe { lib.get::<T>(name.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| format!("{origin} lacks {name}: {e}"))
+}
+
+/// The hiprtc library names tried after `TOAST_HIPRTC_LIB`: ROCm 6 ships
+/// `libhiprtc.so`; ROCm 5.x keeps hiprtc inside `libamdhip64`.
+pub const HIPRTC_NAMES: &[&str] = &[
+    "libhiprtc.so",
+    "libhiprtc.so.6",
+    "libhiprtc.so.5",
+    "libamdhip64.so",
+    "libamdhip64.so.6",
+    "libamdhip64.so.5",
+];
+
+/// The hiprtc options for `arch`: `--offload-arch`, `-O3`, and the
+/// target's flags from `device_source::compile_flags` (`-ffp-contract=off`:
+/// no fused multiply-add, as in the CPU reference).
+pub fn options(arch: &str) -> Vec<String> {
+    let mut o = vec![format!("--offload-arch={arch}"), "-O3".to_string()];
+    o.extend(
+        crate::device_source::compile_flags(crate::device_source::Target::Hip)
+            .iter()
+            .map(|f| f.to_string()),
+    );
+    o
+}
+
+/// A loaded hiprtc.
+#[derive(Debug)]
+pub struct Hiprtc {
+    lib: libloading::Library,
+    /// The library opened.
+    pub origin: String,
+    /// `hiprtcVersion()`, `(0, 0)` when absent.
+    pub version: (i32, i32),
+}
+
+impl Hiprtc {
+    /// Open hiprtc: the file `TOAST_HIPRTC_LIB` names, else the first of
+    /// [`HIPRTC_NAMES`] that has `hiprtcCreateProgram`.
+    pub fn load() -> Result<Hiprtc, String> {
+        let names: Vec<String> = match std::env::var("TOAST_HIPRTC_LIB") {
+            Ok(p) if !p.is_empty() => vec![p],
+            _ => HIPRTC_NAMES.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut errs = Vec::new();
+        for n in &names {
+            // SAFETY: as in `open_first`.
+            let lib = match unsafe { libloading::Library::new(n.as_str()) } {
+                Ok(l) => l,
+                Err(e) => {
+                    errs.push(super::dl_error(&e));
+                    continue;
+                }
+            };
+            if let Err(e) = sym::<unsafe extern "C" fn()>(&lib, n, "hiprtcCreateProgram") {
+                errs.push(e);
+                continue;
+            }
+            let mut h = Hiprtc {
+                lib,
+                origin: n.clone(),
+                version: (0, 0),
+            };
+            if let Ok(f) =
+                h.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("hiprtcVersion")
+            {
+                let (mut a, mut b) = (0, 0);
+                // SAFETY: writes two ints.
+                if unsafe { f(&mut a, &mut b) } == 0 {
+                    h.version = (a, b);
+                }
+            }
+            return Ok(h);
+        }
+        Err(format!(
+            "no hiprtc (libhiprtc.so or libamdhip64.so): {} (set TOAST_HIPRTC_LIB to the library file)",
+            errs.join("; ")
+        ))
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> Result<T, String> {
+        sym(&self.lib, &self.origin, name)
+    }
+}
+
+impl Hiprtc {
+    fn error_string(&self, r: RtcResult) -> String {
+        match self.sym::<unsafe extern "C" fn(RtcResult) -> *const c_char>("hiprtcGetErrorString") {
+            // SAFETY: returns a static NUL-terminated string (or null).
+            Ok(f) => unsafe {
+                let p = f(r);
+                if p.is_null() {
+                    format!("status {r}")
+                } else {
+                    format!("{} ({r})", CStr::from_ptr(p).to_string_lossy())
+                }
+            },
+            Err(_) => format!("status {r}"),
+        }
+    }
+
+    /// Compile `source` (named `name` in diagnostics) for `arch`: `gfxNNN`
+    /// into a code object. `-ffp-contract=off` keeps the results those of
+    /// the CPU reference (no contraction into fused multiply-adds).
+    pub fn compile(&self, source: &str, name: &str, arch: &str) -> Result<Compiled, CompileError> {
+        let fail = |message: String| CompileError {
+            message,
+            log: String::new(),
+        };
+        if !arch.starts_with("gfx") {
+            return Err(fail(format!(
+                "architecture `{arch}` is not an AMD one (gfxNNN, e.g. gfx90a)"
+            )));
+        }
+        type Create = unsafe extern "C" fn(
+            *mut RtcProgram,
+            *const c_char,
+            *const c_char,
+            c_int,
+            *const *const c_char,
+            *const *const c_char,
+        ) -> RtcResult;
+        type CompileFn = unsafe extern "C" fn(RtcProgram, c_int, *const *const c_char) -> RtcResult;
+        type Size = unsafe extern "C" fn(RtcProgram, *mut usize) -> RtcResult;
+        type Get = unsafe extern "C" fn(RtcProgram, *mut c_char) -> RtcResult;
+        type Destroy = unsafe extern "C" fn(*mut RtcProgram) -> RtcResult;
+        let create: Create = self.sym("hiprtcCreateProgram").map_err(fail)?;
+        let compile: CompileFn = self.sym("hiprtcCompileProgram").map_err(fail)?;
+        let log_size: Size = self.sym("hiprtcGetProgramLogSize").map_err(fail)?;
+        let get_log: Get = self.sym("hiprtcGetProgramLog").map_err(fail)?;
+        let code_size: Size = self.sym("hiprtcGetCodeSize").map_err(fail)?;
+        let get_code: Get = self.sym("hiprtcGetCode").map_err(fail)?;
+        let destroy: Destroy = self.sym("hiprtcDestroyProgram").map_err(fail)?;
+
+        let src =
+            CString::new(source).map_err(|_| fail("device source contains a NUL byte".into()))?;
+        let cname =
+            CString::new(name).map_err(|_| fail("program name contains a NUL byte".into()))?;
+        let opts: Vec<CString> = options(arch)
+            .into_iter()
+            .map(|o| CString::new(o).expect("no NUL in options"))
+            .collect();
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+
+        let mut prog: RtcProgram = std::ptr::null_mut();
+        // SAFETY: valid NUL-terminated strings; no headers.
+        let r = unsafe {
+            create(
+                &mut prog,
+                src.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            return Err(fail(format!(
+                "hiprtcCreateProgram for {name}: {}",
+                self.error_string(r)
+            )));
+        }
+        // SAFETY: `prog` is a live program; option pointers outlive the call.
+        let r = unsafe { compile(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        let log = {
+            let mut n = 0usize;
+            // SAFETY: live program, out pointer to a usize.
+            if unsafe { log_size(prog, &mut n) } == 0 && n > 1 {
+                let mut buf = vec![0u8; n];
+                // SAFETY: `buf` holds the `n` bytes hiprtc said it needs.
+                unsafe { get_log(prog, buf.as_mut_ptr() as *mut c_char) };
+                String::from_utf8_lossy(&buf[..n - 1]).into_owned()
+            } else {
+                String::new()
+            }
+        };
+        let result = if r != 0 {
+            Err(CompileError {
+                message: format!(
+                    "hiprtc {}.{} failed to compile {name} for {arch}: {}",
+                    self.version.0,
+                    self.version.1,
+                    self.error_string(r)
+                ),
+                log,
+            })
+        } else {
+            let mut n = 0usize;
+            // SAFETY: live, compiled program; out pointer to a usize.
+            let r = unsafe { code_size(prog, &mut n) };
+            if r != 0 || n == 0 {
+                Err(CompileError {
+                    message: format!(
+                        "hiprtc produced no {} for {name} ({arch}): {}",
+                        "code object",
+                        self.error_string(r)
+                    ),
+                    log,
+                })
+            } else {
+                let mut code = vec![0u8; n];
+                // SAFETY: `code` holds the `n` bytes hiprtc reported.
+                let r = unsafe { get_code(prog, code.as_mut_ptr() as *mut c_char) };
+                if r != 0 {
+                    Err(CompileError {
+                        message: format!(
+                            "hiprtc could not return the code of {name}: {}",
+                            self.error_string(r)
+                        ),
+                        log,
+                    })
+                } else {
+                    Ok(Compiled {
+                        code,
+                        kind: "code object",
+                        log,
+                    })
+                }
+            }
+        };
+        // SAFETY: `prog` is live and destroyed once.
+        unsafe { destroy(&mut prog) };
+        result
+    }
+}
