@@ -155,6 +155,37 @@ pub const JSON_KEYS: [&str; 13] = [
     "template_offset_apply_diag_precond",
 ];
 
+/// Bytes of main memory a streaming kernel moves per sample per detector
+/// (per amplitude for apply_diag_precond): the arrays it must read and
+/// write once, at their element sizes. Achieved bandwidth = bytes / time.
+/// Gather/scatter kernels (pixels, weights, maps) are not listed: their
+/// traffic depends on the scan's locality.
+pub const STREAMING_BYTES: [(&str, f64); 5] = [
+    // quats written (32 B); boresight (32 B) shared by all detectors, read once per detector.
+    ("pointing_detector", 64.0),
+    // weights written (8 B).
+    ("stokes_weights_i", 8.0),
+    // det_data read and written (8 + 8 B).
+    ("noise_weight", 16.0),
+    // det_data read and written (16 B); the amplitudes stay in cache.
+    ("template_offset_add_to_signal", 16.0),
+    // offset_var, amplitudes_in, amplitudes_out (8 B each) and the flag (1 B).
+    ("template_offset_apply_diag_precond_large", 25.0),
+];
+
+/// Achieved bandwidth (GB/s) of each streaming kernel that was timed.
+pub fn bandwidths(report: &BenchReport) -> Vec<(&'static str, f64, f64)> {
+    STREAMING_BYTES
+        .iter()
+        .filter_map(|&(key, bytes)| {
+            report
+                .get(key)
+                .filter(|k| k.ns > 0.0 && k.ns.is_finite())
+                .map(|k| (key, bytes, bytes / k.ns))
+        })
+        .collect()
+}
+
 /// Key of the large apply_diag_precond row (not one of [`JSON_KEYS`]).
 const PRECOND_LARGE: &str = "template_offset_apply_diag_precond_large";
 
@@ -416,6 +447,13 @@ impl BenchReport {
             let _ = write!(s, ", {:.2} (vs TOAST 1 thread)", self.geomean_ratio(true));
         }
         let _ = writeln!(s);
+        let bw = bandwidths(self);
+        if !bw.is_empty() {
+            let _ = writeln!(s, "achieved memory bandwidth of the streaming kernels:");
+            for (key, bytes, gbs) in bw {
+                let _ = writeln!(s, "    {key:<44} {gbs:>8.2} GB/s ({bytes} B per element)");
+            }
+        }
         if let Some(t) = &self.transfer {
             let st = &t.stats;
             let _ = writeln!(
@@ -473,7 +511,12 @@ impl BenchReport {
             }
         }
         let large = self.get(PRECOND_LARGE);
+        let mut bandwidth = Map::new();
+        for (key, _, gbs) in bandwidths(self) {
+            bandwidth.insert(key.into(), json_f64(gbs));
+        }
         let mut meta = json!({
+            "bandwidth_gb_s": Value::Object(bandwidth),
             "backend": self.backend,
             "backend_version": self.backend_version,
             "host_addressable": self.host_addressable,
@@ -1647,7 +1690,15 @@ mod tests {
         );
         assert!(report.n_local_submap > 0);
         assert_eq!(report.n_amp, 2 * 10);
+        for (key, _) in STREAMING_BYTES {
+            let gbs = v["metadata"]["bandwidth_gb_s"][key].as_f64();
+            assert!(
+                gbs.is_some_and(|g| g.is_finite() && g > 0.0),
+                "{key}: {gbs:?}"
+            );
+        }
         let table = report.table();
+        assert!(table.contains("achieved memory bandwidth"));
         assert!(table.contains("geometric mean"));
         assert!(table.contains("TOAST 1thr"));
     }
