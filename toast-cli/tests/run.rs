@@ -326,6 +326,16 @@ fn opencl_and_cpu_give_the_same_maps() {
         );
         outs.push(out);
     }
+    // The device backend's traffic is reported; the staged pipeline keeps
+    // the timestream on the device, so it crosses the bus a bounded number
+    // of times, not once per CG iteration per kernel.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(outs[1].join("stats.json")).unwrap())
+            .unwrap();
+    let h2d = stats["transfers"]["opencl"]["host_to_device_calls"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(h2d > 0, "no opencl transfers in stats.json: {stats}");
     let read = |dir: &Path, f: &str| {
         toast_ops::fits::read_healpix_map(&dir.join(f), None).unwrap_or_else(|e| panic!("{e}"))
     };

@@ -453,12 +453,29 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
     stats["n_obs"] = json!(s.n_obs);
     stats["samples"] = json!(s.samples());
     stats["local_submaps"] = json!(local_submaps(&data, &cfg.binner.pixel_dist));
+    let used = kernel_backends(&ctx);
+    let transfers = transfer_summary(&registry, &used);
+    stats["transfers"] = transfers
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                json!({
+                    "allocs": t.allocs, "alloc_bytes": t.alloc_bytes, "frees": t.frees,
+                    "host_to_device_calls": t.h2d_calls, "host_to_device_bytes": t.h2d_bytes,
+                    "device_to_host_calls": t.d2h_calls, "device_to_host_bytes": t.d2h_bytes,
+                    "resets": t.resets,
+                }),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     let text = serde_json::to_string_pretty(&stats).map_err(|e| e.to_string())?;
     std::fs::write(job.out_dir.join("stats.json"), text + "\n")
         .map_err(|e| format!("{}: {e}", job.out_dir.join("stats.json").display()))?;
 
     // Summary.
-    let backends = kernel_backends(&ctx);
+    let backends = kernel_backends_line(&used);
     println!("samples:        {}", s.samples());
     println!(
         "total hits:     {} (expected {})",
@@ -490,6 +507,18 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
         stats["rms_U"].as_f64().unwrap_or(0.0)
     );
     println!("kernels:        {backends}");
+    for (n, t) in &transfers {
+        println!(
+            "transfers:      {n}: {} allocs ({}), host->device {} calls / {}, \
+             device->host {} calls / {}",
+            t.allocs,
+            gib(t.alloc_bytes as f64),
+            t.h2d_calls,
+            gib(t.h2d_bytes as f64),
+            t.d2h_calls,
+            gib(t.d2h_bytes as f64)
+        );
+    }
     println!("outputs in:     {}", job.out_dir.display());
     Ok(0)
 }
@@ -503,7 +532,7 @@ fn local_submaps(data: &Data, key: &str) -> usize {
 
 /// `kernel=backend[/backend...]` for each kernel that ran, from the kernel
 /// timer names (`operator.kernel[backend]`, the resolved backend).
-fn kernel_backends(ctx: &ExecContext) -> String {
+fn kernel_backends(ctx: &ExecContext) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut map: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for name in ctx.timers.names() {
         if name.starts_with("(function)") {
@@ -519,13 +548,37 @@ fn kernel_backends(ctx: &ExecContext) -> String {
             e.push(backend);
         }
     }
+    map
+}
+
+/// The `kernel=backend` summary line of [`kernel_backends`].
+fn kernel_backends_line(map: &std::collections::BTreeMap<String, Vec<String>>) -> String {
     if map.is_empty() {
         return "none recorded".into();
     }
-    map.into_iter()
+    map.iter()
         .map(|(k, b)| format!("{k}={}", b.join("/")))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Memory traffic of every backend that ran a kernel: allocations, bytes
+/// and calls in each direction (all zero for host-addressable backends,
+/// whose kernels read host memory in place).
+fn transfer_summary(
+    registry: &Registry,
+    used: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Vec<(String, toast_accel::host::TransferSnapshot)> {
+    let names: std::collections::BTreeSet<&String> = used.values().flatten().collect();
+    names
+        .into_iter()
+        .filter_map(|n| {
+            registry
+                .get(n)
+                .ok()
+                .map(|b| (n.clone(), b.stats().snapshot()))
+        })
+        .collect()
 }
 
 fn time_span(data: &Data) -> (f64, f64) {
