@@ -37,7 +37,10 @@
 //! Our workflow default that differs from TOAST's benchmark:
 //! `binner.full_pointing = true` (the pointing is expanded once and kept
 //! for the whole solve instead of being recomputed in every pass; set it to
-//! `false` to recompute as TOAST does; the maps are the same).
+//! `false` to recompute as TOAST does; the maps are the same). Only the
+//! pixels and weights are kept: the expansion runs per batch of
+//! `binner.pointing_batch` detectors (default 8) and drops each batch's
+//! quaternions, so the quaternions of all detectors never coexist.
 
 use serde::de::DeserializeOwned;
 use toast_ops::mapmaker::MapMakerConfig;

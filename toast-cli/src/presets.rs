@@ -24,26 +24,35 @@
 //! The peak resident memory of `toast-cli run` is predicted from the byte
 //! counts of our own data layout (one process, all observations in memory):
 //!
-//! * **per detector sample** ([`BYTES_PER_DET_SAMPLE`] = 82 B): `signal`
-//!   (f64, 8), detector flags (u8, 1), and during map-making the expanded
-//!   pointing (`quats` 4×f64 = 32, `pixels` i64 = 8, `weights` 3×f64 = 24),
-//!   the map-maker's work timestream (f64, 8) and solver flags (u8, 1);
+//! * **per detector sample**, during map-making ([`BYTES_PER_DET_SAMPLE`] =
+//!   50 B): `signal` (f64, 8), detector flags (u8, 1), the kept pixels (i64,
+//!   8) and IQU weights (3×f64, 24), the solver's work timestream (f64, 8)
+//!   and solver flags (u8, 1). The detector quaternions (4×f64, 32) exist
+//!   only for one batch of detectors at a time (`binner.pointing_batch`,
+//!   the scan's detector sets), and the work timestream and solver
+//!   products are freed before the final maps, so they do not count;
 //! * **per time sample** ([`BYTES_PER_TIME_SAMPLE`] = 89 B): `times` 8,
 //!   shared flags 1, `boresight_radec` 32, `position` 24, `velocity` 24;
-//! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 180 B, the
-//!   map-maker's products held at once: hits, solver and final 3×3
-//!   covariances, rcond, binned, noise-weighted and destriped I/Q/U maps);
-//!   the local pixels are those of the hit submaps, estimated as a fraction
+//! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 112 B, the final
+//!   products held at once: hits, 3×3 covariance, rcond, binned and
+//!   destriped I/Q/U maps; the solver's are freed before them); the local
+//!   pixels are those of the hit submaps, estimated as a fraction
 //!   [`SUBMAP_FRACTION_PER_OBS`] of the sky per observation (tiny: 911 of
 //!   3072 submaps), at most the whole sky;
 //! * **full-sky I/O** ([`BYTES_PER_SKY_PIXEL`] = 40 B per pixel of
 //!   `12·nside²`): the input map as read (3×f64 transient, then 3×f32), or
 //!   full-sky output buffers while writing; this happens outside the
-//!   map-maker, so the larger of the map-domain and I/O terms counts;
+//!   map-maker, when the timestream holds only `signal`, flags, pixels and
+//!   weights ([`BYTES_PER_DET_SAMPLE_SCAN`] = 41 B);
 //! * a fixed [`BASE_BYTES`] (program, plugin, thread stacks, allocator slack).
 //!
-//! Checked against measured runs (VmHWM): tiny predicted 1.13 GB, measured
-//! 1.03–1.11 GB (test `estimate_matches_measured_tiny`).
+//! The peak is the base, the time samples, and the larger of the
+//! map-making term (detector samples and local pixels) and the I/O term
+//! (scan-time detector samples and full-sky pixels).
+//!
+//! Checked against measured runs (VmHWM, 2 threads): tiny predicted 0.77
+//! GB, measured 0.71 GB; xsmall predicted 3.00 GB, measured 3.07 GB (tests
+//! `estimate_matches_measured_tiny` and `estimate_matches_measured_xsmall`).
 
 /// Samples per detector in one 1-hour observation at 100 Hz.
 pub const SAMPLES_PER_OBS: u64 = 360_000;
@@ -64,11 +73,13 @@ pub const PRESETS: [(&str, f64); 7] = [
 ];
 
 /// See the module documentation.
-pub const BYTES_PER_DET_SAMPLE: f64 = 82.0;
+pub const BYTES_PER_DET_SAMPLE: f64 = 50.0;
+/// See the module documentation.
+pub const BYTES_PER_DET_SAMPLE_SCAN: f64 = 41.0;
 /// See the module documentation.
 pub const BYTES_PER_TIME_SAMPLE: f64 = 89.0;
 /// See the module documentation.
-pub const BYTES_PER_LOCAL_PIXEL: f64 = 180.0;
+pub const BYTES_PER_LOCAL_PIXEL: f64 = 112.0;
 /// See the module documentation.
 pub const BYTES_PER_SKY_PIXEL: f64 = 40.0;
 /// See the module documentation.
@@ -135,10 +146,9 @@ pub fn predicted_memory(s: Sizing, nside: u64) -> f64 {
     let det_samples = s.samples() as f64;
     let time_samples = (s.n_obs * s.samples_per_obs) as f64;
     let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * s.n_obs as f64).min(1.0);
-    BASE_BYTES
-        + BYTES_PER_DET_SAMPLE * det_samples
-        + BYTES_PER_TIME_SAMPLE * time_samples
-        + (BYTES_PER_LOCAL_PIXEL * local_pix).max(BYTES_PER_SKY_PIXEL * npix)
+    let mapmaking = BYTES_PER_DET_SAMPLE * det_samples + BYTES_PER_LOCAL_PIXEL * local_pix;
+    let io = BYTES_PER_DET_SAMPLE_SCAN * det_samples + BYTES_PER_SKY_PIXEL * npix;
+    BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + mapmaking.max(io)
 }
 
 /// `MemAvailable` of /proc/meminfo in bytes, if readable.
@@ -201,9 +211,16 @@ mod tests {
 
     #[test]
     fn estimate_matches_measured_tiny() {
-        // Measured VmHWM of `toast-cli run` (tiny, 2 threads): 0.98–1.11e9 B.
+        // Measured VmHWM of `toast-cli run` (tiny, 2 threads): 0.71e9 B.
         let p = predicted_memory(preset("tiny").unwrap(), 1024);
-        assert!((1.0e9..1.3e9).contains(&p), "{p}");
+        assert!((0.71e9 * 0.9..0.71e9 * 1.1).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn estimate_matches_measured_xsmall() {
+        // Measured VmHWM of `toast-cli run` (xsmall, 2 threads): 3.07e9 B.
+        let p = predicted_memory(preset("xsmall").unwrap(), 1024);
+        assert!((3.07e9 * 0.9..3.07e9 * 1.1).contains(&p), "{p}");
     }
 
     #[test]

@@ -71,6 +71,16 @@
 //! flags and pointing are uploaded once, and per iteration only the
 //! amplitude vectors and the map cross the bus (the map because the
 //! covariance is applied on the host, as in TOAST).
+//!
+//! # Memory
+//!
+//! With `binner.full_pointing`, pixels (8 bytes a sample) and weights (24
+//! with IQU) are expanded once for all detectors and kept; the quaternions
+//! (32 bytes a sample) are expanded per batch of `binner.pointing_batch`
+//! detectors and each batch's are dropped once its pixels and weights are
+//! written (host runs; a staged run keeps the full field on the device), so
+//! they never exist for all detectors at once. The batch size does not
+//! change any result.
 
 use crate::global_data::HostArray;
 use crate::kernels::view_intervals;
@@ -83,7 +93,8 @@ use crate::ops::{
     StokesWeightsConfig,
 };
 use crate::pipeline::{
-    close_scope, open_scope, pipeline_backend, run_operators, with_host_step, OpRef, RunOptions,
+    close_scope, open_scope, pipeline_backend, run_operators, with_host_step, DetectorSets, OpRef,
+    RunOptions, StagingState,
 };
 use crate::pixel_dist::PixelData;
 use crate::templates::offset::{
@@ -531,6 +542,44 @@ impl MapMaker {
         Ok(())
     }
 
+    /// Free the solver's work timestream, flags and map-domain products
+    /// (those not kept by `keep_solver_products`/`write_solver_products`).
+    fn free_solver(&self, data: &mut Data, keys: &Keys) -> Result<(), OpError> {
+        let mm = &self.setup.mapmaker;
+        let keep_solver = mm.keep_solver_products || mm.write_solver_products;
+        let mut detdata = vec![keys.temp.clone()];
+        if !keep_solver {
+            detdata.push(keys.solve_flags.clone());
+        }
+        for ob in &mut data.obs {
+            for f in &detdata {
+                if ob.detdata.contains(f) {
+                    ob.detdata.remove(f)?;
+                }
+            }
+        }
+        let mut global = vec![
+            &keys.lhs_in,
+            &keys.lhs_out,
+            &keys.residual,
+            &keys.precond,
+            &keys.neg_amplitudes,
+        ];
+        if !keep_solver {
+            global.extend([
+                &keys.solve_hits,
+                &keys.solve_cov,
+                &keys.solve_rcond,
+                &keys.solve_bin,
+                &keys.rhs,
+            ]);
+        }
+        for g in global {
+            data.meta.remove(g);
+        }
+        Ok(())
+    }
+
     fn run_scoped(
         &mut self,
         data: &mut Data,
@@ -545,13 +594,32 @@ impl MapMaker {
 
         // Pointing for the solve, once, when it is kept.
         if full {
-            let mut ops = self.solve_pointing.operators();
-            run_operators("pointing", &mut ops, data, ctx, &RunOptions::default())?;
             // Nothing reads the quaternions again unless the final maps
-            // have their own pixelization: free the host copy (32 bytes a
-            // sample). A staged device copy stays until the scope closes.
+            // have their own pixelization: expand per detector batch, each
+            // pass replacing the previous batch's quaternions (host runs,
+            // see `PointingDetector::transient`), and free the last batch
+            // (32 bytes a sample). A staged device copy stays until the
+            // scope closes.
             let quats = self.setup.det_pointing.quats.clone();
-            if self.final_pointing.is_none() && !self.preexisting.contains(&quats) {
+            let drop_quats = self.final_pointing.is_none() && !self.preexisting.contains(&quats);
+            let mut opts = RunOptions::default();
+            if drop_quats && binner.pointing_batch > 0 {
+                // `run_operators` intersects each set with the selection.
+                let dets = data.all_local_detectors(0);
+                opts.detector_sets = DetectorSets::Sets(
+                    dets.chunks(binner.pointing_batch)
+                        .map(|c| c.to_vec())
+                        .collect(),
+                );
+            }
+            self.solve_pointing.det_pointing.transient = drop_quats;
+            let r = {
+                let mut ops = self.solve_pointing.operators();
+                run_operators("pointing", &mut ops, data, ctx, &opts)
+            };
+            self.solve_pointing.det_pointing.transient = false;
+            r?;
+            if drop_quats {
                 for ob in &mut data.obs {
                     if ob.detdata.contains(&quats) {
                         ob.detdata.remove(&quats)?;
@@ -599,6 +667,13 @@ impl MapMaker {
                     res.amplitudes = Some(keys.amplitudes.clone());
                 }
             }
+        }
+
+        // The solver's work timestream and products are not read again:
+        // free them before the final products (host runs; a staging scope
+        // keeps its buffers until it closes, so there `cleanup` does it).
+        if ctx.extensions.get::<StagingState>().is_none() {
+            self.free_solver(data, keys)?;
         }
 
         // 5f-5i: final products.

@@ -45,6 +45,12 @@ pub struct BinnerConfig {
     /// Expand the pointing once and keep it, instead of recomputing it in
     /// every pass over the data (TOAST's default).
     pub full_pointing: bool,
+    /// With `full_pointing`: detectors per pass of the one pointing
+    /// expansion (0: all at once). Each pass expands its detectors'
+    /// quaternions, pixels and weights and drops the quaternions, so only
+    /// one batch of quaternions (32 bytes a sample) exists at a time. The
+    /// maps do not depend on it.
+    pub pointing_batch: usize,
 }
 
 impl Default for BinnerConfig {
@@ -64,6 +70,7 @@ impl Default for BinnerConfig {
             noise_model: defaults::NOISE_MODEL.into(),
             sync_type: "alltoallv".into(),
             full_pointing: false,
+            pointing_batch: 8,
         }
     }
 }

@@ -48,6 +48,12 @@ pub struct PointingDetector {
     name: String,
     /// The configuration.
     pub config: PointingDetectorConfig,
+    /// Host runs only: each `exec` replaces the quaternion field by one that
+    /// holds only the detectors of the current pass, so a pipeline run per
+    /// detector set never holds the quaternions of all detectors at once
+    /// (the consumers read them by detector name). Off by default; set by
+    /// callers that drop the quaternions after the pixels and weights.
+    pub transient: bool,
 }
 
 impl PointingDetector {
@@ -56,6 +62,7 @@ impl PointingDetector {
         PointingDetector {
             name: name.into(),
             config,
+            transient: false,
         }
     }
 
@@ -103,12 +110,23 @@ impl Operator for PointingDetector {
         if !self.config.enabled {
             return Ok(());
         }
-        self.prepare_outputs(data)?;
+        // On staged (device) runs the field must exist for every detector.
+        let transient = self.transient && !ctx.use_accel;
+        if !transient {
+            self.prepare_outputs(data)?;
+        }
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let dets = select_detectors(ctx, ob, self.config.det_mask);
+            if transient && ob.detdata.contains(&self.config.quats) {
+                ob.detdata.remove(&self.config.quats)?;
+            }
             if dets.is_empty() {
                 continue;
+            }
+            if transient {
+                ob.detdata
+                    .create(&self.config.quats, DType::F64, &[4], Some(&dets))?;
             }
             let intervals = view_intervals(ob, self.config.view.as_deref())?;
             let call = Call {

@@ -24,7 +24,10 @@
 //! * [`ScanHealpixMap`] expands the pointing, builds the pixel distribution
 //!   (kept under `pixel_dist` for the map-maker, as TOAST's benchmark
 //!   reuses it), restricts the input sky to the hit submaps and scans I, Q,
-//!   U into `signal` through the `scan_map` kernel.
+//!   U into `signal` through the `scan_map` kernel. The pointing pass runs
+//!   per detector set ([`ScanHealpixMap::options`]) and keeps only the
+//!   current set's quaternions (`PointingDetector::transient`); pixels and
+//!   weights are dropped at the end (the map-maker expands its own).
 //!
 //! The input sky is an [`InputSky`]: read from a HEALPix FITS file
 //! ([`InputSky::from_file`], any ordering; the file's `ORDERING` header is

@@ -174,6 +174,12 @@ impl Operator for ScanHealpixMap {
         let pixels = self.pointing.pixels.clone();
         let mut build =
             BuildPixelDistribution::new("BuildPixelDistribution", &cfg.pixel_dist, &pixels);
+        // The quaternions are dropped below: per detector set, each pass
+        // replaces the previous set's (host runs; see
+        // `PointingDetector::transient`), so all of them never coexist.
+        let quats = self.pointing.det_pointing.config.quats.clone();
+        self.pointing.det_pointing.transient =
+            !data.obs.iter().any(|ob| ob.detdata.contains(&quats));
         {
             let mut ops = self.pointing.operators();
             ops.push(&mut build);
