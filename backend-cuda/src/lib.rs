@@ -66,8 +66,21 @@ use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
 use toast_accel::plugin::{self, guard, PluginError};
 
 mod context;
+// The kernel marshalling and the memory pool are the same for CUDA and HIP:
+// one source in `gpu-common/`, compiled into each backend with the
+// constants below.
+#[path = "../../gpu-common/kernels/mod.rs"]
 mod kernels;
+#[path = "../../gpu-common/memory.rs"]
 mod memory;
+
+/// High bits of every buffer handle of this backend (see `memory`).
+pub(crate) const HANDLE_TAG: u64 = 0xC0DA_u64 << 48;
+/// The backend's name, in error messages.
+pub(crate) const BACKEND_NAME: &str = "cuda";
+/// The device-source target this backend compiles for.
+pub(crate) const TARGET: toast_accel::device_source::Target =
+    toast_accel::device_source::Target::Cuda;
 
 use context::Ctx;
 

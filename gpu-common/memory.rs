@@ -1,5 +1,9 @@
 //! Device buffers: a handle table over a size-class memory pool.
 //!
+//! This file is compiled into both `backend-cuda` and `backend-hip` (each
+//! includes it with `#[path]`); the backend's name and handle tag come from
+//! that crate's root (`crate::BACKEND_NAME`, `crate::HANDLE_TAG`).
+//!
 //! # Handles
 //!
 //! A handle is never a device address: it is `HANDLE_TAG | n` with `n` a
@@ -10,7 +14,7 @@
 //!
 //! # The pool
 //!
-//! `cuMemAlloc`/`cuMemFree` synchronise the device and cost tens of
+//! The drivers' allocation calls (`cuMemAlloc`/`cuMemFree`, `hipMalloc`/`hipFree`) synchronise the device and cost tens of
 //! microseconds; TOAST's OpenMP-offload port needed a pool for the same
 //! reason. A request is rounded up to a size class (at least 256 bytes,
 //! then powers of two up to 64 MiB, then multiples of 2 MiB) and served
@@ -27,9 +31,8 @@ use std::sync::Mutex;
 use toast_accel::abi;
 use toast_accel::plugin::PluginError;
 
-/// High bits of every handle of this backend.
-pub(crate) const HANDLE_TAG: u64 = 0xC0DA_u64 << 48;
-const BACKEND: &str = "cuda";
+pub(crate) use crate::HANDLE_TAG;
+const BACKEND: &str = crate::BACKEND_NAME;
 
 /// What the pool needs from the device.
 pub(crate) trait DeviceAlloc {

@@ -1,6 +1,7 @@
 //! The ten kernels: validation, argument marshalling and launch planning
 //! for the shared device source (`toast_accel::device_source`). This file
-//! is the same in the CUDA and HIP backends but for [`TARGET`].
+//! is compiled into both `backend-cuda` and `backend-hip` (each includes it
+//! with `#[path]`); only [`TARGET`], from the crate root, differs.
 //!
 //! # Launch planning
 //!
@@ -27,11 +28,10 @@ pub(crate) mod entries;
 use crate::context::Ctx;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Interval};
-use toast_accel::device_source::{self as ds, Target};
+use toast_accel::device_source as ds;
 use toast_accel::plugin::PluginError;
 
-/// The compiler target of this backend.
-pub(crate) const TARGET: Target = Target::Hip;
+pub(crate) use crate::TARGET;
 
 /// Threads per block (along dimension 0).
 const BLOCK: u32 = 128;
