@@ -305,11 +305,17 @@ pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Resul
         ));
     }
     let block = cov.n_value();
-    map.data_mut()
+    let pairs = map
+        .data_mut()
         .par_chunks_mut(nnz)
         .zip(cov.data().par_chunks(block))
-        .with_min_len(1024)
-        .for_each(|(m, c)| {
+        .with_min_len(1024);
+    // The common sizes with a compile-time block size (unrolled; the same
+    // operations in the same order, so the same bits as the generic loop).
+    match nnz {
+        1 => pairs.for_each(|(m, c)| apply_block::<1>(m, c)),
+        3 => pairs.for_each(|(m, c)| apply_block::<3>(m, c)),
+        _ => pairs.for_each(|(m, c)| {
             let mut out = [0.0f64; 16];
             let mut off = 0;
             for j in 0..nnz {
@@ -322,8 +328,26 @@ pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Resul
                 }
             }
             m.copy_from_slice(&out[..nnz]);
-        });
+        }),
+    }
     Ok(())
+}
+
+/// `m ← C m` for one pixel, `C` packed upper-triangular by rows, `N` values.
+#[inline(always)]
+fn apply_block<const N: usize>(m: &mut [f64], c: &[f64]) {
+    let mut out = [0.0f64; N];
+    let mut off = 0;
+    for j in 0..N {
+        for k in j..N {
+            out[j] += c[off] * m[k];
+            if k != j {
+                out[k] += c[off] * m[j];
+            }
+            off += 1;
+        }
+    }
+    m.copy_from_slice(&out);
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
 use crate::pixel_dist::{get_distribution, PixelData};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
-use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};
 
 /// Configuration of a binning operator (TOAST's `BinMap` traits and
 /// defaults; the `binner` and `binner_final` sections).
@@ -207,9 +207,22 @@ pub(crate) fn bin_map(
         Requirements::new().global(&binned).global(&cov),
         Requirements::new().global(&binned),
         |data, _| {
-            let c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
-            let m = data.meta.object_mut::<PixelData<f64>>(&binned)?;
-            apply_covariance(&c, m)
+            // Check both types first, then take the map out of the metadata
+            // so that the covariance is borrowed in place, not copied.
+            data.meta.object::<PixelData<f64>>(&cov)?;
+            data.meta.object::<PixelData<f64>>(&binned)?;
+            let mut m = match data.meta.remove(&binned) {
+                Some(MetaItem::Object { object, .. }) => object
+                    .downcast::<PixelData<f64>>()
+                    .map_err(|_| OpError::Config(format!("'{binned}' is not a map")))?,
+                _ => return Err(OpError::Config(format!("'{binned}' is not a map"))),
+            };
+            let r = match data.meta.object::<PixelData<f64>>(&cov) {
+                Ok(c) => apply_covariance(c, &mut m),
+                Err(e) => Err(e.into()),
+            };
+            data.meta.set_object(binned.clone(), *m);
+            r
         },
     )
 }
