@@ -12,6 +12,9 @@
 
 mod cmd;
 mod config;
+#[cfg(feature = "mpi")]
+mod mpi_comm;
+mod parallel;
 mod presets;
 
 use clap::{Parser, Subcommand};
@@ -164,7 +167,15 @@ fn run(cli: Cli) -> Result<u8, String> {
     }
     let registry = Registry::discover(&opts);
     match &cli.command {
-        Command::Run(args) => cmd::run::run(args, registry).map(code),
+        Command::Run(args) => {
+            let comm = parallel::init()?;
+            match cmd::run::run(args, registry, std::sync::Arc::clone(&comm)) {
+                Ok(c) => Ok(code(c)),
+                // Several ranks: name this one and end them all.
+                Err(e) if comm.size() > 1 => parallel::fail(&*comm, &e, 2),
+                Err(e) => Err(e),
+            }
+        }
         Command::Backends => Ok(code(cmd::backends::run(&registry))),
         Command::Verify {
             backend,

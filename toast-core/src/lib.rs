@@ -98,6 +98,7 @@
 //! number formatting), so TOAST's tools read our output.
 
 pub mod accel;
+pub mod comm;
 pub mod detdata;
 pub mod device;
 pub mod dtype;
@@ -116,6 +117,7 @@ pub use accel::{
     AccelError, AccelStateError, BufferKey, BufferState, DeviceBuffers, DeviceView, TransferCounts,
     TransferReport,
 };
+pub use comm::{comm_of, Comm, CommError, CommHandle, ProcessLayout, ReduceOp, SerialComm};
 pub use detdata::{Created, DetData, DetDataManager};
 pub use device::{DeviceError, DeviceMemory};
 pub use dtype::{Column, DType, Element};

@@ -274,6 +274,47 @@ pub struct TimerStats {
     pub median_time: f64,
 }
 
+impl Timers {
+    /// The timers as bytes (name, seconds so far, calls), for gathering
+    /// across processes; [`Timers::decode`] reads them back.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.timers.len() as u64).to_le_bytes());
+        for (name, t) in &self.timers {
+            out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&t.seconds_now().to_le_bytes());
+            out.extend_from_slice(&t.calls.to_le_bytes());
+        }
+        out
+    }
+
+    /// Timers from [`Timers::encode`]'s bytes (all stopped).
+    pub fn decode(bytes: &[u8]) -> Result<Timers, String> {
+        let mut pos = 0usize;
+        let mut take = |n: usize| -> Result<&[u8], String> {
+            let s = bytes
+                .get(pos..pos + n)
+                .ok_or_else(|| format!("encoded timers truncated at byte {pos}"))?;
+            pos += n;
+            Ok(s)
+        };
+        let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or([0; 8]));
+        let n = word(take(8)?);
+        let mut timers = Timers::new();
+        for _ in 0..n {
+            let len = word(take(8)?) as usize;
+            let name = std::str::from_utf8(take(len)?)
+                .map_err(|_| "encoded timer name is not UTF-8".to_string())?
+                .to_string();
+            let seconds = f64::from_bits(word(take(8)?));
+            let calls = word(take(8)?);
+            timers.record(&name, seconds, calls);
+        }
+        Ok(timers)
+    }
+}
+
 /// Combine per-process registries (one element for a serial run), sorted by
 /// timer name. Running timers count with their elapsed time so far.
 pub fn compute_stats(per_process: &[&Timers]) -> Vec<TimerStats> {

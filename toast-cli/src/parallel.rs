@@ -1,0 +1,96 @@
+//! Processes of a run: the world communicator, failure handling and fault
+//! injection.
+//!
+//! Without the `mpi` cargo feature the world is one process
+//! ([`SerialComm`]). With it, [`init`] initialises MPI (see `mpi_comm.rs`)
+//! and returns the MPI world; a binary built with the feature and started
+//! without `mpirun` is a one-rank MPI job (MPI's singleton mode).
+//!
+//! A rank that fails must end the whole job rather than leave the others
+//! waiting in a collective: [`fail`] prints `rank R of P: <cause>` on
+//! stderr and calls `MPI_Abort`, which makes `mpirun` kill every rank. A
+//! rank killed outright is noticed by `mpirun` itself, which then ends the
+//! job and names the rank.
+//!
+//! `TOAST_FAULT_INJECT=RANK:PHASE[:MODE]` makes rank `RANK` fail at the
+//! start of phase `PHASE` (`SimSatellite`, `ScanHealpixMap`, `SimNoise`,
+//! `MapMaker`, ...): mode `error` (default) returns an error through the
+//! normal path, mode `kill` sends the process SIGKILL. The tests use it to
+//! check that a failing or vanishing rank ends the job with a message.
+
+use std::sync::Arc;
+use toast_core::{Comm, SerialComm};
+
+/// The world communicator of this process.
+pub fn init() -> Result<Arc<dyn Comm>, String> {
+    #[cfg(feature = "mpi")]
+    {
+        crate::mpi_comm::MpiComm::init().map(|c| Arc::new(c) as Arc<dyn Comm>)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        Ok(Arc::new(SerialComm))
+    }
+}
+
+/// End the job after a failure on this rank: print the cause, naming the
+/// rank when there are several, then abort every process (MPI) or exit.
+pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
+    if comm.size() > 1 {
+        eprintln!(
+            "toast-cli: rank {} of {}: {message}",
+            comm.rank(),
+            comm.size()
+        );
+        eprintln!(
+            "toast-cli: rank {} is aborting the whole job (MPI_Abort, exit status {code})",
+            comm.rank()
+        );
+        comm.abort(code)
+    }
+    eprintln!("toast-cli: {message}");
+    // A one-process communicator has nothing to abort.
+    let _ = SerialComm;
+    std::process::exit(code)
+}
+
+/// The fault injected at `phase` on this rank by `TOAST_FAULT_INJECT`, if
+/// any: `Err` for mode `error`; mode `kill` does not return.
+pub fn fault_point(comm: &dyn Comm, phase: &str) -> Result<(), String> {
+    let Ok(spec) = std::env::var("TOAST_FAULT_INJECT") else {
+        return Ok(());
+    };
+    let mut parts = spec.split(':');
+    let (Some(rank), Some(at)) = (parts.next(), parts.next()) else {
+        return Err(format!(
+            "TOAST_FAULT_INJECT={spec:?}: expected RANK:PHASE[:error|kill]"
+        ));
+    };
+    let mode = parts.next().unwrap_or("error");
+    let rank: usize = rank
+        .parse()
+        .map_err(|_| format!("TOAST_FAULT_INJECT={spec:?}: rank {rank:?} is not a number"))?;
+    if rank != comm.rank() || at != phase {
+        return Ok(());
+    }
+    match mode {
+        "error" => Err(format!(
+            "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
+        )),
+        "kill" => {
+            eprintln!(
+                "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})",
+                comm.rank()
+            );
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status();
+            // kill(1) missing: end abruptly all the same.
+            std::process::abort()
+        }
+        other => Err(format!(
+            "TOAST_FAULT_INJECT={spec:?}: unknown mode {other:?} (error or kill)"
+        )),
+    }
+}
