@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use toast_accel::host::{DispatchPolicy, Dispatcher, Registry};
-use toast_core::{Data, ExecContext, Operator};
+use toast_core::{Comm, CommHandle, Data, ExecContext, Operator};
 use toast_ops::fits::{self, Ordering};
 use toast_ops::focalplane::benchmark_focalplane;
 use toast_ops::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
@@ -305,7 +305,7 @@ fn op_err(e: toast_core::OpError) -> String {
 }
 
 /// The workflow; returns the process exit status.
-pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
+pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i32, String> {
     let job = prepare(args)?;
     let nside = job.cfg.pixels.nside as u64;
     let s = job.sizing;
@@ -347,6 +347,7 @@ pub fn run(args: &RunArgs, registry: Registry) -> Result<i32, String> {
     let registry = Arc::new(registry);
     let mut ctx = ExecContext::new();
     ctx.insert(Dispatcher::new(Arc::clone(&registry), policy));
+    ctx.insert(CommHandle(Arc::clone(&comm)));
     let ui = Phases::new(args.quiet);
     let top = "toast-cli run";
     ctx.timers.enter(top).map_err(|e| e.to_string())?;
