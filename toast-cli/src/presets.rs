@@ -142,10 +142,27 @@ pub fn names() -> String {
 
 /// Predicted peak memory in bytes (see the module documentation).
 pub fn predicted_memory(s: Sizing, nside: u64) -> f64 {
+    predicted_process_memory(
+        s.samples() as f64,
+        (s.n_obs * s.samples_per_obs) as f64,
+        s.n_obs,
+        nside,
+    )
+}
+
+/// Predicted peak memory of one process holding `det_samples` detector
+/// samples of `n_obs` observations with `time_samples` time samples in all
+/// (the same model as [`predicted_memory`]; each process of a distributed
+/// run reads the full input sky and holds the hit submaps of its own
+/// observations).
+pub fn predicted_process_memory(
+    det_samples: f64,
+    time_samples: f64,
+    n_obs: u64,
+    nside: u64,
+) -> f64 {
     let npix = 12.0 * (nside as f64) * (nside as f64);
-    let det_samples = s.samples() as f64;
-    let time_samples = (s.n_obs * s.samples_per_obs) as f64;
-    let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * s.n_obs as f64).min(1.0);
+    let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0);
     let mapmaking = BYTES_PER_DET_SAMPLE * det_samples + BYTES_PER_LOCAL_PIXEL * local_pix;
     let io = BYTES_PER_DET_SAMPLE_SCAN * det_samples + BYTES_PER_SKY_PIXEL * npix;
     BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + mapmaking.max(io)

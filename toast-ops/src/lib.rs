@@ -73,6 +73,7 @@
 //! * [`plot`]: Mollweide-projection PNG rendering of I/Q/U maps.
 
 pub mod covariance;
+pub mod dist;
 pub mod ephemeris;
 pub mod fits;
 pub mod focalplane;

@@ -105,7 +105,9 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use toast_accel::host::Dispatcher;
 use toast_core::observation::defaults;
-use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{
+    comm_of, Category, DType, Data, ExecContext, OpError, Operator, ReduceOp, Requirements,
+};
 
 /// Configuration of the map-maker (TOAST's `MapMaker` traits and defaults;
 /// the `mapmaker` section).
@@ -387,6 +389,23 @@ fn write_amps(data: &mut Data, key: &str, v: &[f64]) -> Result<(), OpError> {
     let a = data.meta.object_mut::<HostArray<f64>>(key)?;
     a.values.copy_from_slice(v);
     Ok(())
+}
+
+/// Timer frame of the CG dot-product reductions.
+pub const DOT_TIMER: &str = "allreduce_dot";
+
+/// The job-wide `Σ a_i c_i` over unflagged entries: the local sum in index
+/// order, then an allreduce over the processes (timed as [`DOT_TIMER`]).
+fn gdot(ctx: &mut ExecContext, a: &[f64], c: &[f64], flags: &[u8]) -> Result<f64, OpError> {
+    let mut v = [dot(a, c, flags)];
+    let comm = comm_of(ctx);
+    if comm.size() > 1 {
+        ctx.timers.enter(DOT_TIMER)?;
+        let r = comm.allreduce_f64(&mut v, ReduceOp::Sum);
+        ctx.timers.exit(DOT_TIMER)?;
+        r.map_err(|e| OpError::Config(format!("PCG dot product: {e}")))?;
+    }
+    Ok(v[0])
 }
 
 /// `Σ a_i c_i` over unflagged entries, in index order.
@@ -1023,9 +1042,14 @@ impl MapMaker {
                 view: view.as_deref(),
             },
         )?;
-        res.n_amplitudes = tmpl.n_amplitudes();
-        res.n_flagged_amplitudes = tmpl.n_flagged();
-        if tmpl.n_amplitudes() == 0 {
+        // Job-wide counts (every process must take the same branch below).
+        let mut counts = [tmpl.n_amplitudes() as i64, tmpl.n_flagged() as i64];
+        comm_of(ctx)
+            .allreduce_i64(&mut counts, ReduceOp::Sum)
+            .map_err(|e| OpError::Config(format!("{}: amplitude counts: {e}", self.setup.name)))?;
+        res.n_amplitudes = counts[0] as usize;
+        res.n_flagged_amplitudes = counts[1] as usize;
+        if counts[0] == 0 {
             tracing::info!(
                 "{}: no offset amplitudes, nothing to solve",
                 self.setup.name
@@ -1264,11 +1288,11 @@ impl MapMaker {
         let mut r = b.to_vec();
         let mut s = self.precond(data, ctx, tmpl, keys, &r)?;
         let mut d = s.clone();
-        let mut sqsum = dot(b, b, &flags);
+        let mut sqsum = gdot(ctx, b, b, &flags)?;
         let sqsum_init = sqsum;
         let mut sqsum_best = sqsum;
         let mut last_best = sqsum;
-        let mut delta = dot(&d, &r, &flags);
+        let mut delta = gdot(ctx, &d, &r, &flags)?;
         res.initial_residual = sqsum_init;
         tracing::info!("{}: PCG initial residual = {sqsum_init:e}", self.setup.name);
         if sqsum_init == 0.0 {
@@ -1302,14 +1326,14 @@ impl MapMaker {
                 Requirements::new(),
                 |data, _| read_amps(data, &keys.lhs_out),
             )?;
-            let alpha = delta / dot(&d, &q, &flags);
+            let alpha = delta / gdot(ctx, &d, &q, &flags)?;
             for (xi, di) in x.iter_mut().zip(&d) {
                 *xi += di * alpha;
             }
             for (ri, qi) in r.iter_mut().zip(&q) {
                 *ri -= qi * alpha;
             }
-            sqsum = dot(&r, &r, &flags);
+            sqsum = gdot(ctx, &r, &r, &flags)?;
             let relative = sqsum / sqsum_init;
             res.residuals.push(relative);
             res.iterations = iter + 1;
@@ -1341,7 +1365,7 @@ impl MapMaker {
             }
             s = self.precond(data, ctx, tmpl, keys, &r)?;
             let delta_last = delta;
-            delta = dot(&s, &r, &flags);
+            delta = gdot(ctx, &s, &r, &flags)?;
             let beta = delta / delta_last;
             for (di, si) in d.iter_mut().zip(&s) {
                 *di = *di * beta + si;

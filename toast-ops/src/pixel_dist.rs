@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 use toast_core::OpError;
-use toast_core::{Data, DataError, Element};
+use toast_core::{Comm, CommError, Data, DataError, Element, ReduceOp};
 
 /// How a map's pixels are cut into submaps, and which submaps are stored here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub struct PixelDistribution {
     local_submaps: Vec<i64>,
     global2local: Vec<i64>,
     nest: bool,
+    /// Submaps hit by any process of the job (ascending); the local ones in
+    /// a one-process run.
+    global_submaps: Vec<i64>,
 }
 
 impl PixelDistribution {
@@ -66,6 +69,11 @@ impl PixelDistribution {
             n_pix,
             n_submap,
             n_pix_submap,
+            global_submaps: {
+                let mut g = local_submaps.to_vec();
+                g.sort_unstable();
+                g
+            },
             local_submaps: local_submaps.to_vec(),
             global2local,
             nest: true,
@@ -139,6 +147,35 @@ impl PixelDistribution {
     pub fn global_pixel(&self, i: usize) -> i64 {
         let nps = self.n_pix_submap as usize;
         self.local_submaps[i / nps] * self.n_pix_submap + (i % nps) as i64
+    }
+
+    /// The submaps hit anywhere in the job (ascending): the set the map
+    /// reductions run over.
+    pub fn global_submaps(&self) -> &[i64] {
+        &self.global_submaps
+    }
+
+    /// Set the job-wide hit submaps (`global` must be ascending and contain
+    /// every local submap).
+    pub fn with_global_submaps(mut self, global: Vec<i64>) -> Result<Self, OpError> {
+        if global.windows(2).any(|w| w[0] >= w[1])
+            || global.iter().any(|&s| s < 0 || s >= self.n_submap)
+        {
+            return Err(OpError::Config(
+                "pixel distribution: the global submaps must be ascending and in range".into(),
+            ));
+        }
+        if let Some(s) = self
+            .local_submaps
+            .iter()
+            .find(|s| global.binary_search(s).is_err())
+        {
+            return Err(OpError::Config(format!(
+                "pixel distribution: local submap {s} is missing from the global set"
+            )));
+        }
+        self.global_submaps = global;
+        Ok(self)
     }
 
     /// Bytes of the `global2local` array, for device staging.
@@ -397,4 +434,163 @@ mod tests {
         assert_eq!(s.sum, vec![6.0, 0.0]);
         assert_eq!(s.count, 12);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Reductions across processes.
+//
+// Each process accumulates hits, inverse covariance and noise-weighted maps
+// over its own samples into its own (hit) submaps; the sums over the job
+// are taken by an allreduce over the job-wide hit submaps
+// ([`PixelDistribution::global_submaps`]) in chunks of at most
+// [`SYNC_CHUNK_BYTES`], so a process never stores more than its own
+// submaps plus one chunk. This is TOAST's `sync_type = "allreduce"` scheme;
+// see the crate documentation for why it is the one used for both
+// `sync_type` values.
+
+/// Timer frame of the map reductions (hits, covariance, noise-weighted maps).
+pub const SYNC_TIMER: &str = "sync_map";
+
+/// Largest buffer of one map-reduction step (bytes).
+pub const SYNC_CHUNK_BYTES: usize = 16 << 20;
+
+/// Map element types that can be reduced across processes.
+pub trait Reducible: Element + Copy + Default {
+    /// Elementwise reduction onto every process.
+    fn allreduce(comm: &dyn Comm, buf: &mut [Self], op: ReduceOp) -> Result<(), CommError>;
+    /// Elementwise reduction onto `root`.
+    fn reduce(
+        comm: &dyn Comm,
+        root: usize,
+        buf: &mut [Self],
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+}
+
+impl Reducible for f64 {
+    fn allreduce(comm: &dyn Comm, buf: &mut [f64], op: ReduceOp) -> Result<(), CommError> {
+        comm.allreduce_f64(buf, op)
+    }
+    fn reduce(
+        comm: &dyn Comm,
+        root: usize,
+        buf: &mut [f64],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        comm.reduce_f64(root, buf, op)
+    }
+}
+
+impl Reducible for i64 {
+    fn allreduce(comm: &dyn Comm, buf: &mut [i64], op: ReduceOp) -> Result<(), CommError> {
+        comm.allreduce_i64(buf, op)
+    }
+    fn reduce(
+        comm: &dyn Comm,
+        root: usize,
+        buf: &mut [i64],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        comm.reduce_i64(root, buf, op)
+    }
+}
+
+fn comm_err(what: &str, e: CommError) -> OpError {
+    OpError::Config(format!("{what}: {e}"))
+}
+
+/// Number of whole submaps of `per_submap` elements of `T` in one chunk.
+fn chunk_submaps<T>(per_submap: usize) -> usize {
+    (SYNC_CHUNK_BYTES / (per_submap * std::mem::size_of::<T>()).max(1)).max(1)
+}
+
+/// Replace every process's local submaps of `map` by their sum over all
+/// processes (TOAST's `PixelData.sync_allreduce`). A no-op in one process.
+pub fn sync_sum<T: Reducible>(comm: &dyn Comm, map: &mut PixelData<T>) -> Result<(), OpError> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let dist = Arc::clone(&map.dist);
+    let per = dist.n_pix_submap() as usize * map.n_value;
+    let g2l = dist.global2local();
+    let mut buf: Vec<T> = Vec::new();
+    for chunk in dist.global_submaps().chunks(chunk_submaps::<T>(per)) {
+        buf.clear();
+        buf.resize(chunk.len() * per, T::default());
+        for (i, &gs) in chunk.iter().enumerate() {
+            let loc = g2l[gs as usize];
+            if loc >= 0 {
+                let loc = loc as usize;
+                buf[i * per..(i + 1) * per].copy_from_slice(&map.data[loc * per..(loc + 1) * per]);
+            }
+        }
+        T::allreduce(comm, &mut buf, ReduceOp::Sum).map_err(|e| comm_err("map reduction", e))?;
+        for (i, &gs) in chunk.iter().enumerate() {
+            let loc = g2l[gs as usize];
+            if loc >= 0 {
+                let loc = loc as usize;
+                map.data[loc * per..(loc + 1) * per].copy_from_slice(&buf[i * per..(i + 1) * per]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The job-wide hit submaps: the union of every process's `hit` flags
+/// (one per submap), ascending.
+pub fn global_hit_submaps(comm: &dyn Comm, hit: &[u8]) -> Result<Vec<i64>, OpError> {
+    let mut flags: Vec<i64> = hit.iter().map(|&h| i64::from(h != 0)).collect();
+    comm.allreduce_i64(&mut flags, ReduceOp::Max)
+        .map_err(|e| comm_err("hit submaps", e))?;
+    Ok((0..flags.len() as i64)
+        .filter(|&s| flags[s as usize] != 0)
+        .collect())
+}
+
+/// The whole map (every job-wide hit submap) on `root`, `None` elsewhere:
+/// each submap is taken from the lowest rank that stores it. A clone in
+/// one process. Call on every process after the map was synchronised.
+pub fn gather_map<T: Reducible>(
+    comm: &dyn Comm,
+    map: &PixelData<T>,
+    root: usize,
+) -> Result<Option<PixelData<T>>, OpError> {
+    if comm.size() == 1 {
+        return Ok(Some(map.clone()));
+    }
+    let dist = &map.dist;
+    let rank = comm.rank() as i64;
+    let mut owner = vec![comm.size() as i64; dist.n_submap() as usize];
+    for &s in dist.local_submaps() {
+        owner[s as usize] = rank;
+    }
+    comm.allreduce_i64(&mut owner, ReduceOp::Min)
+        .map_err(|e| comm_err("map gather", e))?;
+    let global = dist.global_submaps().to_vec();
+    let mut full = PixelDistribution::new(dist.n_pix(), dist.n_submap(), &global)?;
+    full.nest = dist.nest();
+    let mut out = (comm.rank() == root).then(|| PixelData::new(Arc::new(full), map.n_value));
+    if let Some(o) = out.as_mut() {
+        o.units = map.units.clone();
+    }
+    let per = dist.n_pix_submap() as usize * map.n_value;
+    let g2l = dist.global2local();
+    let mut buf: Vec<T> = Vec::new();
+    let mut done = 0usize;
+    for chunk in global.chunks(chunk_submaps::<T>(per)) {
+        buf.clear();
+        buf.resize(chunk.len() * per, T::default());
+        for (i, &gs) in chunk.iter().enumerate() {
+            if owner[gs as usize] == rank {
+                let loc = g2l[gs as usize] as usize;
+                buf[i * per..(i + 1) * per].copy_from_slice(&map.data[loc * per..(loc + 1) * per]);
+            }
+        }
+        T::reduce(comm, root, &mut buf, ReduceOp::Sum).map_err(|e| comm_err("map gather", e))?;
+        if let Some(o) = out.as_mut() {
+            o.data[done * per..(done + chunk.len()) * per].copy_from_slice(&buf);
+        }
+        done += chunk.len();
+    }
+    Ok(out)
 }

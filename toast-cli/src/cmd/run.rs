@@ -14,6 +14,7 @@
 //! pixels 0), `timing.csv`, `stats.json`, `config.toml`, `mapmaker_map.png`.
 
 use crate::config::{self, RunConfig};
+use crate::parallel;
 use crate::presets::{self, Sizing};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -21,11 +22,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use toast_accel::host::{DispatchPolicy, Dispatcher, Registry};
-use toast_core::{Comm, CommHandle, Data, ExecContext, Operator};
+use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, Operator, ReduceOp};
+use toast_ops::dist::{default_group_size, JobDistribution};
 use toast_ops::fits::{self, Ordering};
 use toast_ops::focalplane::benchmark_focalplane;
 use toast_ops::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use toast_ops::pipeline::{DetectorSets, RunOptions};
+use toast_ops::pixel_dist::gather_map;
 use toast_ops::sim::{
     core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, SimNoise, SimSatellite,
 };
@@ -66,8 +69,16 @@ pub struct RunArgs {
     #[arg(long = "n-obs")]
     pub n_obs: Option<u64>,
     /// Print the distribution, sample count and predicted memory, and exit.
-    #[arg(long = "dry-run")]
-    pub dry_run: bool,
+    /// With `P,PPN`: the plan for P processes with PPN per node (as
+    /// `mpirun -n P` would run it), computed without MPI.
+    #[arg(long = "dry-run", value_name = "P,PPN", num_args = 0..=1, default_missing_value = "")]
+    pub dry_run: Option<String>,
+    /// Processes per group (TOAST's `--group_size`): observations are
+    /// distributed to groups, detectors to the processes of a group.
+    /// Default: TOAST's rule (whole nodes, no more groups than
+    /// observations, about 200 detectors per process at most).
+    #[arg(long = "group-size")]
+    pub group_size: Option<usize>,
     /// No progress bars.
     #[arg(long)]
     pub quiet: bool,
@@ -138,7 +149,7 @@ fn sky_header_nside(path: &Path) -> Result<u64, String> {
 }
 
 /// Check everything before any long work (exit 2 on failure).
-fn prepare(args: &RunArgs) -> Result<Job, String> {
+fn prepare(args: &RunArgs, root: bool) -> Result<Job, String> {
     let known = presets::PRESETS.iter().any(|(n, _)| *n == args.case) || args.case == "auto";
     if !known {
         return Err(format!(
@@ -214,7 +225,7 @@ fn prepare(args: &RunArgs) -> Result<Job, String> {
             }
         }
     }
-    if !args.dry_run {
+    if args.dry_run.is_none() && root {
         std::fs::create_dir_all(&args.out_dir).map_err(|e| {
             format!(
                 "output directory {}: cannot create: {e}",
@@ -285,6 +296,7 @@ fn phase<R>(
     f: impl FnOnce(&mut ExecContext) -> Result<R, String>,
 ) -> Result<R, String> {
     const N: usize = 6;
+    parallel::fault_point(&*comm_of(ctx), name)?;
     let pb = ui.start(i, N, name);
     let t0 = Instant::now();
     ctx.timers.enter(name).map_err(|e| e.to_string())?;
@@ -306,31 +318,62 @@ fn op_err(e: toast_core::OpError) -> String {
 
 /// The workflow; returns the process exit status.
 pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i32, String> {
-    let job = prepare(args)?;
+    let root = comm.rank() == 0;
+    let job = prepare(args, root)?;
     let nside = job.cfg.pixels.nside as u64;
     let s = job.sizing;
+    let cfg = &job.cfg;
+    // The focal plane and the simulation operator fix the distribution.
+    let fp = benchmark_focalplane(s.n_det as usize).map_err(|e| format!("focalplane: {e}"))?;
+    let fp = Arc::new(core_focalplane(&fp).map_err(op_err)?);
+    let mut sim = SimSatellite::new(
+        "sim_satellite",
+        cfg.sim_satellite.clone(),
+        Arc::clone(&fp),
+        0,
+        s.n_obs as usize,
+    )
+    .map_err(op_err)?;
+    let (n_procs, ppn) = match args.dry_run.as_deref() {
+        Some(spec) if !spec.is_empty() => parse_procs(spec)?,
+        _ => (comm.size(), procs_per_node(comm.size())),
+    };
+    sim.group_size = match args.group_size {
+        Some(0) => return Err("--group-size 0: must be at least 1".into()),
+        Some(g) => g,
+        None => default_group_size(n_procs, ppn, s.n_obs as usize, s.n_det),
+    };
+    let plan = sim.plan(n_procs).map_err(op_err)?;
     let predicted = presets::predicted_memory(s, nside);
-    println!(
-        "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
-         1 process, {} thread(s); predicted peak memory {}",
-        job.case,
-        s.n_det,
-        s.n_det / 2,
-        s.n_obs,
-        s.samples_per_obs,
-        s.samples(),
-        rayon::current_num_threads(),
-        gib(predicted)
-    );
-    if args.dry_run {
-        if let Some(a) = presets::mem_available() {
-            println!("available memory (MemAvailable): {}", gib(a));
+    if root {
+        println!(
+            "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
+             {} process(es) in {} group(s) of {}, {} thread(s) each; predicted peak memory {} \
+             (one process)",
+            job.case,
+            s.n_det,
+            s.n_det / 2,
+            s.n_obs,
+            s.samples_per_obs,
+            s.samples(),
+            n_procs,
+            plan.n_groups(),
+            plan.group_size,
+            rayon::current_num_threads(),
+            gib(predicted)
+        );
+    }
+    if args.dry_run.is_some() {
+        if root {
+            print_plan(&plan, &sim, s, nside, ppn);
+            if let Some(a) = presets::mem_available() {
+                println!("available memory (MemAvailable): {}", gib(a));
+            }
+            println!("expected total hits: {}", s.samples());
         }
-        println!("expected total hits: {}", s.samples());
         return Ok(0);
     }
     let t_start = Instant::now();
-    let cfg = &job.cfg;
     let mut policy = DispatchPolicy::new();
     for d in &cfg.dispatch {
         policy.apply(d).map_err(|e| format!("dispatch {d}: {e}"))?;
@@ -352,17 +395,6 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let top = "toast-cli run";
     ctx.timers.enter(top).map_err(|e| e.to_string())?;
 
-    // Focal plane and operators.
-    let fp = benchmark_focalplane(s.n_det as usize).map_err(|e| format!("focalplane: {e}"))?;
-    let fp = Arc::new(core_focalplane(&fp).map_err(op_err)?);
-    let mut sim = SimSatellite::new(
-        "sim_satellite",
-        cfg.sim_satellite.clone(),
-        Arc::clone(&fp),
-        0,
-        s.n_obs as usize,
-    )
-    .map_err(op_err)?;
     let detsets = sim.detector_sets();
     let mut data = Data::new();
     phase(&ui, 0, "SimSatellite", &mut ctx, |ctx| {
@@ -424,27 +456,57 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let res = phase(&ui, 4, "MapMaker", &mut ctx, |ctx| {
         mm.run(&mut data, ctx).map_err(op_err)
     })?;
-    let (t_first, t_last) = time_span(&data);
-    let stats = phase(&ui, 5, "write outputs", &mut ctx, |_| {
-        write_outputs(
-            &job,
-            &data,
-            &res,
-            s.n_det as i64,
-            (t_first, t_last),
-            args.no_plot,
-        )
+    let (t_first, t_last) = time_span(&*comm, &data)?;
+    // What each rank really holds (from its data, not from the plan).
+    let processes = gather_processes(&*comm, &data)?;
+    let stats = phase(&ui, 5, "write outputs", &mut ctx, |ctx| {
+        let comm = comm_of(ctx);
+        match gather_products(&*comm, &data, &res)? {
+            Some(products) => write_outputs(
+                &job,
+                &products,
+                s.n_det as i64,
+                (t_first, t_last),
+                args.no_plot,
+            )
+            .map(Some),
+            None => Ok(None),
+        }
     })?;
     let _ = ctx.timers.exit(top);
     ctx.timers.stop_all();
     let wall = t_start.elapsed().as_secs_f64();
-    ctx.timers
-        .dump(job.out_dir.join("timing.csv"))
-        .map_err(|e| format!("{}: {e}", job.out_dir.join("timing.csv").display()))?;
+    let communication = communication_times(&*comm, &ctx, res.iterations)?;
+    let timer_stats = toast_core::comm::gather_timer_stats(&*comm, &ctx.timers)
+        .map_err(|e| format!("gathering timers: {e}"))?;
+    let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
+    let mut walls = [wall];
+    comm.allreduce_f64(&mut peaks[..1], ReduceOp::Max)
+        .and_then(|_| comm.allreduce_f64(&mut peaks[1..], ReduceOp::Sum))
+        .and_then(|_| comm.allreduce_f64(&mut walls, ReduceOp::Max))
+        .map_err(|e| format!("gathering statistics: {e}"))?;
+    let wall = walls[0];
+    let (Some(stats), Some(timer_stats), true) = (stats, timer_stats, root) else {
+        // Rank 0 writes every output.
+        return Ok(0);
+    };
+    let csv = job.out_dir.join("timing.csv");
+    let write_csv = || -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&csv)?);
+        toast_core::timing::write_csv(&timer_stats, &mut f)?;
+        std::io::Write::flush(&mut f)
+    };
+    write_csv().map_err(|e| format!("{}: {e}", csv.display()))?;
     std::fs::write(job.out_dir.join("config.toml"), config::to_toml(cfg)?)
         .map_err(|e| format!("{}: {e}", job.out_dir.join("config.toml").display()))?;
-    let peak = presets::peak_rss().unwrap_or(0.0);
+    let peak = peaks[0];
     let mut stats = stats;
+    stats["processes"] = json!(comm.size());
+    stats["group_size"] = json!(plan.group_size);
+    stats["mpi"] = json!(comm.describe());
+    stats["distribution"] = processes;
+    stats["peak_memory_bytes_all_processes"] = json!(peaks[1]);
+    stats["communication"] = communication.clone();
     stats["wall_time_s"] = json!(wall);
     stats["peak_memory_bytes"] = json!(peak);
     stats["predicted_memory_bytes"] = json!(predicted);
@@ -454,6 +516,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     stats["n_obs"] = json!(s.n_obs);
     stats["samples"] = json!(s.samples());
     stats["local_submaps"] = json!(local_submaps(&data, &cfg.binner.pixel_dist));
+    stats["threads"] = json!(rayon::current_num_threads());
     let used = kernel_backends(&ctx);
     let transfers = transfer_summary(&registry, &used);
     stats["transfers"] = transfers
@@ -484,11 +547,31 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         s.samples()
     );
     println!("wall time:      {wall:.2} s");
+    if comm.size() > 1 {
+        println!(
+            "processes:      {} ({}), {} thread(s) each",
+            comm.size(),
+            comm.describe(),
+            rayon::current_num_threads()
+        );
+        println!(
+            "communication:  {:.3} s map reductions, {:.3} s CG dot products; {:.3} ms per CG \
+             iteration (slowest rank)",
+            communication["sync_map_s"].as_f64().unwrap_or(0.0),
+            communication["dot_allreduce_s"].as_f64().unwrap_or(0.0),
+            1e3 * communication["per_cg_iteration_s"].as_f64().unwrap_or(0.0)
+        );
+    }
     println!("samples/s:      {:.4e}", s.samples() as f64 / wall);
     println!(
-        "peak memory:    {} (predicted {})",
+        "peak memory:    {} (predicted {}){}",
         gib(peak),
-        gib(predicted)
+        gib(predicted),
+        if comm.size() > 1 {
+            format!("; largest process; {} over all processes", gib(peaks[1]))
+        } else {
+            String::new()
+        }
     );
     println!(
         "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
@@ -522,6 +605,111 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     }
     println!("outputs in:     {}", job.out_dir.display());
     Ok(0)
+}
+
+/// `P,PPN` of `--dry-run`.
+fn parse_procs(spec: &str) -> Result<(usize, usize), String> {
+    let bad = || {
+        format!("--dry-run {spec:?}: expected P,PPN (processes, processes per node), e.g. 64,16")
+    };
+    let (p, n) = spec.split_once(',').ok_or_else(bad)?;
+    let p: usize = p.trim().parse().map_err(|_| bad())?;
+    let n: usize = n.trim().parse().map_err(|_| bad())?;
+    if p == 0 || n == 0 || p % n != 0 {
+        return Err(format!(
+            "--dry-run {spec}: P and PPN must be positive and PPN must divide P"
+        ));
+    }
+    Ok((p, n))
+}
+
+/// Processes per node of this MPI job (Open MPI's or MPICH's local size),
+/// or all of them.
+fn procs_per_node(size: usize) -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "PMI_LOCAL_SIZE",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+    .filter(|&n| n > 0 && size % n == 0)
+    .unwrap_or(size)
+}
+
+/// The distribution of a (possibly hypothetical) job and the predicted
+/// memory of each process.
+fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64, ppn: usize) {
+    let samples = sim.obs_samples().unwrap_or_default();
+    let sets = sim.detector_sets();
+    let rank_dets: Vec<u64> = plan
+        .rank_detsets
+        .iter()
+        .map(|r| sets[r.clone()].iter().map(|v| v.len() as u64).sum())
+        .collect();
+    println!(
+        "distribution: {} process(es), {} per node ({} node(s)); {} group(s) of {} \
+         process(es); detectors split by focal-plane pixel ({} sets)",
+        plan.n_procs,
+        ppn,
+        plan.n_procs / ppn,
+        plan.n_groups(),
+        plan.group_size,
+        sets.len()
+    );
+    let dets_line: Vec<String> = plan
+        .rank_detsets
+        .iter()
+        .zip(&rank_dets)
+        .enumerate()
+        .map(|(r, (range, n))| format!("rank {r}: sets {}..{} ({n} det)", range.start, range.end))
+        .collect();
+    let shown = 8usize;
+    if dets_line.len() <= shown {
+        println!("  within each group: {}", dets_line.join("; "));
+    } else {
+        println!(
+            "  within each group: {}; ...; {}",
+            dets_line[..shown / 2].join("; "),
+            dets_line[dets_line.len() - shown / 2..].join("; ")
+        );
+    }
+    let mut worst = 0.0f64;
+    let mut total = 0.0f64;
+    for (g, obs) in plan.group_obs.iter().enumerate() {
+        let time: u64 = samples.get(obs.clone()).map_or(0, |v| v.iter().sum());
+        let n_obs = obs.len() as u64;
+        let mems: Vec<f64> = rank_dets
+            .iter()
+            .map(|&nd| {
+                presets::predicted_process_memory((nd * time) as f64, time as f64, n_obs, nside)
+            })
+            .collect();
+        let gmax = mems.iter().copied().fold(0.0, f64::max);
+        worst = worst.max(gmax);
+        total += mems.iter().sum::<f64>();
+        if g < shown / 2 || g + shown / 2 >= plan.group_obs.len() {
+            println!(
+                "  group {g}: observations {}..{} ({n_obs}, {time} samples each detector); \
+                 {} detector samples; up to {} per process",
+                obs.start,
+                obs.end,
+                time * rank_dets.iter().sum::<u64>(),
+                gib(gmax)
+            );
+        } else if g == shown / 2 {
+            println!("  ...");
+        }
+    }
+    println!(
+        "predicted memory: up to {} per process, {} per node ({} processes), {} in all \
+         ({} detector samples in all)",
+        gib(worst),
+        gib(worst * ppn as f64),
+        ppn,
+        gib(total),
+        s.samples()
+    );
 }
 
 fn local_submaps(data: &Data, key: &str) -> usize {
@@ -582,7 +770,7 @@ fn transfer_summary(
         .collect()
 }
 
-fn time_span(data: &Data) -> (f64, f64) {
+fn time_span(comm: &dyn Comm, data: &Data) -> Result<(f64, f64), String> {
     let mut lo = f64::INFINITY;
     let mut hi = f64::NEG_INFINITY;
     for ob in &data.obs {
@@ -593,7 +781,119 @@ fn time_span(data: &Data) -> (f64, f64) {
             }
         }
     }
-    (lo, hi)
+    let (mut l, mut h) = ([lo], [hi]);
+    comm.allreduce_f64(&mut l, ReduceOp::Min)
+        .and_then(|_| comm.allreduce_f64(&mut h, ReduceOp::Max))
+        .map_err(|e| format!("time span: {e}"))?;
+    Ok((l[0], h[0]))
+}
+
+/// Each rank's observations and detectors, as rank 0 receives them (JSON
+/// array, one object per rank; `null` on other ranks).
+fn gather_processes(comm: &dyn Comm, data: &Data) -> Result<serde_json::Value, String> {
+    let obs: Vec<&str> = data.obs.iter().map(|o| o.name()).collect();
+    let mut dets: Vec<&str> = Vec::new();
+    let mut det_samples = 0u64;
+    for o in &data.obs {
+        for d in o.local_detectors() {
+            if !dets.contains(&d.as_str()) {
+                dets.push(d);
+            }
+        }
+        det_samples += (o.local_detectors().len() * o.n_samples()) as u64;
+    }
+    let mine = json!({
+        "rank": comm.rank(),
+        "observations": obs,
+        "detectors": dets,
+        "detector_samples": det_samples,
+        "peak_memory_bytes": presets::peak_rss().unwrap_or(0.0),
+    });
+    let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
+    let all = comm
+        .gather_bytes(0, &bytes)
+        .map_err(|e| format!("gathering the distribution: {e}"))?;
+    let Some(all) = all else {
+        return Ok(serde_json::Value::Null);
+    };
+    all.iter()
+        .map(|b| serde_json::from_slice(b).map_err(|e| format!("distribution record: {e}")))
+        .collect::<Result<Vec<serde_json::Value>, _>>()
+        .map(serde_json::Value::Array)
+}
+
+/// Communication time: the map reductions (`sync_map`) and the CG dot
+/// products (`allreduce_dot`), in total and per CG iteration (the
+/// reductions inside the solver's left-hand side plus the dot products,
+/// over the iterations), the largest over the ranks. Waiting for a slower
+/// rank counts as communication, as in any MPI profile.
+fn communication_times(
+    comm: &dyn Comm,
+    ctx: &ExecContext,
+    iterations: usize,
+) -> Result<serde_json::Value, String> {
+    let mut t = [0.0f64; 3];
+    for name in ctx.timers.names() {
+        let Some(timer) = ctx.timers.get(name) else {
+            continue;
+        };
+        let sec = timer.seconds();
+        if name.ends_with(&format!("|{}", toast_ops::pixel_dist::SYNC_TIMER)) {
+            t[0] += sec;
+            if name.contains("SolverLHS") {
+                t[2] += sec;
+            }
+        } else if name.ends_with(&format!("|{}", toast_ops::mapmaker::DOT_TIMER)) {
+            t[1] += sec;
+            t[2] += sec;
+        }
+    }
+    comm.allreduce_f64(&mut t, ReduceOp::Max)
+        .map_err(|e| format!("communication times: {e}"))?;
+    Ok(json!({
+        "sync_map_s": t[0],
+        "dot_allreduce_s": t[1],
+        "cg_s": t[2],
+        "per_cg_iteration_s": if iterations > 0 { t[2] / iterations as f64 } else { 0.0 },
+    }))
+}
+
+/// The map-maker's products, whole, on rank 0.
+struct Products {
+    hits: PixelData<i64>,
+    /// (file name, map, whether it is the destriped map).
+    maps: Vec<(&'static str, PixelData<f64>, bool)>,
+}
+
+/// Gather the hit map and the binned and destriped maps onto rank 0
+/// (`None` on other ranks). Every rank calls it.
+fn gather_products(
+    comm: &dyn Comm,
+    data: &Data,
+    res: &toast_ops::MapMakerResult,
+) -> Result<Option<Products>, String> {
+    let gerr = |k: &str, e: toast_core::OpError| format!("gathering map {k}: {e}");
+    let hits = data
+        .meta
+        .object::<PixelData<i64>>(&res.hits)
+        .map_err(|e| format!("map-maker product {}: {e}", res.hits))?;
+    let hits = gather_map(comm, hits, 0).map_err(|e| gerr(&res.hits, e))?;
+    let mut keys: Vec<(&'static str, &str, bool)> = Vec::new();
+    if let Some(b) = &res.binmap {
+        keys.push(("mapmaker_binmap.fits", b.as_str(), false));
+    }
+    keys.push(("mapmaker_map.fits", res.map.as_str(), true));
+    let mut maps = Vec::new();
+    for (file, key, is_map) in keys {
+        let m = data
+            .meta
+            .object::<PixelData<f64>>(key)
+            .map_err(|e| format!("map-maker product {key}: {e}"))?;
+        if let Some(full) = gather_map(comm, m, 0).map_err(|e| gerr(key, e))? {
+            maps.push((file, full, is_map));
+        }
+    }
+    Ok(hits.map(|hits| Products { hits, maps }))
 }
 
 /// Full-sky NEST values of component `k` of a map (zeros elsewhere).
@@ -614,23 +914,14 @@ fn full_sky_component(m: &PixelData<f64>, k: usize) -> Vec<f64> {
 
 fn write_outputs(
     job: &Job,
-    data: &Data,
-    res: &toast_ops::MapMakerResult,
+    products: &Products,
     n_det: i64,
     span: (f64, f64),
     no_plot: bool,
 ) -> Result<serde_json::Value, String> {
     let dir = &job.out_dir;
     let ferr = |p: &Path, e: fits::FitsError| format!("{}: {e}", p.display());
-    let get = |key: &str| -> Result<&PixelData<f64>, String> {
-        data.meta
-            .object::<PixelData<f64>>(key)
-            .map_err(|e| format!("map-maker product {key}: {e}"))
-    };
-    let hits = data
-        .meta
-        .object::<PixelData<i64>>(&res.hits)
-        .map_err(|e| format!("map-maker product {}: {e}", res.hits))?;
+    let hits = &products.hits;
     let header = fits::toast_extra_header(span.0, span.1, n_det, n_det, "3.0.6");
     let hits_full = hits.to_full_sky();
     let total_hits: i64 = hits_full.iter().sum();
@@ -641,14 +932,8 @@ fn write_outputs(
     } else {
         fits::MapPrecision::F32
     };
-    let mut products: Vec<(&str, &str)> = Vec::new();
-    if let Some(b) = &res.binmap {
-        products.push(("mapmaker_binmap.fits", b.as_str()));
-    }
-    products.push(("mapmaker_map.fits", res.map.as_str()));
     let mut stats = json!({ "case": job.case, "totalhits": total_hits });
-    for (file, key) in products {
-        let m = get(key)?;
+    for (file, m, is_map) in &products.maps {
         let comps: Vec<Vec<f64>> = (0..3).map(|k| full_sky_component(m, k)).collect();
         let p = dir.join(file);
         fits::write_iqu_map(
@@ -660,7 +945,7 @@ fn write_outputs(
             &header,
         )
         .map_err(|e| ferr(&p, e))?;
-        if key == res.map {
+        if *is_map {
             // TOAST's MPI-style statistics: all pixels, zeros included, ddof 1.
             let st = m.stats();
             for (k, c) in ["I", "Q", "U"].iter().enumerate() {

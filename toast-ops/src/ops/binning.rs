@@ -5,10 +5,10 @@ use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
 use crate::covariance::{apply_covariance, nnz_of_block};
 use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::pixel_dist::{get_distribution, PixelData};
+use crate::pixel_dist::{get_distribution, sync_sum, PixelData, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
-use toast_core::{Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};
+use toast_core::{comm_of, Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};
 
 /// Configuration of a binning operator (TOAST's `BinMap` traits and
 /// defaults; the `binner` and `binner_final` sections).
@@ -183,6 +183,29 @@ pub(crate) fn bin_map(
     }
     ops.push(&mut accum);
     run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
+
+    // Sum the noise-weighted map over the job (nothing to do in one process).
+    if comm_of(ctx).size() > 1 {
+        let binned = pass.binned.to_string();
+        with_host_step(
+            data,
+            ctx,
+            SYNC_TIMER,
+            Requirements::new().global(&binned),
+            Requirements::new().global(&binned),
+            |data, ctx| {
+                let comm = comm_of(ctx);
+                ctx.timers.enter(SYNC_TIMER)?;
+                let r = data
+                    .meta
+                    .object_mut::<PixelData<f64>>(&binned)
+                    .map_err(OpError::from)
+                    .and_then(|m| sync_sum(&*comm, m));
+                ctx.timers.exit(SYNC_TIMER)?;
+                r
+            },
+        )?;
+    }
 
     if let Some(nw) = pass.noiseweighted {
         let binned = pass.binned.to_string();

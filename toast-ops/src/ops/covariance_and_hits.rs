@@ -7,10 +7,10 @@ use super::mapmaker_utils::{
 use super::util::PointingOps;
 use crate::covariance::invert_covariance;
 use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::pixel_dist::PixelData;
+use crate::pixel_dist::{sync_sum, PixelData, SYNC_TIMER};
 use serde::Deserialize;
 use toast_core::observation::defaults;
-use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{comm_of, Category, Data, ExecContext, OpError, Operator, Requirements};
 
 /// One covariance-and-hits pass.
 #[derive(Debug, Clone)]
@@ -82,8 +82,12 @@ pub(crate) fn covariance_and_hits(
     run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
 
     let (cov, rcond) = (pass.covariance.to_string(), pass.rcond.to_string());
+    let hits_key = pass.hits.to_string();
     let invcov_key = pass.inverse_covariance.map(str::to_string);
-    let mut provides = Requirements::new().global(&cov).global(&rcond);
+    let mut provides = Requirements::new()
+        .global(&cov)
+        .global(&rcond)
+        .global(&hits_key);
     if let Some(i) = &invcov_key {
         provides.add(Category::Global, i);
     }
@@ -92,9 +96,18 @@ pub(crate) fn covariance_and_hits(
         data,
         ctx,
         "covariance_invert",
-        Requirements::new().global(&cov),
+        Requirements::new().global(&cov).global(&hits_key),
         provides,
-        |data, _| {
+        |data, ctx| {
+            // Sum the hits and the inverse covariance over the job.
+            let comm = comm_of(ctx);
+            if comm.size() > 1 {
+                ctx.timers.enter(SYNC_TIMER)?;
+                let r = sync_sum(&*comm, data.meta.object_mut::<PixelData<i64>>(&hits_key)?)
+                    .and_then(|_| sync_sum(&*comm, data.meta.object_mut::<PixelData<f64>>(&cov)?));
+                ctx.timers.exit(SYNC_TIMER)?;
+                r?;
+            }
             let mut c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
             if let Some(i) = &invcov_key {
                 data.meta.set_object(i, c.clone());

@@ -7,11 +7,11 @@ use super::util::select_detectors;
 use super::PixelsHealpix;
 use crate::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
 use crate::kernels::{self, view_intervals, Call, PointingFields};
-use crate::pixel_dist::{PixelData, PixelDistribution};
+use crate::pixel_dist::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{
-    Category, Data, Element, ExecContext, Observation, OpError, Operator, Requirements,
+    comm_of, Category, Data, Element, ExecContext, Observation, OpError, Operator, Requirements,
 };
 
 /// Which samples and detectors a map-domain operator uses: a detector is
@@ -195,7 +195,14 @@ impl Operator for BuildPixelDistribution {
                 }
             }
         }
-        let dist = Arc::new(self.pixels.distribution(&self.hit)?);
+        // The job-wide hit set: what the map reductions run over.
+        let comm = comm_of(ctx);
+        let global = global_hit_submaps(&*comm, &self.hit)?;
+        let dist = Arc::new(
+            self.pixels
+                .distribution(&self.hit)?
+                .with_global_submaps(global)?,
+        );
         data.meta.set_object(&self.pixel_dist, dist);
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! `SimSatellite`: observations of a satellite schedule.
 
+use crate::dist::JobDistribution;
 use crate::focalplane;
 use crate::satellite::{
     create_satellite_schedule, scan_sampling, simulate_scan, unix_us_from_civil, ScanStrategy,
@@ -9,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{
-    DType, Data, Detector, ExecContext, Focalplane, Observation, OpError, Operator, Requirements,
-    Telescope,
+    comm_of, DType, Data, Detector, ExecContext, Focalplane, Observation, OpError, Operator,
+    Requirements, Telescope,
 };
 
 /// Observation metadata key of the session UID (the noise key).
@@ -155,6 +156,9 @@ pub struct SimSatellite {
     pub first: usize,
     /// Number of observations.
     pub n_obs: usize,
+    /// Processes per group (0: all processes form one group). The split of
+    /// observations and detectors is [`crate::dist::JobDistribution`]'s.
+    pub group_size: usize,
 }
 
 impl SimSatellite {
@@ -178,7 +182,61 @@ impl SimSatellite {
             focalplane,
             first,
             n_obs,
+            group_size: 0,
         })
+    }
+
+    /// The split of this operator's observations and detector sets over
+    /// `n_procs` processes (the observations' sample counts come from the
+    /// schedule, as in `exec`).
+    pub fn plan(&self, n_procs: usize) -> Result<JobDistribution, OpError> {
+        let samples = self.obs_samples()?;
+        let sets: Vec<u64> = self
+            .detector_sets()
+            .iter()
+            .map(|s| s.len() as u64)
+            .collect();
+        let gs = if self.group_size == 0 {
+            n_procs
+        } else {
+            self.group_size
+        };
+        JobDistribution::plan(n_procs, gs, &samples, &sets)
+            .map_err(|e| OpError::Config(format!("sim_satellite: distribution: {e}")))
+    }
+
+    /// The number of samples of each of this operator's observations.
+    pub fn obs_samples(&self) -> Result<Vec<u64>, OpError> {
+        let (_, layout) = self.schedule()?;
+        Ok(layout[self.first..self.first + self.n_obs]
+            .iter()
+            .map(|l| l.n_samples as u64)
+            .collect())
+    }
+
+    fn schedule(
+        &self,
+    ) -> Result<
+        (
+            crate::satellite::SatelliteSchedule,
+            Vec<crate::satellite::ScanSampling>,
+        ),
+        OpError,
+    > {
+        let c = &self.config;
+        let rate = self.focalplane.sample_rate();
+        let schedule = create_satellite_schedule(
+            "",
+            c.mission_start_us()?,
+            c.obs_minutes * 60.0,
+            c.gap_minutes * 60.0,
+            self.first + self.n_obs,
+            c.prec_period * 60.0,
+            c.spin_period * 60.0,
+        )
+        .map_err(sat_err)?;
+        let layout = scan_sampling(&schedule, rate).map_err(sat_err)?;
+        Ok((schedule, layout))
     }
 
     /// Detector sets by pixel (TOAST's `detset_key = "pixel"`), in focal-plane order.
@@ -218,20 +276,18 @@ impl Operator for SimSatellite {
             .detdata(defaults::DET_FLAGS)
     }
 
-    fn exec(&mut self, data: &mut Data, _ctx: &mut ExecContext) -> Result<(), OpError> {
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let comm = comm_of(ctx);
+        let plan = self.plan(comm.size())?;
+        let my_obs = plan.obs_of(comm.rank());
+        let my_dets: Vec<String> = self.detector_sets()[plan.detsets_of(comm.rank())]
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
         let c = &self.config;
         let rate = self.focalplane.sample_rate();
-        let schedule = create_satellite_schedule(
-            "",
-            c.mission_start_us()?,
-            c.obs_minutes * 60.0,
-            c.gap_minutes * 60.0,
-            self.first + self.n_obs,
-            c.prec_period * 60.0,
-            c.spin_period * 60.0,
-        )
-        .map_err(sat_err)?;
-        let layout = scan_sampling(&schedule, rate).map_err(sat_err)?;
+        let (schedule, layout) = self.schedule()?;
         let strategy = ScanStrategy {
             prec_angle: c.prec_angle.to_radians(),
             spin_angle: c.spin_angle.to_radians(),
@@ -239,14 +295,19 @@ impl Operator for SimSatellite {
             spin_period_s: c.spin_period * 60.0,
         };
         let telescope = Telescope::new(c.telescope.clone(), Arc::clone(&self.focalplane));
-        let sims: Vec<_> = (self.first..self.first + self.n_obs)
+        let sims: Vec<_> = (self.first + my_obs.start..self.first + my_obs.end)
             .into_par_iter()
             .map(|k| simulate_scan(&layout[k], &schedule.scans[k], rate, &strategy))
             .collect::<Result<_, _>>()
             .map_err(sat_err)?;
         for sim in sims {
             let n = sim.times.len();
-            let mut ob = Observation::new(sim.sampling.obs_name.clone(), telescope.clone(), n)?;
+            let mut ob = Observation::with_detectors(
+                sim.sampling.obs_name.clone(),
+                telescope.clone(),
+                n,
+                &my_dets,
+            )?;
             ob.set_uid(sim.sampling.obs_uid as u64);
             ob.shared.set(defaults::TIMES, &[], &sim.times)?;
             ob.shared
