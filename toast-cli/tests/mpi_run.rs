@@ -1,0 +1,301 @@
+//! `mpirun -n 2 toast-cli run`: distributed runs give the single-process
+//! maps, the ranks really split the work, and a failing or vanishing rank
+//! ends the job with a message instead of a hang.
+//!
+//! Built only with the `mpi` feature (`cargo test -p toast-cli --features
+//! mpi`); needs `mpirun` (Open MPI or MPICH) on the PATH.
+#![cfg(feature = "mpi")]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_toast-cli");
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("toast-cli-mpi-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Run a command with a deadline: a job that does not end in time is a
+/// hang, which is a failure (the process group is killed).
+fn run_with_deadline(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mpirun (is Open MPI installed?)");
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("output");
+            panic!(
+                "hang: still running after {limit:?}\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `mpirun -n N toast-cli run ARGS` (as root too; oversubscribing the cores).
+fn mpirun(n: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new("mpirun");
+    c.args(["-n", &n.to_string(), "--oversubscribe"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+    for (k, v) in env {
+        c.args(["-x", k]).env(k, v);
+    }
+    c.arg(BIN).arg("run").args(args);
+    run_with_deadline(c, Duration::from_secs(300))
+}
+
+/// The same binary as one process.
+fn single(args: &[&str]) -> Output {
+    let mut c = Command::new(BIN);
+    c.arg("run").args(args);
+    run_with_deadline(c, Duration::from_secs(300))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn stats(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap()
+}
+
+/// Largest |a - b| over the largest |b|, per field of two map files.
+fn compare_maps(a: &Path, b: &Path) -> Vec<f64> {
+    let ma = toast_ops::fits::read_healpix_map(a, None).unwrap();
+    let mb = toast_ops::fits::read_healpix_map(b, None).unwrap();
+    assert_eq!(ma.fields.len(), mb.fields.len());
+    ma.fields
+        .iter()
+        .zip(&mb.fields)
+        .map(|(fa, fb)| {
+            assert_eq!(fa.data.len(), fb.data.len());
+            let scale = fb.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            let diff = fa
+                .data
+                .iter()
+                .zip(&fb.data)
+                .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+            if scale > 0.0 {
+                diff / scale
+            } else {
+                diff
+            }
+        })
+        .collect()
+}
+
+/// Each rank's detectors from stats.json: non-empty, disjoint, covering
+/// all `n_det`.
+fn check_detector_split(st: &serde_json::Value, ranks: usize, n_det: usize) {
+    let dist = st["distribution"].as_array().expect("distribution array");
+    assert_eq!(dist.len(), ranks, "{st}");
+    let mut all = BTreeSet::new();
+    for (r, p) in dist.iter().enumerate() {
+        assert_eq!(p["rank"], r);
+        let dets: Vec<&str> = p["detectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        assert!(!dets.is_empty(), "rank {r} holds no detector: {st}");
+        assert!(
+            (dets.len() as f64) < n_det as f64,
+            "rank {r} holds every detector: {st}"
+        );
+        for d in dets {
+            assert!(all.insert(d.to_string()), "detector {d} on two ranks: {st}");
+        }
+    }
+    assert_eq!(all.len(), n_det, "{st}");
+}
+
+#[test]
+fn two_ranks_give_the_single_process_maps_of_tiny() {
+    let dir = scratch("tiny");
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    let common = [
+        "--quiet",
+        "--no-plot",
+        "--threads",
+        "1",
+        "--set",
+        "mapmaker.write_float64=true",
+    ];
+    let mut a = common.to_vec();
+    a.extend(["--out-dir", one.to_str().unwrap()]);
+    let o = single(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut b = common.to_vec();
+    b.extend(["--out-dir", two.to_str().unwrap()]);
+    let o = mpirun(2, &b, &[]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("processes:      2"), "{t}");
+    // Exactly one copy of the outputs and of the summary (rank 0's).
+    assert_eq!(t.matches("total hits:").count(), 1, "{t}");
+
+    let (s1, s2) = (stats(&one), stats(&two));
+    assert_eq!(s2["processes"], 2);
+    assert_eq!(s1["totalhits"], 4_320_000);
+    assert_eq!(s2["totalhits"], s1["totalhits"]);
+    assert_eq!(s2["cg_iterations"], s1["cg_iterations"], "{s1}\n{s2}");
+    check_detector_split(&s2, 2, 12);
+    // One observation: both ranks hold it (one group of two).
+    for p in s2["distribution"].as_array().unwrap() {
+        assert_eq!(p["observations"].as_array().unwrap().len(), 1, "{s2}");
+    }
+    // Hits exactly; maps to a relative 1e-12.
+    let hits = compare_maps(&two.join("mapmaker_hits.fits"), &one.join("mapmaker_hits.fits"));
+    assert_eq!(hits, vec![0.0], "hit maps differ");
+    for f in ["mapmaker_map.fits", "mapmaker_binmap.fits"] {
+        let rel = compare_maps(&two.join(f), &one.join(f));
+        assert!(
+            rel.iter().all(|&r| r <= 1e-12),
+            "{f}: relative differences {rel:?}"
+        );
+    }
+    // Timers of both ranks, combined as TOAST's CSV.
+    let csv = std::fs::read_to_string(two.join("timing.csv")).unwrap();
+    let line = csv
+        .lines()
+        .find(|l| l.starts_with("(function) toast-cli run|SimNoise,"))
+        .unwrap_or_else(|| panic!("{csv}"));
+    assert!(line.starts_with("(function) toast-cli run|SimNoise,2,1,1,"), "{line}");
+    assert!(csv.contains("|sync_map,"), "{csv}");
+    assert!(csv.contains("|allreduce_dot,"), "{csv}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn groups_split_the_observations() {
+    // Two groups of one process: one observation each, all detectors.
+    let dir = scratch("groups");
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    let common = [
+        "--quiet",
+        "--no-plot",
+        "--threads",
+        "1",
+        "--n-obs",
+        "2",
+        "--set",
+        "pixels.nside=128",
+        "--set",
+        "mapmaker.write_float64=true",
+    ];
+    let mut a = common.to_vec();
+    a.extend(["--out-dir", one.to_str().unwrap()]);
+    let o = single(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut b = common.to_vec();
+    b.extend(["--out-dir", two.to_str().unwrap(), "--group-size", "1"]);
+    let o = mpirun(2, &b, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s2 = stats(&two);
+    assert_eq!(s2["group_size"], 1, "{s2}");
+    let dist = s2["distribution"].as_array().unwrap();
+    let obs: Vec<&serde_json::Value> = dist.iter().map(|p| &p["observations"]).collect();
+    assert_eq!(obs[0].as_array().unwrap().len(), 1, "{s2}");
+    assert_eq!(obs[1].as_array().unwrap().len(), 1, "{s2}");
+    assert_ne!(obs[0], obs[1], "{s2}");
+    for p in dist {
+        assert_eq!(p["detectors"].as_array().unwrap().len(), 12, "{s2}");
+    }
+    assert_eq!(s2["totalhits"], stats(&one)["totalhits"]);
+    let hits = compare_maps(&two.join("mapmaker_hits.fits"), &one.join("mapmaker_hits.fits"));
+    assert_eq!(hits, vec![0.0]);
+    let rel = compare_maps(&two.join("mapmaker_map.fits"), &one.join("mapmaker_map.fits"));
+    assert!(rel.iter().all(|&r| r <= 1e-12), "{rel:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_impossible_distribution_is_refused_on_every_rank() {
+    // Two groups for one observation.
+    let dir = scratch("refuse");
+    let o = mpirun(
+        2,
+        &[
+            "--quiet",
+            "--out-dir",
+            dir.to_str().unwrap(),
+            "--group-size",
+            "1",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("2 process groups"), "{t}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failing_rank_ends_the_job_and_is_named() {
+    let dir = scratch("fail");
+    let o = mpirun(
+        2,
+        &[
+            "--quiet",
+            "--no-plot",
+            "--out-dir",
+            dir.to_str().unwrap(),
+            "--set",
+            "pixels.nside=64",
+        ],
+        &[("TOAST_FAULT_INJECT", "1:SimNoise:error")],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("rank 1 of 2"), "{t}");
+    assert!(t.contains("injected failure"), "{t}");
+    assert!(!dir.join("stats.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_rank_ends_the_job() {
+    let dir = scratch("kill");
+    let o = mpirun(
+        2,
+        &[
+            "--quiet",
+            "--no-plot",
+            "--out-dir",
+            dir.to_str().unwrap(),
+            "--set",
+            "pixels.nside=64",
+        ],
+        &[("TOAST_FAULT_INJECT", "1:MapMaker:kill")],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("rank 1: MapMaker: killing this process"), "{t}");
+    // mpirun names the rank that died.
+    assert!(
+        t.contains("rank 1") && (t.contains("signal 9") || t.contains("Killed")),
+        "{t}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
