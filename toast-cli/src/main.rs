@@ -82,6 +82,11 @@ enum Command {
     /// The shared device-kernel source.
     #[command(subcommand)]
     Kernels(KernelsCommand),
+    /// Check every collective of the MPI world communicator across the
+    /// ranks (run under mpirun): exit 0 when all match their expected
+    /// values, 1 naming the failed checks.
+    #[cfg(feature = "mpi")]
+    MpiCheck,
 }
 
 #[derive(Debug, Subcommand)]
@@ -140,6 +145,10 @@ fn init_logging(verbose: u8) {
 }
 
 fn run(cli: Cli) -> Result<u8, String> {
+    #[cfg(feature = "mpi")]
+    if let Command::MpiCheck = &cli.command {
+        return cmd::mpi_check::main();
+    }
     if let Command::Kernels(KernelsCommand::Compile(args)) = &cli.command {
         return match cmd::kernels::compile(args)? {
             cmd::kernels::Outcome::Compiled(report) => {
@@ -201,6 +210,8 @@ fn run(cli: Cli) -> Result<u8, String> {
             }
         }
         Command::Kernels(_) => unreachable!("handled before discovery"),
+        #[cfg(feature = "mpi")]
+        Command::MpiCheck => unreachable!("handled before discovery"),
         Command::Bench(BenchCommand::Kernels(args)) => {
             let b = match registry.get(&args.backend) {
                 Ok(b) => b,

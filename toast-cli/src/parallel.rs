@@ -37,15 +37,11 @@ pub fn init() -> Result<Arc<dyn Comm>, String> {
 /// rank when there are several, then abort every process (MPI) or exit.
 pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
     if comm.size() > 1 {
-        eprintln!(
-            "toast-cli: rank {} of {}: {message}",
-            comm.rank(),
-            comm.size()
-        );
-        eprintln!(
-            "toast-cli: rank {} is aborting the whole job (MPI_Abort, exit status {code})",
-            comm.rank()
-        );
+        let (rank, size) = (comm.rank(), comm.size());
+        say(&format!(
+            "toast-cli: rank {rank} of {size}: {message}\n\
+             toast-cli: rank {rank} is aborting the whole job (MPI_Abort, exit status {code})\n"
+        ));
         comm.abort(code)
     }
     eprintln!("toast-cli: {message}");
@@ -78,10 +74,10 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> Result<(), String> {
             "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
         )),
         "kill" => {
-            eprintln!(
-                "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})",
+            say(&format!(
+                "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})\n",
                 comm.rank()
-            );
+            ));
             let pid = std::process::id().to_string();
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", &pid])
@@ -93,4 +89,13 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> Result<(), String> {
             "TOAST_FAULT_INJECT={spec:?}: unknown mode {other:?} (error or kill)"
         )),
     }
+}
+
+/// Write `text` on stderr in one piece. `eprintln!` writes its arguments
+/// one by one (stderr is unbuffered), and under `mpirun` the pieces of a
+/// rank's line can then come out with other output between them (seen:
+/// Open MPI's `MPI_ABORT was invoked` notice inside `rank 1 of 2`).
+fn say(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }

@@ -1,8 +1,8 @@
 //! The process communicator: what distributed runs need from MPI, as an
 //! object-safe trait, so that nothing below the command line links MPI.
 //!
-//! [`SerialComm`] is the one-process implementation every build has; the
-//! `toast-mpi` crate (behind the `mpi` cargo feature of `toast-cli`)
+//! [`SerialComm`] is the one-process implementation every build has;
+//! `toast-cli`'s `mpi_comm` module (behind its `mpi` cargo feature)
 //! implements [`Comm`] over a real MPI world communicator. Operators find
 //! the communicator in the [`crate::ExecContext`] as a [`CommHandle`]
 //! extension and use [`comm_of`], which falls back to [`SerialComm`], so a

@@ -3,5 +3,7 @@
 pub mod backends;
 pub mod bench;
 pub mod kernels;
+#[cfg(any(feature = "mpi", test))]
+pub mod mpi_check;
 pub mod run;
 pub mod verify;
