@@ -178,7 +178,12 @@ fn a_rank_that_fails_aborts_the_job() {
     assert_eq!(o.status.code(), Some(2), "MPI_Abort's error code: {t}");
     assert!(o.stderr.contains("rank 1 of 2"), "{t}");
     assert!(o.stderr.contains("injected failure"), "{t}");
-    assert!(o.stderr.contains("MPI_ABORT was invoked on rank 1"), "{t}");
+    // Open MPI's own notice ("MPI_ABORT was invoked on rank 1 in
+    // communicator MPI_COMM_WORLD with errorcode 2") is not checked: 4.1.4
+    // loses it in about one run in seven, printing `ORTE_ERROR_LOG: Data
+    // unpack would read past end of buffer in file
+    // ../../../orte/util/show_help.c` (or `Out of resource`) instead; the
+    // rank's own lines and the exit status are always there.
     assert!(!o.stdout.contains("checks passed"), "{t}");
 
     // The same with three ranks and the last one failing.
