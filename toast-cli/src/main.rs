@@ -86,7 +86,12 @@ enum Command {
     /// ranks (run under mpirun): exit 0 when all match their expected
     /// values, 1 naming the failed checks.
     #[cfg(feature = "mpi")]
-    MpiCheck,
+    MpiCheck {
+        /// Instead, time allreduces of this many MiB of f64 (the map
+        /// reductions' collective) and print the bandwidth.
+        #[arg(long = "bench-mib")]
+        bench_mib: Option<usize>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -146,8 +151,8 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> Result<u8, String> {
     #[cfg(feature = "mpi")]
-    if let Command::MpiCheck = &cli.command {
-        return cmd::mpi_check::main();
+    if let Command::MpiCheck { bench_mib } = &cli.command {
+        return cmd::mpi_check::main(*bench_mib);
     }
     if let Command::Kernels(KernelsCommand::Compile(args)) = &cli.command {
         return match cmd::kernels::compile(args)? {
@@ -211,7 +216,7 @@ fn run(cli: Cli) -> Result<u8, String> {
         }
         Command::Kernels(_) => unreachable!("handled before discovery"),
         #[cfg(feature = "mpi")]
-        Command::MpiCheck => unreachable!("handled before discovery"),
+        Command::MpiCheck { .. } => unreachable!("handled before discovery"),
         Command::Bench(BenchCommand::Kernels(args)) => {
             let b = match registry.get(&args.backend) {
                 Ok(b) => b,

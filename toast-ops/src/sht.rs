@@ -294,7 +294,39 @@ pub fn alm2map(
     t: Option<&Alm>,
     pol: Option<(&Alm, &Alm)>,
 ) -> Result<SynthesisMaps, ShtError> {
-    alm2map_impl(nside, t, pol, detect_avx2_fma())
+    alm2map_impl(nside, t, pol, detect_avx2_fma(), (0, 1))
+}
+
+/// [`alm2map_iqu`] for part `index` of `count` of the rings (ring-pair
+/// blocks dealt out cyclically, which balances the cheap polar rings
+/// against the equatorial ones); the other rings are left zero. Summing the
+/// `count` parts gives [`alm2map_iqu`]'s maps bit for bit (each pixel is
+/// written by one part), which is how a distributed run shares the work.
+pub fn alm2map_iqu_part(
+    nside: u64,
+    t: &Alm,
+    e: &Alm,
+    b: &Alm,
+    index: usize,
+    count: usize,
+) -> Result<[Vec<f64>; 3], ShtError> {
+    if count == 0 || index >= count {
+        return Err(ShtError::BadAlm(format!(
+            "ring part {index} of {count} does not exist"
+        )));
+    }
+    let m = alm2map_impl(
+        nside,
+        Some(t),
+        Some((e, b)),
+        detect_avx2_fma(),
+        (index, count),
+    )?;
+    Ok([
+        m.t.expect("requested"),
+        m.q.expect("requested"),
+        m.u.expect("requested"),
+    ])
 }
 
 /// [`alm2map`] with an explicit kernel choice (`avx2_fma` must only be true
@@ -304,6 +336,7 @@ fn alm2map_impl(
     t: Option<&Alm>,
     pol: Option<(&Alm, &Alm)>,
     avx2_fma: bool,
+    part: (usize, usize),
 ) -> Result<SynthesisMaps, ShtError> {
     let hp = Healpix::new(nside)?;
     if let Some((e, b)) = pol {
@@ -386,7 +419,9 @@ fn alm2map_impl(
     };
     blocks
         .par_iter_mut()
-        .for_each(|block| synthesize_block(&ctx, block));
+        .enumerate()
+        .filter(|(i, _)| i % part.1 == part.0)
+        .for_each(|(_, block)| synthesize_block(&ctx, block));
 
     Ok(SynthesisMaps {
         t: tmap,
@@ -832,8 +867,8 @@ mod tests {
             }
         }
         let pol = Some((&alm[1], &alm[2]));
-        let simd = alm2map_impl(16, Some(&alm[0]), pol, detect_avx2_fma()).unwrap();
-        let portable = alm2map_impl(16, Some(&alm[0]), pol, false).unwrap();
+        let simd = alm2map_impl(16, Some(&alm[0]), pol, detect_avx2_fma(), (0, 1)).unwrap();
+        let portable = alm2map_impl(16, Some(&alm[0]), pol, false, (0, 1)).unwrap();
         for (a, b) in [
             (simd.t.unwrap(), portable.t.unwrap()),
             (simd.q.unwrap(), portable.q.unwrap()),

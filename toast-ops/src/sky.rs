@@ -64,6 +64,9 @@ pub enum SkyError {
     /// Invalid configuration.
     #[error("invalid sky configuration: {0}")]
     Config(String),
+    /// A collective across the processes failed.
+    #[error("{0}")]
+    Comm(String),
 }
 
 // =====================================================================
@@ -394,6 +397,17 @@ pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
 
 /// Generates the benchmark input sky (see the module documentation).
 pub fn synthesize_sky(cfg: &SkyConfig) -> Result<SkyMaps, SkyError> {
+    synthesize_sky_on(cfg, &toast_core::SerialComm)
+}
+
+/// [`synthesize_sky`] shared by the processes of `comm`: each synthesises
+/// its part of the rings ([`sht::alm2map_iqu_part`]) and an allreduce
+/// assembles the whole sky on every process, bit for bit the one-process
+/// sky (every pixel comes from exactly one process).
+pub fn synthesize_sky_on(
+    cfg: &SkyConfig,
+    comm: &dyn toast_core::Comm,
+) -> Result<SkyMaps, SkyError> {
     let tr = sky_truncation(cfg)?;
     let spectra = benchmark_spectra(cfg.nside)?;
     let (bt, bp) = gauss_beam((cfg.fwhm_arcmin / 60.0).to_radians(), tr.lmax_full);
@@ -401,7 +415,17 @@ pub fn synthesize_sky(cfg: &SkyConfig) -> Result<SkyMaps, SkyError> {
     almxfl(&mut t, &bt);
     almxfl(&mut e, &bp);
     almxfl(&mut b, &bp);
-    let [ti, tq, tu] = sht::alm2map_iqu(cfg.nside, &t, &e, &b)?;
+    let [mut ti, mut tq, mut tu] = if comm.size() == 1 {
+        sht::alm2map_iqu(cfg.nside, &t, &e, &b)?
+    } else {
+        sht::alm2map_iqu_part(cfg.nside, &t, &e, &b, comm.rank(), comm.size())?
+    };
+    if comm.size() > 1 {
+        for m in [&mut ti, &mut tq, &mut tu] {
+            comm.allreduce_f64(m, toast_core::ReduceOp::Sum)
+                .map_err(|e| SkyError::Comm(format!("assembling the sky across processes: {e}")))?;
+        }
+    }
     let hp = Healpix::new(cfg.nside)?;
     let to_nest = |ring: &[f64]| -> Vec<f32> {
         if cfg.toast_ring_as_nest {

@@ -27,12 +27,48 @@ pub const FAULT_PHASE: &str = "mpi-check";
 /// `toast-cli mpi-check`: initialise MPI, run the checks, finalise MPI
 /// (dropping the communicator) and return the exit status.
 #[cfg(feature = "mpi")]
-pub fn main() -> Result<u8, String> {
+pub fn main(bench_mib: Option<usize>) -> Result<u8, String> {
     let comm = parallel::init()?;
-    let code = run(&*comm);
+    let code = match bench_mib {
+        Some(mib) => bench(&*comm, mib)?,
+        None => run(&*comm),
+    };
     // The last reference: MPI_Finalize runs here, before main returns.
     drop(comm);
     Ok(code)
+}
+
+/// Time 5 allreduces (sum) of `mib` MiB of f64 after one warm-up; rank 0
+/// prints the mean time and the bandwidth (buffer bytes over time).
+pub fn bench(comm: &dyn Comm, mib: usize) -> Result<u8, String> {
+    if mib == 0 {
+        return Err("--bench-mib 0: must be at least 1".into());
+    }
+    let n = mib * (1 << 20) / 8;
+    let mut buf: Vec<f64> = (0..n).map(|i| (i % 1000) as f64).collect();
+    let err = |e: toast_core::CommError| e.to_string();
+    comm.allreduce_f64(&mut buf, toast_core::ReduceOp::Sum)
+        .map_err(err)?;
+    comm.barrier().map_err(err)?;
+    let reps = 5;
+    let t0 = std::time::Instant::now();
+    for _ in 0..reps {
+        comm.allreduce_f64(&mut buf, toast_core::ReduceOp::Sum)
+            .map_err(err)?;
+    }
+    let dt = t0.elapsed().as_secs_f64() / reps as f64;
+    let mut worst = [dt];
+    comm.allreduce_f64(&mut worst, toast_core::ReduceOp::Max)
+        .map_err(err)?;
+    if comm.rank() == 0 {
+        println!(
+            "allreduce of {mib} MiB f64 on {} ranks: {:.2} ms ({:.2} GB/s of buffer)",
+            comm.size(),
+            1e3 * worst[0],
+            (n * 8) as f64 / worst[0] / 1e9
+        );
+    }
+    Ok(0)
 }
 
 /// The checks on `comm`, with the fault point first; the exit status.

@@ -420,13 +420,16 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         }
         let sky = match &job.sky_file {
             Some(p) => InputSky::from_file(p).map_err(op_err)?,
-            None => InputSky::synthetic(&SkyConfig {
-                nside,
-                seed: scan_cfg.seed,
-                fwhm_arcmin: scan_cfg.fwhm_arcmin,
-                toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
-                ..SkyConfig::default()
-            })
+            None => InputSky::synthetic_on(
+                &SkyConfig {
+                    nside,
+                    seed: scan_cfg.seed,
+                    fwhm_arcmin: scan_cfg.fwhm_arcmin,
+                    toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
+                    ..SkyConfig::default()
+                },
+                &*comm_of(ctx),
+            )
             .map_err(op_err)?,
         };
         let mut op =

@@ -4,7 +4,7 @@ use crate::fits::read_healpix_map;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pipeline::{run_operators, OpRef, RunOptions};
 use crate::pixel_dist::{PixelData, PixelDistribution};
-use crate::sky::{synthesize_sky, SkyConfig};
+use crate::sky::{synthesize_sky_on, SkyConfig};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -59,7 +59,14 @@ impl InputSky {
 
     /// The benchmark's synthetic sky (see [`crate::sky`]).
     pub fn synthetic(cfg: &SkyConfig) -> Result<Self, OpError> {
-        let s = synthesize_sky(cfg).map_err(|e| OpError::Config(format!("synthetic sky: {e}")))?;
+        Self::synthetic_on(cfg, &toast_core::SerialComm)
+    }
+
+    /// [`InputSky::synthetic`] with the synthesis shared by the processes of
+    /// `comm` (the same sky, bit for bit, on every process).
+    pub fn synthetic_on(cfg: &SkyConfig, comm: &dyn toast_core::Comm) -> Result<Self, OpError> {
+        let s = synthesize_sky_on(cfg, comm)
+            .map_err(|e| OpError::Config(format!("synthetic sky: {e}")))?;
         Ok(InputSky {
             nside: s.nside,
             maps: [s.i, s.q, s.u],
