@@ -1,5 +1,12 @@
 //! toast-cli: the command line of toast-rs.
 //!
+//! With the `mpi` cargo feature, `run` is distributed under `mpirun`:
+//! `parallel.rs` initialises the world communicator (`mpi_comm.rs`, rsmpi)
+//! and ends the whole job, naming the rank, when one rank fails; the
+//! operators reach the communicator through the execution context (see
+//! `toast_core::comm` and docs/DISTRIBUTED.md). Without the feature the
+//! world is one process and no MPI library is linked.
+//!
 //! Subcommands live in `cmd/`, one module each; this file parses arguments,
 //! sets up logging and plugin discovery, and maps outcomes to exit codes:
 //!
