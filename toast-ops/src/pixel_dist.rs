@@ -385,57 +385,6 @@ pub fn get_map_mut<'a, T: Element>(
     data.meta.object_mut::<PixelData<T>>(key)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn healpix_distribution_layout() {
-        let mut hit = vec![0u8; 16];
-        hit[3] = 1;
-        hit[10] = 1;
-        let d = PixelDistribution::healpix(8, 2, true, &hit).unwrap();
-        assert_eq!(d.n_pix(), 768);
-        assert_eq!(d.n_submap(), 16);
-        assert_eq!(d.n_pix_submap(), 48);
-        assert_eq!(d.local_submaps(), &[3, 10]);
-        assert_eq!(d.global2local()[3], 0);
-        assert_eq!(d.global2local()[10], 1);
-        assert_eq!(d.global2local()[0], -1);
-        assert_eq!(d.local_index(3 * 48 + 5), Some(5));
-        assert_eq!(d.local_index(10 * 48), Some(48));
-        assert_eq!(d.local_index(0), None);
-        assert_eq!(d.local_index(-1), None);
-        assert_eq!(d.global_pixel(49), 10 * 48 + 1);
-        assert!(PixelDistribution::healpix(6, 2, true, &hit).is_err());
-        assert!(PixelDistribution::healpix(8, 16, true, &hit).is_err());
-        assert!(PixelDistribution::new(10, 3, &[5]).is_err());
-        assert!(PixelDistribution::new(10, 3, &[1, 1]).is_err());
-    }
-
-    #[test]
-    fn stats_count_unhit_pixels_as_zeros() {
-        // 4 submaps of 3 pixels, one stored.
-        let d = Arc::new(PixelDistribution::new(12, 4, &[2]).unwrap());
-        let mut m = PixelData::<f64>::new(d, 2);
-        m.data_mut()
-            .copy_from_slice(&[1.0, -1.0, 2.0, 0.0, 3.0, 1.0]);
-        let s = m.stats();
-        let full = m.to_full_sky();
-        assert_eq!(full.len(), 24);
-        assert_eq!(&full[12..18], &[1.0, -1.0, 2.0, 0.0, 3.0, 1.0]);
-        for c in 0..2 {
-            let xs: Vec<f64> = full.iter().skip(c).step_by(2).copied().collect();
-            let mean = xs.iter().sum::<f64>() / 12.0;
-            let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / 11.0;
-            assert!((s.mean[c] - mean).abs() < 1e-15);
-            assert!((s.rms[c] - var.sqrt()).abs() < 1e-14);
-        }
-        assert_eq!(s.sum, vec![6.0, 0.0]);
-        assert_eq!(s.count, 12);
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Reductions across processes.
 //
@@ -593,4 +542,55 @@ pub fn gather_map<T: Reducible>(
         done += chunk.len();
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healpix_distribution_layout() {
+        let mut hit = vec![0u8; 16];
+        hit[3] = 1;
+        hit[10] = 1;
+        let d = PixelDistribution::healpix(8, 2, true, &hit).unwrap();
+        assert_eq!(d.n_pix(), 768);
+        assert_eq!(d.n_submap(), 16);
+        assert_eq!(d.n_pix_submap(), 48);
+        assert_eq!(d.local_submaps(), &[3, 10]);
+        assert_eq!(d.global2local()[3], 0);
+        assert_eq!(d.global2local()[10], 1);
+        assert_eq!(d.global2local()[0], -1);
+        assert_eq!(d.local_index(3 * 48 + 5), Some(5));
+        assert_eq!(d.local_index(10 * 48), Some(48));
+        assert_eq!(d.local_index(0), None);
+        assert_eq!(d.local_index(-1), None);
+        assert_eq!(d.global_pixel(49), 10 * 48 + 1);
+        assert!(PixelDistribution::healpix(6, 2, true, &hit).is_err());
+        assert!(PixelDistribution::healpix(8, 16, true, &hit).is_err());
+        assert!(PixelDistribution::new(10, 3, &[5]).is_err());
+        assert!(PixelDistribution::new(10, 3, &[1, 1]).is_err());
+    }
+
+    #[test]
+    fn stats_count_unhit_pixels_as_zeros() {
+        // 4 submaps of 3 pixels, one stored.
+        let d = Arc::new(PixelDistribution::new(12, 4, &[2]).unwrap());
+        let mut m = PixelData::<f64>::new(d, 2);
+        m.data_mut()
+            .copy_from_slice(&[1.0, -1.0, 2.0, 0.0, 3.0, 1.0]);
+        let s = m.stats();
+        let full = m.to_full_sky();
+        assert_eq!(full.len(), 24);
+        assert_eq!(&full[12..18], &[1.0, -1.0, 2.0, 0.0, 3.0, 1.0]);
+        for c in 0..2 {
+            let xs: Vec<f64> = full.iter().skip(c).step_by(2).copied().collect();
+            let mean = xs.iter().sum::<f64>() / 12.0;
+            let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / 11.0;
+            assert!((s.mean[c] - mean).abs() < 1e-15);
+            assert!((s.rms[c] - var.sqrt()).abs() < 1e-14);
+        }
+        assert_eq!(s.sum, vec![6.0, 0.0]);
+        assert_eq!(s.count, 12);
+    }
 }

@@ -40,6 +40,7 @@ pub fn main(bench_mib: Option<usize>) -> Result<u8, String> {
 
 /// Time 5 allreduces (sum) of `mib` MiB of f64 after one warm-up; rank 0
 /// prints the mean time and the bandwidth (buffer bytes over time).
+#[cfg(feature = "mpi")]
 pub fn bench(comm: &dyn Comm, mib: usize) -> Result<u8, String> {
     if mib == 0 {
         return Err("--bench-mib 0: must be at least 1".into());
