@@ -179,7 +179,8 @@ fn run(cli: Cli) -> Result<u8, String> {
     }
     let mut opts = discovery(&cli)?;
     if let Command::Run(args) = &cli.command {
-        if let Some(n) = args.threads {
+        // Without --threads, ranks sharing a node share its cores.
+        if let Some(n) = args.threads.or_else(parallel::default_threads_per_rank) {
             cmd::run::set_threads(n, &mut opts)?;
         }
     }

@@ -33,6 +33,29 @@ pub fn init() -> Result<Arc<dyn Comm>, String> {
     }
 }
 
+/// Processes of this job on this node, from the launcher's environment
+/// (Open MPI, MPICH/Hydra, PMI), if it says.
+pub fn local_size() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "PMI_LOCAL_SIZE",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+    .filter(|&n| n > 0)
+}
+
+/// Threads per process when `--threads` is not given and several
+/// processes share the node: the cores divided among them (at least 1),
+/// so that `mpirun -n 4` on a 16-core node runs 4 × 4 threads rather than
+/// 4 × 16. `None` (all cores) for a single process per node.
+pub fn default_threads_per_rank() -> Option<usize> {
+    let local = local_size().filter(|&n| n > 1)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some((cores / local).max(1))
+}
+
 /// End the job after a failure on this rank: print the cause, naming the
 /// rank when there are several, then abort every process (MPI) or exit.
 pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {

@@ -282,6 +282,71 @@ fn groups_split_the_observations() {
 }
 
 #[test]
+fn a_sky_map_file_is_read_by_rank_0_and_shared() {
+    let dir = scratch("skymap");
+    // A smooth nside-64 sky (NEST): I, Q, U from the pixel index.
+    let npix = 12 * 64 * 64;
+    let i: Vec<f64> = (0..npix).map(|p| (p as f64 * 1e-3).sin()).collect();
+    let q: Vec<f64> = (0..npix).map(|p| 0.1 * (p as f64 * 7e-4).cos()).collect();
+    let u: Vec<f64> = (0..npix).map(|p| 0.1 * (p as f64 * 3e-4).sin()).collect();
+    let sky = dir.join("sky.fits");
+    toast_ops::fits::write_iqu_map(
+        &sky,
+        toast_ops::fits::Ordering::Nested,
+        [&i, &q, &u],
+        "K",
+        toast_ops::fits::MapPrecision::F32,
+        &[],
+    )
+    .unwrap();
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    let mut common = vec![
+        "--quiet",
+        "--no-plot",
+        "--threads",
+        "1",
+        "--set",
+        "pixels.nside=64",
+        "--set",
+        "mapmaker.write_float64=true",
+        "--sky-map",
+        sky.to_str().unwrap(),
+    ];
+    common.extend(RCOND);
+    let mut a = common.clone();
+    a.extend(["--out-dir", one.to_str().unwrap()]);
+    let o = single(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut b = common.clone();
+    b.extend(["--out-dir", two.to_str().unwrap()]);
+    let o = mpirun(2, &b, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(stats(&two)["sky_map"], stats(&one)["sky_map"]);
+    let hits = compare_maps(
+        &two.join("mapmaker_hits.fits"),
+        &one.join("mapmaker_hits.fits"),
+    );
+    assert_eq!(hits, vec![0.0]);
+    let rel = compare_maps(
+        &two.join("mapmaker_binmap.fits"),
+        &one.join("mapmaker_binmap.fits"),
+    );
+    assert!(rel.iter().all(|&r| r <= 1e-11), "{rel:?}");
+    // A file that is not FITS ends the job, naming the file.
+    let junk = dir.join("junk.fits");
+    std::fs::write(&junk, vec![b'x'; 6000]).unwrap();
+    let mut c = common.clone();
+    let pos = c.iter().position(|x| *x == sky.to_str().unwrap()).unwrap();
+    c[pos] = junk.to_str().unwrap();
+    c.extend(["--out-dir", two.to_str().unwrap()]);
+    let o = mpirun(2, &c, &[]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("junk.fits"), "{t}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn an_impossible_distribution_is_refused_on_every_rank() {
     // Two groups for one observation.
     let dir = scratch("refuse");

@@ -59,7 +59,8 @@ pub struct RunArgs {
     /// Run-level backend (dispatch `run=NAME`).
     #[arg(long)]
     pub backend: Option<String>,
-    /// Threads (rayon and the CPU plugin); default: all cores.
+    /// Threads (rayon and the CPU plugin); default: all cores, divided
+    /// among the processes of an MPI job that share a node.
     #[arg(long)]
     pub threads: Option<usize>,
     /// Override the case's number of detectors (even, ≤ 2054).
@@ -419,7 +420,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             return Ok(());
         }
         let sky = match &job.sky_file {
-            Some(p) => InputSky::from_file(p).map_err(op_err)?,
+            Some(p) => InputSky::from_file_on(p, &*comm_of(ctx)).map_err(op_err)?,
             None => InputSky::synthetic_on(
                 &SkyConfig {
                     nside,
@@ -626,18 +627,12 @@ fn parse_procs(spec: &str) -> Result<(usize, usize), String> {
     Ok((p, n))
 }
 
-/// Processes per node of this MPI job (Open MPI's or MPICH's local size),
-/// or all of them.
+/// Processes per node of this MPI job (the launcher's local size), or all
+/// of them.
 fn procs_per_node(size: usize) -> usize {
-    [
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "MPI_LOCALNRANKS",
-        "PMI_LOCAL_SIZE",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
-    .filter(|&n| n > 0 && size % n == 0)
-    .unwrap_or(size)
+    parallel::local_size()
+        .filter(|&n| size % n == 0)
+        .unwrap_or(size)
 }
 
 /// The distribution of a (possibly hypothetical) job and the predicted

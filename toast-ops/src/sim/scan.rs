@@ -57,6 +57,83 @@ impl InputSky {
         })
     }
 
+    /// [`InputSky::from_file`] for every process of `comm`: rank 0 reads
+    /// the file and broadcasts the maps, so a job of thousands of ranks
+    /// opens it once. A read error on rank 0 is returned on every rank.
+    pub fn from_file_on(path: &Path, comm: &dyn toast_core::Comm) -> Result<Self, OpError> {
+        if comm.size() == 1 {
+            return Self::from_file(path);
+        }
+        let bcast_err =
+            |e: toast_core::CommError| OpError::Config(format!("sky map {}: {e}", path.display()));
+        let mut buf = Vec::new();
+        if comm.rank() == 0 {
+            buf = match Self::from_file(path) {
+                Ok(sky) => sky.encode(),
+                Err(e) => {
+                    let mut b = vec![1u8];
+                    b.extend_from_slice(e.to_string().as_bytes());
+                    b
+                }
+            };
+        }
+        comm.broadcast_bytes(0, &mut buf).map_err(bcast_err)?;
+        match buf.first() {
+            Some(0) => Self::decode(&buf[1..], path),
+            Some(_) => Err(OpError::Config(format!(
+                "{} (read on rank 0)",
+                String::from_utf8_lossy(&buf[1..])
+            ))),
+            None => Err(OpError::Config(format!(
+                "sky map {}: nothing received from rank 0",
+                path.display()
+            ))),
+        }
+    }
+
+    /// Status byte 0, nside, three maps (length then f32 values), source.
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8];
+        b.extend_from_slice(&self.nside.to_le_bytes());
+        for m in &self.maps {
+            b.extend_from_slice(&(m.len() as u64).to_le_bytes());
+            b.extend_from_slice(bytemuck::cast_slice(m));
+        }
+        b.extend_from_slice(self.source.as_bytes());
+        b
+    }
+
+    fn decode(b: &[u8], path: &Path) -> Result<Self, OpError> {
+        let bad = || {
+            OpError::Config(format!(
+                "sky map {}: truncated broadcast from rank 0",
+                path.display()
+            ))
+        };
+        let word = |at: usize| -> Result<u64, OpError> {
+            let s = b.get(at..at + 8).ok_or_else(bad)?;
+            Ok(u64::from_le_bytes(s.try_into().map_err(|_| bad())?))
+        };
+        let nside = word(0)?;
+        let mut at = 8;
+        let mut maps: [Vec<f32>; 3] = Default::default();
+        for m in &mut maps {
+            let n = word(at)? as usize;
+            at += 8;
+            let bytes = b.get(at..at + 4 * n).ok_or_else(bad)?;
+            *m = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            at += 4 * n;
+        }
+        Ok(InputSky {
+            nside,
+            maps,
+            source: String::from_utf8_lossy(&b[at..]).into_owned(),
+        })
+    }
+
     /// The benchmark's synthetic sky (see [`crate::sky`]).
     pub fn synthetic(cfg: &SkyConfig) -> Result<Self, OpError> {
         Self::synthetic_on(cfg, &toast_core::SerialComm)
@@ -251,5 +328,28 @@ impl Operator for ScanHealpixMap {
             }
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_encoding_round_trips_and_rejects_truncation() {
+        let sky = InputSky {
+            nside: 2,
+            maps: [vec![1.5; 48], vec![-2.0; 48], vec![0.25; 48]],
+            source: "a.fits".into(),
+        };
+        let b = sky.encode();
+        assert_eq!(b[0], 0);
+        let back = InputSky::decode(&b[1..], Path::new("a.fits")).unwrap();
+        assert_eq!(
+            (back.nside, &back.maps, back.source.as_str()),
+            (2, &sky.maps, "a.fits")
+        );
+        let e = InputSky::decode(&b[1..100], Path::new("a.fits")).unwrap_err();
+        assert!(e.to_string().contains("truncated broadcast"), "{e}");
     }
 }
