@@ -35,6 +35,9 @@ pub struct PixelDistribution {
     /// Submaps hit by any process of the job (ascending); the local ones in
     /// a one-process run.
     global_submaps: Vec<i64>,
+    /// Submaps hit by more than one process (ascending): the only ones a
+    /// reduction has to combine.
+    shared_submaps: Vec<i64>,
 }
 
 impl PixelDistribution {
@@ -74,6 +77,7 @@ impl PixelDistribution {
                 g.sort_unstable();
                 g
             },
+            shared_submaps: Vec::new(),
             local_submaps: local_submaps.to_vec(),
             global2local,
             nest: true,
@@ -155,9 +159,27 @@ impl PixelDistribution {
         &self.global_submaps
     }
 
-    /// Set the job-wide hit submaps (`global` must be ascending and contain
-    /// every local submap).
-    pub fn with_global_submaps(mut self, global: Vec<i64>) -> Result<Self, OpError> {
+    /// The submaps hit by more than one process (ascending; none in one
+    /// process).
+    pub fn shared_submaps(&self) -> &[i64] {
+        &self.shared_submaps
+    }
+
+    /// Set the job-wide hit submaps and those hit by several processes
+    /// (both ascending; `global` must contain every local submap and
+    /// `shared` must lie in `global`).
+    pub fn with_global_submaps(
+        mut self,
+        global: Vec<i64>,
+        shared: Vec<i64>,
+    ) -> Result<Self, OpError> {
+        if shared.windows(2).any(|w| w[0] >= w[1])
+            || shared.iter().any(|s| global.binary_search(s).is_err())
+        {
+            return Err(OpError::Config(
+                "pixel distribution: the shared submaps must be ascending and hit".into(),
+            ));
+        }
         if global.windows(2).any(|w| w[0] >= w[1])
             || global.iter().any(|&s| s < 0 || s >= self.n_submap)
         {
@@ -175,6 +197,7 @@ impl PixelDistribution {
             )));
         }
         self.global_submaps = global;
+        self.shared_submaps = shared;
         Ok(self)
     }
 
@@ -391,7 +414,8 @@ pub fn get_map_mut<'a, T: Element>(
 // Each process accumulates hits, inverse covariance and noise-weighted maps
 // over its own samples into its own (hit) submaps; the sums over the job
 // are taken by an allreduce over the job-wide hit submaps
-// ([`PixelDistribution::global_submaps`]) in chunks of at most
+// ([`PixelDistribution::global_submaps`]; only those hit by several
+// processes, [`PixelDistribution::shared_submaps`], need combining) in chunks of at most
 // [`SYNC_CHUNK_BYTES`], so a process never stores more than its own
 // submaps plus one chunk. This is TOAST's `sync_type = "allreduce"` scheme;
 // see the crate documentation for why it is the one used for both
@@ -463,7 +487,8 @@ pub fn sync_sum<T: Reducible>(comm: &dyn Comm, map: &mut PixelData<T>) -> Result
     let per = dist.n_pix_submap() as usize * map.n_value;
     let g2l = dist.global2local();
     let mut buf: Vec<T> = Vec::new();
-    for chunk in dist.global_submaps().chunks(chunk_submaps::<T>(per)) {
+    // A submap hit by one process already holds its job-wide sum there.
+    for chunk in dist.shared_submaps().chunks(chunk_submaps::<T>(per)) {
         buf.clear();
         buf.resize(chunk.len() * per, T::default());
         for (i, &gs) in chunk.iter().enumerate() {
@@ -485,15 +510,19 @@ pub fn sync_sum<T: Reducible>(comm: &dyn Comm, map: &mut PixelData<T>) -> Result
     Ok(())
 }
 
-/// The job-wide hit submaps: the union of every process's `hit` flags
-/// (one per submap), ascending.
-pub fn global_hit_submaps(comm: &dyn Comm, hit: &[u8]) -> Result<Vec<i64>, OpError> {
-    let mut flags: Vec<i64> = hit.iter().map(|&h| i64::from(h != 0)).collect();
-    comm.allreduce_i64(&mut flags, ReduceOp::Max)
+/// The job-wide hit submaps (hit by any process) and the shared ones (hit
+/// by more than one), ascending, from every process's `hit` flags (one per
+/// submap).
+pub fn global_hit_submaps(comm: &dyn Comm, hit: &[u8]) -> Result<(Vec<i64>, Vec<i64>), OpError> {
+    let mut count: Vec<i64> = hit.iter().map(|&h| i64::from(h != 0)).collect();
+    comm.allreduce_i64(&mut count, ReduceOp::Sum)
         .map_err(|e| comm_err("hit submaps", e))?;
-    Ok((0..flags.len() as i64)
-        .filter(|&s| flags[s as usize] != 0)
-        .collect())
+    let pick = |min: i64| {
+        (0..count.len() as i64)
+            .filter(|&s| count[s as usize] >= min)
+            .collect::<Vec<i64>>()
+    };
+    Ok((pick(1), pick(2)))
 }
 
 /// The whole map (every job-wide hit submap) on `root`, `None` elsewhere:

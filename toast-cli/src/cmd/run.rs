@@ -462,7 +462,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     })?;
     let (t_first, t_last) = time_span(&*comm, &data)?;
     // What each rank really holds (from its data, not from the plan).
-    let processes = gather_processes(&*comm, &data)?;
+    let processes = gather_processes(&*comm, &data, &cfg.binner.pixel_dist)?;
     let stats = phase(&ui, 5, "write outputs", &mut ctx, |ctx| {
         let comm = comm_of(ctx);
         match gather_products(&*comm, &data, &res)? {
@@ -520,6 +520,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     stats["n_obs"] = json!(s.n_obs);
     stats["samples"] = json!(s.samples());
     stats["local_submaps"] = json!(local_submaps(&data, &cfg.binner.pixel_dist));
+    if let Ok(d) = data
+        .meta
+        .object::<Arc<toast_ops::PixelDistribution>>(&cfg.binner.pixel_dist)
+    {
+        stats["job_hit_submaps"] = json!(d.global_submaps().len());
+        stats["shared_submaps"] = json!(d.shared_submaps().len());
+    }
     stats["threads"] = json!(rayon::current_num_threads());
     let used = kernel_backends(&ctx);
     let transfers = transfer_summary(&registry, &used);
@@ -788,7 +795,11 @@ fn time_span(comm: &dyn Comm, data: &Data) -> Result<(f64, f64), String> {
 
 /// Each rank's observations and detectors, as rank 0 receives them (JSON
 /// array, one object per rank; `null` on other ranks).
-fn gather_processes(comm: &dyn Comm, data: &Data) -> Result<serde_json::Value, String> {
+fn gather_processes(
+    comm: &dyn Comm,
+    data: &Data,
+    pixel_dist: &str,
+) -> Result<serde_json::Value, String> {
     let obs: Vec<&str> = data.obs.iter().map(|o| o.name()).collect();
     let mut dets: Vec<&str> = Vec::new();
     let mut det_samples = 0u64;
@@ -805,6 +816,7 @@ fn gather_processes(comm: &dyn Comm, data: &Data) -> Result<serde_json::Value, S
         "observations": obs,
         "detectors": dets,
         "detector_samples": det_samples,
+        "local_submaps": local_submaps(data, pixel_dist),
         "peak_memory_bytes": presets::peak_rss().unwrap_or(0.0),
     });
     let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;

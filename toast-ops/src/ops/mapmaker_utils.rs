@@ -197,11 +197,11 @@ impl Operator for BuildPixelDistribution {
         }
         // The job-wide hit set: what the map reductions run over.
         let comm = comm_of(ctx);
-        let global = global_hit_submaps(&*comm, &self.hit)?;
+        let (global, shared) = global_hit_submaps(&*comm, &self.hit)?;
         let dist = Arc::new(
             self.pixels
                 .distribution(&self.hit)?
-                .with_global_submaps(global)?,
+                .with_global_submaps(global, shared)?,
         );
         data.meta.set_object(&self.pixel_dist, dist);
         Ok(())
