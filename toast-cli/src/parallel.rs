@@ -2,7 +2,7 @@
 //! injection.
 //!
 //! Without the `mpi` cargo feature the world is one process
-//! ([`SerialComm`]). With it, [`init`] initialises MPI (see `mpi_comm.rs`)
+//! ([`toast_core::SerialComm`]). With it, [`init`] initialises MPI (see `mpi_comm.rs`)
 //! and returns the MPI world; a binary built with the feature and started
 //! without `mpirun` is a one-rank MPI job (MPI's singleton mode).
 //!
@@ -19,7 +19,7 @@
 //! check that a failing or vanishing rank ends the job with a message.
 
 use std::sync::Arc;
-use toast_core::{Comm, SerialComm};
+use toast_core::Comm;
 
 /// The world communicator of this process.
 pub fn init() -> Result<Arc<dyn Comm>, String> {
@@ -29,7 +29,7 @@ pub fn init() -> Result<Arc<dyn Comm>, String> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        Ok(Arc::new(SerialComm))
+        Ok(Arc::new(toast_core::SerialComm))
     }
 }
 
@@ -68,8 +68,6 @@ pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
         comm.abort(code)
     }
     eprintln!("toast-cli: {message}");
-    // A one-process communicator has nothing to abort.
-    let _ = SerialComm;
     std::process::exit(code)
 }
 
