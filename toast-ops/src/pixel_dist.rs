@@ -1,8 +1,9 @@
 //! Distributed pixel maps: [`PixelDistribution`] and [`PixelData`].
 //!
 //! As in TOAST, a map of `n_pix` pixels is cut into `n_submap` submaps of
-//! `n_pix_submap` pixels, and a process stores only its *local* submaps (in
-//! this single-process implementation, the submaps its pointing hits). A
+//! `n_pix_submap` pixels, and a process stores only its *local* submaps (the
+//! submaps its own pointing hits; the reductions across processes are at
+//! the end of this module). A
 //! [`PixelData`] holds `n_local_submap × n_pix_submap × n_value` elements,
 //! row-major, so the kernels (`scan_map`, `build_noise_weighted`) index it
 //! as `[global2local[pix / n_pix_submap], pix % n_pix_submap, k]` with the
@@ -21,7 +22,7 @@
 
 use std::sync::Arc;
 use toast_core::OpError;
-use toast_core::{Comm, CommError, Data, DataError, Element, ReduceOp};
+use toast_core::{comm_of, Comm, CommError, Data, DataError, Element, ExecContext, ReduceOp};
 
 /// How a map's pixels are cut into submaps, and which submaps are stored here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,8 +419,7 @@ pub fn get_map_mut<'a, T: Element>(
 // processes, [`PixelDistribution::shared_submaps`], need combining) in chunks of at most
 // [`SYNC_CHUNK_BYTES`], so a process never stores more than its own
 // submaps plus one chunk. This is TOAST's `sync_type = "allreduce"` scheme;
-// see the crate documentation for why it is the one used for both
-// `sync_type` values.
+// docs/DISTRIBUTED.md says why it serves both `sync_type` values.
 
 /// Timer frame of the map reductions (hits, covariance, noise-weighted maps).
 pub const SYNC_TIMER: &str = "sync_map";
@@ -508,6 +508,34 @@ pub fn sync_sum<T: Reducible>(comm: &dyn Comm, map: &mut PixelData<T>) -> Result
         }
     }
     Ok(())
+}
+
+/// [`sync_sum`] of the f64 maps under `f64_keys` and the i64 maps under
+/// `i64_keys` in `data.meta`, timed as [`SYNC_TIMER`]; nothing in one
+/// process.
+pub fn sync_maps(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    f64_keys: &[&str],
+    i64_keys: &[&str],
+) -> Result<(), OpError> {
+    let comm = comm_of(ctx);
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    ctx.timers.enter(SYNC_TIMER)?;
+    let mut sync = || -> Result<(), OpError> {
+        for k in i64_keys {
+            sync_sum(&*comm, data.meta.object_mut::<PixelData<i64>>(k)?)?;
+        }
+        for k in f64_keys {
+            sync_sum(&*comm, data.meta.object_mut::<PixelData<f64>>(k)?)?;
+        }
+        Ok(())
+    };
+    let r = sync();
+    ctx.timers.exit(SYNC_TIMER)?;
+    r
 }
 
 /// The job-wide hit submaps (hit by any process) and the shared ones (hit

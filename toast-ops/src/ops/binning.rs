@@ -5,7 +5,7 @@ use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
 use crate::covariance::{apply_covariance, nnz_of_block};
 use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::pixel_dist::{get_distribution, sync_sum, PixelData, SYNC_TIMER};
+use crate::pixel_dist::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{comm_of, Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};
@@ -40,7 +40,9 @@ pub struct BinnerConfig {
     pub shared_flag_mask: u8,
     /// Observation key of the noise model.
     pub noise_model: String,
-    /// `alltoallv` or `allreduce` (TOAST's map reduction; one process needs none).
+    /// `alltoallv` or `allreduce` (TOAST's map reduction), accepted for
+    /// TOAST compatibility: both use the allreduce of the shared hit
+    /// submaps (docs/DISTRIBUTED.md).
     pub sync_type: String,
     /// Expand the pointing once and keep it, instead of recomputing it in
     /// every pass over the data (TOAST's default).
@@ -193,17 +195,7 @@ pub(crate) fn bin_map(
             SYNC_TIMER,
             Requirements::new().global(&binned),
             Requirements::new().global(&binned),
-            |data, ctx| {
-                let comm = comm_of(ctx);
-                ctx.timers.enter(SYNC_TIMER)?;
-                let r = data
-                    .meta
-                    .object_mut::<PixelData<f64>>(&binned)
-                    .map_err(OpError::from)
-                    .and_then(|m| sync_sum(&*comm, m));
-                ctx.timers.exit(SYNC_TIMER)?;
-                r
-            },
+            |data, ctx| sync_maps(data, ctx, &[&binned], &[]),
         )?;
     }
 

@@ -7,10 +7,10 @@ use super::mapmaker_utils::{
 use super::util::PointingOps;
 use crate::covariance::invert_covariance;
 use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::pixel_dist::{sync_sum, PixelData, SYNC_TIMER};
+use crate::pixel_dist::{sync_maps, PixelData};
 use serde::Deserialize;
 use toast_core::observation::defaults;
-use toast_core::{comm_of, Category, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
 
 /// One covariance-and-hits pass.
 #[derive(Debug, Clone)]
@@ -100,14 +100,7 @@ pub(crate) fn covariance_and_hits(
         provides,
         |data, ctx| {
             // Sum the hits and the inverse covariance over the job.
-            let comm = comm_of(ctx);
-            if comm.size() > 1 {
-                ctx.timers.enter(SYNC_TIMER)?;
-                let r = sync_sum(&*comm, data.meta.object_mut::<PixelData<i64>>(&hits_key)?)
-                    .and_then(|_| sync_sum(&*comm, data.meta.object_mut::<PixelData<f64>>(&cov)?));
-                ctx.timers.exit(SYNC_TIMER)?;
-                r?;
-            }
+            sync_maps(data, ctx, &[&cov], &[&hits_key])?;
             let mut c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
             if let Some(i) = &invcov_key {
                 data.meta.set_object(i, c.clone());
@@ -160,7 +153,8 @@ pub struct CovarianceAndHitsConfig {
     pub noise_model: String,
     /// Minimum rcond of a kept pixel.
     pub rcond_threshold: f64,
-    /// `alltoallv` or `allreduce` (no effect in one process).
+    /// `alltoallv` or `allreduce`, accepted for TOAST compatibility: both
+    /// use the allreduce of the shared hit submaps (docs/DISTRIBUTED.md).
     pub sync_type: String,
     /// Keep the expanded pointing (accepted for TOAST compatibility: the
     /// pointing fields are kept anyway).

@@ -144,8 +144,10 @@ pub fn core_focalplane(fp: &focalplane::Focalplane) -> Result<Focalplane, OpErro
     Ok(Focalplane::new(dets, fp.sample_rate)?)
 }
 
-/// Creates the observations `first .. first + n_obs` of the schedule (see the
-/// module documentation of [`crate::sim`]).
+/// Creates this process's share of the observations `first .. first +
+/// n_obs` of the schedule: its group's observations, holding its detector
+/// sets ([`SimSatellite::plan`]; all of them in one process). See the module
+/// documentation of [`crate::sim`].
 #[derive(Debug, Clone)]
 pub struct SimSatellite {
     name: String,
