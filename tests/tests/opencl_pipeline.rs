@@ -16,9 +16,9 @@ use std::sync::Arc;
 use toast_accel::host::{Plugin, Registry, Source};
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, Operator};
-use toast_ops::kernels::UnstagedTransfers;
+use toast_ops::accel::kernels::UnstagedTransfers;
+use toast_ops::accel::pipeline::StagingReports;
 use toast_ops::ops::{ScanMap, ScanMapConfig};
-use toast_ops::pipeline::StagingReports;
 use toast_ops::{DetectorSets, Pipeline};
 
 const NSIDE: i64 = 16;

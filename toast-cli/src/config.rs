@@ -292,7 +292,7 @@ pub fn build(table: Table) -> Result<RunConfig, String> {
     cfg.mapmaker.validate().map_err(e)?;
     cfg.baselines.validate().map_err(e)?;
     cfg.binner.validate().map_err(e)?;
-    toast_ops::pixel_dist::check_nside(cfg.pixels.nside, cfg.pixels.nside_submap)
+    toast_ops::pixels::check_nside(cfg.pixels.nside, cfg.pixels.nside_submap)
         .map_err(|x| format!("config: [pixels] {x}"))?;
     if !cfg.pixels.nest {
         return Err("config: [pixels] nest = false: the workflow writes NEST maps".into());

@@ -104,8 +104,8 @@ fn stats(dir: &Path) -> serde_json::Value {
 
 /// Largest |a - b| over the largest |b|, per field of two map files.
 fn compare_maps(a: &Path, b: &Path) -> Vec<f64> {
-    let ma = toast_ops::fits::read_healpix_map(a, None).unwrap();
-    let mb = toast_ops::fits::read_healpix_map(b, None).unwrap();
+    let ma = toast_ops::io::fits::read_healpix_map(a, None).unwrap();
+    let mb = toast_ops::io::fits::read_healpix_map(b, None).unwrap();
     assert_eq!(ma.fields.len(), mb.fields.len());
     ma.fields
         .iter()
@@ -290,12 +290,12 @@ fn a_sky_map_file_is_read_by_rank_0_and_shared() {
     let q: Vec<f64> = (0..npix).map(|p| 0.1 * (p as f64 * 7e-4).cos()).collect();
     let u: Vec<f64> = (0..npix).map(|p| 0.1 * (p as f64 * 3e-4).sin()).collect();
     let sky = dir.join("sky.fits");
-    toast_ops::fits::write_iqu_map(
+    toast_ops::io::fits::write_iqu_map(
         &sky,
-        toast_ops::fits::Ordering::Nested,
+        toast_ops::io::fits::Ordering::Nested,
         [&i, &q, &u],
         "K",
-        toast_ops::fits::MapPrecision::F32,
+        toast_ops::io::fits::MapPrecision::F32,
         &[],
     )
     .unwrap();

@@ -94,13 +94,14 @@ fn tiny_hits_outputs_and_stats() {
     }
     assert!(stats["cg_iterations"].as_u64().unwrap() >= 1);
     // The hit map read back sums to the hits.
-    let hits = toast_ops::fits::read_healpix_map(&out.join("mapmaker_hits.fits"), None).unwrap();
+    let hits =
+        toast_ops::io::fits::read_healpix_map(&out.join("mapmaker_hits.fits"), None).unwrap();
     assert_eq!(hits.nside, 128);
     let total: f64 = hits.fields[0].data.iter().sum();
     assert_eq!(total, (12 * 360_000) as f64);
     for f in ["mapmaker_map.fits", "mapmaker_binmap.fits"] {
-        let m = toast_ops::fits::read_healpix_map(&out.join(f), None).unwrap();
-        assert_eq!(m.file_ordering, toast_ops::fits::Ordering::Nested);
+        let m = toast_ops::io::fits::read_healpix_map(&out.join(f), None).unwrap();
+        assert_eq!(m.file_ordering, toast_ops::io::fits::Ordering::Nested);
         let names: Vec<&str> = m.fields.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["TEMPERATURE", "Q_POLARISATION", "U_POLARISATION"]);
         assert_eq!(m.fields[0].unit.as_deref(), Some("K"));
@@ -268,12 +269,12 @@ fn bad_input_is_reported_before_work() {
     // A valid map of the wrong nside.
     let small = dir.join("nside8.fits");
     let z = vec![0.0f64; 12 * 64];
-    toast_ops::fits::write_iqu_map(
+    toast_ops::io::fits::write_iqu_map(
         &small,
-        toast_ops::fits::Ordering::Nested,
+        toast_ops::io::fits::Ordering::Nested,
         [&z, &z, &z],
         "K",
-        toast_ops::fits::MapPrecision::F32,
+        toast_ops::io::fits::MapPrecision::F32,
         &[],
     )
     .unwrap();
@@ -382,7 +383,7 @@ fn opencl_and_cpu_give_the_same_maps() {
         .unwrap_or(0);
     assert!(h2d > 0, "no opencl transfers in stats.json: {stats}");
     let read = |dir: &Path, f: &str| {
-        toast_ops::fits::read_healpix_map(&dir.join(f), None).unwrap_or_else(|e| panic!("{e}"))
+        toast_ops::io::fits::read_healpix_map(&dir.join(f), None).unwrap_or_else(|e| panic!("{e}"))
     };
     let (h_cpu, h_ocl) = (
         read(&outs[0], "mapmaker_hits.fits"),

@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use toast_ops::fits::{write_healpix_map, ColumnFormat, ColumnSource, Ordering, WriteColumn};
-use toast_ops::sky::{mean_and_rms, synthesize_sky, SkyConfig};
+use toast_ops::io::fits::{write_healpix_map, ColumnFormat, ColumnSource, Ordering, WriteColumn};
+use toast_ops::sim::sky::{mean_and_rms, synthesize_sky, SkyConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -71,7 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if png {
         let p = out.join(format!("rs_input_sky_nside{nside}.png"));
         let t2 = Instant::now();
-        toast_ops::plot::plot_iqu_mollweide(&p, nside, [&sky.i, &sky.q, &sky.u], None, 800)?;
+        toast_ops::io::plot::plot_iqu_mollweide(&p, nside, [&sky.i, &sky.q, &sky.u], None, 800)?;
         println!(
             "wrote {} in {:.2} s",
             p.display(),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference noise data from TOAST 3.0.6 for toast-ops/src/noise.rs.
+"""Reference noise data from TOAST 3.0.6 for toast-ops/src/sim/noise.rs.
 
 Writes toast-ops/tests/data/satsim/noise_vectors.txt with records:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write quaternion test vectors from TOAST's qarray for toast-ops/src/qarray.rs.
+"""Write quaternion test vectors from TOAST's qarray for toast-ops/src/math/qarray.rs.
 
 Run with the TOAST 3.0.6 environment:
 

@@ -1,32 +1,38 @@
 //! toast-ops: operators, pipelines, map containers and the destriping
 //! map-maker of toast-rs.
 //!
-//! # Layers of this crate
+//! # Layers of this crate (bottom to top)
 //!
-//! * [`kernels`]: the kernel call layer. One safe function per TOAST kernel
-//!   runs it for a set of detectors of an observation on the backend the
-//!   dispatcher resolves (kernel > operator > pipeline > run > cpu), timed
-//!   under the resolved timer name, with host addresses for host-addressable
-//!   backends and the device handles of staged fields otherwise (temporary
-//!   copies, counted as unstaged transfers, when a field was not staged).
+//! Each folder is a layer; a module uses only the layers below it.
+//!
+//! * [`math`]: HEALPix indexing, quaternions, spherical-harmonic synthesis,
+//!   the counter-based random generators. Plain functions over slices.
+//! * [`astro`]: the Earth's ephemeris, TOAST's satellite scan strategy and
+//!   the benchmark's focal plane. Plain functions.
+//! * [`io`]: HEALPix maps in FITS and Mollweide PNG plots.
+//! * [`pixels`]: `PixelDistribution` (submaps, `global2local`) and
+//!   `PixelData<T>` (TOAST's `toast.pixels`), with the map reductions
+//!   across processes; [`dist`]: how observations and detectors are split
+//!   across processes (TOAST's `toast.dist`).
+//! * [`accel`]: the kernel call layer ([`accel::kernels`]: one safe
+//!   function per TOAST kernel, dispatched to a backend), TOAST's
+//!   `Pipeline` with data staging ([`accel::pipeline`]) and the device
+//!   forms of data-level objects ([`accel::global_data`]).
 //! * [`ops`]: operators with TOAST's names, traits and defaults, each with
 //!   exact `requires()`/`provides()`: `PointingDetector`, `PixelsHealpix`,
 //!   `StokesWeights`, `ScanMap`, `NoiseWeight`, `BuildNoiseWeighted`
-//!   (kernel-backed, `supports_accel() == true`), and the host-only
-//!   `BuildHitMap`, `BuildInverseCovariance`, `BuildPixelDistribution`, plus
-//!   the composites `CovarianceAndHits` and `BinMap`.
-//! * [`pixel_dist`]: `PixelDistribution` (submaps, `global2local`) and
-//!   `PixelData<T>` (local submaps × pixels × values) with TOAST's full-sky
-//!   statistics; [`covariance`]: hits and inverse-covariance accumulation,
-//!   per-pixel eigendecomposition with the rcond cut, `cov_apply`;
-//!   [`global_data`]: which global objects have a device form.
-//! * [`pipeline`]: TOAST's `Pipeline` (detector sets, a pipeline-level
-//!   backend) with data staging: data moves to a non-host-addressable device
-//!   once per staging scope, following toast-core's staging plan.
-//! * [`templates`]: the offset template; [`mapmaker`]: the destriping
-//!   `MapMaker` (TOAST's solver steps 5a–5i, PCG with the diagonal
-//!   preconditioner), configured by serde structs named as TOAST names its
-//!   operator traits.
+//!   (kernel-backed), and the host-only `BuildHitMap`,
+//!   `BuildInverseCovariance`, `BuildPixelDistribution`, plus the
+//!   composites `CovarianceAndHits` and `BinMap`.
+//! * [`templates`]: the offset template (TOAST's `toast.templates`).
+//! * [`mapmaker`]: the destriping `MapMaker` (TOAST's solver steps 5a–5i,
+//!   PCG with the diagonal preconditioner) and the pixel-domain covariance.
+//! * [`sim`]: the simulation operators (`SimSatellite`,
+//!   `DefaultNoiseModel`, `SimNoise`, `ScanHealpixMap`) with the noise
+//!   simulation and the synthetic sky they use.
+//! * [`workflow`]: TOAST's satellite benchmark as a library call: a
+//!   [`workflow::SatelliteConfig`] in, the map-maker's products, timers and
+//!   statistics out. `toast-cli run` is a thin front-end over it.
 //!
 //! # Conventions
 //!
@@ -50,50 +56,19 @@
 //! is uploaded once per pipeline, and the products agree with TOAST 3.0.6's
 //! own `MapMaker` on identical inputs (`scripts/mapmaker_vs_toast.py`).
 //!
-//! # Simulation building blocks
-//!
-//! Standalone building blocks of the satellite simulation and map-making
-//! (plain functions over slices and small structs, independent of the
-//! observation data model):
-//!
-//! * [`qarray`]: quaternions with TOAST's conventions.
-//! * [`ephemeris`]: barycentric Earth position/velocity (ICRS).
-//! * [`satellite`]: TOAST's satellite schedule, timestamps and boresight.
-//! * [`focalplane`]: the benchmark's hexagonal focal plane.
-//! * [`noise`]: analytic 1/f noise model and counter-based noise simulation.
-//! * [`uid`]: TOAST's `name_UID` identifiers.
-//! * [`sim`]: the simulation operators on the data model (`SimSatellite`,
-//!   `DefaultNoiseModel`, `SimNoise`, `ScanHealpixMap`) that `toast-cli run`
-//!   chains with the map-maker.
-//! * [`healpix`]: HEALPix pixel indexing, angle/vector conversions and ring geometry.
-//! * [`fits`]: healpy-compatible HEALPix map FITS reading and writing.
-//! * [`sht`]: spherical-harmonic synthesis (a_lm → I, Q, U HEALPix maps).
-//! * [`sky`]: the synthetic CMB-like input sky of the satellite benchmark
-//!   (TOAST's power spectra and beam, Philox-seeded a_lm, band-limited synthesis).
-//! * [`plot`]: Mollweide-projection PNG rendering of I/Q/U maps.
 
-pub mod covariance;
+pub mod accel;
+pub mod astro;
 pub mod dist;
-pub mod ephemeris;
-pub mod fits;
-pub mod focalplane;
-pub mod global_data;
-pub mod healpix;
-pub mod kernels;
+pub mod io;
 pub mod mapmaker;
-pub mod noise;
+pub mod math;
 pub mod ops;
-pub mod pipeline;
-pub mod pixel_dist;
-pub mod plot;
-pub mod qarray;
-pub mod satellite;
-pub mod sht;
+pub mod pixels;
 pub mod sim;
-pub mod sky;
 pub mod templates;
-pub mod uid;
+// pub mod workflow;
 
+pub use accel::pipeline::{DetectorSets, Pipeline};
 pub use mapmaker::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
-pub use pipeline::{DetectorSets, Pipeline};
-pub use pixel_dist::{MapStats, PixelData, PixelDistribution};
+pub use pixels::{MapStats, PixelData, PixelDistribution};

@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use toast_ops::fits::{
+use toast_ops::io::fits::{
     read_healpix_map, toast_extra_header, write_healpix_map, write_hits_map, write_iqu_map,
     ColumnFormat, ColumnSource, FitsError, HeaderCard, HeaderValue, MapPrecision, Ordering,
     WriteColumn, UNSEEN,
 };
-use toast_ops::healpix::Healpix;
+use toast_ops::math::healpix::Healpix;
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

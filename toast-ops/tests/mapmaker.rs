@@ -7,10 +7,10 @@ use common::{add_offsets, context, hash01, make_data, make_sky, registry, scan_s
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
-use toast_ops::global_data::HostArray;
-use toast_ops::kernels::UnstagedTransfers;
+use toast_ops::accel::global_data::HostArray;
+use toast_ops::accel::kernels::UnstagedTransfers;
+use toast_ops::accel::pipeline::StagingReports;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
-use toast_ops::pipeline::StagingReports;
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerResult, MapMakerSetup, PixelData};
 

@@ -7,9 +7,9 @@ mod common;
 use common::{context, make_data, make_sky, pointing_ops, registry, Scan};
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator, Requirements};
-use toast_ops::kernels::UnstagedTransfers;
+use toast_ops::accel::kernels::UnstagedTransfers;
+use toast_ops::accel::pipeline::StagingReports;
 use toast_ops::ops::{ScanMap, ScanMapConfig};
-use toast_ops::pipeline::StagingReports;
 use toast_ops::{DetectorSets, MapMakerConfig, Pipeline};
 
 const NSIDE: i64 = 16;

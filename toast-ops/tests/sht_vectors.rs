@@ -1,9 +1,9 @@
-//! Compares `toast_ops::sht` synthesis with `healpy.alm2map` values sampled by
+//! Compares `toast_ops::math::sht` synthesis with `healpy.alm2map` values sampled by
 //! `tests/data/make_sht_vectors.py` (deterministic a_lm formula mirrored here).
 
 use std::path::PathBuf;
 
-use toast_ops::sht::{alm2map, Alm, Complex64};
+use toast_ops::math::sht::{alm2map, Alm, Complex64};
 
 /// The a_lm formula of make_sht_vectors.py.
 fn alm_formula(lmax: usize, which: char) -> Alm {
@@ -133,7 +133,7 @@ fn matches_healpy_aliased_lmax_and_distinct_t_lmax() {
 /// compares every pixel with healpy.alm2map. Without it, does nothing.
 #[test]
 fn write_full_maps_for_healpy_check() {
-    use toast_ops::fits::{write_iqu_map, MapPrecision, Ordering};
+    use toast_ops::io::fits::{write_iqu_map, MapPrecision, Ordering};
     let Some(dir) = std::env::var_os("TOAST_OPS_SHT_OUT") else {
         return;
     };

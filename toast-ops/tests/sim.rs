@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{Data, ExecContext, Operator};
-use toast_ops::focalplane::benchmark_focalplane;
-use toast_ops::satellite::{
+use toast_ops::astro::focalplane::benchmark_focalplane;
+use toast_ops::astro::scan_strategy::{
     create_satellite_schedule, simulate_observation, unix_us_from_civil, ScanStrategy,
 };
 use toast_ops::sim::{
@@ -95,4 +95,27 @@ fn sim_noise_is_independent_of_the_detector_split() {
     let r0 = all.obs[0].detdata.get(defaults::DET_DATA).unwrap();
     let r1 = all.obs[1].detdata.get(defaults::DET_DATA).unwrap();
     assert_ne!(r0.row::<f64>(0).unwrap(), r1.row::<f64>(0).unwrap());
+}
+
+/// `toast_core::uid::name_uid` against values TOAST 3.0.6 computed.
+#[test]
+fn name_uid_matches_toast() {
+    use toast_core::uid::{name_uid, name_uid64};
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/satsim/qarray_vectors.txt"
+    );
+    let text = std::fs::read_to_string(path).expect("read test vectors");
+    let mut n = 0;
+    for line in text.lines().filter(|l| l.starts_with("name_uid ")) {
+        let (inp, out) = line["name_uid ".len()..]
+            .split_once(" | ")
+            .expect("separator");
+        let name = inp.trim().trim_matches('\'');
+        let want: u32 = out.trim().parse().expect("uid");
+        assert_eq!(name_uid(name), want, "name_uid({name:?})");
+        n += 1;
+    }
+    assert!(n >= 5);
+    assert!(name_uid64("satellite") & 0x7FFF_FFFF == u64::from(name_uid("satellite")));
 }

@@ -23,16 +23,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use toast_accel::host::{DispatchPolicy, Dispatcher, Registry};
 use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, Operator, ReduceOp};
+use toast_ops::accel::pipeline::{DetectorSets, RunOptions};
+use toast_ops::astro::focalplane::benchmark_focalplane;
 use toast_ops::dist::{default_group_size, JobDistribution};
-use toast_ops::fits::{self, Ordering};
-use toast_ops::focalplane::benchmark_focalplane;
+use toast_ops::io::fits::{self, Ordering};
 use toast_ops::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
-use toast_ops::pipeline::{DetectorSets, RunOptions};
-use toast_ops::pixel_dist::gather_map;
+use toast_ops::pixels::gather_map;
+use toast_ops::sim::sky::SkyConfig;
 use toast_ops::sim::{
     core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, SimNoise, SimSatellite,
 };
-use toast_ops::sky::SkyConfig;
 use toast_ops::{MapMaker, MapMakerSetup, PixelData};
 
 /// Arguments of `toast-cli run`.
@@ -848,7 +848,7 @@ fn communication_times(
             continue;
         };
         let sec = timer.seconds();
-        if name.ends_with(&format!("|{}", toast_ops::pixel_dist::SYNC_TIMER)) {
+        if name.ends_with(&format!("|{}", toast_ops::pixels::SYNC_TIMER)) {
             t[0] += sec;
             if name.contains("SolverLHS") {
                 t[2] += sec;
@@ -965,7 +965,7 @@ fn write_outputs(
             if !no_plot {
                 let hit: Vec<bool> = hits_full.iter().map(|&h| h > 0).collect();
                 let p = dir.join("mapmaker_map.png");
-                toast_ops::plot::plot_iqu_mollweide(
+                toast_ops::io::plot::plot_iqu_mollweide(
                     &p,
                     job.cfg.pixels.nside as u64,
                     [&comps[0], &comps[1], &comps[2]],

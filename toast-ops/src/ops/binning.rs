@@ -3,9 +3,9 @@
 
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
-use crate::covariance::{apply_covariance, nnz_of_block};
-use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::pixel_dist::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
+use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::mapmaker::covariance::{apply_covariance, nnz_of_block};
+use crate::pixels::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{comm_of, Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};

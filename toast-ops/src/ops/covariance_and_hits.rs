@@ -5,9 +5,9 @@ use super::mapmaker_utils::{
     BuildHitMap, BuildInverseCovariance, BuildPixelDistribution, FlagSelection,
 };
 use super::util::PointingOps;
-use crate::covariance::invert_covariance;
-use crate::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::pixel_dist::{sync_maps, PixelData};
+use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::mapmaker::covariance::invert_covariance;
+use crate::pixels::{sync_maps, PixelData};
 use serde::Deserialize;
 use toast_core::observation::defaults;
 use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};

@@ -5,9 +5,9 @@
 use super::noise_weight::detector_weights;
 use super::util::select_detectors;
 use super::PixelsHealpix;
-use crate::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
-use crate::kernels::{self, view_intervals, Call, PointingFields};
-use crate::pixel_dist::{global_hit_submaps, PixelData, PixelDistribution};
+use crate::accel::kernels::{self, view_intervals, Call, PointingFields};
+use crate::mapmaker::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
+use crate::pixels::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{
@@ -264,7 +264,7 @@ impl Operator for BuildHitMap {
         Requirements::new().global(&self.hits)
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        let dist = crate::pixel_dist::get_distribution(data, &self.pixel_dist)?;
+        let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         ensure_map::<i64>(data, &self.hits, &dist, 1)?;
         let Data { obs, meta } = data;
         let hits = meta.object_mut::<PixelData<i64>>(&self.hits)?;
@@ -381,7 +381,7 @@ impl Operator for BuildInverseCovariance {
         Requirements::new().global(&self.inverse_covariance)
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        let dist = crate::pixel_dist::get_distribution(data, &self.pixel_dist)?;
+        let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
         ensure_map::<f64>(data, &self.inverse_covariance, &dist, block_size(nnz))?;
         let Data { obs, meta } = data;
@@ -496,7 +496,7 @@ impl Operator for BuildNoiseWeighted {
         true
     }
     fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
-        let dist = crate::pixel_dist::get_distribution(data, &self.pixel_dist)?;
+        let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
         ensure_map::<f64>(data, &self.zmap, &dist, nnz)
     }

@@ -2,8 +2,8 @@
 
 use super::util::select_detectors;
 use super::PointingDetectorConfig;
-use crate::kernels::{self, view_intervals, Call, HealpixParams};
-use crate::pixel_dist::{check_nside, PixelDistribution};
+use crate::accel::kernels::{self, view_intervals, Call, HealpixParams};
+use crate::pixels::{check_nside, PixelDistribution};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};

@@ -1,7 +1,7 @@
 //! Detector quaternions from the boresight (TOAST's `PointingDetectorSimple`).
 
 use super::util::select_detectors;
-use crate::kernels::{self, view_intervals, Call};
+use crate::accel::kernels::{self, view_intervals, Call};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};

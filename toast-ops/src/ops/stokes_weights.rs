@@ -2,7 +2,7 @@
 
 use super::util::select_detectors;
 use super::PointingDetectorConfig;
-use crate::kernels::{self, view_intervals, Call, IquParams};
+use crate::accel::kernels::{self, view_intervals, Call, IquParams};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};

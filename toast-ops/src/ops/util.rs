@@ -2,7 +2,7 @@
 //! operator bundle, and field utilities (copy, reset, delete).
 
 use super::{PixelsHealpix, PointingDetector, StokesWeights};
-use crate::global_data::{global_bytes, global_bytes_mut};
+use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use toast_core::{
     BufferKey, Category, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
     Requirements,
@@ -45,7 +45,7 @@ impl PointingOps {
     }
 
     /// The operators, in pipeline order.
-    pub fn operators(&mut self) -> Vec<crate::pipeline::OpRef<'_>> {
+    pub fn operators(&mut self) -> Vec<crate::accel::pipeline::OpRef<'_>> {
         vec![&mut self.det_pointing, &mut self.pixels, &mut self.weights]
     }
 

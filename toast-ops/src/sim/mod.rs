@@ -2,10 +2,11 @@
 //! observation data model: `SimSatellite`, `DefaultNoiseModel`, `SimNoise`
 //! and `ScanHealpixMap`.
 //!
-//! They wrap the standalone building blocks of this crate
-//! ([`crate::satellite`], [`crate::focalplane`], [`crate::noise`],
-//! [`crate::sky`], [`crate::fits`]) and the pointing/scanning operators of
-//! [`crate::ops`]:
+//! The simulation's own building blocks sit beside them: [`noise`] (the
+//! analytic 1/f model and counter-based noise streams) and [`sky`] (the
+//! benchmark's synthetic input sky). The operators also use
+//! [`crate::astro::scan_strategy`], [`crate::astro::focalplane`],
+//! [`crate::io::fits`] and the pointing/scanning operators of [`crate::ops`]:
 //!
 //! * [`SimSatellite`] creates one [`toast_core::Observation`] per scan of the schedule
 //!   (observations in parallel with rayon), with the shared fields `times`,
@@ -14,7 +15,7 @@
 //!   (f64, K, zero) and `flags` (u8, zero), and the metadata `session_name`
 //!   and `session_uid` (the key of the noise streams).
 //! * [`DefaultNoiseModel`] stores an [`AnalyticNoiseModel`] (one
-//!   [`crate::noise::AnalyticNoiseParams`] per detector, from the focal plane) under
+//!   [`crate::sim::noise::AnalyticNoiseParams`] per detector, from the focal plane) under
 //!   `noise_model`. It implements the map-maker's [`crate::ops::DetectorWeights`]
 //!   (`1 / (NET² f_s)`).
 //! * [`SimNoise`] adds 1/f + white noise to `signal`, with TOAST's keys
@@ -38,8 +39,10 @@
 //! `toast_ring_as_nest` is asked for).
 
 mod model;
+pub mod noise;
 mod satellite;
 mod scan;
+pub mod sky;
 
 pub use model::{
     AnalyticNoiseModel, DefaultNoiseModel, DefaultNoiseModelConfig, SimNoise, SimNoiseConfig,

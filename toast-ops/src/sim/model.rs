@@ -1,9 +1,9 @@
 //! `DefaultNoiseModel` and `SimNoise`.
 
 use super::satellite::SESSION_UID;
-use crate::noise::{sim_noise_add, AnalyticNoiseParams, NoiseFilter, NoiseKey};
+use crate::astro::scan_strategy::rate_from_times;
 use crate::ops::{register_noise_model, DetectorWeights};
-use crate::satellite::rate_from_times;
+use crate::sim::noise::{sim_noise_add, AnalyticNoiseParams, NoiseFilter, NoiseKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use toast_core::meta::Value;
@@ -124,7 +124,7 @@ impl Default for SimNoiseConfig {
 }
 
 /// Adds simulated 1/f + white noise to the timestream (TOAST's `SimNoise`
-/// with `serial = True`), with TOAST's RNG keys (see [`crate::noise`]).
+/// with `serial = True`), with TOAST's RNG keys (see [`crate::sim::noise`]).
 #[derive(Debug, Clone)]
 pub struct SimNoise {
     name: String,

@@ -1,10 +1,10 @@
 //! `SimSatellite`: observations of a satellite schedule.
 
-use crate::dist::JobDistribution;
-use crate::focalplane;
-use crate::satellite::{
+use crate::astro::focalplane;
+use crate::astro::scan_strategy::{
     create_satellite_schedule, scan_sampling, simulate_scan, unix_us_from_civil, ScanStrategy,
 };
+use crate::dist::JobDistribution;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -220,8 +220,8 @@ impl SimSatellite {
         &self,
     ) -> Result<
         (
-            crate::satellite::SatelliteSchedule,
-            Vec<crate::satellite::ScanSampling>,
+            crate::astro::scan_strategy::SatelliteSchedule,
+            Vec<crate::astro::scan_strategy::ScanSampling>,
         ),
         OpError,
     > {
@@ -254,7 +254,7 @@ impl SimSatellite {
     }
 }
 
-fn sat_err(e: crate::satellite::SatelliteError) -> OpError {
+fn sat_err(e: crate::astro::scan_strategy::SatelliteError) -> OpError {
     OpError::Config(format!("sim_satellite: {e}"))
 }
 

@@ -1,10 +1,10 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
-use crate::fits::read_healpix_map;
+use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
+use crate::io::fits::read_healpix_map;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
-use crate::pipeline::{run_operators, OpRef, RunOptions};
-use crate::pixel_dist::{PixelData, PixelDistribution};
-use crate::sky::{synthesize_sky_on, SkyConfig};
+use crate::pixels::{PixelData, PixelDistribution};
+use crate::sim::sky::{synthesize_sky_on, SkyConfig};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -134,7 +134,7 @@ impl InputSky {
         })
     }
 
-    /// The benchmark's synthetic sky (see [`crate::sky`]).
+    /// The benchmark's synthetic sky (see [`crate::sim::sky`]).
     pub fn synthetic(cfg: &SkyConfig) -> Result<Self, OpError> {
         Self::synthetic_on(cfg, &toast_core::SerialComm)
     }
@@ -186,8 +186,8 @@ impl Default for ScanHealpixMapConfig {
             pixel_dist: "pixel_dist".into(),
             subtract: false,
             zero: false,
-            seed: crate::sky::TOAST_SKY_SEED,
-            fwhm_arcmin: crate::sky::TOAST_SKY_FWHM_ARCMIN,
+            seed: crate::sim::sky::TOAST_SKY_SEED,
+            fwhm_arcmin: crate::sim::sky::TOAST_SKY_FWHM_ARCMIN,
             toast_ring_as_nest: false,
         }
     }

@@ -30,8 +30,8 @@
 //! [`HostArray`]s (`{name}_amp_flags`, `{name}_offset_var`), so the kernels
 //! can read them from staged device copies like any other global item.
 
-use crate::global_data::HostArray;
-use crate::kernels::{self, view_intervals, AmplitudeKeys, Call, OffsetLayout};
+use crate::accel::global_data::HostArray;
+use crate::accel::kernels::{self, view_intervals, AmplitudeKeys, Call, OffsetLayout};
 use crate::ops::{detector_weights, select_detectors};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -23,12 +23,12 @@ use toast_accel::abi::{self, Array, BackendHeader, BackendTable, HostApi, Status
 use toast_accel::host::{DispatchPolicy, Dispatcher, Registry};
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, Detector, ExecContext, Focalplane, Observation, Telescope};
+use toast_ops::accel::pipeline::{run_operators, OpRef, RunOptions};
+use toast_ops::math::qarray::{self, Quat};
 use toast_ops::ops::{
     PixelsHealpix, PixelsHealpixConfig, PointingDetector, PointingDetectorConfig, ScanMap,
     ScanMapConfig, StokesMode, StokesWeights, StokesWeightsConfig, WhiteNoiseWeights,
 };
-use toast_ops::pipeline::{run_operators, OpRef, RunOptions};
-use toast_ops::qarray::{self, Quat};
 use toast_ops::{PixelData, PixelDistribution};
 
 // ---------------------------------------------------------------------------

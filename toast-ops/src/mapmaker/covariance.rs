@@ -24,7 +24,7 @@
 //! accumulation helpers are sequential (detector, interval, sample order),
 //! so their sums are deterministic too.
 
-use crate::pixel_dist::{PixelData, PixelDistribution};
+use crate::pixels::{PixelData, PixelDistribution};
 use rayon::prelude::*;
 use std::sync::Arc;
 use toast_core::OpError;

@@ -67,7 +67,7 @@
 //! # Data movement
 //!
 //! With a backend that is not host-addressable, the map-maker opens one
-//! staging scope for the whole run (see [`crate::pipeline`]): the timestream,
+//! staging scope for the whole run (see [`crate::accel::pipeline`]): the timestream,
 //! flags and pointing are uploaded once, and per iteration only the
 //! amplitude vectors and the map cross the bus (the map because the
 //! covariance is applied on the host, as in TOAST).
@@ -82,8 +82,14 @@
 //! they never exist for all detectors at once. The batch size does not
 //! change any result.
 
-use crate::global_data::HostArray;
-use crate::kernels::view_intervals;
+pub mod covariance;
+
+use crate::accel::global_data::HostArray;
+use crate::accel::kernels::view_intervals;
+use crate::accel::pipeline::{
+    close_scope, open_scope, pipeline_backend, run_operators, with_host_step, DetectorSets, OpRef,
+    RunOptions, StagingState,
+};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
 use crate::ops::{
@@ -92,11 +98,7 @@ use crate::ops::{
     PointingDetectorConfig, PointingOps, ResetData, ScanMap, ScanMapConfig, StokesWeights,
     StokesWeightsConfig,
 };
-use crate::pipeline::{
-    close_scope, open_scope, pipeline_backend, run_operators, with_host_step, DetectorSets, OpRef,
-    RunOptions, StagingState,
-};
-use crate::pixel_dist::PixelData;
+use crate::pixels::PixelData;
 use crate::templates::offset::{
     OffsetAddToSignal, OffsetApplyPrecond, OffsetInit, OffsetProjectSignal,
 };

@@ -425,7 +425,7 @@ mod tests {
             let (inp, out) = rest.split_once('|').expect("separator");
             *counts.entry(kind.to_string()).or_insert(0) += 1;
             if kind == "name_uid" {
-                continue; // checked in satellite.rs
+                continue; // checked in astro/scan_strategy.rs
             }
             let i = parse_floats(inp);
             let o = parse_floats(out);

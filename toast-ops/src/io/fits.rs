@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::healpix::{self, Healpix};
+use crate::math::healpix::{self, Healpix};
 
 /// FITS block size in bytes.
 pub const BLOCK: usize = 2880;

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::fits::UNSEEN;
-use crate::healpix::{Healpix, HealpixError};
+use crate::io::fits::UNSEEN;
+use crate::math::healpix::{Healpix, HealpixError};
 
 /// Errors of the plotting module.
 #[derive(Debug, thiserror::Error)]

@@ -533,7 +533,7 @@ mod tests {
     use super::*;
 
     fn angle_arcsec(a: &[f64; 3], b: &[f64; 3]) -> f64 {
-        crate::qarray::angle_between(a, b) / ARCSEC
+        crate::math::qarray::angle_between(a, b) / ARCSEC
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //! # Position and precession axis (`SpaceSite`)
 //!
 //! The position and velocity are the Earth's barycentric ones in the ICRS
-//! (km, km/s; see [`crate::ephemeris`]), evaluated on a sparse grid of
+//! (km, km/s; see [`crate::astro::ephemeris`]), evaluated on a sparse grid of
 //! `1 + floor((t_last − t_first)/600 s)` equally spaced times spanning the
 //! observation and linearly interpolated (numpy `interp`), as TOAST does. The
 //! precession axis is the unit vector of the position, i.e. pointing from the
@@ -62,12 +62,12 @@
 //! Agreement with TOAST (test `matches_toast`, observations 0, 1, 2, 2000 and
 //! 4319 of the benchmark): the boresight direction and orientation agree to
 //! well under an arcsecond, limited by the ephemeris (astropy vs the analytic
-//! series of [`crate::ephemeris`]); the timestamps agree exactly.
+//! series of [`crate::astro::ephemeris`]); the timestamps agree exactly.
 
-use crate::ephemeris;
-use crate::qarray::{self, Quat, Vec3};
-use crate::uid::name_uid;
+use crate::astro::ephemeris;
+use crate::math::qarray::{self, Quat, Vec3};
 use std::f64::consts::PI;
+use toast_core::uid::name_uid;
 
 /// Errors from the satellite simulation.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -17,7 +17,7 @@
 //! Anything else (plain values, noise models) has no device representation
 //! and is skipped by the staging.
 
-use crate::pixel_dist::{PixelData, PixelDistribution};
+use crate::pixels::{PixelData, PixelDistribution};
 use std::sync::Arc;
 use toast_core::{Element, Meta};
 

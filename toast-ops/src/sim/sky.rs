@@ -31,7 +31,7 @@
 //!   ([`SkyTruncation::lost_variance_fraction`]); the pixel-level error is of
 //!   order `√10⁻¹⁰ ≈ 10⁻⁵` of the RMS. This cuts the synthesis cost by ~7× at
 //!   nside 1024.
-//! * **Synthesis**: [`crate::sht`] (ring-based Legendre recurrences + FFT, rayon),
+//! * **Synthesis**: [`crate::math::sht`] (ring-based Legendre recurrences + FFT, rayon),
 //!   RING → NEST, float32.
 //! * **TOAST's ordering bug**: TOAST 3.0.6 writes the RING-ordered synfast
 //!   output labelled `ORDERING = 'NESTED'`, so its benchmark actually scans a
@@ -44,8 +44,9 @@
 use rayon::prelude::*;
 use realfft::num_complex::Complex64;
 
-use crate::healpix::{self, Healpix, HealpixError};
-use crate::sht::{self, Alm, ShtError};
+use crate::math::healpix::{self, Healpix, HealpixError};
+use crate::math::rng::philox_normal_pair;
+use crate::math::sht::{self, Alm, ShtError};
 
 /// Seed TOAST uses (`np.random.seed(123456789)`), our default too.
 pub const TOAST_SKY_SEED: u64 = 123_456_789;
@@ -67,48 +68,6 @@ pub enum SkyError {
     /// A collective across the processes failed.
     #[error("{0}")]
     Comm(String),
-}
-
-// =====================================================================
-// Philox4x32-10
-// =====================================================================
-
-/// The Philox4x32-10 counter-based generator (Salmon et al. 2011, Random123):
-/// a keyed bijection of a 128-bit counter.
-pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
-    const M0: u64 = 0xD251_1F53;
-    const M1: u64 = 0xCD9E_8D57;
-    const W0: u32 = 0x9E37_79B9;
-    const W1: u32 = 0xBB67_AE85;
-    let mut c = counter;
-    let mut k = key;
-    for round in 0..10 {
-        if round > 0 {
-            k[0] = k[0].wrapping_add(W0);
-            k[1] = k[1].wrapping_add(W1);
-        }
-        let p0 = M0 * c[0] as u64;
-        let p1 = M1 * c[2] as u64;
-        let (hi0, lo0) = ((p0 >> 32) as u32, p0 as u32);
-        let (hi1, lo1) = ((p1 >> 32) as u32, p1 as u32);
-        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
-    }
-    c
-}
-
-/// Two standard normal deviates from one Philox block (Box–Muller on two
-/// 53-bit uniforms in the open interval (0, 1)).
-pub fn philox_normal_pair(counter: [u32; 4], key: [u32; 2]) -> (f64, f64) {
-    let r = philox4x32_10(counter, key);
-    let to_unit = |hi: u32, lo: u32| {
-        let bits = ((hi as u64) << 21) | ((lo as u64) >> 11); // 53 bits
-        (bits as f64 + 0.5) * (1.0 / 9_007_199_254_740_992.0)
-    };
-    let u1 = to_unit(r[0], r[1]);
-    let u2 = to_unit(r[2], r[3]);
-    let rad = (-2.0 * u1.ln()).sqrt();
-    let (s, c) = (2.0 * std::f64::consts::PI * u2).sin_cos();
-    (rad * c, rad * s)
 }
 
 // =====================================================================
@@ -461,42 +420,6 @@ pub fn mean_and_rms<T: Copy + Into<f64> + Sync>(map: &[T]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn philox_known_answers() {
-        // Random123 kat_vectors, philox4x32 with 10 rounds.
-        assert_eq!(
-            philox4x32_10([0; 4], [0; 2]),
-            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
-        );
-        assert_eq!(
-            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
-            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
-        );
-        assert_eq!(
-            philox4x32_10(
-                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
-                [0xa409_3822, 0x299f_31d0]
-            ),
-            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
-        );
-    }
-
-    #[test]
-    fn normals_have_unit_variance() {
-        let n = 200_000u32;
-        let (mut s1, mut s2, mut c) = (0.0, 0.0, 0.0);
-        for i in 0..n {
-            let (a, b) = philox_normal_pair([i, 7, 0, 0], [1, 2]);
-            s1 += a + b;
-            s2 += a * a + b * b;
-            c += a * b;
-        }
-        let m = 2.0 * n as f64;
-        assert!((s1 / m).abs() < 0.01, "mean {}", s1 / m);
-        assert!((s2 / m - 1.0).abs() < 0.01, "variance {}", s2 / m);
-        assert!((c / n as f64).abs() < 0.01, "correlation {}", c / n as f64);
-    }
 
     #[test]
     fn spectra_match_toast_formula() {

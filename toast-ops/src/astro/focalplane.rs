@@ -21,7 +21,7 @@
 //! the parity of the pixel's hex *column*, `hex_gamma_angles_qu`) and `B`
 //! with γ + 90°. The detector quaternion is `xieta_to_quat(ξ, η, γ)`:
 //! `θ = asin(√(ξ² + η²))`, `φ = atan2(−ξ, −η)`, `ψ = γ − φ`,
-//! `q = from_iso_angles(θ, φ, ψ)` (see [`crate::qarray`]).
+//! `q = from_iso_angles(θ, φ, ψ)` (see [`crate::math::qarray`]).
 //!
 //! Detectors are named `D{pixel:0N}{A|B}-150` (N = number of decimal digits
 //! of `n_pix`), sorted by name (so A/B pairs are adjacent and pixels run
@@ -40,9 +40,9 @@
 //! agrees with TOAST 3.0.6 to 1e-15 for the tiny (12) and xsmall (138)
 //! cases (`tests::matches_toast`).
 
-use crate::qarray::{self, Quat};
-use crate::uid::name_uid;
+use crate::math::qarray::{self, Quat};
 use std::f64::consts::PI;
+use toast_core::uid::name_uid;
 
 /// Errors from focal-plane construction.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -56,7 +56,7 @@
 //!   (detected at run time) the block kernel is compiled for those features
 //!   and uses fused multiply–adds; elsewhere the same code runs without them.
 //!
-//! Output maps are in RING order, `f64`; use [`crate::healpix::ring_to_nest`]
+//! Output maps are in RING order, `f64`; use [`crate::math::healpix::ring_to_nest`]
 //! to reorder.
 
 use std::collections::HashMap;
@@ -67,7 +67,7 @@ use rayon::prelude::*;
 pub use realfft::num_complex::Complex64;
 use realfft::{ComplexToReal, RealFftPlanner};
 
-use crate::healpix::{Healpix, HealpixError};
+use crate::math::healpix::{Healpix, HealpixError};
 
 /// Number of ring pairs processed together in one block (the Legendre
 /// recurrences of the lanes are interleaved for instruction-level parallelism).
@@ -433,7 +433,7 @@ fn alm2map_impl(
 /// Splits a RING-ordered map into one mutable slice per ring (all `None` if absent).
 fn split_rings<'a>(
     map: Option<&'a mut Vec<f64>>,
-    rings: &[crate::healpix::RingInfo],
+    rings: &[crate::math::healpix::RingInfo],
 ) -> Vec<Option<&'a mut [f64]>> {
     match map {
         None => (0..rings.len()).map(|_| None).collect(),
@@ -475,8 +475,8 @@ struct Ctx<'a> {
 /// One northern ring, its southern mirror (absent for the equator) and their
 /// output slices (T, Q, U).
 struct Lane<'a> {
-    north: crate::healpix::RingInfo,
-    south: Option<crate::healpix::RingInfo>,
+    north: crate::math::healpix::RingInfo,
+    south: Option<crate::math::healpix::RingInfo>,
     out_n: [Option<&'a mut [f64]>; 3],
     out_s: [Option<&'a mut [f64]>; 3],
 }
