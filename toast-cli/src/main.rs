@@ -18,11 +18,9 @@
 //! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`), nothing was timed (`bench`); the device compiler is not installed (`kernels compile`) |
 
 mod cmd;
-mod config;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 mod parallel;
-mod presets;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -156,13 +154,13 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
-fn run(cli: Cli) -> Result<u8, String> {
+fn run(cli: Cli) -> anyhow::Result<u8> {
     #[cfg(feature = "mpi")]
     if let Command::MpiCheck { bench_mib } = &cli.command {
-        return cmd::mpi_check::main(*bench_mib);
+        return cmd::mpi_check::main(*bench_mib).map_err(anyhow::Error::msg);
     }
     if let Command::Kernels(KernelsCommand::Compile(args)) = &cli.command {
-        return match cmd::kernels::compile(args)? {
+        return match cmd::kernels::compile(args).map_err(anyhow::Error::msg)? {
             cmd::kernels::Outcome::Compiled(report) => {
                 print!("{report}");
                 Ok(0)
@@ -177,7 +175,7 @@ fn run(cli: Cli) -> Result<u8, String> {
             }
         };
     }
-    let mut opts = discovery(&cli)?;
+    let mut opts = discovery(&cli).map_err(anyhow::Error::msg)?;
     if let Command::Run(args) = &cli.command {
         // Without --threads, ranks sharing a node share its cores.
         if let Some(n) = args.threads.or_else(parallel::default_threads_per_rank) {
@@ -190,11 +188,11 @@ fn run(cli: Cli) -> Result<u8, String> {
     let registry = Registry::discover(&opts);
     match &cli.command {
         Command::Run(args) => {
-            let comm = parallel::init()?;
+            let comm = parallel::init().map_err(anyhow::Error::msg)?;
             match cmd::run::run(args, registry, std::sync::Arc::clone(&comm)) {
                 Ok(c) => Ok(code(c)),
                 // Several ranks: name this one and end them all.
-                Err(e) if comm.size() > 1 => parallel::fail(&*comm, &e, 2),
+                Err(e) if comm.size() > 1 => parallel::fail(&*comm, &format!("{e:#}"), 2),
                 Err(e) => Err(e),
             }
         }
@@ -212,14 +210,17 @@ fn run(cli: Cli) -> Result<u8, String> {
                         comparison: exact.then_some(Comparison::Exact),
                         transfers: *transfers,
                     };
-                    cmd::verify::run_with(&b, &cases, opts).map(code)
+                    cmd::verify::run_with(&b, &cases, opts)
+                        .map(code)
+                        .map_err(anyhow::Error::msg)
                 }
                 Err(AccelError::Unavailable { backend, reason }) => {
                     eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
-                    cmd::verify::run_unavailable(&backend, &reason, &cases)?;
+                    cmd::verify::run_unavailable(&backend, &reason, &cases)
+                        .map_err(anyhow::Error::msg)?;
                     Ok(EXIT_UNAVAILABLE)
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             }
         }
         Command::Kernels(_) => unreachable!("handled before discovery"),
@@ -232,7 +233,7 @@ fn run(cli: Cli) -> Result<u8, String> {
                     eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
                     return Ok(EXIT_UNAVAILABLE);
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             };
             let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
             match cmd::bench::cmd_kernels(&b, args, threads) {
@@ -256,7 +257,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(c) => ExitCode::from(c),
         Err(e) => {
-            eprintln!("toast-cli: {e}");
+            // The whole chain: what was being done, then each cause.
+            eprintln!("toast-cli: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -67,7 +67,7 @@ pub mod ops;
 pub mod pixels;
 pub mod sim;
 pub mod templates;
-// pub mod workflow;
+pub mod workflow;
 
 pub use accel::pipeline::{DetectorSets, Pipeline};
 pub use mapmaker::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};

@@ -324,6 +324,24 @@ impl<T: Element> PixelData<T> {
         }
         out
     }
+
+    /// Value `k` of every pixel of the full sky, in the distribution's pixel
+    /// order (pixels not stored here as zeros): one Stokes component of an
+    /// I/Q/U map, as the FITS writers and plots want it.
+    pub fn full_sky_component(&self, k: usize) -> Vec<T> {
+        let nv = self.n_value;
+        let mut out = vec![T::default(); self.dist.n_pix() as usize];
+        let nps = self.dist.n_pix_submap() as usize;
+        for (loc, &sm) in self.dist.local_submaps().iter().enumerate() {
+            let first = sm as usize * nps;
+            let n = nps.min(self.dist.n_pix() as usize - first);
+            let src = &self.data[loc * nps * nv..(loc * nps + n) * nv];
+            for (d, v) in out[first..first + n].iter_mut().zip(src.chunks_exact(nv)) {
+                *d = v[k];
+            }
+        }
+        out
+    }
 }
 
 /// Element types whose values convert to `f64` for statistics.

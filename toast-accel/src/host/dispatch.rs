@@ -353,16 +353,37 @@ impl FromStr for DispatchPolicy {
     }
 }
 
+/// Calls and seconds of one kernel on one backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KernelUse {
+    /// Kernel calls.
+    pub calls: u64,
+    /// Seconds spent in them (the launch, as the kernel timers measure).
+    pub seconds: f64,
+}
+
+/// Which backend ran each kernel, recorded by the kernel call layer at
+/// every launch ([`Dispatcher::record`]): the data behind a run's "kernels:"
+/// summary and per-kernel statistics, keyed by TOAST's kernel name, then
+/// backend name.
+pub type KernelLog = BTreeMap<String, BTreeMap<String, KernelUse>>;
+
 /// A registry and a policy: what operators hold to resolve their kernels.
+/// Clones (and [`Dispatcher::for_pipeline`]) share one [`KernelLog`].
 #[derive(Debug, Clone)]
 pub struct Dispatcher {
     registry: Arc<Registry>,
     policy: DispatchPolicy,
+    log: Arc<std::sync::Mutex<KernelLog>>,
 }
 
 impl Dispatcher {
     pub fn new(registry: Arc<Registry>, policy: DispatchPolicy) -> Self {
-        Dispatcher { registry, policy }
+        Dispatcher {
+            registry,
+            policy,
+            log: Arc::default(),
+        }
     }
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
@@ -375,7 +396,27 @@ impl Dispatcher {
         Dispatcher {
             registry: Arc::clone(&self.registry),
             policy: self.policy.clone().with_pipeline(backend),
+            log: Arc::clone(&self.log),
         }
+    }
+
+    /// Record that `backend` ran one call of `kernel` in `seconds`.
+    pub fn record(&self, kernel: Kernel, backend: &str, seconds: f64) {
+        // A poisoned lock only means another thread panicked while
+        // recording; the counts it holds are still whole numbers.
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let u = log
+            .entry(kernel.to_string())
+            .or_default()
+            .entry(backend.to_string())
+            .or_default();
+        u.calls += 1;
+        u.seconds += seconds;
+    }
+
+    /// What ran where so far (see [`KernelLog`]).
+    pub fn kernel_log(&self) -> KernelLog {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
     /// See [`DispatchPolicy::resolve`].
     pub fn resolve(&self, kernel: Kernel, operator: Option<&str>) -> Result<Resolved, AccelError> {

@@ -11,7 +11,9 @@ pub mod registry;
 pub mod stage;
 
 pub use discovery::{DiscoveryOptions, Source};
-pub use dispatch::{DispatchLevel, DispatchPolicy, Dispatcher, Resolved, DEFAULT_BACKEND};
+pub use dispatch::{
+    DispatchLevel, DispatchPolicy, Dispatcher, KernelLog, KernelUse, Resolved, DEFAULT_BACKEND,
+};
 pub use error::{AccelError, LoadError, StatusKind};
 pub use plugin::{Backend, DeviceSummary, KernelArgs, Plugin, TransferSnapshot, TransferStats};
 pub use registry::{LoadFailure, PluginEntry, Registry, Shadowed};

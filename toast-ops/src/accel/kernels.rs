@@ -456,7 +456,12 @@ fn launch<A: KernelArgs>(
     // small host arrays the argument struct points to are owned by the caller
     // and outlive this call; no other code touches the outputs meanwhile.
     let result = unsafe { backend.launch(&args) };
-    ctx.timers.record(&timer, t0.elapsed().as_secs_f64(), 1);
+    let seconds = t0.elapsed().as_secs_f64();
+    ctx.timers.record(&timer, seconds, 1);
+    if result.is_ok() {
+        ctx.ext::<Dispatcher>()?
+            .record(kernel, backend.name(), seconds);
+    }
     result.map_err(|e| wrap(backend.name(), e))?;
     for t in temporaries {
         t.finish().map_err(|e| wrap(backend.name(), e))?;

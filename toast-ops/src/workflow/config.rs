@@ -1,6 +1,6 @@
-//! The configuration of `toast-cli run`: a TOML table with one section per
-//! operator, named as TOAST names its operator instances, and `--set`
-//! overrides.
+//! The configuration of the satellite workflow: a TOML table with one
+//! section per operator, named as TOAST names its operator instances, and
+//! `section.key=value` overrides (`toast-cli run --set`).
 //!
 //! # Sections
 //!
@@ -42,16 +42,54 @@
 //! `binner.pointing_batch` detectors (default 8) and drops each batch's
 //! quaternions, so the quaternions of all detectors never coexist.
 
-use serde::de::DeserializeOwned;
-use toast_ops::mapmaker::MapMakerConfig;
-use toast_ops::ops::{
-    BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig,
-};
-use toast_ops::sim::{
+use crate::mapmaker::MapMakerConfig;
+use crate::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};
+use crate::sim::{
     DefaultNoiseModelConfig, ScanHealpixMapConfig, SimNoiseConfig, SimSatelliteConfig,
 };
-use toast_ops::templates::OffsetConfig;
+use crate::templates::OffsetConfig;
+use serde::de::DeserializeOwned;
 use toml::{Table, Value};
+
+/// A configuration error: the section, key and value involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A `section.key=value` override that cannot be applied.
+    #[error("--set {spec:?}: {reason}")]
+    Set { spec: String, reason: String },
+    /// A section that no operator of the workflow has.
+    #[error("config: unknown section `{section}` (known: {known})", known = SECTIONS.join(", "))]
+    UnknownSection { section: String },
+    /// A value that is not a table where a section is expected.
+    #[error("config: `{section}` must be a section, not {found}")]
+    NotASection { section: String, found: String },
+    /// A key or value of a section that its operator refuses.
+    #[error("config: [{section}] {reason}")]
+    Section { section: String, reason: String },
+    /// A parameter combination an operator's validation refuses.
+    #[error("config: {0}")]
+    Invalid(Box<toast_core::OpError>),
+}
+
+impl From<toast_core::OpError> for ConfigError {
+    fn from(e: toast_core::OpError) -> Self {
+        ConfigError::Invalid(Box::new(e))
+    }
+}
+
+fn set_err(spec: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Set {
+        spec: spec.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn section_err(section: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Section {
+        section: section.to_string(),
+        reason: reason.into(),
+    }
+}
 
 /// Known sections, in the order they are written.
 pub const SECTIONS: [&str; 11] = [
@@ -70,7 +108,7 @@ pub const SECTIONS: [&str; 11] = [
 
 /// The parsed configuration.
 #[derive(Debug, Clone)]
-pub struct RunConfig {
+pub struct SatelliteConfig {
     pub sim_satellite: SimSatelliteConfig,
     pub default_model: DefaultNoiseModelConfig,
     pub scan_map: ScanHealpixMapConfig,
@@ -152,31 +190,32 @@ pub fn merge(base: &mut Table, over: &Table) {
     }
 }
 
-/// Read a `--config` TOML file.
-pub fn read_file(path: &std::path::Path) -> Result<Table, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--config {}: cannot read: {e}", path.display()))?;
-    text.parse::<Table>()
-        .map_err(|e| format!("--config {}: {e}", path.display()))
-}
-
 /// Apply one `--set section.key=value`.
-pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), String> {
+pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
     let (path, raw) = spec.split_once('=').ok_or_else(|| {
-        format!("--set {spec:?}: expected section.key=value (e.g. baselines.step_time=60)")
+        set_err(
+            spec,
+            "expected section.key=value (e.g. baselines.step_time=60)",
+        )
     })?;
     let path = path.trim();
     let (section, key) = path.split_once('.').ok_or_else(|| {
-        format!("--set {spec:?}: `{path}` must be section.key (e.g. mapmaker.iter_max)")
+        set_err(
+            spec,
+            format!("`{path}` must be section.key (e.g. mapmaker.iter_max)"),
+        )
     })?;
     if !SECTIONS.contains(&section) {
-        return Err(format!(
-            "--set {spec:?}: unknown section `{section}` (known: {})",
-            SECTIONS.join(", ")
+        return Err(set_err(
+            spec,
+            format!(
+                "unknown section `{section}` (known: {})",
+                SECTIONS.join(", ")
+            ),
         ));
     }
     if key.is_empty() || (section != "dispatch" && key.contains('.')) {
-        return Err(format!("--set {spec:?}: bad key `{key}`"));
+        return Err(set_err(spec, format!("bad key `{key}`")));
     }
     let raw = raw.trim();
     let value = match format!("v = {raw}").parse::<Table>() {
@@ -187,7 +226,10 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), String> {
         .entry(section.to_string())
         .or_insert_with(|| Value::Table(Table::new()));
     let Value::Table(sec) = sec else {
-        return Err(format!("config: `{section}` is not a section"));
+        return Err(ConfigError::NotASection {
+            section: section.to_string(),
+            found: sec.to_string(),
+        });
     };
     // Dotted keys of `dispatch` become nested tables, as in a TOML file.
     let mut cur = sec;
@@ -197,7 +239,7 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), String> {
             .entry(p.to_string())
             .or_insert_with(|| Value::Table(Table::new()));
         let Value::Table(t) = e else {
-            return Err(format!("--set {spec:?}: `{section}.{p}` is not a table"));
+            return Err(set_err(spec, format!("`{section}.{p}` is not a table")));
         };
         cur = t;
     }
@@ -206,11 +248,16 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), String> {
 }
 
 /// Deserialize one section; on failure find the offending key.
-fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, String> {
+fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, ConfigError> {
     let sec = match table.get(name) {
         None => Table::new(),
         Some(Value::Table(t)) => t.clone(),
-        Some(v) => return Err(format!("config: `{name}` must be a section, not {v}")),
+        Some(v) => {
+            return Err(ConfigError::NotASection {
+                section: name.to_string(),
+                found: v.to_string(),
+            })
+        }
     };
     match Value::Table(sec.clone()).try_into::<T>() {
         Ok(v) => Ok(v),
@@ -220,18 +267,18 @@ fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, String> 
                 one.insert(k.clone(), v.clone());
                 if let Err(e) = Value::Table(one).try_into::<T>() {
                     let msg = e.to_string().trim().replace('\n', " ");
-                    return Err(format!("config: [{name}] {k} = {v}: {msg}"));
+                    return Err(section_err(name, format!("{k} = {v}: {msg}")));
                 }
             }
-            Err(format!(
-                "config: [{name}]: {}",
-                whole.to_string().trim().replace('\n', " ")
+            Err(section_err(
+                name,
+                whole.to_string().trim().replace('\n', " "),
             ))
         }
     }
 }
 
-fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), String> {
+fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), ConfigError> {
     for (k, v) in t {
         let key = if prefix.is_empty() {
             k.clone()
@@ -242,8 +289,9 @@ fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), String>
             Value::Table(sub) => flatten(&key, sub, out)?,
             Value::String(s) => out.push(format!("{key}={s}")),
             other => {
-                return Err(format!(
-                    "config: [dispatch] {key} = {other}: expected a backend name (string)"
+                return Err(section_err(
+                    "dispatch",
+                    format!("{key} = {other}: expected a backend name (string)"),
                 ))
             }
         }
@@ -252,28 +300,28 @@ fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), String>
 }
 
 /// Check the table and build the typed configuration.
-pub fn build(table: Table) -> Result<RunConfig, String> {
+pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
     for k in table.keys() {
         if !SECTIONS.contains(&k.as_str()) {
-            return Err(format!(
-                "config: unknown section `{k}` (known: {})",
-                SECTIONS.join(", ")
-            ));
+            return Err(ConfigError::UnknownSection { section: k.clone() });
         }
     }
     let mut dispatch = Vec::new();
     if let Some(v) = table.get("dispatch") {
         let Value::Table(t) = v else {
-            return Err("config: `dispatch` must be a section".into());
+            return Err(ConfigError::NotASection {
+                section: "dispatch".into(),
+                found: v.to_string(),
+            });
         };
         flatten("", t, &mut dispatch)?;
         let mut p = toast_accel::host::DispatchPolicy::new();
         for s in &dispatch {
             p.apply(s)
-                .map_err(|e| format!("config: [dispatch] {s}: {e}"))?;
+                .map_err(|e| section_err("dispatch", format!("{s}: {e}")))?;
         }
     }
-    let cfg = RunConfig {
+    let cfg = SatelliteConfig {
         sim_satellite: section(&table, "sim_satellite")?,
         default_model: section(&table, "default_model")?,
         scan_map: section(&table, "scan_map")?,
@@ -287,15 +335,17 @@ pub fn build(table: Table) -> Result<RunConfig, String> {
         dispatch,
         table,
     };
-    let e = |e: toast_core::OpError| format!("config: {e}");
-    cfg.sim_satellite.validate().map_err(e)?;
-    cfg.mapmaker.validate().map_err(e)?;
-    cfg.baselines.validate().map_err(e)?;
-    cfg.binner.validate().map_err(e)?;
-    toast_ops::pixels::check_nside(cfg.pixels.nside, cfg.pixels.nside_submap)
-        .map_err(|x| format!("config: [pixels] {x}"))?;
+    cfg.sim_satellite.validate()?;
+    cfg.mapmaker.validate()?;
+    cfg.baselines.validate()?;
+    cfg.binner.validate()?;
+    crate::pixels::check_nside(cfg.pixels.nside, cfg.pixels.nside_submap)
+        .map_err(|x| section_err("pixels", x.to_string()))?;
     if !cfg.pixels.nest {
-        return Err("config: [pixels] nest = false: the workflow writes NEST maps".into());
+        return Err(section_err(
+            "pixels",
+            "nest = false: the workflow writes NEST maps",
+        ));
     }
     Ok(cfg)
 }
@@ -303,14 +353,15 @@ pub fn build(table: Table) -> Result<RunConfig, String> {
 /// The effective configuration as TOML text: every parameter of every
 /// section, defaults included, as the run used it (sections in [`SECTIONS`]
 /// order), so the file reproduces the run with `--config`.
-pub fn to_toml(cfg: &RunConfig) -> Result<String, String> {
-    fn section<T: serde::Serialize>(name: &str, v: &T) -> Result<String, String> {
-        let value = Value::try_from(v).map_err(|e| format!("config: [{name}]: {e}"))?;
+pub fn to_toml(cfg: &SatelliteConfig) -> Result<String, ConfigError> {
+    fn section<T: serde::Serialize>(name: &str, v: &T) -> Result<String, ConfigError> {
+        let value = Value::try_from(v).map_err(|e| section_err(name, e.to_string()))?;
         let mut one = Table::new();
         one.insert(name.to_string(), value);
-        toml::to_string(&one).map_err(|e| format!("config: [{name}]: {e}"))
+        toml::to_string(&one).map_err(|e| section_err(name, e.to_string()))
     }
-    let mut out = String::from("# toast-cli run: the configuration used (every parameter)\n");
+    let mut out =
+        String::from("# the satellite workflow: the configuration used (every parameter)\n");
     // Dispatch settings as given (TOML dotted keys kept as nested tables).
     let dispatch = match cfg.table.get("dispatch") {
         Some(Value::Table(t)) => t.clone(),
@@ -340,12 +391,12 @@ pub fn to_toml(cfg: &RunConfig) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    fn cfg(sets: &[&str]) -> Result<RunConfig, String> {
+    fn cfg(sets: &[&str]) -> Result<SatelliteConfig, String> {
         let mut t = workflow_defaults("tiny");
         for s in sets {
-            apply_set(&mut t, s)?;
+            apply_set(&mut t, s).map_err(|e| e.to_string())?;
         }
-        build(t)
+        build(t).map_err(|e| e.to_string())
     }
 
     #[test]

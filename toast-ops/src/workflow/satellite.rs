@@ -1,0 +1,793 @@
+//! The satellite job: TOAST's `toast_benchmark_satellite` from a checked
+//! configuration to gathered map products and run statistics.
+//!
+//! A [`SatelliteJob`] is built and checked before any long work
+//! ([`SatelliteJob::new`]: case, sizes, configuration, the sky map's
+//! header); [`SatelliteJob::simulation`] and [`SatelliteJob::plan`] give
+//! the distribution without running anything (what `--dry-run` prints);
+//! [`SatelliteJob::run`] runs the phases, each timed under its TOAST name,
+//! and returns a [`SatelliteRun`]:
+//!
+//! `SimSatellite` → `DefaultNoiseModel` → `ScanHealpixMap` → `SimNoise` →
+//! `MapMaker` → `write outputs`.
+//!
+//! The front-end supplies two things: a [`Phases`] observer (progress
+//! display, fault injection for tests) and a [`ProductSink`], to which
+//! rank 0 hands the gathered maps inside the `write outputs` phase, so the
+//! file layout is the front-end's while the time it takes is in the run's
+//! timers.
+
+use super::config::SatelliteConfig;
+use super::presets::{self, Sizing};
+use crate::accel::pipeline::{DetectorSets, RunOptions};
+use crate::astro::focalplane::benchmark_focalplane;
+use crate::dist::{default_group_size, JobDistribution};
+use crate::io::fits;
+use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
+use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
+use crate::sim::sky::SkyConfig;
+use crate::sim::{
+    core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, SimNoise, SimSatellite,
+};
+use crate::{MapMaker, MapMakerResult, MapMakerSetup};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
+use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp};
+
+/// Why the workflow stopped: what was being done, and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkflowError {
+    /// A case name that is not a preset (nor `auto`).
+    #[error("unknown case `{case}` (known: {known})", known = presets::names())]
+    UnknownCase { case: String },
+    /// A size or process count out of range (`option` names the setting).
+    #[error("{option} {value}: {reason}")]
+    BadSize {
+        option: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The configuration.
+    #[error(transparent)]
+    Config(#[from] super::config::ConfigError),
+    /// The input sky map file.
+    #[error("sky map {}: {reason}", path.display())]
+    SkyMap { path: PathBuf, reason: String },
+    /// A dispatch setting that names no usable backend.
+    #[error("dispatch {setting}: {reason}")]
+    Dispatch { setting: String, reason: String },
+    /// A phase (operator) failed.
+    #[error("{phase}: {source}")]
+    Phase {
+        phase: String,
+        #[source]
+        source: Box<OpError>,
+    },
+    /// The front-end stopped a phase (its observer or product sink).
+    #[error("{0}")]
+    FrontEnd(String),
+    /// A collective across the processes, or gathering a result, failed.
+    #[error("{what}: {reason}")]
+    Gather { what: String, reason: String },
+}
+
+impl WorkflowError {
+    fn phase(phase: &str) -> impl Fn(OpError) -> WorkflowError + '_ {
+        move |source| WorkflowError::Phase {
+            phase: phase.to_string(),
+            source: Box::new(source),
+        }
+    }
+    fn gather(what: &str) -> impl Fn(String) -> WorkflowError + '_ {
+        move |reason| WorkflowError::Gather {
+            what: what.to_string(),
+            reason,
+        }
+    }
+}
+
+/// Size overrides of a case (TOAST's benchmark has none; ours are for
+/// tests and scaling studies).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SizeOverrides {
+    /// Detectors (even, at most [`presets::MAX_DETECTORS`]).
+    pub n_det: Option<u64>,
+    /// Observations (at most [`presets::MAX_OBSERVATIONS`]).
+    pub n_obs: Option<u64>,
+}
+
+/// A checked, ready-to-run job.
+#[derive(Debug, Clone)]
+pub struct SatelliteJob {
+    /// The case name (`auto` resolved to the preset it picked).
+    pub case: String,
+    /// Detectors, observations and samples.
+    pub sizing: Sizing,
+    /// The configuration.
+    pub config: SatelliteConfig,
+    /// The input sky map, when one is configured (`scan_map.file`).
+    pub sky_file: Option<PathBuf>,
+}
+
+/// The phases of [`SatelliteJob::run`], in order.
+pub const PHASES: [&str; 6] = [
+    "SimSatellite",
+    "DefaultNoiseModel",
+    "ScanHealpixMap",
+    "SimNoise",
+    "MapMaker",
+    "write outputs",
+];
+
+/// What a front-end hears of the phases.
+pub trait Phases {
+    /// Phase `index` of [`PHASES`] starts; an error stops the run there.
+    fn start(&mut self, index: usize, name: &str) -> Result<(), String>;
+    /// Phase `index` ended after `seconds`.
+    fn finish(&mut self, index: usize, name: &str, seconds: f64);
+}
+
+/// A [`Phases`] that shows nothing.
+#[derive(Debug, Default)]
+pub struct Silent;
+
+impl Phases for Silent {
+    fn start(&mut self, _: usize, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+    fn finish(&mut self, _: usize, _: &str, _: f64) {}
+}
+
+/// The map-maker's products, whole (every submap), on rank 0.
+#[derive(Debug)]
+pub struct MapProducts {
+    /// Hits per pixel.
+    pub hits: PixelData<i64>,
+    /// The binned map of the raw timestream, when the map-maker wrote it.
+    pub binmap: Option<PixelData<f64>>,
+    /// The destriped map.
+    pub map: PixelData<f64>,
+    /// TOAST's extra FITS header cards (time span, detector counts).
+    pub header: Vec<fits::HeaderCard>,
+}
+
+/// Where rank 0 puts the gathered products (the front-end's file layout).
+pub trait ProductSink {
+    /// Store the products; an error fails the run.
+    fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), String>;
+}
+
+/// Communication time of a distributed run (the largest over the ranks).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Communication {
+    /// Map reductions across processes (`sync_map`).
+    pub sync_map_s: f64,
+    /// CG dot-product allreduces.
+    pub dot_allreduce_s: f64,
+    /// Both, inside the CG iterations.
+    pub cg_s: f64,
+    /// `cg_s` per CG iteration.
+    pub per_cg_iteration_s: f64,
+}
+
+/// Memory traffic of one backend (see `toast_accel::host::TransferSnapshot`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Transfers {
+    pub allocs: u64,
+    pub alloc_bytes: u64,
+    pub frees: u64,
+    pub host_to_device_calls: u64,
+    pub host_to_device_bytes: u64,
+    pub device_to_host_calls: u64,
+    pub device_to_host_bytes: u64,
+    pub resets: u64,
+}
+
+impl From<TransferSnapshot> for Transfers {
+    fn from(t: TransferSnapshot) -> Self {
+        Transfers {
+            allocs: t.allocs,
+            alloc_bytes: t.alloc_bytes,
+            frees: t.frees,
+            host_to_device_calls: t.h2d_calls,
+            host_to_device_bytes: t.h2d_bytes,
+            device_to_host_calls: t.d2h_calls,
+            device_to_host_bytes: t.d2h_bytes,
+            resets: t.resets,
+        }
+    }
+}
+
+/// What one process held, from its own data (not from the plan).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ProcessRecord {
+    pub rank: usize,
+    pub observations: Vec<String>,
+    pub detectors: Vec<String>,
+    pub detector_samples: u64,
+    pub local_submaps: usize,
+    pub peak_memory_bytes: f64,
+}
+
+/// The run's statistics (`stats.json`): TOAST's map statistics of the
+/// destriped map (all pixels, zeros included, ddof 1) and what the run
+/// cost.
+#[derive(Debug, Clone, Serialize)]
+#[allow(non_snake_case)] // TOAST's statistic names
+pub struct RunStats {
+    pub case: String,
+    pub totalhits: i64,
+    pub mean_I: f64,
+    pub mean_Q: f64,
+    pub mean_U: f64,
+    pub rms_I: f64,
+    pub rms_Q: f64,
+    pub rms_U: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sky_map: Option<String>,
+    pub processes: usize,
+    pub group_size: usize,
+    pub mpi: String,
+    pub distribution: Vec<ProcessRecord>,
+    pub peak_memory_bytes_all_processes: f64,
+    pub communication: Communication,
+    pub wall_time_s: f64,
+    pub peak_memory_bytes: f64,
+    pub predicted_memory_bytes: f64,
+    pub cg_iterations: usize,
+    pub converged: bool,
+    pub n_amplitudes: usize,
+    pub n_flagged_amplitudes: usize,
+    pub n_det: u64,
+    pub n_obs: u64,
+    pub samples: u64,
+    pub local_submaps: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_hit_submaps: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_submaps: Option<usize>,
+    pub threads: usize,
+    /// Per backend that ran a kernel.
+    pub transfers: BTreeMap<String, Transfers>,
+    /// Which backend ran each kernel: calls and seconds.
+    #[serde(skip)]
+    pub kernels: KernelLog,
+}
+
+/// The outcome of [`SatelliteJob::run`] on rank 0 (other ranks get `None`).
+#[derive(Debug)]
+pub struct SatelliteRun {
+    /// The statistics.
+    pub stats: RunStats,
+    /// The timers of all processes, combined as TOAST's `gather_timers`.
+    pub timers: Vec<toast_core::TimerStats>,
+}
+
+impl SatelliteJob {
+    /// Check a job: the case (`auto`: the largest preset whose predicted
+    /// memory fits 80% of `MemAvailable`), the overrides, and the sky map's
+    /// header against `pixels.nside`.
+    pub fn new(
+        case: &str,
+        config: SatelliteConfig,
+        overrides: SizeOverrides,
+    ) -> Result<Self, WorkflowError> {
+        let nside = config.pixels.nside as u64;
+        let (case, mut sizing) = if case == "auto" {
+            let avail = presets::mem_available().ok_or_else(|| WorkflowError::BadSize {
+                option: "--case",
+                value: "auto".into(),
+                reason: "cannot read MemAvailable from /proc/meminfo".into(),
+            })?;
+            let (n, s) = presets::auto(avail, nside);
+            (n.to_string(), s)
+        } else {
+            let s = presets::preset(case).ok_or_else(|| WorkflowError::UnknownCase {
+                case: case.to_string(),
+            })?;
+            (case.to_string(), s)
+        };
+        if let Some(n) = overrides.n_det {
+            if n == 0 || n % 2 != 0 || n > presets::MAX_DETECTORS {
+                return Err(WorkflowError::BadSize {
+                    option: "--n-det",
+                    value: n.to_string(),
+                    reason: format!("must be even, between 2 and {}", presets::MAX_DETECTORS),
+                });
+            }
+            sizing.n_det = n;
+        }
+        if let Some(n) = overrides.n_obs {
+            if n == 0 || n > presets::MAX_OBSERVATIONS {
+                return Err(WorkflowError::BadSize {
+                    option: "--n-obs",
+                    value: n.to_string(),
+                    reason: format!("must be between 1 and {}", presets::MAX_OBSERVATIONS),
+                });
+            }
+            sizing.n_obs = n;
+        }
+        // SimSatellite's sampling: 1 + floor(rate (T - 2 µs)) samples per scan.
+        let span = config.sim_satellite.obs_minutes * 60.0 - 2e-6;
+        sizing.samples_per_obs = 1 + (span * 100.0).floor() as u64;
+        let sky_file =
+            (!config.scan_map.file.is_empty()).then(|| PathBuf::from(&config.scan_map.file));
+        if let Some(p) = &sky_file {
+            if config.scan_map.enabled {
+                let got = sky_header_nside(p)?;
+                if got != nside {
+                    return Err(WorkflowError::SkyMap {
+                        path: p.clone(),
+                        reason: format!(
+                            "NSIDE = {got}, but pixels.nside = {nside} (the map must match the \
+                             pixelization)"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(SatelliteJob {
+            case,
+            sizing,
+            config,
+            sky_file,
+        })
+    }
+
+    /// The map resolution.
+    pub fn nside(&self) -> u64 {
+        self.config.pixels.nside as u64
+    }
+
+    /// Predicted peak memory of one process running the whole job.
+    pub fn predicted_memory(&self) -> f64 {
+        presets::predicted_memory(self.sizing, self.nside())
+    }
+
+    /// The focal plane and the simulation operator, which fix the
+    /// distribution.
+    pub fn simulation(&self) -> Result<SimSatellite, WorkflowError> {
+        let s = self.sizing;
+        let fp = benchmark_focalplane(s.n_det as usize).map_err(|e| WorkflowError::Phase {
+            phase: "focalplane".into(),
+            source: Box::new(OpError::Config(e.to_string())),
+        })?;
+        let fp = Arc::new(core_focalplane(&fp).map_err(WorkflowError::phase("focalplane"))?);
+        SimSatellite::new(
+            "sim_satellite",
+            self.config.sim_satellite.clone(),
+            fp,
+            0,
+            s.n_obs as usize,
+        )
+        .map_err(WorkflowError::phase("SimSatellite"))
+    }
+
+    /// Set the simulation's group size (`None`: TOAST's rule for `n_procs`
+    /// processes, `ppn` per node) and return the distribution of the job
+    /// over `n_procs` processes.
+    pub fn plan(
+        &self,
+        sim: &mut SimSatellite,
+        n_procs: usize,
+        ppn: usize,
+        group_size: Option<usize>,
+    ) -> Result<JobDistribution, WorkflowError> {
+        let s = self.sizing;
+        sim.group_size = match group_size {
+            Some(0) => {
+                return Err(WorkflowError::BadSize {
+                    option: "--group-size",
+                    value: "0".into(),
+                    reason: "must be at least 1".into(),
+                })
+            }
+            Some(g) => g,
+            None => default_group_size(n_procs, ppn, s.n_obs as usize, s.n_det),
+        };
+        sim.plan(n_procs)
+            .map_err(WorkflowError::phase("SimSatellite"))
+    }
+
+    /// Run the job on `comm`'s processes with the kernels of `registry`.
+    /// `sim` comes from [`SatelliteJob::simulation`] and
+    /// [`SatelliteJob::plan`]; `timer_root` names the outermost timer
+    /// frame. Rank 0 hands the gathered maps to `sink` and gets the
+    /// statistics back.
+    pub fn run(
+        &self,
+        mut sim: SimSatellite,
+        registry: Registry,
+        comm: Arc<dyn Comm>,
+        timer_root: &str,
+        phases: &mut dyn Phases,
+        sink: &mut dyn ProductSink,
+    ) -> Result<Option<SatelliteRun>, WorkflowError> {
+        let cfg = &self.config;
+        let s = self.sizing;
+        let nside = self.nside();
+        let root = comm.rank() == 0;
+        let group_size = sim.group_size;
+        let t_start = Instant::now();
+        let dispatcher = dispatcher(cfg, registry)?;
+        let registry = Arc::clone(dispatcher.registry());
+        let mut ctx = ExecContext::new();
+        ctx.insert(dispatcher);
+        ctx.insert(CommHandle(Arc::clone(&comm)));
+        let terr = |e: toast_core::TimerError| WorkflowError::FrontEnd(e.to_string());
+        ctx.timers.enter(timer_root).map_err(terr)?;
+
+        let detsets = sim.detector_sets();
+        let mut data = Data::new();
+        let mut run_phase = |i: usize,
+                             ctx: &mut ExecContext,
+                             f: &mut dyn FnMut(&mut ExecContext) -> Result<(), WorkflowError>|
+         -> Result<(), WorkflowError> {
+            let name = PHASES[i];
+            phases.start(i, name).map_err(WorkflowError::FrontEnd)?;
+            let t0 = Instant::now();
+            ctx.timers.enter(name).map_err(terr)?;
+            let r = f(ctx);
+            let _ = ctx.timers.exit(name);
+            phases.finish(i, name, t0.elapsed().as_secs_f64());
+            r
+        };
+        run_phase(0, &mut ctx, &mut |ctx| {
+            sim.apply(&mut data, ctx)
+                .map_err(WorkflowError::phase("SimSatellite"))
+        })?;
+        let mut model = DefaultNoiseModel::new("default_model", cfg.default_model.clone());
+        run_phase(1, &mut ctx, &mut |ctx| {
+            model
+                .apply(&mut data, ctx)
+                .map_err(WorkflowError::phase("DefaultNoiseModel"))
+        })?;
+        let mut scan_cfg = cfg.scan_map.clone();
+        scan_cfg.pixel_dist = cfg.binner.pixel_dist.clone();
+        run_phase(2, &mut ctx, &mut |ctx| {
+            if !scan_cfg.enabled {
+                return Ok(());
+            }
+            let err = WorkflowError::phase("ScanHealpixMap");
+            let sky = match &self.sky_file {
+                Some(p) => InputSky::from_file_on(p, &*comm_of(ctx)).map_err(&err)?,
+                None => InputSky::synthetic_on(
+                    &SkyConfig {
+                        nside,
+                        seed: scan_cfg.seed,
+                        fwhm_arcmin: scan_cfg.fwhm_arcmin,
+                        toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
+                        ..SkyConfig::default()
+                    },
+                    &*comm_of(ctx),
+                )
+                .map_err(&err)?,
+            };
+            let pointing = PointingOps::new(
+                PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
+                PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
+                    .map_err(&err)?,
+                StokesWeights::new("weights", cfg.weights.clone(), cfg.det_pointing.clone()),
+            );
+            let mut op =
+                ScanHealpixMap::new("scan_map", scan_cfg.clone(), pointing, sky).map_err(&err)?;
+            op.options = RunOptions {
+                detector_sets: DetectorSets::Sets(detsets.clone()),
+                ..RunOptions::default()
+            };
+            op.apply(&mut data, ctx).map_err(&err)
+        })?;
+        let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
+        run_phase(3, &mut ctx, &mut |ctx| {
+            noise
+                .apply(&mut data, ctx)
+                .map_err(WorkflowError::phase("SimNoise"))
+        })?;
+        let setup = MapMakerSetup {
+            name: "mapmaker".into(),
+            mapmaker: cfg.mapmaker.clone(),
+            baselines: cfg.baselines.clone(),
+            binner: cfg.binner.clone(),
+            binner_final: None,
+            det_pointing: cfg.det_pointing.clone(),
+            pixels: cfg.pixels.clone(),
+            weights: cfg.weights.clone(),
+            pixels_final: None,
+        };
+        let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
+        let mut res = None;
+        run_phase(4, &mut ctx, &mut |ctx| {
+            res = Some(
+                mm.run(&mut data, ctx)
+                    .map_err(WorkflowError::phase("MapMaker"))?,
+            );
+            Ok(())
+        })?;
+        let res = res.expect("the MapMaker phase returned Ok");
+        let span = time_span(&*comm, &data)?;
+        // What each rank really holds (from its data, not from the plan).
+        let processes = gather_processes(&*comm, &data, &cfg.binner.pixel_dist)?;
+        let mut map_stats = None;
+        run_phase(5, &mut ctx, &mut |ctx| {
+            let comm = comm_of(ctx);
+            if let Some(products) = gather_products(&*comm, &data, &res, s.n_det as i64, span)? {
+                sink.store(self, &products)
+                    .map_err(WorkflowError::FrontEnd)?;
+                let st = products.map.stats();
+                map_stats = Some((products.hits.to_full_sky().iter().sum::<i64>(), st));
+            }
+            Ok(())
+        })?;
+        let _ = ctx.timers.exit(timer_root);
+        ctx.timers.stop_all();
+        let wall = t_start.elapsed().as_secs_f64();
+        let communication = communication_times(&*comm, &ctx, res.iterations)?;
+        let timers = toast_core::comm::gather_timer_stats(&*comm, &ctx.timers)
+            .map_err(|e| WorkflowError::gather("gathering timers")(e.to_string()))?;
+        let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
+        let mut walls = [wall];
+        comm.allreduce_f64(&mut peaks[..1], ReduceOp::Max)
+            .and_then(|_| comm.allreduce_f64(&mut peaks[1..], ReduceOp::Sum))
+            .and_then(|_| comm.allreduce_f64(&mut walls, ReduceOp::Max))
+            .map_err(|e| WorkflowError::gather("gathering statistics")(e.to_string()))?;
+        let (Some((totalhits, st)), Some(timers), Some(distribution), true) =
+            (map_stats, timers, processes, root)
+        else {
+            return Ok(None);
+        };
+        let kernels = ctx
+            .ext::<Dispatcher>()
+            .map(|d| d.kernel_log())
+            .unwrap_or_default();
+        let transfers = kernels
+            .values()
+            .flat_map(|b| b.keys())
+            .filter_map(|n| {
+                registry
+                    .get(n)
+                    .ok()
+                    .map(|b| (n.clone(), Transfers::from(b.stats().snapshot())))
+            })
+            .collect();
+        let pd = data
+            .meta
+            .object::<Arc<PixelDistribution>>(&cfg.binner.pixel_dist)
+            .ok();
+        let stats = RunStats {
+            case: self.case.clone(),
+            totalhits,
+            mean_I: st.mean[0],
+            mean_Q: st.mean[1],
+            mean_U: st.mean[2],
+            rms_I: st.rms[0],
+            rms_Q: st.rms[1],
+            rms_U: st.rms[2],
+            sky_map: self.sky_file.as_ref().map(|p| p.display().to_string()),
+            processes: comm.size(),
+            group_size,
+            mpi: comm.describe(),
+            distribution,
+            peak_memory_bytes_all_processes: peaks[1],
+            communication,
+            wall_time_s: walls[0],
+            peak_memory_bytes: peaks[0],
+            predicted_memory_bytes: self.predicted_memory(),
+            cg_iterations: res.iterations,
+            converged: res.converged,
+            n_amplitudes: res.n_amplitudes,
+            n_flagged_amplitudes: res.n_flagged_amplitudes,
+            n_det: s.n_det,
+            n_obs: s.n_obs,
+            samples: s.samples(),
+            local_submaps: local_submaps(&data, &cfg.binner.pixel_dist),
+            job_hit_submaps: pd.map(|d| d.global_submaps().len()),
+            shared_submaps: pd.map(|d| d.shared_submaps().len()),
+            threads: rayon::current_num_threads(),
+            transfers,
+            kernels,
+        };
+        Ok(Some(SatelliteRun { stats, timers }))
+    }
+}
+
+/// The dispatcher of the configuration's `dispatch` settings. A backend
+/// asked for by name must be there and usable: fail before any work rather
+/// than silently running elsewhere. (Dispatch still falls back, per
+/// kernel, when a named backend lacks that one kernel.)
+fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, WorkflowError> {
+    let derr = |d: &String, e: &dyn std::fmt::Display| WorkflowError::Dispatch {
+        setting: d.clone(),
+        reason: e.to_string(),
+    };
+    let mut policy = DispatchPolicy::new();
+    for d in &cfg.dispatch {
+        policy.apply(d).map_err(|e| derr(d, &e))?;
+    }
+    for d in &cfg.dispatch {
+        let name = d.split_once('=').map_or(d.as_str(), |(_, v)| v.trim());
+        registry.get(name).map_err(|e| derr(d, &e))?;
+    }
+    Ok(Dispatcher::new(Arc::new(registry), policy))
+}
+
+/// Read only the header of a HEALPix FITS file and return its NSIDE (cheap:
+/// the header blocks of the first extension).
+fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
+    use std::io::Read;
+    let err = |reason: String| WorkflowError::SkyMap {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut f = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
+    let mut buf = vec![0u8; 2880 * 40];
+    let mut n = 0;
+    loop {
+        let k = f
+            .read(&mut buf[n..])
+            .map_err(|e| err(format!("cannot read: {e}")))?;
+        if k == 0 || n + k == buf.len() {
+            n += k;
+            break;
+        }
+        n += k;
+    }
+    if n < 2880 || !buf.starts_with(b"SIMPLE  =") {
+        return Err(err("not a FITS file".into()));
+    }
+    for card in buf[..n - n % 80].chunks_exact(80) {
+        if card.starts_with(b"NSIDE   =") {
+            let text = String::from_utf8_lossy(&card[10..]);
+            let v = text.split('/').next().unwrap_or("").trim();
+            return v
+                .parse::<u64>()
+                .map_err(|_| err(format!("bad NSIDE card {v:?}")));
+        }
+    }
+    Err(err("no NSIDE keyword (not a HEALPix map)".into()))
+}
+
+fn local_submaps(data: &Data, key: &str) -> usize {
+    data.meta
+        .object::<Arc<PixelDistribution>>(key)
+        .map(|d| d.n_local_submap())
+        .unwrap_or(0)
+}
+
+/// The first and last timestamps of the job.
+fn time_span(comm: &dyn Comm, data: &Data) -> Result<(f64, f64), WorkflowError> {
+    let mut lo = f64::INFINITY;
+    let mut hi = f64::NEG_INFINITY;
+    for ob in &data.obs {
+        if let Ok(t) = ob.times() {
+            if let (Some(a), Some(b)) = (t.first(), t.last()) {
+                lo = lo.min(*a);
+                hi = hi.max(*b);
+            }
+        }
+    }
+    let (mut l, mut h) = ([lo], [hi]);
+    comm.allreduce_f64(&mut l, ReduceOp::Min)
+        .and_then(|_| comm.allreduce_f64(&mut h, ReduceOp::Max))
+        .map_err(|e| WorkflowError::gather("time span")(e.to_string()))?;
+    Ok((l[0], h[0]))
+}
+
+/// Each rank's observations and detectors, as rank 0 receives them (`None`
+/// on other ranks).
+fn gather_processes(
+    comm: &dyn Comm,
+    data: &Data,
+    pixel_dist: &str,
+) -> Result<Option<Vec<ProcessRecord>>, WorkflowError> {
+    let mut dets: Vec<String> = Vec::new();
+    let mut det_samples = 0u64;
+    for o in &data.obs {
+        for d in o.local_detectors() {
+            if !dets.iter().any(|x| x == d) {
+                dets.push(d.clone());
+            }
+        }
+        det_samples += (o.local_detectors().len() * o.n_samples()) as u64;
+    }
+    let mine = ProcessRecord {
+        rank: comm.rank(),
+        observations: data.obs.iter().map(|o| o.name().to_string()).collect(),
+        detectors: dets,
+        detector_samples: det_samples,
+        local_submaps: local_submaps(data, pixel_dist),
+        peak_memory_bytes: presets::peak_rss().unwrap_or(0.0),
+    };
+    let gerr = WorkflowError::gather("gathering the distribution");
+    let bytes = serde_json::to_vec(&mine).map_err(|e| gerr(e.to_string()))?;
+    let all = comm
+        .gather_bytes(0, &bytes)
+        .map_err(|e| gerr(e.to_string()))?;
+    let Some(all) = all else {
+        return Ok(None);
+    };
+    all.iter()
+        .map(|b| serde_json::from_slice(b).map_err(|e| gerr(format!("record: {e}"))))
+        .collect::<Result<Vec<ProcessRecord>, _>>()
+        .map(Some)
+}
+
+/// Communication time: the map reductions (`sync_map`) and the CG dot
+/// products (`allreduce_dot`), in total and per CG iteration (the
+/// reductions inside the solver's left-hand side plus the dot products,
+/// over the iterations), the largest over the ranks. Waiting for a slower
+/// rank counts as communication, as in any MPI profile.
+fn communication_times(
+    comm: &dyn Comm,
+    ctx: &ExecContext,
+    iterations: usize,
+) -> Result<Communication, WorkflowError> {
+    let mut t = [0.0f64; 3];
+    for name in ctx.timers.names() {
+        let Some(timer) = ctx.timers.get(name) else {
+            continue;
+        };
+        let sec = timer.seconds();
+        if name.ends_with(&format!("|{SYNC_TIMER}")) {
+            t[0] += sec;
+            if name.contains("SolverLHS") {
+                t[2] += sec;
+            }
+        } else if name.ends_with(&format!("|{}", crate::mapmaker::DOT_TIMER)) {
+            t[1] += sec;
+            t[2] += sec;
+        }
+    }
+    comm.allreduce_f64(&mut t, ReduceOp::Max)
+        .map_err(|e| WorkflowError::gather("communication times")(e.to_string()))?;
+    Ok(Communication {
+        sync_map_s: t[0],
+        dot_allreduce_s: t[1],
+        cg_s: t[2],
+        per_cg_iteration_s: if iterations > 0 {
+            t[2] / iterations as f64
+        } else {
+            0.0
+        },
+    })
+}
+
+/// Gather the hit map and the binned and destriped maps onto rank 0
+/// (`None` on other ranks). Every rank calls it.
+fn gather_products(
+    comm: &dyn Comm,
+    data: &Data,
+    res: &MapMakerResult,
+    n_det: i64,
+    span: (f64, f64),
+) -> Result<Option<MapProducts>, WorkflowError> {
+    let gerr =
+        |k: &str, e: OpError| WorkflowError::gather(&format!("gathering map {k}"))(e.to_string());
+    let product = |key: &str| -> Result<Option<PixelData<f64>>, WorkflowError> {
+        let m = data.meta.object::<PixelData<f64>>(key).map_err(|e| {
+            WorkflowError::gather(&format!("map-maker product {key}"))(e.to_string())
+        })?;
+        gather_map(comm, m, 0).map_err(|e| gerr(key, e))
+    };
+    let hits = data.meta.object::<PixelData<i64>>(&res.hits).map_err(|e| {
+        WorkflowError::gather(&format!("map-maker product {}", res.hits))(e.to_string())
+    })?;
+    let hits = gather_map(comm, hits, 0).map_err(|e| gerr(&res.hits, e))?;
+    let binmap = match &res.binmap {
+        Some(b) => product(b)?,
+        None => None,
+    };
+    let map = product(&res.map)?;
+    let (Some(hits), Some(map)) = (hits, map) else {
+        return Ok(None);
+    };
+    Ok(Some(MapProducts {
+        hits,
+        binmap,
+        map,
+        header: fits::toast_extra_header(span.0, span.1, n_det, n_det, "3.0.6"),
+    }))
+}
