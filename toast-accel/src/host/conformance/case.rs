@@ -1,0 +1,910 @@
+//! Loading a reference case: the `.npz` file, its typed arrays, and the
+//! fields each kernel needs.
+//!
+//! [`load_case`] identifies the kernel from the file name ([`kernel_of`]),
+//! reads every array of the file whatever its dtype, then hands them to the
+//! kernel's case type (`PointingDetectorCase::load`, ...), which takes out
+//! the fields it needs with their dtype, number of dimensions and lengths
+//! checked. Any problem is a [`CaseError`] naming the file and the field.
+
+use super::CaseData;
+use crate::abi::{Interval, Kernel};
+use ndarray::ArrayD;
+use ndarray_npy::{NpzReader, ReadNpyError, ReadNpzError};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A case file that cannot be used.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum CaseError {
+    #[error("{file}: cannot read the case: {reason}")]
+    Read { file: PathBuf, reason: String },
+    #[error("{file}: the file name does not start with the name of a known kernel")]
+    UnknownKernel { file: PathBuf },
+    #[error("{file}: field `{field}`: {problem}")]
+    Field {
+        file: PathBuf,
+        field: String,
+        problem: String,
+    },
+}
+
+/// A numeric array read from a case: row-major data and its shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arr<T> {
+    pub shape: Vec<usize>,
+    pub data: Vec<T>,
+}
+
+/// One reference case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Case {
+    pub path: PathBuf,
+    /// The file name without `.npz`.
+    pub name: String,
+    pub kernel: Kernel,
+    pub data: CaseData,
+}
+
+/// The kernel whose name is the longest prefix of `stem`, followed by `_` or
+/// nothing (`stokes_weights_IQU_x` is IQU, not I).
+pub fn kernel_of(stem: &str) -> Option<Kernel> {
+    Kernel::ALL
+        .into_iter()
+        .filter(|k| {
+            let n = k.name();
+            stem.len() >= n.len()
+                && stem[..n.len()].eq_ignore_ascii_case(n)
+                && (stem.len() == n.len() || stem.as_bytes()[n.len()] == b'_')
+        })
+        .max_by_key(|k| k.name().len())
+}
+
+/// Read and check a case file.
+pub fn load_case(path: &Path) -> Result<Case, CaseError> {
+    let file = path.to_path_buf();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = name.strip_suffix(".npz").unwrap_or(&name).to_string();
+    let kernel = kernel_of(&name).ok_or_else(|| CaseError::UnknownKernel { file: file.clone() })?;
+    let read = |e: &dyn fmt::Display| CaseError::Read {
+        file: file.clone(),
+        reason: e.to_string(),
+    };
+    let f = File::open(path).map_err(|e| read(&e))?;
+    let mut npz = NpzReader::new(f).map_err(|e| read(&e))?;
+    let names = npz.names().map_err(|e| read(&e))?;
+    let mut map = BTreeMap::new();
+    for (i, n) in names.iter().enumerate() {
+        let field = read_field(&mut npz, i).map_err(|e| CaseError::Field {
+            file: file.clone(),
+            field: n.clone(),
+            problem: e.to_string(),
+        })?;
+        map.insert(n.clone(), field);
+    }
+    let mut fl = Fields {
+        file: file.clone(),
+        map,
+    };
+    let data = CaseData::load(kernel, &mut fl)?;
+    Ok(Case {
+        path: file,
+        name,
+        kernel,
+        data,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Reading the arrays of a file
+// ---------------------------------------------------------------------------
+
+/// One field of a case file, with whichever dtype it has.
+#[derive(Debug, Clone, PartialEq)]
+enum Field {
+    F64(Arr<f64>),
+    F32(Arr<f32>),
+    I64(Arr<i64>),
+    I32(Arr<i32>),
+    U8(Arr<u8>),
+}
+
+impl Field {
+    fn dtype(&self) -> &'static str {
+        match self {
+            Field::F64(_) => "float64",
+            Field::F32(_) => "float32",
+            Field::I64(_) => "int64",
+            Field::I32(_) => "int32",
+            Field::U8(_) => "uint8",
+        }
+    }
+}
+
+/// Element types a case field may have.
+trait CaseElem: Sized + Clone {
+    const DTYPE: &'static str;
+    fn take(f: Field) -> Result<Arr<Self>, Field>;
+}
+
+macro_rules! case_elem {
+    ($t:ty, $v:ident, $name:literal) => {
+        impl CaseElem for $t {
+            const DTYPE: &'static str = $name;
+            fn take(f: Field) -> Result<Arr<Self>, Field> {
+                match f {
+                    Field::$v(a) => Ok(a),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+case_elem!(f64, F64, "float64");
+case_elem!(f32, F32, "float32");
+case_elem!(i64, I64, "int64");
+case_elem!(i32, I32, "int32");
+case_elem!(u8, U8, "uint8");
+
+fn to_arr<T: Clone>(a: ArrayD<T>) -> Arr<T> {
+    Arr {
+        shape: a.shape().to_vec(),
+        // Logical (row-major) order whatever the file's memory order.
+        data: a.iter().cloned().collect(),
+    }
+}
+
+/// Read entry `index` of an npz whatever its dtype.
+fn read_field(npz: &mut NpzReader<File>, index: usize) -> Result<Field, ReadNpzError> {
+    fn wrong(e: &ReadNpzError) -> bool {
+        matches!(e, ReadNpzError::Npy(ReadNpyError::WrongDescriptor(_)))
+    }
+    macro_rules! attempt {
+        ($t:ty, $v:ident) => {
+            match npz.by_index::<ndarray::OwnedRepr<$t>, ndarray::IxDyn>(index) {
+                Ok(a) => return Ok(Field::$v(to_arr(a))),
+                Err(e) if wrong(&e) => e,
+                Err(e) => return Err(e),
+            }
+        };
+    }
+    attempt!(f64, F64);
+    attempt!(f32, F32);
+    attempt!(i64, I64);
+    attempt!(i32, I32);
+    Ok(Field::U8(to_arr(
+        npz.by_index::<ndarray::OwnedRepr<u8>, ndarray::IxDyn>(index)?,
+    )))
+}
+
+/// The fields of a case file, taken out one by one with checks.
+pub(super) struct Fields {
+    file: PathBuf,
+    map: BTreeMap<String, Field>,
+}
+
+impl Fields {
+    fn err(&self, field: &str, problem: impl Into<String>) -> CaseError {
+        CaseError::Field {
+            file: self.file.clone(),
+            field: field.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Field `name` with element type `T` and `ndim` dimensions (any if None).
+    fn arr<T: CaseElem>(&mut self, name: &str, ndim: Option<usize>) -> Result<Arr<T>, CaseError> {
+        let f = self
+            .map
+            .remove(name)
+            .ok_or_else(|| self.err(name, "missing from the file"))?;
+        let a = T::take(f)
+            .map_err(|f| self.err(name, format!("dtype {}, expected {}", f.dtype(), T::DTYPE)))?;
+        if let Some(n) = ndim {
+            if a.shape.len() != n {
+                return Err(self.err(
+                    name,
+                    format!(
+                        "shape {:?} has {} dimensions, expected {n}",
+                        a.shape,
+                        a.shape.len()
+                    ),
+                ));
+            }
+        }
+        Ok(a)
+    }
+
+    /// A 0-d (or one-element) field.
+    fn scalar<T: CaseElem + Copy>(&mut self, name: &str) -> Result<T, CaseError> {
+        let a = self.arr::<T>(name, None)?;
+        if a.data.len() != 1 {
+            return Err(self.err(name, format!("shape {:?}, expected a scalar", a.shape)));
+        }
+        Ok(a.data[0])
+    }
+
+    /// A field of dtype f64 or f32 or i64 or i32 (a map).
+    fn map_data(&mut self, name: &str) -> Result<MapData, CaseError> {
+        let f = self
+            .map
+            .remove(name)
+            .ok_or_else(|| self.err(name, "missing from the file"))?;
+        let m = match f {
+            Field::F64(a) => MapData::F64(a),
+            Field::F32(a) => MapData::F32(a),
+            Field::I64(a) => MapData::I64(a),
+            Field::I32(a) => MapData::I32(a),
+            other => {
+                return Err(self.err(
+                    name,
+                    format!(
+                        "dtype {}, expected float64, float32, int64 or int32",
+                        other.dtype()
+                    ),
+                ))
+            }
+        };
+        if m.shape().len() != 3 {
+            return Err(self.err(
+                name,
+                format!("shape {:?}, expected 3 dimensions", m.shape()),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// `intervals_first` and `intervals_last`.
+    fn intervals(&mut self) -> Result<Vec<Interval>, CaseError> {
+        let first = self.arr::<i64>("intervals_first", Some(1))?;
+        let last = self.arr::<i64>("intervals_last", Some(1))?;
+        if first.data.len() != last.data.len() {
+            return Err(self.err(
+                "intervals_last",
+                format!(
+                    "{} entries, but intervals_first has {}",
+                    last.data.len(),
+                    first.data.len()
+                ),
+            ));
+        }
+        Ok(first
+            .data
+            .iter()
+            .zip(&last.data)
+            .map(|(&first, &last)| Interval { first, last })
+            .collect())
+    }
+
+    /// `got` elements in field `name` where `want` are expected (`what`
+    /// says why).
+    fn same_len(&self, name: &str, got: usize, want: usize, what: &str) -> Result<(), CaseError> {
+        if got != want {
+            return Err(self.err(name, format!("{got} elements, expected {want} ({what})")));
+        }
+        Ok(())
+    }
+
+    /// The pair `name_in` (the output's initial value) and `name_out`
+    /// (TOAST's result), both with `ndim` dimensions and the same length.
+    fn in_out<T: CaseElem>(
+        &mut self,
+        name_in: &str,
+        name_out: &str,
+        ndim: usize,
+    ) -> Result<(Arr<T>, Arr<T>), CaseError> {
+        let a_in: Arr<T> = self.arr(name_in, Some(ndim))?;
+        let a_out: Arr<T> = self.arr(name_out, Some(ndim))?;
+        self.same_len(
+            name_out,
+            a_out.data.len(),
+            a_in.data.len(),
+            &format!("as {name_in}"),
+        )?;
+        Ok((a_in, a_out))
+    }
+
+    /// The `weights` of `scan_map` and `build_noise_weighted`: `[n_det,
+    /// n_samp]` (nnz = 1) or `[n_det, n_samp, nnz]`.
+    fn weights(&mut self) -> Result<Arr<f64>, CaseError> {
+        let weights: Arr<f64> = self.arr("weights", None)?;
+        if !(2..=3).contains(&weights.shape.len()) {
+            return Err(self.err(
+                "weights",
+                format!("shape {:?}, expected 2 or 3 dimensions", weights.shape),
+            ));
+        }
+        Ok(weights)
+    }
+
+    /// Check that an array passed as a plain host pointer (whose length the
+    /// kernel infers from `n_det` or the number of intervals) has `n`
+    /// elements, so that a malformed case cannot make a plugin read past it.
+    fn need<T>(&self, name: &str, a: &Arr<T>, n: usize, what: &str) -> Result<(), CaseError> {
+        if a.data.len() != n {
+            return Err(self.err(
+                name,
+                format!("shape {:?}, expected {n} elements ({what})", a.shape),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A map of one of the four dtypes `scan_map` accepts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MapData {
+    F64(Arr<f64>),
+    F32(Arr<f32>),
+    I64(Arr<i64>),
+    I32(Arr<i32>),
+}
+
+impl MapData {
+    /// The map's shape, whatever its dtype.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            MapData::F64(a) => &a.shape,
+            MapData::F32(a) => &a.shape,
+            MapData::I64(a) => &a.shape,
+            MapData::I32(a) => &a.shape,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The fields of each kernel's cases (names as in FORMAT.md; `*_in` is the
+// output's initial value, `*_out` TOAST's result).
+// ---------------------------------------------------------------------------
+
+/// A `pointing_detector` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PointingDetectorCase {
+    pub focalplane: Arr<f64>,
+    pub boresight: Arr<f64>,
+    pub quat_index: Arr<i32>,
+    pub quats_in: Arr<f64>,
+    pub quats_out: Arr<f64>,
+    pub shared_flags: Arr<u8>,
+    pub shared_flag_mask: u8,
+    pub intervals: Vec<Interval>,
+}
+
+impl PointingDetectorCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (quats_in, quats_out) = f.in_out("quats_in", "quats_out", 3)?;
+        let c = PointingDetectorCase {
+            focalplane: f.arr("focalplane", Some(2))?,
+            boresight: f.arr("boresight", Some(2))?,
+            quat_index: f.arr("quat_index", Some(1))?,
+            quats_in,
+            quats_out,
+            shared_flags: f.arr("shared_flags", Some(1))?,
+            shared_flag_mask: f.scalar("shared_flag_mask")?,
+            intervals: f.intervals()?,
+        };
+        let n_det = c.quat_index.data.len();
+        f.need("focalplane", &c.focalplane, 4 * n_det, "[n_det, 4]")?;
+        Ok(c)
+    }
+}
+
+/// A `pixels_healpix` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelsHealpixCase {
+    pub quat_index: Arr<i32>,
+    pub quats: Arr<f64>,
+    pub shared_flags: Arr<u8>,
+    pub shared_flag_mask: u8,
+    pub pixel_index: Arr<i32>,
+    pub pixels_in: Arr<i64>,
+    pub pixels_out: Arr<i64>,
+    pub hit_submaps_in: Arr<u8>,
+    pub hit_submaps_out: Arr<u8>,
+    pub n_pix_submap: i64,
+    pub nside: i64,
+    pub nest: u8,
+    pub intervals: Vec<Interval>,
+}
+
+impl PixelsHealpixCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (pixels_in, pixels_out) = f.in_out("pixels_in", "pixels_out", 2)?;
+        let (hit_submaps_in, hit_submaps_out) = f.in_out("hit_submaps_in", "hit_submaps_out", 1)?;
+        let c = PixelsHealpixCase {
+            quat_index: f.arr("quat_index", Some(1))?,
+            quats: f.arr("quats", Some(3))?,
+            shared_flags: f.arr("shared_flags", Some(1))?,
+            shared_flag_mask: f.scalar("shared_flag_mask")?,
+            pixel_index: f.arr("pixel_index", Some(1))?,
+            pixels_in,
+            pixels_out,
+            hit_submaps_in,
+            hit_submaps_out,
+            n_pix_submap: f.scalar("n_pix_submap")?,
+            nside: f.scalar("nside")?,
+            nest: f.scalar("nest")?,
+            intervals: f.intervals()?,
+        };
+        let n_det = c.quat_index.data.len();
+        f.need("pixel_index", &c.pixel_index, n_det, PER_DET)?;
+        Ok(c)
+    }
+}
+
+/// A `stokes_weights_I` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StokesWeightsICase {
+    pub weight_index: Arr<i32>,
+    pub weights_in: Arr<f64>,
+    pub weights_out: Arr<f64>,
+    pub cal: Arr<f64>,
+    pub intervals: Vec<Interval>,
+}
+
+impl StokesWeightsICase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (weights_in, weights_out) = f.in_out("weights_in", "weights_out", 2)?;
+        let c = StokesWeightsICase {
+            weight_index: f.arr("weight_index", Some(1))?,
+            weights_in,
+            weights_out,
+            cal: f.arr("cal", Some(1))?,
+            intervals: f.intervals()?,
+        };
+        f.need("cal", &c.cal, c.weight_index.data.len(), PER_DET)?;
+        Ok(c)
+    }
+}
+
+/// A `stokes_weights_IQU` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StokesWeightsIquCase {
+    pub quat_index: Arr<i32>,
+    pub quats: Arr<f64>,
+    pub weight_index: Arr<i32>,
+    pub weights_in: Arr<f64>,
+    pub weights_out: Arr<f64>,
+    pub hwp: Arr<f64>,
+    pub epsilon: Arr<f64>,
+    pub gamma: Arr<f64>,
+    pub cal: Arr<f64>,
+    pub iau: u8,
+    pub intervals: Vec<Interval>,
+}
+
+impl StokesWeightsIquCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (weights_in, weights_out) = f.in_out("weights_in", "weights_out", 3)?;
+        let c = StokesWeightsIquCase {
+            quat_index: f.arr("quat_index", Some(1))?,
+            quats: f.arr("quats", Some(3))?,
+            weight_index: f.arr("weight_index", Some(1))?,
+            weights_in,
+            weights_out,
+            hwp: f.arr("hwp", Some(1))?,
+            epsilon: f.arr("epsilon", Some(1))?,
+            gamma: f.arr("gamma", Some(1))?,
+            cal: f.arr("cal", Some(1))?,
+            iau: f.scalar("IAU")?,
+            intervals: f.intervals()?,
+        };
+        let n_det = c.quat_index.data.len();
+        f.need("weight_index", &c.weight_index, n_det, PER_DET)?;
+        f.need("epsilon", &c.epsilon, n_det, PER_DET)?;
+        f.need("gamma", &c.gamma, n_det, PER_DET)?;
+        f.need("cal", &c.cal, n_det, PER_DET)?;
+        Ok(c)
+    }
+}
+
+/// A `scan_map` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScanMapCase {
+    pub global2local: Arr<i64>,
+    pub n_pix_submap: i64,
+    pub mapdata: MapData,
+    pub det_data_in: Arr<f64>,
+    pub det_data_out: Arr<f64>,
+    pub data_index: Arr<i32>,
+    pub pixels: Arr<i64>,
+    pub pixel_index: Arr<i32>,
+    pub weights: Arr<f64>,
+    pub weight_index: Arr<i32>,
+    pub data_scale: f64,
+    pub should_zero: u8,
+    pub should_subtract: u8,
+    pub should_scale: u8,
+    pub intervals: Vec<Interval>,
+}
+
+impl ScanMapCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (det_data_in, det_data_out) = f.in_out("det_data_in", "det_data_out", 2)?;
+        let weights = f.weights()?;
+        let c = ScanMapCase {
+            global2local: f.arr("global2local", Some(1))?,
+            n_pix_submap: f.scalar("n_pix_submap")?,
+            mapdata: f.map_data("mapdata")?,
+            det_data_in,
+            det_data_out,
+            data_index: f.arr("data_index", Some(1))?,
+            pixels: f.arr("pixels", Some(2))?,
+            pixel_index: f.arr("pixel_index", Some(1))?,
+            weights,
+            weight_index: f.arr("weight_index", Some(1))?,
+            data_scale: f.scalar("data_scale")?,
+            should_zero: f.scalar("should_zero")?,
+            should_subtract: f.scalar("should_subtract")?,
+            should_scale: f.scalar("should_scale")?,
+            intervals: f.intervals()?,
+        };
+        let n_det = c.pixel_index.data.len();
+        f.need("weight_index", &c.weight_index, n_det, PER_DET)?;
+        f.need("data_index", &c.data_index, n_det, PER_DET)?;
+        Ok(c)
+    }
+}
+
+/// A `build_noise_weighted` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildNoiseWeightedCase {
+    pub global2local: Arr<i64>,
+    pub zmap_in: Arr<f64>,
+    pub zmap_out: Arr<f64>,
+    pub pixel_index: Arr<i32>,
+    pub pixels: Arr<i64>,
+    pub weight_index: Arr<i32>,
+    pub weights: Arr<f64>,
+    pub data_index: Arr<i32>,
+    pub det_data: Arr<f64>,
+    pub flag_index: Arr<i32>,
+    pub det_flags: Arr<u8>,
+    pub det_scale: Arr<f64>,
+    pub det_flag_mask: u8,
+    pub shared_flags: Arr<u8>,
+    pub shared_flag_mask: u8,
+    pub intervals: Vec<Interval>,
+}
+
+impl BuildNoiseWeightedCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (zmap_in, zmap_out) = f.in_out("zmap_in", "zmap_out", 3)?;
+        let weights = f.weights()?;
+        let c = BuildNoiseWeightedCase {
+            global2local: f.arr("global2local", Some(1))?,
+            zmap_in,
+            zmap_out,
+            pixel_index: f.arr("pixel_index", Some(1))?,
+            pixels: f.arr("pixels", Some(2))?,
+            weight_index: f.arr("weight_index", Some(1))?,
+            weights,
+            data_index: f.arr("data_index", Some(1))?,
+            det_data: f.arr("det_data", Some(2))?,
+            flag_index: f.arr("flag_index", Some(1))?,
+            det_flags: f.arr("det_flags", Some(2))?,
+            det_scale: f.arr("det_scale", Some(1))?,
+            det_flag_mask: f.scalar("det_flag_mask")?,
+            shared_flags: f.arr("shared_flags", Some(1))?,
+            shared_flag_mask: f.scalar("shared_flag_mask")?,
+            intervals: f.intervals()?,
+        };
+        let n_det = c.pixel_index.data.len();
+        f.need("weight_index", &c.weight_index, n_det, PER_DET)?;
+        f.need("data_index", &c.data_index, n_det, PER_DET)?;
+        f.need("flag_index", &c.flag_index, n_det, PER_DET)?;
+        f.need("det_scale", &c.det_scale, n_det, PER_DET)?;
+        Ok(c)
+    }
+}
+
+/// A `noise_weight` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoiseWeightCase {
+    pub det_data_in: Arr<f64>,
+    pub det_data_out: Arr<f64>,
+    pub data_index: Arr<i32>,
+    pub detector_weights: Arr<f64>,
+    pub intervals: Vec<Interval>,
+}
+
+impl NoiseWeightCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (det_data_in, det_data_out) = f.in_out("det_data_in", "det_data_out", 2)?;
+        let c = NoiseWeightCase {
+            det_data_in,
+            det_data_out,
+            data_index: f.arr("data_index", Some(1))?,
+            detector_weights: f.arr("detector_weights", Some(1))?,
+            intervals: f.intervals()?,
+        };
+        let n_det = c.data_index.data.len();
+        f.need("detector_weights", &c.detector_weights, n_det, PER_DET)?;
+        Ok(c)
+    }
+}
+
+/// A `template_offset_add_to_signal` case: one call per entry of the
+/// `call_*` arrays, one detector each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateOffsetAddToSignalCase {
+    pub step_length: i64,
+    pub n_amp_views: Arr<i64>,
+    pub amplitudes: Arr<f64>,
+    pub amplitude_flags: Arr<u8>,
+    pub call_data_index: Arr<i32>,
+    pub call_amp_offset: Arr<i64>,
+    pub det_data_in: Arr<f64>,
+    pub det_data_out: Arr<f64>,
+    pub intervals: Vec<Interval>,
+}
+
+impl TemplateOffsetAddToSignalCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (det_data_in, det_data_out) = f.in_out("det_data_in", "det_data_out", 2)?;
+        let call_data_index: Arr<i32> = f.arr("call_data_index", Some(1))?;
+        let call_amp_offset: Arr<i64> = f.arr("call_amp_offset", Some(1))?;
+        f.same_len(
+            "call_amp_offset",
+            call_amp_offset.data.len(),
+            call_data_index.data.len(),
+            "one per call, as call_data_index",
+        )?;
+        let c = TemplateOffsetAddToSignalCase {
+            step_length: f.scalar("step_length")?,
+            n_amp_views: f.arr("n_amp_views", Some(1))?,
+            amplitudes: f.arr("amplitudes", Some(1))?,
+            amplitude_flags: f.arr("amplitude_flags", Some(1))?,
+            call_data_index,
+            call_amp_offset,
+            det_data_in,
+            det_data_out,
+            intervals: f.intervals()?,
+        };
+        let n_iv = c.intervals.len();
+        f.need("n_amp_views", &c.n_amp_views, n_iv, PER_INTERVAL)?;
+        Ok(c)
+    }
+}
+
+/// A `template_offset_project_signal` case: one call per entry of the
+/// `call_*` arrays, one detector each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateOffsetProjectSignalCase {
+    pub call_data_index: Arr<i32>,
+    pub det_data: Arr<f64>,
+    pub call_flag_index: Arr<i32>,
+    pub flag_data: Arr<u8>,
+    pub flag_mask: u8,
+    pub step_length: i64,
+    pub call_amp_offset: Arr<i64>,
+    pub n_amp_views: Arr<i64>,
+    pub amplitudes_in: Arr<f64>,
+    pub amplitudes_out: Arr<f64>,
+    pub amplitude_flags: Arr<u8>,
+    pub intervals: Vec<Interval>,
+}
+
+impl TemplateOffsetProjectSignalCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (amplitudes_in, amplitudes_out) = f.in_out("amplitudes_in", "amplitudes_out", 1)?;
+        let call_data_index: Arr<i32> = f.arr("call_data_index", Some(1))?;
+        let call_amp_offset: Arr<i64> = f.arr("call_amp_offset", Some(1))?;
+        let call_flag_index: Arr<i32> = f.arr("call_flag_index", Some(1))?;
+        let n_call = call_data_index.data.len();
+        let per_call = "one per call";
+        f.same_len(
+            "call_amp_offset",
+            call_amp_offset.data.len(),
+            n_call,
+            per_call,
+        )?;
+        f.same_len(
+            "call_flag_index",
+            call_flag_index.data.len(),
+            n_call,
+            per_call,
+        )?;
+        let c = TemplateOffsetProjectSignalCase {
+            call_data_index,
+            det_data: f.arr("det_data", Some(2))?,
+            call_flag_index,
+            flag_data: f.arr("flag_data", None)?,
+            flag_mask: f.scalar("flag_mask")?,
+            step_length: f.scalar("step_length")?,
+            call_amp_offset,
+            n_amp_views: f.arr("n_amp_views", Some(1))?,
+            amplitudes_in,
+            amplitudes_out,
+            amplitude_flags: f.arr("amplitude_flags", Some(1))?,
+            intervals: f.intervals()?,
+        };
+        let n_iv = c.intervals.len();
+        f.need("n_amp_views", &c.n_amp_views, n_iv, PER_INTERVAL)?;
+        Ok(c)
+    }
+}
+
+/// A `template_offset_apply_diag_precond` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateOffsetApplyDiagPrecondCase {
+    pub offset_var: Arr<f64>,
+    pub amplitudes_in: Arr<f64>,
+    pub amplitude_flags: Arr<u8>,
+    pub amplitudes_out_in: Arr<f64>,
+    pub amplitudes_out_out: Arr<f64>,
+}
+
+impl TemplateOffsetApplyDiagPrecondCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (amplitudes_out_in, amplitudes_out_out) =
+            f.in_out("amplitudes_out_in", "amplitudes_out_out", 1)?;
+        Ok(TemplateOffsetApplyDiagPrecondCase {
+            offset_var: f.arr("offset_var", Some(1))?,
+            amplitudes_in: f.arr("amplitudes_in", Some(1))?,
+            amplitude_flags: f.arr("amplitude_flags", Some(1))?,
+            amplitudes_out_in,
+            amplitudes_out_out,
+        })
+    }
+}
+
+/// Why a per-detector array must have `n_det` elements.
+const PER_DET: &str = "one per detector, as the index arrays";
+/// Why `n_amp_views` must have one element per interval.
+const PER_INTERVAL: &str = "one per interval";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_from_file_name() {
+        assert_eq!(
+            kernel_of("stokes_weights_IQU_hwp_iau"),
+            Some(Kernel::StokesWeightsIqu)
+        );
+        assert_eq!(
+            kernel_of("stokes_weights_I_basic"),
+            Some(Kernel::StokesWeightsI)
+        );
+        assert_eq!(kernel_of("scan_map_f32_nnz1_scale"), Some(Kernel::ScanMap));
+        assert_eq!(
+            kernel_of("template_offset_apply_diag_precond_empty"),
+            Some(Kernel::TemplateOffsetApplyDiagPrecond)
+        );
+        assert_eq!(kernel_of("scanmap_x"), None);
+        assert_eq!(kernel_of("noise_weightx"), None);
+    }
+
+    #[test]
+    fn unknown_kernel_names_the_file() {
+        let e = load_case(Path::new("/nonexistent/foo_bar.npz")).unwrap_err();
+        assert!(matches!(e, CaseError::UnknownKernel { .. }));
+        assert!(e.to_string().contains("foo_bar.npz"), "{e}");
+    }
+
+    fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("toast-conformance-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    fn cases_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/toast-kernels/cases")
+    }
+
+    #[test]
+    fn corrupt_file_is_an_error_naming_the_file() {
+        let p = tmp("noise_weight_garbage.npz", b"this is not a zip file");
+        let e = load_case(&p).unwrap_err();
+        assert!(matches!(e, CaseError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains("noise_weight_garbage.npz"), "{e}");
+    }
+
+    #[test]
+    fn truncated_file_is_an_error() {
+        let src = std::fs::read(cases_dir().join("noise_weight_basic.npz")).unwrap();
+        let p = tmp("noise_weight_truncated.npz", &src[..src.len() / 2]);
+        let e = load_case(&p).unwrap_err();
+        assert!(e.to_string().contains("noise_weight_truncated.npz"), "{e}");
+    }
+
+    fn write_npz(
+        name: &str,
+        fields: &[(&str, ArrayD<f64>)],
+        ints: &[(&str, ArrayD<i32>)],
+    ) -> PathBuf {
+        let p = tmp(name, b"");
+        let mut w = ndarray_npy::NpzWriter::new(File::create(&p).unwrap());
+        for (n, a) in fields {
+            w.add_array(*n, a).unwrap();
+        }
+        for (n, a) in ints {
+            w.add_array(*n, a).unwrap();
+        }
+        w.finish().unwrap();
+        p
+    }
+
+    #[test]
+    fn missing_field_names_file_and_field() {
+        let d = ArrayD::<f64>::zeros(vec![2, 5]);
+        let p = write_npz(
+            "noise_weight_missing.npz",
+            &[("det_data_in", d.clone()), ("det_data_out", d)],
+            &[],
+        );
+        let e = load_case(&p).unwrap_err();
+        match &e {
+            CaseError::Field { field, .. } => assert_eq!(field, "data_index"),
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains("noise_weight_missing.npz"), "{e}");
+    }
+
+    #[test]
+    fn wrong_dtype_names_the_field() {
+        let d = ArrayD::<f64>::zeros(vec![2, 5]);
+        let p = write_npz(
+            "noise_weight_dtype.npz",
+            &[
+                ("det_data_in", d.clone()),
+                ("det_data_out", d),
+                ("data_index", ArrayD::<f64>::zeros(vec![2])),
+            ],
+            &[],
+        );
+        let e = load_case(&p).unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("data_index") && s.contains("float64") && s.contains("int32"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn wrong_shape_names_the_field() {
+        let p = write_npz(
+            "noise_weight_shape.npz",
+            &[
+                ("det_data_in", ArrayD::<f64>::zeros(vec![10])),
+                ("det_data_out", ArrayD::<f64>::zeros(vec![10])),
+            ],
+            &[],
+        );
+        let e = load_case(&p).unwrap_err();
+        assert!(e.to_string().contains("det_data_in"), "{e}");
+    }
+
+    #[test]
+    fn short_per_detector_array_names_the_field() {
+        let p = tmp("noise_weight_short2.npz", b"");
+        let mut w = ndarray_npy::NpzWriter::new(File::create(&p).unwrap());
+        let d = ArrayD::<f64>::zeros(vec![2, 5]);
+        w.add_array("det_data_in", &d).unwrap();
+        w.add_array("det_data_out", &d).unwrap();
+        w.add_array("detector_weights", &ArrayD::<f64>::zeros(vec![1]))
+            .unwrap();
+        w.add_array("data_index", &ArrayD::<i32>::zeros(vec![2]))
+            .unwrap();
+        w.add_array("intervals_first", &ArrayD::<i64>::zeros(vec![0]))
+            .unwrap();
+        w.add_array("intervals_last", &ArrayD::<i64>::zeros(vec![0]))
+            .unwrap();
+        w.finish().unwrap();
+        let e = load_case(&p).unwrap_err();
+        match &e {
+            CaseError::Field { field, .. } => assert_eq!(field, "detector_weights", "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

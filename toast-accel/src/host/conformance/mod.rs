@@ -1,0 +1,161 @@
+//! The conformance runner: replays TOAST 3.0.6's reference cases (one `.npz`
+//! file per case, see `tests/data/toast-kernels/FORMAT.md`) on a backend and
+//! compares its outputs with TOAST's, bit for bit.
+//!
+//! * [`load_case`] reads a file, identifies the kernel from the file name
+//!   (the longest known kernel name that prefixes it) and extracts every
+//!   field that kernel needs with its dtype and shape checked, so a corrupt,
+//!   truncated or incomplete file is a [`CaseError`] naming the file and the
+//!   field, never a panic.
+//! * [`run_case`] runs the kernel through [`ArrayArg`] (so a backend that is
+//!   not host-addressable gets its arrays staged) and compares every output.
+//!   TOAST's "disabled by length" conventions (flags of length 1, a dummy
+//!   HWP array, `det_flags` of shape (1, 1)) become absent arrays, and the
+//!   template-offset cases replay their per-detector `call_*` arrays in
+//!   order, one detector per call, as TOAST's `OffsetTemplate` does.
+//! * Comparison ([`Comparison`]) is exact for backends that claim
+//!   bit-exactness: f64 and f32 by bits, except that two NaNs match. Device
+//!   backends are compared in the documented tolerant mode below.
+//!
+//! # Tolerance policy (device backends)
+//!
+//! The CPU backend reproduces TOAST bit for bit (same libm, same operation
+//! order) and is always compared exactly. A backend that is not
+//! host-addressable runs on a device whose `atan2`/`sin`/`cos` are not
+//! glibc's (a few ulps apart), and whose `build_noise_weighted` sums with
+//! atomics in a scheduling-dependent order. [`Comparison::for_backend`]
+//! compares those in [`Comparison::Tolerant`] mode, which relaxes exactly
+//! two outputs and nothing else:
+//!
+//! * `stokes_weights_IQU` `weights` (trigonometry of the pointing) and
+//!   `build_noise_weighted` `zmap` (atomic accumulation): an element
+//!   matches when its bits match, or when both values are finite and
+//!   `|got - want| <= rtol * max|want|` over the field, with `rtol` =
+//!   [`TRIG_RTOL`] (1e-14) for the weights and [`ACCUM_RTOL`] (1e-13) for
+//!   zmap (a
+//!   norm-wise relative bound: the error of `cos(x)` near a zero of the
+//!   cosine is relative to the field's scale, not to the tiny element).
+//!   NaN must meet NaN and infinities must be identical (the same NaN
+//!   pattern). A case that passes only thanks to the tolerance is reported
+//!   as [`CaseOutcome::PassTolerant`] with the count and the largest
+//!   norm-wise difference, never silently as an exact pass;
+//! * everything else (pointing quaternions, pixel indices, hit maps,
+//!   `scan_map`, `noise_weight`, the template kernels) stays exact. In
+//!   particular pixel indices must be identical: a device whose trigonometry
+//!   moves a direction lying on a pixel boundary (FORMAT.md's special
+//!   directions) across it fails the case, with the index reported, rather
+//!   than being excused. (PoCL reproduces every reference pixel exactly.)
+//! * [`run_dir`] runs every `.npz` of a directory, sorted by file name.
+//!
+//! # Layout
+//!
+//! * `case.rs`: reading a case file and each kernel's fields
+//!   ([`load_case`], [`Case`], [`CaseData`] and the per-kernel case types);
+//! * `run.rs`: running a case's kernel on a backend ([`run_case`]), one
+//!   `run` method per kernel;
+//! * `compare.rs`: exact and tolerant comparison and the outcome of a case
+//!   ([`Comparison`], [`CaseOutcome`]);
+//! * here: the table of kernels (below) and [`run_dir`].
+
+mod case;
+mod compare;
+mod run;
+
+pub use case::{
+    kernel_of, load_case, Arr, BuildNoiseWeightedCase, Case, CaseError, MapData, NoiseWeightCase,
+    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
+    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    TemplateOffsetProjectSignalCase,
+};
+pub use compare::{CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
+pub use run::{run_case, run_case_with};
+
+use super::Backend;
+use crate::abi::Kernel;
+use case::Fields;
+use std::path::{Path, PathBuf};
+
+/// Declares [`CaseData`], one variant per kernel, and its dispatch to each
+/// case type's `load` (in `case.rs`) and `run` (in `run.rs`).
+macro_rules! kernel_cases {
+    ($($kernel:ident => $case:ident,)*) => {
+        /// The typed contents of a case, per kernel (the variant is named
+        /// after the [`Kernel`]).
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum CaseData {
+            $(
+                #[doc = concat!("A [`Kernel::", stringify!($kernel), "`] case.")]
+                $kernel($case),
+            )*
+        }
+
+        impl CaseData {
+            /// Take the fields of `kernel`'s cases out of a file, checked.
+            fn load(kernel: Kernel, fields: &mut Fields) -> Result<CaseData, CaseError> {
+                Ok(match kernel {
+                    $(Kernel::$kernel => CaseData::$kernel($case::load(fields)?),)*
+                })
+            }
+
+            /// Run the kernel on `backend` and compare its outputs
+            /// (`Err`: the case ended early, with that outcome).
+            fn run(&self, backend: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+                match self {
+                    $(CaseData::$kernel(c) => c.run(backend, cmp),)*
+                }
+            }
+        }
+    };
+}
+
+// The kernels the runner knows: adding a kernel means writing its case type
+// with a `load` (case.rs) and a `run` (run.rs), and adding its line here.
+kernel_cases! {
+    PointingDetector => PointingDetectorCase,
+    PixelsHealpix => PixelsHealpixCase,
+    StokesWeightsI => StokesWeightsICase,
+    StokesWeightsIqu => StokesWeightsIquCase,
+    ScanMap => ScanMapCase,
+    BuildNoiseWeighted => BuildNoiseWeightedCase,
+    NoiseWeight => NoiseWeightCase,
+    TemplateOffsetAddToSignal => TemplateOffsetAddToSignalCase,
+    TemplateOffsetProjectSignal => TemplateOffsetProjectSignalCase,
+    TemplateOffsetApplyDiagPrecond => TemplateOffsetApplyDiagPrecondCase,
+}
+
+/// Run every `.npz` case of `dir`, sorted by file name, in the backend's
+/// default [`Comparison`].
+pub fn run_dir(backend: &Backend, dir: &Path) -> Vec<(PathBuf, Result<CaseOutcome, CaseError>)> {
+    run_dir_with(backend, dir, Comparison::for_backend(backend))
+}
+
+/// [`run_dir`] with an explicit comparison mode.
+pub fn run_dir_with(
+    backend: &Backend,
+    dir: &Path,
+    cmp: Comparison,
+) -> Vec<(PathBuf, Result<CaseOutcome, CaseError>)> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "npz") && p.is_file())
+            .collect(),
+        Err(e) => {
+            return vec![(
+                dir.to_path_buf(),
+                Err(CaseError::Read {
+                    file: dir.to_path_buf(),
+                    reason: format!("cannot list the directory: {e}"),
+                }),
+            )]
+        }
+    };
+    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    files
+        .into_iter()
+        .map(|p| {
+            let r = load_case(&p).map(|c| run_case_with(backend, &c, cmp));
+            (p, r)
+        })
+        .collect()
+}

@@ -1,0 +1,653 @@
+//! Running a case's kernel on a backend.
+//!
+//! [`run_case`] checks the backend implements the case's kernel and hands
+//! the case to its kernel's `run` method below (one per kernel, chosen by
+//! the table in the [parent module](super)). Each `run` copies the output's
+//! initial value, stages the arrays through [`ArrayArg`] (so a backend that
+//! is not host-addressable gets them uploaded and downloaded), fills the
+//! kernel's `#[repr(C)]` argument struct, launches, and compares every
+//! output with TOAST's. TOAST's "disabled by length" conventions (flags of
+//! length 1, a dummy HWP array, `det_flags` of shape (1, 1)) become absent
+//! arrays.
+
+use super::case::{
+    BuildNoiseWeightedCase, Case, MapData, NoiseWeightCase, PixelsHealpixCase,
+    PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
+    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    TemplateOffsetProjectSignalCase,
+};
+use super::compare::{compare, verdict, CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
+use crate::abi::{self, Interval, Intervals};
+use crate::host::{AccelError, ArrayArg, Backend, Element, KernelArgs};
+
+/// Run one case on `backend` and compare its outputs with TOAST's, in the
+/// backend's default [`Comparison`] ([`Comparison::for_backend`]).
+pub fn run_case(backend: &Backend, case: &Case) -> CaseOutcome {
+    run_case_with(backend, case, Comparison::for_backend(backend))
+}
+
+/// [`run_case`] with an explicit comparison mode.
+pub fn run_case_with(backend: &Backend, case: &Case, cmp: Comparison) -> CaseOutcome {
+    if !backend.supports(case.kernel) {
+        return CaseOutcome::Skipped {
+            reason: format!(
+                "backend `{}` does not implement kernel `{}`",
+                backend.name(),
+                case.kernel
+            ),
+        };
+    }
+    match case.data.run(backend, cmp) {
+        Ok(o) | Err(o) => o,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers shared by the kernels. An `Err(outcome)` ends the case early with
+// that outcome (staging or kernel error, unsupported kernel).
+// ---------------------------------------------------------------------------
+
+/// The ABI view of an interval list.
+fn ivs(iv: &[Interval]) -> Intervals {
+    Intervals {
+        ptr: if iv.is_empty() {
+            std::ptr::null()
+        } else {
+            iv.as_ptr()
+        },
+        len: iv.len() as u64,
+    }
+}
+
+/// Present when `a` has exactly `n` elements, absent otherwise (TOAST's
+/// "disabled by length" convention).
+fn if_len<T>(a: &[T], n: usize) -> &[T] {
+    if a.len() == n {
+        a
+    } else {
+        &[]
+    }
+}
+
+/// Dimension `i` of a shape, or 0.
+fn dim(shape: &[usize], i: usize) -> usize {
+    shape.get(i).copied().unwrap_or(0)
+}
+
+/// The number of map components of a `weights` array: its third dimension,
+/// or 1 for a two-dimensional one.
+fn nnz(weights_shape: &[usize]) -> usize {
+    if weights_shape.len() == 3 {
+        dim(weights_shape, 2)
+    } else {
+        1
+    }
+}
+
+/// Stage an input array.
+fn stage_in<'a, T: Element>(
+    b: &'a Backend,
+    data: &'a [T],
+    name: &str,
+) -> Result<ArrayArg<'a>, CaseOutcome> {
+    ArrayArg::input(b, data, name).map_err(staging_error)
+}
+
+/// Stage an output array (its initial value is uploaded too).
+fn stage_out<'a, T: Element>(
+    b: &'a Backend,
+    data: &'a mut [T],
+    name: &str,
+) -> Result<ArrayArg<'a>, CaseOutcome> {
+    ArrayArg::output(b, data, name).map_err(staging_error)
+}
+
+fn staging_error(e: AccelError) -> CaseOutcome {
+    CaseOutcome::Error {
+        message: format!("staging an array failed: {e}"),
+    }
+}
+
+/// Launch and turn the result into an outcome-or-continue.
+///
+/// # Safety
+/// As [`Backend::launch`].
+unsafe fn launch<A: KernelArgs>(b: &Backend, args: &A) -> Result<(), CaseOutcome> {
+    // SAFETY: the caller upholds `Backend::launch`'s contract (this
+    // function's own), which is all the call needs.
+    match unsafe { b.launch(args) } {
+        Ok(()) => Ok(()),
+        Err(AccelError::Unsupported { backend, kernel }) => Err(CaseOutcome::Skipped {
+            reason: format!("backend `{backend}` does not implement kernel `{kernel}`"),
+        }),
+        Err(e) => Err(CaseOutcome::Error {
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Finish the staged arrays (outputs are downloaded into their host slices).
+fn finish(args: Vec<ArrayArg<'_>>) -> Result<(), CaseOutcome> {
+    for a in args {
+        a.finish().map_err(|e| CaseOutcome::Error {
+            message: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// One `run` per kernel.
+// ---------------------------------------------------------------------------
+
+impl PointingDetectorCase {
+    /// `pointing_detector`: the detector quaternions.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let PointingDetectorCase {
+            focalplane,
+            boresight,
+            quat_index,
+            quats_in,
+            quats_out,
+            shared_flags,
+            shared_flag_mask,
+            intervals,
+        } = self;
+        let n_samp = dim(&quats_in.shape, 1);
+        let mut quats = quats_in.data.clone();
+        {
+            let bo = stage_in(b, &boresight.data, "boresight")?;
+            let fl = stage_in(b, if_len(&shared_flags.data, n_samp), "shared_flags")?;
+            let q = stage_out(b, &mut quats, "quats")?;
+            let args = abi::PointingDetectorArgs {
+                n_det: quat_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                quat_index: quat_index.data.as_ptr(),
+                focalplane: focalplane.data.as_ptr(),
+                intervals: ivs(intervals),
+                boresight: bo.abi(),
+                shared_flags: fl.abi(),
+                shared_flag_mask: *shared_flag_mask,
+                reserved: [0; 7],
+                quats: q.abi(),
+            };
+            // SAFETY: every pointer is a live array of this case, or a
+            // staged buffer alive until `finish`, with the length the struct
+            // declares: `load` checked the per-detector host arrays against
+            // the index arrays (n_det) and ArrayArg carries its own length.
+            unsafe { launch(b, &args)? };
+            finish(vec![q, bo, fl])?;
+        }
+        Ok(verdict([compare("quats", &quats, &quats_out.data)]))
+    }
+}
+
+impl PixelsHealpixCase {
+    /// `pixels_healpix`: pixel indices and hit submaps.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let PixelsHealpixCase {
+            quat_index,
+            quats,
+            shared_flags,
+            shared_flag_mask,
+            pixel_index,
+            pixels_in,
+            pixels_out,
+            hit_submaps_in,
+            hit_submaps_out,
+            n_pix_submap,
+            nside,
+            nest,
+            intervals,
+        } = self;
+        let n_samp = dim(&pixels_in.shape, 1);
+        let mut pixels = pixels_in.data.clone();
+        let mut hits = hit_submaps_in.data.clone();
+        {
+            let q = stage_in(b, &quats.data, "quats")?;
+            let fl = stage_in(b, if_len(&shared_flags.data, n_samp), "shared_flags")?;
+            let p = stage_out(b, &mut pixels, "pixels")?;
+            let h = stage_out(b, &mut hits, "hit_submaps")?;
+            let args = abi::PixelsHealpixArgs {
+                n_det: quat_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                quat_index: quat_index.data.as_ptr(),
+                pixel_index: pixel_index.data.as_ptr(),
+                intervals: ivs(intervals),
+                quats: q.abi(),
+                shared_flags: fl.abi(),
+                pixels: p.abi(),
+                hit_submaps: h.abi(),
+                nside: *nside,
+                n_pix_submap: *n_pix_submap,
+                shared_flag_mask: *shared_flag_mask,
+                nest: *nest,
+                reserved: [0; 6],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![p, h, q, fl])?;
+        }
+        Ok(verdict([
+            compare("pixels", &pixels, &pixels_out.data),
+            compare("hit_submaps", &hits, &hit_submaps_out.data),
+        ]))
+    }
+}
+
+impl StokesWeightsICase {
+    /// `stokes_weights_I`: the intensity weights.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let StokesWeightsICase {
+            weight_index,
+            weights_in,
+            weights_out,
+            cal,
+            intervals,
+        } = self;
+        let n_samp = dim(&weights_in.shape, 1);
+        let mut weights = weights_in.data.clone();
+        {
+            let w = stage_out(b, &mut weights, "weights")?;
+            let args = abi::StokesWeightsIArgs {
+                n_det: weight_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                weight_index: weight_index.data.as_ptr(),
+                cal: cal.data.as_ptr(),
+                intervals: ivs(intervals),
+                weights: w.abi(),
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![w])?;
+        }
+        Ok(verdict([compare("weights", &weights, &weights_out.data)]))
+    }
+}
+
+impl StokesWeightsIquCase {
+    /// `stokes_weights_IQU`: the weights, compared within [`TRIG_RTOL`] in
+    /// tolerant mode (the device's trigonometry).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let StokesWeightsIquCase {
+            quat_index,
+            quats,
+            weight_index,
+            weights_in,
+            weights_out,
+            hwp,
+            epsilon,
+            gamma,
+            cal,
+            iau,
+            intervals,
+        } = self;
+        let n_samp = dim(&weights_in.shape, 1);
+        let mut weights = weights_in.data.clone();
+        {
+            let q = stage_in(b, &quats.data, "quats")?;
+            let h = stage_in(b, if_len(&hwp.data, n_samp), "hwp")?;
+            let w = stage_out(b, &mut weights, "weights")?;
+            let args = abi::StokesWeightsIquArgs {
+                n_det: quat_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                quat_index: quat_index.data.as_ptr(),
+                weight_index: weight_index.data.as_ptr(),
+                epsilon: epsilon.data.as_ptr(),
+                gamma: gamma.data.as_ptr(),
+                cal: cal.data.as_ptr(),
+                intervals: ivs(intervals),
+                quats: q.abi(),
+                hwp: h.abi(),
+                weights: w.abi(),
+                iau: *iau,
+                reserved: [0; 7],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![w, q, h])?;
+        }
+        Ok(verdict([cmp.float(
+            "weights",
+            &weights,
+            &weights_out.data,
+            TRIG_RTOL,
+        )]))
+    }
+}
+
+impl ScanMapCase {
+    /// `scan_map`: the map sampled into `det_data`, for any of the four map
+    /// dtypes.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let ScanMapCase {
+            global2local,
+            n_pix_submap,
+            mapdata,
+            det_data_in,
+            det_data_out,
+            data_index,
+            pixels,
+            pixel_index,
+            weights,
+            weight_index,
+            data_scale,
+            should_zero,
+            should_subtract,
+            should_scale,
+            intervals,
+        } = self;
+        let n_samp = dim(&pixels.shape, 1);
+        let nnz = nnz(&weights.shape);
+        let mut det_data = det_data_in.data.clone();
+        {
+            let g = stage_in(b, &global2local.data, "global2local")?;
+            let (m, dtype) = match mapdata {
+                MapData::F64(a) => (stage_in(b, &a.data, "mapdata"), abi::DTYPE_F64),
+                MapData::F32(a) => (stage_in(b, &a.data, "mapdata"), abi::DTYPE_F32),
+                MapData::I64(a) => (stage_in(b, &a.data, "mapdata"), abi::DTYPE_I64),
+                MapData::I32(a) => (stage_in(b, &a.data, "mapdata"), abi::DTYPE_I32),
+            };
+            let m = m?;
+            let p = stage_in(b, &pixels.data, "pixels")?;
+            let w = stage_in(b, &weights.data, "weights")?;
+            let d = stage_out(b, &mut det_data, "det_data")?;
+            let args = abi::ScanMapArgs {
+                n_det: pixel_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                nnz: nnz as u64,
+                pixel_index: pixel_index.data.as_ptr(),
+                weight_index: weight_index.data.as_ptr(),
+                data_index: data_index.data.as_ptr(),
+                intervals: ivs(intervals),
+                global2local: g.abi(),
+                n_pix_submap: *n_pix_submap,
+                map_dtype: dtype,
+                reserved0: 0,
+                mapdata: m.abi(),
+                pixels: p.abi(),
+                weights: w.abi(),
+                det_data: d.abi(),
+                data_scale: *data_scale,
+                should_zero: *should_zero,
+                should_subtract: *should_subtract,
+                should_scale: *should_scale,
+                reserved: [0; 5],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![d, g, m, p, w])?;
+        }
+        Ok(verdict([compare(
+            "det_data",
+            &det_data,
+            &det_data_out.data,
+        )]))
+    }
+}
+
+impl BuildNoiseWeightedCase {
+    /// `build_noise_weighted`: the noise-weighted map, compared within
+    /// [`ACCUM_RTOL`] in tolerant mode (atomic accumulation).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let BuildNoiseWeightedCase {
+            global2local,
+            zmap_in,
+            zmap_out,
+            pixel_index,
+            pixels,
+            weight_index,
+            weights,
+            data_index,
+            det_data,
+            flag_index,
+            det_flags,
+            det_scale,
+            det_flag_mask,
+            shared_flags,
+            shared_flag_mask,
+            intervals,
+        } = self;
+        let n_samp = dim(&pixels.shape, 1);
+        let nnz = nnz(&weights.shape);
+        // TOAST uses det_flags only when its second dimension is n_samp.
+        let det_flags_used: &[u8] = if dim(&det_flags.shape, 1) == n_samp {
+            &det_flags.data
+        } else {
+            &[]
+        };
+        let mut zmap = zmap_in.data.clone();
+        {
+            let g = stage_in(b, &global2local.data, "global2local")?;
+            let p = stage_in(b, &pixels.data, "pixels")?;
+            let w = stage_in(b, &weights.data, "weights")?;
+            let d = stage_in(b, &det_data.data, "det_data")?;
+            let df = stage_in(b, det_flags_used, "det_flags")?;
+            let sf = stage_in(b, if_len(&shared_flags.data, n_samp), "shared_flags")?;
+            let z = stage_out(b, &mut zmap, "zmap")?;
+            let args = abi::BuildNoiseWeightedArgs {
+                n_det: pixel_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                nnz: nnz as u64,
+                pixel_index: pixel_index.data.as_ptr(),
+                weight_index: weight_index.data.as_ptr(),
+                data_index: data_index.data.as_ptr(),
+                flag_index: flag_index.data.as_ptr(),
+                det_scale: det_scale.data.as_ptr(),
+                intervals: ivs(intervals),
+                global2local: g.abi(),
+                // TOAST takes n_pix_submap from the shape of zmap.
+                n_pix_submap: dim(&zmap_in.shape, 1) as i64,
+                pixels: p.abi(),
+                weights: w.abi(),
+                det_data: d.abi(),
+                det_flags: df.abi(),
+                shared_flags: sf.abi(),
+                zmap: z.abi(),
+                det_flag_mask: *det_flag_mask,
+                shared_flag_mask: *shared_flag_mask,
+                reserved: [0; 6],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![z, g, p, w, d, df, sf])?;
+        }
+        Ok(verdict([cmp.float(
+            "zmap",
+            &zmap,
+            &zmap_out.data,
+            ACCUM_RTOL,
+        )]))
+    }
+}
+
+impl NoiseWeightCase {
+    /// `noise_weight`: `det_data` scaled by the detector weights.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let NoiseWeightCase {
+            det_data_in,
+            det_data_out,
+            data_index,
+            detector_weights,
+            intervals,
+        } = self;
+        let n_samp = dim(&det_data_in.shape, 1);
+        let mut det_data = det_data_in.data.clone();
+        {
+            let d = stage_out(b, &mut det_data, "det_data")?;
+            let args = abi::NoiseWeightArgs {
+                n_det: data_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                data_index: data_index.data.as_ptr(),
+                detector_weights: detector_weights.data.as_ptr(),
+                intervals: ivs(intervals),
+                det_data: d.abi(),
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![d])?;
+        }
+        Ok(verdict([compare(
+            "det_data",
+            &det_data,
+            &det_data_out.data,
+        )]))
+    }
+}
+
+impl TemplateOffsetAddToSignalCase {
+    /// `template_offset_add_to_signal`: one single-detector call per entry
+    /// of `call_data_index`, in order, as TOAST's `OffsetTemplate` does.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let TemplateOffsetAddToSignalCase {
+            step_length,
+            n_amp_views,
+            amplitudes,
+            amplitude_flags,
+            call_data_index,
+            call_amp_offset,
+            det_data_in,
+            det_data_out,
+            intervals,
+        } = self;
+        let n_samp = dim(&det_data_in.shape, 1);
+        let mut det_data = det_data_in.data.clone();
+        for c in 0..call_data_index.data.len() {
+            let a = stage_in(b, &amplitudes.data, "amplitudes")?;
+            let f = stage_in(b, &amplitude_flags.data, "amplitude_flags")?;
+            let d = stage_out(b, &mut det_data, "det_data")?;
+            let args = abi::TemplateOffsetAddArgs {
+                n_det: 1,
+                n_samp: n_samp as u64,
+                data_index: &call_data_index.data[c],
+                layout: abi::OffsetLayout {
+                    step_length: *step_length,
+                    n_amp_views: n_amp_views.data.as_ptr(),
+                    amp_offset: &call_amp_offset.data[c],
+                },
+                intervals: ivs(intervals),
+                amplitudes: a.abi(),
+                amplitude_flags: f.abi(),
+                det_data: d.abi(),
+            };
+            // SAFETY: as in `PointingDetectorCase::run`; `data_index` (and
+            // `flag_index`) and `amp_offset` point at element c of the call
+            // arrays, of which n_det = 1 reads one, and `load` checked that
+            // n_amp_views has one entry per interval.
+            unsafe { launch(b, &args)? };
+            finish(vec![d, a, f])?;
+        }
+        Ok(verdict([compare(
+            "det_data",
+            &det_data,
+            &det_data_out.data,
+        )]))
+    }
+}
+
+impl TemplateOffsetProjectSignalCase {
+    /// `template_offset_project_signal`: one single-detector call per entry
+    /// of `call_data_index`, in order, as TOAST's `OffsetTemplate` does.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let TemplateOffsetProjectSignalCase {
+            call_data_index,
+            det_data,
+            call_flag_index,
+            flag_data,
+            flag_mask,
+            step_length,
+            call_amp_offset,
+            n_amp_views,
+            amplitudes_in,
+            amplitudes_out,
+            amplitude_flags,
+            intervals,
+        } = self;
+        let n_samp = dim(&det_data.shape, 1);
+        // TOAST reads flag_data only for flag_index >= 0, as [*, n_samp].
+        let flags_used: &[u8] = if flag_data.shape.len() == 2 && dim(&flag_data.shape, 1) == n_samp
+        {
+            &flag_data.data
+        } else {
+            &[]
+        };
+        let mut amps = amplitudes_in.data.clone();
+        for c in 0..call_data_index.data.len() {
+            let d = stage_in(b, &det_data.data, "det_data")?;
+            let fd = stage_in(b, flags_used, "flag_data")?;
+            let f = stage_in(b, &amplitude_flags.data, "amplitude_flags")?;
+            let a = stage_out(b, &mut amps, "amplitudes")?;
+            let args = abi::TemplateOffsetProjectArgs {
+                n_det: 1,
+                n_samp: n_samp as u64,
+                data_index: &call_data_index.data[c],
+                flag_index: &call_flag_index.data[c],
+                layout: abi::OffsetLayout {
+                    step_length: *step_length,
+                    n_amp_views: n_amp_views.data.as_ptr(),
+                    amp_offset: &call_amp_offset.data[c],
+                },
+                intervals: ivs(intervals),
+                det_data: d.abi(),
+                flag_data: fd.abi(),
+                amplitudes: a.abi(),
+                amplitude_flags: f.abi(),
+                flag_mask: *flag_mask,
+                reserved: [0; 7],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`; `data_index` (and
+            // `flag_index`) and `amp_offset` point at element c of the call
+            // arrays, of which n_det = 1 reads one, and `load` checked that
+            // n_amp_views has one entry per interval.
+            unsafe { launch(b, &args)? };
+            finish(vec![a, d, fd, f])?;
+        }
+        Ok(verdict([compare(
+            "amplitudes",
+            &amps,
+            &amplitudes_out.data,
+        )]))
+    }
+}
+
+impl TemplateOffsetApplyDiagPrecondCase {
+    /// `template_offset_apply_diag_precond`.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let TemplateOffsetApplyDiagPrecondCase {
+            offset_var,
+            amplitudes_in,
+            amplitude_flags,
+            amplitudes_out_in,
+            amplitudes_out_out,
+        } = self;
+        let mut out = amplitudes_out_in.data.clone();
+        {
+            let v = stage_in(b, &offset_var.data, "offset_var")?;
+            let i = stage_in(b, &amplitudes_in.data, "amplitudes_in")?;
+            let f = stage_in(b, &amplitude_flags.data, "amplitude_flags")?;
+            let o = stage_out(b, &mut out, "amplitudes_out")?;
+            let args = abi::TemplateOffsetPrecondArgs {
+                n_amp: amplitudes_in.data.len() as u64,
+                offset_var: v.abi(),
+                amplitudes_in: i.abi(),
+                amplitude_flags: f.abi(),
+                amplitudes_out: o.abi(),
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![o, v, i, f])?;
+        }
+        Ok(verdict([compare(
+            "amplitudes_out",
+            &out,
+            &amplitudes_out_out.data,
+        )]))
+    }
+}

@@ -1,0 +1,185 @@
+//! `toast-cli bench kernels`: time every kernel of a backend on the workload
+//! of TOAST's own CPU timings (`tests/data/toast-kernels/timings.md`) and
+//! compare with TOAST 3.0.6's compiled kernels.
+//!
+//! * `workload.rs`: the inputs, synthesised from a seed ([`BenchOptions`]
+//!   says how large);
+//! * `runner.rs`: running and timing the kernels in pipeline order
+//!   ([`run_kernels`]), and the metric;
+//! * `reference.rs`: TOAST's reference timings;
+//! * `report.rs`: what was measured, as a table or JSON;
+//! * `host_info.rs`: the machine's description (CPU, memory, load);
+//! * here: the command line.
+
+use std::path::PathBuf;
+
+use toast_accel::host::{Backend, DiscoveryOptions};
+
+mod host_info;
+mod reference;
+mod report;
+mod runner;
+mod workload;
+
+pub use runner::run_kernels;
+pub use workload::BenchOptions;
+
+/// `toast-cli bench kernels` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KernelsArgs {
+    /// Backend to time (a plugin name, as `toast-cli backends` lists them).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Threads for the backend (passed to its init options as threads=N).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Timed calls per kernel (the best is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Write ns per sample per detector (and metadata) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Detectors.
+    #[arg(long, default_value_t = 50)]
+    pub n_det: usize,
+    /// Samples per detector.
+    #[arg(long, default_value_t = 200_000)]
+    pub n_samp: usize,
+    /// HEALPix nside (power of two).
+    #[arg(long, default_value_t = 2048)]
+    pub nside: i64,
+    /// n_amp of the large apply_diag_precond measurement.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub precond_n_amp: usize,
+    /// Smoke test: the tiny workload (2 det x 2000 samples, nside 64, 1
+    /// repeat) instead of the sizes above.
+    #[arg(long)]
+    pub tiny: bool,
+}
+
+/// Add `threads=N` to the init options of backend `name`, after any given
+/// with `--backend-options` (the last `threads` wins in the plugin's parser).
+pub fn with_threads(
+    opts: DiscoveryOptions,
+    name: &str,
+    threads: Option<usize>,
+) -> DiscoveryOptions {
+    match threads {
+        None => opts,
+        Some(n) => {
+            let given = opts.options_for(name);
+            let options = if given.is_empty() {
+                format!("threads={n}")
+            } else {
+                format!("{given};threads={n}")
+            };
+            opts.with_backend_options(name, &options)
+        }
+    }
+}
+
+/// The thread count an init options string asks for (its last `threads=N`).
+pub fn threads_option(options: &str) -> Option<usize> {
+    options
+        .split(';')
+        .filter_map(|item| item.split_once('='))
+        .filter(|(k, _)| k.trim() == "threads")
+        .filter_map(|(_, v)| v.trim().parse().ok())
+        .next_back()
+}
+
+/// `toast-cli bench kernels` on an initialised backend; `threads` is the
+/// thread count it was initialised with (None: its default).
+pub fn cmd_kernels(
+    backend: &Backend,
+    args: &KernelsArgs,
+    threads: Option<usize>,
+) -> Result<(), String> {
+    let opts = if args.tiny {
+        BenchOptions {
+            threads,
+            ..BenchOptions::tiny()
+        }
+    } else {
+        BenchOptions {
+            n_det: args.n_det,
+            n_samp: args.n_samp,
+            nside: args.nside,
+            repeats: args.repeats,
+            threads,
+            precond_n_amp: args.precond_n_amp,
+        }
+    };
+    let report = run_kernels(backend, &opts)?;
+    print!("{}", report.table());
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&report.to_json())
+            .map_err(|e| format!("serialising the report: {e}"))?;
+        std::fs::write(p, text + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference::{JSON_KEYS, STREAMING_BYTES};
+    use super::*;
+    use std::sync::Arc;
+    use toast_accel::host::Registry;
+
+    /// Find backend `name` in the standard places and initialise it, with
+    /// `threads=N` in its options when given.
+    fn open_backend(name: &str, threads: Option<usize>) -> Result<Arc<Backend>, String> {
+        let opts = with_threads(DiscoveryOptions::default(), name, threads);
+        Registry::discover(&opts)
+            .get(name)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn thread_options() {
+        assert_eq!(threads_option(""), None);
+        assert_eq!(threads_option("threads=3"), Some(3));
+        assert_eq!(threads_option("a=b; threads = 2 ;threads=4"), Some(4));
+        let o = with_threads(DiscoveryOptions::default(), "cpu", None);
+        assert_eq!(o.options_for("cpu"), "");
+        let o = with_threads(o.with_backend_options("cpu", "x=1"), "cpu", Some(2));
+        assert_eq!(o.options_for("cpu"), "x=1;threads=2");
+        assert_eq!(threads_option(o.options_for("cpu")), Some(2));
+    }
+
+    #[test]
+    fn tiny_bench_reports_every_key() {
+        // The CPU plugin is built next to the test binary (target/<profile>/deps).
+        let backend = open_backend("cpu", Some(1)).expect("CPU backend");
+        let opts = BenchOptions {
+            threads: Some(1),
+            ..BenchOptions::tiny()
+        };
+        let report = run_kernels(&backend, &opts).expect("bench runs");
+        let v = report.to_json();
+        for key in JSON_KEYS {
+            let x = v[key].as_f64().unwrap_or(f64::NAN);
+            assert!(x.is_finite(), "{key}: {:?}", v[key]);
+        }
+        assert!(
+            v["metadata"]["template_offset_apply_diag_precond_large"]["ns_per_amplitude"]
+                .as_f64()
+                .is_some_and(f64::is_finite)
+        );
+        assert!(report.n_local_submap > 0);
+        assert_eq!(report.n_amp, 2 * 10);
+        for (key, _) in STREAMING_BYTES {
+            let gbs = v["metadata"]["bandwidth_gb_s"][key].as_f64();
+            assert!(
+                gbs.is_some_and(|g| g.is_finite() && g > 0.0),
+                "{key}: {gbs:?}"
+            );
+        }
+        let table = report.table();
+        assert!(table.contains("achieved memory bandwidth"));
+        assert!(table.contains("geometric mean"));
+        assert!(table.contains("TOAST 1thr"));
+    }
+}

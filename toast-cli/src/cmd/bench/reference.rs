@@ -1,0 +1,170 @@
+//! TOAST's reference timings, and which kernels the report lists.
+//!
+//! [`TOAST_REFERENCE`] is the table of TOAST 3.0.6's CPU timings the bench
+//! compares with (`tests/data/toast-kernels/timings.md`); [`JSON_KEYS`]
+//! are the kernels of the JSON output and [`STREAMING_BYTES`] the memory
+//! traffic of the streaming kernels, from which the report derives an
+//! achieved bandwidth.
+
+/// One row of TOAST's CPU timings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ToastReference {
+    /// Key of the kernel in the report and the JSON output.
+    pub key: &'static str,
+    /// The row's label in timings.md.
+    pub label: &'static str,
+    /// ns per sample per detector (per amplitude for apply_diag_precond),
+    /// OMP_NUM_THREADS=2.
+    pub ns_2thr: f64,
+    /// The same with OMP_NUM_THREADS=1.
+    pub ns_1thr: f64,
+}
+
+/// TOAST 3.0.6's compiled kernels (PyPI cp311 wheel, `use_accel=False`) on a
+/// 2-core AMD EPYC VM, best of 5, from `tests/data/toast-kernels/timings.md`
+/// (columns "ns/sample/det (2 thr)" and "ns/sample/det (1 thr)"). The
+/// template_offset add/project rows are sums of 50 single-detector calls.
+pub const TOAST_REFERENCE: [ToastReference; 14] = [
+    ToastReference {
+        key: "pointing_detector",
+        label: "pointing_detector",
+        ns_2thr: 2.677,
+        ns_1thr: 3.497,
+    },
+    ToastReference {
+        key: "pixels_healpix_nest",
+        label: "pixels_healpix (NEST, nside 2048)",
+        ns_2thr: 31.174,
+        ns_1thr: 46.176,
+    },
+    ToastReference {
+        key: "pixels_healpix_ring",
+        label: "pixels_healpix (RING, nside 2048)",
+        ns_2thr: 29.326,
+        ns_1thr: 48.863,
+    },
+    ToastReference {
+        key: "stokes_weights_iqu",
+        label: "stokes_weights_IQU (no HWP)",
+        ns_2thr: 58.215,
+        ns_1thr: 96.719,
+    },
+    ToastReference {
+        key: "stokes_weights_iqu_hwp",
+        label: "stokes_weights_IQU (HWP)",
+        ns_2thr: 58.690,
+        ns_1thr: 108.097,
+    },
+    ToastReference {
+        key: "stokes_weights_i",
+        label: "stokes_weights_I",
+        ns_2thr: 0.367,
+        ns_1thr: 0.550,
+    },
+    ToastReference {
+        key: "scan_map_f64",
+        label: "scan_map (float64, nnz=3, add)",
+        ns_2thr: 22.783,
+        ns_1thr: 34.601,
+    },
+    ToastReference {
+        key: "scan_map_f32",
+        label: "scan_map (float32, nnz=3, add)",
+        ns_2thr: 19.506,
+        ns_1thr: 33.051,
+    },
+    ToastReference {
+        key: "build_noise_weighted",
+        label: "build_noise_weighted (nnz=3, det+shared flags)",
+        ns_2thr: 28.467,
+        ns_1thr: 43.545,
+    },
+    ToastReference {
+        key: "noise_weight",
+        label: "noise_weight",
+        ns_2thr: 0.377,
+        ns_1thr: 0.610,
+    },
+    ToastReference {
+        key: "template_offset_add_to_signal",
+        label: "template_offset_add_to_signal (step 200)",
+        ns_2thr: 2.026,
+        ns_1thr: 2.107,
+    },
+    ToastReference {
+        key: "template_offset_project_signal",
+        label: "template_offset_project_signal (step 200)",
+        ns_2thr: 2.747,
+        ns_1thr: 5.048,
+    },
+    ToastReference {
+        key: "template_offset_apply_diag_precond",
+        label: "template_offset_apply_diag_precond (n_amp=47500, per amp)",
+        ns_2thr: 0.693,
+        ns_1thr: 1.180,
+    },
+    ToastReference {
+        key: "template_offset_apply_diag_precond_large",
+        label: "template_offset_apply_diag_precond (n_amp=10000000, per amp)",
+        ns_2thr: 0.749,
+        ns_1thr: 1.185,
+    },
+];
+
+/// The keys of the JSON output (ns per sample per detector; per amplitude
+/// for `template_offset_apply_diag_precond`, measured at the workload's
+/// n_amp). The large apply_diag_precond figure is under `metadata`.
+pub const JSON_KEYS: [&str; 13] = [
+    "pointing_detector",
+    "pixels_healpix_nest",
+    "pixels_healpix_ring",
+    "stokes_weights_iqu",
+    "stokes_weights_iqu_hwp",
+    "stokes_weights_i",
+    "scan_map_f64",
+    "scan_map_f32",
+    "build_noise_weighted",
+    "noise_weight",
+    "template_offset_add_to_signal",
+    "template_offset_project_signal",
+    "template_offset_apply_diag_precond",
+];
+
+/// Bytes of main memory a streaming kernel moves per sample per detector
+/// (per amplitude for apply_diag_precond): the arrays it must read and
+/// write once, at their element sizes. Achieved bandwidth = bytes / time.
+/// Gather/scatter kernels (pixels, weights, maps) are not listed: their
+/// traffic depends on the scan's locality.
+pub const STREAMING_BYTES: [(&str, f64); 5] = [
+    // quats written (32 B); boresight (32 B) shared by all detectors, read once per detector.
+    ("pointing_detector", 64.0),
+    // weights written (8 B).
+    ("stokes_weights_i", 8.0),
+    // det_data read and written (8 + 8 B).
+    ("noise_weight", 16.0),
+    // det_data read and written (16 B); the amplitudes stay in cache.
+    ("template_offset_add_to_signal", 16.0),
+    // offset_var, amplitudes_in, amplitudes_out (8 B each) and the flag (1 B).
+    ("template_offset_apply_diag_precond_large", 25.0),
+];
+
+/// Key of the large apply_diag_precond row (not one of [`JSON_KEYS`]).
+pub const PRECOND_LARGE: &str = "template_offset_apply_diag_precond_large";
+
+/// TOAST's figures for `key`.
+pub fn toast_reference(key: &str) -> Option<&'static ToastReference> {
+    TOAST_REFERENCE.iter().find(|r| r.key == key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_table_covers_every_key() {
+        for key in JSON_KEYS {
+            assert!(toast_reference(key).is_some(), "{key}");
+        }
+        assert!(toast_reference(PRECOND_LARGE).is_some());
+    }
+}
