@@ -15,8 +15,8 @@
 //!
 //! The driver is reached through `cudarc` with `dynamic-loading` (the
 //! `cuda-12000` bindings: entry points every 12.x and 13.x driver has) and
-//! NVRTC through `libloading` (`toast_accel::rtc::nvrtc`); nothing is linked at build
-//! time and no toolkit is needed to build. cudarc panics when `libcuda` is
+//! NVRTC through `libloading` (`toast_accel::rtc::nvrtc`); nothing is
+//! linked at build time and no toolkit is needed to build. cudarc panics when `libcuda` is
 //! missing, so `init` first opens `libcuda.so.1` with a plain `dlopen`,
 //! then NVRTC (`TOAST_NVRTC_LIB`, else `libnvrtc.so`, `.so.13`, `.so.12`,
 //! `.so.11.2`), and only then lets cudarc load the driver. A missing
@@ -54,11 +54,11 @@
 //! # Memory
 //!
 //! Buffers live in a size-class pool with a handle table
-//! ([`toast_gpu::memory`]):
-//! handles are tagged counters, never device addresses, so a foreign,
-//! made-up or freed handle is refused with `ERR_INVALID_HANDLE`; an
-//! allocation the device cannot satisfy (after the pool has released its
-//! cached blocks) is `ERR_OUT_OF_MEMORY` naming the buffer and its size.
+//! ([`toast_gpu::memory`]): handles are tagged counters, never device
+//! addresses, so a foreign, made-up or freed handle is refused with
+//! `ERR_INVALID_HANDLE`; an allocation the device cannot satisfy (after the
+//! pool has released its cached blocks) is `ERR_OUT_OF_MEMORY` naming the
+//! buffer and its size.
 //!
 //! # Kernels
 //!

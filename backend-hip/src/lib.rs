@@ -51,11 +51,11 @@
 //! # Memory
 //!
 //! Buffers live in a size-class pool with a handle table
-//! ([`toast_gpu::memory`]):
-//! handles are tagged counters, never device addresses, so a foreign,
-//! made-up or freed handle is refused with `ERR_INVALID_HANDLE`; an
-//! allocation the device cannot satisfy (after the pool has released its
-//! cached blocks) is `ERR_OUT_OF_MEMORY` naming the buffer and its size.
+//! ([`toast_gpu::memory`]): handles are tagged counters, never device
+//! addresses, so a foreign, made-up or freed handle is refused with
+//! `ERR_INVALID_HANDLE`; an allocation the device cannot satisfy (after the
+//! pool has released its cached blocks) is `ERR_OUT_OF_MEMORY` naming the
+//! buffer and its size.
 //!
 //! # Kernels
 //!

@@ -26,7 +26,8 @@ unsafe impl Send for HostLog {}
 unsafe impl Sync for HostLog {}
 
 /// The backend context of one `init`: a [`Driver`] and what every backend
-/// keeps beside it.
+/// keeps beside it. The `ctx` pointer `init` hands the host is a boxed
+/// `Context<D>`; `shutdown` drops it, which releases every buffer.
 #[derive(Debug)]
 pub struct Context<D: Driver> {
     log: HostLog,

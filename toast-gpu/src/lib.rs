@@ -39,9 +39,10 @@
 //! A backend crate (a `cdylib`) implements [`Driver`] for its device
 //! context and invokes [`export_plugin!`] once at its root, which emits the
 //! static table and header and the exported entry symbol
-//! `toast_backend_entry`, plus `unavailable_reason()` for tests and tools:
+//! `toast_backend_entry`, plus `unavailable_reason()` for tests and tools
+//! (`tests/fake_driver.rs` has a complete driver over host memory):
 //!
-//! ```ignore
+//! ```text
 //! toast_gpu::export_plugin!(
 //!     driver = context::CudaDriver,
 //!     name = "cuda",

@@ -1,5 +1,5 @@
 //! Device buffers: a handle table over a size-class memory pool, generic
-//! over the buffer type of a [`Driver`](crate::Driver); the backend's name
+//! over the buffer type of a [`Driver`]; the backend's name
 //! and handle tag are the driver's `NAME` and `HANDLE_TAG`.
 //!
 //! # Handles
