@@ -1,17 +1,15 @@
-//! The backend context: probing for the driver, the device, its stream, the
-//! compiled module, host logging and the buffer table.
+//! The CUDA driver: probing for the driver and NVRTC, the device, its
+//! stream and its module, behind [`toast_gpu::Driver`].
 
-use crate::memory::{DeviceAlloc, Memory};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::Mutex;
-use toast_accel::abi::{self, HostApi, LogFn};
-use toast_accel::device_source as ds;
+use std::ffi::{c_void, CString};
+use toast_accel::abi;
+use toast_accel::device_source::Target;
 use toast_accel::plugin::PluginError;
-use toast_accel::rtc as compile;
 use toast_accel::rtc::nvrtc::Nvrtc;
+use toast_accel::rtc::{CompileError, Compiled};
+use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)
@@ -24,7 +22,7 @@ fn driver(what: &str, e: cu::DriverError) -> PluginError {
 /// Check that the driver and NVRTC can be loaded, with a plain `dlopen`,
 /// before cudarc touches them (cudarc panics when a library is missing).
 /// Returns NVRTC, which the backend keeps for compiling.
-pub(crate) fn probe() -> Result<Nvrtc, PluginError> {
+fn probe() -> Result<Nvrtc, PluginError> {
     // SAFETY: loading the driver library runs its initialisers only; it is
     // closed again at once (cudarc opens its own handle).
     match unsafe { libloading::Library::new("libcuda.so.1") } {
@@ -39,28 +37,41 @@ pub(crate) fn probe() -> Result<Nvrtc, PluginError> {
     Nvrtc::load().map_err(unavailable)
 }
 
-/// The device: ordinal, driver handles, and what we know of it.
+/// A kernel of the loaded module.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Function(sys::CUfunction);
+
+// SAFETY: a `CUfunction` is a handle into a module that stays loaded for the
+// life of the process; the driver API accepts it from any thread on which
+// its context is current (`bind`), which every entry point ensures.
+unsafe impl Send for Function {}
+// SAFETY: the handle is never mutated; see `Send`.
+unsafe impl Sync for Function {}
+
+/// The device: ordinal, driver handles, NVRTC, and what we know of it.
 #[derive(Debug)]
-pub(crate) struct Gpu {
-    pub(crate) ordinal: i32,
-    pub(crate) name: String,
+pub(crate) struct CudaDriver {
+    ordinal: i32,
+    name: String,
     /// `sm_XY`.
-    pub(crate) arch: String,
-    pub(crate) total_memory: u64,
-    pub(crate) compute_units: u32,
+    arch: String,
+    total_memory: u64,
+    compute_units: u32,
     cu_ctx: sys::CUcontext,
     /// Transfers and kernels go to this one stream, in order.
-    pub(crate) stream: sys::CUstream,
+    stream: sys::CUstream,
+    nvrtc: Nvrtc,
 }
 
 // SAFETY: CUDA driver contexts and streams may be used from any thread once
 // the context is made current there (`bind`), which every entry point does.
-unsafe impl Send for Gpu {}
-// SAFETY: as above; the driver API is thread-safe.
-unsafe impl Sync for Gpu {}
+unsafe impl Send for CudaDriver {}
+// SAFETY: the driver API is thread-safe, and the handles are never mutated
+// after `open`; see `Send`.
+unsafe impl Sync for CudaDriver {}
 
-impl Gpu {
-    fn open(ordinal: i32) -> Result<Gpu, PluginError> {
+impl CudaDriver {
+    fn open_device(ordinal: i32, nvrtc: Nvrtc) -> Result<CudaDriver, PluginError> {
         cu::init().map_err(|e| {
             if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
                 unavailable("no NVIDIA GPU: cuInit returned CUDA_ERROR_NO_DEVICE")
@@ -101,7 +112,7 @@ impl Gpu {
         unsafe { cu::ctx::set_current(cu_ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
             .map_err(|e| driver("cuStreamCreate", e))?;
-        Ok(Gpu {
+        Ok(CudaDriver {
             ordinal,
             name,
             arch: format!("sm_{major}{minor}"),
@@ -109,318 +120,214 @@ impl Gpu {
             compute_units: sms.max(0) as u32,
             cu_ctx,
             stream,
+            nvrtc,
         })
     }
+}
 
-    /// Make the context current on the calling thread.
-    pub(crate) fn bind(&self) -> Result<(), PluginError> {
+impl Driver for CudaDriver {
+    const NAME: &'static str = "cuda";
+    const HANDLE_TAG: u64 = 0xC0DA_u64 << 48;
+    const TARGET: Target = Target::Cuda;
+    const DEVICE_ENV: &'static str = "TOAST_CUDA_DEVICE";
+    const COMPILER: &'static str = "NVRTC";
+
+    type DeviceId = i32;
+    type Buffer = u64;
+    type Kernel = Function;
+
+    fn parse_device(text: &str, what: &str) -> Result<i32, PluginError> {
+        toast_gpu::parse_ordinal(text, what)
+    }
+
+    fn open(ordinal: i32) -> Result<Self, PluginError> {
+        let nvrtc = probe()?;
+        CudaDriver::open_device(ordinal, nvrtc)
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "cuda backend {}: device {} `{}` ({}, {} SMs), NVRTC {}.{} from {}",
+            env!("CARGO_PKG_VERSION"),
+            self.ordinal,
+            self.name,
+            self.arch,
+            self.compute_units,
+            self.nvrtc.version.0,
+            self.nvrtc.version.1,
+            self.nvrtc.origin
+        )
+    }
+
+    fn bind(&self) -> Result<(), PluginError> {
         // SAFETY: the context is retained for the life of the process.
         unsafe { cu::ctx::set_current(self.cu_ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))
     }
 
-    /// Free and total device memory.
-    pub(crate) fn mem_info(&self) -> (u64, u64) {
+    fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    fn total_memory(&self) -> u64 {
+        self.total_memory
+    }
+
+    fn mem_info(&self) -> (u64, u64) {
         cu::mem_get_info().map_or((0, self.total_memory), |(f, t)| (f as u64, t as u64))
     }
 
-    pub(crate) fn synchronize(&self) -> Result<(), PluginError> {
-        // SAFETY: our live stream.
-        unsafe { cu::stream::synchronize(self.stream) }
-            .map_err(|e| driver("cuStreamSynchronize", e))
+    /// Streaming multiprocessors.
+    fn compute_units(&self) -> u32 {
+        self.compute_units
     }
 
-    /// Copy `bytes` host bytes to device address `dst`; waits for the copy
-    /// (the host memory is only borrowed for the call).
-    pub(crate) fn upload(&self, dst: u64, src: *const u8, bytes: u64) -> Result<(), PluginError> {
-        if bytes == 0 {
+    fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {
+        // SAFETY: plain allocation in the current context.
+        unsafe { cu::malloc_sync(bytes as usize) }.map_err(|e| {
+            let msg = format!("cuMemAlloc: {e:?}");
+            if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+                AllocError::OutOfMemory(msg)
+            } else {
+                AllocError::Failed(msg)
+            }
+        })
+    }
+
+    unsafe fn free(&self, buf: u64) {
+        // SAFETY: `buf` came from `alloc` and is freed once (the caller's
+        // contract).
+        let _ = unsafe { cu::free_sync(buf) };
+    }
+
+    unsafe fn upload(&self, buf: u64, offset: u64, src: &[u8]) -> Result<(), PluginError> {
+        if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: `dst` has `bytes` bytes (range-checked by the caller) and
-        // `src` `bytes` readable bytes (ABI contract); we synchronise before
-        // returning, so `src` outlives the copy.
+        let bytes = src.len();
+        // SAFETY: `buf + offset` has `bytes` bytes (the caller's contract)
+        // and `src` is a live slice; we synchronise before returning, so
+        // `src` outlives the copy.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes as usize, self.stream)
+            sys::cuMemcpyHtoDAsync_v2(
+                buf + offset,
+                src.as_ptr() as *const c_void,
+                bytes,
+                self.stream,
+            )
         }
         .result()
         .map_err(|e| driver(&format!("copy of {bytes} bytes to the device"), e))?;
         self.synchronize()
     }
 
-    /// Copy `bytes` bytes at device address `src` to host memory.
-    pub(crate) fn download(&self, dst: *mut u8, src: u64, bytes: u64) -> Result<(), PluginError> {
-        if bytes == 0 {
+    unsafe fn download(&self, buf: u64, offset: u64, dst: &mut [u8]) -> Result<(), PluginError> {
+        if dst.is_empty() {
             return Ok(());
         }
-        // SAFETY: as in `upload`, with `dst` writable for `bytes` bytes.
-        unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes as usize, self.stream) }
-            .result()
-            .map_err(|e| driver(&format!("copy of {bytes} bytes to the host"), e))?;
+        let bytes = dst.len();
+        // SAFETY: as in `upload`, with `dst` a live, writable slice.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr() as *mut c_void,
+                buf + offset,
+                bytes,
+                self.stream,
+            )
+        }
+        .result()
+        .map_err(|e| driver(&format!("copy of {bytes} bytes to the host"), e))?;
         self.synchronize()
     }
 
-    /// Load a module image (cubin or NUL-terminated PTX).
-    pub(crate) fn load_module(&self, image: &[u8]) -> Result<sys::CUmodule, PluginError> {
-        // SAFETY: `image` is a complete cubin or NUL-terminated PTX, read
-        // during the call only.
-        unsafe { cu::module::load_data(image.as_ptr() as *const c_void) }.map_err(|e| {
-            PluginError::new(
-                abi::ERR_COMPILE,
-                format!(
-                    "cuda: cuModuleLoadData rejected the compiled device code for {}: {e:?}",
-                    self.arch
-                ),
-            )
-        })
-    }
-
-    /// Launch `f` on a 3-D grid of blocks of `block` threads.
-    ///
-    /// # Safety
-    /// `params` point to values whose types and order are the kernel's
-    /// parameters, and every device address among them is live for the
-    /// call (it is synchronous).
-    pub(crate) unsafe fn launch(
-        &self,
-        kernel: &str,
-        f: sys::CUfunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<(), PluginError> {
-        // SAFETY: by the caller's contract.
-        unsafe { cu::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, params) }
-            .map_err(|e| driver(&format!("launch of kernel {kernel} on grid {grid:?}"), e))?;
-        self.synchronize()
-            .map_err(|e| PluginError::new(e.status, format!("kernel {kernel}: {}", e.message)))
-    }
-}
-
-impl DeviceAlloc for Gpu {
-    fn raw_alloc(&self, bytes: u64) -> Result<u64, (bool, String)> {
-        // SAFETY: plain allocation in the current context.
-        unsafe { cu::malloc_sync(bytes as usize) }.map_err(|e| {
-            (
-                e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY,
-                format!("cuMemAlloc: {e:?}"),
-            )
-        })
-    }
-    fn raw_free(&self, ptr: u64) {
-        // SAFETY: `ptr` came from `raw_alloc` and is freed once.
-        let _ = unsafe { cu::free_sync(ptr) };
-    }
-    fn raw_zero(&self, ptr: u64, bytes: u64) -> Result<(), PluginError> {
-        // SAFETY: `ptr` is a block of at least `bytes` bytes.
-        unsafe { cu::memset_d8_async(ptr, 0, bytes as usize, self.stream) }
+    unsafe fn zero(&self, buf: u64, offset: u64, bytes: u64) -> Result<(), PluginError> {
+        // SAFETY: `buf + offset` has at least `bytes` bytes (the caller's
+        // contract).
+        unsafe { cu::memset_d8_async(buf + offset, 0, bytes as usize, self.stream) }
             .map_err(|e| driver(&format!("zeroing {bytes} bytes"), e))?;
         self.synchronize()
     }
-}
 
-/// The compiled kernels of one device.
-#[derive(Debug)]
-pub(crate) struct Module {
-    functions: HashMap<&'static str, usize>,
-}
-
-/// What `init` creates and every call receives as `ctx`.
-#[derive(Debug)]
-pub(crate) struct Ctx {
-    log: LogFn,
-    log_user: *mut c_void,
-    pub(crate) gpu: Gpu,
-    nvrtc: Nvrtc,
-    pub(crate) memory: Memory,
-    module: Mutex<Option<Module>>,
-}
-
-// SAFETY: `log_user` is the host's pointer, which the ABI lets any thread
-// pass back to its callback; everything else is Send + Sync.
-unsafe impl Send for Ctx {}
-// SAFETY: as above.
-unsafe impl Sync for Ctx {}
-
-impl Ctx {
-    /// Probe for the driver, open the device and build the context.
-    ///
-    /// # Safety
-    /// `host` is null or points to a `HostApi` of at least `host.size`
-    /// bytes whose `options` is null or NUL-terminated.
-    pub(crate) unsafe fn new(host: *const HostApi) -> Result<Ctx, PluginError> {
-        let mut log: LogFn = None;
-        let mut log_user = std::ptr::null_mut();
-        let mut options = String::new();
-        if !host.is_null() {
-            // SAFETY: non-null; the host passes a valid struct. Read the size first.
-            let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
-            if size >= std::mem::size_of::<HostApi>() {
-                // SAFETY: the whole struct is present.
-                let h = unsafe { &*host };
-                log = h.log;
-                log_user = h.log_user;
-                if !h.options.is_null() {
-                    // SAFETY: NUL-terminated by the ABI.
-                    options = unsafe { CStr::from_ptr(h.options) }
-                        .to_string_lossy()
-                        .into_owned();
-                }
-            }
-        }
-        let mut ordinal = 0i32;
-        if let Ok(v) = std::env::var("TOAST_CUDA_DEVICE") {
-            if !v.trim().is_empty() {
-                ordinal = parse_device(&v, "environment variable TOAST_CUDA_DEVICE")?;
-            }
-        }
-        let mut unknown = Vec::new();
-        for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-            let (k, v) = item.split_once('=').unwrap_or((item, ""));
-            match k.trim() {
-                "device" => ordinal = parse_device(v, "option device")?,
-                other => unknown.push(other.to_string()),
-            }
-        }
-        let nvrtc = probe()?;
-        let gpu = Gpu::open(ordinal)?;
-        let ctx = Ctx {
-            log,
-            log_user,
-            memory: Memory::new(gpu.total_memory / 4),
-            gpu,
-            nvrtc,
-            module: Mutex::new(None),
-        };
-        for k in unknown {
-            ctx.log(
-                abi::LOG_WARN,
-                &format!("cuda backend: unknown option `{k}` ignored"),
-            );
-        }
-        ctx.log(
-            abi::LOG_DEBUG,
-            &format!(
-                "cuda backend {}: device {} `{}` ({}, {} SMs), NVRTC {}.{} from {}",
-                env!("CARGO_PKG_VERSION"),
-                ctx.gpu.ordinal,
-                ctx.gpu.name,
-                ctx.gpu.arch,
-                ctx.gpu.compute_units,
-                ctx.nvrtc.version.0,
-                ctx.nvrtc.version.1,
-                ctx.nvrtc.origin
-            ),
-        );
-        Ok(ctx)
+    fn synchronize(&self) -> Result<(), PluginError> {
+        // SAFETY: our live stream.
+        unsafe { cu::stream::synchronize(self.stream) }
+            .map_err(|e| driver("cuStreamSynchronize", e))
     }
 
-    /// The function `name` of the device module, compiling (or loading from
-    /// the disk cache) the shared source on first use.
-    pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, PluginError> {
-        let mut m = self.module.lock().unwrap_or_else(|e| e.into_inner());
-        if m.is_none() {
-            let target = crate::kernels::TARGET;
-            let source = ds::source(target);
-            let hash = format!("{:016x}", ds::source_hash(target));
-            *m = Some(self.build_module(&source, &hash, &ds::KERNEL_NAMES)?);
-        }
-        let module = m.as_ref().expect("built above");
-        module
-            .functions
-            .get(name)
-            .map(|&f| f as sys::CUfunction)
-            .ok_or_else(|| {
-                PluginError::new(
-                    abi::ERR_INTERNAL,
-                    format!("cuda: kernel {name} is not in the device source"),
-                )
-            })
-    }
-
-    fn build_module(
-        &self,
-        source: &str,
-        source_hash: &str,
-        kernels: &[&'static str],
-    ) -> Result<Module, PluginError> {
-        let arch = &self.gpu.arch;
+    fn cache_file(&self, source_hash: &str) -> Option<String> {
         let (maj, min) = self.nvrtc.version;
-        let file = format!("cuda-{source_hash}-{arch}-nvrtc{maj}.{min}.cubin");
-        let image = match compile::cache_read(&file) {
-            Some(code) => {
-                self.log(
-                    abi::LOG_DEBUG,
-                    &format!("cuda: device code from the cache ({file})"),
-                );
-                code
-            }
-            None => {
-                let c = self
-                    .nvrtc
-                    .compile(source, "toast_kernels.cu", arch)
-                    .map_err(|e| {
-                        let kernel = compile::kernel_at_error(source, &e.log);
-                        PluginError::new(abi::ERR_COMPILE, format!("cuda: kernel {kernel}: {e}"))
-                    })?;
-                if !c.log.trim().is_empty() {
-                    self.log(
-                        abi::LOG_WARN,
-                        &format!("cuda: NVRTC log for {arch}:\n{}", c.log),
-                    );
-                }
-                compile::cache_write(&file, &c.code);
-                c.code
-            }
-        };
-        let module = self.gpu.load_module(&image)?;
-        let mut functions = HashMap::new();
-        for &k in kernels {
-            let cname = CString::new(k).expect("kernel names have no NUL");
-            // SAFETY: a module just loaded; a NUL-terminated name.
-            let f = unsafe { cu::module::get_function(module, cname) }.map_err(|e| {
+        Some(format!(
+            "cuda-{source_hash}-{}-nvrtc{maj}.{min}.cubin",
+            self.arch
+        ))
+    }
+
+    fn compile(&self, source: &str) -> Result<Compiled, CompileError> {
+        self.nvrtc.compile(source, "toast_kernels.cu", &self.arch)
+    }
+
+    fn load_module(
+        &self,
+        image: &[u8],
+        names: &[&'static str],
+    ) -> Result<Vec<Function>, PluginError> {
+        let arch = &self.arch;
+        // SAFETY: `image` is a complete cubin or NUL-terminated PTX, read
+        // during the call only.
+        let module =
+            unsafe { cu::module::load_data(image.as_ptr() as *const c_void) }.map_err(|e| {
                 PluginError::new(
                     abi::ERR_COMPILE,
-                    format!("cuda: kernel {k} not found in the compiled module for {arch}: {e:?}"),
+                    format!(
+                        "cuda: cuModuleLoadData rejected the compiled device code for {arch}: {e:?}"
+                    ),
                 )
             })?;
-            functions.insert(k, f as usize);
-        }
-        Ok(Module { functions })
+        names
+            .iter()
+            .map(|&k| {
+                let cname = CString::new(k).expect("kernel names have no NUL");
+                // SAFETY: a module just loaded; a NUL-terminated name.
+                unsafe { cu::module::get_function(module, cname) }
+                    .map(Function)
+                    .map_err(|e| {
+                        PluginError::new(
+                            abi::ERR_COMPILE,
+                            format!(
+                                "cuda: kernel {k} not found in the compiled module for {arch}: {e:?}"
+                            ),
+                        )
+                    })
+            })
+            .collect()
     }
 
-    /// Send a message to the host's log callback, if any.
-    pub(crate) fn log(&self, level: i32, msg: &str) {
-        if let Some(f) = self.log {
-            // SAFETY: the host's callback takes `len` bytes at `msg` and the
-            // user pointer it gave us.
-            unsafe {
-                f(
-                    self.log_user,
-                    level,
-                    msg.as_ptr() as *const c_char,
-                    msg.len(),
-                )
-            };
+    unsafe fn launch(
+        &self,
+        name: &str,
+        kernel: Function,
+        grid: Grid,
+        params: &[Param<u64>],
+    ) -> Result<(), PluginError> {
+        let mut slots = ParamSlots::new(params);
+        let mut ptrs = slots.pointers();
+        let blocks = grid.blocks;
+        // SAFETY: the parameters match the kernel and their buffers are live
+        // (the caller's contract); `slots` outlives the call, which copies
+        // the parameters before returning.
+        unsafe {
+            cu::launch_kernel(
+                kernel.0,
+                blocks,
+                (grid.threads, 1, 1),
+                0,
+                self.stream,
+                &mut ptrs,
+            )
         }
+        .map_err(|e| driver(&format!("launch of kernel {name} on grid {blocks:?}"), e))
     }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            let _ = self.gpu.synchronize();
-            self.memory.release_all(&self.gpu);
-        }
-    }
-}
-
-fn parse_device(v: &str, what: &str) -> Result<i32, PluginError> {
-    v.trim()
-        .parse::<i32>()
-        .ok()
-        .filter(|&d| d >= 0)
-        .ok_or_else(|| {
-            PluginError::invalid(format!(
-                "{what}: `{v}` is not a device index (a non-negative integer)"
-            ))
-        })
 }

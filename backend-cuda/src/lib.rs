@@ -3,12 +3,20 @@
 //! device's architecture, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!
+//! This crate is the CUDA [`toast_gpu::Driver`] (`context`): loading the
+//! driver and NVRTC, the device, its stream, memory, copies, module loading
+//! and kernel launches. Everything else (the context the host holds, the
+//! buffer pool and handle table, the kernels' validation, marshalling and
+//! launch planning, the C entry points) is `toast-gpu`'s generic code, and
+//! the plugin's table, header and entry symbol come from
+//! [`toast_gpu::export_plugin!`].
+//!
 //! # Building needs no CUDA
 //!
 //! The driver is reached through `cudarc` with `dynamic-loading` (the
 //! `cuda-12000` bindings: entry points every 12.x and 13.x driver has) and
-//! NVRTC through `libloading` in [`compile`]; nothing is linked at build
-//! time and no toolkit is needed to build. cudarc panics when `libcuda` is
+//! NVRTC through `libloading` (`toast_accel::rtc::nvrtc`); nothing is
+//! linked at build time and no toolkit is needed to build. cudarc panics when `libcuda` is
 //! missing, so `init` first opens `libcuda.so.1` with a plain `dlopen`,
 //! then NVRTC (`TOAST_NVRTC_LIB`, else `libnvrtc.so`, `.so.13`, `.so.12`,
 //! `.so.11.2`), and only then lets cudarc load the driver. A missing
@@ -45,11 +53,12 @@
 //!
 //! # Memory
 //!
-//! Buffers live in a size-class pool with a handle table ([`memory`]):
-//! handles are tagged counters, never device addresses, so a foreign,
-//! made-up or freed handle is refused with `ERR_INVALID_HANDLE`; an
-//! allocation the device cannot satisfy (after the pool has released its
-//! cached blocks) is `ERR_OUT_OF_MEMORY` naming the buffer and its size.
+//! Buffers live in a size-class pool with a handle table
+//! ([`toast_gpu::memory`]): handles are tagged counters, never device
+//! addresses, so a foreign, made-up or freed handle is refused with
+//! `ERR_INVALID_HANDLE`; an allocation the device cannot satisfy (after the
+//! pool has released its cached blocks) is `ERR_OUT_OF_MEMORY` naming the
+//! buffer and its size.
 //!
 //! # Kernels
 //!
@@ -61,37 +70,10 @@
 //! reported through the source's one-element error buffer and become
 //! `ERR_INVALID_ARGUMENT` naming the detector and sample.
 
-use std::ffi::{c_char, c_void};
-use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
-use toast_accel::plugin::{self, guard, PluginError};
-
 mod context;
-// The kernel marshalling and the memory pool are the same for CUDA and HIP:
-// one source in `gpu-common/`, compiled into each backend with the
-// constants below.
-#[path = "../../gpu-common/kernels/mod.rs"]
-mod kernels;
-#[path = "../../gpu-common/memory.rs"]
-mod memory;
 
-/// High bits of every buffer handle of this backend (see `memory`).
-pub(crate) const HANDLE_TAG: u64 = 0xC0DA_u64 << 48;
-/// The backend's name, in error messages.
-pub(crate) const BACKEND_NAME: &str = "cuda";
-/// The device-source target this backend compiles for.
-pub(crate) const TARGET: toast_accel::device_source::Target =
-    toast_accel::device_source::Target::Cuda;
-
-use context::Ctx;
-
-static NAME: &[u8] = b"cuda\0";
-static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
-static DESCRIPTION: &[u8] =
-    b"CUDA backend: the shared device kernels compiled with NVRTC at run time\0";
-
-/// Streaming multiprocessors of the device, for `device_info`.
-fn compute_units(c: &Ctx) -> u32 {
-    c.gpu.compute_units
-}
-
-include!("../../gpu-common/plugin.rs");
+toast_gpu::export_plugin!(
+    driver = context::CudaDriver,
+    name = "cuda",
+    description = "CUDA backend: the shared device kernels compiled with NVRTC at run time",
+);

@@ -1,9 +1,13 @@
 //! The HIP backend plugin of toast-rs (AMD GPUs): the shared device-kernel
 //! source of `toast_accel::device_source`, compiled at run time with hiprtc
 //! for the device's `gfx` architecture, behind the C plugin ABI of
-//! `toast-accel/include/toast_backend.h`. It mirrors the CUDA backend file
-//! for file (`context`, `memory`, `compile`, `kernels`), with [`ffi`] in
-//! place of cudarc.
+//! `toast-accel/include/toast_backend.h`.
+//!
+//! This crate is the HIP [`toast_gpu::Driver`] (`context`), over the
+//! runtime functions of [`ffi`] (in place of the CUDA backend's cudarc);
+//! everything else is `toast-gpu`'s generic code, shared with the CUDA
+//! backend, and the plugin's table, header and entry symbol come from
+//! [`toast_gpu::export_plugin!`].
 //!
 //! # Building needs no ROCm
 //!
@@ -46,11 +50,12 @@
 //!
 //! # Memory
 //!
-//! Buffers live in a size-class pool with a handle table ([`memory`]):
-//! handles are tagged counters, never device addresses, so a foreign,
-//! made-up or freed handle is refused with `ERR_INVALID_HANDLE`; an
-//! allocation the device cannot satisfy (after the pool has released its
-//! cached blocks) is `ERR_OUT_OF_MEMORY` naming the buffer and its size.
+//! Buffers live in a size-class pool with a handle table
+//! ([`toast_gpu::memory`]): handles are tagged counters, never device
+//! addresses, so a foreign, made-up or freed handle is refused with
+//! `ERR_INVALID_HANDLE`; an allocation the device cannot satisfy (after the
+//! pool has released its cached blocks) is `ERR_OUT_OF_MEMORY` naming the
+//! buffer and its size.
 //!
 //! # Kernels
 //!
@@ -60,40 +65,11 @@
 //! it defines; data-dependent faults come back through the source's error
 //! buffer as `ERR_INVALID_ARGUMENT` naming the detector and sample.
 
-use std::ffi::{c_char, c_void};
-use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
-use toast_accel::plugin::{self, guard, PluginError};
-
 mod context;
 pub mod ffi;
-// The kernel marshalling and the memory pool are the same for CUDA and HIP:
-// one source in `gpu-common/`, compiled into each backend with the
-// constants below.
-#[path = "../../gpu-common/kernels/mod.rs"]
-mod kernels;
-#[path = "../../gpu-common/memory.rs"]
-mod memory;
 
-/// High bits of every buffer handle of this backend (see `memory`).
-pub(crate) const HANDLE_TAG: u64 = 0x41D0_u64 << 48;
-/// The backend's name, in error messages.
-pub(crate) const BACKEND_NAME: &str = "hip";
-/// The device-source target this backend compiles for.
-pub(crate) const TARGET: toast_accel::device_source::Target =
-    toast_accel::device_source::Target::Hip;
-
-use context::Ctx;
-
-static NAME: &[u8] = b"hip\0";
-static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
-static DESCRIPTION: &[u8] =
-    b"HIP backend: the shared device kernels compiled with hiprtc at run time\0";
-
-/// Compute units for `device_info`: not read on HIP (the layout of
-/// `hipDeviceProp_t` differs between ROCm versions), so reported as 0
-/// ("unknown", as the ABI allows).
-fn compute_units(_: &Ctx) -> u32 {
-    0
-}
-
-include!("../../gpu-common/plugin.rs");
+toast_gpu::export_plugin!(
+    driver = context::HipDriver,
+    name = "hip",
+    description = "HIP backend: the shared device kernels compiled with hiprtc at run time",
+);

@@ -2,8 +2,9 @@
 //! the arrays, plan and launch. Parameter lists follow the prototypes of
 //! `toast-accel/device/kernels.h` in order.
 
-use super::{blocks_overlap, has_duplicates, intervals_overlap, Call, P};
-use crate::{args_ref, ctx_ref};
+use super::{blocks_overlap, has_duplicates, intervals_overlap, Call};
+use crate::driver::{Driver, Param as P};
+use crate::plugin::{args_ref, ctx_ref};
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
 use toast_accel::check;
@@ -16,30 +17,26 @@ const U8: u64 = 1;
 
 /// Download `global2local` and check its entries (the kernels index the map
 /// with them unchecked).
-fn check_g2l(
-    call: &Call<'_>,
+fn check_g2l<D: Driver>(
+    call: &Call<'_, D>,
     kernel: &'static str,
-    ptr: u64,
+    buf: Option<D::Buffer>,
     n: usize,
     n_local: usize,
 ) -> Result<(), PluginError> {
     let mut g2l = vec![0i64; n];
-    if n > 0 {
-        call.c
-            .gpu
-            .download(g2l.as_mut_ptr() as *mut u8, ptr, (n * 8) as u64)?;
-    }
+    call.read_into(buf, 0, &mut g2l)?;
     check::global2local(kernel, &g2l, n_local as u64)?;
     Ok(())
 }
 
-pub(crate) unsafe extern "C" fn pointing_detector(
+pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::PointingDetectorArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("pointing_detector", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pointing_detector", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_pointing_detector(a)? };
         let mut call = Call::new(c, "pointing_detector");
@@ -64,27 +61,27 @@ pub(crate) unsafe extern "C" fn pointing_detector(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
-                    P::Ptr(qi),
-                    P::Ptr(fp),
-                    P::Ptr(bore),
-                    P::Ptr(flags),
+                    P::Buffer(iv),
+                    P::Buffer(qi),
+                    P::Buffer(fp),
+                    P::Buffer(bore),
+                    P::Buffer(flags),
                     P::I32(v.use_flags as i32),
                     P::I32(i32::from(a.shared_flag_mask)),
-                    P::Ptr(quats),
+                    P::Buffer(quats),
                 ]
             },
         )
     })
 }
 
-pub(crate) unsafe extern "C" fn pixels_healpix(
+pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::PixelsHealpixArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("pixels_healpix", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pixels_healpix", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_pixels_healpix(a)? };
         let mut call = Call::new(c, "pixels_healpix");
@@ -111,20 +108,20 @@ pub(crate) unsafe extern "C" fn pixels_healpix(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
-                    P::Ptr(qi),
-                    P::Ptr(pi),
-                    P::Ptr(quats),
-                    P::Ptr(flags),
+                    P::Buffer(iv),
+                    P::Buffer(qi),
+                    P::Buffer(pi),
+                    P::Buffer(quats),
+                    P::Buffer(flags),
                     P::I32(v.use_flags as i32),
                     P::I32(i32::from(a.shared_flag_mask)),
-                    P::Ptr(pixels),
-                    P::Ptr(hits),
+                    P::Buffer(pixels),
+                    P::Buffer(hits),
                     P::I64(a.nside),
                     P::I64(i64::from(v.factor)),
                     P::I64(a.n_pix_submap),
                     P::I32(i32::from(a.nest != 0)),
-                    P::Ptr(err),
+                    P::Buffer(err),
                 ]
             },
         )?;
@@ -140,13 +137,13 @@ pub(crate) unsafe extern "C" fn pixels_healpix(
     })
 }
 
-pub(crate) unsafe extern "C" fn stokes_weights_i(
+pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::StokesWeightsIArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("stokes_weights_I", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_I", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_stokes_weights_i(a)? };
         let mut call = Call::new(c, "stokes_weights_I");
@@ -169,23 +166,23 @@ pub(crate) unsafe extern "C" fn stokes_weights_i(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
-                    P::Ptr(wi),
-                    P::Ptr(cal),
-                    P::Ptr(w),
+                    P::Buffer(iv),
+                    P::Buffer(wi),
+                    P::Buffer(cal),
+                    P::Buffer(w),
                 ]
             },
         )
     })
 }
 
-pub(crate) unsafe extern "C" fn stokes_weights_iqu(
+pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::StokesWeightsIquArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("stokes_weights_IQU", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_IQU", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_stokes_weights_iqu(a)? };
         let mut call = Call::new(c, "stokes_weights_IQU");
@@ -213,27 +210,30 @@ pub(crate) unsafe extern "C" fn stokes_weights_iqu(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
-                    P::Ptr(qi),
-                    P::Ptr(wi),
-                    P::Ptr(eps),
-                    P::Ptr(gamma),
-                    P::Ptr(cal),
-                    P::Ptr(quats),
-                    P::Ptr(hwp),
+                    P::Buffer(iv),
+                    P::Buffer(qi),
+                    P::Buffer(wi),
+                    P::Buffer(eps),
+                    P::Buffer(gamma),
+                    P::Buffer(cal),
+                    P::Buffer(quats),
+                    P::Buffer(hwp),
                     P::I32(v.use_hwp as i32),
                     P::I32(i32::from(a.iau != 0)),
-                    P::Ptr(w),
+                    P::Buffer(w),
                 ]
             },
         )
     })
 }
 
-pub(crate) unsafe extern "C" fn scan_map(ctx: *mut c_void, a: *const abi::ScanMapArgs) -> Status {
+pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
+    ctx: *mut c_void,
+    a: *const abi::ScanMapArgs,
+) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("scan_map", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("scan_map", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_scan_map(a)? };
         let (kname, elem) = match a.map_dtype {
@@ -280,22 +280,22 @@ pub(crate) unsafe extern "C" fn scan_map(ctx: *mut c_void, a: *const abi::ScanMa
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
+                    P::Buffer(iv),
                     P::I64(v.nnz as i64),
-                    P::Ptr(pi),
-                    P::Ptr(wi),
-                    P::Ptr(di),
-                    P::Ptr(g2l),
+                    P::Buffer(pi),
+                    P::Buffer(wi),
+                    P::Buffer(di),
+                    P::Buffer(g2l),
                     P::I64(v.n_global_submap as i64),
                     P::I64(v.n_pix_submap),
-                    P::Ptr(map),
-                    P::Ptr(pixels),
-                    P::Ptr(weights),
-                    P::Ptr(det_data),
+                    P::Buffer(map),
+                    P::Buffer(pixels),
+                    P::Buffer(weights),
+                    P::Buffer(det_data),
                     P::F64(a.data_scale),
                     P::I32(i32::from(a.should_zero != 0)),
                     P::I32(mode),
-                    P::Ptr(err),
+                    P::Buffer(err),
                 ]
             },
         )?;
@@ -315,13 +315,13 @@ pub(crate) unsafe extern "C" fn scan_map(ctx: *mut c_void, a: *const abi::ScanMa
     })
 }
 
-pub(crate) unsafe extern "C" fn build_noise_weighted(
+pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::BuildNoiseWeightedArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("build_noise_weighted", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("build_noise_weighted", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_build_noise_weighted(a)? };
         let mut call = Call::new(c, "build_noise_weighted");
@@ -360,27 +360,27 @@ pub(crate) unsafe extern "C" fn build_noise_weighted(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
+                    P::Buffer(iv),
                     P::I64(v.nnz as i64),
-                    P::Ptr(pi),
-                    P::Ptr(wi),
-                    P::Ptr(di),
-                    P::Ptr(fi),
-                    P::Ptr(scale),
-                    P::Ptr(g2l),
+                    P::Buffer(pi),
+                    P::Buffer(wi),
+                    P::Buffer(di),
+                    P::Buffer(fi),
+                    P::Buffer(scale),
+                    P::Buffer(g2l),
                     P::I64(v.n_global_submap as i64),
                     P::I64(v.n_pix_submap),
-                    P::Ptr(pixels),
-                    P::Ptr(weights),
-                    P::Ptr(det_data),
-                    P::Ptr(det_flags),
+                    P::Buffer(pixels),
+                    P::Buffer(weights),
+                    P::Buffer(det_data),
+                    P::Buffer(det_flags),
                     P::I32(v.use_det_flags as i32),
                     P::I32(i32::from(a.det_flag_mask)),
-                    P::Ptr(shared),
+                    P::Buffer(shared),
                     P::I32(v.use_shared_flags as i32),
                     P::I32(i32::from(a.shared_flag_mask)),
-                    P::Ptr(zmap),
-                    P::Ptr(err),
+                    P::Buffer(zmap),
+                    P::Buffer(err),
                 ]
             },
         )?;
@@ -400,13 +400,13 @@ pub(crate) unsafe extern "C" fn build_noise_weighted(
     })
 }
 
-pub(crate) unsafe extern "C" fn noise_weight(
+pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::NoiseWeightArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("noise_weight", a)?) };
+        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("noise_weight", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_noise_weight(a)? };
         let mut call = Call::new(c, "noise_weight");
@@ -429,23 +429,28 @@ pub(crate) unsafe extern "C" fn noise_weight(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
-                    P::Ptr(di),
-                    P::Ptr(w),
-                    P::Ptr(det_data),
+                    P::Buffer(iv),
+                    P::Buffer(di),
+                    P::Buffer(w),
+                    P::Buffer(det_data),
                 ]
             },
         )
     })
 }
 
-pub(crate) unsafe extern "C" fn template_offset_add_to_signal(
+pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::TemplateOffsetAddArgs,
 ) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref(ctx)?, args_ref("template_offset_add_to_signal", a)?) };
+        let (c, a) = unsafe {
+            (
+                ctx_ref::<D>(ctx)?,
+                args_ref("template_offset_add_to_signal", a)?,
+            )
+        };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_template_offset_add(a)? };
         let mut call = Call::new(c, "template_offset_add_to_signal");
@@ -471,21 +476,21 @@ pub(crate) unsafe extern "C" fn template_offset_add_to_signal(
                     P::I64(i0),
                     P::I64(i1),
                     P::I64(v.n_samp as i64),
-                    P::Ptr(iv),
-                    P::Ptr(di),
+                    P::Buffer(iv),
+                    P::Buffer(di),
                     P::I64(v.layout.step_length),
-                    P::Ptr(ao),
-                    P::Ptr(vo),
-                    P::Ptr(amps),
-                    P::Ptr(aflags),
-                    P::Ptr(det_data),
+                    P::Buffer(ao),
+                    P::Buffer(vo),
+                    P::Buffer(amps),
+                    P::Buffer(aflags),
+                    P::Buffer(det_data),
                 ]
             },
         )
     })
 }
 
-pub(crate) unsafe extern "C" fn template_offset_project_signal(
+pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::TemplateOffsetProjectArgs,
 ) -> Status {
@@ -493,7 +498,7 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal(
         // SAFETY: ABI contract on ctx and args.
         let (c, a) = unsafe {
             (
-                ctx_ref(ctx)?,
+                ctx_ref::<D>(ctx)?,
                 args_ref("template_offset_project_signal", a)?,
             )
         };
@@ -532,17 +537,17 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal(
                         P::I64(i0 as i64),
                         P::I64(i1 as i64),
                         P::I64(v.n_samp as i64),
-                        P::Ptr(iv),
-                        P::Ptr(di),
-                        P::Ptr(fi),
+                        P::Buffer(iv),
+                        P::Buffer(di),
+                        P::Buffer(fi),
                         P::I64(v.layout.step_length),
-                        P::Ptr(ao),
-                        P::Ptr(vo),
-                        P::Ptr(det_data),
-                        P::Ptr(flag_data),
+                        P::Buffer(ao),
+                        P::Buffer(vo),
+                        P::Buffer(det_data),
+                        P::Buffer(flag_data),
                         P::I32(i32::from(a.flag_mask)),
-                        P::Ptr(amps),
-                        P::Ptr(aflags),
+                        P::Buffer(amps),
+                        P::Buffer(aflags),
                     ],
                 )?;
             }
@@ -551,7 +556,7 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal(
     })
 }
 
-pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond(
+pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
     ctx: *mut c_void,
     a: *const abi::TemplateOffsetPrecondArgs,
 ) -> Status {
@@ -559,7 +564,7 @@ pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond(
         // SAFETY: ABI contract on ctx and args.
         let (c, a) = unsafe {
             (
-                ctx_ref(ctx)?,
+                ctx_ref::<D>(ctx)?,
                 args_ref("template_offset_apply_diag_precond", a)?,
             )
         };
@@ -577,10 +582,10 @@ pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond(
             1,
             &[
                 P::I64(n_amp as i64),
-                P::Ptr(var),
-                P::Ptr(ain),
-                P::Ptr(fl),
-                P::Ptr(aout),
+                P::Buffer(var),
+                P::Buffer(ain),
+                P::Buffer(fl),
+                P::Buffer(aout),
             ],
         )
     })

@@ -1,7 +1,7 @@
 //! The ten kernels: validation, argument marshalling and launch planning
-//! for the shared device source (`toast_accel::device_source`). This file
-//! is compiled into both `backend-cuda` and `backend-hip` (each includes it
-//! with `#[path]`); only [`TARGET`], from the crate root, differs.
+//! for the shared device source (`toast_accel::device_source`), written
+//! once for every [`Driver`]; only the driver's `TARGET` (the source's
+//! dialect) and its launch call differ between backends.
 //!
 //! # Launch planning
 //!
@@ -19,53 +19,40 @@
 //!
 //! The small per-detector arrays and the intervals are uploaded into pool
 //! buffers for the call and returned to the pool after it. Parameters are
-//! passed as 8-byte slots; an `i32` parameter is read by the driver from
-//! the low four bytes of its slot (little-endian targets only, as every
-//! CUDA and ROCm platform is).
+//! handed to the driver as a typed list ([`Param`]); CUDA and HIP lay them
+//! out as 8-byte slots ([`ParamSlots`](crate::ParamSlots)).
 
 pub(crate) mod entries;
 
-use crate::context::Ctx;
-use std::ffi::c_void;
+use crate::context::Context;
+use crate::driver::{Driver, Grid, Param};
 use toast_accel::abi::{self, Interval};
 use toast_accel::device_source as ds;
 use toast_accel::plugin::PluginError;
-
-pub(crate) use crate::TARGET;
 
 /// Threads per block (along dimension 0).
 const BLOCK: u32 = 128;
 /// Largest grid extent along dimensions 1 and 2.
 const MAX_GRID_YZ: usize = 65535;
 
-/// One kernel parameter.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum P {
-    I64(i64),
-    I32(i32),
-    F64(f64),
-    /// A device address (0 for an absent array).
-    Ptr(u64),
-}
-
 /// A kernel call in progress: the context, the kernel's name and the
 /// scratch buffers to return to the pool afterwards.
-pub(crate) struct Call<'c> {
-    c: &'c Ctx,
+pub(crate) struct Call<'c, D: Driver> {
+    c: &'c Context<D>,
     kernel: &'static str,
     scratch: Vec<u64>,
 }
 
-impl Drop for Call<'_> {
+impl<D: Driver> Drop for Call<'_, D> {
     fn drop(&mut self) {
         for h in self.scratch.drain(..) {
-            let _ = self.c.memory.free(&self.c.gpu, h);
+            let _ = self.c.memory.free(&self.c.driver, h);
         }
     }
 }
 
-impl<'c> Call<'c> {
-    pub(crate) fn new(c: &'c Ctx, kernel: &'static str) -> Self {
+impl<'c, D: Driver> Call<'c, D> {
+    pub(crate) fn new(c: &'c Context<D>, kernel: &'static str) -> Self {
         Call {
             c,
             kernel,
@@ -73,67 +60,107 @@ impl<'c> Call<'c> {
         }
     }
 
-    /// Upload a small host array for the call; its device address (0 when
+    /// Upload a small host array for the call; its buffer (`None` when
     /// empty: the kernel never reads it then).
-    pub(crate) fn small<T: Copy>(&mut self, name: &str, data: &[T]) -> Result<u64, PluginError> {
+    pub(crate) fn small<T: bytemuck::Pod>(
+        &mut self,
+        name: &str,
+        data: &[T],
+    ) -> Result<Option<D::Buffer>, PluginError> {
         if data.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
-        let bytes = std::mem::size_of_val(data) as u64;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let len = bytes.len() as u64;
         let h = self
             .c
             .memory
-            .alloc(&self.c.gpu, bytes, &format!("{}.{name}", self.kernel))?;
+            .alloc(&self.c.driver, len, &format!("{}.{name}", self.kernel))?;
         self.scratch.push(h);
-        let p = self.c.memory.range(self.kernel, h, 0, bytes)?;
-        self.c.gpu.upload(p, data.as_ptr() as *const u8, bytes)?;
-        Ok(p)
+        let (buf, offset) = self.c.memory.range(self.kernel, h, 0, len)?;
+        // SAFETY: `buf` is the live buffer just allocated, range-checked for
+        // `len` bytes at `offset`.
+        unsafe { self.c.driver.upload(buf, offset, bytes)? };
+        Ok(Some(buf))
     }
 
-    /// The device address of a kernel array argument.
-    pub(crate) fn array(&self, arg: &str, a: abi::Array, elem: u64) -> Result<u64, PluginError> {
+    /// The buffer of a kernel array argument.
+    pub(crate) fn array(
+        &self,
+        arg: &str,
+        a: abi::Array,
+        elem: u64,
+    ) -> Result<Option<D::Buffer>, PluginError> {
         self.c.memory.array(self.kernel, arg, a, elem)
     }
 
     /// The intervals as `(first, last)` pairs on the device.
-    pub(crate) fn intervals(&mut self, iv: &[Interval]) -> Result<u64, PluginError> {
+    pub(crate) fn intervals(&mut self, iv: &[Interval]) -> Result<Option<D::Buffer>, PluginError> {
         let flat: Vec<i64> = iv.iter().flat_map(|i| [i.first, i.last]).collect();
         self.small("intervals", &flat)
     }
 
     /// A one-element error buffer holding `NO_ERROR`.
-    pub(crate) fn error_buffer(&mut self) -> Result<u64, PluginError> {
+    pub(crate) fn error_buffer(&mut self) -> Result<Option<D::Buffer>, PluginError> {
         self.small("error", &[ds::NO_ERROR])
     }
 
     /// The `(detector, sample)` recorded in an error buffer, if any.
-    pub(crate) fn read_error(&self, err: u64) -> Result<Option<(u64, u64)>, PluginError> {
-        let mut key = 0u64;
-        self.c
-            .gpu
-            .download(&mut key as *mut u64 as *mut u8, err, 8)?;
+    pub(crate) fn read_error(
+        &self,
+        err: Option<D::Buffer>,
+    ) -> Result<Option<(u64, u64)>, PluginError> {
+        let key: u64 = self.read(err, 0)?;
         Ok(ds::decode_error_key(key))
     }
 
+    /// Read elements `index..index + out.len()` of a device array that the
+    /// call's validator and [`array`](Self::array) have checked holds them.
+    pub(crate) fn read_into<T: bytemuck::Pod>(
+        &self,
+        buf: Option<D::Buffer>,
+        index: u64,
+        out: &mut [T],
+    ) -> Result<(), PluginError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let buf = buf.ok_or_else(|| {
+            PluginError::new(
+                abi::ERR_INTERNAL,
+                format!("{}: read from an absent array", self.kernel),
+            )
+        })?;
+        let offset = index * std::mem::size_of::<T>() as u64;
+        // SAFETY: a live buffer of this call holding the elements read (the
+        // caller's contract, from the validated argument lengths).
+        unsafe {
+            self.c
+                .driver
+                .download(buf, offset, bytemuck::cast_slice_mut(out))
+        }
+    }
+
     /// Read one element of a device array.
-    pub(crate) fn read<T: Copy + Default>(&self, ptr: u64, index: u64) -> Result<T, PluginError> {
-        let mut v = T::default();
-        let sz = std::mem::size_of::<T>() as u64;
-        self.c
-            .gpu
-            .download(&mut v as *mut T as *mut u8, ptr + index * sz, sz)?;
-        Ok(v)
+    pub(crate) fn read<T: bytemuck::Pod>(
+        &self,
+        buf: Option<D::Buffer>,
+        index: u64,
+    ) -> Result<T, PluginError> {
+        let mut v = [T::zeroed()];
+        self.read_into(buf, index, &mut v)?;
+        Ok(v[0])
     }
 
     /// Launch the kernel `name` once on a grid of `dim0` threads along
-    /// dimension 0 and `ny`, `nz` along 1 and 2.
+    /// dimension 0 and `ny`, `nz` along 1 and 2, and wait for it.
     pub(crate) fn launch(
         &self,
         name: &'static str,
         dim0: u64,
         ny: usize,
         nz: usize,
-        params: &[P],
+        params: &[Param<D::Buffer>],
     ) -> Result<(), PluginError> {
         if dim0 == 0 || ny == 0 || nz == 0 {
             return Ok(());
@@ -145,29 +172,20 @@ impl<'c> Call<'c> {
                 self.kernel
             ))
         })?;
-        let mut slots: Vec<u64> = params
-            .iter()
-            .map(|p| match *p {
-                P::I64(v) => v as u64,
-                P::I32(v) => u64::from(v as u32),
-                P::F64(v) => v.to_bits(),
-                P::Ptr(v) => v,
-            })
-            .collect();
-        let mut ptrs: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
         let f = self.c.function(name)?;
+        let grid = Grid {
+            blocks: (gx, ny as u32, nz as u32),
+            threads: BLOCK,
+        };
         // SAFETY: `params` follow the kernel's prototype in kernels.h (each
-        // call site below lists them in order); every device address is a
-        // live pool buffer checked to be large enough; the launch is
-        // synchronous, so `slots` outlives it.
-        unsafe {
-            self.c
-                .gpu
-                .launch(name, f, (gx, ny as u32, nz as u32), BLOCK, &mut ptrs)
-        }
+        // call site in `entries` lists them in order); every buffer among
+        // them is a live pool buffer checked to be large enough; we wait for
+        // the kernel below, before any of them can be freed.
+        unsafe { self.c.driver.launch(name, f, grid, params)? };
+        self.c
+            .driver
+            .synchronize()
+            .map_err(|e| PluginError::new(e.status, format!("kernel {name}: {}", e.message)))
     }
 
     /// Launch a per-sample kernel over `n_det` detectors and `iv`, split as
@@ -180,7 +198,7 @@ impl<'c> Call<'c> {
         iv: &[Interval],
         split_det: bool,
         split_iv: bool,
-        params: impl Fn(i64, i64, i64, i64) -> Vec<P>,
+        params: impl Fn(i64, i64, i64, i64) -> Vec<Param<D::Buffer>>,
     ) -> Result<(), PluginError> {
         let len = |r: std::ops::Range<usize>| {
             iv[r]

@@ -1,8 +1,6 @@
-//! Device buffers: a handle table over a size-class memory pool.
-//!
-//! This file is compiled into both `backend-cuda` and `backend-hip` (each
-//! includes it with `#[path]`); the backend's name and handle tag come from
-//! that crate's root (`crate::BACKEND_NAME`, `crate::HANDLE_TAG`).
+//! Device buffers: a handle table over a size-class memory pool, generic
+//! over the buffer type of a [`Driver`]; the backend's name
+//! and handle tag are the driver's `NAME` and `HANDLE_TAG`.
 //!
 //! # Handles
 //!
@@ -14,7 +12,8 @@
 //!
 //! # The pool
 //!
-//! The drivers' allocation calls (`cuMemAlloc`/`cuMemFree`, `hipMalloc`/`hipFree`) synchronise the device and cost tens of
+//! The drivers' allocation calls (`cuMemAlloc`/`cuMemFree`,
+//! `hipMalloc`/`hipFree`) synchronise the device and cost tens of
 //! microseconds; TOAST's OpenMP-offload port needed a pool for the same
 //! reason. A request is rounded up to a size class (at least 256 bytes,
 //! then powers of two up to 64 MiB, then multiples of 2 MiB) and served
@@ -26,49 +25,73 @@
 //! naming the buffer, its size and what is live. Every buffer is zeroed on
 //! allocation, as the CPU backend's are.
 
+use crate::driver::{AllocError, Driver};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use toast_accel::abi;
 use toast_accel::plugin::PluginError;
 
-pub(crate) use crate::HANDLE_TAG;
-const BACKEND: &str = crate::BACKEND_NAME;
-
-/// What the pool needs from the device.
+/// What the pool needs from the device: a narrower view of [`Driver`]
+/// (every driver is one), which the tests implement with a fake device.
 pub(crate) trait DeviceAlloc {
-    /// Allocate `bytes`; `Err((out_of_memory, message))` on failure.
-    fn raw_alloc(&self, bytes: u64) -> Result<u64, (bool, String)>;
+    /// A device allocation.
+    type Buffer: Copy;
+    /// Allocate `bytes` bytes.
+    fn raw_alloc(&self, bytes: u64) -> Result<Self::Buffer, AllocError>;
     /// Release a block of `raw_alloc`.
-    fn raw_free(&self, ptr: u64);
-    /// Zero `bytes` bytes at device address `ptr`.
-    fn raw_zero(&self, ptr: u64, bytes: u64) -> Result<(), PluginError>;
+    ///
+    /// # Safety
+    /// `buf` came from `raw_alloc` and is released once.
+    unsafe fn raw_free(&self, buf: Self::Buffer);
+    /// Zero the first `bytes` bytes of `buf`.
+    ///
+    /// # Safety
+    /// `buf` is a live block of at least `bytes` bytes.
+    unsafe fn raw_zero(&self, buf: Self::Buffer, bytes: u64) -> Result<(), PluginError>;
+}
+
+impl<D: Driver> DeviceAlloc for D {
+    type Buffer = D::Buffer;
+    fn raw_alloc(&self, bytes: u64) -> Result<D::Buffer, AllocError> {
+        self.alloc(bytes)
+    }
+    unsafe fn raw_free(&self, buf: D::Buffer) {
+        // SAFETY: the caller's contract is `Driver::free`'s.
+        unsafe { self.free(buf) }
+    }
+    unsafe fn raw_zero(&self, buf: D::Buffer, bytes: u64) -> Result<(), PluginError> {
+        // SAFETY: the caller's contract is `Driver::zero`'s at offset 0.
+        unsafe { self.zero(buf, 0, bytes) }
+    }
 }
 
 #[derive(Debug)]
-struct Block {
-    ptr: u64,
+struct Block<B> {
+    buf: B,
     bytes: u64,
     class: u64,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
+#[derive(Debug)]
+struct Inner<B> {
     next: u64,
-    live: HashMap<u64, Block>,
+    live: HashMap<u64, Block<B>>,
     live_bytes: u64,
-    free: BTreeMap<u64, Vec<u64>>,
+    free: BTreeMap<u64, Vec<B>>,
     cached_bytes: u64,
 }
 
-/// The handle table and the pool.
+/// The handle table and the pool of one backend.
 #[derive(Debug)]
-pub(crate) struct Memory {
-    inner: Mutex<Inner>,
+pub struct Memory<B> {
+    inner: Mutex<Inner<B>>,
+    backend: &'static str,
+    tag: u64,
     cache_cap: u64,
 }
 
 /// The size class of a request of `bytes`.
-pub(crate) fn size_class(bytes: u64) -> u64 {
+pub fn size_class(bytes: u64) -> u64 {
     const MIN: u64 = 256;
     const POW2_MAX: u64 = 64 << 20;
     const STEP: u64 = 2 << 20;
@@ -81,134 +104,157 @@ pub(crate) fn size_class(bytes: u64) -> u64 {
     }
 }
 
-fn unknown(handle: u64) -> PluginError {
-    PluginError::invalid_handle(format!(
-        "buffer handle 0x{handle:x} is not a live buffer of the {BACKEND} backend (never allocated here, or already freed)"
-    ))
-}
-
-impl Memory {
-    /// A pool that caches at most `cache_cap` bytes of freed blocks.
-    pub(crate) fn new(cache_cap: u64) -> Self {
+impl<B: Copy> Memory<B> {
+    /// An empty table of the backend `backend`, whose handles carry `tag`,
+    /// caching at most `cache_cap` bytes of freed blocks.
+    pub(crate) fn new(backend: &'static str, tag: u64, cache_cap: u64) -> Self {
         Memory {
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                next: 0,
+                live: HashMap::new(),
+                live_bytes: 0,
+                free: BTreeMap::new(),
+                cached_bytes: 0,
+            }),
+            backend,
+            tag,
             cache_cap,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<B>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unknown(&self, handle: u64) -> PluginError {
+        PluginError::invalid_handle(format!(
+            "buffer handle 0x{handle:x} is not a live buffer of the {} backend (never allocated here, or already freed)",
+            self.backend
+        ))
     }
 
     /// Allocate a zeroed buffer of `bytes` bytes named `name`.
     pub(crate) fn alloc(
         &self,
-        dev: &impl DeviceAlloc,
+        dev: &impl DeviceAlloc<Buffer = B>,
         bytes: u64,
         name: &str,
     ) -> Result<u64, PluginError> {
+        let backend = self.backend;
         let class = size_class(bytes);
         let mut g = self.lock();
         let reused = g.free.get_mut(&class).and_then(Vec::pop);
-        let ptr = match reused {
-            Some(p) => {
+        let buf = match reused {
+            Some(b) => {
                 g.cached_bytes -= class;
-                p
+                b
             }
-            None => {
-                match dev.raw_alloc(class) {
-                    Ok(p) => p,
-                    Err((true, _)) => {
-                        // Give the cached blocks back to the driver and retry once.
-                        for (_, ptrs) in std::mem::take(&mut g.free) {
-                            for p in ptrs {
-                                dev.raw_free(p);
-                            }
+            None => match dev.raw_alloc(class) {
+                Ok(b) => b,
+                Err(AllocError::OutOfMemory(_)) => {
+                    // Give the cached blocks back to the driver and retry once.
+                    for (_, bufs) in std::mem::take(&mut g.free) {
+                        for b in bufs {
+                            // SAFETY: a cached block of `raw_alloc`, in no
+                            // list any more: released once.
+                            unsafe { dev.raw_free(b) };
                         }
-                        g.cached_bytes = 0;
-                        dev.raw_alloc(class).map_err(|(oom, msg)| {
+                    }
+                    g.cached_bytes = 0;
+                    dev.raw_alloc(class).map_err(|e| {
+                        let status = match e {
+                            AllocError::OutOfMemory(_) => abi::ERR_OUT_OF_MEMORY,
+                            AllocError::Failed(_) => abi::ERR_DEVICE,
+                        };
                         PluginError::new(
-                            if oom { abi::ERR_OUT_OF_MEMORY } else { abi::ERR_DEVICE },
+                            status,
                             format!(
-                                "{BACKEND}: cannot allocate {bytes} bytes for buffer `{name}`: {msg} ({} bytes live in {} buffers)",
+                                "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: {} ({} bytes live in {} buffers)",
+                                e.message(),
                                 g.live_bytes,
                                 g.live.len()
                             ),
                         )
                     })?
-                    }
-                    Err((false, msg)) => {
-                        return Err(PluginError::new(
-                            abi::ERR_DEVICE,
-                            format!(
-                            "{BACKEND}: cannot allocate {bytes} bytes for buffer `{name}`: {msg}"
-                        ),
-                        ))
-                    }
                 }
-            }
+                Err(AllocError::Failed(msg)) => {
+                    return Err(PluginError::new(
+                        abi::ERR_DEVICE,
+                        format!(
+                            "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: {msg}"
+                        ),
+                    ))
+                }
+            },
         };
-        if let Err(e) = dev.raw_zero(ptr, class) {
-            dev.raw_free(ptr);
+        // SAFETY: `buf` is a block of `class` bytes that no handle names.
+        if let Err(e) = unsafe { dev.raw_zero(buf, class) } {
+            // SAFETY: as above; it is released once, here.
+            unsafe { dev.raw_free(buf) };
             return Err(e);
         }
         g.next += 1;
-        let handle = HANDLE_TAG | g.next;
+        let handle = self.tag | g.next;
         g.live_bytes += bytes;
-        g.live.insert(handle, Block { ptr, bytes, class });
+        g.live.insert(handle, Block { buf, bytes, class });
         Ok(handle)
     }
 
     /// Return a buffer to the pool.
-    pub(crate) fn free(&self, dev: &impl DeviceAlloc, handle: u64) -> Result<(), PluginError> {
+    pub(crate) fn free(
+        &self,
+        dev: &impl DeviceAlloc<Buffer = B>,
+        handle: u64,
+    ) -> Result<(), PluginError> {
         let mut g = self.lock();
-        let b = g.live.remove(&handle).ok_or_else(|| unknown(handle))?;
+        let b = g.live.remove(&handle).ok_or_else(|| self.unknown(handle))?;
         g.live_bytes -= b.bytes;
         if g.cached_bytes + b.class <= self.cache_cap {
             g.cached_bytes += b.class;
-            g.free.entry(b.class).or_default().push(b.ptr);
+            g.free.entry(b.class).or_default().push(b.buf);
         } else {
-            dev.raw_free(b.ptr);
+            // SAFETY: the block of a handle just removed from the table.
+            unsafe { dev.raw_free(b.buf) };
         }
         Ok(())
     }
 
-    /// The device address of `[offset, offset + bytes)` of a live buffer.
+    /// The buffer and offset of `[offset, offset + bytes)` of a live buffer.
     pub(crate) fn range(
         &self,
         op: &str,
         handle: u64,
         offset: u64,
         bytes: u64,
-    ) -> Result<u64, PluginError> {
+    ) -> Result<(B, u64), PluginError> {
         let g = self.lock();
-        let b = g.live.get(&handle).ok_or_else(|| unknown(handle))?;
+        let b = g.live.get(&handle).ok_or_else(|| self.unknown(handle))?;
         if offset.checked_add(bytes).is_none_or(|end| end > b.bytes) {
             return Err(PluginError::invalid(format!(
                 "{op}: range of {bytes} bytes at offset {offset} is outside buffer 0x{handle:x} of {} bytes",
                 b.bytes
             )));
         }
-        Ok(b.ptr + offset)
+        Ok((b.buf, offset))
     }
 
-    /// The device address of a kernel array argument of `len` elements of
-    /// `elem` bytes (0 when the array is absent, `len == 0`).
+    /// The buffer of a kernel array argument of `len` elements of `elem`
+    /// bytes (`None` when the array is absent, `len == 0`).
     pub(crate) fn array(
         &self,
         kernel: &str,
         arg: &str,
         a: abi::Array,
         elem: u64,
-    ) -> Result<u64, PluginError> {
+    ) -> Result<Option<B>, PluginError> {
         if a.len == 0 {
-            return Ok(0);
+            return Ok(None);
         }
         let g = self.lock();
         let b = g.live.get(&a.ptr).ok_or_else(|| {
             PluginError::invalid_handle(format!(
-                "{kernel}: array `{arg}`: buffer handle 0x{:x} is not a live buffer of the {BACKEND} backend (never allocated here, or already freed)",
-                a.ptr
+                "{kernel}: array `{arg}`: buffer handle 0x{:x} is not a live buffer of the {} backend (never allocated here, or already freed)",
+                a.ptr, self.backend
             ))
         })?;
         let need = a.len.saturating_mul(elem);
@@ -218,18 +264,21 @@ impl Memory {
                 a.len, b.bytes
             )));
         }
-        Ok(b.ptr)
+        Ok(Some(b.buf))
     }
 
     /// Release every block, live or cached (at shutdown).
-    pub(crate) fn release_all(&self, dev: &impl DeviceAlloc) {
+    pub(crate) fn release_all(&self, dev: &impl DeviceAlloc<Buffer = B>) {
         let mut g = self.lock();
         for (_, b) in g.live.drain() {
-            dev.raw_free(b.ptr);
+            // SAFETY: the host is shutting the backend down: no handle is
+            // used after this, and each block is released once.
+            unsafe { dev.raw_free(b.buf) };
         }
-        for (_, ptrs) in std::mem::take(&mut g.free) {
-            for p in ptrs {
-                dev.raw_free(p);
+        for (_, bufs) in std::mem::take(&mut g.free) {
+            for b in bufs {
+                // SAFETY: a cached block, released once.
+                unsafe { dev.raw_free(b) };
             }
         }
         g.live_bytes = 0;
@@ -250,9 +299,10 @@ mod tests {
         sizes: RefCell<HashMap<u64, u64>>,
     }
     impl DeviceAlloc for Fake {
-        fn raw_alloc(&self, bytes: u64) -> Result<u64, (bool, String)> {
+        type Buffer = u64;
+        fn raw_alloc(&self, bytes: u64) -> Result<u64, AllocError> {
             if *self.used.borrow() + bytes > self.budget {
-                return Err((true, "out of memory".into()));
+                return Err(AllocError::OutOfMemory("out of memory".into()));
             }
             *self.used.borrow_mut() += bytes;
             let mut n = self.next.borrow_mut();
@@ -260,11 +310,11 @@ mod tests {
             self.sizes.borrow_mut().insert(*n, bytes);
             Ok(*n)
         }
-        fn raw_free(&self, ptr: u64) {
+        unsafe fn raw_free(&self, ptr: u64) {
             let b = self.sizes.borrow_mut().remove(&ptr).unwrap();
             *self.used.borrow_mut() -= b;
         }
-        fn raw_zero(&self, _ptr: u64, _bytes: u64) -> Result<(), PluginError> {
+        unsafe fn raw_zero(&self, _ptr: u64, _bytes: u64) -> Result<(), PluginError> {
             Ok(())
         }
     }
@@ -277,6 +327,8 @@ mod tests {
         }
     }
 
+    const TAG: u64 = 0xC0DA_u64 << 48;
+
     #[test]
     fn classes() {
         assert_eq!(size_class(0), 256);
@@ -288,7 +340,7 @@ mod tests {
     #[test]
     fn reuse_and_handles() {
         let d = fake(1 << 20);
-        let m = Memory::new(1 << 20);
+        let m = Memory::new("test", TAG, 1 << 20);
         let h = m.alloc(&d, 1000, "a").unwrap();
         let p = m.range("t", h, 0, 1000).unwrap();
         assert!(m.range("t", h, 1, 1000).is_err());
@@ -300,6 +352,7 @@ mod tests {
         );
         let h2 = m.alloc(&d, 900, "b").unwrap();
         assert_ne!(h, h2, "handles are never reused");
+        assert_eq!(h2 & !((1 << 48) - 1), TAG, "handles carry the tag");
         assert_eq!(
             m.range("t", h2, 0, 0).unwrap(),
             p,
@@ -312,7 +365,7 @@ mod tests {
     #[test]
     fn out_of_memory_names_buffer() {
         let d = fake(4096);
-        let m = Memory::new(1 << 20);
+        let m = Memory::new("test", TAG, 1 << 20);
         let a = m.alloc(&d, 2048, "a").unwrap();
         m.free(&d, a).unwrap();
         // The cached 2048-byte block is released to make room.

@@ -1,0 +1,204 @@
+//! What `init` creates and every call receives as `ctx`: the driver, the
+//! host's log callback, the buffer table and the compiled module.
+
+use crate::driver::Driver;
+use crate::memory::Memory;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+use toast_accel::abi::{self, HostApi, LogFn};
+use toast_accel::device_source as ds;
+use toast_accel::plugin::PluginError;
+use toast_accel::rtc;
+
+/// The host's log callback and its user pointer.
+#[derive(Debug)]
+struct HostLog {
+    log: LogFn,
+    user: *mut c_void,
+}
+
+// SAFETY: `user` is the host's pointer, which the ABI lets any thread pass
+// back to its callback; the callback itself is a plain function pointer.
+unsafe impl Send for HostLog {}
+// SAFETY: as for `Send`: the ABI allows the callback from any thread, and
+// `HostLog` is never mutated after `init`.
+unsafe impl Sync for HostLog {}
+
+/// The backend context of one `init`: a [`Driver`] and what every backend
+/// keeps beside it. The `ctx` pointer `init` hands the host is a boxed
+/// `Context<D>`; `shutdown` drops it, which releases every buffer.
+#[derive(Debug)]
+pub struct Context<D: Driver> {
+    log: HostLog,
+    pub(crate) driver: D,
+    pub(crate) memory: Memory<D::Buffer>,
+    /// The kernels of the compiled module, built on first use.
+    module: Mutex<Option<HashMap<&'static str, D::Kernel>>>,
+}
+
+/// The log callback and the options of the host API at `host`.
+///
+/// # Safety
+/// `host` is null or points to a `HostApi` of at least `host.size` bytes
+/// whose `options` is null or NUL-terminated.
+unsafe fn read_host(host: *const HostApi) -> (HostLog, String) {
+    let mut log = HostLog {
+        log: None,
+        user: std::ptr::null_mut(),
+    };
+    let mut options = String::new();
+    if !host.is_null() {
+        // SAFETY: non-null; the host passes a valid struct. Read the size first.
+        let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
+        if size >= std::mem::size_of::<HostApi>() {
+            // SAFETY: the whole struct is present.
+            let h = unsafe { &*host };
+            log = HostLog {
+                log: h.log,
+                user: h.log_user,
+            };
+            if !h.options.is_null() {
+                // SAFETY: NUL-terminated by the ABI.
+                options = unsafe { CStr::from_ptr(h.options) }
+                    .to_string_lossy()
+                    .into_owned();
+            }
+        }
+    }
+    (log, options)
+}
+
+impl<D: Driver> Context<D> {
+    /// Read the host API and the options, open the device and build the
+    /// context. The device is the driver's default, else the one
+    /// `D::DEVICE_ENV` names, else the one the option `device=…` names;
+    /// other options are logged as ignored.
+    ///
+    /// # Safety
+    /// `host` is null or points to a `HostApi` of at least `host.size`
+    /// bytes whose `options` is null or NUL-terminated.
+    pub unsafe fn new(host: *const HostApi) -> Result<Self, PluginError> {
+        // SAFETY: the caller's contract.
+        let (log, options) = unsafe { read_host(host) };
+        let mut device = D::DeviceId::default();
+        if let Ok(v) = std::env::var(D::DEVICE_ENV) {
+            if !v.trim().is_empty() {
+                device = D::parse_device(&v, &format!("environment variable {}", D::DEVICE_ENV))?;
+            }
+        }
+        let mut unknown = Vec::new();
+        for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = item.split_once('=').unwrap_or((item, ""));
+            match k.trim() {
+                "device" => device = D::parse_device(v, "option device")?,
+                other => unknown.push(other.to_string()),
+            }
+        }
+        let driver = D::open(device)?;
+        let ctx = Context {
+            log,
+            memory: Memory::new(D::NAME, D::HANDLE_TAG, driver.total_memory() / 4),
+            driver,
+            module: Mutex::new(None),
+        };
+        for k in unknown {
+            ctx.log(
+                abi::LOG_WARN,
+                &format!("{} backend: unknown option `{k}` ignored", D::NAME),
+            );
+        }
+        ctx.log(abi::LOG_DEBUG, &ctx.driver.summary());
+        Ok(ctx)
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    /// The kernel `name` of the device module, compiling (or loading from
+    /// the disk cache) the shared source on first use.
+    pub(crate) fn function(&self, name: &str) -> Result<D::Kernel, PluginError> {
+        let mut m = self.module.lock().unwrap_or_else(|e| e.into_inner());
+        let module = match &mut *m {
+            Some(module) => module,
+            empty => empty.insert(self.build_module()?),
+        };
+        module.get(name).copied().ok_or_else(|| {
+            PluginError::new(
+                abi::ERR_INTERNAL,
+                format!("{}: kernel {name} is not in the device source", D::NAME),
+            )
+        })
+    }
+
+    /// Compile the shared source (or read it from the disk cache) and load
+    /// it.
+    fn build_module(&self) -> Result<HashMap<&'static str, D::Kernel>, PluginError> {
+        let name = D::NAME;
+        let source = ds::source(D::TARGET);
+        let hash = format!("{:016x}", ds::source_hash(D::TARGET));
+        let file = self.driver.cache_file(&hash);
+        let cached = file
+            .as_deref()
+            .and_then(|f| rtc::cache_read(f).map(|c| (f, c)));
+        let image = match cached {
+            Some((file, code)) => {
+                self.log(
+                    abi::LOG_DEBUG,
+                    &format!("{name}: device code from the cache ({file})"),
+                );
+                code
+            }
+            None => {
+                let c = self.driver.compile(&source).map_err(|e| {
+                    let kernel = rtc::kernel_at_error(&source, &e.log);
+                    PluginError::new(abi::ERR_COMPILE, format!("{name}: kernel {kernel}: {e}"))
+                })?;
+                if !c.log.trim().is_empty() {
+                    self.log(
+                        abi::LOG_WARN,
+                        &format!(
+                            "{name}: {} log for {}:\n{}",
+                            D::COMPILER,
+                            self.driver.arch(),
+                            c.log
+                        ),
+                    );
+                }
+                if let Some(file) = &file {
+                    rtc::cache_write(file, &c.code);
+                }
+                c.code
+            }
+        };
+        let kernels = self.driver.load_module(&image, &ds::KERNEL_NAMES)?;
+        Ok(ds::KERNEL_NAMES.iter().copied().zip(kernels).collect())
+    }
+
+    /// Send a message to the host's log callback, if any.
+    pub fn log(&self, level: i32, msg: &str) {
+        if let Some(f) = self.log.log {
+            // SAFETY: the host's callback takes `len` bytes at `msg` and the
+            // user pointer it gave us.
+            unsafe {
+                f(
+                    self.log.user,
+                    level,
+                    msg.as_ptr() as *const c_char,
+                    msg.len(),
+                )
+            };
+        }
+    }
+}
+
+impl<D: Driver> Drop for Context<D> {
+    fn drop(&mut self) {
+        if self.driver.bind().is_ok() {
+            let _ = self.driver.synchronize();
+            self.memory.release_all(&self.driver);
+        }
+    }
+}

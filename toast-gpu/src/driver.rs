@@ -1,0 +1,273 @@
+//! The interface between the generic code of this crate and one GPU API:
+//! the [`Driver`] trait and the small types its methods take.
+
+use std::ffi::c_void;
+use std::fmt;
+use toast_accel::device_source::Target;
+use toast_accel::plugin::PluginError;
+use toast_accel::rtc::{CompileError, Compiled};
+
+/// One device opened through one GPU API: what a backend supplies.
+///
+/// The implementing type is the backend's device context (the driver's
+/// handles, the device it opened, its stream or queue, its run-time
+/// compiler). [`Context`](crate::context::Context) wraps it with everything
+/// that is the same for every API: the host's log callback and options, the
+/// buffer pool and handle table, and the compiled module.
+///
+/// # Errors
+///
+/// Every fallible method converts the API's own error codes into the
+/// ABI's typed error, [`PluginError`] (a status and a message), with the
+/// status the ABI documents: `ERR_UNAVAILABLE` from [`open`](Self::open)
+/// when the library, the driver or the device is missing, `ERR_COMPILE`
+/// when [`load_module`](Self::load_module) rejects the compiled code,
+/// `ERR_DEVICE` for a failing driver call, `ERR_INVALID_ARGUMENT` for a bad
+/// device selection. Messages start with the backend's [`NAME`](Self::NAME)
+/// (`"cuda: cuMemcpyHtoDAsync …"`). Allocation alone returns an
+/// [`AllocError`], so that the pool can tell running out of memory (it then
+/// releases its cached blocks and retries) from any other failure.
+///
+/// # Synchronisation
+///
+/// Copies and fills return once they are complete (host memory is only
+/// borrowed for the call). [`launch`](Self::launch) may return as soon as
+/// the kernel is queued: the generic code calls
+/// [`synchronize`](Self::synchronize) after every launch, so that a fault is
+/// reported by the call that caused it.
+pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
+    /// The backend's name: the plugin's name and the prefix of its messages.
+    const NAME: &'static str;
+    /// High bits of every buffer handle of this backend (see
+    /// [`memory`](crate::memory)); distinct per backend, and above 2^47 so
+    /// that no host address (the CPU backend's handles) can match.
+    const HANDLE_TAG: u64;
+    /// The dialect of the shared device source this backend compiles.
+    const TARGET: Target;
+    /// The environment variable that selects the device (`TOAST_CUDA_DEVICE`);
+    /// the plugin option `device=…` overrides it.
+    const DEVICE_ENV: &'static str;
+    /// The run-time compiler's name, in messages (`"NVRTC"`).
+    const COMPILER: &'static str;
+
+    /// How a device is selected: an ordinal on CUDA and HIP. The default is
+    /// the device used when neither the environment nor an option names one.
+    type DeviceId: Default;
+    /// A device allocation: a device address on CUDA and HIP, a memory
+    /// object on OpenCL. Offsets into it are passed beside it.
+    type Buffer: Copy + Eq + fmt::Debug + Send + Sync;
+    /// One kernel of the loaded module, ready to launch.
+    type Kernel: Copy + fmt::Debug + Send + Sync;
+
+    /// Parse a device selection; `what` names where it came from (for the
+    /// message of an `ERR_INVALID_ARGUMENT`).
+    fn parse_device(text: &str, what: &str) -> Result<Self::DeviceId, PluginError>;
+
+    /// Load the API at run time, open `device` and create its stream.
+    fn open(device: Self::DeviceId) -> Result<Self, PluginError>;
+
+    /// The line `init` logs at debug level: version, device, compiler.
+    fn summary(&self) -> String;
+
+    /// Make the device current on the calling thread (every entry point
+    /// calls this first).
+    fn bind(&self) -> Result<(), PluginError>;
+
+    /// The device's name, e.g. `NVIDIA A100-SXM4-40GB`.
+    fn device_name(&self) -> &str;
+    /// The architecture the source is compiled for, e.g. `sm_80`, `gfx90a`.
+    fn arch(&self) -> &str;
+    /// Total device memory in bytes (the pool caches at most a quarter).
+    fn total_memory(&self) -> u64;
+    /// Free and total device memory now, in bytes.
+    fn mem_info(&self) -> (u64, u64);
+    /// Compute units (SMs, CUs) for `device_info`; 0 when unknown.
+    fn compute_units(&self) -> u32;
+
+    /// Allocate `bytes` bytes of device memory (contents unspecified).
+    fn alloc(&self, bytes: u64) -> Result<Self::Buffer, AllocError>;
+
+    /// Release a buffer.
+    ///
+    /// # Safety
+    /// `buf` came from [`alloc`](Self::alloc) on this driver and is released
+    /// once; no queued work uses it.
+    unsafe fn free(&self, buf: Self::Buffer);
+
+    /// Copy `src` to `buf` at byte `offset`; returns once the copy is done.
+    ///
+    /// # Safety
+    /// `buf` is a live buffer of at least `offset + src.len()` bytes.
+    unsafe fn upload(&self, buf: Self::Buffer, offset: u64, src: &[u8]) -> Result<(), PluginError>;
+
+    /// Copy `dst.len()` bytes of `buf` at byte `offset` to `dst`; returns
+    /// once the copy is done.
+    ///
+    /// # Safety
+    /// `buf` is a live buffer of at least `offset + dst.len()` bytes.
+    unsafe fn download(
+        &self,
+        buf: Self::Buffer,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), PluginError>;
+
+    /// Set `bytes` bytes of `buf` at byte `offset` to zero; returns once done.
+    ///
+    /// # Safety
+    /// `buf` is a live buffer of at least `offset + bytes` bytes.
+    unsafe fn zero(&self, buf: Self::Buffer, offset: u64, bytes: u64) -> Result<(), PluginError>;
+
+    /// Wait for everything queued on the device.
+    fn synchronize(&self) -> Result<(), PluginError>;
+
+    /// The file name of the compiled code of the source whose hash is
+    /// `source_hash` in the disk cache (`toast_accel::rtc::cache_read`),
+    /// naming everything the code depends on (architecture, compiler
+    /// version); `None` when this driver caches nothing.
+    fn cache_file(&self, source_hash: &str) -> Option<String>;
+
+    /// Compile the device source for this device.
+    fn compile(&self, source: &str) -> Result<Compiled, CompileError>;
+
+    /// Load compiled code and look up the kernels `names`, in that order.
+    fn load_module(
+        &self,
+        image: &[u8],
+        names: &[&'static str],
+    ) -> Result<Vec<Self::Kernel>, PluginError>;
+
+    /// Queue `kernel` (called `name`, for messages) on `grid` with
+    /// `params`.
+    ///
+    /// # Safety
+    /// `params` match the kernel's parameters in number, order and type,
+    /// and every buffer among them is live and large enough for what the
+    /// kernel reads and writes on this grid.
+    unsafe fn launch(
+        &self,
+        name: &str,
+        kernel: Self::Kernel,
+        grid: Grid,
+        params: &[Param<Self::Buffer>],
+    ) -> Result<(), PluginError>;
+}
+
+/// A failed device allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocError {
+    /// The device has not enough free memory; the driver's message.
+    OutOfMemory(String),
+    /// Any other failure; the driver's message.
+    Failed(String),
+}
+
+impl AllocError {
+    /// The driver's message.
+    pub fn message(&self) -> &str {
+        match self {
+            AllocError::OutOfMemory(m) | AllocError::Failed(m) => m,
+        }
+    }
+}
+
+/// The launch grid: `blocks` along dimensions 0, 1, 2, each of `threads`
+/// threads along dimension 0 (one along 1 and 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    /// Blocks (work groups) along each dimension.
+    pub blocks: (u32, u32, u32),
+    /// Threads per block along dimension 0.
+    pub threads: u32,
+}
+
+/// One kernel parameter, as `toast-accel/device/kernels.h` declares it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Param<B> {
+    /// `int64_t`.
+    I64(i64),
+    /// `int32_t`.
+    I32(i32),
+    /// `double`.
+    F64(f64),
+    /// A pointer to device memory: a whole buffer, or `None` for an absent
+    /// array (the kernel never reads it then; passed as a null pointer).
+    Buffer(Option<B>),
+}
+
+/// Kernel parameters laid out for `cuLaunchKernel` and
+/// `hipModuleLaunchKernel`, for drivers whose [`Driver::Buffer`] is a
+/// device address: one 8-byte slot per parameter. An `i32` parameter is read
+/// by the driver from the low four bytes of its slot (little-endian targets
+/// only, as every CUDA and ROCm platform is); an absent buffer is a null
+/// pointer.
+#[derive(Debug, Clone)]
+pub struct ParamSlots {
+    slots: Vec<u64>,
+}
+
+impl ParamSlots {
+    /// The slots of `params`.
+    pub fn new(params: &[Param<u64>]) -> Self {
+        let slots = params
+            .iter()
+            .map(|p| match *p {
+                Param::I64(v) => v as u64,
+                Param::I32(v) => u64::from(v as u32),
+                Param::F64(v) => v.to_bits(),
+                Param::Buffer(b) => b.unwrap_or(0),
+            })
+            .collect();
+        ParamSlots { slots }
+    }
+
+    /// One pointer per slot, the `kernelParams` array of the launch call;
+    /// valid while `self` is alive and not otherwise borrowed.
+    pub fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect()
+    }
+}
+
+/// Parse a device ordinal (a non-negative integer), as CUDA and HIP select
+/// devices; `what` names where it came from.
+pub fn parse_ordinal(text: &str, what: &str) -> Result<i32, PluginError> {
+    text.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|&d| d >= 0)
+        .ok_or_else(|| {
+            PluginError::invalid(format!(
+                "{what}: `{text}` is not a device index (a non-negative integer)"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_and_ordinals() {
+        let mut s = ParamSlots::new(&[
+            Param::I64(-1),
+            Param::I32(-2),
+            Param::F64(1.5),
+            Param::Buffer(Some(0x1000)),
+            Param::Buffer(None),
+        ]);
+        assert_eq!(
+            s.slots,
+            vec![u64::MAX, 0xFFFF_FFFE, 1.5f64.to_bits(), 0x1000, 0]
+        );
+        assert_eq!(s.pointers().len(), 5);
+        assert_eq!(parse_ordinal(" 3 ", "x").unwrap(), 3);
+        let e = parse_ordinal("-1", "option device").unwrap_err();
+        assert_eq!(
+            e.message,
+            "option device: `-1` is not a device index (a non-negative integer)"
+        );
+    }
+}

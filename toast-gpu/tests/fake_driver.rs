@@ -1,0 +1,487 @@
+//! The generic plugin end to end, through the C table that
+//! `export_plugin!` emits, on a fake driver whose "device" is host memory
+//! and which runs one kernel (`toast_noise_weight`) on the host: device
+//! selection and options, the memory entry points and pool, and the launch
+//! planning of a per-sample kernel. Needs no GPU.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+use toast_accel::abi::{self, BackendTable, HostApi, Interval, Intervals, NoiseWeightArgs};
+use toast_accel::device_source::Target;
+use toast_accel::plugin::PluginError;
+use toast_accel::rtc::{CompileError, Compiled};
+use toast_gpu::{AllocError, Context, Driver, Grid, Param};
+
+/// One recorded launch.
+#[derive(Debug, Clone)]
+struct Launch {
+    name: String,
+    grid: Grid,
+}
+
+/// A device made of host memory: buffers are ids into a table of byte
+/// vectors.
+#[derive(Debug, Default)]
+struct Fake {
+    buffers: Mutex<(u64, HashMap<u64, Vec<u8>>)>,
+    launches: Mutex<Vec<Launch>>,
+}
+
+const LIMIT: u64 = 1 << 30;
+
+impl Fake {
+    fn with<R>(&self, buf: u64, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        let mut g = self.buffers.lock().unwrap();
+        f(g.1.get_mut(&buf).expect("a live fake buffer"))
+    }
+
+    /// The elements of a buffer (none for an absent one).
+    fn read<T: bytemuck::Pod>(&self, buf: Option<u64>) -> Vec<T> {
+        buf.map_or_else(Vec::new, |b| self.with(b, |v| pods(v)))
+    }
+}
+
+/// `bytes` as elements of `T` (whatever their alignment).
+fn pods<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    bytes
+        .chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
+}
+
+impl Driver for Fake {
+    const NAME: &'static str = "fake";
+    const HANDLE_TAG: u64 = 0xFA4E_u64 << 48;
+    const TARGET: Target = Target::Cuda;
+    const DEVICE_ENV: &'static str = "TOAST_FAKE_DEVICE";
+    const COMPILER: &'static str = "fakecc";
+
+    type DeviceId = i32;
+    type Buffer = u64;
+    type Kernel = usize;
+
+    fn parse_device(text: &str, what: &str) -> Result<i32, PluginError> {
+        toast_gpu::parse_ordinal(text, what)
+    }
+
+    fn open(device: i32) -> Result<Self, PluginError> {
+        if device != 0 {
+            return Err(PluginError::invalid(format!(
+                "fake: device {device} does not exist (1 device(s))"
+            )));
+        }
+        Ok(Fake::default())
+    }
+
+    fn summary(&self) -> String {
+        "fake backend: host memory".to_string()
+    }
+
+    fn bind(&self) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn device_name(&self) -> &str {
+        "Fake device"
+    }
+
+    fn arch(&self) -> &str {
+        "fake1"
+    }
+
+    fn total_memory(&self) -> u64 {
+        LIMIT
+    }
+
+    fn mem_info(&self) -> (u64, u64) {
+        let used: u64 = self
+            .buffers
+            .lock()
+            .unwrap()
+            .1
+            .values()
+            .map(|v| v.len() as u64)
+            .sum();
+        (LIMIT - used, LIMIT)
+    }
+
+    fn compute_units(&self) -> u32 {
+        4
+    }
+
+    fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {
+        if bytes > LIMIT {
+            return Err(AllocError::OutOfMemory("fake: out of memory".into()));
+        }
+        let mut g = self.buffers.lock().unwrap();
+        g.0 += 1;
+        let id = g.0;
+        // Not zeroed: the pool must zero it.
+        g.1.insert(id, vec![0xAB; bytes as usize]);
+        Ok(id)
+    }
+
+    unsafe fn free(&self, buf: u64) {
+        assert!(self.buffers.lock().unwrap().1.remove(&buf).is_some());
+    }
+
+    unsafe fn upload(&self, buf: u64, offset: u64, src: &[u8]) -> Result<(), PluginError> {
+        let o = offset as usize;
+        self.with(buf, |v| v[o..o + src.len()].copy_from_slice(src));
+        Ok(())
+    }
+
+    unsafe fn download(&self, buf: u64, offset: u64, dst: &mut [u8]) -> Result<(), PluginError> {
+        let o = offset as usize;
+        self.with(buf, |v| dst.copy_from_slice(&v[o..o + dst.len()]));
+        Ok(())
+    }
+
+    unsafe fn zero(&self, buf: u64, offset: u64, bytes: u64) -> Result<(), PluginError> {
+        let (o, n) = (offset as usize, bytes as usize);
+        self.with(buf, |v| v[o..o + n].fill(0));
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn cache_file(&self, _source_hash: &str) -> Option<String> {
+        None
+    }
+
+    fn compile(&self, source: &str) -> Result<Compiled, CompileError> {
+        Ok(Compiled {
+            code: source.as_bytes().to_vec(),
+            kind: "source",
+            log: String::new(),
+        })
+    }
+
+    fn load_module(&self, image: &[u8], names: &[&'static str]) -> Result<Vec<usize>, PluginError> {
+        let source = String::from_utf8_lossy(image);
+        assert!(names.iter().all(|n| source.contains(n)));
+        Ok((0..names.len()).collect())
+    }
+
+    unsafe fn launch(
+        &self,
+        name: &str,
+        _kernel: usize,
+        grid: Grid,
+        params: &[Param<u64>],
+    ) -> Result<(), PluginError> {
+        self.launches.lock().unwrap().push(Launch {
+            name: name.to_string(),
+            grid,
+        });
+        if name != "toast_noise_weight" {
+            return Err(PluginError::unsupported(format!(
+                "fake: {name} does not run here"
+            )));
+        }
+        let int = |i: usize| match params[i] {
+            Param::I64(v) => v,
+            p => panic!("parameter {i} is {p:?}"),
+        };
+        let buf = |i: usize| match params[i] {
+            Param::Buffer(b) => b,
+            p => panic!("parameter {i} is {p:?}"),
+        };
+        let (d0, d1, i0, i1, n_samp) = (int(0), int(1), int(2), int(3), int(4));
+        assert_eq!(grid.blocks.1 as i64, i1 - i0, "grid dimension 1: intervals");
+        assert_eq!(grid.blocks.2 as i64, d1 - d0, "grid dimension 2: detectors");
+        let iv: Vec<i64> = self.read(buf(5));
+        let di: Vec<i32> = self.read(buf(6));
+        let w: Vec<f64> = self.read(buf(7));
+        let threads = u64::from(grid.blocks.0) * u64::from(grid.threads);
+        self.with(buf(8).expect("det_data"), |v| {
+            let mut data: Vec<f64> = pods(v);
+            for det in d0..d1 {
+                for k in i0..i1 {
+                    let (first, last) = (iv[2 * k as usize], iv[2 * k as usize + 1]);
+                    assert!((last - first).max(0) as u64 <= threads);
+                    for s in first..last {
+                        data[(di[det as usize] as i64 * n_samp + s) as usize] *= w[det as usize];
+                    }
+                }
+            }
+            v.copy_from_slice(bytemuck::cast_slice(&data));
+        });
+        Ok(())
+    }
+}
+
+toast_gpu::export_plugin!(
+    driver = Fake,
+    name = "fake",
+    description = "fake backend for the tests of toast-gpu",
+);
+
+fn table() -> &'static BackendTable {
+    // SAFETY: the entry returns a pointer to a static header whose table is static.
+    unsafe { &*(*toast_backend_entry()).table }
+}
+
+fn last_error() -> String {
+    // SAFETY: last_error returns a NUL-terminated thread-local string.
+    unsafe { CStr::from_ptr(table().last_error.unwrap()()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+unsafe extern "C" fn collect_log(user: *mut c_void, _level: i32, msg: *const c_char, len: usize) {
+    // SAFETY: `user` is the `Mutex<Vec<String>>` of `init_with` and `msg`
+    // holds `len` bytes.
+    let (log, msg) = unsafe {
+        (
+            &*(user as *const Mutex<Vec<String>>),
+            std::slice::from_raw_parts(msg as *const u8, len),
+        )
+    };
+    log.lock()
+        .unwrap()
+        .push(String::from_utf8_lossy(msg).into_owned());
+}
+
+/// `init` with `options`, collecting the log into `log`.
+fn init_with(options: &CStr, log: &'static Mutex<Vec<String>>) -> (abi::Status, *mut c_void) {
+    let host = HostApi {
+        size: std::mem::size_of::<HostApi>() as u32,
+        abi_minor: abi::ABI_MINOR,
+        log: Some(collect_log),
+        log_user: log as *const Mutex<Vec<String>> as *mut c_void,
+        options: options.as_ptr(),
+    };
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: a complete host API that outlives the call; valid out pointer.
+    let st = unsafe { table().init.unwrap()(&host, &mut ctx) };
+    (st, ctx)
+}
+
+/// The log of the contexts whose log no test reads.
+static UNREAD_LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn init() -> *mut c_void {
+    let (st, ctx) = init_with(c"", &UNREAD_LOG);
+    assert_eq!(st, abi::OK, "init: {}", last_error());
+    ctx
+}
+
+fn fake<'a>(ctx: *mut c_void) -> &'a Fake {
+    // SAFETY: `init` of this table hands out a boxed `Context<Fake>`, alive
+    // until `shutdown` (each test shuts its context down last).
+    unsafe { &*(ctx as *const Context<Fake>) }.driver()
+}
+
+#[test]
+fn header_and_probe() {
+    // SAFETY: static header.
+    let h = unsafe { &*toast_backend_entry() };
+    assert_eq!(h.magic, abi::MAGIC);
+    assert_eq!(h.flags & abi::FLAG_HOST_ADDRESSABLE, 0);
+    // SAFETY: static NUL-terminated strings.
+    let (name, version) = unsafe { (CStr::from_ptr(h.name), CStr::from_ptr(h.version)) };
+    assert_eq!(name.to_str().unwrap(), "fake");
+    assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    assert!(table().template_offset_apply_diag_precond.is_some());
+    assert_eq!(unavailable_reason(), None);
+}
+
+#[test]
+fn options_select_the_device_and_unknown_ones_are_logged() {
+    static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let (st, ctx) = init_with(c"colour=blue; device=0", &LOG);
+    assert_eq!(st, abi::OK, "init: {}", last_error());
+    let log = LOG.lock().unwrap().clone();
+    assert!(
+        log.iter()
+            .any(|m| m == "fake backend: unknown option `colour` ignored"),
+        "{log:?}"
+    );
+    assert!(log.iter().any(|m| m == "fake backend: host memory"));
+    let mut info = std::mem::MaybeUninit::<abi::DeviceInfo>::uninit();
+    // SAFETY: live context; valid out pointer.
+    unsafe {
+        assert_eq!(
+            table().device_info.unwrap()(ctx, 0, info.as_mut_ptr()),
+            abi::OK
+        );
+        assert_eq!(
+            table().device_info.unwrap()(ctx, 1, info.as_mut_ptr()),
+            abi::ERR_INVALID_ARGUMENT
+        );
+    }
+    // SAFETY: written by the successful call.
+    let info = unsafe { info.assume_init() };
+    // SAFETY: NUL-terminated by device_info.
+    let name = unsafe { CStr::from_ptr(info.name.as_ptr()) };
+    assert_eq!(name.to_str().unwrap(), "Fake device (fake1)");
+    assert_eq!((info.compute_units, info.total_memory), (4, LIMIT));
+    // SAFETY: a live context, shut down once.
+    unsafe { table().shutdown.unwrap()(ctx) };
+
+    let (st, _) = init_with(c"device=1", &UNREAD_LOG);
+    assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
+    assert_eq!(last_error(), "fake: device 1 does not exist (1 device(s))");
+    let (st, _) = init_with(c"device=x", &UNREAD_LOG);
+    assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "option device: `x` is not a device index (a non-negative integer)"
+    );
+}
+
+#[test]
+fn memory_entry_points_and_pool() {
+    let ctx = init();
+    let t = table();
+    let mut h = 0u64;
+    // SAFETY: live context, valid out pointers, host slices of the lengths
+    // given, each call on its own.
+    unsafe {
+        assert_eq!(t.alloc.unwrap()(ctx, 64, c"buf".as_ptr(), &mut h), abi::OK);
+        assert_eq!(h >> 48, 0xFA4E, "handles carry the driver's tag");
+        let mut out = [0xFFu8; 64];
+        assert_eq!(
+            t.copy_to_host.unwrap()(ctx, h, 0, out.as_mut_ptr() as *mut c_void, 64),
+            abi::OK
+        );
+        assert_eq!(out, [0u8; 64], "buffers are zeroed on allocation");
+        let src: Vec<u8> = (1..=16).collect();
+        assert_eq!(
+            t.copy_to_device.unwrap()(ctx, h, 8, src.as_ptr() as *const c_void, 16),
+            abi::OK
+        );
+        assert_eq!(t.reset.unwrap()(ctx, h, 10, 4), abi::OK);
+        assert_eq!(
+            t.copy_to_host.unwrap()(ctx, h, 8, out.as_mut_ptr() as *mut c_void, 16),
+            abi::OK
+        );
+        assert_eq!(
+            out[..16],
+            [1, 2, 0, 0, 0, 0, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+        );
+        assert_eq!(
+            t.copy_to_host.unwrap()(ctx, h, 60, out.as_mut_ptr() as *mut c_void, 8),
+            abi::ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            last_error(),
+            format!(
+                "copy_to_host: range of 8 bytes at offset 60 is outside buffer 0x{h:x} of 64 bytes"
+            )
+        );
+        let blocks = fake(ctx).buffers.lock().unwrap().1.len();
+        assert_eq!(t.free.unwrap()(ctx, h), abi::OK);
+        assert_eq!(
+            fake(ctx).buffers.lock().unwrap().1.len(),
+            blocks,
+            "a freed block stays in the pool"
+        );
+        assert_eq!(t.free.unwrap()(ctx, h), abi::ERR_INVALID_HANDLE);
+        assert_eq!(
+            last_error(),
+            format!("buffer handle 0x{h:x} is not a live buffer of the fake backend (never allocated here, or already freed)")
+        );
+        let mut big = 0u64;
+        assert_eq!(
+            t.alloc.unwrap()(ctx, LIMIT + 1, c"huge".as_ptr(), &mut big),
+            abi::ERR_OUT_OF_MEMORY
+        );
+        assert!(last_error().starts_with(&format!(
+            "fake: cannot allocate {} bytes for buffer `huge`: fake: out of memory",
+            LIMIT + 1
+        )));
+        t.shutdown.unwrap()(ctx);
+    }
+}
+
+/// `noise_weight` on 3 detectors of 10 samples with `data_index` and
+/// intervals; the launches it made and the weighted data.
+fn noise_weight(data_index: &[i32], iv: &[Interval]) -> (Vec<Launch>, Vec<f64>) {
+    let (n_det, n_samp) = (3u64, 10u64);
+    let n_rows = 3u64;
+    let ctx = init();
+    let t = table();
+    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
+    let weights = [2.0, 3.0, 5.0];
+    let mut h = 0u64;
+    let bytes = n_rows * n_samp * 8;
+    let mut out = vec![0f64; data.len()];
+    // SAFETY: live context, valid out pointers and host arrays of the
+    // lengths given.
+    unsafe {
+        assert_eq!(
+            t.alloc.unwrap()(ctx, bytes, c"det_data".as_ptr(), &mut h),
+            abi::OK
+        );
+        assert_eq!(
+            t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
+            abi::OK
+        );
+        let args = NoiseWeightArgs {
+            n_det,
+            n_samp,
+            data_index: data_index.as_ptr(),
+            detector_weights: weights.as_ptr(),
+            intervals: Intervals {
+                ptr: iv.as_ptr(),
+                len: iv.len() as u64,
+            },
+            det_data: abi::Array {
+                ptr: h,
+                len: n_rows * n_samp,
+            },
+        };
+        assert_eq!(
+            t.noise_weight.unwrap()(ctx, &args),
+            abi::OK,
+            "{}",
+            last_error()
+        );
+        assert_eq!(
+            t.copy_to_host.unwrap()(ctx, h, 0, out.as_mut_ptr() as *mut c_void, bytes),
+            abi::OK
+        );
+    }
+    let launches = fake(ctx).launches.lock().unwrap().clone();
+    // SAFETY: a live context, shut down once.
+    unsafe { t.shutdown.unwrap()(ctx) };
+    // The reference: the CPU's loop.
+    let mut want = data;
+    for (det, &row) in data_index.iter().enumerate() {
+        for i in iv {
+            for s in i.first..i.last {
+                want[row as usize * n_samp as usize + s as usize] *= weights[det];
+            }
+        }
+    }
+    assert_eq!(out, want);
+    (launches, out)
+}
+
+#[test]
+fn launch_planning() {
+    let iv = |first, last| Interval { first, last };
+    let grids =
+        |l: &[Launch]| -> Vec<(u32, u32, u32)> { l.iter().map(|l| l.grid.blocks).collect() };
+    // Distinct rows, disjoint intervals: one launch over everything.
+    let (l, _) = noise_weight(&[0, 1, 2], &[iv(0, 4), iv(6, 10)]);
+    assert!(l
+        .iter()
+        .all(|l| l.name == "toast_noise_weight" && l.grid.threads == 128));
+    assert_eq!(grids(&l), vec![(1, 2, 3)]);
+    // Two detectors share a row: one detector per launch.
+    let (l, _) = noise_weight(&[0, 1, 0], &[iv(0, 4), iv(6, 10)]);
+    assert_eq!(grids(&l), vec![(1, 2, 1); 3]);
+    // Overlapping intervals: one interval per launch.
+    let (l, _) = noise_weight(&[2, 1, 0], &[iv(0, 6), iv(4, 10), iv(7, 7)]);
+    assert_eq!(
+        grids(&l),
+        vec![(1, 1, 3), (1, 1, 3)],
+        "empty intervals launch nothing"
+    );
+}
