@@ -10,14 +10,14 @@
 //! it by the runner with the functions here.
 //!
 //! Random inputs come from the project's generator, Threefry-2x64-20
-//! (`toast_ops::noise`, the one TOAST's noise simulation uses): every input
+//! (`toast_ops::math::rng`, the one TOAST's noise simulation uses): every input
 //! array is its own stream ([`Stream`]), and element j of stream s is a
 //! pure function of (seed, s, j), so the workload is the same every run
 //! whatever the order in which its arrays are made.
 
 use toast_accel::abi::{Interval, Intervals};
-use toast_ops::noise::{gaussian, uniform_01, uniform_u64};
-use toast_ops::qarray::{self, Quat, YAXIS, ZAXIS};
+use toast_ops::math::qarray::{self, Quat, YAXIS, ZAXIS};
+use toast_ops::math::rng::{gaussian, uniform_01, uniform_u64};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
