@@ -5,7 +5,7 @@
 //! overlaps another argument (Rust slices must not alias a mutable one).
 
 use toast_accel::abi::Array;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// A kernel array argument: its name, ABI view and element size.
 #[derive(Debug, Clone, Copy)]

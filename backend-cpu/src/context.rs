@@ -3,11 +3,11 @@
 use crate::memory::Registry;
 use std::ffi::{c_char, c_void, CStr};
 use toast_accel::abi::{self, HostApi, LogFn};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// What `init` creates and every call receives as `ctx`.
 #[derive(Debug)]
-pub(crate) struct Ctx {
+pub(crate) struct CpuContext {
     /// A dedicated pool when a thread count was asked for; otherwise the
     /// rayon global pool is used.
     pool: Option<rayon::ThreadPool>,
@@ -16,13 +16,13 @@ pub(crate) struct Ctx {
     pub(crate) registry: Registry,
 }
 
-impl Ctx {
+impl CpuContext {
     /// Parse the host API and options and build the context.
     ///
     /// # Safety
     /// `host` is null or points to a `HostApi` of at least `host.size`
     /// bytes whose `options` is null or NUL-terminated.
-    pub(crate) unsafe fn new(host: *const HostApi) -> Result<Ctx, PluginError> {
+    pub(crate) unsafe fn new(host: *const HostApi) -> Result<CpuContext, PluginError> {
         let mut log: LogFn = None;
         let mut log_user = std::ptr::null_mut();
         let mut options = String::new();
@@ -71,7 +71,7 @@ impl Ctx {
             ),
             _ => None,
         };
-        let ctx = Ctx {
+        let ctx = CpuContext {
             pool,
             log,
             log_user,

@@ -8,7 +8,7 @@
 //! static [`BackendHeader`] (magic, ABI version, table size, the
 //! `FLAG_HOST_ADDRESSABLE` capability, name `cpu`) pointing at a static
 //! [`BackendTable`] with every entry filled. Every exported function runs its
-//! body inside [`toast_accel::plugin::guard`], which catches panics and turns
+//! body inside [`toast_accel::plugin_support::guard`], which catches panics and turns
 //! a failure into a status code plus a thread-local message (`last_error`);
 //! nothing unwinds across the C boundary.
 //!
@@ -83,7 +83,7 @@
 use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
 use toast_accel::check;
-use toast_accel::plugin::{self, guard, PluginError};
+use toast_accel::plugin_support::{self, guard, PluginError};
 
 mod arrays;
 mod context;
@@ -91,7 +91,7 @@ mod kernels;
 mod memory;
 mod par;
 
-use context::Ctx;
+use context::CpuContext;
 
 static NAME: &[u8] = b"cpu\0";
 static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
@@ -143,12 +143,12 @@ pub extern "C" fn toast_backend_entry() -> *const BackendHeader {
 ///
 /// # Safety
 /// `ctx` is null or a pointer `init` returned and `shutdown` has not freed.
-unsafe fn ctx_ref<'a>(ctx: *mut c_void) -> Result<&'a Ctx, PluginError> {
+unsafe fn ctx_ref<'a>(ctx: *mut c_void) -> Result<&'a CpuContext, PluginError> {
     if ctx.is_null() {
         return Err(PluginError::invalid("null backend context"));
     }
-    // SAFETY: by the caller's contract, a live `Ctx` made by `init`.
-    Ok(unsafe { &*(ctx as *const Ctx) })
+    // SAFETY: by the caller's contract, a live `CpuContext` made by `init`.
+    Ok(unsafe { &*(ctx as *const CpuContext) })
 }
 
 /// The argument struct behind a kernel's `args` pointer.
@@ -171,7 +171,7 @@ unsafe extern "C" fn init(host: *const HostApi, ctx: *mut *mut c_void) -> Status
             return Err(PluginError::invalid("init: null ctx out pointer"));
         }
         // SAFETY: the host passes a valid (or null) HostApi.
-        let c = unsafe { Ctx::new(host)? };
+        let c = unsafe { CpuContext::new(host)? };
         // SAFETY: non-null out pointer.
         unsafe { *ctx = Box::into_raw(Box::new(c)) as *mut c_void };
         Ok(())
@@ -183,14 +183,14 @@ unsafe extern "C" fn shutdown(ctx: *mut c_void) {
         if !ctx.is_null() {
             // SAFETY: `ctx` came from `Box::into_raw` in `init` and the host
             // calls shutdown once; dropping it frees its buffers and pool.
-            drop(unsafe { Box::from_raw(ctx as *mut Ctx) });
+            drop(unsafe { Box::from_raw(ctx as *mut CpuContext) });
         }
         Ok(())
     });
 }
 
 unsafe extern "C" fn last_error() -> *const c_char {
-    plugin::last_error_ptr()
+    plugin_support::last_error_ptr()
 }
 
 unsafe extern "C" fn device_count(_ctx: *mut c_void, count: *mut u32) -> Status {

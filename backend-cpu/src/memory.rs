@@ -11,7 +11,7 @@ use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::RwLock;
 use toast_accel::abi;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// Alignment of every buffer (a cache line, and enough for AVX-512 loads).
 pub(crate) const ALIGN: usize = 64;

@@ -9,7 +9,7 @@
 //! two detectors share an output row or intervals overlap.
 
 use rayon::prelude::*;
-use toast_accel::abi::Interval;
+use toast_accel::abi::SampleRange;
 
 /// A data-dependent failure at detector `det`, interval `view`, sample `samp`.
 ///
@@ -76,7 +76,7 @@ pub(crate) fn chunk_len(n_samp: usize) -> usize {
 /// chunks are skipped). The first fault in sequential order is returned.
 ///
 /// `intervals` must have been validated (`0 <= first <= last <= n_samp`).
-pub(crate) fn for_each_chunk<F>(n_samp: usize, intervals: &[Interval], f: F) -> TaskResult
+pub(crate) fn for_each_chunk<F>(n_samp: usize, intervals: &[SampleRange], f: F) -> TaskResult
 where
     F: Fn(&[Seg]) -> TaskResult + Sync + Send,
 {

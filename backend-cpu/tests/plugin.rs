@@ -3,7 +3,7 @@
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::Mutex;
-use toast_accel::abi::{self, Array, BackendTable, Interval, Intervals, Kernel};
+use toast_accel::abi::{self, Array, BackendTable, Kernel, SampleRange, SampleRanges};
 use toast_backend_cpu::toast_backend_entry;
 
 fn header() -> &'static abi::BackendHeader {
@@ -34,10 +34,10 @@ unsafe extern "C" fn log_cb(_user: *mut c_void, level: i32, msg: *const c_char, 
 }
 
 /// An initialised backend context, shut down on drop.
-struct Ctx(*mut c_void);
+struct PluginInstance(*mut c_void);
 
-impl Ctx {
-    fn new(options: &str) -> Result<Ctx, (i32, String)> {
+impl PluginInstance {
+    fn new(options: &str) -> Result<PluginInstance, (i32, String)> {
         let opts = CString::new(options).unwrap();
         let api = abi::HostApi {
             size: std::mem::size_of::<abi::HostApi>() as u32,
@@ -50,14 +50,14 @@ impl Ctx {
         // SAFETY: valid host API and out pointer.
         let s = unsafe { table().init.unwrap()(&api, &mut ctx) };
         if s == abi::OK {
-            Ok(Ctx(ctx))
+            Ok(PluginInstance(ctx))
         } else {
             Err((s, last_error()))
         }
     }
 }
 
-impl Drop for Ctx {
+impl Drop for PluginInstance {
     fn drop(&mut self) {
         // SAFETY: a context from init, shut down once.
         unsafe { table().shutdown.unwrap()(self.0) };
@@ -79,15 +79,15 @@ fn arr_mut<T>(v: &mut [T]) -> Array {
     }
 }
 
-fn ivs(v: &[Interval]) -> Intervals {
-    Intervals {
+fn ivs(v: &[SampleRange]) -> SampleRanges {
+    SampleRanges {
         ptr: v.as_ptr(),
         len: v.len() as u64,
     }
 }
 
-fn iv(first: i64, last: i64) -> Interval {
-    Interval { first, last }
+fn iv(first: i64, last: i64) -> SampleRange {
+    SampleRange { first, last }
 }
 
 /// A small deterministic random generator (xorshift64*).
@@ -136,7 +136,7 @@ fn header_is_complete() {
 
 #[test]
 fn init_logs_a_debug_line_with_the_thread_count() {
-    let _c = Ctx::new("threads=3").unwrap();
+    let _c = PluginInstance::new("threads=3").unwrap();
     let log = LOG.lock().unwrap();
     assert!(
         log.iter()
@@ -147,14 +147,14 @@ fn init_logs_a_debug_line_with_the_thread_count() {
 
 #[test]
 fn init_rejects_a_bad_thread_count() {
-    let (s, msg) = Ctx::new("threads=many").err().unwrap();
+    let (s, msg) = PluginInstance::new("threads=many").err().unwrap();
     assert_eq!(s, abi::ERR_INVALID_ARGUMENT);
     assert!(msg.contains("threads") && msg.contains("many"), "{msg}");
 }
 
 #[test]
 fn device_count_and_info() {
-    let c = Ctx::new("threads=3").unwrap();
+    let c = PluginInstance::new("threads=3").unwrap();
     let t = table();
     let mut n = 0u32;
     // SAFETY: valid ctx and out pointer.
@@ -187,7 +187,7 @@ fn device_count_and_info() {
 // Memory
 // ---------------------------------------------------------------------------
 
-fn alloc(c: &Ctx, bytes: u64, name: &str) -> Result<u64, (i32, String)> {
+fn alloc(c: &PluginInstance, bytes: u64, name: &str) -> Result<u64, (i32, String)> {
     let n = CString::new(name).unwrap();
     let mut h = 0u64;
     // SAFETY: valid ctx, name and out pointer.
@@ -201,7 +201,7 @@ fn alloc(c: &Ctx, bytes: u64, name: &str) -> Result<u64, (i32, String)> {
 
 #[test]
 fn alloc_is_zeroed_aligned_and_copies_round_trip() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let t = table();
     let h = alloc(&c, 1000, "buf").unwrap();
     assert_eq!(h % 64, 0);
@@ -228,7 +228,7 @@ fn alloc_is_zeroed_aligned_and_copies_round_trip() {
 
 #[test]
 fn unknown_handle_is_refused() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     // SAFETY: the plugin validates the handle.
     let s = unsafe { table().free.unwrap()(c.0, 0x3039) };
     assert_eq!(s, abi::ERR_INVALID_HANDLE);
@@ -242,7 +242,7 @@ fn unknown_handle_is_refused() {
 
 #[test]
 fn double_free_is_refused() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let h = alloc(&c, 16, "twice").unwrap();
     // SAFETY: the plugin validates the handle.
     assert_eq!(unsafe { table().free.unwrap()(c.0, h) }, abi::OK);
@@ -260,7 +260,7 @@ fn double_free_is_refused() {
 
 #[test]
 fn copy_outside_the_buffer_is_refused() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let h = alloc(&c, 16, "small").unwrap();
     let src = [0u8; 8];
     // SAFETY: the plugin checks the range before copying.
@@ -275,7 +275,7 @@ fn copy_outside_the_buffer_is_refused() {
 
 #[test]
 fn out_of_memory_names_the_buffer_and_size() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let (s, msg) = alloc(&c, 1 << 62, "huge_map").unwrap_err();
     assert_eq!(s, abi::ERR_OUT_OF_MEMORY);
     assert!(
@@ -293,7 +293,7 @@ fn out_of_memory_names_the_buffer_and_size() {
 /// scan_map inputs: nnz 1, 4 global submaps of 8 pixels, submaps 1 and 3 local.
 struct ScanMap {
     idx: Vec<i32>,
-    iv: Vec<Interval>,
+    iv: Vec<SampleRange>,
     g2l: Vec<i64>,
     map: Vec<f64>,
     pixels: Vec<i64>,
@@ -315,7 +315,7 @@ impl ScanMap {
             n_samp,
         }
     }
-    fn run(&mut self, c: &Ctx) -> (i32, String) {
+    fn run(&mut self, c: &PluginInstance) -> (i32, String) {
         let a = abi::ScanMapArgs {
             n_det: self.idx.len() as u64,
             n_samp: self.n_samp as u64,
@@ -346,7 +346,7 @@ impl ScanMap {
 
 #[test]
 fn scan_map_pixel_beyond_the_map() {
-    let c = Ctx::new("threads=2").unwrap();
+    let c = PluginInstance::new("threads=2").unwrap();
     let mut s = ScanMap::new(2, 100);
     s.pixels[100 + 42] = 32;
     let (st, msg) = s.run(&c);
@@ -363,7 +363,7 @@ fn scan_map_pixel_beyond_the_map() {
 
 #[test]
 fn scan_map_pixel_in_a_submap_that_is_not_local() {
-    let c = Ctx::new("threads=2").unwrap();
+    let c = PluginInstance::new("threads=2").unwrap();
     let mut s = ScanMap::new(2, 100);
     s.pixels[7] = 3;
     let (st, msg) = s.run(&c);
@@ -377,7 +377,7 @@ fn scan_map_pixel_in_a_submap_that_is_not_local() {
 
 #[test]
 fn scan_map_refuses_a_bad_global2local_entry() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let mut s = ScanMap::new(1, 10);
     s.g2l[2] = 5;
     let (st, msg) = s.run(&c);
@@ -393,7 +393,7 @@ fn the_first_fault_in_sequential_order_is_reported() {
     // Faults in several chunks: detector 0 comes before detector 1, and within
     // a detector the earlier sample wins, whatever the threads.
     for threads in [1, 2, 7] {
-        let c = Ctx::new(&format!("threads={threads}")).unwrap();
+        let c = PluginInstance::new(&format!("threads={threads}")).unwrap();
         let n = 300_000;
         let mut s = ScanMap::new(2, n);
         s.pixels[5_000] = 100;
@@ -417,7 +417,7 @@ fn the_first_fault_in_sequential_order_is_reported() {
 
 #[test]
 fn an_output_overlapping_an_input_is_refused() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let mut s = ScanMap::new(1, 16);
     let mut a_weights = std::mem::take(&mut s.weights);
     a_weights.resize(16, 1.0);
@@ -452,7 +452,7 @@ fn an_output_overlapping_an_input_is_refused() {
 
 #[test]
 fn a_misaligned_array_is_refused() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let raw = [0u64; 11];
     let cal = [1.0f64];
     let idx = [0i32];
@@ -476,7 +476,7 @@ fn a_misaligned_array_is_refused() {
 
 /// build_noise_weighted inputs: nnz 1, same map layout as ScanMap.
 fn build_noise_weighted(
-    c: &Ctx,
+    c: &PluginInstance,
     pixels: &[i64],
     det_flags: &[u8],
     n_samp: usize,
@@ -518,7 +518,7 @@ fn build_noise_weighted(
 
 #[test]
 fn build_noise_weighted_pixel_errors_name_detector_and_sample() {
-    let c = Ctx::new("threads=2").unwrap();
+    let c = PluginInstance::new("threads=2").unwrap();
     let mut zmap = vec![0.0; 16];
     let mut pixels = vec![9i64; 2 * 50];
     pixels[50 + 7] = 17; // submap 2: not local
@@ -540,7 +540,7 @@ fn build_noise_weighted_pixel_errors_name_detector_and_sample() {
 
 #[test]
 fn build_noise_weighted_ignores_bad_pixels_of_flagged_samples() {
-    let c = Ctx::new("threads=2").unwrap();
+    let c = PluginInstance::new("threads=2").unwrap();
     let mut zmap = vec![0.0; 16];
     let mut pixels = vec![9i64; 50];
     let mut flags = vec![0u8; 50];
@@ -553,7 +553,7 @@ fn build_noise_weighted_ignores_bad_pixels_of_flagged_samples() {
 
 #[test]
 fn pixels_healpix_non_finite_quaternion_is_an_error() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let mut quats = [0.0, 0.0, 0.0, 1.0].repeat(10);
     quats[4 * 6] = f64::NAN;
     let mut pixels = vec![0i64; 10];
@@ -589,7 +589,7 @@ fn pixels_healpix_non_finite_quaternion_is_an_error() {
 
 #[test]
 fn a_kernel_check_failure_reaches_last_error() {
-    let c = Ctx::new("").unwrap();
+    let c = PluginInstance::new("").unwrap();
     let mut s = ScanMap::new(1, 10);
     s.idx[0] = 4;
     let (st, msg) = s.run(&c);
@@ -609,7 +609,7 @@ fn a_kernel_check_failure_reaches_last_error() {
 struct Workload {
     n_samp: usize,
     rows: Vec<i32>,
-    intervals: Vec<Interval>,
+    intervals: Vec<SampleRange>,
     pixels: Vec<i64>,
     weights: Vec<f64>,
     data: Vec<f64>,
@@ -663,7 +663,7 @@ impl Workload {
 }
 
 fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
-    let c = Ctx::new(&format!("threads={threads}")).unwrap();
+    let c = PluginInstance::new(&format!("threads={threads}")).unwrap();
     let t = table();
     let n = w.n_samp;
     let n_det = w.rows.len();

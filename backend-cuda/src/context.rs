@@ -6,7 +6,7 @@ use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
 use toast_accel::abi;
 use toast_accel::device_source::Target;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::nvrtc::Nvrtc;
 use toast_accel::rtc::{CompileError, Compiled};
 use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};

@@ -5,7 +5,7 @@ use crate::ffi::{self, Hip, HipError};
 use std::ffi::{c_int, c_void, CString};
 use toast_accel::abi;
 use toast_accel::device_source::Target;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::hiprtc::Hiprtc;
 use toast_accel::rtc::{CompileError, Compiled};
 use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use toast_accel::abi::{self, HostApi, LogFn};
 use toast_accel::device_source::{self, Target};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// An OpenCL error code as text.
 pub(crate) fn cl_error(e: ClError) -> String {
@@ -41,7 +41,7 @@ pub(crate) struct Device {
 
 /// What `init` creates and every call receives as `ctx`.
 #[derive(Debug)]
-pub(crate) struct Ctx {
+pub(crate) struct OpenClContext {
     /// Shared by every context of the process on the same device.
     pub(crate) dev: Arc<Device>,
     pub(crate) registry: Registry,
@@ -52,21 +52,21 @@ pub(crate) struct Ctx {
 // SAFETY: the host's log callback and its user pointer may be called from
 // any thread (ABI rule); every other field is Send + Sync (the kernels are
 // behind a mutex).
-unsafe impl Send for Ctx {}
+unsafe impl Send for OpenClContext {}
 // SAFETY: as above.
-unsafe impl Sync for Ctx {}
+unsafe impl Sync for OpenClContext {}
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)
 }
 
-impl Ctx {
+impl OpenClContext {
     /// Parse the host API and options, pick a device and compile the kernels.
     ///
     /// # Safety
     /// `host` is null or points to a `HostApi` of at least `host.size`
     /// bytes whose `options` is null or NUL-terminated.
-    pub(crate) unsafe fn new(host: *const HostApi) -> Result<Ctx, PluginError> {
+    pub(crate) unsafe fn new(host: *const HostApi) -> Result<OpenClContext, PluginError> {
         let mut log: LogFn = None;
         let mut log_user = std::ptr::null_mut();
         let mut options = String::new();
@@ -98,7 +98,7 @@ impl Ctx {
             }
         }
         let dev = open_device(selector.as_deref())?;
-        let ctx = Ctx {
+        let ctx = OpenClContext {
             dev,
             registry: Registry::default(),
             log,

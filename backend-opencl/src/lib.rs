@@ -71,13 +71,13 @@
 use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
 use toast_accel::check;
-use toast_accel::plugin::{self, guard, PluginError};
+use toast_accel::plugin_support::{self, guard, PluginError};
 
 mod context;
 mod kernels;
 mod memory;
 
-use context::Ctx;
+use context::OpenClContext;
 
 static NAME: &[u8] = b"opencl\0";
 static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
@@ -130,12 +130,12 @@ pub extern "C" fn toast_backend_entry() -> *const BackendHeader {
 ///
 /// # Safety
 /// `ctx` is null or a pointer `init` returned and `shutdown` has not freed.
-unsafe fn ctx_ref<'a>(ctx: *mut c_void) -> Result<&'a Ctx, PluginError> {
+unsafe fn ctx_ref<'a>(ctx: *mut c_void) -> Result<&'a OpenClContext, PluginError> {
     if ctx.is_null() {
         return Err(PluginError::invalid("null backend context"));
     }
-    // SAFETY: by the caller's contract, a live `Ctx` made by `init`.
-    Ok(unsafe { &*(ctx as *const Ctx) })
+    // SAFETY: by the caller's contract, a live `OpenClContext` made by `init`.
+    Ok(unsafe { &*(ctx as *const OpenClContext) })
 }
 
 /// The argument struct behind a kernel's `args` pointer.
@@ -158,7 +158,7 @@ unsafe extern "C" fn init(host: *const HostApi, ctx: *mut *mut c_void) -> Status
             return Err(PluginError::invalid("init: null ctx out pointer"));
         }
         // SAFETY: the host passes a valid (or null) HostApi.
-        let c = unsafe { Ctx::new(host)? };
+        let c = unsafe { OpenClContext::new(host)? };
         // SAFETY: non-null out pointer.
         unsafe { *ctx = Box::into_raw(Box::new(c)) as *mut c_void };
         Ok(())
@@ -170,14 +170,14 @@ unsafe extern "C" fn shutdown(ctx: *mut c_void) {
         if !ctx.is_null() {
             // SAFETY: `ctx` came from `Box::into_raw` in `init` and the host
             // calls shutdown once; dropping it frees its buffers and pool.
-            drop(unsafe { Box::from_raw(ctx as *mut Ctx) });
+            drop(unsafe { Box::from_raw(ctx as *mut OpenClContext) });
         }
         Ok(())
     });
 }
 
 unsafe extern "C" fn last_error() -> *const c_char {
-    plugin::last_error_ptr()
+    plugin_support::last_error_ptr()
 }
 
 unsafe extern "C" fn device_count(_ctx: *mut c_void, count: *mut u32) -> Status {

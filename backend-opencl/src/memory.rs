@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use toast_accel::abi;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// The high bits of every handle of this backend ("OCL" in ASCII).
 const HANDLE_TAG: u64 = 0x004f_434c_0000_0000;

@@ -136,7 +136,7 @@ struct NoiseWeightCase {
     n_samp: usize,
     data_index: Vec<i32>,
     weights: Vec<f64>,
-    intervals: Vec<abi::Interval>,
+    intervals: Vec<abi::SampleRange>,
     det_data: Vec<f64>,
 }
 
@@ -148,8 +148,8 @@ impl NoiseWeightCase {
             data_index: vec![2, 0],
             weights: vec![2.0, -0.5],
             intervals: vec![
-                abi::Interval { first: 1, last: 3 },
-                abi::Interval { first: 5, last: 8 },
+                abi::SampleRange { first: 1, last: 3 },
+                abi::SampleRange { first: 5, last: 8 },
             ],
             det_data: (0..3 * n_samp)
                 .map(|k| (k / n_samp) as f64 * 100.0 + (k % n_samp) as f64 + 0.25)
@@ -177,7 +177,7 @@ impl NoiseWeightCase {
             n_samp: self.n_samp as u64,
             data_index: self.data_index.as_ptr(),
             detector_weights: self.weights.as_ptr(),
-            intervals: abi::Intervals {
+            intervals: abi::SampleRanges {
                 ptr: self.intervals.as_ptr(),
                 len: self.intervals.len() as u64,
             },
@@ -255,8 +255,8 @@ fn stokes_weights_i_runs_through_launch() {
     let weight_index = [1i32, 0];
     let cal = [0.5f64, 3.0];
     let intervals = [
-        abi::Interval { first: 0, last: 2 },
-        abi::Interval { first: 3, last: 5 },
+        abi::SampleRange { first: 0, last: 2 },
+        abi::SampleRange { first: 3, last: 5 },
     ];
     let mut weights = vec![-1.0f64; 2 * n_samp];
     let w = ArrayArg::output(&b, &mut weights, "weights").unwrap();
@@ -265,7 +265,7 @@ fn stokes_weights_i_runs_through_launch() {
         n_samp: n_samp as u64,
         weight_index: weight_index.as_ptr(),
         cal: cal.as_ptr(),
-        intervals: abi::Intervals {
+        intervals: abi::SampleRanges {
             ptr: intervals.as_ptr(),
             len: 2,
         },
@@ -303,7 +303,7 @@ fn kernel_errors_carry_the_plugin_message() {
     }
 
     let mut case = NoiseWeightCase::new();
-    case.intervals.push(abi::Interval { first: 4, last: 9 });
+    case.intervals.push(abi::SampleRange { first: 4, last: 9 });
     let e = case.run(&b).unwrap_err().to_string();
     assert!(e.contains("backend `ctest`, kernel `noise_weight`"), "{e}");
     assert!(e.contains("interval 2 is [4, 9)"), "{e}");
@@ -491,13 +491,13 @@ fn device_memory_plugin_is_staged() {
     // A host address where a handle is due is refused, not dereferenced.
     let mut det = vec![1.0f64; 8];
     let (data_index, weights) = ([0i32], [2.0f64]);
-    let intervals = [abi::Interval { first: 0, last: 8 }];
+    let intervals = [abi::SampleRange { first: 0, last: 8 }];
     let args = abi::NoiseWeightArgs {
         n_det: 1,
         n_samp: 8,
         data_index: data_index.as_ptr(),
         detector_weights: weights.as_ptr(),
-        intervals: abi::Intervals {
+        intervals: abi::SampleRanges {
             ptr: intervals.as_ptr(),
             len: 1,
         },

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use toast_accel::abi::{self, Array, Interval, Intervals};
+use toast_accel::abi::{self, Array, SampleRange, SampleRanges};
 use toast_accel::host::conformance::{run_dir, CaseOutcome, Comparison};
 use toast_accel::host::{AccelError, Backend, Plugin};
 
@@ -147,7 +147,7 @@ fn a_pixel_beyond_the_map_names_detector_and_sample() {
     let hg = up("global2local", &bytes(&[0, 1]));
     let hm = up("mapdata", &fbytes(&[1.0; 8]));
     let idx = [0i32, 1];
-    let iv = [Interval {
+    let iv = [SampleRange {
         first: 0,
         last: n_samp as i64,
     }];
@@ -162,7 +162,7 @@ fn a_pixel_beyond_the_map_names_detector_and_sample() {
         pixel_index: idx.as_ptr(),
         weight_index: idx.as_ptr(),
         data_index: idx.as_ptr(),
-        intervals: Intervals {
+        intervals: SampleRanges {
             ptr: iv.as_ptr(),
             len: 1,
         },

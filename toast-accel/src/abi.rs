@@ -70,18 +70,22 @@ impl Array {
     pub const ABSENT: Array = Array { ptr: 0, len: 0 };
 }
 
+/// The samples `first..last` (exclusive) of one interval, as kernels take
+/// them (C: `toast_interval`). Not `toast_core::Interval`, which also
+/// carries the interval's start and stop times (TOAST's `interval_dtype`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Interval {
+pub struct SampleRange {
     pub first: i64,
     /// Exclusive.
     pub last: i64,
 }
 
+/// A host array of [`SampleRange`]s (C: `toast_intervals`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct Intervals {
-    pub ptr: *const Interval,
+pub struct SampleRanges {
+    pub ptr: *const SampleRange,
     pub len: u64,
 }
 
@@ -102,7 +106,7 @@ pub struct PointingDetectorArgs {
     pub n_samp: u64,
     pub quat_index: *const i32,
     pub focalplane: *const f64,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub boresight: Array,
     pub shared_flags: Array,
     pub shared_flag_mask: u8,
@@ -117,7 +121,7 @@ pub struct PixelsHealpixArgs {
     pub n_samp: u64,
     pub quat_index: *const i32,
     pub pixel_index: *const i32,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub quats: Array,
     pub shared_flags: Array,
     pub pixels: Array,
@@ -136,7 +140,7 @@ pub struct StokesWeightsIArgs {
     pub n_samp: u64,
     pub weight_index: *const i32,
     pub cal: *const f64,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub weights: Array,
 }
 
@@ -150,7 +154,7 @@ pub struct StokesWeightsIquArgs {
     pub epsilon: *const f64,
     pub gamma: *const f64,
     pub cal: *const f64,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub quats: Array,
     pub hwp: Array,
     pub weights: Array,
@@ -167,7 +171,7 @@ pub struct ScanMapArgs {
     pub pixel_index: *const i32,
     pub weight_index: *const i32,
     pub data_index: *const i32,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub global2local: Array,
     pub n_pix_submap: i64,
     pub map_dtype: i32,
@@ -194,7 +198,7 @@ pub struct BuildNoiseWeightedArgs {
     pub data_index: *const i32,
     pub flag_index: *const i32,
     pub det_scale: *const f64,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub global2local: Array,
     pub n_pix_submap: i64,
     pub pixels: Array,
@@ -215,7 +219,7 @@ pub struct NoiseWeightArgs {
     pub n_samp: u64,
     pub data_index: *const i32,
     pub detector_weights: *const f64,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub det_data: Array,
 }
 
@@ -234,7 +238,7 @@ pub struct TemplateOffsetAddArgs {
     pub n_samp: u64,
     pub data_index: *const i32,
     pub layout: OffsetLayout,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub amplitudes: Array,
     pub amplitude_flags: Array,
     pub det_data: Array,
@@ -248,7 +252,7 @@ pub struct TemplateOffsetProjectArgs {
     pub data_index: *const i32,
     pub flag_index: *const i32,
     pub layout: OffsetLayout,
-    pub intervals: Intervals,
+    pub intervals: SampleRanges,
     pub det_data: Array,
     pub flag_data: Array,
     pub amplitudes: Array,

@@ -29,7 +29,7 @@
 //!
 //! Every error names the argument and the offending value.
 
-use crate::abi::{self, Interval, Intervals};
+use crate::abi::{self, SampleRange, SampleRanges};
 use std::fmt;
 
 /// A rejected kernel argument.
@@ -72,9 +72,9 @@ impl std::error::Error for ArgError {}
 /// `iv.ptr` must point to `iv.len` readable intervals (or `iv.len == 0`).
 pub unsafe fn intervals<'a>(
     kernel: &'static str,
-    iv: &Intervals,
+    iv: &SampleRanges,
     n_samp: u64,
-) -> Result<&'a [Interval], ArgError> {
+) -> Result<&'a [SampleRange], ArgError> {
     if iv.len == 0 {
         return Ok(&[]);
     }
@@ -356,7 +356,7 @@ pub struct PointingDetector<'a> {
     pub quat_index: &'a [i32],
     /// `[n_det, 4]`.
     pub focalplane: &'a [f64],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub use_flags: bool,
 }
 
@@ -414,7 +414,7 @@ pub struct PixelsHealpix<'a> {
     pub n_samp: usize,
     pub quat_index: &'a [i32],
     pub pixel_index: &'a [i32],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub use_flags: bool,
     /// log2(nside).
     pub factor: u32,
@@ -506,7 +506,7 @@ pub struct StokesWeightsI<'a> {
     pub n_samp: usize,
     pub weight_index: &'a [i32],
     pub cal: &'a [f64],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
 }
 
 /// Check the arguments of `stokes_weights_I`.
@@ -552,7 +552,7 @@ pub struct StokesWeightsIqu<'a> {
     pub epsilon: &'a [f64],
     pub gamma: &'a [f64],
     pub cal: &'a [f64],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub use_hwp: bool,
 }
 
@@ -619,7 +619,7 @@ pub struct ScanMap<'a> {
     pub pixel_index: &'a [i32],
     pub weight_index: &'a [i32],
     pub data_index: &'a [i32],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub n_pix_submap: i64,
     pub n_global_submap: usize,
     pub n_local_submap: usize,
@@ -699,7 +699,7 @@ pub struct BuildNoiseWeighted<'a> {
     /// Empty when `det_flags` is absent.
     pub flag_index: &'a [i32],
     pub det_scale: &'a [f64],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub n_pix_submap: i64,
     pub n_global_submap: usize,
     pub n_local_submap: usize,
@@ -802,7 +802,7 @@ pub struct NoiseWeight<'a> {
     pub n_samp: usize,
     pub data_index: &'a [i32],
     pub detector_weights: &'a [f64],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
 }
 
 /// Check the arguments of `noise_weight`.
@@ -860,7 +860,7 @@ pub struct OffsetLayout<'a> {
 unsafe fn offset_layout<'a>(
     kernel: &'static str,
     l: &abi::OffsetLayout,
-    intervals: &[Interval],
+    intervals: &[SampleRange],
     n_det: u64,
     n_amp: u64,
 ) -> Result<OffsetLayout<'a>, ArgError> {
@@ -941,7 +941,7 @@ pub struct TemplateOffsetAdd<'a> {
     pub n_samp: usize,
     pub n_amp: usize,
     pub data_index: &'a [i32],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub layout: OffsetLayout<'a>,
 }
 
@@ -996,7 +996,7 @@ pub struct TemplateOffsetProject<'a> {
     pub data_index: &'a [i32],
     /// `-1` for a detector without flags.
     pub flag_index: &'a [i32],
-    pub intervals: &'a [Interval],
+    pub intervals: &'a [SampleRange],
     pub layout: OffsetLayout<'a>,
 }
 
@@ -1125,15 +1125,15 @@ mod tests {
         }
     }
 
-    fn ivs(v: &[Interval]) -> Intervals {
-        Intervals {
+    fn ivs(v: &[SampleRange]) -> SampleRanges {
+        SampleRanges {
             ptr: v.as_ptr(),
             len: v.len() as u64,
         }
     }
 
-    fn iv(first: i64, last: i64) -> Interval {
-        Interval { first, last }
+    fn iv(first: i64, last: i64) -> SampleRange {
+        SampleRange { first, last }
     }
 
     /// Assert `r` is an error about argument `arg` whose message contains `needle`.
@@ -1154,7 +1154,7 @@ mod tests {
     struct Pd {
         qi: Vec<i32>,
         fp: Vec<f64>,
-        iv: Vec<Interval>,
+        iv: Vec<SampleRange>,
         bore: Vec<f64>,
         flags: Vec<u8>,
         quats: Vec<f64>,
@@ -1308,7 +1308,7 @@ mod tests {
     struct Ph {
         qi: Vec<i32>,
         pi: Vec<i32>,
-        iv: Vec<Interval>,
+        iv: Vec<SampleRange>,
         quats: Vec<f64>,
         pixels: Vec<i64>,
         hits: Vec<u8>,
@@ -1390,7 +1390,7 @@ mod tests {
     /// A valid scan_map call: nnz 3, 4 global submaps, 2 local, 8 pixels each.
     struct Sm {
         idx: Vec<i32>,
-        iv: Vec<Interval>,
+        iv: Vec<SampleRange>,
         g2l: Vec<i64>,
         map: Vec<f64>,
         pixels: Vec<i64>,
@@ -1617,7 +1617,7 @@ mod tests {
     struct To {
         di: Vec<i32>,
         fi: Vec<i32>,
-        iv: Vec<Interval>,
+        iv: Vec<SampleRange>,
         nav: Vec<i64>,
         off: Vec<i64>,
         step: i64,

@@ -6,11 +6,11 @@
 //! Without the `host` feature this crate is only the ABI part that plugins
 //! need: [`abi`] (the `#[repr(C)]` mirror of `include/toast_backend.h`),
 //! [`check`] (argument validation every Rust backend runs at kernel entry)
-//! and [`plugin`] (last-error and panic-guard helpers). Backend crates
+//! and [`plugin_support`] (last-error and panic-guard helpers). Backend crates
 //! depend on it with `default-features = false` and see nothing else.
 //!
 //! With `host` (the default) it is also the loader: `host::discovery`,
-//! `host::registry`, `host::dispatch`, `host::plugin` and `host::stage`.
+//! `host::registry`, `host::dispatch`, `host::backend` and `host::stage`.
 //!
 //! # The ABI
 //!
@@ -92,7 +92,7 @@
 pub mod abi;
 pub mod check;
 pub mod device_source;
-pub mod plugin;
+pub mod plugin_support;
 #[cfg(feature = "rtc")]
 pub mod rtc;
 

@@ -49,8 +49,8 @@ fn rust_side() -> BTreeMap<String, Layout> {
     rust_layouts! {
         toast_host_api => HostApi { size, abi_minor, log, log_user, options },
         toast_array => Array { ptr, len },
-        toast_interval => Interval { first, last },
-        toast_intervals => Intervals { ptr, len },
+        toast_interval => SampleRange { first, last },
+        toast_intervals => SampleRanges { ptr, len },
         toast_device_info => DeviceInfo { name, total_memory, free_memory, compute_units, reserved },
         toast_pointing_detector_args => PointingDetectorArgs {
             n_det, n_samp, quat_index, focalplane, intervals, boresight, shared_flags,

@@ -196,7 +196,7 @@ pub enum AccelStateError {
 
 /// An error of the field-level helpers: either the data model or the buffer.
 #[derive(Debug, Clone, PartialEq, Error)]
-pub enum AccelError {
+pub enum DeviceFieldError {
     /// Buffer lifecycle or device failure.
     #[error(transparent)]
     State(#[from] AccelStateError),
@@ -697,7 +697,7 @@ impl DeviceBuffers {
         obs: &Observation,
         category: Category,
         name: &str,
-    ) -> Result<DeviceView, AccelError> {
+    ) -> Result<DeviceView, DeviceFieldError> {
         let bytes = obs.field_bytes(category, name)?.len() as u64;
         Ok(self.create(&BufferKey::new(obs.name(), category, name), bytes)?)
     }
@@ -708,7 +708,7 @@ impl DeviceBuffers {
         obs: &Observation,
         category: Category,
         name: &str,
-    ) -> Result<(), AccelError> {
+    ) -> Result<(), DeviceFieldError> {
         let src = obs.field_bytes(category, name)?;
         Ok(self.update_device(&BufferKey::new(obs.name(), category, name), src)?)
     }
@@ -719,7 +719,7 @@ impl DeviceBuffers {
         obs: &mut Observation,
         category: Category,
         name: &str,
-    ) -> Result<(), AccelError> {
+    ) -> Result<(), DeviceFieldError> {
         let key = BufferKey::new(obs.name(), category, name);
         let dst = obs.field_bytes_mut(category, name)?;
         Ok(self.update_host(&key, dst)?)
@@ -731,7 +731,7 @@ impl DeviceBuffers {
         obs: &Observation,
         category: Category,
         name: &str,
-    ) -> Result<bool, AccelError> {
+    ) -> Result<bool, DeviceFieldError> {
         let src = obs.field_bytes(category, name)?;
         Ok(self.ensure_device(&BufferKey::new(obs.name(), category, name), src)?)
     }
@@ -742,7 +742,7 @@ impl DeviceBuffers {
         obs: &mut Observation,
         category: Category,
         name: &str,
-    ) -> Result<bool, AccelError> {
+    ) -> Result<bool, DeviceFieldError> {
         let key = BufferKey::new(obs.name(), category, name);
         if self.state(&key) != BufferState::DeviceNewer {
             return Ok(false);
@@ -1332,12 +1332,12 @@ mod tests {
         let e = b.create_field(&ob, Category::DetData, "nope").unwrap_err();
         assert!(matches!(
             e,
-            AccelError::Data(DataError::MissingField { .. })
+            DeviceFieldError::Data(DataError::MissingField { .. })
         ));
         ob.meta.set("m", 1i64);
         assert!(matches!(
             b.create_field(&ob, Category::Meta, "m"),
-            Err(AccelError::Data(DataError::NotContiguous { .. }))
+            Err(DeviceFieldError::Data(DataError::NotContiguous { .. }))
         ));
         // A host field that changed size no longer matches its mirror.
         ob.detdata.remove("signal").unwrap();
@@ -1345,7 +1345,9 @@ mod tests {
         let e = b.update_host_field(&mut ob, Category::DetData, "signal");
         assert!(matches!(
             e,
-            Err(AccelError::State(AccelStateError::SizeMismatch { .. }))
+            Err(DeviceFieldError::State(
+                AccelStateError::SizeMismatch { .. }
+            ))
         ));
     }
 }

@@ -114,8 +114,8 @@ pub mod timing;
 pub mod uid;
 
 pub use accel::{
-    AccelError, AccelStateError, BufferKey, BufferState, DeviceBuffers, DeviceView, TransferCounts,
-    TransferReport,
+    AccelStateError, BufferKey, BufferState, DeviceBuffers, DeviceFieldError, DeviceView,
+    TransferCounts, TransferReport,
 };
 pub use comm::{comm_of, Comm, CommError, CommHandle, ProcessLayout, ReduceOp, SerialComm};
 pub use detdata::{Created, DetData, DetDataManager};

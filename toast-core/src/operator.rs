@@ -1,7 +1,7 @@
 //! The operator interface: typed requirements, the execution context, and
 //! requirement checking.
 
-use crate::accel::AccelError;
+use crate::accel::DeviceFieldError;
 use crate::error::{Category, DataError};
 use crate::observation::Data;
 use crate::timing::{TimerError, Timers};
@@ -233,7 +233,7 @@ pub enum OpError {
     Data(#[from] DataError),
     /// Device buffer lifecycle or device failure.
     #[error(transparent)]
-    Accel(#[from] AccelError),
+    Accel(#[from] DeviceFieldError),
     /// Timer misuse.
     #[error(transparent)]
     Timer(#[from] TimerError),
@@ -262,7 +262,7 @@ pub enum OpError {
 
 impl From<crate::accel::AccelStateError> for OpError {
     fn from(e: crate::accel::AccelStateError) -> Self {
-        OpError::Accel(AccelError::State(e))
+        OpError::Accel(DeviceFieldError::State(e))
     }
 }
 

@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi, LogFn};
 use toast_accel::device_source as ds;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc;
 
 /// The host's log callback and its user pointer.

@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use toast_accel::device_source::Target;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::{CompileError, Compiled};
 
 /// One device opened through one GPU API: what a backend supplies.

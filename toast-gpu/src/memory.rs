@@ -29,7 +29,7 @@ use crate::driver::{AllocError, Driver};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use toast_accel::abi;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// What the pool needs from the device: a narrower view of [`Driver`]
 /// (every driver is one), which the tests implement with a fake device.

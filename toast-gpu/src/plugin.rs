@@ -10,7 +10,7 @@ use crate::driver::Driver;
 use crate::kernels::entries;
 use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, HostApi, Status};
-use toast_accel::plugin::{self, guard, PluginError};
+use toast_accel::plugin_support::{self, guard, PluginError};
 
 pub use toast_accel::abi::{BackendHeader, BackendTable};
 
@@ -159,7 +159,7 @@ unsafe extern "C" fn shutdown<D: Driver>(ctx: *mut c_void) {
 }
 
 unsafe extern "C" fn last_error() -> *const c_char {
-    plugin::last_error_ptr()
+    plugin_support::last_error_ptr()
 }
 
 unsafe extern "C" fn device_count<D: Driver>(ctx: *mut c_void, count: *mut u32) -> Status {

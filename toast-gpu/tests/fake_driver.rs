@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
-use toast_accel::abi::{self, BackendTable, HostApi, Interval, Intervals, NoiseWeightArgs};
+use toast_accel::abi::{self, BackendTable, HostApi, NoiseWeightArgs, SampleRange, SampleRanges};
 use toast_accel::device_source::Target;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::{CompileError, Compiled};
 use toast_gpu::{AllocError, Context, Driver, Grid, Param};
 
@@ -401,7 +401,7 @@ fn memory_entry_points_and_pool() {
 
 /// `noise_weight` on 3 detectors of 10 samples with `data_index` and
 /// intervals; the launches it made and the weighted data.
-fn noise_weight(data_index: &[i32], iv: &[Interval]) -> (Vec<Launch>, Vec<f64>) {
+fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64>) {
     let (n_det, n_samp) = (3u64, 10u64);
     let n_rows = 3u64;
     let ctx = init();
@@ -427,7 +427,7 @@ fn noise_weight(data_index: &[i32], iv: &[Interval]) -> (Vec<Launch>, Vec<f64>) 
             n_samp,
             data_index: data_index.as_ptr(),
             detector_weights: weights.as_ptr(),
-            intervals: Intervals {
+            intervals: SampleRanges {
                 ptr: iv.as_ptr(),
                 len: iv.len() as u64,
             },
@@ -465,7 +465,7 @@ fn noise_weight(data_index: &[i32], iv: &[Interval]) -> (Vec<Launch>, Vec<f64>) 
 
 #[test]
 fn launch_planning() {
-    let iv = |first, last| Interval { first, last };
+    let iv = |first, last| SampleRange { first, last };
     let grids =
         |l: &[Launch]| -> Vec<(u32, u32, u32)> { l.iter().map(|l| l.grid.blocks).collect() };
     // Distinct rows, disjoint intervals: one launch over everything.

@@ -573,7 +573,7 @@ pub fn global_hit_submaps(comm: &dyn Comm, hit: &[u8]) -> Result<(Vec<i64>, Vec<
 
 /// The whole map (every job-wide hit submap) on `root`, `None` elsewhere:
 /// each submap is taken from the lowest rank that stores it. A clone in
-/// one process. Call on every process after the map was synchronised.
+/// one process. KernelCall on every process after the map was synchronised.
 pub fn gather_map<T: Reducible>(
     comm: &dyn Comm,
     map: &PixelData<T>,

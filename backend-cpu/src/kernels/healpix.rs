@@ -16,7 +16,7 @@ use std::f64::consts::{FRAC_2_PI, PI};
 use std::sync::atomic::{AtomicU8, Ordering};
 use toast_accel::abi::PixelsHealpixArgs;
 use toast_accel::check::PixelsHealpix;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "pixels_healpix";
 /// TOAST's `0.66666666666666666667`, which rounds to the same double as 2/3

@@ -13,7 +13,7 @@ use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
 use rayon::prelude::*;
 use toast_accel::abi::BuildNoiseWeightedArgs;
 use toast_accel::check::{self, BuildNoiseWeighted};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "build_noise_weighted";
 

@@ -11,7 +11,7 @@ pub(crate) mod template_offset;
 pub(crate) mod weight;
 
 use crate::par::SampleFault;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// Turn a data-dependent fault into the plugin error the host sees.
 pub(crate) fn fault_error(kernel: &str, f: SampleFault) -> PluginError {

@@ -4,7 +4,7 @@ use crate::arrays::{self, Arg};
 use crate::par::{for_each_chunk, SharedMut};
 use toast_accel::abi::PointingDetectorArgs;
 use toast_accel::check::PointingDetector;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "pointing_detector";
 

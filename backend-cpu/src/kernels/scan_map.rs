@@ -5,7 +5,7 @@ use crate::arrays::{self, Arg};
 use crate::par::{for_each_chunk, SampleFault, SharedMut, TaskResult};
 use toast_accel::abi::{self, ScanMapArgs};
 use toast_accel::check::{self, ScanMap};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "scan_map";
 

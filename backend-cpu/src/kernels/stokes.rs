@@ -5,7 +5,7 @@ use crate::arrays::{self, Arg};
 use crate::par::{for_each_chunk, SharedMut};
 use toast_accel::abi::{StokesWeightsIArgs, StokesWeightsIquArgs};
 use toast_accel::check::{StokesWeightsI, StokesWeightsIqu};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// # Safety
 /// `a` has passed `check_stokes_weights_i` (giving `v`) and its arrays are

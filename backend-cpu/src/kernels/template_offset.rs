@@ -13,7 +13,7 @@ use toast_accel::abi::{
     TemplateOffsetAddArgs, TemplateOffsetPrecondArgs, TemplateOffsetProjectArgs,
 };
 use toast_accel::check::{TemplateOffsetAdd, TemplateOffsetProject};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// # Safety
 /// `a` has passed `check_template_offset_add` (giving `v`) and its arrays

@@ -4,7 +4,7 @@ use crate::arrays;
 use crate::par::{for_each_chunk, SharedMut};
 use toast_accel::abi::NoiseWeightArgs;
 use toast_accel::check::NoiseWeight;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "noise_weight";
 

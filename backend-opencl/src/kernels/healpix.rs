@@ -1,21 +1,21 @@
 //! pixels_healpix: HEALPix pixel of each detector direction (the device
 //! port of backend-cpu's `kernels/healpix.rs`, same operation order).
 
-use super::{check_key_range, conflicts, len, Call, KArg::*};
-use crate::context::Ctx;
+use super::{check_key_range, conflicts, len, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::PixelsHealpixArgs;
 use toast_accel::check::PixelsHealpix;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "pixels_healpix";
 
 pub(crate) fn run(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &PixelsHealpix<'_>,
     a: &PixelsHealpixArgs,
 ) -> Result<(), PluginError> {
     check_key_range(K, v.n_det, v.n_samp)?;
-    let mut call = Call::new(c, K);
+    let mut call = KernelLaunch::new(c, K);
     let pixels = call.array::<i64>("pixels", a.pixels, true)?;
     let hits = call.array::<u8>("hit_submaps", a.hit_submaps, true)?;
     let quats = call.array::<f64>("quats", a.quats, false)?;

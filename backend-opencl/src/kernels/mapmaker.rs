@@ -7,21 +7,21 @@
 //! detector -> interval -> sample order to rounding, not bit for bit.
 
 use super::scan_map::{global2local, pixel_at};
-use super::{check_key_range, len, pixel_fault, Call, KArg::*};
-use crate::context::Ctx;
+use super::{check_key_range, len, pixel_fault, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::BuildNoiseWeightedArgs;
 use toast_accel::check::BuildNoiseWeighted;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "build_noise_weighted";
 
 pub(crate) fn run(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &BuildNoiseWeighted<'_>,
     a: &BuildNoiseWeightedArgs,
 ) -> Result<(), PluginError> {
     check_key_range(K, v.n_det, v.n_samp)?;
-    let mut call = Call::new(c, K);
+    let mut call = KernelLaunch::new(c, K);
     let zmap = call.array::<f64>("zmap", a.zmap, true)?;
     let g2l_mem = call.array::<i64>("global2local", a.global2local, false)?;
     let pixels = call.array::<i64>("pixels", a.pixels, false)?;

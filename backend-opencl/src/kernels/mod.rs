@@ -15,13 +15,13 @@ pub(crate) mod stokes;
 pub(crate) mod template_offset;
 pub(crate) mod weight;
 
-use crate::context::{cl_error, Ctx};
+use crate::context::{cl_error, OpenClContext};
 use opencl3::event::Event;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE};
 use opencl3::types::{cl_mem, CL_BLOCKING};
-use toast_accel::abi::{self, Array, Interval};
+use toast_accel::abi::{self, Array, SampleRange};
 use toast_accel::device_source::{decode_error_key, ERROR_KEY_SAMPLE_BITS, NO_ERROR};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// Work-group multiple of grid dimension 0.
 const GROUP: usize = 64;
@@ -37,8 +37,8 @@ pub(crate) enum KArg {
 
 /// One kernel call: the temporary device arrays it uploaded (freed when it
 /// ends) and the handles it resolved (to refuse aliasing outputs).
-pub(crate) struct Call<'c> {
-    pub(crate) ctx: &'c Ctx,
+pub(crate) struct KernelLaunch<'c> {
+    pub(crate) ctx: &'c OpenClContext,
     pub(crate) kernel: &'static str,
     temps: Vec<Buffer<u8>>,
     outputs: Vec<(&'static str, u64)>,
@@ -53,9 +53,9 @@ fn device_error(kernel: &str, what: &str, e: opencl3::error_codes::ClError) -> P
     )
 }
 
-impl<'c> Call<'c> {
-    pub(crate) fn new(ctx: &'c Ctx, kernel: &'static str) -> Self {
-        Call {
+impl<'c> KernelLaunch<'c> {
+    pub(crate) fn new(ctx: &'c OpenClContext, kernel: &'static str) -> Self {
+        KernelLaunch {
             ctx,
             kernel,
             temps: Vec::new(),
@@ -101,7 +101,7 @@ impl<'c> Call<'c> {
     }
 
     /// The intervals as a device array of (first, last) pairs.
-    pub(crate) fn intervals(&mut self, ivs: &[Interval]) -> Result<cl_mem, PluginError> {
+    pub(crate) fn intervals(&mut self, ivs: &[SampleRange]) -> Result<cl_mem, PluginError> {
         let flat: Vec<i64> = ivs.iter().flat_map(|i| [i.first, i.last]).collect();
         self.small("intervals", &flat)
     }
@@ -258,10 +258,10 @@ impl<'c> Call<'c> {
         &self,
         name: &'static str,
         n_det: usize,
-        ivs: &[Interval],
+        ivs: &[SampleRange],
         serial: bool,
         args: &[KArg],
-        extent: impl Fn(&Interval) -> usize,
+        extent: impl Fn(&SampleRange) -> usize,
     ) -> Result<(), PluginError> {
         let mut full = vec![KArg::I64(0); 4];
         full.extend_from_slice(args);
@@ -303,7 +303,13 @@ impl<'c> Call<'c> {
     }
 
     /// The error for a data-dependent fault at (det, sample).
-    pub(crate) fn fault(&self, ivs: &[Interval], det: usize, s: usize, what: &str) -> PluginError {
+    pub(crate) fn fault(
+        &self,
+        ivs: &[SampleRange],
+        det: usize,
+        s: usize,
+        what: &str,
+    ) -> PluginError {
         let view = ivs
             .iter()
             .position(|iv| (iv.first..iv.last).contains(&(s as i64)))
@@ -333,19 +339,19 @@ pub(crate) fn check_key_range(
 
 /// Whether grid points could write the same element: two detectors with the
 /// same output row, or overlapping intervals.
-pub(crate) fn conflicts(rows: &[i32], ivs: &[Interval]) -> bool {
+pub(crate) fn conflicts(rows: &[i32], ivs: &[SampleRange]) -> bool {
     let mut r = rows.to_vec();
     r.sort_unstable();
     if r.windows(2).any(|w| w[0] == w[1]) {
         return true;
     }
-    let mut v: Vec<Interval> = ivs.iter().copied().filter(|i| i.last > i.first).collect();
+    let mut v: Vec<SampleRange> = ivs.iter().copied().filter(|i| i.last > i.first).collect();
     v.sort_unstable_by_key(|i| i.first);
     v.windows(2).any(|w| w[1].first < w[0].last)
 }
 
 /// The length of an interval.
-pub(crate) fn len(iv: &Interval) -> usize {
+pub(crate) fn len(iv: &SampleRange) -> usize {
     (iv.last - iv.first).max(0) as usize
 }
 
@@ -368,8 +374,8 @@ pub(crate) fn pixel_fault(pix: i64, g2l: &[i64], n_pix_submap: i64) -> String {
 mod tests {
     use super::*;
 
-    fn iv(first: i64, last: i64) -> Interval {
-        Interval { first, last }
+    fn iv(first: i64, last: i64) -> SampleRange {
+        SampleRange { first, last }
     }
 
     #[test]

@@ -1,19 +1,19 @@
 //! pointing_detector: `quats[quat_index[i], s] = b(s) * focalplane[i]`.
 
-use super::{conflicts, len, Call, KArg::*};
-use crate::context::Ctx;
+use super::{conflicts, len, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::PointingDetectorArgs;
 use toast_accel::check::PointingDetector;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "pointing_detector";
 
 pub(crate) fn run(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &PointingDetector<'_>,
     a: &PointingDetectorArgs,
 ) -> Result<(), PluginError> {
-    let mut call = Call::new(c, K);
+    let mut call = KernelLaunch::new(c, K);
     let quats = call.array::<f64>("quats", a.quats, true)?;
     let bore = call.array::<f64>("boresight", a.boresight, false)?;
     let flags = call.array::<u8>("shared_flags", a.shared_flags, false)?;

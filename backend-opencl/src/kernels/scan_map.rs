@@ -1,18 +1,18 @@
 //! scan_map: `det_data (+= | -= | *=) data_scale * sum_k weights[k] * map[pixel, k]`,
 //! one device kernel per map dtype.
 
-use super::{check_key_range, conflicts, len, pixel_fault, Call, KArg::*};
-use crate::context::Ctx;
+use super::{check_key_range, conflicts, len, pixel_fault, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::{self, ScanMapArgs};
 use toast_accel::check::{self, ScanMap};
 use toast_accel::device_source::scan_map_kernel;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 const K: &str = "scan_map";
 
 /// The host copy of `global2local`, checked.
 pub(crate) fn global2local(
-    call: &Call<'_>,
+    call: &KernelLaunch<'_>,
     kernel: &'static str,
     mem: opencl3::types::cl_mem,
     n: usize,
@@ -32,7 +32,7 @@ pub(crate) fn global2local(
 
 /// The pixel at (row, sample) of a pixels buffer.
 pub(crate) fn pixel_at(
-    call: &Call<'_>,
+    call: &KernelLaunch<'_>,
     mem: opencl3::types::cl_mem,
     index: usize,
 ) -> Result<i64, PluginError> {
@@ -41,11 +41,11 @@ pub(crate) fn pixel_at(
     Ok(i64::from_ne_bytes(b))
 }
 
-pub(crate) fn run(c: &Ctx, v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), PluginError> {
+pub(crate) fn run(c: &OpenClContext, v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), PluginError> {
     check_key_range(K, v.n_det, v.n_samp)?;
     let name = scan_map_kernel(a.map_dtype)
         .ok_or_else(|| PluginError::invalid(format!("{K}: unknown map dtype {}", a.map_dtype)))?;
-    let mut call = Call::new(c, K);
+    let mut call = KernelLaunch::new(c, K);
     let data = call.array::<f64>("det_data", a.det_data, true)?;
     let g2l_mem = call.array::<i64>("global2local", a.global2local, false)?;
     let map = match a.map_dtype {

@@ -1,17 +1,17 @@
 //! stokes_weights_I and stokes_weights_IQU.
 
-use super::{conflicts, len, Call, KArg::*};
-use crate::context::Ctx;
+use super::{conflicts, len, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::{StokesWeightsIArgs, StokesWeightsIquArgs};
 use toast_accel::check::{StokesWeightsI, StokesWeightsIqu};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 pub(crate) fn run_i(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &StokesWeightsI<'_>,
     a: &StokesWeightsIArgs,
 ) -> Result<(), PluginError> {
-    let mut call = Call::new(c, "stokes_weights_I");
+    let mut call = KernelLaunch::new(c, "stokes_weights_I");
     let weights = call.array::<f64>("weights", a.weights, true)?;
     let ivs = call.intervals(v.intervals)?;
     let wi = call.small("weight_index", v.weight_index)?;
@@ -37,11 +37,11 @@ pub(crate) fn run_i(
 }
 
 pub(crate) fn run_iqu(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &StokesWeightsIqu<'_>,
     a: &StokesWeightsIquArgs,
 ) -> Result<(), PluginError> {
-    let mut call = Call::new(c, "stokes_weights_IQU");
+    let mut call = KernelLaunch::new(c, "stokes_weights_IQU");
     let weights = call.array::<f64>("weights", a.weights, true)?;
     let quats = call.array::<f64>("quats", a.quats, false)?;
     let hwp = call.array::<f64>("hwp", a.hwp, false)?;

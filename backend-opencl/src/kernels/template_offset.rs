@@ -7,20 +7,20 @@
 //! sample order into the existing value (deterministic, and the CPU's sum);
 //! detectors whose amplitude blocks overlap run one launch each, in order.
 
-use super::{conflicts, len, Call, KArg::*};
-use crate::context::Ctx;
+use super::{conflicts, len, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::{
     TemplateOffsetAddArgs, TemplateOffsetPrecondArgs, TemplateOffsetProjectArgs,
 };
 use toast_accel::check::{TemplateOffsetAdd, TemplateOffsetProject};
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 pub(crate) fn run_add(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &TemplateOffsetAdd<'_>,
     a: &TemplateOffsetAddArgs,
 ) -> Result<(), PluginError> {
-    let mut call = Call::new(c, "template_offset_add_to_signal");
+    let mut call = KernelLaunch::new(c, "template_offset_add_to_signal");
     let data = call.array::<f64>("det_data", a.det_data, true)?;
     let amps = call.array::<f64>("amplitudes", a.amplitudes, false)?;
     let flags = call.array::<u8>("amplitude_flags", a.amplitude_flags, false)?;
@@ -55,11 +55,11 @@ pub(crate) fn run_add(
 }
 
 pub(crate) fn run_project(
-    c: &Ctx,
+    c: &OpenClContext,
     v: &TemplateOffsetProject<'_>,
     a: &TemplateOffsetProjectArgs,
 ) -> Result<(), PluginError> {
-    let mut call = Call::new(c, "template_offset_project_signal");
+    let mut call = KernelLaunch::new(c, "template_offset_project_signal");
     let amps = call.array::<f64>("amplitudes", a.amplitudes, true)?;
     let data = call.array::<f64>("det_data", a.det_data, false)?;
     let flag_data = call.array::<u8>("flag_data", a.flag_data, false)?;
@@ -87,7 +87,7 @@ pub(crate) fn run_project(
         Mem(amp_flags),
     ];
     let name = "toast_template_offset_project_signal";
-    let amps_of = |iv: &toast_accel::abi::Interval| len(iv).div_ceil(step);
+    let amps_of = |iv: &toast_accel::abi::SampleRange| len(iv).div_ceil(step);
     if blocks_disjoint(lay.amp_offset, lay.block_len) {
         call.samples(name, v.n_det, v.intervals, false, &args, amps_of)?;
     } else {
@@ -123,8 +123,11 @@ fn blocks_disjoint(offsets: &[i64], len: i64) -> bool {
 
 /// `out = flags == 0 ? in * offset_var : 0.0`, in place when the two
 /// amplitude handles are the same buffer.
-pub(crate) fn run_precond(c: &Ctx, a: &TemplateOffsetPrecondArgs) -> Result<(), PluginError> {
-    let mut call = Call::new(c, "template_offset_apply_diag_precond");
+pub(crate) fn run_precond(
+    c: &OpenClContext,
+    a: &TemplateOffsetPrecondArgs,
+) -> Result<(), PluginError> {
+    let mut call = KernelLaunch::new(c, "template_offset_apply_diag_precond");
     let out = call.array::<f64>("amplitudes_out", a.amplitudes_out, true)?;
     let var = call.array::<f64>("offset_var", a.offset_var, false)?;
     let flags = call.array::<u8>("amplitude_flags", a.amplitude_flags, false)?;

@@ -1,13 +1,17 @@
 //! noise_weight: `det_data[data_index[i], s] *= detector_weights[i]`.
 
-use super::{conflicts, len, Call, KArg::*};
-use crate::context::Ctx;
+use super::{conflicts, len, KArg::*, KernelLaunch};
+use crate::context::OpenClContext;
 use toast_accel::abi::NoiseWeightArgs;
 use toast_accel::check::NoiseWeight;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
-pub(crate) fn run(c: &Ctx, v: &NoiseWeight<'_>, a: &NoiseWeightArgs) -> Result<(), PluginError> {
-    let mut call = Call::new(c, "noise_weight");
+pub(crate) fn run(
+    c: &OpenClContext,
+    v: &NoiseWeight<'_>,
+    a: &NoiseWeightArgs,
+) -> Result<(), PluginError> {
+    let mut call = KernelLaunch::new(c, "noise_weight");
     let data = call.array::<f64>("det_data", a.det_data, true)?;
     let ivs = call.intervals(v.intervals)?;
     let di = call.small("data_index", v.data_index)?;

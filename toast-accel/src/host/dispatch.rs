@@ -17,8 +17,8 @@
 //! the timer name ([`Resolved::timer_name`]), so what actually ran is never
 //! a guess (TOAST 3 silently ignores its per-operator setting; we do not).
 
+use super::backend::Backend;
 use super::error::AccelError;
-use super::plugin::Backend;
 use super::registry::Registry;
 use crate::abi::Kernel;
 use std::collections::BTreeMap;

@@ -13,11 +13,11 @@
 //! An initialisation that fails (no device, no driver) is remembered with its
 //! reason and reported as [`AccelError::Unavailable`].
 
+use super::backend::{Backend, Plugin};
 use super::discovery::{
     backend_name_from_file, discover_files, DiscoveryOptions, LocationKind, SearchLocation, Source,
 };
 use super::error::{AccelError, LoadError};
-use super::plugin::{Backend, Plugin};
 use crate::abi::EntryFn;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

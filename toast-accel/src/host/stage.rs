@@ -12,24 +12,24 @@ use super::{AccelError, Backend};
 use crate::abi;
 use std::marker::PhantomData;
 
-/// Element types that may cross the ABI in arrays.
-pub trait Element: Copy + Send + Sync + 'static {
+/// AbiElement types that may cross the ABI in arrays.
+pub trait AbiElement: Copy + Send + Sync + 'static {
     /// `TOAST_DTYPE_*` code, where one exists.
     const DTYPE: Option<i32>;
 }
-impl Element for f64 {
+impl AbiElement for f64 {
     const DTYPE: Option<i32> = Some(abi::DTYPE_F64);
 }
-impl Element for f32 {
+impl AbiElement for f32 {
     const DTYPE: Option<i32> = Some(abi::DTYPE_F32);
 }
-impl Element for i64 {
+impl AbiElement for i64 {
     const DTYPE: Option<i32> = Some(abi::DTYPE_I64);
 }
-impl Element for i32 {
+impl AbiElement for i32 {
     const DTYPE: Option<i32> = Some(abi::DTYPE_I32);
 }
-impl Element for u8 {
+impl AbiElement for u8 {
     const DTYPE: Option<i32> = None;
 }
 
@@ -76,7 +76,7 @@ impl<'a> ArrayArg<'a> {
     }
 
     /// A read-only argument.
-    pub fn input<T: Element>(
+    pub fn input<T: AbiElement>(
         backend: &'a Backend,
         data: &'a [T],
         name: &str,
@@ -93,7 +93,7 @@ impl<'a> ArrayArg<'a> {
 
     /// An output or in/out argument: the kernel's result lands in `data`
     /// after [`ArrayArg::finish`].
-    pub fn output<T: Element>(
+    pub fn output<T: AbiElement>(
         backend: &'a Backend,
         data: &'a mut [T],
         name: &str,

@@ -2,14 +2,14 @@
 //! the arrays, plan and launch. Parameter lists follow the prototypes of
 //! `toast-accel/device/kernels.h` in order.
 
-use super::{blocks_overlap, has_duplicates, intervals_overlap, Call};
+use super::{blocks_overlap, has_duplicates, intervals_overlap, KernelLaunch};
 use crate::driver::{Driver, Param as P};
 use crate::plugin::{args_ref, ctx_ref};
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
 use toast_accel::check;
 use toast_accel::device_source as ds;
-use toast_accel::plugin::{guard, PluginError};
+use toast_accel::plugin_support::{guard, PluginError};
 
 const F64: u64 = 8;
 const I64: u64 = 8;
@@ -18,7 +18,7 @@ const U8: u64 = 1;
 /// Download `global2local` and check its entries (the kernels index the map
 /// with them unchecked).
 fn check_g2l<D: Driver>(
-    call: &Call<'_, D>,
+    call: &KernelLaunch<'_, D>,
     kernel: &'static str,
     buf: Option<D::Buffer>,
     n: usize,
@@ -39,7 +39,7 @@ pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pointing_detector", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_pointing_detector(a)? };
-        let mut call = Call::new(c, "pointing_detector");
+        let mut call = KernelLaunch::new(c, "pointing_detector");
         let bore = call.array("boresight", a.boresight, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
         let quats = call.array("quats", a.quats, F64)?;
@@ -84,7 +84,7 @@ pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pixels_healpix", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_pixels_healpix(a)? };
-        let mut call = Call::new(c, "pixels_healpix");
+        let mut call = KernelLaunch::new(c, "pixels_healpix");
         let quats = call.array("quats", a.quats, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
@@ -146,7 +146,7 @@ pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_I", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_stokes_weights_i(a)? };
-        let mut call = Call::new(c, "stokes_weights_I");
+        let mut call = KernelLaunch::new(c, "stokes_weights_I");
         let w = call.array("weights", a.weights, F64)?;
         let iv = call.intervals(v.intervals)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -185,7 +185,7 @@ pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_IQU", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_stokes_weights_iqu(a)? };
-        let mut call = Call::new(c, "stokes_weights_IQU");
+        let mut call = KernelLaunch::new(c, "stokes_weights_IQU");
         let quats = call.array("quats", a.quats, F64)?;
         let hwp = call.array("hwp", a.hwp, F64)?;
         let w = call.array("weights", a.weights, F64)?;
@@ -246,7 +246,7 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
                 a.map_dtype
             ))
         })?;
-        let mut call = Call::new(c, "scan_map");
+        let mut call = KernelLaunch::new(c, "scan_map");
         let g2l = call.array("global2local", a.global2local, I64)?;
         let map = call.array("mapdata", a.mapdata, elem)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
@@ -324,7 +324,7 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("build_noise_weighted", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_build_noise_weighted(a)? };
-        let mut call = Call::new(c, "build_noise_weighted");
+        let mut call = KernelLaunch::new(c, "build_noise_weighted");
         let g2l = call.array("global2local", a.global2local, I64)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
@@ -409,7 +409,7 @@ pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("noise_weight", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_noise_weight(a)? };
-        let mut call = Call::new(c, "noise_weight");
+        let mut call = KernelLaunch::new(c, "noise_weight");
         let det_data = call.array("det_data", a.det_data, F64)?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
@@ -453,7 +453,7 @@ pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
         };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_template_offset_add(a)? };
-        let mut call = Call::new(c, "template_offset_add_to_signal");
+        let mut call = KernelLaunch::new(c, "template_offset_add_to_signal");
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
         let det_data = call.array("det_data", a.det_data, F64)?;
@@ -504,7 +504,7 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
         };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_template_offset_project(a)? };
-        let mut call = Call::new(c, "template_offset_project_signal");
+        let mut call = KernelLaunch::new(c, "template_offset_project_signal");
         let det_data = call.array("det_data", a.det_data, F64)?;
         let flag_data = call.array("flag_data", a.flag_data, U8)?;
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
@@ -570,7 +570,7 @@ pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
         };
         // SAFETY: reads no pointer.
         let n_amp = unsafe { check::check_template_offset_precond(a)? };
-        let call = Call::new(c, "template_offset_apply_diag_precond");
+        let call = KernelLaunch::new(c, "template_offset_apply_diag_precond");
         let var = call.array("offset_var", a.offset_var, F64)?;
         let ain = call.array("amplitudes_in", a.amplitudes_in, F64)?;
         let fl = call.array("amplitude_flags", a.amplitude_flags, U8)?;

@@ -26,9 +26,9 @@ pub(crate) mod entries;
 
 use crate::context::Context;
 use crate::driver::{Driver, Grid, Param};
-use toast_accel::abi::{self, Interval};
+use toast_accel::abi::{self, SampleRange};
 use toast_accel::device_source as ds;
-use toast_accel::plugin::PluginError;
+use toast_accel::plugin_support::PluginError;
 
 /// Threads per block (along dimension 0).
 const BLOCK: u32 = 128;
@@ -37,13 +37,13 @@ const MAX_GRID_YZ: usize = 65535;
 
 /// A kernel call in progress: the context, the kernel's name and the
 /// scratch buffers to return to the pool afterwards.
-pub(crate) struct Call<'c, D: Driver> {
+pub(crate) struct KernelLaunch<'c, D: Driver> {
     c: &'c Context<D>,
     kernel: &'static str,
     scratch: Vec<u64>,
 }
 
-impl<D: Driver> Drop for Call<'_, D> {
+impl<D: Driver> Drop for KernelLaunch<'_, D> {
     fn drop(&mut self) {
         for h in self.scratch.drain(..) {
             let _ = self.c.memory.free(&self.c.driver, h);
@@ -51,9 +51,9 @@ impl<D: Driver> Drop for Call<'_, D> {
     }
 }
 
-impl<'c, D: Driver> Call<'c, D> {
+impl<'c, D: Driver> KernelLaunch<'c, D> {
     pub(crate) fn new(c: &'c Context<D>, kernel: &'static str) -> Self {
-        Call {
+        KernelLaunch {
             c,
             kernel,
             scratch: Vec::new(),
@@ -95,7 +95,10 @@ impl<'c, D: Driver> Call<'c, D> {
     }
 
     /// The intervals as `(first, last)` pairs on the device.
-    pub(crate) fn intervals(&mut self, iv: &[Interval]) -> Result<Option<D::Buffer>, PluginError> {
+    pub(crate) fn intervals(
+        &mut self,
+        iv: &[SampleRange],
+    ) -> Result<Option<D::Buffer>, PluginError> {
         let flat: Vec<i64> = iv.iter().flat_map(|i| [i.first, i.last]).collect();
         self.small("intervals", &flat)
     }
@@ -195,7 +198,7 @@ impl<'c, D: Driver> Call<'c, D> {
         &self,
         name: &'static str,
         n_det: usize,
-        iv: &[Interval],
+        iv: &[SampleRange],
         split_det: bool,
         split_iv: bool,
         params: impl Fn(i64, i64, i64, i64) -> Vec<Param<D::Buffer>>,
@@ -222,7 +225,7 @@ impl<'c, D: Driver> Call<'c, D> {
     }
 
     /// The error for a data-dependent fault at `(det, sample)`.
-    pub(crate) fn fault(&self, iv: &[Interval], det: u64, samp: u64, what: &str) -> PluginError {
+    pub(crate) fn fault(&self, iv: &[SampleRange], det: u64, samp: u64, what: &str) -> PluginError {
         let s = samp as i64;
         let view = iv
             .iter()
@@ -253,7 +256,7 @@ pub(crate) fn has_duplicates(rows: &[i32]) -> bool {
 }
 
 /// Whether two non-empty intervals overlap.
-pub(crate) fn intervals_overlap(iv: &[Interval]) -> bool {
+pub(crate) fn intervals_overlap(iv: &[SampleRange]) -> bool {
     let mut v: Vec<(i64, i64)> = iv
         .iter()
         .filter(|i| i.last > i.first)
@@ -283,7 +286,7 @@ mod tests {
         assert_eq!(ranges(70000, false), vec![(0, 65535), (65535, 70000)]);
         assert!(has_duplicates(&[0, 2, 0]));
         assert!(!has_duplicates(&[0, 1, 2]));
-        let iv = |a, b| Interval { first: a, last: b };
+        let iv = |a, b| SampleRange { first: a, last: b };
         assert!(!intervals_overlap(&[iv(0, 5), iv(5, 9), iv(3, 3)]));
         assert!(intervals_overlap(&[iv(4, 9), iv(0, 5)]));
         assert!(blocks_overlap(&[0, 3], 4));

@@ -493,18 +493,18 @@ fn launch<A: KernelArgs>(
 /// detectors (rows are looked up by name in each field), and the sample
 /// intervals, `[first, last)`.
 #[derive(Debug, Clone, Copy)]
-pub struct Call<'a> {
+pub struct KernelCall<'a> {
     /// Operator name (dispatch and timer name).
     pub operator: &'a str,
     /// Detectors to process, in order.
     pub detectors: &'a [String],
     /// Intervals to process, in order.
-    pub intervals: &'a [abi::Interval],
+    pub intervals: &'a [abi::SampleRange],
 }
 
-impl Call<'_> {
-    fn intervals(&self) -> abi::Intervals {
-        abi::Intervals {
+impl KernelCall<'_> {
+    fn intervals(&self) -> abi::SampleRanges {
+        abi::SampleRanges {
             ptr: self.intervals.as_ptr(),
             len: self.intervals.len() as u64,
         }
@@ -513,11 +513,14 @@ impl Call<'_> {
 
 /// The sample intervals of a view (`None`: the whole observation), as
 /// kernel intervals.
-pub fn view_intervals(ob: &Observation, view: Option<&str>) -> Result<Vec<abi::Interval>, OpError> {
+pub fn view_intervals(
+    ob: &Observation,
+    view: Option<&str>,
+) -> Result<Vec<abi::SampleRange>, OpError> {
     let list = match view {
         Some(v) => ob.intervals.get(v)?.clone(),
         None => {
-            return Ok(vec![abi::Interval {
+            return Ok(vec![abi::SampleRange {
                 first: 0,
                 last: ob.n_samples() as i64,
             }])
@@ -525,7 +528,7 @@ pub fn view_intervals(ob: &Observation, view: Option<&str>) -> Result<Vec<abi::I
     };
     Ok(list
         .iter()
-        .map(|iv| abi::Interval {
+        .map(|iv| abi::SampleRange {
             first: iv.first,
             last: iv.last,
         })
@@ -586,7 +589,7 @@ fn shared_flags<'a>(
 /// offset (identity boresight on samples with `shared_flags & mask`).
 pub fn pointing_detector(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     boresight: &str,
@@ -645,7 +648,7 @@ pub struct HealpixParams {
 #[allow(clippy::too_many_arguments)]
 pub fn pixels_healpix(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     quats: &str,
@@ -694,7 +697,7 @@ pub fn pixels_healpix(
 /// `stokes_weights_I`: `weights[d, s] = cal[d]`.
 pub fn stokes_weights_i(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     weights: &str,
@@ -749,7 +752,7 @@ pub struct IquParams<'a> {
 #[allow(clippy::too_many_arguments)]
 pub fn stokes_weights_iqu(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     quats: &str,
@@ -861,7 +864,7 @@ pub struct PointingFields<'a> {
 #[allow(clippy::too_many_arguments)]
 pub fn scan_map(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     map_key: &str,
@@ -924,7 +927,7 @@ pub fn scan_map(
 #[allow(clippy::too_many_arguments)]
 pub fn build_noise_weighted(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     zmap_key: &str,
@@ -999,7 +1002,7 @@ pub fn build_noise_weighted(
 /// `noise_weight`: `det_data[d, s] *= detector_weights[d]`.
 pub fn noise_weight(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     det_data: &str,
@@ -1067,7 +1070,7 @@ pub struct AmplitudeKeys<'a> {
 /// step, for unflagged amplitudes.
 pub fn offset_add_to_signal(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     layout: OffsetLayout<'_>,
@@ -1107,7 +1110,7 @@ pub fn offset_add_to_signal(
 #[allow(clippy::too_many_arguments)]
 pub fn offset_project_signal(
     ctx: &mut ExecContext,
-    call: Call<'_>,
+    call: KernelCall<'_>,
     ob: &mut Observation,
     meta: &mut Meta,
     layout: OffsetLayout<'_>,

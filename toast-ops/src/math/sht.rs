@@ -410,7 +410,7 @@ fn alm2map_impl(
         }
     }
 
-    let ctx = Ctx {
+    let ctx = SynthesisInputs {
         tables: &tables,
         t,
         pol,
@@ -463,7 +463,7 @@ fn detect_avx2_fma() -> bool {
 }
 
 /// Shared read-only inputs of the block synthesis.
-struct Ctx<'a> {
+struct SynthesisInputs<'a> {
     tables: &'a Tables,
     t: Option<&'a Alm>,
     pol: Option<(&'a Alm, &'a Alm)>,
@@ -527,7 +527,7 @@ fn sub_lanes(row: &[f64; LANES], s: usize) -> V {
 }
 
 /// Synthesises one block of ring pairs, choosing the fastest kernel the CPU supports.
-fn synthesize_block(ctx: &Ctx<'_>, block: &mut Block<'_>) {
+fn synthesize_block(ctx: &SynthesisInputs<'_>, block: &mut Block<'_>) {
     #[cfg(target_arch = "x86_64")]
     if ctx.avx2_fma {
         // SAFETY: `ctx.avx2_fma` is only true when `is_x86_feature_detected!`
@@ -542,12 +542,12 @@ fn synthesize_block(ctx: &Ctx<'_>, block: &mut Block<'_>) {
 /// The block kernel compiled with AVX2 and FMA enabled.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn synthesize_block_avx2_fma(ctx: &Ctx<'_>, block: &mut Block<'_>) {
+fn synthesize_block_avx2_fma(ctx: &SynthesisInputs<'_>, block: &mut Block<'_>) {
     synthesize_block_impl::<true>(ctx, block);
 }
 
 #[inline(always)]
-fn synthesize_block_impl<const FMA: bool>(ctx: &Ctx<'_>, block: &mut Block<'_>) {
+fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &mut Block<'_>) {
     let tb = ctx.tables;
     let lmax = tb.lmax;
     let nl = block.lanes.len();

@@ -5,7 +5,7 @@
 use super::noise_weight::detector_weights;
 use super::util::select_detectors;
 use super::PixelsHealpix;
-use crate::accel::kernels::{self, view_intervals, Call, PointingFields};
+use crate::accel::kernels::{self, view_intervals, KernelCall, PointingFields};
 use crate::mapmaker::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
 use crate::pixels::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;
@@ -515,7 +515,7 @@ impl Operator for BuildNoiseWeighted {
             }
             let det_scale = detector_weights(ob, &self.noise_model, &dets)?;
             let intervals = view_intervals(ob, self.view.as_deref())?;
-            let call = Call {
+            let call = KernelCall {
                 operator: &self.name,
                 detectors: &dets,
                 intervals: &intervals,

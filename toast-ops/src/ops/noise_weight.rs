@@ -19,7 +19,7 @@
 //!   without this crate knowing it).
 
 use super::util::select_detectors;
-use crate::accel::kernels::{self, view_intervals, Call};
+use crate::accel::kernels::{self, view_intervals, KernelCall};
 use crate::sim::noise::AnalyticNoiseParams;
 use serde::Deserialize;
 use std::any::Any;
@@ -247,7 +247,7 @@ impl Operator for NoiseWeight {
             }
             let weights = detector_weights(ob, &c.noise_model, &dets)?;
             let intervals = view_intervals(ob, c.view.as_deref())?;
-            let call = Call {
+            let call = KernelCall {
                 operator: &self.name,
                 detectors: &dets,
                 intervals: &intervals,

@@ -2,7 +2,7 @@
 
 use super::util::select_detectors;
 use super::PointingDetectorConfig;
-use crate::accel::kernels::{self, view_intervals, Call, HealpixParams};
+use crate::accel::kernels::{self, view_intervals, HealpixParams, KernelCall};
 use crate::pixels::{check_nside, PixelDistribution};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
@@ -163,7 +163,7 @@ impl Operator for PixelsHealpix {
                 continue;
             }
             let intervals = view_intervals(ob, view.as_deref())?;
-            let call = Call {
+            let call = KernelCall {
                 operator: &self.name,
                 detectors: &dets,
                 intervals: &intervals,

@@ -1,7 +1,7 @@
 //! Detector quaternions from the boresight (TOAST's `PointingDetectorSimple`).
 
 use super::util::select_detectors;
-use crate::accel::kernels::{self, view_intervals, Call};
+use crate::accel::kernels::{self, view_intervals, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
@@ -129,7 +129,7 @@ impl Operator for PointingDetector {
                     .create(&self.config.quats, DType::F64, &[4], Some(&dets))?;
             }
             let intervals = view_intervals(ob, self.config.view.as_deref())?;
-            let call = Call {
+            let call = KernelCall {
                 operator: &self.name,
                 detectors: &dets,
                 intervals: &intervals,

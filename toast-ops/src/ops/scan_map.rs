@@ -1,7 +1,7 @@
 //! Scan a distributed map into timestreams (TOAST's `ScanMap`).
 
 use super::util::select_detectors;
-use crate::accel::kernels::{self, view_intervals, Call, PointingFields, ScanMode};
+use crate::accel::kernels::{self, view_intervals, KernelCall, PointingFields, ScanMode};
 use serde::Deserialize;
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
@@ -132,7 +132,7 @@ impl Operator for ScanMap {
                 continue;
             }
             let intervals = view_intervals(ob, c.view.as_deref())?;
-            let call = Call {
+            let call = KernelCall {
                 operator: &self.name,
                 detectors: &dets,
                 intervals: &intervals,

@@ -2,7 +2,7 @@
 
 use super::util::select_detectors;
 use super::PointingDetectorConfig;
-use crate::accel::kernels::{self, view_intervals, Call, IquParams};
+use crate::accel::kernels::{self, view_intervals, IquParams, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
@@ -141,7 +141,7 @@ impl Operator for StokesWeights {
                 continue;
             }
             let intervals = view_intervals(ob, view.as_deref())?;
-            let call = Call {
+            let call = KernelCall {
                 operator: &self.name,
                 detectors: &dets,
                 intervals: &intervals,

@@ -31,7 +31,7 @@
 //! can read them from staged device copies like any other global item.
 
 use crate::accel::global_data::HostArray;
-use crate::accel::kernels::{self, view_intervals, AmplitudeKeys, Call, OffsetLayout};
+use crate::accel::kernels::{self, view_intervals, AmplitudeKeys, KernelCall, OffsetLayout};
 use crate::ops::{detector_weights, select_detectors};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -143,7 +143,7 @@ struct ObsLayout {
     observation: String,
     step_length: i64,
     n_amp_views: Vec<i64>,
-    intervals: Vec<abi::Interval>,
+    intervals: Vec<abi::SampleRange>,
     /// Detectors with amplitudes here, in the observation's order.
     dets: Vec<String>,
     /// First amplitude of each of `dets`.
@@ -432,7 +432,7 @@ impl OffsetTemplate {
                 continue;
             }
             let lay = &self.layout[i];
-            let call = Call {
+            let call = KernelCall {
                 operator,
                 detectors: &dets,
                 intervals: &lay.intervals,
@@ -474,7 +474,7 @@ impl OffsetTemplate {
                 continue;
             }
             let lay = &self.layout[i];
-            let call = Call {
+            let call = KernelCall {
                 operator,
                 detectors: &dets,
                 intervals: &lay.intervals,

@@ -8,7 +8,7 @@
 //! checked. Any problem is a [`CaseError`] naming the file and the field.
 
 use super::CaseData;
-use crate::abi::{Interval, Kernel};
+use crate::abi::{Kernel, SampleRange};
 use ndarray::ArrayD;
 use ndarray_npy::{NpzReader, ReadNpyError, ReadNpzError};
 use std::collections::BTreeMap;
@@ -261,7 +261,7 @@ impl Fields {
     }
 
     /// `intervals_first` and `intervals_last`.
-    fn intervals(&mut self) -> Result<Vec<Interval>, CaseError> {
+    fn intervals(&mut self) -> Result<Vec<SampleRange>, CaseError> {
         let first = self.arr::<i64>("intervals_first", Some(1))?;
         let last = self.arr::<i64>("intervals_last", Some(1))?;
         if first.data.len() != last.data.len() {
@@ -278,7 +278,7 @@ impl Fields {
             .data
             .iter()
             .zip(&last.data)
-            .map(|(&first, &last)| Interval { first, last })
+            .map(|(&first, &last)| SampleRange { first, last })
             .collect())
     }
 
@@ -373,7 +373,7 @@ pub struct PointingDetectorCase {
     pub quats_out: Arr<f64>,
     pub shared_flags: Arr<u8>,
     pub shared_flag_mask: u8,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl PointingDetectorCase {
@@ -410,7 +410,7 @@ pub struct PixelsHealpixCase {
     pub n_pix_submap: i64,
     pub nside: i64,
     pub nest: u8,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl PixelsHealpixCase {
@@ -445,7 +445,7 @@ pub struct StokesWeightsICase {
     pub weights_in: Arr<f64>,
     pub weights_out: Arr<f64>,
     pub cal: Arr<f64>,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl StokesWeightsICase {
@@ -476,7 +476,7 @@ pub struct StokesWeightsIquCase {
     pub gamma: Arr<f64>,
     pub cal: Arr<f64>,
     pub iau: u8,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl StokesWeightsIquCase {
@@ -521,7 +521,7 @@ pub struct ScanMapCase {
     pub should_zero: u8,
     pub should_subtract: u8,
     pub should_scale: u8,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl ScanMapCase {
@@ -570,7 +570,7 @@ pub struct BuildNoiseWeightedCase {
     pub det_flag_mask: u8,
     pub shared_flags: Arr<u8>,
     pub shared_flag_mask: u8,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl BuildNoiseWeightedCase {
@@ -611,7 +611,7 @@ pub struct NoiseWeightCase {
     pub det_data_out: Arr<f64>,
     pub data_index: Arr<i32>,
     pub detector_weights: Arr<f64>,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl NoiseWeightCase {
@@ -642,7 +642,7 @@ pub struct TemplateOffsetAddToSignalCase {
     pub call_amp_offset: Arr<i64>,
     pub det_data_in: Arr<f64>,
     pub det_data_out: Arr<f64>,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl TemplateOffsetAddToSignalCase {
@@ -688,7 +688,7 @@ pub struct TemplateOffsetProjectSignalCase {
     pub amplitudes_in: Arr<f64>,
     pub amplitudes_out: Arr<f64>,
     pub amplitude_flags: Arr<u8>,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
 }
 
 impl TemplateOffsetProjectSignalCase {

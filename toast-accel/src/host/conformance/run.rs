@@ -17,8 +17,8 @@ use super::case::{
     TemplateOffsetProjectSignalCase,
 };
 use super::compare::{compare, verdict, CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
-use crate::abi::{self, Interval, Intervals};
-use crate::host::{AccelError, ArrayArg, Backend, Element, KernelArgs};
+use crate::abi::{self, SampleRange, SampleRanges};
+use crate::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs};
 
 /// Run one case on `backend` and compare its outputs with TOAST's, in the
 /// backend's default [`Comparison`] ([`Comparison::for_backend`]).
@@ -48,8 +48,8 @@ pub fn run_case_with(backend: &Backend, case: &Case, cmp: Comparison) -> CaseOut
 // ---------------------------------------------------------------------------
 
 /// The ABI view of an interval list.
-fn ivs(iv: &[Interval]) -> Intervals {
-    Intervals {
+fn ivs(iv: &[SampleRange]) -> SampleRanges {
+    SampleRanges {
         ptr: if iv.is_empty() {
             std::ptr::null()
         } else {
@@ -85,7 +85,7 @@ fn nnz(weights_shape: &[usize]) -> usize {
 }
 
 /// Stage an input array.
-fn stage_in<'a, T: Element>(
+fn stage_in<'a, T: AbiElement>(
     b: &'a Backend,
     data: &'a [T],
     name: &str,
@@ -94,7 +94,7 @@ fn stage_in<'a, T: Element>(
 }
 
 /// Stage an output array (its initial value is uploaded too).
-fn stage_out<'a, T: Element>(
+fn stage_out<'a, T: AbiElement>(
     b: &'a Backend,
     data: &'a mut [T],
     name: &str,

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use toast_accel::abi;
-use toast_accel::host::{AccelError, ArrayArg, Backend, Element, KernelArgs, TransferSnapshot};
+use toast_accel::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs, TransferSnapshot};
 
 use super::host_info::{load_average, machine_description};
 use super::reference::{PRECOND_LARGE, TOAST_REFERENCE};
@@ -165,7 +165,11 @@ fn accel(what: &str) -> impl Fn(AccelError) -> String + '_ {
 }
 
 impl<'b> Timer<'b> {
-    fn input<'a, T: Element>(&mut self, data: &'a [T], name: &str) -> Result<ArrayArg<'a>, String>
+    fn input<'a, T: AbiElement>(
+        &mut self,
+        data: &'a [T],
+        name: &str,
+    ) -> Result<ArrayArg<'a>, String>
     where
         'b: 'a,
     {
@@ -175,7 +179,7 @@ impl<'b> Timer<'b> {
         Ok(a)
     }
 
-    fn output<'a, T: Element>(
+    fn output<'a, T: AbiElement>(
         &mut self,
         data: &'a mut [T],
         name: &str,

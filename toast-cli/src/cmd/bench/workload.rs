@@ -15,7 +15,7 @@
 //! pure function of (seed, s, j), so the workload is the same every run
 //! whatever the order in which its arrays are made.
 
-use toast_accel::abi::{Interval, Intervals};
+use toast_accel::abi::{SampleRange, SampleRanges};
 use toast_ops::math::qarray::{self, Quat, YAXIS, ZAXIS};
 use toast_ops::math::rng::{gaussian, uniform_01, uniform_u64};
 
@@ -218,7 +218,7 @@ pub struct Workload {
     pub nside: i64,
     pub n_submap: usize,
     pub n_pix_submap: i64,
-    pub intervals: Vec<Interval>,
+    pub intervals: Vec<SampleRange>,
     /// Samples inside the intervals.
     pub n_in: usize,
     /// 0..n_det: every index array (one row per detector).
@@ -245,10 +245,10 @@ impl Workload {
         // 10 intervals, each 95% of a tenth of the samples, centred in it.
         let block = n_samp / N_INTERVALS;
         let gap = block / 20;
-        let intervals: Vec<Interval> = (0..N_INTERVALS)
+        let intervals: Vec<SampleRange> = (0..N_INTERVALS)
             .map(|k| {
                 let first = (k * block + gap / 2) as i64;
-                Interval {
+                SampleRange {
                     first,
                     last: first + (block - gap) as i64,
                 }
@@ -325,8 +325,8 @@ impl Workload {
     }
 
     /// The intervals, as the kernels take them.
-    pub fn iv(&self) -> Intervals {
-        Intervals {
+    pub fn iv(&self) -> SampleRanges {
+        SampleRanges {
             ptr: self.intervals.as_ptr(),
             len: self.intervals.len() as u64,
         }
