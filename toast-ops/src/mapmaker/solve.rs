@@ -31,15 +31,46 @@ pub const DOT_TIMER: &str = "allreduce_dot";
 /// The template and its solved amplitudes.
 pub(super) type Solved = (Arc<OffsetTemplate>, Vec<f64>);
 
-/// A detdata-only read of host vectors out of `data.meta`.
-fn read_amps(data: &Data, key: &str) -> Result<Vec<f64>, OpError> {
-    Ok(data.meta.object::<HostArray<f64>>(key)?.values.clone())
+/// Host step `step`: the amplitude vector `key` of `data.meta`, read on
+/// the host (staged back from the device first when a scope holds it).
+fn read_amps(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    step: &str,
+    key: &str,
+) -> Result<Vec<f64>, OpError> {
+    with_host_step(
+        data,
+        ctx,
+        step,
+        Requirements::new().global(key),
+        Requirements::new(),
+        |data, _| Ok(data.meta.object::<HostArray<f64>>(key)?.values.clone()),
+    )
 }
 
-fn write_amps(data: &mut Data, key: &str, v: &[f64]) -> Result<(), OpError> {
-    let a = data.meta.object_mut::<HostArray<f64>>(key)?;
-    a.values.copy_from_slice(v);
-    Ok(())
+/// Host step `step`: `v` written into the amplitude vector `key` of
+/// `data.meta` on the host (staged to the device after when a scope holds
+/// it).
+fn write_amps(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    step: &str,
+    key: &str,
+    v: &[f64],
+) -> Result<(), OpError> {
+    with_host_step(
+        data,
+        ctx,
+        step,
+        Requirements::new(),
+        Requirements::new().global(key),
+        |data, _| {
+            let a = data.meta.object_mut::<HostArray<f64>>(key)?;
+            a.values.copy_from_slice(v);
+            Ok(())
+        },
+    )
 }
 
 /// The job-wide `Σ a_i c_i` over unflagged entries: the local sum in index
@@ -355,39 +386,33 @@ impl MapMaker {
             output: keys.temp.clone(),
             det_mask: binner.det_mask,
         };
-        let mut reset = ResetData {
-            name: "reset_rhs".into(),
-            detdata: Vec::new(),
-            global: vec![keys.rhs.clone()],
-        };
-        let mut tail = self.projection_ops(tmpl, keys, &keys.rhs)?;
+        let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         let mut ops: Vec<OpRef<'_>> = vec![&mut copy];
         if !full {
             ops.extend(self.solve_pointing.operators());
         }
-        ops.push(&mut reset);
         for op in tail.iter_mut() {
             ops.push(op.as_mut());
         }
         run_operators("SolverRHS", &mut ops, data, ctx, &RunOptions::default())?;
-        with_host_step(
-            data,
-            ctx,
-            "read_rhs",
-            Requirements::new().global(&keys.rhs),
-            Requirements::new(),
-            |data, _| read_amps(data, &keys.rhs),
-        )
+        read_amps(data, ctx, "read_rhs", &keys.rhs)
     }
 
-    /// Scan-subtract the solver's binned map from the temporary timestream,
-    /// noise weight it, project into `amplitudes` (which must be zeroed).
+    /// Zero `amplitudes` (operator `reset_name`), scan-subtract the
+    /// solver's binned map from the temporary timestream, noise weight it,
+    /// project into `amplitudes`.
     fn projection_ops(
         &self,
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
+        reset_name: &str,
         amplitudes: &str,
     ) -> Result<Vec<Box<dyn Operator>>, OpError> {
+        let reset = ResetData {
+            name: reset_name.into(),
+            detdata: Vec::new(),
+            global: vec![amplitudes.to_string()],
+        };
         let binner = &self.setup.binner;
         let view = self.solve_pointing.view().map(str::to_string);
         let scan = ScanMap::new(
@@ -423,7 +448,12 @@ impl MapMaker {
             det_flags: Some((keys.solve_flags.clone(), 255)),
             amplitudes: amplitudes.to_string(),
         };
-        Ok(vec![Box::new(scan), Box::new(nw), Box::new(project)])
+        Ok(vec![
+            Box::new(reset),
+            Box::new(scan),
+            Box::new(nw),
+            Box::new(project),
+        ])
     }
 
     /// `q = A d` (TOAST's `SolverLHS`), `d` read from `keys.lhs_in`, `q`
@@ -467,16 +497,8 @@ impl MapMaker {
         let pre: Vec<OpRef<'_>> = vec![&mut zero, &mut add];
         bin_map(data, ctx, pass, pointing, pre)?;
         // Z, N⁻¹, Fᵀ on the same timestream.
-        let mut reset = ResetData {
-            name: "reset_lhs_out".into(),
-            detdata: Vec::new(),
-            global: vec![keys.lhs_out.clone()],
-        };
-        let mut tail = self.projection_ops(tmpl, keys, &keys.lhs_out)?;
-        let mut ops: Vec<OpRef<'_>> = vec![&mut reset];
-        for op in tail.iter_mut() {
-            ops.push(op.as_mut());
-        }
+        let mut tail = self.projection_ops(tmpl, keys, "reset_lhs_out", &keys.lhs_out)?;
+        let mut ops: Vec<OpRef<'_>> = tail.iter_mut().map(|op| op.as_mut() as OpRef<'_>).collect();
         run_operators("SolverLHS", &mut ops, data, ctx, &RunOptions::default())
     }
 
@@ -490,14 +512,7 @@ impl MapMaker {
         keys: &Keys,
         r: &[f64],
     ) -> Result<Vec<f64>, OpError> {
-        with_host_step(
-            data,
-            ctx,
-            "write_residual",
-            Requirements::new(),
-            Requirements::new().global(&keys.residual),
-            |data, _| write_amps(data, &keys.residual, r),
-        )?;
+        write_amps(data, ctx, "write_residual", &keys.residual, r)?;
         let mut op = OffsetApplyPrecond {
             name: "template_matrix".into(),
             template: Arc::clone(tmpl),
@@ -505,14 +520,7 @@ impl MapMaker {
             output: keys.precond.clone(),
         };
         run_operators("precond", &mut [&mut op], data, ctx, &RunOptions::default())?;
-        with_host_step(
-            data,
-            ctx,
-            "read_precond",
-            Requirements::new().global(&keys.precond),
-            Requirements::new(),
-            |data, _| read_amps(data, &keys.precond),
-        )
+        read_amps(data, ctx, "read_precond", &keys.precond)
     }
 
     /// The PCG solve of TOAST's `solve()` from a zero starting vector.
@@ -556,25 +564,11 @@ impl MapMaker {
                 )));
             }
             // q = A d
-            with_host_step(
-                data,
-                ctx,
-                "write_proposal",
-                Requirements::new(),
-                Requirements::new().global(&keys.lhs_in),
-                |data, _| write_amps(data, &keys.lhs_in, &d),
-            )?;
+            write_amps(data, ctx, "write_proposal", &keys.lhs_in, &d)?;
             timed(data, ctx, "SolverLHS", |data, ctx| {
                 self.lhs(data, ctx, tmpl, keys)
             })?;
-            let q = with_host_step(
-                data,
-                ctx,
-                "read_lhs",
-                Requirements::new().global(&keys.lhs_out),
-                Requirements::new(),
-                |data, _| read_amps(data, &keys.lhs_out),
-            )?;
+            let q = read_amps(data, ctx, "read_lhs", &keys.lhs_out)?;
             let alpha = delta / gdot(ctx, &d, &q, &flags)?;
             for (xi, di) in x.iter_mut().zip(&d) {
                 *xi += di * alpha;
