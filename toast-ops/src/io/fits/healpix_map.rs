@@ -74,11 +74,11 @@ pub struct HealpixMap {
 /// `field=`; `None` reads all of them. Returns the maps in NEST order, as
 /// `f64`, whatever the file's ordering and column types.
 ///
-/// The steps: find the table ([`FitsReader::find_bintable`]), parse its
-/// layout ([`TableLayout::parse`]), interpret its header as a HEALPix map
+/// The steps: find the table (`FitsReader::find_bintable`), parse its
+/// layout (`TableLayout::parse`), interpret its header as a HEALPix map
 /// (keywords, map columns, resolution against the row count), check the
-/// table's size against the file ([`TableLayout::check_in_file`]), decode
-/// the columns ([`TableLayout::read_columns`]), then place partial-sky
+/// table's size against the file (`TableLayout::check_in_file`), decode
+/// the columns (`TableLayout::read_columns`), then place partial-sky
 /// values on the full sky and reorder to NEST.
 pub fn read_healpix_map(path: &Path, fields: Option<&[usize]>) -> Result<HealpixMap, FitsError> {
     let mut rd = FitsReader::open(path)?;
