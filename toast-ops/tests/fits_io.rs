@@ -405,6 +405,62 @@ fn read_errors_are_clear() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Every size a header claims is checked against the file (or for
+/// overflow) before anything is allocated or skipped; the errors name the
+/// file, the keyword and its value.
+#[test]
+fn read_checks_claimed_sizes_against_file() {
+    let dir = scratch("sizes");
+    let good = valid_file_bytes(&dir);
+
+    // A primary data unit larger than the file.
+    let mut b = good.clone();
+    replace_card(&mut b, "NAXIS", "NAXIS   =                    1");
+    replace_card(&mut b, "EXTEND", "NAXIS1  =           1000000000");
+    let s = read_err(&dir, "big_primary.fits", &b);
+    assert!(
+        s.contains("truncated") && s.contains("data of HDU 0") && s.contains("NAXIS1 = 1000000000"),
+        "{s}"
+    );
+
+    // A primary data unit whose size overflows.
+    let mut b: Vec<u8> = [
+        "SIMPLE  =                    T",
+        "BITPIX  =                    8",
+        "NAXIS   =                    2",
+        "NAXIS1  =        1099511627776",
+        "NAXIS2  =        1099511627776",
+        "END",
+    ]
+    .iter()
+    .flat_map(|c| format!("{c:<80}").into_bytes())
+    .collect();
+    b.resize(2880, b' ');
+    b.extend_from_slice(&good[2880..]);
+    let s = read_err(&dir, "overflow_primary.fits", &b);
+    assert!(
+        s.contains("overflows") && s.contains("NAXIS2 = 1099511627776"),
+        "{s}"
+    );
+
+    // A column repeat count whose width overflows.
+    let mut b = good.clone();
+    replace_card(&mut b, "TFORM1", "TFORM1  = '9999999999999999999D'");
+    let s = read_err(&dir, "repeat.fits", &b);
+    assert!(
+        s.contains("unsupported TFORM") && s.contains("overflows"),
+        "{s}"
+    );
+
+    // Table data longer than the file: the keywords are named.
+    let s = read_err(&dir, "short_table.fits", &good[..2 * 2880 + 100]);
+    assert!(
+        s.contains("truncated") && s.contains("NAXIS2 = 48") && s.contains("NAXIS1 = 12"),
+        "{s}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Writes files for `tests/data/check_fits_with_healpy.py` into
 /// `$TOAST_OPS_FITS_OUT` (or a scratch directory, then only self-checked).
 #[test]

@@ -1,0 +1,567 @@
+//! HEALPix maps in FITS: what makes a binary table a HEALPix map
+//! (`PIXTYPE`, `ORDERING`, `NSIDE`, `INDXSCHM`/`OBJECT`, the `PIXEL` column
+//! of partial-sky files, map columns with their units), [`read_healpix_map`]
+//! as a sequence of small steps, and the writers ([`write_healpix_map`],
+//! [`write_iqu_map`], [`write_hits_map`], with TOAST's
+//! [`toast_extra_header`]).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use super::bintable::{
+    self, ColType, ColumnFormat, ColumnSource, TableColumn, TableLayout, WriteColumn,
+};
+use super::header::{encode_header, primary_cards, FitsReader, Header, HeaderCard, HeaderValue};
+use super::FitsError;
+use crate::math::healpix::{self, Healpix};
+
+/// The HEALPix "unseen" sentinel value used for missing pixels.
+pub const UNSEEN: f64 = -1.6375e30;
+
+/// Pixel ordering of a HEALPix map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// NESTED ordering.
+    Nested,
+    /// RING ordering.
+    Ring,
+}
+
+impl Ordering {
+    fn keyword(self) -> &'static str {
+        match self {
+            Ordering::Nested => "NESTED",
+            Ordering::Ring => "RING",
+        }
+    }
+}
+
+/// One map (column) of a HEALPix file, in NEST ordering.
+#[derive(Debug, Clone)]
+pub struct MapField {
+    /// Column name (`TTYPEn`).
+    pub name: String,
+    /// Column unit (`TUNITn`), if given.
+    pub unit: Option<String>,
+    /// The pixel values in NEST order, scaled by `TSCALn`/`TZEROn`.
+    pub data: Vec<f64>,
+}
+
+/// A HEALPix map read from FITS: its fields in NEST order.
+#[derive(Debug, Clone)]
+pub struct HealpixMap {
+    /// Resolution.
+    pub nside: u64,
+    /// Ordering of the file (the data here are always NEST).
+    pub file_ordering: Ordering,
+    /// Whether the file used explicit (partial-sky) indexing.
+    pub partial: bool,
+    /// The fields (maps) read, in the order requested.
+    pub fields: Vec<MapField>,
+    /// The full header of the table extension.
+    pub header: Header,
+}
+
+// =====================================================================
+// Reading
+// =====================================================================
+
+/// Reads a HEALPix map from the first binary-table extension of `path`.
+///
+/// `fields` selects map columns by 0-based index among the map columns (the
+/// `PIXEL` column of partial-sky files is not counted), like healpy's
+/// `field=`; `None` reads all of them. Returns the maps in NEST order, as
+/// `f64`, whatever the file's ordering and column types.
+///
+/// The steps: find the table (`FitsReader::find_bintable`), parse its
+/// layout (`TableLayout::parse`), interpret its header as a HEALPix map
+/// (keywords, map columns, resolution against the row count), check the
+/// table's size against the file (`TableLayout::check_in_file`), decode
+/// the columns (`TableLayout::read_columns`), then place partial-sky
+/// values on the full sky and reorder to NEST.
+pub fn read_healpix_map(path: &Path, fields: Option<&[usize]>) -> Result<HealpixMap, FitsError> {
+    let mut rd = FitsReader::open(path)?;
+    let (hdu, header) = rd.find_bintable()?;
+    let layout = TableLayout::parse(&header, path, hdu)?;
+    let at = At { path, hdu };
+    let keys = HealpixKeywords::parse(&header, at)?;
+    let cols = MapColumns::select(&layout.columns, keys.partial, fields, at)?;
+    let nelem = layout
+        .nrows
+        .checked_mul(cols.repeat)
+        .ok_or_else(|| at.bad_header("row count overflows".into()))?;
+    let (nside, npix) = keys.resolution(nelem, layout.nrows, cols.repeat, at)?;
+    layout.check_in_file(&mut rd, hdu)?;
+    let mut values = layout.read_columns(&mut rd, hdu, &cols.to_read(), cols.repeat)?;
+    let values = match cols.pixel {
+        Some(_) => {
+            let pixels = values.pop().expect("the PIXEL column is read last");
+            scatter_partial(values, &pixels, npix, nside, at)?
+        }
+        None => values,
+    };
+    let fields = cols
+        .selected
+        .iter()
+        .zip(values)
+        .map(|(c, data)| MapField {
+            name: c.name.clone(),
+            unit: c.unit.clone(),
+            data: to_nest(data, keys.ordering),
+        })
+        .collect();
+    Ok(HealpixMap {
+        nside,
+        file_ordering: keys.ordering,
+        partial: keys.partial,
+        fields,
+        header,
+    })
+}
+
+/// Where a read is (the file and the table's HDU), for its errors.
+#[derive(Debug, Clone, Copy)]
+struct At<'a> {
+    path: &'a Path,
+    hdu: usize,
+}
+
+impl At<'_> {
+    fn not_healpix(self, reason: String) -> FitsError {
+        FitsError::NotHealpix {
+            path: self.path.to_path_buf(),
+            hdu: self.hdu,
+            reason,
+        }
+    }
+
+    fn bad_header(self, reason: String) -> FitsError {
+        FitsError::BadHeader {
+            path: self.path.to_path_buf(),
+            hdu: self.hdu,
+            reason,
+        }
+    }
+
+    fn row_count(self, reason: String) -> FitsError {
+        FitsError::RowCount {
+            path: self.path.to_path_buf(),
+            reason,
+        }
+    }
+
+    fn bad_nside(self, value: String, reason: &str) -> FitsError {
+        FitsError::BadNside {
+            path: self.path.to_path_buf(),
+            value,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The HEALPix keywords of a table header.
+#[derive(Debug, Clone)]
+struct HealpixKeywords {
+    /// `ORDERING` (`NESTED`/`NEST` or `RING`).
+    ordering: Ordering,
+    /// Explicit indexing: `INDXSCHM = 'EXPLICIT'` or `OBJECT = 'PARTIAL'`.
+    partial: bool,
+    /// `NSIDE` as written, checked by [`HealpixKeywords::resolution`].
+    nside: Option<HeaderValue>,
+}
+
+impl HealpixKeywords {
+    /// `PIXTYPE` must be `HEALPIX` and `ORDERING` a known scheme.
+    fn parse(header: &Header, at: At<'_>) -> Result<Self, FitsError> {
+        match header.get_str("PIXTYPE") {
+            Some(s) if s.eq_ignore_ascii_case("HEALPIX") => {}
+            Some(s) => return Err(at.not_healpix(format!("PIXTYPE = '{s}', expected 'HEALPIX'"))),
+            None => return Err(at.not_healpix("missing keyword PIXTYPE".into())),
+        }
+        let ordering = match header.get_str("ORDERING").map(|s| s.to_ascii_uppercase()) {
+            Some(s) if s == "NESTED" || s == "NEST" => Ordering::Nested,
+            Some(s) if s == "RING" => Ordering::Ring,
+            Some(s) => {
+                return Err(at.not_healpix(format!("ORDERING = '{s}', expected 'NESTED' or 'RING'")))
+            }
+            None => return Err(at.not_healpix("missing keyword ORDERING".into())),
+        };
+        let partial = header
+            .get_str("INDXSCHM")
+            .is_some_and(|s| s.eq_ignore_ascii_case("EXPLICIT"))
+            || header
+                .get_str("OBJECT")
+                .is_some_and(|s| s.eq_ignore_ascii_case("PARTIAL"));
+        Ok(HealpixKeywords {
+            ordering,
+            partial,
+            nside: header.get("NSIDE").cloned(),
+        })
+    }
+
+    /// The resolution `(nside, npix)`: from `NSIDE` if present (it must be
+    /// valid), else from the element count `nelem` (`nrows × repeat`),
+    /// which must then be all pixels of a full-sky map, or at most all of a
+    /// partial one.
+    fn resolution(
+        &self,
+        nelem: usize,
+        nrows: usize,
+        repeat: usize,
+        at: At<'_>,
+    ) -> Result<(u64, usize), FitsError> {
+        let nside = match &self.nside {
+            Some(v) => {
+                let n = v
+                    .as_int()
+                    .ok_or_else(|| at.bad_nside(v.display(), "not an integer"))?;
+                if n <= 0 || healpix::check_nside(n as u64).is_err() {
+                    return Err(at.bad_nside(
+                        n.to_string(),
+                        "must be a power of two between 1 and 2^29",
+                    ));
+                }
+                n as u64
+            }
+            None if self.partial => {
+                return Err(at.not_healpix("partial-sky map without NSIDE keyword".into()))
+            }
+            None => healpix::npix2nside(nelem as u64).map_err(|_| {
+                at.row_count(format!(
+                    "no NSIDE keyword and {nelem} pixels ({nrows} rows x {repeat}) is not 12*nside^2"
+                ))
+            })?,
+        };
+        let npix = Healpix::new(nside).expect("nside validated").npix() as usize;
+        if !self.partial && nelem != npix {
+            return Err(at.row_count(format!(
+                "NSIDE = {nside} needs {npix} pixels but the table has {nrows} rows x {repeat} = {nelem}"
+            )));
+        }
+        if self.partial && nelem > npix {
+            return Err(at.row_count(format!(
+                "partial map has {nelem} entries, more than the {npix} pixels of NSIDE = {nside}"
+            )));
+        }
+        Ok((nside, npix))
+    }
+}
+
+/// The columns a read decodes: the requested map columns and, in a
+/// partial-sky file, the `PIXEL` column; all numeric, all with `repeat`
+/// elements a row.
+#[derive(Debug)]
+struct MapColumns<'a> {
+    pixel: Option<&'a TableColumn>,
+    selected: Vec<&'a TableColumn>,
+    repeat: usize,
+}
+
+impl<'a> MapColumns<'a> {
+    /// The map columns are all columns but the leading `PIXEL` of a
+    /// partial-sky table; `fields` picks among them (`None`: all).
+    fn select(
+        columns: &'a [TableColumn],
+        partial: bool,
+        fields: Option<&[usize]>,
+        at: At<'_>,
+    ) -> Result<Self, FitsError> {
+        let (pixel, map_cols) = if partial {
+            let first = columns.first().ok_or_else(|| {
+                at.not_healpix("explicit-indexing (partial-sky) table has no columns".into())
+            })?;
+            if !first.name.eq_ignore_ascii_case("PIXEL") {
+                return Err(at.not_healpix(format!(
+                    "explicit-indexing (partial-sky) table: first column is '{}', expected 'PIXEL'",
+                    first.name
+                )));
+            }
+            (Some(first), &columns[1..])
+        } else {
+            (None, columns)
+        };
+        if map_cols.is_empty() {
+            return Err(at.not_healpix("table has no map columns".into()));
+        }
+        let selected: Vec<&TableColumn> = match fields {
+            None => map_cols.iter().collect(),
+            Some(idx) => idx
+                .iter()
+                .map(|&i| {
+                    map_cols.get(i).ok_or_else(|| {
+                        at.not_healpix(format!(
+                            "field {i} requested but the table has {} map column(s)",
+                            map_cols.len()
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        if selected.is_empty() {
+            return Err(at.not_healpix("no fields requested".into()));
+        }
+        for c in selected.iter().chain(pixel.iter()) {
+            if c.ty == ColType::Other {
+                return Err(c.unsupported(
+                    at.path,
+                    "only numeric columns (B, I, J, K, E, D) can hold map values".into(),
+                ));
+            }
+        }
+        let repeat = selected[0].repeat;
+        if let Some(c) = selected
+            .iter()
+            .chain(pixel.iter())
+            .find(|c| c.repeat != repeat)
+        {
+            return Err(c.unsupported(
+                at.path,
+                format!(
+                    "repeat count {} differs from {} of column '{}'",
+                    c.repeat, repeat, selected[0].name
+                ),
+            ));
+        }
+        Ok(MapColumns {
+            pixel,
+            selected,
+            repeat,
+        })
+    }
+
+    /// The columns to decode: the selected ones, then `PIXEL` if any.
+    fn to_read(&self) -> Vec<&'a TableColumn> {
+        self.selected.iter().copied().chain(self.pixel).collect()
+    }
+}
+
+/// Places the values of a partial-sky file at their `PIXEL` indices on a
+/// full sky of `npix` pixels (the file's ordering), [`UNSEEN`] elsewhere.
+fn scatter_partial(
+    values: Vec<Vec<f64>>,
+    pixels: &[f64],
+    npix: usize,
+    nside: u64,
+    at: At<'_>,
+) -> Result<Vec<Vec<f64>>, FitsError> {
+    for (k, &pix) in pixels.iter().enumerate() {
+        if !(pix >= 0.0 && pix < npix as f64 && pix.fract() == 0.0) {
+            return Err(at.not_healpix(format!(
+                "PIXEL entry {k} = {pix} is not a pixel index of NSIDE = {nside}"
+            )));
+        }
+    }
+    Ok(values
+        .into_iter()
+        .map(|vals| {
+            let mut m = vec![UNSEEN; npix];
+            for (&pix, &v) in pixels.iter().zip(vals.iter()) {
+                m[pix as usize] = v;
+            }
+            m
+        })
+        .collect())
+}
+
+/// A full-sky map in `ordering`, in NEST order.
+fn to_nest(data: Vec<f64>, ordering: Ordering) -> Vec<f64> {
+    match ordering {
+        Ordering::Nested => data,
+        Ordering::Ring => {
+            healpix::ring_to_nest(&data).expect("length is 12 nside^2 by construction")
+        }
+    }
+}
+
+// =====================================================================
+// Writing
+// =====================================================================
+
+/// Float precision of written I/Q/U maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MapPrecision {
+    /// float32 (`E`), TOAST's default.
+    #[default]
+    F32,
+    /// float64 (`D`), TOAST's `write_float64`.
+    F64,
+}
+
+/// TOAST MapMaker's extra header cards, in TOAST's order:
+/// `START`, `STOP` (unix seconds), `NDET`, `NGOOD`, `OPERATOR = 'TOAST MapMaker'`,
+/// `CREATED` (unix time now), `VERSION`.
+pub fn toast_extra_header(
+    start: f64,
+    stop: f64,
+    ndet: i64,
+    ngood: i64,
+    version: &str,
+) -> Vec<HeaderCard> {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    vec![
+        HeaderCard::float("START", start, "Dataset start time"),
+        HeaderCard::float("STOP", stop, "Dataset stop time"),
+        HeaderCard::int("NDET", ndet, "Total number of detectors"),
+        HeaderCard::int("NGOOD", ngood, "Total number of usable detectors"),
+        HeaderCard::string("OPERATOR", "TOAST MapMaker", "Generating code"),
+        HeaderCard::float("CREATED", created, "Creation time [UTC]"),
+        HeaderCard::string("VERSION", version, "TOAST version"),
+    ]
+}
+
+/// Writes a full-sky HEALPix map (one scalar column per map) in the layout of
+/// `healpy.write_map(..., fits_IDL=False)` (see the module documentation).
+///
+/// All columns must have `12 nside²` values for a valid `nside`; `extra` cards
+/// are appended after the HEALPix keywords (an `EXTNAME` card replaces the
+/// default `'xtension'`; structural and HEALPix keywords are refused). An
+/// existing file is replaced.
+pub fn write_healpix_map(
+    path: &Path,
+    ordering: Ordering,
+    columns: &[WriteColumn<'_>],
+    extra: &[HeaderCard],
+) -> Result<(), FitsError> {
+    let invalid = |reason: String| FitsError::InvalidInput {
+        path: path.to_path_buf(),
+        reason,
+    };
+    bintable::check_column_count(columns).map_err(invalid)?;
+    let npix = columns[0].data.len();
+    let nside = healpix::npix2nside(npix as u64).map_err(|e| invalid(e.to_string()))?;
+    bintable::check_column_data(columns, npix).map_err(invalid)?;
+
+    let mut cards = bintable::table_cards(columns, npix);
+    cards.extend(healpix_cards(ordering, nside, npix));
+    add_extra_cards(&mut cards, extra, columns.len()).map_err(invalid)?;
+    let header = encode_header(&cards).map_err(invalid)?;
+    let primary = encode_header(&primary_cards()).map_err(invalid)?;
+    // Validate integer ranges before touching the file.
+    bintable::check_int_ranges(columns).map_err(invalid)?;
+
+    let file = File::create(path).map_err(|source| FitsError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let io = |source| FitsError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    w.write_all(&primary).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    bintable::write_rows(&mut w, columns, npix).map_err(io)?;
+    w.flush().map_err(io)?;
+    Ok(())
+}
+
+/// The HEALPix keywords of a full-sky map, in healpy's order.
+fn healpix_cards(ordering: Ordering, nside: u64, npix: usize) -> [HeaderCard; 8] {
+    [
+        HeaderCard::string("PIXTYPE", "HEALPIX", "HEALPIX pixelisation"),
+        HeaderCard::string(
+            "ORDERING",
+            ordering.keyword(),
+            "Pixel ordering scheme, either RING or NESTED",
+        ),
+        HeaderCard::string("EXTNAME", "xtension", "name of this binary table extension"),
+        HeaderCard::int("NSIDE", nside as i64, "Resolution parameter of HEALPIX"),
+        HeaderCard::int("FIRSTPIX", 0, "First pixel # (0 based)"),
+        HeaderCard::int("LASTPIX", npix as i64 - 1, "Last pixel # (0 based)"),
+        HeaderCard::string("INDXSCHM", "IMPLICIT", "Indexing: IMPLICIT or EXPLICIT"),
+        HeaderCard::string(
+            "OBJECT",
+            "FULLSKY",
+            "Sky coverage, either FULLSKY or PARTIAL",
+        ),
+    ]
+}
+
+/// Adds the caller's `extra` cards to `cards`: a card whose keyword is
+/// already there (e.g. `EXTNAME`) replaces it, as healpy's `extra_header`
+/// does; structural, column and HEALPix keywords and repeated keywords are
+/// refused.
+fn add_extra_cards(
+    cards: &mut Vec<HeaderCard>,
+    extra: &[HeaderCard],
+    ncols: usize,
+) -> Result<(), String> {
+    let reserved = [
+        "XTENSION", "BITPIX", "NAXIS", "NAXIS1", "NAXIS2", "PCOUNT", "GCOUNT", "TFIELDS",
+        "PIXTYPE", "ORDERING", "NSIDE", "FIRSTPIX", "LASTPIX", "INDXSCHM", "OBJECT", "END",
+    ];
+    for c in extra {
+        if reserved.contains(&c.key.as_str()) || bintable::is_column_keyword(&c.key, ncols) {
+            return Err(format!(
+                "extra header keyword {} is set by the writer",
+                c.key
+            ));
+        }
+        if extra.iter().filter(|o| o.key == c.key).count() > 1 {
+            return Err(format!(
+                "extra header keyword {} given more than once",
+                c.key
+            ));
+        }
+        if let Some(existing) = cards.iter_mut().find(|o| o.key == c.key) {
+            *existing = c.clone();
+        } else {
+            cards.push(c.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Writes an I/Q/U map the way TOAST's MapMaker does: columns `TEMPERATURE`,
+/// `Q_POLARISATION`, `U_POLARISATION`, each with unit `unit`, as float32 (`E`)
+/// or float64 (`D`).
+pub fn write_iqu_map(
+    path: &Path,
+    ordering: Ordering,
+    maps: [&[f64]; 3],
+    unit: &str,
+    precision: MapPrecision,
+    extra: &[HeaderCard],
+) -> Result<(), FitsError> {
+    let format = match precision {
+        MapPrecision::F32 => ColumnFormat::F32,
+        MapPrecision::F64 => ColumnFormat::F64,
+    };
+    let names = ["TEMPERATURE", "Q_POLARISATION", "U_POLARISATION"];
+    let cols: Vec<WriteColumn<'_>> = names
+        .iter()
+        .zip(maps)
+        .map(|(name, data)| WriteColumn {
+            name,
+            unit: Some(unit),
+            format,
+            data: ColumnSource::F64(data),
+        })
+        .collect();
+    write_healpix_map(path, ordering, &cols, extra)
+}
+
+/// Writes a hit-count map the way TOAST's MapMaker does: one int32 (`J`)
+/// column named `T`, no unit. Counts above `i32::MAX` are an error.
+pub fn write_hits_map(
+    path: &Path,
+    ordering: Ordering,
+    hits: &[i64],
+    extra: &[HeaderCard],
+) -> Result<(), FitsError> {
+    write_healpix_map(
+        path,
+        ordering,
+        &[WriteColumn {
+            name: "T",
+            unit: None,
+            format: ColumnFormat::I32,
+            data: ColumnSource::I64(hits),
+        }],
+        extra,
+    )
+}

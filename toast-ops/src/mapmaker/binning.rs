@@ -1,0 +1,223 @@
+//! The map-maker's pixel-domain passes (TOAST's `BinMap` and
+//! `CovarianceAndHits` as the map-maker runs them): the pixel
+//! distributions, hits and covariance for the solver (5b) and the final
+//! maps (5f), and the final binning passes, the binned raw map (5g) and the
+//! destriped map (5i). The binning itself is [`crate::ops::binning`]'s.
+
+use super::products::{Keys, MapMakerResult};
+use super::{timed, MapMaker};
+use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
+use crate::ops::binning::{bin_map, BinPass};
+use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
+use crate::ops::{BuildPixelDistribution, FlagSelection};
+use toast_core::{Data, ExecContext, OpError};
+
+/// Keys of one covariance-and-hits pass.
+pub(super) struct CovKeys<'a> {
+    pub(super) pixel_dist: &'a str,
+    pub(super) hits: &'a str,
+    pub(super) cov: &'a str,
+    pub(super) rcond: &'a str,
+    pub(super) invcov: Option<&'a str>,
+}
+
+impl MapMaker {
+    /// Builds the pixel distribution `key` (with operator name `op_name`)
+    /// from the solver's or the final pointing (expanded first when
+    /// `expand`) unless it exists; with `reset`, a present one is rebuilt.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ensure_pixel_dist(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        op_name: &str,
+        key: &str,
+        reset: bool,
+        expand: bool,
+        final_pointing: bool,
+    ) -> Result<(), OpError> {
+        if reset {
+            data.meta.remove(key);
+        }
+        if data.meta.contains(key) {
+            return Ok(());
+        }
+        let pixels = if final_pointing {
+            self.final_ops()
+        } else {
+            &self.solve_pointing
+        }
+        .pixels
+        .clone();
+        let mut build = BuildPixelDistribution::new(op_name, key, &pixels);
+        self.run_with_pointing(
+            data,
+            ctx,
+            "BuildPixelDistribution",
+            expand,
+            final_pointing,
+            vec![&mut build],
+        )
+    }
+
+    /// Run `ops`, preceded by the pointing operators when `expand`.
+    fn run_with_pointing(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        name: &str,
+        expand: bool,
+        final_pointing: bool,
+        ops: Vec<OpRef<'_>>,
+    ) -> Result<(), OpError> {
+        let pointing = if final_pointing {
+            self.final_ops_mut()
+        } else {
+            &mut self.solve_pointing
+        };
+        let mut all: Vec<OpRef<'_>> = Vec::new();
+        if expand {
+            all.extend(pointing.operators());
+        }
+        all.extend(ops);
+        run_operators(name, &mut all, data, ctx, &RunOptions::default())
+    }
+
+    /// Hits, inverse covariance, inversion with `threshold`, with the
+    /// solver's or the final pointing (expanded first when `expand`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn covariance_and_hits(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        k: CovKeys<'_>,
+        flags: FlagSelection,
+        noise_model: &str,
+        threshold: f64,
+        expand: bool,
+        final_pointing: bool,
+    ) -> Result<(), OpError> {
+        let ops = if final_pointing {
+            self.final_ops_mut()
+        } else {
+            &mut self.solve_pointing
+        };
+        let (pix, wts, view) = (
+            ops.pixels_field().to_string(),
+            ops.weights_field().to_string(),
+            ops.view().map(str::to_string),
+        );
+        let pass = CovPass {
+            name: "CovarianceAndHits",
+            pixel_dist: k.pixel_dist,
+            hits: k.hits,
+            covariance: k.cov,
+            rcond: k.rcond,
+            inverse_covariance: k.invcov,
+            pixels: &pix,
+            weights: &wts,
+            view: view.as_deref(),
+            flags,
+            noise_model,
+            threshold,
+        };
+        covariance_and_hits(data, ctx, pass, expand.then_some(ops))
+    }
+
+    /// 5f, 5g, 5i: the final products with the final binner and pointing:
+    /// hits, covariance and rcond (`map_rcond_threshold`), the binned map
+    /// of the raw timestream (with `write_binmap`) and the destriped map of
+    /// `cleaned_field` (and its noise-weighted map when kept).
+    pub(super) fn final_products(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+        cleaned_field: &str,
+        res: &mut MapMakerResult,
+    ) -> Result<(), OpError> {
+        let mm = self.setup.mapmaker.clone();
+        let fb = self.final_binner().clone();
+        let expand_final = self.final_pointing.is_some() || !self.setup.binner.full_pointing;
+        self.ensure_pixel_dist(
+            data,
+            ctx,
+            "pixel_dist_final",
+            &fb.pixel_dist,
+            mm.reset_pix_dist && fb.pixel_dist != self.setup.binner.pixel_dist,
+            expand_final,
+            true,
+        )?;
+        timed(data, ctx, "CovarianceAndHits", |data, ctx| {
+            let invcov = mm.write_invcov.then_some(keys.invcov.as_str());
+            self.covariance_and_hits(
+                data,
+                ctx,
+                CovKeys {
+                    pixel_dist: &fb.pixel_dist,
+                    hits: &keys.hits,
+                    cov: &keys.cov,
+                    rcond: &keys.rcond,
+                    invcov,
+                },
+                fb.flags(),
+                &fb.noise_model,
+                mm.map_rcond_threshold,
+                expand_final,
+                true,
+            )
+        })?;
+        res.hits = keys.hits.clone();
+        res.cov = keys.cov.clone();
+        res.rcond = keys.rcond.clone();
+        res.invcov = mm.write_invcov.then(|| keys.invcov.clone());
+
+        if mm.write_binmap {
+            let pass = BinPass {
+                name: "binmap",
+                config: &fb,
+                covariance: &keys.cov,
+                binned: &keys.binmap,
+                det_data: &mm.det_data,
+                flags: fb.flags(),
+                noiseweighted: None,
+            };
+            self.bin_final(data, ctx, pass, expand_final)?;
+            res.binmap = Some(keys.binmap.clone());
+        }
+
+        let keep_nw = mm.write_noiseweighted_map || mm.keep_final_products;
+        let pass = BinPass {
+            name: "binner_final",
+            config: &fb,
+            covariance: &keys.cov,
+            binned: &keys.map,
+            det_data: cleaned_field,
+            flags: fb.flags(),
+            noiseweighted: keep_nw.then_some(keys.noiseweighted.as_str()),
+        };
+        self.bin_final(data, ctx, pass, expand_final)?;
+        res.map = keys.map.clone();
+        res.noiseweighted_map = keep_nw.then(|| keys.noiseweighted.clone());
+        Ok(())
+    }
+
+    /// One final binning pass (timed as `BinMap`), with the final pointing
+    /// expanded first when `expand`.
+    fn bin_final(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        pass: BinPass<'_>,
+        expand: bool,
+    ) -> Result<(), OpError> {
+        timed(data, ctx, "BinMap", |data, ctx| {
+            let pointing = if expand {
+                Some(self.final_ops_mut())
+            } else {
+                None
+            };
+            bin_map(data, ctx, pass, pointing, Vec::new())
+        })
+    }
+}

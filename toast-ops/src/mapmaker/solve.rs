@@ -1,0 +1,627 @@
+//! Solving for the offset amplitudes (TOAST's `SolveAmplitudes`, steps
+//! 5a–5e): the solver flags, the solver's hits and covariance, the rcond
+//! mask, the offset template and the right-hand side (`SolverRHS`), then
+//! the PCG loop with the diagonal preconditioner, each iteration applying
+//! the left-hand side once (`SolverLHS`).
+
+use super::binning::CovKeys;
+use super::products::{Keys, MapMakerResult};
+use super::{timed, MapMaker};
+use crate::accel::global_data::HostArray;
+use crate::accel::kernels::view_intervals;
+use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::ops::binning::{bin_map, BinPass};
+use crate::ops::{
+    select_detectors, CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, ResetData,
+    ScanMap, ScanMapConfig,
+};
+use crate::pixels::PixelData;
+use crate::templates::offset::{
+    OffsetAddToSignal, OffsetApplyPrecond, OffsetInit, OffsetProjectSignal,
+};
+use crate::templates::OffsetTemplate;
+use std::sync::Arc;
+use toast_core::{
+    comm_of, Category, DType, Data, ExecContext, OpError, Operator, ReduceOp, Requirements,
+};
+
+/// Timer frame of the CG dot-product reductions.
+pub const DOT_TIMER: &str = "allreduce_dot";
+
+/// The template and its solved amplitudes.
+pub(super) type Solved = (Arc<OffsetTemplate>, Vec<f64>);
+
+/// Host step `step`: the amplitude vector `key` of `data.meta`, read on
+/// the host (staged back from the device first when a scope holds it).
+fn read_amps(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    step: &str,
+    key: &str,
+) -> Result<Vec<f64>, OpError> {
+    with_host_step(
+        data,
+        ctx,
+        step,
+        Requirements::new().global(key),
+        Requirements::new(),
+        |data, _| Ok(data.meta.object::<HostArray<f64>>(key)?.values.clone()),
+    )
+}
+
+/// Host step `step`: `v` written into the amplitude vector `key` of
+/// `data.meta` on the host (staged to the device after when a scope holds
+/// it).
+fn write_amps(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    step: &str,
+    key: &str,
+    v: &[f64],
+) -> Result<(), OpError> {
+    with_host_step(
+        data,
+        ctx,
+        step,
+        Requirements::new(),
+        Requirements::new().global(key),
+        |data, _| {
+            let a = data.meta.object_mut::<HostArray<f64>>(key)?;
+            a.values.copy_from_slice(v);
+            Ok(())
+        },
+    )
+}
+
+/// The job-wide `Σ a_i c_i` over unflagged entries: the local sum in index
+/// order, then an allreduce over the processes (timed as [`DOT_TIMER`]).
+fn gdot(ctx: &mut ExecContext, a: &[f64], c: &[f64], flags: &[u8]) -> Result<f64, OpError> {
+    let mut v = [dot(a, c, flags)];
+    let comm = comm_of(ctx);
+    if comm.size() > 1 {
+        ctx.timers.enter(DOT_TIMER)?;
+        let r = comm.allreduce_f64(&mut v, ReduceOp::Sum);
+        ctx.timers.exit(DOT_TIMER)?;
+        r.map_err(|e| OpError::Config(format!("PCG dot product: {e}")))?;
+    }
+    Ok(v[0])
+}
+
+/// `Σ a_i c_i` over unflagged entries, in index order.
+fn dot(a: &[f64], c: &[f64], flags: &[u8]) -> f64 {
+    let mut s = 0.0;
+    for ((x, y), f) in a.iter().zip(c).zip(flags) {
+        if *f == 0 {
+            s += x * y;
+        }
+    }
+    s
+}
+
+impl MapMaker {
+    /// 5a-5e. Returns the template and the solved amplitudes, or `None` when
+    /// there is nothing to solve.
+    pub(super) fn solve_amplitudes(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+        res: &mut MapMakerResult,
+    ) -> Result<Option<Solved>, OpError> {
+        let mm = self.setup.mapmaker.clone();
+        let binner = self.setup.binner.clone();
+
+        // 5a: solver flags.
+        self.solver_flags(data, ctx, keys)?;
+
+        // 5b: solver hits and covariance.
+        let solve_sel = self.solver_selection(keys, binner.shared_flag_mask);
+        timed(data, ctx, "CovarianceAndHits", |data, ctx| {
+            self.covariance_and_hits(
+                data,
+                ctx,
+                CovKeys {
+                    pixel_dist: &binner.pixel_dist,
+                    hits: &keys.solve_hits,
+                    cov: &keys.solve_cov,
+                    rcond: &keys.solve_rcond,
+                    invcov: None,
+                },
+                solve_sel,
+                &binner.noise_model,
+                mm.solve_rcond_threshold,
+                !binner.full_pointing,
+                false,
+            )
+        })?;
+
+        // 5c: flag samples in poorly conditioned pixels (bit 4).
+        self.rcond_mask(data, ctx, keys, res)?;
+
+        // 5d: the template and the right-hand side.
+        let Some(tmpl) = self.offset_template(data, ctx, keys, res)? else {
+            return Ok(None);
+        };
+        let b = timed(data, ctx, "SolverRHS", |data, ctx| {
+            self.rhs(data, ctx, &tmpl, keys)
+        })?;
+
+        // 5e: PCG.
+        let x = timed(data, ctx, "solve", |data, ctx| {
+            self.pcg(data, ctx, &tmpl, keys, &b, res)
+        })?;
+        Ok(Some((tmpl, x)))
+    }
+
+    /// The samples the solver uses: the binner's detectors and shared
+    /// flags (with `shared_flag_mask`), and any bit of the solver flags.
+    fn solver_selection(&self, keys: &Keys, shared_flag_mask: u8) -> FlagSelection {
+        let binner = &self.setup.binner;
+        FlagSelection {
+            det_mask: binner.det_mask,
+            det_flags: Some(keys.solve_flags.clone()),
+            det_flag_mask: 255,
+            shared_flags: binner.shared_flags.clone(),
+            shared_flag_mask,
+        }
+    }
+
+    /// 5a: the solver flags (`{name}_solve_flags`): bit 1 where the binner's
+    /// flags cut the sample or the sample lies outside the pointing's view.
+    fn solver_flags(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        let binner = self.setup.binner.clone();
+        let view = self.solve_pointing.view().map(str::to_string);
+        let flags0 = binner.flags();
+        let mut req = Requirements::new();
+        if let Some((f, _)) = flags0.det() {
+            req.add(Category::DetData, f);
+        }
+        if let Some((f, _)) = flags0.shared() {
+            req.add(Category::Shared, f);
+        }
+        let sf = keys.solve_flags.clone();
+        with_host_step(
+            data,
+            ctx,
+            "solver_flags",
+            req,
+            Requirements::new().detdata(&sf),
+            |data, ctx| {
+                for ob in &mut data.obs {
+                    let dets = select_detectors(ctx, ob, binner.det_mask);
+                    ob.detdata.create(&sf, DType::U8, &[], None)?;
+                    if dets.is_empty() {
+                        continue;
+                    }
+                    let ranges = view_intervals(ob, view.as_deref())?;
+                    let mut rows = Vec::with_capacity(dets.len());
+                    for d in &dets {
+                        let cut = flags0.sample_cut(ob, d)?;
+                        let mut row = vec![1u8; ob.n_samples()];
+                        for iv in &ranges {
+                            for s in iv.first as usize..iv.last as usize {
+                                row[s] = u8::from(cut[s]);
+                            }
+                        }
+                        rows.push(row);
+                    }
+                    let f = ob.detdata.get_mut(&sf)?;
+                    for (d, row) in dets.iter().zip(rows) {
+                        f.row_of_mut::<u8>(d)?.copy_from_slice(&row);
+                    }
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// 5c: bit 4 of the solver flags on every sample in a pixel whose
+    /// solver rcond is below `solve_rcond_threshold` (TOAST's `ScanMask`);
+    /// counts the samples the solver flags cut.
+    fn rcond_mask(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+        res: &mut MapMakerResult,
+    ) -> Result<(), OpError> {
+        let binner = self.setup.binner.clone();
+        let view = self.solve_pointing.view().map(str::to_string);
+        if !binner.full_pointing {
+            let mut ops = self.solve_pointing.operators();
+            ops.truncate(2);
+            run_operators(
+                "rcond_mask_pointing",
+                &mut ops,
+                data,
+                ctx,
+                &RunOptions::default(),
+            )?;
+        }
+        let pix_field = self.solve_pointing.pixels_field().to_string();
+        let sf = keys.solve_flags.clone();
+        let rcond_key = keys.solve_rcond.clone();
+        let threshold = self.setup.mapmaker.solve_rcond_threshold;
+        let (cut, total) = with_host_step(
+            data,
+            ctx,
+            "rcond_mask",
+            Requirements::new()
+                .detdata(&pix_field)
+                .detdata(&sf)
+                .global(&rcond_key),
+            Requirements::new().detdata(&sf),
+            |data, ctx| {
+                let Data { obs, meta } = data;
+                let rcond = meta.object::<PixelData<f64>>(&rcond_key)?;
+                let (mut cut, mut total) = (0u64, 0u64);
+                for ob in obs.iter_mut() {
+                    let dets = select_detectors(ctx, ob, binner.det_mask);
+                    if dets.is_empty() {
+                        continue;
+                    }
+                    let ranges = view_intervals(ob, view.as_deref())?;
+                    let [pix, flags] = ob
+                        .detdata
+                        .get_disjoint_mut([pix_field.as_str(), sf.as_str()])?;
+                    for d in &dets {
+                        let p = pix.row_of::<i64>(d)?;
+                        let f = flags.row_of_mut::<u8>(d)?;
+                        for iv in &ranges {
+                            for s in iv.first as usize..iv.last as usize {
+                                if p[s] >= 0 {
+                                    if let Some(r) = rcond.pixel(p[s]) {
+                                        if r[0] < threshold {
+                                            f[s] |= 4;
+                                        }
+                                    }
+                                }
+                                total += 1;
+                                cut += u64::from(f[s] != 0);
+                            }
+                        }
+                    }
+                }
+                Ok((cut, total))
+            },
+        )?;
+        res.solver_cut_samples = cut;
+        res.solver_total_samples = total;
+        if total > 0 {
+            tracing::info!(
+                "{}: solver flags cut {cut} / {total} = {:.2}% of samples",
+                self.setup.name,
+                100.0 * cut as f64 / total as f64
+            );
+        }
+        Ok(())
+    }
+
+    /// 5d, first half: the offset template, its amplitudes flagged from the
+    /// solver flags, and the zeroed amplitude vectors of the solve; `None`
+    /// when the job has no amplitudes.
+    fn offset_template(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+        res: &mut MapMakerResult,
+    ) -> Result<Option<Arc<OffsetTemplate>>, OpError> {
+        let view = self.solve_pointing.view().map(str::to_string);
+        let tmpl = OffsetTemplate::initialize(
+            "baselines",
+            self.setup.baselines.clone(),
+            data,
+            ctx,
+            OffsetInit {
+                det_data: &self.setup.mapmaker.det_data,
+                det_mask: self.setup.binner.det_mask,
+                det_flags: Some((&keys.solve_flags, 255)),
+                view: view.as_deref(),
+            },
+        )?;
+        // Job-wide counts (every process must take the same branch below).
+        let mut counts = [tmpl.n_amplitudes() as i64, tmpl.n_flagged() as i64];
+        comm_of(ctx)
+            .allreduce_i64(&mut counts, ReduceOp::Sum)
+            .map_err(|e| OpError::Config(format!("{}: amplitude counts: {e}", self.setup.name)))?;
+        res.n_amplitudes = counts[0] as usize;
+        res.n_flagged_amplitudes = counts[1] as usize;
+        if counts[0] == 0 {
+            tracing::info!(
+                "{}: no offset amplitudes, nothing to solve",
+                self.setup.name
+            );
+            return Ok(None);
+        }
+        let tmpl = Arc::new(tmpl);
+        for k in [
+            &keys.rhs,
+            &keys.lhs_in,
+            &keys.lhs_out,
+            &keys.residual,
+            &keys.precond,
+        ] {
+            data.meta.set_object(k, tmpl.zeros());
+        }
+        Ok(Some(tmpl))
+    }
+
+    /// 5d, second half: the right-hand side `b = Fᵀ N⁻¹ (d - P m)` with `m`
+    /// the solver's binned map of `d` (`{name}_solve_bin`,
+    /// `{name}_solve_rhs`; TOAST's `SolverRHS`).
+    fn rhs(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+    ) -> Result<Vec<f64>, OpError> {
+        let mm = self.setup.mapmaker.clone();
+        let binner = self.setup.binner.clone();
+        let full = binner.full_pointing;
+        let pass = BinPass {
+            name: "solver_binning",
+            config: &binner,
+            covariance: &keys.solve_cov,
+            binned: &keys.solve_bin,
+            det_data: &mm.det_data,
+            flags: self.solver_selection(keys, 0),
+            noiseweighted: None,
+        };
+        let pointing = if full {
+            None
+        } else {
+            Some(&mut self.solve_pointing)
+        };
+        bin_map(data, ctx, pass, pointing, Vec::new())?;
+        let mut copy = CopyDetData {
+            name: "copy_rhs".into(),
+            input: mm.det_data.clone(),
+            output: keys.temp.clone(),
+            det_mask: binner.det_mask,
+        };
+        let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
+        let mut ops: Vec<OpRef<'_>> = vec![&mut copy];
+        if !full {
+            ops.extend(self.solve_pointing.operators());
+        }
+        for op in tail.iter_mut() {
+            ops.push(op.as_mut());
+        }
+        run_operators("SolverRHS", &mut ops, data, ctx, &RunOptions::default())?;
+        read_amps(data, ctx, "read_rhs", &keys.rhs)
+    }
+
+    /// Zero `amplitudes` (operator `reset_name`), scan-subtract the
+    /// solver's binned map from the temporary timestream, noise weight it,
+    /// project into `amplitudes`.
+    fn projection_ops(
+        &self,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+        reset_name: &str,
+        amplitudes: &str,
+    ) -> Result<Vec<Box<dyn Operator>>, OpError> {
+        let reset = ResetData {
+            name: reset_name.into(),
+            detdata: Vec::new(),
+            global: vec![amplitudes.to_string()],
+        };
+        let binner = &self.setup.binner;
+        let view = self.solve_pointing.view().map(str::to_string);
+        let scan = ScanMap::new(
+            "scan_map",
+            ScanMapConfig {
+                enabled: true,
+                det_data: keys.temp.clone(),
+                det_mask: binner.det_mask,
+                view: view.clone(),
+                pixels: self.solve_pointing.pixels_field().to_string(),
+                weights: self.solve_pointing.weights_field().to_string(),
+                map_key: keys.solve_bin.clone(),
+                pixel_dist: binner.pixel_dist.clone(),
+                subtract: true,
+                zero: false,
+                scale: false,
+            },
+        )?;
+        let nw = NoiseWeight::new(
+            "noise_weight",
+            NoiseWeightConfig {
+                enabled: true,
+                noise_model: binner.noise_model.clone(),
+                view,
+                det_data: keys.temp.clone(),
+                det_mask: binner.det_mask,
+            },
+        );
+        let project = OffsetProjectSignal {
+            name: "template_matrix".into(),
+            template: Arc::clone(tmpl),
+            det_data: keys.temp.clone(),
+            det_flags: Some((keys.solve_flags.clone(), 255)),
+            amplitudes: amplitudes.to_string(),
+        };
+        Ok(vec![
+            Box::new(reset),
+            Box::new(scan),
+            Box::new(nw),
+            Box::new(project),
+        ])
+    }
+
+    /// `q = A d` (TOAST's `SolverLHS`), `d` read from `keys.lhs_in`, `q`
+    /// written to `keys.lhs_out`.
+    fn lhs(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        let binner = self.setup.binner.clone();
+        let full = binner.full_pointing;
+        let solver_bin_flags = self.solver_selection(keys, 0);
+        // F d into a zeroed timestream, binned.
+        let mut zero = ResetData {
+            name: "reset_lhs".into(),
+            detdata: vec![keys.temp.clone()],
+            global: Vec::new(),
+        };
+        let mut add = OffsetAddToSignal {
+            name: "template_matrix".into(),
+            template: Arc::clone(tmpl),
+            amplitudes: keys.lhs_in.clone(),
+            det_data: keys.temp.clone(),
+        };
+        let pass = BinPass {
+            name: "solver_binning",
+            config: &binner,
+            covariance: &keys.solve_cov,
+            binned: &keys.solve_bin,
+            det_data: &keys.temp,
+            flags: solver_bin_flags,
+            noiseweighted: None,
+        };
+        let pointing = if full {
+            None
+        } else {
+            Some(&mut self.solve_pointing)
+        };
+        let pre: Vec<OpRef<'_>> = vec![&mut zero, &mut add];
+        bin_map(data, ctx, pass, pointing, pre)?;
+        // Z, N⁻¹, Fᵀ on the same timestream.
+        let mut tail = self.projection_ops(tmpl, keys, "reset_lhs_out", &keys.lhs_out)?;
+        let mut ops: Vec<OpRef<'_>> = tail.iter_mut().map(|op| op.as_mut() as OpRef<'_>).collect();
+        run_operators("SolverLHS", &mut ops, data, ctx, &RunOptions::default())
+    }
+
+    /// `s = M⁻¹ r` with the offset template's diagonal preconditioner
+    /// (through `keys.residual` and `keys.precond`).
+    fn precond(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+        r: &[f64],
+    ) -> Result<Vec<f64>, OpError> {
+        write_amps(data, ctx, "write_residual", &keys.residual, r)?;
+        let mut op = OffsetApplyPrecond {
+            name: "template_matrix".into(),
+            template: Arc::clone(tmpl),
+            input: keys.residual.clone(),
+            output: keys.precond.clone(),
+        };
+        run_operators("precond", &mut [&mut op], data, ctx, &RunOptions::default())?;
+        read_amps(data, ctx, "read_precond", &keys.precond)
+    }
+
+    /// The PCG solve of TOAST's `solve()` from a zero starting vector.
+    fn pcg(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+        b: &[f64],
+        res: &mut MapMakerResult,
+    ) -> Result<Vec<f64>, OpError> {
+        let mm = self.setup.mapmaker.clone();
+        let flags = data
+            .meta
+            .object::<HostArray<u8>>(&tmpl.flags_key())?
+            .values
+            .clone();
+        let n = b.len();
+        let mut x = vec![0.0f64; n];
+        // r = b - A·0 = b exactly.
+        let mut r = b.to_vec();
+        let mut s = self.precond(data, ctx, tmpl, keys, &r)?;
+        let mut d = s.clone();
+        let mut sqsum = gdot(ctx, b, b, &flags)?;
+        let sqsum_init = sqsum;
+        let mut sqsum_best = sqsum;
+        let mut last_best = sqsum;
+        let mut delta = gdot(ctx, &d, &r, &flags)?;
+        res.initial_residual = sqsum_init;
+        tracing::info!("{}: PCG initial residual = {sqsum_init:e}", self.setup.name);
+        if sqsum_init == 0.0 {
+            res.converged = true;
+            return Ok(x);
+        }
+        for iter in 0..mm.iter_max {
+            if !sqsum.is_finite() {
+                return Err(OpError::Config(format!(
+                    "{}: PCG residual is not finite ({sqsum}) at iteration {iter}",
+                    self.setup.name
+                )));
+            }
+            // q = A d
+            write_amps(data, ctx, "write_proposal", &keys.lhs_in, &d)?;
+            timed(data, ctx, "SolverLHS", |data, ctx| {
+                self.lhs(data, ctx, tmpl, keys)
+            })?;
+            let q = read_amps(data, ctx, "read_lhs", &keys.lhs_out)?;
+            let alpha = delta / gdot(ctx, &d, &q, &flags)?;
+            for (xi, di) in x.iter_mut().zip(&d) {
+                *xi += di * alpha;
+            }
+            for (ri, qi) in r.iter_mut().zip(&q) {
+                *ri -= qi * alpha;
+            }
+            sqsum = gdot(ctx, &r, &r, &flags)?;
+            let relative = sqsum / sqsum_init;
+            res.residuals.push(relative);
+            res.iterations = iter + 1;
+            tracing::info!(
+                "{}: PCG iteration {iter:4}, relative residual = {relative:.6e}",
+                self.setup.name
+            );
+            if relative < mm.convergence || sqsum < 1e-30 {
+                res.converged = true;
+                tracing::info!(
+                    "{}: PCG converged after {} iterations",
+                    self.setup.name,
+                    iter + 1
+                );
+                break;
+            }
+            sqsum_best = sqsum_best.min(sqsum);
+            if iter % 10 == 0 && iter >= mm.iter_min {
+                if last_best < sqsum_best * 2.0 {
+                    res.stalled = true;
+                    tracing::info!(
+                        "{}: PCG stalled after {} iterations",
+                        self.setup.name,
+                        iter + 1
+                    );
+                    break;
+                }
+                last_best = sqsum_best;
+            }
+            s = self.precond(data, ctx, tmpl, keys, &r)?;
+            let delta_last = delta;
+            delta = gdot(ctx, &s, &r, &flags)?;
+            let beta = delta / delta_last;
+            for (di, si) in d.iter_mut().zip(&s) {
+                *di = *di * beta + si;
+            }
+        }
+        if !res.converged && !res.stalled {
+            tracing::warn!(
+                "{}: PCG reached iter_max = {} without converging (relative residual {:e})",
+                self.setup.name,
+                mm.iter_max,
+                res.residuals.last().copied().unwrap_or(f64::NAN)
+            );
+        }
+        Ok(x)
+    }
+}
