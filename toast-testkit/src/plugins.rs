@@ -90,3 +90,27 @@ pub fn skip_unless_required(require: &str, why: impl Display) {
     );
     eprintln!("SKIPPED: {why}");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_plugin_names_the_file_and_where_it_looked() {
+        let exe = std::env::current_exe().unwrap();
+        let panic = std::panic::catch_unwind(|| plugin_path("no_such_backend")).unwrap_err();
+        let msg = panic.downcast_ref::<String>().expect("a formatted message");
+        assert!(msg.contains(&plugin_file_name("no_such_backend")), "{msg}");
+        let deps = exe.parent().unwrap().display().to_string();
+        assert!(msg.contains(&format!("searched: {deps}")), "{msg}");
+    }
+
+    #[test]
+    fn the_cpu_plugin_library_is_found_and_loads() {
+        // backend-cpu is a dependency of this crate, so cargo builds its
+        // cdylib into the same directory as this test executable.
+        let p = plugin_path("cpu");
+        assert!(p.ends_with(plugin_file_name("cpu")), "{}", p.display());
+        assert_eq!(load("cpu").name, "cpu");
+    }
+}
