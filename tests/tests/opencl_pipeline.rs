@@ -14,10 +14,9 @@ use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, Operator};
 use toast_ops::accel::kernels::UnstagedTransfers;
 use toast_ops::accel::pipeline::StagingReports;
-use toast_ops::ops::{ScanMap, ScanMapConfig};
 use toast_ops::{DetectorSets, Pipeline};
 use toast_testkit::plugins::{context, load, registry_with_cpu, skip_unless_required};
-use toast_testkit::scan::{make_data, make_sky, pointing_ops, Scan};
+use toast_testkit::scan::{make_data, make_sky, pointing_ops, scan_sky_op, Scan};
 
 const NSIDE: i64 = 16;
 
@@ -32,15 +31,7 @@ fn registry() -> Arc<Registry> {
 
 fn scan_pipeline() -> Pipeline {
     let (a, b, c) = pointing_ops(NSIDE, 4);
-    let scan = ScanMap::new(
-        "scan_map",
-        ScanMapConfig {
-            map_key: "sky".into(),
-            pixel_dist: "sky_dist".into(),
-            ..ScanMapConfig::default()
-        },
-    )
-    .unwrap();
+    let scan = scan_sky_op();
     Pipeline::new(
         "scan_sky",
         vec![Box::new(a), Box::new(b), Box::new(c), Box::new(scan)],

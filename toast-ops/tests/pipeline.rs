@@ -9,21 +9,13 @@ use toast_ops::accel::pipeline::StagingReports;
 use toast_ops::ops::{ScanMap, ScanMapConfig};
 use toast_ops::{DetectorSets, MapMakerConfig, Pipeline};
 use toast_testkit::plugins::{context, registry};
-use toast_testkit::scan::{make_data, make_sky, pointing_ops, Scan};
+use toast_testkit::scan::{make_data, make_sky, pointing_ops, scan_sky_op, Scan};
 
 const NSIDE: i64 = 16;
 
 fn scan_pipeline(sets: DetectorSets) -> Pipeline {
     let (a, b, c) = pointing_ops(NSIDE, 4);
-    let scan = ScanMap::new(
-        "scan_map",
-        ScanMapConfig {
-            map_key: "sky".into(),
-            pixel_dist: "sky_dist".into(),
-            ..ScanMapConfig::default()
-        },
-    )
-    .unwrap();
+    let scan = scan_sky_op();
     Pipeline::new(
         "scan_sky",
         vec![Box::new(a), Box::new(b), Box::new(c), Box::new(scan)],

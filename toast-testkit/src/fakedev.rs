@@ -130,6 +130,33 @@ unsafe extern "C" fn fake_free(ctx: *mut c_void, handle: u64) -> Status {
     }
 }
 
+/// Run `f` on bytes `[offset, offset + bytes)` of buffer `handle`, or fail
+/// (an unknown handle, a range outside the buffer) naming the call `what`.
+fn with_range(
+    c: &FakeCtx,
+    what: &str,
+    handle: u64,
+    offset: u64,
+    bytes: u64,
+    f: impl FnOnce(&mut [u8]),
+) -> Status {
+    let mut mem = c.mem.lock().unwrap();
+    let Some(b) = mem.get_mut(&handle) else {
+        return fail(
+            abi::ERR_INVALID_HANDLE,
+            format!("{what}: unknown handle {handle:#x}"),
+        );
+    };
+    let (o, n) = (offset as usize, bytes as usize);
+    match o.checked_add(n).and_then(|end| b.get_mut(o..end)) {
+        Some(range) => {
+            f(range);
+            abi::OK
+        }
+        None => fail(abi::ERR_INVALID_ARGUMENT, format!("{what}: out of range")),
+    }
+}
+
 unsafe extern "C" fn fake_to_device(
     ctx: *mut c_void,
     handle: u64,
@@ -141,24 +168,12 @@ unsafe extern "C" fn fake_to_device(
     // SAFETY: the host passes back the context `fake_init` made; it stays
     // live until `fake_shutdown`, which the host calls last.
     let c = unsafe { fctx(ctx) };
-    let mut mem = c.mem.lock().unwrap();
-    let Some(b) = mem.get_mut(&handle) else {
-        return fail(
-            abi::ERR_INVALID_HANDLE,
-            format!("copy_to_device: unknown handle {handle:#x}"),
-        );
-    };
-    let (o, n) = (offset as usize, bytes as usize);
-    if o + n > b.len() {
-        return fail(
-            abi::ERR_INVALID_ARGUMENT,
-            "copy_to_device: out of range".into(),
-        );
-    }
-    // SAFETY: the host passes `bytes` readable bytes at `src`.
-    let s = unsafe { std::slice::from_raw_parts(src as *const u8, n) };
-    b[o..o + n].copy_from_slice(s);
-    abi::OK
+    with_range(c, "copy_to_device", handle, offset, bytes, |d| {
+        // SAFETY: the ABI requires `bytes` readable bytes at `src`, and
+        // `d.len()` is `bytes`.
+        let s = unsafe { std::slice::from_raw_parts(src as *const u8, d.len()) };
+        d.copy_from_slice(s);
+    })
 }
 
 unsafe extern "C" fn fake_to_host(
@@ -172,24 +187,12 @@ unsafe extern "C" fn fake_to_host(
     // SAFETY: the host passes back the context `fake_init` made; it stays
     // live until `fake_shutdown`, which the host calls last.
     let c = unsafe { fctx(ctx) };
-    let mem = c.mem.lock().unwrap();
-    let Some(b) = mem.get(&handle) else {
-        return fail(
-            abi::ERR_INVALID_HANDLE,
-            format!("copy_to_host: unknown handle {handle:#x}"),
-        );
-    };
-    let (o, n) = (offset as usize, bytes as usize);
-    if o + n > b.len() {
-        return fail(
-            abi::ERR_INVALID_ARGUMENT,
-            "copy_to_host: out of range".into(),
-        );
-    }
-    // SAFETY: the host passes `bytes` writable bytes at `dst`.
-    let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
-    d.copy_from_slice(&b[o..o + n]);
-    abi::OK
+    with_range(c, "copy_to_host", handle, offset, bytes, |b| {
+        // SAFETY: the ABI requires `bytes` writable bytes at `dst`, not
+        // overlapping device memory, and `b.len()` is `bytes`.
+        let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, b.len()) };
+        d.copy_from_slice(b);
+    })
 }
 
 unsafe extern "C" fn fake_reset(ctx: *mut c_void, handle: u64, offset: u64, bytes: u64) -> Status {
@@ -197,19 +200,7 @@ unsafe extern "C" fn fake_reset(ctx: *mut c_void, handle: u64, offset: u64, byte
     // SAFETY: the host passes back the context `fake_init` made; it stays
     // live until `fake_shutdown`, which the host calls last.
     let c = unsafe { fctx(ctx) };
-    let mut mem = c.mem.lock().unwrap();
-    let Some(b) = mem.get_mut(&handle) else {
-        return fail(
-            abi::ERR_INVALID_HANDLE,
-            format!("reset: unknown handle {handle:#x}"),
-        );
-    };
-    let (o, n) = (offset as usize, bytes as usize);
-    if o + n > b.len() {
-        return fail(abi::ERR_INVALID_ARGUMENT, "reset: out of range".into());
-    }
-    b[o..o + n].fill(0);
-    abi::OK
+    with_range(c, "reset", handle, offset, bytes, |b| b.fill(0))
 }
 
 unsafe extern "C" fn fake_sync(_ctx: *mut c_void) -> Status {

@@ -182,10 +182,10 @@ pub fn pointing_ops(
     (PointingDetector::new("det_pointing", dp), pix, w)
 }
 
-/// Scan the `sky` map into `signal` (adds).
-pub fn scan_sky(data: &mut Data, ctx: &mut ExecContext, nside: i64, nside_submap: i64) {
-    let (mut a, mut b, mut c) = pointing_ops(nside, nside_submap);
-    let mut scan = ScanMap::new(
+/// The `ScanMap` operator (`scan_map`) that adds the map [`make_sky`] made
+/// (`sky` on `sky_dist`) to `signal`.
+pub fn scan_sky_op() -> ScanMap {
+    ScanMap::new(
         "scan_map",
         ScanMapConfig {
             map_key: "sky".into(),
@@ -193,7 +193,13 @@ pub fn scan_sky(data: &mut Data, ctx: &mut ExecContext, nside: i64, nside_submap
             ..ScanMapConfig::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Scan the `sky` map into `signal` (adds).
+pub fn scan_sky(data: &mut Data, ctx: &mut ExecContext, nside: i64, nside_submap: i64) {
+    let (mut a, mut b, mut c) = pointing_ops(nside, nside_submap);
+    let mut scan = scan_sky_op();
     let mut ops: Vec<OpRef<'_>> = vec![&mut a, &mut b, &mut c, &mut scan];
     run_operators("scan_sky", &mut ops, data, ctx, &RunOptions::default()).unwrap();
     for ob in &mut data.obs {
