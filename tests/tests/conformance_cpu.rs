@@ -6,36 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use toast_accel::host::conformance::{run_dir, CaseOutcome};
 use toast_accel::host::Plugin;
-
-/// The CPU plugin's shared library, built by cargo next to the test binary
-/// (`target/<profile>/deps/`) or one level up.
-fn cpu_plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let name = format!(
-        "{}toast_backend_cpu{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let mut dir = exe.parent();
-    while let Some(d) = dir {
-        let p = d.join(&name);
-        if p.is_file() {
-            return p;
-        }
-        if d.file_name().is_some_and(|n| n == "target") {
-            break;
-        }
-        dir = d.parent();
-    }
-    panic!("{name} not found next to {}", exe.display());
-}
+use toast_testkit::plugins::load;
 
 fn cases_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
 }
 
 fn run_with(options: &str) {
-    let plugin = Arc::new(Plugin::load(&cpu_plugin_path()).expect("load the cpu plugin"));
+    let plugin = Arc::new(load("cpu"));
     let backend = plugin.init(options).expect("init the cpu backend");
     let results = run_dir(&backend, &cases_dir());
     let mut passed = 0;
@@ -77,7 +55,7 @@ fn all_cases_pass_through_staged_buffers() {
     // the runner then stages every kernel array through alloc / copy /
     // free. The cpu plugin's handles are host addresses, so its kernels
     // still run, and the staging path of the runner is exercised for real.
-    let loaded = Plugin::load(&cpu_plugin_path()).expect("load the cpu plugin");
+    let loaded = load("cpu");
     let staged = Plugin {
         flags: loaded.flags & !toast_accel::abi::FLAG_HOST_ADDRESSABLE,
         ..loaded

@@ -15,28 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use toast_accel::abi::{self, Array, SampleRange, SampleRanges};
 use toast_accel::host::conformance::{run_dir, CaseOutcome, Comparison};
-use toast_accel::host::{AccelError, Backend, Plugin};
-
-fn plugin_path(stem: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let name = format!(
-        "{}{stem}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let mut dir = exe.parent();
-    while let Some(d) = dir {
-        let p = d.join(&name);
-        if p.is_file() {
-            return p;
-        }
-        if d.file_name().is_some_and(|n| n == "target") {
-            break;
-        }
-        dir = d.parent();
-    }
-    panic!("{name} not found next to {}", exe.display());
-}
+use toast_accel::host::{AccelError, Backend};
+use toast_testkit::plugins::{load, skip_unless_required};
 
 fn cases_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
@@ -45,20 +25,14 @@ fn cases_dir() -> PathBuf {
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {
-    let plugin = Arc::new(Plugin::load(&plugin_path("toast_backend_opencl")).expect("load"));
-    match plugin.init("") {
+    match Arc::new(load("opencl")).init("") {
         Ok(b) => Some(b),
         Err(e) => {
-            let required = std::env::var_os("TOAST_REQUIRE_OPENCL").is_some_and(|v| !v.is_empty());
-            assert!(
-                !required,
-                "TOAST_REQUIRE_OPENCL is set but the opencl backend is unavailable: {e}"
-            );
+            skip_unless_required("TOAST_REQUIRE_OPENCL", &e);
             assert!(
                 matches!(e, AccelError::Unavailable { .. }),
                 "an absent OpenCL must be `unavailable`, got: {e}"
             );
-            eprintln!("SKIPPED: {e}");
             None
         }
     }

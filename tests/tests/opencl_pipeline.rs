@@ -8,67 +8,30 @@
 //! Skipped (printing `SKIPPED: reason`) when OpenCL is unavailable and
 //! `TOAST_REQUIRE_OPENCL` is unset; CI sets it (see conformance_opencl.rs).
 
-#[path = "../../toast-ops/tests/common/mod.rs"]
-mod common;
-
-use common::{context, make_data, make_sky, pointing_ops, Scan};
 use std::sync::Arc;
-use toast_accel::host::{Plugin, Registry, Source};
+use toast_accel::host::{Registry, Source};
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, Operator};
 use toast_ops::accel::kernels::UnstagedTransfers;
 use toast_ops::accel::pipeline::StagingReports;
-use toast_ops::ops::{ScanMap, ScanMapConfig};
 use toast_ops::{DetectorSets, Pipeline};
+use toast_testkit::plugins::{context, load, registry_with_cpu, skip_unless_required};
+use toast_testkit::scan::{make_data, make_sky, pointing_ops, scan_sky_op, Scan};
 
 const NSIDE: i64 = 16;
 
-/// The OpenCL plugin's shared library, built by cargo next to the test
-/// binary (both plugins export `toast_backend_entry`, so only the CPU one
-/// can be linked in).
-fn opencl_plugin() -> Plugin {
-    let exe = std::env::current_exe().expect("test executable path");
-    let name = format!(
-        "{}toast_backend_opencl{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let path = exe
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .map(|d| d.join(&name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()));
-    Plugin::load(&path).expect("load the opencl plugin")
-}
-
+/// The CPU plugin, linked in, and the OpenCL plugin, loaded from its shared
+/// library (both plugins export `toast_backend_entry`, so only one can be
+/// linked in).
 fn registry() -> Arc<Registry> {
-    let mut r = Registry::new();
-    // SAFETY: the CPU plugin's entry point returns its static, complete header.
-    unsafe {
-        r.register_entry(
-            toast_backend_cpu::toast_backend_entry,
-            "builtin:cpu",
-            "threads=2",
-        )
-    }
-    .expect("register the cpu plugin");
-    assert!(r.register(opencl_plugin(), Source::Explicit, ""));
+    let mut r = registry_with_cpu(2);
+    assert!(r.register(load("opencl"), Source::Explicit, ""));
     Arc::new(r)
 }
 
 fn scan_pipeline() -> Pipeline {
     let (a, b, c) = pointing_ops(NSIDE, 4);
-    let scan = ScanMap::new(
-        "scan_map",
-        ScanMapConfig {
-            map_key: "sky".into(),
-            pixel_dist: "sky_dist".into(),
-            ..ScanMapConfig::default()
-        },
-    )
-    .unwrap();
+    let scan = scan_sky_op();
     Pipeline::new(
         "scan_sky",
         vec![Box::new(a), Box::new(b), Box::new(c), Box::new(scan)],
@@ -105,9 +68,7 @@ fn signal(d: &Data) -> Vec<f64> {
 fn opencl_pipeline_uploads_each_input_once() {
     let reg = registry();
     if let Err(e) = reg.get("opencl") {
-        let required = std::env::var_os("TOAST_REQUIRE_OPENCL").is_some_and(|v| !v.is_empty());
-        assert!(!required, "TOAST_REQUIRE_OPENCL is set but: {e}");
-        eprintln!("SKIPPED: {e}");
+        skip_unless_required("TOAST_REQUIRE_OPENCL", e);
         return;
     }
     let run = |policy: &str| {

@@ -1,9 +1,6 @@
 //! The destriping map-maker on synthetic scans, through the CPU plugin and
 //! a non-host-addressable test device.
 
-mod common;
-
-use common::{add_offsets, context, hash01, make_data, make_sky, registry, scan_sky, Scan};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
@@ -13,6 +10,8 @@ use toast_ops::accel::pipeline::StagingReports;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerResult, MapMakerSetup, PixelData};
+use toast_testkit::plugins::{context, registry};
+use toast_testkit::scan::{add_offsets, hash01, make_data, make_sky, scan_sky, Scan};
 
 const NSIDE: i64 = 16;
 const NSIDE_SUBMAP: i64 = 4;
@@ -116,7 +115,7 @@ fn binned_map_of_a_noiseless_sky_is_the_sky() {
 }
 
 /// The injected offset of detector `d` (index in the focalplane) in
-/// observation `o`, step `k` (as `common::add_offsets` makes it).
+/// observation `o`, step `k` (as `toast_testkit::scan::add_offsets` makes it).
 fn injected(o: usize, d: usize, k: usize, scale: f64) -> f64 {
     scale * hash01(100 + o as u64, (d * 100_000 + k) as u64)
 }

@@ -2,29 +2,20 @@
 //! device once per pipeline, the pipeline-level backend, unstaged calls,
 //! requirements, error messages, and configuration parsing.
 
-mod common;
-
-use common::{context, make_data, make_sky, pointing_ops, registry, Scan};
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator, Requirements};
 use toast_ops::accel::kernels::UnstagedTransfers;
 use toast_ops::accel::pipeline::StagingReports;
 use toast_ops::ops::{ScanMap, ScanMapConfig};
 use toast_ops::{DetectorSets, MapMakerConfig, Pipeline};
+use toast_testkit::plugins::{context, registry};
+use toast_testkit::scan::{make_data, make_sky, pointing_ops, scan_sky_op, Scan};
 
 const NSIDE: i64 = 16;
 
 fn scan_pipeline(sets: DetectorSets) -> Pipeline {
     let (a, b, c) = pointing_ops(NSIDE, 4);
-    let scan = ScanMap::new(
-        "scan_map",
-        ScanMapConfig {
-            map_key: "sky".into(),
-            pixel_dist: "sky_dist".into(),
-            ..ScanMapConfig::default()
-        },
-    )
-    .unwrap();
+    let scan = scan_sky_op();
     Pipeline::new(
         "scan_sky",
         vec![Box::new(a), Box::new(b), Box::new(c), Box::new(scan)],
@@ -343,7 +334,7 @@ fn standalone_covariance_and_binning_reproduce_the_sky() {
         let reg = registry(2);
         let mut ctx = context(&reg, policy);
         let mut d = data(2);
-        common::scan_sky(&mut d, &mut context(&reg, ""), NSIDE, 4);
+        toast_testkit::scan::scan_sky(&mut d, &mut context(&reg, ""), NSIDE, 4);
         let (a, b, c) = pointing_ops(NSIDE, 4);
         let pointing = PointingOps::new(a, b, c);
         let mut cov = CovarianceAndHits::new(

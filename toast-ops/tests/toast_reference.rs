@@ -13,9 +13,6 @@
 //! env/bin/python toast-ops/scripts/mapmaker_vs_toast.py /tmp/mm toast-ops/tests/data/mapmaker_toast
 //! ```
 
-mod common;
-
-use common::{add_offsets, context, hash01, make_data, make_sky, registry, scan_sky, Scan};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use toast_core::observation::defaults;
@@ -24,6 +21,8 @@ use toast_ops::accel::global_data::HostArray;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig, WhiteNoiseWeights};
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerSetup, PixelData};
+use toast_testkit::plugins::{context, registry};
+use toast_testkit::scan::{add_offsets, hash01, make_data, make_sky, scan_sky, Scan};
 
 const NSIDE: i64 = 16;
 const NSIDE_SUBMAP: i64 = 4;

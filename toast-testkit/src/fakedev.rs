@@ -1,0 +1,352 @@
+//! `fakedev`: a backend that is **not** host-addressable, for tests.
+//!
+//! Its buffers are opaque handles (`0x7000_0000`, `0x7000_1000`, ...) into
+//! memory it owns, and its kernels translate the handles to addresses of
+//! that memory and forward to the CPU plugin (linked in as an rlib). It
+//! stands in for a GPU: a kernel given a host address instead of a handle
+//! fails ("not a handle of this device"), so a test passes only if every
+//! array was staged or copied, and the results are the CPU plugin's.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use toast_accel::abi::{self, Array, BackendHeader, BackendTable, HostApi, Status};
+
+fn cpu_table() -> &'static BackendTable {
+    // SAFETY: the CPU plugin's entry point returns a pointer to its static
+    // header, whose `table` points to its static function table: both live
+    // for the whole program and are never written.
+    unsafe { &*(*toast_backend_cpu::toast_backend_entry()).table }
+}
+
+struct FakeCtx {
+    cpu: *mut c_void,
+    mem: Mutex<HashMap<u64, Vec<u8>>>,
+    next: AtomicU64,
+}
+
+thread_local! {
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn fail(status: Status, msg: String) -> Status {
+    LAST.with(|l| *l.borrow_mut() = CString::new(msg.replace('\0', "")).unwrap_or_default());
+    status
+}
+
+fn clear() {
+    LAST.with(|l| *l.borrow_mut() = CString::default());
+}
+
+/// # Safety
+/// `ctx` is a pointer made by `fake_init`.
+unsafe fn fctx<'a>(ctx: *mut c_void) -> &'a FakeCtx {
+    // SAFETY: the caller guarantees `ctx` came from `fake_init` (a leaked
+    // `Box<FakeCtx>`) and that `fake_shutdown` has not freed it yet.
+    unsafe { &*(ctx as *const FakeCtx) }
+}
+
+unsafe extern "C" fn fake_init(host: *const HostApi, ctx: *mut *mut c_void) -> Status {
+    clear();
+    let mut cpu = std::ptr::null_mut();
+    // SAFETY: `host` is the host's API table, valid for the call as the ABI
+    // requires of `init`, and `cpu` is a live local out pointer.
+    let s = unsafe { cpu_table().init.expect("cpu init")(host, &mut cpu) };
+    if s != abi::OK {
+        return fail(s, "cpu init failed".into());
+    }
+    let c = Box::new(FakeCtx {
+        cpu,
+        mem: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(0x7000_0000),
+    });
+    // SAFETY: the ABI requires the host to pass a writable out pointer as
+    // `ctx` to `init`.
+    unsafe { *ctx = Box::into_raw(c) as *mut c_void };
+    abi::OK
+}
+
+unsafe extern "C" fn fake_shutdown(ctx: *mut c_void) {
+    if !ctx.is_null() {
+        // SAFETY: a non-null `ctx` is the `Box::into_raw` of `fake_init`, and
+        // the host calls `shutdown` once per context, so it is freed once.
+        let c = unsafe { Box::from_raw(ctx as *mut FakeCtx) };
+        // SAFETY: `c.cpu` is the CPU plugin's context made by its `init` in
+        // `fake_init`, shut down only here.
+        unsafe { cpu_table().shutdown.expect("cpu shutdown")(c.cpu) };
+    }
+}
+
+unsafe extern "C" fn fake_last_error() -> *const c_char {
+    let mine = LAST.with(|l| {
+        let b = l.borrow();
+        (!b.as_bytes().is_empty()).then(|| b.as_ptr())
+    });
+    // The CString lives in the thread-local until the next call on this thread.
+    match mine {
+        Some(p) => p,
+        // SAFETY: the CPU plugin's `last_error` takes no arguments and
+        // returns a NUL-terminated string it owns (ABI contract).
+        None => unsafe { cpu_table().last_error.expect("cpu last_error")() },
+    }
+}
+
+unsafe extern "C" fn fake_device_count(_ctx: *mut c_void, count: *mut u32) -> Status {
+    // SAFETY: the ABI requires the host to pass a writable out pointer.
+    unsafe { *count = 1 };
+    abi::OK
+}
+
+unsafe extern "C" fn fake_alloc(
+    ctx: *mut c_void,
+    bytes: u64,
+    _name: *const c_char,
+    handle: *mut u64,
+) -> Status {
+    clear();
+    // SAFETY: the host passes back the context `fake_init` made; it stays
+    // live until `fake_shutdown`, which the host calls last.
+    let c = unsafe { fctx(ctx) };
+    let h = c.next.fetch_add(0x1000, Ordering::Relaxed);
+    c.mem.lock().unwrap().insert(h, vec![0u8; bytes as usize]);
+    // SAFETY: the ABI requires the host to pass a writable out pointer.
+    unsafe { *handle = h };
+    abi::OK
+}
+
+unsafe extern "C" fn fake_free(ctx: *mut c_void, handle: u64) -> Status {
+    clear();
+    // SAFETY: the host passes back the context `fake_init` made; it stays
+    // live until `fake_shutdown`, which the host calls last.
+    let c = unsafe { fctx(ctx) };
+    match c.mem.lock().unwrap().remove(&handle) {
+        Some(_) => abi::OK,
+        None => fail(
+            abi::ERR_INVALID_HANDLE,
+            format!("free: unknown handle {handle:#x}"),
+        ),
+    }
+}
+
+/// Run `f` on bytes `[offset, offset + bytes)` of buffer `handle`, or fail
+/// (an unknown handle, a range outside the buffer) naming the call `what`.
+fn with_range(
+    c: &FakeCtx,
+    what: &str,
+    handle: u64,
+    offset: u64,
+    bytes: u64,
+    f: impl FnOnce(&mut [u8]),
+) -> Status {
+    let mut mem = c.mem.lock().unwrap();
+    let Some(b) = mem.get_mut(&handle) else {
+        return fail(
+            abi::ERR_INVALID_HANDLE,
+            format!("{what}: unknown handle {handle:#x}"),
+        );
+    };
+    let (o, n) = (offset as usize, bytes as usize);
+    match o.checked_add(n).and_then(|end| b.get_mut(o..end)) {
+        Some(range) => {
+            f(range);
+            abi::OK
+        }
+        None => fail(abi::ERR_INVALID_ARGUMENT, format!("{what}: out of range")),
+    }
+}
+
+unsafe extern "C" fn fake_to_device(
+    ctx: *mut c_void,
+    handle: u64,
+    offset: u64,
+    src: *const c_void,
+    bytes: u64,
+) -> Status {
+    clear();
+    // SAFETY: the host passes back the context `fake_init` made; it stays
+    // live until `fake_shutdown`, which the host calls last.
+    let c = unsafe { fctx(ctx) };
+    with_range(c, "copy_to_device", handle, offset, bytes, |d| {
+        // SAFETY: the ABI requires `bytes` readable bytes at `src`, and
+        // `d.len()` is `bytes`.
+        let s = unsafe { std::slice::from_raw_parts(src as *const u8, d.len()) };
+        d.copy_from_slice(s);
+    })
+}
+
+unsafe extern "C" fn fake_to_host(
+    ctx: *mut c_void,
+    handle: u64,
+    offset: u64,
+    dst: *mut c_void,
+    bytes: u64,
+) -> Status {
+    clear();
+    // SAFETY: the host passes back the context `fake_init` made; it stays
+    // live until `fake_shutdown`, which the host calls last.
+    let c = unsafe { fctx(ctx) };
+    with_range(c, "copy_to_host", handle, offset, bytes, |b| {
+        // SAFETY: the ABI requires `bytes` writable bytes at `dst`, not
+        // overlapping device memory, and `b.len()` is `bytes`.
+        let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, b.len()) };
+        d.copy_from_slice(b);
+    })
+}
+
+unsafe extern "C" fn fake_reset(ctx: *mut c_void, handle: u64, offset: u64, bytes: u64) -> Status {
+    clear();
+    // SAFETY: the host passes back the context `fake_init` made; it stays
+    // live until `fake_shutdown`, which the host calls last.
+    let c = unsafe { fctx(ctx) };
+    with_range(c, "reset", handle, offset, bytes, |b| b.fill(0))
+}
+
+unsafe extern "C" fn fake_sync(_ctx: *mut c_void) -> Status {
+    abi::OK
+}
+
+/// A device array (handle) as the host address of the fake device memory.
+fn translate(mem: &mut HashMap<u64, Vec<u8>>, a: Array, what: &str) -> Result<Array, String> {
+    if a.len == 0 {
+        return Ok(a);
+    }
+    match mem.get_mut(&a.ptr) {
+        Some(b) => Ok(Array {
+            ptr: b.as_mut_ptr() as u64,
+            len: a.len,
+        }),
+        None => Err(format!(
+            "argument `{what}`: {:#x} is not a handle of this device (a host address?)",
+            a.ptr
+        )),
+    }
+}
+
+macro_rules! forward {
+    ($fname:ident, $args:ty, $entry:ident, [$($field:ident),*]) => {
+        unsafe extern "C" fn $fname(ctx: *mut c_void, a: *const $args) -> Status {
+            clear();
+            // SAFETY: the host passes back the context `fake_init` made (live
+            // until `fake_shutdown`), and `a` points to an initialised argument
+            // struct of this kernel for the duration of the call (ABI contract).
+            let (c, mut args) = unsafe { (fctx(ctx), *a) };
+            let mut mem = c.mem.lock().unwrap();
+            $(
+                match translate(&mut mem, args.$field, stringify!($field)) {
+                    Ok(x) => args.$field = x,
+                    Err(e) => return fail(abi::ERR_INVALID_HANDLE, e),
+                }
+            )*
+            // SAFETY: every array now addresses live device memory of its
+            // declared length (held locked during the call), and the host
+            // arrays are the caller's.
+            unsafe { cpu_table().$entry.expect("cpu kernel")(c.cpu, &args) }
+        }
+    };
+}
+
+forward!(
+    f_pointing,
+    abi::PointingDetectorArgs,
+    pointing_detector,
+    [boresight, shared_flags, quats]
+);
+forward!(
+    f_pixels,
+    abi::PixelsHealpixArgs,
+    pixels_healpix,
+    [quats, shared_flags, pixels, hit_submaps]
+);
+forward!(f_sw_i, abi::StokesWeightsIArgs, stokes_weights_i, [weights]);
+forward!(
+    f_sw_iqu,
+    abi::StokesWeightsIquArgs,
+    stokes_weights_iqu,
+    [quats, hwp, weights]
+);
+forward!(
+    f_scan,
+    abi::ScanMapArgs,
+    scan_map,
+    [global2local, mapdata, pixels, weights, det_data]
+);
+forward!(
+    f_bnw,
+    abi::BuildNoiseWeightedArgs,
+    build_noise_weighted,
+    [
+        global2local,
+        pixels,
+        weights,
+        det_data,
+        det_flags,
+        shared_flags,
+        zmap
+    ]
+);
+forward!(f_nw, abi::NoiseWeightArgs, noise_weight, [det_data]);
+forward!(
+    f_add,
+    abi::TemplateOffsetAddArgs,
+    template_offset_add_to_signal,
+    [amplitudes, amplitude_flags, det_data]
+);
+forward!(
+    f_proj,
+    abi::TemplateOffsetProjectArgs,
+    template_offset_project_signal,
+    [det_data, flag_data, amplitudes, amplitude_flags]
+);
+forward!(
+    f_prec,
+    abi::TemplateOffsetPrecondArgs,
+    template_offset_apply_diag_precond,
+    [offset_var, amplitudes_in, amplitude_flags, amplitudes_out]
+);
+
+static FAKE_TABLE: BackendTable = BackendTable {
+    init: Some(fake_init),
+    shutdown: Some(fake_shutdown),
+    last_error: Some(fake_last_error),
+    device_count: Some(fake_device_count),
+    device_info: None,
+    alloc: Some(fake_alloc),
+    free: Some(fake_free),
+    copy_to_device: Some(fake_to_device),
+    copy_to_host: Some(fake_to_host),
+    reset: Some(fake_reset),
+    synchronize: Some(fake_sync),
+    pointing_detector: Some(f_pointing),
+    pixels_healpix: Some(f_pixels),
+    stokes_weights_i: Some(f_sw_i),
+    stokes_weights_iqu: Some(f_sw_iqu),
+    scan_map: Some(f_scan),
+    build_noise_weighted: Some(f_bnw),
+    noise_weight: Some(f_nw),
+    template_offset_add_to_signal: Some(f_add),
+    template_offset_project_signal: Some(f_proj),
+    template_offset_apply_diag_precond: Some(f_prec),
+};
+
+static FAKE_HEADER: BackendHeader = BackendHeader {
+    magic: abi::MAGIC,
+    abi_major: abi::ABI_MAJOR,
+    abi_minor: abi::ABI_MINOR,
+    table_size: std::mem::size_of::<BackendTable>() as u32,
+    flags: 0,
+    name: c"fakedev".as_ptr(),
+    version: c"0".as_ptr(),
+    description: c"test device: handles, CPU kernels".as_ptr(),
+    table: &FAKE_TABLE,
+};
+
+/// The entry point of `fakedev`, as a plugin's `toast_backend_entry`: its
+/// static, complete header. Register it with
+/// [`Registry::register_entry`](toast_accel::host::Registry::register_entry)
+/// (as [`crate::plugins::registry`] does); its `init` options are passed on
+/// to the CPU plugin (e.g. `threads=2`).
+pub extern "C" fn entry() -> *const BackendHeader {
+    &FAKE_HEADER
+}

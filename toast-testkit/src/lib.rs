@@ -1,0 +1,31 @@
+//! Test support shared by the integration tests of several toast-rs crates.
+//!
+//! What more than one crate's tests need, written once:
+//!
+//! * [`fakedev`]: a backend that is **not** host-addressable. Its buffers are
+//!   opaque handles into memory it owns, and its kernels translate the
+//!   handles and forward to the CPU plugin. It stands in for a GPU: a kernel
+//!   given a host address instead of a handle fails ("unknown handle"), so a
+//!   test passes only if every array was staged or copied. The staged path
+//!   of pipelines is tested this way on any machine.
+//! * [`plugins`]: a registry with the CPU plugin (registered from its rlib
+//!   entry point, with an explicit thread count) and `fakedev`, an execution
+//!   context over it, and the lookup of a plugin's shared library built by
+//!   cargo next to the test executable.
+//! * [`scan`]: a synthetic satellite-like scan (a boresight on great circles
+//!   about a precessing spin axis, detector pairs at several angles with
+//!   different NETs), a random sky, and the pointing and scanning operators
+//!   set up for them.
+//!
+//! # Why dev-only
+//!
+//! The crate is `publish = false` and is used only as a
+//! `[dev-dependencies]` entry. It depends on `toast-ops` and on the CPU
+//! plugin, so a normal dependency on it from `toast-ops` would be a cycle;
+//! a dev-dependency is not (cargo builds the tests after the library). Its
+//! code panics on failure (`unwrap`, `expect`) as test code does, which has
+//! no place in a library that a program links.
+
+pub mod fakedev;
+pub mod plugins;
+pub mod scan;
