@@ -665,33 +665,19 @@ impl MapMaker {
         }
 
         let templates = self.setup.baselines.enabled;
-        let mut cleaned_field = det_data.clone();
-        if templates {
-            let amps = timed(data, ctx, "SolveAmplitudes", |data, ctx| {
+        let amps = if templates {
+            timed(data, ctx, "SolveAmplitudes", |data, ctx| {
                 self.solve_amplitudes(data, ctx, keys, &mut res)
-            })?;
-            if let Some((tmpl, x)) = amps {
-                // 5h: subtract the amplitudes.
-                cleaned_field = if mm.save_cleaned && mm.overwrite_cleaned {
-                    det_data.clone()
-                } else {
-                    keys.cleaned.clone()
-                };
-                timed(data, ctx, "ApplyAmplitudes", |data, ctx| {
-                    self.apply_amplitudes(data, ctx, keys, &tmpl, &x, &cleaned_field)
-                })?;
-                if mm.keep_solver_products || mm.write_solver_products {
-                    data.meta
-                        .set_object(&keys.amplitudes, HostArray { values: x });
-                    res.amplitudes = Some(keys.amplitudes.clone());
-                }
-            }
-        }
+            })?
+        } else {
+            None
+        };
 
         // The solver's work timestream and products are not read again:
         // free them before the final products (host runs; a staging scope
         // keeps its buffers until it closes, so there `cleanup` does it).
-        if ctx.extensions.get::<StagingState>().is_none() {
+        let host_run = ctx.extensions.get::<StagingState>().is_none();
+        if host_run {
             self.free_solver(data, keys)?;
         }
 
@@ -758,6 +744,30 @@ impl MapMaker {
                 bin_map(data, ctx, pass, pointing, Vec::new())
             })?;
             res.binmap = Some(keys.binmap.clone());
+        }
+
+        // 5h: subtract the amplitudes, after the raw signal is binned (as
+        // TOAST's MapMaker does: `_bin_and_write_raw_signal` precedes
+        // `_clean_signal`, so the binned map is the undestriped one even
+        // when the timestream is cleaned in place).
+        let mut cleaned_field = det_data.clone();
+        if let Some((tmpl, x)) = amps {
+            cleaned_field = if mm.save_cleaned && mm.overwrite_cleaned {
+                det_data.clone()
+            } else {
+                keys.cleaned.clone()
+            };
+            timed(data, ctx, "ApplyAmplitudes", |data, ctx| {
+                self.apply_amplitudes(data, ctx, keys, &tmpl, &x, &cleaned_field)
+            })?;
+            if host_run {
+                data.meta.remove(&keys.neg_amplitudes);
+            }
+            if mm.keep_solver_products || mm.write_solver_products {
+                data.meta
+                    .set_object(&keys.amplitudes, HostArray { values: x });
+                res.amplitudes = Some(keys.amplitudes.clone());
+            }
         }
 
         let keep_nw = mm.write_noiseweighted_map || mm.keep_final_products;
