@@ -235,7 +235,10 @@ fn binned_map_is_of_the_raw_timestream_when_cleaning_in_place() {
     let mut s = setup(25.0, true);
     s.mapmaker.save_cleaned = true;
     s.mapmaker.overwrite_cleaned = true;
-    let res = MapMaker::new(s).unwrap().run(&mut destriped, &mut ctx).unwrap();
+    let res = MapMaker::new(s)
+        .unwrap()
+        .run(&mut destriped, &mut ctx)
+        .unwrap();
     assert!(res.iterations >= 3);
     let mut binned = raw_data(&mut ctx);
     let res_bin = MapMaker::new(setup(25.0, false))
