@@ -124,21 +124,25 @@ impl MapMaker {
         covariance_and_hits(data, ctx, pass, expand.then_some(ops))
     }
 
-    /// 5f, 5g, 5i: the final products with the final binner and pointing:
-    /// hits, covariance and rcond (`map_rcond_threshold`), the binned map
-    /// of the raw timestream (with `write_binmap`) and the destriped map of
-    /// `cleaned_field` (and its noise-weighted map when kept).
-    pub(super) fn final_products(
+    /// Whether the final passes expand their own pointing.
+    fn expand_final(&self) -> bool {
+        self.final_pointing.is_some() || !self.setup.binner.full_pointing
+    }
+
+    /// 5f, 5g: the final products with the final binner and pointing
+    /// before the timestream is cleaned: hits, covariance and rcond
+    /// (`map_rcond_threshold`), and the binned map of the raw timestream
+    /// (with `write_binmap`).
+    pub(super) fn final_covariance_and_binmap(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
         keys: &Keys,
-        cleaned_field: &str,
         res: &mut MapMakerResult,
     ) -> Result<(), OpError> {
         let mm = self.setup.mapmaker.clone();
         let fb = self.final_binner().clone();
-        let expand_final = self.final_pointing.is_some() || !self.setup.binner.full_pointing;
+        let expand_final = self.expand_final();
         self.ensure_pixel_dist(
             data,
             ctx,
@@ -185,7 +189,22 @@ impl MapMaker {
             self.bin_final(data, ctx, pass, expand_final)?;
             res.binmap = Some(keys.binmap.clone());
         }
+        Ok(())
+    }
 
+    /// 5i: the destriped map of `cleaned_field` (and its noise-weighted map
+    /// when kept), with the final binner and pointing.
+    pub(super) fn final_map(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+        cleaned_field: &str,
+        res: &mut MapMakerResult,
+    ) -> Result<(), OpError> {
+        let mm = self.setup.mapmaker.clone();
+        let fb = self.final_binner().clone();
+        let expand_final = self.expand_final();
         let keep_nw = mm.write_noiseweighted_map || mm.keep_final_products;
         let pass = BinPass {
             name: "binner_final",

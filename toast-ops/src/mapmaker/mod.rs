@@ -264,38 +264,51 @@ impl MapMaker {
         )?;
 
         let templates = self.setup.baselines.enabled;
-        let mut cleaned_field = det_data.clone();
-        if templates {
-            let amps = timed(data, ctx, "SolveAmplitudes", |data, ctx| {
+        let amps = if templates {
+            timed(data, ctx, "SolveAmplitudes", |data, ctx| {
                 self.solve_amplitudes(data, ctx, keys, &mut res)
-            })?;
-            if let Some((tmpl, x)) = amps {
-                // 5h: subtract the amplitudes.
-                cleaned_field = if mm.save_cleaned && mm.overwrite_cleaned {
-                    det_data.clone()
-                } else {
-                    keys.cleaned.clone()
-                };
-                timed(data, ctx, "ApplyAmplitudes", |data, ctx| {
-                    self.apply_amplitudes(data, ctx, keys, &tmpl, &x, &cleaned_field)
-                })?;
-                if self.keeps_solver_products() {
-                    data.meta
-                        .set_object(&keys.amplitudes, HostArray { values: x });
-                    res.amplitudes = Some(keys.amplitudes.clone());
-                }
-            }
-        }
+            })?
+        } else {
+            None
+        };
 
         // The solver's work timestream and products are not read again:
         // free them before the final products (host runs; a staging scope
         // keeps its buffers until it closes, so there `cleanup` does it).
-        if ctx.extensions.get::<StagingState>().is_none() {
+        let host_run = ctx.extensions.get::<StagingState>().is_none();
+        if host_run {
             self.free_solver(data, keys)?;
         }
 
-        // 5f-5i: final products.
-        self.final_products(data, ctx, keys, &cleaned_field, &mut res)?;
+        // 5f, 5g: hits, covariance and the binned map of the raw signal.
+        self.final_covariance_and_binmap(data, ctx, keys, &mut res)?;
+
+        // 5h: subtract the amplitudes, after the raw signal is binned (as
+        // TOAST's MapMaker does: `_bin_and_write_raw_signal` precedes
+        // `_clean_signal`, so the binned map is the undestriped one even
+        // when the timestream is cleaned in place).
+        let mut cleaned_field = det_data.clone();
+        if let Some((tmpl, x)) = amps {
+            cleaned_field = if mm.save_cleaned && mm.overwrite_cleaned {
+                det_data.clone()
+            } else {
+                keys.cleaned.clone()
+            };
+            timed(data, ctx, "ApplyAmplitudes", |data, ctx| {
+                self.apply_amplitudes(data, ctx, keys, &tmpl, &x, &cleaned_field)
+            })?;
+            if host_run {
+                data.meta.remove(&keys.neg_amplitudes);
+            }
+            if self.keeps_solver_products() {
+                data.meta
+                    .set_object(&keys.amplitudes, HostArray { values: x });
+                res.amplitudes = Some(keys.amplitudes.clone());
+            }
+        }
+
+        // 5i: the destriped map.
+        self.final_map(data, ctx, keys, &cleaned_field, &mut res)?;
         res.cleaned = (templates
             && mm.save_cleaned
             && !mm.overwrite_cleaned

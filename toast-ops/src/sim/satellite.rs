@@ -23,7 +23,9 @@ pub const SESSION_UID: &str = "session_uid";
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SimSatelliteConfig {
-    /// Telescope name (its UID keys the noise).
+    /// Telescope name (its UID keys the noise). The default is the name
+    /// `toast_benchmark_satellite` gives its telescope, `"satellite"`, so
+    /// that the noise realisation is TOAST's.
     pub telescope: String,
     /// Opening angle of the spin axis from the precession axis (deg).
     pub prec_angle: f64,
@@ -46,7 +48,7 @@ pub struct SimSatelliteConfig {
 impl Default for SimSatelliteConfig {
     fn default() -> Self {
         SimSatelliteConfig {
-            telescope: "fake".into(),
+            telescope: "satellite".into(),
             prec_angle: 65.0,
             spin_angle: 30.0,
             prec_period: 50.0,
