@@ -12,7 +12,8 @@
 //! * [`io`]: HEALPix maps in FITS and Mollweide PNG plots.
 //! * [`pixels`]: `PixelDistribution` (submaps, `global2local`) and
 //!   `PixelData<T>` (TOAST's `toast.pixels`), with the map reductions
-//!   across processes; [`dist`]: how observations and detectors are split
+//!   across processes, and the pixel-domain covariance
+//!   ([`pixels::covariance`]); [`dist`]: how observations and detectors are split
 //!   across processes (TOAST's `toast.dist`).
 //! * [`accel`]: the kernel call layer ([`accel::kernels`]: one safe
 //!   function per TOAST kernel, dispatched to a backend), TOAST's
@@ -26,7 +27,7 @@
 //!   composites `CovarianceAndHits` and `BinMap`.
 //! * [`templates`]: the offset template (TOAST's `toast.templates`).
 //! * [`mapmaker`]: the destriping `MapMaker` (TOAST's solver steps 5a–5i,
-//!   PCG with the diagonal preconditioner) and the pixel-domain covariance.
+//!   PCG with the diagonal preconditioner).
 //! * [`sim`]: the simulation operators (`SimSatellite`,
 //!   `DefaultNoiseModel`, `SimNoise`, `ScanHealpixMap`) with the noise
 //!   simulation and the synthetic sky they use.

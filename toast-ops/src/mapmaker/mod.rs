@@ -96,11 +96,11 @@
 //! * `binning.rs`: the pixel distributions, covariance-and-hits passes and
 //!   the final binning passes (5f, 5g, 5i);
 //! * `products.rs`: product keys, [`MapMakerResult`], the cleaned
-//!   timestream (5h) and the removal of solver products and temporaries;
-//! * [`covariance`]: the pixel-domain covariance (accumulation, inversion,
-//!   application).
-
-pub mod covariance;
+//!   timestream (5h) and the removal of solver products and temporaries.
+//!
+//! The pixel-domain covariance (accumulation, inversion, application) is a
+//! layer below, in [`crate::pixels::covariance`], since the `ops` builders
+//! use it too.
 
 mod binning;
 mod config;

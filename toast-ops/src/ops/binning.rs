@@ -4,7 +4,7 @@
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
 use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::mapmaker::covariance::{apply_covariance, nnz_of_block};
+use crate::pixels::covariance::{apply_covariance, nnz_of_block};
 use crate::pixels::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;

@@ -6,7 +6,7 @@ use super::mapmaker_utils::{
 };
 use super::util::PointingOps;
 use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
-use crate::mapmaker::covariance::invert_covariance;
+use crate::pixels::covariance::invert_covariance;
 use crate::pixels::{sync_maps, PixelData};
 use serde::Deserialize;
 use toast_core::observation::defaults;

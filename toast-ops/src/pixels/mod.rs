@@ -19,6 +19,12 @@
 //! as zeros, with `ddof = 1`. That is what TOAST's `stats.json` reference
 //! values were produced with (see the project's `toast-satellite.md` §4).
 //! The sums run in pixel order, so the result does not depend on threads.
+//!
+//! [`covariance`] holds the pixel-domain white-noise covariance: hits and
+//! inverse-covariance accumulation, per-pixel inversion with the rcond cut,
+//! and its application to a noise-weighted map.
+
+pub mod covariance;
 
 use std::sync::Arc;
 use toast_core::OpError;
