@@ -124,14 +124,14 @@ fn default_cases_dir() -> PathBuf {
     ))
 }
 
-fn discovery(cli: &Cli) -> Result<DiscoveryOptions, String> {
+fn discovery(cli: &Cli) -> anyhow::Result<DiscoveryOptions> {
     let mut opts = DiscoveryOptions {
         explicit: cli.backend_path.clone(),
         ..DiscoveryOptions::default()
     };
     for spec in &cli.backend_options {
         let (name, options) = spec.split_once(':').ok_or_else(|| {
-            format!("--backend-options {spec:?}: expected NAME:OPTIONS, e.g. cpu:threads=2")
+            anyhow::anyhow!("--backend-options {spec:?}: expected NAME:OPTIONS, e.g. cpu:threads=2")
         })?;
         opts = opts.with_backend_options(name, options);
     }

@@ -96,11 +96,12 @@ impl MpiComm {
     /// without `mpirun`, the process is a one-rank job (singleton mode).
     /// Fails when MPI was already initialised (or finalised) in this
     /// process.
-    pub fn init() -> Result<MpiComm, String> {
+    pub fn init() -> anyhow::Result<MpiComm> {
         let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| {
-                "MPI is already initialised in this process (MpiComm::init is called once)"
-                    .to_string()
+                anyhow::anyhow!(
+                    "MPI is already initialised in this process (MpiComm::init is called once)"
+                )
             })?;
         if threading == Threading::Single {
             // Strictly, MPI_THREAD_SINGLE allows no other threads at all
@@ -112,8 +113,8 @@ impl MpiComm {
             );
         }
         let world = universe.world();
-        let rank = usize::try_from(world.rank()).map_err(|e| format!("MPI rank: {e}"))?;
-        let size = usize::try_from(world.size()).map_err(|e| format!("MPI size: {e}"))?;
+        let rank = usize::try_from(world.rank()).map_err(|e| anyhow::anyhow!("MPI rank: {e}"))?;
+        let size = usize::try_from(world.size()).map_err(|e| anyhow::anyhow!("MPI size: {e}"))?;
         let library = mpi::environment::library_version()
             .map(|v| first_line(&v))
             .unwrap_or_else(|_| "unknown MPI library".into());

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use toast_core::Comm;
 
 /// The world communicator of this process.
-pub fn init() -> Result<Arc<dyn Comm>, String> {
+pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
     #[cfg(feature = "mpi")]
     {
         crate::mpi_comm::MpiComm::init().map(|c| Arc::new(c) as Arc<dyn Comm>)
@@ -73,25 +73,25 @@ pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
 
 /// The fault injected at `phase` on this rank by `TOAST_FAULT_INJECT`, if
 /// any: `Err` for mode `error`; mode `kill` does not return.
-pub fn fault_point(comm: &dyn Comm, phase: &str) -> Result<(), String> {
+pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
     let Ok(spec) = std::env::var("TOAST_FAULT_INJECT") else {
         return Ok(());
     };
     let mut parts = spec.split(':');
     let (Some(rank), Some(at)) = (parts.next(), parts.next()) else {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "TOAST_FAULT_INJECT={spec:?}: expected RANK:PHASE[:error|kill]"
         ));
     };
     let mode = parts.next().unwrap_or("error");
-    let rank: usize = rank
-        .parse()
-        .map_err(|_| format!("TOAST_FAULT_INJECT={spec:?}: rank {rank:?} is not a number"))?;
+    let rank: usize = rank.parse().map_err(|_| {
+        anyhow::anyhow!("TOAST_FAULT_INJECT={spec:?}: rank {rank:?} is not a number")
+    })?;
     if rank != comm.rank() || at != phase {
         return Ok(());
     }
     match mode {
-        "error" => Err(format!(
+        "error" => Err(anyhow::anyhow!(
             "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
         )),
         "kill" => {
@@ -106,7 +106,7 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> Result<(), String> {
             // kill(1) missing: end abruptly all the same.
             std::process::abort()
         }
-        other => Err(format!(
+        other => Err(anyhow::anyhow!(
             "TOAST_FAULT_INJECT={spec:?}: unknown mode {other:?} (error or kill)"
         )),
     }

@@ -53,22 +53,26 @@ pub enum Outcome {
 }
 
 /// Run `kernels compile`.
-pub fn compile(args: &CompileArgs) -> Result<Outcome, String> {
+pub fn compile(args: &CompileArgs) -> anyhow::Result<Outcome> {
     let target = match args.target.as_str() {
         "cuda" => Target::Cuda,
         "hip" => Target::Hip,
         "opencl" => Target::OpenCl,
-        other => return Err(format!("--target {other}: expected cuda, hip or opencl")),
+        other => {
+            return Err(anyhow::anyhow!(
+                "--target {other}: expected cuda, hip or opencl"
+            ))
+        }
     };
     if target == Target::OpenCl && args.output.is_some() {
-        return Err("--output is not supported for --target opencl (the runtime's binary is device-specific)".into());
+        return Err(anyhow::anyhow!("--output is not supported for --target opencl (the runtime's binary is device-specific)"));
     }
     let source = ds::source(target);
     let hash = ds::source_hash(target);
     let arch = || {
         args.arch
             .clone()
-            .ok_or_else(|| format!("--target {}: --arch is required", target.name()))
+            .ok_or_else(|| anyhow::anyhow!("--target {}: --arch is required", target.name()))
     };
     let (code, compiler, arch, kind, log) = match target {
         Target::Cuda => {
@@ -136,7 +140,8 @@ pub fn compile(args: &CompileArgs) -> Result<Outcome, String> {
         )));
     }
     if let Some(p) = &args.output {
-        std::fs::write(p, &code).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        std::fs::write(p, &code)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", p.display()))?;
     }
     let mut out = format!(
         "compiled the device source (hash {hash:016x}) for {} {arch} with {compiler}: {} bytes of {kind}\n",
@@ -179,11 +184,10 @@ fn find_nvrtc() -> Result<toast_accel::rtc::nvrtc::Nvrtc, String> {
         Ok(o) if o.status.success() => {
             PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("lib")
         }
-        _ => {
-            return Err(format!(
-                "{first}; nor does python3 find the PyPI package nvidia-cuda-nvrtc-cu12 (pip install nvidia-cuda-nvrtc-cu12)"
-            ))
-        }
+        _ => return Err(format!(
+            "{first}; nor does python3 find the PyPI package nvidia-cuda-nvrtc-cu12 (pip install \
+                 nvidia-cuda-nvrtc-cu12)"
+        )),
     };
     let mut libs: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|e| format!("{first}; {}: {e}", dir.display()))?

@@ -27,7 +27,7 @@ pub const FAULT_PHASE: &str = "mpi-check";
 /// `toast-cli mpi-check`: initialise MPI, run the checks, finalise MPI
 /// (dropping the communicator) and return the exit status.
 #[cfg(feature = "mpi")]
-pub fn main(bench_mib: Option<usize>) -> Result<u8, String> {
+pub fn main(bench_mib: Option<usize>) -> anyhow::Result<u8> {
     let comm = parallel::init()?;
     let code = match bench_mib {
         Some(mib) => bench(&*comm, mib)?,
@@ -41,13 +41,13 @@ pub fn main(bench_mib: Option<usize>) -> Result<u8, String> {
 /// Time 5 allreduces (sum) of `mib` MiB of f64 after one warm-up; rank 0
 /// prints the mean time and the bandwidth (buffer bytes over time).
 #[cfg(feature = "mpi")]
-pub fn bench(comm: &dyn Comm, mib: usize) -> Result<u8, String> {
+pub fn bench(comm: &dyn Comm, mib: usize) -> anyhow::Result<u8> {
     if mib == 0 {
-        return Err("--bench-mib 0: must be at least 1".into());
+        return Err(anyhow::anyhow!("--bench-mib 0: must be at least 1"));
     }
     let n = mib * (1 << 20) / 8;
     let mut buf: Vec<f64> = (0..n).map(|i| (i % 1000) as f64).collect();
-    let err = |e: toast_core::CommError| e.to_string();
+    let err = anyhow::Error::from;
     comm.allreduce_f64(&mut buf, toast_core::ReduceOp::Sum)
         .map_err(err)?;
     comm.barrier().map_err(err)?;
@@ -75,7 +75,7 @@ pub fn bench(comm: &dyn Comm, mib: usize) -> Result<u8, String> {
 /// The checks on `comm`, with the fault point first; the exit status.
 pub fn run(comm: &dyn Comm) -> u8 {
     if let Err(e) = parallel::fault_point(comm, FAULT_PHASE) {
-        parallel::fail(comm, &e, 2);
+        parallel::fail(comm, &format!("{e:#}"), 2);
     }
     if comm.rank() == 0 {
         println!("toast-cli mpi-check: {}", comm.describe());

@@ -26,7 +26,9 @@ use toast_ops::io::fits::{self, Ordering};
 use toast_ops::sim::SimSatellite;
 use toast_ops::workflow::config::{self, SatelliteConfig};
 use toast_ops::workflow::presets::{self, Sizing};
-use toast_ops::workflow::{MapProducts, Phases, ProductSink, SatelliteJob, SizeOverrides, PHASES};
+use toast_ops::workflow::{
+    FrontEndError, MapProducts, Phases, ProductSink, SatelliteJob, SizeOverrides, PHASES,
+};
 
 /// The outermost timer frame of a run (`timing.csv`).
 const TIMER_ROOT: &str = "toast-cli run";
@@ -175,7 +177,7 @@ impl Spinners {
 }
 
 impl Phases for Spinners {
-    fn start(&mut self, index: usize, name: &str) -> Result<(), String> {
+    fn start(&mut self, index: usize, name: &str) -> Result<(), FrontEndError> {
         parallel::fault_point(&*self.comm, name)?;
         let pb = self.bars.add(ProgressBar::new_spinner());
         pb.set_style(
@@ -212,8 +214,8 @@ struct OutputDir<'a> {
 }
 
 impl ProductSink for OutputDir<'_> {
-    fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), String> {
-        let ferr = |p: &Path, e: fits::FitsError| format!("{}: {e}", p.display());
+    fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), FrontEndError> {
+        let ferr = |p: &Path, e: fits::FitsError| anyhow::anyhow!("{}: {e}", p.display());
         let hits_full = products.hits.to_full_sky();
         let p = self.dir.join("mapmaker_hits.fits");
         fits::write_hits_map(&p, Ordering::Nested, &hits_full, &products.header)
@@ -250,7 +252,7 @@ impl ProductSink for OutputDir<'_> {
                     Some(&hit),
                     1200,
                 )
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
             }
         }
         Ok(())

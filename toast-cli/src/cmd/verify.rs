@@ -62,7 +62,7 @@ pub struct Options {
 /// Run every case of `cases_dir` on `backend`, writing the report to `out`.
 /// Returns the summary, or an error when there is nothing to verify.
 #[cfg(test)]
-pub fn verify(backend: &Backend, cases_dir: &Path, out: &mut dyn Write) -> Result<Summary, String> {
+pub fn verify(backend: &Backend, cases_dir: &Path, out: &mut dyn Write) -> anyhow::Result<Summary> {
     verify_with(backend, cases_dir, out, Options::default())
 }
 
@@ -89,9 +89,9 @@ pub fn verify_with(
     cases_dir: &Path,
     out: &mut dyn Write,
     opts: Options,
-) -> Result<Summary, String> {
+) -> anyhow::Result<Summary> {
     if !cases_dir.is_dir() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "cases directory {} does not exist or is not a directory",
             cases_dir.display()
         ));
@@ -101,11 +101,11 @@ pub fn verify_with(
         .unwrap_or_else(|| Comparison::for_backend(backend));
     let results = run_dir_with(backend, cases_dir, cmp);
     if results.is_empty() {
-        return Err(format!("no .npz cases in {}", cases_dir.display()));
+        return Err(anyhow::anyhow!("no .npz cases in {}", cases_dir.display()));
     }
     let mut sum = Summary::default();
     let w = |out: &mut dyn Write, line: String| {
-        writeln!(out, "{line}").map_err(|e| format!("cannot write the report: {e}"))
+        writeln!(out, "{line}").map_err(|e| anyhow::anyhow!("cannot write the report: {e}"))
     };
     w(out, format!("comparison: {}", cmp.describe()))?;
     for (path, result) in results {
@@ -154,7 +154,7 @@ pub fn verify_with(
 }
 
 /// [`verify_with`] to standard output; returns the process exit code.
-pub fn run_with(backend: &Backend, cases_dir: &Path, opts: Options) -> Result<i32, String> {
+pub fn run_with(backend: &Backend, cases_dir: &Path, opts: Options) -> anyhow::Result<i32> {
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     verify_with(backend, cases_dir, &mut lock, opts).map(|s| s.exit_code())
@@ -167,9 +167,9 @@ pub fn unavailable(
     reason: &str,
     cases_dir: &Path,
     out: &mut dyn Write,
-) -> Result<Summary, String> {
+) -> anyhow::Result<Summary> {
     let entries = std::fs::read_dir(cases_dir)
-        .map_err(|e| format!("cannot read cases directory {}: {e}", cases_dir.display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot read cases directory {}: {e}", cases_dir.display()))?;
     let mut cases: Vec<String> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -177,11 +177,11 @@ pub fn unavailable(
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
         .collect();
     if cases.is_empty() {
-        return Err(format!("no .npz cases in {}", cases_dir.display()));
+        return Err(anyhow::anyhow!("no .npz cases in {}", cases_dir.display()));
     }
     cases.sort();
     let mut sum = Summary::default();
-    let err = |e: std::io::Error| format!("cannot write the report: {e}");
+    let err = |e: std::io::Error| anyhow::anyhow!("cannot write the report: {e}");
     for case in cases {
         sum.skipped += 1;
         writeln!(
@@ -195,7 +195,7 @@ pub fn unavailable(
 }
 
 /// [`unavailable`] to standard output.
-pub fn run_unavailable(backend: &str, reason: &str, cases_dir: &Path) -> Result<Summary, String> {
+pub fn run_unavailable(backend: &str, reason: &str, cases_dir: &Path) -> anyhow::Result<Summary> {
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     unavailable(backend, reason, cases_dir, &mut lock)
@@ -307,6 +307,6 @@ mod tests {
             &mut Vec::new(),
         )
         .unwrap_err();
-        assert!(e.contains("/nonexistent/cases"), "{e}");
+        assert!(e.to_string().contains("/nonexistent/cases"), "{e}");
     }
 }

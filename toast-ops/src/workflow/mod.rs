@@ -26,7 +26,7 @@
 //! let comm: std::sync::Arc<dyn toast_core::Comm> = std::sync::Arc::new(toast_core::SerialComm);
 //! struct Keep(Option<usize>);
 //! impl ProductSink for Keep {
-//!     fn store(&mut self, _: &SatelliteJob, p: &MapProducts) -> Result<(), String> {
+//!     fn store(&mut self, _: &SatelliteJob, p: &MapProducts) -> Result<(), FrontEndError> {
 //!         self.0 = Some(p.map.n_local_pix());
 //!         Ok(())
 //!     }
@@ -44,6 +44,6 @@ pub mod satellite;
 pub use config::{ConfigError, SatelliteConfig};
 pub use presets::Sizing;
 pub use satellite::{
-    MapProducts, Phases, ProductSink, RunStats, SatelliteJob, SatelliteRun, Silent, SizeOverrides,
-    WorkflowError, PHASES,
+    FrontEndError, MapProducts, Phases, ProductSink, RunStats, SatelliteJob, SatelliteRun, Silent,
+    SizeOverrides, WorkflowError, PHASES,
 };

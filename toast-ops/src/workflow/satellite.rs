@@ -69,7 +69,7 @@ pub enum WorkflowError {
     },
     /// The front-end stopped a phase (its observer or product sink).
     #[error("{0}")]
-    FrontEnd(String),
+    FrontEnd(#[source] FrontEndError),
     /// A collective across the processes, or gathering a result, failed.
     #[error("{what}: {reason}")]
     Gather { what: String, reason: String },
@@ -113,6 +113,10 @@ pub struct SatelliteJob {
     pub sky_file: Option<PathBuf>,
 }
 
+/// An error of the front-end's [`Phases`] or [`ProductSink`], whatever its
+/// type.
+pub type FrontEndError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The phases of [`SatelliteJob::run`], in order.
 pub const PHASES: [&str; 6] = [
     "SimSatellite",
@@ -126,7 +130,7 @@ pub const PHASES: [&str; 6] = [
 /// What a front-end hears of the phases.
 pub trait Phases {
     /// Phase `index` of [`PHASES`] starts; an error stops the run there.
-    fn start(&mut self, index: usize, name: &str) -> Result<(), String>;
+    fn start(&mut self, index: usize, name: &str) -> Result<(), FrontEndError>;
     /// Phase `index` ended after `seconds`.
     fn finish(&mut self, index: usize, name: &str, seconds: f64);
 }
@@ -136,7 +140,7 @@ pub trait Phases {
 pub struct Silent;
 
 impl Phases for Silent {
-    fn start(&mut self, _: usize, _: &str) -> Result<(), String> {
+    fn start(&mut self, _: usize, _: &str) -> Result<(), FrontEndError> {
         Ok(())
     }
     fn finish(&mut self, _: usize, _: &str, _: f64) {}
@@ -158,7 +162,7 @@ pub struct MapProducts {
 /// Where rank 0 puts the gathered products (the front-end's file layout).
 pub trait ProductSink {
     /// Store the products; an error fails the run.
-    fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), String>;
+    fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), FrontEndError>;
 }
 
 /// Communication time of a distributed run (the largest over the ranks).
@@ -418,7 +422,7 @@ impl SatelliteJob {
         let mut ctx = ExecContext::new();
         ctx.insert(dispatcher);
         ctx.insert(CommHandle(Arc::clone(&comm)));
-        let terr = |e: toast_core::TimerError| WorkflowError::FrontEnd(e.to_string());
+        let terr = |e: toast_core::TimerError| WorkflowError::FrontEnd(Box::new(e));
         ctx.timers.enter(timer_root).map_err(terr)?;
 
         let detsets = sim.detector_sets();

@@ -94,7 +94,7 @@ pub fn cmd_kernels(
     backend: &Backend,
     args: &KernelsArgs,
     threads: Option<usize>,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let opts = if args.tiny {
         BenchOptions {
             threads,
@@ -114,8 +114,8 @@ pub fn cmd_kernels(
     print!("{}", report.table());
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report.to_json())
-            .map_err(|e| format!("serialising the report: {e}"))?;
-        std::fs::write(p, text + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
+            .map_err(|e| anyhow::anyhow!("serialising the report: {e}"))?;
+        std::fs::write(p, text + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -130,11 +130,11 @@ mod tests {
 
     /// Find backend `name` in the standard places and initialise it, with
     /// `threads=N` in its options when given.
-    fn open_backend(name: &str, threads: Option<usize>) -> Result<Arc<Backend>, String> {
+    fn open_backend(name: &str, threads: Option<usize>) -> anyhow::Result<Arc<Backend>> {
         let opts = with_threads(DiscoveryOptions::default(), name, threads);
         Registry::discover(&opts)
             .get(name)
-            .map_err(|e| e.to_string())
+            .map_err(anyhow::Error::from)
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::report::{BenchReport, KernelTiming, TransferSummary};
 use super::workload::{local_submaps, BenchOptions, Offsets, Workload, SEED, STEP_LENGTH};
 
 /// Time every kernel of `backend` on the workload `opts` describes.
-pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport, String> {
+pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     opts.validate()?;
     let missing: Vec<&str> = abi::Kernel::ALL
         .into_iter()
@@ -32,7 +32,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
         .map(|k| k.name())
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "backend `{}` does not implement: {}",
             backend.name(),
             missing.join(", ")
@@ -59,7 +59,9 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> Result<BenchReport
     b.stokes_weights_i()?;
     let (global2local, n_local) = local_submaps(&pointing.hits);
     if n_local == 0 {
-        return Err("pixels_healpix hit no submap: the backend's output is wrong".into());
+        return Err(anyhow::anyhow!(
+            "pixels_healpix hit no submap: the backend's output is wrong"
+        ));
     }
     let mut det_data = b.scan_map(&pointing, &global2local, n_local)?;
     b.build_noise_weighted(&pointing, &global2local, n_local, &det_data)?;
@@ -160,8 +162,8 @@ struct Timer<'b> {
     timed: Duration,
 }
 
-fn accel(what: &str) -> impl Fn(AccelError) -> String + '_ {
-    move |e| format!("{what}: {e}")
+fn accel(what: &str) -> impl Fn(AccelError) -> anyhow::Error + '_ {
+    move |e| anyhow::anyhow!("{what}: {e}")
 }
 
 impl<'b> Timer<'b> {
@@ -169,7 +171,7 @@ impl<'b> Timer<'b> {
         &mut self,
         data: &'a [T],
         name: &str,
-    ) -> Result<ArrayArg<'a>, String>
+    ) -> anyhow::Result<ArrayArg<'a>>
     where
         'b: 'a,
     {
@@ -183,7 +185,7 @@ impl<'b> Timer<'b> {
         &mut self,
         data: &'a mut [T],
         name: &str,
-    ) -> Result<ArrayArg<'a>, String>
+    ) -> anyhow::Result<ArrayArg<'a>>
     where
         'b: 'a,
     {
@@ -193,7 +195,7 @@ impl<'b> Timer<'b> {
         Ok(a)
     }
 
-    fn finish(&mut self, args: Vec<ArrayArg<'_>>) -> Result<(), String> {
+    fn finish(&mut self, args: Vec<ArrayArg<'_>>) -> anyhow::Result<()> {
         let t = Instant::now();
         for a in args {
             a.finish().map_err(accel("finishing a staged array"))?;
@@ -207,7 +209,7 @@ impl<'b> Timer<'b> {
         &mut self,
         key: &str,
         mut f: impl FnMut() -> Result<(), AccelError>,
-    ) -> Result<f64, String> {
+    ) -> anyhow::Result<f64> {
         eprintln!("bench: timing {key}");
         let mut best = f64::INFINITY;
         for _ in 0..self.repeats {
@@ -250,7 +252,7 @@ impl Bench<'_, '_> {
     /// # Safety
     /// As [`Backend::launch`]: every pointer in `args` is valid for the
     /// lengths it declares, and outputs are not aliased, for every call.
-    unsafe fn time<A: KernelArgs>(&mut self, key: &'static str, args: &A) -> Result<(), String> {
+    unsafe fn time<A: KernelArgs>(&mut self, key: &'static str, args: &A) -> anyhow::Result<()> {
         let backend = self.tm.backend;
         // SAFETY: this function's contract is that of `launch`.
         let best = self.tm.best(key, || unsafe { backend.launch(args) })?;
@@ -268,7 +270,7 @@ impl Bench<'_, '_> {
         key: &'static str,
         all: &A,
         one: impl Fn(usize) -> A,
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let backend = self.tm.backend;
         let n_det = self.w.n_det;
         // SAFETY: this function's contract covers `all`.
@@ -289,7 +291,7 @@ impl Bench<'_, '_> {
     }
 
     /// pointing_detector; returns the detector quaternions.
-    fn pointing_detector(&mut self) -> Result<Vec<f64>, String> {
+    fn pointing_detector(&mut self) -> anyhow::Result<Vec<f64>> {
         let w = self.w;
         let mut quats = vec![0.0f64; w.n_det * w.n_samp * 4];
         let bore = self.tm.input(&w.boresight, "boresight")?;
@@ -317,7 +319,7 @@ impl Bench<'_, '_> {
 
     /// pixels_healpix (RING, then NEST, which stays) and stokes_weights_IQU
     /// (with, then without HWP).
-    fn pixels_and_weights(&mut self, quats: &[f64]) -> Result<Pointing, String> {
+    fn pixels_and_weights(&mut self, quats: &[f64]) -> anyhow::Result<Pointing> {
         let w = self.w;
         let mut p = Pointing {
             pixels: vec![-1i64; w.n_det * w.n_samp],
@@ -382,7 +384,7 @@ impl Bench<'_, '_> {
     }
 
     /// stokes_weights_I (its output is not used further).
-    fn stokes_weights_i(&mut self) -> Result<(), String> {
+    fn stokes_weights_i(&mut self) -> anyhow::Result<()> {
         let w = self.w;
         let mut weights_i = vec![0.0f64; w.n_det * w.n_samp];
         let wi = self.tm.output(&mut weights_i, "weights_I")?;
@@ -406,7 +408,7 @@ impl Bench<'_, '_> {
         p: &Pointing,
         global2local: &[i64],
         n_local: usize,
-    ) -> Result<Vec<f64>, String> {
+    ) -> anyhow::Result<Vec<f64>> {
         let w = self.w;
         let map = w.map(n_local, NNZ);
         let map32: Vec<f32> = map.iter().map(|&x| x as f32).collect();
@@ -457,7 +459,7 @@ impl Bench<'_, '_> {
         global2local: &[i64],
         n_local: usize,
         det_data: &[f64],
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let w = self.w;
         let mut zmap = vec![0.0f64; n_local * w.n_pix_submap as usize * NNZ];
         let g2l = self.tm.input(global2local, "global2local")?;
@@ -496,7 +498,7 @@ impl Bench<'_, '_> {
     }
 
     /// noise_weight, in place on det_data.
-    fn noise_weight(&mut self, det_data: &mut [f64]) -> Result<(), String> {
+    fn noise_weight(&mut self, det_data: &mut [f64]) -> anyhow::Result<()> {
         let w = self.w;
         let dd = self.tm.output(det_data, "det_data")?;
         let args = abi::NoiseWeightArgs {
@@ -529,7 +531,7 @@ impl Bench<'_, '_> {
         &mut self,
         o: &Offsets,
         det_data: &mut [f64],
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let w = self.w;
         let am = self.tm.input(&o.amplitudes, "amplitudes")?;
         let af = self.tm.input(&o.amplitude_flags, "amplitude_flags")?;
@@ -570,7 +572,7 @@ impl Bench<'_, '_> {
         &mut self,
         o: &mut Offsets,
         det_data: &[f64],
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let w = self.w;
         let layout = Self::offset_layout(o);
         let dd = self.tm.input(det_data, "det_data")?;
@@ -618,7 +620,7 @@ impl Bench<'_, '_> {
         offset_var: &[f64],
         amps_in: &[f64],
         flags: &[u8],
-    ) -> Result<(), String> {
+    ) -> anyhow::Result<()> {
         let backend = self.tm.backend;
         let n = offset_var.len();
         let mut amps_out = vec![0.0f64; n];

@@ -64,27 +64,30 @@ impl BenchOptions {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> anyhow::Result<()> {
         if self.n_det == 0 || self.n_det > i32::MAX as usize {
-            return Err(format!("n_det must be in [1, 2^31), got {}", self.n_det));
+            return Err(anyhow::anyhow!(
+                "n_det must be in [1, 2^31), got {}",
+                self.n_det
+            ));
         }
         if self.n_samp < 200 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "n_samp must be at least 200 (10 intervals of 95% of n_samp/10), got {}",
                 self.n_samp
             ));
         }
         if self.nside < 1 || self.nside > (1 << 29) || self.nside & (self.nside - 1) != 0 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "nside must be a power of two in [1, 2^29], got {}",
                 self.nside
             ));
         }
         if self.repeats == 0 {
-            return Err("repeats must be at least 1".into());
+            return Err(anyhow::anyhow!("repeats must be at least 1"));
         }
         if self.precond_n_amp == 0 {
-            return Err("precond_n_amp must be at least 1".into());
+            return Err(anyhow::anyhow!("precond_n_amp must be at least 1"));
         }
         Ok(())
     }
