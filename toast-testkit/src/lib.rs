@@ -16,6 +16,9 @@
 //!   about a precessing spin axis, detector pairs at several angles with
 //!   different NETs), a random sky, and the pointing and scanning operators
 //!   set up for them.
+//! * [`process`]: running the project's binaries from tests: scratch
+//!   directories, captured output, runs with a deadline (a hang fails the
+//!   test), and `mpirun` as the MPI tests need it.
 //!
 //! # Why dev-only
 //!
@@ -28,4 +31,5 @@
 
 pub mod fakedev;
 pub mod plugins;
+pub mod process;
 pub mod scan;

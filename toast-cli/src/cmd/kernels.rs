@@ -184,10 +184,12 @@ fn find_nvrtc() -> Result<toast_accel::rtc::nvrtc::Nvrtc, String> {
         Ok(o) if o.status.success() => {
             PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("lib")
         }
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "{first}; nor does python3 find the PyPI package nvidia-cuda-nvrtc-cu12 (pip install \
                  nvidia-cuda-nvrtc-cu12)"
-        )),
+        ))
+        }
     };
     let mut libs: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|e| format!("{first}; {}: {e}", dir.display()))?

@@ -1,0 +1,135 @@
+//! Running the project's binaries from tests: scratch directories, the
+//! combined output of a run, and runs with a deadline (a process still
+//! running after it is a hang, which fails the test instead of blocking
+//! the suite), with the settings `mpirun` needs as root on a small machine.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A fresh, empty directory under the system's temporary directory, named
+/// after the test binary's `prefix`, this process and `name`.
+pub fn scratch(prefix: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("{prefix}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)
+        .unwrap_or_else(|e| panic!("cannot create scratch directory {}: {e}", d.display()));
+    d
+}
+
+/// Standard output followed by standard error, as text.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
+    let mut pipe = pipe.expect("the pipe was requested");
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// Run `cmd` to completion with its output captured, or fail the test when
+/// it outlives `limit`: the process gets SIGTERM (which `mpirun` passes on
+/// to its ranks), then SIGKILL three seconds later. Both pipes are read
+/// while waiting, so a full pipe never blocks the process. After a hang
+/// the readers are not joined: an orphaned MPI rank may still hold the
+/// pipes.
+pub fn run_with_deadline(mut cmd: Command, limit: Duration, what: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: hung (still running after {limit:?}; killed)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+/// One MPI job at a time: Open MPI 4.1's `mpirun`s started at the same
+/// moment race to create their session directory (`/tmp/ompi.HOST.UID`)
+/// and the loser fails in `orte_init` ("A call to mkdir was unable to
+/// create the desired directory ... File exists").
+static ONE_MPI_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Hold this while an MPI job runs (see [`ONE_MPI_JOB_AT_A_TIME`]).
+pub fn one_mpi_job_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_MPI_JOB_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `mpirun --oversubscribe -n N`, allowed to run as root (CI's user), with
+/// ranks that yield their core while waiting in a collective (there may be
+/// more ranks than cores).
+pub fn mpirun(n: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "-n", &n.to_string()])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_captured_and_a_hang_is_a_failure() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let o = run_with_deadline(c, Duration::from_secs(30), "sh");
+        assert_eq!(o.status.code(), Some(3));
+        assert_eq!(text(&o), "out\nerr\n");
+        let hang = std::panic::catch_unwind(|| {
+            let mut c = Command::new("sleep");
+            c.arg("30");
+            run_with_deadline(c, Duration::from_millis(200), "sleep")
+        });
+        let msg = hang.expect_err("a hang must fail");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("sleep: hung"), "{msg}");
+    }
+
+    #[test]
+    fn scratch_is_fresh() {
+        let d = scratch("testkit", "fresh");
+        std::fs::write(d.join("x"), b"1").unwrap();
+        let d2 = scratch("testkit", "fresh");
+        assert_eq!(d, d2);
+        assert!(!d2.join("x").exists());
+        let _ = std::fs::remove_dir_all(&d2);
+    }
+}
