@@ -30,10 +30,10 @@
 //! Every error names the argument and the offending value.
 
 use crate::abi::{self, SampleRange, SampleRanges};
-use std::fmt;
 
 /// A rejected kernel argument.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kernel}: argument `{arg}`: {problem}")]
 pub struct ArgError {
     /// Kernel name, as [`crate::abi::Kernel::name`].
     pub kernel: &'static str,
@@ -52,18 +52,6 @@ impl ArgError {
         }
     }
 }
-
-impl fmt::Display for ArgError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: argument `{}`: {}",
-            self.kernel, self.arg, self.problem
-        )
-    }
-}
-
-impl std::error::Error for ArgError {}
 
 /// View the intervals of an argument struct as a slice, checking each one
 /// lies in `[0, n_samp]` with `first <= last`.

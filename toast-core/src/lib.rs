@@ -127,8 +127,8 @@ pub use intervals::{Interval, IntervalError, IntervalList};
 pub use meta::{Meta, MetaItem, Value};
 pub use observation::{defaults, Data, IntervalsManager, Observation};
 pub use operator::{
-    check_requirements, ExecContext, Extensions, Item, OpError, Operator, RequirementError,
-    Requirements,
+    check_requirements, ExecContext, Extensions, Item, OpError, Operator, PixelOutOfRange,
+    RequirementError, Requirements,
 };
 pub use shared::{SharedData, SharedField};
 pub use staging::{

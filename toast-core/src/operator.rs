@@ -2,12 +2,14 @@
 //! requirement checking.
 
 use crate::accel::DeviceFieldError;
+use crate::comm::CommError;
 use crate::error::{Category, DataError};
 use crate::observation::Data;
 use crate::timing::{TimerError, Timers};
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
+use std::path::PathBuf;
 use thiserror::Error;
 
 /// One named item of a category.
@@ -243,9 +245,95 @@ pub enum OpError {
         /// `std::any::type_name` of the missing type.
         type_name: &'static str,
     },
-    /// Invalid configuration.
+    /// A configuration value refused by validation (an operator's
+    /// `validate()`, a sync type, an empty focal plane, a key not set).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A collective across the processes failed.
+    #[error("{what}: {source}")]
+    Comm {
+        /// What was being exchanged (`"mapmaker: PCG dot product"`, ...).
+        what: String,
+        /// The failed collective.
+        #[source]
+        source: CommError,
+    },
+    /// A computation gave a value it cannot go on with (a non-finite
+    /// residual, ...).
+    #[error("numerical failure: {what}")]
+    Numerical {
+        /// What failed, with the offending value.
+        what: String,
+    },
+    /// An input file could not be used.
+    #[error("{what} {}: {reason}", path.display())]
+    Input {
+        /// The kind of file (`"sky map"`).
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why it could not be used.
+        reason: String,
+    },
+    /// A data-level (global) object is missing, of the wrong type, or does
+    /// not fit the others (maps, pixel distributions, covariances, host
+    /// arrays, global items without a device form).
+    #[error("global item '{key}': {problem}")]
+    Global {
+        /// Its key in the data's metadata.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// An observation's noise model is missing, of the wrong type, or has no
+    /// usable entry for a detector.
+    #[error("observation '{observation}': noise model '{key}': {problem}")]
+    NoiseModel {
+        /// The observation.
+        observation: String,
+        /// The noise model's key in the observation's metadata.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A pixel index outside the map or its local submaps.
+    #[error(transparent)]
+    PixelOutOfRange(Box<PixelOutOfRange>),
+    /// Data that is present but does not fit the operation (fields of
+    /// different shapes, too few timestamps, objects built on other pixel
+    /// distributions, arguments of an inconsistent pixel distribution).
+    #[error("invalid data: {what}")]
+    InvalidData {
+        /// What does not fit, naming the observation and field.
+        what: String,
+    },
+    /// An operator's state does not fit this call (a one-shot input already
+    /// used, a template initialised on other data).
+    #[error("operator state: {what}")]
+    State {
+        /// What does not fit.
+        what: String,
+    },
+    /// A kernel argument the call layer cannot build (an argument that needs
+    /// an observation, a per-detector array of the wrong length).
+    #[error("kernel argument {argument}: {problem}")]
+    KernelArgument {
+        /// The argument.
+        argument: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A kernel call refused before launch: two arguments aliasing one
+    /// buffer, a staged device buffer whose size differs from its host data.
+    #[error("operator '{operator}': kernel `{kernel}`: {problem}")]
+    KernelCall {
+        /// The calling operator.
+        operator: String,
+        /// The kernel.
+        kernel: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// Any other failure.
     #[error(transparent)]
     Other(Box<dyn std::error::Error + Send + Sync>),
@@ -258,6 +346,34 @@ pub enum OpError {
         #[source]
         source: Box<OpError>,
     },
+}
+
+/// A pixel index outside the map or its local submaps, met at one sample.
+#[derive(Debug, Error)]
+#[error(
+    "{what}: observation '{observation}', detector '{detector}', sample {sample}: pixel {pixel} \
+     {limit}"
+)]
+pub struct PixelOutOfRange {
+    /// What was being computed.
+    pub what: String,
+    /// The observation.
+    pub observation: String,
+    /// The detector.
+    pub detector: String,
+    /// The sample in the observation.
+    pub sample: usize,
+    /// The pixel index.
+    pub pixel: i64,
+    /// The range it is outside of, as a phrase (`"is beyond the 3072 pixels
+    /// of nside 16"`).
+    pub limit: String,
+}
+
+impl From<PixelOutOfRange> for OpError {
+    fn from(e: PixelOutOfRange) -> Self {
+        OpError::PixelOutOfRange(Box::new(e))
+    }
 }
 
 impl From<crate::accel::AccelStateError> for OpError {
@@ -428,6 +544,56 @@ mod tests {
     use super::*;
     use crate::dtype::DType;
     use crate::observation::tests::observation;
+
+    #[test]
+    fn op_error_stays_small() {
+        // Every `Result<_, OpError>` carries this size: no variant of its own
+        // is larger than the data-model error it wraps (big payloads are
+        // boxed), and it stays under clippy's `result_large_err` line.
+        let size = std::mem::size_of::<OpError>();
+        assert!(
+            size <= std::mem::size_of::<DataError>() + 8,
+            "OpError is {size} bytes"
+        );
+        assert!(size < 128, "OpError is {size} bytes");
+    }
+
+    #[test]
+    fn error_classes_say_what_they_are() {
+        let e = OpError::Numerical {
+            what: "PCG residual is not finite (NaN)".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "numerical failure: PCG residual is not finite (NaN)"
+        );
+        let e = OpError::Comm {
+            what: "PCG dot product".into(),
+            source: CommError::new("allreduce", "rank 3 died"),
+        };
+        assert_eq!(e.to_string(), "PCG dot product: allreduce: rank 3 died");
+        assert!(std::error::Error::source(&e).is_some());
+        let e = OpError::Input {
+            what: "sky map",
+            path: "/x/sky.fits".into(),
+            reason: "no such file".into(),
+        };
+        assert_eq!(e.to_string(), "sky map /x/sky.fits: no such file");
+        let e: OpError = PixelOutOfRange {
+            what: "hits".into(),
+            observation: "o".into(),
+            detector: "d".into(),
+            sample: 7,
+            pixel: 99,
+            limit: "is beyond the 48 pixels of nside 2".into(),
+        }
+        .into();
+        assert_eq!(
+            e.to_string(),
+            "hits: observation 'o', detector 'd', sample 7: pixel 99 is beyond the 48 pixels of \
+             nside 2"
+        );
+    }
 
     /// Scales `signal` of the selected detectors by a factor.
     struct Scale {

@@ -27,28 +27,24 @@ pub struct Compiled {
 }
 
 /// A failed compilation: the compiler status and its log.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}{}", log_section(.log))]
 pub struct CompileError {
+    /// The compiler status, as a sentence.
     pub message: String,
+    /// The compiler log (possibly empty).
     pub log: String,
 }
 
-impl std::fmt::Display for CompileError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.log.trim().is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(
-                f,
-                "{}\n--- NVRTC log ---\n{}",
-                self.message,
-                self.log.trim_end()
-            )
-        }
+/// The log of a [`CompileError`] as a section after its message, or nothing
+/// when the log is empty.
+fn log_section(log: &str) -> String {
+    if log.trim().is_empty() {
+        String::new()
+    } else {
+        format!("\n--- NVRTC log ---\n{}", log.trim_end())
     }
 }
-
-impl std::error::Error for CompileError {}
 
 /// The message of a library-loading error with its cause (`dlerror()`'s
 /// text), e.g. "libcuda.so.1: cannot open shared object file: No such file

@@ -43,7 +43,6 @@
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use crate::pixels::{PixelData, PixelDistribution};
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::abi::{self, Kernel};
@@ -55,7 +54,13 @@ use toast_core::{
 
 /// A kernel call that failed, naming the operator, kernel, backend and
 /// observation.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "operator '{operator}': kernel `{kernel}`{}{}: {source}{}",
+    on_backend(.backend),
+    for_observation(.observation),
+    detector_list(.detectors)
+)]
 pub struct KernelError {
     /// Calling operator.
     pub operator: String,
@@ -69,43 +74,42 @@ pub struct KernelError {
     /// detector by its position in this list).
     pub detectors: Vec<String>,
     /// The cause.
+    #[source]
     pub source: AccelError,
 }
 
-impl fmt::Display for KernelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "operator '{}': kernel `{}`", self.operator, self.kernel)?;
-        if !self.backend.is_empty() {
-            write!(f, " on backend `{}`", self.backend)?;
-        }
-        if !self.observation.is_empty() {
-            write!(f, " for observation '{}'", self.observation)?;
-        }
-        write!(f, ": {}", self.source)?;
-        if !self.detectors.is_empty() {
-            const SHOW: usize = 16;
-            let names: Vec<String> = self
-                .detectors
-                .iter()
-                .take(SHOW)
-                .enumerate()
-                .map(|(i, d)| format!("{i} = '{d}'"))
-                .collect();
-            let more = if self.detectors.len() > SHOW {
-                ", ..."
-            } else {
-                ""
-            };
-            write!(f, " (detectors: {}{more})", names.join(", "))?;
-        }
-        Ok(())
+/// `" on backend `cuda`"`, or nothing when dispatch failed before a backend.
+fn on_backend(backend: &str) -> String {
+    if backend.is_empty() {
+        String::new()
+    } else {
+        format!(" on backend `{backend}`")
     }
 }
 
-impl std::error::Error for KernelError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
+/// `" for observation 'o'"`, or nothing for calls not tied to one.
+fn for_observation(observation: &str) -> String {
+    if observation.is_empty() {
+        String::new()
+    } else {
+        format!(" for observation '{observation}'")
     }
+}
+
+/// `" (detectors: 0 = 'a', 1 = 'b')"`, the first 16, or nothing.
+fn detector_list(detectors: &[String]) -> String {
+    const SHOW: usize = 16;
+    if detectors.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = detectors
+        .iter()
+        .take(SHOW)
+        .enumerate()
+        .map(|(i, d)| format!("{i} = '{d}'"))
+        .collect();
+    let more = if detectors.len() > SHOW { ", ..." } else { "" };
+    format!(" (detectors: {}{more})", names.join(", "))
 }
 
 /// Transfers of one buffer name made because the data was not staged.
@@ -227,7 +231,10 @@ impl Target<'_> {
     }
 
     fn missing_obs(what: &str) -> OpError {
-        OpError::Config(format!("kernel argument {what} needs an observation"))
+        OpError::KernelArgument {
+            argument: what.to_string(),
+            problem: "needs an observation".into(),
+        }
     }
 
     fn bytes<'s>(&'s self, s: &'s Source<'_>) -> Result<&'s [u8], OpError> {
@@ -268,16 +275,19 @@ impl Target<'_> {
 }
 
 fn no_global(name: &str) -> OpError {
-    OpError::Config(format!(
-        "the data has no global item '{name}' usable as a kernel array (a map, a pixel \
-         distribution or a host array)"
-    ))
+    OpError::Global {
+        key: name.to_string(),
+        problem: "missing, or not usable as a kernel array (a map, a pixel distribution or a \
+                  host array)"
+            .into(),
+    }
 }
 
 fn no_global_mut(name: &str) -> OpError {
-    OpError::Config(format!(
-        "the global item '{name}' cannot be written by a kernel (missing, or read-only)"
-    ))
+    OpError::Global {
+        key: name.to_string(),
+        problem: "cannot be written by a kernel (missing, or read-only)".into(),
+    }
 }
 
 /// Whether `buffers` stage data on `backend`.
@@ -321,9 +331,11 @@ fn launch<A: KernelArgs>(
                 .iter()
                 .any(|o| o.key(&observation).as_ref() == Some(&k))
             {
-                return Err(OpError::Config(format!(
-                    "operator '{operator}': kernel `{kernel}` was given {k} for two arguments"
-                )));
+                return Err(OpError::KernelCall {
+                    operator: operator.to_string(),
+                    kernel: kernel.to_string(),
+                    problem: format!("{k} was given for two arguments"),
+                });
             }
         }
     }
@@ -408,11 +420,14 @@ fn launch<A: KernelArgs>(
                 if bufs.is_present(key) {
                     let view = bufs.handle(key)?;
                     if view.bytes != bytes as u64 {
-                        return Err(OpError::Config(format!(
-                            "operator '{operator}': kernel `{kernel}`: device buffer {key} has \
-                             {} bytes, its host data {bytes}",
-                            view.bytes
-                        )));
+                        return Err(OpError::KernelCall {
+                            operator: operator.to_string(),
+                            kernel: kernel.to_string(),
+                            problem: format!(
+                                "device buffer {key} has {} bytes, its host data {bytes}",
+                                view.bytes
+                            ),
+                        });
                     }
                     arrays.push(abi::Array {
                         ptr: view.handle,
@@ -562,12 +577,14 @@ fn check_shared<T: Element>(ob: &Observation, name: &str, shape: &[usize]) -> Re
     let f = ob.shared.get(name)?;
     f.check::<T>(shape)?;
     if f.n_rows() != ob.n_samples() {
-        return Err(OpError::Config(format!(
-            "observation '{}': shared field '{name}' has {} rows, expected one per sample ({})",
-            ob.name(),
-            f.n_rows(),
-            ob.n_samples()
-        )));
+        return Err(OpError::InvalidData {
+            what: format!(
+                "observation '{}': shared field '{name}' has {} rows, expected one per sample ({})",
+                ob.name(),
+                f.n_rows(),
+                ob.n_samples()
+            ),
+        });
     }
     Ok(())
 }
@@ -727,9 +744,10 @@ pub fn stokes_weights_i(
 
 fn check_len(what: &str, got: usize, expected: usize) -> Result<(), OpError> {
     if got != expected {
-        return Err(OpError::Config(format!(
-            "{what} has {got} entries for {expected} detectors"
-        )));
+        return Err(OpError::KernelArgument {
+            argument: what.to_string(),
+            problem: format!("{got} entries for {expected} detectors"),
+        });
     }
     Ok(())
 }
@@ -817,9 +835,10 @@ fn map_info(meta: &Meta, key: &str) -> Result<(i32, usize, Arc<PixelDistribution
     probe!(f32, abi::DTYPE_F32);
     probe!(i64, abi::DTYPE_I64);
     probe!(i32, abi::DTYPE_I32);
-    Err(OpError::Config(format!(
-        "the data has no map '{key}' (a PixelData of f64, f32, i64 or i32)"
-    )))
+    Err(OpError::Global {
+        key: key.to_string(),
+        problem: "missing, or not a map (a PixelData of f64, f32, i64 or i32)".into(),
+    })
 }
 
 /// The pixel distribution at `dist_key`, checked against a map's.
@@ -831,9 +850,10 @@ fn dist_for_map(
 ) -> Result<Arc<PixelDistribution>, OpError> {
     let d = meta.object::<Arc<PixelDistribution>>(dist_key)?;
     if **d != *map_dist {
-        return Err(OpError::Config(format!(
-            "map '{map_key}' does not use the pixel distribution '{dist_key}'"
-        )));
+        return Err(OpError::Global {
+            key: map_key.to_string(),
+            problem: format!("the map does not use the pixel distribution '{dist_key}'"),
+        });
     }
     Ok(Arc::clone(d))
 }
@@ -939,9 +959,10 @@ pub fn build_noise_weighted(
 ) -> Result<(), OpError> {
     let (dtype, nnz, map_dist) = map_info(meta, zmap_key)?;
     if dtype != abi::DTYPE_F64 {
-        return Err(OpError::Config(format!(
-            "the noise-weighted map '{zmap_key}' must hold f64 values"
-        )));
+        return Err(OpError::Global {
+            key: zmap_key.to_string(),
+            problem: "the noise-weighted map must hold f64 values".into(),
+        });
     }
     let dist = dist_for_map(meta, pointing.pixel_dist, zmap_key, &map_dist)?;
     check_len("det_scale", det_scale.len(), call.detectors.len())?;

@@ -237,8 +237,9 @@ fn keys(data: &Data, it: &Item) -> Vec<BufferKey> {
 
 fn host_bytes<'a>(data: &'a Data, key: &BufferKey) -> Result<&'a [u8], OpError> {
     match key.category {
-        Category::Global => global_bytes(&data.meta, &key.field).ok_or_else(|| {
-            OpError::Config(format!("global item '{}' has no device form", key.field))
+        Category::Global => global_bytes(&data.meta, &key.field).ok_or_else(|| OpError::Global {
+            key: key.field.clone(),
+            problem: "has no device form".into(),
         }),
         c => Ok(data.get(&key.observation)?.field_bytes(c, &key.field)?),
     }
@@ -246,12 +247,12 @@ fn host_bytes<'a>(data: &'a Data, key: &BufferKey) -> Result<&'a [u8], OpError> 
 
 fn host_bytes_mut<'a>(data: &'a mut Data, key: &BufferKey) -> Result<&'a mut [u8], OpError> {
     match key.category {
-        Category::Global => global_bytes_mut(&mut data.meta, &key.field).ok_or_else(|| {
-            OpError::Config(format!(
-                "global item '{}' cannot be copied back from a device",
-                key.field
-            ))
-        }),
+        Category::Global => {
+            global_bytes_mut(&mut data.meta, &key.field).ok_or_else(|| OpError::Global {
+                key: key.field.clone(),
+                problem: "cannot be copied back from a device".into(),
+            })
+        }
         c => Ok(data
             .get_mut(&key.observation)?
             .field_bytes_mut(c, &key.field)?),

@@ -82,7 +82,10 @@ fn gdot(ctx: &mut ExecContext, a: &[f64], c: &[f64], flags: &[u8]) -> Result<f64
         ctx.timers.enter(DOT_TIMER)?;
         let r = comm.allreduce_f64(&mut v, ReduceOp::Sum);
         ctx.timers.exit(DOT_TIMER)?;
-        r.map_err(|e| OpError::Config(format!("PCG dot product: {e}")))?;
+        r.map_err(|source| OpError::Comm {
+            what: "PCG dot product".into(),
+            source,
+        })?;
     }
     Ok(v[0])
 }
@@ -329,7 +332,10 @@ impl MapMaker {
         let mut counts = [tmpl.n_amplitudes() as i64, tmpl.n_flagged() as i64];
         comm_of(ctx)
             .allreduce_i64(&mut counts, ReduceOp::Sum)
-            .map_err(|e| OpError::Config(format!("{}: amplitude counts: {e}", self.setup.name)))?;
+            .map_err(|source| OpError::Comm {
+                what: format!("{}: amplitude counts", self.setup.name),
+                source,
+            })?;
         res.n_amplitudes = counts[0] as usize;
         res.n_flagged_amplitudes = counts[1] as usize;
         if counts[0] == 0 {
@@ -558,10 +564,12 @@ impl MapMaker {
         }
         for iter in 0..mm.iter_max {
             if !sqsum.is_finite() {
-                return Err(OpError::Config(format!(
-                    "{}: PCG residual is not finite ({sqsum}) at iteration {iter}",
-                    self.setup.name
-                )));
+                return Err(OpError::Numerical {
+                    what: format!(
+                        "{}: PCG residual is not finite ({sqsum}) at iteration {iter}",
+                        self.setup.name
+                    ),
+                });
             }
             // q = A d
             write_amps(data, ctx, "write_proposal", &keys.lhs_in, &d)?;

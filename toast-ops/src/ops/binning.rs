@@ -133,20 +133,23 @@ pub(crate) fn bin_map(
     let dist = get_distribution(data, &cfg.pixel_dist)?;
     let (nnz, cov_dist) = {
         let cov = data.meta.object::<PixelData<f64>>(pass.covariance)?;
-        let nnz = nnz_of_block(cov.n_value()).ok_or_else(|| {
-            OpError::Config(format!(
-                "covariance '{}' has {} values per pixel, not a packed symmetric matrix",
-                pass.covariance,
+        let nnz = nnz_of_block(cov.n_value()).ok_or_else(|| OpError::Global {
+            key: pass.covariance.to_string(),
+            problem: format!(
+                "a covariance with {} values per pixel, not a packed symmetric matrix",
                 cov.n_value()
-            ))
+            ),
         })?;
         (nnz, cov.distribution().clone())
     };
     if cov_dist != dist {
-        return Err(OpError::Config(format!(
-            "pixel distribution '{}' does not match the one of covariance '{}'",
-            cfg.pixel_dist, pass.covariance
-        )));
+        return Err(OpError::Global {
+            key: pass.covariance.to_string(),
+            problem: format!(
+                "the covariance does not use the pixel distribution '{}'",
+                cfg.pixel_dist
+            ),
+        });
     }
     ensure_map::<f64>(data, pass.binned, &dist, nnz)?;
 
@@ -229,8 +232,8 @@ pub(crate) fn bin_map(
             let mut m = match data.meta.remove(&binned) {
                 Some(MetaItem::Object { object, .. }) => object
                     .downcast::<PixelData<f64>>()
-                    .map_err(|_| OpError::Config(format!("'{binned}' is not a map")))?,
-                _ => return Err(OpError::Config(format!("'{binned}' is not a map"))),
+                    .map_err(|_| not_a_map(&binned))?,
+                _ => return Err(not_a_map(&binned)),
             };
             let r = match data.meta.object::<PixelData<f64>>(&cov) {
                 Ok(c) => apply_covariance(c, &mut m),
@@ -308,5 +311,13 @@ impl Operator for BinMap {
             noiseweighted: c.noiseweighted.as_deref(),
         };
         bin_map(data, ctx, pass, Some(&mut self.pointing), Vec::new())
+    }
+}
+
+/// The error of a global item that is not an f64 map.
+fn not_a_map(key: &str) -> OpError {
+    OpError::Global {
+        key: key.to_string(),
+        problem: "not a map (a PixelData of f64)".into(),
     }
 }

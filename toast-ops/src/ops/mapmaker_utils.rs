@@ -11,7 +11,8 @@ use crate::pixels::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{
-    comm_of, Category, Data, Element, ExecContext, Observation, OpError, Operator, Requirements,
+    comm_of, Category, Data, Element, ExecContext, Observation, OpError, Operator, PixelOutOfRange,
+    Requirements,
 };
 
 /// Which samples and detectors a map-domain operator uses: a detector is
@@ -111,11 +112,14 @@ pub(crate) fn ensure_map<T: Element>(
     if data.meta.contains(key) {
         let m = data.meta.object::<PixelData<T>>(key)?;
         if m.distribution() != dist || m.n_value() != n_value {
-            return Err(OpError::Config(format!(
-                "the existing map '{key}' has another pixel distribution or {} values per pixel \
-                 instead of {n_value}",
-                m.n_value()
-            )));
+            return Err(OpError::Global {
+                key: key.to_string(),
+                problem: format!(
+                    "the existing map has another pixel distribution or {} values per pixel \
+                     instead of {n_value}",
+                    m.n_value()
+                ),
+            });
         }
         return Ok(());
     }
@@ -180,13 +184,18 @@ impl Operator for BuildPixelDistribution {
                 for &(a, b) in &ranges {
                     for (s, &p) in pix[a..b].iter().enumerate() {
                         if p >= n_pix {
-                            return Err(OpError::Config(format!(
-                                "observation '{}', detector '{d}', sample {}: pixel {p} is \
-                                 beyond the {n_pix} pixels of nside {}",
-                                ob.name(),
-                                a + s,
-                                self.pixels.config.nside
-                            )));
+                            return Err(PixelOutOfRange {
+                                what: format!("{}: hit submaps", self.name),
+                                observation: ob.name().to_string(),
+                                detector: d.clone(),
+                                sample: a + s,
+                                pixel: p,
+                                limit: format!(
+                                    "is beyond the {n_pix} pixels of nside {}",
+                                    self.pixels.config.nside
+                                ),
+                            }
+                            .into());
                         }
                         if p >= 0 {
                             self.hit[(p / nps) as usize] = 1;
@@ -348,17 +357,21 @@ pub(crate) fn weights_nnz(data: &Data, weights: &str) -> Result<usize, OpError> 
             match nnz {
                 None => nnz = Some(n),
                 Some(m) if m != n => {
-                    return Err(OpError::Config(format!(
-                        "observation '{}': Stokes weights '{weights}' have {n} values per sample, \
-                         other observations {m}",
-                        ob.name()
-                    )))
+                    return Err(OpError::InvalidData {
+                        what: format!(
+                            "observation '{}': Stokes weights '{weights}' have {n} values per \
+                             sample, other observations {m}",
+                            ob.name()
+                        ),
+                    })
                 }
                 _ => {}
             }
         }
     }
-    nnz.ok_or_else(|| OpError::Config(format!("no observation has the Stokes weights '{weights}'")))
+    nnz.ok_or_else(|| OpError::InvalidData {
+        what: format!("no observation has the Stokes weights '{weights}'"),
+    })
 }
 
 impl Operator for BuildInverseCovariance {

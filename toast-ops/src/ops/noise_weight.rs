@@ -124,42 +124,30 @@ fn as_weights(object: &(dyn Any + Send + Sync)) -> Option<&dyn DetectorWeights> 
 /// The noise weights of `dets` from the noise model at `key` in the
 /// observation's metadata.
 pub fn detector_weights(ob: &Observation, key: &str, dets: &[String]) -> Result<Vec<f64>, OpError> {
+    let err = |problem: String| OpError::NoiseModel {
+        observation: ob.name().to_string(),
+        key: key.to_string(),
+        problem,
+    };
     let model = match ob.meta.item(key) {
         Some(MetaItem::Object { object, type_name }) => {
             as_weights(object.as_ref()).ok_or_else(|| {
-                OpError::Config(format!(
-                    "observation '{}': the noise model '{key}' is a {type_name}, which gives no \
-                     detector weights (store an Arc<dyn DetectorWeights>, or register the type \
-                     with register_noise_model)",
-                    ob.name()
+                err(format!(
+                    "it is a {type_name}, which gives no detector weights (store an \
+                     Arc<dyn DetectorWeights>, or register the type with register_noise_model)"
                 ))
             })?
         }
         Some(MetaItem::Value(v)) => {
-            return Err(OpError::Config(format!(
-                "observation '{}': the noise model '{key}' is a plain {} value",
-                ob.name(),
-                v.type_name()
-            )))
+            return Err(err(format!("it is a plain {} value", v.type_name())))
         }
-        None => {
-            return Err(OpError::Config(format!(
-                "observation '{}' has no noise model '{key}'",
-                ob.name()
-            )))
-        }
+        None => return Err(err("not in the observation's metadata".into())),
     };
     dets.iter()
         .map(|d| match model.detector_weight(d) {
             Some(w) if w.is_finite() && w >= 0.0 => Ok(w),
-            Some(w) => Err(OpError::Config(format!(
-                "observation '{}': noise model '{key}' gives detector '{d}' the weight {w}",
-                ob.name()
-            ))),
-            None => Err(OpError::Config(format!(
-                "observation '{}': noise model '{key}' has no detector '{d}'",
-                ob.name()
-            ))),
+            Some(w) => Err(err(format!("gives detector '{d}' the weight {w}"))),
+            None => Err(err(format!("has no detector '{d}'"))),
         })
         .collect()
 }
@@ -288,7 +276,7 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "invalid configuration: observation 'o' has no noise model 'noise_model'"
+            "observation 'o': noise model 'noise_model': not in the observation's metadata"
         );
         ob.meta
             .set_object("noise_model", WhiteNoiseWeights::from_net(&ob).unwrap());

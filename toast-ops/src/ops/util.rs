@@ -128,12 +128,15 @@ impl Operator for CopyDetData {
                 .detdata
                 .get_disjoint_mut([self.input.as_str(), self.output.as_str()])?;
             if dst.dtype() != dtype || dst.sample_shape() != shape.as_slice() {
-                return Err(OpError::Config(format!(
-                    "observation '{}': cannot copy detdata '{}' into '{}': different types or shapes",
-                    ob.name(),
-                    self.input,
-                    self.output
-                )));
+                return Err(OpError::InvalidData {
+                    what: format!(
+                        "observation '{}': cannot copy detdata '{}' into '{}': different types \
+                         or shapes",
+                        ob.name(),
+                        self.input,
+                        self.output
+                    ),
+                });
             }
             let n = src.row_len() * dtype.size();
             for d in &dets {
@@ -199,9 +202,10 @@ impl Operator for ResetData {
         }
         for g in &self.global {
             if global_bytes(&data.meta, g).is_none() {
-                return Err(OpError::Config(format!(
-                    "cannot reset global item '{g}': it is missing or not a map or array"
-                )));
+                return Err(OpError::Global {
+                    key: g.clone(),
+                    problem: "cannot be reset: it is missing or not a map or array".into(),
+                });
             }
         }
         Ok(())

@@ -27,7 +27,7 @@
 use crate::pixels::{PixelData, PixelDistribution};
 use rayon::prelude::*;
 use std::sync::Arc;
-use toast_core::OpError;
+use toast_core::{OpError, PixelOutOfRange};
 
 /// Values per pixel of a packed symmetric `nnz × nnz` matrix.
 pub fn block_size(nnz: usize) -> usize {
@@ -48,14 +48,21 @@ fn pixel_error(
     pix: i64,
     dist: &PixelDistribution,
 ) -> OpError {
-    OpError::Config(format!(
-        "{what}: observation '{observation}', detector '{detector}', sample {sample}: pixel \
-         {pix} is not in a local submap of the pixel distribution ({} pixels, {} of {} \
-         submaps local); was the distribution built from this pointing?",
-        dist.n_pix(),
-        dist.n_local_submap(),
-        dist.n_submap()
-    ))
+    PixelOutOfRange {
+        what: what.to_string(),
+        observation: observation.to_string(),
+        detector: detector.to_string(),
+        sample,
+        pixel: pix,
+        limit: format!(
+            "is not in a local submap of the pixel distribution ({} pixels, {} of {} submaps \
+             local); was the distribution built from this pointing?",
+            dist.n_pix(),
+            dist.n_local_submap(),
+            dist.n_submap()
+        ),
+    }
+    .into()
 }
 
 /// Where one detector's samples come from, for the accumulation helpers.
@@ -269,10 +276,10 @@ pub fn invert_covariance(
     threshold: f64,
 ) -> Result<PixelData<f64>, OpError> {
     let block = cov.n_value();
-    let nnz = nnz_of_block(block).ok_or_else(|| {
-        OpError::Config(format!(
+    let nnz = nnz_of_block(block).ok_or_else(|| OpError::InvalidData {
+        what: format!(
             "a covariance with {block} values per pixel is not a packed symmetric matrix"
-        ))
+        ),
     })?;
     let mut rcond = PixelData::<f64>::new(Arc::clone(cov.distribution()), 1);
     cov.data_mut()
@@ -287,22 +294,26 @@ pub fn invert_covariance(
 pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Result<(), OpError> {
     let nnz = map.n_value();
     if nnz == 0 || nnz > 16 {
-        return Err(OpError::Config(format!(
+        return Err(OpError::InvalidData {
+            what: format!(
             "cannot apply a covariance to a map with {nnz} values per pixel (1 to 16 supported)"
-        )));
+        ),
+        });
     }
     if cov.n_value() != block_size(nnz) {
-        return Err(OpError::Config(format!(
+        return Err(OpError::InvalidData {
+            what: format!(
             "cannot apply a covariance with {} values per pixel to a map with {nnz} values per \
              pixel (expected {})",
             cov.n_value(),
             block_size(nnz)
-        )));
+        ),
+        });
     }
     if cov.distribution() != map.distribution() {
-        return Err(OpError::Config(
-            "the covariance and the map have different pixel distributions".into(),
-        ));
+        return Err(OpError::InvalidData {
+            what: "the covariance and the map have different pixel distributions".into(),
+        });
     }
     let block = cov.n_value();
     let pairs = map

@@ -53,9 +53,11 @@ impl PixelDistribution {
     /// order.
     pub fn new(n_pix: i64, n_submap: i64, local_submaps: &[i64]) -> Result<Self, OpError> {
         if n_pix <= 0 || n_submap <= 0 || n_submap > n_pix {
-            return Err(OpError::Config(format!(
-                "pixel distribution: need 0 < n_submap ({n_submap}) <= n_pix ({n_pix})"
-            )));
+            return Err(OpError::InvalidData {
+                what: format!(
+                    "pixel distribution: need 0 < n_submap ({n_submap}) <= n_pix ({n_pix})"
+                ),
+            });
         }
         let mut n_pix_submap = n_pix / n_submap;
         if n_pix % n_submap != 0 {
@@ -64,14 +66,17 @@ impl PixelDistribution {
         let mut global2local = vec![-1i64; n_submap as usize];
         for (i, &s) in local_submaps.iter().enumerate() {
             if s < 0 || s >= n_submap {
-                return Err(OpError::Config(format!(
-                    "pixel distribution: local submap {s} (entry {i}) is outside [0, {n_submap})"
-                )));
+                return Err(OpError::InvalidData {
+                    what: format!(
+                        "pixel distribution: local submap {s} (entry {i}) is outside \
+                         [0, {n_submap})"
+                    ),
+                });
             }
             if global2local[s as usize] >= 0 {
-                return Err(OpError::Config(format!(
-                    "pixel distribution: local submap {s} is listed twice"
-                )));
+                return Err(OpError::InvalidData {
+                    what: format!("pixel distribution: local submap {s} is listed twice"),
+                });
             }
             global2local[s as usize] = i as i64;
         }
@@ -98,10 +103,12 @@ impl PixelDistribution {
         check_nside(nside, nside_submap)?;
         let n_submap = (nside / nside_submap) * (nside / nside_submap);
         if hit.len() as i64 != n_submap {
-            return Err(OpError::Config(format!(
-                "pixel distribution: {} hit-submap flags for {n_submap} submaps",
-                hit.len()
-            )));
+            return Err(OpError::InvalidData {
+                what: format!(
+                    "pixel distribution: {} hit-submap flags for {n_submap} submaps",
+                    hit.len()
+                ),
+            });
         }
         let local: Vec<i64> = (0..n_submap).filter(|&s| hit[s as usize] != 0).collect();
         let mut d = Self::new(12 * nside * nside, n_submap, &local)?;
@@ -183,25 +190,28 @@ impl PixelDistribution {
         if shared.windows(2).any(|w| w[0] >= w[1])
             || shared.iter().any(|s| global.binary_search(s).is_err())
         {
-            return Err(OpError::Config(
-                "pixel distribution: the shared submaps must be ascending and hit".into(),
-            ));
+            return Err(OpError::InvalidData {
+                what: "pixel distribution: the shared submaps must be ascending and hit".into(),
+            });
         }
         if global.windows(2).any(|w| w[0] >= w[1])
             || global.iter().any(|&s| s < 0 || s >= self.n_submap)
         {
-            return Err(OpError::Config(
-                "pixel distribution: the global submaps must be ascending and in range".into(),
-            ));
+            return Err(OpError::InvalidData {
+                what: "pixel distribution: the global submaps must be ascending and in range"
+                    .into(),
+            });
         }
         if let Some(s) = self
             .local_submaps
             .iter()
             .find(|s| global.binary_search(s).is_err())
         {
-            return Err(OpError::Config(format!(
-                "pixel distribution: local submap {s} is missing from the global set"
-            )));
+            return Err(OpError::InvalidData {
+                what: format!(
+                    "pixel distribution: local submap {s} is missing from the global set"
+                ),
+            });
         }
         self.global_submaps = global;
         self.shared_submaps = shared;
@@ -492,8 +502,11 @@ impl Reducible for i64 {
     }
 }
 
-fn comm_err(what: &str, e: CommError) -> OpError {
-    OpError::Config(format!("{what}: {e}"))
+fn comm_err(what: &str, source: CommError) -> OpError {
+    OpError::Comm {
+        what: what.to_string(),
+        source,
+    }
 }
 
 /// Number of whole submaps of `per_submap` elements of `T` in one chunk.

@@ -162,8 +162,14 @@ impl Operator for SimNoise {
         let cfg = &self.config;
         for ob in &mut data.obs {
             let obname = ob.name().to_string();
-            let err =
-                |m: String| OpError::Config(format!("sim_noise: observation '{obname}': {m}"));
+            let err = |m: String| OpError::InvalidData {
+                what: format!("sim_noise: observation '{obname}': {m}"),
+            };
+            let model_err = |problem: String| OpError::NoiseModel {
+                observation: obname.clone(),
+                key: cfg.noise_model.clone(),
+                problem,
+            };
             let rate = rate_from_times(ob.times()?).map_err(|e| err(e.to_string()))?;
             let session = match ob.meta.value(SESSION_UID) {
                 Ok(Value::Int(v)) => *v as u64,
@@ -184,15 +190,15 @@ impl Operator for SimNoise {
                 let p = *model
                     .params
                     .get(d)
-                    .ok_or_else(|| err(format!("no noise model for detector '{d}'")))?;
+                    .ok_or_else(|| model_err(format!("no parameters for detector '{d}'")))?;
                 let i = match filters.iter().position(|(q, _)| *q == p) {
                     Some(i) => i,
                     None => {
                         let (freq, psd) = p
                             .tabulate()
-                            .map_err(|e| err(format!("detector '{d}': {e}")))?;
+                            .map_err(|e| model_err(format!("detector '{d}': {e}")))?;
                         let f = NoiseFilter::new(rate, n, 2, &freq, &psd)
-                            .map_err(|e| err(format!("detector '{d}': {e}")))?;
+                            .map_err(|e| model_err(format!("detector '{d}': {e}")))?;
                         filters.push((p, f));
                         filters.len() - 1
                     }
@@ -211,9 +217,13 @@ impl Operator for SimNoise {
             let rows: Vec<usize> = dets
                 .iter()
                 .map(|d| {
-                    field
-                        .row_index(d)
-                        .ok_or_else(|| err(format!("'{}' has no detector '{d}'", cfg.det_data)))
+                    field.row_index(d).ok_or_else(|| {
+                        OpError::Data(toast_core::DataError::MissingDetector {
+                            observation: obname.clone(),
+                            where_: format!("detdata '{}'", cfg.det_data),
+                            detector: d.clone(),
+                        })
+                    })
                 })
                 .collect::<Result<_, _>>()?;
             let all = field.data_mut::<f64>()?;

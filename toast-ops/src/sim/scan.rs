@@ -4,7 +4,7 @@ use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
 use crate::io::fits::read_healpix_map;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pixels::{PixelData, PixelDistribution};
-use crate::sim::sky::{synthesize_sky_on, SkyConfig};
+use crate::sim::sky::{synthesize_sky_on, SkyConfig, SkyError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -22,18 +22,25 @@ pub struct InputSky {
     pub source: String,
 }
 
+/// An unusable sky map file.
+fn sky_map_err(path: &Path, reason: String) -> OpError {
+    OpError::Input {
+        what: "sky map",
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
 impl InputSky {
     /// Read I, Q, U (the first three map columns) from a HEALPix FITS file,
     /// honouring its `ORDERING` header. Errors name the file.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
-        let m = read_healpix_map(path, None)
-            .map_err(|e| OpError::Config(format!("sky map {}: {e}", path.display())))?;
+        let m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
         if m.fields.len() < 3 {
-            return Err(OpError::Config(format!(
-                "sky map {}: {} map column(s), need 3 (I, Q, U)",
-                path.display(),
-                m.fields.len()
-            )));
+            return Err(sky_map_err(
+                path,
+                format!("{} map column(s), need 3 (I, Q, U)", m.fields.len()),
+            ));
         }
         let unseen = |x: f64| {
             if x <= -1.6e30 || !x.is_finite() {
@@ -64,15 +71,22 @@ impl InputSky {
         if comm.size() == 1 {
             return Self::from_file(path);
         }
-        let bcast_err =
-            |e: toast_core::CommError| OpError::Config(format!("sky map {}: {e}", path.display()));
+        let bcast_err = |source: toast_core::CommError| OpError::Comm {
+            what: format!("sky map {}", path.display()),
+            source,
+        };
         let mut buf = Vec::new();
         if comm.rank() == 0 {
             buf = match Self::from_file(path) {
                 Ok(sky) => sky.encode(),
                 Err(e) => {
+                    // The reason alone: the other ranks name the file.
+                    let reason = match e {
+                        OpError::Input { reason, .. } => reason,
+                        e => e.to_string(),
+                    };
                     let mut b = vec![1u8];
-                    b.extend_from_slice(e.to_string().as_bytes());
+                    b.extend_from_slice(reason.as_bytes());
                     b
                 }
             };
@@ -80,13 +94,13 @@ impl InputSky {
         comm.broadcast_bytes(0, &mut buf).map_err(bcast_err)?;
         match buf.first() {
             Some(0) => Self::decode(&buf[1..], path),
-            Some(_) => Err(OpError::Config(format!(
-                "{} (read on rank 0)",
-                String::from_utf8_lossy(&buf[1..])
-            ))),
-            None => Err(OpError::Config(format!(
-                "sky map {}: nothing received from rank 0",
-                path.display()
+            Some(_) => Err(sky_map_err(
+                path,
+                format!("{} (read on rank 0)", String::from_utf8_lossy(&buf[1..])),
+            )),
+            None => Err(bcast_err(toast_core::CommError::new(
+                "broadcast",
+                "nothing received from rank 0",
             ))),
         }
     }
@@ -104,11 +118,9 @@ impl InputSky {
     }
 
     fn decode(b: &[u8], path: &Path) -> Result<Self, OpError> {
-        let bad = || {
-            OpError::Config(format!(
-                "sky map {}: truncated broadcast from rank 0",
-                path.display()
-            ))
+        let bad = || OpError::Comm {
+            what: format!("sky map {}", path.display()),
+            source: toast_core::CommError::new("broadcast", "truncated message from rank 0"),
         };
         let word = |at: usize| -> Result<u64, OpError> {
             let s = b.get(at..at + 8).ok_or_else(bad)?;
@@ -142,8 +154,13 @@ impl InputSky {
     /// [`InputSky::synthetic`] with the synthesis shared by the processes of
     /// `comm` (the same sky, bit for bit, on every process).
     pub fn synthetic_on(cfg: &SkyConfig, comm: &dyn toast_core::Comm) -> Result<Self, OpError> {
-        let s = synthesize_sky_on(cfg, comm)
-            .map_err(|e| OpError::Config(format!("synthetic sky: {e}")))?;
+        let s = synthesize_sky_on(cfg, comm).map_err(|e| match e {
+            SkyError::Comm(message) => OpError::Comm {
+                what: "synthetic sky".into(),
+                source: toast_core::CommError::new("sky synthesis", message),
+            },
+            e => OpError::Config(format!("synthetic sky: {e}")),
+        })?;
         Ok(InputSky {
             nside: s.nside,
             maps: [s.i, s.q, s.u],
@@ -249,10 +266,9 @@ impl Operator for ScanHealpixMap {
         if !self.config.enabled {
             return Ok(());
         }
-        let sky = self
-            .sky
-            .take()
-            .ok_or_else(|| OpError::Config("scan_map: the input sky was already used".into()))?;
+        let sky = self.sky.take().ok_or_else(|| OpError::State {
+            what: "scan_map: the input sky was already used".into(),
+        })?;
         let cfg = &self.config;
         // Pointing and the pixel distribution.
         let pixels = self.pointing.pixels.clone();
@@ -350,6 +366,10 @@ mod tests {
             (2, &sky.maps, "a.fits")
         );
         let e = InputSky::decode(&b[1..100], Path::new("a.fits")).unwrap_err();
-        assert!(e.to_string().contains("truncated broadcast"), "{e}");
+        assert!(matches!(e, OpError::Comm { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "sky map a.fits: broadcast: truncated message from rank 0"
+        );
     }
 }

@@ -113,10 +113,12 @@ impl OffsetConfig {
 /// TOAST's `rate_from_times`.
 pub fn rate_from_times(observation: &str, times: &[f64]) -> Result<f64, OpError> {
     if times.len() < 2 {
-        return Err(OpError::Config(format!(
-            "observation '{observation}': {} timestamps are too few for a sample rate",
-            times.len()
-        )));
+        return Err(OpError::InvalidData {
+            what: format!(
+                "observation '{observation}': {} timestamps are too few for a sample rate",
+                times.len()
+            ),
+        });
     }
     let mut d: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
     let n = d.len();
@@ -130,9 +132,11 @@ pub fn rate_from_times(observation: &str, times: &[f64]) -> Result<f64, OpError>
         (lo + hi) / 2.0
     };
     if !(med.is_finite() && med > 0.0) {
-        return Err(OpError::Config(format!(
-            "observation '{observation}': the median sample spacing {med} is not positive"
-        )));
+        return Err(OpError::InvalidData {
+            what: format!(
+                "observation '{observation}': the median sample spacing {med} is not positive"
+            ),
+        });
     }
     Ok(1.0 / med)
 }
@@ -397,12 +401,14 @@ impl OffsetTemplate {
             .get(i)
             .is_none_or(|l| l.observation != ob.name())
         {
-            return Err(OpError::Config(format!(
-                "offset template '{}' was initialised on other data (observation '{}' at \
-                 position {i})",
-                self.name,
-                ob.name()
-            )));
+            return Err(OpError::State {
+                what: format!(
+                    "offset template '{}' was initialised on other data (observation '{}' at \
+                     position {i})",
+                    self.name,
+                    ob.name()
+                ),
+            });
         }
         Ok(())
     }
@@ -516,12 +522,14 @@ impl OffsetTemplate {
     }
 
     fn mismatch(&self, data: &Data) -> OpError {
-        OpError::Config(format!(
-            "offset template '{}' was initialised on {} observations, the data has {}",
-            self.name,
-            self.layout.len(),
-            data.obs.len()
-        ))
+        OpError::State {
+            what: format!(
+                "offset template '{}' was initialised on {} observations, the data has {}",
+                self.name,
+                self.layout.len(),
+                data.obs.len()
+            ),
+        }
     }
 }
 
