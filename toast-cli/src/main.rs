@@ -192,7 +192,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             match cmd::run::run(args, registry, std::sync::Arc::clone(&comm)) {
                 Ok(c) => Ok(code(c)),
                 // Several ranks: name this one and end them all.
-                Err(e) if comm.size() > 1 => parallel::fail(&*comm, &format!("{e:#}"), 2),
+                Err(e) if comm.size() > 1 => parallel::fail(&*comm, &error_chain(&e), 2),
                 Err(e) => Err(e),
             }
         }
@@ -247,8 +247,46 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
+/// The whole chain of an error: what was being done, then each cause, as
+/// `what: cause: cause`. The library errors name their cause in their own
+/// message too (so that a caller printing only the top sees it); a cause
+/// whose text the line already holds is not repeated.
+pub(crate) fn error_chain(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn code(c: i32) -> u8 {
     u8::try_from(c).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+    use anyhow::Context;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("phase: {0}")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_is_printed_once() {
+        let io = std::io::Error::other("disk full");
+        let e = anyhow::Error::from(Outer(io)).context("writing map.fits");
+        assert_eq!(error_chain(&e), "writing map.fits: phase: disk full");
+        let plain: anyhow::Result<()> = Err(std::io::Error::other("gone")).context("reading");
+        assert_eq!(error_chain(&plain.unwrap_err()), "reading: gone");
+    }
 }
 
 fn main() -> ExitCode {
@@ -257,8 +295,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(c) => ExitCode::from(c),
         Err(e) => {
-            // The whole chain: what was being done, then each cause.
-            eprintln!("toast-cli: {e:#}");
+            eprintln!("toast-cli: {}", error_chain(&e));
             ExitCode::from(2)
         }
     }

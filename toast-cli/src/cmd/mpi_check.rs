@@ -75,7 +75,7 @@ pub fn bench(comm: &dyn Comm, mib: usize) -> anyhow::Result<u8> {
 /// The checks on `comm`, with the fault point first; the exit status.
 pub fn run(comm: &dyn Comm) -> u8 {
     if let Err(e) = parallel::fault_point(comm, FAULT_PHASE) {
-        parallel::fail(comm, &format!("{e:#}"), 2);
+        parallel::fail(comm, &crate::error_chain(&e), 2);
     }
     if comm.rank() == 0 {
         println!("toast-cli mpi-check: {}", comm.describe());
