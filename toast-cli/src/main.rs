@@ -270,6 +270,18 @@ fn code(c: i32) -> u8 {
     u8::try_from(c).unwrap_or(1)
 }
 
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match run(cli) {
+        Ok(c) => ExitCode::from(c),
+        Err(e) => {
+            eprintln!("toast-cli: {}", error_chain(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::error_chain;
@@ -286,17 +298,5 @@ mod tests {
         assert_eq!(error_chain(&e), "writing map.fits: phase: disk full");
         let plain: anyhow::Result<()> = Err(std::io::Error::other("gone")).context("reading");
         assert_eq!(error_chain(&plain.unwrap_err()), "reading: gone");
-    }
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.verbose);
-    match run(cli) {
-        Ok(c) => ExitCode::from(c),
-        Err(e) => {
-            eprintln!("toast-cli: {}", error_chain(&e));
-            ExitCode::from(2)
-        }
     }
 }
