@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use toast_ops::io::fits::{write_healpix_map, ColumnFormat, ColumnSource, Ordering, WriteColumn};
+use toast_ops::math::healpix::Nside;
 use toast_ops::sim::sky::{mean_and_rms, synthesize_sky, SkyConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,6 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let png = args.iter().any(|a| a == "--png");
     let pos: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let nside: u64 = pos.first().map(|s| s.parse()).transpose()?.unwrap_or(1024);
+    let nside = Nside::new(nside)?;
     let out = PathBuf::from(pos.get(1).map(|s| s.as_str()).unwrap_or("."));
     let cfg = SkyConfig {
         nside,
@@ -71,7 +73,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if png {
         let p = out.join(format!("rs_input_sky_nside{nside}.png"));
         let t2 = Instant::now();
-        toast_ops::io::plot::plot_iqu_mollweide(&p, nside, [&sky.i, &sky.q, &sky.u], None, 800)?;
+        toast_ops::io::plot::plot_iqu_mollweide(
+            &p,
+            nside.get(),
+            [&sky.i, &sky.q, &sky.u],
+            None,
+            800,
+        )?;
         println!(
             "wrote {} in {:.2} s",
             p.display(),

@@ -7,6 +7,7 @@ use toast_core::{check_requirements, Data, ExecContext, Operator};
 use toast_ops::accel::global_data::HostArray;
 use toast_ops::accel::kernels::UnstagedTransfers;
 use toast_ops::accel::pipeline::StagingReports;
+use toast_ops::math::healpix::Nside;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerResult, MapMakerSetup, PixelData};
@@ -20,8 +21,8 @@ const RCOND: f64 = 1e-3;
 fn setup(step_time: f64, templates: bool) -> MapMakerSetup {
     let mut s = MapMakerSetup {
         pixels: PixelsHealpixConfig {
-            nside: NSIDE,
-            nside_submap: NSIDE_SUBMAP,
+            nside: Nside::try_from(NSIDE).unwrap(),
+            nside_submap: Nside::try_from(NSIDE_SUBMAP).unwrap(),
             ..PixelsHealpixConfig::default()
         },
         weights: StokesWeightsConfig {
@@ -693,8 +694,8 @@ fn tiny_sized_run_for_timing() {
         }
         let mut s = MapMakerSetup {
             pixels: PixelsHealpixConfig {
-                nside,
-                nside_submap: 16,
+                nside: Nside::try_from(nside).unwrap(),
+                nside_submap: Nside::new(16).unwrap(),
                 ..PixelsHealpixConfig::default()
             },
             weights: StokesWeightsConfig {

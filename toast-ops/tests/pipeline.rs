@@ -215,7 +215,7 @@ fn errors_name_the_operator_kernel_backend_and_observation() {
     let mut d = data(1);
     // A map whose distribution holds one submap: scanning hits the others.
     let dist = std::sync::Arc::new(
-        toast_ops::PixelDistribution::healpix(NSIDE, 4, true, &{
+        toast_ops::PixelDistribution::healpix(nside(NSIDE), nside(4), true, &{
             let mut h = vec![0u8; 16];
             h[0] = 1;
             h
@@ -298,7 +298,7 @@ fn configuration_uses_toast_names_and_rejects_unknown_ones() {
     assert_eq!(bin.shared_flag_mask, 15);
     let px: toast_ops::ops::PixelsHealpixConfig =
         serde_json::from_str(r#"{"nside": 1024, "nside_submap": 16, "nest": true}"#).unwrap();
-    assert_eq!(px.nside, 1024);
+    assert_eq!(px.nside.get(), 1024);
 
     // A whole job configuration: the map-maker's sections are picked out,
     // other sections ignored, each section strict about its keys.
@@ -315,7 +315,7 @@ fn configuration_uses_toast_names_and_rejects_unknown_ones() {
     assert_eq!(setup.name, "mapmaker");
     assert_eq!(setup.mapmaker.iter_max, 20);
     assert_eq!(setup.baselines.step_time, 600.0);
-    assert_eq!(setup.pixels.nside, 64);
+    assert_eq!(setup.pixels.nside.get(), 64);
     assert!(setup.binner_final.is_none());
     assert!(!setup.pixels_final.as_ref().unwrap().enabled);
     let e = serde_json::from_str::<toast_ops::MapMakerSetup>(r#"{"binner": {"nsid": 4}}"#)
@@ -394,4 +394,8 @@ fn standalone_covariance_and_binning_reproduce_the_sky() {
         results.push(m.data().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
     }
     assert_eq!(results[0], results[1], "CPU and device give the same bits");
+}
+
+fn nside(n: i64) -> toast_ops::math::healpix::Nside {
+    toast_ops::math::healpix::Nside::try_from(n).unwrap()
 }

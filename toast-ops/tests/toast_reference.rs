@@ -78,8 +78,8 @@ fn inputs() -> Data {
 fn setup() -> MapMakerSetup {
     let mut s = MapMakerSetup {
         pixels: PixelsHealpixConfig {
-            nside: NSIDE,
-            nside_submap: NSIDE_SUBMAP,
+            nside: toast_ops::math::healpix::Nside::try_from(NSIDE).unwrap(),
+            nside_submap: toast_ops::math::healpix::Nside::try_from(NSIDE_SUBMAP).unwrap(),
             ..PixelsHealpixConfig::default()
         },
         weights: StokesWeightsConfig {

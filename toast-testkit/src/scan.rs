@@ -11,6 +11,7 @@ use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, Detector, ExecContext, Focalplane, Observation, Telescope};
 use toast_ops::accel::pipeline::{run_operators, OpRef, RunOptions};
+use toast_ops::math::healpix::Nside;
 use toast_ops::math::qarray::{self, Quat};
 use toast_ops::ops::{
     PixelsHealpix, PixelsHealpixConfig, PointingDetector, PointingDetectorConfig, ScanMap,
@@ -141,8 +142,13 @@ pub fn hash01(seed: u64, i: u64) -> f64 {
 pub fn make_sky(data: &mut Data, nside: i64, nside_submap: i64) {
     let n_submap = (nside / nside_submap).pow(2);
     let dist = Arc::new(
-        PixelDistribution::healpix(nside, nside_submap, true, &vec![1u8; n_submap as usize])
-            .unwrap(),
+        PixelDistribution::healpix(
+            checked(nside),
+            checked(nside_submap),
+            true,
+            &vec![1u8; n_submap as usize],
+        )
+        .unwrap(),
     );
     let mut m = PixelData::<f64>::new(Arc::clone(&dist), 3);
     for (p, v) in m.data_mut().chunks_exact_mut(3).enumerate() {
@@ -155,6 +161,11 @@ pub fn make_sky(data: &mut Data, nside: i64, nside_submap: i64) {
     data.meta.set_object("sky", m);
 }
 
+/// A test's resolution, which must be valid.
+fn checked(nside: i64) -> Nside {
+    Nside::try_from(nside).unwrap_or_else(|e| panic!("test resolution: {e}"))
+}
+
 /// Pointing operators at `nside` (IQU weights).
 pub fn pointing_ops(
     nside: i64,
@@ -164,8 +175,8 @@ pub fn pointing_ops(
     let pix = PixelsHealpix::new(
         "pixels",
         PixelsHealpixConfig {
-            nside,
-            nside_submap,
+            nside: checked(nside),
+            nside_submap: checked(nside_submap),
             ..PixelsHealpixConfig::default()
         },
         dp.clone(),

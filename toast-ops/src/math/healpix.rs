@@ -37,8 +37,73 @@
 
 use std::f64::consts::{FRAC_PI_2, PI};
 
-/// Largest supported `nside` (2²⁹), as in HEALPix C++ and healpy.
-pub const NSIDE_MAX: u64 = 1 << 29;
+/// Largest supported `nside` (2²⁹), as in HEALPix C++ and healpy: the
+/// limit every kernel's argument check applies
+/// ([`toast_accel::check::MAX_NSIDE`]), so one number bounds it everywhere.
+pub const NSIDE_MAX: u64 = toast_accel::check::MAX_NSIDE as u64;
+
+/// A HEALPix resolution: a power of two in `1..=2^29`, checked once, when
+/// the value is made ([`Nside::new`], or deserialised from a configuration:
+/// a TOML `nside = 1000` is refused where it is read, naming the value).
+/// Everything that holds an `Nside` can rely on it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Nside(u32);
+
+impl Nside {
+    /// `nside`, if it is a power of two in `1..=2^29`.
+    pub fn new(nside: u64) -> Result<Self, HealpixError> {
+        if nside == 0 || nside > NSIDE_MAX || !nside.is_power_of_two() {
+            Err(HealpixError::BadNside(nside.try_into().unwrap_or(i64::MAX)))
+        } else {
+            Ok(Nside(nside as u32))
+        }
+    }
+
+    /// The resolution parameter.
+    pub const fn get(self) -> u64 {
+        self.0 as u64
+    }
+
+    /// The number of pixels, `12 nside²`.
+    pub const fn npix(self) -> u64 {
+        12 * self.get() * self.get()
+    }
+
+    /// `log2(nside)`.
+    pub const fn order(self) -> u32 {
+        self.0.trailing_zeros()
+    }
+}
+
+impl TryFrom<i64> for Nside {
+    type Error = HealpixError;
+    fn try_from(n: i64) -> Result<Self, HealpixError> {
+        u64::try_from(n)
+            .map_err(|_| HealpixError::BadNside(n))
+            .and_then(Nside::new)
+    }
+}
+
+impl From<Nside> for i64 {
+    fn from(n: Nside) -> i64 {
+        n.get() as i64
+    }
+}
+
+impl From<Nside> for u64 {
+    fn from(n: Nside) -> u64 {
+        n.get()
+    }
+}
+
+impl std::fmt::Display for Nside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// Base-face row index (`jrll`) of the HEALPix C++ library.
 const JRLL: [i64; 12] = [2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4];
@@ -50,7 +115,7 @@ const JPLL: [i64; 12] = [1, 3, 5, 7, 0, 2, 4, 6, 1, 3, 5, 7];
 pub enum HealpixError {
     /// `nside` is not a power of two in `1..=2^29`.
     #[error("invalid HEALPix nside {0}: must be a power of two between 1 and 2^29")]
-    BadNside(u64),
+    BadNside(i64),
     /// A pixel count is not `12 nside²` for a valid `nside`.
     #[error("invalid HEALPix pixel count {0}: not 12*nside^2 for a power-of-two nside")]
     BadNpix(u64),
@@ -74,19 +139,9 @@ pub enum HealpixError {
     },
 }
 
-/// Checks that `nside` is a power of two in `1..=2^29`.
-pub fn check_nside(nside: u64) -> Result<(), HealpixError> {
-    if nside == 0 || nside > NSIDE_MAX || !nside.is_power_of_two() {
-        Err(HealpixError::BadNside(nside))
-    } else {
-        Ok(())
-    }
-}
-
 /// Number of pixels `12 nside²` of a valid `nside`.
 pub fn nside2npix(nside: u64) -> Result<u64, HealpixError> {
-    check_nside(nside)?;
-    Ok(12 * nside * nside)
+    Nside::new(nside).map(Nside::npix)
 }
 
 /// The `nside` of a map with `npix` pixels (`npix = 12 nside²`, `nside` a power of two).
@@ -96,7 +151,7 @@ pub fn npix2nside(npix: u64) -> Result<u64, HealpixError> {
     }
     let n2 = npix / 12;
     let nside = isqrt(n2);
-    if nside * nside != n2 || check_nside(nside).is_err() {
+    if nside * nside != n2 || Nside::new(nside).is_err() {
         return Err(HealpixError::BadNpix(npix));
     }
     Ok(nside)
@@ -196,14 +251,19 @@ pub struct Healpix {
 impl Healpix {
     /// A HEALPix grid of resolution `nside` (a power of two in `1..=2^29`).
     pub fn new(nside: u64) -> Result<Self, HealpixError> {
-        check_nside(nside)?;
-        Ok(Self {
-            nside,
-            order: nside.trailing_zeros(),
-            npface: nside * nside,
-            ncap: 2 * nside * (nside - 1),
-            npix: 12 * nside * nside,
-        })
+        Nside::new(nside).map(Self::of)
+    }
+
+    /// The HEALPix grid of a checked resolution.
+    pub fn of(nside: Nside) -> Self {
+        let n = nside.get();
+        Self {
+            nside: n,
+            order: nside.order(),
+            npface: n * n,
+            ncap: 2 * n * (n - 1),
+            npix: nside.npix(),
+        }
     }
 
     /// The resolution parameter.
@@ -710,11 +770,14 @@ mod tests {
 
     #[test]
     fn nside_validation() {
-        assert!(check_nside(1).is_ok());
-        assert!(check_nside(1 << 29).is_ok());
-        assert_eq!(check_nside(0), Err(HealpixError::BadNside(0)));
-        assert_eq!(check_nside(3), Err(HealpixError::BadNside(3)));
-        assert_eq!(check_nside(1 << 30), Err(HealpixError::BadNside(1 << 30)));
+        assert!(Nside::new(1).is_ok());
+        assert_eq!(Nside::new(1 << 29).map(Nside::order), Ok(29));
+        assert_eq!(Nside::new(0), Err(HealpixError::BadNside(0)));
+        assert_eq!(Nside::new(3), Err(HealpixError::BadNside(3)));
+        assert_eq!(Nside::new(1 << 30), Err(HealpixError::BadNside(1 << 30)));
+        assert_eq!(Nside::try_from(-4i64), Err(HealpixError::BadNside(-4)));
+        assert_eq!(Nside::try_from(64i64).map(i64::from), Ok(64));
+        assert_eq!(Nside::new(1024).map(Nside::npix), Ok(12 * 1024 * 1024));
         assert_eq!(nside2npix(1024), Ok(12 * 1024 * 1024));
         assert_eq!(npix2nside(12 * 1024 * 1024), Ok(1024));
         assert_eq!(npix2nside(12 * 9), Err(HealpixError::BadNpix(108)));

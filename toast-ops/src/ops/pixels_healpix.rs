@@ -3,7 +3,8 @@
 use super::util::select_detectors;
 use super::PointingDetectorConfig;
 use crate::accel::kernels::{self, view_intervals, HealpixParams, KernelCall};
-use crate::pixels::{check_nside, PixelDistribution};
+use crate::math::healpix::Nside;
+use crate::pixels::{check_submap, PixelDistribution};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
@@ -15,9 +16,9 @@ pub struct PixelsHealpixConfig {
     /// Whether the operator runs (TOAST's `enabled`).
     pub enabled: bool,
     /// HEALPix resolution.
-    pub nside: i64,
+    pub nside: Nside,
     /// Resolution of the submaps.
-    pub nside_submap: i64,
+    pub nside_submap: Nside,
     /// NESTED (true) or RING ordering.
     pub nest: bool,
     /// Interval list (`None`: the detector pointing's view).
@@ -30,8 +31,8 @@ impl Default for PixelsHealpixConfig {
     fn default() -> Self {
         PixelsHealpixConfig {
             enabled: true,
-            nside: 64,
-            nside_submap: 16,
+            nside: Nside::new(64).expect("a power of two"),
+            nside_submap: Nside::new(16).expect("a power of two"),
             nest: true,
             view: None,
             pixels: defaults::PIXELS.into(),
@@ -62,11 +63,11 @@ impl PixelsHealpix {
         config: PixelsHealpixConfig,
         detector_pointing: PointingDetectorConfig,
     ) -> Result<Self, OpError> {
-        check_nside(config.nside, config.nside_submap)?;
-        let n_submap = (config.nside / config.nside_submap).pow(2);
+        check_submap(config.nside, config.nside_submap)?;
+        let n_submap = (i64::from(config.nside) / i64::from(config.nside_submap)).pow(2);
         Ok(PixelsHealpix {
             name: name.into(),
-            n_pix_submap: 12 * config.nside_submap * config.nside_submap,
+            n_pix_submap: config.nside_submap.npix() as i64,
             n_submap,
             hit_submaps: vec![0; n_submap as usize],
             config,
@@ -76,7 +77,7 @@ impl PixelsHealpix {
 
     /// Total number of pixels (`12 nside²`).
     pub fn n_pix(&self) -> i64 {
-        12 * self.config.nside * self.config.nside
+        self.config.nside.npix() as i64
     }
 
     /// Pixels per submap (`12 nside_submap²`).
@@ -146,7 +147,7 @@ impl Operator for PixelsHealpix {
         }
         self.prepare_outputs(data)?;
         let params = HealpixParams {
-            nside: self.config.nside,
+            nside: self.config.nside.into(),
             n_pix_submap: self.n_pix_submap,
             nest: self.config.nest,
         };

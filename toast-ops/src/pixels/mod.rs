@@ -26,6 +26,8 @@
 
 pub mod covariance;
 
+use crate::math::healpix::Nside;
+
 use std::sync::Arc;
 use toast_core::OpError;
 use toast_core::{comm_of, Comm, CommError, Data, DataError, Element, ExecContext, ReduceOp};
@@ -99,8 +101,14 @@ impl PixelDistribution {
     /// The HEALPix distribution TOAST's `PixelsHealpix` makes: `12 nside²`
     /// pixels in `(nside / nside_submap)²` submaps of `12 nside_submap²`
     /// pixels, storing the submaps whose entry in `hit` is non-zero.
-    pub fn healpix(nside: i64, nside_submap: i64, nest: bool, hit: &[u8]) -> Result<Self, OpError> {
-        check_nside(nside, nside_submap)?;
+    pub fn healpix(
+        nside: Nside,
+        nside_submap: Nside,
+        nest: bool,
+        hit: &[u8],
+    ) -> Result<Self, OpError> {
+        check_submap(nside, nside_submap)?;
+        let (nside, nside_submap) = (i64::from(nside), i64::from(nside_submap));
         let n_submap = (nside / nside_submap) * (nside / nside_submap);
         if hit.len() as i64 != n_submap {
             return Err(OpError::InvalidData {
@@ -224,19 +232,9 @@ impl PixelDistribution {
     }
 }
 
-/// Check HEALPix resolution parameters as TOAST's `PixelsHealpix` does.
-pub fn check_nside(nside: i64, nside_submap: i64) -> Result<(), OpError> {
-    let pow2 = |n: i64| n > 0 && n & (n - 1) == 0;
-    if !pow2(nside) || nside > (1 << 29) {
-        return Err(OpError::Config(format!(
-            "nside = {nside} is not a power of two in [1, 2^29]"
-        )));
-    }
-    if !pow2(nside_submap) {
-        return Err(OpError::Config(format!(
-            "nside_submap = {nside_submap} is not a power of two"
-        )));
-    }
+/// Check that the submaps fit the map, as TOAST's `PixelsHealpix` does
+/// (each resolution is valid by construction: [`Nside`]).
+pub fn check_submap(nside: Nside, nside_submap: Nside) -> Result<(), OpError> {
     if nside_submap > nside {
         return Err(OpError::Config(format!(
             "nside_submap = {nside_submap} is larger than nside = {nside}"
@@ -647,7 +645,8 @@ mod tests {
         let mut hit = vec![0u8; 16];
         hit[3] = 1;
         hit[10] = 1;
-        let d = PixelDistribution::healpix(8, 2, true, &hit).unwrap();
+        let n = |n: u64| Nside::new(n).unwrap();
+        let d = PixelDistribution::healpix(n(8), n(2), true, &hit).unwrap();
         assert_eq!(d.n_pix(), 768);
         assert_eq!(d.n_submap(), 16);
         assert_eq!(d.n_pix_submap(), 48);
@@ -660,8 +659,8 @@ mod tests {
         assert_eq!(d.local_index(0), None);
         assert_eq!(d.local_index(-1), None);
         assert_eq!(d.global_pixel(49), 10 * 48 + 1);
-        assert!(PixelDistribution::healpix(6, 2, true, &hit).is_err());
-        assert!(PixelDistribution::healpix(8, 16, true, &hit).is_err());
+        assert!(Nside::new(6).is_err());
+        assert!(PixelDistribution::healpix(n(8), n(16), true, &hit).is_err());
         assert!(PixelDistribution::new(10, 3, &[5]).is_err());
         assert!(PixelDistribution::new(10, 3, &[1, 1]).is_err());
     }

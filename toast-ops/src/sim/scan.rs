@@ -232,7 +232,7 @@ impl ScanHealpixMap {
         sky: InputSky,
     ) -> Result<Self, OpError> {
         let nside = pointing.pixels.config.nside;
-        if sky.nside as i64 != nside {
+        if sky.nside != nside.get() {
             return Err(OpError::Config(format!(
                 "scan_map: the sky map {} has nside {} but pixels.nside is {nside}",
                 sky.source, sky.nside

@@ -44,7 +44,7 @@
 use rayon::prelude::*;
 use realfft::num_complex::Complex64;
 
-use crate::math::healpix::{self, Healpix, HealpixError};
+use crate::math::healpix::{Healpix, HealpixError, Nside};
 use crate::math::rng::philox_normal_pair;
 use crate::math::sht::{self, Alm, ShtError};
 
@@ -95,9 +95,8 @@ impl Spectra {
 }
 
 /// The spectra of TOAST's `create_input_maps` for `nside`: `ℓ = 0..=3 nside − 2`.
-pub fn benchmark_spectra(nside: u64) -> Result<Spectra, SkyError> {
-    healpix::check_nside(nside)?;
-    let n = 3 * nside as usize - 1;
+pub fn benchmark_spectra(nside: Nside) -> Result<Spectra, SkyError> {
+    let n = 3 * nside.get() as usize - 1;
     let gauss = |l: f64, mu: f64, sig: f64| {
         (1.0 / (sig * (2.0 * std::f64::consts::PI).sqrt()))
             * (-0.5 * (l - mu).powi(2) / sig.powi(2)).exp()
@@ -248,7 +247,7 @@ pub fn almxfl(alm: &mut Alm, window: &[f64]) {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SkyConfig {
     /// Output resolution (TOAST: 1024).
-    pub nside: u64,
+    pub nside: Nside,
     /// Random seed (default [`TOAST_SKY_SEED`]).
     pub seed: u64,
     /// Beam FWHM in arcmin (default 3).
@@ -272,7 +271,7 @@ pub struct SkyConfig {
 impl Default for SkyConfig {
     fn default() -> Self {
         Self {
-            nside: 1024,
+            nside: Nside::new(1024).expect("a power of two"),
             seed: TOAST_SKY_SEED,
             fwhm_arcmin: TOAST_SKY_FWHM_ARCMIN,
             lmax: None,
@@ -375,9 +374,9 @@ pub fn synthesize_sky_on(
     almxfl(&mut e, &bp);
     almxfl(&mut b, &bp);
     let [mut ti, mut tq, mut tu] = if comm.size() == 1 {
-        sht::alm2map_iqu(cfg.nside, &t, &e, &b)?
+        sht::alm2map_iqu(cfg.nside.get(), &t, &e, &b)?
     } else {
-        sht::alm2map_iqu_part(cfg.nside, &t, &e, &b, comm.rank(), comm.size())?
+        sht::alm2map_iqu_part(cfg.nside.get(), &t, &e, &b, comm.rank(), comm.size())?
     };
     if comm.size() > 1 {
         for m in [&mut ti, &mut tq, &mut tu] {
@@ -385,7 +384,7 @@ pub fn synthesize_sky_on(
                 .map_err(|e| SkyError::Comm(format!("assembling the sky across processes: {e}")))?;
         }
     }
-    let hp = Healpix::new(cfg.nside)?;
+    let hp = Healpix::of(cfg.nside);
     let to_nest = |ring: &[f64]| -> Vec<f32> {
         if cfg.toast_ring_as_nest {
             ring.par_iter().map(|&v| v as f32).collect()
@@ -397,7 +396,7 @@ pub fn synthesize_sky_on(
         }
     };
     Ok(SkyMaps {
-        nside: cfg.nside,
+        nside: cfg.nside.get(),
         i: to_nest(&ti),
         q: to_nest(&tq),
         u: to_nest(&tu),
@@ -423,7 +422,7 @@ mod tests {
 
     #[test]
     fn spectra_match_toast_formula() {
-        let s = benchmark_spectra(1024).unwrap();
+        let s = benchmark_spectra(Nside::new(1024).unwrap()).unwrap();
         assert_eq!(s.tt.len(), 3071);
         assert_eq!(s.lmax(), 3070);
         let peak_tt = 2000.0 / (50.0 * (2.0 * std::f64::consts::PI).sqrt());
@@ -446,7 +445,7 @@ mod tests {
 
     #[test]
     fn synalm_is_deterministic_and_lmax_independent() {
-        let s = benchmark_spectra(64).unwrap();
+        let s = benchmark_spectra(Nside::new(64).unwrap()).unwrap();
         let (t1, e1, _) = synalm(&s, 100, 150, 42).unwrap();
         let (t2, e2, _) = synalm(&s, 120, 150, 42).unwrap();
         for m in 0..=100 {
@@ -466,11 +465,11 @@ mod tests {
         // nside 64 with the benchmark spectra: ~35k I modes below ℓ=191,
         // the RMS must match the prediction over the synthesised band.
         let cfg = SkyConfig {
-            nside: 64,
+            nside: Nside::new(64).unwrap(),
             ..SkyConfig::default()
         };
         let sky = synthesize_sky(&cfg).unwrap();
-        let spectra = benchmark_spectra(64).unwrap();
+        let spectra = benchmark_spectra(Nside::new(64).unwrap()).unwrap();
         let (bt, bp) = gauss_beam((3.0f64 / 60.0).to_radians(), spectra.lmax());
         let tr = sky.truncation;
         let (vt, vq, _) = expected_variance(&spectra, (&bt, &bp), tr.lmax_t, tr.lmax_p);

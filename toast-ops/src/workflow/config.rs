@@ -339,7 +339,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
     cfg.mapmaker.validate()?;
     cfg.baselines.validate()?;
     cfg.binner.validate()?;
-    crate::pixels::check_nside(cfg.pixels.nside, cfg.pixels.nside_submap)
+    crate::pixels::check_submap(cfg.pixels.nside, cfg.pixels.nside_submap)
         .map_err(|x| section_err("pixels", x.to_string()))?;
     if !cfg.pixels.nest {
         return Err(section_err(
@@ -402,7 +402,7 @@ mod tests {
     #[test]
     fn defaults_and_overrides() {
         let c = cfg(&[]).unwrap();
-        assert_eq!(c.pixels.nside, 1024);
+        assert_eq!(c.pixels.nside.get(), 1024);
         assert_eq!(c.mapmaker.solve_rcond_threshold, 1e-6);
         assert_eq!(c.baselines.step_time, 10000.0);
         let c = cfg(&[

@@ -280,7 +280,7 @@ impl SatelliteJob {
         config: SatelliteConfig,
         overrides: SizeOverrides,
     ) -> Result<Self, WorkflowError> {
-        let nside = config.pixels.nside as u64;
+        let nside = config.pixels.nside.get();
         let (case, mut sizing) = if case == "auto" {
             let avail = presets::mem_available().ok_or_else(|| WorkflowError::BadSize {
                 option: "--case",
@@ -344,7 +344,7 @@ impl SatelliteJob {
 
     /// The map resolution.
     pub fn nside(&self) -> u64 {
-        self.config.pixels.nside as u64
+        self.config.pixels.nside.get()
     }
 
     /// Predicted peak memory of one process running the whole job.
@@ -413,7 +413,6 @@ impl SatelliteJob {
     ) -> Result<Option<SatelliteRun>, WorkflowError> {
         let cfg = &self.config;
         let s = self.sizing;
-        let nside = self.nside();
         let root = comm.rank() == 0;
         let group_size = sim.group_size;
         let t_start = Instant::now();
@@ -461,7 +460,7 @@ impl SatelliteJob {
                 Some(p) => InputSky::from_file_on(p, &*comm_of(ctx)).map_err(&err)?,
                 None => InputSky::synthetic_on(
                     &SkyConfig {
-                        nside,
+                        nside: cfg.pixels.nside,
                         seed: scan_cfg.seed,
                         fwhm_arcmin: scan_cfg.fwhm_arcmin,
                         toast_ring_as_nest: scan_cfg.toast_ring_as_nest,

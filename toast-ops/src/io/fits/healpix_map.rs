@@ -216,7 +216,7 @@ impl HealpixKeywords {
                 let n = v
                     .as_int()
                     .ok_or_else(|| at.bad_nside(v.display(), "not an integer"))?;
-                if n <= 0 || healpix::check_nside(n as u64).is_err() {
+                if healpix::Nside::try_from(n).is_err() {
                     return Err(at.bad_nside(
                         n.to_string(),
                         "must be a power of two between 1 and 2^29",
