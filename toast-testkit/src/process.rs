@@ -82,7 +82,8 @@ pub fn run_with_deadline(mut cmd: Command, limit: Duration, what: &str) -> Outpu
 /// create the desired directory ... File exists").
 static ONE_MPI_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Hold this while an MPI job runs (see [`ONE_MPI_JOB_AT_A_TIME`]).
+/// Hold this while an MPI job runs: Open MPI's `mpirun`s started at the same
+/// moment race on their session directory.
 pub fn one_mpi_job_at_a_time() -> MutexGuard<'static, ()> {
     ONE_MPI_JOB_AT_A_TIME
         .lock()

@@ -83,7 +83,7 @@ pub fn transfers_line(backend: &Backend) -> String {
     )
 }
 
-/// [`verify`] with options.
+/// Run every case of `cases_dir` on `backend` with `opts`, writing the report to `out`.
 pub fn verify_with(
     backend: &Backend,
     cases_dir: &Path,

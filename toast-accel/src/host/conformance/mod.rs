@@ -7,7 +7,7 @@
 //!   field that kernel needs with its dtype and shape checked, so a corrupt,
 //!   truncated or incomplete file is a [`CaseError`] naming the file and the
 //!   field, never a panic.
-//! * [`run_case`] runs the kernel through [`ArrayArg`] (so a backend that is
+//! * [`run_case`] runs the kernel through [`ArrayArg`](crate::host::ArrayArg) (so a backend that is
 //!   not host-addressable gets its arrays staged) and compares every output.
 //!   TOAST's "disabled by length" conventions (flags of length 1, a dummy
 //!   HWP array, `det_flags` of shape (1, 1)) become absent arrays, and the
