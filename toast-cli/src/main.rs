@@ -20,6 +20,7 @@
 mod cmd;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
+mod output;
 mod parallel;
 
 use clap::{Parser, Subcommand};
@@ -270,7 +271,27 @@ fn code(c: i32) -> u8 {
     u8::try_from(c).unwrap_or(1)
 }
 
+/// Let a write to a closed standard output (`toast-cli run --dry-run | head
+/// -1`) end the process quietly, as it ends `cat` or `ls`: the Rust runtime
+/// ignores SIGPIPE, so `println!` would get `EPIPE` and panic. Restoring the
+/// default action covers every `println!` of every subcommand at once,
+/// where a writer mapping `BrokenPipe` to an exit would have to replace
+/// each of them; the process then ends by SIGPIPE (status 141 in a shell),
+/// as Unix filters do. toast-cli writes no other pipe or socket itself (MPI
+/// libraries that do install their own handling when initialised).
+#[cfg(unix)]
+fn default_sigpipe() {
+    // SAFETY: `signal` with `SIG_DFL` installs no handler (no code of ours
+    // runs in signal context), and it is called first thing in `main`,
+    // before any other thread exists that could be changing dispositions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    #[cfg(unix)]
+    default_sigpipe();
     let cli = Cli::parse();
     init_logging(cli.verbose);
     match run(cli) {

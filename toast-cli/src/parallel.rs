@@ -14,7 +14,8 @@
 //!
 //! `TOAST_FAULT_INJECT=RANK:PHASE[:MODE]` makes rank `RANK` fail at the
 //! start of phase `PHASE` (`SimSatellite`, `ScanHealpixMap`, `SimNoise`,
-//! `MapMaker`, ...): mode `error` (default) returns an error through the
+//! `MapMaker`, `write outputs`, or `output NAME` just after the temporary
+//! file of output `NAME` is written, e.g. `output mapmaker_map.fits`): mode `error` (default) returns an error through the
 //! normal path, mode `kill` sends the process SIGKILL. The tests use it to
 //! check that a failing or vanishing rank ends the job with a message.
 

@@ -12,7 +12,10 @@
 //! Outputs in the output directory (TOAST's names): `mapmaker_hits.fits`,
 //! `mapmaker_binmap.fits`, `mapmaker_map.fits` (NEST, float32, K, cut
 //! pixels 0), `timing.csv`, `stats.json`, `config.toml`, `mapmaker_map.png`.
+//! They are written to temporaries and renamed into place at the end,
+//! `stats.json` (the mark of a complete run) last (`crate::output`).
 
+use crate::output::Staging;
 use crate::parallel;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -86,11 +89,27 @@ pub struct RunArgs {
     pub no_plot: bool,
 }
 
+/// `--threads` may oversubscribe the cores this many times at most: more
+/// only adds scheduling overhead (ten thousand threads ran for minutes).
+const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The largest `P` of `--dry-run P,PPN` (2^24 processes): the plan lists
+/// every process, so an absurd `P` would loop for hours.
+const MAX_DRY_RUN_PROCS: usize = 1 << 24;
+
 /// `--threads N`: the global rayon pool and the CPU plugin's `threads`
 /// option (unless `--backend-options cpu:...` gave one).
 pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> Result<()> {
     if n == 0 {
         bail!("--threads 0: must be at least 1");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let max = MAX_THREADS_PER_CORE * cores;
+    if n > max {
+        bail!(
+            "--threads {n}: at most {max} ({MAX_THREADS_PER_CORE} x the {cores} core(s) \
+             available to this process)"
+        );
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
@@ -207,19 +226,18 @@ impl Phases for Spinners {
 }
 
 /// The output directory's maps: TOAST's file names, NEST, K, and the
-/// Mollweide plot of the destriped map.
+/// Mollweide plot of the destriped map, staged (see [`crate::output`]).
 struct OutputDir<'a> {
-    dir: &'a Path,
+    staging: &'a mut Staging,
     plot: bool,
 }
 
 impl ProductSink for OutputDir<'_> {
     fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), FrontEndError> {
-        let ferr = |p: &Path, e: fits::FitsError| anyhow::anyhow!("{}: {e}", p.display());
         let hits_full = products.hits.to_full_sky();
-        let p = self.dir.join("mapmaker_hits.fits");
-        fits::write_hits_map(&p, Ordering::Nested, &hits_full, &products.header)
-            .map_err(|e| ferr(&p, e))?;
+        self.staging.write_with("mapmaker_hits.fits", |p| {
+            fits::write_hits_map(p, Ordering::Nested, &hits_full, &products.header)
+        })?;
         let precision = if job.config.mapmaker.write_float64 {
             fits::MapPrecision::F64
         } else {
@@ -232,27 +250,27 @@ impl ProductSink for OutputDir<'_> {
         maps.push(("mapmaker_map.fits", &products.map, true));
         for (file, m, is_map) in maps {
             let comps: Vec<Vec<f64>> = (0..3).map(|k| m.full_sky_component(k)).collect();
-            let p = self.dir.join(file);
-            fits::write_iqu_map(
-                &p,
-                Ordering::Nested,
-                [&comps[0], &comps[1], &comps[2]],
-                "K",
-                precision,
-                &products.header,
-            )
-            .map_err(|e| ferr(&p, e))?;
+            self.staging.write_with(file, |p| {
+                fits::write_iqu_map(
+                    p,
+                    Ordering::Nested,
+                    [&comps[0], &comps[1], &comps[2]],
+                    "K",
+                    precision,
+                    &products.header,
+                )
+            })?;
             if is_map && self.plot {
                 let hit: Vec<bool> = hits_full.iter().map(|&h| h > 0).collect();
-                let p = self.dir.join("mapmaker_map.png");
-                toast_ops::io::plot::plot_iqu_mollweide(
-                    &p,
-                    job.nside(),
-                    [&comps[0], &comps[1], &comps[2]],
-                    Some(&hit),
-                    1200,
-                )
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                self.staging.write_with("mapmaker_map.png", |p| {
+                    toast_ops::io::plot::plot_iqu_mollweide(
+                        p,
+                        job.nside(),
+                        [&comps[0], &comps[1], &comps[2]],
+                        Some(&hit),
+                        1200,
+                    )
+                })?;
             }
         }
         Ok(())
@@ -307,8 +325,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         return Ok(0);
     }
     let mut spinners = Spinners::new(args.quiet, Arc::clone(&comm));
+    let mut staging = Staging::new(&args.out_dir, Arc::clone(&comm));
     let mut out = OutputDir {
-        dir: &args.out_dir,
+        staging: &mut staging,
         plot: !args.no_plot,
     };
     let outcome = job.run(
@@ -324,20 +343,15 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         return Ok(0);
     };
     let dir = &args.out_dir;
-    let csv = dir.join("timing.csv");
-    let write_csv = || -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&csv)?);
-        toast_core::timing::write_csv(&outcome.timers, &mut f)?;
-        std::io::Write::flush(&mut f)
-    };
-    write_csv().with_context(|| csv.display().to_string())?;
-    let cfg_path = dir.join("config.toml");
-    std::fs::write(&cfg_path, config::to_toml(&job.config)?)
-        .with_context(|| cfg_path.display().to_string())?;
+    let mut csv = Vec::new();
+    toast_core::timing::write_csv(&outcome.timers, &mut csv)
+        .with_context(|| dir.join("timing.csv").display().to_string())?;
+    staging.write_bytes("timing.csv", &csv)?;
+    staging.write_bytes("config.toml", config::to_toml(&job.config)?.as_bytes())?;
     let stats = &outcome.stats;
-    let stats_path = dir.join("stats.json");
     let text = serde_json::to_string_pretty(&serde_json::to_value(stats)?)?;
-    std::fs::write(&stats_path, text + "\n").with_context(|| stats_path.display().to_string())?;
+    staging.write_bytes("stats.json", (text + "\n").as_bytes())?;
+    staging.commit()?;
     print_summary(&job, stats, dir);
     Ok(0)
 }
@@ -436,6 +450,9 @@ fn parse_procs(spec: &str) -> Result<(usize, usize)> {
     let n: usize = n.trim().parse().map_err(|_| bad())?;
     if p == 0 || n == 0 || p % n != 0 {
         bail!("--dry-run {spec}: P and PPN must be positive and PPN must divide P");
+    }
+    if p > MAX_DRY_RUN_PROCS {
+        bail!("--dry-run {spec}: P = {p} processes; at most {MAX_DRY_RUN_PROCS}");
     }
     Ok((p, n))
 }

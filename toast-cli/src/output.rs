@@ -1,0 +1,256 @@
+//! The output directory of `toast-cli run`, written so that it always holds
+//! either one run's complete outputs or an evidently incomplete set.
+//!
+//! Every output is first written to a temporary name in the same directory
+//! (`.NAME.tmp-PID`), flushed and synced ([`Staging::write_with`]). Only when
+//! all of a run's outputs are staged does [`Staging::commit`] put them in
+//! place: it removes the previous run's `stats.json` first (a directory
+//! without it is not a complete run), then the previous run's outputs that
+//! this run does not write (`mapmaker_map.png` under `--no-plot`,
+//! `mapmaker_binmap.fits` with `mapmaker.write_binmap=false`), renames the
+//! staged files into place with `stats.json` last, and syncs the directory.
+//!
+//! A run that fails before the commit (a write error, a full disk, an
+//! injected fault) removes its temporaries and leaves the previous run's
+//! outputs untouched; one that fails during the commit also removes what it
+//! had already renamed, so no file of an unfinished run is left under a
+//! final name. A run killed outright can leave only temporaries, never a
+//! truncated file under a final name; the next commit into the directory
+//! removes temporaries whose process is gone.
+//!
+//! `TOAST_FAULT_INJECT=0:output NAME[:MODE]` fails (or kills) the run just
+//! after output `NAME`'s temporary file is written (see `parallel.rs`).
+
+use crate::parallel;
+use anyhow::{anyhow, Context, Result};
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use toast_core::Comm;
+
+/// Every file `toast-cli run` may write, in the order of the commit
+/// (`stats.json`, which marks a complete run, last).
+pub const OUTPUTS: [&str; 7] = [
+    "mapmaker_hits.fits",
+    "mapmaker_binmap.fits",
+    "mapmaker_map.fits",
+    "mapmaker_map.png",
+    "timing.csv",
+    "config.toml",
+    "stats.json",
+];
+
+/// The file whose presence marks a complete run.
+const COMPLETE: &str = "stats.json";
+
+/// Outputs written to temporary files, put in place by [`Staging::commit`];
+/// dropped without a commit, it removes its temporaries.
+pub struct Staging {
+    dir: PathBuf,
+    comm: Arc<dyn Comm>,
+    /// (final name, temporary path) of each staged output.
+    staged: Vec<(&'static str, PathBuf)>,
+}
+
+/// `.NAME.tmp-PID` of process `pid`.
+fn temp_name(name: &str, pid: u32) -> String {
+    format!(".{name}.tmp-{pid}")
+}
+
+/// Flush a written file's data and metadata to the disk.
+fn sync_file(path: &Path) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .sync_all()
+}
+
+/// Make the directory's entries (renames, removals) durable; not every
+/// platform can open a directory, so a failure to open it is not an error.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(dir) {
+        Ok(d) => d.sync_all(),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Remove `path` if it exists.
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl Staging {
+    /// Outputs for directory `dir` (which must exist).
+    pub fn new(dir: &Path, comm: Arc<dyn Comm>) -> Self {
+        Staging {
+            dir: dir.to_path_buf(),
+            comm,
+            staged: Vec::new(),
+        }
+    }
+
+    /// Stage output `name` (one of [`OUTPUTS`]): `write` writes the whole
+    /// file at the path it is given (a temporary), which is then synced.
+    /// Errors name the output's final path.
+    pub fn write_with<E: Display>(
+        &mut self,
+        name: &'static str,
+        write: impl FnOnce(&Path) -> Result<(), E>,
+    ) -> Result<()> {
+        debug_assert!(OUTPUTS.contains(&name), "{name} is not an output");
+        let final_path = self.dir.join(name);
+        let tmp = self.dir.join(temp_name(name, std::process::id()));
+        // Recorded before writing: a partial temporary is removed on drop.
+        self.staged.push((name, tmp.clone()));
+        write(&tmp).map_err(|e| anyhow!("{}: {e}", final_path.display()))?;
+        sync_file(&tmp).with_context(|| format!("{}: cannot sync", final_path.display()))?;
+        parallel::fault_point(&*self.comm, &format!("output {name}"))
+    }
+
+    /// Stage output `name` with content `bytes`.
+    pub fn write_bytes(&mut self, name: &'static str, bytes: &[u8]) -> Result<()> {
+        self.write_with(name, |p| std::fs::write(p, bytes))
+    }
+
+    /// Put the staged outputs in place (see the module's description).
+    pub fn commit(mut self) -> Result<()> {
+        let dir = self.dir.clone();
+        let at = |name: &str| dir.join(name);
+        remove_if_present(&at(COMPLETE)).with_context(|| {
+            format!(
+                "{}: cannot remove the previous run's output",
+                at(COMPLETE).display()
+            )
+        })?;
+        for name in OUTPUTS {
+            if !self.staged.iter().any(|(n, _)| *n == name) {
+                remove_if_present(&at(name)).with_context(|| {
+                    format!(
+                        "{}: cannot remove the previous run's output",
+                        at(name).display()
+                    )
+                })?;
+            }
+        }
+        let mut order = std::mem::take(&mut self.staged);
+        order.sort_by_key(|(n, _)| OUTPUTS.iter().position(|o| o == n));
+        let mut renamed: Vec<PathBuf> = Vec::new();
+        let mut pending = order.into_iter();
+        let result = (|| -> Result<()> {
+            for (name, tmp) in pending.by_ref() {
+                let final_path = at(name);
+                if let Err(e) = std::fs::rename(&tmp, &final_path) {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(
+                        anyhow!(e).context(format!("{}: cannot rename", final_path.display()))
+                    );
+                }
+                renamed.push(final_path);
+            }
+            sync_dir(&dir).with_context(|| format!("{}: cannot sync", dir.display()))
+        })();
+        if let Err(e) = result {
+            for (_, tmp) in pending {
+                let _ = std::fs::remove_file(tmp);
+            }
+            for p in renamed {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+        remove_dead_temporaries(&dir);
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        for (_, tmp) in self.staged.drain(..) {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+/// Remove the temporaries of outputs left by runs that were killed (their
+/// process no longer exists). Where process ids cannot be checked (no
+/// `/proc`), nothing is removed.
+fn remove_dead_temporaries(dir: &Path) {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let pid = OUTPUTS.iter().find_map(|name| {
+            file.strip_prefix(&format!(".{name}.tmp-"))
+                .and_then(|pid| pid.parse::<u32>().ok())
+        });
+        if let Some(pid) = pid {
+            if pid != std::process::id() && !proc.join(pid.to_string()).exists() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staging(dir: &Path) -> Staging {
+        Staging::new(dir, Arc::new(toast_core::SerialComm))
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_previous_run_and_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-output-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_map.png", b"old png").unwrap();
+        s.write_bytes("stats.json", b"old").unwrap();
+        s.commit().unwrap();
+        assert_eq!(names(&dir), ["mapmaker_map.png", "stats.json"]);
+        // A run that fails half-way: the previous outputs stay as they were.
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_hits.fits", b"new").unwrap();
+        let e = s
+            .write_with("mapmaker_map.fits", |p| {
+                std::fs::write(p, b"trunc")?;
+                Err(std::io::Error::other("disk full"))
+            })
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("mapmaker_map.fits: disk full"),
+            "{e:#}"
+        );
+        drop(s);
+        assert_eq!(names(&dir), ["mapmaker_map.png", "stats.json"]);
+        // A complete run replaces them and drops what it does not write;
+        // a dead process's temporary is removed.
+        std::fs::write(dir.join(temp_name("timing.csv", u32::MAX)), b"x").unwrap();
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_hits.fits", b"new").unwrap();
+        s.write_bytes("stats.json", b"new").unwrap();
+        s.commit().unwrap();
+        assert_eq!(names(&dir), ["mapmaker_hits.fits", "stats.json"]);
+        assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
