@@ -17,7 +17,10 @@
 //! (allocations, bytes and calls in each direction, resets) are printed
 //! before the summary line.
 //!
-//! A case file that cannot be read counts as failed. The exit status is 0
+//! A case file that cannot be read (not a zip, truncated, an array missing
+//! or of the wrong dtype or rank, a `.npy` header claiming more data than
+//! its entry holds) is a `FAIL` line naming the file, the array and the
+//! problem, and the run goes on with the other cases. The exit status is 0
 //! only when nothing failed.
 
 use std::io::Write;
@@ -206,6 +209,7 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
     use std::sync::Arc;
+    use toast_accel::host::conformance::{load_case, CaseError};
     use toast_accel::host::Plugin;
 
     fn cpu_backend() -> Backend {
@@ -253,6 +257,168 @@ mod tests {
         );
         assert_eq!(lines[3], "PASS  stokes_weights_I_basic");
         assert_eq!(lines[4], "2 passed, 1 failed");
+        assert_eq!(s.exit_code(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Copy the npz `src` to `dst` entry by entry, stored, passing each
+    /// entry (name without `.npy`, bytes) through `edit` (`None` drops it).
+    fn rewrite_npz(src: &Path, dst: &Path, edit: impl Fn(&str, Vec<u8>) -> Option<Vec<u8>>) {
+        use std::io::Read;
+        let mut zin = zip::ZipArchive::new(std::fs::File::open(src).unwrap()).unwrap();
+        let mut zout = zip::ZipWriter::new(std::fs::File::create(dst).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for i in 0..zin.len() {
+            let mut e = zin.by_index(i).unwrap();
+            let name = e.name().to_string();
+            let mut bytes = Vec::new();
+            e.read_to_end(&mut bytes).unwrap();
+            if let Some(b) = edit(name.strip_suffix(".npy").unwrap(), bytes) {
+                zout.start_file(name, opts).unwrap();
+                zout.write_all(&b).unwrap();
+            }
+        }
+        zout.finish().unwrap();
+    }
+
+    /// Replace `from` by `to` in the header of a version 1.0 `.npy`, keeping
+    /// the header's length (its padding absorbs the difference).
+    fn patch_header(npy: &[u8], from: &str, to: &str) -> Vec<u8> {
+        let len = usize::from(u16::from_le_bytes([npy[8], npy[9]]));
+        let header = std::str::from_utf8(&npy[10..10 + len]).unwrap();
+        assert!(header.contains(from), "{header}");
+        let mut h = header.replacen(from, to, 1).trim_end().to_string();
+        assert!(h.len() < len, "{h}");
+        while h.len() < len - 1 {
+            h.push(' ');
+        }
+        h.push('\n');
+        [&npy[..10], h.as_bytes(), &npy[10 + len..]].concat()
+    }
+
+    #[test]
+    fn corrupt_cases_fail_by_name_and_the_run_goes_on() {
+        let dir = std::env::temp_dir().join(format!("toast-verify-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["noise_weight_basic.npz", "stokes_weights_I_basic.npz"] {
+            std::fs::copy(shipped().join(f), dir.join(f)).unwrap();
+        }
+        let good = shipped().join("noise_weight_basic.npz");
+        let patch = |case: &str, array: &'static str, from: &'static str, to: &'static str| {
+            rewrite_npz(&good, &dir.join(format!("{case}.npz")), |n, b| {
+                Some(if n == array {
+                    patch_header(&b, from, to)
+                } else {
+                    b
+                })
+            })
+        };
+        // 10^12 float64 claimed: 8 TB that must never be allocated.
+        patch(
+            "noise_weight_huge",
+            "det_data_in",
+            "(5, 700)",
+            "(1000000, 1000000)",
+        );
+        patch(
+            "noise_weight_overflow",
+            "det_data_in",
+            "(5, 700)",
+            "(4294967296, 4294967296, 4294967296)",
+        );
+        patch("noise_weight_short", "det_data_in", "(5, 700)", "(5, 7)");
+        patch("noise_weight_rank", "det_data_in", "(5, 700)", "(3500,)");
+        patch("noise_weight_dtype", "data_index", "<i4", "<f4");
+        rewrite_npz(&good, &dir.join("noise_weight_missing.npz"), |n, b| {
+            (n != "data_index").then_some(b)
+        });
+        std::fs::write(dir.join("noise_weight_not_zip.npz"), b"not a zip").unwrap();
+        let mut bytes = std::fs::read(&good).unwrap();
+        std::fs::write(
+            dir.join("noise_weight_truncated.npz"),
+            &bytes[..bytes.len() / 2],
+        )
+        .unwrap();
+        // One data byte of the first (stored) entry changed: its CRC fails.
+        let npy = bytes.windows(6).position(|w| w == b"\x93NUMPY").unwrap();
+        bytes[npy + 128 + 100] ^= 0xff;
+        std::fs::write(dir.join("noise_weight_crc.npz"), &bytes).unwrap();
+
+        // The typed error of the header that claims too much.
+        match load_case(&dir.join("noise_weight_huge.npz")).unwrap_err() {
+            CaseError::ClaimedSize {
+                field,
+                shape,
+                claimed,
+                actual,
+                ..
+            } => {
+                assert_eq!(field, "det_data_in");
+                assert_eq!(shape, [1_000_000, 1_000_000]);
+                assert_eq!(claimed, Some(8_000_000_000_000));
+                assert_eq!(actual, 28_000);
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let mut out = Vec::new();
+        let s = verify(&cpu_backend(), &dir, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let line = |case: &str| {
+            let prefix = format!("  {case}");
+            text.lines()
+                .find(|l| l.ends_with(&prefix) || l.contains(&format!("{prefix}:")))
+                .unwrap_or_else(|| panic!("no line for {case}:\n{text}"))
+                .to_string()
+        };
+        assert_eq!(line("noise_weight_basic"), "PASS  noise_weight_basic");
+        assert_eq!(
+            line("stokes_weights_I_basic"),
+            "PASS  stokes_weights_I_basic"
+        );
+        for (case, words) in [
+            (
+                "noise_weight_huge",
+                &[
+                    "`det_data_in`",
+                    "[1000000, 1000000]",
+                    "8000000000000 bytes",
+                    "28000 bytes of data",
+                ][..],
+            ),
+            (
+                "noise_weight_overflow",
+                &["`det_data_in`", "more bytes than a u64 counts"],
+            ),
+            (
+                "noise_weight_short",
+                &["`det_data_in`", "280 bytes", "28000 bytes of data"],
+            ),
+            ("noise_weight_rank", &["`det_data_in`", "expected 2"]),
+            (
+                "noise_weight_dtype",
+                &["`data_index`", "dtype float32, expected int32"],
+            ),
+            (
+                "noise_weight_missing",
+                &["`data_index`", "missing from the file"],
+            ),
+            ("noise_weight_not_zip", &["not a readable zip archive"]),
+            ("noise_weight_truncated", &["not a readable zip archive"]),
+            (
+                "noise_weight_crc",
+                &["`det_data_in`", "cannot read the zip entry"],
+            ),
+        ] {
+            let l = line(case);
+            assert!(l.starts_with(&format!("FAIL  {case}: ")), "{l}");
+            assert!(l.contains(&format!("{case}.npz")), "{l}");
+            for w in words {
+                assert!(l.contains(w), "{l} lacks {w}");
+            }
+        }
+        assert_eq!(text.lines().last(), Some("2 passed, 9 failed"), "{text}");
         assert_eq!(s.exit_code(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }

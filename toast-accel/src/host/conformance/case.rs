@@ -10,12 +10,19 @@
 use super::CaseData;
 use crate::abi::{Kernel, SampleRange};
 use ndarray::ArrayD;
-use ndarray_npy::{NpzReader, ReadNpyError, ReadNpzError};
+use ndarray_npy::npy::header::Header;
+use ndarray_npy::{ReadNpyError, ReadNpyExt};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
+
+/// The most bytes the arrays of one case file may hold together, as the zip
+/// directory declares them and as read (the shipped cases hold under 1 MiB
+/// each). Nothing is allocated for an entry over it.
+pub const MAX_CASE_BYTES: u64 = 1 << 30;
 
 /// A case file that cannot be used.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
@@ -30,6 +37,41 @@ pub enum CaseError {
         field: String,
         problem: String,
     },
+    /// An array whose `.npy` header claims more (or fewer) data bytes than
+    /// its zip entry holds: refused before anything is allocated for it.
+    #[error(
+        "{file}: array `{field}`: the .npy header claims shape {shape:?} of {dtype} = {}, but the zip entry holds {actual} bytes of data",
+        claimed_text(.claimed)
+    )]
+    ClaimedSize {
+        file: PathBuf,
+        field: String,
+        shape: Vec<usize>,
+        dtype: String,
+        /// The bytes the header's shape × element size makes (`None`: more
+        /// than `u64` holds).
+        claimed: Option<u64>,
+        /// The data bytes actually in the entry (after the header).
+        actual: u64,
+    },
+    /// An array whose zip entry is larger than what is left of
+    /// [`MAX_CASE_BYTES`] for the case: refused before it is read.
+    #[error(
+        "{file}: array `{field}`: the zip directory says {bytes} bytes, over the {limit} bytes a case file may hold in all"
+    )]
+    TooLarge {
+        file: PathBuf,
+        field: String,
+        bytes: u64,
+        limit: u64,
+    },
+}
+
+fn claimed_text(claimed: &Option<u64>) -> String {
+    match claimed {
+        Some(b) => format!("{b} bytes"),
+        None => "more bytes than a u64 counts".to_string(),
+    }
 }
 
 /// A numeric array read from a case: row-major data and its shape.
@@ -72,22 +114,7 @@ pub fn load_case(path: &Path) -> Result<Case, CaseError> {
         .unwrap_or_default();
     let name = name.strip_suffix(".npz").unwrap_or(&name).to_string();
     let kernel = kernel_of(&name).ok_or_else(|| CaseError::UnknownKernel { file: file.clone() })?;
-    let read = |e: &dyn fmt::Display| CaseError::Read {
-        file: file.clone(),
-        reason: e.to_string(),
-    };
-    let f = File::open(path).map_err(|e| read(&e))?;
-    let mut npz = NpzReader::new(f).map_err(|e| read(&e))?;
-    let names = npz.names().map_err(|e| read(&e))?;
-    let mut map = BTreeMap::new();
-    for (i, n) in names.iter().enumerate() {
-        let field = read_field(&mut npz, i).map_err(|e| CaseError::Field {
-            file: file.clone(),
-            field: n.clone(),
-            problem: e.to_string(),
-        })?;
-        map.insert(n.clone(), field);
-    }
+    let map = read_fields(path, MAX_CASE_BYTES)?;
     let mut fl = Fields {
         file: file.clone(),
         map,
@@ -160,16 +187,110 @@ fn to_arr<T: Clone>(a: ArrayD<T>) -> Arr<T> {
     }
 }
 
-/// Read entry `index` of an npz whatever its dtype.
-fn read_field(npz: &mut NpzReader<File>, index: usize) -> Result<Field, ReadNpzError> {
-    fn wrong(e: &ReadNpzError) -> bool {
-        matches!(e, ReadNpzError::Npy(ReadNpyError::WrongDescriptor(_)))
+/// Read every array of the npz file at `path` whatever its dtype, the arrays
+/// together holding at most `cap` bytes.
+///
+/// Nothing is allocated from a size the file claims: each zip entry is read
+/// to its end (at most its size in the zip directory, which must fit in
+/// what is left of `cap`), and its `.npy` header's shape × element size must
+/// be exactly the data bytes read before an array is made from it.
+fn read_fields(path: &Path, cap: u64) -> Result<BTreeMap<String, Field>, CaseError> {
+    let file = path.to_path_buf();
+    let read = |e: &dyn fmt::Display| CaseError::Read {
+        file: file.clone(),
+        reason: e.to_string(),
+    };
+    let f = File::open(path).map_err(|e| read(&e))?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(f))
+        .map_err(|e| read(&format!("not a readable zip archive: {e}")))?;
+    let mut map = BTreeMap::new();
+    let mut left = cap;
+    for i in 0..zip.len() {
+        let mut entry = zip
+            .by_index(i)
+            .map_err(|e| read(&format!("zip entry {i}: {e}")))?;
+        let name = entry.name().to_string();
+        let name = name.strip_suffix(".npy").unwrap_or(&name).to_string();
+        let problem = |p: String| CaseError::Field {
+            file: file.clone(),
+            field: name.clone(),
+            problem: p,
+        };
+        let size = entry.size();
+        if size > left {
+            return Err(CaseError::TooLarge {
+                file: file.clone(),
+                field: name,
+                bytes: size,
+                limit: cap,
+            });
+        }
+        // Grows with the bytes actually there; one byte more than the
+        // directory says is read to tell a longer entry.
+        let mut bytes = Vec::new();
+        (&mut entry)
+            .take(size + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| problem(format!("cannot read the zip entry: {e}")))?;
+        if bytes.len() as u64 != size {
+            return Err(problem(format!(
+                "the zip entry holds {} bytes, the zip directory says {size} (truncated or corrupt)",
+                bytes.len()
+            )));
+        }
+        left -= size;
+        let mut data = &bytes[..];
+        let header =
+            Header::from_reader(&mut data).map_err(|e| problem(format!("bad .npy header: {e}")))?;
+        let descr = header.type_descriptor.as_string();
+        let dtype = descr.map_or_else(|| header.type_descriptor.to_string(), |d| d.clone());
+        let elem = descr
+            .and_then(|d| elem_size(d))
+            .ok_or_else(|| problem(format!("unsupported dtype {dtype}")))?;
+        let claimed = header
+            .shape
+            .iter()
+            .try_fold(elem, |n, &d| n.checked_mul(d as u64));
+        let actual = data.len() as u64;
+        if claimed != Some(actual) {
+            return Err(CaseError::ClaimedSize {
+                file: file.clone(),
+                field: name,
+                shape: header.shape,
+                dtype,
+                claimed,
+                actual,
+            });
+        }
+        let field = read_field(&bytes).map_err(|e| problem(e.to_string()))?;
+        map.insert(name, field);
     }
+    Ok(map)
+}
+
+/// The size in bytes of one element of a simple numpy dtype descriptor
+/// (`<f8`, `|u1`, `i4`, ...): the digits after the kind letter.
+fn elem_size(descr: &str) -> Option<u64> {
+    let d = descr.strip_prefix(['<', '>', '|', '=']).unwrap_or(descr);
+    let mut chars = d.chars();
+    if !chars.next()?.is_ascii_alphabetic() {
+        return None;
+    }
+    let digits = chars.as_str();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|&n| n > 0)
+}
+
+/// Read one `.npy` (whose header has been checked against its length)
+/// whatever its dtype.
+fn read_field(bytes: &[u8]) -> Result<Field, ReadNpyError> {
     macro_rules! attempt {
         ($t:ty, $v:ident) => {
-            match npz.by_index::<ndarray::OwnedRepr<$t>, ndarray::IxDyn>(index) {
+            match ArrayD::<$t>::read_npy(bytes) {
                 Ok(a) => return Ok(Field::$v(to_arr(a))),
-                Err(e) if wrong(&e) => e,
+                Err(ReadNpyError::WrongDescriptor(_)) => {}
                 Err(e) => return Err(e),
             }
         };
@@ -178,9 +299,7 @@ fn read_field(npz: &mut NpzReader<File>, index: usize) -> Result<Field, ReadNpzE
     attempt!(f32, F32);
     attempt!(i64, I64);
     attempt!(i32, I32);
-    Ok(Field::U8(to_arr(
-        npz.by_index::<ndarray::OwnedRepr<u8>, ndarray::IxDyn>(index)?,
-    )))
+    Ok(Field::U8(to_arr(ArrayD::<u8>::read_npy(bytes)?)))
 }
 
 /// The fields of a case file, taken out one by one with checks.
@@ -781,6 +900,44 @@ mod tests {
         );
         assert_eq!(kernel_of("scanmap_x"), None);
         assert_eq!(kernel_of("noise_weightx"), None);
+    }
+
+    #[test]
+    fn element_sizes_of_dtype_descriptors() {
+        assert_eq!(elem_size("<f8"), Some(8));
+        assert_eq!(elem_size("|u1"), Some(1));
+        assert_eq!(elem_size("i4"), Some(4));
+        assert_eq!(elem_size("|O"), None);
+        assert_eq!(elem_size("<U0"), None);
+        assert_eq!(elem_size("<f8x"), None);
+        assert_eq!(elem_size(""), None);
+    }
+
+    #[test]
+    fn arrays_over_the_case_limit_are_refused_unread() {
+        let p = cases_dir().join("noise_weight_basic.npz");
+        assert!(read_fields(&p, MAX_CASE_BYTES).is_ok());
+        // det_data_in, the first entry, is 28128 bytes.
+        match read_fields(&p, 20_000).unwrap_err() {
+            CaseError::TooLarge {
+                field,
+                bytes,
+                limit,
+                ..
+            } => {
+                assert_eq!(field, "det_data_in");
+                assert_eq!(bytes, 28_128);
+                assert_eq!(limit, 20_000);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The limit holds for the arrays together: the second one is over.
+        let e = read_fields(&p, 50_000).unwrap_err();
+        assert!(
+            matches!(&e, CaseError::TooLarge { field, .. } if field == "det_data_out"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("noise_weight_basic.npz"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //!   (the longest known kernel name that prefixes it) and extracts every
 //!   field that kernel needs with its dtype and shape checked, so a corrupt,
 //!   truncated or incomplete file is a [`CaseError`] naming the file and the
-//!   field, never a panic.
+//!   field, never a panic. Sizes a file claims are checked before anything
+//!   is allocated from them: each array's `.npy` header (shape × element
+//!   size) must match the bytes its zip entry holds
+//!   ([`CaseError::ClaimedSize`]), and a case's arrays hold at most
+//!   [`MAX_CASE_BYTES`] together ([`CaseError::TooLarge`]).
 //! * [`run_case`] runs the kernel through [`ArrayArg`](crate::host::ArrayArg) (so a backend that is
 //!   not host-addressable gets its arrays staged) and compares every output.
 //!   TOAST's "disabled by length" conventions (flags of length 1, a dummy
@@ -65,7 +69,7 @@ pub use case::{
     kernel_of, load_case, Arr, BuildNoiseWeightedCase, Case, CaseError, MapData, NoiseWeightCase,
     PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
     TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
-    TemplateOffsetProjectSignalCase,
+    TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
 pub use run::{run_case, run_case_with};
