@@ -692,11 +692,8 @@ fn truncated_and_foreign_files_are_refused_before_loading() {
     }
     // The 200 000-byte copy: its segments run past the end of the file.
     let msg = failure_for(&reg, &files[0]).to_string();
-    assert!(
-        msg.contains(&format!("of the file ({} bytes)", 200_000))
-            || msg.contains("which has 200000 bytes"),
-        "{msg}"
-    );
+    assert!(msg.contains("of the file, which has 200000 bytes"), "{msg}");
+    assert!(msg.contains("truncated: segment "), "{msg}");
     for f in [&text, &empty] {
         match failure_for(&reg, f) {
             LoadError::NotLibrary { reason, .. } => {

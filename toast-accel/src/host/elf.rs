@@ -77,7 +77,9 @@ fn check_format(path: &Path, len: u64) -> Option<String> {
         Ok(b) => b,
         Err(e) => return Some(format!("cannot read its program headers: {e}")),
     };
-    check_segments(&tables, &ph, len).err()
+    check_segments(&tables, &ph, len)
+        .and_then(|()| check_sections(&tables, len))
+        .err()
 }
 
 /// Read into `buf` until it is full or the file ends; the bytes read.
@@ -140,6 +142,8 @@ struct Tables {
     ph_off: u64,
     ph_entsize: u64,
     ph_num: u64,
+    sh_off: u64,
+    sh_bytes: u64,
 }
 
 impl Tables {
@@ -223,6 +227,8 @@ fn parse_header(head: &[u8], len: u64) -> Result<Tables, String> {
         ph_off: 0,
         ph_entsize: 0,
         ph_num: 0,
+        sh_off: 0,
+        sh_bytes: 0,
     };
     let e_type = t0.u16_at(head, 16);
     if e_type != ET_DYN {
@@ -272,23 +278,33 @@ fn parse_header(head: &[u8], len: u64) -> Result<Tables, String> {
     }
     // A section table is optional for loading; where there is one it must
     // be whole (with `e_shnum` 0 the count is in the first entry: at least
-    // that one must be present).
-    if sh_off != 0 {
-        let entries = sh_num.max(1);
-        if !within(sh_off, sh_entsize * entries, len) {
-            return Err(format!(
-                "truncated: the section header table (bytes {sh_off}..{}) ends past the end \
-                 of the file ({len} bytes)",
-                sh_off as u128 + (sh_entsize * entries) as u128
-            ));
-        }
-    }
+    // that one must be present). Checked after the segments.
+    let sh_bytes = if sh_off == 0 {
+        0
+    } else {
+        sh_entsize * sh_num.max(1)
+    };
     Ok(Tables {
         ph_off,
         ph_entsize,
         ph_num,
+        sh_off,
+        sh_bytes,
         ..t0
     })
+}
+
+/// Check that the section header table, if any, lies within the file.
+fn check_sections(t: &Tables, len: u64) -> Result<(), String> {
+    if t.sh_off != 0 && !within(t.sh_off, t.sh_bytes, len) {
+        return Err(format!(
+            "truncated: the section header table (bytes {}..{}) ends past the end of the \
+             file ({len} bytes)",
+            t.sh_off,
+            t.sh_off as u128 + t.sh_bytes as u128
+        ));
+    }
+    Ok(())
 }
 
 /// Check that every segment's file bytes lie within the file.
@@ -375,8 +391,10 @@ mod tests {
         let e = parse_header(&h, len).unwrap_err();
         assert!(e.contains("ELF machine 48879"), "{e}");
         // Cut short: the section table (at the end) no longer fits.
-        let e = parse_header(&header(len), len - 1).unwrap_err();
-        assert!(e.contains("section header table"), "{e}");
+        let t = parse_header(&header(len), len - 1).unwrap();
+        let e = check_sections(&t, len - 1).unwrap_err();
+        assert!(e.contains("section header table (bytes 120..184)"), "{e}");
+        assert!(check_sections(&t, len).is_ok());
         let e = parse_header(&header(len)[..40], 40).unwrap_err();
         assert!(e.contains("fewer than an ELF header's 64"), "{e}");
         // Absurd offsets do not overflow.
