@@ -17,6 +17,13 @@
  *   TOAST_TEST_BAD_MAGIC        header with a wrong magic number
  *   TOAST_TEST_BAD_MAJOR        header claiming ABI major 2
  *   TOAST_TEST_NO_ENTRY         export the entry under another name
+ * and hostile ones, which the host must bound or refuse:
+ *   TOAST_TEST_DEVICE_COUNT=n   device_count answers n
+ *   TOAST_TEST_FULL_DEVICE_NAME device_info fills all of `name`, no NUL
+ *   TOAST_TEST_UNTERMINATED_NAME  the header name has no NUL in 8 KiB
+ *   TOAST_TEST_UNTERMINATED_ERROR last_error returns 8 KiB with no NUL
+ *   TOAST_TEST_LONG_NAME        a 100-character backend name
+ *   TOAST_TEST_TABLE_SIZE=n     the header claims a table of n bytes
  *
  * Needs a C99 compiler with the GCC/Clang `__thread` and `__sync` builtins
  * (thread-local last error, a spin lock around the handle table).
@@ -57,7 +64,16 @@ static toast_status ok(void) {
     return TOAST_OK;
 }
 
+#ifdef TOAST_TEST_UNTERMINATED_ERROR
+/* 8 KiB of 'e' and no NUL: the host must stop reading at its limit. */
+static char unterminated_error[8192];
+static const char *tt_last_error(void) {
+    memset(unterminated_error, 'e', sizeof unterminated_error);
+    return unterminated_error;
+}
+#else
 static const char *tt_last_error(void) { return last_error_buf; }
+#endif
 
 /* ---- context and logging ----------------------------------------------- */
 
@@ -127,7 +143,11 @@ static toast_status tt_device_count(void *ctx, uint32_t *count) {
     if (count == NULL) {
         return fail(TOAST_ERR_INVALID_ARGUMENT, "device_count: null count pointer");
     }
+#ifdef TOAST_TEST_DEVICE_COUNT
+    *count = (uint32_t)(TOAST_TEST_DEVICE_COUNT);
+#else
     *count = 1;
+#endif
     return ok();
 }
 
@@ -141,7 +161,11 @@ static toast_status tt_device_info(void *ctx, uint32_t index, toast_device_info 
                     (unsigned)index);
     }
     memset(info, 0, sizeof *info);
+#ifdef TOAST_TEST_FULL_DEVICE_NAME
+    memset(info->name, 'd', sizeof info->name);
+#else
     snprintf(info->name, sizeof info->name, "%s test device (host memory)", TOAST_TEST_NAME);
+#endif
     info->total_memory = 1ULL << 30; /* nominal */
     info->free_memory = 1ULL << 30;
     info->compute_units = 1;
@@ -536,13 +560,31 @@ static const toast_backend_table tt_table = {
 #define TT_FLAGS TOAST_BACKEND_FLAG_HOST_ADDRESSABLE
 #endif
 
+#ifdef TOAST_TEST_TABLE_SIZE
+#define TT_TABLE_SIZE ((uint32_t)(TOAST_TEST_TABLE_SIZE))
+#else
+#define TT_TABLE_SIZE ((uint32_t)sizeof(toast_backend_table))
+#endif
+
+#if defined(TOAST_TEST_UNTERMINATED_NAME)
+/* Filled with 'n' by the entry function: 8 KiB and no NUL. */
+static char tt_name[8192];
+#define TT_NAME tt_name
+#elif defined(TOAST_TEST_LONG_NAME)
+#define TT_NAME                                                                                  \
+    "a123456789b123456789c123456789d123456789e123456789f123456789g123456789h123456789"         \
+    "i123456789j123456789"
+#else
+#define TT_NAME TOAST_TEST_NAME
+#endif
+
 static const toast_backend_header tt_header = {
     .magic = TT_MAGIC,
     .abi_major = TT_MAJOR,
     .abi_minor = TOAST_BACKEND_ABI_MINOR,
-    .table_size = (uint32_t)sizeof(toast_backend_table),
+    .table_size = TT_TABLE_SIZE,
     .flags = TT_FLAGS,
-    .name = TOAST_TEST_NAME,
+    .name = TT_NAME,
     .version = "1.2.3",
     .description = "plain C test plugin (noise_weight, stokes_weights_I)",
     .table = &tt_table,
@@ -556,4 +598,9 @@ static const toast_backend_header tt_header = {
 
 TT_EXPORT const toast_backend_header *TT_ENTRY(void);
 
-TT_EXPORT const toast_backend_header *TT_ENTRY(void) { return &tt_header; }
+TT_EXPORT const toast_backend_header *TT_ENTRY(void) {
+#ifdef TOAST_TEST_UNTERMINATED_NAME
+    memset(tt_name, 'n', sizeof tt_name);
+#endif
+    return &tt_header;
+}

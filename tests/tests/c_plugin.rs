@@ -632,3 +632,248 @@ fn backend_options_reach_init() {
     assert_eq!(reg.entry("ctest").unwrap().options(), "device=0;x=y");
     assert!(reg.get("ctest").is_ok());
 }
+
+/// A scratch directory under the test target directory, emptied.
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("c_plugin")
+        .join("hostile")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The load error of the one failure in `reg` about `path`.
+fn failure_for<'a>(reg: &'a Registry, path: &Path) -> &'a LoadError {
+    let hits: Vec<_> = reg.failures().iter().filter(|f| f.path == path).collect();
+    assert_eq!(hits.len(), 1, "{path:?} in {:?}", reg.failures());
+    &hits[0].error
+}
+
+#[test]
+fn truncated_and_foreign_files_are_refused_before_loading() {
+    let cpu = toast_testkit::plugins::plugin_path("cpu");
+    let whole = std::fs::read(&cpu).unwrap();
+    assert!(whole.len() > 200_000, "{} bytes", whole.len());
+    let dir = scratch("truncated");
+    // Cut where dlopen used to map segments past the end (SIGBUS), one
+    // byte short (only the section table at the end is cut), and inside
+    // the ELF header.
+    let cuts = [200_000, whole.len() - 1, 40];
+    let mut files = Vec::new();
+    for (i, &n) in cuts.iter().enumerate() {
+        let f = dir.join(plugin_file_name(&format!("cut{i}")));
+        std::fs::write(&f, &whole[..n]).unwrap();
+        files.push(f);
+    }
+    let text = dir.join(plugin_file_name("text"));
+    std::fs::write(&text, b"#!/bin/sh\necho not a library\n").unwrap();
+    let empty = dir.join(plugin_file_name("empty"));
+    std::fs::write(&empty, b"").unwrap();
+
+    // The directory through the variable, as `TOAST_BACKEND_PATH` would
+    // give it, then a good plugin: discovery finishes, the good one loads.
+    let opts = DiscoveryOptions::only([good()])
+        .with_env_path(std::env::join_paths([dir.clone()]).unwrap());
+    let reg = Registry::discover(&opts);
+    assert_eq!(reg.names(), vec!["ctest"]);
+    assert_eq!(reg.failures().len(), 5, "{:?}", reg.failures());
+    for f in &files {
+        match failure_for(&reg, f) {
+            e @ LoadError::NotLibrary { reason, .. } => {
+                assert!(reason.starts_with("truncated: "), "{e}");
+                let msg = e.to_string();
+                assert!(msg.contains(&f.display().to_string()), "{msg}");
+                assert!(msg.contains("not a loadable shared library"), "{msg}");
+            }
+            other => panic!("{f:?}: expected NotLibrary, got {other:?}"),
+        }
+    }
+    // The 200 000-byte copy: its segments run past the end of the file.
+    let msg = failure_for(&reg, &files[0]).to_string();
+    assert!(msg.contains("of the file, which has 200000 bytes"), "{msg}");
+    assert!(msg.contains("truncated: segment "), "{msg}");
+    for f in [&text, &empty] {
+        match failure_for(&reg, f) {
+            LoadError::NotLibrary { reason, .. } => {
+                assert!(reason.starts_with("not an ELF file"), "{reason}")
+            }
+            other => panic!("{f:?}: expected NotLibrary, got {other:?}"),
+        }
+    }
+    assert!(reg.failures().iter().all(|f| f.source == Source::Env));
+    // Asked for by name, the reason is given.
+    let msg = reg.get("cut0").unwrap_err().to_string();
+    assert!(msg.contains("truncated"), "{msg}");
+    // Loaded directly, the same refusal.
+    assert!(matches!(
+        Plugin::load(&files[0]),
+        Err(LoadError::NotLibrary { .. })
+    ));
+    // The untouched plugin still passes the check.
+    let copy = dir.join("whole").join(plugin_file_name("cpu"));
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::write(&copy, &whole).unwrap();
+    assert_eq!(Plugin::load(&copy).unwrap().name, "cpu");
+}
+
+/// When the dynamic loader refuses a well-formed file, its own message is
+/// the reason: here a plugin needs a library that has since gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn loader_errors_carry_the_loader_message() {
+    let dep_dir = scratch("gone-dep");
+    let dep_src = dep_dir.join("tt_gone.c");
+    std::fs::write(&dep_src, "int tt_gone_value(void) { return 7; }\n").unwrap();
+    let dep = dep_dir.join("libtt_gone.so");
+    let (cc, cc_args) = compiler();
+    let status = Command::new(&cc)
+        .args(&cc_args)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&dep)
+        .arg(&dep_src)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success());
+    let lib_dir = format!("-L{}", dep_dir.display());
+    let plugin = build(
+        "needs_gone",
+        &plugin_file_name("cneedsgone"),
+        &[
+            "-DTOAST_TEST_NAME=\"cneedsgone\"",
+            "-Wl,--no-as-needed",
+            &lib_dir,
+            "-ltt_gone",
+        ],
+    );
+    std::fs::remove_file(&dep).unwrap();
+    match Plugin::load(&plugin) {
+        Err(e @ LoadError::Open { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("cannot open shared library"), "{msg}");
+            // dlerror's text: the missing library and the system's reason.
+            assert!(msg.contains("libtt_gone.so"), "{msg}");
+            assert!(msg.contains("No such file or directory"), "{msg}");
+        }
+        other => panic!("expected Open, got {other:?}"),
+    }
+}
+
+#[test]
+fn hostile_header_values_are_refused_with_the_reason() {
+    let cases: [(&str, &[&str], &str); 5] = [
+        (
+            "unterminated_name",
+            &["-DTOAST_TEST_UNTERMINATED_NAME"],
+            "the name string has no terminating NUL within 4096 bytes",
+        ),
+        (
+            "long_name",
+            &["-DTOAST_TEST_LONG_NAME"],
+            "the backend name has 100 bytes, more than 64",
+        ),
+        (
+            "table_size_odd",
+            &["-DTOAST_TEST_TABLE_SIZE=4"],
+            "table_size 4 is not a whole number of 8-byte entries",
+        ),
+        (
+            "table_size_huge",
+            &["-DTOAST_TEST_TABLE_SIZE=0xFFFFFFF8u"],
+            "table_size 4294967288 is not a whole number",
+        ),
+        (
+            "table_size_zero",
+            &["-DTOAST_TEST_TABLE_SIZE=0"],
+            "the table has no `init` or no `last_error`",
+        ),
+    ];
+    let mut paths = Vec::new();
+    for (variant, defines, want) in cases {
+        let name = format!("chostile_{variant}");
+        let def = format!("-DTOAST_TEST_NAME=\"{name}\"");
+        let mut all = vec![def.as_str()];
+        all.extend_from_slice(defines);
+        let path = build(variant, &plugin_file_name(&name), &all);
+        match Plugin::load(&path) {
+            Err(e @ LoadError::Malformed { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(want), "{variant}: {msg}");
+                assert!(msg.len() < 1024, "{variant}: {} bytes", msg.len());
+            }
+            other => panic!("{variant}: expected Malformed, got {other:?}"),
+        }
+        paths.push(path);
+    }
+    paths.push(good());
+    let reg = Registry::discover(&DiscoveryOptions::only(paths));
+    assert_eq!(reg.names(), vec!["ctest"]);
+    assert_eq!(reg.failures().len(), 5, "{:?}", reg.failures());
+}
+
+#[test]
+fn hostile_runtime_values_are_bounded() {
+    // An absurd device count is an error, not a loop over 4 billion devices.
+    let many = build(
+        "many_devices",
+        &plugin_file_name("cmany"),
+        &[
+            "-DTOAST_TEST_NAME=\"cmany\"",
+            "-DTOAST_TEST_DEVICE_COUNT=0xFFFFFFFFu",
+        ],
+    );
+    // The most the host accepts is fine.
+    let most = build(
+        "most_devices",
+        &plugin_file_name("cmost"),
+        &[
+            "-DTOAST_TEST_NAME=\"cmost\"",
+            "-DTOAST_TEST_DEVICE_COUNT=1024",
+            "-DTOAST_TEST_FULL_DEVICE_NAME",
+        ],
+    );
+    let unterminated = build(
+        "unterminated_error",
+        &plugin_file_name("cnonul"),
+        &[
+            "-DTOAST_TEST_NAME=\"cnonul\"",
+            "-DTOAST_TEST_UNAVAILABLE",
+            "-DTOAST_TEST_UNTERMINATED_ERROR",
+        ],
+    );
+    let reg = Registry::discover(&DiscoveryOptions::only([many, most, unterminated]));
+    assert_eq!(reg.names(), vec!["cmany", "cmost", "cnonul"]);
+
+    match reg.get("cmany").unwrap().device_count() {
+        Err(e @ AccelError::Memory { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("device_count"), "{msg}");
+            assert!(
+                msg.contains("4294967295 devices, more than the 1024 the host accepts"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+
+    let b = reg.get("cmost").unwrap();
+    assert_eq!(b.device_count().unwrap(), 1024);
+    // A device name filling its array without a NUL is read to the array's
+    // end and no further.
+    assert_eq!(b.device_info(0).unwrap().name, "d".repeat(128));
+
+    // A last_error with no NUL is cut at 4 KiB, saying so.
+    match reg.get("cnonul") {
+        Err(AccelError::Unavailable { reason, .. }) => {
+            assert!(reason.starts_with(&"e".repeat(4096)), "{reason}");
+            assert!(
+                reason.ends_with("[cut: the plugin's message has no NUL within 4096 bytes]"),
+                "{}",
+                &reason[4096..]
+            );
+            assert!(!reason.contains(&"e".repeat(4097)));
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}

@@ -27,16 +27,60 @@ unsafe impl Send for Plugin {}
 // SAFETY: as above; the struct is immutable after loading.
 unsafe impl Sync for Plugin {}
 
-/// Read a NUL-terminated static string from a plugin header.
+/// The most bytes the host reads of a string a plugin hands it (header
+/// strings, `last_error`, log messages), its NUL excluded.
+pub const MAX_PLUGIN_STRING: usize = 4096;
+/// The longest backend name the host accepts, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
+/// The most devices the host believes a backend has (`device_count`).
+pub const MAX_DEVICES: u32 = 1024;
+/// The largest `table_size` the host accepts (8192 entries): a table grows
+/// by one pointer per kernel, so anything bigger is not a real table.
+pub const MAX_TABLE_SIZE: u32 = 64 * 1024;
+
+/// A string a plugin handed over, read byte by byte up to its NUL and never
+/// past [`MAX_PLUGIN_STRING`] bytes: `Ok` with the text (lossy UTF-8; empty
+/// for null), or `Err` with the bytes read when no NUL came within the
+/// limit.
 ///
 /// # Safety
-/// `p` is null or points to a NUL-terminated string.
-unsafe fn header_str(p: *const c_char) -> String {
+/// `p` is null, or the bytes from `p` up to its first NUL, or up to
+/// [`MAX_PLUGIN_STRING`] bytes when there is none sooner, are readable.
+unsafe fn plugin_str(p: *const c_char) -> Result<String, String> {
     if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null and NUL-terminated by the caller's contract.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        return Ok(String::new());
+    }
+    let mut bytes = Vec::new();
+    for i in 0..MAX_PLUGIN_STRING {
+        // SAFETY: every byte before the first NUL, within the limit, is
+        // readable by the caller's contract, and reading stops at the NUL.
+        let b = unsafe { p.add(i).read() } as u8;
+        if b == 0 {
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
+        }
+        bytes.push(b);
+    }
+    Err(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A header string, or why the header is malformed.
+///
+/// # Safety
+/// As [`plugin_str`].
+unsafe fn header_str(p: *const c_char, field: &str) -> Result<String, String> {
+    // SAFETY: forwarded to the caller.
+    unsafe { plugin_str(p) }.map_err(|_| {
+        format!("the {field} string has no terminating NUL within {MAX_PLUGIN_STRING} bytes")
+    })
+}
+
+/// The dynamic loader's own message (`dlerror`'s text, which libloading
+/// keeps as the error's source behind a bare "dlopen failed"), else the
+/// error's.
+fn loader_message(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(system) => system.to_string(),
+        None => e.to_string(),
     }
 }
 
@@ -47,12 +91,17 @@ impl Plugin {
         if !path.exists() {
             return Err(LoadError::Missing { path: p });
         }
+        // dlopen maps segments as the file's headers say: a file cut short
+        // faults (SIGBUS) when touched, so look before handing it over.
+        if let Some(reason) = super::elf::check_library_file(path) {
+            return Err(LoadError::NotLibrary { path: p, reason });
+        }
         // SAFETY: loading a shared library runs its initialisers; plugins are
         // trusted code the user pointed us at (explicit path, environment
         // variable or the executable's directory).
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::Open {
             path: p.clone(),
-            reason: e.to_string(),
+            reason: loader_message(&e),
         })?;
         // Plugins are never unloaded: leak the library handle.
         let lib: &'static libloading::Library = Box::leak(Box::new(lib));
@@ -63,7 +112,7 @@ impl Plugin {
         .map_err(|e| LoadError::MissingSymbol {
             path: p.clone(),
             symbol: abi::ENTRY_SYMBOL,
-            reason: e.to_string(),
+            reason: loader_message(&e),
         })?;
         // SAFETY: `entry` is the plugin's exported `toast_backend_entry`, and
         // the library stays loaded for the life of the process.
@@ -87,6 +136,15 @@ impl Plugin {
             return Err(LoadError::NullHeader {
                 path: p,
                 symbol: abi::ENTRY_SYMBOL,
+            });
+        }
+        if (hdr_ptr as usize) % std::mem::align_of::<BackendHeader>() != 0 {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: format!(
+                    "the header at {hdr_ptr:p} is not aligned to {} bytes",
+                    std::mem::align_of::<BackendHeader>()
+                ),
             });
         }
         // Read the magic alone first: a foreign symbol may point at anything
@@ -122,6 +180,17 @@ impl Plugin {
                 reason: "null backend name".into(),
             });
         }
+        let entry_size = std::mem::size_of::<Option<abi::InitFn>>() as u32;
+        if hdr.table_size > MAX_TABLE_SIZE || hdr.table_size % entry_size != 0 {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: format!(
+                    "table_size {} is not a whole number of {entry_size}-byte entries of at \
+                     most {MAX_TABLE_SIZE} bytes",
+                    hdr.table_size
+                ),
+            });
+        }
         let mut table = BackendTable::default();
         let n = (hdr.table_size as usize).min(std::mem::size_of::<BackendTable>());
         // SAFETY: the plugin's table has at least `table_size` bytes; we copy
@@ -134,14 +203,30 @@ impl Plugin {
                 n,
             );
         }
-        // SAFETY: the header strings are static and NUL-terminated by the ABI.
-        let (name, version, description) = unsafe {
+        // SAFETY: the header strings are static and NUL-terminated by the
+        // ABI; none is read past its NUL or MAX_PLUGIN_STRING bytes.
+        let strings = unsafe {
             (
-                header_str(hdr.name),
-                header_str(hdr.version),
-                header_str(hdr.description),
+                header_str(hdr.name, "name"),
+                header_str(hdr.version, "version"),
+                header_str(hdr.description, "description"),
             )
         };
+        let (name, version, description) = match strings {
+            (Ok(n), Ok(v), Ok(d)) => (n, v, d),
+            (Err(reason), _, _) | (_, Err(reason), _) | (_, _, Err(reason)) => {
+                return Err(LoadError::Malformed { path: p, reason });
+            }
+        };
+        if name.len() > MAX_NAME_LEN {
+            return Err(LoadError::Malformed {
+                path: p,
+                reason: format!(
+                    "the backend name has {} bytes, more than {MAX_NAME_LEN}",
+                    name.len()
+                ),
+            });
+        }
         if name.is_empty()
             || !name
                 .chars()
@@ -183,13 +268,20 @@ impl Plugin {
             .collect()
     }
 
-    /// The plugin's last error message on this thread.
+    /// The plugin's last error message on this thread, cut at
+    /// [`MAX_PLUGIN_STRING`] bytes (saying so) when it has no NUL by then.
     pub fn last_error(&self) -> String {
-        match self.table.last_error {
-            // SAFETY: `last_error` takes no arguments and returns a
-            // NUL-terminated string valid until the next call on this thread.
-            Some(f) => unsafe { header_str(f()) },
-            None => String::new(),
+        let Some(f) = self.table.last_error else {
+            return String::new();
+        };
+        // SAFETY: `last_error` takes no arguments and returns null or a
+        // NUL-terminated string valid until the next call on this thread;
+        // it is not read past its NUL or MAX_PLUGIN_STRING bytes.
+        match unsafe { plugin_str(f()) } {
+            Ok(s) => s,
+            Err(head) => format!(
+                "{head} [cut: the plugin's message has no NUL within {MAX_PLUGIN_STRING} bytes]"
+            ),
         }
     }
 
@@ -249,9 +341,15 @@ unsafe extern "C" fn log_bridge(user: *mut c_void, level: i32, msg: *const c_cha
             // `Plugin::init` passed to the plugin as `log_user`.
             unsafe { &*(user as *const String) }
         };
-        // SAFETY: the plugin passes `len` readable bytes at `msg`.
-        let bytes = unsafe { std::slice::from_raw_parts(msg as *const u8, len) };
-        let text = String::from_utf8_lossy(bytes);
+        let shown = len.min(MAX_PLUGIN_STRING);
+        // SAFETY: the plugin passes `len` readable bytes at `msg`; at most
+        // `shown <= len` of them are read.
+        let bytes = unsafe { std::slice::from_raw_parts(msg as *const u8, shown) };
+        let mut text = String::from_utf8_lossy(bytes);
+        if shown < len {
+            text.to_mut()
+                .push_str(&format!(" [cut at {shown} of {len} bytes]"));
+        }
         match level {
             abi::LOG_ERROR => tracing::error!(target: "toast_backend", backend = name, "{text}"),
             abi::LOG_WARN => tracing::warn!(target: "toast_backend", backend = name, "{text}"),
@@ -446,6 +544,16 @@ impl Backend {
         // SAFETY: valid context and out pointer.
         let s = unsafe { f(self.ctx, &mut n) };
         self.mem_status("device_count", s)?;
+        if n > MAX_DEVICES {
+            return Err(AccelError::Memory {
+                backend: self.name().to_string(),
+                op: "device_count",
+                kind: StatusKind::Internal,
+                message: format!(
+                    "the plugin reports {n} devices, more than the {MAX_DEVICES} the host accepts"
+                ),
+            });
+        }
         Ok(n)
     }
 
@@ -464,11 +572,13 @@ impl Backend {
         // SAFETY: valid context and out pointer.
         let s = unsafe { f(self.ctx, index, &mut info) };
         self.mem_status("device_info", s)?;
-        info.name[127] = 0;
-        // SAFETY: NUL-terminated above.
-        let name = unsafe { CStr::from_ptr(info.name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        // The name is a fixed array: read up to its first NUL, or all of it
+        // when the plugin left none.
+        let bytes: Vec<u8> = info.name.iter().map(|&c| c as u8).collect();
+        let name = match CStr::from_bytes_until_nul(&bytes) {
+            Ok(c) => c.to_string_lossy().into_owned(),
+            Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+        };
         Ok(DeviceSummary {
             name,
             total_memory: info.total_memory,

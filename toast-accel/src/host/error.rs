@@ -9,6 +9,12 @@ use thiserror::Error;
 pub enum LoadError {
     #[error("{path}: no such file")]
     Missing { path: PathBuf },
+    /// The file failed the check made before loading (not a regular file,
+    /// not this machine's shared object, or cut short), so it was not
+    /// handed to the dynamic loader.
+    #[error("{path}: not a loadable shared library: {reason}")]
+    NotLibrary { path: PathBuf, reason: String },
+    /// The dynamic loader refused the file; `reason` is its message.
     #[error("{path}: cannot open shared library: {reason}")]
     Open { path: PathBuf, reason: String },
     #[error("{path}: missing entry symbol `{symbol}`: {reason}")]
@@ -91,6 +97,7 @@ impl LoadError {
     pub fn path(&self) -> &std::path::Path {
         match self {
             LoadError::Missing { path }
+            | LoadError::NotLibrary { path, .. }
             | LoadError::Open { path, .. }
             | LoadError::MissingSymbol { path, .. }
             | LoadError::NullHeader { path, .. }

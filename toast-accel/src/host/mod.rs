@@ -6,6 +6,7 @@ pub mod backend;
 pub mod conformance;
 pub mod discovery;
 pub mod dispatch;
+mod elf;
 pub mod error;
 pub mod registry;
 pub mod stage;
