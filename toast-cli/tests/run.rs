@@ -292,6 +292,47 @@ fn bad_input_is_reported_before_work() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Sizes derived from the options (baseline step, sample counts) and the
+/// predicted memory are checked before any work (issue #13).
+#[test]
+fn derived_sizes_and_memory_are_checked_before_work() {
+    let dir = scratch("sizes");
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    let small = ["--n-det", "2", "--set", "pixels.nside=32", "--out-dir", o];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        small.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    assert_fails(
+        &with(&["--set", "baselines.step_time=1e16"]),
+        "baselines.step_time 10000000000000000",
+    );
+    assert_fails(
+        &with(&["--set", "sim_satellite.obs_minutes=1e12"]),
+        "sim_satellite.obs_minutes 1000000000000",
+    );
+    // nside 2^29: a prediction beyond any machine.
+    let huge = [
+        "--n-det",
+        "2",
+        "--set",
+        "pixels.nside=536870912",
+        "--out-dir",
+        o,
+    ];
+    assert_fails(&huge, "--ignore-memory-check");
+    assert_fails(&huge, "exceeds the available memory");
+    let mut dry: Vec<&str> = huge.to_vec();
+    dry.extend(["--dry-run", "--ignore-memory-check"]);
+    let d = run(&dry);
+    let t = text(&d);
+    assert_eq!(d.status.code(), Some(0), "{t}");
+    if t.contains("MemAvailable") {
+        assert!(t.contains("does not fit"), "{t}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn backend_cpu_works_and_config_file_is_read() {
     let dir = scratch("cpu");

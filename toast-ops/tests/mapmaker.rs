@@ -453,6 +453,14 @@ fn run_on(policy: &str) -> (Data, MapMakerResult, ExecContext) {
 }
 
 fn run_on_with(policy: &str, full_pointing: bool) -> (Data, MapMakerResult, ExecContext) {
+    run_on_step(policy, full_pointing, 30.0)
+}
+
+fn run_on_step(
+    policy: &str,
+    full_pointing: bool,
+    step_time: f64,
+) -> (Data, MapMakerResult, ExecContext) {
     let scan = Scan::default();
     let reg = registry(2);
     let mut ctx = context(&reg, policy);
@@ -461,7 +469,7 @@ fn run_on_with(policy: &str, full_pointing: bool) -> (Data, MapMakerResult, Exec
         sky_data(&scan, &mut cpu)
     };
     add_offsets(&mut data, 300, 1.5);
-    let mut s = setup(30.0, true);
+    let mut s = setup(step_time, true);
     s.mapmaker.keep_solver_products = true;
     s.mapmaker.save_cleaned = true;
     s.mapmaker.overwrite_cleaned = true;
@@ -500,6 +508,20 @@ fn assert_same_maps(a: &Data, b: &Data, res: &MapMakerResult) {
             "cleaned signal differs"
         );
     }
+}
+
+/// A step far longer than any interval gives each interval one baseline
+/// (TOAST's `ceil(len / step_length)`), on the host and on a device, with
+/// no sample arithmetic overflowing in the kernels (issue #13).
+#[test]
+fn steps_longer_than_the_intervals_give_one_baseline_each() {
+    let (long_data, long_res, _) = run_on_step("", false, 1e9);
+    let (huge_data, huge_res, _) = run_on_step("", false, 1e15);
+    assert_eq!(long_res, huge_res);
+    assert_same_maps(&long_data, &huge_data, &long_res);
+    let (dev_data, dev_res, _) = run_on_step("run=fakedev", false, 1e15);
+    assert_eq!(long_res, dev_res);
+    assert_same_maps(&long_data, &dev_data, &long_res);
 }
 
 #[test]

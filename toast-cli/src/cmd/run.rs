@@ -81,6 +81,11 @@ pub struct RunArgs {
     /// observations, about 200 detectors per process at most).
     #[arg(long = "group-size")]
     pub group_size: Option<usize>,
+    /// Run even when the predicted peak memory of the processes on a node
+    /// exceeds its available memory (MemAvailable); without it such a run
+    /// is refused before it starts (exit status 2).
+    #[arg(long = "ignore-memory-check")]
+    pub ignore_memory_check: bool,
     /// No progress bars.
     #[arg(long)]
     pub quiet: bool,
@@ -296,6 +301,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     };
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
     let predicted = job.predicted_memory();
+    if args.dry_run.is_none() && !args.ignore_memory_check {
+        job.check_memory_on(&*comm, &plan, &sim, ppn)?;
+    }
     if root {
         println!(
             "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
@@ -318,7 +326,15 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn);
             if let Some(a) = presets::mem_available() {
-                println!("available memory (MemAvailable): {}", gib(a));
+                let fits = job.check_memory(a, job.predicted_process_memory(&plan, &sim), ppn);
+                println!(
+                    "available memory (MemAvailable): {}; {}",
+                    gib(a),
+                    match fits {
+                        Ok(()) => "the processes of a node fit".to_string(),
+                        Err(e) => format!("does not fit: {e}"),
+                    }
+                );
             }
             println!("expected total hits: {}", s.samples());
         }

@@ -209,8 +209,18 @@ impl OffsetTemplate {
                     config.step_time
                 )));
             }
-            let step_length = step_length as i64;
             let intervals = view_intervals(ob, view.as_deref())?;
+            // A step at least as long as a view gives that view one
+            // amplitude (TOAST's `ceil(len / step_length)`); clamping to the
+            // longest view keeps that layout and keeps the kernels' sample
+            // arithmetic (`first + k · step_length`) far from overflow.
+            let longest = intervals
+                .iter()
+                .map(|iv| iv.last - iv.first)
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            let step_length = (step_length as i64).min(longest);
             let n_amp_views: Vec<i64> = intervals
                 .iter()
                 .map(|iv| {

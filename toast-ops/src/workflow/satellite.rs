@@ -5,6 +5,8 @@
 //! ([`SatelliteJob::new`]: case, sizes, configuration, the sky map's
 //! header); [`SatelliteJob::simulation`] and [`SatelliteJob::plan`] give
 //! the distribution without running anything (what `--dry-run` prints);
+//! [`SatelliteJob::check_memory_on`] refuses a plan whose predicted memory
+//! does not fit the node's `MemAvailable`;
 //! [`SatelliteJob::run`] runs the phases, each timed under its TOAST name,
 //! and returns a [`SatelliteRun`]:
 //!
@@ -37,6 +39,79 @@ use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
 use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp};
+
+/// The benchmark focal plane's sample rate (Hz).
+const SAMPLE_RATE: f64 = 100.0;
+
+/// The most detector samples (and samples of any one count derived from
+/// the sizes: baseline step, mission length in µs) a job may have: 2^53,
+/// below which every sample index is exact as `f64` and far from `i64`'s
+/// overflow in the kernels' index arithmetic.
+pub const MAX_SAMPLES: u64 = 1 << 53;
+
+/// The sizes the configuration derives, checked before any work:
+/// samples per observation (SimSatellite's sampling, `1 + floor(rate (T -
+/// 2 µs))` per scan), total detector samples, the mission's length in µs
+/// and the baseline step (`rint(step_time · rate)` samples), each at most
+/// [`MAX_SAMPLES`]; errors name the option and value.
+fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), WorkflowError> {
+    let limit = MAX_SAMPLES as f64;
+    let sat = &config.sim_satellite;
+    let per_obs = 1.0 + ((sat.obs_minutes * 60.0 - 2e-6) * SAMPLE_RATE).floor();
+    let total = (per_obs <= limit)
+        .then(|| {
+            sizing
+                .n_det
+                .checked_mul(sizing.n_obs)?
+                .checked_mul(per_obs as u64)
+        })
+        .flatten()
+        .filter(|&t| t <= MAX_SAMPLES);
+    if total.is_none() {
+        return Err(WorkflowError::BadSize {
+            option: "sim_satellite.obs_minutes",
+            value: sat.obs_minutes.to_string(),
+            reason: format!(
+                "{} detector(s) x {} observation(s) x {per_obs:.3e} samples ({SAMPLE_RATE} Hz) \
+                 exceed {MAX_SAMPLES} detector samples",
+                sizing.n_det, sizing.n_obs
+            ),
+        });
+    }
+    sizing.samples_per_obs = per_obs as u64;
+    let mission_us = (sat.obs_minutes + sat.gap_minutes) * 60e6 * sizing.n_obs as f64;
+    if mission_us > limit {
+        let (option, value) = if sat.gap_minutes > sat.obs_minutes {
+            ("sim_satellite.gap_minutes", sat.gap_minutes)
+        } else {
+            ("sim_satellite.obs_minutes", sat.obs_minutes)
+        };
+        return Err(WorkflowError::BadSize {
+            option,
+            value: value.to_string(),
+            reason: format!(
+                "{} observation(s) of obs_minutes + gap_minutes = {} min last {mission_us:.3e} \
+                 µs, more than {MAX_SAMPLES} µs (285 years)",
+                sizing.n_obs,
+                sat.obs_minutes + sat.gap_minutes
+            ),
+        });
+    }
+    let step_time = config.baselines.step_time;
+    let step = (step_time * SAMPLE_RATE).round_ties_even();
+    if !(step >= 1.0 && step <= limit) {
+        return Err(WorkflowError::BadSize {
+            option: "baselines.step_time",
+            value: step_time.to_string(),
+            reason: format!(
+                "a step of {step:.3e} samples at {SAMPLE_RATE} Hz; must be between 1 and \
+                 {MAX_SAMPLES} samples (a step longer than an observation gives it one \
+                 baseline)"
+            ),
+        });
+    }
+    Ok(())
+}
 
 /// Why the workflow stopped: what was being done, and the cause.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +148,28 @@ pub enum WorkflowError {
     /// A collective across the processes, or gathering a result, failed.
     #[error("{what}: {reason}")]
     Gather { what: String, reason: String },
+    /// The predicted peak memory of the processes on one node exceeds the
+    /// memory available there ([`SatelliteJob::check_memory`]).
+    #[error(
+        "predicted peak memory {} ({processes} process(es) of {} on this node) exceeds the \
+         available memory {} (MemAvailable); reduce the case, --n-det, --n-obs or \
+         pixels.nside, or pass --ignore-memory-check to run anyway",
+        gib(*predicted), gib(*per_process), gib(*available)
+    )]
+    Memory {
+        /// Predicted bytes of all the processes on the node.
+        predicted: f64,
+        /// Predicted bytes of the largest process.
+        per_process: f64,
+        /// Processes on the node.
+        processes: usize,
+        /// Available bytes.
+        available: f64,
+    },
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
 }
 
 impl WorkflowError {
@@ -315,9 +412,7 @@ impl SatelliteJob {
             }
             sizing.n_obs = n;
         }
-        // SimSatellite's sampling: 1 + floor(rate (T - 2 µs)) samples per scan.
-        let span = config.sim_satellite.obs_minutes * 60.0 - 2e-6;
-        sizing.samples_per_obs = 1 + (span * 100.0).floor() as u64;
+        check_sizes(&config, &mut sizing)?;
         let sky_file =
             (!config.scan_map.file.is_empty()).then(|| PathBuf::from(&config.scan_map.file));
         if let Some(p) = &sky_file {
@@ -350,6 +445,75 @@ impl SatelliteJob {
     /// Predicted peak memory of one process running the whole job.
     pub fn predicted_memory(&self) -> f64 {
         presets::predicted_memory(self.sizing, self.nside())
+    }
+
+    /// Predicted peak memory of the largest process of `plan` (`sim` as
+    /// [`SatelliteJob::plan`] left it); [`SatelliteJob::predicted_memory`]
+    /// for one process.
+    pub fn predicted_process_memory(&self, plan: &JobDistribution, sim: &SimSatellite) -> f64 {
+        let samples = sim.obs_samples().unwrap_or_default();
+        let sets = sim.detector_sets();
+        let mut worst = 0.0f64;
+        for obs in &plan.group_obs {
+            let time: u64 = samples.get(obs.clone()).map_or(0, |v| v.iter().sum());
+            for r in &plan.rank_detsets {
+                let n_det: u64 = sets[r.clone()].iter().map(|v| v.len() as u64).sum();
+                let m = presets::predicted_process_memory(
+                    (n_det * time) as f64,
+                    time as f64,
+                    obs.len() as u64,
+                    self.nside(),
+                );
+                worst = worst.max(m);
+            }
+        }
+        worst
+    }
+
+    /// Refuse a job whose `processes` processes of `per_process` predicted
+    /// bytes each (see [`SatelliteJob::predicted_process_memory`]) would
+    /// not fit in `available` bytes (`MemAvailable` of the node): a run that
+    /// does not fit is killed by the kernel after doing most of its work.
+    /// The front-end skips this check when asked to (`toast-cli run
+    /// --ignore-memory-check`).
+    pub fn check_memory(
+        &self,
+        available: f64,
+        per_process: f64,
+        processes: usize,
+    ) -> Result<(), WorkflowError> {
+        let predicted = per_process * processes.max(1) as f64;
+        if predicted > available {
+            return Err(WorkflowError::Memory {
+                predicted,
+                per_process,
+                processes: processes.max(1),
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`SatelliteJob::check_memory`] on every process of `comm`, with
+    /// `processes_per_node` processes sharing a node's `MemAvailable`; all
+    /// processes take the same decision (the smallest `MemAvailable` of
+    /// them). Nothing is checked when some process cannot read
+    /// `MemAvailable`.
+    pub fn check_memory_on(
+        &self,
+        comm: &dyn Comm,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+        processes_per_node: usize,
+    ) -> Result<(), WorkflowError> {
+        let mut avail = [presets::mem_available().unwrap_or(-1.0)];
+        comm.allreduce_f64(&mut avail, ReduceOp::Min)
+            .map_err(|e| WorkflowError::gather("memory check")(e.to_string()))?;
+        if avail[0] < 0.0 {
+            return Ok(());
+        }
+        let per_process = self.predicted_process_memory(plan, sim);
+        self.check_memory(avail[0], per_process, processes_per_node)
     }
 
     /// The focal plane and the simulation operator, which fix the
@@ -793,4 +957,73 @@ fn gather_products(
         map,
         header: fits::toast_extra_header(span.0, span.1, n_det, n_det, "3.0.6"),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(sets: &[&str], n_det: u64) -> Result<SatelliteJob, WorkflowError> {
+        let mut table = super::super::config::workflow_defaults("tiny");
+        for s in ["pixels.nside=32"].iter().chain(sets) {
+            super::super::config::apply_set(&mut table, s).unwrap();
+        }
+        let cfg = super::super::config::build(table).unwrap();
+        let overrides = SizeOverrides {
+            n_det: Some(n_det),
+            n_obs: None,
+        };
+        SatelliteJob::new("tiny", cfg, overrides)
+    }
+
+    fn bad_option(r: Result<SatelliteJob, WorkflowError>) -> &'static str {
+        match r {
+            Err(WorkflowError::BadSize { option, .. }) => option,
+            other => panic!("expected BadSize, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn derived_sizes_are_checked() {
+        let j = job(&["baselines.step_time=1e16"], 2);
+        assert_eq!(bad_option(j), "baselines.step_time");
+        let j = job(&["baselines.step_time=0.001"], 2);
+        assert_eq!(bad_option(j), "baselines.step_time");
+        // Longer than the observation: one baseline per observation, as TOAST.
+        assert!(job(&["baselines.step_time=1e6"], 2).is_ok());
+        let j = job(&["sim_satellite.obs_minutes=1e12"], 2);
+        assert_eq!(bad_option(j), "sim_satellite.obs_minutes");
+        let j = job(&["sim_satellite.obs_minutes=1e300"], 2);
+        assert_eq!(bad_option(j), "sim_satellite.obs_minutes");
+        let j = job(&["sim_satellite.gap_minutes=1e10"], 2);
+        assert_eq!(bad_option(j), "sim_satellite.gap_minutes");
+        // 2 x 1 x 2^52 samples fits the sample count but not the mission length.
+        let j = job(&["sim_satellite.obs_minutes=7e11"], 2);
+        assert_eq!(bad_option(j), "sim_satellite.obs_minutes");
+        let e = job(&["sim_satellite.obs_minutes=1e12"], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sim_satellite.obs_minutes 1000000000000"), "{e}");
+        assert!(job(&[], 2).is_ok());
+    }
+
+    #[test]
+    fn memory_check_refuses_what_does_not_fit() {
+        let j = job(&[], 2).unwrap();
+        let mut sim = j.simulation().unwrap();
+        let plan = j.plan(&mut sim, 1, 1, None).unwrap();
+        let per = j.predicted_process_memory(&plan, &sim);
+        assert!((per - j.predicted_memory()).abs() <= 1e-6 * per, "{per}");
+        assert!(j.check_memory(per, per, 1).is_ok());
+        assert!(j.check_memory(2.0 * per, per, 2).is_ok());
+        let e = j.check_memory(per - 1.0, per, 1).unwrap_err();
+        assert!(matches!(e, WorkflowError::Memory { .. }));
+        let msg = e.to_string();
+        assert!(msg.contains("--ignore-memory-check"), "{msg}");
+        assert!(msg.contains("MemAvailable"), "{msg}");
+        assert!(j.check_memory(1.5 * per, per, 2).is_err());
+        assert!(j
+            .check_memory_on(&toast_core::SerialComm, &plan, &sim, 1)
+            .is_ok());
+    }
 }
