@@ -322,6 +322,7 @@ fn derived_sizes_and_memory_are_checked_before_work() {
     ];
     assert_fails(&huge, "--ignore-memory-check");
     assert_fails(&huge, "exceeds the available memory");
+    assert!(!out.exists(), "a refused run creates no output directory");
     let mut dry: Vec<&str> = huge.to_vec();
     dry.extend(["--dry-run", "--ignore-memory-check"]);
     let d = run(&dry);

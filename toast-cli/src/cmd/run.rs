@@ -290,9 +290,6 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         n_obs: args.n_obs,
     };
     let job = SatelliteJob::new(&args.case, configuration(args)?, overrides)?;
-    if args.dry_run.is_none() && root {
-        check_out_dir(&args.out_dir)?;
-    }
     let s = job.sizing;
     let mut sim = job.simulation()?;
     let (n_procs, ppn) = match args.dry_run.as_deref() {
@@ -303,6 +300,10 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let predicted = job.predicted_memory();
     if args.dry_run.is_none() && !args.ignore_memory_check {
         job.check_memory_on(&*comm, &plan, &sim, ppn)?;
+    }
+    // Only a job that passed every check creates its output directory.
+    if args.dry_run.is_none() && root {
+        check_out_dir(&args.out_dir)?;
     }
     if root {
         println!(
