@@ -198,3 +198,25 @@ fn absurd_threads_and_process_counts_are_refused() {
     assert!(!out.exists(), "nothing may be written on bad input");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A bad backend option is a usage error (2), not an unavailable backend
+/// (3): the plugin is there, the option is wrong.
+#[test]
+fn a_bad_backend_option_is_a_usage_error() {
+    let mut c = bin();
+    c.args([
+        "verify",
+        "--backend",
+        "cpu",
+        "--backend-options",
+        "cpu:threads=many",
+    ]);
+    let o = process::run_with_deadline(c, Duration::from_secs(120), "verify");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("backend `cpu` could not be initialised: invalid argument"),
+        "{t}"
+    );
+    assert!(t.contains("many"), "the message names the value: {t}");
+}

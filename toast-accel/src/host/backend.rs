@@ -316,13 +316,10 @@ impl Plugin {
                 backend: self.name.clone(),
                 reason: self.last_error(),
             }),
-            s => Err(AccelError::Unavailable {
+            s => Err(AccelError::InitFailed {
                 backend: self.name.clone(),
-                reason: format!(
-                    "init failed ({}): {}",
-                    StatusKind::from_status(s),
-                    self.last_error()
-                ),
+                kind: StatusKind::from_status(s),
+                message: self.last_error(),
             }),
         }
     }

@@ -48,6 +48,15 @@ pub enum AccelError {
     Load(#[from] LoadError),
     #[error("backend `{backend}` is unavailable: {reason}")]
     Unavailable { backend: String, reason: String },
+    /// `init` refused for a reason other than absent hardware or library:
+    /// a usage error (e.g. a bad `--backend-options` value), not an
+    /// unavailable backend.
+    #[error("backend `{backend}` could not be initialised: {kind}: {message}")]
+    InitFailed {
+        backend: String,
+        kind: StatusKind,
+        message: String,
+    },
     #[error("backend `{backend}` does not implement kernel `{kernel}`")]
     Unsupported { backend: String, kernel: Kernel },
     #[error("backend `{backend}`, kernel `{kernel}`: {kind}: {message}")]

@@ -30,7 +30,8 @@ pub struct PluginEntry {
     source: Source,
     location: PathBuf,
     options: String,
-    state: OnceLock<Result<Arc<Backend>, String>>,
+    /// The backend, or why not: the error and its reason as listed.
+    state: OnceLock<Result<Arc<Backend>, (AccelError, String)>>,
 }
 
 impl PluginEntry {
@@ -65,6 +66,11 @@ impl PluginEntry {
     /// The initialised backend, or why it is unavailable. Initialises the
     /// backend on the first call.
     pub fn backend(&self) -> Result<&Arc<Backend>, &str> {
+        self.state().as_ref().map_err(|(_, reason)| reason.as_str())
+    }
+
+    /// The backend or its error and reason, initialising it on first use.
+    fn state(&self) -> &Result<Arc<Backend>, (AccelError, String)> {
         self.state
             .get_or_init(|| match self.plugin.init(&self.options) {
                 Ok(b) => {
@@ -75,18 +81,48 @@ impl PluginEntry {
                     );
                     Ok(Arc::new(b))
                 }
-                Err(AccelError::Unavailable { reason, .. }) => {
+                Err(AccelError::Unavailable { backend, reason }) => {
                     tracing::debug!("backend `{}` is unavailable: {reason}", self.plugin.name);
-                    Err(if reason.is_empty() {
+                    let reason = if reason.is_empty() {
                         "the plugin gave no reason".to_string()
                     } else {
                         reason
-                    })
+                    };
+                    Err((
+                        AccelError::Unavailable {
+                            backend,
+                            reason: reason.clone(),
+                        },
+                        reason,
+                    ))
                 }
-                Err(other) => Err(other.to_string()),
+                Err(AccelError::InitFailed {
+                    backend,
+                    kind,
+                    message,
+                }) => {
+                    let reason = format!("init failed ({kind}): {message}");
+                    Err((
+                        AccelError::InitFailed {
+                            backend,
+                            kind,
+                            message,
+                        },
+                        reason,
+                    ))
+                }
+                Err(other) => {
+                    let reason = other.to_string();
+                    Err((other, reason))
+                }
             })
-            .as_ref()
-            .map_err(String::as_str)
+    }
+
+    /// Like [`PluginEntry::backend`], with the typed error: `Unavailable`
+    /// when the hardware or library is absent, `InitFailed` when `init`
+    /// refused for another reason (such as a bad option).
+    pub fn backend_or_error(&self) -> Result<&Arc<Backend>, AccelError> {
+        self.state().as_ref().map_err(|(e, _)| e.clone())
     }
 }
 
@@ -287,13 +323,7 @@ impl Registry {
     /// [`AccelError::Unavailable`] with the plugin's reason.
     pub fn get(&self, name: &str) -> Result<Arc<Backend>, AccelError> {
         match self.entry(name) {
-            Some(e) => e
-                .backend()
-                .cloned()
-                .map_err(|reason| AccelError::Unavailable {
-                    backend: e.name().to_string(),
-                    reason: reason.to_string(),
-                }),
+            Some(e) => e.backend_or_error().cloned(),
             None => Err(AccelError::NotFound {
                 name: name.to_string(),
                 detail: self.not_found_detail(name),

@@ -21,7 +21,8 @@
 //! or of the wrong dtype or rank, a `.npy` header claiming more data than
 //! its entry holds) is a `FAIL` line naming the file, the array and the
 //! problem, and the run goes on with the other cases. The exit status is 0
-//! only when nothing failed.
+//! only when nothing failed and at least one case was checked (a backend
+//! that implements none of the kernels skips every case: exit 1).
 
 use std::io::Write;
 use std::path::Path;
@@ -46,9 +47,11 @@ impl Summary {
         s
     }
 
-    /// 0 when nothing failed, 1 otherwise.
+    /// 0 when nothing failed and something was checked, 1 otherwise: a run
+    /// in which every case was skipped (a backend that implements none of
+    /// the kernels) checked nothing, which is not a pass.
     pub fn exit_code(&self) -> i32 {
-        i32::from(self.failed > 0)
+        i32::from(self.failed > 0 || self.passed == 0)
     }
 }
 
@@ -151,6 +154,13 @@ pub fn verify_with(
     }
     if opts.transfers || !backend.host_addressable() {
         w(out, transfers_line(backend))?;
+    }
+    if sum.passed == 0 && sum.failed == 0 {
+        eprintln!(
+            "toast-cli verify: backend `{}` ran no case (it implements none of their \
+             kernels): nothing was checked",
+            backend.name()
+        );
     }
     w(out, sum.line())?;
     Ok(sum)
@@ -463,6 +473,12 @@ mod tests {
         };
         assert_eq!(s.line(), "3 passed, 0 failed, 2 skipped");
         assert_eq!(s.exit_code(), 0);
+        let nothing = Summary {
+            passed: 0,
+            failed: 0,
+            skipped: 29,
+        };
+        assert_eq!(nothing.exit_code(), 1, "nothing checked is not a pass");
     }
 
     #[test]
