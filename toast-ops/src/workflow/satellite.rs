@@ -179,10 +179,10 @@ impl WorkflowError {
             source: Box::new(source),
         }
     }
-    fn gather(what: &str) -> impl Fn(String) -> WorkflowError + '_ {
-        move |reason| WorkflowError::Gather {
-            what: what.to_string(),
-            reason,
+    fn gather(what: impl Into<String>, reason: impl std::fmt::Display) -> WorkflowError {
+        WorkflowError::Gather {
+            what: what.into(),
+            reason: reason.to_string(),
         }
     }
 }
@@ -508,7 +508,7 @@ impl SatelliteJob {
     ) -> Result<(), WorkflowError> {
         let mut avail = [presets::mem_available().unwrap_or(-1.0)];
         comm.allreduce_f64(&mut avail, ReduceOp::Min)
-            .map_err(|e| WorkflowError::gather("memory check")(e.to_string()))?;
+            .map_err(|e| WorkflowError::gather("memory check", e))?;
         if avail[0] < 0.0 {
             return Ok(());
         }
@@ -585,37 +585,23 @@ impl SatelliteJob {
         let mut ctx = ExecContext::new();
         ctx.insert(dispatcher);
         ctx.insert(CommHandle(Arc::clone(&comm)));
-        let terr = |e: toast_core::TimerError| WorkflowError::FrontEnd(Box::new(e));
-        ctx.timers.enter(timer_root).map_err(terr)?;
+        ctx.timers.enter(timer_root).map_err(timer_error)?;
 
         let detsets = sim.detector_sets();
         let mut data = Data::new();
-        let mut run_phase = |i: usize,
-                             ctx: &mut ExecContext,
-                             f: &mut dyn FnMut(&mut ExecContext) -> Result<(), WorkflowError>|
-         -> Result<(), WorkflowError> {
-            let name = PHASES[i];
-            phases.start(i, name).map_err(WorkflowError::FrontEnd)?;
-            let t0 = Instant::now();
-            ctx.timers.enter(name).map_err(terr)?;
-            let r = f(ctx);
-            let _ = ctx.timers.exit(name);
-            phases.finish(i, name, t0.elapsed().as_secs_f64());
-            r
-        };
-        run_phase(0, &mut ctx, &mut |ctx| {
+        run_phase(phases, 0, &mut ctx, |ctx| {
             sim.apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("SimSatellite"))
         })?;
         let mut model = DefaultNoiseModel::new("default_model", cfg.default_model.clone());
-        run_phase(1, &mut ctx, &mut |ctx| {
+        run_phase(phases, 1, &mut ctx, |ctx| {
             model
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("DefaultNoiseModel"))
         })?;
         let mut scan_cfg = cfg.scan_map.clone();
         scan_cfg.pixel_dist = cfg.binner.pixel_dist.clone();
-        run_phase(2, &mut ctx, &mut |ctx| {
+        run_phase(phases, 2, &mut ctx, |ctx| {
             if !scan_cfg.enabled {
                 return Ok(());
             }
@@ -649,7 +635,7 @@ impl SatelliteJob {
             op.apply(&mut data, ctx).map_err(&err)
         })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
-        run_phase(3, &mut ctx, &mut |ctx| {
+        run_phase(phases, 3, &mut ctx, |ctx| {
             noise
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("SimNoise"))
@@ -666,41 +652,35 @@ impl SatelliteJob {
             pixels_final: None,
         };
         let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
-        let mut res = None;
-        run_phase(4, &mut ctx, &mut |ctx| {
-            res = Some(
-                mm.run(&mut data, ctx)
-                    .map_err(WorkflowError::phase("MapMaker"))?,
-            );
-            Ok(())
+        let res = run_phase(phases, 4, &mut ctx, |ctx| {
+            mm.run(&mut data, ctx)
+                .map_err(WorkflowError::phase("MapMaker"))
         })?;
-        let res = res.expect("the MapMaker phase returned Ok");
         let span = time_span(&*comm, &data)?;
         // What each rank really holds (from its data, not from the plan).
         let processes = gather_processes(&*comm, &data, &cfg.binner.pixel_dist)?;
-        let mut map_stats = None;
-        run_phase(5, &mut ctx, &mut |ctx| {
+        let map_stats = run_phase(phases, 5, &mut ctx, |ctx| {
             let comm = comm_of(ctx);
-            if let Some(products) = gather_products(&*comm, &data, &res, s.n_det as i64, span)? {
-                sink.store(self, &products)
-                    .map_err(WorkflowError::FrontEnd)?;
-                let st = products.map.stats();
-                map_stats = Some((products.hits.to_full_sky().iter().sum::<i64>(), st));
-            }
-            Ok(())
+            let Some(products) = gather_products(&*comm, &data, &res, s.n_det as i64, span)? else {
+                return Ok(None);
+            };
+            sink.store(self, &products)
+                .map_err(WorkflowError::FrontEnd)?;
+            let hits = products.hits.to_full_sky().iter().sum::<i64>();
+            Ok(Some((hits, products.map.stats())))
         })?;
         let _ = ctx.timers.exit(timer_root);
         ctx.timers.stop_all();
         let wall = t_start.elapsed().as_secs_f64();
         let communication = communication_times(&*comm, &ctx, res.iterations)?;
         let timers = toast_core::comm::gather_timer_stats(&*comm, &ctx.timers)
-            .map_err(|e| WorkflowError::gather("gathering timers")(e.to_string()))?;
+            .map_err(|e| WorkflowError::gather("gathering timers", e))?;
         let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
         let mut walls = [wall];
         comm.allreduce_f64(&mut peaks[..1], ReduceOp::Max)
             .and_then(|_| comm.allreduce_f64(&mut peaks[1..], ReduceOp::Sum))
             .and_then(|_| comm.allreduce_f64(&mut walls, ReduceOp::Max))
-            .map_err(|e| WorkflowError::gather("gathering statistics")(e.to_string()))?;
+            .map_err(|e| WorkflowError::gather("gathering statistics", e))?;
         let (Some((totalhits, st)), Some(timers), Some(distribution), true) =
             (map_stats, timers, processes, root)
         else {
@@ -759,6 +739,29 @@ impl SatelliteJob {
         };
         Ok(Some(SatelliteRun { stats, timers }))
     }
+}
+
+/// A timer misuse, reported as the workflow's own failure.
+fn timer_error(e: toast_core::TimerError) -> WorkflowError {
+    WorkflowError::FrontEnd(Box::new(e))
+}
+
+/// Run phase `index` of [`PHASES`] under its timer frame, telling the
+/// front-end when it starts (it may stop the run there) and ends.
+fn run_phase<R>(
+    phases: &mut dyn Phases,
+    index: usize,
+    ctx: &mut ExecContext,
+    f: impl FnOnce(&mut ExecContext) -> Result<R, WorkflowError>,
+) -> Result<R, WorkflowError> {
+    let name = PHASES[index];
+    phases.start(index, name).map_err(WorkflowError::FrontEnd)?;
+    let t0 = Instant::now();
+    ctx.timers.enter(name).map_err(timer_error)?;
+    let r = f(ctx);
+    let _ = ctx.timers.exit(name);
+    phases.finish(index, name, t0.elapsed().as_secs_f64());
+    r
 }
 
 /// The dispatcher of the configuration's `dispatch` settings. A backend
@@ -839,7 +842,7 @@ fn time_span(comm: &dyn Comm, data: &Data) -> Result<(f64, f64), WorkflowError> 
     let (mut l, mut h) = ([lo], [hi]);
     comm.allreduce_f64(&mut l, ReduceOp::Min)
         .and_then(|_| comm.allreduce_f64(&mut h, ReduceOp::Max))
-        .map_err(|e| WorkflowError::gather("time span")(e.to_string()))?;
+        .map_err(|e| WorkflowError::gather("time span", e))?;
     Ok((l[0], h[0]))
 }
 
@@ -868,7 +871,7 @@ fn gather_processes(
         local_submaps: local_submaps(data, pixel_dist),
         peak_memory_bytes: presets::peak_rss().unwrap_or(0.0),
     };
-    let gerr = WorkflowError::gather("gathering the distribution");
+    let gerr = |reason: String| WorkflowError::gather("gathering the distribution", reason);
     let bytes = serde_json::to_vec(&mine).map_err(|e| gerr(e.to_string()))?;
     let all = comm
         .gather_bytes(0, &bytes)
@@ -909,7 +912,7 @@ fn communication_times(
         }
     }
     comm.allreduce_f64(&mut t, ReduceOp::Max)
-        .map_err(|e| WorkflowError::gather("communication times")(e.to_string()))?;
+        .map_err(|e| WorkflowError::gather("communication times", e))?;
     Ok(Communication {
         sync_map_s: t[0],
         dot_allreduce_s: t[1],
@@ -931,17 +934,18 @@ fn gather_products(
     n_det: i64,
     span: (f64, f64),
 ) -> Result<Option<MapProducts>, WorkflowError> {
-    let gerr =
-        |k: &str, e: OpError| WorkflowError::gather(&format!("gathering map {k}"))(e.to_string());
+    let gerr = |k: &str, e: OpError| WorkflowError::gather(format!("gathering map {k}"), e);
     let product = |key: &str| -> Result<Option<PixelData<f64>>, WorkflowError> {
-        let m = data.meta.object::<PixelData<f64>>(key).map_err(|e| {
-            WorkflowError::gather(&format!("map-maker product {key}"))(e.to_string())
-        })?;
+        let m = data
+            .meta
+            .object::<PixelData<f64>>(key)
+            .map_err(|e| WorkflowError::gather(format!("map-maker product {key}"), e))?;
         gather_map(comm, m, 0).map_err(|e| gerr(key, e))
     };
-    let hits = data.meta.object::<PixelData<i64>>(&res.hits).map_err(|e| {
-        WorkflowError::gather(&format!("map-maker product {}", res.hits))(e.to_string())
-    })?;
+    let hits = data
+        .meta
+        .object::<PixelData<i64>>(&res.hits)
+        .map_err(|e| WorkflowError::gather(format!("map-maker product {}", res.hits), e))?;
     let hits = gather_map(comm, hits, 0).map_err(|e| gerr(&res.hits, e))?;
     let binmap = match &res.binmap {
         Some(b) => product(b)?,
