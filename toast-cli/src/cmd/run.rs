@@ -28,7 +28,7 @@ use toast_ops::dist::JobDistribution;
 use toast_ops::io::fits::{self, Ordering};
 use toast_ops::sim::SimSatellite;
 use toast_ops::workflow::config::{self, SatelliteConfig};
-use toast_ops::workflow::presets::{self, Sizing};
+use toast_ops::workflow::presets::{self, gib, Sizing};
 use toast_ops::workflow::{
     FrontEndError, MapProducts, Phases, ProductSink, SatelliteJob, SizeOverrides, PHASES,
 };
@@ -168,10 +168,6 @@ fn check_out_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("output directory {}: not writable", dir.display()))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
-}
-
-fn gib(b: f64) -> String {
-    format!("{:.2} GiB", b / (1u64 << 30) as f64)
 }
 
 /// The phases as spinners (hidden when quiet or not on a terminal), with

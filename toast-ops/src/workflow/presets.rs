@@ -174,6 +174,18 @@ pub fn mem_available() -> Option<f64> {
     parse_meminfo_kb(&text, "MemAvailable:").map(|kb| kb * 1024.0)
 }
 
+/// `MemTotal` of /proc/meminfo in bytes, if readable.
+pub fn mem_total() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo_kb(&text, "MemTotal:").map(|kb| kb * 1024.0)
+}
+
+/// `bytes` as GiB with two decimals, as the workflow's messages print
+/// memory.
+pub fn gib(bytes: f64) -> String {
+    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
+}
+
 fn parse_meminfo_kb(text: &str, key: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(key))?

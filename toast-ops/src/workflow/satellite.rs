@@ -20,7 +20,7 @@
 //! timers.
 
 use super::config::SatelliteConfig;
-use super::presets::{self, Sizing};
+use super::presets::{self, gib, Sizing};
 use crate::accel::pipeline::{DetectorSets, RunOptions};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
@@ -166,10 +166,6 @@ pub enum WorkflowError {
         /// Available bytes.
         available: f64,
     },
-}
-
-fn gib(bytes: f64) -> String {
-    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
 }
 
 impl WorkflowError {

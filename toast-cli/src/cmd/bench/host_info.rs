@@ -25,16 +25,10 @@ pub fn machine_description() -> String {
     let ncpu = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with("MemTotal:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-    });
-    match mem {
-        Some(kb) => format!(
+    match toast_ops::workflow::presets::mem_total() {
+        Some(bytes) => format!(
             "{cpu}, {ncpu} logical CPUs, {:.1} GiB RAM",
-            kb / (1024.0 * 1024.0)
+            bytes / (1u64 << 30) as f64
         ),
         None => format!("{cpu}, {ncpu} logical CPUs"),
     }
