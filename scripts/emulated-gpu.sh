@@ -22,9 +22,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"
 case "$target" in /*) ;; *) target="$PWD/$target" ;; esac
 
-cargo build --release --quiet --manifest-path "$root/Cargo.toml" \
-  -p toast-cli -p backend-cpu -p backend-opencl -p backend-cuda -p backend-hip \
-  -p toast-emu-cuda -p toast-emu-hip
+# The README's build (every default member: toast-cli, the plugins, the
+# emulators). Building a subset instead would resolve other features for the
+# shared crates and rebuild them, here and again in the next full build.
+cargo build --release --quiet --manifest-path "$root/Cargo.toml"
 
 emu="$target/emulated-gpu"
 mkdir -p "$emu/cuda" "$emu/hip"

@@ -60,7 +60,7 @@ fn corrupt(what: &str) -> EmuError {
 /// # Safety
 /// `p` is a complete ELF file (its headers' offsets and sizes lie inside).
 unsafe fn elf_symbols(p: *const u8) -> Result<BTreeSet<String>, EmuError> {
-    // SAFETY (every read below): offsets and sizes come from the file's own
+    // SAFETY: (every read below) offsets and sizes come from the file's own
     // headers, bounded by MAX_SIZE; the caller guarantees they lie inside.
     unsafe {
         if rd::<u8>(p, 4) != 2 {
@@ -178,7 +178,7 @@ pub unsafe fn read_hip(p: *const u8) -> Result<Image, EmuError> {
             "neither an AMD code object nor a clang offload bundle".into(),
         ));
     }
-    // SAFETY (reads below): the bundle's header, whose entries' offsets and
+    // SAFETY: (the reads below) the bundle's header, whose entries' offsets and
     // sizes are bounded by MAX_SIZE and lie inside (the caller's contract).
     unsafe {
         let n: u64 = rd(p, 24);
@@ -219,10 +219,10 @@ mod tests {
         assert_eq!(i.format, "PTX");
         assert!(i.symbols.contains("toast_a") && i.symbols.contains("toast_b"));
         // SAFETY: NUL-terminated.
-        let e = unsafe { read_cuda(b"hello\0".as_ptr()) }.unwrap_err();
+        let e = unsafe { read_cuda(c"hello".as_ptr() as *const u8) }.unwrap_err();
         assert!(matches!(e, EmuError::InvalidImage(_)));
         // SAFETY: NUL-terminated.
-        let e = unsafe { read_hip(b"\x7fEL\0".as_ptr()) }.unwrap_err();
+        let e = unsafe { read_hip(c"\x7fEL".as_ptr() as *const u8) }.unwrap_err();
         assert!(matches!(e, EmuError::InvalidImage(_)));
     }
 
