@@ -16,7 +16,9 @@
 # libamdhip64.so, which go first on LD_LIBRARY_PATH. NVRTC and hiprtc are
 # found as CI finds them (scripts/gpu-compilers.sh); without them the
 # backend is reported unavailable by toast-cli (verify exits 3). The exit
-# status is toast-cli's.
+# status is toast-cli's. TOAST_EMU_THREADS=N runs each launch's blocks on N
+# host threads (default 1: sequential); TOAST_EMU_TRACE=1 prints every
+# failing emulated call with its reason.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"

@@ -234,5 +234,28 @@ mod tests {
         let i = unsafe { read_cuda(exe.as_ptr()) }.unwrap();
         assert_eq!(i.format, "cubin");
         assert!(i.symbols.iter().any(|s| s.contains("toast_emu_run_")));
+        // The same file as the amdgcn entry of a clang offload bundle, after
+        // a host entry.
+        let entries: [(&[u8], &[u8]); 2] = [
+            (b"host-x86_64-unknown-linux", b"\x7fELF"),
+            (b"hipv4-amdgcn-amd-amdhsa--gfx90a", &exe),
+        ];
+        let header = 24 + 8 + entries.iter().map(|(t, _)| 24 + t.len()).sum::<usize>();
+        let mut bundle = b"__CLANG_OFFLOAD_BUNDLE__".to_vec();
+        bundle.extend_from_slice(&2u64.to_le_bytes());
+        let mut at = header;
+        for (triple, code) in entries {
+            for v in [at, code.len(), triple.len()] {
+                bundle.extend_from_slice(&(v as u64).to_le_bytes());
+            }
+            bundle.extend_from_slice(triple);
+            at += code.len();
+        }
+        for (_, code) in entries {
+            bundle.extend_from_slice(code);
+        }
+        // SAFETY: a complete bundle.
+        let b = unsafe { read_hip(bundle.as_ptr()) }.unwrap();
+        assert_eq!((b.format, &b.symbols), ("offload bundle", &i.symbols));
     }
 }

@@ -88,6 +88,23 @@ impl Kernel {
         params: *const *mut c_void,
         limits: &Limits,
     ) -> Result<(), EmuError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_on(grid, block, params, limits, threads()) }
+    }
+
+    /// [`launch`](Self::launch) with its blocks split over `workers` host
+    /// threads (contiguous runs of blocks).
+    ///
+    /// # Safety
+    /// As for [`launch`](Self::launch).
+    pub unsafe fn launch_on(
+        &self,
+        grid: [u32; 3],
+        block: [u32; 3],
+        params: *const *mut c_void,
+        limits: &Limits,
+        workers: usize,
+    ) -> Result<(), EmuError> {
         let name = self.name;
         if grid.contains(&0) || block.contains(&0) {
             return Err(EmuError::InvalidValue(format!(
@@ -129,13 +146,57 @@ impl Kernel {
             }
         }
         let blocks = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
-        // SAFETY: the launcher reads one value per parameter through
-        // `params` (checked non-null above; typed by the caller's contract)
-        // and runs the kernel, whose memory accesses are the caller's
-        // contract; `grid` and `block` are three-element arrays.
-        unsafe { (self.run)(params, grid.as_ptr(), block.as_ptr(), 0, blocks) };
+        let workers = (workers.max(1) as u64).min(blocks);
+        let run = self.run;
+        let params = Params(params);
+        // Blocks `b0..b1` on the calling thread.
+        let range = move |b0: u64, b1: u64| {
+            let p = params;
+            // SAFETY: the launcher reads one value per parameter through
+            // `params` (checked non-null above; typed by the caller's
+            // contract) and runs the kernel, whose memory accesses are the
+            // caller's contract; `grid` and `block` are three-element
+            // arrays.
+            unsafe { run(p.0, grid.as_ptr(), block.as_ptr(), b0, b1) }
+        };
+        if workers <= 1 {
+            range(0, blocks);
+        } else {
+            // Contiguous runs of blocks, one per worker; all joined before
+            // returning, so the launch is complete (and `params` still
+            // borrowed) when it returns.
+            std::thread::scope(|s| {
+                for w in 0..workers {
+                    let (b0, b1) = (blocks * w / workers, blocks * (w + 1) / workers);
+                    s.spawn(move || range(b0, b1));
+                }
+            });
+        }
         Ok(())
     }
+}
+
+/// The `kernelParams` array, shared by the workers of one launch.
+#[derive(Debug, Clone, Copy)]
+struct Params(*const *mut c_void);
+
+// SAFETY: the workers only read the parameter values (the kernel's
+// arguments), and the launch joins them before the array can go away.
+unsafe impl Send for Params {}
+
+/// Host threads a launch runs its blocks on: `TOAST_EMU_THREADS`, default 1
+/// (sequential, deterministic). More than one makes the atomics contend and
+/// exposes two blocks writing the same element, as a device would.
+pub fn threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TOAST_EMU_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n >= 1)
+            .unwrap_or(1)
+            .min(256)
+    })
 }
 
 #[cfg(test)]
@@ -201,15 +262,19 @@ mod tests {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
-        // SAFETY: one slot per parameter, with the types of the kernel;
-        // every buffer holds n elements.
-        unsafe { k.launch([3, 1, 1], [128, 1, 1], ptrs.as_ptr(), &LIMITS) }.unwrap();
         let mut back = vec![0f64; n as usize];
-        // SAFETY: `back` holds n doubles.
-        unsafe { heap::copy_to_host(back.as_mut_ptr() as *mut u8, out, bytes).unwrap() };
-        for i in 0..n as usize {
-            let want = if i % 7 == 0 { 0.0 } else { v[i] * v[i] };
-            assert_eq!(back[i], want, "{i}");
+        for workers in [1, 2, 3] {
+            heap::fill(out, 0xFF, bytes).unwrap();
+            // SAFETY: one slot per parameter, with the types of the kernel;
+            // every buffer holds n elements.
+            unsafe { k.launch_on([3, 1, 1], [128, 1, 1], ptrs.as_ptr(), &LIMITS, workers) }
+                .unwrap();
+            // SAFETY: `back` holds n doubles.
+            unsafe { heap::copy_to_host(back.as_mut_ptr() as *mut u8, out, bytes).unwrap() };
+            for i in 0..n as usize {
+                let want = if i % 7 == 0 { 0.0 } else { v[i] * v[i] };
+                assert_eq!(back[i], want, "{workers} workers: {i}");
+            }
         }
         // A pointer that is not device memory is refused before running.
         slots[4] = back.as_mut_ptr() as u64;

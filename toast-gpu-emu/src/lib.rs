@@ -43,14 +43,18 @@
 //!
 //! # Where the emulation is not faithful
 //!
-//! - **Execution order.** A launch runs its threads one after another, block
-//!   by block (x fastest, then y, then z), thread x fastest within a block,
-//!   on the calling thread. There are no warps: no lock-step execution, no
-//!   divergence cost, no warp intrinsics (the kernels use none). A data race
-//!   between threads of one launch, which a device could expose, is never
-//!   seen. Atomics are real (`__atomic` compare-and-swap loops) but
-//!   uncontended, so `build_noise_weighted`'s sums come out in the order of
-//!   the loop (deterministic, the CPU's order), unlike on a device.
+//! - **Execution order.** By default a launch runs its threads one after
+//!   another, block by block (x fastest, then y, then z), thread x fastest
+//!   within a block, on the calling thread: deterministic, and
+//!   `build_noise_weighted`'s atomic sums come out in the CPU's order.
+//!   `TOAST_EMU_THREADS=N` runs contiguous runs of blocks on N host threads
+//!   instead: the atomics (real `__atomic` compare-and-swap loops) contend,
+//!   sums lose their order as on a device, and two blocks writing the same
+//!   element (a launch-planning bug) become visible; threads within a block
+//!   still run one after another. Either way there are no warps: no
+//!   lock-step execution, no divergence cost, no warp intrinsics (the
+//!   kernels use none), and a race the device's scheduling would expose may
+//!   go unseen.
 //! - **Memory.** No shared memory (a launch asking for dynamic shared memory
 //!   is `NOT_SUPPORTED`; the kernels use none), no memory model beyond
 //!   sequential execution. Pointer arguments are checked to lie in a live
