@@ -34,7 +34,9 @@
 //!   makes (cubin, PTX, AMD code object or offload bundle), and a function
 //!   is found only if the module defines it, then resolved to the host
 //!   build of the kernel of that name.
-//! - [`Handles`]: streams and modules as opaque handles checked on use.
+//! - [`api`]: what both APIs' entry points share (streams, modules and
+//!   launches of a [`api::Runtime`], out-pointer writes, the one device);
+//!   [`Handles`]: streams and modules as opaque handles checked on use.
 //!
 //! Written in Rust (the kernels alone in C, as they must be): the API
 //! surface is mostly bookkeeping and validation, where Rust's checked
@@ -78,6 +80,7 @@
 //! Only a real GPU exercises the vendor driver itself, device code
 //! generation, concurrency inside a launch and asynchronous streams.
 
+pub mod api;
 pub mod heap;
 pub mod image;
 pub mod kernels;

@@ -19,6 +19,7 @@
 //! * [`process`]: running the project's binaries from tests: scratch
 //!   directories, captured output, runs with a deadline (a hang fails the
 //!   test), and `mpirun` as the MPI tests need it.
+//! * [`maps`]: the largest relative difference per field of two map files.
 //! * [`emulated`]: the emulated CUDA and HIP drivers (`toast-gpu-emu`) under
 //!   the vendors' library names, and a test run again in a child process on
 //!   them (the dynamic loader reads `LD_LIBRARY_PATH` only at start).
@@ -34,6 +35,7 @@
 
 pub mod emulated;
 pub mod fakedev;
+pub mod maps;
 pub mod plugins;
 pub mod process;
 pub mod scan;

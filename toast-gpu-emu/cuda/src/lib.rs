@@ -17,7 +17,8 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use toast_gpu_emu::{call, heap, image, kernels, EmuError, Handles, LIMITS};
+use toast_gpu_emu::api::{device, put, Runtime};
+use toast_gpu_emu::{call, heap, image, EmuError, LIMITS};
 
 /// `CUresult`.
 pub type CuResult = c_int;
@@ -141,8 +142,7 @@ thread_local! {
     static CURRENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-static STREAMS: Handles<()> = Handles::new(0x57e4);
-static MODULES: Handles<&'static image::Image> = Handles::new(0x30d1);
+static RUNTIME: Runtime = Runtime::new();
 
 fn initialized() -> Result<(), EmuError> {
     if INITIALIZED.load(Ordering::Acquire) {
@@ -163,38 +163,6 @@ fn context() -> Result<(), EmuError> {
             "no context is current on this thread".into(),
         ))
     }
-}
-
-fn device(dev: CuDevice) -> Result<(), EmuError> {
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(EmuError::InvalidDevice(format!(
-            "device {dev} (one device)"
-        )))
-    }
-}
-
-/// The null stream, or a live one.
-fn stream(s: *mut c_void) -> Result<(), EmuError> {
-    if s.is_null() || STREAMS.get(s as u64).is_some() {
-        Ok(())
-    } else {
-        Err(EmuError::InvalidHandle(format!("stream {s:p}")))
-    }
-}
-
-/// Store `v` through the out pointer `p`.
-///
-/// # Safety
-/// `p` is null or valid for a write of `T`.
-unsafe fn put<T>(p: *mut T, v: T) -> Result<(), EmuError> {
-    if p.is_null() {
-        return Err(EmuError::InvalidValue("null output pointer".into()));
-    }
-    // SAFETY: non-null and writable (the caller's contract).
-    unsafe { p.write(v) };
-    Ok(())
 }
 
 /// `cuInit`.
@@ -383,9 +351,8 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut *mut c_void, flags: c_uint) ->
         if flags > 1 {
             return Err(EmuError::InvalidValue(format!("stream flags {flags}")));
         }
-        let h = STREAMS.insert(());
         // SAFETY: the caller's contract.
-        unsafe { put(out, h as *mut c_void) }
+        unsafe { put(out, RUNTIME.create_stream()) }
     })
 }
 
@@ -398,7 +365,7 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut *mut c_void, flags: c_uint) ->
 pub unsafe extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CuResult {
     api("cuStreamSynchronize", || {
         context()?;
-        stream(s)
+        RUNTIME.stream(s)
     })
 }
 
@@ -463,7 +430,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
 ) -> CuResult {
     api("cuMemcpyHtoDAsync_v2", || {
         context()?;
-        stream(s)?;
+        RUNTIME.stream(s)?;
         // SAFETY: the caller's contract.
         unsafe { heap::copy_to_device(dst, src as *const u8, bytes as u64) }
     })
@@ -482,7 +449,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
 ) -> CuResult {
     api("cuMemcpyDtoHAsync_v2", || {
         context()?;
-        stream(s)?;
+        RUNTIME.stream(s)?;
         // SAFETY: the caller's contract.
         unsafe { heap::copy_to_host(dst as *mut u8, src, bytes as u64) }
     })
@@ -501,7 +468,7 @@ pub unsafe extern "C" fn cuMemsetD8Async(
 ) -> CuResult {
     api("cuMemsetD8Async", || {
         context()?;
-        stream(s)?;
+        RUNTIME.stream(s)?;
         heap::fill(dst, value, n as u64)
     })
 }
@@ -519,11 +486,8 @@ pub unsafe extern "C" fn cuModuleLoadData(
 ) -> CuResult {
     api("cuModuleLoadData", || {
         context()?;
-        // SAFETY: the caller's contract.
-        let img = unsafe { image::read_cuda(image as *const u8)? };
-        let h = MODULES.insert(Box::leak(Box::new(img)));
-        // SAFETY: the caller's contract.
-        unsafe { put(module, h as *mut c_void) }
+        // SAFETY: the caller's contract (both pointers).
+        unsafe { put(module, RUNTIME.load_module(image, image::read_cuda)?) }
     })
 }
 
@@ -540,24 +504,8 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 ) -> CuResult {
     api("cuModuleGetFunction", || {
         context()?;
-        let img = MODULES
-            .get(module as u64)
-            .ok_or_else(|| EmuError::InvalidHandle(format!("module {module:p}")))?;
-        if name.is_null() {
-            return Err(EmuError::InvalidValue("null function name".into()));
-        }
-        // SAFETY: NUL-terminated (the caller's contract).
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        if !img.symbols.contains(name.as_ref()) {
-            return Err(EmuError::NotFound(format!(
-                "the {} defines no `{name}`",
-                img.format
-            )));
-        }
-        let k = kernels::find(&name)
-            .ok_or_else(|| EmuError::NotFound(format!("`{name}` is not a kernel of kernels.h")))?;
-        // SAFETY: the caller's contract.
-        unsafe { put(f, k as *const kernels::Kernel as *mut c_void) }
+        // SAFETY: the caller's contract (both pointers).
+        unsafe { put(f, RUNTIME.function(module, name)?) }
     })
 }
 
@@ -584,17 +532,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
 ) -> CuResult {
     api("cuLaunchKernel", || {
         context()?;
-        stream(s)?;
-        let k = kernels::from_handle(f)
-            .ok_or_else(|| EmuError::InvalidHandle(format!("function {f:p}")))?;
-        if shared_mem != 0 || !extra.is_null() {
-            return Err(EmuError::NotSupported(format!(
-                "{}: dynamic shared memory ({shared_mem} bytes) or `extra` parameters",
-                k.name
-            )));
-        }
         // SAFETY: the caller's contract.
-        unsafe { k.launch([gx, gy, gz], [bx, by, bz], params, &LIMITS) }
+        unsafe { RUNTIME.launch(f, [gx, gy, gz], [bx, by, bz], shared_mem, s, params, extra) }
     })
 }
 
@@ -603,12 +542,11 @@ pub unsafe extern "C" fn cuLaunchKernel(
 /// # Safety
 /// `out` is valid for a write.
 unsafe fn error_text(e: CuResult, out: *mut *const c_char, name: bool) -> CuResult {
-    let hit = ERRORS.iter().find(|(c, _, _)| *c == e);
     if out.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let (p, r) = match hit {
-        Some((_, n, d)) => ((if name { n } else { d }).as_ptr(), CUDA_SUCCESS),
+    let (p, r) = match toast_gpu_emu::api::error_text(ERRORS, e, name) {
+        Some(t) => (t.as_ptr(), CUDA_SUCCESS),
         None => (std::ptr::null(), CUDA_ERROR_INVALID_VALUE),
     };
     // SAFETY: non-null and writable (the caller's contract).

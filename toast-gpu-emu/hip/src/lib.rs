@@ -14,7 +14,8 @@
 //! call print its reason to stderr.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use toast_gpu_emu::{call, heap, image, kernels, EmuError, Handles, LIMITS};
+use toast_gpu_emu::api::{device, put, Runtime};
+use toast_gpu_emu::{call, heap, image, EmuError, LIMITS};
 
 /// `hipError_t`.
 pub type HipError = c_int;
@@ -135,37 +136,7 @@ fn api(name: &str, f: impl FnOnce() -> Result<(), EmuError>) -> HipError {
     }
 }
 
-static STREAMS: Handles<()> = Handles::new(0x57e4);
-static MODULES: Handles<&'static image::Image> = Handles::new(0x30d1);
-
-fn device(dev: c_int) -> Result<(), EmuError> {
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(EmuError::InvalidDevice(format!(
-            "device {dev} (one device)"
-        )))
-    }
-}
-
-fn stream(s: *mut c_void) -> Result<(), EmuError> {
-    if s.is_null() || STREAMS.get(s as u64).is_some() {
-        Ok(())
-    } else {
-        Err(EmuError::InvalidHandle(format!("stream {s:p}")))
-    }
-}
-
-/// # Safety
-/// `p` is null or valid for a write of `T`.
-unsafe fn put<T>(p: *mut T, v: T) -> Result<(), EmuError> {
-    if p.is_null() {
-        return Err(EmuError::InvalidValue("null output pointer".into()));
-    }
-    // SAFETY: non-null and writable (the caller's contract).
-    unsafe { p.write(v) };
-    Ok(())
-}
+static RUNTIME: Runtime = Runtime::new();
 
 /// ROCm 5.x's `hipDeviceProp_t` (`hip_runtime_api.h` of ROCm 5.2), up to
 /// `gcnArchName`; the rest of its 792 bytes is left zero.
@@ -374,7 +345,7 @@ pub unsafe extern "C" fn hipMemcpyAsync(
     s: *mut c_void,
 ) -> HipError {
     api("hipMemcpyAsync", || {
-        stream(s)?;
+        RUNTIME.stream(s)?;
         let n = bytes as u64;
         let kind = match kind {
             4 => match (heap::contains(dst as u64), heap::contains(src as u64)) {
@@ -418,7 +389,7 @@ pub unsafe extern "C" fn hipMemsetAsync(
     s: *mut c_void,
 ) -> HipError {
     api("hipMemsetAsync", || {
-        stream(s)?;
+        RUNTIME.stream(s)?;
         heap::fill(dst as u64, value as u8, bytes as u64)
     })
 }
@@ -430,9 +401,8 @@ pub unsafe extern "C" fn hipMemsetAsync(
 #[no_mangle]
 pub unsafe extern "C" fn hipStreamCreate(out: *mut *mut c_void) -> HipError {
     api("hipStreamCreate", || {
-        let h = STREAMS.insert(());
         // SAFETY: the caller's contract.
-        unsafe { put(out, h as *mut c_void) }
+        unsafe { put(out, RUNTIME.create_stream()) }
     })
 }
 
@@ -443,7 +413,7 @@ pub unsafe extern "C" fn hipStreamCreate(out: *mut *mut c_void) -> HipError {
 /// None beyond the C API's.
 #[no_mangle]
 pub unsafe extern "C" fn hipStreamSynchronize(s: *mut c_void) -> HipError {
-    api("hipStreamSynchronize", || stream(s))
+    api("hipStreamSynchronize", || RUNTIME.stream(s))
 }
 
 /// `hipModuleLoadData`: an AMD code object or an offload bundle holding
@@ -458,11 +428,8 @@ pub unsafe extern "C" fn hipModuleLoadData(
     image: *const c_void,
 ) -> HipError {
     api("hipModuleLoadData", || {
-        // SAFETY: the caller's contract.
-        let img = unsafe { image::read_hip(image as *const u8)? };
-        let h = MODULES.insert(Box::leak(Box::new(img)));
-        // SAFETY: the caller's contract.
-        unsafe { put(module, h as *mut c_void) }
+        // SAFETY: the caller's contract (both pointers).
+        unsafe { put(module, RUNTIME.load_module(image, image::read_hip)?) }
     })
 }
 
@@ -478,24 +445,8 @@ pub unsafe extern "C" fn hipModuleGetFunction(
     name: *const c_char,
 ) -> HipError {
     api("hipModuleGetFunction", || {
-        let img = MODULES
-            .get(module as u64)
-            .ok_or_else(|| EmuError::InvalidHandle(format!("module {module:p}")))?;
-        if name.is_null() {
-            return Err(EmuError::InvalidValue("null function name".into()));
-        }
-        // SAFETY: NUL-terminated (the caller's contract).
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        if !img.symbols.contains(name.as_ref()) {
-            return Err(EmuError::NotFound(format!(
-                "the {} defines no `{name}`",
-                img.format
-            )));
-        }
-        let k = kernels::find(&name)
-            .ok_or_else(|| EmuError::NotFound(format!("`{name}` is not a kernel of kernels.h")))?;
-        // SAFETY: the caller's contract.
-        unsafe { put(f, k as *const kernels::Kernel as *mut c_void) }
+        // SAFETY: the caller's contract (both pointers).
+        unsafe { put(f, RUNTIME.function(module, name)?) }
     })
 }
 
@@ -522,26 +473,15 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
     extra: *mut *mut c_void,
 ) -> HipError {
     api("hipModuleLaunchKernel", || {
-        stream(s)?;
-        let k = kernels::from_handle(f)
-            .ok_or_else(|| EmuError::InvalidHandle(format!("function {f:p}")))?;
-        if shared_mem != 0 || !extra.is_null() {
-            return Err(EmuError::NotSupported(format!(
-                "{}: dynamic shared memory ({shared_mem} bytes) or `extra` parameters",
-                k.name
-            )));
-        }
         // SAFETY: the caller's contract.
-        unsafe { k.launch([gx, gy, gz], [bx, by, bz], params, &LIMITS) }
+        unsafe { RUNTIME.launch(f, [gx, gy, gz], [bx, by, bz], shared_mem, s, params, extra) }
     })
 }
 
 fn error_text(e: HipError, name: bool) -> *const c_char {
-    let (_, n, d) = ERRORS
-        .iter()
-        .find(|(c, _, _)| *c == e)
-        .unwrap_or(&ERRORS[ERRORS.len() - 1]);
-    (if name { n } else { d }).as_ptr()
+    toast_gpu_emu::api::error_text(ERRORS, e, name)
+        .or_else(|| toast_gpu_emu::api::error_text(ERRORS, HIP_ERROR_UNKNOWN, name))
+        .map_or(std::ptr::null(), CStr::as_ptr)
 }
 
 /// `hipGetErrorString`: a static description ("unknown error" for a code
