@@ -364,10 +364,8 @@ def healpy_check(quats, flags, mask, quat_index, pixel_index, pixels, nside, nes
 # the boresight searched so that the product lands on the target.
 
 BOUNDARY_NSIDES = [1 << k for k in range(30)]  # every power of two up to 2^29
-_ULP_STEPS = np.array(
-    [(a, b, c, d) for a in range(-3, 4) for b in range(-3, 4) for c in range(-3, 4) for d in range(-3, 4)],
-    dtype=np.float64,
-)
+# every change of -3..3 ulps to each of the 4 components (7^4 candidates)
+_ULP_STEPS = np.stack(np.meshgrid(*[np.arange(-3.0, 4.0)] * 4, indexing="ij"), axis=-1).reshape(-1, 4)
 
 
 def boundary_targets():
@@ -437,12 +435,14 @@ def boundary_boresight():
     bores = []
     for fp in BOUNDARY_FOCALPLANE:
         fp_conj = np.array([-fp[0], -fp[1], -fp[2], fp[3]])
-        rows = [qmult(np.array(p), fp_conj) for p in ([0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0])]
+        poles = ([0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0])
+        rows = [qmult(np.array(p), fp_conj) for p in poles]
         rows += [boundary_search(rng, z, lo, hi, fp) for _, z, lo, hi in targets]
         # as a pointing pipeline makes them: no search, the last bits as they come
         for zsign in (1.0, -1.0):
             for k in range(8):
-                rows.append(qmult(dir_quat(math.acos(zsign * 2.0 / 3.0), k * math.pi / 4, rng.uniform(0, 2 * math.pi)), fp_conj))
+                psi = rng.uniform(0, 2 * math.pi)
+                rows.append(qmult(dir_quat(math.acos(zsign * 2.0 / 3.0), k * math.pi / 4, psi), fp_conj))
         bores.append(np.array(rows))
     return bores, labels
 
