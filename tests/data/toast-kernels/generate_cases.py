@@ -278,6 +278,19 @@ def pixels_inputs():
     return quats, flags
 
 
+def add_pixels_fields(c, quat_index, quats, flags, mask, pixel_index, pixels, hits, n_pix_submap,
+                      nside, nest, ivf):
+    """The fields of a pixels_healpix case; pixels and hits are (in, out) pairs."""
+    c.add(quat_index=quat_index, quats=quats, shared_flags=flags)
+    c.scalar("shared_flag_mask", mask, np.uint8)
+    c.add(pixel_index=pixel_index, pixels_in=pixels[0], pixels_out=pixels[1])
+    c.add(hit_submaps_in=hits[0], hit_submaps_out=hits[1])
+    c.scalar("n_pix_submap", n_pix_submap, np.int64)
+    c.scalar("nside", nside, np.int64)
+    c.scalar("nest", 1 if nest else 0, np.uint8)
+    c.add(**ivf)
+
+
 def case_pixels_healpix(nest, nside, quats, flags):
     n_submap = 192 if nside <= 64 else 3072
     n_pix_submap = 12 * nside * nside // n_submap
@@ -306,14 +319,8 @@ def case_pixels_healpix(nest, nside, quats, flags):
     lt.pixels_healpix(
         quat_index, quats, flags, mask, pixel_index, pixels, iv, hits, n_pix_submap, nside, nest, False
     )
-    c.add(quat_index=quat_index, quats=quats, shared_flags=flags)
-    c.scalar("shared_flag_mask", mask, np.uint8)
-    c.add(pixel_index=pixel_index, pixels_in=pixels_in, pixels_out=pixels)
-    c.add(hit_submaps_in=hits_in, hit_submaps_out=hits)
-    c.scalar("n_pix_submap", n_pix_submap, np.int64)
-    c.scalar("nside", nside, np.int64)
-    c.scalar("nest", 1 if nest else 0, np.uint8)
-    c.add(**ivf)
+    add_pixels_fields(c, quat_index, quats, flags, mask, pixel_index, (pixels_in, pixels),
+                      (hits_in, hits), n_pix_submap, nside, nest, ivf)
     c.extra = healpy_check(quats, flags, mask, quat_index, pixel_index, pixels, nside, nest)
     return c
 
@@ -539,14 +546,8 @@ def case_pixels_boundary(nest, nside, boundary, labels):
     )
     if dropped:
         c.extra = {"left_out": dropped}
-    c.add(quat_index=quat_index, quats=quats, shared_flags=flags)
-    c.scalar("shared_flag_mask", 0, np.uint8)
-    c.add(pixel_index=pixel_index, pixels_in=pixels_in, pixels_out=pixels)
-    c.add(hit_submaps_in=hits_in, hit_submaps_out=hits)
-    c.scalar("n_pix_submap", n_pix_submap, np.int64)
-    c.scalar("nside", nside, np.int64)
-    c.scalar("nest", 1 if nest else 0, np.uint8)
-    c.add(**ivf)
+    add_pixels_fields(c, quat_index, quats, flags, 0, pixel_index, (pixels_in, pixels),
+                      (hits_in, hits), n_pix_submap, nside, nest, ivf)
     return c
 
 
