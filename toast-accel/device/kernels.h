@@ -22,9 +22,13 @@
  * operation on the way must round as glibc does on the CPU: + - * / sqrt,
  * fabs, floor and the conversions are exact or correctly rounded on every
  * target, but a device's atan2 is not (see toast_atan2), so pixels_healpix
- * uses toast_atan2, a correctly rounded atan2 written here.  The angles of
+ * uses toast_atan2, a correctly rounded atan2 written here.  No other
+ * kernel turns a rounded value into a branch or an index: pointing_detector,
+ * scan_map, noise_weight and the template kernels use only + - * on doubles
+ * and integer arithmetic (exact, contraction off); the angles of
  * stokes_weights_IQU use the target's atan2/sin/cos, an ulp or so from
- * glibc's, and only feed floating-point outputs.  build_noise_weighted
+ * glibc's, and only feed floating-point outputs (its NaN for a rotated
+ * z below -1 comes from sqrt, exact everywhere).  build_noise_weighted
  * accumulates with atomics, so its summation order (and the last bits of
  * zmap) is not deterministic; every other kernel writes each output element
  * from one thread, template_offset_project_signal summing each amplitude's
