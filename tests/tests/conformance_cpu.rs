@@ -30,7 +30,11 @@ fn run_with(options: &str) {
         "[{options}] failures:\n{}",
         failures.join("\n")
     );
-    assert_eq!(passed, 29, "[{options}] expected the 29 shipped cases");
+    assert_eq!(
+        passed,
+        toast_tests::SHIPPED_CASES,
+        "[{options}] expected every shipped case"
+    );
 }
 
 #[test]
@@ -72,7 +76,7 @@ fn all_cases_pass_through_staged_buffers() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(results.len(), 29);
+    assert_eq!(results.len(), toast_tests::SHIPPED_CASES);
     let st = backend.stats().snapshot();
     assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
     assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");

@@ -44,7 +44,7 @@ fn all_cases_pass_on_opencl() {
     assert!(!b.host_addressable());
     assert_eq!(Comparison::for_backend(&b), Comparison::Tolerant);
     let results = run_dir(&b, &cases_dir());
-    assert_eq!(results.len(), 29);
+    assert_eq!(results.len(), toast_tests::SHIPPED_CASES);
     let mut failures = Vec::new();
     for (path, r) in &results {
         match r {

@@ -49,7 +49,13 @@
 //! gives each amplitude one thread that sums its samples in sample order),
 //! so with contraction off they differ from the CPU only through the
 //! device's `atan2`, `sin`, `cos` (a few ulps from glibc's; `sqrt` and
-//! division are correctly rounded). `build_noise_weighted` accumulates into
+//! division are correctly rounded). Pixel indices are exact: a HEALPix
+//! pixel can change with the last bit of `phi`, so `pixels_healpix` does not
+//! use the device's `atan2` (PoCL's is one ulp off glibc's for z = 2/3 at
+//! phi = 3pi/4) but `toast_atan2`, a correctly rounded double-double atan2
+//! in `kernels.h` (see `tests/data/toast-kernels/FORMAT.md`, *Boundary
+//! directions*); only `stokes_weights_IQU`'s floating-point weights carry
+//! the device's trigonometry. `build_noise_weighted` accumulates into
 //! `zmap` with atomics, so its summation order, and the last bits of its
 //! sums, are not deterministic on a GPU.
 //!
