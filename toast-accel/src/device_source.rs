@@ -20,6 +20,12 @@
 //!   ([`COMPILE_FLAGS`]), so `a*b+c` is never fused and the arithmetic
 //!   order matches the CPU reference.
 //!
+//! A fourth prelude, `device/prelude_host.h`, is not a [`Target`]: the
+//! emulated GPU drivers (`toast-gpu-emu`) compile the same kernels with it
+//! for the host at build time (C11, `-ffp-contract=off`, thread-local grid
+//! indices, `__atomic` atomics), so the CUDA and HIP plugins run without a
+//! GPU.
+//!
 //! [`source`] returns the prelude followed by the kernels, ready for the
 //! target's run-time compiler; [`source_hash`] is a stable 64-bit FNV-1a
 //! hash of that text (the same on every platform and build) for on-disk
