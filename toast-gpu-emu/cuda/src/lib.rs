@@ -180,16 +180,6 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CuResult {
     })
 }
 
-/// `cuDriverGetVersion`: 12.0, the API level of the bindings the plugin uses.
-///
-/// # Safety
-/// `version` is valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
-    // SAFETY: the caller's contract.
-    api("cuDriverGetVersion", || unsafe { put(version, 12000) })
-}
-
 /// `cuGetExportTable`, the driver's private interface: none is provided
 /// (`CUDA_ERROR_NOT_SUPPORTED`, and a null table). NVRTC 12 opens
 /// `libcuda.so.1` when it compiles and resolves this symbol; with the
