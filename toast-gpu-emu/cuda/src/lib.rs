@@ -3,7 +3,10 @@
 //! resolves each symbol on first use), with cuda.h's prototypes, `_v2` names
 //! and error codes, executed on the host by `toast-gpu-emu` (see that
 //! crate's documentation for the design and for where the emulation is not
-//! faithful).
+//! faithful); plus `cuGetExportTable`, which NVRTC 12 resolves when it opens
+//! `libcuda.so.1` during a compilation (it crashes if the symbol is
+//! missing; the emulator returns `CUDA_ERROR_NOT_SUPPORTED`, which NVRTC
+//! accepts).
 //!
 //! One device, "toast-rs emulated CUDA device (host CPU)", compute
 //! capability 8.0 (so the plugin compiles for `sm_80` with the real NVRTC),
