@@ -17,39 +17,21 @@
 //! Without OpenCL the test prints `SKIPPED: <reason>` and passes, unless
 //! `TOAST_REQUIRE_OPENCL` is set (CI), as in `conformance_opencl.rs`.
 
+mod opencl_device;
+
 use ndarray::ArrayD;
 use ndarray_npy::NpzReader;
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
-use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
+use opencl3::device::Device;
 use opencl3::kernel::{ExecuteKernel, Kernel};
 use opencl3::memory::{Buffer, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE};
-use opencl3::platform::get_platforms;
 use opencl3::program::Program;
 use opencl3::types::{cl_double, cl_long, CL_BLOCKING};
 use std::fs::File;
 use std::path::PathBuf;
 use toast_accel::device_source::{source, Target, NO_ERROR};
 use toast_testkit::plugins::skip_unless_required;
-
-/// The first OpenCL device with doubles, or the reason there is none.
-fn fp64_device() -> Result<Device, String> {
-    if let Err(e) = cl3::load_library() {
-        return Err(format!("no OpenCL runtime (libOpenCL.so.1): {e}"));
-    }
-    let platforms = get_platforms().map_err(|e| format!("no OpenCL platform: {e}"))?;
-    platforms
-        .iter()
-        .flat_map(|p| p.get_devices(CL_DEVICE_TYPE_ALL).unwrap_or_default())
-        .map(Device::new)
-        .find(|d| {
-            d.extensions()
-                .unwrap_or_default()
-                .split_whitespace()
-                .any(|e| e == "cl_khr_fp64")
-        })
-        .ok_or_else(|| "no OpenCL device with cl_khr_fp64".to_string())
-}
 
 /// A context, queue and the built device source.
 struct Cl {
@@ -354,7 +336,7 @@ fn filter_poly2d(cl: &Cl, name: &str) {
 
 #[test]
 fn unwired_kernels_match_toast_on_opencl() {
-    let dev = match fp64_device() {
+    let dev = match opencl_device::fp64_device() {
         Ok(d) => d,
         Err(why) => {
             skip_unless_required("TOAST_REQUIRE_OPENCL", why);

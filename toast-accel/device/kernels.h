@@ -716,6 +716,29 @@ KERNEL void toast_template_offset_apply_diag_precond(i64 n_amp,
 
 /* ---- 11. cov_accum_diag_hits (atomic accumulation) --------------------- */
 
+/* The flat local pixel of sample i into *hpx: 1 to accumulate it, 0 to skip
+ * it (nsub < 1, as TOAST returns at once; a negative submap: not local; a
+ * negative pixel: flagged).  A submap >= nsub or pixel >= nsubpix records
+ * the error key (0, i) and skips. */
+DEVICE_FN int toast_cov_pixel(i64 i, i64 nsub, i64 nsubpix, GLOBAL const i64 *RESTRICT submap,
+                              GLOBAL const i64 *RESTRICT subpix, GLOBAL u64 *RESTRICT err,
+                              i64 *hpx) {
+    if (nsub < 1) {
+        return 0;
+    }
+    const i64 sm = submap[i];
+    const i64 px = subpix[i];
+    if (sm < 0 || px < 0) {
+        return 0;
+    }
+    if (sm >= nsub || px >= nsubpix) {
+        atomic_min_u64(err, TOAST_ERR_KEY(0, i));
+        return 0;
+    }
+    *hpx = sm * nsubpix + px;
+    return 1;
+}
+
 /* 1-D over samples i < nsamp.  hits[submap[i] * nsubpix + subpix[i]] += 1
  * for a sample with a non-negative submap and pixel (a negative one is a
  * submap not local to this process, or a flagged sample).  nsub < 1 does
@@ -726,19 +749,10 @@ KERNEL void toast_cov_accum_diag_hits(i64 nsamp, i64 nsub, i64 nsubpix,
                                       GLOBAL const i64 *RESTRICT subpix,
                                       GLOBAL i64 *RESTRICT hits, GLOBAL u64 *RESTRICT err) {
     const i64 i = GID0;
-    if (i >= nsamp || nsub < 1) {
-        return;
+    i64 hpx = 0;
+    if (i < nsamp && toast_cov_pixel(i, nsub, nsubpix, submap, subpix, err, &hpx)) {
+        atomic_add_i64(&hits[hpx], 1);
     }
-    const i64 sm = submap[i];
-    const i64 px = subpix[i];
-    if (sm < 0 || px < 0) {
-        return;
-    }
-    if (sm >= nsub || px >= nsubpix) {
-        atomic_min_u64(err, TOAST_ERR_KEY(0, i));
-        return;
-    }
-    atomic_add_i64(&hits[sm * nsubpix + px], 1);
 }
 
 /* ---- 12. cov_accum_diag_invnpp (atomic accumulation) ------------------- */
@@ -756,19 +770,11 @@ KERNEL void toast_cov_accum_diag_invnpp(i64 nsamp, i64 nsub, i64 nsubpix, i64 nn
                                         GLOBAL double *RESTRICT invnpp,
                                         GLOBAL u64 *RESTRICT err) {
     const i64 i = GID0;
-    if (i >= nsamp || nsub < 1) {
+    i64 hpx = 0;
+    if (i >= nsamp || !toast_cov_pixel(i, nsub, nsubpix, submap, subpix, err, &hpx)) {
         return;
     }
-    const i64 sm = submap[i];
-    const i64 px = subpix[i];
-    if (sm < 0 || px < 0) {
-        return;
-    }
-    if (sm >= nsub || px >= nsubpix) {
-        atomic_min_u64(err, TOAST_ERR_KEY(0, i));
-        return;
-    }
-    i64 c = (sm * nsubpix + px) * (nnz * (nnz + 1) / 2);
+    i64 c = hpx * (nnz * (nnz + 1) / 2);
     const i64 wo = i * nnz;
     for (i64 j = 0; j < nnz; j++) {
         const double scaled_weight = weights[wo + j] * scale;

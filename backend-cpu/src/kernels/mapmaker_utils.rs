@@ -76,9 +76,46 @@ fn check_common(
     Ok(npix as usize / per_pixel)
 }
 
-/// Pixel ranges, one per task, over `npix` local pixels.
-fn pixel_parts(npix: usize) -> usize {
-    rayon::current_num_threads().clamp(1, npix.max(1))
+/// Call `f(i, hpx, out)` for every sample `i` TOAST accumulates, in sample
+/// order per pixel: `out` is the `per_pixel` elements of flat pixel `hpx`.
+/// The pixels are split into one range per task; each task walks every
+/// sample and takes those of its pixels, so each element is written by one
+/// task, in sample order, and every task meets the same first fault.
+#[allow(clippy::too_many_arguments)]
+fn accumulate<T: Send, F>(
+    kernel: &str,
+    nsub: i64,
+    nsubpix: i64,
+    submap: &[i64],
+    subpix: &[i64],
+    out: &mut [T],
+    per_pixel: usize,
+    f: F,
+) -> Result<(), PluginError>
+where
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let npix = out.len() / per_pixel;
+    let parts = rayon::current_num_threads().clamp(1, npix.max(1));
+    let shared = SharedMut::new(out);
+    (0..parts)
+        .into_par_iter()
+        .map(|t| -> TaskResult {
+            let (lo, hi) = (t * npix / parts, (t + 1) * npix / parts);
+            for (i, (&sm, &px)) in submap.iter().zip(subpix).enumerate() {
+                let Some(hpx) = local_pixel(nsub, nsubpix, sm, px, i)? else {
+                    continue;
+                };
+                if hpx < lo || hpx >= hi {
+                    continue;
+                }
+                // SAFETY: only the task owning pixels [lo, hi) touches them.
+                f(i, unsafe { shared.slice_mut(hpx * per_pixel, per_pixel) });
+            }
+            Ok(())
+        })
+        .reduce(|| Ok(()), first_fault)
+        .map_err(|f| super::fault_error(kernel, f))
 }
 
 /// `hits[submap[i] * nsubpix + subpix[i]] += 1` for every sample with a
@@ -97,27 +134,18 @@ pub(crate) fn cov_accum_diag_hits(
         return Ok(());
     }
     let npix = check_common(K, nsub, nsubpix, submap, subpix, ("hits", hits.len()), 1)?;
-    let parts = pixel_parts(npix);
-    let out = SharedMut::new(hits);
-    (0..parts)
-        .into_par_iter()
-        .map(|t| -> TaskResult {
-            let (lo, hi) = (t * npix / parts, (t + 1) * npix / parts);
-            for (i, (&sm, &px)) in submap.iter().zip(subpix).enumerate() {
-                let Some(hpx) = local_pixel(nsub, nsubpix, sm, px, i)? else {
-                    continue;
-                };
-                if hpx < lo || hpx >= hi {
-                    continue;
-                }
-                // SAFETY: only the task owning pixels [lo, hi) touches them.
-                let h = unsafe { out.slice_mut(hpx, 1) };
-                h[0] += 1;
-            }
-            Ok(())
-        })
-        .reduce(|| Ok(()), first_fault)
-        .map_err(|f| super::fault_error(K, f))
+    accumulate(
+        K,
+        nsub,
+        nsubpix,
+        submap,
+        subpix,
+        &mut hits[..npix],
+        1,
+        |_, h| {
+            h[0] += 1;
+        },
+    )
 }
 
 /// Accumulate `scale * w wᵀ` (the lower triangle, row by row: `(j, k)` for
@@ -163,35 +191,18 @@ pub(crate) fn cov_accum_diag_invnpp(
             submap.len()
         )));
     }
-    let parts = pixel_parts(npix);
-    let out = SharedMut::new(invnpp);
-    (0..parts)
-        .into_par_iter()
-        .map(|t| -> TaskResult {
-            let (lo, hi) = (t * npix / parts, (t + 1) * npix / parts);
-            for (i, (&sm, &px)) in submap.iter().zip(subpix).enumerate() {
-                let Some(hpx) = local_pixel(nsub, nsubpix, sm, px, i)? else {
-                    continue;
-                };
-                if hpx < lo || hpx >= hi {
-                    continue;
-                }
-                let w = &weights[i * nnz..(i + 1) * nnz];
-                // SAFETY: only the task owning pixels [lo, hi) touches them.
-                let cov = unsafe { out.slice_mut(hpx * block, block) };
-                let mut c = 0;
-                for j in 0..nnz {
-                    let scaled_weight = w[j] * scale;
-                    for &wk in &w[j..] {
-                        cov[c] += wk * scaled_weight;
-                        c += 1;
-                    }
-                }
+    let out = &mut invnpp[..npix * block];
+    accumulate(K, nsub, nsubpix, submap, subpix, out, block, |i, cov| {
+        let w = &weights[i * nnz..(i + 1) * nnz];
+        let mut c = 0;
+        for j in 0..nnz {
+            let scaled_weight = w[j] * scale;
+            for &wk in &w[j..] {
+                cov[c] += wk * scaled_weight;
+                c += 1;
             }
-            Ok(())
-        })
-        .reduce(|| Ok(()), first_fault)
-        .map_err(|f| super::fault_error(K, f))
+        }
+    })
 }
 
 #[cfg(test)]
