@@ -12,7 +12,8 @@
 //! Jacobi pseudo-inverse as the CPU): filter_polynomial to 2e-14 of the
 //! largest input, filter_poly2D to 1e-10 relative per (sample, group), with
 //! exact zeros where TOAST writes zeros and samples TOAST leaves alone
-//! untouched bit for bit.
+//! untouched bit for bit. The data errors (a pixel beyond the map, a fit
+//! with more templates than a device thread holds) come back as error keys.
 //!
 //! Without OpenCL the test prints `SKIPPED: <reason>` and passes, unless
 //! `TOAST_REQUIRE_OPENCL` is set (CI), as in `conformance_opencl.rs`.
@@ -72,7 +73,13 @@ impl Cl {
                 d.as_ptr() as *mut std::ffi::c_void,
             )
         }
-        .expect("buffer")
+        .unwrap_or_else(|e| {
+            panic!(
+                "buffer of {} x {} bytes: {e}",
+                d.len(),
+                std::mem::size_of::<T>()
+            )
+        })
     }
 
     fn read<T: Copy>(&self, b: &Buffer<T>, like: &[T]) -> Vec<T> {
@@ -335,7 +342,7 @@ fn filter_poly2d(cl: &Cl, name: &str) {
 }
 
 #[test]
-fn unwired_kernels_match_toast_on_opencl() {
+fn unwired_kernels_match_toast_and_report_errors_on_opencl() {
     let dev = match opencl_device::fp64_device() {
         Ok(d) => d,
         Err(why) => {
@@ -370,4 +377,81 @@ fn unwired_kernels_match_toast_on_opencl() {
     ] {
         filter_poly2d(&cl, name);
     }
+    // In the same test: PoCL 3.1 refuses buffers (CL_INVALID_BUFFER_SIZE) when
+    // two test threads make contexts at once.
+    data_errors(&cl);
+}
+
+/// The data errors: a pixel beyond the local map (hits), a fit with more
+/// templates than a device thread holds (filter_polynomial), each as the
+/// smallest error key, with nothing written for the faulty sample or scan.
+fn data_errors(cl: &Cl) {
+    // hits: 2 submaps x 4 pixels; samples 3 (submap 2) and 5 (pixel 4) are
+    // beyond the map, sample 1 is skipped (-1).
+    let submap = [0i64, -1, 1, 2, 0, 1];
+    let subpix = [1i64, 0, 3, 0, 2, 4];
+    let (bsm, bpx, bhits, err) = (
+        cl.buf(&submap, 0),
+        cl.buf(&subpix, 0),
+        cl.buf(&[0i64; 8], 0),
+        cl.error_buffer(),
+    );
+    // SAFETY: the arguments follow toast_cov_accum_diag_hits's signature.
+    unsafe {
+        ExecuteKernel::new(&cl.kernel("toast_cov_accum_diag_hits"))
+            .set_arg(&(submap.len() as cl_long))
+            .set_arg(&(2 as cl_long))
+            .set_arg(&(4 as cl_long))
+            .set_arg(&bsm)
+            .set_arg(&bpx)
+            .set_arg(&bhits)
+            .set_arg(&err)
+            .set_global_work_size(submap.len())
+            .enqueue_nd_range(&cl.queue)
+            .expect("launch");
+    }
+    assert_eq!(cl.read(&err, &[0u64])[0], 3, "the smallest faulty sample");
+    assert_eq!(cl.read(&bhits, &[0i64; 8]), [0, 1, 1, 0, 0, 0, 0, 1]);
+    // filter_polynomial: order 40 on a scan of 50 good samples needs 41
+    // templates; a scan of 20 good samples needs 20 and runs.
+    let n = 80usize;
+    let sig: Vec<f64> = (0..n).map(|i| 1.0 + i as f64).collect();
+    let scans = [0i64, 20, 30, 80];
+    let (bscans, bflags, bindex, bsig, err) = (
+        cl.buf(&scans, 0),
+        cl.buf(&vec![0u8; n], 0),
+        cl.buf(&[0i32], 0),
+        cl.buf(&sig, 0.0),
+        cl.error_buffer(),
+    );
+    // SAFETY: the arguments follow toast_filter_polynomial's signature.
+    unsafe {
+        ExecuteKernel::new(&cl.kernel("toast_filter_polynomial"))
+            .set_arg(&(0 as cl_long))
+            .set_arg(&(2 as cl_long))
+            .set_arg(&(1 as cl_long))
+            .set_arg(&(n as cl_long))
+            .set_arg(&(40 as cl_long))
+            .set_arg(&bscans)
+            .set_arg(&bflags)
+            .set_arg(&bindex)
+            .set_arg(&bsig)
+            .set_arg(&err)
+            .set_global_work_sizes(&[1, 2])
+            .enqueue_nd_range(&cl.queue)
+            .expect("launch");
+    }
+    assert_eq!(
+        cl.read(&err, &[0u64])[0],
+        30,
+        "key (signal 0, scan start 30)"
+    );
+    let got = cl.read(&bsig, &sig);
+    // 20 templates interpolate the first scan's 20 samples: ~0 left.
+    assert!(got[..20].iter().all(|v| v.abs() < 1e-9), "{:?}", &got[..20]);
+    assert_eq!(
+        got[20..],
+        sig[20..],
+        "the faulty scan and the rest untouched"
+    );
 }

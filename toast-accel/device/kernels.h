@@ -956,11 +956,12 @@ KERNEL void toast_filter_polynomial(i64 iv0, i64 iv_end, i64 n_signal, i64 n_sam
     if (ngood == 0) {
         return;
     }
-    if (order >= TOAST_POLY_MAX_MODES || (ngood < order + 1 ? ngood : order + 1) > TOAST_POLY_MAX_MODES) {
+    const i64 norder = order >= ngood ? ngood : order + 1;
+    if (norder > TOAST_POLY_MAX_MODES) {
         atomic_min_u64(err, TOAST_ERR_KEY(k, start));
         return;
     }
-    const int n = (int)(ngood < order + 1 ? ngood : order + 1);
+    const int n = (int)norder;
     double a[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
     double v[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
     double p[TOAST_POLY_MAX_MODES];
