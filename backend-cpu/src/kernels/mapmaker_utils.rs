@@ -265,6 +265,24 @@ mod tests {
     }
 
     #[test]
+    fn invnpp_does_not_depend_on_the_thread_count() {
+        let run = || {
+            let mut c = unwired_case("cov_accum_diag_invnpp_nnz3");
+            let mut inv = c.f64("invnpp_in");
+            let (sm, px, w) = (c.i64("submap"), c.i64("subpix"), c.f64("weights"));
+            cov_accum_diag_invnpp(5, 8, 3, &sm, &px, &w, c.scalar_f64("scale"), &mut inv).unwrap();
+            got_bits(&inv)
+        };
+        let pool = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        };
+        assert_eq!(pool(1).install(run), pool(5).install(run));
+    }
+
+    #[test]
     fn out_of_range_pixel_is_a_fault() {
         let mut hits = vec![0i64; 8];
         let e = cov_accum_diag_hits(2, 4, 1, &[0, 1, 2], &[1, 3, 0], &mut hits).unwrap_err();

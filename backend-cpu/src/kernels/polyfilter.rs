@@ -551,6 +551,30 @@ mod tests {
     }
 
     #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let in_pool = |threads: usize, f: &(dyn Fn() -> Vec<u64> + Sync)| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(f)
+        };
+        let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let poly = || bits(&run_poly("filter_polynomial_order5").0);
+        assert_eq!(in_pool(1, &poly), in_pool(4, &poly));
+        let poly2d = || {
+            let mut c = unwired_case("filter_poly2D_groups3_order2");
+            let (t, ts) = c.shaped::<f64>("templates");
+            let (s, ss) = c.shaped::<f64>("signals");
+            let (mut coeff, cs) = c.shaped::<f64>("coeff_in");
+            let (g, m) = (c.i32("det_groups"), c.u8("masks"));
+            filter_poly2d(ss[0], ss[1], cs[1], ts[1], &g, &t, &s, &m, &mut coeff).unwrap();
+            bits(&coeff)
+        };
+        assert_eq!(in_pool(1, &poly2d), in_pool(4, &poly2d));
+    }
+
+    #[test]
     fn jacobi_diagonalises() {
         let mut a = vec![4.0, 1.0, 2.0, 1.0, 3.0, 0.5, 2.0, 0.5, 5.0];
         let a0 = a.clone();
