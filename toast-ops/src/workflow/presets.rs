@@ -183,7 +183,12 @@ pub fn mem_total() -> Option<f64> {
 /// `bytes` as GiB with two decimals, as the workflow's messages print
 /// memory.
 pub fn gib(bytes: f64) -> String {
-    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
+    let g = bytes / (1u64 << 30) as f64;
+    if g.abs() < 1e9 {
+        format!("{g:.2} GiB")
+    } else {
+        format!("{g:.3e} GiB")
+    }
 }
 
 fn parse_meminfo_kb(text: &str, key: &str) -> Option<f64> {

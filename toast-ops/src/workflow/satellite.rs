@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
+use toast_core::num::compact;
 use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp};
 
 /// The benchmark focal plane's sample rate (Hz).
@@ -70,7 +71,7 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
     if total.is_none() {
         return Err(WorkflowError::BadSize {
             option: "sim_satellite.obs_minutes",
-            value: sat.obs_minutes.to_string(),
+            value: compact(sat.obs_minutes),
             reason: format!(
                 "{} detector(s) x {} observation(s) x {per_obs:.3e} samples ({SAMPLE_RATE} Hz) \
                  exceed {MAX_SAMPLES} detector samples",
@@ -88,12 +89,12 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
         };
         return Err(WorkflowError::BadSize {
             option,
-            value: value.to_string(),
+            value: compact(value),
             reason: format!(
                 "{} observation(s) of obs_minutes + gap_minutes = {} min last {mission_us:.3e} \
                  µs, more than {MAX_SAMPLES} µs (285 years)",
                 sizing.n_obs,
-                sat.obs_minutes + sat.gap_minutes
+                compact(sat.obs_minutes + sat.gap_minutes)
             ),
         });
     }
@@ -102,7 +103,7 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
     if !(step >= 1.0 && step <= limit) {
         return Err(WorkflowError::BadSize {
             option: "baselines.step_time",
-            value: step_time.to_string(),
+            value: compact(step_time),
             reason: format!(
                 "a step of {step:.3e} samples at {SAMPLE_RATE} Hz; must be between 1 and \
                  {MAX_SAMPLES} samples (a step longer than an observation gives it one \
