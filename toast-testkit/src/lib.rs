@@ -19,6 +19,10 @@
 //! * [`process`]: running the project's binaries from tests: scratch
 //!   directories, captured output, runs with a deadline (a hang fails the
 //!   test), and `mpirun` as the MPI tests need it.
+//! * [`hostile`]: what the property tests of the readers share: mutations
+//!   of valid files (bytes flipped, cut, spliced, numbers replaced by absurd
+//!   ones) as proptest strategies, and an allocator that records the
+//!   largest allocation a call makes.
 //!
 //! # Why dev-only
 //!
@@ -30,6 +34,7 @@
 //! no place in a library that a program links.
 
 pub mod fakedev;
+pub mod hostile;
 pub mod plugins;
 pub mod process;
 pub mod scan;

@@ -352,16 +352,36 @@ fn scatter_partial(
             )));
         }
     }
-    Ok(values
-        .into_iter()
-        .map(|vals| {
-            let mut m = vec![UNSEEN; npix];
-            for (&pix, &v) in pixels.iter().zip(vals.iter()) {
-                m[pix as usize] = v;
-            }
-            m
-        })
-        .collect())
+    // The full sky is the file's claim (a few entries may claim NSIDE
+    // 2^29): checked against the memory available before it is made.
+    let bytes = (npix as u64)
+        .saturating_mul(8)
+        .saturating_mul(values.len() as u64);
+    let too_large = |available: Option<u64>| FitsError::TooLarge {
+        path: at.path.to_path_buf(),
+        what: format!(
+            "the full sky of {} field(s) at NSIDE = {nside} ({npix} pixels)",
+            values.len()
+        ),
+        bytes,
+        available,
+    };
+    if let Some(available) = crate::sysinfo::mem_available() {
+        if bytes as f64 > available {
+            return Err(too_large(Some(available as u64)));
+        }
+    }
+    let mut maps = Vec::with_capacity(values.len());
+    for vals in &values {
+        let mut m = Vec::new();
+        m.try_reserve_exact(npix).map_err(|_| too_large(None))?;
+        m.resize(npix, UNSEEN);
+        for (&pix, &v) in pixels.iter().zip(vals.iter()) {
+            m[pix as usize] = v;
+        }
+        maps.push(m);
+    }
+    Ok(maps)
 }
 
 /// A full-sky map in `ordering`, in NEST order.
