@@ -52,6 +52,35 @@ pub enum Outcome {
     Unavailable(String),
 }
 
+/// The longest `--arch` accepted (real ones are under 30 characters).
+const MAX_ARCH_LEN: usize = 64;
+
+/// `--arch` for `target`: `sm_XY`/`compute_XY` (CUDA) or `gfxNNN` with
+/// optional `:feature±` suffixes (HIP), checked before it reaches a
+/// compiler (and before a message echoes it).
+fn check_arch(target: Target, arch: &str) -> anyhow::Result<()> {
+    let (prefixes, expected): (&[&str], &str) = match target {
+        Target::Cuda => (&["sm_", "compute_"], "sm_XY or compute_XY, e.g. sm_80"),
+        Target::Hip => (&["gfx"], "gfxNNN, e.g. gfx90a"),
+        Target::OpenCl => return Ok(()),
+    };
+    let ok = arch.len() <= MAX_ARCH_LEN
+        && prefixes.iter().any(|p| arch.starts_with(p))
+        && arch
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_:+-".contains(&b));
+    if ok {
+        return Ok(());
+    }
+    let shown: String = arch.chars().take(MAX_ARCH_LEN).collect();
+    let more = if shown.len() < arch.len() {
+        format!("... ({} bytes)", arch.len())
+    } else {
+        String::new()
+    };
+    anyhow::bail!("--arch {shown:?}{more}: expected {expected}")
+}
+
 /// Run `kernels compile`.
 pub fn compile(args: &CompileArgs) -> anyhow::Result<Outcome> {
     let target = match args.target.as_str() {
@@ -70,9 +99,12 @@ pub fn compile(args: &CompileArgs) -> anyhow::Result<Outcome> {
     let source = ds::source(target);
     let hash = ds::source_hash(target);
     let arch = || {
-        args.arch
+        let arch = args
+            .arch
             .clone()
-            .ok_or_else(|| anyhow::anyhow!("--target {}: --arch is required", target.name()))
+            .ok_or_else(|| anyhow::anyhow!("--target {}: --arch is required", target.name()))?;
+        check_arch(target, &arch)?;
+        Ok::<_, anyhow::Error>(arch)
     };
     let (code, compiler, arch, kind, log) = match target {
         Target::Cuda => {

@@ -112,10 +112,28 @@ pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> 
     Ok(())
 }
 
+/// The largest `--config` file read (a configuration is a few KiB; this
+/// stops `--config /dev/zero` from reading forever).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Read a `--config` TOML file.
 fn read_config_file(path: &Path) -> Result<toml::Table> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--config {}: cannot read", path.display()))?;
+    use std::io::Read;
+    let cannot = || format!("--config {}: cannot read", path.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .with_context(cannot)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(cannot)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        bail!(
+            "--config {}: more than {MAX_CONFIG_BYTES} bytes; not a configuration file",
+            path.display()
+        );
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("--config {}: not UTF-8 text: {e}", path.display()))?;
     text.parse::<toml::Table>()
         .with_context(|| format!("--config {}", path.display()))
 }

@@ -781,40 +781,13 @@ fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, W
     Ok(Dispatcher::new(Arc::new(registry), policy))
 }
 
-/// Read only the header of a HEALPix FITS file and return its NSIDE (cheap:
-/// the header blocks of the first extension).
+/// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
+/// reading the data.
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
-    use std::io::Read;
-    let err = |reason: String| WorkflowError::SkyMap {
+    fits::read_healpix_nside(path).map_err(|e| WorkflowError::SkyMap {
         path: path.to_path_buf(),
-        reason,
-    };
-    let mut f = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
-    let mut buf = vec![0u8; 2880 * 40];
-    let mut n = 0;
-    loop {
-        let k = f
-            .read(&mut buf[n..])
-            .map_err(|e| err(format!("cannot read: {e}")))?;
-        if k == 0 || n + k == buf.len() {
-            n += k;
-            break;
-        }
-        n += k;
-    }
-    if n < 2880 || !buf.starts_with(b"SIMPLE  =") {
-        return Err(err("not a FITS file".into()));
-    }
-    for card in buf[..n - n % 80].chunks_exact(80) {
-        if card.starts_with(b"NSIDE   =") {
-            let text = String::from_utf8_lossy(&card[10..]);
-            let v = text.split('/').next().unwrap_or("").trim();
-            return v
-                .parse::<u64>()
-                .map_err(|_| err(format!("bad NSIDE card {v:?}")));
-        }
-    }
-    Err(err("no NSIDE keyword (not a HEALPix map)".into()))
+        reason: e.to_string(),
+    })
 }
 
 fn local_submaps(data: &Data, key: &str) -> usize {
