@@ -179,3 +179,27 @@ pub(crate) fn meminfo() -> (u64, u64) {
     };
     (field("MemTotal:"), field("MemAvailable:"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_threads;
+
+    #[test]
+    fn thread_counts_are_bounded_by_the_cores() {
+        assert_eq!(parse_threads(" 2 ", "option threads").unwrap(), 2);
+        assert_eq!(parse_threads("0", "option threads").unwrap(), 0);
+        let e = parse_threads("100000", "option threads").unwrap_err();
+        assert!(
+            e.message
+                .contains("option threads: 100000 threads; at most"),
+            "{}",
+            e.message
+        );
+        let e = parse_threads("many", "option threads").unwrap_err();
+        assert!(
+            e.message.contains("`many` is not a thread count"),
+            "{}",
+            e.message
+        );
+    }
+}

@@ -14,8 +14,9 @@
 //! |---|---|
 //! | 0 | success |
 //! | 1 | the command ran and found failures (e.g. a verify case failed) |
-//! | 2 | bad usage or setup (unknown backend, unreadable input) |
+//! | 2 | bad usage or setup (unknown backend, unreadable input, an absurd option value, a standard output that cannot be written) |
 //! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`), nothing was timed (`bench`); the device compiler is not installed (`kernels compile`) |
+//! | 141 | standard output was closed (`EPIPE`; with SIGPIPE's default action the process ends by the signal first, which a shell also shows as 141) |
 
 mod cmd;
 mod console;
@@ -275,12 +276,11 @@ fn code(c: i32) -> u8 {
 
 /// Let a write to a closed standard output (`toast-cli run --dry-run | head
 /// -1`) end the process quietly, as it ends `cat` or `ls`: the Rust runtime
-/// ignores SIGPIPE, so `println!` would get `EPIPE` and panic. Restoring the
-/// default action covers every `println!` of every subcommand at once,
-/// where a writer mapping `BrokenPipe` to an exit would have to replace
-/// each of them; the process then ends by SIGPIPE (status 141 in a shell),
-/// as Unix filters do. toast-cli writes no other pipe or socket itself (MPI
-/// libraries that do install their own handling when initialised).
+/// ignores SIGPIPE. With the default action the process ends by SIGPIPE
+/// (status 141 in a shell), as Unix filters do; where SIGPIPE is handled
+/// anyway (an MPI library may install its own handling when initialised),
+/// the `EPIPE` that `console::Stdout` returns ends it quietly with 141.
+/// toast-cli writes no other pipe or socket itself.
 #[cfg(unix)]
 fn default_sigpipe() {
     // SAFETY: `signal` with `SIG_DFL` installs no handler (no code of ours

@@ -515,6 +515,24 @@ fn every_probe() {
             Code(2),
             &["run = 1e300: expected a backend name"],
         ),
+        probe(
+            &[
+                "run",
+                "--quiet",
+                "--n-det",
+                "2",
+                "--out-dir",
+                &s(&dir.join("beam")),
+                "--set",
+                "sim_satellite.obs_minutes=10",
+                "--set",
+                "pixels.nside=32",
+                "--set",
+                "scan_map.fwhm_arcmin=1e300",
+            ],
+            Code(2),
+            &["beam FWHM 1e300 arcmin must be between 0 and 10800"],
+        ),
         // Corrupt reference cases: FAIL lines naming the file, the run goes on.
         probe(
             &["verify", "--cases", &s(&cases)],

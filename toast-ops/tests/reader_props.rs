@@ -98,11 +98,11 @@ const SIZE_KEYS: [&str; 12] = [
 /// at a time (the combinations are the property test's below).
 #[test]
 fn fits_every_absurd_card() {
-    for i in 0..SEEDS.len() {
+    for (i, name) in SEEDS.iter().enumerate() {
         for key in SIZE_KEYS {
             for v in ABSURD_NUMBERS {
                 check_fits(&with_card(&seed(i), key, v))
-                    .unwrap_or_else(|e| panic!("{} with {key} = {v}: {e}", SEEDS[i]));
+                    .unwrap_or_else(|e| panic!("{name} with {key} = {v}: {e}"));
             }
         }
     }

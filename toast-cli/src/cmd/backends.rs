@@ -8,6 +8,7 @@
 //! lacks. Then the plugins shadowed by an earlier one of the same name, the
 //! files that failed to load, and the locations searched.
 
+use anyhow::Context;
 use std::io::{self, Write};
 use toast_accel::abi::Kernel;
 use toast_accel::host::registry::PluginEntry;
@@ -18,8 +19,9 @@ use toast_accel::host::Registry;
 /// initialises); an error when standard output fails.
 pub fn run(registry: &Registry) -> anyhow::Result<i32> {
     let mut out = crate::console::Stdout;
-    let code = render(registry, &mut out).and_then(|code| out.flush().map(|_| code));
-    Ok(anyhow::Context::context(code, "cannot write the listing")?)
+    render(registry, &mut out)
+        .and_then(|code| out.flush().map(|_| code))
+        .context("cannot write the listing")
 }
 
 /// Write the listing to `out`; returns the exit code as [`run`] does.

@@ -20,7 +20,8 @@
 //! A case file that cannot be read (not a zip, truncated, an array missing
 //! or of the wrong dtype or rank, a `.npy` header claiming more data than
 //! its entry holds) is a `FAIL` line naming the file, the array and the
-//! problem, and the run goes on with the other cases. The exit status is 0
+//! problem, and the run goes on with the other cases; so is a case whose
+//! run panics (a bug in the runner or an adapter), with the panic's message. The exit status is 0
 //! only when nothing failed and at least one case was checked (a backend
 //! that implements none of the kernels skips every case: exit 1).
 
