@@ -1,6 +1,7 @@
 //! Property tests of the conformance kit's case reader (`load_case`, the
-//! `.npz` files `toast-cli verify` reads; issue #13): on random bytes and on
-//! shipped cases mutated ([`toast_testkit::hostile`]) it answers `Ok` or a
+//! `.npz` files `toast-cli verify` reads; issue #13): on random bytes, on
+//! shipped cases mutated ([`toast_testkit::hostile`]) as files and with one
+//! array's `.npy` mutated inside a valid zip, it answers `Ok` or a
 //! typed [`CaseError`](toast_accel::host::conformance::CaseError), never
 //! panics, and allocates no more than a small multiple of the file (plus
 //! the zip reader's fixed buffers).
@@ -9,10 +10,11 @@
 //! runs more.
 
 use proptest::prelude::*;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use toast_accel::host::conformance::load_case;
-use toast_testkit::hostile::{largest_allocation, mutation, CountingAlloc};
+use toast_testkit::hostile::{largest_allocation, mutation, CountingAlloc, Mutation};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -62,6 +64,29 @@ fn check(name: &str, bytes: &[u8]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// `npz` with the `.npy` of entry `k` (modulo the count) changed by `ms`,
+/// written again as a valid zip (stored, checksums right): the mutation
+/// reaches the `.npy` reader instead of the zip's checksum.
+fn with_entry_mutated(npz: &[u8], k: usize, ms: &[Mutation]) -> Vec<u8> {
+    let mut zin = zip::ZipArchive::new(std::io::Cursor::new(npz)).unwrap();
+    let k = k % zin.len();
+    let mut zout = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for i in 0..zin.len() {
+        let mut e = zin.by_index(i).unwrap();
+        let name = e.name().to_string();
+        let mut bytes = Vec::new();
+        e.read_to_end(&mut bytes).unwrap();
+        if i == k {
+            bytes = ms.iter().fold(bytes, |b, m| m.apply(&b));
+        }
+        zout.start_file(name, opts).unwrap();
+        zout.write_all(&bytes).unwrap();
+    }
+    zout.finish().unwrap().into_inner()
+}
+
 #[test]
 fn seeds_load() {
     for i in 0..SEEDS.len() {
@@ -81,6 +106,12 @@ proptest! {
             b = head;
         }
         check(&seed(i).0, &b)?;
+    }
+
+    #[test]
+    fn mutated_arrays(i in 0..SEEDS.len(), k in any::<usize>(), ms in prop::collection::vec(mutation(), 1..4)) {
+        let (name, bytes) = seed(i);
+        check(&name, &with_entry_mutated(&bytes, k, &ms))?;
     }
 
     #[test]
