@@ -784,9 +784,16 @@ fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, W
 /// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
 /// reading the data.
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
-    fits::read_healpix_nside(path).map_err(|e| WorkflowError::SkyMap {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
+    fits::read_healpix_nside(path).map_err(|e| {
+        // The FITS error starts with the path, which `SkyMap` names already.
+        let text = e.to_string();
+        let reason = text
+            .strip_prefix(&format!("{}: ", path.display()))
+            .unwrap_or(&text);
+        WorkflowError::SkyMap {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        }
     })
 }
 
