@@ -312,11 +312,15 @@ pub struct SkyMaps {
     pub truncation: SkyTruncation,
 }
 
+/// The widest beam of the synthetic sky: 180 degrees (a wider one smooths
+/// the sky to its monopole, and the beam window underflows to NaN).
+pub const MAX_FWHM_ARCMIN: f64 = 10800.0;
+
 /// Band limits for `cfg` (see [`SkyTruncation`]).
 pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
-    if !(cfg.fwhm_arcmin >= 0.0 && cfg.fwhm_arcmin.is_finite()) {
+    if !(cfg.fwhm_arcmin >= 0.0 && cfg.fwhm_arcmin <= MAX_FWHM_ARCMIN) {
         return Err(SkyError::Config(format!(
-            "beam FWHM {} arcmin must be finite and non-negative",
+            "beam FWHM {} arcmin must be between 0 and {MAX_FWHM_ARCMIN} (180 degrees)",
             cfg.fwhm_arcmin
         )));
     }
