@@ -193,17 +193,16 @@ pub fn is_unseen(x: f64) -> bool {
     (x - UNSEEN).abs() <= 1e-5 * UNSEEN.abs()
 }
 
-/// Why a sky value cannot be scanned, if it cannot: NaN, ±inf, or beyond
-/// float32 (the precision the sky is scanned in). `UNSEEN` can be.
+/// Why a sky value cannot be scanned, if it cannot (what follows the
+/// value in the message): NaN, ±inf, or beyond float32 (the precision the
+/// sky is scanned in). `UNSEEN` can be.
 fn bad_sky_value(x: f64) -> Option<&'static str> {
     if is_unseen(x) {
         None
-    } else if x.is_nan() {
-        Some("NaN")
-    } else if x.is_infinite() {
-        Some("infinite")
+    } else if !x.is_finite() {
+        Some("")
     } else if x.abs() > f32::MAX as f64 {
-        Some("beyond single precision (|value| > 3.4e38; the sky is scanned as float32)")
+        Some(", beyond single precision (|value| > 3.4e38; the sky is scanned as float32)")
     } else {
         None
     }
@@ -221,7 +220,7 @@ fn sky_values(m: &HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String> {
         if f.data.iter().any(|&x| bad_sky_value(x).is_some()) {
             let (pix, x, why) = first_bad(f, m)?;
             return Err(format!(
-                "column {} ('{}', Stokes {}): pixel {pix} ({} ordering) is {x:e}: {why}; a sky \
+                "column {} ('{}', Stokes {}): pixel {pix} ({} ordering) is {x:e}{why}; a sky \
                  map must be finite (mark unobserved pixels UNSEEN, -1.6375e30)",
                 k + 1,
                 f.name,
@@ -508,9 +507,9 @@ mod tests {
         // NaN, inf and float32 overflow are refused, naming the file, the
         // column and the first bad pixel (file ordering).
         for (k, v, what) in [
-            (1, f64::NAN, "NaN"),
-            (0, f64::INFINITY, "infinite"),
-            (2, f64::NEG_INFINITY, "infinite"),
+            (1, f64::NAN, "is NaN;"),
+            (0, f64::INFINITY, "is inf;"),
+            (2, f64::NEG_INFINITY, "is -inf;"),
             (1, 1e300, "beyond single precision"),
             (0, -1e39, "beyond single precision"),
         ] {

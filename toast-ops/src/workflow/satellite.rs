@@ -1097,6 +1097,35 @@ mod tests {
     }
 
     #[test]
+    fn a_diverging_solve_names_its_input() {
+        let sky = InputSky {
+            nside: 1,
+            maps: [vec![1.0; 12], vec![-3e38; 12], vec![0.0; 12]],
+            source: "sky.fits".into(),
+        };
+        let cfg = crate::sim::ScanHealpixMapConfig::default();
+        let e = WorkflowError::Diverged {
+            input: describe_sky(&sky, &cfg),
+            source: Box::new(OpError::Numerical {
+                what: "mapmaker: PCG residual is not finite (NaN) at iteration 0".into(),
+            }),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("MapMaker: the solve diverged on sky map sky.fits"),
+            "{msg}"
+        );
+        assert!(msg.contains("largest |value| 3e38 K"), "{msg}");
+        assert!(msg.contains("PCG residual is not finite"), "{msg}");
+        assert!(!msg.contains("invalid configuration"), "{msg}");
+        let synthetic = InputSky {
+            source: "synthetic".into(),
+            ..sky
+        };
+        assert!(describe_sky(&synthetic, &cfg).starts_with("the synthetic sky (scan_map.seed = "));
+    }
+
+    #[test]
     fn memory_check_refuses_what_does_not_fit() {
         let j = job(&[], 2).unwrap();
         let mut sim = j.simulation().unwrap();
