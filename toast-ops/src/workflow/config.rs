@@ -19,8 +19,9 @@
 //! | `dispatch` | backend choice | settings of `DispatchPolicy` |
 //!
 //! The `dispatch` section holds dispatch settings as keys: `run = "cpu"`,
-//! `pipeline = "..."`, `operator.MapMaker = "opencl"`, `kernel.scan_map =
-//! "opencl"` (TOML dotted keys). The dispatcher tries, for each kernel call,
+//! `pipeline = "..."`, `operator.template_matrix = "opencl"`,
+//! `kernel.scan_map = "opencl"` (TOML dotted keys); the operators are those
+//! of [`DISPATCH_OPERATORS`], another is refused. The dispatcher tries, for each kernel call,
 //! the kernel override, the operator override, the pipeline, the run
 //! backend (`--backend` sets `run`), then `cpu`, falling back along that
 //! chain when a backend lacks the kernel.
@@ -33,6 +34,23 @@
 //! bare word that is not valid TOML is taken as a string). Keys not given
 //! anywhere take the operator's defaults (TOAST's). Unknown sections, unknown
 //! keys and values of the wrong type are errors naming the section and key.
+//!
+//! Every key has an effect or is refused: an operator trait the workflow
+//! sets itself, or whose only effect would be on data the run discards,
+//! is accepted only at its default (the keys of `FIXED`, each with its
+//! reason), `scan_map.pixel_dist` must be `binner.pixel_dist`, and
+//! `weights.mode` must be `IQU`. Some traits change no map of the
+//! benchmark and are kept because they are real: the flag masks (the
+//! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
+//! `pixels.nside_submap` (memory and distribution, not values), the data
+//! keys (`det_pointing.quats`, `binner.pixel_dist`: names).
+//!
+//! The `mapmaker` section's output traits are TOAST's: `write_hits`,
+//! `write_map`, `write_binmap`, `write_cov`, `write_invcov`, `write_rcond`,
+//! `write_noiseweighted_map`, `write_float64` choose the files (TOAST's
+//! names and format, written by the front-end), `output_dir` where the
+//! maps go (the front-end resolves it against its output directory), and
+//! `enabled = false` skips the map-making.
 //!
 //! Our workflow default that differs from TOAST's benchmark:
 //! `binner.full_pointing = true` (the pointing is expanded once and kept
