@@ -170,13 +170,17 @@ fn configuration(args: &RunArgs) -> Result<SatelliteConfig> {
 }
 
 /// The maps directory: `mapmaker.output_dir` relative to the output
-/// directory `out_dir`, or as given when absolute.
+/// directory `out_dir` (`.` components dropped), or as given when absolute.
 fn maps_dir(out_dir: &Path, output_dir: &str) -> PathBuf {
     let p = Path::new(output_dir);
     if p.is_absolute() {
         p.to_path_buf()
     } else {
-        out_dir.join(p)
+        let rel: PathBuf = p
+            .components()
+            .filter(|c| *c != std::path::Component::CurDir)
+            .collect();
+        out_dir.join(rel)
     }
 }
 

@@ -38,7 +38,8 @@
 //! Every key has an effect or is refused: an operator trait the workflow
 //! sets itself, or whose only effect would be on data the run discards,
 //! is accepted only at its default (the keys of `FIXED`, each with its
-//! reason), `scan_map.pixel_dist` must be `binner.pixel_dist`, and
+//! reason), `scan_map.pixel_dist` is `binner.pixel_dist` (given, it must
+//! be the same), and
 //! `weights.mode` must be `IQU`. Some traits change no map of the
 //! benchmark and are kept because they are real: the flag masks (the
 //! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
@@ -275,7 +276,8 @@ fn check_workflow_keys(table: &Table, cfg: &SatelliteConfig) -> Result<(), Confi
             ));
         }
     }
-    if cfg.scan_map.pixel_dist != cfg.binner.pixel_dist {
+    let scan_dist = given("scan_map", "pixel_dist");
+    if scan_dist.is_some_and(|d| d.as_str() != Some(cfg.binner.pixel_dist.as_str())) {
         return Err(section_err(
             "scan_map",
             format!(
@@ -528,7 +530,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
                 .map_err(|e| section_err("dispatch", format!("{s}: {e}")))?;
         }
     }
-    let cfg = SatelliteConfig {
+    let mut cfg = SatelliteConfig {
         sim_satellite: section(&table, "sim_satellite")?,
         default_model: section(&table, "default_model")?,
         scan_map: section(&table, "scan_map")?,
@@ -549,6 +551,8 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
     crate::pixels::check_submap(cfg.pixels.nside, cfg.pixels.nside_submap)
         .map_err(|x| section_err("pixels", x.to_string()))?;
     check_workflow_keys(&cfg.table, &cfg)?;
+    // The sky scan builds the distribution the map-maker reuses.
+    cfg.scan_map.pixel_dist = cfg.binner.pixel_dist.clone();
     if !cfg.pixels.nest {
         return Err(section_err(
             "pixels",
@@ -689,6 +693,10 @@ mod tests {
         let e = cfg(&["scan_map.pixel_dist=other"]).unwrap_err();
         assert!(e.contains("[scan_map] pixel_dist"), "{e}");
         cfg(&["scan_map.pixel_dist=pd", "binner.pixel_dist=pd"]).unwrap();
+        // Renaming the binner's renames the scan's; config.toml reads back.
+        let c = cfg(&["binner.pixel_dist=pd"]).unwrap();
+        assert_eq!(c.scan_map.pixel_dist, "pd");
+        build(to_toml(&c).unwrap().parse::<Table>().unwrap()).unwrap();
         let e = cfg(&["weights.mode=I"]).unwrap_err();
         assert!(e.contains("[weights] mode"), "{e}");
         let e = cfg(&["dispatch.operator.NoSuchOp=cpu"]).unwrap_err();
