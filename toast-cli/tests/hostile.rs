@@ -265,6 +265,18 @@ fn what_would_do_nothing_is_refused() {
             vec!["[weights] mode", "IQU"],
         ),
         (
+            vec!["--set", "pixels.enabled=false"],
+            vec!["[pixels] enabled = false", "need the pixel numbers"],
+        ),
+        (
+            vec!["--sky-map", "sky.fits", "--set", "scan_map.seed=7"],
+            vec!["[scan_map] seed = 7", "synthetic sky", "sky.fits"],
+        ),
+        (
+            vec!["--sky-map", "sky.fits", "--set", "scan_map.enabled=false"],
+            vec!["would not be read"],
+        ),
+        (
             vec!["--set", "mapmaker.no_such_key=1"],
             vec!["[mapmaker] no_such_key"],
         ),

@@ -39,7 +39,9 @@
 //! sets itself, or whose only effect would be on data the run discards,
 //! is accepted only at its default (the keys of `FIXED`, each with its
 //! reason), `scan_map.pixel_dist` is `binner.pixel_dist` (given, it must
-//! be the same), and
+//! be the same), the synthetic sky's settings (`scan_map.seed`,
+//! `fwhm_arcmin`, `toast_ring_as_nest`) are refused with a sky map file, as
+//! is a file with `scan_map.enabled = false`, and
 //! `weights.mode` must be `IQU`. Some traits change no map of the
 //! benchmark and are kept because they are real: the flag masks (the
 //! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
@@ -148,7 +150,22 @@ pub const DISPATCH_OPERATORS: [&str; 10] = [
 /// or that cannot change anything in it. Each is accepted only at its
 /// default (so that `config.toml`, which lists every key, reads back);
 /// another value is refused with the reason.
-const FIXED: [(&str, &str, &str); 14] = [
+const FIXED: [(&str, &str, &str); 17] = [
+    (
+        "det_pointing",
+        "enabled",
+        "the sky scan and the map-maker need the detector pointing",
+    ),
+    (
+        "pixels",
+        "enabled",
+        "the sky scan and the map-maker need the pixel numbers",
+    ),
+    (
+        "weights",
+        "enabled",
+        "the sky scan and the map-maker need the Stokes weights",
+    ),
     (
         "scan_map",
         "zero",
@@ -241,6 +258,8 @@ fn fixed_value(section: &str, key: &str) -> Option<Value> {
         }
     }
     let defaults = match section {
+        "det_pointing" => default_of::<PointingDetectorConfig>(),
+        "pixels" => default_of::<PixelsHealpixConfig>(),
         "scan_map" => default_of::<ScanHealpixMapConfig>(),
         "weights" => default_of::<StokesWeightsConfig>(),
         "binner" => default_of::<BinnerConfig>(),
@@ -251,7 +270,17 @@ fn fixed_value(section: &str, key: &str) -> Option<Value> {
     defaults.get(key).cloned()
 }
 
+/// The default of a `scan_map` key of the synthetic sky.
+fn synthetic_default(key: &str) -> Option<Value> {
+    match Value::try_from(ScanHealpixMapConfig::default()) {
+        Ok(Value::Table(t)) => t.get(key).cloned(),
+        _ => None,
+    }
+}
+
 /// Refuse a [`FIXED`] key at another value than its default, a
+/// synthetic sky's setting (`seed`, `fwhm_arcmin`, `toast_ring_as_nest`)
+/// or `enabled = false` with a sky map file, a
 /// `scan_map.pixel_dist` other than `binner.pixel_dist`, a Stokes mode
 /// other than IQU and a dispatch override of an operator the workflow
 /// does not run.
@@ -274,6 +303,33 @@ fn check_workflow_keys(table: &Table, cfg: &SatelliteConfig) -> Result<(), Confi
                 section,
                 format!("{key} = {v}: the workflow accepts {accepted}: {why}"),
             ));
+        }
+    }
+    if !cfg.scan_map.file.is_empty() {
+        if !cfg.scan_map.enabled {
+            return Err(section_err(
+                "scan_map",
+                format!(
+                    "file = {:?} with enabled = false: the sky map would not be read (drop \
+                     the file or --sky-map, or enable the scan)",
+                    cfg.scan_map.file
+                ),
+            ));
+        }
+        for key in ["seed", "fwhm_arcmin", "toast_ring_as_nest"] {
+            let (Some(v), Some(d)) = (given("scan_map", key), synthetic_default(key)) else {
+                continue;
+            };
+            if v != d {
+                return Err(section_err(
+                    "scan_map",
+                    format!(
+                        "{key} = {v}: it shapes the synthetic sky, but the sky is read from \
+                         file = {:?}",
+                        cfg.scan_map.file
+                    ),
+                ));
+            }
         }
     }
     let scan_dist = given("scan_map", "pixel_dist");
@@ -697,6 +753,12 @@ mod tests {
         let c = cfg(&["binner.pixel_dist=pd"]).unwrap();
         assert_eq!(c.scan_map.pixel_dist, "pd");
         build(to_toml(&c).unwrap().parse::<Table>().unwrap()).unwrap();
+        let e = cfg(&["scan_map.file=sky.fits", "scan_map.seed=7"]).unwrap_err();
+        assert!(e.contains("[scan_map] seed = 7"), "{e}");
+        assert!(e.contains("sky.fits"), "{e}");
+        let e = cfg(&["scan_map.file=sky.fits", "scan_map.enabled=false"]).unwrap_err();
+        assert!(e.contains("would not be read"), "{e}");
+        cfg(&["scan_map.seed=7", "scan_map.fwhm_arcmin=10"]).unwrap();
         let e = cfg(&["weights.mode=I"]).unwrap_err();
         assert!(e.contains("[weights] mode"), "{e}");
         let e = cfg(&["dispatch.operator.NoSuchOp=cpu"]).unwrap_err();
