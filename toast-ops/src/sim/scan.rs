@@ -534,6 +534,7 @@ mod tests {
             ..SkyConfig::default()
         };
         let e = InputSky::synthetic(&cfg).unwrap_err().to_string();
+        assert!(e.contains("beam FWHM 1e308 arcmin"), "{e}");
         assert!(e.contains("180 degrees"), "{e}");
     }
 }

@@ -319,9 +319,14 @@ pub const MAX_FWHM_ARCMIN: f64 = 10800.0;
 /// Band limits for `cfg` (see [`SkyTruncation`]).
 pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
     if !(cfg.fwhm_arcmin >= 0.0 && cfg.fwhm_arcmin <= MAX_FWHM_ARCMIN) {
+        let v = cfg.fwhm_arcmin;
+        let shown = if v.abs() < 1e6 {
+            v.to_string()
+        } else {
+            format!("{v:e}")
+        };
         return Err(SkyError::Config(format!(
-            "beam FWHM {} arcmin must be between 0 and {MAX_FWHM_ARCMIN} (180 degrees)",
-            cfg.fwhm_arcmin
+            "beam FWHM {shown} arcmin must be between 0 and {MAX_FWHM_ARCMIN} (180 degrees)"
         )));
     }
     if !(cfg.rel_tol > 0.0 && cfg.rel_tol < 1.0) {
