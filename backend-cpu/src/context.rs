@@ -43,7 +43,6 @@ impl CpuContext {
             }
         }
         let mut threads: Option<usize> = None;
-        let mut unknown = Vec::new();
         if let Ok(v) = std::env::var("TOAST_CPU_THREADS") {
             if !v.trim().is_empty() {
                 threads = Some(parse_threads(&v, "environment variable TOAST_CPU_THREADS")?);
@@ -53,7 +52,12 @@ impl CpuContext {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
                 "threads" => threads = Some(parse_threads(v, "option threads")?),
-                other => unknown.push(other.to_string()),
+                other => {
+                    return Err(PluginError::new(
+                        abi::ERR_INVALID_ARGUMENT,
+                        format!("unknown option `{other}` (known: threads)"),
+                    ))
+                }
             }
         }
         let pool = match threads {
@@ -77,12 +81,6 @@ impl CpuContext {
             log_user,
             registry: Registry::default(),
         };
-        for k in unknown {
-            ctx.log(
-                abi::LOG_WARN,
-                &format!("cpu backend: unknown option `{k}` ignored"),
-            );
-        }
         ctx.log(
             abi::LOG_DEBUG,
             &format!(

@@ -89,12 +89,16 @@ impl OpenClContext {
         let mut selector = std::env::var("TOAST_OPENCL_DEVICE")
             .ok()
             .filter(|s| !s.trim().is_empty());
-        let mut unknown = Vec::new();
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
                 "device" => selector = Some(v.trim().to_string()),
-                other => unknown.push(other.to_string()),
+                other => {
+                    return Err(PluginError::new(
+                        abi::ERR_INVALID_ARGUMENT,
+                        format!("unknown option `{other}` (known: device)"),
+                    ))
+                }
             }
         }
         let dev = open_device(selector.as_deref())?;
@@ -115,12 +119,6 @@ impl OpenClContext {
                 ctx.dev.global_mem
             ),
         );
-        for k in unknown {
-            ctx.log(
-                abi::LOG_WARN,
-                &format!("unknown option `{k}` ignored (known: device)"),
-            );
-        }
         Ok(ctx)
     }
 

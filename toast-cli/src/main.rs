@@ -143,6 +143,29 @@ fn discovery(cli: &Cli) -> anyhow::Result<DiscoveryOptions> {
     Ok(opts)
 }
 
+/// Refuse `--backend-options` for a backend that was not found, and
+/// initialise each backend given options, so that an option its plugin
+/// refuses is an error now (exit 2) rather than at its first kernel. A
+/// backend found but unavailable on this machine keeps its options unread.
+fn check_backend_options(specs: &[String], registry: &Registry) -> anyhow::Result<()> {
+    for spec in specs {
+        let Some((name, _)) = spec.split_once(':') else {
+            continue;
+        };
+        match registry.get(name) {
+            Ok(_) | Err(AccelError::Unavailable { .. }) => {}
+            Err(AccelError::NotFound { .. }) => anyhow::bail!(
+                "--backend-options {spec:?}: no backend `{name}` was found (backends: {})",
+                registry.names().join(", ")
+            ),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("--backend-options {spec:?}")))
+            }
+        }
+    }
+    Ok(())
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -192,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
     }
     let registry = Registry::discover(&opts);
+    check_backend_options(&cli.backend_options, &registry)?;
     match &cli.command {
         Command::Run(args) => {
             let comm = parallel::init()?;

@@ -7,8 +7,16 @@
 //! place: it removes the previous run's `stats.json` first (a directory
 //! without it is not a complete run), then the previous run's outputs that
 //! this run does not write (`mapmaker_map.png` under `--no-plot`,
-//! `mapmaker_binmap.fits` with `mapmaker.write_binmap=false`), renames the
-//! staged files into place with `stats.json` last, and syncs the directory.
+//! `mapmaker_binmap.fits` with `mapmaker.write_binmap=false`, every map
+//! with `mapmaker.enabled=false`), renames the staged files into place with
+//! `stats.json` last, and syncs the directories.
+//!
+//! The maps (`mapmaker_*`) go to the maps directory, TOAST's
+//! `mapmaker.output_dir` (relative to the output directory, or absolute);
+//! the run's own files (`timing.csv`, `config.toml`, `stats.json`) stay in
+//! the output directory, and `stats.json` lists every file of the run, so
+//! maps a previous run left in another maps directory are not taken for
+//! this run's.
 //!
 //! A run that fails before the commit (a write error, a full disk, an
 //! injected fault) removes its temporaries and leaves the previous run's
@@ -29,10 +37,15 @@ use std::sync::Arc;
 use toast_core::Comm;
 
 /// Every file `toast-cli run` may write, in the order of the commit
-/// (`stats.json`, which marks a complete run, last).
-pub const OUTPUTS: [&str; 7] = [
+/// (`stats.json`, which marks a complete run, last). Those named
+/// `mapmaker_*` are the maps (see [`is_map`]).
+pub const OUTPUTS: [&str; 11] = [
     "mapmaker_hits.fits",
+    "mapmaker_rcond.fits",
+    "mapmaker_invcov.fits",
+    "mapmaker_cov.fits",
     "mapmaker_binmap.fits",
+    "mapmaker_noiseweighted_map.fits",
     "mapmaker_map.fits",
     "mapmaker_map.png",
     "timing.csv",
@@ -43,10 +56,16 @@ pub const OUTPUTS: [&str; 7] = [
 /// The file whose presence marks a complete run.
 const COMPLETE: &str = "stats.json";
 
+/// Whether output `name` is a map, written to the maps directory.
+pub fn is_map(name: &str) -> bool {
+    name.starts_with("mapmaker_")
+}
+
 /// Outputs written to temporary files, put in place by [`Staging::commit`];
 /// dropped without a commit, it removes its temporaries.
 pub struct Staging {
     dir: PathBuf,
+    maps_dir: PathBuf,
     comm: Arc<dyn Comm>,
     /// (final name, temporary path) of each staged output.
     staged: Vec<(&'static str, PathBuf)>,
@@ -83,13 +102,31 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 }
 
 impl Staging {
-    /// Outputs for directory `dir` (which must exist).
-    pub fn new(dir: &Path, comm: Arc<dyn Comm>) -> Self {
+    /// Outputs for directory `dir`, the maps in `maps_dir` (both must exist).
+    pub fn new(dir: &Path, maps_dir: &Path, comm: Arc<dyn Comm>) -> Self {
         Staging {
             dir: dir.to_path_buf(),
+            maps_dir: maps_dir.to_path_buf(),
             comm,
             staged: Vec::new(),
         }
+    }
+
+    /// The directory output `name` goes to.
+    fn dir_of(&self, name: &str) -> &Path {
+        if is_map(name) {
+            &self.maps_dir
+        } else {
+            &self.dir
+        }
+    }
+
+    /// The final paths of the outputs staged so far.
+    pub fn staged_paths(&self) -> Vec<PathBuf> {
+        self.staged
+            .iter()
+            .map(|(n, _)| self.dir_of(n).join(n))
+            .collect()
     }
 
     /// Stage output `name` (one of [`OUTPUTS`]): `write` writes the whole
@@ -101,8 +138,8 @@ impl Staging {
         write: impl FnOnce(&Path) -> Result<(), E>,
     ) -> Result<()> {
         debug_assert!(OUTPUTS.contains(&name), "{name} is not an output");
-        let final_path = self.dir.join(name);
-        let tmp = self.dir.join(temp_name(name, std::process::id()));
+        let final_path = self.dir_of(name).join(name);
+        let tmp = self.dir_of(name).join(temp_name(name, std::process::id()));
         // Recorded before writing: a partial temporary is removed on drop.
         self.staged.push((name, tmp.clone()));
         write(&tmp).map_err(|e| anyhow!("{}: {e}", final_path.display()))?;
@@ -118,7 +155,14 @@ impl Staging {
     /// Put the staged outputs in place (see the module's description).
     pub fn commit(mut self) -> Result<()> {
         let dir = self.dir.clone();
-        let at = |name: &str| dir.join(name);
+        let maps_dir = self.maps_dir.clone();
+        let at = |name: &str| {
+            if is_map(name) {
+                maps_dir.join(name)
+            } else {
+                dir.join(name)
+            }
+        };
         remove_if_present(&at(COMPLETE)).with_context(|| {
             format!(
                 "{}: cannot remove the previous run's output",
@@ -150,7 +194,10 @@ impl Staging {
                 }
                 renamed.push(final_path);
             }
-            sync_dir(&dir).with_context(|| format!("{}: cannot sync", dir.display()))
+            for d in [&dir, &maps_dir] {
+                sync_dir(d).with_context(|| format!("{}: cannot sync", d.display()))?;
+            }
+            Ok(())
         })();
         if let Err(e) = result {
             for (_, tmp) in pending {
@@ -162,6 +209,9 @@ impl Staging {
             return Err(e);
         }
         remove_dead_temporaries(&dir);
+        if maps_dir != dir {
+            remove_dead_temporaries(&maps_dir);
+        }
         Ok(())
     }
 }
@@ -205,7 +255,7 @@ mod tests {
     use super::*;
 
     fn staging(dir: &Path) -> Staging {
-        Staging::new(dir, Arc::new(toast_core::SerialComm))
+        Staging::new(dir, dir, Arc::new(toast_core::SerialComm))
     }
 
     fn names(dir: &Path) -> Vec<String> {
@@ -251,6 +301,26 @@ mod tests {
         s.commit().unwrap();
         assert_eq!(names(&dir), ["mapmaker_hits.fits", "stats.json"]);
         assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn maps_go_to_the_maps_directory_and_stale_maps_there_are_removed() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-maps-{}", std::process::id()));
+        let maps = dir.join("maps");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&maps).unwrap();
+        std::fs::write(maps.join("mapmaker_cov.fits"), b"old").unwrap();
+        let mut s = Staging::new(&dir, &maps, Arc::new(toast_core::SerialComm));
+        s.write_bytes("mapmaker_map.fits", b"m").unwrap();
+        s.write_bytes("stats.json", b"s").unwrap();
+        assert_eq!(
+            s.staged_paths(),
+            [maps.join("mapmaker_map.fits"), dir.join("stats.json")]
+        );
+        s.commit().unwrap();
+        assert_eq!(names(&maps), ["mapmaker_map.fits"]);
+        assert_eq!(names(&dir), ["maps", "stats.json"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -73,7 +73,7 @@ impl<D: Driver> Context<D> {
     /// Read the host API and the options, open the device and build the
     /// context. The device is the driver's default, else the one
     /// `D::DEVICE_ENV` names, else the one the option `device=…` names;
-    /// other options are logged as ignored.
+    /// any other option is refused (`ERR_INVALID_ARGUMENT`).
     ///
     /// # Safety
     /// `host` is null or points to a `HostApi` of at least `host.size`
@@ -87,12 +87,19 @@ impl<D: Driver> Context<D> {
                 device = D::parse_device(&v, &format!("environment variable {}", D::DEVICE_ENV))?;
             }
         }
-        let mut unknown = Vec::new();
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
                 "device" => device = D::parse_device(v, "option device")?,
-                other => unknown.push(other.to_string()),
+                other => {
+                    return Err(PluginError::new(
+                        abi::ERR_INVALID_ARGUMENT,
+                        format!(
+                            "{} backend: unknown option `{other}` (known: device)",
+                            D::NAME
+                        ),
+                    ))
+                }
             }
         }
         let driver = D::open(device)?;
@@ -102,12 +109,6 @@ impl<D: Driver> Context<D> {
             driver,
             module: Mutex::new(None),
         };
-        for k in unknown {
-            ctx.log(
-                abi::LOG_WARN,
-                &format!("{} backend: unknown option `{k}` ignored", D::NAME),
-            );
-        }
         ctx.log(abi::LOG_DEBUG, &ctx.driver.summary());
         Ok(ctx)
     }

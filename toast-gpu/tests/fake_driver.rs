@@ -291,16 +291,17 @@ fn header_and_probe() {
 }
 
 #[test]
-fn options_select_the_device_and_unknown_ones_are_logged() {
+fn options_select_the_device_and_unknown_ones_are_refused() {
     static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let (st, ctx) = init_with(c"colour=blue; device=0", &LOG);
+    let (st, _) = init_with(c"colour=blue; device=0", &UNREAD_LOG);
+    assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "fake backend: unknown option `colour` (known: device)"
+    );
+    let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
     let log = LOG.lock().unwrap().clone();
-    assert!(
-        log.iter()
-            .any(|m| m == "fake backend: unknown option `colour` ignored"),
-        "{log:?}"
-    );
     assert!(log.iter().any(|m| m == "fake backend: host memory"));
     let mut info = std::mem::MaybeUninit::<abi::DeviceInfo>::uninit();
     // SAFETY: live context; valid out pointer.

@@ -39,8 +39,8 @@
 
 pub mod emulated;
 pub mod fakedev;
-pub mod maps;
 pub mod hostile;
+pub mod maps;
 pub mod plugins;
 pub mod process;
 pub mod scan;

@@ -9,11 +9,21 @@
 //! (case, configuration, sky map header and nside, output directory); such
 //! errors exit with status 2 and a message naming the file, key or value.
 //!
-//! Outputs in the output directory (TOAST's names): `mapmaker_hits.fits`,
-//! `mapmaker_binmap.fits`, `mapmaker_map.fits` (NEST, float32, K, cut
-//! pixels 0), `timing.csv`, `stats.json`, `config.toml`, `mapmaker_map.png`.
-//! They are written to temporaries and renamed into place at the end,
-//! `stats.json` (the mark of a complete run) last (`crate::output`).
+//! Outputs (TOAST's names and formats: NEST, float32 unless
+//! `mapmaker.write_float64`, cut pixels 0): the maps the `mapmaker`
+//! section asks for, in `mapmaker.output_dir` (relative to the output
+//! directory, or absolute; default `.`, the output directory itself):
+//! `mapmaker_hits.fits` (`write_hits`), `mapmaker_map.fits` (`write_map`),
+//! `mapmaker_binmap.fits` (`write_binmap`), `mapmaker_cov.fits`
+//! (`write_cov`: the white-noise covariance, columns II, IQ, IU, QQ, QU,
+//! UU, K²), `mapmaker_invcov.fits` (`write_invcov`, 1/K²),
+//! `mapmaker_rcond.fits` (`write_rcond`), `mapmaker_noiseweighted_map.fits`
+//! (`write_noiseweighted_map`, 1/K) and the plot `mapmaker_map.png` (unless
+//! `--no-plot`); none with `mapmaker.enabled = false`. In the output
+//! directory: `timing.csv`, `config.toml` and `stats.json`, which lists
+//! every file of the run (`outputs`). They are written to temporaries and
+//! renamed into place at the end, `stats.json` (the mark of a complete run)
+//! last (`crate::output`).
 
 use crate::output::Staging;
 use crate::parallel;
@@ -163,6 +173,21 @@ fn configuration(args: &RunArgs) -> Result<SatelliteConfig> {
     Ok(config::build(table)?)
 }
 
+/// The maps directory: `mapmaker.output_dir` relative to the output
+/// directory `out_dir` (`.` components dropped), or as given when absolute.
+fn maps_dir(out_dir: &Path, output_dir: &str) -> PathBuf {
+    let p = Path::new(output_dir);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        let rel: PathBuf = p
+            .components()
+            .filter(|c| *c != std::path::Component::CurDir)
+            .collect();
+        out_dir.join(rel)
+    }
+}
+
 /// Check that the output directory can be created and written.
 fn check_out_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)
@@ -239,44 +264,79 @@ struct OutputDir<'a> {
 
 impl ProductSink for OutputDir<'_> {
     fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), FrontEndError> {
+        let mm = &job.config.mapmaker;
         let hits_full = products.hits.to_full_sky();
-        self.staging.write_with("mapmaker_hits.fits", |p| {
-            fits::write_hits_map(p, Ordering::Nested, &hits_full, &products.header)
-        })?;
-        let precision = if job.config.mapmaker.write_float64 {
+        if mm.write_hits {
+            self.staging.write_with("mapmaker_hits.fits", |p| {
+                fits::write_hits_map(p, Ordering::Nested, &hits_full, &products.header)
+            })?;
+        }
+        let precision = if mm.write_float64 {
             fits::MapPrecision::F64
         } else {
             fits::MapPrecision::F32
         };
-        let mut maps = Vec::new();
-        if let Some(b) = &products.binmap {
-            maps.push(("mapmaker_binmap.fits", b, false));
-        }
-        maps.push(("mapmaker_map.fits", &products.map, true));
-        for (file, m, is_map) in maps {
-            let comps: Vec<Vec<f64>> = (0..3).map(|k| m.full_sky_component(k)).collect();
+        // TOAST writes the rcond and inverse covariance maps without the
+        // map-maker's extra cards (only its CREATED and VERSION).
+        let short: Vec<fits::HeaderCard> = products
+            .header
+            .iter()
+            .filter(|c| c.key == "CREATED" || c.key == "VERSION")
+            .cloned()
+            .collect();
+        let written = [
+            ("mapmaker_rcond.fits", products.rcond.as_ref(), None, &short),
+            (
+                "mapmaker_invcov.fits",
+                products.invcov.as_ref(),
+                Some("1 / K2"),
+                &short,
+            ),
+            (
+                "mapmaker_binmap.fits",
+                products.binmap.as_ref(),
+                Some("K"),
+                &products.header,
+            ),
+            (
+                "mapmaker_noiseweighted_map.fits",
+                products.noiseweighted.as_ref(),
+                Some("1 / K"),
+                &products.header,
+            ),
+            (
+                "mapmaker_map.fits",
+                Some(&products.map).filter(|_| mm.write_map),
+                Some("K"),
+                &products.header,
+            ),
+            (
+                "mapmaker_cov.fits",
+                products.cov.as_ref(),
+                Some("K2"),
+                &products.header,
+            ),
+        ];
+        for (file, m, unit, header) in written {
+            let Some(m) = m else { continue };
+            let comps: Vec<Vec<f64>> = (0..m.n_value()).map(|k| m.full_sky_component(k)).collect();
+            let cols: Vec<&[f64]> = comps.iter().map(Vec::as_slice).collect();
             self.staging.write_with(file, |p| {
-                fits::write_iqu_map(
+                fits::write_float_maps(p, Ordering::Nested, &cols, unit, precision, header)
+            })?;
+        }
+        if self.plot {
+            let comps: Vec<Vec<f64>> = (0..3).map(|k| products.map.full_sky_component(k)).collect();
+            let hit: Vec<bool> = hits_full.iter().map(|&h| h > 0).collect();
+            self.staging.write_with("mapmaker_map.png", |p| {
+                toast_ops::io::plot::plot_iqu_mollweide(
                     p,
-                    Ordering::Nested,
+                    job.nside(),
                     [&comps[0], &comps[1], &comps[2]],
-                    "K",
-                    precision,
-                    &products.header,
+                    Some(&hit),
+                    1200,
                 )
             })?;
-            if is_map && self.plot {
-                let hit: Vec<bool> = hits_full.iter().map(|&h| h > 0).collect();
-                self.staging.write_with("mapmaker_map.png", |p| {
-                    toast_ops::io::plot::plot_iqu_mollweide(
-                        p,
-                        job.nside(),
-                        [&comps[0], &comps[1], &comps[2]],
-                        Some(&hit),
-                        1200,
-                    )
-                })?;
-            }
         }
         Ok(())
     }
@@ -301,9 +361,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     if args.dry_run.is_none() && !args.ignore_memory_check {
         job.check_memory_on(&*comm, &plan, &sim, ppn)?;
     }
-    // Only a job that passed every check creates its output directory.
+    // Only a job that passed every check creates its output directories.
+    let maps_dir = maps_dir(&args.out_dir, &job.config.mapmaker.output_dir);
     if args.dry_run.is_none() && root {
         check_out_dir(&args.out_dir)?;
+        if job.config.mapmaker.enabled {
+            check_out_dir(&maps_dir).context("mapmaker.output_dir")?;
+        }
     }
     if root {
         crate::outln!(
@@ -342,7 +406,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         return Ok(0);
     }
     let mut spinners = Spinners::new(args.quiet, Arc::clone(&comm));
-    let mut staging = Staging::new(&args.out_dir, Arc::clone(&comm));
+    let mut staging = Staging::new(&args.out_dir, &maps_dir, Arc::clone(&comm));
     let mut out = OutputDir {
         staging: &mut staging,
         plot: !args.no_plot,
@@ -366,7 +430,18 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     staging.write_bytes("timing.csv", &csv)?;
     staging.write_bytes("config.toml", config::to_toml(&job.config)?.as_bytes())?;
     let stats = &outcome.stats;
-    let text = serde_json::to_string_pretty(&serde_json::to_value(stats)?)?;
+    let mut value = serde_json::to_value(stats)?;
+    // Every file of this run (stats.json included), as the run names them.
+    let mut outputs: Vec<String> = staging
+        .staged_paths()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    outputs.push(dir.join("stats.json").display().to_string());
+    if let serde_json::Value::Object(m) = &mut value {
+        m.insert("outputs".into(), outputs.into());
+    }
+    let text = serde_json::to_string_pretty(&value)?;
     staging.write_bytes("stats.json", (text + "\n").as_bytes())?;
     staging.commit()?;
     print_summary(&job, stats, dir)?;
@@ -378,11 +453,11 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
     let s = job.sizing;
     let wall = st.wall_time_s;
     crate::outln!("samples:        {}", s.samples())?;
-    crate::outln!(
-        "total hits:     {} (expected {})",
-        st.totalhits,
-        s.samples()
-    )?;
+    if let Some(m) = &st.maps {
+        crate::outln!("total hits:     {} (expected {})", m.totalhits, s.samples())?;
+    } else {
+        crate::outln!("map-making:     skipped (mapmaker.enabled = false): no maps")?;
+    }
     crate::outln!("wall time:      {wall:.2} s")?;
     if st.processes > 1 {
         crate::outln!(
@@ -414,23 +489,25 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             String::new()
         }
     )?;
-    crate::outln!(
-        "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
-        st.cg_iterations,
-        if st.converged {
-            "converged"
-        } else {
-            "not converged"
-        },
-        st.n_amplitudes,
-        st.n_flagged_amplitudes
-    )?;
-    crate::outln!(
-        "map RMS (K):    I {:.6e}  Q {:.6e}  U {:.6e}",
-        st.rms_I,
-        st.rms_Q,
-        st.rms_U
-    )?;
+    if let Some(m) = &st.maps {
+        crate::outln!(
+            "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
+            m.cg_iterations,
+            if m.converged {
+                "converged"
+            } else {
+                "not converged"
+            },
+            m.n_amplitudes,
+            m.n_flagged_amplitudes
+        )?;
+        crate::outln!(
+            "map RMS (K):    I {:.6e}  Q {:.6e}  U {:.6e}",
+            m.rms_I,
+            m.rms_Q,
+            m.rms_U
+        )?;
+    }
     let kernels = if st.kernels.is_empty() {
         "none recorded".to_string()
     } else {

@@ -1,7 +1,8 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
 use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
-use crate::io::fits::read_healpix_map;
+use crate::io::fits::{read_healpix_map, HealpixMap, MapField, Ordering, UNSEEN};
+use crate::math::healpix::Healpix;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pixels::{PixelData, PixelDistribution};
 use crate::sim::sky::{synthesize_sky_on, SkyConfig, SkyError};
@@ -34,6 +35,12 @@ fn sky_map_err(path: &Path, reason: String) -> OpError {
 impl InputSky {
     /// Read I, Q, U (the first three map columns) from a HEALPix FITS file,
     /// honouring its `ORDERING` header. Errors name the file.
+    ///
+    /// The values are checked ([`sky_values`]): healpy's `UNSEEN`
+    /// (unobserved pixels, and the pixels a partial-sky file leaves out)
+    /// is scanned as zero signal and counted in the log; NaN, ±inf and
+    /// values beyond single precision (the sky is scanned as float32) are
+    /// refused, naming the column and the first such pixel.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
         let m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
         if m.fields.len() < 3 {
@@ -42,21 +49,18 @@ impl InputSky {
                 format!("{} map column(s), need 3 (I, Q, U)", m.fields.len()),
             ));
         }
-        let unseen = |x: f64| {
-            if x <= -1.6e30 || !x.is_finite() {
-                0.0
-            } else {
-                x
-            }
-        };
-        let mut fields = m.fields.into_iter();
-        let mut take = || -> Vec<f32> {
-            fields
-                .next()
-                .map(|f| f.data.into_iter().map(|x| unseen(x) as f32).collect())
-                .unwrap_or_default()
-        };
-        let maps = [take(), take(), take()];
+        let (maps, unseen) = sky_values(&m).map_err(|reason| sky_map_err(path, reason))?;
+        let n_unseen: usize = unseen.iter().sum();
+        if n_unseen > 0 {
+            tracing::warn!(
+                "sky map {}: {n_unseen} value(s) are UNSEEN (I {}, Q {}, U {}): scanned as \
+                 unobserved (zero signal)",
+                path.display(),
+                unseen[0],
+                unseen[1],
+                unseen[2]
+            );
+        }
         Ok(InputSky {
             nside: m.nside,
             maps,
@@ -161,12 +165,102 @@ impl InputSky {
             },
             e => OpError::Config(format!("synthetic sky: {e}")),
         })?;
+        for (k, m) in [&s.i, &s.q, &s.u].into_iter().enumerate() {
+            if let Some(p) = m.iter().position(|x| !x.is_finite()) {
+                return Err(OpError::Numerical {
+                    what: format!(
+                        "synthetic sky (scan_map.seed = {}, fwhm_arcmin = {}): {} at NEST pixel \
+                         {p} is {}",
+                        cfg.seed, cfg.fwhm_arcmin, STOKES[k], m[p]
+                    ),
+                });
+            }
+        }
         Ok(InputSky {
             nside: s.nside,
             maps: [s.i, s.q, s.u],
             source: "synthetic".into(),
         })
     }
+}
+
+/// The Stokes components of an input sky, in column order.
+const STOKES: [&str; 3] = ["I", "Q", "U"];
+
+/// Whether `x` is healpy's `UNSEEN`, with healpy's tolerance
+/// (`healpy.mask_bad`: within `1e-5 |UNSEEN|`).
+pub fn is_unseen(x: f64) -> bool {
+    (x - UNSEEN).abs() <= 1e-5 * UNSEEN.abs()
+}
+
+/// Why a sky value cannot be scanned, if it cannot (what follows the
+/// value in the message): NaN, ±inf, or beyond float32 (the precision the
+/// sky is scanned in). `UNSEEN` can be.
+fn bad_sky_value(x: f64) -> Option<&'static str> {
+    if is_unseen(x) {
+        None
+    } else if !x.is_finite() {
+        Some("")
+    } else if x.abs() > f32::MAX as f64 {
+        Some(", beyond single precision (|value| > 3.4e38; the sky is scanned as float32)")
+    } else {
+        None
+    }
+}
+
+/// The first three fields of `m` as the float32 maps to scan, with the
+/// count of `UNSEEN` values of each (scanned as 0: an unobserved pixel
+/// adds no signal). A NaN, infinite or out-of-float32 value is an error
+/// naming the column (1-based among the map columns, its `TTYPE` and
+/// Stokes component) and the first such pixel in the file's ordering.
+fn sky_values(m: &HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String> {
+    let mut maps: [Vec<f32>; 3] = Default::default();
+    let mut unseen = [0usize; 3];
+    for (k, f) in m.fields.iter().take(3).enumerate() {
+        if f.data.iter().any(|&x| bad_sky_value(x).is_some()) {
+            let (pix, x, why) = first_bad(f, m)?;
+            return Err(format!(
+                "column {} ('{}', Stokes {}): pixel {pix} ({} ordering) is {x:e}{why}; a sky \
+                 map must be finite (mark unobserved pixels UNSEEN, -1.6375e30)",
+                k + 1,
+                f.name,
+                STOKES[k],
+                match m.file_ordering {
+                    Ordering::Nested => "NESTED",
+                    Ordering::Ring => "RING",
+                },
+            ));
+        }
+        maps[k] = f
+            .data
+            .iter()
+            .map(|&x| {
+                if is_unseen(x) {
+                    unseen[k] += 1;
+                    0.0
+                } else {
+                    x as f32
+                }
+            })
+            .collect();
+    }
+    Ok((maps, unseen))
+}
+
+/// The first bad value of field `f` in the file's pixel order (its data
+/// are NEST): `(pixel, value, why)`.
+fn first_bad(f: &MapField, m: &HealpixMap) -> Result<(u64, f64, &'static str), String> {
+    let hp = Healpix::new(m.nside).map_err(|e| e.to_string())?;
+    let nest_of = |file_pix: u64| match m.file_ordering {
+        Ordering::Nested => file_pix,
+        Ordering::Ring => hp.ring2nest(file_pix),
+    };
+    (0..f.data.len() as u64)
+        .find_map(|p| {
+            let x = f.data[nest_of(p) as usize];
+            bad_sky_value(x).map(|why| (p, x, why))
+        })
+        .ok_or_else(|| format!("column '{}': bad value not found again", f.name))
 }
 
 /// Configuration of [`ScanHealpixMap`] (TOAST's trait names; `file` empty
@@ -371,5 +465,76 @@ mod tests {
             e.to_string(),
             "sky map a.fits: broadcast: truncated message from rank 0"
         );
+    }
+
+    /// Write an nside-2 IQU map (float64) with `set` applied to its RING
+    /// values, read it as a sky.
+    fn sky_with(name: &str, set: &[(usize, usize, f64)]) -> Result<InputSky, OpError> {
+        use crate::io::fits::{write_iqu_map, MapPrecision};
+        let mut maps = [vec![1.0f64; 48], vec![0.5; 48], vec![-0.5; 48]];
+        for &(k, pix, v) in set {
+            maps[k][pix] = v;
+        }
+        let dir = std::env::temp_dir().join(format!("toast-sky-values-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        write_iqu_map(
+            &path,
+            Ordering::Ring,
+            [&maps[0], &maps[1], &maps[2]],
+            "K",
+            MapPrecision::F64,
+            &[],
+        )
+        .unwrap();
+        let r = InputSky::from_file(&path);
+        let _ = std::fs::remove_file(&path);
+        r
+    }
+
+    #[test]
+    fn bad_sky_values_are_refused_and_unseen_is_unobserved() {
+        let hp = Healpix::new(2).unwrap();
+        // UNSEEN (with healpy's tolerance) is zero signal.
+        let sky = sky_with(
+            "unseen.fits",
+            &[(0, 5, UNSEEN), (2, 7, UNSEEN * (1.0 + 1e-7))],
+        )
+        .unwrap();
+        assert_eq!(sky.maps[0][hp.ring2nest(5) as usize], 0.0);
+        assert_eq!(sky.maps[2][hp.ring2nest(7) as usize], 0.0);
+        assert_eq!(sky.maps[0][hp.ring2nest(6) as usize], 1.0);
+        // NaN, inf and float32 overflow are refused, naming the file, the
+        // column and the first bad pixel (file ordering).
+        for (k, v, what) in [
+            (1, f64::NAN, "is NaN;"),
+            (0, f64::INFINITY, "is inf;"),
+            (2, f64::NEG_INFINITY, "is -inf;"),
+            (1, 1e300, "beyond single precision"),
+            (0, -1e39, "beyond single precision"),
+        ] {
+            let e = sky_with("bad.fits", &[(k, 9, v), (k, 30, v)]).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, OpError::Input { .. }), "{e:?}");
+            assert!(msg.contains("bad.fits"), "{msg}");
+            assert!(msg.contains(&format!("column {} (", k + 1)), "{msg}");
+            assert!(msg.contains(&format!("Stokes {}", STOKES[k])), "{msg}");
+            assert!(msg.contains("pixel 9 (RING ordering)"), "{msg}");
+            assert!(msg.contains(what), "{msg}");
+        }
+        // Just below UNSEEN's tolerance is an ordinary (huge) value.
+        assert!(sky_with("near.fits", &[(0, 1, -1.6e30)]).is_ok());
+    }
+
+    #[test]
+    fn a_synthetic_sky_beam_wider_than_the_sky_is_refused() {
+        let cfg = SkyConfig {
+            nside: crate::math::healpix::Nside::try_from(4).unwrap(),
+            fwhm_arcmin: 1e308,
+            ..SkyConfig::default()
+        };
+        let e = InputSky::synthetic(&cfg).unwrap_err().to_string();
+        assert!(e.contains("beam FWHM 1e308 arcmin"), "{e}");
+        assert!(e.contains("180 degrees"), "{e}");
     }
 }

@@ -312,15 +312,16 @@ pub struct SkyMaps {
     pub truncation: SkyTruncation,
 }
 
-/// The widest beam: half the circumference of the sphere, in arcmin.
+/// The widest beam of the synthetic sky: 180 degrees (a wider one smooths
+/// the sky to its monopole, and the beam window underflows to NaN).
 pub const MAX_FWHM_ARCMIN: f64 = 10800.0;
 
 /// Band limits for `cfg` (see [`SkyTruncation`]).
 pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
-    // A beam wider than the sphere (180°) smooths the sky to its mean.
+    // A beam wider than the sphere (180 degrees) smooths the sky to its mean.
     if !(0.0..=MAX_FWHM_ARCMIN).contains(&cfg.fwhm_arcmin) {
         return Err(SkyError::Config(format!(
-            "beam FWHM {} arcmin must be between 0 and {MAX_FWHM_ARCMIN} (180°)",
+            "beam FWHM {} arcmin must be between 0 and {MAX_FWHM_ARCMIN} (180 degrees)",
             toast_core::num::Compact(cfg.fwhm_arcmin)
         )));
     }

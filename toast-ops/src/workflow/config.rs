@@ -19,8 +19,9 @@
 //! | `dispatch` | backend choice | settings of `DispatchPolicy` |
 //!
 //! The `dispatch` section holds dispatch settings as keys: `run = "cpu"`,
-//! `pipeline = "..."`, `operator.MapMaker = "opencl"`, `kernel.scan_map =
-//! "opencl"` (TOML dotted keys). The dispatcher tries, for each kernel call,
+//! `pipeline = "..."`, `operator.template_matrix = "opencl"`,
+//! `kernel.scan_map = "opencl"` (TOML dotted keys); the operators are those
+//! of [`DISPATCH_OPERATORS`], another is refused. The dispatcher tries, for each kernel call,
 //! the kernel override, the operator override, the pipeline, the run
 //! backend (`--backend` sets `run`), then `cpu`, falling back along that
 //! chain when a backend lacks the kernel.
@@ -33,6 +34,26 @@
 //! bare word that is not valid TOML is taken as a string). Keys not given
 //! anywhere take the operator's defaults (TOAST's). Unknown sections, unknown
 //! keys and values of the wrong type are errors naming the section and key.
+//!
+//! Every key has an effect or is refused: an operator trait the workflow
+//! sets itself, or whose only effect would be on data the run discards,
+//! is accepted only at its default (the keys of `FIXED`, each with its
+//! reason), `scan_map.pixel_dist` is `binner.pixel_dist` (given, it must
+//! be the same), the synthetic sky's settings (`scan_map.seed`,
+//! `fwhm_arcmin`, `toast_ring_as_nest`) are refused with a sky map file, as
+//! is a file with `scan_map.enabled = false`, and
+//! `weights.mode` must be `IQU`. Some traits change no map of the
+//! benchmark and are kept because they are real: the flag masks (the
+//! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
+//! `pixels.nside_submap` (memory and distribution, not values), the data
+//! keys (`det_pointing.quats`, `binner.pixel_dist`: names).
+//!
+//! The `mapmaker` section's output traits are TOAST's: `write_hits`,
+//! `write_map`, `write_binmap`, `write_cov`, `write_invcov`, `write_rcond`,
+//! `write_noiseweighted_map`, `write_float64` choose the files (TOAST's
+//! names and format, written by the front-end), `output_dir` where the
+//! maps go (the front-end resolves it against its output directory), and
+//! `enabled = false` skips the map-making.
 //!
 //! Our workflow default that differs from TOAST's benchmark:
 //! `binner.full_pointing = true` (the pointing is expanded once and kept
@@ -105,6 +126,250 @@ pub const SECTIONS: [&str; 11] = [
     "baselines",
     "dispatch",
 ];
+
+/// The operators of the workflow that call kernels, as the dispatcher
+/// sees them: the names `operator.NAME` of the `dispatch` section may
+/// take. The simulation's pointing and the map-maker's share
+/// `det_pointing`, `pixels` and `weights`; `ScanMap` scans the input sky,
+/// `scan_map` the map-maker's binned map (in the solver's left-hand side);
+/// the binning passes accumulate under `{pass}_build_zmap`.
+pub const DISPATCH_OPERATORS: [&str; 10] = [
+    "det_pointing",
+    "pixels",
+    "weights",
+    "ScanMap",
+    "scan_map",
+    "noise_weight",
+    "template_matrix",
+    "solver_binning_build_zmap",
+    "binmap_build_zmap",
+    "binner_final_build_zmap",
+];
+
+/// Keys the workflow fixes: an operator trait that the workflow sets itself
+/// or that cannot change anything in it. Each is accepted only at its
+/// default (so that `config.toml`, which lists every key, reads back);
+/// another value is refused with the reason.
+const FIXED: [(&str, &str, &str); 17] = [
+    (
+        "det_pointing",
+        "enabled",
+        "the sky scan and the map-maker need the detector pointing",
+    ),
+    (
+        "pixels",
+        "enabled",
+        "the sky scan and the map-maker need the pixel numbers",
+    ),
+    (
+        "weights",
+        "enabled",
+        "the sky scan and the map-maker need the Stokes weights",
+    ),
+    (
+        "scan_map",
+        "zero",
+        "the timestream is still zero when the sky is scanned (SimNoise runs after), so \
+         zeroing it first changes nothing",
+    ),
+    (
+        "weights",
+        "hwp_angle",
+        "the satellite simulation has no half-wave plate",
+    ),
+    (
+        "binner",
+        "enabled",
+        "the map-maker always bins; set mapmaker.enabled = false to skip the map-making",
+    ),
+    (
+        "binner",
+        "binned",
+        "the map-maker names its maps itself (mapmaker_binmap, mapmaker_map), as TOAST's \
+         MapMaker does",
+    ),
+    (
+        "binner",
+        "covariance",
+        "the map-maker names its covariance itself (mapmaker_cov), as TOAST's MapMaker does",
+    ),
+    (
+        "binner",
+        "noiseweighted",
+        "the map-maker names its noise-weighted map itself; ask for it with \
+         mapmaker.write_noiseweighted_map",
+    ),
+    (
+        "binner",
+        "det_data",
+        "the map-maker bins mapmaker.det_data (TOAST's MapMaker sets its binner's det_data)",
+    ),
+    (
+        "mapmaker",
+        "keep_solver_products",
+        "the run ends with the map-maker, whose products are written (write_*) or dropped",
+    ),
+    (
+        "mapmaker",
+        "keep_final_products",
+        "the run ends with the map-maker, whose products are written (write_*) or dropped",
+    ),
+    (
+        "mapmaker",
+        "save_cleaned",
+        "the run ends with the map-maker and writes no timestream",
+    ),
+    (
+        "mapmaker",
+        "overwrite_cleaned",
+        "the run ends with the map-maker and writes no timestream",
+    ),
+    (
+        "mapmaker",
+        "reset_pix_dist",
+        "the workflow builds the pixel distribution once (ScanHealpixMap) and the map-maker \
+         reuses it",
+    ),
+    (
+        "mapmaker",
+        "write_solver_products",
+        "writing the solver's products is not implemented",
+    ),
+    (
+        "baselines",
+        "precond_width",
+        "it sizes the noise prior's banded preconditioner (baselines.use_noise_prior), which \
+         is not implemented",
+    ),
+];
+
+/// The value a [`FIXED`] key must have: the workflow's default, else the
+/// operator's.
+fn fixed_value(section: &str, key: &str) -> Option<Value> {
+    fn default_of<T: serde::Serialize + Default>() -> Option<Table> {
+        match Value::try_from(T::default()) {
+            Ok(Value::Table(t)) => Some(t),
+            _ => None,
+        }
+    }
+    if let Some(Value::Table(t)) = workflow_defaults("tiny").get(section) {
+        if let Some(v) = t.get(key) {
+            return Some(v.clone());
+        }
+    }
+    let defaults = match section {
+        "det_pointing" => default_of::<PointingDetectorConfig>(),
+        "pixels" => default_of::<PixelsHealpixConfig>(),
+        "scan_map" => default_of::<ScanHealpixMapConfig>(),
+        "weights" => default_of::<StokesWeightsConfig>(),
+        "binner" => default_of::<BinnerConfig>(),
+        "mapmaker" => default_of::<MapMakerConfig>(),
+        "baselines" => default_of::<OffsetConfig>(),
+        _ => None,
+    }?;
+    defaults.get(key).cloned()
+}
+
+/// The default of a `scan_map` key of the synthetic sky.
+fn synthetic_default(key: &str) -> Option<Value> {
+    match Value::try_from(ScanHealpixMapConfig::default()) {
+        Ok(Value::Table(t)) => t.get(key).cloned(),
+        _ => None,
+    }
+}
+
+/// Refuse a [`FIXED`] key at another value than its default, a
+/// synthetic sky's setting (`seed`, `fwhm_arcmin`, `toast_ring_as_nest`)
+/// or `enabled = false` with a sky map file, a
+/// `scan_map.pixel_dist` other than `binner.pixel_dist`, a Stokes mode
+/// other than IQU and a dispatch override of an operator the workflow
+/// does not run.
+fn check_workflow_keys(table: &Table, cfg: &SatelliteConfig) -> Result<(), ConfigError> {
+    let given = |section: &str, key: &str| match table.get(section) {
+        Some(Value::Table(t)) => t.get(key).cloned(),
+        _ => None,
+    };
+    for (section, key, why) in FIXED {
+        let Some(v) = given(section, key) else {
+            continue;
+        };
+        let fixed = fixed_value(section, key);
+        if fixed.as_ref() != Some(&v) {
+            let accepted = match fixed {
+                Some(f) => format!("only {key} = {f}"),
+                None => format!("no {key}"),
+            };
+            return Err(section_err(
+                section,
+                format!("{key} = {v}: the workflow accepts {accepted}: {why}"),
+            ));
+        }
+    }
+    if !cfg.scan_map.file.is_empty() {
+        if !cfg.scan_map.enabled {
+            return Err(section_err(
+                "scan_map",
+                format!(
+                    "file = {:?} with enabled = false: the sky map would not be read (drop \
+                     the file or --sky-map, or enable the scan)",
+                    cfg.scan_map.file
+                ),
+            ));
+        }
+        for key in ["seed", "fwhm_arcmin", "toast_ring_as_nest"] {
+            let (Some(v), Some(d)) = (given("scan_map", key), synthetic_default(key)) else {
+                continue;
+            };
+            if v != d {
+                return Err(section_err(
+                    "scan_map",
+                    format!(
+                        "{key} = {v}: it shapes the synthetic sky, but the sky is read from \
+                         file = {:?}",
+                        cfg.scan_map.file
+                    ),
+                ));
+            }
+        }
+    }
+    let scan_dist = given("scan_map", "pixel_dist");
+    if scan_dist.is_some_and(|d| d.as_str() != Some(cfg.binner.pixel_dist.as_str())) {
+        return Err(section_err(
+            "scan_map",
+            format!(
+                "pixel_dist = {:?}: must be binner.pixel_dist ({:?}): the map-maker reuses the \
+                 distribution the sky scan builds (set binner.pixel_dist to rename both)",
+                cfg.scan_map.pixel_dist, cfg.binner.pixel_dist
+            ),
+        ));
+    }
+    if cfg.weights.mode != crate::ops::StokesMode::IQU {
+        return Err(section_err(
+            "weights",
+            format!(
+                "mode = {:?}: the workflow scans an I, Q, U sky and makes I, Q, U maps; only \
+                 \"IQU\"",
+                cfg.weights.mode
+            ),
+        ));
+    }
+    for s in &cfg.dispatch {
+        let Some((op, _)) = s.strip_prefix("operator.").and_then(|r| r.split_once('=')) else {
+            continue;
+        };
+        let op = op.trim();
+        if !DISPATCH_OPERATORS.contains(&op) {
+            return Err(section_err(
+                "dispatch",
+                format!(
+                    "{s}: no operator `{op}` calls kernels in this workflow (operators: {})",
+                    DISPATCH_OPERATORS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// The parsed configuration.
 #[derive(Debug, Clone)]
@@ -341,7 +606,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
                 .map_err(|e| section_err("dispatch", format!("{s}: {e}")))?;
         }
     }
-    let cfg = SatelliteConfig {
+    let mut cfg = SatelliteConfig {
         sim_satellite: section(&table, "sim_satellite")?,
         default_model: section(&table, "default_model")?,
         scan_map: section(&table, "scan_map")?,
@@ -361,6 +626,9 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
     cfg.binner.validate()?;
     crate::pixels::check_submap(cfg.pixels.nside, cfg.pixels.nside_submap)
         .map_err(|x| section_err("pixels", x.to_string()))?;
+    check_workflow_keys(&cfg.table, &cfg)?;
+    // The sky scan builds the distribution the map-maker reuses.
+    cfg.scan_map.pixel_dist = cfg.binner.pixel_dist.clone();
     if !cfg.pixels.nest {
         return Err(section_err(
             "pixels",
@@ -476,5 +744,48 @@ mod tests {
         assert!(e.contains("[pixels]"), "{e}");
         let e = cfg(&["dispatch.kernel.nosuch=cpu"]).unwrap_err();
         assert!(e.contains("[dispatch]"), "{e}");
+    }
+
+    #[test]
+    fn keys_without_effect_are_refused() {
+        for (section, key, _) in FIXED {
+            // Its default is accepted (config.toml lists every key)...
+            let v = fixed_value(section, key);
+            if let Some(v) = &v {
+                cfg(&[&format!("{section}.{key}={v}")]).unwrap();
+            }
+            // ...another value is not, naming the key.
+            let other = match v {
+                Some(Value::Boolean(b)) => (!b).to_string(),
+                Some(Value::Integer(i)) => (i + 1).to_string(),
+                _ => "\"other\"".to_string(),
+            };
+            let e = cfg(&[&format!("{section}.{key}={other}")]).unwrap_err();
+            assert!(e.contains(&format!("[{section}] {key} = ")), "{e}");
+            assert!(e.contains("the workflow accepts"), "{e}");
+        }
+        let e = cfg(&["binner.noiseweighted=nw"]).unwrap_err();
+        assert!(e.contains("[binner] noiseweighted"), "{e}");
+        let e = cfg(&["scan_map.pixel_dist=other"]).unwrap_err();
+        assert!(e.contains("[scan_map] pixel_dist"), "{e}");
+        cfg(&["scan_map.pixel_dist=pd", "binner.pixel_dist=pd"]).unwrap();
+        // Renaming the binner's renames the scan's; config.toml reads back.
+        let c = cfg(&["binner.pixel_dist=pd"]).unwrap();
+        assert_eq!(c.scan_map.pixel_dist, "pd");
+        build(to_toml(&c).unwrap().parse::<Table>().unwrap()).unwrap();
+        let e = cfg(&["scan_map.file=sky.fits", "scan_map.seed=7"]).unwrap_err();
+        assert!(e.contains("[scan_map] seed = 7"), "{e}");
+        assert!(e.contains("sky.fits"), "{e}");
+        let e = cfg(&["scan_map.file=sky.fits", "scan_map.enabled=false"]).unwrap_err();
+        assert!(e.contains("would not be read"), "{e}");
+        cfg(&["scan_map.seed=7", "scan_map.fwhm_arcmin=10"]).unwrap();
+        let e = cfg(&["weights.mode=I"]).unwrap_err();
+        assert!(e.contains("[weights] mode"), "{e}");
+        let e = cfg(&["dispatch.operator.NoSuchOp=cpu"]).unwrap_err();
+        assert!(e.contains("operator.NoSuchOp=cpu"), "{e}");
+        assert!(e.contains("template_matrix"), "{e}");
+        for op in DISPATCH_OPERATORS {
+            cfg(&[&format!("dispatch.operator.{op}=cpu")]).unwrap();
+        }
     }
 }

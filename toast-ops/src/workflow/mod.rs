@@ -32,7 +32,8 @@
 //!     }
 //! }
 //! let run = job.run(sim, registry, comm, "example", &mut Silent, &mut Keep(None))?;
-//! println!("{} hits", run.expect("one process is rank 0").stats.totalhits);
+//! let stats = run.expect("one process is rank 0").stats;
+//! println!("{} hits", stats.maps.map_or(0, |m| m.totalhits));
 //! # Ok(())
 //! # }
 //! ```
@@ -44,6 +45,6 @@ pub mod satellite;
 pub use config::{ConfigError, SatelliteConfig};
 pub use presets::Sizing;
 pub use satellite::{
-    FrontEndError, MapProducts, Phases, ProductSink, RunStats, SatelliteJob, SatelliteRun, Silent,
-    SizeOverrides, WorkflowError, PHASES,
+    FrontEndError, MapProducts, MapSummary, Phases, ProductSink, RunStats, SatelliteJob,
+    SatelliteRun, Silent, SizeOverrides, WorkflowError, PHASES,
 };

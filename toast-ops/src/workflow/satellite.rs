@@ -31,7 +31,7 @@ use crate::sim::sky::SkyConfig;
 use crate::sim::{
     core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, SimNoise, SimSatellite,
 };
-use crate::{MapMaker, MapMakerResult, MapMakerSetup};
+use crate::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -136,6 +136,18 @@ pub enum WorkflowError {
     /// A dispatch setting that names no usable backend.
     #[error("dispatch {setting}: {reason}")]
     Dispatch { setting: String, reason: String },
+    /// The map-maker's solve diverged (a non-finite residual): `input`
+    /// names what was scanned into the timestream it solved.
+    #[error(
+        "MapMaker: the solve diverged on {input}: {source}; values that large overflow the \
+         solve: check that input"
+    )]
+    Diverged {
+        /// The sky that was scanned, and its largest absolute value.
+        input: String,
+        #[source]
+        source: Box<OpError>,
+    },
     /// A phase (operator) failed.
     #[error("{phase}: {source}")]
     Phase {
@@ -240,15 +252,29 @@ impl Phases for Silent {
     fn finish(&mut self, _: usize, _: &str, _: f64) {}
 }
 
-/// The map-maker's products, whole (every submap), on rank 0.
+/// The map-maker's products, whole (every submap), on rank 0. The hits
+/// and the destriped map are always there (the run's statistics read
+/// them); the others when the configuration asks for them
+/// (`mapmaker.write_binmap`, `write_cov`, `write_invcov`, `write_rcond`,
+/// `write_noiseweighted_map`). Whether the hits and the map are written is
+/// the sink's to read (`write_hits`, `write_map`).
 #[derive(Debug)]
 pub struct MapProducts {
     /// Hits per pixel.
     pub hits: PixelData<i64>,
-    /// The binned map of the raw timestream, when the map-maker wrote it.
+    /// The binned map of the raw timestream.
     pub binmap: Option<PixelData<f64>>,
     /// The destriped map.
     pub map: PixelData<f64>,
+    /// The white-noise covariance: per pixel the upper triangle of the
+    /// `nnz × nnz` matrix, row by row (II, IQ, IU, QQ, QU, UU).
+    pub cov: Option<PixelData<f64>>,
+    /// The inverse covariance, packed as `cov`.
+    pub invcov: Option<PixelData<f64>>,
+    /// The reciprocal condition number of each pixel's covariance.
+    pub rcond: Option<PixelData<f64>>,
+    /// The noise-weighted destriped map.
+    pub noiseweighted: Option<PixelData<f64>>,
     /// TOAST's extra FITS header cards (time span, detector counts).
     pub header: Vec<fits::HeaderCard>,
 }
@@ -311,13 +337,11 @@ pub struct ProcessRecord {
     pub peak_memory_bytes: f64,
 }
 
-/// The run's statistics (`stats.json`): TOAST's map statistics of the
-/// destriped map (all pixels, zeros included, ddof 1) and what the run
-/// cost.
+/// TOAST's map statistics of the destriped map (all pixels, zeros
+/// included, ddof 1) and how the solve ended.
 #[derive(Debug, Clone, Serialize)]
 #[allow(non_snake_case)] // TOAST's statistic names
-pub struct RunStats {
-    pub case: String,
+pub struct MapSummary {
     pub totalhits: i64,
     pub mean_I: f64,
     pub mean_Q: f64,
@@ -325,6 +349,21 @@ pub struct RunStats {
     pub rms_I: f64,
     pub rms_Q: f64,
     pub rms_U: f64,
+    pub cg_iterations: usize,
+    pub converged: bool,
+    pub n_amplitudes: usize,
+    pub n_flagged_amplitudes: usize,
+}
+
+/// The run's statistics (`stats.json`): the map statistics ([`MapSummary`],
+/// absent when `mapmaker.enabled = false`) and what the run cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunStats {
+    pub case: String,
+    /// Whether the map-maker ran (`mapmaker.enabled`).
+    pub mapmaker_enabled: bool,
+    #[serde(flatten)]
+    pub maps: Option<MapSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sky_map: Option<String>,
     pub processes: usize,
@@ -336,10 +375,6 @@ pub struct RunStats {
     pub wall_time_s: f64,
     pub peak_memory_bytes: f64,
     pub predicted_memory_bytes: f64,
-    pub cg_iterations: usize,
-    pub converged: bool,
-    pub n_amplitudes: usize,
-    pub n_flagged_amplitudes: usize,
     pub n_det: u64,
     pub n_obs: u64,
     pub samples: u64,
@@ -596,8 +631,9 @@ impl SatelliteJob {
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("DefaultNoiseModel"))
         })?;
-        let mut scan_cfg = cfg.scan_map.clone();
-        scan_cfg.pixel_dist = cfg.binner.pixel_dist.clone();
+        let scan_cfg = cfg.scan_map.clone();
+        // What the map-maker solves: named if its solve diverges.
+        let mut sky_input = "no sky (scan_map.enabled = false)".to_string();
         run_phase(phases, 2, &mut ctx, |ctx| {
             if !scan_cfg.enabled {
                 return Ok(());
@@ -617,6 +653,7 @@ impl SatelliteJob {
                 )
                 .map_err(&err)?,
             };
+            sky_input = describe_sky(&sky, &scan_cfg);
             let pointing = PointingOps::new(
                 PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
                 PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
@@ -649,27 +686,44 @@ impl SatelliteJob {
             pixels_final: None,
         };
         let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
+        let enabled = cfg.mapmaker.enabled;
         let res = run_phase(phases, 4, &mut ctx, |ctx| {
-            mm.run(&mut data, ctx)
-                .map_err(WorkflowError::phase("MapMaker"))
+            if !enabled {
+                tracing::info!("MapMaker: skipped (mapmaker.enabled = false)");
+                return Ok(None);
+            }
+            mm.run(&mut data, ctx).map(Some).map_err(|e| match e {
+                e @ OpError::Numerical { .. } => WorkflowError::Diverged {
+                    input: sky_input.clone(),
+                    source: Box::new(e),
+                },
+                e => WorkflowError::phase("MapMaker")(e),
+            })
         })?;
         let span = time_span(&*comm, &data)?;
         // What each rank really holds (from its data, not from the plan).
         let processes = gather_processes(&*comm, &data, &cfg.binner.pixel_dist)?;
+        // Rank 0: `Some(None)` when the map-maker did not run.
         let map_stats = run_phase(phases, 5, &mut ctx, |ctx| {
+            let Some(res) = &res else {
+                return Ok(Some(None));
+            };
             let comm = comm_of(ctx);
-            let Some(products) = gather_products(&*comm, &data, &res, s.n_det as i64, span)? else {
+            let header =
+                fits::toast_extra_header(span.0, span.1, s.n_det as i64, s.n_det as i64, "3.0.6");
+            let Some(products) = gather_products(&*comm, &data, res, &cfg.mapmaker, header)? else {
                 return Ok(None);
             };
             sink.store(self, &products)
                 .map_err(WorkflowError::FrontEnd)?;
             let hits = products.hits.to_full_sky().iter().sum::<i64>();
-            Ok(Some((hits, products.map.stats())))
+            Ok(Some(Some((hits, products.map.stats()))))
         })?;
         let _ = ctx.timers.exit(timer_root);
         ctx.timers.stop_all();
         let wall = t_start.elapsed().as_secs_f64();
-        let communication = communication_times(&*comm, &ctx, res.iterations)?;
+        let iterations = res.as_ref().map_or(0, |r| r.iterations);
+        let communication = communication_times(&*comm, &ctx, iterations)?;
         let timers = toast_core::comm::gather_timer_stats(&*comm, &ctx.timers)
             .map_err(|e| WorkflowError::gather("gathering timers", e))?;
         let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
@@ -678,7 +732,7 @@ impl SatelliteJob {
             .and_then(|_| comm.allreduce_f64(&mut peaks[1..], ReduceOp::Sum))
             .and_then(|_| comm.allreduce_f64(&mut walls, ReduceOp::Max))
             .map_err(|e| WorkflowError::gather("gathering statistics", e))?;
-        let (Some((totalhits, st)), Some(timers), Some(distribution), true) =
+        let (Some(map_stats), Some(timers), Some(distribution), true) =
             (map_stats, timers, processes, root)
         else {
             return Ok(None);
@@ -701,15 +755,25 @@ impl SatelliteJob {
             .meta
             .object::<Arc<PixelDistribution>>(&cfg.binner.pixel_dist)
             .ok();
+        let maps = map_stats
+            .zip(res.as_ref())
+            .map(|((totalhits, st), res)| MapSummary {
+                totalhits,
+                mean_I: st.mean[0],
+                mean_Q: st.mean[1],
+                mean_U: st.mean[2],
+                rms_I: st.rms[0],
+                rms_Q: st.rms[1],
+                rms_U: st.rms[2],
+                cg_iterations: res.iterations,
+                converged: res.converged,
+                n_amplitudes: res.n_amplitudes,
+                n_flagged_amplitudes: res.n_flagged_amplitudes,
+            });
         let stats = RunStats {
             case: self.case.clone(),
-            totalhits,
-            mean_I: st.mean[0],
-            mean_Q: st.mean[1],
-            mean_U: st.mean[2],
-            rms_I: st.rms[0],
-            rms_Q: st.rms[1],
-            rms_U: st.rms[2],
+            mapmaker_enabled: enabled,
+            maps,
             sky_map: self.sky_file.as_ref().map(|p| p.display().to_string()),
             processes: comm.size(),
             group_size,
@@ -720,10 +784,6 @@ impl SatelliteJob {
             wall_time_s: walls[0],
             peak_memory_bytes: peaks[0],
             predicted_memory_bytes: self.predicted_memory(),
-            cg_iterations: res.iterations,
-            converged: res.converged,
-            n_amplitudes: res.n_amplitudes,
-            n_flagged_amplitudes: res.n_flagged_amplitudes,
             n_det: s.n_det,
             n_obs: s.n_obs,
             samples: s.samples(),
@@ -902,32 +962,38 @@ fn communication_times(
     })
 }
 
-/// Gather the hit map and the binned and destriped maps onto rank 0
-/// (`None` on other ranks). Every rank calls it.
+/// Gather the map-maker's products onto rank 0 (`None` on other ranks):
+/// the hits and the destriped map, and those `mm` asks to write (see
+/// [`MapProducts`]). Every rank calls it.
 fn gather_products(
     comm: &dyn Comm,
     data: &Data,
     res: &MapMakerResult,
-    n_det: i64,
-    span: (f64, f64),
+    mm: &MapMakerConfig,
+    header: Vec<fits::HeaderCard>,
 ) -> Result<Option<MapProducts>, WorkflowError> {
-    let gerr = |k: &str, e: OpError| WorkflowError::gather(format!("gathering map {k}"), e);
     let product = |key: &str| -> Result<Option<PixelData<f64>>, WorkflowError> {
         let m = data
             .meta
             .object::<PixelData<f64>>(key)
             .map_err(|e| WorkflowError::gather(format!("map-maker product {key}"), e))?;
-        gather_map(comm, m, 0).map_err(|e| gerr(key, e))
+        gather_map(comm, m, 0).map_err(|e| WorkflowError::gather(format!("gathering map {key}"), e))
+    };
+    let optional = |key: Option<&String>, wanted: bool| match key {
+        Some(k) if wanted => product(k),
+        _ => Ok(None),
     };
     let hits = data
         .meta
         .object::<PixelData<i64>>(&res.hits)
         .map_err(|e| WorkflowError::gather(format!("map-maker product {}", res.hits), e))?;
-    let hits = gather_map(comm, hits, 0).map_err(|e| gerr(&res.hits, e))?;
-    let binmap = match &res.binmap {
-        Some(b) => product(b)?,
-        None => None,
-    };
+    let hits = gather_map(comm, hits, 0)
+        .map_err(|e| WorkflowError::gather(format!("gathering map {}", res.hits), e))?;
+    let binmap = optional(res.binmap.as_ref(), true)?;
+    let cov = optional(Some(&res.cov), mm.write_cov)?;
+    let invcov = optional(res.invcov.as_ref(), mm.write_invcov)?;
+    let rcond = optional(Some(&res.rcond), mm.write_rcond)?;
+    let noiseweighted = optional(res.noiseweighted_map.as_ref(), mm.write_noiseweighted_map)?;
     let map = product(&res.map)?;
     let (Some(hits), Some(map)) = (hits, map) else {
         return Ok(None);
@@ -936,8 +1002,31 @@ fn gather_products(
         hits,
         binmap,
         map,
-        header: fits::toast_extra_header(span.0, span.1, n_det, n_det, "3.0.6"),
+        cov,
+        invcov,
+        rcond,
+        noiseweighted,
+        header,
     }))
+}
+
+/// The sky a run scans, as a solve that diverges names it: the file or the
+/// synthetic sky's settings, and its largest absolute value.
+fn describe_sky(sky: &InputSky, cfg: &crate::sim::ScanHealpixMapConfig) -> String {
+    let peak = sky
+        .maps
+        .iter()
+        .flatten()
+        .fold(0.0f32, |m, x| m.max(x.abs()));
+    let what = if sky.source == "synthetic" {
+        format!(
+            "the synthetic sky (scan_map.seed = {}, fwhm_arcmin = {})",
+            cfg.seed, cfg.fwhm_arcmin
+        )
+    } else {
+        format!("sky map {}", sky.source)
+    };
+    format!("{what}, largest |value| {peak:e} K")
 }
 
 #[cfg(test)]
@@ -986,6 +1075,35 @@ mod tests {
             .to_string();
         assert!(e.contains("sim_satellite.obs_minutes 1000000000000"), "{e}");
         assert!(job(&[], 2).is_ok());
+    }
+
+    #[test]
+    fn a_diverging_solve_names_its_input() {
+        let sky = InputSky {
+            nside: 1,
+            maps: [vec![1.0; 12], vec![-3e38; 12], vec![0.0; 12]],
+            source: "sky.fits".into(),
+        };
+        let cfg = crate::sim::ScanHealpixMapConfig::default();
+        let e = WorkflowError::Diverged {
+            input: describe_sky(&sky, &cfg),
+            source: Box::new(OpError::Numerical {
+                what: "mapmaker: PCG residual is not finite (NaN) at iteration 0".into(),
+            }),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("MapMaker: the solve diverged on sky map sky.fits"),
+            "{msg}"
+        );
+        assert!(msg.contains("largest |value| 3e38 K"), "{msg}");
+        assert!(msg.contains("PCG residual is not finite"), "{msg}");
+        assert!(!msg.contains("invalid configuration"), "{msg}");
+        let synthetic = InputSky {
+            source: "synthetic".into(),
+            ..sky
+        };
+        assert!(describe_sky(&synthetic, &cfg).starts_with("the synthetic sky (scan_map.seed = "));
     }
 
     #[test]

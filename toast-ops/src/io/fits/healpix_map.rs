@@ -580,6 +580,48 @@ fn add_extra_cards(
     Ok(())
 }
 
+/// Writes full-sky float maps the way TOAST's `PixelData.write` does
+/// (`healpy.write_map` with its default column names): one map is column
+/// `T` (healpy indexes its one-map name, the string `"TEMPERATURE"`), three
+/// are `TEMPERATURE`, `Q_POLARISATION`, `U_POLARISATION`, six (a packed
+/// I/Q/U covariance) `II`, `IQ`, `IU`, `QQ`, `QU`, `UU`, any other number
+/// `COLUMN_1`, ...; each column with unit `unit` (none for `None`), as
+/// float32 (`E`) or float64 (`D`).
+pub fn write_float_maps(
+    path: &Path,
+    ordering: Ordering,
+    maps: &[&[f64]],
+    unit: Option<&str>,
+    precision: MapPrecision,
+    extra: &[HeaderCard],
+) -> Result<(), FitsError> {
+    let format = match precision {
+        MapPrecision::F32 => ColumnFormat::F32,
+        MapPrecision::F64 => ColumnFormat::F64,
+    };
+    let names: Vec<String> = match maps.len() {
+        1 => vec!["T".into()],
+        3 => ["TEMPERATURE", "Q_POLARISATION", "U_POLARISATION"]
+            .map(String::from)
+            .to_vec(),
+        6 => ["II", "IQ", "IU", "QQ", "QU", "UU"]
+            .map(String::from)
+            .to_vec(),
+        n => (1..=n).map(|i| format!("COLUMN_{i}")).collect(),
+    };
+    let cols: Vec<WriteColumn<'_>> = names
+        .iter()
+        .zip(maps)
+        .map(|(name, data)| WriteColumn {
+            name,
+            unit,
+            format,
+            data: ColumnSource::F64(data),
+        })
+        .collect();
+    write_healpix_map(path, ordering, &cols, extra)
+}
+
 /// Writes an I/Q/U map the way TOAST's MapMaker does: columns `TEMPERATURE`,
 /// `Q_POLARISATION`, `U_POLARISATION`, each with unit `unit`, as float32 (`E`)
 /// or float64 (`D`).
@@ -591,22 +633,7 @@ pub fn write_iqu_map(
     precision: MapPrecision,
     extra: &[HeaderCard],
 ) -> Result<(), FitsError> {
-    let format = match precision {
-        MapPrecision::F32 => ColumnFormat::F32,
-        MapPrecision::F64 => ColumnFormat::F64,
-    };
-    let names = ["TEMPERATURE", "Q_POLARISATION", "U_POLARISATION"];
-    let cols: Vec<WriteColumn<'_>> = names
-        .iter()
-        .zip(maps)
-        .map(|(name, data)| WriteColumn {
-            name,
-            unit: Some(unit),
-            format,
-            data: ColumnSource::F64(data),
-        })
-        .collect();
-    write_healpix_map(path, ordering, &cols, extra)
+    write_float_maps(path, ordering, &maps, Some(unit), precision, extra)
 }
 
 /// Writes a hit-count map the way TOAST's MapMaker does: one int32 (`J`)
