@@ -166,3 +166,49 @@ fn a_pixel_beyond_the_map_names_detector_and_sample() {
         b.free(h).unwrap();
     }
 }
+
+#[test]
+fn an_output_aliasing_an_input_is_refused_except_in_place_precond() {
+    let Some(b) = opencl() else { return };
+    let n = 8usize;
+    let up = |name: &str, v: &[f64]| {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let h = b.alloc(bytes.len() as u64, name).unwrap();
+        b.copy_to_device(h, 0, &bytes).unwrap();
+        h
+    };
+    let amps: Vec<f64> = (0..n).map(|i| i as f64).collect();
+    let ha = up("amplitudes", &amps);
+    let hv = up("offset_var", &[2.0; 8]);
+    let hf = b.alloc(n as u64, "amplitude_flags").unwrap();
+    let arr = |h: u64| Array {
+        ptr: h,
+        len: n as u64,
+    };
+    let args = |var: u64| abi::TemplateOffsetPrecondArgs {
+        n_amp: n as u64,
+        offset_var: arr(var),
+        amplitudes_in: arr(ha),
+        amplitude_flags: arr(hf),
+        amplitudes_out: arr(ha),
+    };
+    // SAFETY: every handle holds n elements of its type.
+    unsafe { b.launch(&args(hv)) }.unwrap();
+    let mut back = vec![0u8; 8 * n];
+    b.copy_to_host(ha, 0, &mut back).unwrap();
+    let got: Vec<f64> = back
+        .chunks_exact(8)
+        .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<f64> = amps.iter().map(|a| 2.0 * a).collect();
+    assert_eq!(got, want, "in place: out = in * offset_var");
+    // SAFETY: as above.
+    let e = unsafe { b.launch(&args(ha)) }.unwrap_err().to_string();
+    assert!(
+        e.contains("output array `amplitudes_out` is the same buffer as `offset_var`"),
+        "{e}"
+    );
+    for h in [ha, hv, hf] {
+        b.free(h).unwrap();
+    }
+}

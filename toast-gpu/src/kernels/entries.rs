@@ -2,7 +2,9 @@
 //! the arrays, plan and launch. Parameter lists follow the prototypes of
 //! `toast-accel/device/kernels.h` in order.
 
-use super::{blocks_overlap, has_duplicates, intervals_overlap, KernelLaunch};
+use super::{
+    blocks_overlap, check_key_range, has_duplicates, intervals_overlap, pixel_fault, KernelLaunch,
+};
 use crate::driver::{Driver, Param as P};
 use crate::plugin::{args_ref, ctx_ref};
 use std::ffi::c_void;
@@ -14,21 +16,6 @@ use toast_accel::plugin_support::{guard, PluginError};
 const F64: u64 = 8;
 const I64: u64 = 8;
 const U8: u64 = 1;
-
-/// Download `global2local` and check its entries (the kernels index the map
-/// with them unchecked).
-fn check_g2l<D: Driver>(
-    call: &KernelLaunch<'_, D>,
-    kernel: &'static str,
-    buf: Option<D::Buffer>,
-    n: usize,
-    n_local: usize,
-) -> Result<(), PluginError> {
-    let mut g2l = vec![0i64; n];
-    call.read_into(buf, 0, &mut g2l)?;
-    check::global2local(kernel, &g2l, n_local as u64)?;
-    Ok(())
-}
 
 pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
     ctx: *mut c_void,
@@ -42,7 +29,8 @@ pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
         let mut call = KernelLaunch::new(c, "pointing_detector");
         let bore = call.array("boresight", a.boresight, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
-        let quats = call.array("quats", a.quats, F64)?;
+        let quats = call.output("quats", a.quats, F64)?;
+        call.check_disjoint()?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
         let fp = call.small("focalplane", v.focalplane)?;
@@ -84,11 +72,13 @@ pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pixels_healpix", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_pixels_healpix(a)? };
+        check_key_range("pixels_healpix", v.n_det, v.n_samp)?;
         let mut call = KernelLaunch::new(c, "pixels_healpix");
         let quats = call.array("quats", a.quats, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
-        let pixels = call.array("pixels", a.pixels, I64)?;
-        let hits = call.array("hit_submaps", a.hit_submaps, U8)?;
+        let pixels = call.output("pixels", a.pixels, I64)?;
+        let hits = call.output("hit_submaps", a.hit_submaps, U8)?;
+        call.check_disjoint()?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
@@ -126,11 +116,17 @@ pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
             },
         )?;
         if let Some((det, s)) = call.read_error(err)? {
+            let mut q = [0f64; 4];
+            let row = u64::from(v.quat_index[det as usize] as u32);
+            call.read_into(quats, 4 * (row * v.n_samp as u64 + s), &mut q)?;
             return Err(call.fault(
                 v.intervals,
                 det,
                 s,
-                "the detector quaternion gives no valid HEALPix pixel (not finite or degenerate)",
+                &format!(
+                    "quaternion {q:?} gives no valid pixel: its direction is not finite, or the pixel is outside [0, {})",
+                    v.npix
+                ),
             ));
         }
         Ok(())
@@ -147,7 +143,7 @@ pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_stokes_weights_i(a)? };
         let mut call = KernelLaunch::new(c, "stokes_weights_I");
-        let w = call.array("weights", a.weights, F64)?;
+        let w = call.output("weights", a.weights, F64)?;
         let iv = call.intervals(v.intervals)?;
         let wi = call.small("weight_index", v.weight_index)?;
         let cal = call.small("cal", v.cal)?;
@@ -188,7 +184,8 @@ pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
         let mut call = KernelLaunch::new(c, "stokes_weights_IQU");
         let quats = call.array("quats", a.quats, F64)?;
         let hwp = call.array("hwp", a.hwp, F64)?;
-        let w = call.array("weights", a.weights, F64)?;
+        let w = call.output("weights", a.weights, F64)?;
+        call.check_disjoint()?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -246,13 +243,15 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
                 a.map_dtype
             ))
         })?;
+        check_key_range("scan_map", v.n_det, v.n_samp)?;
         let mut call = KernelLaunch::new(c, "scan_map");
         let g2l = call.array("global2local", a.global2local, I64)?;
         let map = call.array("mapdata", a.mapdata, elem)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
-        let det_data = call.array("det_data", a.det_data, F64)?;
-        check_g2l(&call, "scan_map", g2l, v.n_global_submap, v.n_local_submap)?;
+        let det_data = call.output("det_data", a.det_data, F64)?;
+        call.check_disjoint()?;
+        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -308,7 +307,7 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
                 v.intervals,
                 det,
                 s,
-                &format!("pixel {pix} is beyond the map or in a submap that is not local"),
+                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
             ));
         }
         Ok(())
@@ -324,6 +323,7 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
         let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("build_noise_weighted", a)?) };
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_build_noise_weighted(a)? };
+        check_key_range("build_noise_weighted", v.n_det, v.n_samp)?;
         let mut call = KernelLaunch::new(c, "build_noise_weighted");
         let g2l = call.array("global2local", a.global2local, I64)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
@@ -331,14 +331,9 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
         let det_data = call.array("det_data", a.det_data, F64)?;
         let det_flags = call.array("det_flags", a.det_flags, U8)?;
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
-        let zmap = call.array("zmap", a.zmap, F64)?;
-        check_g2l(
-            &call,
-            "build_noise_weighted",
-            g2l,
-            v.n_global_submap,
-            v.n_local_submap,
-        )?;
+        let zmap = call.output("zmap", a.zmap, F64)?;
+        call.check_disjoint()?;
+        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -393,7 +388,7 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
                 v.intervals,
                 det,
                 s,
-                &format!("pixel {pix} is beyond the map or in a submap that is not local"),
+                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
             ));
         }
         Ok(())
@@ -410,7 +405,7 @@ pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
         // SAFETY: host pointers valid for the declared lengths (ABI contract).
         let v = unsafe { check::check_noise_weight(a)? };
         let mut call = KernelLaunch::new(c, "noise_weight");
-        let det_data = call.array("det_data", a.det_data, F64)?;
+        let det_data = call.output("det_data", a.det_data, F64)?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
         let w = call.small("detector_weights", v.detector_weights)?;
@@ -456,7 +451,8 @@ pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
         let mut call = KernelLaunch::new(c, "template_offset_add_to_signal");
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
-        let det_data = call.array("det_data", a.det_data, F64)?;
+        let det_data = call.output("det_data", a.det_data, F64)?;
+        call.check_disjoint()?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
         let ao = call.small("amp_offset", v.layout.amp_offset)?;
@@ -507,8 +503,9 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
         let mut call = KernelLaunch::new(c, "template_offset_project_signal");
         let det_data = call.array("det_data", a.det_data, F64)?;
         let flag_data = call.array("flag_data", a.flag_data, U8)?;
-        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let amps = call.output("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        call.check_disjoint()?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
         let fi = call.small("flag_index", v.flag_index)?;
@@ -570,11 +567,13 @@ pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
         };
         // SAFETY: reads no pointer.
         let n_amp = unsafe { check::check_template_offset_precond(a)? };
-        let call = KernelLaunch::new(c, "template_offset_apply_diag_precond");
+        let mut call = KernelLaunch::new(c, "template_offset_apply_diag_precond");
         let var = call.array("offset_var", a.offset_var, F64)?;
-        let ain = call.array("amplitudes_in", a.amplitudes_in, F64)?;
         let fl = call.array("amplitude_flags", a.amplitude_flags, U8)?;
-        let aout = call.array("amplitudes_out", a.amplitudes_out, F64)?;
+        let aout = call.output("amplitudes_out", a.amplitudes_out, F64)?;
+        call.check_disjoint()?;
+        // Element-wise: amplitudes_in may be amplitudes_out (in place).
+        let ain = call.in_place_input("amplitudes_in", a.amplitudes_in, F64)?;
         call.launch(
             "toast_template_offset_apply_diag_precond",
             n_amp as u64,

@@ -18,7 +18,15 @@
 //! limit) with the source's `det0`/`iv0` arguments.
 //!
 //! The small per-detector arrays and the intervals are uploaded into pool
-//! buffers for the call and returned to the pool after it. Parameters are
+//! buffers for the call and returned to the pool after it.
+//!
+//! # Refusals before launch
+//!
+//! Besides the validator, a call is refused when an output array is the
+//! same buffer as another array argument (the source declares its arrays
+//! `restrict`; only `template_offset_apply_diag_precond` may run in place),
+//! and, for the kernels with a data-dependent error buffer, when its sizes
+//! exceed what the error key encodes (2^20 detectors, 2^44 samples). Parameters are
 //! handed to the driver as a typed list ([`Param`]); CUDA and HIP lay them
 //! out as 8-byte slots ([`ParamSlots`](crate::ParamSlots)).
 
@@ -27,6 +35,7 @@ pub(crate) mod entries;
 use crate::context::Context;
 use crate::driver::{Driver, Grid, Param};
 use toast_accel::abi::{self, SampleRange};
+use toast_accel::check;
 use toast_accel::device_source as ds;
 use toast_accel::plugin_support::PluginError;
 
@@ -35,12 +44,16 @@ const BLOCK: u32 = 128;
 /// Largest grid extent along dimensions 1 and 2.
 const MAX_GRID_YZ: usize = 65535;
 
-/// A kernel call in progress: the context, the kernel's name and the
-/// scratch buffers to return to the pool afterwards.
+/// A kernel call in progress: the context, the kernel's name, the
+/// scratch buffers to return to the pool afterwards, and the handles of the
+/// array arguments resolved so far (to refuse an output that aliases
+/// another argument).
 pub(crate) struct KernelLaunch<'c, D: Driver> {
     c: &'c Context<D>,
     kernel: &'static str,
     scratch: Vec<u64>,
+    outputs: Vec<(&'static str, u64)>,
+    inputs: Vec<(&'static str, u64)>,
 }
 
 impl<D: Driver> Drop for KernelLaunch<'_, D> {
@@ -57,6 +70,8 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             c,
             kernel,
             scratch: Vec::new(),
+            outputs: Vec::new(),
+            inputs: Vec::new(),
         }
     }
 
@@ -84,14 +99,74 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         Ok(Some(buf))
     }
 
-    /// The buffer of a kernel array argument.
+    /// The buffer of a kernel array argument the kernel only reads.
     pub(crate) fn array(
+        &mut self,
+        arg: &'static str,
+        a: abi::Array,
+        elem: u64,
+    ) -> Result<Option<D::Buffer>, PluginError> {
+        let buf = self.c.memory.array(self.kernel, arg, a, elem)?;
+        if buf.is_some() {
+            self.inputs.push((arg, a.ptr));
+        }
+        Ok(buf)
+    }
+
+    /// The buffer of a kernel array argument the kernel writes.
+    pub(crate) fn output(
+        &mut self,
+        arg: &'static str,
+        a: abi::Array,
+        elem: u64,
+    ) -> Result<Option<D::Buffer>, PluginError> {
+        let buf = self.c.memory.array(self.kernel, arg, a, elem)?;
+        if buf.is_some() {
+            self.outputs.push((arg, a.ptr));
+        }
+        Ok(buf)
+    }
+
+    /// The buffer of an input that may be the same buffer as an output (an
+    /// element-wise kernel reading each element before writing it); not
+    /// part of [`check_disjoint`](Self::check_disjoint).
+    pub(crate) fn in_place_input(
         &self,
-        arg: &str,
+        arg: &'static str,
         a: abi::Array,
         elem: u64,
     ) -> Result<Option<D::Buffer>, PluginError> {
         self.c.memory.array(self.kernel, arg, a, elem)
+    }
+
+    /// Refuse an output buffer that is also another array argument (the
+    /// device kernels declare their arrays `restrict`).
+    pub(crate) fn check_disjoint(&self) -> Result<(), PluginError> {
+        for (i, (out, h)) in self.outputs.iter().enumerate() {
+            let others = self.outputs[i + 1..].iter().chain(&self.inputs);
+            if let Some((other, _)) = others.into_iter().find(|(_, o)| o == h) {
+                return Err(PluginError::invalid(format!(
+                    "{}: output array `{out}` is the same buffer as `{other}`",
+                    self.kernel
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Download `global2local` (`n` entries) and check its entries against
+    /// `n_local` submaps (the kernels index the map with them unchecked);
+    /// the host copy, for messages.
+    pub(crate) fn global2local(
+        &self,
+        buf: Option<D::Buffer>,
+        n: usize,
+        n_local: usize,
+    ) -> Result<Vec<i64>, PluginError> {
+        let mut g2l = vec![0i64; n];
+        self.read_into(buf, 0, &mut g2l)?;
+        check::global2local(self.kernel, &g2l, n_local as u64)?;
+        Ok(g2l)
     }
 
     /// The intervals as `(first, last)` pairs on the device.
@@ -238,6 +313,36 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     }
 }
 
+/// Refuse sizes the data-dependent error key cannot encode.
+pub(crate) fn check_key_range(
+    kernel: &str,
+    n_det: usize,
+    n_samp: usize,
+) -> Result<(), PluginError> {
+    if (n_samp as u64) >> ds::ERROR_KEY_SAMPLE_BITS != 0
+        || (n_det as u64) >> (64 - ds::ERROR_KEY_SAMPLE_BITS) != 0
+    {
+        return Err(PluginError::invalid(format!(
+            "{kernel}: n_det = {n_det} / n_samp = {n_samp} exceed the device error-key range (2^20 detectors, 2^44 samples)"
+        )));
+    }
+    Ok(())
+}
+
+/// Why `pix` is not in the map, as the CPU backend words it.
+pub(crate) fn pixel_fault(pix: i64, g2l: &[i64], n_pix_submap: i64) -> String {
+    let g = pix.checked_div(n_pix_submap).unwrap_or(-1);
+    match usize::try_from(g).ok().and_then(|g| g2l.get(g)) {
+        Some(&l) => format!(
+            "pixel {pix} is in submap {g}, which is not local to this map (global2local = {l})"
+        ),
+        None => format!(
+            "pixel {pix} is beyond the map ({} submaps x {n_pix_submap} pixels)",
+            g2l.len()
+        ),
+    }
+}
+
 /// `[start, end)` chunks of `0..n`: single items when `split`, else runs of
 /// at most `MAX_GRID_YZ`.
 fn ranges(n: usize, split: bool) -> Vec<(usize, usize)> {
@@ -291,5 +396,20 @@ mod tests {
         assert!(intervals_overlap(&[iv(4, 9), iv(0, 5)]));
         assert!(blocks_overlap(&[0, 3], 4));
         assert!(!blocks_overlap(&[4, 0], 4));
+    }
+
+    #[test]
+    fn key_range_and_pixel_faults() {
+        assert!(check_key_range("k", 1 << 20, 1 << 40).is_err());
+        assert!(check_key_range("k", (1 << 20) - 1, (1 << 44) - 1).is_ok());
+        assert!(check_key_range("k", 1, 1 << 44).is_err());
+        assert_eq!(
+            pixel_fault(1000, &[0, 1], 4),
+            "pixel 1000 is beyond the map (2 submaps x 4 pixels)"
+        );
+        assert_eq!(
+            pixel_fault(5, &[0, -1], 4),
+            "pixel 5 is in submap 1, which is not local to this map (global2local = -1)"
+        );
     }
 }
