@@ -145,7 +145,7 @@ impl<D: Driver> Context<D> {
             .as_deref()
             .and_then(|f| rtc::cache_read(f).map(|c| (f, c)))
         {
-            match self.driver.load_module(&code, &ds::KERNEL_NAMES) {
+            match self.driver.load_module(&code, ds::KERNEL_NAMES) {
                 Ok(kernels) => {
                     self.log(
                         abi::LOG_DEBUG,
@@ -180,7 +180,7 @@ impl<D: Driver> Context<D> {
         if let Some(file) = &file {
             rtc::cache_write(file, &c.code);
         }
-        let kernels = self.driver.load_module(&c.code, &ds::KERNEL_NAMES)?;
+        let kernels = self.driver.load_module(&c.code, ds::KERNEL_NAMES)?;
         Ok(ds::KERNEL_NAMES.iter().copied().zip(kernels).collect())
     }
 

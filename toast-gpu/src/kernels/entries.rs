@@ -1,36 +1,70 @@
-//! The exported kernel entries: validate with `toast_accel::check`, resolve
-//! the arrays, plan and launch. Parameter lists follow the prototypes of
-//! `toast-accel/device/kernels.h` in order.
+//! The kernel entries: one generic entry ([`entry`]) that every slot of
+//! the function table instantiates, and per kernel its marshalling and
+//! launch planning ([`DeviceKernel`]). Parameter lists follow the
+//! prototypes of `toast-accel/device/kernels.h` in order.
 
 use super::{
     blocks_overlap, check_key_range, has_duplicates, intervals_overlap, pixel_fault, KernelLaunch,
 };
 use crate::driver::{Driver, Param as P};
-use crate::plugin::{args_ref, ctx_ref};
+use crate::plugin::ctx_ref;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
-use toast_accel::check;
 use toast_accel::device_source as ds;
-use toast_accel::plugin_support::{guard, PluginError};
+use toast_accel::kernels::{aliased_output, KernelArgs};
+use toast_accel::plugin_support::{guard, kernel_args, PluginError};
+
+/// One kernel on a device: resolve the array handles, upload the small
+/// arrays, plan and launch (with `call`, which frees the scratch buffers
+/// afterwards), and turn a recorded data-dependent fault into an error. One
+/// impl per kernel of the table (`toast_accel::toast_kernels!`).
+pub(crate) trait DeviceKernel: KernelArgs {
+    /// Run the kernel for the validated arguments `v` of `a`.
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError>;
+}
+
+/// The entry of every kernel (the function table instantiates it per
+/// driver and argument struct): resolve the context and the arguments,
+/// validate them, refuse an output that aliases another array argument (the
+/// source's arrays are `restrict`; the table marks the in-place inputs),
+/// then [`DeviceKernel::launch`].
+pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
+    ctx: *mut c_void,
+    args: *const A,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx.
+        let c = unsafe { ctx_ref::<D>(ctx)? };
+        // SAFETY: ABI contract on args: a valid struct whose host pointers
+        // are valid for the lengths it declares, for the call.
+        let (a, v) = unsafe { kernel_args(args)? };
+        let kernel = A::KERNEL.name();
+        if let Some((out, other)) = aliased_output(a) {
+            return Err(PluginError::invalid(format!(
+                "{kernel}: output array `{out}` is the same buffer as `{other}`"
+            )));
+        }
+        A::launch(&mut KernelLaunch::new(c, kernel), &v, a)
+    })
+}
 
 const F64: u64 = 8;
 const I64: u64 = 8;
 const U8: u64 = 1;
 
-pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::PointingDetectorArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pointing_detector", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_pointing_detector(a)? };
-        let mut call = KernelLaunch::new(c, "pointing_detector");
+impl DeviceKernel for abi::PointingDetectorArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let bore = call.array("boresight", a.boresight, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
-        let quats = call.output("quats", a.quats, F64)?;
-        call.check_disjoint()?;
+        let quats = call.array("quats", a.quats, F64)?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
         let fp = call.small("focalplane", v.focalplane)?;
@@ -60,25 +94,20 @@ pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::PixelsHealpixArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pixels_healpix", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_pixels_healpix(a)? };
+impl DeviceKernel for abi::PixelsHealpixArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         check_key_range("pixels_healpix", v.n_det, v.n_samp)?;
-        let mut call = KernelLaunch::new(c, "pixels_healpix");
         let quats = call.array("quats", a.quats, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
-        let pixels = call.output("pixels", a.pixels, I64)?;
-        let hits = call.output("hit_submaps", a.hit_submaps, U8)?;
-        call.check_disjoint()?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let hits = call.array("hit_submaps", a.hit_submaps, U8)?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
@@ -130,20 +159,16 @@ pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
             ));
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::StokesWeightsIArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_I", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_stokes_weights_i(a)? };
-        let mut call = KernelLaunch::new(c, "stokes_weights_I");
-        let w = call.output("weights", a.weights, F64)?;
+impl DeviceKernel for abi::StokesWeightsIArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let w = call.array("weights", a.weights, F64)?;
         let iv = call.intervals(v.intervals)?;
         let wi = call.small("weight_index", v.weight_index)?;
         let cal = call.small("cal", v.cal)?;
@@ -169,23 +194,18 @@ pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::StokesWeightsIquArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_IQU", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_stokes_weights_iqu(a)? };
-        let mut call = KernelLaunch::new(c, "stokes_weights_IQU");
+impl DeviceKernel for abi::StokesWeightsIquArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let quats = call.array("quats", a.quats, F64)?;
         let hwp = call.array("hwp", a.hwp, F64)?;
-        let w = call.output("weights", a.weights, F64)?;
-        call.check_disjoint()?;
+        let w = call.array("weights", a.weights, F64)?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -221,18 +241,15 @@ pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::ScanMapArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("scan_map", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_scan_map(a)? };
+impl DeviceKernel for abi::ScanMapArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let (kname, elem) = match a.map_dtype {
             abi::DTYPE_F32 | abi::DTYPE_I32 => (ds::scan_map_kernel(a.map_dtype), 4),
             _ => (ds::scan_map_kernel(a.map_dtype), 8),
@@ -244,13 +261,11 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
             ))
         })?;
         check_key_range("scan_map", v.n_det, v.n_samp)?;
-        let mut call = KernelLaunch::new(c, "scan_map");
         let g2l = call.array("global2local", a.global2local, I64)?;
         let map = call.array("mapdata", a.mapdata, elem)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
-        let det_data = call.output("det_data", a.det_data, F64)?;
-        call.check_disjoint()?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
         let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
@@ -311,28 +326,23 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
             ));
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::BuildNoiseWeightedArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("build_noise_weighted", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_build_noise_weighted(a)? };
+impl DeviceKernel for abi::BuildNoiseWeightedArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         check_key_range("build_noise_weighted", v.n_det, v.n_samp)?;
-        let mut call = KernelLaunch::new(c, "build_noise_weighted");
         let g2l = call.array("global2local", a.global2local, I64)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
         let det_data = call.array("det_data", a.det_data, F64)?;
         let det_flags = call.array("det_flags", a.det_flags, U8)?;
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
-        let zmap = call.output("zmap", a.zmap, F64)?;
-        call.check_disjoint()?;
+        let zmap = call.array("zmap", a.zmap, F64)?;
         let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
@@ -392,20 +402,16 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
             ));
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::NoiseWeightArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("noise_weight", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_noise_weight(a)? };
-        let mut call = KernelLaunch::new(c, "noise_weight");
-        let det_data = call.output("det_data", a.det_data, F64)?;
+impl DeviceKernel for abi::NoiseWeightArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let det_data = call.array("det_data", a.det_data, F64)?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
         let w = call.small("detector_weights", v.detector_weights)?;
@@ -431,28 +437,18 @@ pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::TemplateOffsetAddArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe {
-            (
-                ctx_ref::<D>(ctx)?,
-                args_ref("template_offset_add_to_signal", a)?,
-            )
-        };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_template_offset_add(a)? };
-        let mut call = KernelLaunch::new(c, "template_offset_add_to_signal");
+impl DeviceKernel for abi::TemplateOffsetAddArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
-        let det_data = call.output("det_data", a.det_data, F64)?;
-        call.check_disjoint()?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
         let ao = call.small("amp_offset", v.layout.amp_offset)?;
@@ -483,29 +479,19 @@ pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::TemplateOffsetProjectArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe {
-            (
-                ctx_ref::<D>(ctx)?,
-                args_ref("template_offset_project_signal", a)?,
-            )
-        };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_template_offset_project(a)? };
-        let mut call = KernelLaunch::new(c, "template_offset_project_signal");
+impl DeviceKernel for abi::TemplateOffsetProjectArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let det_data = call.array("det_data", a.det_data, F64)?;
         let flag_data = call.array("flag_data", a.flag_data, U8)?;
-        let amps = call.output("amplitudes", a.amplitudes, F64)?;
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
-        call.check_disjoint()?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
         let fi = call.small("flag_index", v.flag_index)?;
@@ -550,30 +536,20 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
             }
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::TemplateOffsetPrecondArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe {
-            (
-                ctx_ref::<D>(ctx)?,
-                args_ref("template_offset_apply_diag_precond", a)?,
-            )
-        };
-        // SAFETY: reads no pointer.
-        let n_amp = unsafe { check::check_template_offset_precond(a)? };
-        let mut call = KernelLaunch::new(c, "template_offset_apply_diag_precond");
+impl DeviceKernel for abi::TemplateOffsetPrecondArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let n_amp = *v;
         let var = call.array("offset_var", a.offset_var, F64)?;
         let fl = call.array("amplitude_flags", a.amplitude_flags, U8)?;
-        let aout = call.output("amplitudes_out", a.amplitudes_out, F64)?;
-        call.check_disjoint()?;
-        // Element-wise: amplitudes_in may be amplitudes_out (in place).
-        let ain = call.in_place_input("amplitudes_in", a.amplitudes_in, F64)?;
+        let aout = call.array("amplitudes_out", a.amplitudes_out, F64)?;
+        let ain = call.array("amplitudes_in", a.amplitudes_in, F64)?;
         call.launch(
             "toast_template_offset_apply_diag_precond",
             n_amp as u64,
@@ -587,5 +563,5 @@ pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
                 P::Buffer(aout),
             ],
         )
-    })
+    }
 }

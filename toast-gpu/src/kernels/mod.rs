@@ -24,7 +24,8 @@
 //!
 //! Besides the validator, a call is refused when an output array is the
 //! same buffer as another array argument (the source declares its arrays
-//! `restrict`; only `template_offset_apply_diag_precond` may run in place),
+//! `restrict`; only inputs the kernel table marks `InPlace`, those of
+//! `template_offset_apply_diag_precond`, may share an output's buffer),
 //! and, for the kernels with a data-dependent error buffer, when its sizes
 //! exceed what the error key encodes (2^20 detectors, 2^44 samples). Parameters are
 //! handed to the driver as a typed list ([`Param`]); CUDA and HIP lay them
@@ -44,16 +45,12 @@ const BLOCK: u32 = 128;
 /// Largest grid extent along dimensions 1 and 2.
 const MAX_GRID_YZ: usize = 65535;
 
-/// A kernel call in progress: the context, the kernel's name, the
-/// scratch buffers to return to the pool afterwards, and the handles of the
-/// array arguments resolved so far (to refuse an output that aliases
-/// another argument).
+/// A kernel call in progress: the context, the kernel's name and the
+/// scratch buffers to return to the pool afterwards.
 pub(crate) struct KernelLaunch<'c, D: Driver> {
     c: &'c Context<D>,
     kernel: &'static str,
     scratch: Vec<u64>,
-    outputs: Vec<(&'static str, u64)>,
-    inputs: Vec<(&'static str, u64)>,
 }
 
 impl<D: Driver> Drop for KernelLaunch<'_, D> {
@@ -70,8 +67,6 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             c,
             kernel,
             scratch: Vec::new(),
-            outputs: Vec::new(),
-            inputs: Vec::new(),
         }
     }
 
@@ -99,59 +94,14 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         Ok(Some(buf))
     }
 
-    /// The buffer of a kernel array argument the kernel only reads.
+    /// The buffer of a kernel array argument.
     pub(crate) fn array(
-        &mut self,
-        arg: &'static str,
-        a: abi::Array,
-        elem: u64,
-    ) -> Result<Option<D::Buffer>, PluginError> {
-        let buf = self.c.memory.array(self.kernel, arg, a, elem)?;
-        if buf.is_some() {
-            self.inputs.push((arg, a.ptr));
-        }
-        Ok(buf)
-    }
-
-    /// The buffer of a kernel array argument the kernel writes.
-    pub(crate) fn output(
-        &mut self,
-        arg: &'static str,
-        a: abi::Array,
-        elem: u64,
-    ) -> Result<Option<D::Buffer>, PluginError> {
-        let buf = self.c.memory.array(self.kernel, arg, a, elem)?;
-        if buf.is_some() {
-            self.outputs.push((arg, a.ptr));
-        }
-        Ok(buf)
-    }
-
-    /// The buffer of an input that may be the same buffer as an output (an
-    /// element-wise kernel reading each element before writing it); not
-    /// part of [`check_disjoint`](Self::check_disjoint).
-    pub(crate) fn in_place_input(
         &self,
-        arg: &'static str,
+        arg: &str,
         a: abi::Array,
         elem: u64,
     ) -> Result<Option<D::Buffer>, PluginError> {
         self.c.memory.array(self.kernel, arg, a, elem)
-    }
-
-    /// Refuse an output buffer that is also another array argument (the
-    /// device kernels declare their arrays `restrict`).
-    pub(crate) fn check_disjoint(&self) -> Result<(), PluginError> {
-        for (i, (out, h)) in self.outputs.iter().enumerate() {
-            let others = self.outputs[i + 1..].iter().chain(&self.inputs);
-            if let Some((other, _)) = others.into_iter().find(|(_, o)| o == h) {
-                return Err(PluginError::invalid(format!(
-                    "{}: output array `{out}` is the same buffer as `{other}`",
-                    self.kernel
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Download `global2local` (`n` entries) and check its entries against
