@@ -11,62 +11,19 @@
 //! PoCL (`pocl-opencl-icd`) and sets `TOAST_REQUIRE_OPENCL=1`, so there the
 //! absence of OpenCL is a failure, never a silent pass.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use toast_accel::abi::{self, Array, SampleRange, SampleRanges};
-use toast_accel::host::conformance::{run_dir, CaseOutcome, Comparison};
-use toast_accel::host::{AccelError, Backend};
-use toast_testkit::plugins::{load, skip_unless_required};
+use toast_accel::host::Backend;
+use toast_tests::{backend_or_skip, conformance_suite};
 
-fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
-}
+conformance_suite!(
+    all_cases_pass_on_opencl: backend = "opencl", options = "", require = "TOAST_REQUIRE_OPENCL",
+    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted],
+);
 
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {
-    match Arc::new(load("opencl")).init("") {
-        Ok(b) => Some(b),
-        Err(e) => {
-            skip_unless_required("TOAST_REQUIRE_OPENCL", &e);
-            assert!(
-                matches!(e, AccelError::Unavailable { .. }),
-                "an absent OpenCL must be `unavailable`, got: {e}"
-            );
-            None
-        }
-    }
-}
-
-#[test]
-fn all_cases_pass_on_opencl() {
-    let Some(b) = opencl() else { return };
-    assert!(!b.host_addressable());
-    assert_eq!(Comparison::for_backend(&b), Comparison::Tolerant);
-    let results = run_dir(&b, &cases_dir());
-    assert_eq!(results.len(), 29);
-    let mut failures = Vec::new();
-    for (path, r) in &results {
-        match r {
-            Ok(o) if o.is_pass() => {
-                if let CaseOutcome::PassTolerant { .. } = o {
-                    // Only the two relaxed kernels may need the tolerance.
-                    let n = path.file_name().unwrap().to_string_lossy();
-                    assert!(
-                        n.starts_with("stokes_weights_IQU")
-                            || n.starts_with("build_noise_weighted"),
-                        "{n}: {o}"
-                    );
-                }
-            }
-            Ok(o) => failures.push(format!("{}: {o}", path.display())),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
-    let st = b.stats().snapshot();
-    assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
-    assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");
+    backend_or_skip("opencl", "", "TOAST_REQUIRE_OPENCL")
 }
 
 #[test]
