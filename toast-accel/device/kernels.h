@@ -17,8 +17,18 @@
  * device arrays.
  *
  * Arithmetic follows the CPU reference (backend-cpu, TOAST 3.0.6's C++)
- * operation for operation with FP contraction disabled; atan2/sin/cos may
- * differ from glibc's by an ulp or so on a device.  build_noise_weighted
+ * operation for operation with FP contraction disabled.  Where a result is
+ * an integer decided by the last bit of a double (the HEALPix pixel), every
+ * operation on the way must round as glibc does on the CPU: + - * / sqrt,
+ * fabs, floor and the conversions are exact or correctly rounded on every
+ * target, but a device's atan2 is not (see toast_atan2), so pixels_healpix
+ * uses toast_atan2, a correctly rounded atan2 written here.  No other
+ * kernel turns a rounded value into a branch or an index: pointing_detector,
+ * scan_map, noise_weight and the template kernels use only + - * on doubles
+ * and integer arithmetic (exact, contraction off); the angles of
+ * stokes_weights_IQU use the target's atan2/sin/cos, an ulp or so from
+ * glibc's, and only feed floating-point outputs (its NaN for a rotated
+ * z below -1 comes from sqrt, exact everywhere).  build_noise_weighted
  * accumulates with atomics, so its summation order (and the last bits of
  * zmap) is not deterministic; every other kernel writes each output element
  * from one thread, template_offset_project_signal summing each amplitude's
@@ -108,6 +118,145 @@ DEVICE_FN i64 toast_xy2pix(i64 x, i64 y) {
            toast_wshl(toast_ut(y, 24), 49);
 }
 
+/* ---- a correctly rounded atan2 ------------------------------------------ */
+
+/* pixels_healpix needs atan2 to the last bit: at a pixel boundary (z = 2/3
+ * at phi = 3pi/4, or any phi on a quadrant seam or halfway between) the
+ * pixel changes with one ulp of phi.  TOAST calls glibc's atan2, which is
+ * correctly rounded; a device's atan2 is only faithful (PoCL 3.1 returns
+ * 2.3561944901923448 for atan2(0.52704627669473014, -0.52704627669472981),
+ * 0.505 ulp from the true value, where glibc returns 2.3561944901923444,
+ * 0.495 ulp; CUDA and HIP document up to 2 ulps).  toast_atan2 evaluates
+ * atan2 in double-double (relative error about 2^-80) and rounds once, so it
+ * gives glibc's result except for inputs whose atan2 lies within about
+ * 2^-27 ulp of a rounding midpoint.  It needs a correctly rounded fma,
+ * division and sqrt, which every target has (cl_khr_fp64, CUDA, HIP, the
+ * host).  Zeros, infinities and NaNs go to the target's atan2, whose special
+ * values (+-0, +-pi/2, +-pi, +-pi/4, +-3pi/4, NaN) are exact constants. */
+
+/* s + e = a + b exactly. */
+DEVICE_FN void toast_two_sum(double a, double b, double *s, double *e) {
+    double x = a + b;
+    double bb = x - a;
+    *e = (a - (x - bb)) + (b - bb);
+    *s = x;
+}
+
+/* s + e = a + b exactly, for |a| >= |b| (or a = 0). */
+DEVICE_FN void toast_fast_two_sum(double a, double b, double *s, double *e) {
+    double x = a + b;
+    *e = b - (x - a);
+    *s = x;
+}
+
+/* (h, l) = (ah, al) + (bh, bl), double-double, normalised. */
+DEVICE_FN void toast_dd_add(double ah, double al, double bh, double bl, double *h, double *l) {
+    double s, e, t, f;
+    toast_two_sum(ah, bh, &s, &e);
+    toast_two_sum(al, bl, &t, &f);
+    e += t;
+    toast_fast_two_sum(s, e, &s, &e);
+    e += f;
+    toast_fast_two_sum(s, e, h, l);
+}
+
+/* atan(k / 32) as a double-double, k = 0..32. */
+DEVICE_FN void toast_atan_k32(int k, double *hi, double *lo) {
+    switch (k) {
+    case 0: *hi = 0.0; *lo = 0.0; break;
+    case 1: *hi = 0.031239833430268277; *lo = -1.188442711587748e-18; break;
+    case 2: *hi = 0.06241880999595735; *lo = -1.5490756308295046e-18; break;
+    case 3: *hi = 0.09347678115858947; *lo = -6.2844725995420954e-18; break;
+    case 4: *hi = 0.12435499454676144; *lo = -3.1253241424539383e-18; break;
+    case 5: *hi = 0.15499674192394097; *lo = 9.585415594114324e-18; break;
+    case 6: *hi = 0.18534794999569476; *lo = 4.180692268843079e-18; break;
+    case 7: *hi = 0.21535769969773805; *lo = 4.738160130078733e-19; break;
+    case 8: *hi = 0.24497866312686414; *lo = 1.0698755618734451e-17; break;
+    case 9: *hi = 0.2741674511196588; *lo = 8.261353575163773e-18; break;
+    case 10: *hi = 0.3028848683749714; *lo = -1.1010827903001369e-17; break;
+    case 11: *hi = 0.3310960767041321; *lo = -7.952610375793799e-18; break;
+    case 12: *hi = 0.35877067027057225; *lo = -2.4623815582638635e-17; break;
+    case 13: *hi = 0.38588266939807375; *lo = 2.378822732491941e-17; break;
+    case 14: *hi = 0.4124104415973873; *lo = -1.587652227770689e-17; break;
+    case 15: *hi = 0.43833655985795783; *lo = -2.494277030626541e-17; break;
+    case 16: *hi = 0.4636476090008061; *lo = 2.2698777452961687e-17; break;
+    case 17: *hi = 0.48833395105640554; *lo = -1.1373236189329585e-17; break;
+    case 18: *hi = 0.5123894603107377; *lo = -2.5462781472855804e-17; break;
+    case 19: *hi = 0.5358112379604637; *lo = -4.0637956834825575e-18; break;
+    case 20: *hi = 0.5585993153435624; *lo = -5.4556305485916264e-18; break;
+    case 21: *hi = 0.5807563535676704; *lo = -1.441464378193067e-17; break;
+    case 22: *hi = 0.6022873461349642; *lo = 2.950430737228402e-17; break;
+    case 23: *hi = 0.6231993299340659; *lo = 2.672403885140095e-17; break;
+    case 24: *hi = 0.6435011087932844; *lo = 1.5834785051444286e-17; break;
+    case 25: *hi = 0.6632029927060933; *lo = -3.076054864429649e-17; break;
+    case 26: *hi = 0.6823165548747481; *lo = 6.943223671560008e-18; break;
+    case 27: *hi = 0.7008544078844502; *lo = -1.987626234335816e-17; break;
+    case 28: *hi = 0.7188299996216245; *lo = -2.1478388444456983e-17; break;
+    case 29: *hi = 0.7362574289814281; *lo = 3.473937648299457e-17; break;
+    case 30: *hi = 0.7531512809621944; *lo = -2.4256934659182068e-17; break;
+    case 31: *hi = 0.7695264804056583; *lo = -3.704991905602721e-17; break;
+    case 32: *hi = 0.7853981633974483; *lo = 3.061616997868383e-17; break;
+    default: *hi = 0.0; *lo = 0.0; break;
+    }
+}
+
+DEVICE_FN double toast_atan2(double y, double x) {
+    double ax = fabs(x);
+    double ay = fabs(y);
+    if (!(ax > 0.0 && ay > 0.0 && isfinite(ax) && isfinite(ay))) {
+        return atan2(y, x);
+    }
+    /* r = num / den in [0, 1]; atan2 = octant transform of atan(r). */
+    const int swap = ay > ax;
+    double num = swap ? ax : ay;
+    double den = swap ? ay : ax;
+    if (den < 1e-250) {
+        /* keep the remainder below exact (no subnormal products) */
+        num = ldexp(num, 600);
+        den = ldexp(den, 600);
+    }
+    const double rh = num / den;
+    const double rl = rh < 1e-250 ? 0.0 : fma(-rh, den, num) / den;
+    /* atan(r) = atan(c) + atan(u), c = k/32 nearest r, u = (r - c) / (1 + r c) */
+    const int k = (int)(rh * 32.0 + 0.5);
+    const double c = (double)k * 0.03125;
+    double ch, cl;
+    toast_atan_k32(k, &ch, &cl);
+    double nh, nl;
+    toast_two_sum(rh - c, rl, &nh, &nl); /* rh - c is exact (Sterbenz) */
+    const double ph = rh * c;
+    const double pl = fma(rh, c, -ph) + rl * c;
+    double dh, dl;
+    toast_dd_add(1.0, 0.0, ph, pl, &dh, &dl);
+    const double uh0 = nh / dh;
+    const double ul0 = ((fma(-uh0, dh, nh) + nl) - uh0 * dl) / dh;
+    double uh, ul;
+    toast_fast_two_sum(uh0, ul0, &uh, &ul);
+    /* atan(u) = u - u^3/3 + u^5 (1/5 - u^2/7 + ...), |u| <= 1/64: the u^3
+     * term in double-double, the rest (below 2^-30 u) in double. */
+    const double s = uh * uh;
+    const double sl = fma(uh, uh, -s) + 2.0 * uh * ul;
+    const double t3 = s * uh;
+    const double t3l = fma(s, uh, -t3) + (sl * uh + s * ul);
+    const double q3 = t3 / 3.0;
+    const double q3l = (fma(-q3, 3.0, t3) + t3l) / 3.0;
+    const double poly =
+        0.2 + s * (-1.0 / 7.0 + s * (1.0 / 9.0 + s * (-1.0 / 11.0 + s * (1.0 / 13.0 + s * (-1.0 / 15.0 + s / 17.0)))));
+    const double t5 = t3 * s * poly;
+    double ah, al;
+    toast_dd_add(uh, ul, -q3, -q3l, &ah, &al);
+    toast_dd_add(ah, al, t5, 0.0, &ah, &al);
+    toast_dd_add(ch, cl, ah, al, &ah, &al);
+    if (swap) {
+        toast_dd_add(1.5707963267948966, 6.123233995736766e-17, -ah, -al, &ah, &al);
+    }
+    if (x < 0.0) {
+        toast_dd_add(3.141592653589793, 1.2246467991473532e-16, -ah, -al, &ah, &al);
+    }
+    const double r = ah + al;
+    return y < 0.0 ? -r : r;
+}
+
 /* tt from phi, as both zphi2* functions compute it. */
 DEVICE_FN double toast_hpix_tt(double phi) {
     const double tol = 10.0 * 2.220446049250313080847263336181640625e-16;
@@ -146,7 +295,7 @@ DEVICE_FN int toast_hpix_pixel(const double *q, i64 nside, i64 factor, int nest,
     const int itemp = z > 0.0 ? 1 : -1;
     const int region = za <= 0.66666666666666666667 ? itemp : itemp + itemp;
     const double rtz = sqrt(3.0 * (1.0 - za));
-    const double phi = atan2(dir[1], dir[0]);
+    const double phi = toast_atan2(dir[1], dir[0]);
     const double tt = toast_hpix_tt(phi);
     i64 p;
     if (nest) {

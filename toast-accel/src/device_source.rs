@@ -20,6 +20,12 @@
 //!   ([`COMPILE_FLAGS`]), so `a*b+c` is never fused and the arithmetic
 //!   order matches the CPU reference.
 //!
+//! A fourth prelude, `device/prelude_host.h`, is not a [`Target`]: the
+//! emulated GPU drivers (`toast-gpu-emu`) compile the same kernels with it
+//! for the host at build time (C11, `-ffp-contract=off`, thread-local grid
+//! indices, `__atomic` atomics), so the CUDA and HIP plugins run without a
+//! GPU.
+//!
 //! [`source`] returns the prelude followed by the kernels, ready for the
 //! target's run-time compiler; [`source_hash`] is a stable 64-bit FNV-1a
 //! hash of that text (the same on every platform and build) for on-disk
@@ -49,7 +55,13 @@
 //! gives each amplitude one thread that sums its samples in sample order),
 //! so with contraction off they differ from the CPU only through the
 //! device's `atan2`, `sin`, `cos` (a few ulps from glibc's; `sqrt` and
-//! division are correctly rounded). `build_noise_weighted` accumulates into
+//! division are correctly rounded). Pixel indices are exact: a HEALPix
+//! pixel can change with the last bit of `phi`, so `pixels_healpix` does not
+//! use the device's `atan2` (PoCL's is one ulp off glibc's for z = 2/3 at
+//! phi = 3pi/4) but `toast_atan2`, a correctly rounded double-double atan2
+//! in `kernels.h` (see `tests/data/toast-kernels/FORMAT.md`, *Boundary
+//! directions*); only `stokes_weights_IQU`'s floating-point weights carry
+//! the device's trigonometry. `build_noise_weighted` accumulates into
 //! `zmap` with atomics, so its summation order, and the last bits of its
 //! sums, are not deterministic on a GPU.
 //!

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
+use toast_testkit::maps::compare_maps;
 use toast_testkit::process;
 
 const BIN: &str = env!("CARGO_BIN_EXE_toast-cli");
@@ -40,31 +41,6 @@ use process::text;
 
 fn stats(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap()
-}
-
-/// Largest |a - b| over the largest |b|, per field of two map files.
-fn compare_maps(a: &Path, b: &Path) -> Vec<f64> {
-    let ma = toast_ops::io::fits::read_healpix_map(a, None).unwrap();
-    let mb = toast_ops::io::fits::read_healpix_map(b, None).unwrap();
-    assert_eq!(ma.fields.len(), mb.fields.len());
-    ma.fields
-        .iter()
-        .zip(&mb.fields)
-        .map(|(fa, fb)| {
-            assert_eq!(fa.data.len(), fb.data.len());
-            let scale = fb.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-            let diff = fa
-                .data
-                .iter()
-                .zip(&fb.data)
-                .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-            if scale > 0.0 {
-                diff / scale
-            } else {
-                diff
-            }
-        })
-        .collect()
 }
 
 /// Each rank's detectors from stats.json: non-empty, disjoint, covering

@@ -19,6 +19,10 @@
 //! * [`process`]: running the project's binaries from tests: scratch
 //!   directories, captured output, runs with a deadline (a hang fails the
 //!   test), and `mpirun` as the MPI tests need it.
+//! * [`maps`]: the largest relative difference per field of two map files.
+//! * [`emulated`]: the emulated CUDA and HIP drivers (`toast-gpu-emu`) under
+//!   the vendors' library names, and a test run again in a child process on
+//!   them (the dynamic loader reads `LD_LIBRARY_PATH` only at start).
 //!
 //! # Why dev-only
 //!
@@ -29,7 +33,9 @@
 //! code panics on failure (`unwrap`, `expect`) as test code does, which has
 //! no place in a library that a program links.
 
+pub mod emulated;
 pub mod fakedev;
+pub mod maps;
 pub mod plugins;
 pub mod process;
 pub mod scan;

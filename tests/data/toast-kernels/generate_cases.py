@@ -278,6 +278,19 @@ def pixels_inputs():
     return quats, flags
 
 
+def add_pixels_fields(c, quat_index, quats, flags, mask, pixel_index, pixels, hits, n_pix_submap,
+                      nside, nest, ivf):
+    """The fields of a pixels_healpix case; pixels and hits are (in, out) pairs."""
+    c.add(quat_index=quat_index, quats=quats, shared_flags=flags)
+    c.scalar("shared_flag_mask", mask, np.uint8)
+    c.add(pixel_index=pixel_index, pixels_in=pixels[0], pixels_out=pixels[1])
+    c.add(hit_submaps_in=hits[0], hit_submaps_out=hits[1])
+    c.scalar("n_pix_submap", n_pix_submap, np.int64)
+    c.scalar("nside", nside, np.int64)
+    c.scalar("nest", 1 if nest else 0, np.uint8)
+    c.add(**ivf)
+
+
 def case_pixels_healpix(nest, nside, quats, flags):
     n_submap = 192 if nside <= 64 else 3072
     n_pix_submap = 12 * nside * nside // n_submap
@@ -306,14 +319,8 @@ def case_pixels_healpix(nest, nside, quats, flags):
     lt.pixels_healpix(
         quat_index, quats, flags, mask, pixel_index, pixels, iv, hits, n_pix_submap, nside, nest, False
     )
-    c.add(quat_index=quat_index, quats=quats, shared_flags=flags)
-    c.scalar("shared_flag_mask", mask, np.uint8)
-    c.add(pixel_index=pixel_index, pixels_in=pixels_in, pixels_out=pixels)
-    c.add(hit_submaps_in=hits_in, hit_submaps_out=hits)
-    c.scalar("n_pix_submap", n_pix_submap, np.int64)
-    c.scalar("nside", nside, np.int64)
-    c.scalar("nest", 1 if nest else 0, np.uint8)
-    c.add(**ivf)
+    add_pixels_fields(c, quat_index, quats, flags, mask, pixel_index, (pixels_in, pixels),
+                      (hits_in, hits), n_pix_submap, nside, nest, ivf)
     c.extra = healpy_check(quats, flags, mask, quat_index, pixel_index, pixels, nside, nest)
     return c
 
@@ -344,6 +351,204 @@ def healpy_check(quats, flags, mask, quat_index, pixel_index, pixels, nside, nes
         "healpy_compared": total,
         "healpy_mismatches_random_dirs": bad_random,
     }
+
+
+# ---------------------------------------------------------------------------
+# 2b. boundary directions: pointing_detector then pixels_healpix at every nside
+#
+# Directions whose pixel is decided by the last bit of an intermediate value:
+# the rotated z exactly 2/3 (the cap/belt boundary: 0.75*nside*z is then
+# exactly nside/2), one ulp either side of it, the nearest values to -2/3
+# (-2/3 itself is not reachable: TOAST's z = 1 + 2(-x^2 - y^2) has a zero
+# last bit there), z = 0, and the poles; each at phi (as glibc's atan2
+# returns it) exactly on the quadrant seams 0, pi/2, pi, -pi/2 and halfway
+# between them (+-pi/4, +-3pi/4), and one ulp either side.  These are found by
+# perturbing the last bits of a quaternion's components and keeping one whose
+# direction, computed with TOAST's operation order (rotate_toast), hits the
+# target exactly; the reference pixels then come from TOAST's compiled
+# kernels.  The quaternions are made by TOAST's pointing_detector from a
+# boresight and two focal-plane offsets (the identity and a tilted detector),
+# the boresight searched so that the product lands on the target.
+
+BOUNDARY_NSIDES = [1 << k for k in range(30)]  # every power of two up to 2^29
+# every change of -3..3 ulps to each of the 4 components (7^4 candidates)
+_ULP_STEPS = np.stack(np.meshgrid(*[np.arange(-3.0, 4.0)] * 4, indexing="ij"), axis=-1).reshape(-1, 4)
+
+
+def boundary_targets():
+    """(label, z, phi_lo, phi_hi): z exactly, atan2's phi in [phi_lo, phi_hi]."""
+    z23 = 2.0 / 3.0
+    zs = [
+        ("z+2/3", z23),
+        ("z+2/3+ulp", float(np.nextafter(z23, 2.0))),
+        ("z+2/3-ulp", float(np.nextafter(z23, 0.0))),
+        ("z-2/3-ulp", -float(np.nextafter(z23, 2.0))),
+        ("z-2/3+ulp", -float(np.nextafter(z23, 0.0))),
+        ("z0", 0.0),
+    ]
+    seams = [(f"phi{k}pi/4", k * math.pi / 4) for k in (0, 1, 2, 3, 4, -3, -2, -1)]
+    out = []
+    for zl, z in zs:
+        for pl, phi in seams:
+            out.append((f"{zl},{pl}", z, phi, phi))
+    # one ulp either side of each seam, on the boundary and on the equator;
+    # beside 0, a tiny phi of either sign (TOAST snaps |phi| < 10 eps to 0)
+    for zl, z in (zs[0], zs[3], zs[5]):
+        for pl, phi in seams:
+            if phi == 0.0:
+                out.append((f"{zl},{pl}+tiny", z, 1e-300, 1e-15))
+                out.append((f"{zl},{pl}-tiny", z, -1e-15, -1e-300))
+                continue
+            if phi != math.pi:
+                hi = float(np.nextafter(phi, 4.0))
+                out.append((f"{zl},{pl}+ulp", z, hi, hi))
+            lo = float(np.nextafter(phi, -4.0))
+            out.append((f"{zl},{pl}-ulp", z, lo, lo))
+    return out
+
+
+def boundary_search(rng, z, phi_lo, phi_hi, fp):
+    """A boresight b: rotate_toast(b * fp) has exactly z and atan2 in [phi_lo, phi_hi]."""
+    for attempt in range(64):
+        psi = rng.uniform(0, 2 * math.pi)
+        want = dir_quat(math.acos(z), 0.5 * (phi_lo + phi_hi), psi)
+        fp_conj = np.array([-fp[0], -fp[1], -fp[2], fp[3]])
+        base = qmult(want, fp_conj)
+        cand = base[None, :] + _ULP_STEPS * np.spacing(np.abs(base))[None, :]
+        v = rotate_toast(qmult(cand, fp[None, :]), (0.0, 0.0, 1.0))
+        best = None
+        for i in np.nonzero(v[:, 2] == z)[0]:
+            if phi_lo <= math.atan2(v[i, 1], v[i, 0]) <= phi_hi:
+                err = abs(float(np.dot(cand[i], cand[i])) - 1.0)
+                if best is None or err < best[0]:
+                    best = (err, cand[i].copy())
+        if best is not None:
+            return best[1]
+    raise RuntimeError(f"no boresight reaches z={z!r} phi in [{phi_lo!r}, {phi_hi!r}]")
+
+
+BOUNDARY_FOCALPLANE = [
+    np.array([0.0, 0.0, 0.0, 1.0]),  # on the boresight
+    dir_quat(0.05, 1.0, 0.3),  # a detector 0.05 rad off axis
+]
+
+
+def boundary_boresight():
+    """Boresight (S, 4) per focal-plane detector, and the sample labels."""
+    rng = rng_for("boundary_directions")
+    targets = boundary_targets()
+    labels = ["north pole", "south pole", "south pole (y)"] + [t[0] for t in targets]
+    labels += [f"dir_quat(acos({zs}2/3), {k}pi/4, random psi)" for zs in "+-" for k in range(8)]
+    bores = []
+    for fp in BOUNDARY_FOCALPLANE:
+        fp_conj = np.array([-fp[0], -fp[1], -fp[2], fp[3]])
+        poles = ([0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0])
+        rows = [qmult(np.array(p), fp_conj) for p in poles]
+        rows += [boundary_search(rng, z, lo, hi, fp) for _, z, lo, hi in targets]
+        # as a pointing pipeline makes them: no search, the last bits as they come
+        for zsign in (1.0, -1.0):
+            for k in range(8):
+                psi = rng.uniform(0, 2 * math.pi)
+                rows.append(qmult(dir_quat(math.acos(zsign * 2.0 / 3.0), k * math.pi / 4, psi), fp_conj))
+        bores.append(np.array(rows))
+    return bores, labels
+
+
+def case_pointing_boundary():
+    """pointing_detector making the boundary quaternions: one call, 2 dets, 2S samples.
+
+    Samples [0, S) carry the boresights searched for detector 0 and [S, 2S) those
+    for detector 1, so quats_out[0, :S] and quats_out[1, S:] point at the targets.
+    """
+    bores, labels = boundary_boresight()
+    n = len(labels)
+    c = Case(
+        "pointing_detector",
+        "boundary",
+        "pointing_detector",
+        f"2 dets (focal-plane offsets: the identity and 0.05 rad off axis), {2 * n} samples: "
+        f"boresights searched so that det 0's quats at samples [0,{n}) and det 1's at "
+        f"[{n},{2 * n}) point exactly at HEALPix boundary directions (poles, z=2/3, z one ulp "
+        "either side of +-2/3, z=0, phi on and one ulp off 0, +-pi/4, +-pi/2, +-3pi/4, pi) as "
+        "TOAST's rotation computes them; they feed the pixels_healpix boundary cases",
+    )
+    focalplane = np.ascontiguousarray(np.array(BOUNDARY_FOCALPLANE))
+    boresight = np.ascontiguousarray(np.concatenate(bores))
+    quat_index = np.array([0, 1], dtype=np.int32)
+    quats_in = np.full((2, 2 * n, 4), -7.0)
+    flags = np.zeros(1, dtype=np.uint8)
+    iv, ivf = make_intervals([(0, 2 * n)])
+    quats = quats_in.copy()
+    lt.pointing_detector(focalplane, boresight, quat_index, quats, iv, flags, 0, False)
+    c.add(focalplane=focalplane, boresight=boresight, quat_index=quat_index)
+    c.add(quats_in=quats_in, quats_out=quats, shared_flags=flags)
+    c.scalar("shared_flag_mask", 0, np.uint8)
+    c.add(**ivf)
+    rep = pointing_replica(focalplane, boresight, quat_index, quats_in, [(0, 2 * n)], flags, 0)
+    # the targets are hit by TOAST's own product, not only by the replica
+    hit = []
+    for det, (lo, hi) in enumerate(((0, n), (n, 2 * n))):
+        v = rotate_toast(quats[det, lo:hi], (0.0, 0.0, 1.0))
+        for (_, z, lo, hi), vv in zip(boundary_targets(), v[3 : 3 + len(boundary_targets())]):
+            hit.append(bool(vv[2] == z and lo <= math.atan2(vv[1], vv[0]) <= hi))
+    c.extra = {
+        "numpy_replica_bitexact": bool(np.array_equal(rep, quats)),
+        "targets_hit_bitexact": bool(all(hit)),
+        "sample_labels": labels,
+    }
+    boundary = np.concatenate([quats[0, :n], quats[1, n:]])
+    return c, boundary
+
+
+def case_pixels_boundary(nest, nside, boundary, labels):
+    """pixels_healpix on the boundary quats; sample i comes from det i % 2 of pointing."""
+    order = "nest" if nest else "ring"
+    n = boundary.shape[0] // 2
+    idx = np.arange(n)
+    quats = np.where((idx % 2 == 0)[:, None], boundary[:n], boundary[n:])[None, :, :]
+    quats = np.ascontiguousarray(quats)
+    quat_index = np.array([0], dtype=np.int32)
+    pixel_index = np.array([0], dtype=np.int32)
+    n_pix_submap = nside * nside
+    hits_in = np.zeros(12, dtype=np.uint8)
+    flags = np.zeros(1, dtype=np.uint8)
+    dropped = []
+    while True:
+        n = quats.shape[1]
+        pixels_in = np.full((1, n), -7, dtype=np.int64)
+        iv, ivf = make_intervals([(0, n)])
+        pixels = pixels_in.copy()
+        hits = hits_in.copy()
+        lt.pixels_healpix(
+            quat_index, quats, flags, 0, pixel_index, pixels, iv, hits, n_pix_submap, nside, nest, False
+        )
+        # TOAST's pixel can fall outside the sphere here (RING, nside 2, z = 2/3 one ulp
+        # below phi = 3pi/4: the belt formula gives ring 0 and pixel -1); toast-rs refuses
+        # such a pixel as an error, so the sample is left out and named in the manifest.
+        bad = np.nonzero((pixels[0] < 0) | (pixels[0] >= 12 * nside * nside))[0]
+        if bad.size == 0:
+            break
+        for b in bad:
+            dropped.append({"sample": labels[b], "toast_pixel": int(pixels[0, b])})
+        keep = np.setdiff1d(np.arange(n), bad)
+        quats = np.ascontiguousarray(quats[:, keep])
+        labels = [labels[i] for i in keep]
+    c = Case(
+        "pixels_healpix",
+        f"boundary_{order}_nside{nside}",
+        "pixels_healpix",
+        f"{order.upper()} ordering, nside={nside}=2^{nside.bit_length() - 1}, 12 submaps; 1 det, "
+        f"{n} samples on HEALPix boundaries (the sample labels of pointing_detector_boundary; "
+        "even samples from its det 0, odd from det 1): poles, z exactly 2/3, z one ulp either "
+        "side of +-2/3, z=0, at phi exactly 0, +-pi/4, +-pi/2, +-3pi/4, pi and one ulp either "
+        "side, and dir_quat(acos(+-2/3), k pi/4, psi) unsearched; no flags"
+        + (f"; {len(dropped)} left out (TOAST's pixel is off the sphere, see extra)" if dropped else ""),
+    )
+    if dropped:
+        c.extra = {"left_out": dropped}
+    add_pixels_fields(c, quat_index, quats, flags, 0, pixel_index, (pixels_in, pixels),
+                      (hits_in, hits), n_pix_submap, nside, nest, ivf)
+    return c
 
 
 # ---------------------------------------------------------------------------
@@ -741,6 +946,11 @@ def all_cases():
     for nside in (64, 8192, 1048576):
         for nest in (True, False):
             yield case_pixels_healpix(nest, nside, quats, flags)
+    pointing, boundary = case_pointing_boundary()
+    yield pointing
+    for nside in BOUNDARY_NSIDES:
+        for nest in (True, False):
+            yield case_pixels_boundary(nest, nside, boundary, pointing.extra["sample_labels"])
     yield case_stokes_I("basic", 500, [(0, 100), (150, 151), (300, 500)],
                         "3 dets, weight_index permuted, 3 intervals")
     yield case_stokes_I("empty_full", 257, [(5, 5), (0, 257)],

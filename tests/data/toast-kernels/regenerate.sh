@@ -14,6 +14,11 @@
 # toast==3.0.6 and numpy from PyPI, runs generate_cases.py with
 # OMP_NUM_THREADS=1, then compares the result structurally with the repo copy
 # (compare_cases.py).
+#
+# The cases include the 61 boundary-direction cases (pointing_detector_boundary,
+# pixels_healpix_boundary_{nest,ring}_nside1..536870912; FORMAT.md). Their
+# quaternions are searched against TOAST's own pointing_detector and their
+# pixels come from TOAST's pixels_healpix, both run by generate_cases.py.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,7 +29,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --venv) venv="$2"; shift 2 ;;
         --overwrite-repo-copy) overwrite=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         -*) echo "regenerate.sh: unknown option $1" >&2; exit 2 ;;
         *) out="$1"; shift ;;
     esac

@@ -1,0 +1,111 @@
+//! Every shipped TOAST reference case must pass on the CUDA and HIP plugins
+//! running on the emulated drivers of `toast-gpu-emu` (no GPU needed): the
+//! real plugins, real NVRTC / hiprtc compilation of the shared source, real
+//! driver calls answered by the emulator, which runs the same `kernels.h`
+//! compiled for the host. The emulator computes with the host's libm in the
+//! CPU's order, so every case must pass **exactly** (not merely within the
+//! runner's tolerance for device backends).
+//!
+//! One test, written once, instantiated per backend. Each instance runs
+//! itself again in a child process with the emulator first on
+//! `LD_LIBRARY_PATH` (`toast_testkit::emulated::rerun_self`).
+//!
+//! # When something is missing
+//!
+//! Without the emulator library next to the test executable, or without
+//! the run-time compiler (NVRTC: `TOAST_NVRTC_LIB` or `libnvrtc.so`;
+//! hiprtc: `TOAST_HIPRTC_LIB`, `libhiprtc.so` or `libamdhip64.so.5`), the
+//! test prints `SKIPPED: emulated <backend>: <reason>` and passes, **only
+//! when `TOAST_REQUIRE_EMULATED_GPU` is unset**; `.ci/run` and the CI jobs
+//! set it, so there a missing piece is a failure.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use toast_accel::host::conformance::{run_dir, CaseOutcome};
+use toast_testkit::emulated::{rerun_self, CHILD, REQUIRE};
+use toast_testkit::plugins::{load, skip_unless_required};
+use toast_testkit::process::text;
+
+fn cases_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
+}
+
+/// In the parent: run `test` again on the emulated `backend` and require
+/// it to pass. In the child: the conformance suite.
+fn conformance(test: &str, backend: &str) {
+    if std::env::var(CHILD).is_ok_and(|b| b == backend) {
+        return suite(backend);
+    }
+    match rerun_self(test, backend, Duration::from_secs(600)) {
+        Ok(out) => {
+            let log = text(&out);
+            println!("{log}");
+            assert!(out.status.success(), "emulated {backend}:\n{log}");
+        }
+        Err(why) => skip_unless_required(REQUIRE, format!("emulated {backend}: {why}")),
+    }
+}
+
+fn suite(backend: &str) {
+    let b = match Arc::new(load(backend)).init("") {
+        Ok(b) => b,
+        Err(e) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {e}")),
+    };
+    let dev = b.device_info(0).expect("device_info");
+    assert!(
+        dev.name.contains("emulated"),
+        "{backend} is not on the emulated driver: device `{}`",
+        dev.name
+    );
+    let n_cases = std::fs::read_dir(cases_dir())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "npz")
+        })
+        .count();
+    let results = run_dir(&b, &cases_dir());
+    assert!(
+        n_cases > 0 && results.len() == n_cases,
+        "{} of {n_cases} cases run",
+        results.len()
+    );
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(p, r)| match r {
+            Ok(CaseOutcome::Pass) => None,
+            Ok(o) => Some(format!("{}: {o}", p.display())),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{backend} (emulated) failures:\n{}",
+        failures.join("\n")
+    );
+    let st = b.stats().snapshot();
+    assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
+    assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");
+    println!(
+        "emulated {backend}: {n_cases} cases passed exactly on `{}`",
+        dev.name
+    );
+}
+
+macro_rules! emulated_conformance {
+    ($($test:ident => $backend:literal),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            conformance(stringify!($test), $backend);
+        }
+    )*};
+}
+
+emulated_conformance! {
+    all_cases_pass_on_emulated_cuda => "cuda",
+    all_cases_pass_on_emulated_hip => "hip",
+}

@@ -1,0 +1,231 @@
+//! Emulated device memory: host allocations behind device addresses.
+//!
+//! A device address is the host address of the allocation (so a kernel
+//! dereferences it directly), aligned to 256 bytes as `cuMemAlloc` and
+//! `hipMalloc` guarantee. Every live allocation is in one table, and every
+//! copy, fill and free is checked against it first: an address that is not
+//! inside a live allocation, or a range that runs past its end, is an error
+//! the API turns into its own code, never a fault. The emulated device has
+//! [`TOTAL_MEMORY`] bytes; an allocation beyond what is left is out of
+//! memory. New allocations are filled with [`FILL`], so a plugin that reads
+//! memory it never wrote gets garbage, as on a device, not zeros.
+
+use crate::EmuError;
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// The emulated device's memory size: 16 GiB.
+pub const TOTAL_MEMORY: u64 = 16 << 30;
+
+/// The alignment of every allocation.
+pub const ALIGN: usize = 256;
+
+/// The byte every new allocation is filled with.
+pub const FILL: u8 = 0xA5;
+
+#[derive(Debug)]
+struct Block {
+    layout: Layout,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    /// Live allocations by device address.
+    blocks: BTreeMap<u64, Block>,
+    used: u64,
+}
+
+static TABLE: Mutex<Table> = Mutex::new(Table {
+    blocks: BTreeMap::new(),
+    used: 0,
+});
+
+fn table() -> MutexGuard<'static, Table> {
+    // A panic while holding the lock leaves the table consistent (every
+    // update is a single insert or remove), so poisoning is ignored.
+    TABLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Table {
+    /// The live allocation holding `[addr, addr + len)`, as (start, size).
+    fn find(&self, addr: u64, len: u64, what: &str) -> Result<(u64, u64), EmuError> {
+        let Some((&start, b)) = self.blocks.range(..=addr).next_back() else {
+            return Err(EmuError::InvalidPointer(format!(
+                "{what}: {addr:#x} is not device memory"
+            )));
+        };
+        let size = b.layout.size() as u64;
+        if addr >= start + size {
+            return Err(EmuError::InvalidPointer(format!(
+                "{what}: {addr:#x} is not inside a live allocation"
+            )));
+        }
+        if len > start + size - addr {
+            return Err(EmuError::InvalidValue(format!(
+                "{what}: {len} bytes at {addr:#x} run past the end of the {size}-byte allocation at {start:#x}"
+            )));
+        }
+        Ok((start, size))
+    }
+}
+
+/// Allocate `bytes` (> 0) bytes of emulated device memory.
+pub fn alloc(bytes: u64) -> Result<u64, EmuError> {
+    let mut t = table();
+    if bytes > TOTAL_MEMORY - t.used {
+        return Err(EmuError::OutOfMemory(format!(
+            "{bytes} bytes requested, {} of {TOTAL_MEMORY} free",
+            TOTAL_MEMORY - t.used
+        )));
+    }
+    let layout = usize::try_from(bytes)
+        .ok()
+        .and_then(|b| Layout::from_size_align(b.max(1), ALIGN).ok())
+        .ok_or_else(|| EmuError::OutOfMemory(format!("{bytes} bytes requested")))?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        return Err(EmuError::OutOfMemory(format!(
+            "the host could not allocate {bytes} bytes"
+        )));
+    }
+    // SAFETY: `p` was just allocated with `layout.size()` bytes.
+    unsafe { std::ptr::write_bytes(p, FILL, layout.size()) };
+    t.used += layout.size() as u64;
+    t.blocks.insert(p as u64, Block { layout });
+    Ok(p as u64)
+}
+
+/// Release the allocation that starts at `addr`.
+pub fn free(addr: u64) -> Result<(), EmuError> {
+    let mut t = table();
+    let b = t.blocks.remove(&addr).ok_or_else(|| {
+        EmuError::InvalidPointer(format!(
+            "free of {addr:#x}, which is not the start of a live allocation"
+        ))
+    })?;
+    t.used -= b.layout.size() as u64;
+    // SAFETY: `addr` was returned by `alloc` with this layout and is removed
+    // from the table, so it is released once.
+    unsafe { std::alloc::dealloc(addr as *mut u8, b.layout) };
+    Ok(())
+}
+
+/// Bytes in use and the total, as `cuMemGetInfo` reports them (free, total).
+pub fn info() -> (u64, u64) {
+    let t = table();
+    (TOTAL_MEMORY - t.used, TOTAL_MEMORY)
+}
+
+/// Whether `addr` is inside a live allocation (kernel pointer parameters).
+pub fn contains(addr: u64) -> bool {
+    table().find(addr, 0, "").is_ok()
+}
+
+/// Whether `[addr, addr + len)` lies in one live allocation.
+pub fn check(addr: u64, len: u64, what: &str) -> Result<(), EmuError> {
+    table().find(addr, len, what).map(|_| ())
+}
+
+fn host_ptr(p: *const u8, len: u64, what: &str) -> Result<(), EmuError> {
+    if p.is_null() && len > 0 {
+        return Err(EmuError::InvalidValue(format!("{what}: null host pointer")));
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes from host memory `src` to device address `dst`.
+///
+/// # Safety
+/// `src` is readable for `len` bytes (the caller's contract, as in CUDA).
+pub unsafe fn copy_to_device(dst: u64, src: *const u8, len: u64) -> Result<(), EmuError> {
+    let what = "copy to the device";
+    host_ptr(src, len, what)?;
+    let t = table();
+    t.find(dst, len, what)?;
+    if len > 0 {
+        // SAFETY: `dst..dst+len` is inside a live allocation (checked, and
+        // kept alive by the lock); `src` is readable (the caller's
+        // contract); `copy` allows the ranges to overlap.
+        unsafe { std::ptr::copy(src, dst as *mut u8, len as usize) };
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes from device address `src` to host memory `dst`.
+///
+/// # Safety
+/// `dst` is writable for `len` bytes (the caller's contract).
+pub unsafe fn copy_to_host(dst: *mut u8, src: u64, len: u64) -> Result<(), EmuError> {
+    let what = "copy to the host";
+    host_ptr(dst, len, what)?;
+    let t = table();
+    t.find(src, len, what)?;
+    if len > 0 {
+        // SAFETY: as in `copy_to_device`, the other way round.
+        unsafe { std::ptr::copy(src as *const u8, dst, len as usize) };
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes between two device addresses.
+pub fn copy_on_device(dst: u64, src: u64, len: u64) -> Result<(), EmuError> {
+    let t = table();
+    t.find(src, len, "device-to-device copy (source)")?;
+    t.find(dst, len, "device-to-device copy (destination)")?;
+    if len > 0 {
+        // SAFETY: both ranges are inside live allocations (checked, kept
+        // alive by the lock); `copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+    }
+    Ok(())
+}
+
+/// Set `len` bytes at device address `dst` to `value`.
+pub fn fill(dst: u64, value: u8, len: u64) -> Result<(), EmuError> {
+    let t = table();
+    t.find(dst, len, "memset")?;
+    if len > 0 {
+        // SAFETY: the range is inside a live allocation (checked, kept alive
+        // by the lock).
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, len as usize) };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_checked() {
+        let a = alloc(1000).unwrap();
+        assert_eq!(a % ALIGN as u64, 0);
+        let src = [7u8; 16];
+        let mut back = [0u8; 16];
+        // SAFETY: 16-byte host buffers.
+        unsafe {
+            copy_to_device(a + 984, src.as_ptr(), 16).unwrap();
+            copy_to_host(back.as_mut_ptr(), a + 984, 16).unwrap();
+            assert!(matches!(
+                copy_to_device(a + 985, src.as_ptr(), 16),
+                Err(EmuError::InvalidValue(_))
+            ));
+            assert!(matches!(
+                copy_to_host(back.as_mut_ptr(), 8, 16),
+                Err(EmuError::InvalidPointer(_))
+            ));
+        }
+        assert_eq!(back, src);
+        fill(a, 0, 1000).unwrap();
+        // SAFETY: as above.
+        unsafe { copy_to_host(back.as_mut_ptr(), a + 984, 16).unwrap() };
+        assert_eq!(back, [0; 16]);
+        assert!(contains(a + 999) && !contains(a + 1000));
+        assert!(matches!(free(a + 8), Err(EmuError::InvalidPointer(_))));
+        free(a).unwrap();
+        assert!(matches!(free(a), Err(EmuError::InvalidPointer(_))));
+        assert!(matches!(alloc(1 << 62), Err(EmuError::OutOfMemory(_))));
+    }
+}
