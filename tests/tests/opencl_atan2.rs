@@ -14,12 +14,13 @@
 //! Without OpenCL the test prints `SKIPPED: <reason>` and passes, unless
 //! `TOAST_REQUIRE_OPENCL` is set (CI), as in `conformance_opencl.rs`.
 
+mod opencl_device;
+
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
-use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
+use opencl3::device::Device;
 use opencl3::kernel::{ExecuteKernel, Kernel};
 use opencl3::memory::{Buffer, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_ONLY, CL_MEM_WRITE_ONLY};
-use opencl3::platform::get_platforms;
 use opencl3::program::Program;
 use opencl3::types::{cl_double, cl_long, CL_BLOCKING};
 use toast_accel::device_source::{source, Target};
@@ -34,25 +35,6 @@ KERNEL void toast_atan2_probe(i64 n, GLOBAL const double *y, GLOBAL const double
     }
 }
 ";
-
-/// The first OpenCL device with doubles, or the reason there is none.
-fn fp64_device() -> Result<Device, String> {
-    if let Err(e) = cl3::load_library() {
-        return Err(format!("no OpenCL runtime (libOpenCL.so.1): {e}"));
-    }
-    let platforms = get_platforms().map_err(|e| format!("no OpenCL platform: {e}"))?;
-    platforms
-        .iter()
-        .flat_map(|p| p.get_devices(CL_DEVICE_TYPE_ALL).unwrap_or_default())
-        .map(Device::new)
-        .find(|d| {
-            d.extensions()
-                .unwrap_or_default()
-                .split_whitespace()
-                .any(|e| e == "cl_khr_fp64")
-        })
-        .ok_or_else(|| "no OpenCL device with cl_khr_fp64".to_string())
-}
 
 /// toast_atan2(y[i], x[i]) on the device.
 fn device_atan2(dev: &Device, y: &[f64], x: &[f64]) -> Vec<f64> {
@@ -130,7 +112,7 @@ fn ulps_apart(a: f64, b: f64) -> u64 {
 
 #[test]
 fn toast_atan2_matches_libm_atan2_on_opencl() {
-    let dev = match fp64_device() {
+    let dev = match opencl_device::fp64_device() {
         Ok(d) => d,
         Err(why) => {
             skip_unless_required("TOAST_REQUIRE_OPENCL", why);

@@ -1,8 +1,10 @@
 /* kernels.h -- the ten TOAST kernels for every device target (CUDA, HIP,
  * OpenCL), written once in a C subset that NVRTC, hiprtc and OpenCL C 1.2 /
- * 3.0 all accept.  It is compiled after one of prelude_{cuda,hip,opencl}.h,
- * which defines KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types
- * i64/u64/i32/u8, I64_MIN, the grid indices GID0..GID2, atomic_add_f64 and
+ * 3.0 all accept, and four more not yet in the plugin table (11-14 at the
+ * end: cov_accum_diag_hits/invnpp, filter_polynomial, filter_poly2D).  It
+ * is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
+ * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
+ * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
  * atomic_min_u64.
  *
  * Launch shape (TOAST's offload layout).  Per-sample kernels run on a 3-D
@@ -703,4 +705,367 @@ KERNEL void toast_template_offset_apply_diag_precond(i64 n_amp,
         return;
     }
     amplitudes_out[a] = amplitude_flags[a] == 0 ? amplitudes_in[a] * offset_var[a] : 0.0;
+}
+
+/* ======================================================================== *
+ * The four kernels below are not yet in the plugin table (they are wired
+ * through the kernel table next); their CPU twins are
+ * backend-cpu/src/kernels/{mapmaker_utils,polyfilter}.rs.  None of them
+ * takes TOAST_GRID_ARGS: their launch shapes are given with each.
+ * ======================================================================== */
+
+/* ---- 11. cov_accum_diag_hits (atomic accumulation) --------------------- */
+
+/* The flat local pixel of sample i into *hpx: 1 to accumulate it, 0 to skip
+ * it (nsub < 1, as TOAST returns at once; a negative submap: not local; a
+ * negative pixel: flagged).  A submap >= nsub or pixel >= nsubpix records
+ * the error key (0, i) and skips. */
+DEVICE_FN int toast_cov_pixel(i64 i, i64 nsub, i64 nsubpix, GLOBAL const i64 *RESTRICT submap,
+                              GLOBAL const i64 *RESTRICT subpix, GLOBAL u64 *RESTRICT err,
+                              i64 *hpx) {
+    if (nsub < 1) {
+        return 0;
+    }
+    const i64 sm = submap[i];
+    const i64 px = subpix[i];
+    if (sm < 0 || px < 0) {
+        return 0;
+    }
+    if (sm >= nsub || px >= nsubpix) {
+        atomic_min_u64(err, TOAST_ERR_KEY(0, i));
+        return 0;
+    }
+    *hpx = sm * nsubpix + px;
+    return 1;
+}
+
+/* 1-D over samples i < nsamp.  hits[submap[i] * nsubpix + subpix[i]] += 1
+ * for a sample with a non-negative submap and pixel (a negative one is a
+ * submap not local to this process, or a flagged sample).  nsub < 1 does
+ * nothing, as in TOAST.  A submap >= nsub or pixel >= nsubpix is an error,
+ * key (0, i).  Integer atomics: the result is exact in any order. */
+KERNEL void toast_cov_accum_diag_hits(i64 nsamp, i64 nsub, i64 nsubpix,
+                                      GLOBAL const i64 *RESTRICT submap,
+                                      GLOBAL const i64 *RESTRICT subpix,
+                                      GLOBAL i64 *RESTRICT hits, GLOBAL u64 *RESTRICT err) {
+    const i64 i = GID0;
+    i64 hpx = 0;
+    if (i < nsamp && toast_cov_pixel(i, nsub, nsubpix, submap, subpix, err, &hpx)) {
+        atomic_add_i64(&hits[hpx], 1);
+    }
+}
+
+/* ---- 12. cov_accum_diag_invnpp (atomic accumulation) ------------------- */
+
+/* 1-D over samples, as cov_accum_diag_hits.  Pixel hpx's block of
+ * nnz (nnz + 1) / 2 elements (the lower triangle, row by row) gets
+ * w[k] * (w[j] * scale) for j <= k, w = weights[i * nnz ..].  The products
+ * are TOAST's; the summation order across samples is the atomics', so the
+ * last bits of a pixel hit several times are not deterministic (the CPU
+ * sums in sample order). */
+KERNEL void toast_cov_accum_diag_invnpp(i64 nsamp, i64 nsub, i64 nsubpix, i64 nnz,
+                                        GLOBAL const i64 *RESTRICT submap,
+                                        GLOBAL const i64 *RESTRICT subpix,
+                                        GLOBAL const double *RESTRICT weights, double scale,
+                                        GLOBAL double *RESTRICT invnpp,
+                                        GLOBAL u64 *RESTRICT err) {
+    const i64 i = GID0;
+    i64 hpx = 0;
+    if (i >= nsamp || !toast_cov_pixel(i, nsub, nsubpix, submap, subpix, err, &hpx)) {
+        return;
+    }
+    i64 c = hpx * (nnz * (nnz + 1) / 2);
+    const i64 wo = i * nnz;
+    for (i64 j = 0; j < nnz; j++) {
+        const double scaled_weight = weights[wo + j] * scale;
+        for (i64 k = j; k < nnz; k++) {
+            atomic_add_f64(&invnpp[c], weights[wo + k] * scaled_weight);
+            c++;
+        }
+    }
+}
+
+/* ---- small symmetric solves for the polynomial filters ----------------- */
+
+/* The largest number of templates (polynomial order + 1, or 2-D modes) of
+ * one fit on a device: the per-thread matrices live in private memory. */
+#define TOAST_POLY_MAX_MODES 32
+#define TOAST_JACOBI_MAX_SWEEPS 64
+
+/* Diagonalise the symmetric n x n row-major a (private memory) by the
+ * cyclic Jacobi method: the eigenvalues end on the diagonal of a, the
+ * eigenvectors in the columns of v (v[k * n + i]).  The same operations, in
+ * the same order, as backend-cpu's polyfilter::jacobi_eigen (+ - * / sqrt
+ * fabs and comparisons only, all exact or correctly rounded), so the CPU
+ * and every device give the same bits. */
+DEVICE_FN void toast_jacobi_eigen(int n, double *a, double *v) {
+    for (int k = 0; k < n * n; k++) {
+        v[k] = (k % (n + 1) == 0) ? 1.0 : 0.0;
+    }
+    for (int sweep = 0; sweep < TOAST_JACOBI_MAX_SWEEPS; sweep++) {
+        int rotated = 0;
+        for (int p = 0; p < n; p++) {
+            for (int q = p + 1; q < n; q++) {
+                const double apq = a[p * n + q];
+                if (apq == 0.0) {
+                    continue;
+                }
+                const double app = a[p * n + p];
+                const double aqq = a[q * n + q];
+                const double g = 100.0 * fabs(apq);
+                if (fabs(app) + g == fabs(app) && fabs(aqq) + g == fabs(aqq)) {
+                    a[p * n + q] = 0.0;
+                    a[q * n + p] = 0.0;
+                    continue;
+                }
+                const double h = aqq - app;
+                double t;
+                if (fabs(h) + g == fabs(h)) {
+                    t = apq / h;
+                } else {
+                    const double theta = 0.5 * h / apq;
+                    t = 1.0 / (fabs(theta) + sqrt(1.0 + theta * theta));
+                    if (theta < 0.0) {
+                        t = -t;
+                    }
+                }
+                const double c = 1.0 / sqrt(1.0 + t * t);
+                const double s = t * c;
+                for (int k = 0; k < n; k++) {
+                    if (k == p || k == q) {
+                        continue;
+                    }
+                    const double akp = a[k * n + p];
+                    const double akq = a[k * n + q];
+                    const double nkp = c * akp - s * akq;
+                    const double nkq = s * akp + c * akq;
+                    a[k * n + p] = nkp;
+                    a[p * n + k] = nkp;
+                    a[k * n + q] = nkq;
+                    a[q * n + k] = nkq;
+                }
+                a[p * n + p] = app - t * apq;
+                a[q * n + q] = aqq + t * apq;
+                a[p * n + q] = 0.0;
+                a[q * n + p] = 0.0;
+                for (int k = 0; k < n; k++) {
+                    const double vkp = v[k * n + p];
+                    const double vkq = v[k * n + q];
+                    v[k * n + p] = c * vkp - s * vkq;
+                    v[k * n + q] = s * vkp + c * vkq;
+                }
+                rotated = 1;
+            }
+        }
+        if (!rotated) {
+            break;
+        }
+    }
+}
+
+/* b <- pinv(A) b from toast_jacobi_eigen's a and v, keeping the eigenvalues
+ * whose magnitude exceeds max(rcond * largest magnitude, DBL_MIN), as LAPACK
+ * dgelss keeps singular values; w is scratch of n.  (polyfilter::pinv_apply) */
+DEVICE_FN void toast_pinv_apply(int n, const double *a, const double *v, double rcond, double *b,
+                                double *w) {
+    double smax = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double s = fabs(a[i * n + i]);
+        if (s > smax) {
+            smax = s;
+        }
+    }
+    double thr = rcond * smax;
+    if (thr < 2.2250738585072014e-308) {
+        thr = 2.2250738585072014e-308;
+    }
+    for (int i = 0; i < n; i++) {
+        double x = 0.0;
+        for (int k = 0; k < n; k++) {
+            x += v[k * n + i] * b[k];
+        }
+        const double l = a[i * n + i];
+        w[i] = fabs(l) > thr ? x / l : 0.0;
+    }
+    for (int k = 0; k < n; k++) {
+        double x = 0.0;
+        for (int i = 0; i < n; i++) {
+            x += v[k * n + i] * w[i];
+        }
+        b[k] = x;
+    }
+}
+
+/* P_0..P_{n-1} at x by TOAST's recurrence (polyfilter::legendre). */
+DEVICE_FN void toast_legendre(double x, int n, double *p) {
+    if (n > 0) {
+        p[0] = 1.0;
+    }
+    if (n > 1) {
+        p[1] = x;
+    }
+    for (int k = 2; k < n; k++) {
+        const double orderinv = 1.0 / (double)k;
+        p[k] = ((double)(2 * k - 1) * x * p[k - 1] - (double)(k - 1) * p[k - 2]) * orderinv;
+    }
+}
+
+/* ---- 13. filter_polynomial --------------------------------------------- */
+
+/* 2-D grid: dimension 0 the signal k < n_signal (row signal_index[k] of
+ * signals, n_samp per row), dimension 1 the scan iv0 + GID1 < iv_end.
+ * scans holds TOAST's (start, stop) pairs, stop exclusive, clamped here as
+ * TOAST does (start < 0 -> 0; stop < 0 or > n_samp -> n_samp; stop < start
+ * skips).  One thread fits its signal on its scan: the Legendre normal
+ * matrix of the good samples (flags == 0) and the right-hand side in sample
+ * order, the pseudo-inverse solve with rcond DBL_EPSILON, then the
+ * subtraction from every sample of the scan, flagged or not.  A scan with
+ * no good sample is left alone; norder = min(order + 1, good samples).
+ * Scans that overlap must be launched one at a time, in order (the second
+ * fits what the first left).  norder > TOAST_POLY_MAX_MODES is an error,
+ * key (k, start). */
+KERNEL void toast_filter_polynomial(i64 iv0, i64 iv_end, i64 n_signal, i64 n_samp, i64 order,
+                                    GLOBAL const i64 *RESTRICT scans,
+                                    GLOBAL const u8 *RESTRICT flags,
+                                    GLOBAL const i32 *RESTRICT signal_index,
+                                    GLOBAL double *RESTRICT signals, GLOBAL u64 *RESTRICT err) {
+    const i64 k = GID0;
+    const i64 iv = iv0 + GID1;
+    if (k >= n_signal || iv >= iv_end || order < 0) {
+        return;
+    }
+    i64 start = scans[2 * iv];
+    i64 stop = scans[2 * iv + 1];
+    if (start < 0) {
+        start = 0;
+    }
+    if (stop < 0 || stop > n_samp) {
+        stop = n_samp;
+    }
+    if (stop < start) {
+        return;
+    }
+    const i64 len = stop - start;
+    GLOBAL const u8 *f = flags + start;
+    i64 ngood = 0;
+    for (i64 i = 0; i < len; i++) {
+        if (f[i] == 0) {
+            ngood++;
+        }
+    }
+    if (ngood == 0) {
+        return;
+    }
+    const i64 norder = order >= ngood ? ngood : order + 1;
+    if (norder > TOAST_POLY_MAX_MODES) {
+        atomic_min_u64(err, TOAST_ERR_KEY(k, start));
+        return;
+    }
+    const int n = (int)norder;
+    double a[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
+    double v[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
+    double p[TOAST_POLY_MAX_MODES];
+    double amp[TOAST_POLY_MAX_MODES];
+    double w[TOAST_POLY_MAX_MODES];
+    for (int j = 0; j < n * n; j++) {
+        a[j] = 0.0;
+    }
+    for (int j = 0; j < n; j++) {
+        amp[j] = 0.0;
+    }
+    const double dx = 2.0 / (double)len;
+    const double xstart = 0.5 * dx - 1.0;
+    GLOBAL double *sig = signals + (i64)signal_index[k] * n_samp + start;
+    for (i64 i = 0; i < len; i++) {
+        if (f[i] != 0) {
+            continue;
+        }
+        toast_legendre(xstart + (double)i * dx, n, p);
+        for (int j = 0; j < n; j++) {
+            for (int l = j; l < n; l++) {
+                a[j * n + l] += p[j] * p[l];
+            }
+        }
+        const double s = sig[i];
+        for (int j = 0; j < n; j++) {
+            amp[j] += p[j] * s;
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        for (int l = 0; l < j; l++) {
+            a[j * n + l] = a[l * n + j];
+        }
+    }
+    toast_jacobi_eigen(n, a, v);
+    toast_pinv_apply(n, a, v, 2.220446049250313e-16, amp, w);
+    for (i64 i = 0; i < len; i++) {
+        toast_legendre(xstart + (double)i * dx, n, p);
+        double s = sig[i];
+        for (int j = 0; j < n; j++) {
+            s -= amp[j] * p[j];
+        }
+        sig[i] = s;
+    }
+}
+
+/* ---- 14. filter_poly2D ------------------------------------------------- */
+
+/* 2-D grid: dimension 0 the sample isamp < n_samp, dimension 1 the group
+ * igroup < n_group.  One thread builds TOAST's masked normal matrix and
+ * right-hand side over the detectors of its group (det_groups[d] == igroup;
+ * masks[isamp, d] == 0 weights a detector by 0.0, so a NaN signal there
+ * still poisons the fit as in TOAST), solves with rcond 1e-6 and writes
+ * coeff[isamp, igroup, 0..n_mode].  The host has checked every group is
+ * below n_group; n_mode > TOAST_POLY_MAX_MODES is an error, key
+ * (igroup, isamp). */
+KERNEL void toast_filter_poly2d(i64 n_samp, i64 n_det, i64 n_group, i64 n_mode,
+                                GLOBAL const i32 *RESTRICT det_groups,
+                                GLOBAL const double *RESTRICT templates,
+                                GLOBAL const double *RESTRICT signals,
+                                GLOBAL const u8 *RESTRICT masks, GLOBAL double *RESTRICT coeff,
+                                GLOBAL u64 *RESTRICT err) {
+    const i64 isamp = GID0;
+    const i64 igroup = GID1;
+    if (isamp >= n_samp || igroup >= n_group || n_mode < 1) {
+        return;
+    }
+    if (n_mode > TOAST_POLY_MAX_MODES) {
+        atomic_min_u64(err, TOAST_ERR_KEY(igroup, isamp));
+        return;
+    }
+    const int n = (int)n_mode;
+    double a[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
+    double v[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
+    double rhs[TOAST_POLY_MAX_MODES];
+    double w[TOAST_POLY_MAX_MODES];
+    for (int j = 0; j < n * n; j++) {
+        a[j] = 0.0;
+    }
+    for (int j = 0; j < n; j++) {
+        rhs[j] = 0.0;
+    }
+    for (i64 d = 0; d < n_det; d++) {
+        if ((i64)det_groups[d] != igroup) {
+            continue;
+        }
+        const double det_mask = masks[isamp * n_det + d] == 0 ? 0.0 : 1.0;
+        const double det_sig = signals[isamp * n_det + d];
+        GLOBAL const double *t = templates + d * n_mode;
+        for (int im = 0; im < n; im++) {
+            rhs[im] += t[im] * det_sig * det_mask;
+            for (int jm = im; jm < n; jm++) {
+                const double val = t[im] * t[jm] * det_mask;
+                a[im * n + jm] += val;
+                if (jm > im) {
+                    a[jm * n + im] += val;
+                }
+            }
+        }
+    }
+    toast_jacobi_eigen(n, a, v);
+    toast_pinv_apply(n, a, v, 1e-6, rhs, w);
+    GLOBAL double *out = coeff + (isamp * n_group + igroup) * n_mode;
+    for (int j = 0; j < n; j++) {
+        out[j] = rhs[j];
+    }
 }

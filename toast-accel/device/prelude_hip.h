@@ -23,3 +23,6 @@ typedef unsigned char u8;
 DEVICE_FN void atomic_add_f64(double *p, double v) { atomicAdd(p, v); }
 
 DEVICE_FN void atomic_min_u64(u64 *p, u64 v) { atomicMin(p, v); }
+
+/* *p += v on a signed 64-bit integer (two's complement: the unsigned add). */
+DEVICE_FN void atomic_add_i64(i64 *p, i64 v) { atomicAdd((u64 *)p, (u64)v); }

@@ -1,7 +1,8 @@
 /* prelude_opencl.h -- the OpenCL C (1.2 and 3.0) layer under kernels.h.
  *
  * Needs cl_khr_fp64, and cl_khr_int64_base_atomics for the two atomic
- * helpers (build_noise_weighted and the data-dependent error buffer).
+ * helpers (build_noise_weighted and the data-dependent error buffer) and
+ * atomic_add_i64 (cov_accum_diag_hits).
  * FP contraction is off so that a*b+c is never fused (the CPU reference
  * rounds every operation). */
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -36,6 +37,9 @@ DEVICE_FN void atomic_add_f64(GLOBAL double *p, double v) {
         old = atom_cmpxchg(ip, assumed, as_ulong(as_double(assumed) + v));
     } while (old != assumed);
 }
+
+/* *p += v on a signed 64-bit integer (cl_khr_int64_base_atomics). */
+DEVICE_FN void atomic_add_i64(GLOBAL i64 *p, i64 v) { atom_add((volatile GLOBAL long *)p, v); }
 
 /* *p = min(*p, v), atomically (unsigned). */
 DEVICE_FN void atomic_min_u64(GLOBAL u64 *p, u64 v) {

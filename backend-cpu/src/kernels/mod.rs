@@ -1,13 +1,23 @@
 //! The ten kernels. Each `run` takes the validated arguments from
 //! `toast_accel::check` and the raw argument struct (for the kernel arrays,
 //! which are host addresses here) and returns a data-dependent fault, if any.
+//! `mapmaker_utils` and `polyfilter` hold four more, as plain functions over
+//! slices, not yet in the plugin table.
 
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
+// cov_accum_diag_hits/invnpp and filter_polynomial/poly2D: plain functions,
+// wired into the plugin through the kernel table next.
+#[allow(dead_code)]
+pub(crate) mod mapmaker_utils;
 pub(crate) mod pointing;
+#[allow(dead_code)]
+pub(crate) mod polyfilter;
 pub(crate) mod scan_map;
 pub(crate) mod stokes;
 pub(crate) mod template_offset;
+#[cfg(test)]
+pub(crate) mod test_cases;
 pub(crate) mod weight;
 
 use crate::par::SampleFault;

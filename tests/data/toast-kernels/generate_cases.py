@@ -20,6 +20,7 @@ run is reproducible bit for bit with the same numpy, toast and libm.
 import json
 import math
 import os
+import subprocess
 import sys
 import zlib
 
@@ -29,6 +30,20 @@ import zlib
 if os.environ.get("OMP_NUM_THREADS") not in (None, "1"):
     sys.exit("generate_cases.py: run with OMP_NUM_THREADS=1 (it is %r)" % os.environ["OMP_NUM_THREADS"])
 os.environ["OMP_NUM_THREADS"] = "1"
+# filter_polynomial and filter_poly2D solve with LAPACK dgelss from the OpenBLAS
+# that the wheel links statically (DYNAMIC_ARCH).  Its BLAS kernels, chosen at
+# start-up from the CPU, round differently (FMA, unrolled sums), so the cases of
+# those kernels are made in a child process (``--unwired``) with the core type
+# pinned to the baseline x86-64 one and one thread: the same bits on every
+# machine.  OpenBLAS reads these when it loads, so they are set before the
+# imports.  (numpy's own OpenBLAS reads them too, which is why the other cases
+# are not made under the pin: it would change their numpy-made inputs.)
+UNWIRED_ENV = {"OPENBLAS_CORETYPE": "Prescott", "OPENBLAS_NUM_THREADS": "1"}
+if sys.argv[1:2] == ["--unwired"]:
+    for _k, _v in UNWIRED_ENV.items():
+        if os.environ.get(_k) not in (None, _v):
+            sys.exit(f"generate_cases.py --unwired: {_k} must be {_v} (it is {os.environ[_k]!r})")
+        os.environ[_k] = _v
 
 import numpy as np  # noqa: E402
 
@@ -1015,16 +1030,275 @@ def all_cases():
     yield case_precond("empty", 0, 0.2, "n_amp = 0")
 
 
-def main(argv):
-    if len(argv) != 2:
-        sys.exit("usage: generate_cases.py OUTDIR")
-    if toast.__version__ != TOAST_VERSION:
-        sys.exit(f"generate_cases.py: needs toast {TOAST_VERSION}, found {toast.__version__}")
-    outdir = argv[1]
+# ---------------------------------------------------------------------------
+# 11-14. The four kernels not yet wired into the plugins: cov_accum_diag_hits,
+# cov_accum_diag_invnpp (libtoast map_cov), filter_polynomial and filter_poly2D
+# (libtoast tod_filter).  Their cases go to OUTDIR/unwired/ (with a manifest of
+# their own) until the kernels are in the plugin table, because the
+# conformance runner refuses a case whose kernel it does not know.
+
+UNWIRED_KERNELS = ("cov_accum_diag_hits", "cov_accum_diag_invnpp", "filter_polynomial",
+                   "filter_poly2D")
+
+
+def local_pixel_indices(rng, n_samp, nsub, nsubpix, frac_nonlocal, frac_bad):
+    """(submap, subpix) int64 per sample as mapmaker_utils makes them: the local
+    submap (-1 for a submap not local to this process, global2local = -1) and
+    the pixel in it (-1 for flagged samples / bad pointing)."""
+    submap = rng.integers(0, nsub, n_samp).astype(np.int64)
+    submap[rng.random(n_samp) < frac_nonlocal] = -1
+    # a few submaps get most of the samples, so pixels are hit many times
+    subpix = rng.integers(0, nsubpix, n_samp).astype(np.int64)
+    subpix[rng.random(n_samp) < frac_bad] = -1
+    return submap, subpix
+
+
+def case_cov_hits(name, nsub, nsubpix, n_samp, description):
+    c = Case("cov_accum_diag_hits", name, "cov_accum_diag_hits", description)
+    rng = rng_for(c.file)
+    nsub_alloc = max(nsub, 2)
+    submap, subpix = local_pixel_indices(rng, n_samp, nsub_alloc, nsubpix, 0.1, 0.1)
+    hits_in = rng.integers(0, 5, nsub_alloc * nsubpix).astype(np.int64)
+    hits_in[: nsubpix // 2] = 0  # a stretch of unobserved pixels that stays 0
+    if nsub > 0:
+        # submap 1 is never hit: every sample there is non-local
+        submap[submap == 1] = -1
+    hits = hits_in.copy()
+    nnz = 3
+    lt.cov_accum_diag_hits(nsub, nsubpix, nnz, submap, subpix, hits, False)
+    c.scalar("nsub", nsub, np.int64)
+    c.scalar("nsubpix", nsubpix, np.int64)
+    c.scalar("nnz", nnz, np.int64)
+    c.add(submap=submap, subpix=subpix, hits_in=hits_in, hits_out=hits)
+    rep = hits_in.copy()
+    if nsub >= 1:
+        for sm, px in zip(submap, subpix):
+            if sm >= 0 and px >= 0:
+                rep[sm * nsubpix + px] += 1
+    c.extra = {"numpy_replica_bitexact": bool(np.array_equal(rep, hits))}
+    return c
+
+
+def invnpp_replica(nsub, nsubpix, nnz, submap, subpix, weights, scale, invnpp_in):
+    out = invnpp_in.copy()
+    if nsub < 1:
+        return out
+    block = nnz * (nnz + 1) // 2
+    w = weights.reshape(-1, nnz)
+    for i, (sm, px) in enumerate(zip(submap, subpix)):
+        if sm < 0 or px < 0:
+            continue
+        off = (sm * nsubpix + px) * block
+        for j in range(nnz):
+            sw = w[i, j] * scale
+            for k in range(j, nnz):
+                out[off] += w[i, k] * sw
+                off += 1
+    return out
+
+
+def case_cov_invnpp(name, nsub, nsubpix, nnz, n_samp, scale, zero_start, description):
+    c = Case("cov_accum_diag_invnpp", name, "cov_accum_diag_invnpp", description)
+    rng = rng_for(c.file)
+    block = nnz * (nnz + 1) // 2
+    submap, subpix = local_pixel_indices(rng, n_samp, nsub, nsubpix, 0.1, 0.08)
+    submap[submap == nsub - 1] = -1  # the last submap is never hit (zero covariance)
+    weights = rng.uniform(-1.0, 1.0, (n_samp, nnz))
+    weights[:, 0] = 1.0  # I weight, as stokes_weights_IQU makes it
+    weights = np.ascontiguousarray(weights.reshape(-1))  # the operator passes wts.reshape(-1)
+    if zero_start:
+        invnpp_in = np.zeros(nsub * nsubpix * block)
+    else:
+        invnpp_in = rng.uniform(-2.0, 2.0, nsub * nsubpix * block)
+    invnpp = invnpp_in.copy()
+    lt.cov_accum_diag_invnpp(nsub, nsubpix, nnz, submap, subpix, weights, scale, invnpp, False)
+    c.scalar("nsub", nsub, np.int64)
+    c.scalar("nsubpix", nsubpix, np.int64)
+    c.scalar("nnz", nnz, np.int64)
+    c.add(submap=submap, subpix=subpix, weights=weights)
+    c.scalar("scale", scale, np.float64)
+    c.add(invnpp_in=invnpp_in, invnpp_out=invnpp)
+    rep = invnpp_replica(nsub, nsubpix, nnz, submap, subpix, weights, scale, invnpp_in)
+    c.extra = {"numpy_replica_bitexact": bool(np.array_equal(rep, invnpp))}
+    return c
+
+
+def case_filter_polynomial(name, order, n_samp, spans, description, n_signal=3):
+    c = Case("filter_polynomial", name, "filter_polynomial", description)
+    rng = rng_for(c.file)
+    t = np.linspace(-1.0, 1.0, n_samp)
+    signals_in = np.empty((n_signal, n_samp))
+    for k in range(n_signal):
+        coef = rng.normal(0.0, 3.0, 4)
+        signals_in[k] = (
+            100.0 * (k + 1) + coef[0] * t + coef[1] * t**2 + coef[2] * np.sin(7 * t)
+            + rng.normal(0.0, 0.5, n_samp)
+        )
+    flags = np.zeros(n_samp, dtype=np.uint8)
+    flags[rng.random(n_samp) < 0.15] = 1
+    flags[rng.random(n_samp) < 0.05] = 128  # any nonzero value flags: there is no mask
+    starts = np.array([s for s, _ in spans], dtype=np.int64)
+    stops = np.array([e for _, e in spans], dtype=np.int64)
+    # per-span flag patterns named in the span list
+    for (s, e), kind in zip(spans, [k for k in description_kinds(description, len(spans))]):
+        lo, hi = max(s, 0), min(e, n_samp)
+        if kind == "allflagged":
+            flags[lo:hi] = 1
+        elif kind == "fewgood":
+            flags[lo:hi] = 1
+            flags[lo + 1 : hi : max(1, (hi - lo) // 3)] = 0
+        elif kind == "clean":
+            flags[lo:hi] = 0
+    signals = signals_in.copy()
+    lt.filter_polynomial(order, flags, [signals[k] for k in range(n_signal)], starts, stops, False)
+    c.scalar("order", order, np.int64)
+    c.add(flags=flags, signals_in=signals_in, signals_out=signals, starts=starts, stops=stops)
+    c.extra = {"norder_per_scan": [
+        int(min(int(np.sum(flags[max(s, 0):min(e, n_samp)] == 0)), order + 1))
+        if min(e, n_samp) >= max(s, 0) else 0
+        for s, e in spans
+    ]}
+    return c
+
+
+def description_kinds(description, n):
+    """The flag pattern of each span, from the `[kinds: a,b,...]` tag of a description."""
+    tag = description.split("[kinds: ")[1].split("]")[0].split(",")
+    assert len(tag) == n, (tag, n)
+    return tag
+
+
+def poly2d_templates(x, y, order):
+    """The 2-D polynomial templates x^i y^j (i + j <= order), as PolyFilter2D orders them."""
+    cols = []
+    for i in range(order + 1):
+        for j in range(order + 1 - i):
+            cols.append(x**i * y**j)
+    return np.ascontiguousarray(np.stack(cols, axis=1))
+
+
+def case_filter_poly2D(name, n_samp, n_det, n_group, order, description, masked_dets=(),
+                       ungrouped=(), starve=None):
+    c = Case("filter_poly2D", name, "filter_poly2D", description)
+    rng = rng_for(c.file)
+    x = rng.uniform(-1.0, 1.0, n_det)
+    y = rng.uniform(-1.0, 1.0, n_det)
+    templates = poly2d_templates(x, y, order)
+    n_mode = templates.shape[1]
+    det_groups = (np.arange(n_det) % n_group).astype(np.int32)
+    for d in ungrouped:
+        det_groups[d] = -1  # in no group: never used
+    masks = (rng.random((n_samp, n_det)) > 0.15).astype(np.uint8)
+    masks[masks == 1] = rng.integers(1, 256, int(np.sum(masks == 1))).astype(np.uint8)
+    for d in masked_dets:
+        masks[:, d] = 0
+    if starve is not None:
+        # group `g`: every detector masked at samples [a, b), and only `k` good ones
+        # (fewer than the modes: a rank-deficient system) at samples [b, e)
+        g, a, b, e, k = starve
+        members = np.nonzero(det_groups == g)[0]
+        masks[a:b, members] = 0
+        masks[b:e, members] = 0
+        masks[b:e, members[:k]] = 1
+    true_coeff = rng.normal(0.0, 1.0, (n_samp, n_group, n_mode))
+    signals = np.empty((n_samp, n_det))
+    for d in range(n_det):
+        g = max(det_groups[d], 0)
+        signals[:, d] = true_coeff[:, g, :] @ templates[d] + rng.normal(0.0, 0.05, n_samp)
+    # masked samples carry garbage: the kernel multiplies it by a 0.0 mask
+    signals[masks == 0] = rng.uniform(-1e3, 1e3, int(np.sum(masks == 0)))
+    coeff_in = rng.uniform(-9.0, 9.0, (n_samp, n_group, n_mode))
+    coeff = coeff_in.copy()
+    lt.filter_poly2D(det_groups, templates, signals, masks, coeff, False)
+    c.add(det_groups=det_groups, templates=templates, signals=signals, masks=masks,
+          coeff_in=coeff_in, coeff_out=coeff)
+    # Distance of the rank decision from dgelss's cut: the singular values of the
+    # normal matrix relative to rcond * largest, over every (sample, group).
+    ratios = []
+    for s in range(n_samp):
+        for g in range(n_group):
+            sel = det_groups == g
+            m = (masks[s, sel] != 0).astype(np.float64)
+            t = templates[sel]
+            a = (t * m[:, None]).T @ t
+            sv = np.linalg.svd(a, compute_uv=False)
+            if sv[0] > 0:
+                r = sv / (1e-6 * sv[0])
+                ratios.extend(float(v) for v in r if v > 0)
+    closest = min((abs(math.log10(v)) for v in ratios), default=None)
+    c.extra = {"n_mode": int(n_mode), "closest_singular_value_to_rcond_cut_log10": closest}
+    return c
+
+
+def unwired_cases():
+    yield case_cov_hits(
+        "basic", 6, 16, 3000,
+        "nsub=6 local submaps of 16 pixels, 3000 samples; ~10% samples in a non-local submap "
+        "(submap -1, global2local -1) and ~10% flagged (subpix -1); submap 1 never hit; hits_in "
+        "non-zero (kernel accumulates) except a stretch of unobserved zeros; nnz=3 is unused",
+    )
+    yield case_cov_hits(
+        "nsub0", 0, 8, 50,
+        "nsub=0: the kernel returns before reading anything, hits unchanged (hits has 2 "
+        "submaps of room and the samples point into them)",
+    )
+    yield case_cov_invnpp(
+        "nnz3", 5, 8, 3, 2500, 0.37, False,
+        "nnz=3 (block 6, lower triangle row by row: II IQ IU QQ QU UU), scale 0.37, 5 submaps "
+        "of 8 pixels; ~10% non-local submap (-1), ~8% subpix -1; last submap never hit; "
+        "invnpp_in random (kernel accumulates)",
+    )
+    yield case_cov_invnpp(
+        "nnz1_zero_start", 4, 16, 1, 1500, 2.5e-3,
+        True,
+        "nnz=1, scale 2.5e-3, invnpp_in all zero as the operator starts; unhit pixels "
+        "(the last submap and others) stay exactly 0 (zero covariance, cut by rcond later)",
+    )
+    poly_spans = [(0, 200), (200, 203), (210, 210), (215, 340), (340, 420), (420, 600)]
+    poly_kinds = "[kinds: random,clean,random,random,allflagged,fewgood]"
+    for order in (0, 1, 2, 5, 10):
+        yield case_filter_polynomial(
+            f"order{order}", order, 600, poly_spans,
+            f"order {order}, 3 signals, common flags (any nonzero value flags, ~20%); scans "
+            "[0,200), a 3-sample clean scan (shorter than the order for order >= 3: norder "
+            "= ngood), an empty scan, [215,340), an all-flagged scan (skipped, signal kept), and "
+            "[420,600) with only 3 good samples (norder = 3); samples [203,215) are in no scan "
+            "and keep their values "
+            + poly_kinds,
+        )
+    yield case_filter_polynomial(
+        "order3_overlap_clamp", 3, 400, [(-20, 150), (100, 260), (240, 260), (300, 450)],
+        "order 3; scans overlap ([100,260) refits samples already filtered by [-20,150), "
+        "sequentially with one thread) and are clamped (start -20 -> 0, stop 450 -> n=400); a "
+        "20-sample scan inside another; samples [260,300) are in no scan and keep their values "
+        "[kinds: random,random,random,random]",
+    )
+    yield case_filter_poly2D(
+        "groups3_order2", 120, 30, 3, 2,
+        "30 dets in 3 groups (det % 3), 6 modes (x^i y^j, i+j<=2), 120 samples; masks ~15% "
+        "zero, nonzero values other than 1 also mean good; det 4 masked everywhere, dets 7 and "
+        "20 in no group (-1); group 2 fully masked at samples [10,20) (A = 0: coeff 0) and with "
+        "only 4 good dets at [20,30) (rank-deficient: the minimum-norm solution); masked "
+        "samples carry garbage signal",
+        masked_dets=(4,), ungrouped=(7, 20), starve=(2, 10, 20, 30, 4),
+    )
+    yield case_filter_poly2D(
+        "onegroup_order0", 40, 6, 1, 0,
+        "one group, one mode (order 0: the masked mean of each sample); det 2 masked "
+        "everywhere; samples with every det masked give 0",
+        masked_dets=(2,), starve=(0, 5, 8, 8, 0),
+    )
+    yield case_filter_poly2D(
+        "groups2_order3", 60, 16, 2, 3,
+        "16 dets in 2 groups, 10 modes (order 3): 8 dets per group, so a group with a masked "
+        "det is rank-deficient and dgelss's rcond 1e-6 cut decides the rank",
+    )
+
+
+def write_cases(outdir, cases, problems):
     os.makedirs(outdir, exist_ok=True)
     entries = []
-    problems = []
-    for c in all_cases():
+    for c in cases:
         np.savez(os.path.join(outdir, c.file), **c.fields)
         entries.append(c.manifest())
         for key, val in (c.extra or {}).items():
@@ -1035,6 +1309,26 @@ def main(argv):
     with open(os.path.join(outdir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     print(f"{len(entries)} cases and manifest.json in {outdir}")
+
+
+def main(argv):
+    if toast.__version__ != TOAST_VERSION:
+        sys.exit(f"generate_cases.py: needs toast {TOAST_VERSION}, found {toast.__version__}")
+    problems = []
+    if len(argv) == 3 and argv[1] == "--unwired":
+        write_cases(argv[2], unwired_cases(), problems)
+    elif len(argv) == 2:
+        outdir = argv[1]
+        write_cases(outdir, all_cases(), problems)
+        env = dict(os.environ, **UNWIRED_ENV)
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--unwired", os.path.join(outdir, "unwired")],
+            env=env,
+        )
+        if child.returncode != 0:
+            problems.append(f"the --unwired child exited with {child.returncode}")
+    else:
+        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --unwired OUTDIR)")
     for p in problems:
         print(f"WARNING: self-check failed: {p}", file=sys.stderr)
     return 1 if problems else 0

@@ -1,0 +1,603 @@
+//! filter_polynomial and filter_poly2D (TOAST 3.0.6's `toast::filter_polynomial`
+//! and `toast::filter_poly2D_solve`, libtoast `toast_tod_filter.cpp`;
+//! `tests/data/toast-kernels/FORMAT.md`, sections 13-14).
+//!
+//! Plain functions over slices, not yet in the plugin table (they are wired
+//! through the kernel table next).
+//!
+//! TOAST solves each least-squares problem with LAPACK `dgelss` (an SVD) from
+//! the OpenBLAS it links, whose result depends on the CPU's BLAS kernels in
+//! the last bits (FORMAT.md). Bit-exactness with TOAST is therefore not a
+//! meaningful target; what is reproduced exactly is everything around the
+//! solve (the Legendre templates, the masked normal matrices of poly2D, the
+//! subtraction order), and the solve itself is a small hand-written one that
+//! the device source (`toast-accel/device/kernels.h`) repeats operation for
+//! operation, so the CPU and every device give the same bits: the normal
+//! equations, a cyclic Jacobi eigen-decomposition of the symmetric matrix and
+//! the pseudo-inverse with dgelss's singular-value cut. Against TOAST the
+//! results agree to about 1e-12 relative (the tests' tolerances).
+
+use crate::par::SharedMut;
+use rayon::prelude::*;
+use toast_accel::plugin_support::PluginError;
+
+/// Sweeps of the Jacobi method before giving up (a symmetric matrix of the
+/// sizes used here converges in fewer than ten).
+const JACOBI_MAX_SWEEPS: usize = 64;
+
+/// The largest polynomial order + 1 (templates per fit) the CPU accepts; it
+/// only bounds the memory a call can ask for. The device source has a
+/// smaller bound (`TOAST_POLY_MAX_MODES`).
+pub(crate) const MAX_TEMPLATES: usize = 1024;
+
+/// Diagonalise the symmetric `n x n` row-major matrix `a` in place with the
+/// cyclic Jacobi method: on return the diagonal of `a` holds the eigenvalues
+/// and column `i` of `v` (`v[k * n + i]`) the eigenvector of eigenvalue `i`.
+/// `kernels.h`'s `toast_jacobi_eigen` is the same sequence of operations.
+pub(crate) fn jacobi_eigen(n: usize, a: &mut [f64], v: &mut [f64]) {
+    for (k, x) in v[..n * n].iter_mut().enumerate() {
+        *x = if k % (n + 1) == 0 { 1.0 } else { 0.0 };
+    }
+    for _ in 0..JACOBI_MAX_SWEEPS {
+        let mut rotated = false;
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = a[p * n + q];
+                if apq == 0.0 {
+                    continue;
+                }
+                let app = a[p * n + p];
+                let aqq = a[q * n + q];
+                let g = 100.0 * apq.abs();
+                if app.abs() + g == app.abs() && aqq.abs() + g == aqq.abs() {
+                    // Below the last bit of both diagonal elements.
+                    a[p * n + q] = 0.0;
+                    a[q * n + p] = 0.0;
+                    continue;
+                }
+                let h = aqq - app;
+                let t = if h.abs() + g == h.abs() {
+                    apq / h
+                } else {
+                    let theta = 0.5 * h / apq;
+                    let t = 1.0 / (theta.abs() + (1.0 + theta * theta).sqrt());
+                    if theta < 0.0 {
+                        -t
+                    } else {
+                        t
+                    }
+                };
+                let c = 1.0 / (1.0 + t * t).sqrt();
+                let s = t * c;
+                for k in 0..n {
+                    if k == p || k == q {
+                        continue;
+                    }
+                    let akp = a[k * n + p];
+                    let akq = a[k * n + q];
+                    let nkp = c * akp - s * akq;
+                    let nkq = s * akp + c * akq;
+                    a[k * n + p] = nkp;
+                    a[p * n + k] = nkp;
+                    a[k * n + q] = nkq;
+                    a[q * n + k] = nkq;
+                }
+                a[p * n + p] = app - t * apq;
+                a[q * n + q] = aqq + t * apq;
+                a[p * n + q] = 0.0;
+                a[q * n + p] = 0.0;
+                for k in 0..n {
+                    let vkp = v[k * n + p];
+                    let vkq = v[k * n + q];
+                    v[k * n + p] = c * vkp - s * vkq;
+                    v[k * n + q] = s * vkp + c * vkq;
+                }
+                rotated = true;
+            }
+        }
+        if !rotated {
+            break;
+        }
+    }
+}
+
+/// `b <- pinv(A) b` for the symmetric `A` that [`jacobi_eigen`] left in `a`
+/// (eigenvalues on the diagonal) and `v`, keeping the eigenvalues whose
+/// magnitude exceeds `max(rcond * largest magnitude, f64::MIN_POSITIVE)`, as
+/// dgelss keeps singular values (the singular values of a symmetric matrix
+/// are the magnitudes of its eigenvalues). All zero for a zero matrix. `w`
+/// is scratch of `n`.
+pub(crate) fn pinv_apply(n: usize, a: &[f64], v: &[f64], rcond: f64, b: &mut [f64], w: &mut [f64]) {
+    let mut smax = 0.0f64;
+    for i in 0..n {
+        let s = a[i * n + i].abs();
+        if s > smax {
+            smax = s;
+        }
+    }
+    let mut thr = rcond * smax;
+    if thr < f64::MIN_POSITIVE {
+        thr = f64::MIN_POSITIVE;
+    }
+    for i in 0..n {
+        let mut x = 0.0;
+        for k in 0..n {
+            x += v[k * n + i] * b[k];
+        }
+        let l = a[i * n + i];
+        w[i] = if l.abs() > thr { x / l } else { 0.0 };
+    }
+    for k in 0..n {
+        let mut x = 0.0;
+        for i in 0..n {
+            x += v[k * n + i] * w[i];
+        }
+        b[k] = x;
+    }
+}
+
+/// The Legendre polynomials `P_0..P_{norder-1}` at `x`, by TOAST's recurrence
+/// `P_k = ((2k-1) x P_{k-1} - (k-1) P_{k-2}) / k` with `1/k` as a factor.
+#[inline(always)]
+pub(crate) fn legendre(x: f64, p: &mut [f64]) {
+    let n = p.len();
+    if n > 0 {
+        p[0] = 1.0;
+    }
+    if n > 1 {
+        p[1] = x;
+    }
+    for k in 2..n {
+        let orderinv = 1.0 / k as f64;
+        p[k] = ((2 * k - 1) as f64 * x * p[k - 1] - (k - 1) as f64 * p[k - 2]) * orderinv;
+    }
+}
+
+/// dgelss's rcond for filter_polynomial on the normal equations: TOAST passes
+/// rcond = -1 (machine precision on the singular values of the templates,
+/// 1.1e-16, i.e. 1.2e-32 on the eigenvalues of their normal matrix), which
+/// the normal matrix cannot resolve; its eigenvalues carry an absolute error
+/// of about eps times the largest, so the cut is there (FORMAT.md).
+pub(crate) const POLY_RCOND: f64 = f64::EPSILON;
+
+/// dgelss's rcond in filter_poly2D (TOAST's constant).
+pub(crate) const POLY2D_RCOND: f64 = 1e-6;
+
+/// One scan of filter_polynomial after TOAST's clamping.
+#[derive(Debug, Clone, Copy)]
+struct Scan {
+    start: usize,
+    len: usize,
+}
+
+/// TOAST's clamping of scan `(start, stop)` to `n` samples (stop exclusive):
+/// `start < 0` becomes 0; `stop > n`, **compared as unsigned** (so a negative
+/// stop too), becomes `n`; `stop < start` skips the scan.
+fn clamp_scan(start: i64, stop: i64, n: usize) -> Option<Scan> {
+    let start = start.max(0);
+    let stop = if stop < 0 || stop as u64 > n as u64 {
+        n as i64
+    } else {
+        stop
+    };
+    (stop >= start).then(|| Scan {
+        start: start as usize,
+        len: (stop - start) as usize,
+    })
+}
+
+/// The fit of one scan: the Legendre normal matrix of its good samples,
+/// diagonalised. Shared by its signals.
+struct ScanFit {
+    norder: usize,
+    dx: f64,
+    xstart: f64,
+    /// Eigenvalues on the diagonal.
+    a: Vec<f64>,
+    v: Vec<f64>,
+}
+
+impl ScanFit {
+    fn new(flags: &[u8], norder: usize) -> Self {
+        let len = flags.len();
+        let dx = 2.0 / len as f64;
+        let xstart = 0.5 * dx - 1.0;
+        let mut a = vec![0.0; norder * norder];
+        let mut p = vec![0.0; norder];
+        for (i, _) in flags.iter().enumerate().filter(|(_, &f)| f == 0) {
+            legendre(xstart + i as f64 * dx, &mut p);
+            for j in 0..norder {
+                for k in j..norder {
+                    a[j * norder + k] += p[j] * p[k];
+                }
+            }
+        }
+        for j in 0..norder {
+            for k in 0..j {
+                a[j * norder + k] = a[k * norder + j];
+            }
+        }
+        let mut v = vec![0.0; norder * norder];
+        jacobi_eigen(norder, &mut a, &mut v);
+        ScanFit {
+            norder,
+            dx,
+            xstart,
+            a,
+            v,
+        }
+    }
+
+    /// Fit the good samples of `signal` (the scan's samples) and subtract the
+    /// fitted polynomial from every sample, flagged or not.
+    fn filter(&self, flags: &[u8], signal: &mut [f64]) {
+        let n = self.norder;
+        let mut p = vec![0.0; n];
+        let mut amp = vec![0.0; n];
+        for (i, (&f, &s)) in flags.iter().zip(signal.iter()).enumerate() {
+            if f != 0 {
+                continue;
+            }
+            legendre(self.xstart + i as f64 * self.dx, &mut p);
+            for k in 0..n {
+                amp[k] += p[k] * s;
+            }
+        }
+        let mut w = vec![0.0; n];
+        pinv_apply(n, &self.a, &self.v, POLY_RCOND, &mut amp, &mut w);
+        for (i, s) in signal.iter_mut().enumerate() {
+            legendre(self.xstart + i as f64 * self.dx, &mut p);
+            for k in 0..n {
+                *s -= amp[k] * p[k];
+            }
+        }
+    }
+}
+
+/// Fit and subtract a Legendre polynomial of order `order` from every signal,
+/// one scan `[starts[i], stops[i])` at a time, in scan order, using the
+/// common `flags` (any non-zero value flags a sample). A scan whose samples
+/// are all flagged (or that is empty) is left alone; one with fewer good
+/// samples than `order + 1` is fitted with as many templates as good samples.
+/// `order < 0` does nothing.
+pub(crate) fn filter_polynomial(
+    order: i64,
+    flags: &[u8],
+    signals: &mut [&mut [f64]],
+    starts: &[i64],
+    stops: &[i64],
+) -> Result<(), PluginError> {
+    const K: &str = "filter_polynomial";
+    if starts.len() != stops.len() {
+        return Err(PluginError::invalid(format!(
+            "{K}: {} starts and {} stops",
+            starts.len(),
+            stops.len()
+        )));
+    }
+    let n = flags.len();
+    if let Some((i, s)) = signals.iter().enumerate().find(|(_, s)| s.len() != n) {
+        return Err(PluginError::invalid(format!(
+            "{K}: signal {i} has {} samples, the flags {n}",
+            s.len()
+        )));
+    }
+    if order < 0 {
+        return Ok(());
+    }
+    if order >= MAX_TEMPLATES as i64 {
+        return Err(PluginError::invalid(format!(
+            "{K}: order {order} is beyond the supported {}",
+            MAX_TEMPLATES - 1
+        )));
+    }
+    let norder_max = order as usize + 1;
+    let scans: Vec<Scan> = starts
+        .iter()
+        .zip(stops)
+        .filter_map(|(&a, &b)| clamp_scan(a, b, n))
+        .collect();
+    let shared: Vec<SharedMut<f64>> = signals.iter_mut().map(|s| SharedMut::new(s)).collect();
+    // SAFETY (for both uses below): a call touches samples
+    // [scan.start, scan.start + scan.len) of each signal, one signal at a time,
+    // and calls run concurrently only for disjoint scans.
+    let run = |scan: &Scan| {
+        let f = &flags[scan.start..scan.start + scan.len];
+        let ngood = f.iter().filter(|&&x| x == 0).count();
+        if ngood == 0 {
+            return;
+        }
+        let fit = ScanFit::new(f, ngood.min(norder_max));
+        for sig in &shared {
+            // SAFETY: see above.
+            fit.filter(f, unsafe { sig.slice_mut(scan.start, scan.len) });
+        }
+    };
+    // Scans that overlap must run in order (the second fits what the first
+    // left, as TOAST's one-thread run does); disjoint ones run in parallel.
+    let mut sorted: Vec<&Scan> = scans.iter().filter(|s| s.len > 0).collect();
+    sorted.sort_by_key(|s| s.start);
+    let disjoint = sorted
+        .windows(2)
+        .all(|w| w[0].start + w[0].len <= w[1].start);
+    if disjoint {
+        sorted.par_iter().for_each(|scan| run(scan));
+    } else {
+        scans.iter().for_each(run);
+    }
+    Ok(())
+}
+
+/// Solve, for every sample and detector group, the least-squares fit of the
+/// group's detector signals by the per-detector templates (`n_mode` of them),
+/// with the detectors whose mask is 0 weighted by 0.0 (`masks` non-zero means
+/// good), and write the coefficients to `coeff[sample, group, ..]`, as TOAST
+/// does: `A = Σ_d t_d t_dᵀ m_d`, `rhs = Σ_d t_d s_d m_d` (detectors in index
+/// order, `(t_i * s) * m` and `(t_i * t_j) * m`, the upper triangle mirrored
+/// as it is accumulated), then dgelss with rcond 1e-6. A detector with a
+/// negative group is in none. Shapes: `det_groups` `[n_det]`, `templates`
+/// `[n_det, n_mode]`, `signals` and `masks` `[n_samp, n_det]`, `coeff`
+/// `[n_samp, n_group, n_mode]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn filter_poly2d(
+    n_samp: usize,
+    n_det: usize,
+    n_group: usize,
+    n_mode: usize,
+    det_groups: &[i32],
+    templates: &[f64],
+    signals: &[f64],
+    masks: &[u8],
+    coeff: &mut [f64],
+) -> Result<(), PluginError> {
+    const K: &str = "filter_poly2D";
+    let lens = [
+        ("det_groups", det_groups.len(), n_det),
+        ("templates", templates.len(), n_det * n_mode),
+        ("signals", signals.len(), n_samp * n_det),
+        ("masks", masks.len(), n_samp * n_det),
+        ("coeff", coeff.len(), n_samp * n_group * n_mode),
+    ];
+    for (name, got, want) in lens {
+        if got != want {
+            return Err(PluginError::invalid(format!(
+                "{K}: {name} has {got} elements, expected {want}"
+            )));
+        }
+    }
+    if n_mode > MAX_TEMPLATES {
+        return Err(PluginError::invalid(format!(
+            "{K}: {n_mode} modes is beyond the supported {MAX_TEMPLATES}"
+        )));
+    }
+    if let Some((i, g)) = det_groups
+        .iter()
+        .enumerate()
+        .find(|(_, &g)| g >= 0 && g as usize >= n_group)
+    {
+        return Err(PluginError::invalid(format!(
+            "{K}: det {i}: group {g} invalid for {n_group} groups"
+        )));
+    }
+    if n_mode == 0 || n_group == 0 {
+        return Ok(());
+    }
+    coeff
+        .par_chunks_mut(n_group * n_mode)
+        .enumerate()
+        .for_each_init(
+            || {
+                (
+                    vec![0.0; n_mode * n_mode],
+                    vec![0.0; n_mode * n_mode],
+                    vec![0.0; n_mode],
+                )
+            },
+            |(a, v, w), (isamp, out)| {
+                let sig = &signals[isamp * n_det..(isamp + 1) * n_det];
+                let msk = &masks[isamp * n_det..(isamp + 1) * n_det];
+                for (igroup, rhs) in out.chunks_exact_mut(n_mode).enumerate() {
+                    poly2d_normal(n_mode, igroup, det_groups, templates, sig, msk, a, rhs);
+                    jacobi_eigen(n_mode, a, v);
+                    pinv_apply(n_mode, a, v, POLY2D_RCOND, rhs, w);
+                }
+            },
+        );
+    Ok(())
+}
+
+/// The normal matrix `a` and right-hand side `rhs` of one sample and group,
+/// in TOAST's order.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn poly2d_normal(
+    n_mode: usize,
+    igroup: usize,
+    det_groups: &[i32],
+    templates: &[f64],
+    sig: &[f64],
+    msk: &[u8],
+    a: &mut [f64],
+    rhs: &mut [f64],
+) {
+    a.fill(0.0);
+    rhs.fill(0.0);
+    for (idet, &g) in det_groups.iter().enumerate() {
+        if g < 0 || g as usize != igroup {
+            continue;
+        }
+        let det_mask = if msk[idet] == 0 { 0.0 } else { 1.0 };
+        let det_sig = sig[idet];
+        let t = &templates[idet * n_mode..(idet + 1) * n_mode];
+        for im in 0..n_mode {
+            rhs[im] += t[im] * det_sig * det_mask;
+            for jm in im..n_mode {
+                let val = t[im] * t[jm] * det_mask;
+                a[im * n_mode + jm] += val;
+                if jm > im {
+                    a[jm * n_mode + im] += val;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_cases::unwired_case;
+
+    /// Largest |got - want| over the largest |want| (1 if that is 0).
+    fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+        let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0);
+        got.iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0f64, f64::max)
+            / scale
+    }
+
+    fn run_poly(name: &str) -> (Vec<f64>, Vec<f64>, Vec<f64>, usize) {
+        let mut c = unwired_case(name);
+        let order = c.scalar_i64("order");
+        let flags = c.u8("flags");
+        let (mut sig, shape) = c.shaped::<f64>("signals_in");
+        let sig_in = sig.clone();
+        let n = shape[1];
+        {
+            let mut rows: Vec<&mut [f64]> = sig.chunks_mut(n).collect();
+            filter_polynomial(order, &flags, &mut rows, &c.i64("starts"), &c.i64("stops")).unwrap();
+        }
+        (sig, c.f64("signals_out"), sig_in, n)
+    }
+
+    const POLY_CASES: [&str; 6] = [
+        "filter_polynomial_order0",
+        "filter_polynomial_order1",
+        "filter_polynomial_order2",
+        "filter_polynomial_order5",
+        "filter_polynomial_order10",
+        "filter_polynomial_order3_overlap_clamp",
+    ];
+
+    #[test]
+    fn filter_polynomial_matches_toast() {
+        for name in POLY_CASES {
+            let (got, want, sig_in, _) = run_poly(name);
+            // Samples TOAST leaves alone (no scan, all-flagged scans) are
+            // untouched here too, bit for bit.
+            for (i, ((g, w), x)) in got.iter().zip(&want).zip(&sig_in).enumerate() {
+                if w.to_bits() == x.to_bits() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{name}: element {i}");
+                }
+            }
+            // The rest to the solve's rounding, relative to the input's scale.
+            let e = rel_err(&got, &want) * want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0)
+                / sig_in.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            eprintln!("{name}: largest error / largest input {e:e}");
+            assert!(e < 2e-14, "{name}: relative error {e:e}");
+        }
+    }
+
+    #[test]
+    fn filter_polynomial_order0_is_the_masked_mean() {
+        // One template: the fit is the mean of the good samples, exactly
+        // what pinv gives for a 1x1 normal matrix (n_good).
+        let flags = [0u8, 1, 0, 0];
+        let mut s = [1.0, 100.0, 2.0, 6.0];
+        filter_polynomial(0, &flags, &mut [&mut s[..]], &[0], &[4]).unwrap();
+        assert_eq!(s, [-2.0, 97.0, -1.0, 3.0]);
+    }
+
+    #[test]
+    fn filter_poly2d_matches_toast() {
+        for name in [
+            "filter_poly2D_groups3_order2",
+            "filter_poly2D_onegroup_order0",
+            "filter_poly2D_groups2_order3",
+        ] {
+            let mut c = unwired_case(name);
+            let det_groups = c.i32("det_groups");
+            let (templates, tshape) = c.shaped::<f64>("templates");
+            let (signals, sshape) = c.shaped::<f64>("signals");
+            let masks = c.u8("masks");
+            let (mut coeff, cshape) = c.shaped::<f64>("coeff_in");
+            let want = c.f64("coeff_out");
+            filter_poly2d(
+                sshape[0],
+                sshape[1],
+                cshape[1],
+                tshape[1],
+                &det_groups,
+                &templates,
+                &signals,
+                &masks,
+                &mut coeff,
+            )
+            .unwrap();
+            // Per (sample, group): exact zeros where TOAST has them (no
+            // good detector), the rest to the solve's rounding.
+            let nm = tshape[1];
+            let mut worst = 0.0f64;
+            for (i, (g, w)) in coeff.chunks(nm).zip(want.chunks(nm)).enumerate() {
+                if w.iter().all(|&x| x == 0.0) {
+                    assert!(g.iter().all(|&x| x == 0.0), "{name}: block {i}: {g:?}");
+                }
+                worst = worst.max(rel_err(g, w));
+            }
+            eprintln!("{name}: largest relative error per block {worst:e}");
+            assert!(worst < 1e-10, "{name}: relative error {worst:e}");
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let in_pool = |threads: usize, f: &(dyn Fn() -> Vec<u64> + Sync)| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(f)
+        };
+        let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let poly = || bits(&run_poly("filter_polynomial_order5").0);
+        assert_eq!(in_pool(1, &poly), in_pool(4, &poly));
+        let poly2d = || {
+            let mut c = unwired_case("filter_poly2D_groups3_order2");
+            let (t, ts) = c.shaped::<f64>("templates");
+            let (s, ss) = c.shaped::<f64>("signals");
+            let (mut coeff, cs) = c.shaped::<f64>("coeff_in");
+            let (g, m) = (c.i32("det_groups"), c.u8("masks"));
+            filter_poly2d(ss[0], ss[1], cs[1], ts[1], &g, &t, &s, &m, &mut coeff).unwrap();
+            bits(&coeff)
+        };
+        assert_eq!(in_pool(1, &poly2d), in_pool(4, &poly2d));
+    }
+
+    #[test]
+    fn jacobi_diagonalises() {
+        let mut a = vec![4.0, 1.0, 2.0, 1.0, 3.0, 0.5, 2.0, 0.5, 5.0];
+        let a0 = a.clone();
+        let mut v = vec![0.0; 9];
+        jacobi_eigen(3, &mut a, &mut v);
+        // A V = V diag(l)
+        for i in 0..3 {
+            for k in 0..3 {
+                let av: f64 = (0..3).map(|j| a0[k * 3 + j] * v[j * 3 + i]).sum();
+                assert!((av - v[k * 3 + i] * a[i * 3 + i]).abs() < 1e-13);
+            }
+        }
+    }
+
+    #[test]
+    fn clamping_follows_toast() {
+        assert!(clamp_scan(5, 3, 10).is_none());
+        let s = clamp_scan(-4, 20, 10).unwrap();
+        assert_eq!((s.start, s.len), (0, 10));
+        // a negative stop compares above n as unsigned, so it becomes n
+        let s = clamp_scan(2, -1, 10).unwrap();
+        assert_eq!((s.start, s.len), (2, 8));
+        let s = clamp_scan(12, 20, 10);
+        assert!(s.is_none());
+    }
+}
