@@ -65,3 +65,6 @@ DEVICE_FN void atomic_min_u64(u64 *p, u64 v) {
         }
     }
 }
+
+/* *p += v on a signed 64-bit integer (cov_accum_diag_hits). */
+DEVICE_FN void atomic_add_i64(i64 *p, i64 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
