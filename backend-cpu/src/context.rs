@@ -132,12 +132,25 @@ impl CpuContext {
     }
 }
 
+/// A pool may oversubscribe the cores this many times at most: ten
+/// thousand threads took minutes to start and only add overhead.
+const MAX_THREADS_PER_CORE: usize = 4;
+
 fn parse_threads(v: &str, what: &str) -> Result<usize, PluginError> {
-    v.trim().parse::<usize>().map_err(|_| {
+    let n = v.trim().parse::<usize>().map_err(|_| {
         PluginError::invalid(format!(
             "{what}: `{v}` is not a thread count (a non-negative integer; 0 = all cores)"
         ))
-    })
+    })?;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let max = MAX_THREADS_PER_CORE * cores;
+    if n > max {
+        return Err(PluginError::invalid(format!(
+            "{what}: {n} threads; at most {max} ({MAX_THREADS_PER_CORE} x the {cores} core(s) \
+             available to this process)"
+        )));
+    }
+    Ok(n)
 }
 
 /// The CPU model name from /proc/cpuinfo, or "cpu".
@@ -165,4 +178,28 @@ pub(crate) fn meminfo() -> (u64, u64) {
             .map_or(0, |kb| kb.saturating_mul(1024))
     };
     (field("MemTotal:"), field("MemAvailable:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_threads;
+
+    #[test]
+    fn thread_counts_are_bounded_by_the_cores() {
+        assert_eq!(parse_threads(" 2 ", "option threads").unwrap(), 2);
+        assert_eq!(parse_threads("0", "option threads").unwrap(), 0);
+        let e = parse_threads("100000", "option threads").unwrap_err();
+        assert!(
+            e.message
+                .contains("option threads: 100000 threads; at most"),
+            "{}",
+            e.message
+        );
+        let e = parse_threads("many", "option threads").unwrap_err();
+        assert!(
+            e.message.contains("`many` is not a thread count"),
+            "{}",
+            e.message
+        );
+    }
 }

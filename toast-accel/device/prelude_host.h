@@ -56,6 +56,9 @@ DEVICE_FN void atomic_add_f64(double *p, double v) {
     }
 }
 
+/* *p += v on a signed 64-bit integer (cov_accum_diag_hits). */
+DEVICE_FN void atomic_add_i64(i64 *p, i64 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
 /* *p = min(*p, v), atomically (unsigned). */
 DEVICE_FN void atomic_min_u64(u64 *p, u64 v) {
     u64 old = __atomic_load_n(p, __ATOMIC_RELAXED);
@@ -65,6 +68,3 @@ DEVICE_FN void atomic_min_u64(u64 *p, u64 v) {
         }
     }
 }
-
-/* *p += v on a signed 64-bit integer (cov_accum_diag_hits). */
-DEVICE_FN void atomic_add_i64(i64 *p, i64 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }

@@ -14,16 +14,20 @@
 //! |---|---|
 //! | 0 | success |
 //! | 1 | the command ran and found failures (e.g. a verify case failed) |
-//! | 2 | bad usage or setup (unknown backend, unreadable input) |
+//! | 2 | bad usage or setup (unknown backend, unreadable input, an absurd option value, a standard output that cannot be written) |
 //! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`), nothing was timed (`bench`); the device compiler is not installed (`kernels compile`) |
+//! | 141 | standard output was closed (`EPIPE`; with SIGPIPE's default action the process ends by the signal first, which a shell also shows as 141) |
 
 mod cmd;
+mod console;
+mod limits;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 mod output;
 mod parallel;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use toast_accel::host::conformance::Comparison;
@@ -158,25 +162,25 @@ fn init_logging(verbose: u8) {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     #[cfg(feature = "mpi")]
     if let Command::MpiCheck { bench_mib } = &cli.command {
-        return cmd::mpi_check::main(*bench_mib).map_err(anyhow::Error::msg);
+        return cmd::mpi_check::main(*bench_mib);
     }
     if let Command::Kernels(KernelsCommand::Compile(args)) = &cli.command {
-        return match cmd::kernels::compile(args).map_err(anyhow::Error::msg)? {
+        return match cmd::kernels::compile(args)? {
             cmd::kernels::Outcome::Compiled(report) => {
-                print!("{report}");
+                write!(console::Stdout, "{report}")?;
                 Ok(0)
             }
             cmd::kernels::Outcome::Failed(e) => {
-                eprintln!("toast-cli kernels compile: {e}");
+                errln!("toast-cli kernels compile: {e}");
                 Ok(1)
             }
             cmd::kernels::Outcome::Unavailable(e) => {
-                eprintln!("toast-cli kernels compile: compiler unavailable: {e}");
+                errln!("toast-cli kernels compile: compiler unavailable: {e}");
                 Ok(EXIT_UNAVAILABLE)
             }
         };
     }
-    let mut opts = discovery(&cli).map_err(anyhow::Error::msg)?;
+    let mut opts = discovery(&cli)?;
     if let Command::Run(args) = &cli.command {
         // Without --threads, ranks sharing a node share its cores.
         if let Some(n) = args.threads.or_else(parallel::default_threads_per_rank) {
@@ -184,12 +188,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
     }
     if let Command::Bench(BenchCommand::Kernels(a)) = &cli.command {
+        a.check()?;
         opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
     }
     let registry = Registry::discover(&opts);
     match &cli.command {
         Command::Run(args) => {
-            let comm = parallel::init().map_err(anyhow::Error::msg)?;
+            let comm = parallel::init()?;
             match cmd::run::run(args, registry, std::sync::Arc::clone(&comm)) {
                 Ok(c) => Ok(code(c)),
                 // Several ranks: name this one and end them all.
@@ -197,7 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 Err(e) => Err(e),
             }
         }
-        Command::Backends => Ok(code(cmd::backends::run(&registry))),
+        Command::Backends => cmd::backends::run(&registry).map(code),
         Command::Verify {
             backend,
             cases,
@@ -211,14 +216,11 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                         comparison: exact.then_some(Comparison::Exact),
                         transfers: *transfers,
                     };
-                    cmd::verify::run_with(&b, &cases, opts)
-                        .map(code)
-                        .map_err(anyhow::Error::msg)
+                    cmd::verify::run_with(&b, &cases, opts).map(code)
                 }
                 Err(AccelError::Unavailable { backend, reason }) => {
-                    eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
-                    cmd::verify::run_unavailable(&backend, &reason, &cases)
-                        .map_err(anyhow::Error::msg)?;
+                    errln!("toast-cli: backend `{backend}` is unavailable: {reason}");
+                    cmd::verify::run_unavailable(&backend, &reason, &cases)?;
                     Ok(EXIT_UNAVAILABLE)
                 }
                 Err(e) => Err(e.into()),
@@ -231,7 +233,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let b = match registry.get(&args.backend) {
                 Ok(b) => b,
                 Err(AccelError::Unavailable { backend, reason }) => {
-                    eprintln!("toast-cli: backend `{backend}` is unavailable: {reason}");
+                    errln!("toast-cli: backend `{backend}` is unavailable: {reason}");
                     return Ok(EXIT_UNAVAILABLE);
                 }
                 Err(e) => return Err(e.into()),
@@ -239,8 +241,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
             match cmd::bench::cmd_kernels(&b, args, threads) {
                 Ok(()) => Ok(0),
+                Err(e) if console::stdout_failure(&e).is_some() => Err(e),
                 Err(e) => {
-                    eprintln!("toast-cli bench kernels: {e}");
+                    errln!("toast-cli bench kernels: {}", error_chain(&e));
                     Ok(1)
                 }
             }
@@ -273,12 +276,11 @@ fn code(c: i32) -> u8 {
 
 /// Let a write to a closed standard output (`toast-cli run --dry-run | head
 /// -1`) end the process quietly, as it ends `cat` or `ls`: the Rust runtime
-/// ignores SIGPIPE, so `println!` would get `EPIPE` and panic. Restoring the
-/// default action covers every `println!` of every subcommand at once,
-/// where a writer mapping `BrokenPipe` to an exit would have to replace
-/// each of them; the process then ends by SIGPIPE (status 141 in a shell),
-/// as Unix filters do. toast-cli writes no other pipe or socket itself (MPI
-/// libraries that do install their own handling when initialised).
+/// ignores SIGPIPE. With the default action the process ends by SIGPIPE
+/// (status 141 in a shell), as Unix filters do; where SIGPIPE is handled
+/// anyway (an MPI library may install its own handling when initialised),
+/// the `EPIPE` that `console::Stdout` returns ends it quietly with 141.
+/// toast-cli writes no other pipe or socket itself.
 #[cfg(unix)]
 fn default_sigpipe() {
     // SAFETY: `signal` with `SIG_DFL` installs no handler (no code of ours
@@ -292,15 +294,38 @@ fn default_sigpipe() {
 fn main() -> ExitCode {
     #[cfg(unix)]
     default_sigpipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(&e),
+    };
     init_logging(cli.verbose);
-    match run(cli) {
+    // What is still buffered is written now: a failure is the run's.
+    match run(cli).and_then(|c| Ok(console::Stdout.flush().map(|()| c)?)) {
         Ok(c) => ExitCode::from(c),
-        Err(e) => {
-            eprintln!("toast-cli: {}", error_chain(&e));
-            ExitCode::from(2)
-        }
+        Err(e) => failure(&e),
     }
+}
+
+/// The exit of a failed command: the error's chain on standard error and
+/// status 2; a closed standard output ends it quietly
+/// ([`console::EXIT_CLOSED_STDOUT`]).
+fn failure(e: &anyhow::Error) -> ExitCode {
+    if console::stdout_failure(e).is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) {
+        return ExitCode::from(console::EXIT_CLOSED_STDOUT);
+    }
+    errln!("toast-cli: {}", error_chain(e));
+    ExitCode::from(2)
+}
+
+/// What clap ends with: help and version on standard output (status 0, or
+/// a [`failure`] when it cannot be written), a usage error on standard
+/// error (status 2).
+fn clap_exit(e: &clap::Error) -> ExitCode {
+    let printed = e.print().and_then(|()| console::Stdout.flush());
+    if let (false, Err(io)) = (e.use_stderr(), printed) {
+        return failure(&console::stdout_error(io).into());
+    }
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
 }
 
 #[cfg(test)]

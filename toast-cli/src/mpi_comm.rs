@@ -352,7 +352,7 @@ impl Comm for MpiComm {
             // which one aborted, with `code`.
             Ok(world) => world.abort(code),
             Err(e) => {
-                eprintln!("toast-cli: rank {}: {e}; aborting this process", self.rank);
+                crate::errln!("toast-cli: rank {}: {e}; aborting this process", self.rank);
                 std::process::abort()
             }
         }

@@ -62,13 +62,13 @@ pub fn default_threads_per_rank() -> Option<usize> {
 pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
     if comm.size() > 1 {
         let (rank, size) = (comm.rank(), comm.size());
-        say(&format!(
+        crate::console::stderr(&format!(
             "toast-cli: rank {rank} of {size}: {message}\n\
              toast-cli: rank {rank} is aborting the whole job (MPI_Abort, exit status {code})\n"
         ));
         comm.abort(code)
     }
-    eprintln!("toast-cli: {message}");
+    crate::errln!("toast-cli: {message}");
     std::process::exit(code)
 }
 
@@ -96,7 +96,7 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
             "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
         )),
         "kill" => {
-            say(&format!(
+            crate::console::stderr(&format!(
                 "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})\n",
                 comm.rank()
             ));
@@ -111,13 +111,4 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
             "TOAST_FAULT_INJECT={spec:?}: unknown mode {other:?} (error or kill)"
         )),
     }
-}
-
-/// Write `text` on stderr in one piece. `eprintln!` writes its arguments
-/// one by one (stderr is unbuffered), and under `mpirun` the pieces of a
-/// rank's line can then come out with other output between them (seen:
-/// Open MPI's `MPI_ABORT was invoked` notice inside `rank 1 of 2`).
-fn say(text: &str) {
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }

@@ -106,6 +106,7 @@ pub mod error;
 pub mod instrument;
 pub mod intervals;
 pub mod meta;
+pub mod num;
 pub mod observation;
 pub mod operator;
 pub mod shared;

@@ -67,6 +67,7 @@ pub mod math;
 pub mod ops;
 pub mod pixels;
 pub mod sim;
+pub mod sysinfo;
 pub mod templates;
 pub mod workflow;
 

@@ -23,6 +23,10 @@
 //! * [`emulated`]: the emulated CUDA and HIP drivers (`toast-gpu-emu`) under
 //!   the vendors' library names, and a test run again in a child process on
 //!   them (the dynamic loader reads `LD_LIBRARY_PATH` only at start).
+//! * [`hostile`]: what the property tests of the readers share: mutations
+//!   of valid files (bytes flipped, cut, spliced, numbers replaced by absurd
+//!   ones) as proptest strategies, and an allocator that records the
+//!   largest allocation a call makes.
 //!
 //! # Why dev-only
 //!
@@ -35,6 +39,7 @@
 
 pub mod emulated;
 pub mod fakedev;
+pub mod hostile;
 pub mod maps;
 pub mod plugins;
 pub mod process;

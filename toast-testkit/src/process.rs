@@ -30,12 +30,59 @@ pub fn text(o: &Output) -> String {
 }
 
 fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
-    let mut pipe = pipe.expect("the pipe was requested");
     std::thread::spawn(move || {
         let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
         bytes
     })
+}
+
+/// Where a process's standard output goes.
+#[derive(Debug)]
+pub enum StdoutTo {
+    /// A pipe read into [`Output::stdout`].
+    Captured,
+    /// This file, opened for writing (`/dev/full`: every write fails with
+    /// `ENOSPC`); nothing is captured.
+    File(PathBuf),
+    /// A pipe whose reading end is closed before the process starts: its
+    /// first write gets `EPIPE` (or SIGPIPE); nothing is captured.
+    ClosedPipe,
+}
+
+impl StdoutTo {
+    fn stdio(&self) -> Stdio {
+        match self {
+            StdoutTo::Captured => Stdio::piped(),
+            StdoutTo::File(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+            ),
+            StdoutTo::ClosedPipe => {
+                use std::os::fd::FromRawFd;
+                let mut fds = [0i32; 2];
+                // SAFETY: `pipe` writes two new descriptors into the array
+                // it is given, which has room for two.
+                let rc = unsafe { libc::pipe(fds.as_mut_ptr()) };
+                assert_eq!(rc, 0, "pipe: {}", std::io::Error::last_os_error());
+                // SAFETY: both descriptors were just made by `pipe` and are
+                // owned by nothing else; each is owned once from here on
+                // (the reading end is closed at the end of this statement).
+                let (read, write) = unsafe {
+                    (
+                        std::fs::File::from_raw_fd(fds[0]),
+                        std::fs::File::from_raw_fd(fds[1]),
+                    )
+                };
+                drop(read);
+                Stdio::from(write)
+            }
+        }
+    }
 }
 
 /// Run `cmd` to completion with its output captured, or fail the test when
@@ -44,10 +91,15 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
 /// while waiting, so a full pipe never blocks the process. After a hang
 /// the readers are not joined: an orphaned MPI rank may still hold the
 /// pipes.
-pub fn run_with_deadline(mut cmd: Command, limit: Duration, what: &str) -> Output {
+pub fn run_with_deadline(cmd: Command, limit: Duration, what: &str) -> Output {
+    run_to(cmd, &StdoutTo::Captured, limit, what)
+}
+
+/// [`run_with_deadline`] with standard output going to `stdout`.
+pub fn run_to(mut cmd: Command, stdout: &StdoutTo, limit: Duration, what: &str) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(stdout.stdio())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));

@@ -8,6 +8,7 @@
 //! lacks. Then the plugins shadowed by an earlier one of the same name, the
 //! files that failed to load, and the locations searched.
 
+use anyhow::Context;
 use std::io::{self, Write};
 use toast_accel::abi::Kernel;
 use toast_accel::host::registry::PluginEntry;
@@ -15,17 +16,12 @@ use toast_accel::host::Registry;
 
 /// Print the listing to standard output. Returns the exit code: 0 when at
 /// least one backend is available, 1 otherwise (nothing found, nothing that
-/// initialises, or standard output failed).
-pub fn run(registry: &Registry) -> i32 {
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    match render(registry, &mut out).and_then(|code| out.flush().map(|_| code)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("toast-cli backends: cannot write the listing: {e}");
-            1
-        }
-    }
+/// initialises); an error when standard output fails.
+pub fn run(registry: &Registry) -> anyhow::Result<i32> {
+    let mut out = crate::console::Stdout;
+    render(registry, &mut out)
+        .and_then(|code| out.flush().map(|_| code))
+        .context("cannot write the listing")
 }
 
 /// Write the listing to `out`; returns the exit code as [`run`] does.

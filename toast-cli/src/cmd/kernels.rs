@@ -52,6 +52,36 @@ pub enum Outcome {
     Unavailable(String),
 }
 
+/// The longest `--arch` accepted (real ones are under 30 characters).
+const MAX_ARCH_LEN: usize = 64;
+
+/// `--arch` for `target`: at most [`MAX_ARCH_LEN`] characters of those
+/// architecture names use (`sm_80`, `compute_90`, `gfx90a:xnack-`),
+/// checked before it reaches a compiler or a message (which one names it
+/// is the compiler's to say: a wrong one is a compile failure).
+fn check_arch(target: Target, arch: &str) -> anyhow::Result<()> {
+    let expected = match target {
+        Target::Cuda => "sm_XY or compute_XY, e.g. sm_80",
+        Target::Hip => "gfxNNN, e.g. gfx90a",
+        Target::OpenCl => return Ok(()),
+    };
+    let ok = !arch.is_empty()
+        && arch.len() <= MAX_ARCH_LEN
+        && arch
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_:+-".contains(&b));
+    if ok {
+        return Ok(());
+    }
+    let shown: String = arch.chars().take(MAX_ARCH_LEN).collect();
+    let more = if shown.len() < arch.len() {
+        format!("... ({} bytes)", arch.len())
+    } else {
+        String::new()
+    };
+    anyhow::bail!("--arch {shown:?}{more}: expected {expected}")
+}
+
 /// Run `kernels compile`.
 pub fn compile(args: &CompileArgs) -> anyhow::Result<Outcome> {
     let target = match args.target.as_str() {
@@ -70,9 +100,12 @@ pub fn compile(args: &CompileArgs) -> anyhow::Result<Outcome> {
     let source = ds::source(target);
     let hash = ds::source_hash(target);
     let arch = || {
-        args.arch
+        let arch = args
+            .arch
             .clone()
-            .ok_or_else(|| anyhow::anyhow!("--target {}: --arch is required", target.name()))
+            .ok_or_else(|| anyhow::anyhow!("--target {}: --arch is required", target.name()))?;
+        check_arch(target, &arch)?;
+        Ok::<_, anyhow::Error>(arch)
     };
     let (code, compiler, arch, kind, log) = match target {
         Target::Cuda => {

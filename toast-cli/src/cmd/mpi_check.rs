@@ -31,7 +31,7 @@ pub fn main(bench_mib: Option<usize>) -> anyhow::Result<u8> {
     let comm = parallel::init()?;
     let code = match bench_mib {
         Some(mib) => bench(&*comm, mib)?,
-        None => run(&*comm),
+        None => run(&*comm)?,
     };
     // The last reference: MPI_Finalize runs here, before main returns.
     drop(comm);
@@ -45,6 +45,10 @@ pub fn bench(comm: &dyn Comm, mib: usize) -> anyhow::Result<u8> {
     if mib == 0 {
         return Err(anyhow::anyhow!("--bench-mib 0: must be at least 1"));
     }
+    crate::limits::check_memory(
+        &format!("--bench-mib {mib}"),
+        crate::limits::product(&[mib as u128, 1 << 20]),
+    )?;
     let n = mib * (1 << 20) / 8;
     let mut buf: Vec<f64> = (0..n).map(|i| (i % 1000) as f64).collect();
     let err = anyhow::Error::from;
@@ -62,42 +66,42 @@ pub fn bench(comm: &dyn Comm, mib: usize) -> anyhow::Result<u8> {
     comm.allreduce_f64(&mut worst, toast_core::ReduceOp::Max)
         .map_err(err)?;
     if comm.rank() == 0 {
-        println!(
+        crate::outln!(
             "allreduce of {mib} MiB f64 on {} ranks: {:.2} ms ({:.2} GB/s of buffer)",
             comm.size(),
             1e3 * worst[0],
             (n * 8) as f64 / worst[0] / 1e9
-        );
+        )?;
     }
     Ok(0)
 }
 
 /// The checks on `comm`, with the fault point first; the exit status.
-pub fn run(comm: &dyn Comm) -> u8 {
+pub fn run(comm: &dyn Comm) -> anyhow::Result<u8> {
     if let Err(e) = parallel::fault_point(comm, FAULT_PHASE) {
         parallel::fail(comm, &crate::error_chain(&e), 2);
     }
     if comm.rank() == 0 {
-        println!("toast-cli mpi-check: {}", comm.describe());
+        crate::outln!("toast-cli mpi-check: {}", comm.describe())?;
     }
     let checks = run_checks(comm);
     let (rank, size) = (comm.rank(), comm.size());
     if checks.failed.is_empty() {
-        println!(
+        crate::outln!(
             "rank {rank} of {size}: all {} collective checks passed",
             checks.total()
-        );
-        0
+        )?;
+        Ok(0)
     } else {
         for f in &checks.failed {
-            eprintln!("rank {rank} of {size}: check failed: {f}");
+            crate::errln!("rank {rank} of {size}: check failed: {f}");
         }
-        println!(
+        crate::outln!(
             "rank {rank} of {size}: {} of {} collective checks failed",
             checks.failed.len(),
             checks.total()
-        );
-        1
+        )?;
+        Ok(1)
     }
 }
 
@@ -453,7 +457,7 @@ mod tests {
         assert!(c.failed.is_empty(), "{:#?}", c.failed);
         assert!(c.total() > 20, "{}", c.total());
         if std::env::var_os("TOAST_FAULT_INJECT").is_none() {
-            assert_eq!(run(&SerialComm), 0);
+            assert_eq!(run(&SerialComm).unwrap(), 0);
         }
     }
 

@@ -94,10 +94,6 @@ pub struct RunArgs {
     pub no_plot: bool,
 }
 
-/// `--threads` may oversubscribe the cores this many times at most: more
-/// only adds scheduling overhead (ten thousand threads ran for minutes).
-const MAX_THREADS_PER_CORE: usize = 4;
-
 /// The largest `P` of `--dry-run P,PPN` (2^24 processes): the plan lists
 /// every process, so an absurd `P` would loop for hours.
 const MAX_DRY_RUN_PROCS: usize = 1 << 24;
@@ -105,17 +101,7 @@ const MAX_DRY_RUN_PROCS: usize = 1 << 24;
 /// `--threads N`: the global rayon pool and the CPU plugin's `threads`
 /// option (unless `--backend-options cpu:...` gave one).
 pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> Result<()> {
-    if n == 0 {
-        bail!("--threads 0: must be at least 1");
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let max = MAX_THREADS_PER_CORE * cores;
-    if n > max {
-        bail!(
-            "--threads {n}: at most {max} ({MAX_THREADS_PER_CORE} x the {cores} core(s) \
-             available to this process)"
-        );
-    }
+    crate::limits::check_threads("--threads", n)?;
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
@@ -126,10 +112,28 @@ pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> 
     Ok(())
 }
 
+/// The largest `--config` file read (a configuration is a few KiB; this
+/// stops `--config /dev/zero` from reading forever).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Read a `--config` TOML file.
 fn read_config_file(path: &Path) -> Result<toml::Table> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--config {}: cannot read", path.display()))?;
+    use std::io::Read;
+    let cannot = || format!("--config {}: cannot read", path.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .with_context(cannot)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(cannot)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        bail!(
+            "--config {}: more than {MAX_CONFIG_BYTES} bytes; not a configuration file",
+            path.display()
+        );
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("--config {}: not UTF-8 text: {e}", path.display()))?;
     text.parse::<toml::Table>()
         .with_context(|| format!("--config {}", path.display()))
 }
@@ -302,7 +306,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         check_out_dir(&args.out_dir)?;
     }
     if root {
-        println!(
+        crate::outln!(
             "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
              {} process(es) in {} group(s) of {}, {} thread(s) each; predicted peak memory {} \
              (one process)",
@@ -317,23 +321,23 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             plan.group_size,
             rayon::current_num_threads(),
             gib(predicted)
-        );
+        )?;
     }
     if args.dry_run.is_some() {
         if root {
-            print_plan(&plan, &sim, s, job.nside(), ppn);
+            print_plan(&plan, &sim, s, job.nside(), ppn)?;
             if let Some(a) = presets::mem_available() {
                 let fits = job.check_memory(a, job.predicted_process_memory(&plan, &sim), ppn);
-                println!(
+                crate::outln!(
                     "available memory (MemAvailable): {}; {}",
                     gib(a),
                     match fits {
                         Ok(()) => "the processes of a node fit".to_string(),
                         Err(e) => format!("does not fit: {e}"),
                     }
-                );
+                )?;
             }
-            println!("expected total hits: {}", s.samples());
+            crate::outln!("expected total hits: {}", s.samples())?;
         }
         return Ok(0);
     }
@@ -365,37 +369,39 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let text = serde_json::to_string_pretty(&serde_json::to_value(stats)?)?;
     staging.write_bytes("stats.json", (text + "\n").as_bytes())?;
     staging.commit()?;
-    print_summary(&job, stats, dir);
+    print_summary(&job, stats, dir)?;
     Ok(0)
 }
 
 /// The closing summary of a run.
-fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &Path) {
+fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &Path) -> Result<()> {
     let s = job.sizing;
     let wall = st.wall_time_s;
-    println!("samples:        {}", s.samples());
-    println!(
+    crate::outln!("samples:        {}", s.samples())?;
+    crate::outln!(
         "total hits:     {} (expected {})",
         st.totalhits,
         s.samples()
-    );
-    println!("wall time:      {wall:.2} s");
+    )?;
+    crate::outln!("wall time:      {wall:.2} s")?;
     if st.processes > 1 {
-        println!(
+        crate::outln!(
             "processes:      {} ({}), {} thread(s) each",
-            st.processes, st.mpi, st.threads
-        );
+            st.processes,
+            st.mpi,
+            st.threads
+        )?;
         let c = &st.communication;
-        println!(
+        crate::outln!(
             "communication:  {:.3} s map reductions, {:.3} s CG dot products; {:.3} ms per CG \
              iteration (slowest rank)",
             c.sync_map_s,
             c.dot_allreduce_s,
             1e3 * c.per_cg_iteration_s
-        );
+        )?;
     }
-    println!("samples/s:      {:.4e}", s.samples() as f64 / wall);
-    println!(
+    crate::outln!("samples/s:      {:.4e}", s.samples() as f64 / wall)?;
+    crate::outln!(
         "peak memory:    {} (predicted {}){}",
         gib(st.peak_memory_bytes),
         gib(st.predicted_memory_bytes),
@@ -407,8 +413,8 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
         } else {
             String::new()
         }
-    );
-    println!(
+    )?;
+    crate::outln!(
         "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
         st.cg_iterations,
         if st.converged {
@@ -418,11 +424,13 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
         },
         st.n_amplitudes,
         st.n_flagged_amplitudes
-    );
-    println!(
+    )?;
+    crate::outln!(
         "map RMS (K):    I {:.6e}  Q {:.6e}  U {:.6e}",
-        st.rms_I, st.rms_Q, st.rms_U
-    );
+        st.rms_I,
+        st.rms_Q,
+        st.rms_U
+    )?;
     let kernels = if st.kernels.is_empty() {
         "none recorded".to_string()
     } else {
@@ -435,9 +443,9 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!("kernels:        {kernels}");
+    crate::outln!("kernels:        {kernels}")?;
     for (n, t) in &st.transfers {
-        println!(
+        crate::outln!(
             "transfers:      {n}: {} allocs ({}), host->device {} calls / {}, \
              device->host {} calls / {}",
             t.allocs,
@@ -446,9 +454,10 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             gib(t.host_to_device_bytes as f64),
             t.device_to_host_calls,
             gib(t.device_to_host_bytes as f64)
-        );
+        )?;
     }
-    println!("outputs in:     {}", dir.display());
+    crate::outln!("outputs in:     {}", dir.display())?;
+    Ok(())
 }
 
 /// `P,PPN` of `--dry-run`.
@@ -480,7 +489,13 @@ fn procs_per_node(size: usize) -> usize {
 
 /// The distribution of a (possibly hypothetical) job and the predicted
 /// memory of each process.
-fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64, ppn: usize) {
+fn print_plan(
+    plan: &JobDistribution,
+    sim: &SimSatellite,
+    s: Sizing,
+    nside: u64,
+    ppn: usize,
+) -> Result<()> {
     let samples = sim.obs_samples().unwrap_or_default();
     let sets = sim.detector_sets();
     let rank_dets: Vec<u64> = plan
@@ -488,7 +503,7 @@ fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64,
         .iter()
         .map(|r| sets[r.clone()].iter().map(|v| v.len() as u64).sum())
         .collect();
-    println!(
+    crate::outln!(
         "distribution: {} process(es), {} per node ({} node(s)); {} group(s) of {} \
          process(es); detectors split by focal-plane pixel ({} sets)",
         plan.n_procs,
@@ -497,7 +512,7 @@ fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64,
         plan.n_groups(),
         plan.group_size,
         sets.len()
-    );
+    )?;
     let dets_line: Vec<String> = plan
         .rank_detsets
         .iter()
@@ -507,13 +522,13 @@ fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64,
         .collect();
     let shown = 8usize;
     if dets_line.len() <= shown {
-        println!("  within each group: {}", dets_line.join("; "));
+        crate::outln!("  within each group: {}", dets_line.join("; "))?;
     } else {
-        println!(
+        crate::outln!(
             "  within each group: {}; ...; {}",
             dets_line[..shown / 2].join("; "),
             dets_line[dets_line.len() - shown / 2..].join("; ")
-        );
+        )?;
     }
     let mut worst = 0.0f64;
     let mut total = 0.0f64;
@@ -530,19 +545,19 @@ fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64,
         worst = worst.max(gmax);
         total += mems.iter().sum::<f64>();
         if g < shown / 2 || g + shown / 2 >= plan.group_obs.len() {
-            println!(
+            crate::outln!(
                 "  group {g}: observations {}..{} ({n_obs}, {time} samples each detector); \
                  {} detector samples; up to {} per process",
                 obs.start,
                 obs.end,
                 time * rank_dets.iter().sum::<u64>(),
                 gib(gmax)
-            );
+            )?;
         } else if g == shown / 2 {
-            println!("  ...");
+            crate::outln!("  ...")?;
         }
     }
-    println!(
+    crate::outln!(
         "predicted memory: up to {} per process, {} per node ({} processes), {} in all \
          ({} detector samples in all)",
         gib(worst),
@@ -550,5 +565,6 @@ fn print_plan(plan: &JobDistribution, sim: &SimSatellite, s: Sizing, nside: u64,
         ppn,
         gib(total),
         s.samples()
-    );
+    )?;
+    Ok(())
 }

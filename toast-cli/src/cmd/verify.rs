@@ -20,10 +20,12 @@
 //! A case file that cannot be read (not a zip, truncated, an array missing
 //! or of the wrong dtype or rank, a `.npy` header claiming more data than
 //! its entry holds) is a `FAIL` line naming the file, the array and the
-//! problem, and the run goes on with the other cases. The exit status is 0
+//! problem, and the run goes on with the other cases; so is a case whose
+//! run panics (a bug in the runner or an adapter), with the panic's message. The exit status is 0
 //! only when nothing failed and at least one case was checked (a backend
 //! that implements none of the kernels skips every case: exit 1).
 
+use anyhow::Context;
 use std::io::Write;
 use std::path::Path;
 use toast_accel::host::conformance::{run_dir_with, CaseOutcome, Comparison};
@@ -111,7 +113,7 @@ pub fn verify_with(
     }
     let mut sum = Summary::default();
     let w = |out: &mut dyn Write, line: String| {
-        writeln!(out, "{line}").map_err(|e| anyhow::anyhow!("cannot write the report: {e}"))
+        writeln!(out, "{line}").context("cannot write the report")
     };
     w(out, format!("comparison: {}", cmp.describe()))?;
     for (path, result) in results {
@@ -156,7 +158,7 @@ pub fn verify_with(
         w(out, transfers_line(backend))?;
     }
     if sum.passed == 0 && sum.failed == 0 {
-        eprintln!(
+        crate::errln!(
             "toast-cli verify: backend `{}` ran no case (it implements none of their \
              kernels): nothing was checked",
             backend.name()
@@ -168,9 +170,7 @@ pub fn verify_with(
 
 /// [`verify_with`] to standard output; returns the process exit code.
 pub fn run_with(backend: &Backend, cases_dir: &Path, opts: Options) -> anyhow::Result<i32> {
-    let stdout = std::io::stdout();
-    let mut lock = stdout.lock();
-    verify_with(backend, cases_dir, &mut lock, opts).map(|s| s.exit_code())
+    verify_with(backend, cases_dir, &mut crate::console::Stdout, opts).map(|s| s.exit_code())
 }
 
 /// The report for a backend that is unavailable on this machine: every case
@@ -194,24 +194,21 @@ pub fn unavailable(
     }
     cases.sort();
     let mut sum = Summary::default();
-    let err = |e: std::io::Error| anyhow::anyhow!("cannot write the report: {e}");
     for case in cases {
         sum.skipped += 1;
         writeln!(
             out,
             "SKIP  {case}: backend `{backend}` is unavailable: {reason}"
         )
-        .map_err(err)?;
+        .context("cannot write the report")?;
     }
-    writeln!(out, "{}", sum.line()).map_err(err)?;
+    writeln!(out, "{}", sum.line()).context("cannot write the report")?;
     Ok(sum)
 }
 
 /// [`unavailable`] to standard output.
 pub fn run_unavailable(backend: &str, reason: &str, cases_dir: &Path) -> anyhow::Result<Summary> {
-    let stdout = std::io::stdout();
-    let mut lock = stdout.lock();
-    unavailable(backend, reason, cases_dir, &mut lock)
+    unavailable(backend, reason, cases_dir, &mut crate::console::Stdout)
 }
 
 #[cfg(test)]

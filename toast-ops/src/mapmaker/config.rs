@@ -7,6 +7,7 @@
 use crate::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};
 use crate::templates::OffsetConfig;
 use serde::{Deserialize, Serialize};
+use toast_core::num::Compact;
 use toast_core::observation::defaults;
 use toast_core::OpError;
 
@@ -97,7 +98,7 @@ impl MapMakerConfig {
         if !(self.convergence.is_finite() && self.convergence > 0.0) {
             return bad(format!(
                 "convergence = {} must be positive",
-                self.convergence
+                Compact(self.convergence)
             ));
         }
         for (n, v) in [
@@ -105,7 +106,10 @@ impl MapMakerConfig {
             ("map_rcond_threshold", self.map_rcond_threshold),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return bad(format!("{n} = {v} must be a non-negative number"));
+                return bad(format!(
+                    "{n} = {} must be a non-negative number",
+                    Compact(v)
+                ));
             }
         }
         Ok(())

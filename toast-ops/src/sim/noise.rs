@@ -73,7 +73,7 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum NoiseError {
     /// An invalid scalar parameter.
-    #[error("invalid noise parameter {name} = {value}: {reason}")]
+    #[error("invalid noise parameter {name} = {}: {reason}", toast_core::num::Compact(*.value))]
     InvalidParameter {
         /// Parameter name.
         name: &'static str,

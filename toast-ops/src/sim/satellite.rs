@@ -8,6 +8,7 @@ use crate::dist::JobDistribution;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use toast_core::num::Compact;
 use toast_core::observation::defaults;
 use toast_core::{
     comm_of, DType, Data, Detector, ExecContext, Focalplane, Observation, OpError, Operator,
@@ -70,7 +71,7 @@ impl SimSatelliteConfig {
             ("spin_angle", self.spin_angle),
         ] {
             if !v.is_finite() {
-                return bad(k, format!("{v} is not a finite angle"));
+                return bad(k, format!("{} is not a finite angle", Compact(v)));
             }
         }
         for (k, v) in [
@@ -79,11 +80,14 @@ impl SimSatelliteConfig {
             ("obs_minutes", self.obs_minutes),
         ] {
             if !(v.is_finite() && v > 0.0) {
-                return bad(k, format!("{v} must be positive"));
+                return bad(k, format!("{} must be positive", Compact(v)));
             }
         }
         if !(self.gap_minutes.is_finite() && self.gap_minutes >= 0.0) {
-            return bad("gap_minutes", format!("{} must be ≥ 0", self.gap_minutes));
+            return bad(
+                "gap_minutes",
+                format!("{} must be ≥ 0", Compact(self.gap_minutes)),
+            );
         }
         self.mission_start_us()?;
         if self.detset_key != "pixel" {

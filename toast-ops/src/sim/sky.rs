@@ -312,12 +312,16 @@ pub struct SkyMaps {
     pub truncation: SkyTruncation,
 }
 
+/// The widest beam: half the circumference of the sphere, in arcmin.
+pub const MAX_FWHM_ARCMIN: f64 = 10800.0;
+
 /// Band limits for `cfg` (see [`SkyTruncation`]).
 pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
-    if !(cfg.fwhm_arcmin >= 0.0 && cfg.fwhm_arcmin.is_finite()) {
+    // A beam wider than the sphere (180°) smooths the sky to its mean.
+    if !(0.0..=MAX_FWHM_ARCMIN).contains(&cfg.fwhm_arcmin) {
         return Err(SkyError::Config(format!(
-            "beam FWHM {} arcmin must be finite and non-negative",
-            cfg.fwhm_arcmin
+            "beam FWHM {} arcmin must be between 0 and {MAX_FWHM_ARCMIN} (180°)",
+            toast_core::num::Compact(cfg.fwhm_arcmin)
         )));
     }
     if !(cfg.rel_tol > 0.0 && cfg.rel_tol < 1.0) {

@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toast_accel::abi;
+use toast_core::num::Compact;
 use toast_core::observation::defaults;
 use toast_core::{Category, Data, ExecContext, Observation, OpError, Operator, Requirements};
 
@@ -84,12 +85,15 @@ impl OffsetConfig {
     pub fn validate(&self) -> Result<(), OpError> {
         let bad = |m: String| Err(OpError::Config(format!("baselines: {m}")));
         if !(self.step_time.is_finite() && self.step_time > 0.0) {
-            return bad(format!("step_time = {} must be positive", self.step_time));
+            return bad(format!(
+                "step_time = {} must be positive",
+                Compact(self.step_time)
+            ));
         }
         if !(0.0..=1.0).contains(&self.good_fraction) {
             return bad(format!(
                 "good_fraction = {} must lie in [0, 1]",
-                self.good_fraction
+                Compact(self.good_fraction)
             ));
         }
         if self.precond_width < 1 {

@@ -228,7 +228,7 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
     let Value::Table(sec) = sec else {
         return Err(ConfigError::NotASection {
             section: section.to_string(),
-            found: sec.to_string(),
+            found: shown(sec, &*sec),
         });
     };
     // Dotted keys of `dispatch` become nested tables, as in a TOML file.
@@ -247,6 +247,23 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `text` (a value or a message about it) with the floats of `v` written
+/// compactly (`1e300`, not 301 digits; [`toast_core::num::compact_in`]).
+fn shown(v: &Value, text: impl std::fmt::Display) -> String {
+    fn floats(v: &Value, out: &mut Vec<f64>) {
+        match v {
+            Value::Float(x) => out.push(*x),
+            Value::Array(a) => a.iter().for_each(|x| floats(x, out)),
+            Value::Table(t) => t.values().for_each(|x| floats(x, out)),
+            _ => {}
+        }
+    }
+    let mut xs = Vec::new();
+    floats(v, &mut xs);
+    xs.into_iter()
+        .fold(text.to_string(), |t, x| toast_core::num::compact_in(&t, x))
+}
+
 /// Deserialize one section; on failure find the offending key.
 fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, ConfigError> {
     let sec = match table.get(name) {
@@ -255,7 +272,7 @@ fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, ConfigEr
         Some(v) => {
             return Err(ConfigError::NotASection {
                 section: name.to_string(),
-                found: v.to_string(),
+                found: shown(v, v),
             })
         }
     };
@@ -266,8 +283,8 @@ fn section<T: DeserializeOwned>(table: &Table, name: &str) -> Result<T, ConfigEr
                 let mut one = Table::new();
                 one.insert(k.clone(), v.clone());
                 if let Err(e) = Value::Table(one).try_into::<T>() {
-                    let msg = e.to_string().trim().replace('\n', " ");
-                    return Err(section_err(name, format!("{k} = {v}: {msg}")));
+                    let msg = shown(v, e.to_string().trim().replace('\n', " "));
+                    return Err(section_err(name, format!("{k} = {}: {msg}", shown(v, v))));
                 }
             }
             Err(section_err(
@@ -291,7 +308,10 @@ fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), ConfigE
             other => {
                 return Err(section_err(
                     "dispatch",
-                    format!("{key} = {other}: expected a backend name (string)"),
+                    format!(
+                        "{key} = {}: expected a backend name (string)",
+                        shown(other, other)
+                    ),
                 ))
             }
         }
@@ -311,7 +331,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
         let Value::Table(t) = v else {
             return Err(ConfigError::NotASection {
                 section: "dispatch".into(),
-                found: v.to_string(),
+                found: shown(v, v),
             });
         };
         flatten("", t, &mut dispatch)?;

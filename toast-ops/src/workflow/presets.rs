@@ -54,6 +54,9 @@
 //! GB, measured 0.71 GB; xsmall predicted 3.00 GB, measured 3.07 GB (tests
 //! `estimate_matches_measured_tiny` and `estimate_matches_measured_xsmall`).
 
+/// The machine's memory, read where the lower layers need it too.
+pub use crate::sysinfo::{mem_available, mem_total, peak_rss};
+
 /// Samples per detector in one 1-hour observation at 100 Hz.
 pub const SAMPLES_PER_OBS: u64 = 360_000;
 /// Detectors in the full focal plane.
@@ -168,37 +171,15 @@ pub fn predicted_process_memory(
     BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + mapmaking.max(io)
 }
 
-/// `MemAvailable` of /proc/meminfo in bytes, if readable.
-pub fn mem_available() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_meminfo_kb(&text, "MemAvailable:").map(|kb| kb * 1024.0)
-}
-
-/// `MemTotal` of /proc/meminfo in bytes, if readable.
-pub fn mem_total() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_meminfo_kb(&text, "MemTotal:").map(|kb| kb * 1024.0)
-}
-
 /// `bytes` as GiB with two decimals, as the workflow's messages print
 /// memory.
 pub fn gib(bytes: f64) -> String {
-    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
-}
-
-fn parse_meminfo_kb(text: &str, key: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(key))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// Peak resident memory of this process (VmHWM) in bytes, if readable.
-pub fn peak_rss() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_meminfo_kb(&text, "VmHWM:").map(|kb| kb * 1024.0)
+    let g = bytes / (1u64 << 30) as f64;
+    if g.abs() < 1e9 {
+        format!("{g:.2} GiB")
+    } else {
+        format!("{g:.3e} GiB")
+    }
 }
 
 /// `auto`: the largest preset whose predicted memory is at most 80% of
@@ -261,12 +242,5 @@ mod tests {
         assert_eq!(auto(xs / 0.8 - 1.0, 1024).0, "tiny");
         assert_eq!(auto(1.0, 1024).0, "tiny");
         assert_eq!(auto(1e18, 1024).0, "heroic");
-        assert_eq!(
-            parse_meminfo_kb(
-                "MemTotal: 10 kB\nMemAvailable:   2048 kB\n",
-                "MemAvailable:"
-            ),
-            Some(2048.0)
-        );
     }
 }

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
+use toast_core::num::compact;
 use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp};
 
 /// The benchmark focal plane's sample rate (Hz).
@@ -70,7 +71,7 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
     if total.is_none() {
         return Err(WorkflowError::BadSize {
             option: "sim_satellite.obs_minutes",
-            value: sat.obs_minutes.to_string(),
+            value: compact(sat.obs_minutes),
             reason: format!(
                 "{} detector(s) x {} observation(s) x {per_obs:.3e} samples ({SAMPLE_RATE} Hz) \
                  exceed {MAX_SAMPLES} detector samples",
@@ -88,12 +89,12 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
         };
         return Err(WorkflowError::BadSize {
             option,
-            value: value.to_string(),
+            value: compact(value),
             reason: format!(
                 "{} observation(s) of obs_minutes + gap_minutes = {} min last {mission_us:.3e} \
                  µs, more than {MAX_SAMPLES} µs (285 years)",
                 sizing.n_obs,
-                sat.obs_minutes + sat.gap_minutes
+                compact(sat.obs_minutes + sat.gap_minutes)
             ),
         });
     }
@@ -102,7 +103,7 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
     if !(step >= 1.0 && step <= limit) {
         return Err(WorkflowError::BadSize {
             option: "baselines.step_time",
-            value: step_time.to_string(),
+            value: compact(step_time),
             reason: format!(
                 "a step of {step:.3e} samples at {SAMPLE_RATE} Hz; must be between 1 and \
                  {MAX_SAMPLES} samples (a step longer than an observation gives it one \
@@ -780,40 +781,20 @@ fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, W
     Ok(Dispatcher::new(Arc::new(registry), policy))
 }
 
-/// Read only the header of a HEALPix FITS file and return its NSIDE (cheap:
-/// the header blocks of the first extension).
+/// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
+/// reading the data.
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
-    use std::io::Read;
-    let err = |reason: String| WorkflowError::SkyMap {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let mut f = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
-    let mut buf = vec![0u8; 2880 * 40];
-    let mut n = 0;
-    loop {
-        let k = f
-            .read(&mut buf[n..])
-            .map_err(|e| err(format!("cannot read: {e}")))?;
-        if k == 0 || n + k == buf.len() {
-            n += k;
-            break;
+    fits::read_healpix_nside(path).map_err(|e| {
+        // The FITS error starts with the path, which `SkyMap` names already.
+        let text = e.to_string();
+        let reason = text
+            .strip_prefix(&format!("{}: ", path.display()))
+            .unwrap_or(&text);
+        WorkflowError::SkyMap {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
         }
-        n += k;
-    }
-    if n < 2880 || !buf.starts_with(b"SIMPLE  =") {
-        return Err(err("not a FITS file".into()));
-    }
-    for card in buf[..n - n % 80].chunks_exact(80) {
-        if card.starts_with(b"NSIDE   =") {
-            let text = String::from_utf8_lossy(&card[10..]);
-            let v = text.split('/').next().unwrap_or("").trim();
-            return v
-                .parse::<u64>()
-                .map_err(|_| err(format!("bad NSIDE card {v:?}")));
-        }
-    }
-    Err(err("no NSIDE keyword (not a HEALPix map)".into()))
+    })
 }
 
 fn local_submaps(data: &Data, key: &str) -> usize {

@@ -54,6 +54,11 @@ pub enum CaseError {
         /// The data bytes actually in the entry (after the header).
         actual: u64,
     },
+    /// The case's reading, running or comparison panicked (a bug in an
+    /// adapter or the host): the message, caught so that the other cases
+    /// still run.
+    #[error("{file}: the case panicked: {message}")]
+    Panicked { file: PathBuf, message: String },
     /// An array whose zip entry is larger than what is left of
     /// [`MAX_CASE_BYTES`] for the case: refused before it is read.
     #[error(

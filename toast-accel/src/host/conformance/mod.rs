@@ -134,6 +134,18 @@ pub fn run_dir_with(
     dir: &Path,
     cmp: Comparison,
 ) -> Vec<(PathBuf, Result<CaseOutcome, CaseError>)> {
+    each_case(dir, |p| {
+        load_case(p).map(|c| run_case_with(backend, &c, cmp))
+    })
+}
+
+/// `run` on every `.npz` file of `dir`, sorted by file name, each on its
+/// own: a case that panics is a [`CaseError::Panicked`] with the panic's
+/// message, and the next case runs.
+fn each_case(
+    dir: &Path,
+    run: impl Fn(&Path) -> Result<CaseOutcome, CaseError>,
+) -> Vec<(PathBuf, Result<CaseOutcome, CaseError>)> {
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -153,8 +165,57 @@ pub fn run_dir_with(
     files
         .into_iter()
         .map(|p| {
-            let r = load_case(&p).map(|c| run_case_with(backend, &c, cmp));
+            // Unwind safety: a panicking case's partial state (its arrays,
+            // a half-staged buffer) is dropped or left to the backend,
+            // which every later case uses only through its checked entry
+            // points.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&p)))
+                .unwrap_or_else(|payload| {
+                    Err(CaseError::Panicked {
+                        file: p.clone(),
+                        message: crate::plugin_support::panic_message(&*payload),
+                    })
+                });
             (p, r)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A case that panics is a failure with the panic's message, and the
+    /// cases after it still run.
+    #[test]
+    fn a_panicking_case_fails_alone() {
+        let dir = std::env::temp_dir().join(format!("toast-each-case-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["a.npz", "b.npz", "c.npz", "notes.txt"] {
+            std::fs::write(dir.join(f), b"").unwrap();
+        }
+        let ran = std::cell::RefCell::new(Vec::new());
+        let results = each_case(&dir, |p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            ran.borrow_mut().push(name.clone());
+            if name == "b" {
+                let v: Vec<u8> = Vec::new();
+                panic!("index {} out of range in the adapter", v.len() + 7);
+            }
+            Ok(CaseOutcome::Pass)
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(*ran.borrow(), ["a", "b", "c"]);
+        assert_eq!(results.len(), 3);
+        assert!(matches!(results[0].1, Ok(CaseOutcome::Pass)));
+        assert!(matches!(results[2].1, Ok(CaseOutcome::Pass)));
+        match &results[1].1 {
+            Err(e @ CaseError::Panicked { message, .. }) => {
+                assert_eq!(message, "index 7 out of range in the adapter");
+                let text = e.to_string();
+                assert!(text.contains("b.npz: the case panicked: index 7"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

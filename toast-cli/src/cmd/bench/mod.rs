@@ -57,6 +57,49 @@ pub struct KernelsArgs {
     pub tiny: bool,
 }
 
+/// The most timed calls per kernel: each is a full pass over the workload.
+pub const MAX_REPEATS: usize = 1000;
+
+impl KernelsArgs {
+    /// The workload these arguments describe; `threads` is the thread count
+    /// the backend was initialised with (None: its default).
+    pub fn options(&self, threads: Option<usize>) -> BenchOptions {
+        if self.tiny {
+            BenchOptions {
+                threads,
+                ..BenchOptions::tiny()
+            }
+        } else {
+            BenchOptions {
+                n_det: self.n_det,
+                n_samp: self.n_samp,
+                nside: self.nside,
+                repeats: self.repeats,
+                threads,
+                precond_n_amp: self.precond_n_amp,
+            }
+        }
+    }
+
+    /// Refuse, before any work, values that are out of range or whose
+    /// workload would not fit in memory (exit status 2).
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(n) = self.threads {
+            crate::limits::check_threads("--threads", n)?;
+        }
+        if self.repeats > MAX_REPEATS {
+            anyhow::bail!("--repeats {}: at most {MAX_REPEATS}", self.repeats);
+        }
+        let o = self.options(None);
+        o.validate()?;
+        let what = format!(
+            "bench kernels --n-det {} --n-samp {} --nside {} --precond-n-amp {}",
+            o.n_det, o.n_samp, o.nside, o.precond_n_amp
+        );
+        crate::limits::check_memory(&what, o.host_bytes())
+    }
+}
+
 /// Add `threads=N` to the init options of backend `name`, after any given
 /// with `--backend-options` (the last `threads` wins in the plugin's parser).
 pub fn with_threads(
@@ -95,28 +138,14 @@ pub fn cmd_kernels(
     args: &KernelsArgs,
     threads: Option<usize>,
 ) -> anyhow::Result<()> {
-    let opts = if args.tiny {
-        BenchOptions {
-            threads,
-            ..BenchOptions::tiny()
-        }
-    } else {
-        BenchOptions {
-            n_det: args.n_det,
-            n_samp: args.n_samp,
-            nside: args.nside,
-            repeats: args.repeats,
-            threads,
-            precond_n_amp: args.precond_n_amp,
-        }
-    };
+    let opts = args.options(threads);
     let report = run_kernels(backend, &opts)?;
-    print!("{}", report.table());
+    std::io::Write::write_all(&mut crate::console::Stdout, report.table().as_bytes())?;
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report.to_json())
             .map_err(|e| anyhow::anyhow!("serialising the report: {e}"))?;
         std::fs::write(p, text + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-        println!("wrote {}", p.display());
+        crate::outln!("wrote {}", p.display())?;
     }
     Ok(())
 }

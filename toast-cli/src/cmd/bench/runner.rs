@@ -210,7 +210,7 @@ impl<'b> Timer<'b> {
         key: &str,
         mut f: impl FnMut() -> Result<(), AccelError>,
     ) -> anyhow::Result<f64> {
-        eprintln!("bench: timing {key}");
+        crate::errln!("bench: timing {key}");
         let mut best = f64::INFINITY;
         for _ in 0..self.repeats {
             let t = Instant::now();

@@ -64,30 +64,51 @@ impl BenchOptions {
         }
     }
 
+    /// The host memory the bench allocates at its peak, in bytes (`None`:
+    /// more than a `u128` counts): the workload's inputs, then the largest
+    /// of its stages (the pointing with the quaternions, the map kernels
+    /// with every submap local, the large preconditioner vector).
+    pub fn host_bytes(&self) -> Option<u128> {
+        use crate::limits::product;
+        let samples = self.n_samp as u128;
+        let det_samples = product(&[self.n_det as u128, samples])?;
+        let nside = u128::try_from(self.nside).ok()?;
+        let pixels = product(&[12, nside, nside])?;
+        // boresight (4 f64), hwp (f64), shared flags; det_flags (u8).
+        let inputs = product(&[samples, 41])?.checked_add(det_samples)?;
+        // quats (4 f64), pixels (i64), weights (3 f64).
+        let pointing = product(&[det_samples, 64])?;
+        // pixels, weights, det_data; maps in f64 and f32, zmap (3 each).
+        let maps = product(&[det_samples, 40])?.checked_add(product(&[pixels, 36])?)?;
+        // offset_var, amplitudes in and out (f64), flags (u8).
+        let precond = product(&[self.precond_n_amp as u128, 25])?;
+        inputs.checked_add(pointing.max(maps).max(precond))
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.n_det == 0 || self.n_det > i32::MAX as usize {
             return Err(anyhow::anyhow!(
-                "n_det must be in [1, 2^31), got {}",
+                "--n-det {}: must be in [1, 2^31)",
                 self.n_det
             ));
         }
         if self.n_samp < 200 {
             return Err(anyhow::anyhow!(
-                "n_samp must be at least 200 (10 intervals of 95% of n_samp/10), got {}",
+                "--n-samp {}: must be at least 200 (10 intervals of 95% of n_samp/10)",
                 self.n_samp
             ));
         }
         if self.nside < 1 || self.nside > (1 << 29) || self.nside & (self.nside - 1) != 0 {
             return Err(anyhow::anyhow!(
-                "nside must be a power of two in [1, 2^29], got {}",
+                "--nside {}: must be a power of two in [1, 2^29]",
                 self.nside
             ));
         }
         if self.repeats == 0 {
-            return Err(anyhow::anyhow!("repeats must be at least 1"));
+            return Err(anyhow::anyhow!("--repeats 0: must be at least 1"));
         }
         if self.precond_n_amp == 0 {
-            return Err(anyhow::anyhow!("precond_n_amp must be at least 1"));
+            return Err(anyhow::anyhow!("--precond-n-amp 0: must be at least 1"));
         }
         Ok(())
     }

@@ -81,19 +81,17 @@ pub struct HealpixMap {
 /// the columns (`TableLayout::read_columns`), then place partial-sky
 /// values on the full sky and reorder to NEST.
 pub fn read_healpix_map(path: &Path, fields: Option<&[usize]>) -> Result<HealpixMap, FitsError> {
-    let mut rd = FitsReader::open(path)?;
-    let (hdu, header) = rd.find_bintable()?;
-    let layout = TableLayout::parse(&header, path, hdu)?;
-    let at = At { path, hdu };
-    let keys = HealpixKeywords::parse(&header, at)?;
+    let MapFile {
+        mut rd,
+        at,
+        header,
+        layout,
+        keys,
+        nside,
+        npix,
+    } = MapFile::open(path, fields)?;
     let cols = MapColumns::select(&layout.columns, keys.partial, fields, at)?;
-    let nelem = layout
-        .nrows
-        .checked_mul(cols.repeat)
-        .ok_or_else(|| at.bad_header("row count overflows".into()))?;
-    let (nside, npix) = keys.resolution(nelem, layout.nrows, cols.repeat, at)?;
-    layout.check_in_file(&mut rd, hdu)?;
-    let mut values = layout.read_columns(&mut rd, hdu, &cols.to_read(), cols.repeat)?;
+    let mut values = layout.read_columns(&mut rd, at.hdu, &cols.to_read(), cols.repeat)?;
     let values = match cols.pixel {
         Some(_) => {
             let pixels = values.pop().expect("the PIXEL column is read last");
@@ -118,6 +116,52 @@ pub fn read_healpix_map(path: &Path, fields: Option<&[usize]>) -> Result<Healpix
         fields,
         header,
     })
+}
+
+/// The resolution of a HEALPix map file, after every check of
+/// [`read_healpix_map`] short of reading the data: the header, the
+/// columns, `NSIDE` against the row count, the data's size against the
+/// file.
+pub fn read_healpix_nside(path: &Path) -> Result<u64, FitsError> {
+    Ok(MapFile::open(path, None)?.nside)
+}
+
+/// A map file checked up to its data (see [`read_healpix_nside`]), the
+/// reader at the start of the table's data.
+struct MapFile<'a> {
+    rd: FitsReader,
+    at: At<'a>,
+    header: Header,
+    layout: TableLayout,
+    keys: HealpixKeywords,
+    nside: u64,
+    npix: usize,
+}
+
+impl<'a> MapFile<'a> {
+    fn open(path: &'a Path, fields: Option<&[usize]>) -> Result<Self, FitsError> {
+        let mut rd = FitsReader::open(path)?;
+        let (hdu, header) = rd.find_bintable()?;
+        let layout = TableLayout::parse(&header, path, hdu)?;
+        let at = At { path, hdu };
+        let keys = HealpixKeywords::parse(&header, at)?;
+        let repeat = MapColumns::select(&layout.columns, keys.partial, fields, at)?.repeat;
+        let nelem = layout
+            .nrows
+            .checked_mul(repeat)
+            .ok_or_else(|| at.bad_header("row count overflows".into()))?;
+        let (nside, npix) = keys.resolution(nelem, layout.nrows, repeat, at)?;
+        layout.check_in_file(&mut rd, hdu)?;
+        Ok(MapFile {
+            rd,
+            at,
+            header,
+            layout,
+            keys,
+            nside,
+            npix,
+        })
+    }
 }
 
 /// Where a read is (the file and the table's HDU), for its errors.
@@ -352,16 +396,36 @@ fn scatter_partial(
             )));
         }
     }
-    Ok(values
-        .into_iter()
-        .map(|vals| {
-            let mut m = vec![UNSEEN; npix];
-            for (&pix, &v) in pixels.iter().zip(vals.iter()) {
-                m[pix as usize] = v;
-            }
-            m
-        })
-        .collect())
+    // The full sky is the file's claim (a few entries may claim NSIDE
+    // 2^29): checked against the memory available before it is made.
+    let bytes = (npix as u64)
+        .saturating_mul(8)
+        .saturating_mul(values.len() as u64);
+    let too_large = |available: Option<u64>| FitsError::TooLarge {
+        path: at.path.to_path_buf(),
+        what: format!(
+            "the full sky of {} field(s) at NSIDE = {nside} ({npix} pixels)",
+            values.len()
+        ),
+        bytes,
+        available,
+    };
+    if let Some(available) = crate::sysinfo::mem_available() {
+        if bytes as f64 > available {
+            return Err(too_large(Some(available as u64)));
+        }
+    }
+    let mut maps = Vec::with_capacity(values.len());
+    for vals in &values {
+        let mut m = Vec::new();
+        m.try_reserve_exact(npix).map_err(|_| too_large(None))?;
+        m.resize(npix, UNSEEN);
+        for (&pix, &v) in pixels.iter().zip(vals.iter()) {
+            m[pix as usize] = v;
+        }
+        maps.push(m);
+    }
+    Ok(maps)
 }
 
 /// A full-sky map in `ordering`, in NEST order.

@@ -56,8 +56,8 @@ use std::path::PathBuf;
 pub use bintable::{ColumnFormat, ColumnSource, WriteColumn};
 pub use header::{Header, HeaderCard, HeaderValue, BLOCK};
 pub use healpix_map::{
-    read_healpix_map, toast_extra_header, write_healpix_map, write_hits_map, write_iqu_map,
-    HealpixMap, MapField, MapPrecision, Ordering, UNSEEN,
+    read_healpix_map, read_healpix_nside, toast_extra_header, write_healpix_map, write_hits_map,
+    write_iqu_map, HealpixMap, MapField, MapPrecision, Ordering, UNSEEN,
 };
 
 /// Errors of FITS reading and writing. Each names the file.
@@ -104,6 +104,26 @@ pub enum FitsError {
         path: PathBuf,
         /// Number of HDUs found.
         nhdu: usize,
+    },
+    /// Reading the file would allocate more memory than is available (a
+    /// partial-sky map expands to the full sky its `NSIDE` claims).
+    #[error(
+        "{path}: {what} needs {bytes} bytes of memory, more than {}",
+        match available {
+            Some(a) => format!("the {a} bytes available (MemAvailable)"),
+            None => "the allocator can give".to_string(),
+        }
+    )]
+    TooLarge {
+        /// File path.
+        path: PathBuf,
+        /// What would be allocated.
+        what: String,
+        /// The bytes it needs (saturated at `u64::MAX`).
+        bytes: u64,
+        /// The bytes available (`MemAvailable`), `None` when the allocator
+        /// refused.
+        available: Option<u64>,
     },
     /// The binary table is not a HEALPix map.
     #[error("{path}: HDU {hdu}: not a HEALPix map: {reason}")]

@@ -1,0 +1,85 @@
+//! Bounds on absurd but well-typed option values, checked before any work:
+//! a thread count far beyond the cores (minutes of thread start-up), sizes
+//! whose arrays would not fit in memory (an abort or a capacity-overflow
+//! panic) or whose product overflows. Each refusal names the option, the
+//! value and the bound, and exits with status 2.
+
+use anyhow::{bail, Result};
+use toast_ops::workflow::presets::{self, gib};
+
+/// Thread counts may oversubscribe the cores this many times at most: more
+/// only adds scheduling overhead (ten thousand threads ran for minutes).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The cores available to this process.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |c| c.get())
+}
+
+/// `option N` (a thread count): at least 1, at most
+/// [`MAX_THREADS_PER_CORE`] × the cores.
+pub fn check_threads(option: &str, n: usize) -> Result<()> {
+    if n == 0 {
+        bail!("{option} 0: must be at least 1");
+    }
+    let cores = cores();
+    let max = MAX_THREADS_PER_CORE * cores;
+    if n > max {
+        bail!(
+            "{option} {n}: at most {max} ({MAX_THREADS_PER_CORE} x the {cores} core(s) \
+             available to this process)"
+        );
+    }
+    Ok(())
+}
+
+/// The product of `factors`, or `None` when it overflows a `u128`.
+pub fn product(factors: &[u128]) -> Option<u128> {
+    factors.iter().try_fold(1u128, |acc, &f| acc.checked_mul(f))
+}
+
+/// Refuse `what` (the options, as given) when the `bytes` of memory it
+/// needs (`None`: more than a `u128` counts) exceed what is available
+/// (`MemAvailable`; where that cannot be read, the address space's
+/// `isize::MAX`).
+pub fn check_memory(what: &str, bytes: Option<u128>) -> Result<()> {
+    let (limit, name) = match presets::mem_available() {
+        Some(a) => (a, "available (MemAvailable)"),
+        None => (isize::MAX as f64, "addressable"),
+    };
+    match bytes {
+        None => bail!("{what}: the sizes overflow (their product exceeds 2^128 bytes)"),
+        Some(b) if b as f64 > limit => bail!(
+            "{what}: needs about {} of memory, more than the {} {name}",
+            gib(b as f64),
+            gib(limit)
+        ),
+        Some(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_name_the_option_and_the_limit() {
+        assert!(check_threads("--threads", 1).is_ok());
+        let e = check_threads("--threads", 0).unwrap_err().to_string();
+        assert_eq!(e, "--threads 0: must be at least 1");
+        let e = check_threads("--threads", usize::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most") && e.contains("core(s)"), "{e}");
+        assert_eq!(product(&[3, 4, 5]), Some(60));
+        assert_eq!(product(&[u128::MAX, 2]), None);
+        assert!(check_memory("x", Some(1 << 20)).is_ok());
+        let e = check_memory("--n-det 9", None).unwrap_err().to_string();
+        assert!(e.starts_with("--n-det 9: the sizes overflow"), "{e}");
+        let e = check_memory("--n-det 9", Some(1 << 100))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs about") && e.contains("e"), "{e}");
+        assert!(!e.contains("000000000"), "compact: {e}");
+    }
+}
