@@ -7,7 +7,11 @@
 //! The library exports one symbol, [`toast_backend_entry`], which returns a
 //! static [`BackendHeader`] (magic, ABI version, table size, the
 //! `FLAG_HOST_ADDRESSABLE` capability, name `cpu`) pointing at a static
-//! [`BackendTable`] with every entry filled. Every exported function runs its
+//! [`BackendTable`] with every entry filled; its kernel slots come from the
+//! kernel table (`toast_accel::backend_table!`): each is the one generic
+//! `kernel_entry::<A>` (resolve, validate with `toast_accel::check`, run on
+//! the pool), and each kernel's math is an impl of `kernels::CpuKernel`.
+//! Every exported function runs its
 //! body inside [`toast_accel::plugin_support::guard`], which catches panics and turns
 //! a failure into a status code plus a thread-local message (`last_error`);
 //! nothing unwinds across the C boundary.
@@ -82,8 +86,7 @@
 
 use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};
-use toast_accel::check;
-use toast_accel::plugin_support::{self, guard, PluginError};
+use toast_accel::plugin_support::{self, guard, kernel_args, PluginError};
 
 mod arrays;
 mod context;
@@ -92,12 +95,13 @@ mod memory;
 mod par;
 
 use context::CpuContext;
+use kernels::CpuKernel;
 
 static NAME: &[u8] = b"cpu\0";
 static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
 static DESCRIPTION: &[u8] = b"CPU backend: the ten TOAST kernels in Rust with rayon\0";
 
-static TABLE: BackendTable = BackendTable {
+static TABLE: BackendTable = toast_accel::backend_table! {
     init: Some(init),
     shutdown: Some(shutdown),
     last_error: Some(last_error),
@@ -108,17 +112,8 @@ static TABLE: BackendTable = BackendTable {
     copy_to_device: Some(copy_to_device),
     copy_to_host: Some(copy_to_host),
     reset: Some(reset),
-    synchronize: Some(synchronize),
-    pointing_detector: Some(pointing_detector),
-    pixels_healpix: Some(pixels_healpix),
-    stokes_weights_i: Some(stokes_weights_i),
-    stokes_weights_iqu: Some(stokes_weights_iqu),
-    scan_map: Some(scan_map),
-    build_noise_weighted: Some(build_noise_weighted),
-    noise_weight: Some(noise_weight),
-    template_offset_add_to_signal: Some(template_offset_add_to_signal),
-    template_offset_project_signal: Some(template_offset_project_signal),
-    template_offset_apply_diag_precond: Some(template_offset_apply_diag_precond),
+    synchronize: Some(synchronize);
+    kernels = kernel_entry
 };
 
 static HEADER: BackendHeader = BackendHeader {
@@ -149,20 +144,6 @@ unsafe fn ctx_ref<'a>(ctx: *mut c_void) -> Result<&'a CpuContext, PluginError> {
     }
     // SAFETY: by the caller's contract, a live `CpuContext` made by `init`.
     Ok(unsafe { &*(ctx as *const CpuContext) })
-}
-
-/// The argument struct behind a kernel's `args` pointer.
-///
-/// # Safety
-/// `p` is null or points to a valid `A`.
-unsafe fn args_ref<'a, A>(kernel: &str, p: *const A) -> Result<&'a A, PluginError> {
-    if p.is_null() {
-        return Err(PluginError::invalid(format!(
-            "{kernel}: null argument struct"
-        )));
-    }
-    // SAFETY: non-null and valid by the caller's contract.
-    Ok(unsafe { &*p })
 }
 
 unsafe extern "C" fn init(host: *const HostApi, ctx: *mut *mut c_void) -> Status {
@@ -334,98 +315,22 @@ impl<T> AssertSend<T> {
     }
 }
 
-/// Define an exported kernel entry: resolve ctx and args, run the check,
-/// then the kernel on the context's pool.
-macro_rules! kernel_entry {
-    ($fn:ident, $args:ty, $name:literal, |$v:ident, $a:ident| $check:expr, $run:expr) => {
-        unsafe extern "C" fn $fn(ctx: *mut c_void, args: *const $args) -> Status {
-            guard(|| {
-                // SAFETY: ABI contract on ctx.
-                let c = unsafe { ctx_ref(ctx)? };
-                // SAFETY: ABI contract on args.
-                let $a: &$args = unsafe { args_ref($name, args)? };
-                // SAFETY: the host pointers of the struct are valid for the
-                // lengths it declares (ABI contract).
-                let $v = unsafe { $check }?;
-                let job = AssertSend(($v, $a));
-                c.install(move || {
-                    let ($v, $a) = job.into_inner();
-                    // SAFETY: validated above; arrays are host memory (we are
-                    // host-addressable) of the validated lengths.
-                    unsafe { $run }
-                })
-            })
-        }
-    };
+/// The entry of every kernel (the table instantiates it per argument
+/// struct): resolve the context and the arguments, validate them, then run
+/// the kernel's math ([`CpuKernel::run`]) on the context's pool.
+unsafe extern "C" fn kernel_entry<A: CpuKernel>(ctx: *mut c_void, args: *const A) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx.
+        let c = unsafe { ctx_ref(ctx)? };
+        // SAFETY: ABI contract on args: a valid struct whose host pointers
+        // are valid for the lengths it declares, for the call.
+        let (a, v) = unsafe { kernel_args(args)? };
+        let job = AssertSend((v, a));
+        c.install(move || {
+            let (v, a) = job.into_inner();
+            // SAFETY: validated above; arrays are host memory (we are
+            // host-addressable) of the validated lengths.
+            unsafe { A::run(&v, a) }
+        })
+    })
 }
-
-kernel_entry!(
-    pointing_detector,
-    abi::PointingDetectorArgs,
-    "pointing_detector",
-    |v, a| check::check_pointing_detector(a),
-    kernels::pointing::run(&v, a)
-);
-kernel_entry!(
-    pixels_healpix,
-    abi::PixelsHealpixArgs,
-    "pixels_healpix",
-    |v, a| check::check_pixels_healpix(a),
-    kernels::healpix::run(&v, a)
-);
-kernel_entry!(
-    stokes_weights_i,
-    abi::StokesWeightsIArgs,
-    "stokes_weights_I",
-    |v, a| check::check_stokes_weights_i(a),
-    kernels::stokes::run_i(&v, a)
-);
-kernel_entry!(
-    stokes_weights_iqu,
-    abi::StokesWeightsIquArgs,
-    "stokes_weights_IQU",
-    |v, a| check::check_stokes_weights_iqu(a),
-    kernels::stokes::run_iqu(&v, a)
-);
-kernel_entry!(
-    scan_map,
-    abi::ScanMapArgs,
-    "scan_map",
-    |v, a| check::check_scan_map(a),
-    kernels::scan_map::run(&v, a)
-);
-kernel_entry!(
-    build_noise_weighted,
-    abi::BuildNoiseWeightedArgs,
-    "build_noise_weighted",
-    |v, a| check::check_build_noise_weighted(a),
-    kernels::mapmaker::run(&v, a)
-);
-kernel_entry!(
-    noise_weight,
-    abi::NoiseWeightArgs,
-    "noise_weight",
-    |v, a| check::check_noise_weight(a),
-    kernels::weight::run(&v, a)
-);
-kernel_entry!(
-    template_offset_add_to_signal,
-    abi::TemplateOffsetAddArgs,
-    "template_offset_add_to_signal",
-    |v, a| check::check_template_offset_add(a),
-    kernels::template_offset::run_add(&v, a)
-);
-kernel_entry!(
-    template_offset_project_signal,
-    abi::TemplateOffsetProjectArgs,
-    "template_offset_project_signal",
-    |v, a| check::check_template_offset_project(a),
-    kernels::template_offset::run_project(&v, a)
-);
-kernel_entry!(
-    template_offset_apply_diag_precond,
-    abi::TemplateOffsetPrecondArgs,
-    "template_offset_apply_diag_precond",
-    |_v, a| check::check_template_offset_precond(a),
-    kernels::template_offset::run_precond(a)
-);

@@ -1,57 +1,28 @@
 //! Every shipped TOAST reference case must pass bit for bit on the CPU
-//! plugin, loaded as a real plugin (the cdylib, through the ABI), with one
-//! thread and with two.
+//! plugin, loaded as a real plugin (the cdylib, through the ABI), with one,
+//! two and five threads (the suite of `toast_tests::conformance_suite!`,
+//! the same test as every backend's), and through staged buffers.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use toast_accel::host::conformance::{run_dir, CaseOutcome};
 use toast_accel::host::Plugin;
 use toast_testkit::plugins::load;
+use toast_tests::{cases_dir, conformance_suite};
 
-fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
-}
-
-fn run_with(options: &str) {
-    let plugin = Arc::new(load("cpu"));
-    let backend = plugin.init(options).expect("init the cpu backend");
-    let results = run_dir(&backend, &cases_dir());
-    let mut passed = 0;
-    let mut failures = Vec::new();
-    for (path, r) in &results {
-        match r {
-            Ok(CaseOutcome::Pass) => passed += 1,
-            Ok(other) => failures.push(format!("{}: {other}", path.display())),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "[{options}] failures:\n{}",
-        failures.join("\n")
-    );
-    assert_eq!(
-        passed,
-        toast_tests::SHIPPED_CASES,
-        "[{options}] expected every shipped case"
-    );
-}
-
-#[test]
-fn all_cases_pass_with_one_thread() {
-    run_with("threads=1");
-}
-
-#[test]
-fn all_cases_pass_with_two_threads() {
-    run_with("threads=2");
-}
-
-#[test]
-fn all_cases_pass_with_many_threads() {
-    // More threads than cores: a stress on the decomposition, not on speed.
-    run_with("threads=5");
-}
+// The CPU is the reference: every case bit for bit, whatever the thread count.
+conformance_suite!(
+    all_cases_pass_with_one_thread: backend = "cpu", options = "threads=1",
+    require = "", comparison = Exact, tolerant = [],
+);
+conformance_suite!(
+    all_cases_pass_with_two_threads: backend = "cpu", options = "threads=2",
+    require = "", comparison = Exact, tolerant = [],
+);
+// More threads than cores: a stress on the decomposition, not on speed.
+conformance_suite!(
+    all_cases_pass_with_many_threads: backend = "cpu", options = "threads=5",
+    require = "", comparison = Exact, tolerant = [],
+);
 
 #[test]
 fn all_cases_pass_through_staged_buffers() {

@@ -11,62 +11,19 @@
 //! PoCL (`pocl-opencl-icd`) and sets `TOAST_REQUIRE_OPENCL=1`, so there the
 //! absence of OpenCL is a failure, never a silent pass.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use toast_accel::abi::{self, Array, SampleRange, SampleRanges};
-use toast_accel::host::conformance::{run_dir, CaseOutcome, Comparison};
-use toast_accel::host::{AccelError, Backend};
-use toast_testkit::plugins::{load, skip_unless_required};
+use toast_accel::host::Backend;
+use toast_tests::{backend_or_skip, conformance_suite};
 
-fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
-}
+conformance_suite!(
+    all_cases_pass_on_opencl: backend = "opencl", options = "", require = "TOAST_REQUIRE_OPENCL",
+    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted],
+);
 
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {
-    match Arc::new(load("opencl")).init("") {
-        Ok(b) => Some(b),
-        Err(e) => {
-            skip_unless_required("TOAST_REQUIRE_OPENCL", &e);
-            assert!(
-                matches!(e, AccelError::Unavailable { .. }),
-                "an absent OpenCL must be `unavailable`, got: {e}"
-            );
-            None
-        }
-    }
-}
-
-#[test]
-fn all_cases_pass_on_opencl() {
-    let Some(b) = opencl() else { return };
-    assert!(!b.host_addressable());
-    assert_eq!(Comparison::for_backend(&b), Comparison::Tolerant);
-    let results = run_dir(&b, &cases_dir());
-    assert_eq!(results.len(), toast_tests::SHIPPED_CASES);
-    let mut failures = Vec::new();
-    for (path, r) in &results {
-        match r {
-            Ok(o) if o.is_pass() => {
-                if let CaseOutcome::PassTolerant { .. } = o {
-                    // Only the two relaxed kernels may need the tolerance.
-                    let n = path.file_name().unwrap().to_string_lossy();
-                    assert!(
-                        n.starts_with("stokes_weights_IQU")
-                            || n.starts_with("build_noise_weighted"),
-                        "{n}: {o}"
-                    );
-                }
-            }
-            Ok(o) => failures.push(format!("{}: {o}", path.display())),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
-    let st = b.stats().snapshot();
-    assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
-    assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");
+    backend_or_skip("opencl", "", "TOAST_REQUIRE_OPENCL")
 }
 
 #[test]
@@ -163,6 +120,52 @@ fn a_pixel_beyond_the_map_names_detector_and_sample() {
         "{e}"
     );
     for h in [hp, hw, hd, hg, hm] {
+        b.free(h).unwrap();
+    }
+}
+
+#[test]
+fn an_output_aliasing_an_input_is_refused_except_in_place_precond() {
+    let Some(b) = opencl() else { return };
+    let n = 8usize;
+    let up = |name: &str, v: &[f64]| {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let h = b.alloc(bytes.len() as u64, name).unwrap();
+        b.copy_to_device(h, 0, &bytes).unwrap();
+        h
+    };
+    let amps: Vec<f64> = (0..n).map(|i| i as f64).collect();
+    let ha = up("amplitudes", &amps);
+    let hv = up("offset_var", &[2.0; 8]);
+    let hf = b.alloc(n as u64, "amplitude_flags").unwrap();
+    let arr = |h: u64| Array {
+        ptr: h,
+        len: n as u64,
+    };
+    let args = |var: u64| abi::TemplateOffsetPrecondArgs {
+        n_amp: n as u64,
+        offset_var: arr(var),
+        amplitudes_in: arr(ha),
+        amplitude_flags: arr(hf),
+        amplitudes_out: arr(ha),
+    };
+    // SAFETY: every handle holds n elements of its type.
+    unsafe { b.launch(&args(hv)) }.unwrap();
+    let mut back = vec![0u8; 8 * n];
+    b.copy_to_host(ha, 0, &mut back).unwrap();
+    let got: Vec<f64> = back
+        .chunks_exact(8)
+        .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<f64> = amps.iter().map(|a| 2.0 * a).collect();
+    assert_eq!(got, want, "in place: out = in * offset_var");
+    // SAFETY: as above.
+    let e = unsafe { b.launch(&args(ha)) }.unwrap_err().to_string();
+    assert!(
+        e.contains("output array `amplitudes_out` is the same buffer as `offset_var`"),
+        "{e}"
+    );
+    for h in [ha, hv, hf] {
         b.free(h).unwrap();
     }
 }

@@ -4,6 +4,11 @@
 //! and by plugins written in Rust. Field order, sizes and constants must
 //! match the C header exactly; `tests/abi_layout.rs` in this crate checks
 //! the sizes and offsets against the header compiled by the C compiler.
+//!
+//! The function table's kernel slots, the [`Kernel`] enum and the
+//! `KernelArgs` impls of the argument structs are expanded from the kernel
+//! table (`crate::kernels`); the argument structs themselves are written
+//! here, as the header writes them.
 
 use std::ffi::{c_char, c_void};
 
@@ -304,32 +309,146 @@ pub type SynchronizeFn = unsafe extern "C" fn(ctx: *mut c_void) -> Status;
 /// A kernel entry: `ctx` and a pointer to that kernel's argument struct.
 pub type KernelFn<A> = unsafe extern "C" fn(ctx: *mut c_void, args: *const A) -> Status;
 
-/// The function table. `None` is a NULL entry ("not supported").
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BackendTable {
-    pub init: Option<InitFn>,
-    pub shutdown: Option<ShutdownFn>,
-    pub last_error: Option<LastErrorFn>,
-    pub device_count: Option<DeviceCountFn>,
-    pub device_info: Option<DeviceInfoFn>,
-    pub alloc: Option<AllocFn>,
-    pub free: Option<FreeFn>,
-    pub copy_to_device: Option<CopyToDeviceFn>,
-    pub copy_to_host: Option<CopyToHostFn>,
-    pub reset: Option<ResetFn>,
-    pub synchronize: Option<SynchronizeFn>,
-    pub pointing_detector: Option<KernelFn<PointingDetectorArgs>>,
-    pub pixels_healpix: Option<KernelFn<PixelsHealpixArgs>>,
-    pub stokes_weights_i: Option<KernelFn<StokesWeightsIArgs>>,
-    pub stokes_weights_iqu: Option<KernelFn<StokesWeightsIquArgs>>,
-    pub scan_map: Option<KernelFn<ScanMapArgs>>,
-    pub build_noise_weighted: Option<KernelFn<BuildNoiseWeightedArgs>>,
-    pub noise_weight: Option<KernelFn<NoiseWeightArgs>>,
-    pub template_offset_add_to_signal: Option<KernelFn<TemplateOffsetAddArgs>>,
-    pub template_offset_project_signal: Option<KernelFn<TemplateOffsetProjectArgs>>,
-    pub template_offset_apply_diag_precond: Option<KernelFn<TemplateOffsetPrecondArgs>>,
+/// The callback of the kernel table that declares the ABI's kernel items
+/// (see `crate::kernels` for the row grammar).
+macro_rules! abi_items {
+    (
+        []
+        $((
+            $slot:ident $variant:ident $name:literal $args:ident $c_args:ident
+            [$($arr:ident $dir:ident),*] [$($dev:literal),*] $case:ident $check:ident ($valid:ty)
+        ))*
+    ) => {
+        /// The function table (C: `toast_backend_table`). `None` is a NULL
+        /// entry ("not supported"). The kernel slots follow the kernel
+        /// table, in its order.
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct BackendTable {
+            pub init: Option<InitFn>,
+            pub shutdown: Option<ShutdownFn>,
+            pub last_error: Option<LastErrorFn>,
+            pub device_count: Option<DeviceCountFn>,
+            pub device_info: Option<DeviceInfoFn>,
+            pub alloc: Option<AllocFn>,
+            pub free: Option<FreeFn>,
+            pub copy_to_device: Option<CopyToDeviceFn>,
+            pub copy_to_host: Option<CopyToHostFn>,
+            pub reset: Option<ResetFn>,
+            pub synchronize: Option<SynchronizeFn>,
+            $(
+                #[doc = concat!("`", $name, "` (C: `const ", stringify!($c_args), " *`).")]
+                pub $slot: Option<KernelFn<$args>>,
+            )*
+        }
+
+        impl BackendTable {
+            /// The table with every entry NULL.
+            pub const EMPTY: BackendTable = BackendTable {
+                init: None,
+                shutdown: None,
+                last_error: None,
+                device_count: None,
+                device_info: None,
+                alloc: None,
+                free: None,
+                copy_to_device: None,
+                copy_to_host: None,
+                reset: None,
+                synchronize: None,
+                $($slot: None,)*
+            };
+        }
+
+        /// The kernels, in table order.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Kernel {
+            $(
+                #[doc = concat!("`", $name, "`.")]
+                $variant,
+            )*
+        }
+
+        impl Kernel {
+            /// Every kernel, in table order.
+            pub const ALL: [Kernel; [$(Kernel::$variant),*].len()] = [$(Kernel::$variant),*];
+
+            /// TOAST's registry name of the kernel.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => $name,)*
+                }
+            }
+
+            /// Parse a registry name (as [`Kernel::name`] prints it;
+            /// case-insensitive).
+            pub fn from_name(name: &str) -> Option<Kernel> {
+                Kernel::ALL
+                    .into_iter()
+                    .find(|k| k.name().eq_ignore_ascii_case(name))
+            }
+
+            /// Whether `table` has an entry for this kernel.
+            pub fn in_table(self, table: &BackendTable) -> bool {
+                match self {
+                    $(Kernel::$variant => table.$slot.is_some(),)*
+                }
+            }
+
+            /// The field of the function table (and of `toast_backend_table`
+            /// in the C header) that holds this kernel's entry.
+            pub fn slot(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => stringify!($slot),)*
+                }
+            }
+
+            /// The byte offset of this kernel's slot in [`BackendTable`].
+            pub fn slot_offset(self) -> usize {
+                match self {
+                    $(Kernel::$variant => ::std::mem::offset_of!(BackendTable, $slot),)*
+                }
+            }
+
+            /// The C name of the kernel's argument struct.
+            pub fn c_args(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => stringify!($c_args),)*
+                }
+            }
+        }
+
+        $(
+            impl $crate::kernels::KernelArgs for $args {
+                const KERNEL: Kernel = Kernel::$variant;
+                type Valid<'a> = $valid;
+                fn entry(table: &BackendTable) -> Option<KernelFn<Self>> {
+                    table.$slot
+                }
+                unsafe fn check<'a>(&self) -> Result<Self::Valid<'a>, $crate::check::ArgError> {
+                    // SAFETY: the caller's contract is the validator's.
+                    unsafe { $crate::check::$check(self) }
+                }
+                fn arrays(&self) -> Vec<(&'static str, $crate::kernels::ArrayDir, Array)> {
+                    vec![$((stringify!($arr), $crate::kernels::ArrayDir::$dir, self.$arr)),*]
+                }
+                fn arrays_mut(
+                    &mut self,
+                ) -> Vec<(&'static str, $crate::kernels::ArrayDir, &mut Array)> {
+                    vec![$((stringify!($arr), $crate::kernels::ArrayDir::$dir, &mut self.$arr)),*]
+                }
+            }
+        )*
+
+        /// The device kernels' entry points (`device/kernels.h`), in table
+        /// order; `scan_map` has one per map dtype.
+        pub const DEVICE_KERNEL_NAMES: &[&str] = &[$($($dev,)*)*];
+    };
 }
+
+// The function table, the kernel enum and the `KernelArgs` impls, from the
+// kernel table (`crate::kernels`).
+crate::toast_kernels!((abi_items));
 
 #[repr(C)]
 #[derive(Debug)]
@@ -351,77 +470,6 @@ unsafe impl Sync for BackendHeader {}
 
 /// Signature of the exported entry symbol.
 pub type EntryFn = unsafe extern "C" fn() -> *const BackendHeader;
-
-/// The ten kernels, in table order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kernel {
-    PointingDetector,
-    PixelsHealpix,
-    StokesWeightsI,
-    StokesWeightsIqu,
-    ScanMap,
-    BuildNoiseWeighted,
-    NoiseWeight,
-    TemplateOffsetAddToSignal,
-    TemplateOffsetProjectSignal,
-    TemplateOffsetApplyDiagPrecond,
-}
-
-impl Kernel {
-    pub const ALL: [Kernel; 10] = [
-        Kernel::PointingDetector,
-        Kernel::PixelsHealpix,
-        Kernel::StokesWeightsI,
-        Kernel::StokesWeightsIqu,
-        Kernel::ScanMap,
-        Kernel::BuildNoiseWeighted,
-        Kernel::NoiseWeight,
-        Kernel::TemplateOffsetAddToSignal,
-        Kernel::TemplateOffsetProjectSignal,
-        Kernel::TemplateOffsetApplyDiagPrecond,
-    ];
-
-    /// TOAST's registry name of the kernel.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::PointingDetector => "pointing_detector",
-            Kernel::PixelsHealpix => "pixels_healpix",
-            Kernel::StokesWeightsI => "stokes_weights_I",
-            Kernel::StokesWeightsIqu => "stokes_weights_IQU",
-            Kernel::ScanMap => "scan_map",
-            Kernel::BuildNoiseWeighted => "build_noise_weighted",
-            Kernel::NoiseWeight => "noise_weight",
-            Kernel::TemplateOffsetAddToSignal => "template_offset_add_to_signal",
-            Kernel::TemplateOffsetProjectSignal => "template_offset_project_signal",
-            Kernel::TemplateOffsetApplyDiagPrecond => "template_offset_apply_diag_precond",
-        }
-    }
-
-    /// Parse a registry name (as [`Kernel::name`] prints it; case-insensitive).
-    pub fn from_name(name: &str) -> Option<Kernel> {
-        Kernel::ALL
-            .into_iter()
-            .find(|k| k.name().eq_ignore_ascii_case(name))
-    }
-
-    /// Whether `table` has an entry for this kernel.
-    pub fn in_table(self, table: &BackendTable) -> bool {
-        match self {
-            Kernel::PointingDetector => table.pointing_detector.is_some(),
-            Kernel::PixelsHealpix => table.pixels_healpix.is_some(),
-            Kernel::StokesWeightsI => table.stokes_weights_i.is_some(),
-            Kernel::StokesWeightsIqu => table.stokes_weights_iqu.is_some(),
-            Kernel::ScanMap => table.scan_map.is_some(),
-            Kernel::BuildNoiseWeighted => table.build_noise_weighted.is_some(),
-            Kernel::NoiseWeight => table.noise_weight.is_some(),
-            Kernel::TemplateOffsetAddToSignal => table.template_offset_add_to_signal.is_some(),
-            Kernel::TemplateOffsetProjectSignal => table.template_offset_project_signal.is_some(),
-            Kernel::TemplateOffsetApplyDiagPrecond => {
-                table.template_offset_apply_diag_precond.is_some()
-            }
-        }
-    }
-}
 
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -156,23 +156,10 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The device kernel names (entry points), in ABI table order; `scan_map`
-/// has one per map dtype, see [`scan_map_kernel`].
-pub const KERNEL_NAMES: [&str; 13] = [
-    "toast_pointing_detector",
-    "toast_pixels_healpix",
-    "toast_stokes_weights_i",
-    "toast_stokes_weights_iqu",
-    "toast_scan_map_f64",
-    "toast_scan_map_f32",
-    "toast_scan_map_i64",
-    "toast_scan_map_i32",
-    "toast_build_noise_weighted",
-    "toast_noise_weight",
-    "toast_template_offset_add_to_signal",
-    "toast_template_offset_project_signal",
-    "toast_template_offset_apply_diag_precond",
-];
+/// The device kernel names (entry points), in ABI table order (from the
+/// kernel table, `crate::kernels`); `scan_map` has one per map dtype, see
+/// [`scan_map_kernel`].
+pub use crate::abi::DEVICE_KERNEL_NAMES as KERNEL_NAMES;
 
 /// The `scan_map` entry point for a `TOAST_DTYPE_*` map dtype.
 pub fn scan_map_kernel(dtype: i32) -> Option<&'static str> {

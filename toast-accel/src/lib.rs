@@ -5,8 +5,11 @@
 //!
 //! Without the `host` feature this crate is only the ABI part that plugins
 //! need: [`abi`] (the `#[repr(C)]` mirror of `include/toast_backend.h`),
-//! [`check`] (argument validation every Rust backend runs at kernel entry)
-//! and [`plugin_support`] (last-error and panic-guard helpers). Backend crates
+//! [`kernels`] (the kernel table, [`toast_kernels!`], from which the
+//! function table, the kernel enum, the [`kernels::KernelArgs`] impls and
+//! every plugin's table follow), [`check`] (argument validation every Rust
+//! backend runs at kernel entry) and [`plugin_support`] (last-error,
+//! panic-guard and kernel-entry helpers). Backend crates
 //! depend on it with `default-features = false` and see nothing else.
 //!
 //! With `host` (the default) it is also the loader: `host::discovery`,
@@ -92,6 +95,7 @@
 pub mod abi;
 pub mod check;
 pub mod device_source;
+pub mod kernels;
 pub mod plugin_support;
 #[cfg(feature = "rtc")]
 pub mod rtc;

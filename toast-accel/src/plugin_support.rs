@@ -37,6 +37,30 @@ impl From<crate::check::ArgError> for PluginError {
     }
 }
 
+/// The start of every kernel entry of a Rust plugin, for the argument
+/// struct `A` of any kernel of the table (`crate::kernels`): the struct
+/// behind `args` (a null pointer is an error naming the kernel) and its
+/// validator's view ([`KernelArgs::check`](crate::kernels::KernelArgs::check)).
+///
+/// # Safety
+/// `args` is null or points to a valid `A` whose host pointers are valid for
+/// the lengths it declares, for `'a` (the ABI contract of a kernel call).
+pub unsafe fn kernel_args<'a, A: crate::kernels::KernelArgs>(
+    args: *const A,
+) -> Result<(&'a A, A::Valid<'a>), PluginError> {
+    if args.is_null() {
+        return Err(PluginError::invalid(format!(
+            "{}: null argument struct",
+            A::KERNEL.name()
+        )));
+    }
+    // SAFETY: non-null and valid by the caller's contract.
+    let a = unsafe { &*args };
+    // SAFETY: the caller's contract is the validator's.
+    let v = unsafe { a.check()? };
+    Ok((a, v))
+}
+
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }

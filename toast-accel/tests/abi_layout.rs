@@ -46,7 +46,7 @@ macro_rules! rust_layouts {
 }
 
 fn rust_side() -> BTreeMap<String, Layout> {
-    rust_layouts! {
+    let mut m = rust_layouts! {
         toast_host_api => HostApi { size, abi_minor, log, log_user, options },
         toast_array => Array { ptr, len },
         toast_interval => SampleRange { first, last },
@@ -93,15 +93,18 @@ fn rust_side() -> BTreeMap<String, Layout> {
         },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
-            copy_to_host, reset, synchronize, pointing_detector, pixels_healpix,
-            stokes_weights_i, stokes_weights_iqu, scan_map, build_noise_weighted, noise_weight,
-            template_offset_add_to_signal, template_offset_project_signal,
-            template_offset_apply_diag_precond,
+            copy_to_host, reset, synchronize,
         },
         toast_backend_header => BackendHeader {
             magic, abi_major, abi_minor, table_size, flags, name, version, description, table,
         },
+    };
+    // The kernel slots of the function table come from the kernel table.
+    let table = m.get_mut("toast_backend_table").unwrap();
+    for k in Kernel::ALL {
+        table.fields.insert(k.slot().to_string(), k.slot_offset());
     }
+    m
 }
 
 /// The Rust values of the header's constants, keyed by the C name, printed
@@ -413,4 +416,33 @@ fn header_parser_sees_every_kind_of_field() {
         )]
     );
     assert_eq!(header_constants(&src), vec![("TOAST_X".to_string(), false)]);
+}
+
+/// The header's function table holds the kernel table's slots, in its
+/// order after the lifecycle and memory entries, each taking the argument
+/// struct the kernel table names (so a kernel added to the table and not to
+/// the header, or the other way round, fails here).
+#[test]
+fn the_header_table_follows_the_kernel_table() {
+    let header = strip_comments(&std::fs::read_to_string(HEADER).expect("read the C header"));
+    let start = header
+        .find("typedef struct toast_backend_table {")
+        .expect("the table struct");
+    let body = &header[start..start + header[start..].find('}').unwrap()];
+    let decls: Vec<String> = body
+        .split(';')
+        .map(|d| d.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|d| d.contains("(*"))
+        .collect();
+    let kernels = &decls[decls.len() - Kernel::ALL.len()..];
+    for (k, d) in Kernel::ALL.iter().zip(kernels) {
+        assert!(
+            d.contains(&format!("(*{})(", k.slot()))
+                && d.contains(&format!("const {} *", k.c_args())),
+            "kernel {k}: the header declares `{d}`, the kernel table says slot `{}` taking `const {} *`",
+            k.slot(),
+            k.c_args()
+        );
+    }
+    assert_eq!(decls.len(), 11 + Kernel::ALL.len(), "{decls:?}");
 }

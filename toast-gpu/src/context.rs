@@ -135,46 +135,53 @@ impl<D: Driver> Context<D> {
     }
 
     /// Compile the shared source (or read it from the disk cache) and load
-    /// it.
+    /// it. Cached code that the driver refuses to load (a stale or damaged
+    /// file) is logged and replaced by a fresh compilation.
     fn build_module(&self) -> Result<HashMap<&'static str, D::Kernel>, PluginError> {
         let name = D::NAME;
         let source = ds::source(D::TARGET);
         let hash = format!("{:016x}", ds::source_hash(D::TARGET));
         let file = self.driver.cache_file(&hash);
-        let cached = file
+        if let Some((file, code)) = file
             .as_deref()
-            .and_then(|f| rtc::cache_read(f).map(|c| (f, c)));
-        let image = match cached {
-            Some((file, code)) => {
-                self.log(
-                    abi::LOG_DEBUG,
-                    &format!("{name}: device code from the cache ({file})"),
-                );
-                code
-            }
-            None => {
-                let c = self.driver.compile(&source).map_err(|e| {
-                    let kernel = rtc::kernel_at_error(&source, &e.log);
-                    PluginError::new(abi::ERR_COMPILE, format!("{name}: kernel {kernel}: {e}"))
-                })?;
-                if !c.log.trim().is_empty() {
+            .and_then(|f| rtc::cache_read(f).map(|c| (f, c)))
+        {
+            match self.driver.load_module(&code, ds::KERNEL_NAMES) {
+                Ok(kernels) => {
                     self.log(
-                        abi::LOG_WARN,
-                        &format!(
-                            "{name}: {} log for {}:\n{}",
-                            D::COMPILER,
-                            self.driver.arch(),
-                            c.log
-                        ),
+                        abi::LOG_DEBUG,
+                        &format!("{name}: device code from the cache ({file})"),
                     );
+                    return Ok(ds::KERNEL_NAMES.iter().copied().zip(kernels).collect());
                 }
-                if let Some(file) = &file {
-                    rtc::cache_write(file, &c.code);
-                }
-                c.code
+                Err(e) => self.log(
+                    abi::LOG_WARN,
+                    &format!(
+                        "{name}: cached device code ({file}) not loaded, compiling again: {}",
+                        e.message
+                    ),
+                ),
             }
-        };
-        let kernels = self.driver.load_module(&image, &ds::KERNEL_NAMES)?;
+        }
+        let c = self.driver.compile(&source).map_err(|e| {
+            let kernel = rtc::kernel_at_error(&source, &e.log);
+            PluginError::new(abi::ERR_COMPILE, format!("{name}: kernel {kernel}: {e}"))
+        })?;
+        if !c.log.trim().is_empty() {
+            self.log(
+                abi::LOG_WARN,
+                &format!(
+                    "{name}: {} log for {}:\n{}",
+                    D::COMPILER,
+                    self.driver.arch(),
+                    c.log
+                ),
+            );
+        }
+        if let Some(file) = &file {
+            rtc::cache_write(file, &c.code);
+        }
+        let kernels = self.driver.load_module(&c.code, ds::KERNEL_NAMES)?;
         Ok(ds::KERNEL_NAMES.iter().copied().zip(kernels).collect())
     }
 

@@ -49,6 +49,12 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     const DEVICE_ENV: &'static str;
     /// The run-time compiler's name, in messages (`"NVRTC"`).
     const COMPILER: &'static str;
+    /// Whether [`alloc`](Self::alloc) returns zeroed memory. The pool zeroes
+    /// every block it hands out; when this is `true` it zeroes only the
+    /// blocks it reuses, not fresh ones. OpenCL sets it: its allocation is
+    /// lazy, so the driver fills a new buffer at once, which both zeroes it
+    /// and turns a failed allocation into an out-of-memory error there.
+    const ZEROES_ON_ALLOC: bool = false;
 
     /// How a device is selected: an ordinal on CUDA and HIP. The default is
     /// the device used when neither the environment nor an option names one.
@@ -79,12 +85,21 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     fn arch(&self) -> &str;
     /// Total device memory in bytes (the pool caches at most a quarter).
     fn total_memory(&self) -> u64;
-    /// Free and total device memory now, in bytes.
+    /// Free and total device memory now, in bytes. An API that cannot tell
+    /// the free memory (OpenCL has no query for it) returns 0 for it, which
+    /// the ABI's `toast_device_info` reads as "unknown".
     fn mem_info(&self) -> (u64, u64);
+    /// The largest single allocation the device allows, in bytes
+    /// (`CL_DEVICE_MAX_MEM_ALLOC_SIZE` on OpenCL); the pool never rounds a
+    /// request up past it. Default: no limit beyond device memory.
+    fn max_allocation(&self) -> u64 {
+        u64::MAX
+    }
     /// Compute units (SMs, CUs) for `device_info`; 0 when unknown.
     fn compute_units(&self) -> u32;
 
-    /// Allocate `bytes` bytes of device memory (contents unspecified).
+    /// Allocate `bytes` bytes of device memory (contents unspecified, unless
+    /// [`ZEROES_ON_ALLOC`](Self::ZEROES_ON_ALLOC)).
     fn alloc(&self, bytes: u64) -> Result<Self::Buffer, AllocError>;
 
     /// Release a buffer.
@@ -192,6 +207,8 @@ pub enum Param<B> {
     F64(f64),
     /// A pointer to device memory: a whole buffer, or `None` for an absent
     /// array (the kernel never reads it then; passed as a null pointer).
+    /// The kernels take whole buffers (no offset parameter): a device
+    /// address on CUDA and HIP, the memory object itself on OpenCL.
     Buffer(Option<B>),
 }
 

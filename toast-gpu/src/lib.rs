@@ -1,10 +1,11 @@
 //! The code the GPU plugins of toast-rs share (`backend-cuda`,
-//! `backend-hip`), written once and generic over a [`Driver`].
+//! `backend-hip`, `backend-opencl`), written once and generic over a
+//! [`Driver`].
 //!
 //! # The design
 //!
 //! A GPU plugin is two things: what is specific to one API (CUDA's driver
-//! API and NVRTC, HIP and hiprtc) and everything else, which is the same
+//! API and NVRTC, HIP and hiprtc, OpenCL) and everything else, which is the same
 //! for every API. The API-specific part is a type implementing [`Driver`],
 //! in the spirit of wgpu-hal's `Api` trait: a few constants (the backend's
 //! name, its handle tag, the device-source dialect, the environment
@@ -60,6 +61,13 @@
 //! (OpenCL's `cl_mem`, arguments set one by one) fits as well as one with
 //! pointers. Drivers with device addresses lay parameters out with
 //! [`ParamSlots`] and select devices with [`parse_ordinal`].
+//!
+//! Where APIs differ in what the generic code relies on, the trait has a
+//! hook with a default rather than a special case by name:
+//! [`Driver::ZEROES_ON_ALLOC`] (OpenCL fills new buffers itself, since its
+//! allocation is lazy), [`Driver::max_allocation`] (OpenCL's largest single
+//! buffer caps the pool's size classes) and the free memory of
+//! [`Driver::mem_info`] (0, "unknown", where the API cannot tell).
 
 pub mod context;
 pub mod driver;

@@ -23,7 +23,11 @@
 //! When the driver reports out of memory, every cached block is released and
 //! the allocation retried once; a second failure is `ERR_OUT_OF_MEMORY`
 //! naming the buffer, its size and what is live. Every buffer is zeroed on
-//! allocation, as the CPU backend's are.
+//! allocation, as the CPU backend's are (by the pool, or by the driver when
+//! it zeroes fresh allocations itself: `Driver::ZEROES_ON_ALLOC`). A size
+//! class is never larger than the driver's `max_allocation` (nor smaller
+//! than the request: one above the maximum goes to the driver, which
+//! refuses it).
 
 use crate::driver::{AllocError, Driver};
 use std::collections::{BTreeMap, HashMap};
@@ -48,6 +52,14 @@ pub(crate) trait DeviceAlloc {
     /// # Safety
     /// `buf` is a live block of at least `bytes` bytes.
     unsafe fn raw_zero(&self, buf: Self::Buffer, bytes: u64) -> Result<(), PluginError>;
+    /// Whether `raw_alloc` returns zeroed blocks (`Driver::ZEROES_ON_ALLOC`).
+    fn zeroes_on_alloc(&self) -> bool {
+        false
+    }
+    /// The largest block `raw_alloc` can return (`Driver::max_allocation`).
+    fn max_block(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 impl<D: Driver> DeviceAlloc for D {
@@ -63,6 +75,12 @@ impl<D: Driver> DeviceAlloc for D {
         // SAFETY: the caller's contract is `Driver::zero`'s at offset 0.
         unsafe { self.zero(buf, 0, bytes) }
     }
+    fn zeroes_on_alloc(&self) -> bool {
+        D::ZEROES_ON_ALLOC
+    }
+    fn max_block(&self) -> u64 {
+        self.max_allocation()
+    }
 }
 
 #[derive(Debug)]
@@ -70,6 +88,8 @@ struct Block<B> {
     buf: B,
     bytes: u64,
     class: u64,
+    /// The name `alloc` was given, for messages.
+    name: String,
 }
 
 #[derive(Debug)]
@@ -141,9 +161,10 @@ impl<B: Copy> Memory<B> {
         name: &str,
     ) -> Result<u64, PluginError> {
         let backend = self.backend;
-        let class = size_class(bytes);
+        let class = size_class(bytes).min(dev.max_block()).max(bytes);
         let mut g = self.lock();
         let reused = g.free.get_mut(&class).and_then(Vec::pop);
+        let zero = reused.is_some() || !dev.zeroes_on_alloc();
         let buf = match reused {
             Some(b) => {
                 g.cached_bytes -= class;
@@ -187,16 +208,26 @@ impl<B: Copy> Memory<B> {
                 }
             },
         };
-        // SAFETY: `buf` is a block of `class` bytes that no handle names.
-        if let Err(e) = unsafe { dev.raw_zero(buf, class) } {
-            // SAFETY: as above; it is released once, here.
-            unsafe { dev.raw_free(buf) };
-            return Err(e);
+        if zero {
+            // SAFETY: `buf` is a block of `class` bytes that no handle names.
+            if let Err(e) = unsafe { dev.raw_zero(buf, class) } {
+                // SAFETY: as above; it is released once, here.
+                unsafe { dev.raw_free(buf) };
+                return Err(e);
+            }
         }
         g.next += 1;
         let handle = self.tag | g.next;
         g.live_bytes += bytes;
-        g.live.insert(handle, Block { buf, bytes, class });
+        g.live.insert(
+            handle,
+            Block {
+                buf,
+                bytes,
+                class,
+                name: name.to_string(),
+            },
+        );
         Ok(handle)
     }
 
@@ -231,8 +262,8 @@ impl<B: Copy> Memory<B> {
         let b = g.live.get(&handle).ok_or_else(|| self.unknown(handle))?;
         if offset.checked_add(bytes).is_none_or(|end| end > b.bytes) {
             return Err(PluginError::invalid(format!(
-                "{op}: range of {bytes} bytes at offset {offset} is outside buffer 0x{handle:x} of {} bytes",
-                b.bytes
+                "{op}: range of {bytes} bytes at offset {offset} is outside buffer `{}` (0x{handle:x}) of {} bytes",
+                b.name, b.bytes
             )));
         }
         Ok((b.buf, offset))
@@ -260,8 +291,8 @@ impl<B: Copy> Memory<B> {
         let need = a.len.saturating_mul(elem);
         if need > b.bytes {
             return Err(PluginError::invalid(format!(
-                "{kernel}: array `{arg}` of {} elements ({need} bytes) exceeds its buffer of {} bytes",
-                a.len, b.bytes
+                "{kernel}: array `{arg}` of {} elements ({need} bytes) exceeds its buffer `{}` of {} bytes",
+                a.len, b.name, b.bytes
             )));
         }
         Ok(Some(b.buf))
@@ -360,6 +391,66 @@ mod tests {
         );
         m.release_all(&d);
         assert_eq!(*d.used.borrow(), 0);
+    }
+
+    /// A device that zeroes on allocation and allows blocks of at most
+    /// `max` bytes; counts the zeroing calls and records the block sizes.
+    struct Capped {
+        inner: Fake,
+        max: u64,
+        zeroed: RefCell<u32>,
+    }
+    impl DeviceAlloc for Capped {
+        type Buffer = u64;
+        fn raw_alloc(&self, bytes: u64) -> Result<u64, AllocError> {
+            assert!(bytes <= self.max, "a block above the device's maximum");
+            self.inner.raw_alloc(bytes)
+        }
+        unsafe fn raw_free(&self, ptr: u64) {
+            // SAFETY: the caller's contract.
+            unsafe { self.inner.raw_free(ptr) }
+        }
+        unsafe fn raw_zero(&self, _ptr: u64, _bytes: u64) -> Result<(), PluginError> {
+            *self.zeroed.borrow_mut() += 1;
+            Ok(())
+        }
+        fn zeroes_on_alloc(&self) -> bool {
+            true
+        }
+        fn max_block(&self) -> u64 {
+            self.max
+        }
+    }
+
+    #[test]
+    fn driver_hooks_cap_classes_and_skip_zeroing_fresh_blocks() {
+        let d = Capped {
+            inner: fake(1 << 30),
+            max: 3000,
+            zeroed: RefCell::new(0),
+        };
+        let m = Memory::new("test", TAG, 1 << 20);
+        // 2500 bytes would be a 4096-byte class: capped at the maximum.
+        let a = m.alloc(&d, 2500, "a").unwrap();
+        assert_eq!(
+            d.inner.sizes.borrow().values().copied().collect::<Vec<_>>(),
+            [3000]
+        );
+        assert_eq!(
+            *d.zeroed.borrow(),
+            0,
+            "a fresh block is zeroed by the driver"
+        );
+        m.free(&d, a).unwrap();
+        let b = m.alloc(&d, 2500, "b").unwrap();
+        assert_eq!(
+            *d.zeroed.borrow(),
+            1,
+            "a reused block is zeroed by the pool"
+        );
+        assert_eq!(d.inner.sizes.borrow().len(), 1, "and it is the same block");
+        m.free(&d, b).unwrap();
+        m.release_all(&d);
     }
 
     #[test]

@@ -14,9 +14,10 @@ use toast_accel::plugin_support::{self, guard, PluginError};
 
 pub use toast_accel::abi::{BackendHeader, BackendTable};
 
-/// The function table of the driver `D`'s plugin.
+/// The function table of the driver `D`'s plugin: every kernel of the
+/// table is `kernels::entries::entry` for `D` and its argument struct.
 pub const fn table<D: Driver>() -> BackendTable {
-    BackendTable {
+    toast_accel::backend_table! {
         init: Some(init::<D>),
         shutdown: Some(shutdown::<D>),
         last_error: Some(last_error),
@@ -27,17 +28,8 @@ pub const fn table<D: Driver>() -> BackendTable {
         copy_to_device: Some(copy_to_device::<D>),
         copy_to_host: Some(copy_to_host::<D>),
         reset: Some(reset::<D>),
-        synchronize: Some(synchronize::<D>),
-        pointing_detector: Some(entries::pointing_detector::<D>),
-        pixels_healpix: Some(entries::pixels_healpix::<D>),
-        stokes_weights_i: Some(entries::stokes_weights_i::<D>),
-        stokes_weights_iqu: Some(entries::stokes_weights_iqu::<D>),
-        scan_map: Some(entries::scan_map::<D>),
-        build_noise_weighted: Some(entries::build_noise_weighted::<D>),
-        noise_weight: Some(entries::noise_weight::<D>),
-        template_offset_add_to_signal: Some(entries::template_offset_add_to_signal::<D>),
-        template_offset_project_signal: Some(entries::template_offset_project_signal::<D>),
-        template_offset_apply_diag_precond: Some(entries::template_offset_apply_diag_precond::<D>),
+        synchronize: Some(synchronize::<D>);
+        kernels = entries::entry::<D, _>
     }
 }
 
@@ -107,20 +99,6 @@ pub(crate) unsafe fn ctx_ref<'a, D: Driver>(
     let c = unsafe { &*(ctx as *const Context<D>) };
     c.driver.bind()?;
     Ok(c)
-}
-
-/// The argument struct behind a kernel's `args` pointer.
-///
-/// # Safety
-/// `p` is null or points to a valid `A`.
-pub(crate) unsafe fn args_ref<'a, A>(kernel: &str, p: *const A) -> Result<&'a A, PluginError> {
-    if p.is_null() {
-        return Err(PluginError::invalid(format!(
-            "{kernel}: null argument struct"
-        )));
-    }
-    // SAFETY: non-null and valid by the caller's contract.
-    Ok(unsafe { &*p })
 }
 
 fn buffer_name(name: *const c_char) -> String {

@@ -372,7 +372,7 @@ fn memory_entry_points_and_pool() {
         assert_eq!(
             last_error(),
             format!(
-                "copy_to_host: range of 8 bytes at offset 60 is outside buffer 0x{h:x} of 64 bytes"
+                "copy_to_host: range of 8 bytes at offset 60 is outside buffer `buf` (0x{h:x}) of 64 bytes"
             )
         );
         let blocks = fake(ctx).buffers.lock().unwrap().1.len();

@@ -13,6 +13,7 @@ use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use toast_accel::abi::{self, Array, BackendHeader, BackendTable, HostApi, Status};
+use toast_accel::kernels::KernelArgs;
 
 fn cpu_table() -> &'static BackendTable {
     // SAFETY: the CPU plugin's entry point returns a pointer to its static
@@ -224,89 +225,29 @@ fn translate(mem: &mut HashMap<u64, Vec<u8>>, a: Array, what: &str) -> Result<Ar
     }
 }
 
-macro_rules! forward {
-    ($fname:ident, $args:ty, $entry:ident, [$($field:ident),*]) => {
-        unsafe extern "C" fn $fname(ctx: *mut c_void, a: *const $args) -> Status {
-            clear();
-            // SAFETY: the host passes back the context `fake_init` made (live
-            // until `fake_shutdown`), and `a` points to an initialised argument
-            // struct of this kernel for the duration of the call (ABI contract).
-            let (c, mut args) = unsafe { (fctx(ctx), *a) };
-            let mut mem = c.mem.lock().unwrap();
-            $(
-                match translate(&mut mem, args.$field, stringify!($field)) {
-                    Ok(x) => args.$field = x,
-                    Err(e) => return fail(abi::ERR_INVALID_HANDLE, e),
-                }
-            )*
-            // SAFETY: every array now addresses live device memory of its
-            // declared length (held locked during the call), and the host
-            // arrays are the caller's.
-            unsafe { cpu_table().$entry.expect("cpu kernel")(c.cpu, &args) }
+/// Every kernel: translate the argument struct's arrays (the kernel
+/// table lists them) from handles to addresses of this device's memory and
+/// forward the call to the CPU plugin.
+unsafe extern "C" fn forward<A: KernelArgs>(ctx: *mut c_void, a: *const A) -> Status {
+    clear();
+    // SAFETY: the host passes back the context `fake_init` made (live
+    // until `fake_shutdown`), and `a` points to an initialised argument
+    // struct of this kernel for the duration of the call (ABI contract).
+    let (c, mut args) = unsafe { (fctx(ctx), *a) };
+    let mut mem = c.mem.lock().unwrap();
+    for (name, _, arr) in args.arrays_mut() {
+        match translate(&mut mem, *arr, name) {
+            Ok(x) => *arr = x,
+            Err(e) => return fail(abi::ERR_INVALID_HANDLE, e),
         }
-    };
+    }
+    // SAFETY: every array now addresses live device memory of its declared
+    // length (held locked during the call), and the host arrays are the
+    // caller's.
+    unsafe { A::entry(cpu_table()).expect("cpu kernel")(c.cpu, &args) }
 }
 
-forward!(
-    f_pointing,
-    abi::PointingDetectorArgs,
-    pointing_detector,
-    [boresight, shared_flags, quats]
-);
-forward!(
-    f_pixels,
-    abi::PixelsHealpixArgs,
-    pixels_healpix,
-    [quats, shared_flags, pixels, hit_submaps]
-);
-forward!(f_sw_i, abi::StokesWeightsIArgs, stokes_weights_i, [weights]);
-forward!(
-    f_sw_iqu,
-    abi::StokesWeightsIquArgs,
-    stokes_weights_iqu,
-    [quats, hwp, weights]
-);
-forward!(
-    f_scan,
-    abi::ScanMapArgs,
-    scan_map,
-    [global2local, mapdata, pixels, weights, det_data]
-);
-forward!(
-    f_bnw,
-    abi::BuildNoiseWeightedArgs,
-    build_noise_weighted,
-    [
-        global2local,
-        pixels,
-        weights,
-        det_data,
-        det_flags,
-        shared_flags,
-        zmap
-    ]
-);
-forward!(f_nw, abi::NoiseWeightArgs, noise_weight, [det_data]);
-forward!(
-    f_add,
-    abi::TemplateOffsetAddArgs,
-    template_offset_add_to_signal,
-    [amplitudes, amplitude_flags, det_data]
-);
-forward!(
-    f_proj,
-    abi::TemplateOffsetProjectArgs,
-    template_offset_project_signal,
-    [det_data, flag_data, amplitudes, amplitude_flags]
-);
-forward!(
-    f_prec,
-    abi::TemplateOffsetPrecondArgs,
-    template_offset_apply_diag_precond,
-    [offset_var, amplitudes_in, amplitude_flags, amplitudes_out]
-);
-
-static FAKE_TABLE: BackendTable = BackendTable {
+static FAKE_TABLE: BackendTable = toast_accel::backend_table! {
     init: Some(fake_init),
     shutdown: Some(fake_shutdown),
     last_error: Some(fake_last_error),
@@ -317,17 +258,8 @@ static FAKE_TABLE: BackendTable = BackendTable {
     copy_to_device: Some(fake_to_device),
     copy_to_host: Some(fake_to_host),
     reset: Some(fake_reset),
-    synchronize: Some(fake_sync),
-    pointing_detector: Some(f_pointing),
-    pixels_healpix: Some(f_pixels),
-    stokes_weights_i: Some(f_sw_i),
-    stokes_weights_iqu: Some(f_sw_iqu),
-    scan_map: Some(f_scan),
-    build_noise_weighted: Some(f_bnw),
-    noise_weight: Some(f_nw),
-    template_offset_add_to_signal: Some(f_add),
-    template_offset_project_signal: Some(f_proj),
-    template_offset_apply_diag_precond: Some(f_prec),
+    synchronize: Some(fake_sync);
+    kernels = forward
 };
 
 static FAKE_HEADER: BackendHeader = BackendHeader {

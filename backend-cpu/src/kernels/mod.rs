@@ -21,7 +21,47 @@ pub(crate) mod test_cases;
 pub(crate) mod weight;
 
 use crate::par::SampleFault;
+use toast_accel::abi;
+use toast_accel::kernels::KernelArgs;
 use toast_accel::plugin_support::PluginError;
+
+/// One kernel's math on the CPU: what the plugin's generic kernel entry
+/// runs, on the context's thread pool, after the validator. One impl per
+/// kernel of the table (`toast_accel::toast_kernels!`); a kernel without one
+/// does not compile into the plugin's function table.
+pub(crate) trait CpuKernel: KernelArgs {
+    /// Run the kernel.
+    ///
+    /// # Safety
+    /// `v` is `a`'s validated view, and the arrays of `a` are host memory
+    /// of the validated lengths, not used elsewhere during the call.
+    unsafe fn run(v: &Self::Valid<'_>, a: &Self) -> Result<(), PluginError>;
+}
+
+/// `impl CpuKernel` for an argument struct whose math is `$run(v, a)`.
+macro_rules! cpu_kernel {
+    ($($args:ident => |$v:ident, $a:ident| $run:expr;)*) => {$(
+        impl CpuKernel for abi::$args {
+            unsafe fn run($v: &Self::Valid<'_>, $a: &Self) -> Result<(), PluginError> {
+                // SAFETY: the caller's contract is the kernel's.
+                unsafe { $run }
+            }
+        }
+    )*};
+}
+
+cpu_kernel! {
+    PointingDetectorArgs => |v, a| pointing::run(v, a);
+    PixelsHealpixArgs => |v, a| healpix::run(v, a);
+    StokesWeightsIArgs => |v, a| stokes::run_i(v, a);
+    StokesWeightsIquArgs => |v, a| stokes::run_iqu(v, a);
+    ScanMapArgs => |v, a| scan_map::run(v, a);
+    BuildNoiseWeightedArgs => |v, a| mapmaker::run(v, a);
+    NoiseWeightArgs => |v, a| weight::run(v, a);
+    TemplateOffsetAddArgs => |v, a| template_offset::run_add(v, a);
+    TemplateOffsetProjectArgs => |v, a| template_offset::run_project(v, a);
+    TemplateOffsetPrecondArgs => |_v, a| template_offset::run_precond(a);
+}
 
 /// Turn a data-dependent fault into the plugin error the host sees.
 pub(crate) fn fault_error(kernel: &str, f: SampleFault) -> PluginError {

@@ -1,7 +1,8 @@
 //! Loading one plugin file and initialising a backend from it.
 
 use super::error::{AccelError, LoadError, StatusKind};
-use crate::abi::{self, BackendHeader, BackendTable, EntryFn, Kernel, KernelFn};
+use crate::abi::{self, BackendHeader, BackendTable, EntryFn, Kernel};
+pub use crate::kernels::KernelArgs;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -425,36 +426,6 @@ pub struct Backend {
 unsafe impl Send for Backend {}
 // SAFETY: as above.
 unsafe impl Sync for Backend {}
-
-/// An argument struct of one kernel.
-pub trait KernelArgs {
-    const KERNEL: Kernel;
-    fn entry(table: &BackendTable) -> Option<KernelFn<Self>>
-    where
-        Self: Sized;
-}
-
-macro_rules! kernel_args {
-    ($($ty:ident => $kernel:ident, $field:ident;)*) => {$(
-        impl KernelArgs for abi::$ty {
-            const KERNEL: Kernel = Kernel::$kernel;
-            fn entry(table: &BackendTable) -> Option<KernelFn<Self>> { table.$field }
-        }
-    )*};
-}
-
-kernel_args! {
-    PointingDetectorArgs => PointingDetector, pointing_detector;
-    PixelsHealpixArgs => PixelsHealpix, pixels_healpix;
-    StokesWeightsIArgs => StokesWeightsI, stokes_weights_i;
-    StokesWeightsIquArgs => StokesWeightsIqu, stokes_weights_iqu;
-    ScanMapArgs => ScanMap, scan_map;
-    BuildNoiseWeightedArgs => BuildNoiseWeighted, build_noise_weighted;
-    NoiseWeightArgs => NoiseWeight, noise_weight;
-    TemplateOffsetAddArgs => TemplateOffsetAddToSignal, template_offset_add_to_signal;
-    TemplateOffsetProjectArgs => TemplateOffsetProjectSignal, template_offset_project_signal;
-    TemplateOffsetPrecondArgs => TemplateOffsetApplyDiagPrecond, template_offset_apply_diag_precond;
-}
 
 impl Backend {
     pub fn plugin(&self) -> &Arc<Plugin> {

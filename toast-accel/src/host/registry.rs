@@ -450,26 +450,9 @@ pub(crate) mod tests {
 
     static STATIC_TABLE: BackendTable = BackendTable {
         init: Some(init_ok),
-        shutdown: None,
         last_error: Some(last_error_none),
-        device_count: None,
-        device_info: None,
-        alloc: None,
-        free: None,
-        copy_to_device: None,
-        copy_to_host: None,
-        reset: None,
-        synchronize: None,
-        pointing_detector: None,
-        pixels_healpix: None,
-        stokes_weights_i: None,
-        stokes_weights_iqu: None,
         scan_map: Some(sm),
-        build_noise_weighted: None,
-        noise_weight: None,
-        template_offset_add_to_signal: None,
-        template_offset_project_signal: None,
-        template_offset_apply_diag_precond: None,
+        ..BackendTable::EMPTY
     };
     static STATIC_HEADER: abi::BackendHeader = abi::BackendHeader {
         magic: abi::MAGIC,

@@ -42,7 +42,7 @@ fn log_section(log: &str) -> String {
     if log.trim().is_empty() {
         String::new()
     } else {
-        format!("\n--- NVRTC log ---\n{}", log.trim_end())
+        format!("\n--- compiler log ---\n{}", log.trim_end())
     }
 }
 
@@ -53,17 +53,20 @@ pub fn dl_error(e: &libloading::Error) -> String {
     std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
 }
 
-/// The directory compiled modules are cached in:
-/// `$XDG_CACHE_HOME/toast-rs` or `~/.cache/toast-rs`; `None` when neither
-/// variable is set or `TOAST_KERNEL_CACHE=0`.
+/// The directory compiled modules are cached in: `$TOAST_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/toast-rs`, else `~/.cache/toast-rs`; `None` when none
+/// of these variables is set or `TOAST_KERNEL_CACHE=0`.
 pub fn cache_dir() -> Option<PathBuf> {
     if std::env::var("TOAST_KERNEL_CACHE").is_ok_and(|v| v == "0") {
         return None;
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(dir) = nonempty("TOAST_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = nonempty("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        .or_else(|| nonempty("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("toast-rs"))
 }
 

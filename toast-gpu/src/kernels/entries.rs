@@ -1,45 +1,67 @@
-//! The exported kernel entries: validate with `toast_accel::check`, resolve
-//! the arrays, plan and launch. Parameter lists follow the prototypes of
-//! `toast-accel/device/kernels.h` in order.
+//! The kernel entries: one generic entry ([`entry`]) that every slot of
+//! the function table instantiates, and per kernel its marshalling and
+//! launch planning ([`DeviceKernel`]). Parameter lists follow the
+//! prototypes of `toast-accel/device/kernels.h` in order.
 
-use super::{blocks_overlap, has_duplicates, intervals_overlap, KernelLaunch};
+use super::{
+    blocks_overlap, check_key_range, has_duplicates, intervals_overlap, pixel_fault, KernelLaunch,
+};
 use crate::driver::{Driver, Param as P};
-use crate::plugin::{args_ref, ctx_ref};
+use crate::plugin::ctx_ref;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
-use toast_accel::check;
 use toast_accel::device_source as ds;
-use toast_accel::plugin_support::{guard, PluginError};
+use toast_accel::kernels::{aliased_output, KernelArgs};
+use toast_accel::plugin_support::{guard, kernel_args, PluginError};
+
+/// One kernel on a device: resolve the array handles, upload the small
+/// arrays, plan and launch (with `call`, which frees the scratch buffers
+/// afterwards), and turn a recorded data-dependent fault into an error. One
+/// impl per kernel of the table (`toast_accel::toast_kernels!`).
+pub(crate) trait DeviceKernel: KernelArgs {
+    /// Run the kernel for the validated arguments `v` of `a`.
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError>;
+}
+
+/// The entry of every kernel (the function table instantiates it per
+/// driver and argument struct): resolve the context and the arguments,
+/// validate them, refuse an output that aliases another array argument (the
+/// source's arrays are `restrict`; the table marks the in-place inputs),
+/// then [`DeviceKernel::launch`].
+pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
+    ctx: *mut c_void,
+    args: *const A,
+) -> Status {
+    guard(|| {
+        // SAFETY: ABI contract on ctx.
+        let c = unsafe { ctx_ref::<D>(ctx)? };
+        // SAFETY: ABI contract on args: a valid struct whose host pointers
+        // are valid for the lengths it declares, for the call.
+        let (a, v) = unsafe { kernel_args(args)? };
+        let kernel = A::KERNEL.name();
+        if let Some((out, other)) = aliased_output(a) {
+            return Err(PluginError::invalid(format!(
+                "{kernel}: output array `{out}` is the same buffer as `{other}`"
+            )));
+        }
+        A::launch(&mut KernelLaunch::new(c, kernel), &v, a)
+    })
+}
 
 const F64: u64 = 8;
 const I64: u64 = 8;
 const U8: u64 = 1;
 
-/// Download `global2local` and check its entries (the kernels index the map
-/// with them unchecked).
-fn check_g2l<D: Driver>(
-    call: &KernelLaunch<'_, D>,
-    kernel: &'static str,
-    buf: Option<D::Buffer>,
-    n: usize,
-    n_local: usize,
-) -> Result<(), PluginError> {
-    let mut g2l = vec![0i64; n];
-    call.read_into(buf, 0, &mut g2l)?;
-    check::global2local(kernel, &g2l, n_local as u64)?;
-    Ok(())
-}
-
-pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::PointingDetectorArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pointing_detector", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_pointing_detector(a)? };
-        let mut call = KernelLaunch::new(c, "pointing_detector");
+impl DeviceKernel for abi::PointingDetectorArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let bore = call.array("boresight", a.boresight, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
         let quats = call.array("quats", a.quats, F64)?;
@@ -72,19 +94,16 @@ pub(crate) unsafe extern "C" fn pointing_detector<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::PixelsHealpixArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("pixels_healpix", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_pixels_healpix(a)? };
-        let mut call = KernelLaunch::new(c, "pixels_healpix");
+impl DeviceKernel for abi::PixelsHealpixArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("pixels_healpix", v.n_det, v.n_samp)?;
         let quats = call.array("quats", a.quats, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
@@ -126,27 +145,29 @@ pub(crate) unsafe extern "C" fn pixels_healpix<D: Driver>(
             },
         )?;
         if let Some((det, s)) = call.read_error(err)? {
+            let mut q = [0f64; 4];
+            let row = u64::from(v.quat_index[det as usize] as u32);
+            call.read_into(quats, 4 * (row * v.n_samp as u64 + s), &mut q)?;
             return Err(call.fault(
                 v.intervals,
                 det,
                 s,
-                "the detector quaternion gives no valid HEALPix pixel (not finite or degenerate)",
+                &format!(
+                    "quaternion {q:?} gives no valid pixel: its direction is not finite, or the pixel is outside [0, {})",
+                    v.npix
+                ),
             ));
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::StokesWeightsIArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_I", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_stokes_weights_i(a)? };
-        let mut call = KernelLaunch::new(c, "stokes_weights_I");
+impl DeviceKernel for abi::StokesWeightsIArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let w = call.array("weights", a.weights, F64)?;
         let iv = call.intervals(v.intervals)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -173,19 +194,15 @@ pub(crate) unsafe extern "C" fn stokes_weights_i<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::StokesWeightsIquArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("stokes_weights_IQU", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_stokes_weights_iqu(a)? };
-        let mut call = KernelLaunch::new(c, "stokes_weights_IQU");
+impl DeviceKernel for abi::StokesWeightsIquArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let quats = call.array("quats", a.quats, F64)?;
         let hwp = call.array("hwp", a.hwp, F64)?;
         let w = call.array("weights", a.weights, F64)?;
@@ -224,18 +241,15 @@ pub(crate) unsafe extern "C" fn stokes_weights_iqu<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::ScanMapArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("scan_map", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_scan_map(a)? };
+impl DeviceKernel for abi::ScanMapArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let (kname, elem) = match a.map_dtype {
             abi::DTYPE_F32 | abi::DTYPE_I32 => (ds::scan_map_kernel(a.map_dtype), 4),
             _ => (ds::scan_map_kernel(a.map_dtype), 8),
@@ -246,13 +260,13 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
                 a.map_dtype
             ))
         })?;
-        let mut call = KernelLaunch::new(c, "scan_map");
+        check_key_range("scan_map", v.n_det, v.n_samp)?;
         let g2l = call.array("global2local", a.global2local, I64)?;
         let map = call.array("mapdata", a.mapdata, elem)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
         let det_data = call.array("det_data", a.det_data, F64)?;
-        check_g2l(&call, "scan_map", g2l, v.n_global_submap, v.n_local_submap)?;
+        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -308,23 +322,20 @@ pub(crate) unsafe extern "C" fn scan_map<D: Driver>(
                 v.intervals,
                 det,
                 s,
-                &format!("pixel {pix} is beyond the map or in a submap that is not local"),
+                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
             ));
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::BuildNoiseWeightedArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("build_noise_weighted", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_build_noise_weighted(a)? };
-        let mut call = KernelLaunch::new(c, "build_noise_weighted");
+impl DeviceKernel for abi::BuildNoiseWeightedArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("build_noise_weighted", v.n_det, v.n_samp)?;
         let g2l = call.array("global2local", a.global2local, I64)?;
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
@@ -332,13 +343,7 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
         let det_flags = call.array("det_flags", a.det_flags, U8)?;
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
         let zmap = call.array("zmap", a.zmap, F64)?;
-        check_g2l(
-            &call,
-            "build_noise_weighted",
-            g2l,
-            v.n_global_submap,
-            v.n_local_submap,
-        )?;
+        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -393,23 +398,19 @@ pub(crate) unsafe extern "C" fn build_noise_weighted<D: Driver>(
                 v.intervals,
                 det,
                 s,
-                &format!("pixel {pix} is beyond the map or in a submap that is not local"),
+                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
             ));
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::NoiseWeightArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe { (ctx_ref::<D>(ctx)?, args_ref("noise_weight", a)?) };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_noise_weight(a)? };
-        let mut call = KernelLaunch::new(c, "noise_weight");
+impl DeviceKernel for abi::NoiseWeightArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let det_data = call.array("det_data", a.det_data, F64)?;
         let iv = call.intervals(v.intervals)?;
         let di = call.small("data_index", v.data_index)?;
@@ -436,24 +437,15 @@ pub(crate) unsafe extern "C" fn noise_weight<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::TemplateOffsetAddArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe {
-            (
-                ctx_ref::<D>(ctx)?,
-                args_ref("template_offset_add_to_signal", a)?,
-            )
-        };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_template_offset_add(a)? };
-        let mut call = KernelLaunch::new(c, "template_offset_add_to_signal");
+impl DeviceKernel for abi::TemplateOffsetAddArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
         let det_data = call.array("det_data", a.det_data, F64)?;
@@ -487,24 +479,15 @@ pub(crate) unsafe extern "C" fn template_offset_add_to_signal<D: Driver>(
                 ]
             },
         )
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::TemplateOffsetProjectArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe {
-            (
-                ctx_ref::<D>(ctx)?,
-                args_ref("template_offset_project_signal", a)?,
-            )
-        };
-        // SAFETY: host pointers valid for the declared lengths (ABI contract).
-        let v = unsafe { check::check_template_offset_project(a)? };
-        let mut call = KernelLaunch::new(c, "template_offset_project_signal");
+impl DeviceKernel for abi::TemplateOffsetProjectArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
         let det_data = call.array("det_data", a.det_data, F64)?;
         let flag_data = call.array("flag_data", a.flag_data, U8)?;
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
@@ -553,28 +536,20 @@ pub(crate) unsafe extern "C" fn template_offset_project_signal<D: Driver>(
             }
         }
         Ok(())
-    })
+    }
 }
 
-pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
-    ctx: *mut c_void,
-    a: *const abi::TemplateOffsetPrecondArgs,
-) -> Status {
-    guard(|| {
-        // SAFETY: ABI contract on ctx and args.
-        let (c, a) = unsafe {
-            (
-                ctx_ref::<D>(ctx)?,
-                args_ref("template_offset_apply_diag_precond", a)?,
-            )
-        };
-        // SAFETY: reads no pointer.
-        let n_amp = unsafe { check::check_template_offset_precond(a)? };
-        let call = KernelLaunch::new(c, "template_offset_apply_diag_precond");
+impl DeviceKernel for abi::TemplateOffsetPrecondArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let n_amp = *v;
         let var = call.array("offset_var", a.offset_var, F64)?;
-        let ain = call.array("amplitudes_in", a.amplitudes_in, F64)?;
         let fl = call.array("amplitude_flags", a.amplitude_flags, U8)?;
         let aout = call.array("amplitudes_out", a.amplitudes_out, F64)?;
+        let ain = call.array("amplitudes_in", a.amplitudes_in, F64)?;
         call.launch(
             "toast_template_offset_apply_diag_precond",
             n_amp as u64,
@@ -588,5 +563,5 @@ pub(crate) unsafe extern "C" fn template_offset_apply_diag_precond<D: Driver>(
                 P::Buffer(aout),
             ],
         )
-    })
+    }
 }

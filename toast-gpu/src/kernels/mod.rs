@@ -18,7 +18,16 @@
 //! limit) with the source's `det0`/`iv0` arguments.
 //!
 //! The small per-detector arrays and the intervals are uploaded into pool
-//! buffers for the call and returned to the pool after it. Parameters are
+//! buffers for the call and returned to the pool after it.
+//!
+//! # Refusals before launch
+//!
+//! Besides the validator, a call is refused when an output array is the
+//! same buffer as another array argument (the source declares its arrays
+//! `restrict`; only inputs the kernel table marks `InPlace`, those of
+//! `template_offset_apply_diag_precond`, may share an output's buffer),
+//! and, for the kernels with a data-dependent error buffer, when its sizes
+//! exceed what the error key encodes (2^20 detectors, 2^44 samples). Parameters are
 //! handed to the driver as a typed list ([`Param`]); CUDA and HIP lay them
 //! out as 8-byte slots ([`ParamSlots`](crate::ParamSlots)).
 
@@ -27,6 +36,7 @@ pub(crate) mod entries;
 use crate::context::Context;
 use crate::driver::{Driver, Grid, Param};
 use toast_accel::abi::{self, SampleRange};
+use toast_accel::check;
 use toast_accel::device_source as ds;
 use toast_accel::plugin_support::PluginError;
 
@@ -92,6 +102,21 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         elem: u64,
     ) -> Result<Option<D::Buffer>, PluginError> {
         self.c.memory.array(self.kernel, arg, a, elem)
+    }
+
+    /// Download `global2local` (`n` entries) and check its entries against
+    /// `n_local` submaps (the kernels index the map with them unchecked);
+    /// the host copy, for messages.
+    pub(crate) fn global2local(
+        &self,
+        buf: Option<D::Buffer>,
+        n: usize,
+        n_local: usize,
+    ) -> Result<Vec<i64>, PluginError> {
+        let mut g2l = vec![0i64; n];
+        self.read_into(buf, 0, &mut g2l)?;
+        check::global2local(self.kernel, &g2l, n_local as u64)?;
+        Ok(g2l)
     }
 
     /// The intervals as `(first, last)` pairs on the device.
@@ -238,6 +263,36 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     }
 }
 
+/// Refuse sizes the data-dependent error key cannot encode.
+pub(crate) fn check_key_range(
+    kernel: &str,
+    n_det: usize,
+    n_samp: usize,
+) -> Result<(), PluginError> {
+    if (n_samp as u64) >> ds::ERROR_KEY_SAMPLE_BITS != 0
+        || (n_det as u64) >> (64 - ds::ERROR_KEY_SAMPLE_BITS) != 0
+    {
+        return Err(PluginError::invalid(format!(
+            "{kernel}: n_det = {n_det} / n_samp = {n_samp} exceed the device error-key range (2^20 detectors, 2^44 samples)"
+        )));
+    }
+    Ok(())
+}
+
+/// Why `pix` is not in the map, as the CPU backend words it.
+pub(crate) fn pixel_fault(pix: i64, g2l: &[i64], n_pix_submap: i64) -> String {
+    let g = pix.checked_div(n_pix_submap).unwrap_or(-1);
+    match usize::try_from(g).ok().and_then(|g| g2l.get(g)) {
+        Some(&l) => format!(
+            "pixel {pix} is in submap {g}, which is not local to this map (global2local = {l})"
+        ),
+        None => format!(
+            "pixel {pix} is beyond the map ({} submaps x {n_pix_submap} pixels)",
+            g2l.len()
+        ),
+    }
+}
+
 /// `[start, end)` chunks of `0..n`: single items when `split`, else runs of
 /// at most `MAX_GRID_YZ`.
 fn ranges(n: usize, split: bool) -> Vec<(usize, usize)> {
@@ -291,5 +346,20 @@ mod tests {
         assert!(intervals_overlap(&[iv(4, 9), iv(0, 5)]));
         assert!(blocks_overlap(&[0, 3], 4));
         assert!(!blocks_overlap(&[4, 0], 4));
+    }
+
+    #[test]
+    fn key_range_and_pixel_faults() {
+        assert!(check_key_range("k", 1 << 20, 1 << 40).is_err());
+        assert!(check_key_range("k", (1 << 20) - 1, (1 << 44) - 1).is_ok());
+        assert!(check_key_range("k", 1, 1 << 44).is_err());
+        assert_eq!(
+            pixel_fault(1000, &[0, 1], 4),
+            "pixel 1000 is beyond the map (2 submaps x 4 pixels)"
+        );
+        assert_eq!(
+            pixel_fault(5, &[0, -1], 4),
+            "pixel 5 is in submap 1, which is not local to this map (global2local = -1)"
+        );
     }
 }

@@ -295,17 +295,17 @@ fn same_backend(buffers: &DeviceBuffers, backend: &Arc<Backend>) -> bool {
     Arc::as_ptr(buffers.device()) as *const u8 == Arc::as_ptr(backend) as *const u8
 }
 
-/// Run one kernel. `make` builds the argument struct from the resolved
-/// kernel arrays (in the order of `specs`).
+/// Run one kernel (the one whose argument struct `make` builds, from the
+/// resolved kernel arrays in the order of `specs`).
 fn launch<A: KernelArgs>(
     ctx: &mut ExecContext,
     operator: &str,
     detectors: &[String],
-    kernel: Kernel,
     mut target: Target<'_>,
     mut specs: Vec<Spec<'_>>,
     make: impl FnOnce(&[abi::Array]) -> A,
 ) -> Result<(), OpError> {
+    let kernel = A::KERNEL;
     let observation = target.obs_name();
     let wrap = |backend: &str, source: AccelError| {
         OpError::Other(Box::new(KernelError {
@@ -630,7 +630,6 @@ pub fn pointing_detector(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::PointingDetector,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::PointingDetectorArgs {
@@ -689,7 +688,6 @@ pub fn pixels_healpix(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::PixelsHealpix,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::PixelsHealpixArgs {
@@ -728,7 +726,6 @@ pub fn stokes_weights_i(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::StokesWeightsI,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::StokesWeightsIArgs {
@@ -801,7 +798,6 @@ pub fn stokes_weights_iqu(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::StokesWeightsIqu,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::StokesWeightsIquArgs {
@@ -914,7 +910,6 @@ pub fn scan_map(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::ScanMap,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::ScanMapArgs {
@@ -992,7 +987,6 @@ pub fn build_noise_weighted(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::BuildNoiseWeighted,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::BuildNoiseWeightedArgs {
@@ -1041,7 +1035,6 @@ pub fn noise_weight(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::NoiseWeight,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::NoiseWeightArgs {
@@ -1110,7 +1103,6 @@ pub fn offset_add_to_signal(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::TemplateOffsetAddToSignal,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::TemplateOffsetAddArgs {
@@ -1160,7 +1152,6 @@ pub fn offset_project_signal(
         ctx,
         call.operator,
         call.detectors,
-        Kernel::TemplateOffsetProjectSignal,
         Target { ob: Some(ob), meta },
         specs,
         |a| abi::TemplateOffsetProjectArgs {
@@ -1200,21 +1191,15 @@ pub fn offset_apply_diag_precond(
         Spec::input(Source::Global(input.flags), 1),
         Spec::output(Source::Global(output), 8),
     ];
-    launch(
-        ctx,
-        operator,
-        &[],
-        Kernel::TemplateOffsetApplyDiagPrecond,
-        Target { ob: None, meta },
-        specs,
-        |a| abi::TemplateOffsetPrecondArgs {
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::TemplateOffsetPrecondArgs {
             n_amp: n as u64,
             offset_var: a[0],
             amplitudes_in: a[1],
             amplitude_flags: a[2],
             amplitudes_out: a[3],
-        },
-    )
+        }
+    })
 }
 
 /// The element type of a detdata field, for operators that create outputs.

@@ -79,10 +79,15 @@ use crate::abi::Kernel;
 use case::Fields;
 use std::path::{Path, PathBuf};
 
-/// Declares [`CaseData`], one variant per kernel, and its dispatch to each
-/// case type's `load` (in `case.rs`) and `run` (in `run.rs`).
+/// Declares [`CaseData`], one variant per kernel of the kernel table
+/// (`crate::kernels`), and its dispatch to each case type's `load` (in
+/// `case.rs`) and `run` (in `run.rs`).
 macro_rules! kernel_cases {
-    ($($kernel:ident => $case:ident,)*) => {
+    (
+        []
+        $(($slot:ident $kernel:ident $name:literal $args:ident $c_args:ident [$($arr:tt)*]
+           [$($dev:tt)*] $case:ident $($rest:tt)*))*
+    ) => {
         /// The typed contents of a case, per kernel (the variant is named
         /// after the [`Kernel`]).
         #[derive(Debug, Clone, PartialEq)]
@@ -112,20 +117,10 @@ macro_rules! kernel_cases {
     };
 }
 
-// The kernels the runner knows: adding a kernel means writing its case type
-// with a `load` (case.rs) and a `run` (run.rs), and adding its line here.
-kernel_cases! {
-    PointingDetector => PointingDetectorCase,
-    PixelsHealpix => PixelsHealpixCase,
-    StokesWeightsI => StokesWeightsICase,
-    StokesWeightsIqu => StokesWeightsIquCase,
-    ScanMap => ScanMapCase,
-    BuildNoiseWeighted => BuildNoiseWeightedCase,
-    NoiseWeight => NoiseWeightCase,
-    TemplateOffsetAddToSignal => TemplateOffsetAddToSignalCase,
-    TemplateOffsetProjectSignal => TemplateOffsetProjectSignalCase,
-    TemplateOffsetApplyDiagPrecond => TemplateOffsetApplyDiagPrecondCase,
-}
+// The kernels the runner knows: those of the kernel table; adding a kernel
+// means writing its case type (named in its row) with a `load` (case.rs) and
+// a `run` (run.rs).
+crate::toast_kernels!((kernel_cases));
 
 /// Run every `.npz` case of `dir`, sorted by file name, in the backend's
 /// default [`Comparison`].
