@@ -33,6 +33,26 @@ MODULES = [
 ]
 
 
+# TOAST tests whose result is undefined in TOAST itself, skipped with the reason.
+KNOWN = {
+    ("ops_mapmaker", "MapmakerTest", "test_offset_ground"): (
+        "TOAST's scan_map reads outside the map here (UB): the pixels of samples "
+        "outside the 'scanning' view are 0, whose submap is not local "
+        "(global2local = -1); toast-rs refuses the call instead"
+    ),
+}
+
+
+def skip_known(modules) -> None:
+    import unittest
+
+    for (mod, cls, test), why in KNOWN.items():
+        if mod in modules:
+            klass = getattr(sys.modules[f"toast.tests.{mod}"], cls)
+            setattr(klass, test, unittest.skip(f"toast_rs: {why}")(getattr(klass, test)))
+            print(f"toast_rs: skipping {mod}.{cls}.{test}: {why}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="cpu")
@@ -43,6 +63,7 @@ def main() -> int:
     import toast.tests  # noqa: F401  (imports every test module)
     from toast.tests import runner
 
+    skip_known(a.modules)
     toast_rs.install(a.backend)
     failed = []
     with tempfile.TemporaryDirectory(prefix="toast_rs_tests_") as scratch:
