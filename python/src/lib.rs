@@ -1,0 +1,1128 @@
+//! `toast_rs._native`: TOAST 3.0.6's kernel calls, made on toast-rs backends.
+//!
+//! One adapter per kernel turns the positional arguments TOAST's registry
+//! passes (numpy arrays, Python scalars) into that kernel's ABI argument
+//! struct and launches it on the backend dispatch chose. The adapters are
+//! rows of one table ([`KERNELS`]); the Python package (`toast_rs`) reads it
+//! to know which registry entries to replace.
+//!
+//! Arrays cross without copies: an argument's buffer is read through numpy's
+//! `__array_interface__` (address, dtype, shape, contiguity), checked, and
+//! handed to the backend through [`ArrayArg`], which passes the host address
+//! straight to a host-addressable backend (the CPU plugin) and stages a
+//! device backend's copy (upload, and download for outputs). A wrong dtype,
+//! rank, shape, a non-contiguous, misaligned or read-only output array, or
+//! an output overlapping another argument raises `TypeError` / `ValueError`
+//! naming the kernel and the argument; the plugin's own validation
+//! (`toast_accel::check`) refuses the rest (index ranges, lengths) before
+//! touching memory, as `ValueError`.
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use toast_accel::abi::{self, Kernel, SampleRange, SampleRanges};
+use toast_accel::host::{
+    AccelError, ArrayArg, Backend, DiscoveryOptions, DispatchPolicy, Registry, StatusKind,
+};
+
+/// Element types of array arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dt {
+    F64,
+    F32,
+    I64,
+    I32,
+    U8,
+}
+
+impl Dt {
+    fn from_typestr(s: &str) -> Option<Dt> {
+        Some(match s {
+            "<f8" => Dt::F64,
+            "<f4" => Dt::F32,
+            "<i8" => Dt::I64,
+            "<i4" => Dt::I32,
+            "|u1" => Dt::U8,
+            _ => return None,
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Dt::F64 => "float64",
+            Dt::F32 => "float32",
+            Dt::I64 => "int64",
+            Dt::I32 => "int32",
+            Dt::U8 => "uint8",
+        }
+    }
+    fn size(self) -> usize {
+        match self {
+            Dt::F64 | Dt::I64 => 8,
+            Dt::F32 | Dt::I32 => 4,
+            Dt::U8 => 1,
+        }
+    }
+}
+
+/// One checked array argument: a C-contiguous numpy buffer.
+#[derive(Debug)]
+struct View<'py> {
+    /// Keeps the array (and so its buffer) alive for the call.
+    _obj: Bound<'py, PyAny>,
+    name: &'static str,
+    ptr: usize,
+    shape: Vec<usize>,
+    len: usize,
+    dt: Dt,
+    output: bool,
+}
+
+impl View<'_> {
+    fn bytes(&self) -> usize {
+        self.len * self.dt.size()
+    }
+    /// The buffer as host pointer of `T` (for the ABI's host arrays).
+    fn host<T>(&self) -> *const T {
+        self.ptr as *const T
+    }
+}
+
+/// The arguments of one kernel call and the checks they share.
+struct Call<'a, 'py> {
+    kernel: &'static str,
+    args: &'a Bound<'py, PyTuple>,
+    backend: &'a Backend,
+    /// Byte ranges of the arrays taken so far: (start, end, name, output).
+    ranges: Vec<(usize, usize, &'static str, bool)>,
+}
+
+fn type_err(kernel: &str, arg: &str, what: impl std::fmt::Display) -> PyErr {
+    PyTypeError::new_err(format!("toast_rs {kernel}: argument `{arg}`: {what}"))
+}
+fn value_err(kernel: &str, arg: &str, what: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("toast_rs {kernel}: argument `{arg}`: {what}"))
+}
+
+fn accel_err(e: AccelError) -> PyErr {
+    match &e {
+        AccelError::Kernel {
+            kind: StatusKind::InvalidArgument,
+            ..
+        } => PyValueError::new_err(format!("toast_rs: {e}")),
+        _ => PyRuntimeError::new_err(format!("toast_rs: {e}")),
+    }
+}
+
+/// TOAST's `interval_dtype`: (name, typestr, offset) of each field.
+const INTERVAL_FIELDS: [(&str, &str); 4] = [
+    ("start", "<f8"),
+    ("stop", "<f8"),
+    ("first", "<i8"),
+    ("last", "<i8"),
+];
+
+impl<'a, 'py> Call<'a, 'py> {
+    fn arg(&self, i: usize, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.args.get_item(i).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "toast_rs {}: missing argument {i} (`{name}`); got {} positional arguments",
+                self.kernel,
+                self.args.len()
+            ))
+        })
+    }
+
+    /// The array interface dictionary of argument `i`.
+    fn interface(
+        &self,
+        i: usize,
+        name: &'static str,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
+        let mut obj = self.arg(i, name)?;
+        if !obj.hasattr("__array_interface__")? {
+            // TOAST's aligned buffers (AlignedF64, AlignedI64, ...) export
+            // the buffer protocol only: view them as numpy arrays, which
+            // shares their memory (no copy).
+            let py = obj.py();
+            if let Ok(mv) = py.import("builtins")?.getattr("memoryview")?.call1((&obj,)) {
+                obj = py.import("numpy")?.call_method1("asarray", (mv,))?;
+            }
+        }
+        let iface = obj
+            .getattr("__array_interface__")
+            .ok()
+            .and_then(|d| d.cast_into::<PyDict>().ok())
+            .ok_or_else(|| {
+                let ty = obj
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "?".into());
+                type_err(
+                    self.kernel,
+                    name,
+                    format!("expected a numpy array, got {ty}"),
+                )
+            })?;
+        Ok((obj, iface))
+    }
+
+    fn item<T: for<'b> FromPyObject<'b, 'py>>(
+        &self,
+        d: &Bound<'py, PyDict>,
+        key: &str,
+        name: &str,
+    ) -> PyResult<T> {
+        d.get_item(key)?
+            .ok_or_else(|| {
+                type_err(
+                    self.kernel,
+                    name,
+                    format!("no `{key}` in its array interface"),
+                )
+            })?
+            .extract::<T>()
+            .map_err(|_| {
+                type_err(
+                    self.kernel,
+                    name,
+                    format!("unreadable `{key}` in its array interface"),
+                )
+            })
+    }
+
+    /// Shape, address, read-only flag of a C-contiguous array.
+    fn layout(
+        &self,
+        iface: &Bound<'py, PyDict>,
+        name: &'static str,
+    ) -> PyResult<(Vec<usize>, usize, bool)> {
+        let shape: Vec<usize> = self.item(iface, "shape", name)?;
+        if let Some(strides) = iface.get_item("strides")? {
+            if !strides.is_none() {
+                return Err(value_err(
+                    self.kernel,
+                    name,
+                    "the array is not C-contiguous (pass np.ascontiguousarray(...))",
+                ));
+            }
+        }
+        let (ptr, readonly): (usize, bool) = self.item(iface, "data", name)?;
+        Ok((shape, ptr, readonly))
+    }
+
+    fn take(
+        &mut self,
+        i: usize,
+        name: &'static str,
+        dts: &[Dt],
+        ndims: &[usize],
+        output: bool,
+    ) -> PyResult<View<'py>> {
+        let (obj, iface) = self.interface(i, name)?;
+        let typestr: String = self.item(&iface, "typestr", name)?;
+        let dt = Dt::from_typestr(&typestr)
+            .filter(|d| dts.contains(d))
+            .ok_or_else(|| {
+                let dtype = obj
+                    .getattr("dtype")
+                    .map(|d| d.to_string())
+                    .unwrap_or(typestr.clone());
+                let want: Vec<&str> = dts.iter().map(|d| d.name()).collect();
+                type_err(
+                    self.kernel,
+                    name,
+                    format!("dtype {dtype}, expected {}", want.join(" or ")),
+                )
+            })?;
+        let (shape, ptr, readonly) = self.layout(&iface, name)?;
+        if !ndims.contains(&shape.len()) {
+            let want: Vec<String> = ndims.iter().map(|n| n.to_string()).collect();
+            return Err(value_err(
+                self.kernel,
+                name,
+                format!(
+                    "{} dimensions (shape {shape:?}), expected {}",
+                    shape.len(),
+                    want.join(" or ")
+                ),
+            ));
+        }
+        if output && readonly {
+            return Err(value_err(
+                self.kernel,
+                name,
+                "the output array is read-only",
+            ));
+        }
+        let len = shape
+            .iter()
+            .try_fold(1usize, |a, &n| a.checked_mul(n))
+            .ok_or_else(|| value_err(self.kernel, name, format!("shape {shape:?} overflows")))?;
+        if len > 0 && ptr % dt.size() != 0 {
+            return Err(value_err(
+                self.kernel,
+                name,
+                format!("the buffer at {ptr:#x} is not aligned for {}", dt.name()),
+            ));
+        }
+        let v = View {
+            _obj: obj,
+            name,
+            ptr,
+            shape,
+            len,
+            dt,
+            output,
+        };
+        self.claim(&v)?;
+        Ok(v)
+    }
+
+    /// Record the array's bytes; an output may overlap no other argument
+    /// (the kernel would read what it writes, and Rust's slices forbid it).
+    fn claim(&mut self, v: &View<'py>) -> PyResult<()> {
+        let (start, end) = (v.ptr, v.ptr + v.bytes());
+        if start == end {
+            return Ok(());
+        }
+        for &(s, e, other, out) in &self.ranges {
+            if (v.output || out) && start < e && s < end {
+                let (o, i) = if v.output {
+                    (v.name, other)
+                } else {
+                    (other, v.name)
+                };
+                return Err(value_err(
+                    self.kernel,
+                    o,
+                    format!("the output array shares memory with argument `{i}`"),
+                ));
+            }
+        }
+        self.ranges.push((start, end, v.name, v.output));
+        Ok(())
+    }
+
+    fn input(
+        &mut self,
+        i: usize,
+        name: &'static str,
+        dts: &[Dt],
+        ndims: &[usize],
+    ) -> PyResult<View<'py>> {
+        self.take(i, name, dts, ndims, false)
+    }
+
+    fn output(
+        &mut self,
+        i: usize,
+        name: &'static str,
+        dts: &[Dt],
+        ndims: &[usize],
+    ) -> PyResult<View<'py>> {
+        self.take(i, name, dts, ndims, true)
+    }
+
+    /// TOAST's intervals (a structured `interval_dtype` array) as the
+    /// kernels' sample ranges (`first..last`, exclusive: TOAST 3's meaning).
+    fn intervals(&self, i: usize) -> PyResult<Vec<SampleRange>> {
+        const NAME: &str = "intervals";
+        let (_obj, iface) = self.interface(i, NAME)?;
+        let typestr: String = self.item(&iface, "typestr", NAME)?;
+        let descr: Vec<(String, String)> = self.item(&iface, "descr", NAME).unwrap_or_default();
+        let fields_ok = typestr == "|V32"
+            && descr.len() == INTERVAL_FIELDS.len()
+            && descr
+                .iter()
+                .zip(INTERVAL_FIELDS)
+                .all(|((n, t), (en, et))| n == en && t == et);
+        if !fields_ok {
+            return Err(type_err(
+                self.kernel,
+                NAME,
+                format!(
+                    "expected TOAST's interval_dtype (start, stop: float64; first, last: int64), got {typestr} {descr:?}"
+                ),
+            ));
+        }
+        let (shape, ptr, _) = self.layout(&iface, NAME)?;
+        if shape.len() != 1 {
+            return Err(value_err(
+                self.kernel,
+                NAME,
+                format!("shape {shape:?}, expected one dimension"),
+            ));
+        }
+        let ranges = (0..shape[0])
+            .map(|j| {
+                let rec = (ptr + 32 * j) as *const u8;
+                // SAFETY: the array interface says `shape[0]` contiguous
+                // records of 32 bytes start at `ptr`, with `first` and `last`
+                // int64 at byte offsets 16 and 24 (checked descr); the array
+                // is alive (`_obj`) and the GIL is held, so nothing frees or
+                // resizes it; unaligned reads need no alignment.
+                unsafe {
+                    SampleRange {
+                        first: std::ptr::read_unaligned(rec.add(16) as *const i64),
+                        last: std::ptr::read_unaligned(rec.add(24) as *const i64),
+                    }
+                }
+            })
+            .collect();
+        Ok(ranges)
+    }
+
+    fn scalar<T: for<'b> FromPyObject<'b, 'py>>(
+        &self,
+        i: usize,
+        name: &str,
+        what: &str,
+    ) -> PyResult<T> {
+        self.arg(i, name)?
+            .extract::<T>()
+            .map_err(|_| type_err(self.kernel, name, format!("expected {what}")))
+    }
+    fn i64(&self, i: usize, name: &str) -> PyResult<i64> {
+        self.scalar(i, name, "an integer")
+    }
+    fn f64(&self, i: usize, name: &str) -> PyResult<f64> {
+        self.scalar(i, name, "a float")
+    }
+    /// A flag mask: TOAST's bindings take it as `uint8_t`.
+    fn mask(&self, i: usize, name: &str) -> PyResult<u8> {
+        self.scalar(i, name, "an integer in 0..=255")
+    }
+    fn flag(&self, i: usize, name: &str) -> PyResult<bool> {
+        self.arg(i, name)?.is_truthy()
+    }
+
+    fn expect_len(&self, v: &View<'_>, n: usize, what: &str) -> PyResult<()> {
+        if v.len == n {
+            Ok(())
+        } else {
+            Err(value_err(
+                self.kernel,
+                v.name,
+                format!("shape {:?}, expected {n} elements ({what})", v.shape),
+            ))
+        }
+    }
+
+    /// Host pointer of a per-detector vector of `n` elements.
+    fn per_det<T>(&self, v: &View<'_>, n: usize) -> PyResult<*const T> {
+        self.expect_len(v, n, "one per detector")?;
+        Ok(v.host())
+    }
+
+    fn stage<'v>(&self, v: &'v View<'py>) -> PyResult<ArrayArg<'v>>
+    where
+        'a: 'v,
+    {
+        stage(self.backend, v).map_err(accel_err)
+    }
+    /// An array TOAST uses only when its length is `n` (shared flags, HWP
+    /// angles): absent otherwise, as TOAST's kernels treat it.
+    fn stage_if<'v>(&self, v: &'v View<'py>, used: bool) -> PyResult<ArrayArg<'v>>
+    where
+        'a: 'v,
+    {
+        if used {
+            self.stage(v)
+        } else {
+            ArrayArg::input::<u8>(self.backend, &[], v.name).map_err(accel_err)
+        }
+    }
+}
+
+fn stage<'a>(b: &'a Backend, v: &'a View<'_>) -> Result<ArrayArg<'a>, AccelError> {
+    macro_rules! go {
+        ($t:ty) => {{
+            let p = v.ptr as *mut $t;
+            if v.len == 0 {
+                ArrayArg::input::<$t>(b, &[], v.name)
+            } else if v.output {
+                // SAFETY: `p` is the address numpy's array interface gave for
+                // a C-contiguous, aligned (checked in `take`), writable
+                // (checked) buffer of `len` elements of this dtype; `_obj`
+                // keeps it alive and the GIL, held for the whole call, keeps
+                // Python code from touching it; `claim` checked that no other
+                // argument of the call overlaps it, and this is its only
+                // slice (one `stage` per view).
+                let data = unsafe { std::slice::from_raw_parts_mut(p, v.len) };
+                ArrayArg::output::<$t>(b, data, v.name)
+            } else {
+                // SAFETY: as above, read-only, and no output overlaps it.
+                let data = unsafe { std::slice::from_raw_parts(p, v.len) };
+                ArrayArg::input::<$t>(b, data, v.name)
+            }
+        }};
+    }
+    match v.dt {
+        Dt::F64 => go!(f64),
+        Dt::F32 => go!(f32),
+        Dt::I64 => go!(i64),
+        Dt::I32 => go!(i32),
+        Dt::U8 => go!(u8),
+    }
+}
+
+fn ranges(v: &[SampleRange]) -> SampleRanges {
+    SampleRanges {
+        ptr: v.as_ptr(),
+        len: v.len() as u64,
+    }
+}
+
+/// Launch and copy back (outputs), releasing staged buffers.
+fn run<A: toast_accel::host::KernelArgs>(
+    b: &Backend,
+    args: &A,
+    arrays: Vec<ArrayArg<'_>>,
+) -> PyResult<()> {
+    // SAFETY: every `Array` in `args` comes from an `ArrayArg` in `arrays`
+    // (a live host buffer of the declared length, or this backend's staged
+    // copy of one), every host pointer from a checked `View` alive for the
+    // call with the length the struct declares for it (n_det, n_view), and
+    // outputs overlap nothing else (`Call::claim`).
+    unsafe { b.launch(args) }.map_err(accel_err)?;
+    for a in arrays {
+        a.finish().map_err(accel_err)?;
+    }
+    Ok(())
+}
+
+use Dt::{F32, F64, I32, I64, U8};
+
+/// `pointing_detector(focalplane, boresight, quat_index, quats, intervals,
+/// shared_flags, shared_flag_mask)`.
+fn pointing_detector(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let focalplane = c.input(0, "focalplane", &[F64], &[2])?;
+    let boresight = c.input(1, "boresight", &[F64], &[2])?;
+    let quat_index = c.input(2, "quat_index", &[I32], &[1])?;
+    let quats = c.output(3, "quats", &[F64], &[3])?;
+    let ivs = c.intervals(4)?;
+    let shared = c.input(5, "shared_flags", &[U8], &[1])?;
+    let mask = c.mask(6, "shared_flag_mask")?;
+    let n_det = quat_index.len;
+    let n_samp = quats.shape[1];
+    c.expect_len(&focalplane, 4 * n_det, "[n_det, 4]")?;
+    let (bs, sf, q) = (
+        c.stage(&boresight)?,
+        c.stage_if(&shared, shared.len == n_samp)?,
+        c.stage(&quats)?,
+    );
+    let args = abi::PointingDetectorArgs {
+        n_det: n_det as u64,
+        n_samp: n_samp as u64,
+        quat_index: quat_index.host(),
+        focalplane: focalplane.host(),
+        intervals: ranges(&ivs),
+        boresight: bs.abi(),
+        shared_flags: sf.abi(),
+        shared_flag_mask: mask,
+        reserved: [0; 7],
+        quats: q.abi(),
+    };
+    run(c.backend, &args, vec![q, bs, sf])
+}
+
+/// `pixels_healpix(quat_index, quats, shared_flags, shared_flag_mask,
+/// pixel_index, pixels, intervals, hit_submaps, n_pix_submap, nside, nest)`.
+fn pixels_healpix(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let quat_index = c.input(0, "quat_index", &[I32], &[1])?;
+    let quats = c.input(1, "quats", &[F64], &[3])?;
+    let shared = c.input(2, "shared_flags", &[U8], &[1])?;
+    let mask = c.mask(3, "shared_flag_mask")?;
+    let pixel_index = c.input(4, "pixel_index", &[I32], &[1])?;
+    let pixels = c.output(5, "pixels", &[I64], &[2])?;
+    let ivs = c.intervals(6)?;
+    let hits = c.output(7, "hit_submaps", &[U8], &[1])?;
+    let n_pix_submap = c.i64(8, "n_pix_submap")?;
+    let nside = c.i64(9, "nside")?;
+    let nest = c.flag(10, "nest")?;
+    let n_det = quat_index.len;
+    let n_samp = pixels.shape[1];
+    c.expect_len(&pixel_index, n_det, "one per detector, as quat_index")?;
+    let (q, sf, p, h) = (
+        c.stage(&quats)?,
+        c.stage_if(&shared, shared.len == n_samp)?,
+        c.stage(&pixels)?,
+        c.stage(&hits)?,
+    );
+    let args = abi::PixelsHealpixArgs {
+        n_det: n_det as u64,
+        n_samp: n_samp as u64,
+        quat_index: quat_index.host(),
+        pixel_index: pixel_index.host(),
+        intervals: ranges(&ivs),
+        quats: q.abi(),
+        shared_flags: sf.abi(),
+        pixels: p.abi(),
+        hit_submaps: h.abi(),
+        nside,
+        n_pix_submap,
+        shared_flag_mask: mask,
+        nest: u8::from(nest),
+        reserved: [0; 6],
+    };
+    run(c.backend, &args, vec![p, h, q, sf])
+}
+
+/// `stokes_weights_I(weight_index, weights, intervals, cal)`.
+fn stokes_weights_i(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let weight_index = c.input(0, "weight_index", &[I32], &[1])?;
+    let weights = c.output(1, "weights", &[F64], &[2])?;
+    let ivs = c.intervals(2)?;
+    let n_det = weight_index.len;
+    let cal = c.input(3, "cal", &[F64], &[1])?;
+    let cal = c.per_det::<f64>(&cal, n_det)?;
+    let n_samp = weights.shape[1];
+    let w = c.stage(&weights)?;
+    let args = abi::StokesWeightsIArgs {
+        n_det: n_det as u64,
+        n_samp: n_samp as u64,
+        weight_index: weight_index.host(),
+        cal,
+        intervals: ranges(&ivs),
+        weights: w.abi(),
+    };
+    run(c.backend, &args, vec![w])
+}
+
+/// `stokes_weights_IQU(quat_index, quats, weight_index, weights, hwp,
+/// intervals, epsilon, gamma, cal, IAU)`.
+fn stokes_weights_iqu(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let quat_index = c.input(0, "quat_index", &[I32], &[1])?;
+    let quats = c.input(1, "quats", &[F64], &[3])?;
+    let weight_index = c.input(2, "weight_index", &[I32], &[1])?;
+    let weights = c.output(3, "weights", &[F64], &[3])?;
+    let hwp = c.input(4, "hwp", &[F64], &[1])?;
+    let ivs = c.intervals(5)?;
+    let n_det = quat_index.len;
+    let n_samp = weights.shape[1];
+    let epsilon = c.input(6, "epsilon", &[F64], &[1])?;
+    let gamma = c.input(7, "gamma", &[F64], &[1])?;
+    let cal = c.input(8, "cal", &[F64], &[1])?;
+    let iau = c.flag(9, "IAU")?;
+    c.expect_len(&weight_index, n_det, "one per detector, as quat_index")?;
+    let (epsilon, gamma, cal) = (
+        c.per_det::<f64>(&epsilon, n_det)?,
+        c.per_det::<f64>(&gamma, n_det)?,
+        c.per_det::<f64>(&cal, n_det)?,
+    );
+    let (q, h, w) = (
+        c.stage(&quats)?,
+        c.stage_if(&hwp, hwp.len == n_samp)?,
+        c.stage(&weights)?,
+    );
+    let args = abi::StokesWeightsIquArgs {
+        n_det: n_det as u64,
+        n_samp: n_samp as u64,
+        quat_index: quat_index.host(),
+        weight_index: weight_index.host(),
+        epsilon,
+        gamma,
+        cal,
+        intervals: ranges(&ivs),
+        quats: q.abi(),
+        hwp: h.abi(),
+        weights: w.abi(),
+        iau: u8::from(iau),
+        reserved: [0; 7],
+    };
+    run(c.backend, &args, vec![w, q, h])
+}
+
+/// The number of values per sample of a `[n_rows, n_samp]` or
+/// `[n_rows, n_samp, nnz]` weights array.
+fn nnz_of(weights: &View<'_>) -> usize {
+    if weights.shape.len() == 3 {
+        weights.shape[2]
+    } else {
+        1
+    }
+}
+
+/// `scan_map(global2local, n_pix_submap, mapdata, det_data, det_data_index,
+/// pixels, pixels_index, weights, weight_index, intervals, data_scale,
+/// should_zero, should_subtract, should_scale)`.
+fn scan_map(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let g2l = c.input(0, "global2local", &[I64], &[1])?;
+    let n_pix_submap = c.i64(1, "n_pix_submap")?;
+    let mapdata = c.input(2, "mapdata", &[F64, F32, I64, I32], &[1, 2, 3])?;
+    let det_data = c.output(3, "det_data", &[F64], &[2])?;
+    let data_index = c.input(4, "det_data_index", &[I32], &[1])?;
+    let pixels = c.input(5, "pixels", &[I64], &[2])?;
+    let pixel_index = c.input(6, "pixels_index", &[I32], &[1])?;
+    let weights = c.input(7, "weights", &[F64], &[2, 3])?;
+    let weight_index = c.input(8, "weight_index", &[I32], &[1])?;
+    let ivs = c.intervals(9)?;
+    let data_scale = c.f64(10, "data_scale")?;
+    let should_zero = c.flag(11, "should_zero")?;
+    let should_subtract = c.flag(12, "should_subtract")?;
+    let should_scale = c.flag(13, "should_scale")?;
+    let n_det = pixel_index.len;
+    let n_samp = pixels.shape[1];
+    c.expect_len(&data_index, n_det, "one per detector, as pixels_index")?;
+    c.expect_len(&weight_index, n_det, "one per detector, as pixels_index")?;
+    let map_dtype = match mapdata.dt {
+        F64 => abi::DTYPE_F64,
+        F32 => abi::DTYPE_F32,
+        I64 => abi::DTYPE_I64,
+        _ => abi::DTYPE_I32,
+    };
+    let (g, m, p, w, d) = (
+        c.stage(&g2l)?,
+        c.stage(&mapdata)?,
+        c.stage(&pixels)?,
+        c.stage(&weights)?,
+        c.stage(&det_data)?,
+    );
+    let args = abi::ScanMapArgs {
+        n_det: n_det as u64,
+        n_samp: n_samp as u64,
+        nnz: nnz_of(&weights) as u64,
+        pixel_index: pixel_index.host(),
+        weight_index: weight_index.host(),
+        data_index: data_index.host(),
+        intervals: ranges(&ivs),
+        global2local: g.abi(),
+        n_pix_submap,
+        map_dtype,
+        reserved0: 0,
+        mapdata: m.abi(),
+        pixels: p.abi(),
+        weights: w.abi(),
+        det_data: d.abi(),
+        data_scale,
+        should_zero: u8::from(should_zero),
+        should_subtract: u8::from(should_subtract),
+        should_scale: u8::from(should_scale),
+        reserved: [0; 5],
+    };
+    run(c.backend, &args, vec![d, g, m, p, w])
+}
+
+/// `build_noise_weighted(global2local, zmap, pixel_index, pixels,
+/// weight_index, weights, data_index, det_data, flag_index, det_flags,
+/// det_scale, det_flag_mask, intervals, shared_flags, shared_flag_mask)`.
+fn build_noise_weighted(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let g2l = c.input(0, "global2local", &[I64], &[1])?;
+    let zmap = c.output(1, "zmap", &[F64], &[3])?;
+    let pixel_index = c.input(2, "pixel_index", &[I32], &[1])?;
+    let pixels = c.input(3, "pixels", &[I64], &[2])?;
+    let weight_index = c.input(4, "weight_index", &[I32], &[1])?;
+    let weights = c.input(5, "weights", &[F64], &[2, 3])?;
+    let data_index = c.input(6, "data_index", &[I32], &[1])?;
+    let det_data = c.input(7, "det_data", &[F64], &[2])?;
+    let flag_index = c.input(8, "flag_index", &[I32], &[1])?;
+    let det_flags = c.input(9, "det_flags", &[U8], &[2])?;
+    let det_scale = c.input(10, "det_scale", &[F64], &[1])?;
+    let det_flag_mask = c.mask(11, "det_flag_mask")?;
+    let ivs = c.intervals(12)?;
+    let shared = c.input(13, "shared_flags", &[U8], &[1])?;
+    let shared_flag_mask = c.mask(14, "shared_flag_mask")?;
+    let n_det = pixel_index.len;
+    let n_samp = pixels.shape[1];
+    c.expect_len(&weight_index, n_det, "one per detector, as pixel_index")?;
+    c.expect_len(&data_index, n_det, "one per detector, as pixel_index")?;
+    let det_scale = c.per_det::<f64>(&det_scale, n_det)?;
+    // TOAST reads det_flags only when its rows are n_samp long (the
+    // operator passes a (1, 1) array, and a one-element flag_index, for none).
+    let use_det_flags = det_flags.shape[1] == n_samp;
+    if use_det_flags {
+        c.expect_len(&flag_index, n_det, "one per detector, as pixel_index")?;
+    }
+    let n_pix_submap = zmap.shape[1] as i64;
+    let (g, p, w, d, f, sf, z) = (
+        c.stage(&g2l)?,
+        c.stage(&pixels)?,
+        c.stage(&weights)?,
+        c.stage(&det_data)?,
+        c.stage_if(&det_flags, use_det_flags)?,
+        c.stage_if(&shared, shared.len == n_samp)?,
+        c.stage(&zmap)?,
+    );
+    let args = abi::BuildNoiseWeightedArgs {
+        n_det: n_det as u64,
+        n_samp: n_samp as u64,
+        nnz: zmap.shape[2] as u64,
+        pixel_index: pixel_index.host(),
+        weight_index: weight_index.host(),
+        data_index: data_index.host(),
+        flag_index: if use_det_flags {
+            flag_index.host()
+        } else {
+            std::ptr::null()
+        },
+        det_scale,
+        intervals: ranges(&ivs),
+        global2local: g.abi(),
+        n_pix_submap,
+        pixels: p.abi(),
+        weights: w.abi(),
+        det_data: d.abi(),
+        det_flags: f.abi(),
+        shared_flags: sf.abi(),
+        zmap: z.abi(),
+        det_flag_mask,
+        shared_flag_mask,
+        reserved: [0; 6],
+    };
+    run(c.backend, &args, vec![z, g, p, w, d, f, sf])
+}
+
+/// `noise_weight(det_data, det_data_index, intervals, detector_weights)`.
+fn noise_weight(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let det_data = c.output(0, "det_data", &[F64], &[2])?;
+    let data_index = c.input(1, "det_data_index", &[I32], &[1])?;
+    let ivs = c.intervals(2)?;
+    let weights = c.input(3, "detector_weights", &[F64], &[1])?;
+    let n_det = data_index.len;
+    let detector_weights = c.per_det::<f64>(&weights, n_det)?;
+    let d = c.stage(&det_data)?;
+    let args = abi::NoiseWeightArgs {
+        n_det: n_det as u64,
+        n_samp: det_data.shape[1] as u64,
+        data_index: data_index.host(),
+        detector_weights,
+        intervals: ranges(&ivs),
+        det_data: d.abi(),
+    };
+    run(c.backend, &args, vec![d])
+}
+
+/// `offset_add_to_signal(step_length, amp_offset, n_amp_views, amplitudes,
+/// amplitude_flags, data_index, det_data, intervals)`: one detector.
+fn offset_add_to_signal(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let step_length = c.i64(0, "step_length")?;
+    let amp_offset = c.i64(1, "amp_offset")?;
+    let n_amp_views = c.input(2, "n_amp_views", &[I64], &[1])?;
+    let amplitudes = c.input(3, "amplitudes", &[F64], &[1])?;
+    let amp_flags = c.input(4, "amplitude_flags", &[U8], &[1])?;
+    let data_index: i32 = c.scalar(5, "data_index", "an int32 detector row")?;
+    let det_data = c.output(6, "det_data", &[F64], &[2])?;
+    let ivs = c.intervals(7)?;
+    c.expect_len(&n_amp_views, ivs.len(), "one per interval")?;
+    let (a, f, d) = (
+        c.stage(&amplitudes)?,
+        c.stage(&amp_flags)?,
+        c.stage(&det_data)?,
+    );
+    let args = abi::TemplateOffsetAddArgs {
+        n_det: 1,
+        n_samp: det_data.shape[1] as u64,
+        data_index: &data_index,
+        layout: abi::OffsetLayout {
+            step_length,
+            n_amp_views: n_amp_views.host(),
+            amp_offset: &amp_offset,
+        },
+        intervals: ranges(&ivs),
+        amplitudes: a.abi(),
+        amplitude_flags: f.abi(),
+        det_data: d.abi(),
+    };
+    run(c.backend, &args, vec![d, a, f])
+}
+
+/// `offset_project_signal(data_index, det_data, flag_index, flag_data,
+/// flag_mask, step_length, amp_offset, n_amp_views, amplitudes,
+/// amplitude_flags, intervals)`: one detector.
+fn offset_project_signal(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let data_index: i32 = c.scalar(0, "data_index", "an int32 detector row")?;
+    let det_data = c.input(1, "det_data", &[F64], &[2])?;
+    let flag_index: i32 = c.scalar(2, "flag_index", "an int32 flag row (-1: none)")?;
+    let step_length = c.i64(5, "step_length")?;
+    let amp_offset = c.i64(6, "amp_offset")?;
+    let n_amp_views = c.input(7, "n_amp_views", &[I64], &[1])?;
+    let amplitudes = c.output(8, "amplitudes", &[F64], &[1])?;
+    let amp_flags = c.input(9, "amplitude_flags", &[U8], &[1])?;
+    let ivs = c.intervals(10)?;
+    c.expect_len(&n_amp_views, ivs.len(), "one per interval")?;
+    // TOAST never looks at flag_data (nor flag_mask) when flag_index < 0.
+    let (flag_data, flag_mask) = if flag_index >= 0 {
+        (
+            Some(c.input(3, "flag_data", &[U8], &[2])?),
+            c.mask(4, "flag_mask")?,
+        )
+    } else {
+        (None, 0)
+    };
+    let flag_index = flag_index.max(-1);
+    let fd = match &flag_data {
+        Some(v) => c.stage(v)?,
+        None => ArrayArg::input::<u8>(c.backend, &[], "flag_data").map_err(accel_err)?,
+    };
+    let (d, a, f) = (
+        c.stage(&det_data)?,
+        c.stage(&amplitudes)?,
+        c.stage(&amp_flags)?,
+    );
+    let args = abi::TemplateOffsetProjectArgs {
+        n_det: 1,
+        n_samp: det_data.shape[1] as u64,
+        data_index: &data_index,
+        flag_index: &flag_index,
+        layout: abi::OffsetLayout {
+            step_length,
+            n_amp_views: n_amp_views.host(),
+            amp_offset: &amp_offset,
+        },
+        intervals: ranges(&ivs),
+        det_data: d.abi(),
+        flag_data: fd.abi(),
+        amplitudes: a.abi(),
+        amplitude_flags: f.abi(),
+        flag_mask,
+        reserved: [0; 7],
+    };
+    run(c.backend, &args, vec![a, d, fd, f])
+}
+
+/// `offset_apply_diag_precond(offset_var, amplitudes_in, amplitude_flags,
+/// amplitudes_out)`.
+fn offset_apply_diag_precond(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let var = c.input(0, "offset_var", &[F64], &[1])?;
+    let a_in = c.input(1, "amplitudes_in", &[F64], &[1])?;
+    let flags = c.input(2, "amplitude_flags", &[U8], &[1])?;
+    let a_out = c.output(3, "amplitudes_out", &[F64], &[1])?;
+    let (v, i, f, o) = (
+        c.stage(&var)?,
+        c.stage(&a_in)?,
+        c.stage(&flags)?,
+        c.stage(&a_out)?,
+    );
+    let args = abi::TemplateOffsetPrecondArgs {
+        n_amp: a_in.len as u64,
+        offset_var: v.abi(),
+        amplitudes_in: i.abi(),
+        amplitude_flags: f.abi(),
+        amplitudes_out: o.abi(),
+    };
+    run(c.backend, &args, vec![o, v, i, f])
+}
+
+/// One row of the kernel table: TOAST's registry name, our kernel, and the
+/// adapter from TOAST's positional arguments to the ABI call.
+struct KernelEntry {
+    toast_name: &'static str,
+    kernel: Kernel,
+    adapt: fn(&mut Call<'_, '_>) -> PyResult<()>,
+}
+
+/// Every TOAST registry kernel toast-rs implements. A kernel added to the
+/// ABI is one more row (and its adapter); the Python package replaces
+/// exactly the registry entries named here and leaves TOAST's others.
+const KERNELS: &[KernelEntry] = &[
+    KernelEntry {
+        toast_name: "pointing_detector",
+        kernel: Kernel::PointingDetector,
+        adapt: pointing_detector,
+    },
+    KernelEntry {
+        toast_name: "pixels_healpix",
+        kernel: Kernel::PixelsHealpix,
+        adapt: pixels_healpix,
+    },
+    KernelEntry {
+        toast_name: "stokes_weights_I",
+        kernel: Kernel::StokesWeightsI,
+        adapt: stokes_weights_i,
+    },
+    KernelEntry {
+        toast_name: "stokes_weights_IQU",
+        kernel: Kernel::StokesWeightsIqu,
+        adapt: stokes_weights_iqu,
+    },
+    KernelEntry {
+        toast_name: "scan_map",
+        kernel: Kernel::ScanMap,
+        adapt: scan_map,
+    },
+    KernelEntry {
+        toast_name: "build_noise_weighted",
+        kernel: Kernel::BuildNoiseWeighted,
+        adapt: build_noise_weighted,
+    },
+    KernelEntry {
+        toast_name: "noise_weight",
+        kernel: Kernel::NoiseWeight,
+        adapt: noise_weight,
+    },
+    KernelEntry {
+        toast_name: "offset_add_to_signal",
+        kernel: Kernel::TemplateOffsetAddToSignal,
+        adapt: offset_add_to_signal,
+    },
+    KernelEntry {
+        toast_name: "offset_project_signal",
+        kernel: Kernel::TemplateOffsetProjectSignal,
+        adapt: offset_project_signal,
+    },
+    KernelEntry {
+        toast_name: "offset_apply_diag_precond",
+        kernel: Kernel::TemplateOffsetApplyDiagPrecond,
+        adapt: offset_apply_diag_precond,
+    },
+];
+
+fn entry(toast_name: &str) -> PyResult<(usize, &'static KernelEntry)> {
+    KERNELS
+        .iter()
+        .enumerate()
+        .find(|(_, e)| e.toast_name == toast_name)
+        .ok_or_else(|| PyValueError::new_err(format!("toast_rs: no kernel `{toast_name}`")))
+}
+
+/// Calls and seconds of one kernel.
+#[derive(Debug, Default, Clone, Copy)]
+struct Use {
+    calls: u64,
+    seconds: f64,
+}
+
+/// Plugins loaded, the backend each kernel resolved to, and the counts.
+#[pyclass(module = "toast_rs._native", frozen)]
+#[derive(Debug)]
+struct Runtime {
+    /// Keeps the plugins loaded.
+    _registry: Arc<Registry>,
+    /// Per row of [`KERNELS`]: the backend that runs it.
+    backends: Vec<Arc<Backend>>,
+    /// Per row of [`KERNELS`]: why it does not run where asked, if so.
+    fallbacks: Vec<Vec<(String, String)>>,
+    uses: Mutex<Vec<Use>>,
+}
+
+#[pymethods]
+impl Runtime {
+    /// Load the plugins and resolve every kernel: `backend` for all,
+    /// `dispatch` (TOAST kernel name → backend) overriding it per kernel.
+    /// A backend named but not found or unavailable is an error (with the
+    /// reason); one lacking a kernel falls back to `cpu` for it, as the
+    /// `[dispatch]` configuration does.
+    #[new]
+    #[pyo3(signature = (backend, dispatch, backend_path, fallback_dirs))]
+    fn new(
+        backend: &str,
+        dispatch: BTreeMap<String, String>,
+        backend_path: Vec<PathBuf>,
+        fallback_dirs: Vec<PathBuf>,
+    ) -> PyResult<Self> {
+        let mut policy = DispatchPolicy::new().with_run(backend);
+        for (name, b) in &dispatch {
+            let (_, e) = entry(name).map_err(|_| {
+                let known: Vec<&str> = KERNELS.iter().map(|e| e.toast_name).collect();
+                PyValueError::new_err(format!(
+                    "toast_rs.install: unknown kernel `{name}` (toast-rs kernels: {})",
+                    known.join(", ")
+                ))
+            })?;
+            policy = policy.with_kernel(e.kernel, b);
+        }
+        let mut opts = DiscoveryOptions {
+            explicit: backend_path,
+            ..DiscoveryOptions::default()
+        };
+        // After the explicit paths and TOAST_BACKEND_PATH, before the
+        // system directories: the package's own and the build tree's.
+        opts.system_dirs.splice(0..0, fallback_dirs);
+        let registry = Arc::new(Registry::discover(&opts));
+        // Every backend named must be usable.
+        let mut named: Vec<&str> = vec![backend];
+        named.extend(dispatch.values().map(String::as_str));
+        for name in named {
+            registry.get(name).map_err(|e| {
+                PyRuntimeError::new_err(format!("toast_rs.install: backend `{name}`: {e}"))
+            })?;
+        }
+        let mut backends = Vec::new();
+        let mut fallbacks = Vec::new();
+        for e in KERNELS {
+            let r = policy
+                .resolve(&registry, e.kernel, None)
+                .map_err(accel_err)?;
+            backends.push(r.backend);
+            fallbacks.push(r.fallbacks);
+        }
+        Ok(Runtime {
+            _registry: registry,
+            backends,
+            fallbacks,
+            uses: Mutex::new(vec![Use::default(); KERNELS.len()]),
+        })
+    }
+
+    /// Run TOAST kernel `name` with TOAST's positional arguments.
+    fn call(&self, name: &str, args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let (row, e) = entry(name)?;
+        let start = Instant::now();
+        let mut c = Call {
+            kernel: e.toast_name,
+            args,
+            backend: &self.backends[row],
+            ranges: Vec::new(),
+        };
+        (e.adapt)(&mut c)?;
+        let seconds = start.elapsed().as_secs_f64();
+        let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
+        uses[row].calls += 1;
+        uses[row].seconds += seconds;
+        Ok(())
+    }
+
+    /// `{kernel: {"calls", "seconds", "backend", "fallbacks"}}`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let uses = self.uses.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (i, e) in KERNELS.iter().enumerate() {
+            let d = PyDict::new(py);
+            d.set_item("calls", uses[i].calls)?;
+            d.set_item("seconds", uses[i].seconds)?;
+            d.set_item("backend", self.backends[i].name())?;
+            let fb = PyList::empty(py);
+            for (b, why) in &self.fallbacks[i] {
+                fb.append(format!("{b}: {why}"))?;
+            }
+            d.set_item("fallbacks", fb)?;
+            out.set_item(e.toast_name, d)?;
+        }
+        Ok(out)
+    }
+
+    /// Zero the counts.
+    fn reset_stats(&self) {
+        let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
+        uses.iter_mut().for_each(|u| *u = Use::default());
+    }
+}
+
+/// TOAST registry names of the kernels toast-rs implements, in table order.
+#[pyfunction]
+fn kernels() -> Vec<&'static str> {
+    KERNELS.iter().map(|e| e.toast_name).collect()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Runtime>()?;
+    m.add_function(wrap_pyfunction!(kernels, m)?)?;
+    // The plugins of the workspace this extension was built in
+    // (`cargo build --release` puts them there).
+    let build_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("release");
+    m.add("BUILD_PLUGIN_DIR", build_dir)?;
+    m.add(
+        "ABI_VERSION",
+        format!("{}.{}", abi::ABI_MAJOR, abi::ABI_MINOR),
+    )?;
+    Ok(())
+}
