@@ -648,6 +648,74 @@ fn nnz_of(weights: &View<'_>) -> usize {
     }
 }
 
+/// TOAST's `scan_map` on a sample whose pixel lies in a submap that is not
+/// local (`global2local` = -1) reads before the start of the map: undefined
+/// behaviour, which TOAST's own tests reach (`ops_mapmaker`'s
+/// `test_offset_ground`: the samples outside the "scanning" view keep pixel
+/// 0, and are flagged afterwards). Our kernels refuse such a pixel. For
+/// TOAST's callers this layer defines it as TOAST defines a negative pixel:
+/// the sample is not hit and its `det_data` is left as it is. Returns a copy
+/// of `pixels` with those samples set to -1, or `None` (the common case,
+/// no copy) when every pixel the call reads is local, out of range of
+/// `global2local` (the kernel reports it), or negative.
+fn nonlocal_as_unhit(
+    g2l: &View<'_>,
+    n_pix_submap: i64,
+    pixels: &View<'_>,
+    pixel_index: &View<'_>,
+    ivs: &[SampleRange],
+) -> Option<Vec<i64>> {
+    if n_pix_submap <= 0 || pixels.shape.len() != 2 || pixels.len == 0 {
+        return None;
+    }
+    // SAFETY: each view is a live, C-contiguous, aligned numpy buffer of
+    // `len` elements of the dtype checked by `Call::input` (int64 for
+    // global2local and pixels, int32 for pixels_index); `_obj` keeps them
+    // alive and the GIL, held for the call, keeps Python code from
+    // changing them; they are only read here.
+    let (g2l, pix, rows) = unsafe {
+        (
+            std::slice::from_raw_parts(g2l.host::<i64>(), g2l.len),
+            std::slice::from_raw_parts(pixels.host::<i64>(), pixels.len),
+            std::slice::from_raw_parts(pixel_index.host::<i32>(), pixel_index.len),
+        )
+    };
+    let n_samp = pixels.shape[1];
+    let nonlocal = |p: i64| {
+        p >= 0
+            && usize::try_from(p / n_pix_submap)
+                .ok()
+                .and_then(|sub| g2l.get(sub))
+                .is_some_and(|&l| l < 0)
+    };
+    let mut hit: Vec<(usize, usize)> = Vec::new();
+    for &row in rows {
+        let Ok(row) = usize::try_from(row) else {
+            continue;
+        };
+        if row >= pixels.shape[0] {
+            continue;
+        }
+        for iv in ivs {
+            let first = usize::try_from(iv.first).unwrap_or(0).min(n_samp);
+            let last = usize::try_from(iv.last).unwrap_or(0).min(n_samp);
+            for s in first..last {
+                if nonlocal(pix[row * n_samp + s]) {
+                    hit.push((row, s));
+                }
+            }
+        }
+    }
+    if hit.is_empty() {
+        return None;
+    }
+    let mut copy = pix.to_vec();
+    for (row, s) in hit {
+        copy[row * n_samp + s] = -1;
+    }
+    Some(copy)
+}
+
 /// `scan_map(global2local, n_pix_submap, mapdata, det_data, det_data_index,
 /// pixels, pixels_index, weights, weight_index, intervals, data_scale,
 /// should_zero, should_subtract, should_scale)`.
@@ -676,13 +744,17 @@ fn scan_map(c: &mut Call<'_, '_>) -> PyResult<()> {
         I64 => abi::DTYPE_I64,
         _ => abi::DTYPE_I32,
     };
-    let (g, m, p, w, d) = (
+    let unhit = nonlocal_as_unhit(&g2l, n_pix_submap, &pixels, &pixel_index, &ivs);
+    let (g, m, w, d) = (
         c.stage(&g2l)?,
         c.stage(&mapdata)?,
-        c.stage(&pixels)?,
         c.stage(&weights)?,
         c.stage(&det_data)?,
     );
+    let p = match &unhit {
+        Some(copy) => ArrayArg::input::<i64>(c.backend, copy, pixels.name).map_err(accel_err)?,
+        None => c.stage(&pixels)?,
+    };
     let args = abi::ScanMapArgs {
         n_det: n_det as u64,
         n_samp: n_samp as u64,

@@ -125,3 +125,23 @@ def test_per_kernel_dispatch():
     chosen = toast_rs.install("cpu", noise_weight="cpu")
     toast_rs.uninstall()
     assert chosen["noise_weight"] == "cpu"
+
+
+def test_scan_map_nonlocal_submap_is_unhit(cpu):
+    # Submap 0 is not local (global2local -1): TOAST's compiled scan_map
+    # reads before the map there (undefined); ours leaves those samples as
+    # they are, as for a negative pixel, and scans the others.
+    n_pix_submap = 4
+    g2l = np.array([-1, 0], dtype=np.int64)
+    mapdata = np.arange(12, dtype=np.float64).reshape(1, n_pix_submap, 3)
+    det_data = np.full((1, 6), 0.5)
+    pixels = np.array([[0, 1, 4, 5, -1, 7]], dtype=np.int64)
+    weights = np.ones((1, 6, 3))
+    idx = np.zeros(1, dtype=np.int32)
+    toast_rs.reset_stats()
+    registry["scan_map"]["dispatch"](
+        g2l, n_pix_submap, mapdata, det_data, idx, pixels, idx, weights, idx,
+        intervals((0, 6)), 1.0, False, False, False,
+    )
+    np.testing.assert_array_equal(det_data, [[0.5, 0.5, 3.5, 12.5, 0.5, 30.5]])
+    assert toast_rs.stats()["scan_map"]["calls"] == 1
