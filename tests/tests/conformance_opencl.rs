@@ -17,7 +17,7 @@ use toast_tests::{backend_or_skip, conformance_suite};
 
 conformance_suite!(
     all_cases_pass_on_opencl: backend = "opencl", options = "", require = "TOAST_REQUIRE_OPENCL",
-    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted],
+    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp],
 );
 
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it

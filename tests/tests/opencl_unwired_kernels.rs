@@ -117,9 +117,13 @@ struct Case {
 
 impl Case {
     fn open(name: &str) -> Self {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("data/toast-kernels/cases/unwired")
-            .join(format!("{name}.npz"));
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases");
+        let wired = dir.join(format!("{name}.npz"));
+        let p = if wired.exists() {
+            wired
+        } else {
+            dir.join("unwired").join(format!("{name}.npz"))
+        };
         let f = File::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         Case {
             name: name.to_string(),

@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 0u
+#define TOAST_BACKEND_ABI_MINOR 1u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -303,6 +303,34 @@ typedef struct toast_template_offset_precond_args {
     toast_array amplitudes_out;  /* f64 [n_amp] (out) */
 } toast_template_offset_precond_args;
 
+/* Diagonal pixel-noise covariance (TOAST's cov_accum_diag_hits / _invnpp).
+ * Sample i (n_samp = submap.len) goes to the flat local pixel
+ * hpx = submap[i] * nsubpix + subpix[i]; a negative submap (not local) or
+ * subpix (flagged) skips the sample; submap >= nsub or subpix >= nsubpix is
+ * an error.  nsub < 1 does nothing (nothing is read or written), as in TOAST.
+ * hits[hpx] += 1; nnz is unused, as in TOAST. */
+typedef struct toast_cov_accum_diag_hits_args {
+    int64_t nsub;
+    int64_t nsubpix;
+    int64_t nnz;
+    toast_array submap; /* i64 [n_samp] (in) */
+    toast_array subpix; /* i64 [n_samp] (in) */
+    toast_array hits;   /* i64 [nsub * nsubpix] (in/out) */
+} toast_cov_accum_diag_hits_args;
+
+/* invnpp[hpx, jk] += weights[i, k] * (weights[i, j] * scale) for j <= k (the
+ * lower triangle row by row, nnz (nnz + 1) / 2 elements per pixel). */
+typedef struct toast_cov_accum_diag_invnpp_args {
+    int64_t nsub;
+    int64_t nsubpix;
+    int64_t nnz;
+    toast_array submap;  /* i64 [n_samp] (in) */
+    toast_array subpix;  /* i64 [n_samp] (in) */
+    toast_array weights; /* f64 [n_samp, nnz] (in) */
+    double scale;
+    toast_array invnpp; /* f64 [nsub * nsubpix, nnz (nnz + 1) / 2] (in/out) */
+} toast_cov_accum_diag_invnpp_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -344,6 +372,8 @@ typedef struct toast_backend_table {
                                                    const toast_template_offset_project_args *a);
     toast_status (*template_offset_apply_diag_precond)(
         void *ctx, const toast_template_offset_precond_args *a);
+    toast_status (*cov_accum_diag_hits)(void *ctx, const toast_cov_accum_diag_hits_args *a);
+    toast_status (*cov_accum_diag_invnpp)(void *ctx, const toast_cov_accum_diag_invnpp_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

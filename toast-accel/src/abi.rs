@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 0;
+pub const ABI_MINOR: u32 = 1;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -274,6 +274,30 @@ pub struct TemplateOffsetPrecondArgs {
     pub amplitudes_in: Array,
     pub amplitude_flags: Array,
     pub amplitudes_out: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CovAccumDiagHitsArgs {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub submap: Array,
+    pub subpix: Array,
+    pub hits: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CovAccumDiagInvnppArgs {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub submap: Array,
+    pub subpix: Array,
+    pub weights: Array,
+    pub scale: f64,
+    pub invnpp: Array,
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

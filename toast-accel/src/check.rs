@@ -1100,6 +1100,123 @@ pub unsafe fn check_template_offset_precond(
     Ok(a.n_amp as usize)
 }
 
+/// Validated `cov_accum_diag_hits` / `cov_accum_diag_invnpp` arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CovAccum {
+    /// Samples (the length of `submap` and `subpix`).
+    pub n_samp: usize,
+    /// Local submaps; `< 1`: the call does nothing (as TOAST).
+    pub nsub: i64,
+    pub nsubpix: i64,
+    /// Elements per sample of `weights` (1 for hits, which ignores nnz).
+    pub nnz: usize,
+    /// Elements per pixel of the output (1, or `nnz (nnz + 1) / 2`).
+    pub block: usize,
+    /// Whether the call reads or writes anything (`nsub >= 1`).
+    pub active: bool,
+}
+
+/// The checks both covariance kernels share: the sample arrays, and, for an
+/// active call, `nsubpix` and the output's length `nsub * nsubpix * block`.
+fn cov_common(
+    kernel: &'static str,
+    nsub: i64,
+    nsubpix: i64,
+    submap: u64,
+    subpix: u64,
+    (out_name, out_len): (&'static str, u64),
+    block: u64,
+) -> Result<(), ArgError> {
+    exact_len(kernel, "subpix", subpix, submap, "n_samp, as submap")?;
+    if nsub < 1 {
+        return Ok(());
+    }
+    if nsubpix < 1 {
+        return Err(ArgError::new(
+            kernel,
+            "nsubpix",
+            format!("nsubpix = {nsubpix}, must be positive"),
+        ));
+    }
+    let npix = mul(kernel, out_name, nsub as u64, nsubpix as u64)?;
+    let want = mul(kernel, out_name, npix, block)?;
+    exact_len(
+        kernel,
+        out_name,
+        out_len,
+        want,
+        "nsub * nsubpix * per-pixel block",
+    )
+}
+
+/// Check the arguments of `cov_accum_diag_hits`.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_cov_accum_diag_hits(
+    a: &abi::CovAccumDiagHitsArgs,
+) -> Result<CovAccum, ArgError> {
+    const K: &str = "cov_accum_diag_hits";
+    cov_common(
+        K,
+        a.nsub,
+        a.nsubpix,
+        a.submap.len,
+        a.subpix.len,
+        ("hits", a.hits.len),
+        1,
+    )?;
+    Ok(CovAccum {
+        n_samp: a.submap.len as usize,
+        nsub: a.nsub,
+        nsubpix: a.nsubpix,
+        nnz: 1,
+        block: 1,
+        active: a.nsub >= 1,
+    })
+}
+
+/// Check the arguments of `cov_accum_diag_invnpp`.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_cov_accum_diag_invnpp(
+    a: &abi::CovAccumDiagInvnppArgs,
+) -> Result<CovAccum, ArgError> {
+    const K: &str = "cov_accum_diag_invnpp";
+    let active = a.nsub >= 1;
+    if active && !(1..=(1 << 16)).contains(&a.nnz) {
+        return Err(ArgError::new(
+            K,
+            "nnz",
+            format!("nnz = {}, must be in [1, 65536]", a.nnz),
+        ));
+    }
+    let nnz = a.nnz.max(1) as u64;
+    let block = nnz * (nnz + 1) / 2;
+    cov_common(
+        K,
+        a.nsub,
+        a.nsubpix,
+        a.submap.len,
+        a.subpix.len,
+        ("invnpp", a.invnpp.len),
+        block,
+    )?;
+    if active {
+        let want = mul(K, "weights", a.submap.len, nnz)?;
+        exact_len(K, "weights", a.weights.len, want, "[n_samp, nnz]")?;
+    }
+    Ok(CovAccum {
+        n_samp: a.submap.len as usize,
+        nsub: a.nsub,
+        nsubpix: a.nsubpix,
+        nnz: nnz as usize,
+        block: block as usize,
+        active,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     //! One test per validation rule; each asserts the error names the argument.
@@ -1777,6 +1894,84 @@ mod tests {
             unsafe { check_template_offset_precond(&a) },
             "offset_var",
             "length 6",
+        );
+    }
+
+    fn hits_args(nsub: i64, nsubpix: i64, n: u64, m: u64, h: u64) -> abi::CovAccumDiagHitsArgs {
+        let a = |len| Array { ptr: 8, len };
+        abi::CovAccumDiagHitsArgs {
+            nsub,
+            nsubpix,
+            nnz: 3,
+            submap: a(n),
+            subpix: a(m),
+            hits: a(h),
+        }
+    }
+
+    #[test]
+    fn cov_sample_arrays_must_match() {
+        // SAFETY: reads no pointer.
+        expect_err(
+            unsafe { check_cov_accum_diag_hits(&hits_args(2, 4, 10, 9, 8)) },
+            "subpix",
+            "length 9",
+        );
+    }
+
+    #[test]
+    fn cov_output_must_hold_the_local_map() {
+        // SAFETY: reads no pointer.
+        expect_err(
+            unsafe { check_cov_accum_diag_hits(&hits_args(2, 4, 10, 10, 7)) },
+            "hits",
+            "length 7",
+        );
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_cov_accum_diag_hits(&hits_args(2, 0, 10, 10, 0)) },
+            "nsubpix",
+            "must be positive",
+        );
+        // nsub < 1: nothing is read or written, the map is not checked.
+        // SAFETY: as above.
+        let v = unsafe { check_cov_accum_diag_hits(&hits_args(0, 4, 10, 10, 3)) }.unwrap();
+        assert!(!v.active);
+    }
+
+    #[test]
+    fn invnpp_nnz_and_weights() {
+        let a = |len| Array { ptr: 8, len };
+        let mut x = abi::CovAccumDiagInvnppArgs {
+            nsub: 2,
+            nsubpix: 4,
+            nnz: 0,
+            submap: a(10),
+            subpix: a(10),
+            weights: a(30),
+            scale: 1.0,
+            invnpp: a(48),
+        };
+        // SAFETY: reads no pointer.
+        expect_err(unsafe { check_cov_accum_diag_invnpp(&x) }, "nnz", "nnz = 0");
+        x.nnz = 3;
+        // SAFETY: as above.
+        let v = unsafe { check_cov_accum_diag_invnpp(&x) }.unwrap();
+        assert_eq!((v.block, v.nnz, v.n_samp), (6, 3, 10));
+        x.weights.len = 29;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_cov_accum_diag_invnpp(&x) },
+            "weights",
+            "length 29",
+        );
+        x.weights.len = 30;
+        x.invnpp.len = 40;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_cov_accum_diag_invnpp(&x) },
+            "invnpp",
+            "length 40",
         );
     }
 }

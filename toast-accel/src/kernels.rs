@@ -157,6 +157,22 @@ macro_rules! toast_kernels {
                 device: ["toast_template_offset_apply_diag_precond"],
                 case: TemplateOffsetApplyDiagPrecondCase,
             }
+            cov_accum_diag_hits => CovAccumDiagHits {
+                name: "cov_accum_diag_hits",
+                args: CovAccumDiagHitsArgs = toast_cov_accum_diag_hits_args,
+                check: check_cov_accum_diag_hits -> $crate::check::CovAccum,
+                arrays: [submap: In, subpix: In, hits: Out],
+                device: ["toast_cov_accum_diag_hits"],
+                case: CovAccumDiagHitsCase,
+            }
+            cov_accum_diag_invnpp => CovAccumDiagInvnpp {
+                name: "cov_accum_diag_invnpp",
+                args: CovAccumDiagInvnppArgs = toast_cov_accum_diag_invnpp_args,
+                check: check_cov_accum_diag_invnpp -> $crate::check::CovAccum,
+                arrays: [submap: In, subpix: In, weights: In, invnpp: Out],
+                device: ["toast_cov_accum_diag_invnpp"],
+                case: CovAccumDiagInvnppCase,
+            }
         }
     };
 }
@@ -330,7 +346,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 10);
+        assert_eq!(Kernel::ALL.len(), 12);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -340,7 +356,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 13);
+        assert_eq!(names.len(), 15);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

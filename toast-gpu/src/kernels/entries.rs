@@ -10,6 +10,7 @@ use crate::driver::{Driver, Param as P};
 use crate::plugin::ctx_ref;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
+use toast_accel::check;
 use toast_accel::device_source as ds;
 use toast_accel::kernels::{aliased_output, KernelArgs};
 use toast_accel::plugin_support::{guard, kernel_args, PluginError};
@@ -563,5 +564,98 @@ impl DeviceKernel for abi::TemplateOffsetPrecondArgs {
                 P::Buffer(aout),
             ],
         )
+    }
+}
+
+/// The error of a covariance accumulation whose sample `s` (recorded by
+/// the device) lies beyond the local map, worded as the CPU backend's.
+fn cov_fault<D: Driver>(
+    call: &KernelLaunch<'_, D>,
+    v: &check::CovAccum,
+    (submap, subpix): (Option<D::Buffer>, Option<D::Buffer>),
+    s: u64,
+) -> Result<PluginError, PluginError> {
+    let sm: i64 = call.read(submap, s)?;
+    let px: i64 = call.read(subpix, s)?;
+    Ok(PluginError::invalid(format!(
+        "{}: detector 0 (interval 0), sample {s}: submap {sm}, pixel {px} is beyond the local \
+         map ({} submaps x {} pixels)",
+        call.kernel, v.nsub, v.nsubpix
+    )))
+}
+
+impl DeviceKernel for abi::CovAccumDiagHitsArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if !v.active || v.n_samp == 0 {
+            return Ok(());
+        }
+        check_key_range("cov_accum_diag_hits", 1, v.n_samp)?;
+        let submap = call.array("submap", a.submap, I64)?;
+        let subpix = call.array("subpix", a.subpix, I64)?;
+        let hits = call.array("hits", a.hits, I64)?;
+        let err = call.error_buffer()?;
+        call.launch(
+            "toast_cov_accum_diag_hits",
+            v.n_samp as u64,
+            1,
+            1,
+            &[
+                P::I64(v.n_samp as i64),
+                P::I64(v.nsub),
+                P::I64(v.nsubpix),
+                P::Buffer(submap),
+                P::Buffer(subpix),
+                P::Buffer(hits),
+                P::Buffer(err),
+            ],
+        )?;
+        match call.read_error(err)? {
+            Some((_, s)) => Err(cov_fault(call, v, (submap, subpix), s)?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if !v.active || v.n_samp == 0 {
+            return Ok(());
+        }
+        check_key_range("cov_accum_diag_invnpp", 1, v.n_samp)?;
+        let submap = call.array("submap", a.submap, I64)?;
+        let subpix = call.array("subpix", a.subpix, I64)?;
+        let weights = call.array("weights", a.weights, F64)?;
+        let invnpp = call.array("invnpp", a.invnpp, F64)?;
+        let err = call.error_buffer()?;
+        call.launch(
+            "toast_cov_accum_diag_invnpp",
+            v.n_samp as u64,
+            1,
+            1,
+            &[
+                P::I64(v.n_samp as i64),
+                P::I64(v.nsub),
+                P::I64(v.nsubpix),
+                P::I64(v.nnz as i64),
+                P::Buffer(submap),
+                P::Buffer(subpix),
+                P::Buffer(weights),
+                P::F64(a.scale),
+                P::Buffer(invnpp),
+                P::Buffer(err),
+            ],
+        )?;
+        match call.read_error(err)? {
+            Some((_, s)) => Err(cov_fault(call, v, (submap, subpix), s)?),
+            None => Ok(()),
+        }
     }
 }

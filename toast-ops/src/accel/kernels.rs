@@ -1202,6 +1202,84 @@ pub fn offset_apply_diag_precond(
     })
 }
 
+/// The local map and sample layout of the diagonal-covariance kernels
+/// (TOAST's `cov_accum_diag_hits` / `cov_accum_diag_invnpp`): `nsub` local
+/// submaps of `nsubpix` pixels, `nnz` map components, and the globals (each
+/// a `HostArray<i64>`, one entry per sample) holding every sample's local
+/// submap and pixel within it (negative: skipped).
+#[derive(Debug, Clone, Copy)]
+pub struct CovSamples<'a> {
+    /// Local submaps (`< 1`: the call does nothing, as TOAST).
+    pub nsub: i64,
+    /// Pixels per submap.
+    pub nsubpix: i64,
+    /// Map components (unused by the hits).
+    pub nnz: i64,
+    /// The sample's local submap (`HostArray<i64>`).
+    pub submap: &'a str,
+    /// The sample's pixel within its submap (`HostArray<i64>`).
+    pub subpix: &'a str,
+}
+
+/// `cov_accum_diag_hits`: `hits[submap * nsubpix + subpix] += 1` per
+/// sample; `hits` is a global `i64` map (`PixelData<i64>` or
+/// `HostArray<i64>`) of `nsub * nsubpix` elements.
+pub fn cov_accum_diag_hits(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    samples: CovSamples<'_>,
+    hits: &str,
+) -> Result<(), OpError> {
+    let specs = vec![
+        Spec::input(Source::Global(samples.submap), 8),
+        Spec::input(Source::Global(samples.subpix), 8),
+        Spec::output(Source::Global(hits), 8),
+    ];
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::CovAccumDiagHitsArgs {
+            nsub: samples.nsub,
+            nsubpix: samples.nsubpix,
+            nnz: samples.nnz,
+            submap: a[0],
+            subpix: a[1],
+            hits: a[2],
+        }
+    })
+}
+
+/// `cov_accum_diag_invnpp`: accumulate `scale · w wᵀ` (the lower triangle,
+/// `nnz (nnz + 1) / 2` elements per pixel) of every sample's `weights`
+/// (`HostArray<f64>` `[n_samp, nnz]`) into the global `f64` map `invnpp`.
+pub fn cov_accum_diag_invnpp(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    samples: CovSamples<'_>,
+    weights: &str,
+    scale: f64,
+    invnpp: &str,
+) -> Result<(), OpError> {
+    let specs = vec![
+        Spec::input(Source::Global(samples.submap), 8),
+        Spec::input(Source::Global(samples.subpix), 8),
+        Spec::input(Source::Global(weights), 8),
+        Spec::output(Source::Global(invnpp), 8),
+    ];
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::CovAccumDiagInvnppArgs {
+            nsub: samples.nsub,
+            nsubpix: samples.nsubpix,
+            nnz: samples.nnz,
+            submap: a[0],
+            subpix: a[1],
+            weights: a[2],
+            scale,
+            invnpp: a[3],
+        }
+    })
+}
+
 /// The element type of a detdata field, for operators that create outputs.
 pub fn det_dtype(ob: &Observation, field: &str) -> Result<DType, OpError> {
     Ok(ob.detdata.get(field)?.dtype())

@@ -879,6 +879,64 @@ impl TemplateOffsetApplyDiagPrecondCase {
     }
 }
 
+/// A `cov_accum_diag_hits` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovAccumDiagHitsCase {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub submap: Arr<i64>,
+    pub subpix: Arr<i64>,
+    pub hits_in: Arr<i64>,
+    pub hits_out: Arr<i64>,
+}
+
+impl CovAccumDiagHitsCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (hits_in, hits_out) = f.in_out("hits_in", "hits_out", 1)?;
+        Ok(CovAccumDiagHitsCase {
+            nsub: f.scalar("nsub")?,
+            nsubpix: f.scalar("nsubpix")?,
+            nnz: f.scalar("nnz")?,
+            submap: f.arr("submap", Some(1))?,
+            subpix: f.arr("subpix", Some(1))?,
+            hits_in,
+            hits_out,
+        })
+    }
+}
+
+/// A `cov_accum_diag_invnpp` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovAccumDiagInvnppCase {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub scale: f64,
+    pub submap: Arr<i64>,
+    pub subpix: Arr<i64>,
+    pub weights: Arr<f64>,
+    pub invnpp_in: Arr<f64>,
+    pub invnpp_out: Arr<f64>,
+}
+
+impl CovAccumDiagInvnppCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (invnpp_in, invnpp_out) = f.in_out("invnpp_in", "invnpp_out", 1)?;
+        Ok(CovAccumDiagInvnppCase {
+            nsub: f.scalar("nsub")?,
+            nsubpix: f.scalar("nsubpix")?,
+            nnz: f.scalar("nnz")?,
+            scale: f.scalar("scale")?,
+            submap: f.arr("submap", Some(1))?,
+            subpix: f.arr("subpix", Some(1))?,
+            weights: f.arr("weights", Some(1))?,
+            invnpp_in,
+            invnpp_out,
+        })
+    }
+}
+
 /// Why a per-detector array must have `n_det` elements.
 const PER_DET: &str = "one per detector, as the index arrays";
 /// Why `n_amp_views` must have one element per interval.

@@ -154,7 +154,7 @@ pub(super) fn verdict(results: impl IntoIterator<Item = Option<CaseOutcome>>) ->
 /// of the device's trigonometry (`stokes_weights_IQU` weights).
 pub const TRIG_RTOL: f64 = 1e-14;
 /// The norm-wise relative tolerance of [`Comparison::Tolerant`] for atomic
-/// accumulations (`build_noise_weighted` zmap).
+/// accumulations (`build_noise_weighted` zmap, `cov_accum_diag_invnpp`).
 pub const ACCUM_RTOL: f64 = 1e-13;
 
 /// How outputs are compared with TOAST's (see the module docs).
@@ -163,7 +163,8 @@ pub enum Comparison {
     /// Bit for bit (two NaNs match).
     Exact,
     /// Exact, except `stokes_weights_IQU` weights within [`TRIG_RTOL`] and
-    /// `build_noise_weighted` zmap within [`ACCUM_RTOL`], norm-wise, with
+    /// `build_noise_weighted` zmap and `cov_accum_diag_invnpp` within
+    /// [`ACCUM_RTOL`], norm-wise, with
     /// identical NaN patterns.
     Tolerant,
 }
@@ -184,7 +185,7 @@ impl Comparison {
         match self {
             Comparison::Exact => "exact (bit for bit; NaN matches NaN)".to_string(),
             Comparison::Tolerant => format!(
-                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap within {ACCUM_RTOL:e} x max|want|, same NaN/inf pattern; all other outputs exact)"
+                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap / cov_accum_diag_invnpp within {ACCUM_RTOL:e} x max|want|, same NaN/inf pattern; all other outputs exact)"
             ),
         }
     }

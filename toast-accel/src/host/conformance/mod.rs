@@ -66,10 +66,10 @@ mod compare;
 mod run;
 
 pub use case::{
-    kernel_of, load_case, Arr, BuildNoiseWeightedCase, Case, CaseError, MapData, NoiseWeightCase,
-    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
-    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
-    TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
+    kernel_of, load_case, Arr, BuildNoiseWeightedCase, Case, CaseError, CovAccumDiagHitsCase,
+    CovAccumDiagInvnppCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
+    ScanMapCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
+    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
 pub use run::{run_case, run_case_with};

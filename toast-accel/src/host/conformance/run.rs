@@ -11,9 +11,9 @@
 //! arrays.
 
 use super::case::{
-    BuildNoiseWeightedCase, Case, MapData, NoiseWeightCase, PixelsHealpixCase,
-    PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
-    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, MapData,
+    NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase,
+    StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
     TemplateOffsetProjectSignalCase,
 };
 use super::compare::{compare, verdict, CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
@@ -648,6 +648,77 @@ impl TemplateOffsetApplyDiagPrecondCase {
             "amplitudes_out",
             &out,
             &amplitudes_out_out.data,
+        )]))
+    }
+}
+
+impl CovAccumDiagHitsCase {
+    /// `cov_accum_diag_hits`: the hit map (integer: exact on every backend).
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut hits = c.hits_in.data.clone();
+        {
+            let sm = stage_in(b, &c.submap.data, "submap")?;
+            let px = stage_in(b, &c.subpix.data, "subpix")?;
+            // TOAST passes its whole local map; the kernel's is nsub x nsubpix.
+            let n = if c.nsub < 1 {
+                0
+            } else {
+                (c.nsub * c.nsubpix) as usize
+            };
+            let h = stage_out(b, &mut hits[..n.min(c.hits_in.data.len())], "hits")?;
+            let args = abi::CovAccumDiagHitsArgs {
+                nsub: c.nsub,
+                nsubpix: c.nsubpix,
+                nnz: c.nnz,
+                submap: sm.abi(),
+                subpix: px.abi(),
+                hits: h.abi(),
+            };
+            // SAFETY: live arrays of this case or staged buffers, each with
+            // the length the struct declares (no host pointers).
+            unsafe { launch(b, &args)? };
+            finish(vec![h, sm, px])?;
+        }
+        Ok(verdict([compare("hits", &hits, &c.hits_out.data)]))
+    }
+}
+
+impl CovAccumDiagInvnppCase {
+    /// `cov_accum_diag_invnpp`: the inverse covariance (device atomics sum
+    /// a pixel's samples in any order: [`ACCUM_RTOL`] in tolerant mode).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut invnpp = c.invnpp_in.data.clone();
+        {
+            let sm = stage_in(b, &c.submap.data, "submap")?;
+            let px = stage_in(b, &c.subpix.data, "subpix")?;
+            let w = stage_in(b, &c.weights.data, "weights")?;
+            let n = if c.nsub < 1 || c.nnz < 1 {
+                0
+            } else {
+                (c.nsub * c.nsubpix * c.nnz * (c.nnz + 1) / 2) as usize
+            };
+            let o = stage_out(b, &mut invnpp[..n.min(c.invnpp_in.data.len())], "invnpp")?;
+            let args = abi::CovAccumDiagInvnppArgs {
+                nsub: c.nsub,
+                nsubpix: c.nsubpix,
+                nnz: c.nnz,
+                submap: sm.abi(),
+                subpix: px.abi(),
+                weights: w.abi(),
+                scale: c.scale,
+                invnpp: o.abi(),
+            };
+            // SAFETY: as in `CovAccumDiagHitsCase::run`.
+            unsafe { launch(b, &args)? };
+            finish(vec![o, sm, px, w])?;
+        }
+        Ok(verdict([cmp.float(
+            "invnpp",
+            &invnpp,
+            &c.invnpp_out.data,
+            ACCUM_RTOL,
         )]))
     }
 }
