@@ -300,6 +300,34 @@ pub struct CovAccumDiagInvnppArgs {
     pub invnpp: Array,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FilterPolynomialArgs {
+    pub n_signal: u64,
+    pub n_samp: u64,
+    pub n_scan: u64,
+    pub order: i64,
+    pub signal_index: *const i32,
+    pub starts: *const i64,
+    pub stops: *const i64,
+    pub flags: Array,
+    pub signals: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FilterPoly2dArgs {
+    pub n_samp: u64,
+    pub n_det: u64,
+    pub n_group: u64,
+    pub n_mode: u64,
+    pub det_groups: *const i32,
+    pub templates: *const f64,
+    pub signals: Array,
+    pub masks: Array,
+    pub coeff: Array,
+}
+
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;
 pub type ShutdownFn = unsafe extern "C" fn(ctx: *mut c_void);
 pub type LastErrorFn = unsafe extern "C" fn() -> *const c_char;

@@ -258,7 +258,7 @@ pub(crate) fn cov_accum_diag_invnpp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_cases::{unwired_case, Case};
+    use crate::kernels::test_cases::{reference_case, Case};
 
     fn run_hits(c: &mut Case) -> (Vec<i64>, Vec<i64>) {
         let mut hits = c.i64("hits_in");
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn hits_match_toast() {
         for name in ["cov_accum_diag_hits_basic", "cov_accum_diag_hits_nsub0"] {
-            let mut c = unwired_case(name);
+            let mut c = reference_case(name);
             let (got, want) = run_hits(&mut c);
             assert_eq!(got, want, "{name}");
         }
@@ -289,7 +289,7 @@ mod tests {
             "cov_accum_diag_invnpp_nnz3",
             "cov_accum_diag_invnpp_nnz1_zero_start",
         ] {
-            let mut c = unwired_case(name);
+            let mut c = reference_case(name);
             let mut invnpp = c.f64("invnpp_in");
             cov_accum_diag_invnpp(
                 c.scalar_i64("nsub"),
@@ -317,7 +317,7 @@ mod tests {
     #[test]
     fn invnpp_does_not_depend_on_the_thread_count() {
         let run = || {
-            let mut c = unwired_case("cov_accum_diag_invnpp_nnz3");
+            let mut c = reference_case("cov_accum_diag_invnpp_nnz3");
             let mut inv = c.f64("invnpp_in");
             let (sm, px, w) = (c.i64("submap"), c.i64("subpix"), c.f64("weights"));
             cov_accum_diag_invnpp(5, 8, 3, &sm, &px, &w, c.scalar_f64("scale"), &mut inv).unwrap();

@@ -1,16 +1,11 @@
 //! The kernels. Each `run` takes the validated arguments from
 //! `toast_accel::check` and the raw argument struct (for the kernel arrays,
 //! which are host addresses here) and returns a data-dependent fault, if any.
-//! `polyfilter` holds two more, as plain functions over slices, not yet in
-//! the plugin table.
 
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
 pub(crate) mod mapmaker_utils;
 pub(crate) mod pointing;
-// filter_polynomial/poly2D: plain functions, wired into the plugin through
-// the kernel table next.
-#[allow(dead_code)]
 pub(crate) mod polyfilter;
 pub(crate) mod scan_map;
 pub(crate) mod stokes;
@@ -62,6 +57,8 @@ cpu_kernel! {
     TemplateOffsetPrecondArgs => |_v, a| template_offset::run_precond(a);
     CovAccumDiagHitsArgs => |v, a| mapmaker_utils::run_hits(v, a);
     CovAccumDiagInvnppArgs => |v, a| mapmaker_utils::run_invnpp(v, a);
+    FilterPolynomialArgs => |v, a| polyfilter::run_polynomial(v, a);
+    FilterPoly2dArgs => |v, a| polyfilter::run_poly2d(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.
