@@ -584,39 +584,60 @@ fn cov_fault<D: Driver>(
     )))
 }
 
+/// Launch the covariance accumulation `name` (one thread per sample) with
+/// the parameters `params(call, [submap, subpix, err])` gives, and turn a
+/// recorded pixel fault into the CPU's error. Nothing to do for an inactive
+/// call (`nsub < 1`) or no samples.
+fn launch_cov<D: Driver>(
+    call: &mut KernelLaunch<'_, D>,
+    v: &check::CovAccum,
+    name: &'static str,
+    (submap, subpix): (abi::Array, abi::Array),
+    params: impl FnOnce(
+        &mut KernelLaunch<'_, D>,
+        [Option<D::Buffer>; 3],
+    ) -> Result<Vec<P<D::Buffer>>, PluginError>,
+) -> Result<(), PluginError> {
+    if !v.active || v.n_samp == 0 {
+        return Ok(());
+    }
+    check_key_range(call.kernel, 1, v.n_samp)?;
+    let sm = call.array("submap", submap, I64)?;
+    let px = call.array("subpix", subpix, I64)?;
+    let err = call.error_buffer()?;
+    let p = params(call, [sm, px, err])?;
+    call.launch(name, v.n_samp as u64, 1, 1, &p)?;
+    match call.read_error(err)? {
+        Some((_, s)) => Err(cov_fault(call, v, (sm, px), s)?),
+        None => Ok(()),
+    }
+}
+
 impl DeviceKernel for abi::CovAccumDiagHitsArgs {
     fn launch<D: Driver>(
         call: &mut KernelLaunch<'_, D>,
         v: &Self::Valid<'_>,
         a: &Self,
     ) -> Result<(), PluginError> {
-        if !v.active || v.n_samp == 0 {
-            return Ok(());
-        }
-        check_key_range("cov_accum_diag_hits", 1, v.n_samp)?;
-        let submap = call.array("submap", a.submap, I64)?;
-        let subpix = call.array("subpix", a.subpix, I64)?;
-        let hits = call.array("hits", a.hits, I64)?;
-        let err = call.error_buffer()?;
-        call.launch(
-            "toast_cov_accum_diag_hits",
-            v.n_samp as u64,
-            1,
-            1,
-            &[
-                P::I64(v.n_samp as i64),
-                P::I64(v.nsub),
-                P::I64(v.nsubpix),
-                P::Buffer(submap),
-                P::Buffer(subpix),
-                P::Buffer(hits),
-                P::Buffer(err),
-            ],
-        )?;
-        match call.read_error(err)? {
-            Some((_, s)) => Err(cov_fault(call, v, (submap, subpix), s)?),
-            None => Ok(()),
-        }
+        let name = "toast_cov_accum_diag_hits";
+        launch_cov(
+            call,
+            v,
+            name,
+            (a.submap, a.subpix),
+            |call, [sm, px, err]| {
+                let hits = call.array("hits", a.hits, I64)?;
+                Ok(vec![
+                    P::I64(v.n_samp as i64),
+                    P::I64(v.nsub),
+                    P::I64(v.nsubpix),
+                    P::Buffer(sm),
+                    P::Buffer(px),
+                    P::Buffer(hits),
+                    P::Buffer(err),
+                ])
+            },
+        )
     }
 }
 
@@ -626,37 +647,29 @@ impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
         v: &Self::Valid<'_>,
         a: &Self,
     ) -> Result<(), PluginError> {
-        if !v.active || v.n_samp == 0 {
-            return Ok(());
-        }
-        check_key_range("cov_accum_diag_invnpp", 1, v.n_samp)?;
-        let submap = call.array("submap", a.submap, I64)?;
-        let subpix = call.array("subpix", a.subpix, I64)?;
-        let weights = call.array("weights", a.weights, F64)?;
-        let invnpp = call.array("invnpp", a.invnpp, F64)?;
-        let err = call.error_buffer()?;
-        call.launch(
-            "toast_cov_accum_diag_invnpp",
-            v.n_samp as u64,
-            1,
-            1,
-            &[
-                P::I64(v.n_samp as i64),
-                P::I64(v.nsub),
-                P::I64(v.nsubpix),
-                P::I64(v.nnz as i64),
-                P::Buffer(submap),
-                P::Buffer(subpix),
-                P::Buffer(weights),
-                P::F64(a.scale),
-                P::Buffer(invnpp),
-                P::Buffer(err),
-            ],
-        )?;
-        match call.read_error(err)? {
-            Some((_, s)) => Err(cov_fault(call, v, (submap, subpix), s)?),
-            None => Ok(()),
-        }
+        let name = "toast_cov_accum_diag_invnpp";
+        launch_cov(
+            call,
+            v,
+            name,
+            (a.submap, a.subpix),
+            |call, [sm, px, err]| {
+                let weights = call.array("weights", a.weights, F64)?;
+                let invnpp = call.array("invnpp", a.invnpp, F64)?;
+                Ok(vec![
+                    P::I64(v.n_samp as i64),
+                    P::I64(v.nsub),
+                    P::I64(v.nsubpix),
+                    P::I64(v.nnz as i64),
+                    P::Buffer(sm),
+                    P::Buffer(px),
+                    P::Buffer(weights),
+                    P::F64(a.scale),
+                    P::Buffer(invnpp),
+                    P::Buffer(err),
+                ])
+            },
+        )
     }
 }
 
