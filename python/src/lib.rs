@@ -142,7 +142,16 @@ impl<'a, 'py> Call<'a, 'py> {
         i: usize,
         name: &'static str,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
-        let mut obj = self.arg(i, name)?;
+        self.interface_of(self.arg(i, name)?, name)
+    }
+
+    /// [`interface`](Self::interface) of an object (an element of a list
+    /// argument).
+    fn interface_of(
+        &self,
+        mut obj: Bound<'py, PyAny>,
+        name: &'static str,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
         if !obj.hasattr("__array_interface__")? {
             // TOAST's aligned buffers (AlignedF64, AlignedI64, ...) export
             // the buffer protocol only: view them as numpy arrays, which
@@ -224,6 +233,19 @@ impl<'a, 'py> Call<'a, 'py> {
         output: bool,
     ) -> PyResult<View<'py>> {
         let (obj, iface) = self.interface(i, name)?;
+        self.take_from(obj, iface, name, dts, ndims, output)
+    }
+
+    /// [`take`](Self::take) of an object and its array interface.
+    fn take_from(
+        &mut self,
+        obj: Bound<'py, PyAny>,
+        iface: Bound<'py, PyDict>,
+        name: &'static str,
+        dts: &[Dt],
+        ndims: &[usize],
+        output: bool,
+    ) -> PyResult<View<'py>> {
         let typestr: String = self.item(&iface, "typestr", name)?;
         let dt = Dt::from_typestr(&typestr)
             .filter(|d| dts.contains(d))
@@ -980,6 +1002,117 @@ fn offset_apply_diag_precond(c: &mut Call<'_, '_>) -> PyResult<()> {
     run(c.backend, &args, vec![o, v, i, f])
 }
 
+/// `cov_accum_diag_hits(nsub, nsubpix, nnz, submap, subpix, hits)`.
+fn cov_accum_diag_hits(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let nsub = c.i64(0, "nsub")?;
+    let nsubpix = c.i64(1, "nsubpix")?;
+    let nnz = c.i64(2, "nnz")?;
+    let submap = c.input(3, "submap", &[I64], &[1])?;
+    let subpix = c.input(4, "subpix", &[I64], &[1])?;
+    let hits = c.output(5, "hits", &[I64], &[1, 2, 3])?;
+    // TOAST passes its whole local map buffer; the kernel's is nsub x nsubpix.
+    let (m, p) = (c.stage(&submap)?, c.stage(&subpix)?);
+    let h = c.stage(&hits)?;
+    let args = abi::CovAccumDiagHitsArgs {
+        nsub,
+        nsubpix,
+        nnz,
+        submap: m.abi(),
+        subpix: p.abi(),
+        hits: if nsub < 1 {
+            abi::Array::ABSENT
+        } else {
+            h.abi()
+        },
+    };
+    run(c.backend, &args, vec![h, m, p])
+}
+
+/// `cov_accum_diag_invnpp(nsub, nsubpix, nnz, submap, subpix, weights,
+/// scale, invnpp)`.
+fn cov_accum_diag_invnpp(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let nsub = c.i64(0, "nsub")?;
+    let nsubpix = c.i64(1, "nsubpix")?;
+    let nnz = c.i64(2, "nnz")?;
+    let submap = c.input(3, "submap", &[I64], &[1])?;
+    let subpix = c.input(4, "subpix", &[I64], &[1])?;
+    let weights = c.input(5, "weights", &[F64], &[1, 2])?;
+    let scale = c.f64(6, "scale")?;
+    let invnpp = c.output(7, "invnpp", &[F64], &[1, 2, 3])?;
+    let (m, p, w) = (c.stage(&submap)?, c.stage(&subpix)?, c.stage(&weights)?);
+    let o = c.stage(&invnpp)?;
+    let active = nsub >= 1;
+    let args = abi::CovAccumDiagInvnppArgs {
+        nsub,
+        nsubpix,
+        nnz,
+        submap: m.abi(),
+        subpix: p.abi(),
+        weights: if active { w.abi() } else { abi::Array::ABSENT },
+        scale,
+        invnpp: if active { o.abi() } else { abi::Array::ABSENT },
+    };
+    run(c.backend, &args, vec![o, m, p, w])
+}
+
+/// `filter_polynomial(order, flags, signals_list, starts, stops)`: the
+/// signals are separate arrays, filtered independently (one call each, the
+/// scans in order), which is TOAST's result.
+fn filter_polynomial(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let order = c.i64(0, "order")?;
+    let flags = c.input(1, "flags", &[U8], &[1])?;
+    let starts = c.input(3, "starts", &[I64], &[1])?;
+    let stops = c.input(4, "stops", &[I64], &[1])?;
+    c.expect_len(&stops, starts.len, "one per scan, as starts")?;
+    let list = c.arg(2, "signals_list")?;
+    let mut signals = Vec::new();
+    for item in list.try_iter()? {
+        let (obj, iface) = c.interface_of(item?, "signals_list")?;
+        signals.push(c.take_from(obj, iface, "signals_list", &[F64], &[1], true)?);
+    }
+    let index = [0i32];
+    for sig in &signals {
+        let (f, s) = (c.stage(&flags)?, c.stage(sig)?);
+        let args = abi::FilterPolynomialArgs {
+            n_signal: 1,
+            n_samp: sig.len as u64,
+            n_scan: starts.len as u64,
+            order,
+            signal_index: index.as_ptr(),
+            starts: starts.host(),
+            stops: stops.host(),
+            flags: f.abi(),
+            signals: s.abi(),
+        };
+        run(c.backend, &args, vec![s, f])?;
+    }
+    Ok(())
+}
+
+/// `filter_poly2D(det_groups, templates, signals, masks, coeff)`.
+fn filter_poly2d(c: &mut Call<'_, '_>) -> PyResult<()> {
+    let det_groups = c.input(0, "det_groups", &[I32], &[1])?;
+    let templates = c.input(1, "templates", &[F64], &[2])?;
+    let signals = c.input(2, "signals", &[F64], &[2])?;
+    let masks = c.input(3, "masks", &[U8], &[2])?;
+    let coeff = c.output(4, "coeff", &[F64], &[3])?;
+    let n_det = det_groups.len;
+    c.expect_len(&templates, n_det * templates.shape[1], "[n_det, n_mode]")?;
+    let (s, m, o) = (c.stage(&signals)?, c.stage(&masks)?, c.stage(&coeff)?);
+    let args = abi::FilterPoly2dArgs {
+        n_samp: signals.shape[0] as u64,
+        n_det: n_det as u64,
+        n_group: coeff.shape[1] as u64,
+        n_mode: templates.shape[1] as u64,
+        det_groups: det_groups.host(),
+        templates: templates.host(),
+        signals: s.abi(),
+        masks: m.abi(),
+        coeff: o.abi(),
+    };
+    run(c.backend, &args, vec![o, s, m])
+}
+
 /// One row of the kernel table: TOAST's registry name, our kernel, and the
 /// adapter from TOAST's positional arguments to the ABI call.
 struct KernelEntry {
@@ -1041,6 +1174,26 @@ const KERNELS: &[KernelEntry] = &[
         toast_name: "offset_apply_diag_precond",
         kernel: Kernel::TemplateOffsetApplyDiagPrecond,
         adapt: offset_apply_diag_precond,
+    },
+    KernelEntry {
+        toast_name: "cov_accum_diag_hits",
+        kernel: Kernel::CovAccumDiagHits,
+        adapt: cov_accum_diag_hits,
+    },
+    KernelEntry {
+        toast_name: "cov_accum_diag_invnpp",
+        kernel: Kernel::CovAccumDiagInvnpp,
+        adapt: cov_accum_diag_invnpp,
+    },
+    KernelEntry {
+        toast_name: "filter_polynomial",
+        kernel: Kernel::FilterPolynomial,
+        adapt: filter_polynomial,
+    },
+    KernelEntry {
+        toast_name: "filter_poly2D",
+        kernel: Kernel::FilterPoly2d,
+        adapt: filter_poly2d,
     },
 ];
 

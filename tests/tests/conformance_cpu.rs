@@ -1,27 +1,30 @@
-//! Every shipped TOAST reference case must pass bit for bit on the CPU
+//! Every shipped TOAST reference case must pass bit for bit on the CPU (the
+//! polynomial filters within their documented tolerance of TOAST's LAPACK)
 //! plugin, loaded as a real plugin (the cdylib, through the ABI), with one,
 //! two and five threads (the suite of `toast_tests::conformance_suite!`,
 //! the same test as every backend's), and through staged buffers.
 
 use std::sync::Arc;
-use toast_accel::host::conformance::{run_dir, CaseOutcome};
+use toast_accel::abi::Kernel;
+use toast_accel::host::conformance::{kernel_of, run_dir, CaseOutcome};
 use toast_accel::host::Plugin;
 use toast_testkit::plugins::load;
 use toast_tests::{cases_dir, conformance_suite};
 
-// The CPU is the reference: every case bit for bit, whatever the thread count.
+// The CPU is the reference: every case bit for bit (the filters within
+// tolerance of TOAST's dgelss), whatever the thread count.
 conformance_suite!(
     all_cases_pass_with_one_thread: backend = "cpu", options = "threads=1",
-    require = "", comparison = Exact, tolerant = [],
+    require = "", comparison = Exact, tolerant = [FilterPolynomial, FilterPoly2d],
 );
 conformance_suite!(
     all_cases_pass_with_two_threads: backend = "cpu", options = "threads=2",
-    require = "", comparison = Exact, tolerant = [],
+    require = "", comparison = Exact, tolerant = [FilterPolynomial, FilterPoly2d],
 );
 // More threads than cores: a stress on the decomposition, not on speed.
 conformance_suite!(
     all_cases_pass_with_many_threads: backend = "cpu", options = "threads=5",
-    require = "", comparison = Exact, tolerant = [],
+    require = "", comparison = Exact, tolerant = [FilterPolynomial, FilterPoly2d],
 );
 
 #[test]
@@ -42,6 +45,14 @@ fn all_cases_pass_through_staged_buffers() {
         .iter()
         .filter_map(|(p, r)| match r {
             Ok(CaseOutcome::Pass) => None,
+            // The filters: within tolerance of TOAST's dgelss (FORMAT.md).
+            Ok(CaseOutcome::PassTolerant { .. })
+                if kernel_of(&p.file_stem().unwrap_or_default().to_string_lossy()).is_some_and(
+                    |k| matches!(k, Kernel::FilterPolynomial | Kernel::FilterPoly2d),
+                ) =>
+            {
+                None
+            }
             Ok(o) => Some(format!("{}: {o}", p.display())),
             Err(e) => Some(e.to_string()),
         })

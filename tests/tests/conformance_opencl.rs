@@ -17,7 +17,8 @@ use toast_tests::{backend_or_skip, conformance_suite};
 
 conformance_suite!(
     all_cases_pass_on_opencl: backend = "opencl", options = "", require = "TOAST_REQUIRE_OPENCL",
-    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted],
+    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp,
+                FilterPolynomial, FilterPoly2d],
 );
 
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
@@ -166,6 +167,94 @@ fn an_output_aliasing_an_input_is_refused_except_in_place_precond() {
         "{e}"
     );
     for h in [ha, hv, hf] {
+        b.free(h).unwrap();
+    }
+}
+
+/// The data errors of the covariance and polynomial-filter kernels through
+/// the plugin: a pixel beyond the local map (hits: the first faulty sample,
+/// worded as the CPU's), and a fit with more templates than a device thread
+/// holds (filter_polynomial: refused, the faulty scan left alone).
+#[test]
+fn cov_and_filter_data_errors_are_reported() {
+    let Some(b) = opencl() else { return };
+    let up = |name: &str, bytes: Vec<u8>| {
+        let h = b.alloc(bytes.len() as u64, name).unwrap();
+        b.copy_to_device(h, 0, &bytes).unwrap();
+        h
+    };
+    let ib = |v: &[i64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+    let fb = |v: &[f64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+    let arr = |h: u64, len: usize| Array {
+        ptr: h,
+        len: len as u64,
+    };
+    // hits: 2 submaps x 4 pixels; samples 3 (submap 2) and 5 (pixel 4) are
+    // beyond the map, sample 1 is skipped (-1).
+    let (sm, px) = ([0i64, -1, 1, 2, 0, 1], [1i64, 0, 3, 0, 2, 4]);
+    let (hs, hp, hh) = (
+        up("submap", ib(&sm)),
+        up("subpix", ib(&px)),
+        up("hits", ib(&[0; 8])),
+    );
+    let args = abi::CovAccumDiagHitsArgs {
+        nsub: 2,
+        nsubpix: 4,
+        nnz: 1,
+        submap: arr(hs, 6),
+        subpix: arr(hp, 6),
+        hits: arr(hh, 8),
+    };
+    // SAFETY: every handle holds the declared number of elements.
+    let e = unsafe { b.launch(&args) }.unwrap_err().to_string();
+    assert!(
+        e.contains("sample 3: submap 2, pixel 0 is beyond the local map (2 submaps x 4 pixels)"),
+        "{e}"
+    );
+    let mut hits = vec![0u8; 64];
+    b.copy_to_host(hh, 0, &mut hits).unwrap();
+    let hits: Vec<i64> = hits
+        .chunks(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(hits, [0, 1, 1, 0, 0, 0, 0, 1]);
+    // filter_polynomial: order 40 on a scan of 50 good samples needs 41
+    // templates; the first scan, of 20 good samples, needs 20 and runs.
+    let n = 80usize;
+    let sig: Vec<f64> = (0..n).map(|i| 1.0 + i as f64).collect();
+    let (hf, hsig) = (up("flags", vec![0u8; n]), up("signals", fb(&sig)));
+    let (idx, starts, stops) = ([0i32], [0i64, 30], [20i64, 80]);
+    let args = abi::FilterPolynomialArgs {
+        n_signal: 1,
+        n_samp: n as u64,
+        n_scan: 2,
+        order: 40,
+        signal_index: idx.as_ptr(),
+        starts: starts.as_ptr(),
+        stops: stops.as_ptr(),
+        flags: arr(hf, n),
+        signals: arr(hsig, n),
+    };
+    // SAFETY: as above; the host arrays live across the call.
+    let e = unsafe { b.launch(&args) }.unwrap_err().to_string();
+    assert!(
+        e.contains("signal 0, scan starting at sample 30") && e.contains("32 templates"),
+        "{e}"
+    );
+    let mut got = vec![0u8; 8 * n];
+    b.copy_to_host(hsig, 0, &mut got).unwrap();
+    let got: Vec<f64> = got
+        .chunks(8)
+        .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    // 20 templates interpolate the first scan's 20 samples: ~0 left.
+    assert!(got[..20].iter().all(|v| v.abs() < 1e-9), "{:?}", &got[..20]);
+    assert_eq!(
+        got[20..],
+        sig[20..],
+        "the faulty scan and the rest untouched"
+    );
+    for h in [hs, hp, hh, hf, hsig] {
         b.free(h).unwrap();
     }
 }

@@ -1,7 +1,7 @@
-/* kernels.h -- the ten TOAST kernels for every device target (CUDA, HIP,
- * OpenCL), written once in a C subset that NVRTC, hiprtc and OpenCL C 1.2 /
- * 3.0 all accept, and four more not yet in the plugin table (11-14 at the
- * end: cov_accum_diag_hits/invnpp, filter_polynomial, filter_poly2D).  It
+/* kernels.h -- the fourteen TOAST kernels for every device target (CUDA,
+ * HIP, OpenCL), written once in a C subset that NVRTC, hiprtc and OpenCL C
+ * 1.2 / 3.0 all accept (11-14 at the end: cov_accum_diag_hits/invnpp,
+ * filter_polynomial, filter_poly2D, with their own launch shapes).  It
  * is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
  * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
@@ -708,8 +708,8 @@ KERNEL void toast_template_offset_apply_diag_precond(i64 n_amp,
 }
 
 /* ======================================================================== *
- * The four kernels below are not yet in the plugin table (they are wired
- * through the kernel table next); their CPU twins are
+ * The four kernels below (appended to the plugin table in ABI minor 1;
+ * toast-gpu's entries.rs plans their launches); their CPU twins are
  * backend-cpu/src/kernels/{mapmaker_utils,polyfilter}.rs.  None of them
  * takes TOAST_GRID_ARGS: their launch shapes are given with each.
  * ======================================================================== */

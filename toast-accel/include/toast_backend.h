@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 0u
+#define TOAST_BACKEND_ABI_MINOR 1u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -303,6 +303,73 @@ typedef struct toast_template_offset_precond_args {
     toast_array amplitudes_out;  /* f64 [n_amp] (out) */
 } toast_template_offset_precond_args;
 
+/* Diagonal pixel-noise covariance (TOAST's cov_accum_diag_hits / _invnpp).
+ * Sample i (n_samp = submap.len) goes to the flat local pixel
+ * hpx = submap[i] * nsubpix + subpix[i]; a negative submap (not local) or
+ * subpix (flagged) skips the sample; submap >= nsub or subpix >= nsubpix is
+ * an error.  nsub < 1 does nothing (nothing is read or written), as in TOAST.
+ * hits[hpx] += 1; nnz is unused, as in TOAST. */
+typedef struct toast_cov_accum_diag_hits_args {
+    int64_t nsub;
+    int64_t nsubpix;
+    int64_t nnz;
+    toast_array submap; /* i64 [n_samp] (in) */
+    toast_array subpix; /* i64 [n_samp] (in) */
+    toast_array hits;   /* i64 [nsub * nsubpix] (in/out) */
+} toast_cov_accum_diag_hits_args;
+
+/* invnpp[hpx, jk] += weights[i, k] * (weights[i, j] * scale) for j <= k (the
+ * lower triangle row by row, nnz (nnz + 1) / 2 elements per pixel). */
+typedef struct toast_cov_accum_diag_invnpp_args {
+    int64_t nsub;
+    int64_t nsubpix;
+    int64_t nnz;
+    toast_array submap;  /* i64 [n_samp] (in) */
+    toast_array subpix;  /* i64 [n_samp] (in) */
+    toast_array weights; /* f64 [n_samp, nnz] (in) */
+    double scale;
+    toast_array invnpp; /* f64 [nsub * nsubpix, nnz (nnz + 1) / 2] (in/out) */
+} toast_cov_accum_diag_invnpp_args;
+
+/* TOAST's filter_polynomial: for each scan v (in order) and each signal i,
+ * fit Legendre polynomials of order 0..order to the good samples
+ * (flags == 0) of signals[signal_index[i], starts[v] .. stops[v]) and
+ * subtract the fit from every sample of the scan.  Scans are clamped as TOAST
+ * does (start < 0 -> 0; stop < 0 or > n_samp -> n_samp; stop < start
+ * skips); a scan without good samples is left alone; a scan with fewer good
+ * samples than order + 1 is fitted with as many templates as good samples.
+ * order < 0 does nothing.  signal_index must not repeat a row.  A backend
+ * may refuse a fit larger than it supports (the devices: 32 templates). */
+typedef struct toast_filter_polynomial_args {
+    uint64_t n_signal;
+    uint64_t n_samp;
+    uint64_t n_scan;
+    int64_t order;
+    const int32_t *signal_index; /* host [n_signal] */
+    const int64_t *starts;       /* host [n_scan] */
+    const int64_t *stops;        /* host [n_scan], exclusive */
+    toast_array flags;           /* u8 [n_samp] (in) */
+    toast_array signals;         /* f64 [n_rows, n_samp] (in/out) */
+} toast_filter_polynomial_args;
+
+/* TOAST's filter_poly2D: for every sample and detector group, the
+ * least-squares coefficients of the group's signals in the per-detector
+ * templates (masks == 0 weights a detector by 0), solved with rcond 1e-6:
+ * coeff[s, g, 0..n_mode].  det_groups[d] < 0: detector d is in no group;
+ * otherwise it must be < n_group.  A backend may refuse more modes than it
+ * supports (the devices: 32). */
+typedef struct toast_filter_poly2d_args {
+    uint64_t n_samp;
+    uint64_t n_det;
+    uint64_t n_group;
+    uint64_t n_mode;
+    const int32_t *det_groups; /* host [n_det] */
+    const double *templates;   /* host [n_det, n_mode] */
+    toast_array signals;       /* f64 [n_samp, n_det] (in) */
+    toast_array masks;         /* u8 [n_samp, n_det] (in) */
+    toast_array coeff;         /* f64 [n_samp, n_group, n_mode] (out) */
+} toast_filter_poly2d_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -344,6 +411,10 @@ typedef struct toast_backend_table {
                                                    const toast_template_offset_project_args *a);
     toast_status (*template_offset_apply_diag_precond)(
         void *ctx, const toast_template_offset_precond_args *a);
+    toast_status (*cov_accum_diag_hits)(void *ctx, const toast_cov_accum_diag_hits_args *a);
+    toast_status (*cov_accum_diag_invnpp)(void *ctx, const toast_cov_accum_diag_invnpp_args *a);
+    toast_status (*filter_polynomial)(void *ctx, const toast_filter_polynomial_args *a);
+    toast_status (*filter_poly2d)(void *ctx, const toast_filter_poly2d_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 0;
+pub const ABI_MINOR: u32 = 1;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -274,6 +274,58 @@ pub struct TemplateOffsetPrecondArgs {
     pub amplitudes_in: Array,
     pub amplitude_flags: Array,
     pub amplitudes_out: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CovAccumDiagHitsArgs {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub submap: Array,
+    pub subpix: Array,
+    pub hits: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CovAccumDiagInvnppArgs {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub submap: Array,
+    pub subpix: Array,
+    pub weights: Array,
+    pub scale: f64,
+    pub invnpp: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FilterPolynomialArgs {
+    pub n_signal: u64,
+    pub n_samp: u64,
+    pub n_scan: u64,
+    pub order: i64,
+    pub signal_index: *const i32,
+    pub starts: *const i64,
+    pub stops: *const i64,
+    pub flags: Array,
+    pub signals: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FilterPoly2dArgs {
+    pub n_samp: u64,
+    pub n_det: u64,
+    pub n_group: u64,
+    pub n_mode: u64,
+    pub det_groups: *const i32,
+    pub templates: *const f64,
+    pub signals: Array,
+    pub masks: Array,
+    pub coeff: Array,
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

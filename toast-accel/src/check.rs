@@ -1100,6 +1100,235 @@ pub unsafe fn check_template_offset_precond(
     Ok(a.n_amp as usize)
 }
 
+/// Validated `cov_accum_diag_hits` / `cov_accum_diag_invnpp` arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CovAccum {
+    /// Samples (the length of `submap` and `subpix`).
+    pub n_samp: usize,
+    /// Local submaps; `< 1`: the call does nothing (as TOAST).
+    pub nsub: i64,
+    pub nsubpix: i64,
+    /// Elements per sample of `weights` (1 for hits, which ignores nnz).
+    pub nnz: usize,
+    /// Elements per pixel of the output (1, or `nnz (nnz + 1) / 2`).
+    pub block: usize,
+    /// Whether the call reads or writes anything (`nsub >= 1`).
+    pub active: bool,
+}
+
+/// The checks both covariance kernels share: the sample arrays, and, for an
+/// active call, `nsubpix` and the output's length `nsub * nsubpix * block`.
+fn cov_common(
+    kernel: &'static str,
+    nsub: i64,
+    nsubpix: i64,
+    submap: u64,
+    subpix: u64,
+    (out_name, out_len): (&'static str, u64),
+    block: u64,
+) -> Result<(), ArgError> {
+    exact_len(kernel, "subpix", subpix, submap, "n_samp, as submap")?;
+    if nsub < 1 {
+        return Ok(());
+    }
+    if nsubpix < 1 {
+        return Err(ArgError::new(
+            kernel,
+            "nsubpix",
+            format!("nsubpix = {nsubpix}, must be positive"),
+        ));
+    }
+    let npix = mul(kernel, out_name, nsub as u64, nsubpix as u64)?;
+    let want = mul(kernel, out_name, npix, block)?;
+    exact_len(
+        kernel,
+        out_name,
+        out_len,
+        want,
+        "nsub * nsubpix * per-pixel block",
+    )
+}
+
+/// Check the arguments of `cov_accum_diag_hits`.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_cov_accum_diag_hits(
+    a: &abi::CovAccumDiagHitsArgs,
+) -> Result<CovAccum, ArgError> {
+    const K: &str = "cov_accum_diag_hits";
+    cov_common(
+        K,
+        a.nsub,
+        a.nsubpix,
+        a.submap.len,
+        a.subpix.len,
+        ("hits", a.hits.len),
+        1,
+    )?;
+    Ok(CovAccum {
+        n_samp: a.submap.len as usize,
+        nsub: a.nsub,
+        nsubpix: a.nsubpix,
+        nnz: 1,
+        block: 1,
+        active: a.nsub >= 1,
+    })
+}
+
+/// Check the arguments of `cov_accum_diag_invnpp`.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_cov_accum_diag_invnpp(
+    a: &abi::CovAccumDiagInvnppArgs,
+) -> Result<CovAccum, ArgError> {
+    const K: &str = "cov_accum_diag_invnpp";
+    let active = a.nsub >= 1;
+    if active && !(1..=(1 << 16)).contains(&a.nnz) {
+        return Err(ArgError::new(
+            K,
+            "nnz",
+            format!("nnz = {}, must be in [1, 65536]", a.nnz),
+        ));
+    }
+    let nnz = a.nnz.max(1) as u64;
+    let block = nnz * (nnz + 1) / 2;
+    cov_common(
+        K,
+        a.nsub,
+        a.nsubpix,
+        a.submap.len,
+        a.subpix.len,
+        ("invnpp", a.invnpp.len),
+        block,
+    )?;
+    if active {
+        let want = mul(K, "weights", a.submap.len, nnz)?;
+        exact_len(K, "weights", a.weights.len, want, "[n_samp, nnz]")?;
+    }
+    Ok(CovAccum {
+        n_samp: a.submap.len as usize,
+        nsub: a.nsub,
+        nsubpix: a.nsubpix,
+        nnz: nnz as usize,
+        block: block as usize,
+        active,
+    })
+}
+
+/// Validated `filter_polynomial` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct FilterPolynomial<'a> {
+    pub n_signal: usize,
+    pub n_samp: usize,
+    pub order: i64,
+    pub signal_index: &'a [i32],
+    pub starts: &'a [i64],
+    pub stops: &'a [i64],
+}
+
+/// Check the arguments of `filter_polynomial`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_filter_polynomial<'a>(
+    a: &abi::FilterPolynomialArgs,
+) -> Result<FilterPolynomial<'a>, ArgError> {
+    const K: &str = "filter_polynomial";
+    // SAFETY: host arrays of n_signal / n_scan elements by the caller's contract.
+    let signal_index = unsafe { host(K, "signal_index", a.signal_index, a.n_signal)? };
+    // SAFETY: as above.
+    let starts = unsafe { host(K, "starts", a.starts, a.n_scan)? };
+    // SAFETY: as above.
+    let stops = unsafe { host(K, "stops", a.stops, a.n_scan)? };
+    exact_len(K, "flags", a.flags.len, a.n_samp, "n_samp")?;
+    sample_rows(
+        K,
+        "signals",
+        a.signals.len,
+        a.n_samp,
+        1,
+        "[n_rows, n_samp]",
+        "signal_index",
+        signal_index,
+    )?;
+    let mut seen = std::collections::HashSet::with_capacity(signal_index.len());
+    if let Some((i, r)) = signal_index
+        .iter()
+        .enumerate()
+        .find(|(_, r)| !seen.insert(**r))
+    {
+        return Err(ArgError::new(
+            K,
+            "signal_index",
+            format!("signal_index[{i}] = {r} repeats a row (each signal is filtered once)"),
+        ));
+    }
+    Ok(FilterPolynomial {
+        n_signal: a.n_signal as usize,
+        n_samp: a.n_samp as usize,
+        order: a.order,
+        signal_index,
+        starts,
+        stops,
+    })
+}
+
+/// Validated `filter_poly2D` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct FilterPoly2d<'a> {
+    pub n_samp: usize,
+    pub n_det: usize,
+    pub n_group: usize,
+    pub n_mode: usize,
+    pub det_groups: &'a [i32],
+    pub templates: &'a [f64],
+}
+
+/// Check the arguments of `filter_poly2D`.
+///
+/// # Safety
+/// The host pointers of `a` must be valid for the lengths the header gives.
+pub unsafe fn check_filter_poly2d<'a>(
+    a: &abi::FilterPoly2dArgs,
+) -> Result<FilterPoly2d<'a>, ArgError> {
+    const K: &str = "filter_poly2D";
+    // SAFETY: host array of n_det elements by the caller's contract.
+    let det_groups = unsafe { host(K, "det_groups", a.det_groups, a.n_det)? };
+    let n_templates = mul(K, "templates", a.n_det, a.n_mode)?;
+    // SAFETY: host array of n_det * n_mode elements by the caller's contract.
+    let templates = unsafe { host(K, "templates", a.templates, n_templates)? };
+    if let Some((i, g)) = det_groups
+        .iter()
+        .enumerate()
+        .find(|(_, &g)| g >= 0 && g as u64 >= a.n_group)
+    {
+        return Err(ArgError::new(
+            K,
+            "det_groups",
+            format!(
+                "det_groups[{i}] = {g} is not a group (n_group = {})",
+                a.n_group
+            ),
+        ));
+    }
+    let n = mul(K, "signals", a.n_samp, a.n_det)?;
+    exact_len(K, "signals", a.signals.len, n, "[n_samp, n_det]")?;
+    exact_len(K, "masks", a.masks.len, n, "[n_samp, n_det]")?;
+    let c = mul(K, "coeff", a.n_samp, a.n_group)?;
+    let c = mul(K, "coeff", c, a.n_mode)?;
+    exact_len(K, "coeff", a.coeff.len, c, "[n_samp, n_group, n_mode]")?;
+    Ok(FilterPoly2d {
+        n_samp: a.n_samp as usize,
+        n_det: a.n_det as usize,
+        n_group: a.n_group as usize,
+        n_mode: a.n_mode as usize,
+        det_groups,
+        templates,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     //! One test per validation rule; each asserts the error names the argument.
@@ -1777,6 +2006,160 @@ mod tests {
             unsafe { check_template_offset_precond(&a) },
             "offset_var",
             "length 6",
+        );
+    }
+
+    fn hits_args(nsub: i64, nsubpix: i64, n: u64, m: u64, h: u64) -> abi::CovAccumDiagHitsArgs {
+        let a = |len| Array { ptr: 8, len };
+        abi::CovAccumDiagHitsArgs {
+            nsub,
+            nsubpix,
+            nnz: 3,
+            submap: a(n),
+            subpix: a(m),
+            hits: a(h),
+        }
+    }
+
+    #[test]
+    fn cov_sample_arrays_must_match() {
+        // SAFETY: reads no pointer.
+        expect_err(
+            unsafe { check_cov_accum_diag_hits(&hits_args(2, 4, 10, 9, 8)) },
+            "subpix",
+            "length 9",
+        );
+    }
+
+    #[test]
+    fn cov_output_must_hold_the_local_map() {
+        // SAFETY: reads no pointer.
+        expect_err(
+            unsafe { check_cov_accum_diag_hits(&hits_args(2, 4, 10, 10, 7)) },
+            "hits",
+            "length 7",
+        );
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_cov_accum_diag_hits(&hits_args(2, 0, 10, 10, 0)) },
+            "nsubpix",
+            "must be positive",
+        );
+        // nsub < 1: nothing is read or written, the map is not checked.
+        // SAFETY: as above.
+        let v = unsafe { check_cov_accum_diag_hits(&hits_args(0, 4, 10, 10, 3)) }.unwrap();
+        assert!(!v.active);
+    }
+
+    #[test]
+    fn invnpp_nnz_and_weights() {
+        let a = |len| Array { ptr: 8, len };
+        let mut x = abi::CovAccumDiagInvnppArgs {
+            nsub: 2,
+            nsubpix: 4,
+            nnz: 0,
+            submap: a(10),
+            subpix: a(10),
+            weights: a(30),
+            scale: 1.0,
+            invnpp: a(48),
+        };
+        // SAFETY: reads no pointer.
+        expect_err(unsafe { check_cov_accum_diag_invnpp(&x) }, "nnz", "nnz = 0");
+        x.nnz = 3;
+        // SAFETY: as above.
+        let v = unsafe { check_cov_accum_diag_invnpp(&x) }.unwrap();
+        assert_eq!((v.block, v.nnz, v.n_samp), (6, 3, 10));
+        x.weights.len = 29;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_cov_accum_diag_invnpp(&x) },
+            "weights",
+            "length 29",
+        );
+        x.weights.len = 30;
+        x.invnpp.len = 40;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_cov_accum_diag_invnpp(&x) },
+            "invnpp",
+            "length 40",
+        );
+    }
+
+    #[test]
+    fn filter_polynomial_rows_flags_and_repeats() {
+        let (idx, st, sp) = ([0i32, 1], [0i64], [10i64]);
+        let mut a = abi::FilterPolynomialArgs {
+            n_signal: 2,
+            n_samp: 10,
+            n_scan: 1,
+            order: 1,
+            signal_index: idx.as_ptr(),
+            starts: st.as_ptr(),
+            stops: sp.as_ptr(),
+            flags: Array { ptr: 8, len: 10 },
+            signals: Array { ptr: 8, len: 20 },
+        };
+        // SAFETY: host arrays of the declared lengths.
+        assert!(unsafe { check_filter_polynomial(&a) }.is_ok());
+        a.flags.len = 9;
+        // SAFETY: as above.
+        expect_err(unsafe { check_filter_polynomial(&a) }, "flags", "length 9");
+        a.flags.len = 10;
+        a.signals.len = 10;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_filter_polynomial(&a) },
+            "signal_index",
+            "signal_index[1] = 1",
+        );
+        let rep = [1i32, 1];
+        a.signals.len = 20;
+        a.signal_index = rep.as_ptr();
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_filter_polynomial(&a) },
+            "signal_index",
+            "repeats",
+        );
+        a.n_scan = 2;
+        a.starts = std::ptr::null();
+        // SAFETY: as above (a null pointer is refused before it is read).
+        expect_err(unsafe { check_filter_polynomial(&a) }, "starts", "null");
+    }
+
+    #[test]
+    fn filter_poly2d_groups_and_shapes() {
+        let (g, t) = ([0i32, -1, 1], [0.0f64; 6]);
+        let mut a = abi::FilterPoly2dArgs {
+            n_samp: 4,
+            n_det: 3,
+            n_group: 2,
+            n_mode: 2,
+            det_groups: g.as_ptr(),
+            templates: t.as_ptr(),
+            signals: Array { ptr: 8, len: 12 },
+            masks: Array { ptr: 8, len: 12 },
+            coeff: Array { ptr: 8, len: 16 },
+        };
+        // SAFETY: host arrays of the declared lengths.
+        assert!(unsafe { check_filter_poly2d(&a) }.is_ok());
+        a.coeff.len = 15;
+        // SAFETY: as above.
+        expect_err(unsafe { check_filter_poly2d(&a) }, "coeff", "length 15");
+        a.coeff.len = 16;
+        a.masks.len = 11;
+        // SAFETY: as above.
+        expect_err(unsafe { check_filter_poly2d(&a) }, "masks", "length 11");
+        a.masks.len = 12;
+        a.n_group = 1;
+        a.coeff.len = 8;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_filter_poly2d(&a) },
+            "det_groups",
+            "det_groups[2] = 1",
         );
     }
 }

@@ -157,6 +157,38 @@ macro_rules! toast_kernels {
                 device: ["toast_template_offset_apply_diag_precond"],
                 case: TemplateOffsetApplyDiagPrecondCase,
             }
+            cov_accum_diag_hits => CovAccumDiagHits {
+                name: "cov_accum_diag_hits",
+                args: CovAccumDiagHitsArgs = toast_cov_accum_diag_hits_args,
+                check: check_cov_accum_diag_hits -> $crate::check::CovAccum,
+                arrays: [submap: In, subpix: In, hits: Out],
+                device: ["toast_cov_accum_diag_hits"],
+                case: CovAccumDiagHitsCase,
+            }
+            cov_accum_diag_invnpp => CovAccumDiagInvnpp {
+                name: "cov_accum_diag_invnpp",
+                args: CovAccumDiagInvnppArgs = toast_cov_accum_diag_invnpp_args,
+                check: check_cov_accum_diag_invnpp -> $crate::check::CovAccum,
+                arrays: [submap: In, subpix: In, weights: In, invnpp: Out],
+                device: ["toast_cov_accum_diag_invnpp"],
+                case: CovAccumDiagInvnppCase,
+            }
+            filter_polynomial => FilterPolynomial {
+                name: "filter_polynomial",
+                args: FilterPolynomialArgs = toast_filter_polynomial_args,
+                check: check_filter_polynomial -> $crate::check::FilterPolynomial<'a>,
+                arrays: [flags: In, signals: Out],
+                device: ["toast_filter_polynomial"],
+                case: FilterPolynomialCase,
+            }
+            filter_poly2d => FilterPoly2d {
+                name: "filter_poly2D",
+                args: FilterPoly2dArgs = toast_filter_poly2d_args,
+                check: check_filter_poly2d -> $crate::check::FilterPoly2d<'a>,
+                arrays: [signals: In, masks: In, coeff: Out],
+                device: ["toast_filter_poly2d"],
+                case: FilterPoly2dCase,
+            }
         }
     };
 }
@@ -330,7 +362,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 10);
+        assert_eq!(Kernel::ALL.len(), 14);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -340,7 +372,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 13);
+        assert_eq!(names.len(), 17);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

@@ -91,6 +91,18 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_template_offset_precond_args => TemplateOffsetPrecondArgs {
             n_amp, offset_var, amplitudes_in, amplitude_flags, amplitudes_out,
         },
+        toast_cov_accum_diag_hits_args => CovAccumDiagHitsArgs {
+            nsub, nsubpix, nnz, submap, subpix, hits,
+        },
+        toast_cov_accum_diag_invnpp_args => CovAccumDiagInvnppArgs {
+            nsub, nsubpix, nnz, submap, subpix, weights, scale, invnpp,
+        },
+        toast_filter_polynomial_args => FilterPolynomialArgs {
+            n_signal, n_samp, n_scan, order, signal_index, starts, stops, flags, signals,
+        },
+        toast_filter_poly2d_args => FilterPoly2dArgs {
+            n_samp, n_det, n_group, n_mode, det_groups, templates, signals, masks, coeff,
+        },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

@@ -3,16 +3,66 @@
 //! `toast::cov_accum_diag_hits` / `toast::cov_accum_diag_invnpp`, libtoast
 //! `toast_map_cov.cpp`; `tests/data/toast-kernels/FORMAT.md`, sections 11-12).
 //!
-//! Plain functions over slices, not yet in the plugin table (they are wired
-//! through the kernel table next). Deterministic parallel accumulation as in
+//! Plain functions over slices, and the plugin's entries ([`run_hits`],
+//! [`run_invnpp`]) that call them. Deterministic parallel accumulation as in
 //! `mapmaker.rs`: the flat local pixel axis is split into one range per task;
 //! every task walks all samples in order and accumulates only the samples of
 //! its pixels, so every element is summed in sample order, bit-identical to
 //! TOAST's one-thread run for any thread count.
 
+use crate::arrays;
 use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
 use rayon::prelude::*;
+use toast_accel::abi::{CovAccumDiagHitsArgs, CovAccumDiagInvnppArgs};
+use toast_accel::check::CovAccum;
 use toast_accel::plugin_support::PluginError;
+
+/// The `cov_accum_diag_hits` entry.
+///
+/// # Safety
+/// `a` has passed `check_cov_accum_diag_hits` (giving `v`) and its arrays
+/// are host memory of the stated lengths.
+pub(crate) unsafe fn run_hits(v: &CovAccum, a: &CovAccumDiagHitsArgs) -> Result<(), PluginError> {
+    const K: &str = "cov_accum_diag_hits";
+    if !v.active {
+        return Ok(());
+    }
+    // SAFETY: host arrays of the validated lengths; `hits` is the only output.
+    let (submap, subpix, hits) = unsafe {
+        (
+            arrays::input::<i64>(K, "submap", a.submap)?,
+            arrays::input::<i64>(K, "subpix", a.subpix)?,
+            arrays::output::<i64>(K, "hits", a.hits)?,
+        )
+    };
+    cov_accum_diag_hits(v.nsub, v.nsubpix, a.nnz, submap, subpix, hits)
+}
+
+/// The `cov_accum_diag_invnpp` entry.
+///
+/// # Safety
+/// As [`run_hits`], for `check_cov_accum_diag_invnpp`.
+pub(crate) unsafe fn run_invnpp(
+    v: &CovAccum,
+    a: &CovAccumDiagInvnppArgs,
+) -> Result<(), PluginError> {
+    const K: &str = "cov_accum_diag_invnpp";
+    if !v.active {
+        return Ok(());
+    }
+    // SAFETY: host arrays of the validated lengths; `invnpp` is the only output.
+    let (submap, subpix, weights, invnpp) = unsafe {
+        (
+            arrays::input::<i64>(K, "submap", a.submap)?,
+            arrays::input::<i64>(K, "subpix", a.subpix)?,
+            arrays::input::<f64>(K, "weights", a.weights)?,
+            arrays::output::<f64>(K, "invnpp", a.invnpp)?,
+        )
+    };
+    cov_accum_diag_invnpp(
+        v.nsub, v.nsubpix, a.nnz, submap, subpix, weights, a.scale, invnpp,
+    )
+}
 
 /// The flat local pixel `submap * nsubpix + subpix` of sample `i`, `None`
 /// for a sample TOAST skips (a negative submap: not local, or a negative
@@ -208,7 +258,7 @@ pub(crate) fn cov_accum_diag_invnpp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_cases::{unwired_case, Case};
+    use crate::kernels::test_cases::{reference_case, Case};
 
     fn run_hits(c: &mut Case) -> (Vec<i64>, Vec<i64>) {
         let mut hits = c.i64("hits_in");
@@ -227,7 +277,7 @@ mod tests {
     #[test]
     fn hits_match_toast() {
         for name in ["cov_accum_diag_hits_basic", "cov_accum_diag_hits_nsub0"] {
-            let mut c = unwired_case(name);
+            let mut c = reference_case(name);
             let (got, want) = run_hits(&mut c);
             assert_eq!(got, want, "{name}");
         }
@@ -239,7 +289,7 @@ mod tests {
             "cov_accum_diag_invnpp_nnz3",
             "cov_accum_diag_invnpp_nnz1_zero_start",
         ] {
-            let mut c = unwired_case(name);
+            let mut c = reference_case(name);
             let mut invnpp = c.f64("invnpp_in");
             cov_accum_diag_invnpp(
                 c.scalar_i64("nsub"),
@@ -267,7 +317,7 @@ mod tests {
     #[test]
     fn invnpp_does_not_depend_on_the_thread_count() {
         let run = || {
-            let mut c = unwired_case("cov_accum_diag_invnpp_nnz3");
+            let mut c = reference_case("cov_accum_diag_invnpp_nnz3");
             let mut inv = c.f64("invnpp_in");
             let (sm, px, w) = (c.i64("submap"), c.i64("subpix"), c.f64("weights"));
             cov_accum_diag_invnpp(5, 8, 3, &sm, &px, &w, c.scalar_f64("scale"), &mut inv).unwrap();

@@ -1,17 +1,11 @@
-//! The ten kernels. Each `run` takes the validated arguments from
+//! The kernels. Each `run` takes the validated arguments from
 //! `toast_accel::check` and the raw argument struct (for the kernel arrays,
 //! which are host addresses here) and returns a data-dependent fault, if any.
-//! `mapmaker_utils` and `polyfilter` hold four more, as plain functions over
-//! slices, not yet in the plugin table.
 
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
-// cov_accum_diag_hits/invnpp and filter_polynomial/poly2D: plain functions,
-// wired into the plugin through the kernel table next.
-#[allow(dead_code)]
 pub(crate) mod mapmaker_utils;
 pub(crate) mod pointing;
-#[allow(dead_code)]
 pub(crate) mod polyfilter;
 pub(crate) mod scan_map;
 pub(crate) mod stokes;
@@ -61,6 +55,10 @@ cpu_kernel! {
     TemplateOffsetAddArgs => |v, a| template_offset::run_add(v, a);
     TemplateOffsetProjectArgs => |v, a| template_offset::run_project(v, a);
     TemplateOffsetPrecondArgs => |_v, a| template_offset::run_precond(a);
+    CovAccumDiagHitsArgs => |v, a| mapmaker_utils::run_hits(v, a);
+    CovAccumDiagInvnppArgs => |v, a| mapmaker_utils::run_invnpp(v, a);
+    FilterPolynomialArgs => |v, a| polyfilter::run_polynomial(v, a);
+    FilterPoly2dArgs => |v, a| polyfilter::run_poly2d(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

@@ -2,8 +2,8 @@
 //! and `toast::filter_poly2D_solve`, libtoast `toast_tod_filter.cpp`;
 //! `tests/data/toast-kernels/FORMAT.md`, sections 13-14).
 //!
-//! Plain functions over slices, not yet in the plugin table (they are wired
-//! through the kernel table next).
+//! Plain functions over slices, and the plugin's entries
+//! ([`run_polynomial`], [`run_poly2d`]) that call them.
 //!
 //! TOAST solves each least-squares problem with LAPACK `dgelss` (an SVD) from
 //! the OpenBLAS it links, whose result depends on the CPU's BLAS kernels in
@@ -17,9 +17,73 @@
 //! the pseudo-inverse with dgelss's singular-value cut. Against TOAST the
 //! results agree to about 1e-12 relative (the tests' tolerances).
 
+use crate::arrays;
 use crate::par::SharedMut;
 use rayon::prelude::*;
+use toast_accel::abi::{FilterPoly2dArgs, FilterPolynomialArgs};
+use toast_accel::check::{FilterPoly2d, FilterPolynomial};
 use toast_accel::plugin_support::PluginError;
+
+/// The `filter_polynomial` entry: the rows `signal_index` of `signals`.
+///
+/// # Safety
+/// `a` has passed `check_filter_polynomial` (giving `v`) and its arrays are
+/// host memory of the stated lengths.
+pub(crate) unsafe fn run_polynomial(
+    v: &FilterPolynomial<'_>,
+    a: &FilterPolynomialArgs,
+) -> Result<(), PluginError> {
+    const K: &str = "filter_polynomial";
+    if v.n_samp == 0 || v.n_signal == 0 {
+        return Ok(());
+    }
+    // SAFETY: host arrays of the validated lengths; `signals` is the only output.
+    let (flags, signals) = unsafe {
+        (
+            arrays::input::<u8>(K, "flags", a.flags)?,
+            arrays::output::<f64>(K, "signals", a.signals)?,
+        )
+    };
+    let mut rows: Vec<Option<&mut [f64]>> = signals.chunks_mut(v.n_samp).map(Some).collect();
+    // The validator checked every index is a row, and that none repeats.
+    let mut picked: Vec<&mut [f64]> = v
+        .signal_index
+        .iter()
+        .map(|&r| rows[r as usize].take().expect("a validated, distinct row"))
+        .collect();
+    filter_polynomial(v.order, flags, &mut picked, v.starts, v.stops)
+}
+
+/// The `filter_poly2D` entry.
+///
+/// # Safety
+/// `a` has passed `check_filter_poly2d` (giving `v`) and its arrays are host
+/// memory of the stated lengths.
+pub(crate) unsafe fn run_poly2d(
+    v: &FilterPoly2d<'_>,
+    a: &FilterPoly2dArgs,
+) -> Result<(), PluginError> {
+    const K: &str = "filter_poly2D";
+    // SAFETY: host arrays of the validated lengths; `coeff` is the only output.
+    let (signals, masks, coeff) = unsafe {
+        (
+            arrays::input::<f64>(K, "signals", a.signals)?,
+            arrays::input::<u8>(K, "masks", a.masks)?,
+            arrays::output::<f64>(K, "coeff", a.coeff)?,
+        )
+    };
+    filter_poly2d(
+        v.n_samp,
+        v.n_det,
+        v.n_group,
+        v.n_mode,
+        v.det_groups,
+        v.templates,
+        signals,
+        masks,
+        coeff,
+    )
+}
 
 /// Sweeps of the Jacobi method before giving up (a symmetric matrix of the
 /// sizes used here converges in fewer than ten).
@@ -445,7 +509,7 @@ fn poly2d_normal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_cases::unwired_case;
+    use crate::kernels::test_cases::reference_case;
 
     /// Largest |got - want| over the largest |want| (1 if that is 0).
     fn rel_err(got: &[f64], want: &[f64]) -> f64 {
@@ -458,7 +522,7 @@ mod tests {
     }
 
     fn run_poly(name: &str) -> (Vec<f64>, Vec<f64>, Vec<f64>, usize) {
-        let mut c = unwired_case(name);
+        let mut c = reference_case(name);
         let order = c.scalar_i64("order");
         let flags = c.u8("flags");
         let (mut sig, shape) = c.shaped::<f64>("signals_in");
@@ -516,7 +580,7 @@ mod tests {
             "filter_poly2D_onegroup_order0",
             "filter_poly2D_groups2_order3",
         ] {
-            let mut c = unwired_case(name);
+            let mut c = reference_case(name);
             let det_groups = c.i32("det_groups");
             let (templates, tshape) = c.shaped::<f64>("templates");
             let (signals, sshape) = c.shaped::<f64>("signals");
@@ -563,7 +627,7 @@ mod tests {
         let poly = || bits(&run_poly("filter_polynomial_order5").0);
         assert_eq!(in_pool(1, &poly), in_pool(4, &poly));
         let poly2d = || {
-            let mut c = unwired_case("filter_poly2D_groups3_order2");
+            let mut c = reference_case("filter_poly2D_groups3_order2");
             let (t, ts) = c.shaped::<f64>("templates");
             let (s, ss) = c.shaped::<f64>("signals");
             let (mut coeff, cs) = c.shaped::<f64>("coeff_in");

@@ -1,13 +1,14 @@
-//! Test support: the TOAST 3.0.6 reference cases of the kernels that are not
-//! yet wired (`tests/data/toast-kernels/cases/unwired/`, FORMAT.md).
+//! Test support: the TOAST 3.0.6 reference cases
+//! (`tests/data/toast-kernels/cases/`, FORMAT.md) read directly, for the unit
+//! tests of the plain functions under the plugin entries.
 
 use ndarray::ArrayD;
 use ndarray_npy::NpzReader;
 use std::fs::File;
 use std::path::PathBuf;
 
-pub(crate) fn unwired_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/toast-kernels/cases/unwired")
+pub(crate) fn cases_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/toast-kernels/cases")
 }
 
 /// One case file.
@@ -16,8 +17,8 @@ pub(crate) struct Case {
     npz: NpzReader<File>,
 }
 
-pub(crate) fn unwired_case(name: &str) -> Case {
-    let p = unwired_dir().join(format!("{name}.npz"));
+pub(crate) fn reference_case(name: &str) -> Case {
+    let p = cases_dir().join(format!("{name}.npz"));
     let f = File::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     Case {
         name: name.to_string(),

@@ -33,16 +33,16 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # filter_polynomial and filter_poly2D solve with LAPACK dgelss from the OpenBLAS
 # that the wheel links statically (DYNAMIC_ARCH).  Its BLAS kernels, chosen at
 # start-up from the CPU, round differently (FMA, unrolled sums), so the cases of
-# those kernels are made in a child process (``--unwired``) with the core type
+# those kernels are made in a child process (``--pinned``) with the core type
 # pinned to the baseline x86-64 one and one thread: the same bits on every
 # machine.  OpenBLAS reads these when it loads, so they are set before the
 # imports.  (numpy's own OpenBLAS reads them too, which is why the other cases
 # are not made under the pin: it would change their numpy-made inputs.)
-UNWIRED_ENV = {"OPENBLAS_CORETYPE": "Prescott", "OPENBLAS_NUM_THREADS": "1"}
-if sys.argv[1:2] == ["--unwired"]:
-    for _k, _v in UNWIRED_ENV.items():
+PINNED_ENV = {"OPENBLAS_CORETYPE": "Prescott", "OPENBLAS_NUM_THREADS": "1"}
+if sys.argv[1:2] == ["--pinned"]:
+    for _k, _v in PINNED_ENV.items():
         if os.environ.get(_k) not in (None, _v):
-            sys.exit(f"generate_cases.py --unwired: {_k} must be {_v} (it is {os.environ[_k]!r})")
+            sys.exit(f"generate_cases.py --pinned: {_k} must be {_v} (it is {os.environ[_k]!r})")
         os.environ[_k] = _v
 
 import numpy as np  # noqa: E402
@@ -1031,13 +1031,12 @@ def all_cases():
 
 
 # ---------------------------------------------------------------------------
-# 11-14. The four kernels not yet wired into the plugins: cov_accum_diag_hits,
-# cov_accum_diag_invnpp (libtoast map_cov), filter_polynomial and filter_poly2D
-# (libtoast tod_filter).  Their cases go to OUTDIR/unwired/ (with a manifest of
-# their own) until the kernels are in the plugin table, because the
-# conformance runner refuses a case whose kernel it does not know.
+# 11-14. cov_accum_diag_hits, cov_accum_diag_invnpp (libtoast map_cov),
+# filter_polynomial and filter_poly2D (libtoast tod_filter).  Made by the pinned
+# child process (see PINNED_ENV) into OUTDIR/.pinned/, then merged into OUTDIR
+# and its manifest (after the other cases) by main().
 
-UNWIRED_KERNELS = ("cov_accum_diag_hits", "cov_accum_diag_invnpp", "filter_polynomial",
+PINNED_KERNELS = ("cov_accum_diag_hits", "cov_accum_diag_invnpp", "filter_polynomial",
                    "filter_poly2D")
 
 
@@ -1230,7 +1229,7 @@ def case_filter_poly2D(name, n_samp, n_det, n_group, order, description, masked_
     return c
 
 
-def unwired_cases():
+def pinned_cases():
     yield case_cov_hits(
         "basic", 6, 16, 3000,
         "nsub=6 local submaps of 16 pixels, 3000 samples; ~10% samples in a non-local submap "
@@ -1311,24 +1310,43 @@ def write_cases(outdir, cases, problems):
     print(f"{len(entries)} cases and manifest.json in {outdir}")
 
 
+def merge_cases(src, outdir):
+    """Move the cases of src (and its manifest entries) into outdir."""
+    with open(os.path.join(src, "manifest.json")) as f:
+        extra = json.load(f)["cases"]
+    with open(os.path.join(outdir, "manifest.json")) as f:
+        manifest = json.load(f)
+    for e in extra:
+        os.replace(os.path.join(src, e["file"]), os.path.join(outdir, e["file"]))
+    manifest["cases"] += extra
+    with open(os.path.join(outdir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.remove(os.path.join(src, "manifest.json"))
+    os.rmdir(src)
+    print(f"{len(extra)} pinned cases merged into {outdir}")
+
+
 def main(argv):
     if toast.__version__ != TOAST_VERSION:
         sys.exit(f"generate_cases.py: needs toast {TOAST_VERSION}, found {toast.__version__}")
     problems = []
-    if len(argv) == 3 and argv[1] == "--unwired":
-        write_cases(argv[2], unwired_cases(), problems)
+    if len(argv) == 3 and argv[1] == "--pinned":
+        write_cases(argv[2], pinned_cases(), problems)
     elif len(argv) == 2:
         outdir = argv[1]
         write_cases(outdir, all_cases(), problems)
-        env = dict(os.environ, **UNWIRED_ENV)
+        env = dict(os.environ, **PINNED_ENV)
+        pinned = os.path.join(outdir, ".pinned")
         child = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--unwired", os.path.join(outdir, "unwired")],
+            [sys.executable, os.path.abspath(__file__), "--pinned", pinned],
             env=env,
         )
         if child.returncode != 0:
-            problems.append(f"the --unwired child exited with {child.returncode}")
+            problems.append(f"the --pinned child exited with {child.returncode}")
+        else:
+            merge_cases(pinned, outdir)
     else:
-        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --unwired OUTDIR)")
+        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned OUTDIR)")
     for p in problems:
         print(f"WARNING: self-check failed: {p}", file=sys.stderr)
     return 1 if problems else 0

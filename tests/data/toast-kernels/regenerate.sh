@@ -15,13 +15,12 @@
 # OMP_NUM_THREADS=1, then compares the result structurally with the repo copy
 # (compare_cases.py).
 #
-# The cases of the four kernels not yet in the plugin table (cov_accum_diag_hits,
-# cov_accum_diag_invnpp, filter_polynomial, filter_poly2D) go to OUTDIR/unwired/
-# with a manifest of their own (FORMAT.md, sections 11-14). generate_cases.py
-# makes them in a child process with OPENBLAS_CORETYPE=Prescott and one OpenBLAS
+# The cases of cov_accum_diag_hits, cov_accum_diag_invnpp, filter_polynomial
+# and filter_poly2D (FORMAT.md, sections 11-14): generate_cases.py makes them
+# in a child process with OPENBLAS_CORETYPE=Prescott and one OpenBLAS
 # thread: filter_polynomial and filter_poly2D solve with the OpenBLAS LAPACK in
 # the wheel, whose kernels round differently per CPU; pinned, those files are
-# the same bits on any x86-64.
+# the same bits on any x86-64, and merges them into OUTDIR and its manifest.
 #
 # The cases include the 61 boundary-direction cases (pointing_detector_boundary,
 # pixels_healpix_boundary_{nest,ring}_nside1..536870912; FORMAT.md). Their
@@ -64,6 +63,5 @@ export OMP_NUM_THREADS=1
 "$venv/bin/python" "$here/generate_cases.py" "$out"
 if [ "$overwrite" = 0 ]; then
     "$venv/bin/python" "$here/compare_cases.py" "$here/cases" "$out" || true
-    "$venv/bin/python" "$here/compare_cases.py" "$here/cases/unwired" "$out/unwired" || true
 fi
 echo "cases written to $out"

@@ -1,5 +1,5 @@
 //! The OpenCL device the tests that run the device source directly use
-//! (`opencl_atan2.rs`, `opencl_unwired_kernels.rs`).
+//! (`opencl_atan2.rs`).
 
 use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
 use opencl3::platform::get_platforms;

@@ -435,8 +435,8 @@ mod tests {
         let mut out = Vec::new();
         let s = verify(&cpu_backend(), &shipped(), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
-        // 29 kernel cases and 61 boundary-direction cases (FORMAT.md)
-        assert_eq!(text.lines().last(), Some("90 passed, 0 failed"), "{text}");
+        // 42 kernel cases and 61 boundary-direction cases (FORMAT.md)
+        assert_eq!(text.lines().last(), Some("103 passed, 0 failed"), "{text}");
         assert_eq!(s.exit_code(), 0);
     }
 

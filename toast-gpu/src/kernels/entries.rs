@@ -10,6 +10,7 @@ use crate::driver::{Driver, Param as P};
 use crate::plugin::ctx_ref;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
+use toast_accel::check;
 use toast_accel::device_source as ds;
 use toast_accel::kernels::{aliased_output, KernelArgs};
 use toast_accel::plugin_support::{guard, kernel_args, PluginError};
@@ -563,5 +564,239 @@ impl DeviceKernel for abi::TemplateOffsetPrecondArgs {
                 P::Buffer(aout),
             ],
         )
+    }
+}
+
+/// The error of a covariance accumulation whose sample `s` (recorded by
+/// the device) lies beyond the local map, worded as the CPU backend's.
+fn cov_fault<D: Driver>(
+    call: &KernelLaunch<'_, D>,
+    v: &check::CovAccum,
+    (submap, subpix): (Option<D::Buffer>, Option<D::Buffer>),
+    s: u64,
+) -> Result<PluginError, PluginError> {
+    let sm: i64 = call.read(submap, s)?;
+    let px: i64 = call.read(subpix, s)?;
+    Ok(PluginError::invalid(format!(
+        "{}: detector 0 (interval 0), sample {s}: submap {sm}, pixel {px} is beyond the local \
+         map ({} submaps x {} pixels)",
+        call.kernel, v.nsub, v.nsubpix
+    )))
+}
+
+/// Launch the covariance accumulation `name` (one thread per sample) with
+/// the parameters `params(call, [submap, subpix, err])` gives, and turn a
+/// recorded pixel fault into the CPU's error. Nothing to do for an inactive
+/// call (`nsub < 1`) or no samples.
+fn launch_cov<D: Driver>(
+    call: &mut KernelLaunch<'_, D>,
+    v: &check::CovAccum,
+    name: &'static str,
+    (submap, subpix): (abi::Array, abi::Array),
+    params: impl FnOnce(
+        &mut KernelLaunch<'_, D>,
+        [Option<D::Buffer>; 3],
+    ) -> Result<Vec<P<D::Buffer>>, PluginError>,
+) -> Result<(), PluginError> {
+    if !v.active || v.n_samp == 0 {
+        return Ok(());
+    }
+    check_key_range(call.kernel, 1, v.n_samp)?;
+    let sm = call.array("submap", submap, I64)?;
+    let px = call.array("subpix", subpix, I64)?;
+    let err = call.error_buffer()?;
+    let p = params(call, [sm, px, err])?;
+    call.launch(name, v.n_samp as u64, 1, 1, &p)?;
+    match call.read_error(err)? {
+        Some((_, s)) => Err(cov_fault(call, v, (sm, px), s)?),
+        None => Ok(()),
+    }
+}
+
+impl DeviceKernel for abi::CovAccumDiagHitsArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let name = "toast_cov_accum_diag_hits";
+        launch_cov(
+            call,
+            v,
+            name,
+            (a.submap, a.subpix),
+            |call, [sm, px, err]| {
+                let hits = call.array("hits", a.hits, I64)?;
+                Ok(vec![
+                    P::I64(v.n_samp as i64),
+                    P::I64(v.nsub),
+                    P::I64(v.nsubpix),
+                    P::Buffer(sm),
+                    P::Buffer(px),
+                    P::Buffer(hits),
+                    P::Buffer(err),
+                ])
+            },
+        )
+    }
+}
+
+impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let name = "toast_cov_accum_diag_invnpp";
+        launch_cov(
+            call,
+            v,
+            name,
+            (a.submap, a.subpix),
+            |call, [sm, px, err]| {
+                let weights = call.array("weights", a.weights, F64)?;
+                let invnpp = call.array("invnpp", a.invnpp, F64)?;
+                Ok(vec![
+                    P::I64(v.n_samp as i64),
+                    P::I64(v.nsub),
+                    P::I64(v.nsubpix),
+                    P::I64(v.nnz as i64),
+                    P::Buffer(sm),
+                    P::Buffer(px),
+                    P::Buffer(weights),
+                    P::F64(a.scale),
+                    P::Buffer(invnpp),
+                    P::Buffer(err),
+                ])
+            },
+        )
+    }
+}
+
+/// The most templates of one fit on a device (`TOAST_POLY_MAX_MODES` in
+/// kernels.h): a larger fit is a data error there.
+const POLY_MAX_MODES: u64 = 32;
+
+impl DeviceKernel for abi::FilterPolynomialArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if v.order < 0 || v.n_signal == 0 || v.n_samp == 0 || v.starts.is_empty() {
+            return Ok(());
+        }
+        check_key_range("filter_polynomial", v.n_signal, v.n_samp)?;
+        let n = v.n_samp as i64;
+        // The scans as the kernel clamps them: overlapping ones must run one
+        // at a time, in order (the second fits what the first left).
+        let clamped: Vec<abi::SampleRange> = v
+            .starts
+            .iter()
+            .zip(v.stops)
+            .map(|(&s, &e)| {
+                let first = s.max(0);
+                let last = if e < 0 || e > n { n } else { e };
+                abi::SampleRange { first, last }
+            })
+            .collect();
+        let one_at_a_time = intervals_overlap(&clamped);
+        let pairs: Vec<i64> = v
+            .starts
+            .iter()
+            .zip(v.stops)
+            .flat_map(|(&s, &e)| [s, e])
+            .collect();
+        let flags = call.array("flags", a.flags, U8)?;
+        let signals = call.array("signals", a.signals, F64)?;
+        let scans = call.small("scans", &pairs)?;
+        let index = call.small("signal_index", v.signal_index)?;
+        let err = call.error_buffer()?;
+        for (i0, i1) in super::ranges(v.starts.len(), one_at_a_time) {
+            call.launch(
+                "toast_filter_polynomial",
+                v.n_signal as u64,
+                i1 - i0,
+                1,
+                &[
+                    P::I64(i0 as i64),
+                    P::I64(i1 as i64),
+                    P::I64(v.n_signal as i64),
+                    P::I64(n),
+                    P::I64(v.order),
+                    P::Buffer(scans),
+                    P::Buffer(flags),
+                    P::Buffer(index),
+                    P::Buffer(signals),
+                    P::Buffer(err),
+                ],
+            )?;
+        }
+        if let Some((k, start)) = call.read_error(err)? {
+            return Err(PluginError::invalid(format!(
+                "filter_polynomial: signal {k}, scan starting at sample {start}: the fit of \
+                 order {} needs more than the {POLY_MAX_MODES} templates a device thread holds",
+                v.order
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl DeviceKernel for abi::FilterPoly2dArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if v.n_samp == 0 || v.n_group == 0 || v.n_mode == 0 {
+            return Ok(());
+        }
+        if v.n_mode as u64 > POLY_MAX_MODES {
+            return Err(PluginError::invalid(format!(
+                "filter_poly2D: {} modes is beyond the {POLY_MAX_MODES} a device thread holds",
+                v.n_mode
+            )));
+        }
+        if v.n_group > super::MAX_GRID_YZ {
+            return Err(PluginError::invalid(format!(
+                "filter_poly2D: {} groups exceed the device grid ({} at most)",
+                v.n_group,
+                super::MAX_GRID_YZ
+            )));
+        }
+        check_key_range("filter_poly2D", v.n_group, v.n_samp)?;
+        let signals = call.array("signals", a.signals, F64)?;
+        let masks = call.array("masks", a.masks, U8)?;
+        let coeff = call.array("coeff", a.coeff, F64)?;
+        let groups = call.small("det_groups", v.det_groups)?;
+        let templates = call.small("templates", v.templates)?;
+        let err = call.error_buffer()?;
+        call.launch(
+            "toast_filter_poly2d",
+            v.n_samp as u64,
+            v.n_group,
+            1,
+            &[
+                P::I64(v.n_samp as i64),
+                P::I64(v.n_det as i64),
+                P::I64(v.n_group as i64),
+                P::I64(v.n_mode as i64),
+                P::Buffer(groups),
+                P::Buffer(templates),
+                P::Buffer(signals),
+                P::Buffer(masks),
+                P::Buffer(coeff),
+                P::Buffer(err),
+            ],
+        )?;
+        if let Some((g, s)) = call.read_error(err)? {
+            return Err(PluginError::invalid(format!(
+                "filter_poly2D: group {g}, sample {s}: {} modes is beyond the device's \
+                 {POLY_MAX_MODES}",
+                v.n_mode
+            )));
+        }
+        Ok(())
     }
 }

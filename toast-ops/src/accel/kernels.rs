@@ -1202,6 +1202,185 @@ pub fn offset_apply_diag_precond(
     })
 }
 
+/// The local map and sample layout of the diagonal-covariance kernels
+/// (TOAST's `cov_accum_diag_hits` / `cov_accum_diag_invnpp`): `nsub` local
+/// submaps of `nsubpix` pixels, `nnz` map components, and the globals (each
+/// a `HostArray<i64>`, one entry per sample) holding every sample's local
+/// submap and pixel within it (negative: skipped).
+#[derive(Debug, Clone, Copy)]
+pub struct CovSamples<'a> {
+    /// Local submaps (`< 1`: the call does nothing, as TOAST).
+    pub nsub: i64,
+    /// Pixels per submap.
+    pub nsubpix: i64,
+    /// Map components (unused by the hits).
+    pub nnz: i64,
+    /// The sample's local submap (`HostArray<i64>`).
+    pub submap: &'a str,
+    /// The sample's pixel within its submap (`HostArray<i64>`).
+    pub subpix: &'a str,
+}
+
+/// `cov_accum_diag_hits`: `hits[submap * nsubpix + subpix] += 1` per
+/// sample; `hits` is a global `i64` map (`PixelData<i64>` or
+/// `HostArray<i64>`) of `nsub * nsubpix` elements.
+pub fn cov_accum_diag_hits(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    samples: CovSamples<'_>,
+    hits: &str,
+) -> Result<(), OpError> {
+    let specs = vec![
+        Spec::input(Source::Global(samples.submap), 8),
+        Spec::input(Source::Global(samples.subpix), 8),
+        Spec::output(Source::Global(hits), 8),
+    ];
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::CovAccumDiagHitsArgs {
+            nsub: samples.nsub,
+            nsubpix: samples.nsubpix,
+            nnz: samples.nnz,
+            submap: a[0],
+            subpix: a[1],
+            hits: a[2],
+        }
+    })
+}
+
+/// `cov_accum_diag_invnpp`: accumulate `scale · w wᵀ` (the lower triangle,
+/// `nnz (nnz + 1) / 2` elements per pixel) of every sample's `weights`
+/// (`HostArray<f64>` `[n_samp, nnz]`) into the global `f64` map `invnpp`.
+pub fn cov_accum_diag_invnpp(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    samples: CovSamples<'_>,
+    weights: &str,
+    scale: f64,
+    invnpp: &str,
+) -> Result<(), OpError> {
+    let specs = vec![
+        Spec::input(Source::Global(samples.submap), 8),
+        Spec::input(Source::Global(samples.subpix), 8),
+        Spec::input(Source::Global(weights), 8),
+        Spec::output(Source::Global(invnpp), 8),
+    ];
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::CovAccumDiagInvnppArgs {
+            nsub: samples.nsub,
+            nsubpix: samples.nsubpix,
+            nnz: samples.nnz,
+            submap: a[0],
+            subpix: a[1],
+            weights: a[2],
+            scale,
+            invnpp: a[3],
+        }
+    })
+}
+
+/// `filter_polynomial`: subtract from each detector's `det_data` (`f64`)
+/// the Legendre fit of order `order` to its good samples (`flags`, a shared
+/// `u8` field, non-zero: flagged) over each of `call.intervals` in turn (the
+/// scans; TOAST clamps them to the observation), as TOAST's `PolyFilter`.
+pub fn filter_polynomial(
+    ctx: &mut ExecContext,
+    call: KernelCall<'_>,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    order: i64,
+    flags: &str,
+    det_data: &str,
+) -> Result<(), OpError> {
+    let signal_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    check_shared::<u8>(ob, flags, &[])?;
+    let n_samp = ob.n_samples() as u64;
+    let starts: Vec<i64> = call.intervals.iter().map(|i| i.first).collect();
+    let stops: Vec<i64> = call.intervals.iter().map(|i| i.last).collect();
+    let specs = vec![
+        Spec::input(Source::Shared(flags), 1),
+        Spec::output(Source::DetData(det_data), 8),
+    ];
+    launch(
+        ctx,
+        call.operator,
+        call.detectors,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::FilterPolynomialArgs {
+            n_signal: call.detectors.len() as u64,
+            n_samp,
+            n_scan: starts.len() as u64,
+            order,
+            signal_index: signal_index.as_ptr(),
+            starts: starts.as_ptr(),
+            stops: stops.as_ptr(),
+            flags: a[0],
+            signals: a[1],
+        },
+    )
+}
+
+/// The global arrays of a `filter_poly2D` call (`HostArray`s): `signals`
+/// (`f64` `[n_samp, n_det]`), `masks` (`u8` `[n_samp, n_det]`, 0: excluded)
+/// and the output `coeff` (`f64` `[n_samp, n_group, n_mode]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Poly2dKeys<'a> {
+    pub signals: &'a str,
+    pub masks: &'a str,
+    pub coeff: &'a str,
+}
+
+/// `filter_poly2D`: per sample and detector group, the least-squares
+/// coefficients of the group's signals in the detector templates
+/// (`templates` `[n_det, n_mode]`, `det_groups` `[n_det]`, negative: in no
+/// group), as TOAST's `PolyFilter2D` solves them.
+pub fn filter_poly2d(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    n_group: usize,
+    det_groups: &[i32],
+    templates: &[f64],
+    keys: Poly2dKeys<'_>,
+) -> Result<(), OpError> {
+    let n_det = det_groups.len();
+    if n_det == 0 || templates.len() % n_det != 0 {
+        return Err(OpError::KernelArgument {
+            argument: "templates".into(),
+            problem: format!(
+                "{} elements is not [n_det, n_mode] for {n_det} detectors",
+                templates.len()
+            ),
+        });
+    }
+    let n_mode = templates.len() / n_det;
+    let n_samp = global_bytes(meta, keys.signals)
+        .ok_or_else(|| no_global(keys.signals))?
+        .len()
+        / 8
+        / n_det;
+    let specs = vec![
+        Spec::input(Source::Global(keys.signals), 8),
+        Spec::input(Source::Global(keys.masks), 1),
+        Spec::output(Source::Global(keys.coeff), 8),
+    ];
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::FilterPoly2dArgs {
+            n_samp: n_samp as u64,
+            n_det: n_det as u64,
+            n_group: n_group as u64,
+            n_mode: n_mode as u64,
+            det_groups: det_groups.as_ptr(),
+            templates: templates.as_ptr(),
+            signals: a[0],
+            masks: a[1],
+            coeff: a[2],
+        }
+    })
+}
+
 /// The element type of a detdata field, for operators that create outputs.
 pub fn det_dtype(ob: &Observation, field: &str) -> Result<DType, OpError> {
     Ok(ob.detdata.get(field)?.dtype())

@@ -879,6 +879,137 @@ impl TemplateOffsetApplyDiagPrecondCase {
     }
 }
 
+/// A `cov_accum_diag_hits` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovAccumDiagHitsCase {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub submap: Arr<i64>,
+    pub subpix: Arr<i64>,
+    pub hits_in: Arr<i64>,
+    pub hits_out: Arr<i64>,
+}
+
+impl CovAccumDiagHitsCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (hits_in, hits_out) = f.in_out("hits_in", "hits_out", 1)?;
+        Ok(CovAccumDiagHitsCase {
+            nsub: f.scalar("nsub")?,
+            nsubpix: f.scalar("nsubpix")?,
+            nnz: f.scalar("nnz")?,
+            submap: f.arr("submap", Some(1))?,
+            subpix: f.arr("subpix", Some(1))?,
+            hits_in,
+            hits_out,
+        })
+    }
+}
+
+/// A `cov_accum_diag_invnpp` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovAccumDiagInvnppCase {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub scale: f64,
+    pub submap: Arr<i64>,
+    pub subpix: Arr<i64>,
+    pub weights: Arr<f64>,
+    pub invnpp_in: Arr<f64>,
+    pub invnpp_out: Arr<f64>,
+}
+
+impl CovAccumDiagInvnppCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (invnpp_in, invnpp_out) = f.in_out("invnpp_in", "invnpp_out", 1)?;
+        Ok(CovAccumDiagInvnppCase {
+            nsub: f.scalar("nsub")?,
+            nsubpix: f.scalar("nsubpix")?,
+            nnz: f.scalar("nnz")?,
+            scale: f.scalar("scale")?,
+            submap: f.arr("submap", Some(1))?,
+            subpix: f.arr("subpix", Some(1))?,
+            weights: f.arr("weights", Some(1))?,
+            invnpp_in,
+            invnpp_out,
+        })
+    }
+}
+
+/// A `filter_polynomial` case: every row of `signals_in` filtered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterPolynomialCase {
+    pub order: i64,
+    pub flags: Arr<u8>,
+    pub signals_in: Arr<f64>,
+    pub signals_out: Arr<f64>,
+    pub starts: Arr<i64>,
+    pub stops: Arr<i64>,
+}
+
+impl FilterPolynomialCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (signals_in, signals_out) = f.in_out("signals_in", "signals_out", 2)?;
+        let c = FilterPolynomialCase {
+            order: f.scalar("order")?,
+            flags: f.arr("flags", Some(1))?,
+            signals_in,
+            signals_out,
+            starts: f.arr("starts", Some(1))?,
+            stops: f.arr("stops", Some(1))?,
+        };
+        f.same_len(
+            "stops",
+            c.stops.data.len(),
+            c.starts.data.len(),
+            "one per scan, as starts",
+        )?;
+        f.same_len(
+            "flags",
+            c.flags.data.len(),
+            c.signals_in.shape[1],
+            "n_samp, as signals_in",
+        )?;
+        Ok(c)
+    }
+}
+
+/// A `filter_poly2D` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterPoly2dCase {
+    pub det_groups: Arr<i32>,
+    pub templates: Arr<f64>,
+    pub signals: Arr<f64>,
+    pub masks: Arr<u8>,
+    pub coeff_in: Arr<f64>,
+    pub coeff_out: Arr<f64>,
+}
+
+impl FilterPoly2dCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (coeff_in, coeff_out) = f.in_out("coeff_in", "coeff_out", 3)?;
+        let c = FilterPoly2dCase {
+            det_groups: f.arr("det_groups", Some(1))?,
+            templates: f.arr("templates", Some(2))?,
+            signals: f.arr("signals", Some(2))?,
+            masks: f.arr("masks", Some(2))?,
+            coeff_in,
+            coeff_out,
+        };
+        let n_det = c.det_groups.data.len();
+        f.same_len("templates", c.templates.shape[0], n_det, PER_DET)?;
+        f.same_len("signals", c.signals.shape[1], n_det, PER_DET)?;
+        f.same_len(
+            "masks",
+            c.masks.data.len(),
+            c.signals.data.len(),
+            "as signals",
+        )?;
+        Ok(c)
+    }
+}
+
 /// Why a per-detector array must have `n_det` elements.
 const PER_DET: &str = "one per detector, as the index arrays";
 /// Why `n_amp_views` must have one element per interval.

@@ -137,6 +137,51 @@ pub(super) fn compare<T: Exact>(field: &str, got: &[T], want: &[T]) -> Option<Ca
     })
 }
 
+/// The relative tolerance of `filter_polynomial` outputs against TOAST's,
+/// in units of the largest input (TOAST solves with OpenBLAS's dgelss,
+/// reproducible only to its last bits; FORMAT.md section 13), in every mode.
+pub const POLYNOMIAL_RTOL: f64 = 2e-14;
+/// The relative tolerance of `filter_poly2D` coefficients against TOAST's,
+/// per (sample, group) block, in units of the block's largest magnitude or
+/// 1 (FORMAT.md section 14), in every mode.
+pub const POLY2D_RTOL: f64 = 1e-10;
+
+/// Compare an output TOAST computes with LAPACK, in every mode: element `i`
+/// may differ by `rtol * scale(i)`, except where `exact(i)` (there it must
+/// be bit-identical). `None` when all elements are identical.
+pub(super) fn within(
+    field: &str,
+    got: &[f64],
+    want: &[f64],
+    rtol: f64,
+    exact: impl Fn(usize) -> bool,
+    scale: impl Fn(usize) -> f64,
+) -> Option<CaseOutcome> {
+    let fail = compare(field, got, want)?;
+    if got.len() != want.len() {
+        return Some(fail);
+    }
+    let mut n_diff = 0;
+    let mut max_rel = 0.0f64;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if <f64 as Exact>::same(g, w) {
+            continue;
+        }
+        let s = scale(i);
+        let d = (g - w).abs();
+        if exact(i) || !(g.is_finite() && w.is_finite()) || d > rtol * s {
+            return Some(fail);
+        }
+        n_diff += 1;
+        max_rel = max_rel.max(d / s);
+    }
+    Some(CaseOutcome::PassTolerant {
+        field: field.to_string(),
+        n_diff,
+        max_rel_diff: max_rel,
+    })
+}
+
 /// The first failing comparison, else the first tolerant pass, else Pass.
 pub(super) fn verdict(results: impl IntoIterator<Item = Option<CaseOutcome>>) -> CaseOutcome {
     let mut tolerant = None;
@@ -154,7 +199,7 @@ pub(super) fn verdict(results: impl IntoIterator<Item = Option<CaseOutcome>>) ->
 /// of the device's trigonometry (`stokes_weights_IQU` weights).
 pub const TRIG_RTOL: f64 = 1e-14;
 /// The norm-wise relative tolerance of [`Comparison::Tolerant`] for atomic
-/// accumulations (`build_noise_weighted` zmap).
+/// accumulations (`build_noise_weighted` zmap, `cov_accum_diag_invnpp`).
 pub const ACCUM_RTOL: f64 = 1e-13;
 
 /// How outputs are compared with TOAST's (see the module docs).
@@ -163,7 +208,8 @@ pub enum Comparison {
     /// Bit for bit (two NaNs match).
     Exact,
     /// Exact, except `stokes_weights_IQU` weights within [`TRIG_RTOL`] and
-    /// `build_noise_weighted` zmap within [`ACCUM_RTOL`], norm-wise, with
+    /// `build_noise_weighted` zmap and `cov_accum_diag_invnpp` within
+    /// [`ACCUM_RTOL`], norm-wise, with
     /// identical NaN patterns.
     Tolerant,
 }
@@ -184,7 +230,7 @@ impl Comparison {
         match self {
             Comparison::Exact => "exact (bit for bit; NaN matches NaN)".to_string(),
             Comparison::Tolerant => format!(
-                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap within {ACCUM_RTOL:e} x max|want|, same NaN/inf pattern; all other outputs exact)"
+                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap / cov_accum_diag_invnpp within {ACCUM_RTOL:e} x max|want|, same NaN/inf pattern; all other outputs exact)"
             ),
         }
     }

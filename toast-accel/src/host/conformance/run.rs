@@ -11,12 +11,15 @@
 //! arrays.
 
 use super::case::{
-    BuildNoiseWeightedCase, Case, MapData, NoiseWeightCase, PixelsHealpixCase,
-    PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
-    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
-    TemplateOffsetProjectSignalCase,
+    BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, FilterPoly2dCase,
+    FilterPolynomialCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
+    ScanMapCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
+    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase,
 };
-use super::compare::{compare, verdict, CaseOutcome, Comparison, ACCUM_RTOL, TRIG_RTOL};
+use super::compare::{
+    compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, POLY2D_RTOL, POLYNOMIAL_RTOL,
+    TRIG_RTOL,
+};
 use crate::abi::{self, SampleRange, SampleRanges};
 use crate::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs};
 
@@ -648,6 +651,167 @@ impl TemplateOffsetApplyDiagPrecondCase {
             "amplitudes_out",
             &out,
             &amplitudes_out_out.data,
+        )]))
+    }
+}
+
+impl CovAccumDiagHitsCase {
+    /// `cov_accum_diag_hits`: the hit map (integer: exact on every backend).
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut hits = c.hits_in.data.clone();
+        {
+            let sm = stage_in(b, &c.submap.data, "submap")?;
+            let px = stage_in(b, &c.subpix.data, "subpix")?;
+            // TOAST passes its whole local map; the kernel's is nsub x nsubpix.
+            let n = if c.nsub < 1 {
+                0
+            } else {
+                (c.nsub * c.nsubpix) as usize
+            };
+            let h = stage_out(b, &mut hits[..n.min(c.hits_in.data.len())], "hits")?;
+            let args = abi::CovAccumDiagHitsArgs {
+                nsub: c.nsub,
+                nsubpix: c.nsubpix,
+                nnz: c.nnz,
+                submap: sm.abi(),
+                subpix: px.abi(),
+                hits: h.abi(),
+            };
+            // SAFETY: live arrays of this case or staged buffers, each with
+            // the length the struct declares (no host pointers).
+            unsafe { launch(b, &args)? };
+            finish(vec![h, sm, px])?;
+        }
+        Ok(verdict([compare("hits", &hits, &c.hits_out.data)]))
+    }
+}
+
+impl CovAccumDiagInvnppCase {
+    /// `cov_accum_diag_invnpp`: the inverse covariance (device atomics sum
+    /// a pixel's samples in any order: [`ACCUM_RTOL`] in tolerant mode).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut invnpp = c.invnpp_in.data.clone();
+        {
+            let sm = stage_in(b, &c.submap.data, "submap")?;
+            let px = stage_in(b, &c.subpix.data, "subpix")?;
+            let w = stage_in(b, &c.weights.data, "weights")?;
+            let n = if c.nsub < 1 || c.nnz < 1 {
+                0
+            } else {
+                (c.nsub * c.nsubpix * c.nnz * (c.nnz + 1) / 2) as usize
+            };
+            let o = stage_out(b, &mut invnpp[..n.min(c.invnpp_in.data.len())], "invnpp")?;
+            let args = abi::CovAccumDiagInvnppArgs {
+                nsub: c.nsub,
+                nsubpix: c.nsubpix,
+                nnz: c.nnz,
+                submap: sm.abi(),
+                subpix: px.abi(),
+                weights: w.abi(),
+                scale: c.scale,
+                invnpp: o.abi(),
+            };
+            // SAFETY: as in `CovAccumDiagHitsCase::run`.
+            unsafe { launch(b, &args)? };
+            finish(vec![o, sm, px, w])?;
+        }
+        Ok(verdict([cmp.float(
+            "invnpp",
+            &invnpp,
+            &c.invnpp_out.data,
+            ACCUM_RTOL,
+        )]))
+    }
+}
+
+impl FilterPolynomialCase {
+    /// `filter_polynomial`: every row filtered, the scans in order. Against
+    /// TOAST's LAPACK solve within [`POLYNOMIAL_RTOL`] of the largest input
+    /// in every mode; samples TOAST leaves alone must be untouched.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let (n_rows, n_samp) = (dim(&c.signals_in.shape, 0), dim(&c.signals_in.shape, 1));
+        let index: Vec<i32> = (0..n_rows as i32).collect();
+        let mut signals = c.signals_in.data.clone();
+        {
+            let f = stage_in(b, &c.flags.data, "flags")?;
+            let s = stage_out(b, &mut signals, "signals")?;
+            let args = abi::FilterPolynomialArgs {
+                n_signal: n_rows as u64,
+                n_samp: n_samp as u64,
+                n_scan: c.starts.data.len() as u64,
+                order: c.order,
+                signal_index: index.as_ptr(),
+                starts: c.starts.data.as_ptr(),
+                stops: c.stops.data.as_ptr(),
+                flags: f.abi(),
+                signals: s.abi(),
+            };
+            // SAFETY: live arrays of this case or staged buffers; `index`
+            // has n_signal entries and `load` checked stops against starts.
+            unsafe { launch(b, &args)? };
+            finish(vec![s, f])?;
+        }
+        let input = &c.signals_in.data;
+        let largest = input
+            .iter()
+            .filter(|x| x.is_finite())
+            .fold(0.0f64, |m, x| m.max(x.abs()));
+        let want = &c.signals_out.data;
+        Ok(verdict([within(
+            "signals",
+            &signals,
+            want,
+            POLYNOMIAL_RTOL,
+            |i| want[i].to_bits() == input[i].to_bits(),
+            |_| largest,
+        )]))
+    }
+}
+
+impl FilterPoly2dCase {
+    /// `filter_poly2D`: the coefficients, against TOAST's LAPACK solve
+    /// within [`POLY2D_RTOL`] per (sample, group) block in every mode, with
+    /// TOAST's exact zeros exact.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let n_samp = dim(&c.signals.shape, 0);
+        let n_det = dim(&c.signals.shape, 1);
+        let n_group = dim(&c.coeff_in.shape, 1);
+        let n_mode = dim(&c.coeff_in.shape, 2);
+        let mut coeff = c.coeff_in.data.clone();
+        {
+            let s = stage_in(b, &c.signals.data, "signals")?;
+            let m = stage_in(b, &c.masks.data, "masks")?;
+            let o = stage_out(b, &mut coeff, "coeff")?;
+            let args = abi::FilterPoly2dArgs {
+                n_samp: n_samp as u64,
+                n_det: n_det as u64,
+                n_group: n_group as u64,
+                n_mode: n_mode as u64,
+                det_groups: c.det_groups.data.as_ptr(),
+                templates: c.templates.data.as_ptr(),
+                signals: s.abi(),
+                masks: m.abi(),
+                coeff: o.abi(),
+            };
+            // SAFETY: live arrays of this case or staged buffers; `load`
+            // checked det_groups and templates against the signals' n_det.
+            unsafe { launch(b, &args)? };
+            finish(vec![o, s, m])?;
+        }
+        let want = &c.coeff_out.data;
+        let w = n_mode.max(1);
+        let block = |i: usize| &want[i - i % w..][..w];
+        Ok(verdict([within(
+            "coeff",
+            &coeff,
+            want,
+            POLY2D_RTOL,
+            |i| block(i).iter().all(|&x| x == 0.0),
+            |i| block(i).iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0),
         )]))
     }
 }
