@@ -2,22 +2,13 @@
 //! holds what several of them share: the conformance suite, written once and
 //! instantiated per backend ([`conformance_suite!`]).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use toast_accel::abi::Kernel;
 use toast_accel::host::conformance::{kernel_of, run_dir, CaseOutcome, Comparison};
 use toast_accel::host::{AccelError, Backend};
 use toast_testkit::plugins::{load, skip_unless_required};
 
-/// The shipped TOAST reference cases.
-pub fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
-}
-
-/// How many reference cases `tests/data/toast-kernels/cases` holds: the 42
-/// kernel cases and the 61 boundary-direction cases (`pointing_detector_boundary`
-/// and `pixels_healpix_boundary_{nest,ring}_nside{1..2^29}`); see its FORMAT.md.
-pub const SHIPPED_CASES: usize = 103;
+pub use toast_testkit::{shipped_cases_dir as cases_dir, SHIPPED_CASES};
 
 /// The plugin `name` (loaded from its shared library, through the ABI),
 /// initialised with `options`; or `None`, after printing `SKIPPED: reason`,

@@ -11,7 +11,6 @@
 
 use proptest::prelude::*;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use toast_accel::host::conformance::load_case;
 use toast_testkit::hostile::{largest_allocation, mutation, CountingAlloc, Mutation};
@@ -31,9 +30,7 @@ const SEEDS: [&str; 5] = [
     "pixels_healpix_nest_nside64.npz",
 ];
 
-fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/toast-kernels/cases")
-}
+use toast_tests::cases_dir;
 
 fn seed(i: usize) -> (String, Vec<u8>) {
     let name = SEEDS[i % SEEDS.len()];

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 use toast_testkit::process::{self, text, StdoutTo};
+use toast_testkit::{shipped_cases_dir, SHIPPED_CASES};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_toast-cli"))
@@ -171,20 +172,6 @@ struct Probe {
     words: Vec<String>,
 }
 
-/// The number of reference cases shipped in the repository (what `verify`
-/// runs by default).
-fn shipped_cases() -> usize {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/toast-kernels/cases");
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter(|e| {
-            e.as_ref()
-                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "npz"))
-        })
-        .count()
-}
-
 fn probe(args: &[&str], end: End, words: &[&str]) -> Probe {
     Probe {
         args: args.iter().map(|a| a.to_string()).collect(),
@@ -263,9 +250,7 @@ fn cpu_plugin() -> PathBuf {
 }
 
 fn shipped_case(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/toast-kernels/cases")
-        .join(name)
+    shipped_cases_dir().join(name)
 }
 
 fn fits_vector(name: &str) -> PathBuf {
@@ -590,7 +575,7 @@ fn every_probe() {
         probe(
             &["verify", "--backend", "cpu"],
             Code(0),
-            &[&format!("{} passed, 0 failed", shipped_cases())],
+            &[&format!("{SHIPPED_CASES} passed, 0 failed")],
         )
         .env("TOAST_BACKEND_PATH", plugin_dir.clone()),
         probe(

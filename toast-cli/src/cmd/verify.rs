@@ -214,7 +214,6 @@ pub fn run_unavailable(backend: &str, reason: &str, cases_dir: &Path) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
     use std::sync::Arc;
     use toast_accel::host::conformance::{load_case, CaseError};
     use toast_accel::host::Plugin;
@@ -238,9 +237,7 @@ mod tests {
             .unwrap()
     }
 
-    fn shipped() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/toast-kernels/cases")
-    }
+    use toast_testkit::shipped_cases_dir as shipped;
 
     #[test]
     fn report_lines_and_exit_code() {
@@ -436,7 +433,11 @@ mod tests {
         let s = verify(&cpu_backend(), &shipped(), &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         // 42 kernel cases and 61 boundary-direction cases (FORMAT.md)
-        assert_eq!(text.lines().last(), Some("103 passed, 0 failed"), "{text}");
+        assert_eq!(
+            text.lines().last(),
+            Some(format!("{} passed, 0 failed", toast_testkit::SHIPPED_CASES).as_str()),
+            "{text}"
+        );
         assert_eq!(s.exit_code(), 0);
     }
 
