@@ -17,8 +17,17 @@
 //! dimensions 1 and 2 are cut into chunks of at most 65535 (the hardware
 //! limit) with the source's `det0`/`iv0` arguments.
 //!
-//! The small per-detector arrays and the intervals are uploaded into pool
-//! buffers for the call and returned to the pool after it.
+//! The polynomial filters run one fit per thread (`filter_polynomial`: per
+//! signal and scan; `filter_poly2D`: per sample and group), each in its own
+//! slice of a global workspace (`KernelLaunch::workspace`), since a fit of
+//! up to 1024 templates does not fit in a thread's private memory. The
+//! workspace is at most `WORKSPACE_MAX_BYTES`, 256 MiB (less on a device with a
+//! smaller largest allocation or under 2 GiB of memory), and the grid is cut
+//! into launches whose threads' slices fit in it (`grid_chunks`).
+//!
+//! The small per-detector arrays, the intervals and the workspace are
+//! uploaded into (allocated from) pool buffers for the call and returned to
+//! the pool after it.
 //!
 //! # Refusals before launch
 //!
