@@ -39,15 +39,6 @@ MODULES = [
 # defines those samples as unhit (python/src/lib.rs, nonlocal_as_unhit).
 KNOWN: dict = {}
 
-# Kernels run on the CPU when the backend is a device, with the reason:
-# TOAST's test_polyfilter2D fits 64 modes, beyond the 32 a device thread
-# holds (kernels.h TOAST_POLY_MAX_MODES; the device refuses it by name).
-# The device kernel itself is checked by the conformance cases (verify).
-CPU_ON_DEVICE = {
-    "filter_poly2D": "TOAST's test_polyfilter2D fits 64 modes; a device fit holds at most 32",
-}
-
-
 def skip_known(modules) -> None:
     import unittest
 
@@ -69,12 +60,7 @@ def main() -> int:
     from toast.tests import runner
 
     skip_known(a.modules)
-    dispatch = {}
-    if a.backend != "cpu":
-        for kernel, why in CPU_ON_DEVICE.items():
-            dispatch[kernel] = "cpu"
-            print(f"toast_rs: {kernel} on cpu, not {a.backend}: {why}")
-    toast_rs.install(a.backend, **dispatch)
+    toast_rs.install(a.backend)
     failed = []
     with tempfile.TemporaryDirectory(prefix="toast_rs_tests_") as scratch:
         os.chdir(scratch)

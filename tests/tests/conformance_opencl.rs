@@ -21,6 +21,15 @@ conformance_suite!(
                 FilterPolynomial, FilterPoly2d],
 );
 
+// The polynomial filters' workspace interleaved, as for a GPU (the default,
+// contiguous, is the suite above): the same bits.
+conformance_suite!(
+    all_cases_pass_on_opencl_interleaved_workspace: backend = "opencl",
+    options = "workspace=interleaved", require = "TOAST_REQUIRE_OPENCL",
+    comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp,
+                FilterPolynomial, FilterPoly2d],
+);
+
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {
@@ -171,10 +180,11 @@ fn an_output_aliasing_an_input_is_refused_except_in_place_precond() {
     }
 }
 
-/// The data errors of the covariance and polynomial-filter kernels through
-/// the plugin: a pixel beyond the local map (hits: the first faulty sample,
-/// worded as the CPU's), and a fit with more templates than a device thread
-/// holds (filter_polynomial: refused, the faulty scan left alone).
+/// The data errors of the covariance kernels and the polynomial filter's
+/// limits through the plugin: a pixel beyond the local map (hits: the first
+/// faulty sample, worded as the CPU's); a fit with more templates than any
+/// backend accepts refused before it runs, and one with more than a device
+/// thread could hold in private memory (41) run from the workspace.
 #[test]
 fn cov_and_filter_data_errors_are_reported() {
     let Some(b) = opencl() else { return };
@@ -218,42 +228,47 @@ fn cov_and_filter_data_errors_are_reported() {
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect();
     assert_eq!(hits, [0, 1, 1, 0, 0, 0, 0, 1]);
-    // filter_polynomial: order 40 on a scan of 50 good samples needs 41
-    // templates; the first scan, of 20 good samples, needs 20 and runs.
+    // filter_polynomial: order 1024 is refused by the validator (1024
+    // templates at most), before anything runs; order 40 on a scan of 50
+    // good samples fits 41 templates from the device workspace, the first
+    // scan, of 20 good samples, 20.
     let n = 80usize;
     let sig: Vec<f64> = (0..n).map(|i| 1.0 + i as f64).collect();
     let (hf, hsig) = (up("flags", vec![0u8; n]), up("signals", fb(&sig)));
     let (idx, starts, stops) = ([0i32], [0i64, 30], [20i64, 80]);
-    let args = abi::FilterPolynomialArgs {
+    let args = |order| abi::FilterPolynomialArgs {
         n_signal: 1,
         n_samp: n as u64,
         n_scan: 2,
-        order: 40,
+        order,
         signal_index: idx.as_ptr(),
         starts: starts.as_ptr(),
         stops: stops.as_ptr(),
         flags: arr(hf, n),
         signals: arr(hsig, n),
     };
+    let read = || {
+        let mut got = vec![0u8; 8 * n];
+        b.copy_to_host(hsig, 0, &mut got).unwrap();
+        got.chunks(8)
+            .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
+            .collect::<Vec<f64>>()
+    };
     // SAFETY: as above; the host arrays live across the call.
-    let e = unsafe { b.launch(&args) }.unwrap_err().to_string();
+    let e = unsafe { b.launch(&args(1024)) }.unwrap_err().to_string();
     assert!(
-        e.contains("signal 0, scan starting at sample 30") && e.contains("32 templates"),
+        e.contains("`order`") && e.contains("more than the 1024 templates"),
         "{e}"
     );
-    let mut got = vec![0u8; 8 * n];
-    b.copy_to_host(hsig, 0, &mut got).unwrap();
-    let got: Vec<f64> = got
-        .chunks(8)
-        .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
-    // 20 templates interpolate the first scan's 20 samples: ~0 left.
+    assert_eq!(read(), sig, "a refused call changes nothing");
+    // SAFETY: as above.
+    unsafe { b.launch(&args(40)) }.unwrap();
+    let got = read();
+    // 20 templates interpolate the first scan's 20 samples, 41 fit the
+    // second scan's line: ~0 left; samples [20, 30) are in no scan.
     assert!(got[..20].iter().all(|v| v.abs() < 1e-9), "{:?}", &got[..20]);
-    assert_eq!(
-        got[20..],
-        sig[20..],
-        "the faulty scan and the rest untouched"
-    );
+    assert_eq!(got[20..30], sig[20..30], "outside the scans: untouched");
+    assert!(got[30..].iter().all(|v| v.abs() < 1e-6), "{:?}", &got[30..]);
     for h in [hs, hp, hh, hf, hsig] {
         b.free(h).unwrap();
     }

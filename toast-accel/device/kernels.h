@@ -787,35 +787,45 @@ KERNEL void toast_cov_accum_diag_invnpp(i64 nsamp, i64 nsub, i64 nsubpix, i64 nn
 
 /* ---- small symmetric solves for the polynomial filters ----------------- */
 
-/* The largest number of templates (polynomial order + 1, or 2-D modes) of
- * one fit on a device: the per-thread matrices live in private memory. */
-#define TOAST_POLY_MAX_MODES 32
+/* A fit has as many templates as the host allows (toast_accel::check::
+ * MAX_POLY_TEMPLATES), so its matrices cannot live in private memory: each
+ * work item has a slice of a global workspace that the host allocates for
+ * the launch (toast-gpu's kernels::entries), holding element e of the item
+ * at ws[e * s].  The host chooses the layout: s = 1 (each item's slice
+ * contiguous, best for a CPU's caches) or s = the items of the launch (the
+ * slices interleaved, so that the items of a warp read consecutive
+ * addresses).  The slice is laid out a (n * n), v (n * n), then the vectors
+ * of the kernel (n each). */
 #define TOAST_JACOBI_MAX_SWEEPS 64
 
-/* Diagonalise the symmetric n x n row-major a (private memory) by the
+/* Diagonalise the symmetric n x n row-major a (a[(r * n + c) * s]) by the
  * cyclic Jacobi method: the eigenvalues end on the diagonal of a, the
- * eigenvectors in the columns of v (v[k * n + i]).  The same operations, in
- * the same order, as backend-cpu's polyfilter::jacobi_eigen (+ - * / sqrt
- * fabs and comparisons only, all exact or correctly rounded), so the CPU
- * and every device give the same bits. */
-DEVICE_FN void toast_jacobi_eigen(int n, double *a, double *v) {
-    for (int k = 0; k < n * n; k++) {
-        v[k] = (k % (n + 1) == 0) ? 1.0 : 0.0;
+ * eigenvectors in the columns of v (v[(k * n + i) * s]).  The same
+ * operations, in the same order, as backend-cpu's polyfilter::jacobi_eigen
+ * (+ - * / sqrt fabs and comparisons only, all exact or correctly rounded),
+ * so the CPU and every device give the same bits. */
+#define TOAST_A(r, c) a[((i64)(r) * n + (c)) * s]
+#define TOAST_V(r, c) v[((i64)(r) * n + (c)) * s]
+DEVICE_FN void toast_jacobi_eigen(int n, GLOBAL double *a, GLOBAL double *v, i64 s) {
+    for (int r = 0; r < n; r++) {
+        for (int c = 0; c < n; c++) {
+            TOAST_V(r, c) = r == c ? 1.0 : 0.0;
+        }
     }
     for (int sweep = 0; sweep < TOAST_JACOBI_MAX_SWEEPS; sweep++) {
         int rotated = 0;
         for (int p = 0; p < n; p++) {
             for (int q = p + 1; q < n; q++) {
-                const double apq = a[p * n + q];
+                const double apq = TOAST_A(p, q);
                 if (apq == 0.0) {
                     continue;
                 }
-                const double app = a[p * n + p];
-                const double aqq = a[q * n + q];
+                const double app = TOAST_A(p, p);
+                const double aqq = TOAST_A(q, q);
                 const double g = 100.0 * fabs(apq);
                 if (fabs(app) + g == fabs(app) && fabs(aqq) + g == fabs(aqq)) {
-                    a[p * n + q] = 0.0;
-                    a[q * n + p] = 0.0;
+                    TOAST_A(p, q) = 0.0;
+                    TOAST_A(q, p) = 0.0;
                     continue;
                 }
                 const double h = aqq - app;
@@ -830,29 +840,29 @@ DEVICE_FN void toast_jacobi_eigen(int n, double *a, double *v) {
                     }
                 }
                 const double c = 1.0 / sqrt(1.0 + t * t);
-                const double s = t * c;
+                const double sn = t * c;
                 for (int k = 0; k < n; k++) {
                     if (k == p || k == q) {
                         continue;
                     }
-                    const double akp = a[k * n + p];
-                    const double akq = a[k * n + q];
-                    const double nkp = c * akp - s * akq;
-                    const double nkq = s * akp + c * akq;
-                    a[k * n + p] = nkp;
-                    a[p * n + k] = nkp;
-                    a[k * n + q] = nkq;
-                    a[q * n + k] = nkq;
+                    const double akp = TOAST_A(k, p);
+                    const double akq = TOAST_A(k, q);
+                    const double nkp = c * akp - sn * akq;
+                    const double nkq = sn * akp + c * akq;
+                    TOAST_A(k, p) = nkp;
+                    TOAST_A(p, k) = nkp;
+                    TOAST_A(k, q) = nkq;
+                    TOAST_A(q, k) = nkq;
                 }
-                a[p * n + p] = app - t * apq;
-                a[q * n + q] = aqq + t * apq;
-                a[p * n + q] = 0.0;
-                a[q * n + p] = 0.0;
+                TOAST_A(p, p) = app - t * apq;
+                TOAST_A(q, q) = aqq + t * apq;
+                TOAST_A(p, q) = 0.0;
+                TOAST_A(q, p) = 0.0;
                 for (int k = 0; k < n; k++) {
-                    const double vkp = v[k * n + p];
-                    const double vkq = v[k * n + q];
-                    v[k * n + p] = c * vkp - s * vkq;
-                    v[k * n + q] = s * vkp + c * vkq;
+                    const double vkp = TOAST_V(k, p);
+                    const double vkq = TOAST_V(k, q);
+                    TOAST_V(k, p) = c * vkp - sn * vkq;
+                    TOAST_V(k, q) = sn * vkp + c * vkq;
                 }
                 rotated = 1;
             }
@@ -865,14 +875,15 @@ DEVICE_FN void toast_jacobi_eigen(int n, double *a, double *v) {
 
 /* b <- pinv(A) b from toast_jacobi_eigen's a and v, keeping the eigenvalues
  * whose magnitude exceeds max(rcond * largest magnitude, DBL_MIN), as LAPACK
- * dgelss keeps singular values; w is scratch of n.  (polyfilter::pinv_apply) */
-DEVICE_FN void toast_pinv_apply(int n, const double *a, const double *v, double rcond, double *b,
-                                double *w) {
+ * dgelss keeps singular values; w is scratch of n; all of stride s.
+ * (polyfilter::pinv_apply) */
+DEVICE_FN void toast_pinv_apply(int n, GLOBAL const double *a, GLOBAL const double *v, i64 s,
+                                double rcond, GLOBAL double *b, GLOBAL double *w) {
     double smax = 0.0;
     for (int i = 0; i < n; i++) {
-        const double s = fabs(a[i * n + i]);
-        if (s > smax) {
-            smax = s;
+        const double d = fabs(TOAST_A(i, i));
+        if (d > smax) {
+            smax = d;
         }
     }
     double thr = rcond * smax;
@@ -882,38 +893,42 @@ DEVICE_FN void toast_pinv_apply(int n, const double *a, const double *v, double 
     for (int i = 0; i < n; i++) {
         double x = 0.0;
         for (int k = 0; k < n; k++) {
-            x += v[k * n + i] * b[k];
+            x += TOAST_V(k, i) * b[k * s];
         }
-        const double l = a[i * n + i];
-        w[i] = fabs(l) > thr ? x / l : 0.0;
+        const double l = TOAST_A(i, i);
+        w[i * s] = fabs(l) > thr ? x / l : 0.0;
     }
     for (int k = 0; k < n; k++) {
         double x = 0.0;
         for (int i = 0; i < n; i++) {
-            x += v[k * n + i] * w[i];
+            x += TOAST_V(k, i) * w[i * s];
         }
-        b[k] = x;
+        b[k * s] = x;
     }
 }
+#undef TOAST_A
+#undef TOAST_V
 
-/* P_0..P_{n-1} at x by TOAST's recurrence (polyfilter::legendre). */
-DEVICE_FN void toast_legendre(double x, int n, double *p) {
+/* P_0..P_{n-1} at x by TOAST's recurrence (polyfilter::legendre), into
+ * p[k * s]. */
+DEVICE_FN void toast_legendre(double x, int n, GLOBAL double *p, i64 s) {
     if (n > 0) {
         p[0] = 1.0;
     }
     if (n > 1) {
-        p[1] = x;
+        p[s] = x;
     }
     for (int k = 2; k < n; k++) {
         const double orderinv = 1.0 / (double)k;
-        p[k] = ((double)(2 * k - 1) * x * p[k - 1] - (double)(k - 1) * p[k - 2]) * orderinv;
+        p[k * s] = ((double)(2 * k - 1) * x * p[(k - 1) * s] - (double)(k - 1) * p[(k - 2) * s]) *
+                   orderinv;
     }
 }
 
 /* ---- 13. filter_polynomial --------------------------------------------- */
 
-/* 2-D grid: dimension 0 the signal k < n_signal (row signal_index[k] of
- * signals, n_samp per row), dimension 1 the scan iv0 + GID1 < iv_end.
+/* 2-D grid: dimension 0 the signal k0 + GID0 < k_end (row signal_index[k]
+ * of signals, n_samp per row), dimension 1 the scan iv0 + GID1 < iv_end.
  * scans holds TOAST's (start, stop) pairs, stop exclusive, clamped here as
  * TOAST does (start < 0 -> 0; stop < 0 or > n_samp -> n_samp; stop < start
  * skips).  One thread fits its signal on its scan: the Legendre normal
@@ -922,16 +937,18 @@ DEVICE_FN void toast_legendre(double x, int n, double *p) {
  * subtraction from every sample of the scan, flagged or not.  A scan with
  * no good sample is left alone; norder = min(order + 1, good samples).
  * Scans that overlap must be launched one at a time, in order (the second
- * fits what the first left).  norder > TOAST_POLY_MAX_MODES is an error,
- * key (k, start). */
-KERNEL void toast_filter_polynomial(i64 iv0, i64 iv_end, i64 n_signal, i64 n_samp, i64 order,
+ * fits what the first left).  Work item GID0 + GID1 * (k_end - k0) owns the
+ * workspace slice at work + slot * item_step, of stride elem_step and
+ * 2 (order + 1)^2 + 3 (order + 1) elements (a, v, p, amp, w). */
+KERNEL void toast_filter_polynomial(i64 k0, i64 k_end, i64 iv0, i64 iv_end, i64 n_samp, i64 order,
                                     GLOBAL const i64 *RESTRICT scans,
                                     GLOBAL const u8 *RESTRICT flags,
                                     GLOBAL const i32 *RESTRICT signal_index,
-                                    GLOBAL double *RESTRICT signals, GLOBAL u64 *RESTRICT err) {
-    const i64 k = GID0;
+                                    GLOBAL double *RESTRICT signals,
+                                    GLOBAL double *RESTRICT work, i64 item_step, i64 elem_step) {
+    const i64 k = k0 + GID0;
     const i64 iv = iv0 + GID1;
-    if (k >= n_signal || iv >= iv_end || order < 0) {
+    if (k >= k_end || iv >= iv_end || order < 0) {
         return;
     }
     i64 start = scans[2 * iv];
@@ -956,22 +973,19 @@ KERNEL void toast_filter_polynomial(i64 iv0, i64 iv_end, i64 n_signal, i64 n_sam
     if (ngood == 0) {
         return;
     }
-    const i64 norder = order >= ngood ? ngood : order + 1;
-    if (norder > TOAST_POLY_MAX_MODES) {
-        atomic_min_u64(err, TOAST_ERR_KEY(k, start));
-        return;
-    }
-    const int n = (int)norder;
-    double a[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
-    double v[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
-    double p[TOAST_POLY_MAX_MODES];
-    double amp[TOAST_POLY_MAX_MODES];
-    double w[TOAST_POLY_MAX_MODES];
-    for (int j = 0; j < n * n; j++) {
-        a[j] = 0.0;
+    const int n = (int)(order >= ngood ? ngood : order + 1);
+    const i64 s = elem_step;
+    const i64 m = order + 1;
+    GLOBAL double *a = work + ((i64)GID0 + (i64)GID1 * (k_end - k0)) * item_step;
+    GLOBAL double *v = a + m * m * s;
+    GLOBAL double *p = v + m * m * s;
+    GLOBAL double *amp = p + m * s;
+    GLOBAL double *w = amp + m * s;
+    for (i64 j = 0; j < (i64)n * n; j++) {
+        a[j * s] = 0.0;
     }
     for (int j = 0; j < n; j++) {
-        amp[j] = 0.0;
+        amp[j * s] = 0.0;
     }
     const double dx = 2.0 / (double)len;
     const double xstart = 0.5 * dx - 1.0;
@@ -980,69 +994,68 @@ KERNEL void toast_filter_polynomial(i64 iv0, i64 iv_end, i64 n_signal, i64 n_sam
         if (f[i] != 0) {
             continue;
         }
-        toast_legendre(xstart + (double)i * dx, n, p);
+        toast_legendre(xstart + (double)i * dx, n, p, s);
         for (int j = 0; j < n; j++) {
+            const double pj = p[j * s];
             for (int l = j; l < n; l++) {
-                a[j * n + l] += p[j] * p[l];
+                a[((i64)j * n + l) * s] += pj * p[l * s];
             }
         }
-        const double s = sig[i];
+        const double sv = sig[i];
         for (int j = 0; j < n; j++) {
-            amp[j] += p[j] * s;
+            amp[j * s] += p[j * s] * sv;
         }
     }
     for (int j = 0; j < n; j++) {
         for (int l = 0; l < j; l++) {
-            a[j * n + l] = a[l * n + j];
+            a[((i64)j * n + l) * s] = a[((i64)l * n + j) * s];
         }
     }
-    toast_jacobi_eigen(n, a, v);
-    toast_pinv_apply(n, a, v, 2.220446049250313e-16, amp, w);
+    toast_jacobi_eigen(n, a, v, s);
+    toast_pinv_apply(n, a, v, s, 2.220446049250313e-16, amp, w);
     for (i64 i = 0; i < len; i++) {
-        toast_legendre(xstart + (double)i * dx, n, p);
-        double s = sig[i];
+        toast_legendre(xstart + (double)i * dx, n, p, s);
+        double sv = sig[i];
         for (int j = 0; j < n; j++) {
-            s -= amp[j] * p[j];
+            sv -= amp[j * s] * p[j * s];
         }
-        sig[i] = s;
+        sig[i] = sv;
     }
 }
 
 /* ---- 14. filter_poly2D ------------------------------------------------- */
 
-/* 2-D grid: dimension 0 the sample isamp < n_samp, dimension 1 the group
- * igroup < n_group.  One thread builds TOAST's masked normal matrix and
+/* 2-D grid: dimension 0 the sample s0 + GID0 < s_end, dimension 1 the group
+ * g0 + GID1 < g_end.  One thread builds TOAST's masked normal matrix and
  * right-hand side over the detectors of its group (det_groups[d] == igroup;
  * masks[isamp, d] == 0 weights a detector by 0.0, so a NaN signal there
  * still poisons the fit as in TOAST), solves with rcond 1e-6 and writes
  * coeff[isamp, igroup, 0..n_mode].  The host has checked every group is
- * below n_group; n_mode > TOAST_POLY_MAX_MODES is an error, key
- * (igroup, isamp). */
-KERNEL void toast_filter_poly2d(i64 n_samp, i64 n_det, i64 n_group, i64 n_mode,
-                                GLOBAL const i32 *RESTRICT det_groups,
+ * below n_group.  Work item GID0 + GID1 * (s_end - s0) owns the workspace
+ * slice at work + slot * item_step, of stride elem_step and
+ * 2 n_mode^2 + 2 n_mode elements (a, v, rhs, w). */
+KERNEL void toast_filter_poly2d(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det, i64 n_group,
+                                i64 n_mode, GLOBAL const i32 *RESTRICT det_groups,
                                 GLOBAL const double *RESTRICT templates,
                                 GLOBAL const double *RESTRICT signals,
                                 GLOBAL const u8 *RESTRICT masks, GLOBAL double *RESTRICT coeff,
-                                GLOBAL u64 *RESTRICT err) {
-    const i64 isamp = GID0;
-    const i64 igroup = GID1;
-    if (isamp >= n_samp || igroup >= n_group || n_mode < 1) {
-        return;
-    }
-    if (n_mode > TOAST_POLY_MAX_MODES) {
-        atomic_min_u64(err, TOAST_ERR_KEY(igroup, isamp));
+                                GLOBAL double *RESTRICT work, i64 item_step, i64 elem_step) {
+    const i64 isamp = s0 + GID0;
+    const i64 igroup = g0 + GID1;
+    if (isamp >= s_end || igroup >= g_end || n_mode < 1) {
         return;
     }
     const int n = (int)n_mode;
-    double a[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
-    double v[TOAST_POLY_MAX_MODES * TOAST_POLY_MAX_MODES];
-    double rhs[TOAST_POLY_MAX_MODES];
-    double w[TOAST_POLY_MAX_MODES];
-    for (int j = 0; j < n * n; j++) {
-        a[j] = 0.0;
+    const i64 s = elem_step;
+    GLOBAL double *a = work + ((i64)GID0 + (i64)GID1 * (s_end - s0)) * item_step;
+    GLOBAL double *v = a + n_mode * n_mode * s;
+    GLOBAL double *rhs = v + n_mode * n_mode * s;
+    GLOBAL double *w = rhs + n_mode * s;
+    for (i64 j = 0; j < n_mode * n_mode; j++) {
+        a[j * s] = 0.0;
     }
     for (int j = 0; j < n; j++) {
-        rhs[j] = 0.0;
+        rhs[j * s] = 0.0;
     }
     for (i64 d = 0; d < n_det; d++) {
         if ((i64)det_groups[d] != igroup) {
@@ -1052,20 +1065,21 @@ KERNEL void toast_filter_poly2d(i64 n_samp, i64 n_det, i64 n_group, i64 n_mode,
         const double det_sig = signals[isamp * n_det + d];
         GLOBAL const double *t = templates + d * n_mode;
         for (int im = 0; im < n; im++) {
-            rhs[im] += t[im] * det_sig * det_mask;
+            rhs[im * s] += t[im] * det_sig * det_mask;
             for (int jm = im; jm < n; jm++) {
                 const double val = t[im] * t[jm] * det_mask;
-                a[im * n + jm] += val;
+                a[((i64)im * n + jm) * s] += val;
                 if (jm > im) {
-                    a[jm * n + im] += val;
+                    a[((i64)jm * n + im) * s] += val;
                 }
             }
         }
     }
-    toast_jacobi_eigen(n, a, v);
-    toast_pinv_apply(n, a, v, 1e-6, rhs, w);
+    toast_jacobi_eigen(n, a, v, s);
+    toast_pinv_apply(n, a, v, s, 1e-6, rhs, w);
     GLOBAL double *out = coeff + (isamp * n_group + igroup) * n_mode;
     for (int j = 0; j < n; j++) {
-        out[j] = rhs[j];
+        out[j] = rhs[j * s];
     }
 }
+

@@ -338,8 +338,8 @@ typedef struct toast_cov_accum_diag_invnpp_args {
  * does (start < 0 -> 0; stop < 0 or > n_samp -> n_samp; stop < start
  * skips); a scan without good samples is left alone; a scan with fewer good
  * samples than order + 1 is fitted with as many templates as good samples.
- * order < 0 does nothing.  signal_index must not repeat a row.  A backend
- * may refuse a fit larger than it supports (the devices: 32 templates). */
+ * order < 0 does nothing.  signal_index must not repeat a row.  order + 1
+ * is at most 1024 templates (every backend refuses more). */
 typedef struct toast_filter_polynomial_args {
     uint64_t n_signal;
     uint64_t n_samp;
@@ -356,8 +356,8 @@ typedef struct toast_filter_polynomial_args {
  * least-squares coefficients of the group's signals in the per-detector
  * templates (masks == 0 weights a detector by 0), solved with rcond 1e-6:
  * coeff[s, g, 0..n_mode].  det_groups[d] < 0: detector d is in no group;
- * otherwise it must be < n_group.  A backend may refuse more modes than it
- * supports (the devices: 32). */
+ * otherwise it must be < n_group.  n_mode is at most 1024 (every backend
+ * refuses more). */
 typedef struct toast_filter_poly2d_args {
     uint64_t n_samp;
     uint64_t n_det;

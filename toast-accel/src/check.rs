@@ -1217,6 +1217,13 @@ pub unsafe fn check_cov_accum_diag_invnpp(
     })
 }
 
+/// The most templates one fit of the polynomial filters may have
+/// (`filter_polynomial`'s order + 1, `filter_poly2D`'s `n_mode`): it bounds
+/// the memory of a call (a fit of `n` templates works on two `n x n`
+/// matrices; the devices hold them in a workspace, `toast-gpu`), far above
+/// TOAST's uses (its tests fit 64 modes).
+pub const MAX_POLY_TEMPLATES: u64 = 1024;
+
 /// Validated `filter_polynomial` arguments.
 #[derive(Debug, Clone, Copy)]
 pub struct FilterPolynomial<'a> {
@@ -1253,6 +1260,16 @@ pub unsafe fn check_filter_polynomial<'a>(
         "signal_index",
         signal_index,
     )?;
+    if a.order >= MAX_POLY_TEMPLATES as i64 {
+        return Err(ArgError::new(
+            K,
+            "order",
+            format!(
+                "order {} needs more than the {MAX_POLY_TEMPLATES} templates a fit may have",
+                a.order
+            ),
+        ));
+    }
     let mut seen = std::collections::HashSet::with_capacity(signal_index.len());
     if let Some((i, r)) = signal_index
         .iter()
@@ -1296,6 +1313,16 @@ pub unsafe fn check_filter_poly2d<'a>(
     const K: &str = "filter_poly2D";
     // SAFETY: host array of n_det elements by the caller's contract.
     let det_groups = unsafe { host(K, "det_groups", a.det_groups, a.n_det)? };
+    if a.n_mode > MAX_POLY_TEMPLATES {
+        return Err(ArgError::new(
+            K,
+            "n_mode",
+            format!(
+                "{} modes is more than the {MAX_POLY_TEMPLATES} templates a fit may have",
+                a.n_mode
+            ),
+        ));
+    }
     let n_templates = mul(K, "templates", a.n_det, a.n_mode)?;
     // SAFETY: host array of n_det * n_mode elements by the caller's contract.
     let templates = unsafe { host(K, "templates", a.templates, n_templates)? };
@@ -2123,6 +2150,18 @@ mod tests {
             "signal_index",
             "repeats",
         );
+        a.signal_index = idx.as_ptr();
+        a.order = MAX_POLY_TEMPLATES as i64 - 1;
+        // SAFETY: as above.
+        assert!(unsafe { check_filter_polynomial(&a) }.is_ok());
+        a.order = MAX_POLY_TEMPLATES as i64;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_filter_polynomial(&a) },
+            "order",
+            "order 1024 needs more than the 1024 templates",
+        );
+        a.order = 1;
         a.n_scan = 2;
         a.starts = std::ptr::null();
         // SAFETY: as above (a null pointer is refused before it is read).
@@ -2160,6 +2199,14 @@ mod tests {
             unsafe { check_filter_poly2d(&a) },
             "det_groups",
             "det_groups[2] = 1",
+        );
+        // Refused before the templates (n_det * n_mode of them) are read.
+        a.n_mode = MAX_POLY_TEMPLATES + 1;
+        // SAFETY: as above.
+        expect_err(
+            unsafe { check_filter_poly2d(&a) },
+            "n_mode",
+            "1025 modes is more than the 1024 templates",
         );
     }
 }

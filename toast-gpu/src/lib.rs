@@ -23,7 +23,9 @@
 //!
 //! - [`context`]: the context `init` returns to the host ([`Context`]): the
 //!   host's log callback, the options (`device=N`, else the driver's
-//!   environment variable), the driver, the buffer table, and the module,
+//!   environment variable; `workspace=contiguous|interleaved`, the layout
+//!   of the polynomial filters' workspace), the driver, the buffer table,
+//!   and the module,
 //!   compiled on the first kernel call or read from the disk cache.
 //! - [`memory`]: the size-class pool and the handle table (handles are
 //!   tagged counters, never device addresses).

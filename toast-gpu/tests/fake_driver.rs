@@ -297,7 +297,7 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
     assert_eq!(
         last_error(),
-        "fake backend: unknown option `colour` (known: device)"
+        "fake backend: unknown option `colour` (known: device, workspace)"
     );
     let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
@@ -333,6 +333,21 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
         last_error(),
         "option device: `x` is not a device index (a non-negative integer)"
     );
+    let (st, _) = init_with(c"workspace=diagonal", &UNREAD_LOG);
+    assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "option workspace: `diagonal` is not `contiguous` or `interleaved`"
+    );
+    for opt in [
+        c"workspace=interleaved",
+        c"workspace = contiguous; device=0",
+    ] {
+        let (st, ctx) = init_with(opt, &UNREAD_LOG);
+        assert_eq!(st, abi::OK, "{opt:?}: {}", last_error());
+        // SAFETY: a live context, shut down once.
+        unsafe { table().shutdown.unwrap()(ctx) };
+    }
 }
 
 #[test]

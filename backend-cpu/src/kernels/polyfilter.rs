@@ -89,10 +89,10 @@ pub(crate) unsafe fn run_poly2d(
 /// sizes used here converges in fewer than ten).
 const JACOBI_MAX_SWEEPS: usize = 64;
 
-/// The largest polynomial order + 1 (templates per fit) the CPU accepts; it
-/// only bounds the memory a call can ask for. The device source has a
-/// smaller bound (`TOAST_POLY_MAX_MODES`).
-pub(crate) const MAX_TEMPLATES: usize = 1024;
+/// The largest polynomial order + 1 (templates per fit) accepted, every
+/// backend's (the validator refuses more); it only bounds the memory a call
+/// can ask for.
+pub(crate) const MAX_TEMPLATES: usize = toast_accel::check::MAX_POLY_TEMPLATES as usize;
 
 /// Diagonalise the symmetric `n x n` row-major matrix `a` in place with the
 /// cyclic Jacobi method: on return the diagonal of `a` holds the eigenvalues

@@ -1167,22 +1167,23 @@ def description_kinds(description, n):
     return tag
 
 
-def poly2d_templates(x, y, order):
-    """The 2-D polynomial templates x^i y^j (i + j <= order), as PolyFilter2D orders them."""
+def poly2d_templates(x, y, order, square=False):
+    """The 2-D polynomial templates x^i y^j, i + j <= order; with `square`, every
+    i, j <= order in PolyFilter2D's own order (i slowest: (order + 1)^2 modes)."""
     cols = []
     for i in range(order + 1):
-        for j in range(order + 1 - i):
+        for j in range(order + 1 if square else order + 1 - i):
             cols.append(x**i * y**j)
     return np.ascontiguousarray(np.stack(cols, axis=1))
 
 
 def case_filter_poly2D(name, n_samp, n_det, n_group, order, description, masked_dets=(),
-                       ungrouped=(), starve=None):
+                       ungrouped=(), starve=None, square=False, extent=1.0):
     c = Case("filter_poly2D", name, "filter_poly2D", description)
     rng = rng_for(c.file)
-    x = rng.uniform(-1.0, 1.0, n_det)
-    y = rng.uniform(-1.0, 1.0, n_det)
-    templates = poly2d_templates(x, y, order)
+    x = rng.uniform(-extent, extent, n_det)
+    y = rng.uniform(-extent, extent, n_det)
+    templates = poly2d_templates(x, y, order, square)
     n_mode = templates.shape[1]
     det_groups = (np.arange(n_det) % n_group).astype(np.int32)
     for d in ungrouped:
@@ -1265,6 +1266,18 @@ def pinned_cases():
             "and keep their values "
             + poly_kinds,
         )
+    # Order 40 on scans of ~1000 samples: a uniform grid keeps the Legendre basis of
+    # degree n well-conditioned only for about n^2 samples or more, and the normal
+    # equations of the ports square its condition number (FORMAT.md, section 13).
+    yield case_filter_polynomial(
+        "order40", 40, 3000, [(0, 1200), (1200, 1203), (1210, 1210), (1215, 2200),
+                              (2200, 2400), (2400, 3000)],
+        "order 40 (41 templates: more than a device thread holds in private memory), "
+        "n = 3000, 3 signals, ~20% flagged; scans [0,1200) and [1215,2200) fit 41 templates, "
+        "a 3-sample clean scan (norder 3), an empty scan, an all-flagged scan and [2400,3000) "
+        "with 3 good samples (norder 3); [1203,1215) is in no scan "
+        + poly_kinds,
+    )
     yield case_filter_polynomial(
         "order3_overlap_clamp", 3, 400, [(-20, 150), (100, 260), (240, 260), (300, 450)],
         "order 3; scans overlap ([100,260) refits samples already filtered by [-20,150), "
@@ -1291,6 +1304,15 @@ def pinned_cases():
         "groups2_order3", 60, 16, 2, 3,
         "16 dets in 2 groups, 10 modes (order 3): 8 dets per group, so a group with a masked "
         "det is rank-deficient and dgelss's rcond 1e-6 cut decides the rank",
+    )
+    yield case_filter_poly2D(
+        "square_order7_64modes", 50, 14, 2, 7,
+        "TOAST's test_polyfilter2D sizes: 14 dets in 2 groups (det % 2, as its two "
+        "wafers), 64 modes x^i y^j with i, j <= 7 (PolyFilter2D's own templates, "
+        "norder = 8), positions within +-0.05 (focal-plane angles), 50 samples; 7 dets "
+        "per group for 64 modes: rank-deficient everywhere, dgelss's rcond 1e-6 cut "
+        "decides the rank; det 3 masked everywhere",
+        masked_dets=(3,), square=True, extent=0.05,
     )
 
 

@@ -4,7 +4,8 @@
 //! prototypes of `toast-accel/device/kernels.h` in order.
 
 use super::{
-    blocks_overlap, check_key_range, has_duplicates, intervals_overlap, pixel_fault, KernelLaunch,
+    blocks_overlap, check_key_range, grid_chunks, has_duplicates, intervals_overlap, pixel_fault,
+    KernelLaunch,
 };
 use crate::driver::{Driver, Param as P};
 use crate::plugin::ctx_ref;
@@ -673,9 +674,11 @@ impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
     }
 }
 
-/// The most templates of one fit on a device (`TOAST_POLY_MAX_MODES` in
-/// kernels.h): a larger fit is a data error there.
-const POLY_MAX_MODES: u64 = 32;
+/// The workspace of `n` templates per fit: the matrix and its eigenvectors
+/// (`n * n` each) and `vectors` vectors of `n` (`kernels.h`).
+fn poly_item_len(n: u64, vectors: u64) -> u64 {
+    2 * n * n + vectors * n
+}
 
 impl DeviceKernel for abi::FilterPolynomialArgs {
     fn launch<D: Driver>(
@@ -686,7 +689,6 @@ impl DeviceKernel for abi::FilterPolynomialArgs {
         if v.order < 0 || v.n_signal == 0 || v.n_samp == 0 || v.starts.is_empty() {
             return Ok(());
         }
-        check_key_range("filter_polynomial", v.n_signal, v.n_samp)?;
         let n = v.n_samp as i64;
         // The scans as the kernel clamps them: overlapping ones must run one
         // at a time, in order (the second fits what the first left).
@@ -711,33 +713,27 @@ impl DeviceKernel for abi::FilterPolynomialArgs {
         let signals = call.array("signals", a.signals, F64)?;
         let scans = call.small("scans", &pairs)?;
         let index = call.small("signal_index", v.signal_index)?;
-        let err = call.error_buffer()?;
+        // The validator bounds the order (check::MAX_POLY_TEMPLATES).
+        let item_len = poly_item_len(v.order as u64 + 1, 3);
+        let items = (v.n_signal as u64).saturating_mul(v.starts.len() as u64);
+        let ws = call.workspace(item_len, items)?;
         for (i0, i1) in super::ranges(v.starts.len(), one_at_a_time) {
-            call.launch(
-                "toast_filter_polynomial",
-                v.n_signal as u64,
-                i1 - i0,
-                1,
-                &[
-                    P::I64(i0 as i64),
-                    P::I64(i1 as i64),
-                    P::I64(v.n_signal as i64),
+            for ((k0, k1), (j0, j1)) in grid_chunks(v.n_signal, i1 - i0, i1 - i0, ws.per_launch) {
+                let mut p = vec![
+                    P::I64(k0 as i64),
+                    P::I64(k1 as i64),
+                    P::I64((i0 + j0) as i64),
+                    P::I64((i0 + j1) as i64),
                     P::I64(n),
                     P::I64(v.order),
                     P::Buffer(scans),
                     P::Buffer(flags),
                     P::Buffer(index),
                     P::Buffer(signals),
-                    P::Buffer(err),
-                ],
-            )?;
-        }
-        if let Some((k, start)) = call.read_error(err)? {
-            return Err(PluginError::invalid(format!(
-                "filter_polynomial: signal {k}, scan starting at sample {start}: the fit of \
-                 order {} needs more than the {POLY_MAX_MODES} templates a device thread holds",
-                v.order
-            )));
+                ];
+                p.extend(ws.params(((k1 - k0) * (j1 - j0)) as u64));
+                call.launch("toast_filter_polynomial", (k1 - k0) as u64, j1 - j0, 1, &p)?;
+            }
         }
         Ok(())
     }
@@ -752,33 +748,22 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
         if v.n_samp == 0 || v.n_group == 0 || v.n_mode == 0 {
             return Ok(());
         }
-        if v.n_mode as u64 > POLY_MAX_MODES {
-            return Err(PluginError::invalid(format!(
-                "filter_poly2D: {} modes is beyond the {POLY_MAX_MODES} a device thread holds",
-                v.n_mode
-            )));
-        }
-        if v.n_group > super::MAX_GRID_YZ {
-            return Err(PluginError::invalid(format!(
-                "filter_poly2D: {} groups exceed the device grid ({} at most)",
-                v.n_group,
-                super::MAX_GRID_YZ
-            )));
-        }
-        check_key_range("filter_poly2D", v.n_group, v.n_samp)?;
         let signals = call.array("signals", a.signals, F64)?;
         let masks = call.array("masks", a.masks, U8)?;
         let coeff = call.array("coeff", a.coeff, F64)?;
         let groups = call.small("det_groups", v.det_groups)?;
         let templates = call.small("templates", v.templates)?;
-        let err = call.error_buffer()?;
-        call.launch(
-            "toast_filter_poly2d",
-            v.n_samp as u64,
-            v.n_group,
-            1,
-            &[
-                P::I64(v.n_samp as i64),
+        // The validator bounds the modes (check::MAX_POLY_TEMPLATES).
+        let item_len = poly_item_len(v.n_mode as u64, 2);
+        let ws = call.workspace(item_len, (v.n_samp as u64).saturating_mul(v.n_group as u64))?;
+        for ((s0, s1), (g0, g1)) in
+            grid_chunks(v.n_samp, v.n_group, super::MAX_GRID_YZ, ws.per_launch)
+        {
+            let mut p = vec![
+                P::I64(s0 as i64),
+                P::I64(s1 as i64),
+                P::I64(g0 as i64),
+                P::I64(g1 as i64),
                 P::I64(v.n_det as i64),
                 P::I64(v.n_group as i64),
                 P::I64(v.n_mode as i64),
@@ -787,15 +772,9 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
                 P::Buffer(signals),
                 P::Buffer(masks),
                 P::Buffer(coeff),
-                P::Buffer(err),
-            ],
-        )?;
-        if let Some((g, s)) = call.read_error(err)? {
-            return Err(PluginError::invalid(format!(
-                "filter_poly2D: group {g}, sample {s}: {} modes is beyond the device's \
-                 {POLY_MAX_MODES}",
-                v.n_mode
-            )));
+            ];
+            p.extend(ws.params(((s1 - s0) * (g1 - g0)) as u64));
+            call.launch("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, &p)?;
         }
         Ok(())
     }

@@ -17,8 +17,17 @@
 //! dimensions 1 and 2 are cut into chunks of at most 65535 (the hardware
 //! limit) with the source's `det0`/`iv0` arguments.
 //!
-//! The small per-detector arrays and the intervals are uploaded into pool
-//! buffers for the call and returned to the pool after it.
+//! The polynomial filters run one fit per thread (`filter_polynomial`: per
+//! signal and scan; `filter_poly2D`: per sample and group), each in its own
+//! slice of a global workspace (`KernelLaunch::workspace`), since a fit of
+//! up to 1024 templates does not fit in a thread's private memory. The
+//! workspace is at most `WORKSPACE_MAX_BYTES`, 256 MiB (less on a device with a
+//! smaller largest allocation or under 2 GiB of memory), and the grid is cut
+//! into launches whose threads' slices fit in it (`grid_chunks`).
+//!
+//! The small per-detector arrays, the intervals and the workspace are
+//! uploaded into (allocated from) pool buffers for the call and returned to
+//! the pool after it.
 //!
 //! # Refusals before launch
 //!
@@ -33,7 +42,7 @@
 
 pub(crate) mod entries;
 
-use crate::context::Context;
+use crate::context::{Context, WorkspaceLayout};
 use crate::driver::{Driver, Grid, Param};
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::check;
@@ -70,6 +79,17 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         }
     }
 
+    /// A pool buffer of `len` bytes for the call (`len` > 0), returned to
+    /// the pool when the call ends; its device buffer and offset.
+    fn scratch_buffer(&mut self, name: &str, len: u64) -> Result<(D::Buffer, u64), PluginError> {
+        let h = self
+            .c
+            .memory
+            .alloc(&self.c.driver, len, &format!("{}.{name}", self.kernel))?;
+        self.scratch.push(h);
+        self.c.memory.range(self.kernel, h, 0, len)
+    }
+
     /// Upload a small host array for the call; its buffer (`None` when
     /// empty: the kernel never reads it then).
     pub(crate) fn small<T: bytemuck::Pod>(
@@ -82,16 +102,33 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         }
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let len = bytes.len() as u64;
-        let h = self
-            .c
-            .memory
-            .alloc(&self.c.driver, len, &format!("{}.{name}", self.kernel))?;
-        self.scratch.push(h);
-        let (buf, offset) = self.c.memory.range(self.kernel, h, 0, len)?;
+        let (buf, offset) = self.scratch_buffer(name, len)?;
         // SAFETY: `buf` is the live buffer just allocated, range-checked for
         // `len` bytes at `offset`.
         unsafe { self.c.driver.upload(buf, offset, bytes)? };
         Ok(Some(buf))
+    }
+
+    /// The workspace of a kernel whose work items each need `item_len`
+    /// doubles (see [`Workspace`]), for `items` work items in all: room for
+    /// as many of them as [`workspace_items`] allows per launch (at most
+    /// `items`).
+    pub(crate) fn workspace(
+        &mut self,
+        item_len: u64,
+        items: u64,
+    ) -> Result<Workspace<D::Buffer>, PluginError> {
+        let d = &self.c.driver;
+        let per_launch =
+            workspace_items(self.kernel, item_len, d.max_allocation(), d.total_memory())?
+                .min(items.max(1));
+        let (buf, _) = self.scratch_buffer("workspace", per_launch * item_len * 8)?;
+        Ok(Workspace {
+            buf,
+            item_len,
+            per_launch,
+            layout: self.c.workspace,
+        })
     }
 
     /// The buffer of a kernel array argument.
@@ -263,6 +300,92 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     }
 }
 
+/// The most bytes of workspace a kernel call allocates (less when the
+/// device's largest allocation or an eighth of its memory is less).
+const WORKSPACE_MAX_BYTES: u64 = 256 << 20;
+
+/// How many work items of `item_len` doubles one launch of `kernel` may
+/// have: as many as fit in the workspace budget (the least of
+/// [`WORKSPACE_MAX_BYTES`], the device's largest allocation
+/// `max_allocation` and an eighth of its `total_memory`); an error naming
+/// the sizes when not even one does.
+pub(crate) fn workspace_items(
+    kernel: &str,
+    item_len: u64,
+    max_allocation: u64,
+    total_memory: u64,
+) -> Result<u64, PluginError> {
+    let budget = WORKSPACE_MAX_BYTES
+        .min(max_allocation)
+        .min(total_memory / 8);
+    let item_bytes = item_len.saturating_mul(8).max(1);
+    match budget / item_bytes {
+        0 => Err(PluginError::new(
+            abi::ERR_OUT_OF_MEMORY,
+            format!(
+                "{kernel}: one fit needs {item_bytes} bytes of device workspace, more than the \
+                 {budget} a launch may use (the least of {WORKSPACE_MAX_BYTES} bytes, the \
+                 device's largest allocation, {max_allocation}, and an eighth of its memory, {})",
+                total_memory / 8
+            ),
+        )),
+        n => Ok(n),
+    }
+}
+
+/// The global workspace of the polynomial filters (`kernels.h`, "small
+/// symmetric solves"): one slice of `item_len` doubles per work item of a
+/// launch, `per_launch` slices, laid out as `layout` says. The kernels take
+/// the buffer, then the distance between two items' first elements and
+/// between two elements of one item ([`params`](Self::params)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Workspace<B> {
+    pub(crate) buf: B,
+    pub(crate) item_len: u64,
+    pub(crate) per_launch: u64,
+    pub(crate) layout: WorkspaceLayout,
+}
+
+impl<B: Copy> Workspace<B> {
+    /// The kernel parameters `work, item_step, elem_step` of a launch of
+    /// `items` work items (at most `per_launch`).
+    pub(crate) fn params(&self, items: u64) -> [Param<B>; 3] {
+        debug_assert!(items <= self.per_launch);
+        let (item_step, elem_step) = match self.layout {
+            WorkspaceLayout::Contiguous => (self.item_len, 1),
+            WorkspaceLayout::Interleaved => (1, items),
+        };
+        [
+            Param::Buffer(Some(self.buf)),
+            Param::I64(item_step as i64),
+            Param::I64(elem_step as i64),
+        ]
+    }
+}
+
+/// The launches of a 2-D grid of `n0` x `n1` work items when one launch
+/// may have at most `per_launch` of them and `max1` along dimension 1: the
+/// `(start, end)` ranges along dimensions 0 and 1 of each, dimension 0
+/// varying fastest. Dimension 1 gets as many as it can, dimension 0 the
+/// rest of the budget.
+pub(crate) fn grid_chunks(
+    n0: usize,
+    n1: usize,
+    max1: usize,
+    per_launch: u64,
+) -> Vec<((usize, usize), (usize, usize))> {
+    let per_launch = usize::try_from(per_launch).unwrap_or(usize::MAX).max(1);
+    let c1 = n1.min(max1).min(per_launch).max(1);
+    let c0 = n0.min(per_launch / c1).max(1);
+    let mut out = Vec::new();
+    for a1 in (0..n1).step_by(c1) {
+        for a0 in (0..n0).step_by(c0) {
+            out.push(((a0, (a0 + c0).min(n0)), (a1, (a1 + c1).min(n1))));
+        }
+    }
+    out
+}
+
 /// Refuse sizes the data-dependent error key cannot encode.
 pub(crate) fn check_key_range(
     kernel: &str,
@@ -346,6 +469,59 @@ mod tests {
         assert!(intervals_overlap(&[iv(4, 9), iv(0, 5)]));
         assert!(blocks_overlap(&[0, 3], 4));
         assert!(!blocks_overlap(&[4, 0], 4));
+    }
+
+    #[test]
+    fn workspace_budget_and_chunks() {
+        // 64 modes: 2 * 64^2 + 2 * 64 doubles = 66560 bytes per item.
+        let item = 2 * 64 * 64 + 2 * 64;
+        assert_eq!(
+            workspace_items("k", item, u64::MAX, 64 << 30).unwrap(),
+            (256 << 20) / 66560
+        );
+        assert_eq!(workspace_items("k", item, 1 << 20, 64 << 30).unwrap(), 15);
+        assert_eq!(workspace_items("k", item, u64::MAX, 1 << 20).unwrap(), 1);
+        let e = workspace_items("k", item, 60_000, 64 << 30).unwrap_err();
+        assert_eq!(e.status, abi::ERR_OUT_OF_MEMORY);
+        assert!(
+            e.message
+                .starts_with("k: one fit needs 66560 bytes of device workspace"),
+            "{}",
+            e.message
+        );
+        // Dimension 1 whole when it fits, dimension 0 the rest.
+        assert_eq!(grid_chunks(10, 2, 65535, 100), vec![((0, 10), (0, 2))]);
+        assert_eq!(
+            grid_chunks(10, 2, 65535, 8),
+            vec![((0, 4), (0, 2)), ((4, 8), (0, 2)), ((8, 10), (0, 2))]
+        );
+        // One item per launch; dimension 1 capped by max1.
+        assert_eq!(
+            grid_chunks(2, 2, 65535, 1),
+            vec![
+                ((0, 1), (0, 1)),
+                ((1, 2), (0, 1)),
+                ((0, 1), (1, 2)),
+                ((1, 2), (1, 2))
+            ]
+        );
+        assert_eq!(
+            grid_chunks(3, 5, 2, 100),
+            vec![((0, 3), (0, 2)), ((0, 3), (2, 4)), ((0, 3), (4, 5))]
+        );
+        // Every item exactly once, at most `per_launch` per launch.
+        for (n0, n1, max1, per) in [(7, 5, 3, 4), (1, 9, 65535, 2), (13, 1, 1, 5)] {
+            let mut seen = vec![0u32; n0 * n1];
+            for ((a0, b0), (a1, b1)) in grid_chunks(n0, n1, max1, per) {
+                assert!(((b0 - a0) * (b1 - a1)) as u64 <= per && b1 - a1 <= max1);
+                for i1 in a1..b1 {
+                    for i0 in a0..b0 {
+                        seen[i1 * n0 + i0] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{n0} {n1} {max1} {per}");
+        }
     }
 
     #[test]
