@@ -673,6 +673,32 @@ impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
     }
 }
 
+impl DeviceKernel for abi::CovApplyDiagArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if !v.active || v.n_pix == 0 {
+            return Ok(());
+        }
+        let mat = call.array("mat", a.mat, F64)?;
+        let vec = call.array("vec", a.vec, F64)?;
+        call.launch(
+            "toast_cov_apply_diag",
+            v.n_pix as u64,
+            1,
+            1,
+            &[
+                P::I64(v.n_pix as i64),
+                P::I64(v.nnz as i64),
+                P::Buffer(mat),
+                P::Buffer(vec),
+            ],
+        )
+    }
+}
+
 /// The most templates of one fit on a device (`TOAST_POLY_MAX_MODES` in
 /// kernels.h): a larger fit is a data error there.
 const POLY_MAX_MODES: u64 = 32;

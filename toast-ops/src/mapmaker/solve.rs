@@ -7,6 +7,7 @@
 use super::binning::CovKeys;
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
+use crate::accel::bus::BusBytes;
 use crate::accel::global_data::HostArray;
 use crate::accel::kernels::view_intervals;
 use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
@@ -379,6 +380,7 @@ impl MapMaker {
             det_data: &mm.det_data,
             flags: self.solver_selection(keys, 0),
             noiseweighted: None,
+            covariance_on_device: true,
         };
         let pointing = if full {
             None
@@ -494,6 +496,7 @@ impl MapMaker {
             det_data: &keys.temp,
             flags: solver_bin_flags,
             noiseweighted: None,
+            covariance_on_device: true,
         };
         let pointing = if full {
             None
@@ -558,11 +561,19 @@ impl MapMaker {
         let mut delta = gdot(ctx, &d, &r, &flags)?;
         res.initial_residual = sqsum_init;
         tracing::info!("{}: PCG initial residual = {sqsum_init:e}", self.setup.name);
+        res.bus_before_cg = BusBytes::now(ctx);
+        res.bus_after_cg = res.bus_before_cg;
         if sqsum_init == 0.0 {
             res.converged = true;
             return Ok(x);
         }
+        let mut bus = res.bus_before_cg;
         for iter in 0..mm.iter_max {
+            if iter > 0 {
+                let now = BusBytes::now(ctx);
+                res.bus_per_iteration.push(now.since(bus));
+                bus = now;
+            }
             if !sqsum.is_finite() {
                 return Err(OpError::Numerical {
                     what: format!(
@@ -621,6 +632,10 @@ impl MapMaker {
             for (di, si) in d.iter_mut().zip(&s) {
                 *di = *di * beta + si;
             }
+        }
+        res.bus_after_cg = BusBytes::now(ctx);
+        if res.iterations > 0 {
+            res.bus_per_iteration.push(res.bus_after_cg.since(bus));
         }
         if !res.converged && !res.stalled {
             tracing::warn!(
