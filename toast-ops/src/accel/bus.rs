@@ -14,6 +14,20 @@ use serde::Serialize;
 use toast_accel::host::Dispatcher;
 use toast_core::ExecContext;
 
+/// The bus counters around the CG iterations of the last solve (an
+/// [`ExecContext`] extension the solver inserts; a run's phases follow from
+/// it, `toast_ops::workflow::TransferPhases`). Kept out of the map-maker's
+/// result, which is the same on every backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgTransfers {
+    /// The counters just before the first CG iteration.
+    pub before: BusBytes,
+    /// What crossed the bus in each CG iteration, in order.
+    pub per_iteration: Vec<BusBytes>,
+    /// The counters just after the last CG iteration.
+    pub after: BusBytes,
+}
+
 /// Copies between host and device so far (or between two moments), summed
 /// over the loaded backends.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -4,7 +4,6 @@
 //! solver's work products and temporaries.
 
 use super::MapMaker;
-use crate::accel::bus::BusBytes;
 use crate::accel::global_data::HostArray;
 use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
 use crate::ops::CopyDetData;
@@ -54,14 +53,6 @@ pub struct MapMakerResult {
     pub cleaned: Option<String>,
     /// Global key of the solved amplitudes, if kept.
     pub amplitudes: Option<String>,
-    /// The bus counters ([`BusBytes::now`]) just before the first CG
-    /// iteration (everything before it is the run's setup).
-    pub bus_before_cg: BusBytes,
-    /// What crossed the bus in each CG iteration, in order.
-    pub bus_per_iteration: Vec<BusBytes>,
-    /// The bus counters just after the last CG iteration (everything after
-    /// it is the run's outputs).
-    pub bus_after_cg: BusBytes,
 }
 
 /// Keys of the solver's products and work vectors.

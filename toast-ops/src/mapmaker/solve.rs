@@ -7,7 +7,7 @@
 use super::binning::CovKeys;
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
-use crate::accel::bus::BusBytes;
+use crate::accel::bus::{BusBytes, CgTransfers};
 use crate::accel::global_data::HostArray;
 use crate::accel::kernels::view_intervals;
 use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
@@ -561,17 +561,24 @@ impl MapMaker {
         let mut delta = gdot(ctx, &d, &r, &flags)?;
         res.initial_residual = sqsum_init;
         tracing::info!("{}: PCG initial residual = {sqsum_init:e}", self.setup.name);
-        res.bus_before_cg = BusBytes::now(ctx);
-        res.bus_after_cg = res.bus_before_cg;
+        // What crosses the bus per iteration (CgTransfers, for the run's
+        // per-phase accounting).
+        let before = BusBytes::now(ctx);
+        let mut per_iteration = Vec::new();
+        ctx.insert(CgTransfers {
+            before,
+            per_iteration: Vec::new(),
+            after: before,
+        });
         if sqsum_init == 0.0 {
             res.converged = true;
             return Ok(x);
         }
-        let mut bus = res.bus_before_cg;
+        let mut bus = before;
         for iter in 0..mm.iter_max {
             if iter > 0 {
                 let now = BusBytes::now(ctx);
-                res.bus_per_iteration.push(now.since(bus));
+                per_iteration.push(now.since(bus));
                 bus = now;
             }
             if !sqsum.is_finite() {
@@ -633,10 +640,15 @@ impl MapMaker {
                 *di = *di * beta + si;
             }
         }
-        res.bus_after_cg = BusBytes::now(ctx);
+        let after = BusBytes::now(ctx);
         if res.iterations > 0 {
-            res.bus_per_iteration.push(res.bus_after_cg.since(bus));
+            per_iteration.push(after.since(bus));
         }
+        ctx.insert(CgTransfers {
+            before,
+            per_iteration,
+            after,
+        });
         if !res.converged && !res.stalled {
             tracing::warn!(
                 "{}: PCG reached iter_max = {} without converging (relative residual {:e})",

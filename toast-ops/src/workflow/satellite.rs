@@ -21,7 +21,7 @@
 
 use super::config::SatelliteConfig;
 use super::presets::{self, gib, Sizing};
-use crate::accel::bus::BusBytes;
+use crate::accel::bus::{BusBytes, CgTransfers};
 use crate::accel::pipeline::{DetectorSets, RunOptions};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
@@ -351,30 +351,29 @@ pub struct TransferPhases {
 
 impl TransferPhases {
     /// The phases of a run whose counters were `start` when it began and
-    /// `end` when it ended, with the map-maker's result (`None`: no solve,
+    /// `end` when it ended, with the solver's accounting (`None`: no solve,
     /// everything is setup and outputs are nothing).
-    pub fn new(start: BusBytes, end: BusBytes, res: Option<&MapMakerResult>) -> Self {
+    pub fn new(start: BusBytes, end: BusBytes, cg: Option<&CgTransfers>) -> Self {
         let total = end.since(start);
-        let Some(res) = res.filter(|r| r.bus_before_cg != BusBytes::default() || r.iterations > 0)
-        else {
+        let Some(cg) = cg else {
             return TransferPhases {
                 setup: total,
                 total,
                 ..TransferPhases::default()
             };
         };
-        let cg_max_per_iteration = res
-            .bus_per_iteration
+        let cg_max_per_iteration = cg
+            .per_iteration
             .iter()
             .copied()
             .max_by_key(BusBytes::total_bytes)
             .unwrap_or_default();
         TransferPhases {
-            setup: res.bus_before_cg.since(start),
-            cg_total: res.bus_after_cg.since(res.bus_before_cg),
+            setup: cg.before.since(start),
+            cg_total: cg.after.since(cg.before),
             cg_max_per_iteration,
-            cg_per_iteration: res.bus_per_iteration.clone(),
-            outputs: end.since(res.bus_after_cg),
+            cg_per_iteration: cg.per_iteration.clone(),
+            outputs: end.since(cg.after),
             total,
         }
     }
@@ -794,7 +793,11 @@ impl SatelliteJob {
         else {
             return Ok(None);
         };
-        let transfer_phases = TransferPhases::new(bus_start, BusBytes::now(&ctx), res.as_ref());
+        let transfer_phases = TransferPhases::new(
+            bus_start,
+            BusBytes::now(&ctx),
+            ctx.extensions.get::<CgTransfers>(),
+        );
         let kernels = ctx
             .ext::<Dispatcher>()
             .map(|d| d.kernel_log())
