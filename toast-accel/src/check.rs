@@ -2245,36 +2245,19 @@ mod tests {
 
     #[test]
     fn cov_apply_lengths_nnz_and_nsubpix() {
-        // SAFETY (every call below): reads no pointer.
-        let v = unsafe { check_cov_apply_diag(&apply_args(2, 4, 3, 48, 24)) }.unwrap();
+        let check = |nsub, nsubpix, nnz, m, v| {
+            // SAFETY: the validator reads no pointer.
+            unsafe { check_cov_apply_diag(&apply_args(nsub, nsubpix, nnz, m, v)) }
+        };
+        let v = check(2, 4, 3, 48, 24).unwrap();
         assert_eq!((v.n_pix, v.nnz, v.block, v.active), (8, 3, 6, true));
-        expect_err(
-            unsafe { check_cov_apply_diag(&apply_args(2, 4, 3, 47, 24)) },
-            "mat",
-            "length 47",
-        );
-        expect_err(
-            unsafe { check_cov_apply_diag(&apply_args(2, 4, 3, 48, 25)) },
-            "vec",
-            "length 25",
-        );
-        expect_err(
-            unsafe { check_cov_apply_diag(&apply_args(2, 4, 0, 0, 0)) },
-            "nnz",
-            "nnz = 0",
-        );
-        expect_err(
-            unsafe { check_cov_apply_diag(&apply_args(2, 4, 17, 0, 0)) },
-            "nnz",
-            "nnz = 17",
-        );
-        expect_err(
-            unsafe { check_cov_apply_diag(&apply_args(2, 0, 3, 0, 0)) },
-            "nsubpix",
-            "must be positive",
-        );
+        expect_err(check(2, 4, 3, 47, 24), "mat", "length 47");
+        expect_err(check(2, 4, 3, 48, 25), "vec", "length 25");
+        expect_err(check(2, 4, 0, 0, 0), "nnz", "nnz = 0");
+        expect_err(check(2, 4, 17, 0, 0), "nnz", "nnz = 17");
+        expect_err(check(2, 0, 3, 0, 0), "nsubpix", "must be positive");
         // nsub < 1: nothing is read or written, nothing else is checked.
-        let v = unsafe { check_cov_apply_diag(&apply_args(0, 0, 99, 5, 7)) }.unwrap();
+        let v = check(0, 0, 99, 5, 7).unwrap();
         assert!(!v.active);
     }
 }
