@@ -1331,7 +1331,7 @@ pub unsafe fn check_filter_poly2d<'a>(
 
 /// The most map components `cov_apply_diag` takes (the devices keep one
 /// pixel's product in a fixed array of this size).
-pub const COV_APPLY_MAX_NNZ: i64 = 16;
+pub const COV_APPLY_MAX_NNZ: i64 = crate::math::COV_MAX_NNZ as i64;
 
 /// Validated `cov_apply_diag` arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,6 +19,7 @@ use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
 use rayon::prelude::*;
 use toast_accel::abi::{CovAccumDiagHitsArgs, CovAccumDiagInvnppArgs, CovApplyDiagArgs};
 use toast_accel::check::{CovAccum, CovApply};
+use toast_accel::math::cov_apply_pixel;
 use toast_accel::plugin_support::PluginError;
 
 /// The `cov_accum_diag_hits` entry.
@@ -70,7 +71,7 @@ pub(crate) unsafe fn run_invnpp(
 
 /// The `cov_apply_diag` entry: `vec ← mat · vec` at every local pixel,
 /// `mat` the packed symmetric matrix (row by row), in TOAST's operation
-/// order.
+/// order ([`cov_apply_pixel`], shared with the host path of toast-ops).
 ///
 /// # Safety
 /// `a` has passed `check_cov_apply_diag` (giving `v`) and its arrays are
@@ -93,29 +94,11 @@ pub(crate) unsafe fn run_apply(v: &CovApply, a: &CovApplyDiagArgs) -> Result<(),
             arrays::output::<f64>(K, "vec", a.vec)?,
         )
     };
-    let (nnz, block) = (v.nnz, v.block);
-    vec.par_chunks_mut(nnz)
-        .zip(mat.par_chunks(block))
+    vec.par_chunks_mut(v.nnz)
+        .zip(mat.par_chunks(v.block))
         .with_min_len(1024)
-        .for_each(|(m, c)| apply_pixel(nnz, m, c));
+        .for_each(|(m, c)| cov_apply_pixel(m, c));
     Ok(())
-}
-
-/// `m ← C m` for one pixel (`nnz <= 16`, checked), as TOAST:
-/// `t[j] += C[jk] m[k]`, and `t[k] += C[jk] m[j]` off the diagonal.
-fn apply_pixel(nnz: usize, m: &mut [f64], c: &[f64]) {
-    let mut t = [0.0f64; 16];
-    let mut off = 0;
-    for j in 0..nnz {
-        for k in j..nnz {
-            t[j] += c[off] * m[k];
-            if k != j {
-                t[k] += c[off] * m[j];
-            }
-            off += 1;
-        }
-    }
-    m.copy_from_slice(&t[..nnz]);
 }
 
 /// The flat local pixel `submap * nsubpix + subpix` of sample `i`, `None`
