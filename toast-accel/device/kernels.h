@@ -1,8 +1,8 @@
-/* kernels.h -- the fourteen TOAST kernels for every device target (CUDA,
+/* kernels.h -- the fifteen TOAST kernels for every device target (CUDA,
  * HIP, OpenCL), written once in a C subset that NVRTC, hiprtc and OpenCL C
- * 1.2 / 3.0 all accept (11-14 at the end: cov_accum_diag_hits/invnpp,
- * filter_polynomial, filter_poly2D, with their own launch shapes).  It
- * is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
+ * 1.2 / 3.0 all accept (11-15 at the end: cov_accum_diag_hits/invnpp,
+ * filter_polynomial, filter_poly2D, cov_apply_diag, with their own launch
+ * shapes).  It is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
  * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
  * atomic_min_u64.
@@ -1083,3 +1083,37 @@ KERNEL void toast_filter_poly2d(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det,
     }
 }
 
+/* ---- 15. cov_apply_diag (ABI minor 2) ----------------------------------- */
+
+/* 1-D over the npix = nsub * nsubpix local pixels (the host launches only
+ * for nsub >= 1 and checks 1 <= nnz <= 16).  vec[p] <- mat[p] vec[p], mat
+ * the packed symmetric matrix row by row (nnz (nnz + 1) / 2 values), in
+ * TOAST's order: t[j] += m[jk] v[k], and t[k] += m[jk] v[j] off the
+ * diagonal.  One thread per pixel writes only its pixel: exact. */
+KERNEL void toast_cov_apply_diag(i64 npix, i64 nnz, GLOBAL const double *RESTRICT mat,
+                                 GLOBAL double *RESTRICT vec) {
+    const i64 p = GID0;
+    if (p >= npix) {
+        return;
+    }
+    const i64 block = nnz * (nnz + 1) / 2;
+    GLOBAL const double *m = mat + p * block;
+    GLOBAL double *v = vec + p * nnz;
+    double t[16];
+    for (i64 j = 0; j < nnz; j++) {
+        t[j] = 0.0;
+    }
+    i64 off = 0;
+    for (i64 j = 0; j < nnz; j++) {
+        for (i64 k = j; k < nnz; k++) {
+            t[j] += m[off] * v[k];
+            if (k != j) {
+                t[k] += m[off] * v[j];
+            }
+            off++;
+        }
+    }
+    for (i64 j = 0; j < nnz; j++) {
+        v[j] = t[j];
+    }
+}

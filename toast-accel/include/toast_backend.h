@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 1u
+#define TOAST_BACKEND_ABI_MINOR 2u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -370,6 +370,19 @@ typedef struct toast_filter_poly2d_args {
     toast_array coeff;         /* f64 [n_samp, n_group, n_mode] (out) */
 } toast_filter_poly2d_args;
 
+/* TOAST's cov_apply_diag (ABI minor 2): vec <- mat vec at each of the
+ * nsub * nsubpix local pixels, mat holding nnz (nnz + 1) / 2 values per
+ * pixel (the packed symmetric matrix, row by row: (0,0) (0,1) .. (1,1) ..).
+ * nsub < 1 does nothing (nothing is read or written), as in TOAST; otherwise
+ * nsubpix must be positive and 1 <= nnz <= 16. */
+typedef struct toast_cov_apply_diag_args {
+    int64_t nsub;
+    int64_t nsubpix;
+    int64_t nnz;
+    toast_array mat; /* f64 [nsub * nsubpix, nnz (nnz + 1) / 2] (in) */
+    toast_array vec; /* f64 [nsub * nsubpix, nnz] (in/out) */
+} toast_cov_apply_diag_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -415,6 +428,7 @@ typedef struct toast_backend_table {
     toast_status (*cov_accum_diag_invnpp)(void *ctx, const toast_cov_accum_diag_invnpp_args *a);
     toast_status (*filter_polynomial)(void *ctx, const toast_filter_polynomial_args *a);
     toast_status (*filter_poly2d)(void *ctx, const toast_filter_poly2d_args *a);
+    toast_status (*cov_apply_diag)(void *ctx, const toast_cov_apply_diag_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

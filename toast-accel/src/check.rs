@@ -1356,6 +1356,75 @@ pub unsafe fn check_filter_poly2d<'a>(
     })
 }
 
+/// The most map components `cov_apply_diag` takes (the devices keep one
+/// pixel's product in a fixed array of this size).
+pub const COV_APPLY_MAX_NNZ: i64 = crate::math::COV_MAX_NNZ as i64;
+
+/// Validated `cov_apply_diag` arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CovApply {
+    /// Local pixels (`nsub * nsubpix`; 0 when inactive).
+    pub n_pix: usize,
+    /// Map components.
+    pub nnz: usize,
+    /// Elements per pixel of `mat` (`nnz (nnz + 1) / 2`).
+    pub block: usize,
+    /// Whether the call reads or writes anything (`nsub >= 1`, as TOAST).
+    pub active: bool,
+}
+
+/// Check the arguments of `cov_apply_diag`: for an active call
+/// (`nsub >= 1`), `nsubpix >= 1`, `1 <= nnz <= 16`, `mat` of
+/// `nsub * nsubpix * nnz (nnz + 1) / 2` and `vec` of `nsub * nsubpix * nnz`
+/// elements.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_cov_apply_diag(a: &abi::CovApplyDiagArgs) -> Result<CovApply, ArgError> {
+    const K: &str = "cov_apply_diag";
+    if a.nsub < 1 {
+        return Ok(CovApply {
+            n_pix: 0,
+            nnz: 0,
+            block: 0,
+            active: false,
+        });
+    }
+    if a.nsubpix < 1 {
+        return Err(ArgError::new(
+            K,
+            "nsubpix",
+            format!("nsubpix = {}, must be positive", a.nsubpix),
+        ));
+    }
+    if !(1..=COV_APPLY_MAX_NNZ).contains(&a.nnz) {
+        return Err(ArgError::new(
+            K,
+            "nnz",
+            format!("nnz = {}, must be in [1, {COV_APPLY_MAX_NNZ}]", a.nnz),
+        ));
+    }
+    let nnz = a.nnz as u64;
+    let block = nnz * (nnz + 1) / 2;
+    let npix = mul(K, "vec", a.nsub as u64, a.nsubpix as u64)?;
+    let want = mul(K, "mat", npix, block)?;
+    exact_len(
+        K,
+        "mat",
+        a.mat.len,
+        want,
+        "nsub * nsubpix * nnz (nnz + 1) / 2",
+    )?;
+    let want = mul(K, "vec", npix, nnz)?;
+    exact_len(K, "vec", a.vec.len, want, "nsub * nsubpix * nnz")?;
+    Ok(CovApply {
+        n_pix: npix as usize,
+        nnz: nnz as usize,
+        block: block as usize,
+        active: true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     //! One test per validation rule; each asserts the error names the argument.
@@ -2208,5 +2277,34 @@ mod tests {
             "n_mode",
             "1025 modes is more than the 1024 templates",
         );
+    }
+
+    fn apply_args(nsub: i64, nsubpix: i64, nnz: i64, m: u64, v: u64) -> abi::CovApplyDiagArgs {
+        let a = |len| Array { ptr: 8, len };
+        abi::CovApplyDiagArgs {
+            nsub,
+            nsubpix,
+            nnz,
+            mat: a(m),
+            vec: a(v),
+        }
+    }
+
+    #[test]
+    fn cov_apply_lengths_nnz_and_nsubpix() {
+        let check = |nsub, nsubpix, nnz, m, v| {
+            // SAFETY: the validator reads no pointer.
+            unsafe { check_cov_apply_diag(&apply_args(nsub, nsubpix, nnz, m, v)) }
+        };
+        let v = check(2, 4, 3, 48, 24).unwrap();
+        assert_eq!((v.n_pix, v.nnz, v.block, v.active), (8, 3, 6, true));
+        expect_err(check(2, 4, 3, 47, 24), "mat", "length 47");
+        expect_err(check(2, 4, 3, 48, 25), "vec", "length 25");
+        expect_err(check(2, 4, 0, 0, 0), "nnz", "nnz = 0");
+        expect_err(check(2, 4, 17, 0, 0), "nnz", "nnz = 17");
+        expect_err(check(2, 0, 3, 0, 0), "nsubpix", "must be positive");
+        // nsub < 1: nothing is read or written, nothing else is checked.
+        let v = check(0, 0, 99, 5, 7).unwrap();
+        assert!(!v.active);
     }
 }

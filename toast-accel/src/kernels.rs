@@ -189,6 +189,14 @@ macro_rules! toast_kernels {
                 device: ["toast_filter_poly2d"],
                 case: FilterPoly2dCase,
             }
+            cov_apply_diag => CovApplyDiag {
+                name: "cov_apply_diag",
+                args: CovApplyDiagArgs = toast_cov_apply_diag_args,
+                check: check_cov_apply_diag -> $crate::check::CovApply,
+                arrays: [mat: In, vec: Out],
+                device: ["toast_cov_apply_diag"],
+                case: CovApplyDiagCase,
+            }
         }
     };
 }
@@ -362,7 +370,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 14);
+        assert_eq!(Kernel::ALL.len(), 15);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -372,7 +380,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 17);
+        assert_eq!(names.len(), 18);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

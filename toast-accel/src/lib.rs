@@ -8,7 +8,8 @@
 //! [`kernels`] (the kernel table, [`toast_kernels!`], from which the
 //! function table, the kernel enum, the [`kernels::KernelArgs`] impls and
 //! every plugin's table follow), [`check`] (argument validation every Rust
-//! backend runs at kernel entry) and [`plugin_support`] (last-error,
+//! backend runs at kernel entry), [`math`] (arithmetic the CPU plugin and
+//! the host share) and [`plugin_support`] (last-error,
 //! panic-guard and kernel-entry helpers). Backend crates
 //! depend on it with `default-features = false` and see nothing else.
 //!
@@ -96,6 +97,7 @@ pub mod abi;
 pub mod check;
 pub mod device_source;
 pub mod kernels;
+pub mod math;
 pub mod plugin_support;
 #[cfg(feature = "rtc")]
 pub mod rtc;

@@ -103,6 +103,7 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_filter_poly2d_args => FilterPoly2dArgs {
             n_samp, n_det, n_group, n_mode, det_groups, templates, signals, masks, coeff,
         },
+        toast_cov_apply_diag_args => CovApplyDiagArgs { nsub, nsubpix, nnz, mat, vec },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

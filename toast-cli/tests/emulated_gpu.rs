@@ -112,6 +112,7 @@ fn run_gives_the_cpu_maps(backend: &str) {
         "template_offset_add_to_signal",
         "template_offset_project_signal",
         "template_offset_apply_diag_precond",
+        "cov_apply_diag",
     ] {
         assert!(
             csv.contains(&format!(".{k}[{backend}]")),

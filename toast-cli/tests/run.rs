@@ -416,6 +416,42 @@ fn opencl_and_cpu_give_the_same_maps() {
         .as_u64()
         .unwrap_or(0);
     assert!(h2d > 0, "no opencl transfers in stats.json: {stats}");
+    // The solve is device-resident: per CG iteration only the amplitude
+    // vectors cross (d and r up, A·d and M⁻¹r down: 2 × 8 n_amp bytes each
+    // way), never a map or a timestream; the phases add up to the total.
+    let ph = &stats["transfer_phases"];
+    let n_amp = stats["n_amplitudes"].as_u64().unwrap();
+    let iters = ph["cg_per_iteration"].as_array().unwrap();
+    assert_eq!(
+        iters.len() as u64,
+        stats["cg_iterations"].as_u64().unwrap(),
+        "{ph}"
+    );
+    for (i, it) in iters.iter().enumerate() {
+        for dir in ["host_to_device_bytes", "device_to_host_bytes"] {
+            let b = it[dir].as_u64().unwrap();
+            assert!(
+                b <= 2 * 8 * n_amp,
+                "CG iteration {i}: {dir} = {b} > two amplitude vectors ({n_amp} amplitudes)"
+            );
+        }
+    }
+    for dir in ["host_to_device_bytes", "device_to_host_bytes"] {
+        let part = |k: &str| ph[k][dir].as_u64().unwrap();
+        assert_eq!(
+            part("setup") + part("cg_total") + part("outputs"),
+            part("total"),
+            "{dir}: {ph}"
+        );
+        assert!(part("setup") > 0, "{dir}: {ph}");
+    }
+    let cpu_stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(outs[0].join("stats.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        cpu_stats["transfer_phases"]["total"]["host_to_device_bytes"], 0,
+        "the CPU copies nothing"
+    );
     let read = |dir: &Path, f: &str| {
         toast_ops::io::fits::read_healpix_map(&dir.join(f), None).unwrap_or_else(|e| panic!("{e}"))
     };

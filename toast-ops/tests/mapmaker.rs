@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
+use toast_ops::accel::bus::CgTransfers;
 use toast_ops::accel::global_data::HostArray;
 use toast_ops::accel::kernels::UnstagedTransfers;
 use toast_ops::accel::pipeline::StagingReports;
@@ -561,6 +562,24 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
     assert!(pix_down <= 4 * n_obs, "pixels came back {pix_down} times");
     // The temporary timestream never crosses the bus after its one upload.
     assert!(reports.copies("detdata.mapmaker_temp").1 == 0);
+    // The solve is device-resident: the solver's binned map never crosses
+    // (its covariance goes up once), and per CG iteration only the
+    // amplitude vectors do (d and r up, A·d and M⁻¹r down).
+    assert_eq!(reports.copies("global.mapmaker_solve_bin"), (0, 0));
+    assert_eq!(reports.copies("global.mapmaker_solve_cov"), (1, 0));
+    let cg = ctx
+        .extensions
+        .get::<CgTransfers>()
+        .expect("the solver's accounting");
+    assert_eq!(cg.per_iteration.len(), dev_res.iterations);
+    let vectors = 2 * 8 * dev_res.n_amplitudes as u64;
+    for (i, it) in cg.per_iteration.iter().enumerate() {
+        assert!(
+            it.host_to_device_bytes <= vectors && it.device_to_host_bytes <= vectors,
+            "CG iteration {i}: {it:?}, more than two amplitude vectors each way"
+        );
+        assert!(it.host_to_device_bytes > 0, "iteration {i}: {it:?}");
+    }
     let (h2d, d2h, allocs, frees) = reports.totals();
     assert_eq!(allocs, frees, "every device buffer freed");
     // What the device saw is exactly what the scope accounted for.

@@ -9,12 +9,17 @@
 //! every task walks all samples in order and accumulates only the samples of
 //! its pixels, so every element is summed in sample order, bit-identical to
 //! TOAST's one-thread run for any thread count.
+//!
+//! [`run_apply`] is `cov_apply_diag` (`toast::cov_apply_diag`, FORMAT.md
+//! section 15): `vec ← mat · vec` per pixel. Pixels are independent, so it
+//! runs in parallel over pixels with the same bits for any thread count.
 
-use crate::arrays;
+use crate::arrays::{self, Arg};
 use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
 use rayon::prelude::*;
-use toast_accel::abi::{CovAccumDiagHitsArgs, CovAccumDiagInvnppArgs};
-use toast_accel::check::CovAccum;
+use toast_accel::abi::{CovAccumDiagHitsArgs, CovAccumDiagInvnppArgs, CovApplyDiagArgs};
+use toast_accel::check::{CovAccum, CovApply};
+use toast_accel::math::cov_apply_pixel;
 use toast_accel::plugin_support::PluginError;
 
 /// The `cov_accum_diag_hits` entry.
@@ -62,6 +67,38 @@ pub(crate) unsafe fn run_invnpp(
     cov_accum_diag_invnpp(
         v.nsub, v.nsubpix, a.nnz, submap, subpix, weights, a.scale, invnpp,
     )
+}
+
+/// The `cov_apply_diag` entry: `vec ← mat · vec` at every local pixel,
+/// `mat` the packed symmetric matrix (row by row), in TOAST's operation
+/// order ([`cov_apply_pixel`], shared with the host path of toast-ops).
+///
+/// # Safety
+/// `a` has passed `check_cov_apply_diag` (giving `v`) and its arrays are
+/// host memory of the stated lengths.
+pub(crate) unsafe fn run_apply(v: &CovApply, a: &CovApplyDiagArgs) -> Result<(), PluginError> {
+    const K: &str = "cov_apply_diag";
+    if !v.active {
+        return Ok(());
+    }
+    arrays::check_disjoint(
+        K,
+        &[Arg::new::<f64>("vec", a.vec)],
+        &[Arg::new::<f64>("mat", a.mat)],
+    )?;
+    // SAFETY: host arrays of the validated lengths; `vec`, the only output,
+    // overlaps nothing else (checked above).
+    let (mat, vec) = unsafe {
+        (
+            arrays::input::<f64>(K, "mat", a.mat)?,
+            arrays::output::<f64>(K, "vec", a.vec)?,
+        )
+    };
+    vec.par_chunks_mut(v.nnz)
+        .zip(mat.par_chunks(v.block))
+        .with_min_len(1024)
+        .for_each(|(m, c)| cov_apply_pixel(m, c));
+    Ok(())
 }
 
 /// The flat local pixel `submap * nsubpix + subpix` of sample `i`, `None`

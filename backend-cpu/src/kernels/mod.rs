@@ -59,6 +59,7 @@ cpu_kernel! {
     CovAccumDiagInvnppArgs => |v, a| mapmaker_utils::run_invnpp(v, a);
     FilterPolynomialArgs => |v, a| polyfilter::run_polynomial(v, a);
     FilterPoly2dArgs => |v, a| polyfilter::run_poly2d(v, a);
+    CovApplyDiagArgs => |v, a| mapmaker_utils::run_apply(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

@@ -1028,6 +1028,78 @@ def all_cases():
                        "and still give exactly 0.0")
     yield case_precond("allflagged", 31, 1.0, "every amplitude flagged -> output all 0.0")
     yield case_precond("empty", 0, 0.2, "n_amp = 0")
+    yield from cov_apply_cases()
+
+
+# ---------------------------------------------------------------------------
+# 15. cov_apply_diag (libtoast map_cov): vec <- mat vec per pixel.  No LAPACK,
+# so made in the main process with the other cases.
+
+def cov_apply_replica(nsub, nsubpix, nnz, mat, vec_in):
+    out = vec_in.copy()
+    if nsub < 1 or nsubpix < 1:
+        return out
+    block = nnz * (nnz + 1) // 2
+    for p in range(nsub * nsubpix):
+        t = [0.0] * nnz
+        off = p * block
+        v = out[p * nnz:(p + 1) * nnz].copy()
+        for j in range(nnz):
+            for k in range(j, nnz):
+                t[j] += mat[off] * v[k]
+                if k != j:
+                    t[k] += mat[off] * v[j]
+                off += 1
+        out[p * nnz:(p + 1) * nnz] = t
+    return out
+
+
+def case_cov_apply(name, nsub, nsubpix, nnz, description):
+    c = Case("cov_apply_diag", name, "cov_apply_diag", description)
+    rng = rng_for(c.file)
+    block = nnz * (nnz + 1) // 2
+    npix = max(nsub, 2) * nsubpix
+    mat = rng.uniform(-2.0, 2.0, npix * block)
+    vec_in = rng.uniform(-5.0, 5.0, npix * nnz)
+    if nsub >= 1:
+        # a pixel cut by the rcond threshold: a zero matrix gives exactly 0
+        mat[:block] = 0.0
+        # a diagonal matrix (off-diagonal terms exactly 0)
+        diag = [j * nnz - j * (j - 1) // 2 for j in range(nnz)]
+        m1 = np.zeros(block)
+        m1[diag] = rng.uniform(0.5, 1.5, nnz)
+        mat[block:2 * block] = m1
+    vec = vec_in.copy()
+    lt.cov_apply_diag(nsub, nsubpix, nnz, mat, vec)
+    c.scalar("nsub", nsub, np.int64)
+    c.scalar("nsubpix", nsubpix, np.int64)
+    c.scalar("nnz", nnz, np.int64)
+    c.add(mat=mat, vec_in=vec_in, vec_out=vec)
+    rep = cov_apply_replica(nsub, nsubpix, nnz, mat, vec_in)
+    c.extra = {"numpy_replica_bitexact": bool(np.array_equal(rep, vec))}
+    return c
+
+
+def cov_apply_cases():
+    yield case_cov_apply(
+        "nnz3", 5, 8, 3,
+        "nnz=3 (block 6: II IQ IU QQ QU UU), 5 submaps of 8 pixels, random packed matrices "
+        "(not necessarily positive definite: the kernel does not care); pixel 0 has a zero "
+        "matrix (a cut pixel: exactly 0 out), pixel 1 a diagonal one",
+    )
+    yield case_cov_apply(
+        "nnz1", 3, 16, 1,
+        "nnz=1: vec <- mat * vec per pixel; pixel 0 zero",
+    )
+    yield case_cov_apply(
+        "nnz6", 2, 4, 6,
+        "nnz=6 (block 21): the generic loop beyond the common sizes",
+    )
+    yield case_cov_apply(
+        "nsub0", 0, 4, 3,
+        "nsub=0: the kernel returns before reading anything, vec unchanged (the arrays have 2 "
+        "submaps of room)",
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -181,6 +181,11 @@ fn bytes(n: u64) -> String {
     if n == 0 {
         return "unknown".into();
     }
+    human_bytes(n)
+}
+
+/// A byte count for people: `N B` below 1 KiB, else in KiB/MiB/GiB/TiB.
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

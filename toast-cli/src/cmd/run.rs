@@ -25,6 +25,7 @@
 //! renamed into place at the end, `stats.json` (the mark of a complete run)
 //! last (`crate::output`).
 
+use super::backends::human_bytes;
 use crate::output::Staging;
 use crate::parallel;
 use anyhow::{bail, Context, Result};
@@ -531,6 +532,26 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             gib(t.host_to_device_bytes as f64),
             t.device_to_host_calls,
             gib(t.device_to_host_bytes as f64)
+        )?;
+    }
+    let ph = &st.transfer_phases;
+    if ph.total.total_bytes() > 0 {
+        let both = |b: &toast_ops::accel::bus::BusBytes| {
+            format!(
+                "{} up / {} down",
+                human_bytes(b.host_to_device_bytes),
+                human_bytes(b.device_to_host_bytes)
+            )
+        };
+        crate::outln!(
+            "bus per phase:  setup {}; CG {} iterations {} (at most {} per iteration); \
+             outputs {}; total {}",
+            both(&ph.setup),
+            ph.cg_per_iteration.len(),
+            both(&ph.cg_total),
+            both(&ph.cg_max_per_iteration),
+            both(&ph.outputs),
+            human_bytes(ph.total.total_bytes())
         )?;
     }
     crate::outln!("outputs in:     {}", dir.display())?;

@@ -674,6 +674,32 @@ impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
     }
 }
 
+impl DeviceKernel for abi::CovApplyDiagArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if !v.active || v.n_pix == 0 {
+            return Ok(());
+        }
+        let mat = call.array("mat", a.mat, F64)?;
+        let vec = call.array("vec", a.vec, F64)?;
+        call.launch(
+            "toast_cov_apply_diag",
+            v.n_pix as u64,
+            1,
+            1,
+            &[
+                P::I64(v.n_pix as i64),
+                P::I64(v.nnz as i64),
+                P::Buffer(mat),
+                P::Buffer(vec),
+            ],
+        )
+    }
+}
+
 /// The workspace of `n` templates per fit: the matrix and its eigenvectors
 /// (`n * n` each) and `vectors` vectors of `n` (`kernels.h`).
 fn poly_item_len(n: u64, vectors: u64) -> u64 {

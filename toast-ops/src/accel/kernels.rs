@@ -1280,6 +1280,52 @@ pub fn cov_accum_diag_invnpp(
     })
 }
 
+/// `cov_apply_diag`: `map ← cov · map` at every local pixel, `map` a global
+/// `PixelData<f64>` of `nnz` values per pixel and `cov` one of the packed
+/// `nnz (nnz + 1) / 2` on the same distribution (checked here).
+pub fn cov_apply_diag(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    cov: &str,
+    map: &str,
+) -> Result<(), OpError> {
+    let (nnz, nsub, nsubpix) = {
+        let m = meta.object::<PixelData<f64>>(map)?;
+        let c = meta.object::<PixelData<f64>>(cov)?;
+        let nnz = m.n_value();
+        if c.n_value() != nnz * (nnz + 1) / 2 || c.distribution() != m.distribution() {
+            return Err(OpError::Global {
+                key: cov.to_string(),
+                problem: format!(
+                    "a covariance of {} values per pixel{} cannot apply to map '{map}' of {nnz}",
+                    c.n_value(),
+                    if c.distribution() == m.distribution() {
+                        ""
+                    } else {
+                        " on another pixel distribution"
+                    }
+                ),
+            });
+        }
+        let d = m.distribution();
+        (nnz, d.n_local_submap() as i64, d.n_pix_submap())
+    };
+    let specs = vec![
+        Spec::input(Source::Global(cov), 8),
+        Spec::output(Source::Global(map), 8),
+    ];
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+        abi::CovApplyDiagArgs {
+            nsub,
+            nsubpix,
+            nnz: nnz as i64,
+            mat: a[0],
+            vec: a[1],
+        }
+    })
+}
+
 /// `filter_polynomial`: subtract from each detector's `det_data` (`f64`)
 /// the Legendre fit of order `order` to its good samples (`flags`, a shared
 /// `u8` field, non-zero: flagged) over each of `call.intervals` in turn (the

@@ -8,9 +8,12 @@
 //! * [`pipeline`]: TOAST's `Pipeline` (detector sets, a pipeline-level
 //!   backend) with data staging: data moves to a non-host-addressable
 //!   device once per staging scope, following toast-core's staging plan.
+//! * [`bus`]: bytes copied between host and device, summed over the loaded
+//!   backends, for the per-phase transfer accounting of a run.
 //! * [`global_data`]: which `Data`-level objects (maps, distributions,
 //!   amplitudes) have a device form, and how they are staged.
 
+pub mod bus;
 pub mod global_data;
 pub mod kernels;
 pub mod pipeline;

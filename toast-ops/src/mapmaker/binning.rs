@@ -185,6 +185,7 @@ impl MapMaker {
                 det_data: &mm.det_data,
                 flags: fb.flags(),
                 noiseweighted: None,
+                covariance_on_device: false,
             };
             self.bin_final(data, ctx, pass, expand_final)?;
             res.binmap = Some(keys.binmap.clone());
@@ -214,6 +215,7 @@ impl MapMaker {
             det_data: cleaned_field,
             flags: fb.flags(),
             noiseweighted: keep_nw.then_some(keys.noiseweighted.as_str()),
+            covariance_on_device: false,
         };
         self.bin_final(data, ctx, pass, expand_final)?;
         res.map = keys.map.clone();

@@ -7,6 +7,7 @@
 use super::binning::CovKeys;
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
+use crate::accel::bus::{BusBytes, CgTransfers};
 use crate::accel::global_data::HostArray;
 use crate::accel::kernels::view_intervals;
 use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
@@ -379,6 +380,7 @@ impl MapMaker {
             det_data: &mm.det_data,
             flags: self.solver_selection(keys, 0),
             noiseweighted: None,
+            covariance_on_device: true,
         };
         let pointing = if full {
             None
@@ -494,6 +496,7 @@ impl MapMaker {
             det_data: &keys.temp,
             flags: solver_bin_flags,
             noiseweighted: None,
+            covariance_on_device: true,
         };
         let pointing = if full {
             None
@@ -558,11 +561,26 @@ impl MapMaker {
         let mut delta = gdot(ctx, &d, &r, &flags)?;
         res.initial_residual = sqsum_init;
         tracing::info!("{}: PCG initial residual = {sqsum_init:e}", self.setup.name);
+        // What crosses the bus per iteration (CgTransfers, for the run's
+        // per-phase accounting).
+        let before = BusBytes::now(ctx);
+        let mut per_iteration = Vec::new();
+        ctx.insert(CgTransfers {
+            before,
+            per_iteration: Vec::new(),
+            after: before,
+        });
         if sqsum_init == 0.0 {
             res.converged = true;
             return Ok(x);
         }
+        let mut bus = before;
         for iter in 0..mm.iter_max {
+            if iter > 0 {
+                let now = BusBytes::now(ctx);
+                per_iteration.push(now.since(bus));
+                bus = now;
+            }
             if !sqsum.is_finite() {
                 return Err(OpError::Numerical {
                     what: format!(
@@ -622,6 +640,15 @@ impl MapMaker {
                 *di = *di * beta + si;
             }
         }
+        let after = BusBytes::now(ctx);
+        if res.iterations > 0 {
+            per_iteration.push(after.since(bus));
+        }
+        ctx.insert(CgTransfers {
+            before,
+            per_iteration,
+            after,
+        });
         if !res.converged && !res.stalled {
             tracing::warn!(
                 "{}: PCG reached iter_max = {} without converging (relative residual {:e})",

@@ -3,6 +3,7 @@
 
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
+use crate::accel::kernels;
 use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
 use crate::pixels::covariance::{apply_covariance, nnz_of_block};
 use crate::pixels::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
@@ -117,11 +118,19 @@ pub(crate) struct BinPass<'a> {
     pub flags: FlagSelection,
     /// Keep the noise-weighted map under this key.
     pub noiseweighted: Option<&'a str>,
+    /// Apply the covariance where the map is: on the device when the pass
+    /// runs in a device staging scope (the covariance is uploaded once and
+    /// stays there, the map does not come back), for a map that the device
+    /// uses next (the solver's). `false`: on the host, which needs no
+    /// covariance on the device, for a map that goes to the host anyway
+    /// (the final maps). Without a device scope both are the host path.
+    pub covariance_on_device: bool,
 }
 
 /// Bin `det_data`: run `pre` (e.g. a template projection), the pointing
 /// operators (when given), and the noise-weighted accumulation as one
-/// pipeline, then apply the covariance on the host.
+/// pipeline, sum the map over the processes (on the host), then apply the
+/// covariance (see [`BinPass::covariance_on_device`]).
 pub(crate) fn bin_map(
     data: &mut Data,
     ctx: &mut ExecContext,
@@ -217,32 +226,82 @@ pub(crate) fn bin_map(
             },
         )?;
     }
-    let (binned, cov) = (pass.binned.to_string(), pass.covariance.to_string());
-    with_host_step(
-        data,
-        ctx,
-        "apply_covariance",
-        Requirements::new().global(&binned).global(&cov),
-        Requirements::new().global(&binned),
-        |data, _| {
-            // Check both types first, then take the map out of the metadata
-            // so that the covariance is borrowed in place, not copied.
-            data.meta.object::<PixelData<f64>>(&cov)?;
-            data.meta.object::<PixelData<f64>>(&binned)?;
-            let mut m = match data.meta.remove(&binned) {
-                Some(MetaItem::Object { object, .. }) => object
-                    .downcast::<PixelData<f64>>()
-                    .map_err(|_| not_a_map(&binned))?,
-                _ => return Err(not_a_map(&binned)),
-            };
-            let r = match data.meta.object::<PixelData<f64>>(&cov) {
-                Ok(c) => apply_covariance(c, &mut m),
-                Err(e) => Err(e.into()),
-            };
-            data.meta.set_object(binned.clone(), *m);
-            r
-        },
-    )
+    let mut apply = ApplyCovariance {
+        name: format!("{}_apply_covariance", pass.name),
+        covariance: pass.covariance.to_string(),
+        map: pass.binned.to_string(),
+    };
+    if pass.covariance_on_device {
+        run_operators(
+            "apply_covariance",
+            &mut [&mut apply],
+            data,
+            ctx,
+            &RunOptions::default(),
+        )
+    } else {
+        let (req, prov) = (apply.requires(), apply.provides());
+        with_host_step(data, ctx, "apply_covariance", req, prov, |data, _| {
+            apply.on_host(data)
+        })
+    }
+}
+
+/// `m ← C m` at every local pixel of a binned map (TOAST's `cov_apply_diag`
+/// step of `BinMap`), as a pipeline step: in an accelerated pipeline the
+/// `cov_apply_diag` kernel on the staged copies, otherwise
+/// [`apply_covariance`] on the host (the CPU path, bit-identical to it).
+#[derive(Debug, Clone)]
+pub(crate) struct ApplyCovariance {
+    name: String,
+    covariance: String,
+    map: String,
+}
+
+impl ApplyCovariance {
+    fn on_host(&self, data: &mut Data) -> Result<(), OpError> {
+        let (binned, cov) = (&self.map, &self.covariance);
+        // Check both types first, then take the map out of the metadata so
+        // that the covariance is borrowed in place, not copied.
+        data.meta.object::<PixelData<f64>>(cov)?;
+        data.meta.object::<PixelData<f64>>(binned)?;
+        let mut m = match data.meta.remove(binned) {
+            Some(MetaItem::Object { object, .. }) => object
+                .downcast::<PixelData<f64>>()
+                .map_err(|_| not_a_map(binned))?,
+            _ => return Err(not_a_map(binned)),
+        };
+        let r = match data.meta.object::<PixelData<f64>>(cov) {
+            Ok(c) => apply_covariance(c, &mut m),
+            Err(e) => Err(e.into()),
+        };
+        data.meta.set_object(binned.clone(), *m);
+        r
+    }
+}
+
+impl Operator for ApplyCovariance {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn requires(&self) -> Requirements {
+        Requirements::new()
+            .global(&self.map)
+            .global(&self.covariance)
+    }
+    fn provides(&self) -> Requirements {
+        Requirements::new().global(&self.map)
+    }
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if ctx.use_accel {
+            kernels::cov_apply_diag(ctx, &self.name, &mut data.meta, &self.covariance, &self.map)
+        } else {
+            self.on_host(data)
+        }
+    }
 }
 
 /// Bin a timestream into a map with an existing inverted covariance
@@ -309,6 +368,7 @@ impl Operator for BinMap {
             det_data: &c.det_data,
             flags: c.flags(),
             noiseweighted: c.noiseweighted.as_deref(),
+            covariance_on_device: false,
         };
         bin_map(data, ctx, pass, Some(&mut self.pointing), Vec::new())
     }

@@ -17,7 +17,8 @@
 //! zero (TOAST's rcond map holds only the kept pixels' values). For
 //! `nnz = 1` TOAST takes a shortcut that we keep: `rcond = 1` everywhere and
 //! the value is inverted where it is non-zero. [`apply_covariance`] is
-//! `cov_apply_diag`: `m = C z` per pixel.
+//! `cov_apply_diag`: `m = C z` per pixel, with the per-pixel arithmetic of
+//! the CPU plugin's `cov_apply_diag` kernel (`toast_accel::math`).
 //!
 //! Every pixel is independent, so the inversion and the application run in
 //! parallel over pixels and give the same bits for any thread count. The
@@ -27,6 +28,7 @@
 use crate::pixels::{PixelData, PixelDistribution};
 use rayon::prelude::*;
 use std::sync::Arc;
+use toast_accel::math::cov_apply_pixel;
 use toast_core::{OpError, PixelOutOfRange};
 
 /// Values per pixel of a packed symmetric `nnz × nnz` matrix.
@@ -321,44 +323,14 @@ pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Resul
         .par_chunks_mut(nnz)
         .zip(cov.data().par_chunks(block))
         .with_min_len(1024);
-    // The common sizes with a compile-time block size (unrolled; the same
-    // operations in the same order, so the same bits as the generic loop).
+    // The common sizes with a constant length (unrolled; the same operations
+    // in the same order, so the same bits as the generic call).
     match nnz {
-        1 => pairs.for_each(|(m, c)| apply_block::<1>(m, c)),
-        3 => pairs.for_each(|(m, c)| apply_block::<3>(m, c)),
-        _ => pairs.for_each(|(m, c)| {
-            let mut out = [0.0f64; 16];
-            let mut off = 0;
-            for j in 0..nnz {
-                for k in j..nnz {
-                    out[j] += c[off] * m[k];
-                    if k != j {
-                        out[k] += c[off] * m[j];
-                    }
-                    off += 1;
-                }
-            }
-            m.copy_from_slice(&out[..nnz]);
-        }),
+        1 => pairs.for_each(|(m, c)| cov_apply_pixel(&mut m[..1], c)),
+        3 => pairs.for_each(|(m, c)| cov_apply_pixel(&mut m[..3], c)),
+        _ => pairs.for_each(|(m, c)| cov_apply_pixel(m, c)),
     }
     Ok(())
-}
-
-/// `m ← C m` for one pixel, `C` packed upper-triangular by rows, `N` values.
-#[inline(always)]
-fn apply_block<const N: usize>(m: &mut [f64], c: &[f64]) {
-    let mut out = [0.0f64; N];
-    let mut off = 0;
-    for j in 0..N {
-        for k in j..N {
-            out[j] += c[off] * m[k];
-            if k != j {
-                out[k] += c[off] * m[j];
-            }
-            off += 1;
-        }
-    }
-    m.copy_from_slice(&out);
 }
 
 #[cfg(test)]

@@ -46,5 +46,5 @@ pub use config::{ConfigError, SatelliteConfig};
 pub use presets::Sizing;
 pub use satellite::{
     FrontEndError, MapProducts, MapSummary, Phases, ProductSink, RunStats, SatelliteJob,
-    SatelliteRun, Silent, SizeOverrides, WorkflowError, PHASES,
+    SatelliteRun, Silent, SizeOverrides, TransferPhases, WorkflowError, PHASES,
 };

@@ -21,6 +21,7 @@
 
 use super::config::SatelliteConfig;
 use super::presets::{self, gib, Sizing};
+use crate::accel::bus::{BusBytes, CgTransfers};
 use crate::accel::pipeline::{DetectorSets, RunOptions};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
@@ -326,6 +327,58 @@ impl From<TransferSnapshot> for Transfers {
     }
 }
 
+/// What crossed the bus in each phase of the run, on this process (rank 0
+/// in `stats.json`), summed over the loaded backends ([`BusBytes`]): the
+/// `setup` before the first CG iteration (simulation, pointing, hits and
+/// covariances, the right-hand side), each CG iteration, and the `outputs`
+/// after the last one (the final binning and the maps). All zero on a
+/// host-addressable backend (the CPU), which copies nothing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TransferPhases {
+    /// Before the first CG iteration.
+    pub setup: BusBytes,
+    /// All CG iterations together.
+    pub cg_total: BusBytes,
+    /// The CG iteration that moved the most bytes (both ways together).
+    pub cg_max_per_iteration: BusBytes,
+    /// Each CG iteration, in order.
+    pub cg_per_iteration: Vec<BusBytes>,
+    /// After the last CG iteration.
+    pub outputs: BusBytes,
+    /// The whole run (`setup + cg_total + outputs`).
+    pub total: BusBytes,
+}
+
+impl TransferPhases {
+    /// The phases of a run whose counters were `start` when it began and
+    /// `end` when it ended, with the solver's accounting (`None`: no solve,
+    /// everything is setup and outputs are nothing).
+    pub fn new(start: BusBytes, end: BusBytes, cg: Option<&CgTransfers>) -> Self {
+        let total = end.since(start);
+        let Some(cg) = cg else {
+            return TransferPhases {
+                setup: total,
+                total,
+                ..TransferPhases::default()
+            };
+        };
+        let cg_max_per_iteration = cg
+            .per_iteration
+            .iter()
+            .copied()
+            .max_by_key(BusBytes::total_bytes)
+            .unwrap_or_default();
+        TransferPhases {
+            setup: cg.before.since(start),
+            cg_total: cg.after.since(cg.before),
+            cg_max_per_iteration,
+            cg_per_iteration: cg.per_iteration.clone(),
+            outputs: end.since(cg.after),
+            total,
+        }
+    }
+}
+
 /// What one process held, from its own data (not from the plan).
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ProcessRecord {
@@ -386,6 +439,8 @@ pub struct RunStats {
     pub threads: usize,
     /// Per backend that ran a kernel.
     pub transfers: BTreeMap<String, Transfers>,
+    /// What crossed the bus per phase (setup, CG iterations, outputs).
+    pub transfer_phases: TransferPhases,
     /// Which backend ran each kernel: calls and seconds.
     #[serde(skip)]
     pub kernels: KernelLog,
@@ -618,6 +673,7 @@ impl SatelliteJob {
         ctx.insert(dispatcher);
         ctx.insert(CommHandle(Arc::clone(&comm)));
         ctx.timers.enter(timer_root).map_err(timer_error)?;
+        let bus_start = BusBytes::now(&ctx);
 
         let detsets = sim.detector_sets();
         let mut data = Data::new();
@@ -737,6 +793,11 @@ impl SatelliteJob {
         else {
             return Ok(None);
         };
+        let transfer_phases = TransferPhases::new(
+            bus_start,
+            BusBytes::now(&ctx),
+            ctx.extensions.get::<CgTransfers>(),
+        );
         let kernels = ctx
             .ext::<Dispatcher>()
             .map(|d| d.kernel_log())
@@ -792,6 +853,7 @@ impl SatelliteJob {
             shared_submaps: pd.map(|d| d.shared_submaps().len()),
             threads: rayon::current_num_threads(),
             transfers,
+            transfer_phases,
             kernels,
         };
         Ok(Some(SatelliteRun { stats, timers }))

@@ -906,6 +906,31 @@ impl CovAccumDiagHitsCase {
     }
 }
 
+/// A `cov_apply_diag` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovApplyDiagCase {
+    pub nsub: i64,
+    pub nsubpix: i64,
+    pub nnz: i64,
+    pub mat: Arr<f64>,
+    pub vec_in: Arr<f64>,
+    pub vec_out: Arr<f64>,
+}
+
+impl CovApplyDiagCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (vec_in, vec_out) = f.in_out("vec_in", "vec_out", 1)?;
+        Ok(CovApplyDiagCase {
+            nsub: f.scalar("nsub")?,
+            nsubpix: f.scalar("nsubpix")?,
+            nnz: f.scalar("nnz")?,
+            mat: f.arr("mat", Some(1))?,
+            vec_in,
+            vec_out,
+        })
+    }
+}
+
 /// A `cov_accum_diag_invnpp` case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CovAccumDiagInvnppCase {

@@ -67,9 +67,9 @@ mod run;
 
 pub use case::{
     kernel_of, load_case, Arr, BuildNoiseWeightedCase, Case, CaseError, CovAccumDiagHitsCase,
-    CovAccumDiagInvnppCase, FilterPoly2dCase, FilterPolynomialCase, MapData, NoiseWeightCase,
-    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
-    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase, MapData,
+    NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase,
+    StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
     TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{CaseOutcome, Comparison, ACCUM_RTOL, POLY2D_RTOL, POLYNOMIAL_RTOL, TRIG_RTOL};

@@ -11,10 +11,11 @@
 //! arrays.
 
 use super::case::{
-    BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, FilterPoly2dCase,
-    FilterPolynomialCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
-    ScanMapCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
-    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase,
+    BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase,
+    FilterPoly2dCase, FilterPolynomialCase, MapData, NoiseWeightCase, PixelsHealpixCase,
+    PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
+    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    TemplateOffsetProjectSignalCase,
 };
 use super::compare::{
     compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, POLY2D_RTOL, POLYNOMIAL_RTOL,
@@ -723,6 +724,38 @@ impl CovAccumDiagInvnppCase {
             &c.invnpp_out.data,
             ACCUM_RTOL,
         )]))
+    }
+}
+
+impl CovApplyDiagCase {
+    /// `cov_apply_diag`: one thread per pixel, in TOAST's operation order
+    /// (exact on every backend).
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut vec = c.vec_in.data.clone();
+        {
+            // TOAST passes its whole local map; the kernel's is nsub x nsubpix.
+            let (nm, nv) = if c.nsub < 1 || c.nnz < 1 {
+                (0, 0)
+            } else {
+                let npix = (c.nsub * c.nsubpix) as usize;
+                let nnz = c.nnz as usize;
+                (npix * nnz * (nnz + 1) / 2, npix * nnz)
+            };
+            let m = stage_in(b, &c.mat.data[..nm.min(c.mat.data.len())], "mat")?;
+            let v = stage_out(b, &mut vec[..nv.min(c.vec_in.data.len())], "vec")?;
+            let args = abi::CovApplyDiagArgs {
+                nsub: c.nsub,
+                nsubpix: c.nsubpix,
+                nnz: c.nnz,
+                mat: m.abi(),
+                vec: v.abi(),
+            };
+            // SAFETY: as in `CovAccumDiagHitsCase::run`.
+            unsafe { launch(b, &args)? };
+            finish(vec![v, m])?;
+        }
+        Ok(verdict([compare("vec", &vec, &c.vec_out.data)]))
     }
 }
 
