@@ -26,7 +26,7 @@ use super::host_info::{load_average, machine_description};
 use super::reference::{PRECOND_LARGE, TOAST_REFERENCE};
 use super::report::{BenchReport, KernelTiming, TransferSummary};
 use super::workload::{
-    local_submaps, poly2d_templates, BenchOptions, Offsets, Workload, POLY2D_GROUPS,
+    local_submaps, poly2d_templates, zeroed_map, BenchOptions, Offsets, Workload, POLY2D_GROUPS,
     POLY2D_SAMPLES, POLY_ORDER, SEED, STEP_LENGTH,
 };
 
@@ -442,7 +442,10 @@ impl Bench<'_, '_> {
     ) -> anyhow::Result<Vec<f64>> {
         let w = self.w;
         let map = w.map(n_local, NNZ);
-        let map32: Vec<f32> = map.iter().map(|&x| x as f32).collect();
+        let mut map32: Vec<f32> = zeroed_map(map.len());
+        for (y, &x) in map32.iter_mut().zip(&map) {
+            *y = x as f32;
+        }
         let mut det_data = vec![0.0f64; w.n_det * w.n_samp];
         let g2l = self.tm.input(global2local, "global2local")?;
         let m64 = self.tm.input(&map, "mapdata_f64")?;
@@ -492,7 +495,7 @@ impl Bench<'_, '_> {
         det_data: &[f64],
     ) -> anyhow::Result<()> {
         let w = self.w;
-        let mut zmap = vec![0.0f64; n_local * w.n_pix_submap as usize * NNZ];
+        let mut zmap: Vec<f64> = zeroed_map(n_local * w.n_pix_submap as usize * NNZ);
         let g2l = self.tm.input(global2local, "global2local")?;
         let px = self.tm.input(&p.pixels, "pixels")?;
         let wt = self.tm.input(&p.weights, "weights")?;
@@ -676,8 +679,8 @@ impl Bench<'_, '_> {
                 }
             }
         }
-        let mut hits = vec![0i64; n_local * nps as usize];
-        let mut invnpp = vec![0.0f64; n_local * nps as usize * NNZ * (NNZ + 1) / 2];
+        let mut hits: Vec<i64> = zeroed_map(n_local * nps as usize);
+        let mut invnpp: Vec<f64> = zeroed_map(n_local * nps as usize * NNZ * (NNZ + 1) / 2);
         let mut staged = Vec::with_capacity(3 * w.n_det + 2);
         let mut inputs = Vec::with_capacity(w.n_det);
         for d in 0..w.n_det {

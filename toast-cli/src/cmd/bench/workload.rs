@@ -9,7 +9,8 @@
 //! of order [`POLY_ORDER`] and a 2-D one of `(POLY2D_ORDER + 1)^2` modes over
 //! [`POLY2D_GROUPS`] detector groups ([`poly2d_templates`]). The inputs that depend
 //! on a kernel's output (the local submaps are the hit ones) are made from
-//! it by the runner with the functions here.
+//! it by the runner with the functions here. The map buffers
+//! ([`zeroed_map`]) are advised as huge pages, as numpy's are in TOAST.
 //!
 //! Random inputs come from the project's generator, Threefry-2x64-20
 //! (`toast_ops::math::rng`, the one TOAST's noise simulation uses): every input
@@ -185,11 +186,16 @@ impl Deviates {
     /// `n` deviates uniform in (lo, hi).
     fn uniform(&self, s: Stream, n: usize, lo: f64, hi: f64) -> Vec<f64> {
         let mut u = vec![0.0; n];
-        uniform_01(self.key, Self::counter(s), &mut u);
-        for x in &mut u {
+        self.uniform_into(s, &mut u, lo, hi);
+        u
+    }
+
+    /// Fill `u` with deviates uniform in (lo, hi).
+    fn uniform_into(&self, s: Stream, u: &mut [f64], lo: f64, hi: f64) {
+        uniform_01(self.key, Self::counter(s), u);
+        for x in u {
             *x = lo + (hi - lo) * *x;
         }
-        u
     }
 
     /// `n` standard normal deviates.
@@ -377,8 +383,9 @@ impl Workload {
     /// A map of `n_local` submaps with `nnz` values per pixel, uniform in
     /// (-1, 1).
     pub fn map(&self, n_local: usize, nnz: usize) -> Vec<f64> {
-        let len = n_local * self.n_pix_submap as usize * nnz;
-        self.dev.uniform(Stream::Map, len, -1.0, 1.0)
+        let mut map = zeroed_map(n_local * self.n_pix_submap as usize * nnz);
+        self.dev.uniform_into(Stream::Map, &mut map, -1.0, 1.0);
+        map
     }
 
     /// The offset template of the workload: step [`STEP_LENGTH`], amplitudes
@@ -419,6 +426,35 @@ impl Workload {
             amplitude_flags: self.dev.flags(Stream::PrecondFlags, n),
         }
     }
+}
+
+/// `n` zeroed elements for a map buffer, advised (Linux) as transparent
+/// huge pages before anything touches them, as numpy advises every array
+/// above 4 MiB (`madvise(MADV_HUGEPAGE)`): where THP is in `madvise` mode,
+/// TOAST's maps are on 2 MiB pages, and a scatter or gather over a map of a
+/// GiB is bound by TLB misses (timings.md). Elsewhere, or when the kernel
+/// declines, an ordinary zeroed buffer.
+pub fn zeroed_map<T: Copy + Default>(n: usize) -> Vec<T> {
+    // All-zero elements: allocated zeroed, not written (pages untouched).
+    let v = vec![T::default(); n];
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let bytes = std::mem::size_of_val(v.as_slice());
+        let start = v.as_ptr() as usize;
+        let first = start.div_ceil(PAGE) * PAGE;
+        let end = (start + bytes) / PAGE * PAGE;
+        if bytes >= 4 << 20 && end > first {
+            // SAFETY: [first, end) is page-aligned and inside v's live
+            // allocation; MADV_HUGEPAGE only tells the kernel how to back
+            // those pages, it changes neither their contents nor the mapping.
+            // A refusal (an error return) leaves ordinary pages: ignored.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    v
 }
 
 /// The grid of `n_det` detectors: (columns, rows), about twice as many
