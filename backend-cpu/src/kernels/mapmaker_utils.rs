@@ -101,32 +101,20 @@ pub(crate) unsafe fn run_apply(v: &CovApply, a: &CovApplyDiagArgs) -> Result<(),
     Ok(())
 }
 
-/// The flat local pixel `submap * nsubpix + subpix` of sample `i`, `None`
-/// for a sample TOAST skips (a negative submap: not local, or a negative
-/// pixel: flagged), or the fault for an index beyond the local map.
-#[inline(always)]
-fn local_pixel(
-    nsub: i64,
-    nsubpix: i64,
-    submap: i64,
-    subpix: i64,
-    i: usize,
-) -> Result<Option<usize>, SampleFault> {
-    if submap < 0 || subpix < 0 {
-        return Ok(None);
-    }
-    if submap >= nsub || subpix >= nsubpix {
-        return Err(SampleFault::new(
-            0,
-            0,
-            i,
-            format!(
-                "submap {submap}, pixel {subpix} is beyond the local map \
-                 ({nsub} submaps x {nsubpix} pixels)"
-            ),
-        ));
-    }
-    Ok(Some((submap * nsubpix + subpix) as usize))
+/// The fault of sample `i`, whose `submap` or `subpix` is beyond the local
+/// map (out of the per-sample loop: it is met at most once).
+#[cold]
+#[inline(never)]
+fn beyond_the_map(nsub: i64, nsubpix: i64, submap: i64, subpix: i64, i: usize) -> SampleFault {
+    SampleFault::new(
+        0,
+        0,
+        i,
+        format!(
+            "submap {submap}, pixel {subpix} is beyond the local map \
+             ({nsub} submaps x {nsubpix} pixels)"
+        ),
+    )
 }
 
 fn check_common(
@@ -190,9 +178,15 @@ where
         .map(|t| -> TaskResult {
             let (lo, hi) = (t * npix / parts, (t + 1) * npix / parts);
             for (i, (&sm, &px)) in submap.iter().zip(subpix).enumerate() {
-                let Some(hpx) = local_pixel(nsub, nsubpix, sm, px, i)? else {
+                // A negative submap (not local) or pixel (flagged): skipped,
+                // as TOAST skips it.
+                if sm < 0 || px < 0 {
                     continue;
-                };
+                }
+                if sm >= nsub || px >= nsubpix {
+                    return Err(beyond_the_map(nsub, nsubpix, sm, px, i));
+                }
+                let hpx = (sm * nsubpix + px) as usize;
                 if hpx < lo || hpx >= hi {
                     continue;
                 }

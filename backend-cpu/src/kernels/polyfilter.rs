@@ -200,20 +200,50 @@ pub(crate) fn pinv_apply(n: usize, a: &[f64], v: &[f64], rcond: f64, b: &mut [f6
     }
 }
 
-/// The Legendre polynomials `P_0..P_{norder-1}` at `x`, by TOAST's recurrence
+/// Samples per block of [`legendre`]'s table.
+const LEGENDRE_BLOCK: usize = 64;
+
+/// The Legendre polynomials `P_0..P_{norder-1}` at the `len` (at most
+/// [`LEGENDRE_BLOCK`]) points `xstart + (first + i) dx`, into
+/// `table[k * LEGENDRE_BLOCK + i]`, by TOAST's recurrence
 /// `P_k = ((2k-1) x P_{k-1} - (k-1) P_{k-2}) / k` with `1/k` as a factor.
+/// A block of samples at a time, each order across the block: the samples
+/// are independent, so the recurrence's latency overlaps between them (one
+/// sample at a time, it is a chain of dependent products); every value is
+/// the same operations on the same operands as for one point.
 #[inline(always)]
-pub(crate) fn legendre(x: f64, p: &mut [f64]) {
-    let n = p.len();
-    if n > 0 {
-        p[0] = 1.0;
+pub(crate) fn legendre(
+    norder: usize,
+    xstart: f64,
+    dx: f64,
+    first: usize,
+    len: usize,
+    table: &mut [f64],
+) {
+    const B: usize = LEGENDRE_BLOCK;
+    debug_assert!(len <= B && table.len() >= norder * B);
+    if norder == 0 {
+        return;
     }
-    if n > 1 {
-        p[1] = x;
+    table[..len].fill(1.0);
+    if norder == 1 {
+        return;
     }
-    for k in 2..n {
+    for (i, p1) in table[B..B + len].iter_mut().enumerate() {
+        *p1 = xstart + (first + i) as f64 * dx;
+    }
+    for k in 2..norder {
         let orderinv = 1.0 / k as f64;
-        p[k] = ((2 * k - 1) as f64 * x * p[k - 1] - (k - 1) as f64 * p[k - 2]) * orderinv;
+        let (c1, c2) = ((2 * k - 1) as f64, (k - 1) as f64);
+        let (lower, upper) = table.split_at_mut(k * B);
+        let (x, pm2, pm1) = (
+            &lower[B..B + len],
+            &lower[(k - 2) * B..(k - 2) * B + len],
+            &lower[(k - 1) * B..(k - 1) * B + len],
+        );
+        for (i, pk) in upper[..len].iter_mut().enumerate() {
+            *pk = (c1 * x[i] * pm1[i] - c2 * pm2[i]) * orderinv;
+        }
     }
 }
 
@@ -263,16 +293,19 @@ struct ScanFit {
 
 impl ScanFit {
     fn new(flags: &[u8], norder: usize) -> Self {
+        const B: usize = LEGENDRE_BLOCK;
         let len = flags.len();
         let dx = 2.0 / len as f64;
         let xstart = 0.5 * dx - 1.0;
         let mut a = vec![0.0; norder * norder];
-        let mut p = vec![0.0; norder];
-        for (i, _) in flags.iter().enumerate().filter(|(_, &f)| f == 0) {
-            legendre(xstart + i as f64 * dx, &mut p);
-            for j in 0..norder {
-                for k in j..norder {
-                    a[j * norder + k] += p[j] * p[k];
+        let mut p = vec![0.0; norder * B];
+        for (ib, f) in flags.chunks(B).enumerate() {
+            legendre(norder, xstart, dx, ib * B, f.len(), &mut p);
+            for (i, _) in f.iter().enumerate().filter(|(_, &f)| f == 0) {
+                for j in 0..norder {
+                    for k in j..norder {
+                        a[j * norder + k] += p[j * B + i] * p[k * B + i];
+                    }
                 }
             }
         }
@@ -295,24 +328,28 @@ impl ScanFit {
     /// Fit the good samples of `signal` (the scan's samples) and subtract the
     /// fitted polynomial from every sample, flagged or not.
     fn filter(&self, flags: &[u8], signal: &mut [f64]) {
+        const B: usize = LEGENDRE_BLOCK;
         let n = self.norder;
-        let mut p = vec![0.0; n];
+        let mut p = vec![0.0; n * B];
         let mut amp = vec![0.0; n];
-        for (i, (&f, &s)) in flags.iter().zip(signal.iter()).enumerate() {
-            if f != 0 {
-                continue;
-            }
-            legendre(self.xstart + i as f64 * self.dx, &mut p);
-            for k in 0..n {
-                amp[k] += p[k] * s;
+        for (ib, (f, s)) in flags.chunks(B).zip(signal.chunks(B)).enumerate() {
+            legendre(n, self.xstart, self.dx, ib * B, f.len(), &mut p);
+            for (i, (_, &s)) in f.iter().zip(s).enumerate().filter(|(_, (&f, _))| f == 0) {
+                for k in 0..n {
+                    amp[k] += p[k * B + i] * s;
+                }
             }
         }
         let mut w = vec![0.0; n];
         pinv_apply(n, &self.a, &self.v, POLY_RCOND, &mut amp, &mut w);
-        for (i, s) in signal.iter_mut().enumerate() {
-            legendre(self.xstart + i as f64 * self.dx, &mut p);
-            for k in 0..n {
-                *s -= amp[k] * p[k];
+        // Each sample gets the terms in order k = 0, 1, ..; across the block
+        // the subtractions are independent.
+        for (ib, s) in signal.chunks_mut(B).enumerate() {
+            legendre(n, self.xstart, self.dx, ib * B, s.len(), &mut p);
+            for (k, &ak) in amp.iter().enumerate() {
+                for (x, &pk) in s.iter_mut().zip(&p[k * B..]) {
+                    *x -= ak * pk;
+                }
             }
         }
     }
@@ -446,55 +483,102 @@ pub(crate) fn filter_poly2d(
     if n_mode == 0 || n_group == 0 {
         return Ok(());
     }
+    // The members of each group, in detector order (TOAST's summation order).
+    let members: Vec<Vec<usize>> = (0..n_group)
+        .map(|g| {
+            (0..n_det)
+                .filter(|&d| det_groups[d] >= 0 && det_groups[d] as usize == g)
+                .collect()
+        })
+        .collect();
+    // Contiguous blocks of samples, a few per thread, so that a block's
+    // consecutive samples can share their groups' decompositions.
+    let block = n_samp
+        .div_ceil(rayon::current_num_threads().max(1) * 4)
+        .max(1);
     coeff
-        .par_chunks_mut(n_group * n_mode)
+        .par_chunks_mut(block * n_group * n_mode)
         .enumerate()
-        .for_each_init(
-            || {
-                (
-                    vec![0.0; n_mode * n_mode],
-                    vec![0.0; n_mode * n_mode],
-                    vec![0.0; n_mode],
-                )
-            },
-            |(a, v, w), (isamp, out)| {
+        .for_each(|(ib, out)| {
+            let mut fits: Vec<GroupFit> = members
+                .iter()
+                .map(|m| GroupFit::new(n_mode, m.len()))
+                .collect();
+            for (k, out) in out.chunks_exact_mut(n_group * n_mode).enumerate() {
+                let isamp = ib * block + k;
                 let sig = &signals[isamp * n_det..(isamp + 1) * n_det];
                 let msk = &masks[isamp * n_det..(isamp + 1) * n_det];
-                for (igroup, rhs) in out.chunks_exact_mut(n_mode).enumerate() {
-                    poly2d_normal(n_mode, igroup, det_groups, templates, sig, msk, a, rhs);
-                    jacobi_eigen(n_mode, a, v);
-                    pinv_apply(n_mode, a, v, POLY2D_RCOND, rhs, w);
+                for ((fit, m), rhs) in fits
+                    .iter_mut()
+                    .zip(&members)
+                    .zip(out.chunks_exact_mut(n_mode))
+                {
+                    fit.update(n_mode, m, templates, msk);
+                    poly2d_rhs(n_mode, m, templates, sig, msk, rhs);
+                    pinv_apply(n_mode, &fit.a, &fit.v, POLY2D_RCOND, rhs, &mut fit.w);
                 }
-            },
-        );
+            }
+        });
     Ok(())
 }
 
-/// The normal matrix `a` and right-hand side `rhs` of one sample and group,
-/// in TOAST's order.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn poly2d_normal(
-    n_mode: usize,
-    igroup: usize,
-    det_groups: &[i32],
-    templates: &[f64],
-    sig: &[f64],
-    msk: &[u8],
-    a: &mut [f64],
-    rhs: &mut [f64],
-) {
-    a.fill(0.0);
-    rhs.fill(0.0);
-    for (idet, &g) in det_groups.iter().enumerate() {
-        if g < 0 || g as usize != igroup {
-            continue;
+/// The decomposed normal matrix of one group, kept from one sample to the
+/// next: the matrix depends only on which of the group's detectors are good
+/// (the templates are fixed and a mask weighs by exactly 0.0 or 1.0), so
+/// when that set has not changed, the matrix and its decomposition would be
+/// recomputed to the same bits, and are reused instead. Most consecutive
+/// samples share their mask (flags come in bursts), so the O(n_mode³)
+/// decomposition runs only where the mask changes and the cost per sample
+/// is that of the right-hand side and the O(n_mode²) pseudo-inverse.
+struct GroupFit {
+    /// Whether `a` and `v` hold the decomposition of the mask `good`.
+    valid: bool,
+    /// `masks != 0` of each member at the sample `a` was made for.
+    good: Vec<bool>,
+    /// Eigenvalues on the diagonal (see [`jacobi_eigen`]).
+    a: Vec<f64>,
+    v: Vec<f64>,
+    /// Scratch of [`pinv_apply`].
+    w: Vec<f64>,
+}
+
+impl GroupFit {
+    fn new(n_mode: usize, n_members: usize) -> Self {
+        GroupFit {
+            valid: false,
+            good: vec![false; n_members],
+            a: vec![0.0; n_mode * n_mode],
+            v: vec![0.0; n_mode * n_mode],
+            w: vec![0.0; n_mode],
         }
+    }
+
+    /// Make `a` and `v` the decomposition of the normal matrix of the
+    /// members `m` under the masks `msk`, unless they already are.
+    fn update(&mut self, n_mode: usize, m: &[usize], templates: &[f64], msk: &[u8]) {
+        let same = self.valid && m.iter().zip(&self.good).all(|(&d, &g)| (msk[d] != 0) == g);
+        if same {
+            return;
+        }
+        for (g, &d) in self.good.iter_mut().zip(m) {
+            *g = msk[d] != 0;
+        }
+        poly2d_matrix(n_mode, m, templates, msk, &mut self.a);
+        jacobi_eigen(n_mode, &mut self.a, &mut self.v);
+        self.valid = true;
+    }
+}
+
+/// The normal matrix `a` of one sample and group (members `m`), in TOAST's
+/// order: `(t_i * t_j) * mask`, the upper triangle mirrored as it is
+/// accumulated, a masked detector weighed by 0.0 (not skipped).
+#[inline(always)]
+fn poly2d_matrix(n_mode: usize, m: &[usize], templates: &[f64], msk: &[u8], a: &mut [f64]) {
+    a.fill(0.0);
+    for &idet in m {
         let det_mask = if msk[idet] == 0 { 0.0 } else { 1.0 };
-        let det_sig = sig[idet];
         let t = &templates[idet * n_mode..(idet + 1) * n_mode];
         for im in 0..n_mode {
-            rhs[im] += t[im] * det_sig * det_mask;
             for jm in im..n_mode {
                 let val = t[im] * t[jm] * det_mask;
                 a[im * n_mode + jm] += val;
@@ -502,6 +586,28 @@ fn poly2d_normal(
                     a[jm * n_mode + im] += val;
                 }
             }
+        }
+    }
+}
+
+/// The right-hand side `rhs` of one sample and group (members `m`), in
+/// TOAST's order: `(t_i * s) * mask`.
+#[inline(always)]
+fn poly2d_rhs(
+    n_mode: usize,
+    m: &[usize],
+    templates: &[f64],
+    sig: &[f64],
+    msk: &[u8],
+    rhs: &mut [f64],
+) {
+    rhs.fill(0.0);
+    for &idet in m {
+        let det_mask = if msk[idet] == 0 { 0.0 } else { 1.0 };
+        let det_sig = sig[idet];
+        let t = &templates[idet * n_mode..(idet + 1) * n_mode];
+        for (r, &ti) in rhs.iter_mut().zip(t) {
+            *r += ti * det_sig * det_mask;
         }
     }
 }
@@ -636,6 +742,86 @@ mod tests {
             bits(&coeff)
         };
         assert_eq!(in_pool(1, &poly2d), in_pool(4, &poly2d));
+    }
+
+    #[test]
+    fn legendre_blocks_are_the_one_point_recurrence() {
+        // TOAST's recurrence at one point, as written for a single x.
+        let one = |x: f64, n: usize| {
+            let mut p = vec![0.0; n];
+            p[0] = 1.0;
+            if n > 1 {
+                p[1] = x;
+            }
+            for k in 2..n {
+                let orderinv = 1.0 / k as f64;
+                p[k] = ((2 * k - 1) as f64 * x * p[k - 1] - (k - 1) as f64 * p[k - 2]) * orderinv;
+            }
+            p
+        };
+        let (n, len) = (12, 1000);
+        let dx = 2.0 / len as f64;
+        let xstart = 0.5 * dx - 1.0;
+        let mut table = vec![0.0; n * LEGENDRE_BLOCK];
+        for first in (0..len).step_by(LEGENDRE_BLOCK) {
+            let m = LEGENDRE_BLOCK.min(len - first);
+            legendre(n, xstart, dx, first, m, &mut table);
+            for i in 0..m {
+                let want = one(xstart + (first + i) as f64 * dx, n);
+                for (k, w) in want.iter().enumerate() {
+                    assert_eq!(table[k * LEGENDRE_BLOCK + i].to_bits(), w.to_bits());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn poly2d_reused_decompositions_are_the_recomputed_ones() {
+        // 64 modes, 2 groups of 25 detectors, masks that change in bursts and
+        // come back: the whole call (decompositions reused between samples)
+        // gives the bits of one call per sample (each decomposed afresh).
+        let (n_samp, n_det, n_group, order) = (40usize, 50usize, 2usize, 7usize);
+        let n_mode = (order + 1) * (order + 1);
+        let mut templates = Vec::new();
+        for d in 0..n_det {
+            let (x, y) = ((d % 10) as f64 / 10.0 - 0.45, (d / 10) as f64 / 5.0 - 0.4);
+            for i in 0..=order as i32 {
+                for j in 0..=order as i32 {
+                    templates.push(x.powi(i) * y.powi(j));
+                }
+            }
+        }
+        let groups: Vec<i32> = (0..n_det).map(|d| (d % n_group) as i32).collect();
+        let mut masks = vec![1u8; n_samp * n_det];
+        for s in 5..9 {
+            masks[s * n_det + 3] = 0;
+        }
+        for s in 12..30 {
+            masks[s * n_det + 10] = 0;
+            masks[s * n_det + 11] = if s % 3 == 0 { 0 } else { 7 };
+        }
+        let signals: Vec<f64> = (0..n_samp * n_det)
+            .map(|k| ((k * 37) % 101) as f64 / 7.0 - 5.0)
+            .collect();
+        let mut all = vec![0.0; n_samp * n_group * n_mode];
+        filter_poly2d(
+            n_samp, n_det, n_group, n_mode, &groups, &templates, &signals, &masks, &mut all,
+        )
+        .unwrap();
+        let r = n_group * n_mode;
+        for s in 0..n_samp {
+            let mut one = vec![0.0; r];
+            let (sig, msk) = (
+                &signals[s * n_det..(s + 1) * n_det],
+                &masks[s * n_det..(s + 1) * n_det],
+            );
+            filter_poly2d(
+                1, n_det, n_group, n_mode, &groups, &templates, sig, msk, &mut one,
+            )
+            .unwrap();
+            let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all[s * r..(s + 1) * r]), bits(&one), "sample {s}");
+        }
     }
 
     #[test]

@@ -23,8 +23,10 @@ pub struct ToastReference {
 /// TOAST 3.0.6's compiled kernels (PyPI cp311 wheel, `use_accel=False`) on a
 /// 2-core AMD EPYC VM, best of 5, from `tests/data/toast-kernels/timings.md`
 /// (columns "ns/sample/det (2 thr)" and "ns/sample/det (1 thr)"). The
-/// template_offset add/project rows are sums of 50 single-detector calls.
-pub const TOAST_REFERENCE: [ToastReference; 14] = [
+/// template_offset add/project, cov_accum_diag_* and filter_polynomial rows
+/// are sums of single-detector calls (as TOAST's operators make them);
+/// filter_poly2D is per detector and sample of its own 1000 samples.
+pub const TOAST_REFERENCE: [ToastReference; 18] = [
     ToastReference {
         key: "pointing_detector",
         label: "pointing_detector",
@@ -109,12 +111,40 @@ pub const TOAST_REFERENCE: [ToastReference; 14] = [
         ns_2thr: 0.749,
         ns_1thr: 1.185,
     },
+    // The four kernels added last, measured later on another, loaded 2-core
+    // VM (timings.md, second table, `time_toast_kernels.py`): the 1-thread
+    // figure, and as the 2-thread one the smaller of the two (measured, the
+    // 2-thread runs were the slower there: oversubscribed OpenMP threads).
+    ToastReference {
+        key: "cov_accum_diag_hits",
+        label: "cov_accum_diag_hits (per-detector calls)",
+        ns_2thr: 13.839,
+        ns_1thr: 13.839,
+    },
+    ToastReference {
+        key: "cov_accum_diag_invnpp",
+        label: "cov_accum_diag_invnpp (nnz=3, per-detector calls)",
+        ns_2thr: 66.376,
+        ns_1thr: 66.376,
+    },
+    ToastReference {
+        key: "filter_polynomial",
+        label: "filter_polynomial (order 3, per-detector calls)",
+        ns_2thr: 32.599,
+        ns_1thr: 32.599,
+    },
+    ToastReference {
+        key: "filter_poly2D",
+        label: "filter_poly2D (64 modes, 2 groups, 1000 samples)",
+        ns_2thr: 8899.825,
+        ns_1thr: 8899.825,
+    },
 ];
 
 /// The keys of the JSON output (ns per sample per detector; per amplitude
 /// for `template_offset_apply_diag_precond`, measured at the workload's
 /// n_amp). The large apply_diag_precond figure is under `metadata`.
-pub const JSON_KEYS: [&str; 13] = [
+pub const JSON_KEYS: [&str; 17] = [
     "pointing_detector",
     "pixels_healpix_nest",
     "pixels_healpix_ring",
@@ -128,6 +158,10 @@ pub const JSON_KEYS: [&str; 13] = [
     "template_offset_add_to_signal",
     "template_offset_project_signal",
     "template_offset_apply_diag_precond",
+    "cov_accum_diag_hits",
+    "cov_accum_diag_invnpp",
+    "filter_polynomial",
+    "filter_poly2D",
 ];
 
 /// Bytes of main memory a streaming kernel moves per sample per detector

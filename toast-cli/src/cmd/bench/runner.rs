@@ -2,13 +2,17 @@
 //!
 //! [`run_kernels`] makes the [`Workload`] and runs the kernels in pipeline
 //! order (pointing_detector → pixels_healpix → stokes_weights → scan_map →
-//! build_noise_weighted → noise_weight → template_offset), one method of
+//! build_noise_weighted → cov_accum_diag_{hits,invnpp} → noise_weight →
+//! template_offset → filter_polynomial → filter_poly2D), one method of
 //! [`Bench`] per stage, so that pixel locality, hit submaps and amplitudes
 //! are those of a real scan: each stage takes the outputs of the one before.
 //!
 //! Metric: the best of `repeats` wall-clock times of one call (plus a
 //! `synchronize`), divided by `n_det` × samples inside the intervals, or by
-//! the number of amplitudes for `template_offset_apply_diag_precond`. Arrays
+//! the number of amplitudes for `template_offset_apply_diag_precond` (by
+//! `n_det` × its samples for `filter_poly2D`). Kernels that TOAST's
+//! operators call once per detector (template_offset add/project,
+//! cov_accum_diag_*, filter_polynomial) are timed as those calls. Arrays
 //! go through [`ArrayArg`], created (uploaded) before the timed region and
 //! finished (downloaded) after it; for a non-host-addressable backend that
 //! staging time is reported separately, with the transfer counters.
@@ -21,7 +25,10 @@ use toast_accel::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs, T
 use super::host_info::{load_average, machine_description};
 use super::reference::{PRECOND_LARGE, TOAST_REFERENCE};
 use super::report::{BenchReport, KernelTiming, TransferSummary};
-use super::workload::{local_submaps, BenchOptions, Offsets, Workload, SEED, STEP_LENGTH};
+use super::workload::{
+    local_submaps, poly2d_templates, zeroed_map, BenchOptions, Offsets, Workload, POLY2D_GROUPS,
+    POLY2D_SAMPLES, POLY_ORDER, SEED, STEP_LENGTH,
+};
 
 /// Time every kernel of `backend` on the workload `opts` describes.
 pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
@@ -65,11 +72,14 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<Ben
     }
     let mut det_data = b.scan_map(&pointing, &global2local, n_local)?;
     b.build_noise_weighted(&pointing, &global2local, n_local, &det_data)?;
+    b.cov_accum(&pointing, &global2local, n_local)?;
     drop(pointing);
     b.noise_weight(&mut det_data)?;
     let mut offsets = b.w.offsets();
     b.template_offset_add_to_signal(&offsets, &mut det_data)?;
     b.template_offset_project_signal(&mut offsets, &det_data)?;
+    b.filter_polynomial(&mut det_data)?;
+    b.filter_poly2d(&det_data)?;
     drop(det_data);
     // On the workload's amplitudes (as projected), then on a large vector.
     let n_amp = offsets.n_amp;
@@ -253,10 +263,31 @@ impl Bench<'_, '_> {
     /// As [`Backend::launch`]: every pointer in `args` is valid for the
     /// lengths it declares, and outputs are not aliased, for every call.
     unsafe fn time<A: KernelArgs>(&mut self, key: &'static str, args: &A) -> anyhow::Result<()> {
-        let backend = self.tm.backend;
+        let units = self.w.units();
         // SAFETY: this function's contract is that of `launch`.
-        let best = self.tm.best(key, || unsafe { backend.launch(args) })?;
-        self.out.push(KernelTiming::new(key, best, self.w.units()));
+        unsafe { self.time_calls(key, std::slice::from_ref(args), units) }
+    }
+
+    /// Time the calls `calls` one after the other (best of `repeats`) and
+    /// record the total under `key`, over `units`.
+    ///
+    /// # Safety
+    /// As [`Backend::launch`], for every element of `calls`.
+    unsafe fn time_calls<A: KernelArgs>(
+        &mut self,
+        key: &'static str,
+        calls: &[A],
+        units: u64,
+    ) -> anyhow::Result<()> {
+        let backend = self.tm.backend;
+        let best = self.tm.best(key, || {
+            for a in calls {
+                // SAFETY: this function's contract covers every call.
+                unsafe { backend.launch(a) }?;
+            }
+            Ok(())
+        })?;
+        self.out.push(KernelTiming::new(key, best, units));
         Ok(())
     }
 
@@ -411,7 +442,10 @@ impl Bench<'_, '_> {
     ) -> anyhow::Result<Vec<f64>> {
         let w = self.w;
         let map = w.map(n_local, NNZ);
-        let map32: Vec<f32> = map.iter().map(|&x| x as f32).collect();
+        let mut map32: Vec<f32> = zeroed_map(map.len());
+        for (y, &x) in map32.iter_mut().zip(&map) {
+            *y = x as f32;
+        }
         let mut det_data = vec![0.0f64; w.n_det * w.n_samp];
         let g2l = self.tm.input(global2local, "global2local")?;
         let m64 = self.tm.input(&map, "mapdata_f64")?;
@@ -461,7 +495,7 @@ impl Bench<'_, '_> {
         det_data: &[f64],
     ) -> anyhow::Result<()> {
         let w = self.w;
-        let mut zmap = vec![0.0f64; n_local * w.n_pix_submap as usize * NNZ];
+        let mut zmap: Vec<f64> = zeroed_map(n_local * w.n_pix_submap as usize * NNZ);
         let g2l = self.tm.input(global2local, "global2local")?;
         let px = self.tm.input(&p.pixels, "pixels")?;
         let wt = self.tm.input(&p.weights, "weights")?;
@@ -610,6 +644,183 @@ impl Bench<'_, '_> {
             })?
         };
         self.tm.finish(vec![am, dd, fl, af])
+    }
+
+    /// cov_accum_diag_hits and cov_accum_diag_invnpp as CovarianceAndHits
+    /// calls them: once per detector, over its in-interval samples, with the
+    /// local submap and pixel of its NEST pixels (pixel -1 where a shared or
+    /// detector flag is set), the IQU weights and `scale = det_scale`.
+    fn cov_accum(
+        &mut self,
+        p: &Pointing,
+        global2local: &[i64],
+        n_local: usize,
+    ) -> anyhow::Result<()> {
+        let w = self.w;
+        let nps = w.n_pix_submap;
+        let n_in = w.n_in;
+        let mut submap = Vec::with_capacity(w.n_det * n_in);
+        let mut subpix = Vec::with_capacity(w.n_det * n_in);
+        let mut weights = Vec::with_capacity(w.n_det * n_in * NNZ);
+        for d in 0..w.n_det {
+            for iv in &w.intervals {
+                for s in iv.first as usize..iv.last as usize {
+                    let pix = p.pixels[d * w.n_samp + s];
+                    let flagged = (w.shared_flags[s] | w.det_flags[d * w.n_samp + s]) & 1 != 0;
+                    let (sm, px) = if pix < 0 {
+                        (-1, -1)
+                    } else {
+                        (global2local[(pix / nps) as usize], pix % nps)
+                    };
+                    submap.push(sm);
+                    subpix.push(if flagged { -1 } else { px });
+                    let k = (d * w.n_samp + s) * NNZ;
+                    weights.extend_from_slice(&p.weights[k..k + NNZ]);
+                }
+            }
+        }
+        let mut hits: Vec<i64> = zeroed_map(n_local * nps as usize);
+        let mut invnpp: Vec<f64> = zeroed_map(n_local * nps as usize * NNZ * (NNZ + 1) / 2);
+        let mut staged = Vec::with_capacity(3 * w.n_det + 2);
+        let mut inputs = Vec::with_capacity(w.n_det);
+        for d in 0..w.n_det {
+            let r = d * n_in..(d + 1) * n_in;
+            let sm = self.tm.input(&submap[r.clone()], "submap")?;
+            let px = self.tm.input(&subpix[r], "subpix")?;
+            let wt = self
+                .tm
+                .input(&weights[d * n_in * NNZ..(d + 1) * n_in * NNZ], "weights")?;
+            inputs.push((sm.abi(), px.abi(), wt.abi()));
+            staged.extend([sm, px, wt]);
+        }
+        let h = self.tm.output(&mut hits, "hits")?;
+        let inv = self.tm.output(&mut invnpp, "invnpp")?;
+        let hit_calls: Vec<_> = inputs
+            .iter()
+            .map(|&(submap, subpix, _)| abi::CovAccumDiagHitsArgs {
+                nsub: n_local as i64,
+                nsubpix: nps,
+                nnz: NNZ as i64,
+                submap,
+                subpix,
+                hits: h.abi(),
+            })
+            .collect();
+        let inv_calls: Vec<_> = inputs
+            .iter()
+            .zip(&w.det_scale)
+            .map(
+                |(&(submap, subpix, weights), &scale)| abi::CovAccumDiagInvnppArgs {
+                    nsub: n_local as i64,
+                    nsubpix: nps,
+                    nnz: NNZ as i64,
+                    submap,
+                    subpix,
+                    weights,
+                    scale,
+                    invnpp: inv.abi(),
+                },
+            )
+            .collect();
+        let units = w.units();
+        // SAFETY: every array is an ArrayArg of the length its call declares
+        // (n_in samples, n_in * nnz weights, n_local * nps pixels of 1 or 6
+        // elements); hits and invnpp are the only outputs.
+        unsafe {
+            self.time_calls("cov_accum_diag_hits", &hit_calls, units)?;
+            self.time_calls("cov_accum_diag_invnpp", &inv_calls, units)?;
+        }
+        staged.extend([h, inv]);
+        self.tm.finish(staged)
+    }
+
+    /// filter_polynomial as PolyFilter calls it: once per detector, with its
+    /// own flags (shared | detector), the intervals as scans; in place.
+    fn filter_polynomial(&mut self, det_data: &mut [f64]) -> anyhow::Result<()> {
+        let w = self.w;
+        let flags: Vec<u8> = w
+            .det_flags
+            .chunks(w.n_samp)
+            .flat_map(|row| row.iter().zip(&w.shared_flags).map(|(d, s)| (d | s) & 1))
+            .collect();
+        let starts: Vec<i64> = w.intervals.iter().map(|i| i.first).collect();
+        let stops: Vec<i64> = w.intervals.iter().map(|i| i.last).collect();
+        let mut staged = Vec::with_capacity(w.n_det + 1);
+        for row in flags.chunks(w.n_samp) {
+            staged.push(self.tm.input(row, "flags")?);
+        }
+        let sig = self.tm.output(det_data, "signals")?;
+        let calls: Vec<_> = staged
+            .iter()
+            .enumerate()
+            .map(|(d, fl)| abi::FilterPolynomialArgs {
+                n_signal: 1,
+                n_samp: w.n_samp as u64,
+                n_scan: starts.len() as u64,
+                order: POLY_ORDER,
+                signal_index: w.rows[d..].as_ptr(),
+                starts: starts.as_ptr(),
+                stops: stops.as_ptr(),
+                flags: fl.abi(),
+                signals: sig.abi(),
+            })
+            .collect();
+        // SAFETY: signal_index points at one element of rows, starts and
+        // stops have n_scan elements, flags n_samp, signals n_det rows of
+        // n_samp; signals is the only output.
+        unsafe { self.time_calls("filter_polynomial", &calls, w.units())? };
+        staged.push(sig);
+        self.tm.finish(staged)
+    }
+
+    /// filter_poly2D as PolyFilter2D calls it, on the first
+    /// [`POLY2D_SAMPLES`] in-interval samples: `[n_samp, n_det]` signals
+    /// (zero where masked) and masks (shared and detector flags).
+    fn filter_poly2d(&mut self, det_data: &[f64]) -> anyhow::Result<()> {
+        let w = self.w;
+        let samples: Vec<usize> = w
+            .intervals
+            .iter()
+            .flat_map(|i| i.first as usize..i.last as usize)
+            .take(POLY2D_SAMPLES)
+            .collect();
+        let n = samples.len();
+        let mut masks = Vec::with_capacity(n * w.n_det);
+        let mut signals = Vec::with_capacity(n * w.n_det);
+        for &s in &samples {
+            for d in 0..w.n_det {
+                let good = (w.shared_flags[s] | w.det_flags[d * w.n_samp + s]) & 1 == 0;
+                masks.push(u8::from(good));
+                signals.push(if good {
+                    det_data[d * w.n_samp + s]
+                } else {
+                    0.0
+                });
+            }
+        }
+        let (templates, det_groups) = poly2d_templates(w.n_det);
+        let n_mode = templates.len() / w.n_det;
+        let mut coeff = vec![0.0f64; n * POLY2D_GROUPS * n_mode];
+        let sg = self.tm.input(&signals, "signals")?;
+        let mk = self.tm.input(&masks, "masks")?;
+        let cf = self.tm.output(&mut coeff, "coeff")?;
+        let args = abi::FilterPoly2dArgs {
+            n_samp: n as u64,
+            n_det: w.n_det as u64,
+            n_group: POLY2D_GROUPS as u64,
+            n_mode: n_mode as u64,
+            det_groups: det_groups.as_ptr(),
+            templates: templates.as_ptr(),
+            signals: sg.abi(),
+            masks: mk.abi(),
+            coeff: cf.abi(),
+        };
+        let units = (w.n_det * n) as u64;
+        // SAFETY: det_groups has n_det elements, templates n_det * n_mode,
+        // signals and masks n * n_det, coeff n * n_group * n_mode; coeff is
+        // the only output.
+        unsafe { self.time_calls("filter_poly2D", &[args], units)? };
+        self.tm.finish(vec![cf, sg, mk])
     }
 
     /// template_offset_apply_diag_precond on `amps_in`, recorded under `key`

@@ -5,9 +5,12 @@
 //! scan at 200 Hz (1 rpm spin, 85° opening angle, 55° precession angle with
 //! a 20 min period), 10 intervals covering 95 % of the samples, ~1 % shared
 //! flags and ~1 % detector flags (bursts), HEALPix NEST with 3072 submaps
-//! (nside_submap 16), offset templates with step 200. The inputs that depend
+//! (nside_submap 16), offset templates with step 200, a polynomial filter
+//! of order [`POLY_ORDER`] and a 2-D one of `(POLY2D_ORDER + 1)^2` modes over
+//! [`POLY2D_GROUPS`] detector groups ([`poly2d_templates`]). The inputs that depend
 //! on a kernel's output (the local submaps are the hit ones) are made from
-//! it by the runner with the functions here.
+//! it by the runner with the functions here. The map buffers
+//! ([`zeroed_map`]) are advised as huge pages, as numpy's are in TOAST.
 //!
 //! Random inputs come from the project's generator, Threefry-2x64-20
 //! (`toast_ops::math::rng`, the one TOAST's noise simulation uses): every input
@@ -66,8 +69,9 @@ impl BenchOptions {
 
     /// The host memory the bench allocates at its peak, in bytes (`None`:
     /// more than a `u128` counts): the workload's inputs, then the largest
-    /// of its stages (the pointing with the quaternions, the map kernels
-    /// with every submap local, the large preconditioner vector).
+    /// of its stages (the pointing with the quaternions, the map kernels and
+    /// the covariance kernels with every submap local, the large
+    /// preconditioner vector).
     pub fn host_bytes(&self) -> Option<u128> {
         use crate::limits::product;
         let samples = self.n_samp as u128;
@@ -80,9 +84,12 @@ impl BenchOptions {
         let pointing = product(&[det_samples, 64])?;
         // pixels, weights, det_data; maps in f64 and f32, zmap (3 each).
         let maps = product(&[det_samples, 40])?.checked_add(product(&[pixels, 36])?)?;
+        // pixels, weights, det_data; submap, subpix and weights of the
+        // in-interval samples (5 x 8 B); hits (i64) and invnpp (6 f64).
+        let cov = product(&[det_samples, 80])?.checked_add(product(&[pixels, 56])?)?;
         // offset_var, amplitudes in and out (f64), flags (u8).
         let precond = product(&[self.precond_n_amp as u128, 25])?;
-        inputs.checked_add(pointing.max(maps).max(precond))
+        inputs.checked_add(pointing.max(maps).max(cov).max(precond))
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -126,6 +133,16 @@ const N_INTERVALS: usize = 10;
 pub const STEP_LENGTH: i64 = 200;
 /// Fraction of flagged samples (and amplitudes).
 const FLAG_FRACTION: f64 = 0.01;
+/// filter_polynomial's order (PolyFilter's are typically 1 to 5).
+pub const POLY_ORDER: i64 = 3;
+/// filter_poly2D's order: PolyFilter2D fits `(order + 1)^2` modes, 64 here,
+/// as TOAST's own `test_polyfilter2D`.
+pub const POLY2D_ORDER: usize = 7;
+/// filter_poly2D's detector groups (detector d is in group d mod 2).
+pub const POLY2D_GROUPS: usize = 2;
+/// filter_poly2D's samples (the first in-interval ones): a 64-mode solve per
+/// sample and group costs far more per sample than the other kernels.
+pub const POLY2D_SAMPLES: usize = 1000;
 /// The bench's seed: fixed, so the workload is the same every run.
 pub const SEED: u64 = 0x7041_5354_6265_6e63;
 
@@ -169,11 +186,16 @@ impl Deviates {
     /// `n` deviates uniform in (lo, hi).
     fn uniform(&self, s: Stream, n: usize, lo: f64, hi: f64) -> Vec<f64> {
         let mut u = vec![0.0; n];
-        uniform_01(self.key, Self::counter(s), &mut u);
-        for x in &mut u {
+        self.uniform_into(s, &mut u, lo, hi);
+        u
+    }
+
+    /// Fill `u` with deviates uniform in (lo, hi).
+    fn uniform_into(&self, s: Stream, u: &mut [f64], lo: f64, hi: f64) {
+        uniform_01(self.key, Self::counter(s), u);
+        for x in u {
             *x = lo + (hi - lo) * *x;
         }
-        u
     }
 
     /// `n` standard normal deviates.
@@ -296,13 +318,10 @@ impl Workload {
         // Detectors on a rectangular grid with ~2 deg spacing, 4 polarisation
         // angles: Rz(phi) Ry(theta) Rz(-phi) moves the line of sight to
         // (theta, phi) without twisting it, then Rz(psi) turns the detector.
-        let ncol = ((2.0 * n_det as f64).sqrt().ceil() as usize).max(1);
-        let nrow = n_det.div_ceil(ncol);
         let mut focalplane = Vec::with_capacity(n_det * 4);
         let mut gamma = Vec::with_capacity(n_det);
         for d in 0..n_det {
-            let x = (d % ncol) as f64 - 0.5 * (ncol - 1) as f64;
-            let y = (d / ncol) as f64 - 0.5 * (nrow - 1) as f64;
+            let (x, y) = grid_position(n_det, d);
             let theta = (DET_SPACING_DEG * x.hypot(y)).to_radians();
             let phi = y.atan2(x);
             let psi = (d % 4) as f64 * std::f64::consts::FRAC_PI_4;
@@ -364,8 +383,9 @@ impl Workload {
     /// A map of `n_local` submaps with `nnz` values per pixel, uniform in
     /// (-1, 1).
     pub fn map(&self, n_local: usize, nnz: usize) -> Vec<f64> {
-        let len = n_local * self.n_pix_submap as usize * nnz;
-        self.dev.uniform(Stream::Map, len, -1.0, 1.0)
+        let mut map = zeroed_map(n_local * self.n_pix_submap as usize * nnz);
+        self.dev.uniform_into(Stream::Map, &mut map, -1.0, 1.0);
+        map
     }
 
     /// The offset template of the workload: step [`STEP_LENGTH`], amplitudes
@@ -406,6 +426,71 @@ impl Workload {
             amplitude_flags: self.dev.flags(Stream::PrecondFlags, n),
         }
     }
+}
+
+/// `n` zeroed elements for a map buffer, advised (Linux) as transparent
+/// huge pages before anything touches them, as numpy advises every array
+/// above 4 MiB (`madvise(MADV_HUGEPAGE)`): where THP is in `madvise` mode,
+/// TOAST's maps are on 2 MiB pages, and a scatter or gather over a map of a
+/// GiB is bound by TLB misses (timings.md). Elsewhere, or when the kernel
+/// declines, an ordinary zeroed buffer.
+pub fn zeroed_map<T: Copy + Default>(n: usize) -> Vec<T> {
+    // All-zero elements: allocated zeroed, not written (pages untouched).
+    let v = vec![T::default(); n];
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let bytes = std::mem::size_of_val(v.as_slice());
+        let start = v.as_ptr() as usize;
+        let first = start.div_ceil(PAGE) * PAGE;
+        let end = (start + bytes) / PAGE * PAGE;
+        if bytes >= 4 << 20 && end > first {
+            // SAFETY: [first, end) is page-aligned and inside v's live
+            // allocation; MADV_HUGEPAGE only tells the kernel how to back
+            // those pages, it changes neither their contents nor the mapping.
+            // A refusal (an error return) leaves ordinary pages: ignored.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    v
+}
+
+/// The grid of `n_det` detectors: (columns, rows), about twice as many
+/// columns as rows.
+fn grid(n_det: usize) -> (usize, usize) {
+    let ncol = ((2.0 * n_det as f64).sqrt().ceil() as usize).max(1);
+    (ncol, n_det.div_ceil(ncol))
+}
+
+/// Detector `d`'s position on the grid, in grid steps from its centre.
+fn grid_position(n_det: usize, d: usize) -> (f64, f64) {
+    let (ncol, nrow) = grid(n_det);
+    (
+        (d % ncol) as f64 - 0.5 * (ncol - 1) as f64,
+        (d / ncol) as f64 - 0.5 * (nrow - 1) as f64,
+    )
+}
+
+/// filter_poly2D's inputs: `[n_det, n_mode]` templates `x^i y^j` (i, j in
+/// 0..=[`POLY2D_ORDER`], PolyFilter2D's order) of the detector positions
+/// scaled to the grid's size, and each detector's group.
+pub fn poly2d_templates(n_det: usize) -> (Vec<f64>, Vec<i32>) {
+    let (ncol, nrow) = grid(n_det);
+    let n = POLY2D_ORDER as i32 + 1;
+    let mut templates = Vec::with_capacity(n_det * (n * n) as usize);
+    for d in 0..n_det {
+        let (x, y) = grid_position(n_det, d);
+        let (x, y) = (x / ncol as f64, y / nrow as f64);
+        for i in 0..n {
+            for j in 0..n {
+                templates.push(x.powi(i) * y.powi(j));
+            }
+        }
+    }
+    let groups = (0..n_det).map(|d| (d % POLY2D_GROUPS) as i32).collect();
+    (templates, groups)
 }
 
 /// The local submaps of a run whose hit submaps are `hits`: the hit ones,
