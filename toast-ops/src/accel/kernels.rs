@@ -324,12 +324,13 @@ fn launch<A: KernelArgs>(
     let backend = Arc::clone(&resolved.backend);
     let timer = resolved.timer_name();
 
-    // The same field twice would alias an output with another argument.
+    // The same field twice would alias an output with another argument
+    // (the same input twice, e.g. `r · r`, is harmless).
     for (i, s) in specs.iter().enumerate() {
         if let Some(k) = s.key(&observation) {
             if specs[..i]
                 .iter()
-                .any(|o| o.key(&observation).as_ref() == Some(&k))
+                .any(|o| (o.output || s.output) && o.key(&observation).as_ref() == Some(&k))
             {
                 return Err(OpError::KernelCall {
                     operator: operator.to_string(),
@@ -1167,6 +1168,94 @@ pub fn offset_project_signal(
             amplitude_flags: a[3],
             flag_mask: mask,
             reserved: [0; 7],
+        },
+    )
+}
+
+/// The number of partial sums [`amp_dot`] should produce on the backend
+/// that `operator`'s `amp_dot` resolves to: 1 on a host-addressable backend
+/// (the plain sequential sum, the CPU path's bits), else one per 256
+/// entries, at most 512 (4 KiB to download per dot product).
+pub fn amp_dot_blocks(ctx: &ExecContext, operator: &str, n: usize) -> Result<usize, OpError> {
+    let resolved = ctx
+        .ext::<Dispatcher>()?
+        .resolve(abi::Kernel::AmpDot, Some(operator))
+        .map_err(|e| OpError::KernelCall {
+            operator: operator.to_string(),
+            kernel: abi::Kernel::AmpDot.to_string(),
+            problem: e.to_string(),
+        })?;
+    Ok(if resolved.backend.host_addressable() {
+        1
+    } else {
+        n.div_ceil(256).clamp(1, 512)
+    })
+}
+
+/// `amp_dot`: `partials[k]` the flagged dot product of block `k` of the
+/// global amplitude vectors `a` and `b` (`HostArray<f64>`s, flags the
+/// `HostArray<u8>` `flags`); the number of blocks is the length of the
+/// global `partials` (see [`amp_dot_blocks`]).
+pub fn amp_dot(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    (a, b, flags): (&str, &str, &str),
+    partials: &str,
+) -> Result<(), OpError> {
+    let n = global_bytes(meta, a).ok_or_else(|| no_global(a))?.len() / 8;
+    let nblock = global_bytes(meta, partials)
+        .ok_or_else(|| no_global(partials))?
+        .len()
+        / 8;
+    let specs = vec![
+        Spec::input(Source::Global(a), 8),
+        Spec::input(Source::Global(b), 8),
+        Spec::input(Source::Global(flags), 1),
+        Spec::output(Source::Global(partials), 8),
+    ];
+    launch(
+        ctx,
+        operator,
+        &[],
+        Target { ob: None, meta },
+        specs,
+        |arr| abi::AmpDotArgs {
+            n: n as i64,
+            nblock: nblock as i64,
+            a: arr[0],
+            b: arr[1],
+            flags: arr[2],
+            partials: arr[3],
+        },
+    )
+}
+
+/// `amp_axpby`: `y ← (α x) + (β y)` on global `HostArray<f64>`s.
+pub fn amp_axpby(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    (alpha, x): (f64, &str),
+    (beta, y): (f64, &str),
+) -> Result<(), OpError> {
+    let n = global_bytes(meta, y).ok_or_else(|| no_global(y))?.len() / 8;
+    let specs = vec![
+        Spec::input(Source::Global(x), 8),
+        Spec::output(Source::Global(y), 8),
+    ];
+    launch(
+        ctx,
+        operator,
+        &[],
+        Target { ob: None, meta },
+        specs,
+        |arr| abi::AmpAxpbyArgs {
+            n: n as i64,
+            alpha,
+            beta,
+            x: arr[0],
+            y: arr[1],
         },
     )
 }
