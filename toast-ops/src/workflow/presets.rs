@@ -60,7 +60,7 @@
 //! 0.86 GB; xsmall (kept) predicted 3.00 GB, measured 2.89 GB; small
 //! (recomputed) predicted 9.70 GB, measured 9.17 GB (the VmHWM reached
 //! once the solver's work timestream exists, then unchanged for the rest
-//! of the solve that was observed (over 30 minutes); that run, slowed by a
+//! of the run (19 more minutes, 44 in all, 15 of CPU); that run, slowed by a
 //! loaded machine, was stopped before its end; the solve is the largest
 //! phase by the terms above) (tests `estimate_matches_measured_*`).
 //!
