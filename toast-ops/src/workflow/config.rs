@@ -45,7 +45,9 @@
 //! `weights.mode` must be `IQU`. Some traits change no map of the
 //! benchmark and are kept because they are real: the flag masks (the
 //! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
-//! `pixels.nside_submap` (memory and distribution, not values), the data
+//! `pixels.nside_submap` (memory and distribution, not values; with several
+//! observations, recomputed pointing sums the maps batch by batch, so they
+//! agree with the kept pointing's to rounding), the data
 //! keys (`det_pointing.quats`, `binner.pixel_dist`: names).
 //!
 //! The `mapmaker` section's output traits are TOAST's: `write_hits`,
