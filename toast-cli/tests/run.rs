@@ -179,10 +179,11 @@ fn same_maps_twice_and_with_one_or_two_threads() {
 #[test]
 fn same_maps_for_any_pointing_batch() {
     // The map-maker's pointing expansion per batch of 1 or 3 detectors, or
-    // all at once: bit-identical maps.
+    // all at once, kept or recomputed in every pass (only one batch's
+    // pointing alive): bit-identical maps.
     let dir = scratch("pointing_batch");
-    let go = |batch: &str| {
-        let out = dir.join(format!("b{batch}"));
+    let go = |batch: &str, full: bool| {
+        let out = dir.join(format!("b{batch}-{full}"));
         let o = run(&[
             "--quiet",
             "--no-plot",
@@ -202,21 +203,33 @@ fn same_maps_for_any_pointing_batch() {
             "mapmaker.map_rcond_threshold=1e-3",
             "--set",
             &format!("binner.pointing_batch={batch}"),
+            "--set",
+            &format!("binner.full_pointing={full}"),
         ]);
         assert!(o.status.success(), "{}", text(&o));
         out
     };
-    let all = go("0");
-    let one = go("1");
-    let three = go("3");
+    let all = go("0", true);
+    let others = [
+        ("1", true),
+        ("3", true),
+        ("0", false),
+        ("1", false),
+        ("3", false),
+    ]
+    .map(|(b, full)| (b, full, go(b, full)));
     for f in [
         "mapmaker_map.fits",
         "mapmaker_binmap.fits",
         "mapmaker_hits.fits",
     ] {
         let x = map_bytes(&all.join(f));
-        assert!(x == map_bytes(&one.join(f)), "{f}: batch 1 differs");
-        assert!(x == map_bytes(&three.join(f)), "{f}: batch 3 differs");
+        for (b, full, out) in &others {
+            assert!(
+                x == map_bytes(&out.join(f)),
+                "{f}: batch {b}, full_pointing {full} differs"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

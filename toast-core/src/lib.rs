@@ -105,6 +105,7 @@ pub mod dtype;
 pub mod error;
 pub mod instrument;
 pub mod intervals;
+pub mod mem;
 pub mod meta;
 pub mod num;
 pub mod observation;

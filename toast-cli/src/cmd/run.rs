@@ -373,8 +373,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     if root {
         crate::outln!(
             "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
-             {} process(es) in {} group(s) of {}, {} thread(s) each; predicted peak memory {} \
-             (one process)",
+             {} process(es) in {} group(s) of {}, {} thread(s) each; pointing {}; predicted peak \
+             memory {} (one process)",
             job.case,
             s.n_det,
             s.n_det / 2,
@@ -385,12 +385,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             plan.n_groups(),
             plan.group_size,
             rayon::current_num_threads(),
+            pointing_mode(job.pointing()),
             gib(predicted)
         )?;
     }
     if args.dry_run.is_some() {
         if root {
-            print_plan(&plan, &sim, s, job.nside(), ppn)?;
+            print_plan(&plan, &sim, s, job.nside(), ppn, job.pointing())?;
             if let Some(a) = presets::mem_available() {
                 let fits = job.check_memory(a, job.predicted_process_memory(&plan, &sim), ppn);
                 crate::outln!(
@@ -478,9 +479,10 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
     }
     crate::outln!("samples/s:      {:.4e}", s.samples() as f64 / wall)?;
     crate::outln!(
-        "peak memory:    {} (predicted {}){}",
+        "peak memory:    {} (predicted {}; {:.1} bytes per detector sample){}",
         gib(st.peak_memory_bytes),
         gib(st.predicted_memory_bytes),
+        st.bytes_per_det_sample_at_peak,
         if st.processes > 1 {
             format!(
                 "; largest process; {} over all processes",
@@ -587,12 +589,22 @@ fn procs_per_node(size: usize) -> usize {
 
 /// The distribution of a (possibly hypothetical) job and the predicted
 /// memory of each process.
+/// How the map-maker holds the pointing, in words.
+fn pointing_mode(p: presets::Pointing) -> String {
+    match (p.full, p.batch) {
+        (true, _) => "kept".into(),
+        (false, 0) => "recomputed in every pass".into(),
+        (false, b) => format!("recomputed in every pass, {b} detector(s) at a time"),
+    }
+}
+
 fn print_plan(
     plan: &JobDistribution,
     sim: &SimSatellite,
     s: Sizing,
     nside: u64,
     ppn: usize,
+    pointing: presets::Pointing,
 ) -> Result<()> {
     let samples = sim.obs_samples().unwrap_or_default();
     let sets = sim.detector_sets();
@@ -636,7 +648,13 @@ fn print_plan(
         let mems: Vec<f64> = rank_dets
             .iter()
             .map(|&nd| {
-                presets::predicted_process_memory((nd * time) as f64, time as f64, n_obs, nside)
+                presets::predicted_process_memory(
+                    (nd * time) as f64,
+                    time as f64,
+                    n_obs,
+                    nside,
+                    pointing,
+                )
             })
             .collect();
         let gmax = mems.iter().copied().fold(0.0, f64::max);

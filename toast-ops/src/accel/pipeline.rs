@@ -388,7 +388,9 @@ pub struct RunOptions {
     pub keep: Requirements,
 }
 
-fn detector_passes(
+/// The detector selections of the passes of a pipeline over `sets`
+/// (`None`: every detector), each intersected with the context's selection.
+pub(crate) fn detector_passes(
     data: &Data,
     ctx: &ExecContext,
     sets: &DetectorSets,

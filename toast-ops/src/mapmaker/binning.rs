@@ -6,7 +6,7 @@
 
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
-use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
+use crate::accel::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
 use crate::ops::{BuildPixelDistribution, FlagSelection};
@@ -50,6 +50,9 @@ impl MapMaker {
         .pixels
         .clone();
         let mut build = BuildPixelDistribution::new(op_name, key, &pixels);
+        // One pass over all detectors: the builder reduces over the job
+        // after each pass, and processes may hold different numbers of
+        // detector batches.
         self.run_with_pointing(
             data,
             ctx,
@@ -57,7 +60,27 @@ impl MapMaker {
             expand,
             final_pointing,
             vec![&mut build],
-        )
+        )?;
+        if self.transient {
+            self.drop_pointing(data)?;
+        }
+        Ok(())
+    }
+
+    /// Remove the pointing fields the map-maker made (not those that
+    /// existed before its run).
+    pub(super) fn drop_pointing(&self, data: &mut Data) -> Result<(), OpError> {
+        for f in self.pointing_fields() {
+            if self.preexisting.contains(&f) {
+                continue;
+            }
+            for ob in &mut data.obs {
+                if ob.detdata.contains(&f) {
+                    ob.detdata.remove(&f)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Run `ops`, preceded by the pointing operators when `expand`.
@@ -121,7 +144,17 @@ impl MapMaker {
             noise_model,
             threshold,
         };
-        covariance_and_hits(data, ctx, pass, expand.then_some(ops))
+        let sets = if expand {
+            self.pointing_sets(data)
+        } else {
+            DetectorSets::All
+        };
+        let ops = if final_pointing {
+            self.final_ops_mut()
+        } else {
+            &mut self.solve_pointing
+        };
+        covariance_and_hits(data, ctx, pass, expand.then_some(ops), &sets)
     }
 
     /// Whether the final passes expand their own pointing.
@@ -233,12 +266,13 @@ impl MapMaker {
         expand: bool,
     ) -> Result<(), OpError> {
         timed(data, ctx, "BinMap", |data, ctx| {
-            let pointing = if expand {
-                Some(self.final_ops_mut())
+            let (pointing, sets) = if expand {
+                let sets = self.pointing_sets(data);
+                (Some(self.final_ops_mut()), sets)
             } else {
-                None
+                (None, DetectorSets::All)
             };
-            bin_map(data, ctx, pass, pointing, Vec::new())
+            bin_map(data, ctx, pass, pointing, Vec::new(), &sets)
         })
     }
 }

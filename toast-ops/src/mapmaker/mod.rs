@@ -82,6 +82,24 @@
 //! they never exist for all detectors at once. The batch size does not
 //! change any result.
 //!
+//! Without `full_pointing` (TOAST's default) every pass that reads pointing
+//! recomputes it. On the host the pass runs per batch of `pointing_batch`
+//! detectors and the three pointing fields are *transient*
+//! ([`crate::ops::pointing_field`]): each batch replaces the previous one's,
+//! so only one batch's pointing (64 bytes a sample with IQU) exists at a
+//! time. A pass over batches runs its global resets (the binned map, the
+//! amplitudes) and the template's `F a` over all detectors first, then the
+//! pointing, accumulation and projection per batch. In the solver's
+//! left-hand side the pointing is recomputed twice (to bin `F a`, then to
+//! scan the map back), as in TOAST. With one observation the per-pixel sums
+//! run in the same order as one pass's, so the maps are bit-identical to
+//! those of the kept pointing; with several, a batch visits every
+//! observation before the next batch (as TOAST's detector sets do), so they
+//! agree to rounding. The pixel distribution, when the map-maker builds it,
+//! is built in one pass (its builder reduces over the job after each pass,
+//! and processes may hold different numbers of batches). Staged (device)
+//! runs keep the earlier behaviour: one pass, full fields.
+//!
 //! # Files
 //!
 //! As TOAST splits its own map-maker (`mapmaker.py`, `mapmaker_solve.py`,
@@ -130,6 +148,10 @@ pub struct MapMaker {
     result: Option<MapMakerResult>,
     /// Pointing fields that existed before the run (never deleted).
     preexisting: Vec<String>,
+    /// During a host run without `full_pointing`: the pointing is
+    /// recomputed per batch of `binner.pointing_batch` detectors, its
+    /// fields holding only the current batch (see [`MapMaker::pointing_sets`]).
+    transient: bool,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -174,6 +196,7 @@ impl MapMaker {
             final_pointing,
             result: None,
             preexisting: Vec::new(),
+            transient: false,
         })
     }
 
@@ -224,6 +247,7 @@ impl MapMaker {
             outputs.extend(&self.solve_pointing.provides());
         }
         let closed = close_scope(data, ctx, scope, &outputs);
+        self.set_transient(false);
         let cleanup = self.cleanup(data, &keys);
         let mut res = result?;
         closed?;
@@ -250,6 +274,10 @@ impl MapMaker {
         if full {
             self.expand_solve_pointing(data, ctx)?;
         }
+        // Else recomputed in every pass; on the host, one batch of
+        // detectors at a time.
+        let host_run = ctx.extensions.get::<StagingState>().is_none();
+        self.set_transient(!full && host_run);
 
         // Pixel distribution of the solve.
         let pixel_dist = self.setup.binner.pixel_dist.clone();
@@ -275,7 +303,6 @@ impl MapMaker {
         // The solver's work timestream and products are not read again:
         // free them before the final products (host runs; a staging scope
         // keeps its buffers until it closes, so there `cleanup` does it).
-        let host_run = ctx.extensions.get::<StagingState>().is_none();
         if host_run {
             self.free_solver(data, keys)?;
         }
@@ -353,6 +380,30 @@ impl MapMaker {
             }
         }
         Ok(())
+    }
+
+    /// Make the pointing operators' outputs transient (or not).
+    fn set_transient(&mut self, on: bool) {
+        self.transient = on;
+        self.solve_pointing.set_transient(on);
+        if let Some(p) = &mut self.final_pointing {
+            p.set_transient(on);
+        }
+    }
+
+    /// The detector sets of a pass that expands pointing: with transient
+    /// pointing and a `binner.pointing_batch` of `n > 0`, the local
+    /// detectors in batches of `n` (in order, so every map sum is the same
+    /// as one pass's), else all at once. A pass over batches runs its
+    /// global resets first, over all detectors (see
+    /// [`crate::ops::binning`]'s `bin_map`).
+    fn pointing_sets(&self, data: &Data) -> DetectorSets {
+        let batch = self.setup.binner.pointing_batch;
+        if !self.transient || batch == 0 {
+            return DetectorSets::All;
+        }
+        let dets = data.all_local_detectors(0);
+        DetectorSets::Sets(dets.chunks(batch).map(|c| c.to_vec()).collect())
     }
 
     fn pointing_fields(&self) -> Vec<String> {

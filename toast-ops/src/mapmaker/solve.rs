@@ -10,7 +10,9 @@ use super::{timed, MapMaker};
 use crate::accel::bus::{BusBytes, CgTransfers};
 use crate::accel::global_data::HostArray;
 use crate::accel::kernels::view_intervals;
-use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::accel::pipeline::{
+    detector_passes, run_operators, with_host_step, DetectorSets, OpRef, RunOptions,
+};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::{
     select_detectors, CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, ResetData,
@@ -234,6 +236,49 @@ impl MapMaker {
         keys: &Keys,
         res: &mut MapMakerResult,
     ) -> Result<(), OpError> {
+        // Per detector batch with transient pointing, else one pass.
+        let passes = detector_passes(data, ctx, &self.pointing_sets(data));
+        let saved = ctx.detectors.clone();
+        let (mut cut, mut total) = (0u64, 0u64);
+        let mut failed = None;
+        for sel in passes {
+            ctx.detectors = sel;
+            match self.rcond_mask_pass(data, ctx, keys) {
+                Ok((c, t)) => {
+                    cut += c;
+                    total += t;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        ctx.detectors = saved;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        res.solver_cut_samples = cut;
+        res.solver_total_samples = total;
+        if total > 0 {
+            tracing::info!(
+                "{}: solver flags cut {cut} / {total} = {:.2}% of samples",
+                self.setup.name,
+                100.0 * cut as f64 / total as f64
+            );
+        }
+        Ok(())
+    }
+
+    /// [`MapMaker::rcond_mask`] for the detectors `ctx` selects: their
+    /// pixels (recomputed unless kept), then the mask; returns the cut and
+    /// total samples.
+    fn rcond_mask_pass(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+    ) -> Result<(u64, u64), OpError> {
         let binner = self.setup.binner.clone();
         let view = self.solve_pointing.view().map(str::to_string);
         if !binner.full_pointing {
@@ -251,7 +296,7 @@ impl MapMaker {
         let sf = keys.solve_flags.clone();
         let rcond_key = keys.solve_rcond.clone();
         let threshold = self.setup.mapmaker.solve_rcond_threshold;
-        let (cut, total) = with_host_step(
+        with_host_step(
             data,
             ctx,
             "rcond_mask",
@@ -293,17 +338,7 @@ impl MapMaker {
                 }
                 Ok((cut, total))
             },
-        )?;
-        res.solver_cut_samples = cut;
-        res.solver_total_samples = total;
-        if total > 0 {
-            tracing::info!(
-                "{}: solver flags cut {cut} / {total} = {:.2}% of samples",
-                self.setup.name,
-                100.0 * cut as f64 / total as f64
-            );
-        }
-        Ok(())
+        )
     }
 
     /// 5d, first half: the offset template, its amplitudes flagged from the
@@ -382,12 +417,13 @@ impl MapMaker {
             noiseweighted: None,
             covariance_on_device: true,
         };
+        let sets = self.pointing_sets(data);
         let pointing = if full {
             None
         } else {
             Some(&mut self.solve_pointing)
         };
-        bin_map(data, ctx, pass, pointing, Vec::new())?;
+        bin_map(data, ctx, pass, pointing, Vec::new(), &sets)?;
         let mut copy = CopyDetData {
             name: "copy_rhs".into(),
             input: mm.det_data.clone(),
@@ -395,15 +431,49 @@ impl MapMaker {
             det_mask: binner.det_mask,
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
-        let mut ops: Vec<OpRef<'_>> = vec![&mut copy];
-        if !full {
+        self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)?;
+        read_amps(data, ctx, "read_rhs", &keys.rhs)
+    }
+
+    /// Run `head`, the solver's pointing operators (when `expand`) and the
+    /// projection `tail` of [`MapMaker::projection_ops`] as the pipeline
+    /// `name`. With detector batches (transient pointing), the tail's
+    /// amplitude reset runs first over all detectors, then the rest once
+    /// per batch, re-expanding the batch's pointing.
+    fn run_projection(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        name: &str,
+        head: Vec<OpRef<'_>>,
+        expand: bool,
+        tail: &mut [Box<dyn Operator>],
+    ) -> Result<(), OpError> {
+        let sets = self.pointing_sets(data);
+        let mut ops = head;
+        let batched = sets != DetectorSets::All;
+        let rest = if batched {
+            let (reset, rest) = tail.split_at_mut(1);
+            let mut first: Vec<OpRef<'_>> = reset
+                .iter_mut()
+                .map(|op| op.as_mut() as OpRef<'_>)
+                .collect();
+            run_operators(name, &mut first, data, ctx, &RunOptions::default())?;
+            rest
+        } else {
+            tail
+        };
+        if expand || batched {
             ops.extend(self.solve_pointing.operators());
         }
-        for op in tail.iter_mut() {
+        for op in rest.iter_mut() {
             ops.push(op.as_mut());
         }
-        run_operators("SolverRHS", &mut ops, data, ctx, &RunOptions::default())?;
-        read_amps(data, ctx, "read_rhs", &keys.rhs)
+        let opts = RunOptions {
+            detector_sets: sets,
+            ..RunOptions::default()
+        };
+        run_operators(name, &mut ops, data, ctx, &opts)
     }
 
     /// Zero `amplitudes` (operator `reset_name`), scan-subtract the
@@ -498,17 +568,18 @@ impl MapMaker {
             noiseweighted: None,
             covariance_on_device: true,
         };
+        let sets = self.pointing_sets(data);
         let pointing = if full {
             None
         } else {
             Some(&mut self.solve_pointing)
         };
         let pre: Vec<OpRef<'_>> = vec![&mut zero, &mut add];
-        bin_map(data, ctx, pass, pointing, pre)?;
-        // Z, N⁻¹, Fᵀ on the same timestream.
+        bin_map(data, ctx, pass, pointing, pre, &sets)?;
+        // Z, N⁻¹, Fᵀ on the same timestream (the pointing that the binning
+        // left is reused, unless it held only the last batch).
         let mut tail = self.projection_ops(tmpl, keys, "reset_lhs_out", &keys.lhs_out)?;
-        let mut ops: Vec<OpRef<'_>> = tail.iter_mut().map(|op| op.as_mut() as OpRef<'_>).collect();
-        run_operators("SolverLHS", &mut ops, data, ctx, &RunOptions::default())
+        self.run_projection(data, ctx, "SolverLHS", Vec::new(), false, &mut tail)
     }
 
     /// `s = M⁻¹ r` with the offset template's diagonal preconditioner

@@ -4,7 +4,7 @@
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
 use crate::accel::kernels;
-use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::accel::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::{apply_covariance, nnz_of_block};
 use crate::pixels::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
@@ -46,13 +46,16 @@ pub struct BinnerConfig {
     /// submaps (docs/DISTRIBUTED.md).
     pub sync_type: String,
     /// Expand the pointing once and keep it, instead of recomputing it in
-    /// every pass over the data (TOAST's default).
+    /// every pass over the data (TOAST's default: `false`).
     pub full_pointing: bool,
-    /// With `full_pointing`: detectors per pass of the one pointing
-    /// expansion (0: all at once). Each pass expands its detectors'
-    /// quaternions, pixels and weights and drops the quaternions, so only
-    /// one batch of quaternions (32 bytes a sample) exists at a time. The
-    /// maps do not depend on it.
+    /// Detectors per pointing pass (0: all at once). With `full_pointing`,
+    /// each pass of the one expansion expands its detectors' quaternions,
+    /// pixels and weights and drops the quaternions, so only one batch of
+    /// quaternions (32 bytes a sample) exists at a time. Without it (host
+    /// runs of the map-maker), every pass that reads pointing recomputes
+    /// it per batch and keeps only the batch's quaternions, pixels and
+    /// weights (see [`crate::mapmaker`]). The maps do not depend on it
+    /// with one observation (to rounding with several).
     pub pointing_batch: usize,
 }
 
@@ -130,13 +133,17 @@ pub(crate) struct BinPass<'a> {
 /// Bin `det_data`: run `pre` (e.g. a template projection), the pointing
 /// operators (when given), and the noise-weighted accumulation as one
 /// pipeline, sum the map over the processes (on the host), then apply the
-/// covariance (see [`BinPass::covariance_on_device`]).
+/// covariance (see [`BinPass::covariance_on_device`]). With detector `sets`
+/// other than `All`, the map reset and `pre` run first over all detectors
+/// and then the pointing and the accumulation once per set (in detector
+/// order, so the sums are the same as one pass's).
 pub(crate) fn bin_map(
     data: &mut Data,
     ctx: &mut ExecContext,
     pass: BinPass<'_>,
     pointing: Option<&mut PointingOps>,
     pre: Vec<OpRef<'_>>,
+    sets: &DetectorSets,
 ) -> Result<(), OpError> {
     let cfg = pass.config;
     let dist = get_distribution(data, &cfg.pixel_dist)?;
@@ -192,11 +199,19 @@ pub(crate) fn bin_map(
     );
     let mut ops: Vec<OpRef<'_>> = vec![&mut reset];
     ops.extend(pre);
+    if *sets != DetectorSets::All {
+        run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
+        ops.clear();
+    }
     if let Some(p) = pointing {
         ops.extend(p.operators());
     }
     ops.push(&mut accum);
-    run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
+    let opts = RunOptions {
+        detector_sets: sets.clone(),
+        ..RunOptions::default()
+    };
+    run_operators(pass.name, &mut ops, data, ctx, &opts)?;
 
     // Sum the noise-weighted map over the job (nothing to do in one process).
     if comm_of(ctx).size() > 1 {
@@ -370,7 +385,14 @@ impl Operator for BinMap {
             noiseweighted: c.noiseweighted.as_deref(),
             covariance_on_device: false,
         };
-        bin_map(data, ctx, pass, Some(&mut self.pointing), Vec::new())
+        bin_map(
+            data,
+            ctx,
+            pass,
+            Some(&mut self.pointing),
+            Vec::new(),
+            &DetectorSets::All,
+        )
     }
 }
 

@@ -5,7 +5,7 @@ use super::mapmaker_utils::{
     BuildHitMap, BuildInverseCovariance, BuildPixelDistribution, FlagSelection,
 };
 use super::util::PointingOps;
-use crate::accel::pipeline::{run_operators, with_host_step, OpRef, RunOptions};
+use crate::accel::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::invert_covariance;
 use crate::pixels::{sync_maps, PixelData};
 use serde::Deserialize;
@@ -50,6 +50,7 @@ pub(crate) fn covariance_and_hits(
     ctx: &mut ExecContext,
     pass: CovPass<'_>,
     pointing: Option<&mut PointingOps>,
+    sets: &DetectorSets,
 ) -> Result<(), OpError> {
     for key in [pass.hits, pass.covariance, pass.rcond] {
         data.meta.remove(key);
@@ -79,7 +80,11 @@ pub(crate) fn covariance_and_hits(
     }
     ops.push(&mut hits);
     ops.push(&mut invcov);
-    run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
+    let opts = RunOptions {
+        detector_sets: sets.clone(),
+        ..RunOptions::default()
+    };
+    run_operators(pass.name, &mut ops, data, ctx, &opts)?;
 
     let (cov, rcond) = (pass.covariance.to_string(), pass.rcond.to_string());
     let hits_key = pass.hits.to_string();
@@ -298,6 +303,6 @@ impl Operator for CovarianceAndHits {
         } else {
             None
         };
-        covariance_and_hits(data, ctx, pass, pointing)
+        covariance_and_hits(data, ctx, pass, pointing, &DetectorSets::All)
     }
 }

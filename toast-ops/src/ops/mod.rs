@@ -45,4 +45,6 @@ pub use pixels_healpix::{PixelsHealpix, PixelsHealpixConfig};
 pub use pointing_detector::{PointingDetector, PointingDetectorConfig};
 pub use scan_map::{ScanMap, ScanMapConfig};
 pub use stokes_weights::{StokesMode, StokesWeights, StokesWeightsConfig};
-pub use util::{select_detectors, CopyDetData, DeleteDetData, PointingOps, ResetData};
+pub use util::{
+    pointing_field, select_detectors, CopyDetData, DeleteDetData, PointingOps, ResetData,
+};

@@ -1,6 +1,6 @@
 //! HEALPix pixel numbers from detector quaternions (TOAST's `PixelsHealpix`).
 
-use super::util::select_detectors;
+use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
 use crate::accel::kernels::{self, view_intervals, HealpixParams, KernelCall};
 use crate::math::healpix::Nside;
@@ -51,6 +51,9 @@ pub struct PixelsHealpix {
     pub config: PixelsHealpixConfig,
     /// The detector pointing it reads.
     pub detector_pointing: PointingDetectorConfig,
+    /// Host runs only: each `exec` replaces the pixel field by one holding
+    /// only the current pass's detectors (see [`super::pointing_field`]).
+    pub transient: bool,
     n_pix_submap: i64,
     n_submap: i64,
     hit_submaps: Vec<u8>,
@@ -70,6 +73,7 @@ impl PixelsHealpix {
             n_pix_submap: config.nside_submap.npix() as i64,
             n_submap,
             hit_submaps: vec![0; n_submap as usize],
+            transient: false,
             config,
             detector_pointing,
         })
@@ -145,7 +149,7 @@ impl Operator for PixelsHealpix {
         if !self.config.enabled {
             return Ok(());
         }
-        self.prepare_outputs(data)?;
+        let transient = self.transient && !ctx.use_accel;
         let params = HealpixParams {
             nside: self.config.nside.into(),
             n_pix_submap: self.n_pix_submap,
@@ -160,6 +164,7 @@ impl Operator for PixelsHealpix {
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+            pointing_field(ob, &self.config.pixels, DType::I64, &[], &dets, transient)?;
             if dets.is_empty() {
                 continue;
             }

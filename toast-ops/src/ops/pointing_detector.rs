@@ -1,6 +1,6 @@
 //! Detector quaternions from the boresight (TOAST's `PointingDetectorSimple`).
 
-use super::util::select_detectors;
+use super::util::{pointing_field, select_detectors};
 use crate::accel::kernels::{self, view_intervals, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
@@ -112,21 +112,12 @@ impl Operator for PointingDetector {
         }
         // On staged (device) runs the field must exist for every detector.
         let transient = self.transient && !ctx.use_accel;
-        if !transient {
-            self.prepare_outputs(data)?;
-        }
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let dets = select_detectors(ctx, ob, self.config.det_mask);
-            if transient && ob.detdata.contains(&self.config.quats) {
-                ob.detdata.remove(&self.config.quats)?;
-            }
+            pointing_field(ob, &self.config.quats, DType::F64, &[4], &dets, transient)?;
             if dets.is_empty() {
                 continue;
-            }
-            if transient {
-                ob.detdata
-                    .create(&self.config.quats, DType::F64, &[4], Some(&dets))?;
             }
             let intervals = view_intervals(ob, self.config.view.as_deref())?;
             let call = KernelCall {

@@ -1,6 +1,6 @@
 //! Stokes weights of each sample (TOAST's `StokesWeights`, modes I and IQU).
 
-use super::util::select_detectors;
+use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
 use crate::accel::kernels::{self, view_intervals, IquParams, KernelCall};
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,10 @@ pub struct StokesWeights {
     pub config: StokesWeightsConfig,
     /// The detector pointing it reads.
     pub detector_pointing: PointingDetectorConfig,
+    /// Host runs only: each `exec` replaces the weights field by one
+    /// holding only the current pass's detectors (see
+    /// [`super::pointing_field`]).
+    pub transient: bool,
 }
 
 impl StokesWeights {
@@ -84,6 +88,7 @@ impl StokesWeights {
             name: name.into(),
             config,
             detector_pointing,
+            transient: false,
         }
     }
 
@@ -132,11 +137,20 @@ impl Operator for StokesWeights {
         if !self.config.enabled {
             return Ok(());
         }
-        self.prepare_outputs(data)?;
+        let transient = self.transient && !ctx.use_accel;
+        let nnz = self.config.mode.nnz();
         let view = self.view().map(str::to_string);
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+            pointing_field(
+                ob,
+                &self.config.weights,
+                DType::F64,
+                &[nnz],
+                &dets,
+                transient,
+            )?;
             if dets.is_empty() {
                 continue;
             }

@@ -4,7 +4,7 @@
 use super::{PixelsHealpix, PointingDetector, StokesWeights};
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use toast_core::{
-    BufferKey, Category, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
+    BufferKey, Category, DType, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
     Requirements,
 };
 
@@ -16,6 +16,33 @@ pub fn select_detectors(ctx: &ExecContext, ob: &Observation, det_mask: u8) -> Ve
         .into_iter()
         .filter(|d| ob.det_flags(d).map(|f| f & det_mask == 0).unwrap_or(false))
         .collect()
+}
+
+/// The output field `name` of a pointing operator for the detectors `dets`
+/// of `ob`. With `transient` (host runs of a pipeline over detector sets),
+/// the field is replaced by one that holds only `dets`: each pass over a
+/// detector set drops the previous set's rows, so the field never holds
+/// all detectors at once (its consumers read rows by detector name). Else
+/// the field is created for every local detector if missing.
+pub fn pointing_field(
+    ob: &mut Observation,
+    name: &str,
+    dtype: DType,
+    sample_shape: &[usize],
+    dets: &[String],
+    transient: bool,
+) -> Result<(), OpError> {
+    if transient {
+        if ob.detdata.contains(name) {
+            ob.detdata.remove(name)?;
+        }
+        if !dets.is_empty() {
+            ob.detdata.create(name, dtype, sample_shape, Some(dets))?;
+        }
+    } else {
+        ob.detdata.create(name, dtype, sample_shape, None)?;
+    }
+    Ok(())
 }
 
 /// The three operators that expand pointing, configured together as TOAST's
@@ -42,6 +69,14 @@ impl PointingOps {
             pixels,
             weights,
         }
+    }
+
+    /// Make all three operators' outputs transient (see
+    /// [`pointing_field`]; host runs only) or not.
+    pub fn set_transient(&mut self, on: bool) {
+        self.det_pointing.transient = on;
+        self.pixels.transient = on;
+        self.weights.transient = on;
     }
 
     /// The operators, in pipeline order.

@@ -267,13 +267,14 @@ pub struct PixelData<T: Element> {
 }
 
 impl<T: Element> PixelData<T> {
-    /// A zeroed map.
+    /// A zeroed map, advised as huge pages when large
+    /// ([`toast_core::mem::zeroed_large`]: the map kernels scatter into it).
     pub fn new(dist: Arc<PixelDistribution>, n_value: usize) -> Self {
         let len = dist.n_local_submap() * dist.n_pix_submap() as usize * n_value;
         PixelData {
             dist,
             n_value,
-            data: vec![T::default(); len],
+            data: toast_core::mem::zeroed_large(len),
             units: String::new(),
         }
     }

@@ -28,7 +28,10 @@
 //!   U into `signal` through the `scan_map` kernel. The pointing pass runs
 //!   per detector set ([`ScanHealpixMap::options`]) and keeps only the
 //!   current set's quaternions (`PointingDetector::transient`); pixels and
-//!   weights are dropped at the end (the map-maker expands its own).
+//!   weights are dropped at the end (the map-maker expands its own). With
+//!   [`ScanHealpixMap::transient_pointing`] (host runs; the workflow sets it
+//!   when the map-maker recomputes its pointing) the pixels and weights too
+//!   hold only the current set, and the scan pass recomputes them.
 //!
 //! The input sky is an [`InputSky`]: read from a HEALPix FITS file
 //! ([`InputSky::from_file`], any ordering; the file's `ORDERING` header is

@@ -315,6 +315,11 @@ pub struct ScanHealpixMap {
     sky: Option<InputSky>,
     /// Detector sets for the pointing passes.
     pub options: RunOptions,
+    /// Host runs: keep no pointing for all detectors. The pixels and
+    /// weights too (not only the quaternions) hold one detector set at a
+    /// time, and the scan recomputes them per set (one more pointing
+    /// expansion, 32 bytes a detector sample less at the scan's peak).
+    pub transient_pointing: bool,
 }
 
 impl ScanHealpixMap {
@@ -338,6 +343,7 @@ impl ScanHealpixMap {
             pointing,
             sky: Some(sky),
             options: RunOptions::default(),
+            transient_pointing: false,
         })
     }
 }
@@ -372,8 +378,13 @@ impl Operator for ScanHealpixMap {
         // replaces the previous set's (host runs; see
         // `PointingDetector::transient`), so all of them never coexist.
         let quats = self.pointing.det_pointing.config.quats.clone();
-        self.pointing.det_pointing.transient =
-            !data.obs.iter().any(|ob| ob.detdata.contains(&quats));
+        let fresh = |f: &str| !data.obs.iter().any(|ob| ob.detdata.contains(f));
+        let transient = self.transient_pointing
+            && fresh(&quats)
+            && fresh(self.pointing.pixels_field())
+            && fresh(self.pointing.weights_field());
+        self.pointing.set_transient(transient);
+        self.pointing.det_pointing.transient = fresh(&quats);
         {
             let mut ops = self.pointing.operators();
             ops.push(&mut build);
@@ -421,9 +432,14 @@ impl Operator for ScanHealpixMap {
             },
         )?;
         let r = {
-            let mut ops: Vec<OpRef<'_>> = vec![&mut scan];
+            let mut ops: Vec<OpRef<'_>> = Vec::new();
+            if transient {
+                ops.extend(self.pointing.operators());
+            }
+            ops.push(&mut scan);
             run_operators("ScanHealpixMap.scan", &mut ops, data, ctx, &self.options)
         };
+        self.pointing.set_transient(false);
         data.meta.remove(&map_key);
         // The pointing is recomputed (or re-expanded) by the map-maker.
         for ob in &mut data.obs {

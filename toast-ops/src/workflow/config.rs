@@ -45,7 +45,9 @@
 //! `weights.mode` must be `IQU`. Some traits change no map of the
 //! benchmark and are kept because they are real: the flag masks (the
 //! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
-//! `pixels.nside_submap` (memory and distribution, not values), the data
+//! `pixels.nside_submap` (memory and distribution, not values; with several
+//! observations, recomputed pointing sums the maps batch by batch, so they
+//! agree with the kept pointing's to rounding), the data
 //! keys (`det_pointing.quats`, `binner.pixel_dist`: names).
 //!
 //! The `mapmaker` section's output traits are TOAST's: `write_hits`,
@@ -55,13 +57,17 @@
 //! maps go (the front-end resolves it against its output directory), and
 //! `enabled = false` skips the map-making.
 //!
-//! Our workflow default that differs from TOAST's benchmark:
-//! `binner.full_pointing = true` (the pointing is expanded once and kept
-//! for the whole solve instead of being recomputed in every pass; set it to
-//! `false` to recompute as TOAST does; the maps are the same). Only the
-//! pixels and weights are kept: the expansion runs per batch of
-//! `binner.pointing_batch` detectors (default 8) and drops each batch's
-//! quaternions, so the quaternions of all detectors never coexist.
+//! Our workflow default that differs from TOAST's benchmark: for `tiny`
+//! and `xsmall`, `binner.full_pointing = true` (the pointing is expanded
+//! once and kept for the whole solve instead of being recomputed in every
+//! pass; the maps are the same). Only the pixels and weights are kept: the
+//! expansion runs per batch of `binner.pointing_batch` detectors (default
+//! 8) and drops each batch's quaternions, so the quaternions of all
+//! detectors never coexist. From `small` on, and for `auto`, the default is
+//! TOAST's `false`: the pointing is recomputed in every pass, per batch of
+//! `pointing_batch` detectors, and only one batch's quaternions, pixels
+//! and weights exist at a time (18 instead of 50 bytes per detector
+//! sample; see [`crate::workflow::presets`]).
 
 use crate::mapmaker::MapMakerConfig;
 use crate::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};
@@ -395,6 +401,7 @@ pub struct SatelliteConfig {
 /// 1e-6 for tiny, the map-maker's outputs, cleaned timestream in place).
 pub fn workflow_defaults(case: &str) -> Table {
     let rcond = if case == "tiny" { "1.0e-6" } else { "1.0e-3" };
+    let full_pointing = crate::workflow::presets::keeps_pointing(case);
     let text = format!(
         r#"
 [sim_satellite]
@@ -419,7 +426,7 @@ mode = "IQU"
 
 [binner]
 pixel_dist = "pixel_dist"
-full_pointing = true
+full_pointing = {full_pointing}
 
 [mapmaker]
 iter_max = 100

@@ -427,6 +427,9 @@ pub struct RunStats {
     pub communication: Communication,
     pub wall_time_s: f64,
     pub peak_memory_bytes: f64,
+    /// Peak resident memory per detector sample: the peaks of all
+    /// processes summed, over the job's detector samples.
+    pub bytes_per_det_sample_at_peak: f64,
     pub predicted_memory_bytes: f64,
     pub n_det: u64,
     pub n_obs: u64,
@@ -444,6 +447,14 @@ pub struct RunStats {
     /// Which backend ran each kernel: calls and seconds.
     #[serde(skip)]
     pub kernels: KernelLog,
+}
+
+/// The pointing mode of `config` for the memory estimate.
+fn pointing_of(config: &SatelliteConfig) -> presets::Pointing {
+    presets::Pointing {
+        full: config.binner.full_pointing,
+        batch: config.binner.pointing_batch as u64,
+    }
 }
 
 /// The outcome of [`SatelliteJob::run`] on rank 0 (other ranks get `None`).
@@ -471,7 +482,7 @@ impl SatelliteJob {
                 value: "auto".into(),
                 reason: "cannot read MemAvailable from /proc/meminfo".into(),
             })?;
-            let (n, s) = presets::auto(avail, nside);
+            let (n, s) = presets::auto(avail, nside, pointing_of(&config));
             (n.to_string(), s)
         } else {
             let s = presets::preset(case).ok_or_else(|| WorkflowError::UnknownCase {
@@ -531,7 +542,12 @@ impl SatelliteJob {
 
     /// Predicted peak memory of one process running the whole job.
     pub fn predicted_memory(&self) -> f64 {
-        presets::predicted_memory(self.sizing, self.nside())
+        presets::predicted_memory(self.sizing, self.nside(), self.pointing())
+    }
+
+    /// How the map-maker holds the pointing, for the memory estimate.
+    pub fn pointing(&self) -> presets::Pointing {
+        pointing_of(&self.config)
     }
 
     /// Predicted peak memory of the largest process of `plan` (`sim` as
@@ -550,6 +566,7 @@ impl SatelliteJob {
                     time as f64,
                     obs.len() as u64,
                     self.nside(),
+                    self.pointing(),
                 );
                 worst = worst.max(m);
             }
@@ -722,6 +739,8 @@ impl SatelliteJob {
                 detector_sets: DetectorSets::Sets(detsets.clone()),
                 ..RunOptions::default()
             };
+            // The map-maker recomputes the pointing: keep none here either.
+            op.transient_pointing = !cfg.binner.full_pointing;
             op.apply(&mut data, ctx).map_err(&err)
         })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
@@ -844,6 +863,7 @@ impl SatelliteJob {
             communication,
             wall_time_s: walls[0],
             peak_memory_bytes: peaks[0],
+            bytes_per_det_sample_at_peak: peaks[1] / (s.samples().max(1) as f64),
             predicted_memory_bytes: self.predicted_memory(),
             n_det: s.n_det,
             n_obs: s.n_obs,

@@ -428,34 +428,10 @@ impl Workload {
     }
 }
 
-/// `n` zeroed elements for a map buffer, advised (Linux) as transparent
-/// huge pages before anything touches them, as numpy advises every array
-/// above 4 MiB (`madvise(MADV_HUGEPAGE)`): where THP is in `madvise` mode,
-/// TOAST's maps are on 2 MiB pages, and a scatter or gather over a map of a
-/// GiB is bound by TLB misses (timings.md). Elsewhere, or when the kernel
-/// declines, an ordinary zeroed buffer.
-pub fn zeroed_map<T: Copy + Default>(n: usize) -> Vec<T> {
-    // All-zero elements: allocated zeroed, not written (pages untouched).
-    let v = vec![T::default(); n];
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let bytes = std::mem::size_of_val(v.as_slice());
-        let start = v.as_ptr() as usize;
-        let first = start.div_ceil(PAGE) * PAGE;
-        let end = (start + bytes) / PAGE * PAGE;
-        if bytes >= 4 << 20 && end > first {
-            // SAFETY: [first, end) is page-aligned and inside v's live
-            // allocation; MADV_HUGEPAGE only tells the kernel how to back
-            // those pages, it changes neither their contents nor the mapping.
-            // A refusal (an error return) leaves ordinary pages: ignored.
-            unsafe {
-                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    v
-}
+/// `n` zeroed elements for a map buffer, advised as huge pages as numpy
+/// advises TOAST's maps (`toast_core::mem`: where THP is in `madvise` mode a
+/// scatter or gather over a GiB map is bound by TLB misses; timings.md).
+pub use toast_core::mem::zeroed_large as zeroed_map;
 
 /// The grid of `n_det` detectors: (columns, rows), about twice as many
 /// columns as rows.
