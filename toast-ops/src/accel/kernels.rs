@@ -1172,13 +1172,20 @@ pub fn offset_project_signal(
     )
 }
 
+/// The most partial sums of one device `amp_dot` (each block one device
+/// thread summing in index order).
+pub const AMP_DOT_DEVICE_BLOCKS: usize = 256;
+
 /// The number of partial sums [`amp_dot`] should produce on the backend
 /// that `operator`'s `amp_dot` resolves to: 1 on a host-addressable backend
-/// (the plain sequential sum, the CPU path's bits), else one per 256
-/// entries, at most 512 (4 KiB to download per dot product).
+/// (the plain sequential sum, the CPU path's bits; also without a
+/// dispatcher), else one per 4096 entries, at most [`AMP_DOT_DEVICE_BLOCKS`]
+/// (2 KiB to download per dot product, whatever the number of amplitudes).
 pub fn amp_dot_blocks(ctx: &ExecContext, operator: &str, n: usize) -> Result<usize, OpError> {
-    let resolved = ctx
-        .ext::<Dispatcher>()?
+    let Some(dispatcher) = ctx.extensions.get::<Dispatcher>() else {
+        return Ok(1);
+    };
+    let resolved = dispatcher
         .resolve(abi::Kernel::AmpDot, Some(operator))
         .map_err(|e| OpError::KernelCall {
             operator: operator.to_string(),
@@ -1188,7 +1195,7 @@ pub fn amp_dot_blocks(ctx: &ExecContext, operator: &str, n: usize) -> Result<usi
     Ok(if resolved.backend.host_addressable() {
         1
     } else {
-        n.div_ceil(256).clamp(1, 512)
+        n.div_ceil(4096).clamp(1, AMP_DOT_DEVICE_BLOCKS)
     })
 }
 
