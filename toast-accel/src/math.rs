@@ -54,6 +54,15 @@ pub fn flagged_dot(a: &[f64], b: &[f64], flags: &[u8]) -> f64 {
     s
 }
 
+/// The entries of block `k` when `n` entries are cut into `nblock`
+/// consecutive blocks of `ceil(n / nblock)` (`amp_dot`'s blocks; empty past
+/// the end).
+pub fn dot_block(k: usize, n: usize, nblock: usize) -> std::ops::Range<usize> {
+    let chunk = n.div_ceil(nblock.max(1)).max(1);
+    let lo = k.saturating_mul(chunk).min(n);
+    lo..(lo + chunk).min(n)
+}
+
 /// `y_i ← (α x_i) + (β y_i)`, each product rounded, then the sum; with
 /// `β == 0`, `y_i ← α x_i` (`y` is not read, as in BLAS: a copy when
 /// `α == 1`, whatever `y` held, signed zeros included).

@@ -14,7 +14,7 @@ use crate::arrays::{self, Arg};
 use rayon::prelude::*;
 use toast_accel::abi::{AmpAxpbyArgs, AmpDotArgs};
 use toast_accel::check::AmpDot;
-use toast_accel::math::{axpby, flagged_dot};
+use toast_accel::math::{axpby, dot_block, flagged_dot};
 use toast_accel::plugin_support::PluginError;
 
 /// The `amp_dot` entry: `partials[k]` the flagged dot product of block `k`.
@@ -43,11 +43,9 @@ pub(crate) unsafe fn run_dot(v: &AmpDot, a: &AmpDotArgs) -> Result<(), PluginErr
             arrays::output::<f64>(K, "partials", a.partials)?,
         )
     };
-    let chunk = v.chunk.max(1);
     partials.par_iter_mut().enumerate().for_each(|(k, p)| {
-        let lo = (k * chunk).min(v.n);
-        let hi = (lo + chunk).min(v.n);
-        *p = flagged_dot(&x[lo..hi], &y[lo..hi], &flags[lo..hi]);
+        let r = dot_block(k, v.n, v.nblock);
+        *p = flagged_dot(&x[r.clone()], &y[r.clone()], &flags[r]);
     });
     Ok(())
 }

@@ -1172,6 +1172,23 @@ pub fn offset_project_signal(
     )
 }
 
+/// [`launch`] for a kernel whose arrays are all global items (no
+/// observation, no detectors).
+fn launch_global<A: KernelArgs>(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    specs: Vec<Spec<'_>>,
+    make: impl FnOnce(&[abi::Array]) -> A,
+) -> Result<(), OpError> {
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, make)
+}
+
+/// The number of `elem`-byte elements of the global item `key`.
+fn global_len(meta: &Meta, key: &str, elem: usize) -> Result<usize, OpError> {
+    Ok(global_bytes(meta, key).ok_or_else(|| no_global(key))?.len() / elem)
+}
+
 /// The most partial sums of one device `amp_dot` (each block one device
 /// thread summing in index order).
 pub const AMP_DOT_DEVICE_BLOCKS: usize = 256;
@@ -1210,32 +1227,22 @@ pub fn amp_dot(
     (a, b, flags): (&str, &str, &str),
     partials: &str,
 ) -> Result<(), OpError> {
-    let n = global_bytes(meta, a).ok_or_else(|| no_global(a))?.len() / 8;
-    let nblock = global_bytes(meta, partials)
-        .ok_or_else(|| no_global(partials))?
-        .len()
-        / 8;
+    let n = global_len(meta, a, 8)?;
+    let nblock = global_len(meta, partials, 8)?;
     let specs = vec![
         Spec::input(Source::Global(a), 8),
         Spec::input(Source::Global(b), 8),
         Spec::input(Source::Global(flags), 1),
         Spec::output(Source::Global(partials), 8),
     ];
-    launch(
-        ctx,
-        operator,
-        &[],
-        Target { ob: None, meta },
-        specs,
-        |arr| abi::AmpDotArgs {
-            n: n as i64,
-            nblock: nblock as i64,
-            a: arr[0],
-            b: arr[1],
-            flags: arr[2],
-            partials: arr[3],
-        },
-    )
+    launch_global(ctx, operator, meta, specs, |arr| abi::AmpDotArgs {
+        n: n as i64,
+        nblock: nblock as i64,
+        a: arr[0],
+        b: arr[1],
+        flags: arr[2],
+        partials: arr[3],
+    })
 }
 
 /// `amp_axpby`: `y ← (α x) + (β y)` on global `HostArray<f64>`s.
@@ -1246,25 +1253,18 @@ pub fn amp_axpby(
     (alpha, x): (f64, &str),
     (beta, y): (f64, &str),
 ) -> Result<(), OpError> {
-    let n = global_bytes(meta, y).ok_or_else(|| no_global(y))?.len() / 8;
+    let n = global_len(meta, y, 8)?;
     let specs = vec![
         Spec::input(Source::Global(x), 8),
         Spec::output(Source::Global(y), 8),
     ];
-    launch(
-        ctx,
-        operator,
-        &[],
-        Target { ob: None, meta },
-        specs,
-        |arr| abi::AmpAxpbyArgs {
-            n: n as i64,
-            alpha,
-            beta,
-            x: arr[0],
-            y: arr[1],
-        },
-    )
+    launch_global(ctx, operator, meta, specs, |arr| abi::AmpAxpbyArgs {
+        n: n as i64,
+        alpha,
+        beta,
+        x: arr[0],
+        y: arr[1],
+    })
 }
 
 /// `template_offset_apply_diag_precond`: `out = flags == 0 ? in · var : 0`,
@@ -1277,17 +1277,14 @@ pub fn offset_apply_diag_precond(
     input: AmplitudeKeys<'_>,
     output: &str,
 ) -> Result<(), OpError> {
-    let n = global_bytes(meta, offset_var)
-        .ok_or_else(|| no_global(offset_var))?
-        .len()
-        / 8;
+    let n = global_len(meta, offset_var, 8)?;
     let specs = vec![
         Spec::input(Source::Global(offset_var), 8),
         Spec::input(Source::Global(input.amplitudes), 8),
         Spec::input(Source::Global(input.flags), 1),
         Spec::output(Source::Global(output), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+    launch_global(ctx, operator, meta, specs, |a| {
         abi::TemplateOffsetPrecondArgs {
             n_amp: n as u64,
             offset_var: a[0],
@@ -1332,15 +1329,13 @@ pub fn cov_accum_diag_hits(
         Spec::input(Source::Global(samples.subpix), 8),
         Spec::output(Source::Global(hits), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
-        abi::CovAccumDiagHitsArgs {
-            nsub: samples.nsub,
-            nsubpix: samples.nsubpix,
-            nnz: samples.nnz,
-            submap: a[0],
-            subpix: a[1],
-            hits: a[2],
-        }
+    launch_global(ctx, operator, meta, specs, |a| abi::CovAccumDiagHitsArgs {
+        nsub: samples.nsub,
+        nsubpix: samples.nsubpix,
+        nnz: samples.nnz,
+        submap: a[0],
+        subpix: a[1],
+        hits: a[2],
     })
 }
 
@@ -1362,7 +1357,7 @@ pub fn cov_accum_diag_invnpp(
         Spec::input(Source::Global(weights), 8),
         Spec::output(Source::Global(invnpp), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+    launch_global(ctx, operator, meta, specs, |a| {
         abi::CovAccumDiagInvnppArgs {
             nsub: samples.nsub,
             nsubpix: samples.nsubpix,
@@ -1411,14 +1406,12 @@ pub fn cov_apply_diag(
         Spec::input(Source::Global(cov), 8),
         Spec::output(Source::Global(map), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
-        abi::CovApplyDiagArgs {
-            nsub,
-            nsubpix,
-            nnz: nnz as i64,
-            mat: a[0],
-            vec: a[1],
-        }
+    launch_global(ctx, operator, meta, specs, |a| abi::CovApplyDiagArgs {
+        nsub,
+        nsubpix,
+        nnz: nnz as i64,
+        mat: a[0],
+        vec: a[1],
     })
 }
 
@@ -1508,18 +1501,16 @@ pub fn filter_poly2d(
         Spec::input(Source::Global(keys.masks), 1),
         Spec::output(Source::Global(keys.coeff), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
-        abi::FilterPoly2dArgs {
-            n_samp: n_samp as u64,
-            n_det: n_det as u64,
-            n_group: n_group as u64,
-            n_mode: n_mode as u64,
-            det_groups: det_groups.as_ptr(),
-            templates: templates.as_ptr(),
-            signals: a[0],
-            masks: a[1],
-            coeff: a[2],
-        }
+    launch_global(ctx, operator, meta, specs, |a| abi::FilterPoly2dArgs {
+        n_samp: n_samp as u64,
+        n_det: n_det as u64,
+        n_group: n_group as u64,
+        n_mode: n_mode as u64,
+        det_groups: det_groups.as_ptr(),
+        templates: templates.as_ptr(),
+        signals: a[0],
+        masks: a[1],
+        coeff: a[2],
     })
 }
 

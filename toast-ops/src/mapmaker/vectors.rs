@@ -14,7 +14,7 @@
 
 use crate::accel::global_data::HostArray;
 use crate::accel::kernels;
-use toast_accel::math::{axpby, flagged_dot};
+use toast_accel::math::{axpby, dot_block, flagged_dot};
 use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
 
 /// One vector step of the solve.
@@ -69,12 +69,10 @@ impl VectorOp {
                             ),
                         });
                     }
-                    let chunk = n.div_ceil(nblock.max(1)).max(1);
                     (0..nblock)
                         .map(|k| {
-                            let lo = (k * chunk).min(n);
-                            let hi = (lo + chunk).min(n);
-                            flagged_dot(&va[lo..hi], &vb[lo..hi], &vf[lo..hi])
+                            let r = dot_block(k, n, nblock);
+                            flagged_dot(&va[r.clone()], &vb[r.clone()], &vf[r])
                         })
                         .collect::<Vec<_>>()
                 };

@@ -786,15 +786,15 @@ impl AmpDotCase {
         if cmp == Comparison::Exact {
             return Ok(verdict([compare("partials", &partials, &c.partials.data)]));
         }
-        let n = c.a.data.len();
-        let chunk = n.div_ceil(partials.len().max(1)).max(1);
+        let (n, nblock) = (c.a.data.len(), partials.len());
         let scale = |k: usize| {
-            let (lo, hi) = ((k * chunk).min(n), ((k + 1) * chunk).min(n));
-            let mag: f64 = (lo..hi)
+            let r = crate::math::dot_block(k, n, nblock);
+            let len = r.len() as f64;
+            let mag: f64 = r
                 .filter(|&i| c.flags.data[i] == 0)
                 .map(|i| (c.a.data[i] * c.b.data[i]).abs())
                 .sum();
-            mag * chunk as f64
+            mag * len
         };
         Ok(verdict([within(
             "partials",
