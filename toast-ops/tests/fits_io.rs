@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use toast_ops::io::fits::{
-    read_healpix_map, toast_extra_header, write_healpix_map, write_hits_map, write_iqu_map,
-    ColumnFormat, ColumnSource, FitsError, HeaderCard, HeaderValue, MapPrecision, Ordering,
-    WriteColumn, UNSEEN,
+    read_healpix_map, toast_extra_header, write_float_columns, write_float_maps, write_healpix_map,
+    write_hits_column, write_hits_map, write_iqu_map, ColumnFormat, ColumnSource, FitsError,
+    HeaderCard, HeaderValue, MapPrecision, Ordering, SubmapColumn, WriteColumn, UNSEEN,
 };
 use toast_ops::math::healpix::Healpix;
 
@@ -544,4 +544,111 @@ fn reads_toast_benchmark_sky() {
         );
         assert!(rms > 0.0 && rms.is_finite());
     }
+}
+
+/// A map stored by submaps is written byte for byte as its full-sky copy,
+/// without making that copy; a layout that does not fit is refused.
+#[test]
+fn submap_columns_write_as_the_full_sky() {
+    let dir = scratch("submaps");
+    // NSIDE 4: 192 pixels in 12 submaps of 16; submaps 2, 7 and 11 stored,
+    // in the local order 7, 2, 11, three values per pixel.
+    let (npix, nps, nv) = (192usize, 16usize, 3usize);
+    let mut g2l = vec![-1i64; 12];
+    for (loc, sm) in [7usize, 2, 11].into_iter().enumerate() {
+        g2l[sm] = loc as i64;
+    }
+    let data: Vec<f64> = (0..3 * nps * nv)
+        .map(|i| (i as f64 * 0.37).sin() * 1e3)
+        .collect();
+    let hits: Vec<i64> = (0..3 * nps).map(|i| 3 * i as i64 + 1).collect();
+    let full = |k: usize| -> Vec<f64> {
+        (0..npix)
+            .map(|p| match g2l[p / nps] {
+                l if l < 0 => 0.0,
+                l => data[(l as usize * nps + p % nps) * nv + k],
+            })
+            .collect()
+    };
+    let col = |k: usize| SubmapColumn {
+        data: &data,
+        n_value: nv,
+        value: k,
+        n_pix_submap: nps,
+        global2local: &g2l,
+        n_pix: npix,
+    };
+    let extra = toast_extra_header(1.0, 2.0, 2, 2, "3.0.6");
+    let strip = |p: &Path| -> Vec<u8> {
+        let mut b = std::fs::read(p).unwrap();
+        for card in (0..b.len()).step_by(80) {
+            if b[card..].starts_with(b"CREATED ") {
+                b[card..card + 80].fill(b' ');
+            }
+        }
+        b
+    };
+    for prec in [MapPrecision::F32, MapPrecision::F64] {
+        let comps: Vec<Vec<f64>> = (0..nv).map(full).collect();
+        let slices: Vec<&[f64]> = comps.iter().map(Vec::as_slice).collect();
+        let (a, b) = (dir.join("full.fits"), dir.join("submaps.fits"));
+        write_float_maps(&a, Ordering::Nested, &slices, Some("K"), prec, &extra).unwrap();
+        let cols: Vec<ColumnSource<'_>> =
+            (0..nv).map(|k| ColumnSource::SubmapsF64(col(k))).collect();
+        write_float_columns(&b, Ordering::Nested, &cols, Some("K"), prec, &extra).unwrap();
+        assert_eq!(strip(&a), strip(&b), "{prec:?}");
+    }
+    let hits_full: Vec<i64> = (0..npix)
+        .map(|p| match g2l[p / nps] {
+            l if l < 0 => 0,
+            l => hits[l as usize * nps + p % nps],
+        })
+        .collect();
+    let hcol = SubmapColumn {
+        data: &hits,
+        n_value: 1,
+        value: 0,
+        n_pix_submap: nps,
+        global2local: &g2l,
+        n_pix: npix,
+    };
+    let (a, b) = (dir.join("hits_full.fits"), dir.join("hits_submaps.fits"));
+    write_hits_map(&a, Ordering::Nested, &hits_full, &extra).unwrap();
+    write_hits_column(&b, Ordering::Nested, ColumnSource::SubmapsI64(hcol), &extra).unwrap();
+    assert_eq!(strip(&a), strip(&b));
+    // Hits too large for int32 are refused as from a full-sky slice.
+    let big = vec![i64::from(i32::MAX) + 1; 3 * nps];
+    let err = write_hits_column(
+        &b,
+        Ordering::Nested,
+        ColumnSource::SubmapsI64(SubmapColumn { data: &big, ..hcol }),
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("int32"), "{err}");
+    // A local index past the stored submaps, or a value past n_value.
+    let short = &data[..2 * nps * nv];
+    for bad in [
+        SubmapColumn {
+            data: short,
+            ..col(0)
+        },
+        SubmapColumn { value: 3, ..col(0) },
+        SubmapColumn {
+            global2local: &g2l[..11],
+            ..col(0)
+        },
+    ] {
+        let err = write_float_columns(
+            &b,
+            Ordering::Nested,
+            &[ColumnSource::SubmapsF64(bad)],
+            None,
+            MapPrecision::F64,
+            &[],
+        )
+        .unwrap_err();
+        assert!(matches!(err, FitsError::InvalidInput { .. }), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

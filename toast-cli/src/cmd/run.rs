@@ -30,6 +30,7 @@ use crate::output::Staging;
 use crate::parallel;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -266,10 +267,12 @@ struct OutputDir<'a> {
 impl ProductSink for OutputDir<'_> {
     fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), FrontEndError> {
         let mm = &job.config.mapmaker;
-        let hits_full = products.hits.to_full_sky();
+        // Every map is written from its submaps, one file at a time,
+        // without a full-sky copy.
         if mm.write_hits {
+            let hits = fits::ColumnSource::SubmapsI64(products.hits.column(0));
             self.staging.write_with("mapmaker_hits.fits", |p| {
-                fits::write_hits_map(p, Ordering::Nested, &hits_full, &products.header)
+                fits::write_hits_column(p, Ordering::Nested, hits, &products.header)
             })?;
         }
         let precision = if mm.write_float64 {
@@ -320,20 +323,21 @@ impl ProductSink for OutputDir<'_> {
         ];
         for (file, m, unit, header) in written {
             let Some(m) = m else { continue };
-            let comps: Vec<Vec<f64>> = (0..m.n_value()).map(|k| m.full_sky_component(k)).collect();
-            let cols: Vec<&[f64]> = comps.iter().map(Vec::as_slice).collect();
+            let cols: Vec<fits::ColumnSource<'_>> = (0..m.n_value())
+                .map(|k| fits::ColumnSource::SubmapsF64(m.column(k)))
+                .collect();
             self.staging.write_with(file, |p| {
-                fits::write_float_maps(p, Ordering::Nested, &cols, unit, precision, header)
+                fits::write_float_columns(p, Ordering::Nested, &cols, unit, precision, header)
             })?;
         }
         if self.plot {
-            let comps: Vec<Vec<f64>> = (0..3).map(|k| products.map.full_sky_component(k)).collect();
-            let hit: Vec<bool> = hits_full.iter().map(|&h| h > 0).collect();
+            let hits = products.hits.column(0);
+            let hit: Vec<bool> = (0..hits.n_pix).map(|p| hits.get(p) > 0).collect();
             self.staging.write_with("mapmaker_map.png", |p| {
-                toast_ops::io::plot::plot_iqu_mollweide(
+                toast_ops::io::plot::plot_iqu_mollweide_by(
                     p,
                     job.nside(),
-                    [&comps[0], &comps[1], &comps[2]],
+                    |k| Cow::Owned(products.map.full_sky_component(k)),
                     Some(&hit),
                     1200,
                 )

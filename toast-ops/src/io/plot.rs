@@ -20,6 +20,7 @@
 //! bitmap font, and the panel's title (`I`, `Q`, `U`) is written at its top
 //! left.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -328,6 +329,19 @@ pub fn render_iqu<T: Copy + Into<f64> + Sync>(
     hit: Option<&[bool]>,
     width: usize,
 ) -> Result<Image, PlotError> {
+    render_iqu_by(nside, |k| Cow::Borrowed(maps[k]), hit, width)
+}
+
+/// [`render_iqu`] with the maps made one at a time by `component(k)` (k =
+/// 0, 1, 2 for I, Q, U), each dropped once its panel is drawn: a caller
+/// that expands a map stored by submaps holds one full-sky component at a
+/// time, not three.
+pub fn render_iqu_by<'a, T: Copy + Into<f64> + Sync + 'a>(
+    nside: u64,
+    mut component: impl FnMut(usize) -> Cow<'a, [T]>,
+    hit: Option<&[bool]>,
+    width: usize,
+) -> Result<Image, PlotError> {
     let scale = (width / 400).max(1);
     let pad = 6 * scale;
     let title_h = 7 * scale + 2 * pad;
@@ -335,10 +349,12 @@ pub fn render_iqu<T: Copy + Into<f64> + Sync>(
     let label_h = 7 * scale + pad;
     let panel_h = title_h + width / 2 + pad + bar_h + label_h + pad;
     let mut img = Image::new(width, 3 * panel_h, BACKGROUND);
-    for (i, (name, map)) in ["I", "Q", "U"].iter().zip(maps).enumerate() {
+    for (i, name) in ["I", "Q", "U"].iter().enumerate() {
         let y0 = i * panel_h;
-        let vmax = symmetric_range(map, hit);
-        let panel = render_mollweide(nside, map, hit, vmax, width)?;
+        let map = component(i);
+        let vmax = symmetric_range(&map, hit);
+        let panel = render_mollweide(nside, &map, hit, vmax, width)?;
+        drop(map);
         draw_text(&mut img, name, pad, y0 + pad, scale, [0, 0, 0]);
         img.blit(&panel, 0, y0 + title_h);
         // Colour bar over the middle 60% of the width.
@@ -393,6 +409,18 @@ pub fn plot_iqu_mollweide<T: Copy + Into<f64> + Sync>(
     width: usize,
 ) -> Result<(), PlotError> {
     render_iqu(nside, maps, hit, width)?.write_png(path)
+}
+
+/// [`plot_iqu_mollweide`] with the maps made one at a time (see
+/// [`render_iqu_by`]).
+pub fn plot_iqu_mollweide_by<'a, T: Copy + Into<f64> + Sync + 'a>(
+    path: &Path,
+    nside: u64,
+    component: impl FnMut(usize) -> Cow<'a, [T]>,
+    hit: Option<&[bool]>,
+    width: usize,
+) -> Result<(), PlotError> {
+    render_iqu_by(nside, component, hit, width)?.write_png(path)
 }
 
 #[cfg(test)]

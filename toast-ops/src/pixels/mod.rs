@@ -340,6 +340,20 @@ impl<T: Element> PixelData<T> {
         out
     }
 
+    /// Value `k` of every pixel of the full sky, read in place (pixels not
+    /// stored here read as zeros): what [`PixelData::full_sky_component`]
+    /// copies out, for writers that stream it.
+    pub fn column(&self, k: usize) -> crate::io::fits::SubmapColumn<'_, T> {
+        crate::io::fits::SubmapColumn {
+            data: &self.data,
+            n_value: self.n_value,
+            value: k,
+            n_pix_submap: self.dist.n_pix_submap() as usize,
+            global2local: self.dist.global2local(),
+            n_pix: self.dist.n_pix() as usize,
+        }
+    }
+
     /// Value `k` of every pixel of the full sky, in the distribution's pixel
     /// order (pixels not stored here as zeros): one Stokes component of an
     /// I/Q/U map, as the FITS writers and plots want it.

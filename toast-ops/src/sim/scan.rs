@@ -42,14 +42,14 @@ impl InputSky {
     /// values beyond single precision (the sky is scanned as float32) are
     /// refused, naming the column and the first such pixel.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
-        let m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
+        let mut m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
         if m.fields.len() < 3 {
             return Err(sky_map_err(
                 path,
                 format!("{} map column(s), need 3 (I, Q, U)", m.fields.len()),
             ));
         }
-        let (maps, unseen) = sky_values(&m).map_err(|reason| sky_map_err(path, reason))?;
+        let (maps, unseen) = sky_values(&mut m).map_err(|reason| sky_map_err(path, reason))?;
         let n_unseen: usize = unseen.iter().sum();
         if n_unseen > 0 {
             tracing::warn!(
@@ -213,10 +213,11 @@ fn bad_sky_value(x: f64) -> Option<&'static str> {
 /// adds no signal). A NaN, infinite or out-of-float32 value is an error
 /// naming the column (1-based among the map columns, its `TTYPE` and
 /// Stokes component) and the first such pixel in the file's ordering.
-fn sky_values(m: &HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String> {
+fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String> {
     let mut maps: [Vec<f32>; 3] = Default::default();
     let mut unseen = [0usize; 3];
-    for (k, f) in m.fields.iter().take(3).enumerate() {
+    for k in 0..m.fields.len().min(3) {
+        let f = &m.fields[k];
         if f.data.iter().any(|&x| bad_sky_value(x).is_some()) {
             let (pix, x, why) = first_bad(f, m)?;
             return Err(format!(
@@ -243,6 +244,8 @@ fn sky_values(m: &HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String> {
                 }
             })
             .collect();
+        // Converted: the f64 column is freed before the next one is.
+        m.fields[k].data = Vec::new();
     }
     Ok((maps, unseen))
 }

@@ -400,11 +400,14 @@ pub fn synthesize_sky_on(
                 .collect()
         }
     };
+    // One component at a time, each f64 map freed once converted: the
+    // f32 sky is never held beside all three f64 maps.
+    let one = |m: Vec<f64>| to_nest(&m);
     Ok(SkyMaps {
         nside: cfg.nside.get(),
-        i: to_nest(&ti),
-        q: to_nest(&tq),
-        u: to_nest(&tu),
+        i: one(ti),
+        q: one(tq),
+        u: one(tu),
         truncation: tr,
     })
 }

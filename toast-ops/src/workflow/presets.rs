@@ -37,29 +37,43 @@
 //!   of each of `pointing_batch` detectors) is added instead;
 //! * **per time sample** ([`BYTES_PER_TIME_SAMPLE`] = 89 B): `times` 8,
 //!   shared flags 1, `boresight_radec` 32, `position` 24, `velocity` 24;
-//! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 112 B, the final
-//!   products held at once: hits, 3×3 covariance, rcond, binned and
-//!   destriped I/Q/U maps; the solver's are freed before them); the local
-//!   pixels are those of the hit submaps, estimated as a fraction
-//!   [`SUBMAP_FRACTION_PER_OBS`] of the sky per observation (tiny: 911 of
-//!   3072 submaps), at most the whole sky;
-//! * **full-sky I/O** ([`BYTES_PER_SKY_PIXEL`] = 47 B per pixel of
-//!   `12·nside²`): the input map as read (3×f64 transient, then 3×f32), or
-//!   the full-sky maps while writing the outputs; this happens outside the
-//!   map-maker, when the timestream holds only `signal` and flags (and the
-//!   kept pointing): [`BYTES_PER_DET_SAMPLE_IO`] = 9 B, or 41 B with
-//!   `full_pointing`;
+//! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 80 B): the
+//!   final products held at once (hits, 3×3 covariance, rcond, binned and
+//!   destriped I/Q/U maps: 112 B allocated; the solver's are freed before
+//!   them), counted as resident at tiny's measured peak (the VmRSS at the
+//!   map-maker's end less the base and the timestream: 94 B per local
+//!   pixel; the maps are zeroed as untouched pages, and pages no sample
+//!   hits are never mapped); the local pixels are those of the hit
+//!   submaps, estimated as a fraction [`SUBMAP_FRACTION_PER_OBS`] of the
+//!   sky per observation (tiny: 911 of 3072 submaps), at most the whole
+//!   sky;
+//! * **the input sky** ([`BYTES_PER_SKY_PIXEL_SCAN`] = 28 B per pixel of
+//!   `12·nside²`, before the scan's pointing exists): the map as
+//!   synthesised or read (3×f64) and one component converted to f32 (each
+//!   f64 component is freed once converted); then, while it is scanned,
+//!   the sky (3×f32, [`BYTES_PER_SKY_PIXEL_HELD`] = 12 B) beside the
+//!   timestream of the scan: [`BYTES_PER_DET_SAMPLE_IO`] = 9 B (signal and
+//!   flags), or 41 B with `full_pointing`;
+//! * **the outputs**: the map-maker's products are moved (one process) or
+//!   gathered out of the data after the detector data are dropped, and the
+//!   maps are written from their submaps without full-sky copies
+//!   ([`BYTES_PER_OUTPUT_LOCAL_PIXEL`] = 56 B: hits, binned and destriped
+//!   maps), the plot expanding one full-sky component at a time beside the
+//!   hit mask ([`BYTES_PER_SKY_PIXEL_OUT`] = 9 B);
 //! * a fixed [`BASE_BYTES`] (program, plugin, thread stacks, allocator slack).
 //!
-//! The peak is the base, the time samples, and the larger of the
-//! map-making term (detector samples, local pixels and a pointing batch)
-//! and the I/O term (I/O-time detector samples and full-sky pixels).
+//! The peak is the base, the time samples, and the largest of the
+//! map-making term (detector samples, local pixels and a pointing batch),
+//! the sky term and the output term.
 //!
 //! Checked against measured runs (VmHWM, 2 threads, this repository's
-//! 2-core 24 GB machine): tiny (pointing kept) predicted 0.86 GB, measured
-//! 0.86 GB; xsmall (kept) predicted 3.00 GB, measured 2.89 GB; xsmall
-//! (recomputed) predicted 1.59 GB, measured 1.53 GB; small
-//! (recomputed) predicted 9.70 GB, measured 9.17 GB (the VmHWM reached
+//! 2-core 24 GB machine, loaded by other jobs): tiny (pointing kept)
+//! predicted 0.61 GB, measured 0.58 GB (0.86 GB before the outputs were
+//! written from the submaps and the detector data dropped before them; its
+//! peak is now the map-maker's end); tiny with `--sky-map` (a NSIDE 1024
+//! I/Q/U file) measured 0.62 GB; xsmall (kept) predicted 2.88 GB, measured
+//! 2.81 GB; xsmall (recomputed) predicted 1.47 GB, measured 1.53 GB; small
+//! (recomputed) predicted 9.58 GB, measured 9.17 GB (the VmHWM reached
 //! once the solver's work timestream exists, then unchanged for the rest
 //! of the run (19 more minutes, 44 in all, 15 of CPU); that run, slowed by a
 //! loaded machine, was stopped before its end; the solve is the largest
@@ -107,9 +121,15 @@ pub const BYTES_PER_BATCH_SAMPLE: f64 = 64.0;
 /// See the module documentation.
 pub const BYTES_PER_TIME_SAMPLE: f64 = 89.0;
 /// See the module documentation.
-pub const BYTES_PER_LOCAL_PIXEL: f64 = 112.0;
+pub const BYTES_PER_LOCAL_PIXEL: f64 = 80.0;
 /// See the module documentation.
-pub const BYTES_PER_SKY_PIXEL: f64 = 47.0;
+pub const BYTES_PER_SKY_PIXEL_SCAN: f64 = 28.0;
+/// See the module documentation.
+pub const BYTES_PER_SKY_PIXEL_HELD: f64 = 12.0;
+/// See the module documentation.
+pub const BYTES_PER_OUTPUT_LOCAL_PIXEL: f64 = 56.0;
+/// See the module documentation.
+pub const BYTES_PER_SKY_PIXEL_OUT: f64 = 9.0;
 /// See the module documentation.
 pub const SUBMAP_FRACTION_PER_OBS: f64 = 0.30;
 /// See the module documentation.
@@ -243,8 +263,10 @@ pub fn predicted_process_memory(
         )
     };
     let mapmaking = per_sample * det_samples + BYTES_PER_LOCAL_PIXEL * local_pix + batch;
-    let io = per_io_sample * det_samples + BYTES_PER_SKY_PIXEL * npix;
-    BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + mapmaking.max(io)
+    let sky = (BYTES_PER_SKY_PIXEL_SCAN * npix)
+        .max(BYTES_PER_SKY_PIXEL_HELD * npix + per_io_sample * det_samples);
+    let outputs = BYTES_PER_OUTPUT_LOCAL_PIXEL * local_pix + BYTES_PER_SKY_PIXEL_OUT * npix;
+    BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + mapmaking.max(sky).max(outputs)
 }
 
 /// `bytes` as GiB with two decimals, as the workflow's messages print
@@ -311,12 +333,15 @@ mod tests {
 
     #[test]
     fn estimate_matches_measured_tiny() {
-        check_measured("tiny", 0.859e9);
+        // 578 992 kB (synthetic sky); with `--sky-map`: 615 004 kB.
+        check_measured("tiny", 0.593e9);
+        check_measured("tiny", 0.630e9);
     }
 
     #[test]
     fn estimate_matches_measured_xsmall() {
-        check_measured("xsmall", 2.894e9);
+        // 2 811 764 kB.
+        check_measured("xsmall", 2.879e9);
     }
 
     #[test]

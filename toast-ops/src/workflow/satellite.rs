@@ -786,12 +786,15 @@ impl SatelliteJob {
             let comm = comm_of(ctx);
             let header =
                 fits::toast_extra_header(span.0, span.1, s.n_det as i64, s.n_det as i64, "3.0.6");
-            let Some(products) = gather_products(&*comm, &data, res, &cfg.mapmaker, header)? else {
+            drop_detector_data(&mut data);
+            let Some(products) = gather_products(&*comm, &mut data, res, &cfg.mapmaker, header)?
+            else {
                 return Ok(None);
             };
             sink.store(self, &products)
                 .map_err(WorkflowError::FrontEnd)?;
-            let hits = products.hits.to_full_sky().iter().sum::<i64>();
+            // Every hit submap is stored once in the gathered map.
+            let hits = products.hits.data().iter().sum::<i64>();
             Ok(Some(Some((hits, products.map.stats()))))
         })?;
         let _ = ctx.timers.exit(timer_root);
@@ -1047,36 +1050,30 @@ fn communication_times(
 /// Gather the map-maker's products onto rank 0 (`None` on other ranks):
 /// the hits and the destriped map, and those `mm` asks to write (see
 /// [`MapProducts`]). Every rank calls it.
+///
+/// The products leave `data`: a product is moved out of it on one process
+/// (no copy) and gathered, then dropped, on several; those not written
+/// are dropped unread, so only what the outputs need is held while they
+/// are written.
 fn gather_products(
     comm: &dyn Comm,
-    data: &Data,
+    data: &mut Data,
     res: &MapMakerResult,
     mm: &MapMakerConfig,
     header: Vec<fits::HeaderCard>,
 ) -> Result<Option<MapProducts>, WorkflowError> {
-    let product = |key: &str| -> Result<Option<PixelData<f64>>, WorkflowError> {
-        let m = data
-            .meta
-            .object::<PixelData<f64>>(key)
-            .map_err(|e| WorkflowError::gather(format!("map-maker product {key}"), e))?;
-        gather_map(comm, m, 0).map_err(|e| WorkflowError::gather(format!("gathering map {key}"), e))
-    };
-    let optional = |key: Option<&String>, wanted: bool| match key {
-        Some(k) if wanted => product(k),
-        _ => Ok(None),
-    };
-    let hits = data
-        .meta
-        .object::<PixelData<i64>>(&res.hits)
-        .map_err(|e| WorkflowError::gather(format!("map-maker product {}", res.hits), e))?;
-    let hits = gather_map(comm, hits, 0)
-        .map_err(|e| WorkflowError::gather(format!("gathering map {}", res.hits), e))?;
-    let binmap = optional(res.binmap.as_ref(), true)?;
-    let cov = optional(Some(&res.cov), mm.write_cov)?;
-    let invcov = optional(res.invcov.as_ref(), mm.write_invcov)?;
-    let rcond = optional(Some(&res.rcond), mm.write_rcond)?;
-    let noiseweighted = optional(res.noiseweighted_map.as_ref(), mm.write_noiseweighted_map)?;
-    let map = product(&res.map)?;
+    let hits = take_product::<i64>(comm, data, Some(&res.hits), true)?;
+    let binmap = take_product(comm, data, res.binmap.as_ref(), true)?;
+    let cov = take_product(comm, data, Some(&res.cov), mm.write_cov)?;
+    let invcov = take_product(comm, data, res.invcov.as_ref(), mm.write_invcov)?;
+    let rcond = take_product(comm, data, Some(&res.rcond), mm.write_rcond)?;
+    let noiseweighted = take_product(
+        comm,
+        data,
+        res.noiseweighted_map.as_ref(),
+        mm.write_noiseweighted_map,
+    )?;
+    let map = take_product(comm, data, Some(&res.map), true)?;
     let (Some(hits), Some(map)) = (hits, map) else {
         return Ok(None);
     };
@@ -1090,6 +1087,61 @@ fn gather_products(
         noiseweighted,
         header,
     }))
+}
+
+/// Map-maker product `key` out of `data`: when `wanted`, whole on rank 0
+/// (moved on one process, gathered on several; `None` on other ranks);
+/// dropped either way.
+fn take_product<T: crate::pixels::Reducible>(
+    comm: &dyn Comm,
+    data: &mut Data,
+    key: Option<&String>,
+    wanted: bool,
+) -> Result<Option<PixelData<T>>, WorkflowError> {
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    let missing =
+        |e: &dyn std::fmt::Display| WorkflowError::gather(format!("map-maker product {key}"), e);
+    if !wanted {
+        data.meta.remove(key);
+        return Ok(None);
+    }
+    if comm.size() > 1 {
+        let m = data
+            .meta
+            .object::<PixelData<T>>(key)
+            .map_err(|e| missing(&e))?;
+        let whole = gather_map(comm, m, 0)
+            .map_err(|e| WorkflowError::gather(format!("gathering map {key}"), e))?;
+        data.meta.remove(key);
+        return Ok(whole);
+    }
+    // Checked first, so that a wrong type names both types and keeps the entry.
+    data.meta
+        .object::<PixelData<T>>(key)
+        .map_err(|e| missing(&e))?;
+    match data.meta.remove(key) {
+        Some(toast_core::MetaItem::Object { object, .. }) => object
+            .downcast::<PixelData<T>>()
+            .map(|b| Some(*b))
+            .map_err(|_| missing(&"changed type while taken")),
+        _ => Err(missing(&"vanished while taken")),
+    }
+}
+
+/// Drop every observation's detector data (signal, flags, kept pointing):
+/// once the map-maker has run nothing reads it, and the outputs are
+/// written without it. The observations themselves (detectors, times)
+/// stay for the run's statistics.
+fn drop_detector_data(data: &mut Data) {
+    for ob in data.obs.iter_mut() {
+        let names: Vec<String> = ob.detdata.names().map(str::to_string).collect();
+        for n in names {
+            // Present: the name was just listed.
+            let _ = ob.detdata.remove(&n);
+        }
+    }
 }
 
 /// The sky a run scans, as a solve that diverges names it: the file or the

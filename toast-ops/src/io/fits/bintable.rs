@@ -310,6 +310,76 @@ pub enum ColumnSource<'a> {
     I32(&'a [i32]),
     /// int64 values.
     I64(&'a [i64]),
+    /// float64 values of one value of a map stored by submaps.
+    SubmapsF64(SubmapColumn<'a, f64>),
+    /// int64 values of one value of a map stored by submaps.
+    SubmapsI64(SubmapColumn<'a, i64>),
+}
+
+/// One value (`value` of `n_value` per pixel) of a map stored by submaps,
+/// read in place as a full-sky column: pixel `p` lies in submap `p /
+/// n_pix_submap`, stored at local index `global2local[submap]` or not
+/// stored (negative: the pixel reads as zero). A map is written this way
+/// without first being expanded to the full sky.
+#[derive(Debug, Clone, Copy)]
+pub struct SubmapColumn<'a, T> {
+    /// The stored submaps, `n_pix_submap × n_value` values each.
+    pub data: &'a [T],
+    /// Values per pixel.
+    pub n_value: usize,
+    /// Which value of each pixel this column holds.
+    pub value: usize,
+    /// Pixels per submap.
+    pub n_pix_submap: usize,
+    /// Local index of each submap of the sky (negative: not stored).
+    pub global2local: &'a [i64],
+    /// Pixels of the full sky.
+    pub n_pix: usize,
+}
+
+impl<T: Copy + Default> SubmapColumn<'_, T> {
+    /// Whether the layout is consistent: `value < n_value`, enough submaps
+    /// for `n_pix` pixels, and every stored submap inside `data`.
+    fn check(&self) -> Result<(), String> {
+        let nps = self.n_pix_submap.max(1);
+        let need = self.n_pix.div_ceil(nps);
+        if self.value >= self.n_value || self.global2local.len() < need {
+            return Err(format!(
+                "value {} of {} per pixel, {} submaps of {} pixels for {} pixels",
+                self.value,
+                self.n_value,
+                self.global2local.len(),
+                self.n_pix_submap,
+                self.n_pix
+            ));
+        }
+        let stored = self.data.len() / (nps * self.n_value);
+        match self.global2local.iter().find(|&&l| l >= stored as i64) {
+            Some(l) => Err(format!("local submap {l}, but {stored} submaps are stored")),
+            None => Ok(()),
+        }
+    }
+
+    /// The value of pixel `p < n_pix` (zero where its submap is not
+    /// stored).
+    #[inline]
+    pub fn get(&self, p: usize) -> T {
+        let nps = self.n_pix_submap;
+        let loc = self.global2local[p / nps];
+        if loc < 0 {
+            return T::default();
+        }
+        self.data[(loc as usize * nps + p % nps) * self.n_value + self.value]
+    }
+}
+
+/// One source value, in its own type.
+#[derive(Clone, Copy)]
+enum Num {
+    F32(f32),
+    F64(f64),
+    I32(i32),
+    I64(i64),
 }
 
 impl ColumnSource<'_> {
@@ -319,11 +389,38 @@ impl ColumnSource<'_> {
             ColumnSource::F64(d) => d.len(),
             ColumnSource::I32(d) => d.len(),
             ColumnSource::I64(d) => d.len(),
+            ColumnSource::SubmapsF64(c) => c.n_pix,
+            ColumnSource::SubmapsI64(c) => c.n_pix,
         }
     }
 
     fn is_float(&self) -> bool {
-        matches!(self, ColumnSource::F32(_) | ColumnSource::F64(_))
+        matches!(
+            self,
+            ColumnSource::F32(_) | ColumnSource::F64(_) | ColumnSource::SubmapsF64(_)
+        )
+    }
+
+    /// The layout of a submap column (see [`SubmapColumn`]).
+    fn check_layout(&self) -> Result<(), String> {
+        match self {
+            ColumnSource::SubmapsF64(c) => c.check(),
+            ColumnSource::SubmapsI64(c) => c.check(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Value `i`.
+    #[inline]
+    fn get(&self, i: usize) -> Num {
+        match self {
+            ColumnSource::F32(d) => Num::F32(d[i]),
+            ColumnSource::F64(d) => Num::F64(d[i]),
+            ColumnSource::I32(d) => Num::I32(d[i]),
+            ColumnSource::I64(d) => Num::I64(d[i]),
+            ColumnSource::SubmapsF64(c) => Num::F64(c.get(i)),
+            ColumnSource::SubmapsI64(c) => Num::I64(c.get(i)),
+        }
     }
 }
 
@@ -386,6 +483,9 @@ pub(super) fn check_column_count(columns: &[WriteColumn<'_>]) -> Result<(), Stri
 /// to be stored in an integer column.
 pub(super) fn check_column_data(columns: &[WriteColumn<'_>], nrows: usize) -> Result<(), String> {
     for c in columns {
+        c.data
+            .check_layout()
+            .map_err(|e| format!("column '{}': {e}", c.name))?;
         if c.data.len() != nrows {
             return Err(format!(
                 "column '{}' has {} values, column '{}' has {nrows}",
@@ -408,19 +508,21 @@ pub(super) fn check_column_data(columns: &[WriteColumn<'_>], nrows: usize) -> Re
 /// Checks that int64 values to be stored as int32 (`J`) fit.
 pub(super) fn check_int_ranges(columns: &[WriteColumn<'_>]) -> Result<(), String> {
     for c in columns {
-        if c.format == ColumnFormat::I32 {
-            if let ColumnSource::I64(d) = c.data {
-                if let Some((i, v)) = d
-                    .iter()
-                    .enumerate()
-                    .find(|(_, &v)| i32::try_from(v).is_err())
-                {
-                    return Err(format!(
-                        "column '{}': value {v} at pixel {i} does not fit int32 (TFORM J)",
-                        c.name
-                    ));
-                }
-            }
+        if c.format != ColumnFormat::I32 {
+            continue;
+        }
+        if !matches!(c.data, ColumnSource::I64(_) | ColumnSource::SubmapsI64(_)) {
+            continue;
+        }
+        let bad = (0..c.data.len()).find_map(|i| match c.data.get(i) {
+            Num::I64(v) if i32::try_from(v).is_err() => Some((i, v)),
+            _ => None,
+        });
+        if let Some((i, v)) = bad {
+            return Err(format!(
+                "column '{}': value {v} at pixel {i} does not fit int32 (TFORM J)",
+                c.name
+            ));
         }
     }
     Ok(())
@@ -520,41 +622,21 @@ pub(super) fn write_rows(
 fn encode_column(sub: &mut [u8], row_bytes: usize, off: usize, first: usize, c: &WriteColumn<'_>) {
     let size = c.format.size();
     for (k, row) in sub.chunks_exact_mut(row_bytes).enumerate() {
-        let i = first + k;
         let dst = &mut row[off..off + size];
-        match (c.format, c.data) {
-            (ColumnFormat::F32, ColumnSource::F32(d)) => dst.copy_from_slice(&d[i].to_be_bytes()),
-            (ColumnFormat::F32, ColumnSource::F64(d)) => {
-                dst.copy_from_slice(&(d[i] as f32).to_be_bytes())
-            }
-            (ColumnFormat::F32, ColumnSource::I32(d)) => {
-                dst.copy_from_slice(&(d[i] as f32).to_be_bytes())
-            }
-            (ColumnFormat::F32, ColumnSource::I64(d)) => {
-                dst.copy_from_slice(&(d[i] as f32).to_be_bytes())
-            }
-            (ColumnFormat::F64, ColumnSource::F32(d)) => {
-                dst.copy_from_slice(&(d[i] as f64).to_be_bytes())
-            }
-            (ColumnFormat::F64, ColumnSource::F64(d)) => dst.copy_from_slice(&d[i].to_be_bytes()),
-            (ColumnFormat::F64, ColumnSource::I32(d)) => {
-                dst.copy_from_slice(&(d[i] as f64).to_be_bytes())
-            }
-            (ColumnFormat::F64, ColumnSource::I64(d)) => {
-                dst.copy_from_slice(&(d[i] as f64).to_be_bytes())
-            }
-            (ColumnFormat::I32, ColumnSource::I32(d)) => dst.copy_from_slice(&d[i].to_be_bytes()),
-            (ColumnFormat::I32, ColumnSource::I64(d)) => {
-                dst.copy_from_slice(&(d[i] as i32).to_be_bytes())
-            }
-            (ColumnFormat::I64, ColumnSource::I32(d)) => {
-                dst.copy_from_slice(&(d[i] as i64).to_be_bytes())
-            }
-            (ColumnFormat::I64, ColumnSource::I64(d)) => dst.copy_from_slice(&d[i].to_be_bytes()),
-            (
-                ColumnFormat::I32 | ColumnFormat::I64,
-                ColumnSource::F32(_) | ColumnSource::F64(_),
-            ) => {
+        match (c.format, c.data.get(first + k)) {
+            (ColumnFormat::F32, Num::F32(v)) => dst.copy_from_slice(&v.to_be_bytes()),
+            (ColumnFormat::F32, Num::F64(v)) => dst.copy_from_slice(&(v as f32).to_be_bytes()),
+            (ColumnFormat::F32, Num::I32(v)) => dst.copy_from_slice(&(v as f32).to_be_bytes()),
+            (ColumnFormat::F32, Num::I64(v)) => dst.copy_from_slice(&(v as f32).to_be_bytes()),
+            (ColumnFormat::F64, Num::F32(v)) => dst.copy_from_slice(&(v as f64).to_be_bytes()),
+            (ColumnFormat::F64, Num::F64(v)) => dst.copy_from_slice(&v.to_be_bytes()),
+            (ColumnFormat::F64, Num::I32(v)) => dst.copy_from_slice(&(v as f64).to_be_bytes()),
+            (ColumnFormat::F64, Num::I64(v)) => dst.copy_from_slice(&(v as f64).to_be_bytes()),
+            (ColumnFormat::I32, Num::I32(v)) => dst.copy_from_slice(&v.to_be_bytes()),
+            (ColumnFormat::I32, Num::I64(v)) => dst.copy_from_slice(&(v as i32).to_be_bytes()),
+            (ColumnFormat::I64, Num::I32(v)) => dst.copy_from_slice(&(v as i64).to_be_bytes()),
+            (ColumnFormat::I64, Num::I64(v)) => dst.copy_from_slice(&v.to_be_bytes()),
+            (ColumnFormat::I32 | ColumnFormat::I64, Num::F32(_) | Num::F64(_)) => {
                 unreachable!("float to integer columns rejected before writing")
             }
         }

@@ -595,6 +595,21 @@ pub fn write_float_maps(
     precision: MapPrecision,
     extra: &[HeaderCard],
 ) -> Result<(), FitsError> {
+    let sources: Vec<ColumnSource<'_>> = maps.iter().map(|m| ColumnSource::F64(m)).collect();
+    write_float_columns(path, ordering, &sources, unit, precision, extra)
+}
+
+/// [`write_float_maps`] from any column sources, e.g. the values of a map
+/// stored by submaps ([`ColumnSource::SubmapsF64`]), written without a
+/// full-sky copy.
+pub fn write_float_columns(
+    path: &Path,
+    ordering: Ordering,
+    maps: &[ColumnSource<'_>],
+    unit: Option<&str>,
+    precision: MapPrecision,
+    extra: &[HeaderCard],
+) -> Result<(), FitsError> {
     let format = match precision {
         MapPrecision::F32 => ColumnFormat::F32,
         MapPrecision::F64 => ColumnFormat::F64,
@@ -616,7 +631,7 @@ pub fn write_float_maps(
             name,
             unit,
             format,
-            data: ColumnSource::F64(data),
+            data: *data,
         })
         .collect();
     write_healpix_map(path, ordering, &cols, extra)
@@ -644,6 +659,17 @@ pub fn write_hits_map(
     hits: &[i64],
     extra: &[HeaderCard],
 ) -> Result<(), FitsError> {
+    write_hits_column(path, ordering, ColumnSource::I64(hits), extra)
+}
+
+/// [`write_hits_map`] from any column source, e.g. a hit map stored by
+/// submaps ([`ColumnSource::SubmapsI64`]), written without a full-sky copy.
+pub fn write_hits_column(
+    path: &Path,
+    ordering: Ordering,
+    hits: ColumnSource<'_>,
+    extra: &[HeaderCard],
+) -> Result<(), FitsError> {
     write_healpix_map(
         path,
         ordering,
@@ -651,7 +677,7 @@ pub fn write_hits_map(
             name: "T",
             unit: None,
             format: ColumnFormat::I32,
-            data: ColumnSource::I64(hits),
+            data: hits,
         }],
         extra,
     )
