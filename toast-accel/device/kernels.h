@@ -1,8 +1,8 @@
-/* kernels.h -- the fifteen TOAST kernels for every device target (CUDA,
- * HIP, OpenCL), written once in a C subset that NVRTC, hiprtc and OpenCL C
- * 1.2 / 3.0 all accept (11-15 at the end: cov_accum_diag_hits/invnpp,
- * filter_polynomial, filter_poly2D, cov_apply_diag, with their own launch
- * shapes).  It is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
+/* kernels.h -- the fifteen TOAST kernels and the PCG solver's two vector
+ * kernels for every device target (CUDA, HIP, OpenCL), written once in a C
+ * subset that NVRTC, hiprtc and OpenCL C 1.2 / 3.0 all accept (11-17 at the
+ * end: cov_accum_diag_hits/invnpp, filter_polynomial, filter_poly2D,
+ * cov_apply_diag, amp_dot, amp_axpby, with their own launch shapes).  It is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
  * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
  * atomic_min_u64.
@@ -1115,5 +1115,53 @@ KERNEL void toast_cov_apply_diag(i64 npix, i64 nnz, GLOBAL const double *RESTRIC
     }
     for (i64 j = 0; j < nnz; j++) {
         v[j] = t[j];
+    }
+}
+
+/* ---- 16-17. amp_dot, amp_axpby (ABI minor 3) --------------------------- */
+
+/* The PCG solver's amplitude-vector kernels (not TOAST registry kernels).
+ * amp_dot: 1-D over the nblock partial sums; thread k sums, in index order
+ * from 0.0, a[i] * b[i] over the unflagged entries of its block
+ * [k chunk, min(n, (k + 1) chunk)), chunk = ceil(n / nblock) (the host
+ * passes it), skipping flagged ones.  Each thread writes only its partial
+ * and sums in a fixed order: deterministic, and the host adds the
+ * partials in order. */
+KERNEL void toast_amp_dot(i64 n, i64 nblock, i64 chunk, GLOBAL const double *RESTRICT a,
+                          GLOBAL const double *RESTRICT b, GLOBAL const u8 *RESTRICT flags,
+                          GLOBAL double *RESTRICT partials) {
+    const i64 k = GID0;
+    if (k >= nblock) {
+        return;
+    }
+    i64 lo = k * chunk;
+    if (lo > n) {
+        lo = n;
+    }
+    i64 hi = lo + chunk;
+    if (hi > n) {
+        hi = n;
+    }
+    double s = 0.0;
+    for (i64 i = lo; i < hi; i++) {
+        if (flags[i] == 0) {
+            s += a[i] * b[i];
+        }
+    }
+    partials[k] = s;
+}
+
+/* amp_axpby: 1-D over the n entries, y[i] <- (alpha x[i]) + (beta y[i]);
+ * beta == 0: y[i] <- alpha x[i] (y not read, as BLAS: an exact copy). */
+KERNEL void toast_amp_axpby(i64 n, double alpha, double beta, GLOBAL const double *RESTRICT x,
+                            GLOBAL double *RESTRICT y) {
+    const i64 i = GID0;
+    if (i >= n) {
+        return;
+    }
+    if (beta == 0.0) {
+        y[i] = alpha * x[i];
+    } else {
+        y[i] = alpha * x[i] + beta * y[i];
     }
 }

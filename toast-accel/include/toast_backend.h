@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 2u
+#define TOAST_BACKEND_ABI_MINOR 3u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -383,6 +383,36 @@ typedef struct toast_cov_apply_diag_args {
     toast_array vec; /* f64 [nsub * nsubpix, nnz] (in/out) */
 } toast_cov_apply_diag_args;
 
+/* The PCG solver's flagged dot product of two amplitude vectors (ABI minor
+ * 3; not a TOAST registry kernel): the n entries are cut into nblock
+ * consecutive blocks of chunk = ceil(n / nblock) entries, and partials[k]
+ * is the sum, in index order from 0.0, of a[i] * b[i] over the entries i
+ * of block k whose flags[i] is 0 (flagged entries are skipped, not added
+ * as zero).  The caller adds the partials in order 0..nblock-1: with
+ * nblock = 1 that is the plain sequential sum.  nblock must be at least 1
+ * (blocks past the end hold 0.0). */
+typedef struct toast_amp_dot_args {
+    int64_t n;
+    int64_t nblock;
+    toast_array a;        /* f64 [n] (in) */
+    toast_array b;        /* f64 [n] (in) */
+    toast_array flags;    /* u8 [n] (in) */
+    toast_array partials; /* f64 [nblock] (out) */
+} toast_amp_dot_args;
+
+/* The PCG solver's vector update (ABI minor 3; not a TOAST registry
+ * kernel): y[i] <- (alpha * x[i]) + (beta * y[i]) for i < n, each product
+ * rounded, then the sum (x += alpha d: alpha, 1; r -= alpha q: -alpha, 1;
+ * d <- beta d + s: 1, beta).  beta == 0: y[i] <- alpha x[i], y not read
+ * (as BLAS; with alpha = 1 an exact copy, signed zeros included). */
+typedef struct toast_amp_axpby_args {
+    int64_t n;
+    double alpha;
+    double beta;
+    toast_array x; /* f64 [n] (in) */
+    toast_array y; /* f64 [n] (in/out) */
+} toast_amp_axpby_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -429,6 +459,8 @@ typedef struct toast_backend_table {
     toast_status (*filter_polynomial)(void *ctx, const toast_filter_polynomial_args *a);
     toast_status (*filter_poly2d)(void *ctx, const toast_filter_poly2d_args *a);
     toast_status (*cov_apply_diag)(void *ctx, const toast_cov_apply_diag_args *a);
+    toast_status (*amp_dot)(void *ctx, const toast_amp_dot_args *a);
+    toast_status (*amp_axpby)(void *ctx, const toast_amp_axpby_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 2;
+pub const ABI_MINOR: u32 = 3;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -336,6 +336,27 @@ pub struct CovApplyDiagArgs {
     pub nnz: i64,
     pub mat: Array,
     pub vec: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AmpDotArgs {
+    pub n: i64,
+    pub nblock: i64,
+    pub a: Array,
+    pub b: Array,
+    pub flags: Array,
+    pub partials: Array,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AmpAxpbyArgs {
+    pub n: i64,
+    pub alpha: f64,
+    pub beta: f64,
+    pub x: Array,
+    pub y: Array,
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

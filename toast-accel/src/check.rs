@@ -1425,6 +1425,78 @@ pub unsafe fn check_cov_apply_diag(a: &abi::CovApplyDiagArgs) -> Result<CovApply
     })
 }
 
+/// The most partial sums `amp_dot` writes (the host downloads them every
+/// PCG dot product, so a few KiB at most).
+pub const AMP_DOT_MAX_BLOCKS: i64 = 4096;
+
+/// Validated `amp_dot` arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmpDot {
+    /// Entries.
+    pub n: usize,
+    /// Partial sums (blocks).
+    pub nblock: usize,
+    /// Entries per block (`ceil(n / nblock)`; 0 when `n == 0`).
+    pub chunk: usize,
+}
+
+/// Check the arguments of `amp_dot`: `n >= 0`, `1 <= nblock <=`
+/// [`AMP_DOT_MAX_BLOCKS`], `a`, `b` and `flags` of `n` elements, `partials`
+/// of `nblock`.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_amp_dot(a: &abi::AmpDotArgs) -> Result<AmpDot, ArgError> {
+    const K: &str = "amp_dot";
+    if a.n < 0 {
+        return Err(ArgError::new(
+            K,
+            "n",
+            format!("n = {}, must not be negative", a.n),
+        ));
+    }
+    if !(1..=AMP_DOT_MAX_BLOCKS).contains(&a.nblock) {
+        return Err(ArgError::new(
+            K,
+            "nblock",
+            format!(
+                "nblock = {}, must be in [1, {AMP_DOT_MAX_BLOCKS}]",
+                a.nblock
+            ),
+        ));
+    }
+    let n = a.n as u64;
+    exact_len(K, "a", a.a.len, n, "n")?;
+    exact_len(K, "b", a.b.len, n, "n")?;
+    exact_len(K, "flags", a.flags.len, n, "n")?;
+    exact_len(K, "partials", a.partials.len, a.nblock as u64, "nblock")?;
+    let nblock = a.nblock as usize;
+    Ok(AmpDot {
+        n: n as usize,
+        nblock,
+        chunk: (n as usize).div_ceil(nblock),
+    })
+}
+
+/// Check the arguments of `amp_axpby`: `n >= 0`, `x` and `y` of `n`
+/// elements; returns `n`.
+///
+/// # Safety
+/// None (it reads no pointer); `unsafe` for uniformity with the others.
+pub unsafe fn check_amp_axpby(a: &abi::AmpAxpbyArgs) -> Result<usize, ArgError> {
+    const K: &str = "amp_axpby";
+    if a.n < 0 {
+        return Err(ArgError::new(
+            K,
+            "n",
+            format!("n = {}, must not be negative", a.n),
+        ));
+    }
+    exact_len(K, "x", a.x.len, a.n as u64, "n")?;
+    exact_len(K, "y", a.y.len, a.n as u64, "n")?;
+    Ok(a.n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     //! One test per validation rule; each asserts the error names the argument.
@@ -2306,5 +2378,66 @@ mod tests {
         // nsub < 1: nothing is read or written, nothing else is checked.
         let v = check(0, 0, 99, 5, 7).unwrap();
         assert!(!v.active);
+    }
+
+    fn dot_check(a: &abi::AmpDotArgs) -> Result<AmpDot, ArgError> {
+        // SAFETY: the validator reads no pointer.
+        unsafe { check_amp_dot(a) }
+    }
+
+    fn axpby_check(a: &abi::AmpAxpbyArgs) -> Result<usize, ArgError> {
+        // SAFETY: the validator reads no pointer.
+        unsafe { check_amp_axpby(a) }
+    }
+
+    fn dot_args(n: i64, nblock: i64, lens: [u64; 4]) -> abi::AmpDotArgs {
+        let a = |len| Array { ptr: 8, len };
+        abi::AmpDotArgs {
+            n,
+            nblock,
+            a: a(lens[0]),
+            b: a(lens[1]),
+            flags: a(lens[2]),
+            partials: a(lens[3]),
+        }
+    }
+
+    #[test]
+    fn amp_dot_lengths_and_blocks() {
+        let v = dot_check(&dot_args(10, 3, [10, 10, 10, 3])).unwrap();
+        assert_eq!((v.n, v.nblock, v.chunk), (10, 3, 4));
+        let v = dot_check(&dot_args(0, 2, [0, 0, 0, 2])).unwrap();
+        assert_eq!((v.n, v.nblock, v.chunk), (0, 2, 0));
+        expect_err(dot_check(&dot_args(-1, 1, [0, 0, 0, 1])), "n", "n = -1");
+        expect_err(
+            dot_check(&dot_args(4, 0, [4, 4, 4, 0])),
+            "nblock",
+            "nblock = 0",
+        );
+        expect_err(
+            dot_check(&dot_args(4, AMP_DOT_MAX_BLOCKS + 1, [4, 4, 4, 0])),
+            "nblock",
+            "must be in",
+        );
+        for (i, arg) in ["a", "b", "flags", "partials"].into_iter().enumerate() {
+            let mut lens = [4, 4, 4, 2];
+            lens[i] += 1;
+            expect_err(dot_check(&dot_args(4, 2, lens)), arg, "length");
+        }
+    }
+
+    #[test]
+    fn amp_axpby_lengths() {
+        let args = |n: i64, nx: u64, ny: u64| abi::AmpAxpbyArgs {
+            n,
+            alpha: 1.0,
+            beta: 2.0,
+            x: Array { ptr: 8, len: nx },
+            y: Array { ptr: 16, len: ny },
+        };
+        assert_eq!(axpby_check(&args(5, 5, 5)).unwrap(), 5);
+        expect_err(axpby_check(&args(-2, 0, 0)), "n", "n = -2");
+        expect_err(axpby_check(&args(5, 4, 5)), "x", "length 4");
+        expect_err(axpby_check(&args(5, 5, 6)), "y", "length 6");
     }
 }

@@ -197,6 +197,22 @@ macro_rules! toast_kernels {
                 device: ["toast_cov_apply_diag"],
                 case: CovApplyDiagCase,
             }
+            amp_dot => AmpDot {
+                name: "amp_dot",
+                args: AmpDotArgs = toast_amp_dot_args,
+                check: check_amp_dot -> $crate::check::AmpDot,
+                arrays: [a: In, b: In, flags: In, partials: Out],
+                device: ["toast_amp_dot"],
+                case: AmpDotCase,
+            }
+            amp_axpby => AmpAxpby {
+                name: "amp_axpby",
+                args: AmpAxpbyArgs = toast_amp_axpby_args,
+                check: check_amp_axpby -> usize,
+                arrays: [x: In, y: Out],
+                device: ["toast_amp_axpby"],
+                case: AmpAxpbyCase,
+            }
         }
     };
 }
@@ -370,7 +386,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 15);
+        assert_eq!(Kernel::ALL.len(), 17);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -380,7 +396,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 18);
+        assert_eq!(names.len(), 20);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

@@ -7,6 +7,11 @@
 //! apply_covariance`, the final maps and every CPU run) both call it, and
 //! the device source (`device/kernels.h`, `toast_cov_apply_diag`) spells out
 //! the same operations in the same order.
+//!
+//! [`flagged_dot`] and [`axpby`] are the PCG solver's vector arithmetic
+//! (`amp_dot` per block, `amp_axpby`): the CPU plugin's kernels and the
+//! map-maker's host path (toast-ops `mapmaker::solve`, every CPU run) both
+//! call them.
 
 /// The most map components [`cov_apply_pixel`] takes.
 pub const COV_MAX_NNZ: usize = 16;
@@ -37,6 +42,42 @@ pub fn cov_apply_pixel(m: &mut [f64], c: &[f64]) {
     m.copy_from_slice(&t[..nnz]);
 }
 
+/// `Σ a_i b_i` over the entries with `flags_i == 0`, in index order from
+/// 0.0, skipping flagged entries (a NaN there never reaches the sum).
+pub fn flagged_dot(a: &[f64], b: &[f64], flags: &[u8]) -> f64 {
+    let mut s = 0.0;
+    for ((x, y), f) in a.iter().zip(b).zip(flags) {
+        if *f == 0 {
+            s += x * y;
+        }
+    }
+    s
+}
+
+/// The entries of block `k` when `n` entries are cut into `nblock`
+/// consecutive blocks of `ceil(n / nblock)` (`amp_dot`'s blocks; empty past
+/// the end).
+pub fn dot_block(k: usize, n: usize, nblock: usize) -> std::ops::Range<usize> {
+    let chunk = n.div_ceil(nblock.max(1)).max(1);
+    let lo = k.saturating_mul(chunk).min(n);
+    lo..(lo + chunk).min(n)
+}
+
+/// `y_i ← (α x_i) + (β y_i)`, each product rounded, then the sum; with
+/// `β == 0`, `y_i ← α x_i` (`y` is not read, as in BLAS: a copy when
+/// `α == 1`, whatever `y` held, signed zeros included).
+pub fn axpby(alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
+    if beta == 0.0 {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi = alpha * xi;
+        }
+    } else {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi = alpha * xi + beta * *yi;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +92,18 @@ mod tests {
         let mut one = [3.0];
         cov_apply_pixel(&mut one, &[0.5]);
         assert_eq!(one, [1.5]);
+    }
+
+    #[test]
+    fn flagged_dot_skips_flags_and_axpby_copies_on_beta_zero() {
+        let a = [1.0, f64::NAN, 3.0];
+        let b = [2.0, 5.0, -1.0];
+        assert_eq!(super::flagged_dot(&a, &b, &[0, 1, 0]), -1.0);
+        let mut y = [f64::NAN, 1.0, 2.0];
+        super::axpby(1.0, &[-0.0, 4.0, 5.0], 0.0, &mut y);
+        assert!(y[0] == 0.0 && y[0].is_sign_negative());
+        assert_eq!(&y[1..], &[4.0, 5.0]);
+        super::axpby(0.5, &[2.0, 2.0, 2.0], 2.0, &mut y);
+        assert_eq!(&y[1..], &[9.0, 11.0]);
     }
 }

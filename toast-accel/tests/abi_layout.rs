@@ -104,6 +104,8 @@ fn rust_side() -> BTreeMap<String, Layout> {
             n_samp, n_det, n_group, n_mode, det_groups, templates, signals, masks, coeff,
         },
         toast_cov_apply_diag_args => CovApplyDiagArgs { nsub, nsubpix, nnz, mat, vec },
+        toast_amp_dot_args => AmpDotArgs { n, nblock, a, b, flags, partials },
+        toast_amp_axpby_args => AmpAxpbyArgs { n, alpha, beta, x, y },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

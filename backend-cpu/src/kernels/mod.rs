@@ -5,6 +5,7 @@
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
 pub(crate) mod mapmaker_utils;
+pub(crate) mod pcg;
 pub(crate) mod pointing;
 pub(crate) mod polyfilter;
 pub(crate) mod scan_map;
@@ -60,6 +61,8 @@ cpu_kernel! {
     FilterPolynomialArgs => |v, a| polyfilter::run_polynomial(v, a);
     FilterPoly2dArgs => |v, a| polyfilter::run_poly2d(v, a);
     CovApplyDiagArgs => |v, a| mapmaker_utils::run_apply(v, a);
+    AmpDotArgs => |v, a| pcg::run_dot(v, a);
+    AmpAxpbyArgs => |_v, a| pcg::run_axpby(a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

@@ -1029,6 +1029,7 @@ def all_cases():
     yield case_precond("allflagged", 31, 1.0, "every amplitude flagged -> output all 0.0")
     yield case_precond("empty", 0, 0.2, "n_amp = 0")
     yield from cov_apply_cases()
+    yield from amp_cases()
 
 
 # ---------------------------------------------------------------------------
@@ -1100,6 +1101,86 @@ def cov_apply_cases():
         "nsub=0: the kernel returns before reading anything, vec unchanged (the arrays have 2 "
         "submaps of room)",
     )
+
+
+# ---------------------------------------------------------------------------
+# 16-17. amp_dot, amp_axpby: the PCG solver's vector kernels.  Not TOAST
+# registry kernels (TOAST's solver does this work in numpy on the host), so the
+# reference is plain Python / numpy arithmetic in the order FORMAT.md section
+# 16 states: the partial sums in index order with Python floats (IEEE doubles),
+# y <- (alpha x) + (beta y) with numpy's separate multiply and add (y <- alpha x
+# when beta = 0).
+
+def amp_dot_reference(n, nblock, a, b, flags):
+    chunk = -(-n // nblock) if n > 0 else 0
+    out = np.zeros(nblock)
+    for k in range(nblock):
+        lo = min(k * chunk, n)
+        hi = min(lo + chunk, n)
+        s = 0.0
+        for i in range(lo, hi):
+            if flags[i] == 0:
+                s += float(a[i]) * float(b[i])
+        out[k] = s
+    return out
+
+
+def case_amp_dot(name, n, nblock, frac_flagged, description):
+    c = Case("amp_dot", name, "none (PCG dot product, numpy reference)", description)
+    rng = rng_for(c.file)
+    a = rng.uniform(-3.0, 3.0, n)
+    b = rng.uniform(-3.0, 3.0, n)
+    flags = u8(rng.uniform(size=n) < frac_flagged)
+    # flagged entries are skipped, not multiplied: NaN there never reaches a sum
+    a[flags != 0] = np.nan
+    c.scalar("n", n, np.int64)
+    c.scalar("nblock", nblock, np.int64)
+    c.add(a=a, b=b, flags=flags, partials=amp_dot_reference(n, nblock, a, b, flags))
+    return c
+
+
+def case_amp_axpby(name, n, alpha, beta, description):
+    c = Case("amp_axpby", name, "none (PCG vector update, numpy reference)", description)
+    rng = rng_for(c.file)
+    x = rng.uniform(-4.0, 4.0, n)
+    y_in = rng.uniform(-4.0, 4.0, n)
+    if beta == 0.0:
+        # y is not read (BLAS): NaN there does not reach y_out
+        y_in[::7] = np.nan
+        y_out = np.multiply(alpha, x)
+    else:
+        y_out = np.multiply(alpha, x) + np.multiply(beta, y_in)
+    c.scalar("n", n, np.int64)
+    c.scalar("alpha", alpha, np.float64)
+    c.scalar("beta", beta, np.float64)
+    c.add(x=x, y_in=y_in, y_out=y_out)
+    return c
+
+
+def amp_cases():
+    yield case_amp_dot(
+        "blocks7", 1000, 7, 0.2,
+        "n=1000 in 7 blocks of 143 (the last 142); ~20% flagged, NaN in a there (skipped)",
+    )
+    yield case_amp_dot(
+        "one_block", 257, 1, 0.1,
+        "one block: the plain sequential flagged dot product (the CPU solver's)",
+    )
+    yield case_amp_dot(
+        "blocks_past_end", 5, 8, 0.0,
+        "n=5 in 8 blocks of 1: blocks 5-7 are empty and hold 0.0",
+    )
+    yield case_amp_dot("empty", 0, 3, 0.0, "n=0: every partial is 0.0")
+    yield case_amp_axpby("x_plus_alpha_d", 300, 0.7310585786300049, 1.0,
+                         "x += alpha d: alpha, beta = 1")
+    yield case_amp_axpby("r_minus_alpha_q", 300, -0.7310585786300049, 1.0,
+                         "r -= alpha q: -alpha, beta = 1 (the same bits as r - alpha q)")
+    yield case_amp_axpby("d_beta_plus_s", 300, 1.0, 0.2689414213699951,
+                         "d <- beta d + s: alpha = 1, beta")
+    yield case_amp_axpby("copy_beta0", 120, 1.0, 0.0,
+                         "beta = 0: y <- alpha x without reading y (NaN in y_in every 7th "
+                         "entry); alpha = 1: an exact copy (r = b, d = s)")
+    yield case_amp_axpby("empty", 0, 2.0, 3.0, "n=0: nothing is read or written")
 
 
 # ---------------------------------------------------------------------------

@@ -700,6 +700,61 @@ impl DeviceKernel for abi::CovApplyDiagArgs {
     }
 }
 
+impl DeviceKernel for abi::AmpDotArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let x = call.array("a", a.a, F64)?;
+        let y = call.array("b", a.b, F64)?;
+        let flags = call.array("flags", a.flags, U8)?;
+        let partials = call.array("partials", a.partials, F64)?;
+        call.launch(
+            "toast_amp_dot",
+            v.nblock as u64,
+            1,
+            1,
+            &[
+                P::I64(v.n as i64),
+                P::I64(v.nblock as i64),
+                P::I64(v.chunk as i64),
+                P::Buffer(x),
+                P::Buffer(y),
+                P::Buffer(flags),
+                P::Buffer(partials),
+            ],
+        )
+    }
+}
+
+impl DeviceKernel for abi::AmpAxpbyArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        n: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if *n == 0 {
+            return Ok(());
+        }
+        let x = call.array("x", a.x, F64)?;
+        let y = call.array("y", a.y, F64)?;
+        call.launch(
+            "toast_amp_axpby",
+            *n as u64,
+            1,
+            1,
+            &[
+                P::I64(*n as i64),
+                P::F64(a.alpha),
+                P::F64(a.beta),
+                P::Buffer(x),
+                P::Buffer(y),
+            ],
+        )
+    }
+}
+
 /// The workspace of `n` templates per fit: the matrix and its eigenvectors
 /// (`n * n` each) and `vectors` vectors of `n` (`kernels.h`).
 fn poly_item_len(n: u64, vectors: u64) -> u64 {

@@ -324,12 +324,13 @@ fn launch<A: KernelArgs>(
     let backend = Arc::clone(&resolved.backend);
     let timer = resolved.timer_name();
 
-    // The same field twice would alias an output with another argument.
+    // The same field twice would alias an output with another argument
+    // (the same input twice, e.g. `r · r`, is harmless).
     for (i, s) in specs.iter().enumerate() {
         if let Some(k) = s.key(&observation) {
             if specs[..i]
                 .iter()
-                .any(|o| o.key(&observation).as_ref() == Some(&k))
+                .any(|o| (o.output || s.output) && o.key(&observation).as_ref() == Some(&k))
             {
                 return Err(OpError::KernelCall {
                     operator: operator.to_string(),
@@ -1171,6 +1172,101 @@ pub fn offset_project_signal(
     )
 }
 
+/// [`launch`] for a kernel whose arrays are all global items (no
+/// observation, no detectors).
+fn launch_global<A: KernelArgs>(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    specs: Vec<Spec<'_>>,
+    make: impl FnOnce(&[abi::Array]) -> A,
+) -> Result<(), OpError> {
+    launch(ctx, operator, &[], Target { ob: None, meta }, specs, make)
+}
+
+/// The number of `elem`-byte elements of the global item `key`.
+fn global_len(meta: &Meta, key: &str, elem: usize) -> Result<usize, OpError> {
+    Ok(global_bytes(meta, key).ok_or_else(|| no_global(key))?.len() / elem)
+}
+
+/// The most partial sums of one device `amp_dot` (each block one device
+/// thread summing in index order).
+pub const AMP_DOT_DEVICE_BLOCKS: usize = 256;
+
+/// The number of partial sums [`amp_dot`] should produce on the backend
+/// that `operator`'s `amp_dot` resolves to: 1 on a host-addressable backend
+/// (the plain sequential sum, the CPU path's bits; also without a
+/// dispatcher), else one per 4096 entries, at most [`AMP_DOT_DEVICE_BLOCKS`]
+/// (2 KiB to download per dot product, whatever the number of amplitudes).
+pub fn amp_dot_blocks(ctx: &ExecContext, operator: &str, n: usize) -> Result<usize, OpError> {
+    let Some(dispatcher) = ctx.extensions.get::<Dispatcher>() else {
+        return Ok(1);
+    };
+    let resolved = dispatcher
+        .resolve(abi::Kernel::AmpDot, Some(operator))
+        .map_err(|e| OpError::KernelCall {
+            operator: operator.to_string(),
+            kernel: abi::Kernel::AmpDot.to_string(),
+            problem: e.to_string(),
+        })?;
+    Ok(if resolved.backend.host_addressable() {
+        1
+    } else {
+        n.div_ceil(4096).clamp(1, AMP_DOT_DEVICE_BLOCKS)
+    })
+}
+
+/// `amp_dot`: `partials[k]` the flagged dot product of block `k` of the
+/// global amplitude vectors `a` and `b` (`HostArray<f64>`s, flags the
+/// `HostArray<u8>` `flags`); the number of blocks is the length of the
+/// global `partials` (see [`amp_dot_blocks`]).
+pub fn amp_dot(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    (a, b, flags): (&str, &str, &str),
+    partials: &str,
+) -> Result<(), OpError> {
+    let n = global_len(meta, a, 8)?;
+    let nblock = global_len(meta, partials, 8)?;
+    let specs = vec![
+        Spec::input(Source::Global(a), 8),
+        Spec::input(Source::Global(b), 8),
+        Spec::input(Source::Global(flags), 1),
+        Spec::output(Source::Global(partials), 8),
+    ];
+    launch_global(ctx, operator, meta, specs, |arr| abi::AmpDotArgs {
+        n: n as i64,
+        nblock: nblock as i64,
+        a: arr[0],
+        b: arr[1],
+        flags: arr[2],
+        partials: arr[3],
+    })
+}
+
+/// `amp_axpby`: `y ← (α x) + (β y)` on global `HostArray<f64>`s.
+pub fn amp_axpby(
+    ctx: &mut ExecContext,
+    operator: &str,
+    meta: &mut Meta,
+    (alpha, x): (f64, &str),
+    (beta, y): (f64, &str),
+) -> Result<(), OpError> {
+    let n = global_len(meta, y, 8)?;
+    let specs = vec![
+        Spec::input(Source::Global(x), 8),
+        Spec::output(Source::Global(y), 8),
+    ];
+    launch_global(ctx, operator, meta, specs, |arr| abi::AmpAxpbyArgs {
+        n: n as i64,
+        alpha,
+        beta,
+        x: arr[0],
+        y: arr[1],
+    })
+}
+
 /// `template_offset_apply_diag_precond`: `out = flags == 0 ? in · var : 0`,
 /// on global `HostArray`s of equal length.
 pub fn offset_apply_diag_precond(
@@ -1181,17 +1277,14 @@ pub fn offset_apply_diag_precond(
     input: AmplitudeKeys<'_>,
     output: &str,
 ) -> Result<(), OpError> {
-    let n = global_bytes(meta, offset_var)
-        .ok_or_else(|| no_global(offset_var))?
-        .len()
-        / 8;
+    let n = global_len(meta, offset_var, 8)?;
     let specs = vec![
         Spec::input(Source::Global(offset_var), 8),
         Spec::input(Source::Global(input.amplitudes), 8),
         Spec::input(Source::Global(input.flags), 1),
         Spec::output(Source::Global(output), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+    launch_global(ctx, operator, meta, specs, |a| {
         abi::TemplateOffsetPrecondArgs {
             n_amp: n as u64,
             offset_var: a[0],
@@ -1236,15 +1329,13 @@ pub fn cov_accum_diag_hits(
         Spec::input(Source::Global(samples.subpix), 8),
         Spec::output(Source::Global(hits), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
-        abi::CovAccumDiagHitsArgs {
-            nsub: samples.nsub,
-            nsubpix: samples.nsubpix,
-            nnz: samples.nnz,
-            submap: a[0],
-            subpix: a[1],
-            hits: a[2],
-        }
+    launch_global(ctx, operator, meta, specs, |a| abi::CovAccumDiagHitsArgs {
+        nsub: samples.nsub,
+        nsubpix: samples.nsubpix,
+        nnz: samples.nnz,
+        submap: a[0],
+        subpix: a[1],
+        hits: a[2],
     })
 }
 
@@ -1266,7 +1357,7 @@ pub fn cov_accum_diag_invnpp(
         Spec::input(Source::Global(weights), 8),
         Spec::output(Source::Global(invnpp), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
+    launch_global(ctx, operator, meta, specs, |a| {
         abi::CovAccumDiagInvnppArgs {
             nsub: samples.nsub,
             nsubpix: samples.nsubpix,
@@ -1315,14 +1406,12 @@ pub fn cov_apply_diag(
         Spec::input(Source::Global(cov), 8),
         Spec::output(Source::Global(map), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
-        abi::CovApplyDiagArgs {
-            nsub,
-            nsubpix,
-            nnz: nnz as i64,
-            mat: a[0],
-            vec: a[1],
-        }
+    launch_global(ctx, operator, meta, specs, |a| abi::CovApplyDiagArgs {
+        nsub,
+        nsubpix,
+        nnz: nnz as i64,
+        mat: a[0],
+        vec: a[1],
     })
 }
 
@@ -1412,18 +1501,16 @@ pub fn filter_poly2d(
         Spec::input(Source::Global(keys.masks), 1),
         Spec::output(Source::Global(keys.coeff), 8),
     ];
-    launch(ctx, operator, &[], Target { ob: None, meta }, specs, |a| {
-        abi::FilterPoly2dArgs {
-            n_samp: n_samp as u64,
-            n_det: n_det as u64,
-            n_group: n_group as u64,
-            n_mode: n_mode as u64,
-            det_groups: det_groups.as_ptr(),
-            templates: templates.as_ptr(),
-            signals: a[0],
-            masks: a[1],
-            coeff: a[2],
-        }
+    launch_global(ctx, operator, meta, specs, |a| abi::FilterPoly2dArgs {
+        n_samp: n_samp as u64,
+        n_det: n_det as u64,
+        n_group: n_group as u64,
+        n_mode: n_mode as u64,
+        det_groups: det_groups.as_ptr(),
+        templates: templates.as_ptr(),
+        signals: a[0],
+        masks: a[1],
+        coeff: a[2],
     })
 }
 

@@ -124,6 +124,7 @@ mod binning;
 mod config;
 mod products;
 mod solve;
+mod vectors;
 
 pub use config::{MapMakerConfig, MapMakerSetup};
 pub use products::MapMakerResult;

@@ -69,6 +69,8 @@ pub(super) struct Keys {
     pub(super) lhs_out: String,
     pub(super) residual: String,
     pub(super) precond: String,
+    pub(super) solution: String,
+    pub(super) dot_partials: String,
     pub(super) hits: String,
     pub(super) cov: String,
     pub(super) invcov: String,
@@ -96,6 +98,8 @@ impl Keys {
             lhs_out: k("lhs_out"),
             residual: k("solve_residual"),
             precond: k("solve_precond"),
+            solution: k("solve_x"),
+            dot_partials: k("solve_dot_partials"),
             hits: k("hits"),
             cov: k("cov"),
             invcov: k("invcov"),
@@ -124,6 +128,8 @@ impl MapMaker {
             keys.lhs_out.clone(),
             keys.residual.clone(),
             keys.precond.clone(),
+            keys.solution.clone(),
+            keys.dot_partials.clone(),
             keys.neg_amplitudes.clone(),
         ];
         if !keep_solver {

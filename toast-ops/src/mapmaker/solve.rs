@@ -6,10 +6,11 @@
 
 use super::binning::CovKeys;
 use super::products::{Keys, MapMakerResult};
+use super::vectors::{VectorOp, VectorStep};
 use super::{timed, MapMaker};
 use crate::accel::bus::{BusBytes, CgTransfers};
 use crate::accel::global_data::HostArray;
-use crate::accel::kernels::view_intervals;
+use crate::accel::kernels::{amp_dot_blocks, view_intervals};
 use crate::accel::pipeline::{
     detector_passes, run_operators, with_host_step, DetectorSets, OpRef, RunOptions,
 };
@@ -52,34 +53,59 @@ fn read_amps(
     )
 }
 
-/// Host step `step`: `v` written into the amplitude vector `key` of
-/// `data.meta` on the host (staged to the device after when a scope holds
-/// it).
-fn write_amps(
+/// The name of the solver's vector steps (dispatch, timers, kernel log).
+const PCG_OPERATOR: &str = "pcg";
+
+/// `y ← (α x) + (β y)` on the amplitude vectors `x`, `y` (global items),
+/// as a pipeline step (on the device inside a device scope).
+fn axpby(
     data: &mut Data,
     ctx: &mut ExecContext,
-    step: &str,
-    key: &str,
-    v: &[f64],
+    (alpha, x): (f64, &str),
+    (beta, y): (f64, &str),
 ) -> Result<(), OpError> {
-    with_host_step(
+    let mut op = VectorOp {
+        name: PCG_OPERATOR.into(),
+        step: VectorStep::Axpby {
+            alpha,
+            x: x.to_string(),
+            beta,
+            y: y.to_string(),
+        },
+    };
+    run_operators(
+        "pcg_axpby",
+        &mut [&mut op],
         data,
         ctx,
-        step,
-        Requirements::new(),
-        Requirements::new().global(key),
-        |data, _| {
-            let a = data.meta.object_mut::<HostArray<f64>>(key)?;
-            a.values.copy_from_slice(v);
-            Ok(())
-        },
+        &RunOptions::default(),
     )
 }
 
-/// The job-wide `Σ a_i c_i` over unflagged entries: the local sum in index
-/// order, then an allreduce over the processes (timed as [`DOT_TIMER`]).
-fn gdot(ctx: &mut ExecContext, a: &[f64], c: &[f64], flags: &[u8]) -> Result<f64, OpError> {
-    let mut v = [dot(a, c, flags)];
+/// The job-wide flagged `Σ a_i b_i` of the amplitude vectors `a`, `b`
+/// (flags: the template's amplitude flags): the per-block partial sums
+/// (`partials`, one block on the host and host-addressable backends, so the
+/// sequential sum in index order), downloaded and added in block order,
+/// then an allreduce over the processes (timed as [`DOT_TIMER`]).
+fn gdot(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    (a, b): (&str, &str),
+    flags: &str,
+    partials: &str,
+) -> Result<f64, OpError> {
+    let mut op = VectorOp {
+        name: PCG_OPERATOR.into(),
+        step: VectorStep::Dot {
+            a: a.to_string(),
+            b: b.to_string(),
+            flags: flags.to_string(),
+            partials: partials.to_string(),
+        },
+    };
+    run_operators("pcg_dot", &mut [&mut op], data, ctx, &RunOptions::default())?;
+    let p = read_amps(data, ctx, "read_dot", partials)?;
+    let mut v = [p.iter().fold(0.0, |s, x| s + x)];
     let comm = comm_of(ctx);
     if comm.size() > 1 {
         ctx.timers.enter(DOT_TIMER)?;
@@ -91,17 +117,6 @@ fn gdot(ctx: &mut ExecContext, a: &[f64], c: &[f64], flags: &[u8]) -> Result<f64
         })?;
     }
     Ok(v[0])
-}
-
-/// `Σ a_i c_i` over unflagged entries, in index order.
-fn dot(a: &[f64], c: &[f64], flags: &[u8]) -> f64 {
-    let mut s = 0.0;
-    for ((x, y), f) in a.iter().zip(c).zip(flags) {
-        if *f == 0 {
-            s += x * y;
-        }
-    }
-    s
 }
 
 impl MapMaker {
@@ -148,13 +163,13 @@ impl MapMaker {
         let Some(tmpl) = self.offset_template(data, ctx, keys, res)? else {
             return Ok(None);
         };
-        let b = timed(data, ctx, "SolverRHS", |data, ctx| {
+        timed(data, ctx, "SolverRHS", |data, ctx| {
             self.rhs(data, ctx, &tmpl, keys)
         })?;
 
         // 5e: PCG.
         let x = timed(data, ctx, "solve", |data, ctx| {
-            self.pcg(data, ctx, &tmpl, keys, &b, res)
+            self.pcg(data, ctx, &tmpl, keys, res)
         })?;
         Ok(Some((tmpl, x)))
     }
@@ -388,6 +403,7 @@ impl MapMaker {
             &keys.lhs_out,
             &keys.residual,
             &keys.precond,
+            &keys.solution,
         ] {
             data.meta.set_object(k, tmpl.zeros());
         }
@@ -403,7 +419,7 @@ impl MapMaker {
         ctx: &mut ExecContext,
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
-    ) -> Result<Vec<f64>, OpError> {
+    ) -> Result<(), OpError> {
         let mm = self.setup.mapmaker.clone();
         let binner = self.setup.binner.clone();
         let full = binner.full_pointing;
@@ -431,8 +447,7 @@ impl MapMaker {
             det_mask: binner.det_mask,
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
-        self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)?;
-        read_amps(data, ctx, "read_rhs", &keys.rhs)
+        self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
     }
 
     /// Run `head`, the solver's pointing operators (when `expand`) and the
@@ -583,53 +598,79 @@ impl MapMaker {
     }
 
     /// `s = M⁻¹ r` with the offset template's diagonal preconditioner
-    /// (through `keys.residual` and `keys.precond`).
+    /// (`keys.residual` into `keys.precond`, where they live: on the device
+    /// inside a device scope).
     fn precond(
         &self,
         data: &mut Data,
         ctx: &mut ExecContext,
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
-        r: &[f64],
-    ) -> Result<Vec<f64>, OpError> {
-        write_amps(data, ctx, "write_residual", &keys.residual, r)?;
+    ) -> Result<(), OpError> {
         let mut op = OffsetApplyPrecond {
             name: "template_matrix".into(),
             template: Arc::clone(tmpl),
             input: keys.residual.clone(),
             output: keys.precond.clone(),
         };
-        run_operators("precond", &mut [&mut op], data, ctx, &RunOptions::default())?;
-        read_amps(data, ctx, "read_precond", &keys.precond)
+        run_operators("precond", &mut [&mut op], data, ctx, &RunOptions::default())
     }
 
-    /// The PCG solve of TOAST's `solve()` from a zero starting vector.
+    /// The PCG solve of TOAST's `solve()` from a zero starting vector, on
+    /// the amplitude vectors as global items: `b` (`keys.rhs`), `x`
+    /// (`keys.solution`), `r` (`keys.residual`), `s` (`keys.precond`), `d`
+    /// (`keys.lhs_in`) and `q = A d` (`keys.lhs_out`). Every step is a
+    /// pipeline step, so in the map-maker's device scope the vectors stay
+    /// on the device and per iteration only the dot products' partial sums
+    /// come back (three per iteration); `x` comes back once, at the end.
+    /// On the host the arithmetic is the same as TOAST's numpy in the same
+    /// order (one block per dot product: the sequential sum).
     fn pcg(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
-        b: &[f64],
         res: &mut MapMakerResult,
     ) -> Result<Vec<f64>, OpError> {
         let mm = self.setup.mapmaker.clone();
-        let flags = data
-            .meta
-            .object::<HostArray<u8>>(&tmpl.flags_key())?
-            .values
-            .clone();
-        let n = b.len();
-        let mut x = vec![0.0f64; n];
-        // r = b - A·0 = b exactly.
-        let mut r = b.to_vec();
-        let mut s = self.precond(data, ctx, tmpl, keys, &r)?;
-        let mut d = s.clone();
-        let mut sqsum = gdot(ctx, b, b, &flags)?;
+        let flags = tmpl.flags_key();
+        let n = data.meta.object::<HostArray<f64>>(&keys.rhs)?.values.len();
+        let nblock = amp_dot_blocks(ctx, PCG_OPERATOR, n)?;
+        data.meta
+            .set_object(&keys.dot_partials, HostArray::<f64>::zeros(nblock));
+        let (b, x, r, s, d, q) = (
+            keys.rhs.as_str(),
+            keys.solution.as_str(),
+            keys.residual.as_str(),
+            keys.precond.as_str(),
+            keys.lhs_in.as_str(),
+            keys.lhs_out.as_str(),
+        );
+        let p = keys.dot_partials.as_str();
+        // x = 0 where it lives (zeroed on the device, not uploaded); r = b -
+        // A·0 = b exactly.
+        let mut zero_x = ResetData {
+            name: "reset_solution".into(),
+            detdata: Vec::new(),
+            global: vec![x.to_string()],
+        };
+        run_operators(
+            "pcg_init",
+            &mut [&mut zero_x],
+            data,
+            ctx,
+            &RunOptions::default(),
+        )?;
+        axpby(data, ctx, (1.0, b), (0.0, r))?;
+        self.precond(data, ctx, tmpl, keys)?;
+        // d = s, exactly.
+        axpby(data, ctx, (1.0, s), (0.0, d))?;
+        let mut sqsum = gdot(data, ctx, (b, b), &flags, p)?;
         let sqsum_init = sqsum;
         let mut sqsum_best = sqsum;
         let mut last_best = sqsum;
-        let mut delta = gdot(ctx, &d, &r, &flags)?;
+        let mut delta = gdot(data, ctx, (d, r), &flags, p)?;
         res.initial_residual = sqsum_init;
         tracing::info!("{}: PCG initial residual = {sqsum_init:e}", self.setup.name);
         // What crosses the bus per iteration (CgTransfers, for the run's
@@ -643,7 +684,7 @@ impl MapMaker {
         });
         if sqsum_init == 0.0 {
             res.converged = true;
-            return Ok(x);
+            return read_amps(data, ctx, "read_solution", x);
         }
         let mut bus = before;
         for iter in 0..mm.iter_max {
@@ -661,19 +702,13 @@ impl MapMaker {
                 });
             }
             // q = A d
-            write_amps(data, ctx, "write_proposal", &keys.lhs_in, &d)?;
             timed(data, ctx, "SolverLHS", |data, ctx| {
                 self.lhs(data, ctx, tmpl, keys)
             })?;
-            let q = read_amps(data, ctx, "read_lhs", &keys.lhs_out)?;
-            let alpha = delta / gdot(ctx, &d, &q, &flags)?;
-            for (xi, di) in x.iter_mut().zip(&d) {
-                *xi += di * alpha;
-            }
-            for (ri, qi) in r.iter_mut().zip(&q) {
-                *ri -= qi * alpha;
-            }
-            sqsum = gdot(ctx, &r, &r, &flags)?;
+            let alpha = delta / gdot(data, ctx, (d, q), &flags, p)?;
+            axpby(data, ctx, (alpha, d), (1.0, x))?;
+            axpby(data, ctx, (-alpha, q), (1.0, r))?;
+            sqsum = gdot(data, ctx, (r, r), &flags, p)?;
             let relative = sqsum / sqsum_init;
             res.residuals.push(relative);
             res.iterations = iter + 1;
@@ -703,13 +738,12 @@ impl MapMaker {
                 }
                 last_best = sqsum_best;
             }
-            s = self.precond(data, ctx, tmpl, keys, &r)?;
+            self.precond(data, ctx, tmpl, keys)?;
             let delta_last = delta;
-            delta = gdot(ctx, &s, &r, &flags)?;
+            delta = gdot(data, ctx, (s, r), &flags, p)?;
             let beta = delta / delta_last;
-            for (di, si) in d.iter_mut().zip(&s) {
-                *di = *di * beta + si;
-            }
+            // d = β d + s
+            axpby(data, ctx, (1.0, s), (beta, d))?;
         }
         let after = BusBytes::now(ctx);
         if res.iterations > 0 {
@@ -728,6 +762,6 @@ impl MapMaker {
                 res.residuals.last().copied().unwrap_or(f64::NAN)
             );
         }
-        Ok(x)
+        read_amps(data, ctx, "read_solution", x)
     }
 }

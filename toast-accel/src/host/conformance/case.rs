@@ -931,6 +931,55 @@ impl CovApplyDiagCase {
     }
 }
 
+/// An `amp_dot` case (the PCG solver's dot product; numpy reference).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AmpDotCase {
+    pub n: i64,
+    pub nblock: i64,
+    pub a: Arr<f64>,
+    pub b: Arr<f64>,
+    pub flags: Arr<u8>,
+    pub partials: Arr<f64>,
+}
+
+impl AmpDotCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        Ok(AmpDotCase {
+            n: f.scalar("n")?,
+            nblock: f.scalar("nblock")?,
+            a: f.arr("a", Some(1))?,
+            b: f.arr("b", Some(1))?,
+            flags: f.arr("flags", Some(1))?,
+            partials: f.arr("partials", Some(1))?,
+        })
+    }
+}
+
+/// An `amp_axpby` case (the PCG solver's vector update; numpy reference).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AmpAxpbyCase {
+    pub n: i64,
+    pub alpha: f64,
+    pub beta: f64,
+    pub x: Arr<f64>,
+    pub y_in: Arr<f64>,
+    pub y_out: Arr<f64>,
+}
+
+impl AmpAxpbyCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (y_in, y_out) = f.in_out("y_in", "y_out", 1)?;
+        Ok(AmpAxpbyCase {
+            n: f.scalar("n")?,
+            alpha: f.scalar("alpha")?,
+            beta: f.scalar("beta")?,
+            x: f.arr("x", Some(1))?,
+            y_in,
+            y_out,
+        })
+    }
+}
+
 /// A `cov_accum_diag_invnpp` case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CovAccumDiagInvnppCase {

@@ -202,6 +202,12 @@ pub const TRIG_RTOL: f64 = 1e-14;
 /// accumulations (`build_noise_weighted` zmap, `cov_accum_diag_invnpp`).
 pub const ACCUM_RTOL: f64 = 1e-13;
 
+/// The relative tolerance of the PCG solver's vector kernels (`amp_dot`,
+/// `amp_axpby`) in tolerant mode, per element in units of the sum of the
+/// magnitudes of its terms: a device compiler may contract `a * b + c`
+/// into one fused multiply-add (one rounding fewer per term).
+pub const AMP_RTOL: f64 = 1e-15;
+
 /// How outputs are compared with TOAST's (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Comparison {

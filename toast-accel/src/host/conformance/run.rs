@@ -11,15 +11,15 @@
 //! arrays.
 
 use super::case::{
-    BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase,
-    FilterPoly2dCase, FilterPolynomialCase, MapData, NoiseWeightCase, PixelsHealpixCase,
-    PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
-    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    AmpAxpbyCase, AmpDotCase, BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase,
+    CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase, MapData,
+    NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase,
+    StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
     TemplateOffsetProjectSignalCase,
 };
 use super::compare::{
-    compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, POLY2D_RTOL, POLYNOMIAL_RTOL,
-    TRIG_RTOL,
+    compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, POLY2D_RTOL,
+    POLYNOMIAL_RTOL, TRIG_RTOL,
 };
 use crate::abi::{self, SampleRange, SampleRanges};
 use crate::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs};
@@ -756,6 +756,96 @@ impl CovApplyDiagCase {
             finish(vec![v, m])?;
         }
         Ok(verdict([compare("vec", &vec, &c.vec_out.data)]))
+    }
+}
+
+impl AmpDotCase {
+    /// `amp_dot`: the per-block partial sums, exact in exact mode; in
+    /// tolerant mode each within [`AMP_RTOL`] × the block's length of the
+    /// sum of its terms' magnitudes (a fused multiply-add per term).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut partials = vec![0.0f64; c.partials.data.len()];
+        {
+            let x = stage_in(b, &c.a.data, "a")?;
+            let y = stage_in(b, &c.b.data, "b")?;
+            let fl = stage_in(b, &c.flags.data, "flags")?;
+            let p = stage_out(b, &mut partials, "partials")?;
+            let args = abi::AmpDotArgs {
+                n: c.n,
+                nblock: c.nblock,
+                a: x.abi(),
+                b: y.abi(),
+                flags: fl.abi(),
+                partials: p.abi(),
+            };
+            // SAFETY: as in `CovAccumDiagHitsCase::run`.
+            unsafe { launch(b, &args)? };
+            finish(vec![p, fl, y, x])?;
+        }
+        if cmp == Comparison::Exact {
+            return Ok(verdict([compare("partials", &partials, &c.partials.data)]));
+        }
+        let (n, nblock) = (c.a.data.len(), partials.len());
+        let scale = |k: usize| {
+            let r = crate::math::dot_block(k, n, nblock);
+            let len = r.len() as f64;
+            let mag: f64 = r
+                .filter(|&i| c.flags.data[i] == 0)
+                .map(|i| (c.a.data[i] * c.b.data[i]).abs())
+                .sum();
+            mag * len
+        };
+        Ok(verdict([within(
+            "partials",
+            &partials,
+            &c.partials.data,
+            AMP_RTOL,
+            |_| false,
+            scale,
+        )]))
+    }
+}
+
+impl AmpAxpbyCase {
+    /// `amp_axpby`: exact in exact mode; in tolerant mode within
+    /// [`AMP_RTOL`] of `|αx| + |βy|` per element (a fused multiply-add).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let mut y = c.y_in.data.clone();
+        {
+            let x = stage_in(b, &c.x.data, "x")?;
+            let yv = stage_out(b, &mut y, "y")?;
+            let args = abi::AmpAxpbyArgs {
+                n: c.n,
+                alpha: c.alpha,
+                beta: c.beta,
+                x: x.abi(),
+                y: yv.abi(),
+            };
+            // SAFETY: as in `CovAccumDiagHitsCase::run`.
+            unsafe { launch(b, &args)? };
+            finish(vec![yv, x])?;
+        }
+        if cmp == Comparison::Exact {
+            return Ok(verdict([compare("y", &y, &c.y_out.data)]));
+        }
+        let scale = |i: usize| {
+            let by = if c.beta == 0.0 {
+                0.0
+            } else {
+                c.beta * c.y_in.data[i]
+            };
+            (c.alpha * c.x.data[i]).abs() + by.abs()
+        };
+        Ok(verdict([within(
+            "y",
+            &y,
+            &c.y_out.data,
+            AMP_RTOL,
+            |_| false,
+            scale,
+        )]))
     }
 }
 
