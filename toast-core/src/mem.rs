@@ -11,8 +11,10 @@
 //!
 //! Memory: a huge page is committed whole at its first touch, so a sparsely
 //! touched buffer can take up to 2 MiB more per touched region than on small
-//! pages. Maps hold only the submaps the local data hit, which are dense, so
-//! the peak barely moves (measured in the #11 note).
+//! pages. Maps hold only the submaps the local data hit, but a hit submap can
+//! be sparsely hit (about 5% of its pixels on `tiny`); the memory model's
+//! per-local-pixel term (`toast_ops::workflow::presets::BYTES_PER_LOCAL_PIXEL`)
+//! was fitted to peaks measured with this advice in place.
 
 /// The size from which a buffer is advised (numpy's threshold).
 pub const HUGEPAGE_THRESHOLD: usize = 4 << 20;
