@@ -18,6 +18,7 @@
 //! staging time is reported separately, with the transfer counters.
 
 use std::time::{Duration, Instant};
+use toast_core::mem::zeroed_large;
 
 use toast_accel::abi;
 use toast_accel::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs, TransferSnapshot};
@@ -26,7 +27,7 @@ use super::host_info::{load_average, machine_description};
 use super::reference::{PRECOND_LARGE, TOAST_REFERENCE};
 use super::report::{BenchReport, KernelTiming, TransferSummary};
 use super::workload::{
-    local_submaps, poly2d_templates, zeroed_map, BenchOptions, Offsets, Workload, POLY2D_GROUPS,
+    local_submaps, poly2d_templates, BenchOptions, Offsets, Workload, POLY2D_GROUPS,
     POLY2D_SAMPLES, POLY_ORDER, SEED, STEP_LENGTH,
 };
 
@@ -442,7 +443,7 @@ impl Bench<'_, '_> {
     ) -> anyhow::Result<Vec<f64>> {
         let w = self.w;
         let map = w.map(n_local, NNZ);
-        let mut map32: Vec<f32> = zeroed_map(map.len());
+        let mut map32: Vec<f32> = zeroed_large(map.len());
         for (y, &x) in map32.iter_mut().zip(&map) {
             *y = x as f32;
         }
@@ -495,7 +496,7 @@ impl Bench<'_, '_> {
         det_data: &[f64],
     ) -> anyhow::Result<()> {
         let w = self.w;
-        let mut zmap: Vec<f64> = zeroed_map(n_local * w.n_pix_submap as usize * NNZ);
+        let mut zmap: Vec<f64> = zeroed_large(n_local * w.n_pix_submap as usize * NNZ);
         let g2l = self.tm.input(global2local, "global2local")?;
         let px = self.tm.input(&p.pixels, "pixels")?;
         let wt = self.tm.input(&p.weights, "weights")?;
@@ -679,8 +680,8 @@ impl Bench<'_, '_> {
                 }
             }
         }
-        let mut hits: Vec<i64> = zeroed_map(n_local * nps as usize);
-        let mut invnpp: Vec<f64> = zeroed_map(n_local * nps as usize * NNZ * (NNZ + 1) / 2);
+        let mut hits: Vec<i64> = zeroed_large(n_local * nps as usize);
+        let mut invnpp: Vec<f64> = zeroed_large(n_local * nps as usize * NNZ * (NNZ + 1) / 2);
         let mut staged = Vec::with_capacity(3 * w.n_det + 2);
         let mut inputs = Vec::with_capacity(w.n_det);
         for d in 0..w.n_det {

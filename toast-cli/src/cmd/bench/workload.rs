@@ -10,7 +10,7 @@
 //! [`POLY2D_GROUPS`] detector groups ([`poly2d_templates`]). The inputs that depend
 //! on a kernel's output (the local submaps are the hit ones) are made from
 //! it by the runner with the functions here. The map buffers
-//! ([`zeroed_map`]) are advised as huge pages, as numpy's are in TOAST.
+//! ([`toast_core::mem::zeroed_large`]) are advised as huge pages, as numpy's are in TOAST.
 //!
 //! Random inputs come from the project's generator, Threefry-2x64-20
 //! (`toast_ops::math::rng`, the one TOAST's noise simulation uses): every input
@@ -19,6 +19,7 @@
 //! whatever the order in which its arrays are made.
 
 use toast_accel::abi::{SampleRange, SampleRanges};
+use toast_core::mem::zeroed_large;
 use toast_ops::math::qarray::{self, Quat, YAXIS, ZAXIS};
 use toast_ops::math::rng::{gaussian, uniform_01, uniform_u64};
 
@@ -383,7 +384,7 @@ impl Workload {
     /// A map of `n_local` submaps with `nnz` values per pixel, uniform in
     /// (-1, 1).
     pub fn map(&self, n_local: usize, nnz: usize) -> Vec<f64> {
-        let mut map = zeroed_map(n_local * self.n_pix_submap as usize * nnz);
+        let mut map = zeroed_large(n_local * self.n_pix_submap as usize * nnz);
         self.dev.uniform_into(Stream::Map, &mut map, -1.0, 1.0);
         map
     }
@@ -427,11 +428,6 @@ impl Workload {
         }
     }
 }
-
-/// `n` zeroed elements for a map buffer, advised as huge pages as numpy
-/// advises TOAST's maps (`toast_core::mem`: where THP is in `madvise` mode a
-/// scatter or gather over a GiB map is bound by TLB misses; timings.md).
-pub use toast_core::mem::zeroed_large as zeroed_map;
 
 /// The grid of `n_det` detectors: (columns, rows), about twice as many
 /// columns as rows.
