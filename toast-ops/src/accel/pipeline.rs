@@ -377,6 +377,100 @@ pub fn with_host_step<R>(
     Ok(r)
 }
 
+/// Declare, inside the open staging scope (if any), that the host holds
+/// its own copies of `items`, equal to the device's: items the device wrote
+/// become in sync (toast-core's [`Stager::mark_in_sync`] and
+/// `DeviceBuffers::mark_in_sync`), so no host step and no end of scope
+/// copies them back. For values computed on both sides from the same
+/// inputs by the same operators (pointing, see [`mirror_on_host`]); only
+/// items the host actually holds are marked.
+pub fn mark_host_copies(
+    data: &Data,
+    ctx: &mut ExecContext,
+    items: &Requirements,
+) -> Result<(), OpError> {
+    let Some(state) = ctx.extensions.get_mut::<StagingState>() else {
+        return Ok(());
+    };
+    let held: Vec<(Item, Vec<BufferKey>)> = items
+        .items()
+        .into_iter()
+        .map(|it| {
+            let k = keys(data, &it);
+            (it, k)
+        })
+        .filter(|(_, k)| !k.is_empty())
+        .collect();
+    let marked: Vec<&Vec<BufferKey>> = held
+        .iter()
+        .filter(|(it, _)| state.stager.mark_in_sync(it))
+        .map(|(_, k)| k)
+        .collect();
+    let Some(bufs) = ctx.extensions.get_mut::<DeviceBuffers>() else {
+        return Ok(());
+    };
+    for key in marked.into_iter().flatten() {
+        if bufs.state(key) == BufferState::DeviceNewer {
+            bufs.mark_in_sync(key)?;
+        }
+    }
+    Ok(())
+}
+
+/// Run `ops` on the host (the `cpu` backend at the pipeline level) with
+/// the open staging scope (if any) set aside, so nothing is staged for
+/// them: they read and write host fields only, and the scope's state does
+/// not learn of it. For host work on data the scope has not changed; see
+/// [`mirror_on_host`] to tell the scope about equal copies afterwards.
+pub fn run_on_host(
+    name: &str,
+    ops: &mut [OpRef<'_>],
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    opts: &RunOptions,
+) -> Result<(), OpError> {
+    let state = ctx.extensions.remove::<StagingState>();
+    let bufs = ctx.extensions.remove::<DeviceBuffers>();
+    let host = RunOptions {
+        backend: Some(DEFAULT_BACKEND.to_string()),
+        ..opts.clone()
+    };
+    let r = run_operators(name, ops, data, ctx, &host);
+    if let Some(s) = state {
+        ctx.insert(s);
+    }
+    if let Some(b) = bufs {
+        ctx.insert(b);
+    }
+    r
+}
+
+/// [`run_on_host`], then declare the fields the operators leave behind
+/// (their pipeline's outputs) equal to the device's copies
+/// ([`mark_host_copies`]). This is how the host gets pointing that a
+/// device scope also expands: recomputing it from the boresight the host
+/// already holds costs no bus traffic, where copying pixels and weights
+/// back would cost 32 bytes a detector sample. The operators must be
+/// deterministic functions of host data that the scope has not changed
+/// (boresight, flags, focal plane), and must leave whole fields (not
+/// transient ones); the two copies then agree to the kernels' conformance
+/// tolerance (bit for bit where the device is exact).
+pub fn mirror_on_host(
+    name: &str,
+    ops: &mut [OpRef<'_>],
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    opts: &RunOptions,
+) -> Result<(), OpError> {
+    run_on_host(name, ops, data, ctx, opts)?;
+    let outputs = pipeline_provides(
+        &ops.iter()
+            .map(|o| StepSpec::from_operator(&**o, false))
+            .collect::<Vec<_>>(),
+    );
+    mark_host_copies(data, ctx, &outputs)
+}
+
 /// Options of [`run_operators`].
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {

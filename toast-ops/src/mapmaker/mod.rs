@@ -132,8 +132,8 @@ pub use solve::DOT_TIMER;
 
 use crate::accel::global_data::HostArray;
 use crate::accel::pipeline::{
-    close_scope, open_scope, pipeline_backend, run_operators, DetectorSets, RunOptions,
-    StagingState,
+    close_scope, mark_host_copies, mirror_on_host, open_scope, pipeline_backend, run_operators,
+    DetectorSets, RunOptions, StagingState,
 };
 use crate::ops::{BinnerConfig, PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use products::Keys;
@@ -153,6 +153,9 @@ pub struct MapMaker {
     /// recomputed per batch of `binner.pointing_batch` detectors, its
     /// fields holding only the current batch (see [`MapMaker::pointing_sets`]).
     transient: bool,
+    /// Use pixels and weights already present (with `full_pointing`)
+    /// instead of expanding them: see [`MapMaker::reuse_pointing`].
+    reuse_pointing: bool,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -198,7 +201,20 @@ impl MapMaker {
             result: None,
             preexisting: Vec::new(),
             transient: false,
+            reuse_pointing: false,
         })
+    }
+
+    /// With `on`, a run with `binner.full_pointing` whose solver pixels and
+    /// weights fields are already present in every observation uses them
+    /// instead of expanding its own (on the host; a device scope still
+    /// expands its device copy, from the boresight, and takes the host's as
+    /// equal). The caller guarantees they were made with this map-maker's
+    /// `det_pointing`, `pixels` and `weights` configuration (the satellite
+    /// workflow hands over the sky scan's). Off by default, as TOAST's
+    /// map-maker always expands its own.
+    pub fn reuse_pointing(&mut self, on: bool) {
+        self.reuse_pointing = on;
     }
 
     /// The setup.
@@ -366,10 +382,31 @@ impl MapMaker {
             opts.detector_sets =
                 DetectorSets::Sets(dets.chunks(batch).map(|c| c.to_vec()).collect());
         }
+        let staged = ctx.extensions.get::<StagingState>().is_some();
+        let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
+        let reuse = self.reuse_pointing
+            && have(self.solve_pointing.pixels_field())
+            && have(self.solve_pointing.weights_field());
+        if reuse && !staged {
+            return Ok(());
+        }
         self.solve_pointing.det_pointing.transient = drop_quats;
+        let provides = self.solve_pointing.provides();
         let r = {
             let mut ops = self.solve_pointing.operators();
-            run_operators("pointing", &mut ops, data, ctx, &opts)
+            if !staged {
+                run_operators("pointing", &mut ops, data, ctx, &opts)
+            } else {
+                // The device's copy, whole, then the host's: the one the
+                // caller handed over, or its own, recomputed from the
+                // boresight; either way none crosses the bus.
+                let all = RunOptions::default();
+                match run_operators("pointing", &mut ops, data, ctx, &all) {
+                    Ok(()) if reuse => mark_host_copies(data, ctx, &provides),
+                    Ok(()) => mirror_on_host("pointing_host", &mut ops, data, ctx, &opts),
+                    Err(e) => Err(e),
+                }
+            }
         };
         self.solve_pointing.det_pointing.transient = false;
         r?;
