@@ -269,6 +269,13 @@ fn download(data: &mut Data, bufs: &mut DeviceBuffers, it: &Item) -> Result<(), 
     Ok(())
 }
 
+/// Whether every byte of `b` is zero (a block at a time, so the test
+/// vectorises; it stops at the first block that is not).
+fn all_zero(b: &[u8]) -> bool {
+    b.chunks(4096)
+        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
+}
+
 /// Apply the "before" part of a step's plan to the real buffers.
 fn apply_before(
     data: &mut Data,
@@ -287,12 +294,18 @@ fn apply_before(
     }
     for it in &plan.update_device {
         for key in keys(data, it) {
-            if matches!(
-                bufs.state(&key),
-                BufferState::Allocated | BufferState::HostNewer
-            ) {
-                let src = host_bytes(data, &key)?;
-                bufs.update_device(&key, src)?;
+            match bufs.state(&key) {
+                // A first upload of zeros (a fresh field: the timestream
+                // before the scan, unset flags) is a device memset.
+                BufferState::Allocated if all_zero(host_bytes(data, &key)?) => {
+                    bufs.reset(&key)?;
+                    bufs.mark_in_sync(&key)?;
+                }
+                BufferState::Allocated | BufferState::HostNewer => {
+                    let src = host_bytes(data, &key)?;
+                    bufs.update_device(&key, src)?;
+                }
+                _ => {}
             }
         }
     }

@@ -766,6 +766,8 @@ impl SatelliteJob {
         };
         let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
         mm.reuse_pointing(scan_cfg.enabled);
+        // The timestreams are dropped before the maps are written.
+        mm.discard_timestream(true);
         let enabled = cfg.mapmaker.enabled;
         let res = run_phase(phases, 4, &mut ctx, |ctx| {
             if !enabled {
