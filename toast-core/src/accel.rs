@@ -18,6 +18,7 @@
 //! | `reset` | NotCreated | → DeviceNewer | → DeviceNewer | → DeviceNewer | refused: would discard host changes |
 //! | `mark_device_modified` | NotCreated | → DeviceNewer | → DeviceNewer | DeviceNewer | refused: both sides changed |
 //! | `mark_host_modified` | NotCreated | → HostNewer | → HostNewer | refused: both sides changed | HostNewer |
+//! | `mark_in_sync` | NotCreated | refused: never written | InSync | → InSync (the host computed an equal copy) | refused: would hide host changes |
 //! | `delete` | NotCreated / DeletedTwice | → Deleted | → Deleted | → Deleted | → Deleted |
 //!
 //! `Allocated` means "allocated, contents undefined". A failed copy leaves

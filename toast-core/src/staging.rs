@@ -39,6 +39,11 @@
 //! have no device representation (metadata that is not an accelerator
 //! object). The tests run every plan against the real state machine.
 //!
+//! An executor that has the host compute its own copy of an item the
+//! device wrote (pointing, recomputed rather than copied back) tells the
+//! stager with [`Stager::mark_in_sync`]: the item is then valid on both
+//! sides and no later host step or end of scope copies it.
+//!
 //! A [`Stager`] keeps the simulation state between steps, so a pipeline
 //! that runs its operator list once per detector set stages each item once;
 //! [`plan_staging`] is the one-pass convenience.

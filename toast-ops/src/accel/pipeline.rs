@@ -25,6 +25,20 @@
 //! it stays correct when a kernel override sent a call to another backend
 //! (the kernel layer then moves data itself and says so).
 //!
+//! A first upload of an all-zero host block (a fresh timestream, unset
+//! flags) is a device memset instead of a copy; the buffer is then in sync.
+//!
+//! # Pointing on both sides
+//!
+//! Pointing is cheap to recompute and expensive to move (pixels and
+//! weights are 32 bytes a detector sample; the boresight they come from,
+//! 32 bytes a sample). A host step inside a device scope that needs the
+//! pointing the device expanded gets its own copy: [`mirror_on_host`] runs
+//! the pointing operators on the host with the scope set aside
+//! ([`run_on_host`]), then [`mark_host_copies`] declares the host and
+//! device copies equal, so neither a host step nor the end of the scope
+//! copies them back.
+//!
 //! A pipeline run inside an open scope (a nested pipeline, or a step of the
 //! map-maker, which opens one scope for its whole solve) joins it instead of
 //! opening its own, so data stays on the device across pipelines; the

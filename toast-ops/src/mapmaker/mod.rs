@@ -67,10 +67,23 @@
 //! # Data movement
 //!
 //! With a backend that is not host-addressable, the map-maker opens one
-//! staging scope for the whole run (see [`crate::accel::pipeline`]): the timestream,
-//! flags and pointing are uploaded once, and per iteration only the
-//! amplitude vectors and the map cross the bus (the map because the
-//! covariance is applied on the host, as in TOAST).
+//! staging scope for the whole run (see [`crate::accel::pipeline`]): the
+//! timestream, flags and boresight are uploaded once, and per CG iteration
+//! only the dot products' partial sums cross the bus (see `vectors`).
+//! Pointing never crosses it. With `full_pointing` the device expands its
+//! copy from the boresight and the host passes (solver flags, hits and
+//! covariance, rcond mask) read a host copy that the host expands itself
+//! ([`crate::accel::pipeline::mirror_on_host`]) or that the caller handed
+//! over ([`MapMaker::reuse_pointing`]), declared equal to the device's, so
+//! neither is copied (32 bytes a detector sample each way saved). Without
+//! `full_pointing` a device run recomputes it in every pass as before, and
+//! the host passes copy the pixels and weights back.
+//!
+//! The final hits, covariance and rcond are the solver's when nothing
+//! differs (`share_solver_covariance`): one pass instead of two. A caller
+//! that reads no timestream afterwards says so
+//! ([`MapMaker::discard_timestream`]) and the cleaned timestream is not
+//! copied back.
 //!
 //! # Memory
 //!
