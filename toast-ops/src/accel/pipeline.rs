@@ -34,10 +34,9 @@
 //! weights are 32 bytes a detector sample; the boresight they come from,
 //! 32 bytes a sample). A host step inside a device scope that needs the
 //! pointing the device expanded gets its own copy: [`mirror_on_host`] runs
-//! the pointing operators on the host with the scope set aside
-//! ([`run_on_host`]), then [`mark_host_copies`] declares the host and
-//! device copies equal, so neither a host step nor the end of the scope
-//! copies them back.
+//! the pointing operators on the host with the scope set aside, then
+//! [`mark_host_copies`] declares the host and device copies equal, so
+//! neither a host step nor the end of the scope copies them back.
 //!
 //! A pipeline run inside an open scope (a nested pipeline, or a step of the
 //! map-maker, which opens one scope for its whole solve) joins it instead of
@@ -446,10 +445,17 @@ pub fn mark_host_copies(
 
 /// Run `ops` on the host (the `cpu` backend at the pipeline level) with
 /// the open staging scope (if any) set aside, so nothing is staged for
-/// them: they read and write host fields only, and the scope's state does
-/// not learn of it. For host work on data the scope has not changed; see
-/// [`mirror_on_host`] to tell the scope about equal copies afterwards.
-pub fn run_on_host(
+/// them, then declare the fields they leave behind (their pipeline's
+/// outputs) equal to the device's copies ([`mark_host_copies`]). This is
+/// how the host gets pointing that a device scope also expands:
+/// recomputing it from the boresight the host already holds costs no bus
+/// traffic, where copying pixels and weights back would cost 32 bytes a
+/// detector sample. The operators must be deterministic functions of host
+/// data that the scope has not changed (boresight, flags, focal plane), and
+/// must leave whole fields (not transient ones: device steps size their
+/// arguments from the host fields); the two copies then agree to the
+/// kernels' conformance tolerance (bit for bit where the device is exact).
+pub fn mirror_on_host(
     name: &str,
     ops: &mut [OpRef<'_>],
     data: &mut Data,
@@ -469,27 +475,7 @@ pub fn run_on_host(
     if let Some(b) = bufs {
         ctx.insert(b);
     }
-    r
-}
-
-/// [`run_on_host`], then declare the fields the operators leave behind
-/// (their pipeline's outputs) equal to the device's copies
-/// ([`mark_host_copies`]). This is how the host gets pointing that a
-/// device scope also expands: recomputing it from the boresight the host
-/// already holds costs no bus traffic, where copying pixels and weights
-/// back would cost 32 bytes a detector sample. The operators must be
-/// deterministic functions of host data that the scope has not changed
-/// (boresight, flags, focal plane), and must leave whole fields (not
-/// transient ones); the two copies then agree to the kernels' conformance
-/// tolerance (bit for bit where the device is exact).
-pub fn mirror_on_host(
-    name: &str,
-    ops: &mut [OpRef<'_>],
-    data: &mut Data,
-    ctx: &mut ExecContext,
-    opts: &RunOptions,
-) -> Result<(), OpError> {
-    run_on_host(name, ops, data, ctx, opts)?;
+    r?;
     let outputs = pipeline_provides(
         &ops.iter()
             .map(|o| StepSpec::from_operator(&**o, false))

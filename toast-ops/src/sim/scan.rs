@@ -1,8 +1,7 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
 use crate::accel::pipeline::{
-    close_scope, mirror_on_host, open_scope, pipeline_backend, run_on_host, run_operators, OpRef,
-    RunOptions,
+    close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
 };
 use crate::io::fits::{read_healpix_map, HealpixMap, MapField, Ordering, UNSEEN};
 use crate::math::healpix::Healpix;
@@ -443,42 +442,18 @@ impl ScanHealpixMap {
             && fresh(self.pointing.pixels_field())
             && fresh(self.pointing.weights_field());
         let fresh_quats = fresh(&quats);
-        if accel {
-            // The device expands whole fields, once; the scan reads them
-            // there. The host builds the pixel distribution from its own
-            // pixels (and keeps its own weights for the map-maker with
-            // `keep_pointing`): recomputed from the boresight rather than
-            // copied back, so no pointing crosses the bus.
-            self.pointing.set_transient(false);
-            {
-                let mut ops = self.pointing.operators();
-                run_operators(
-                    "ScanHealpixMap.pointing",
-                    &mut ops,
-                    data,
-                    ctx,
-                    &self.options,
-                )?;
-            }
-            self.pointing.set_transient(transient);
-            self.pointing.det_pointing.transient = fresh_quats;
-            let keep = self.keep_pointing && !transient;
+        // On a device the pointing is expanded there in whole fields, once,
+        // and the scan reads it there. The host builds the pixel
+        // distribution from its own pixels (and keeps its own weights for
+        // the map-maker with `keep_pointing`): recomputed from the boresight
+        // rather than copied back, so no pointing crosses the bus.
+        self.pointing.set_transient(transient && !accel);
+        self.pointing.det_pointing.transient = fresh_quats;
+        {
             let mut ops = self.pointing.operators();
-            if !keep {
-                ops.truncate(2);
+            if !accel {
+                ops.push(&mut build);
             }
-            ops.push(&mut build);
-            let host = "ScanHealpixMap.pointing_host";
-            if transient {
-                run_on_host(host, &mut ops, data, ctx, &self.options)?;
-            } else {
-                mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
-            }
-        } else {
-            self.pointing.set_transient(transient);
-            self.pointing.det_pointing.transient = fresh_quats;
-            let mut ops = self.pointing.operators();
-            ops.push(&mut build);
             run_operators(
                 "ScanHealpixMap.pointing",
                 &mut ops,
@@ -486,6 +461,18 @@ impl ScanHealpixMap {
                 ctx,
                 &self.options,
             )?;
+        }
+        if accel {
+            // Whole host fields: the device steps size their arguments from
+            // them (the quaternions, which none reads, stay per set).
+            let keep = self.keep_pointing && !transient;
+            let mut ops = self.pointing.operators();
+            if !keep {
+                ops.truncate(2);
+            }
+            ops.push(&mut build);
+            let host = "ScanHealpixMap.pointing_host";
+            mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
         }
         let dist = data
             .meta
