@@ -119,9 +119,22 @@ fn run_gives_the_cpu_maps(backend: &str) {
             "{backend}: no {k} timed on {backend} in timing.csv:\n{csv}"
         );
     }
+    // The host expands its own pointing for its passes (pixel
+    // distribution, solver flags, covariance) rather than copying the
+    // device's back: only the pointing kernels run on the CPU too.
+    let host_pointing = [
+        "det_pointing.pointing_detector[cpu]",
+        "pixels.pixels_healpix[cpu]",
+        "weights.stokes_weights_IQU[cpu]",
+    ];
+    let fell_back: Vec<&str> = csv
+        .lines()
+        .filter_map(|l| l.split(',').next())
+        .filter(|t| t.contains("[cpu]") && !host_pointing.contains(t))
+        .collect();
     assert!(
-        !csv.contains("[cpu]"),
-        "{backend}: kernels fell back to the CPU:\n{csv}"
+        fell_back.is_empty(),
+        "{backend}: kernels fell back to the CPU: {fell_back:?}\n{csv}"
     );
 }
 

@@ -18,6 +18,7 @@
 //! | `reset` | NotCreated | → DeviceNewer | → DeviceNewer | → DeviceNewer | refused: would discard host changes |
 //! | `mark_device_modified` | NotCreated | → DeviceNewer | → DeviceNewer | DeviceNewer | refused: both sides changed |
 //! | `mark_host_modified` | NotCreated | → HostNewer | → HostNewer | refused: both sides changed | HostNewer |
+//! | `mark_in_sync` | NotCreated | refused: never written | InSync | → InSync (the host computed an equal copy) | refused: would hide host changes |
 //! | `delete` | NotCreated / DeletedTwice | → Deleted | → Deleted | → Deleted | → Deleted |
 //!
 //! `Allocated` means "allocated, contents undefined". A failed copy leaves
@@ -588,6 +589,30 @@ impl DeviceBuffers {
         Ok(())
     }
 
+    /// Record that the host computed its own copy of a buffer the device
+    /// wrote, from the same inputs with the same operators (a pointing
+    /// field expanded on both sides instead of copied): both copies are
+    /// valid, so neither a host step nor the end of a scope copies it back.
+    /// Only a device-newer or in-sync buffer can be marked; a host-newer
+    /// one would hide a host change from the device.
+    pub fn mark_in_sync(&mut self, key: &BufferKey) -> Result<(), AccelStateError> {
+        const OP: &str = "mark in sync";
+        let e = self.live(key, OP)?;
+        match e.state {
+            BufferState::DeviceNewer | BufferState::InSync => {}
+            s => {
+                return Err(Self::refuse(
+                    key,
+                    OP,
+                    s,
+                    "only a copy the device wrote can be declared equal to the host's",
+                ))
+            }
+        }
+        self.set_state(key, BufferState::InSync);
+        Ok(())
+    }
+
     /// Record that a kernel wrote the device buffer.
     pub fn mark_device_modified(&mut self, key: &BufferKey) -> Result<(), AccelStateError> {
         const OP: &str = "mark device-modified";
@@ -932,6 +957,29 @@ mod tests {
 
     fn key(f: &str) -> BufferKey {
         BufferKey::new("obs0", Category::DetData, f)
+    }
+
+    #[test]
+    fn mark_in_sync_only_from_a_device_written_copy() {
+        let (_dev, mut b) = setup(1 << 20);
+        let k = key("pixels");
+        let mut host = vec![0u8; 16];
+        b.create(&k, 16).unwrap();
+        // Allocated (never written): refused.
+        assert!(b.mark_in_sync(&k).is_err());
+        b.reset(&k).unwrap();
+        b.mark_device_modified(&k).unwrap();
+        b.mark_in_sync(&k).unwrap();
+        assert_eq!(b.state(&k), BufferState::InSync);
+        // Nothing is copied back for a host step any more.
+        b.update_host(&k, &mut host).unwrap();
+        assert_eq!(b.report().per_buffer["detdata.pixels"].d2h_calls, 1);
+        b.mark_host_modified(&k).unwrap();
+        // Host-newer: declaring it equal would hide the host's change.
+        let e = b.mark_in_sync(&k).unwrap_err().to_string();
+        assert!(e.contains("mark in sync"), "{e}");
+        assert_eq!(b.state(&k), BufferState::HostNewer);
+        assert!(b.mark_in_sync(&key("absent")).is_err());
     }
 
     #[test]

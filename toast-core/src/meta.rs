@@ -192,6 +192,14 @@ impl Meta {
         self.items.remove(key)
     }
 
+    /// Move the entry `from` to `to` (replacing any entry there) without
+    /// copying it: a large object handed on under another name.
+    pub fn rename(&mut self, from: &str, to: impl Into<String>) -> Result<(), DataError> {
+        let item = self.items.remove(from).ok_or_else(|| self.missing(from))?;
+        self.items.insert(to.into(), item);
+        Ok(())
+    }
+
     /// The raw entry.
     pub fn item(&self, key: &str) -> Option<&MetaItem> {
         self.items.get(key)
@@ -279,6 +287,19 @@ mod tests {
     #[derive(Debug, PartialEq)]
     struct Noise {
         net: f64,
+    }
+
+    #[test]
+    fn rename_moves_an_entry() {
+        let mut m = Meta::new("data");
+        m.set_object("a", Noise { net: 2.0 });
+        m.set("b", 1i64);
+        m.rename("a", "b").unwrap();
+        assert!(!m.contains("a"));
+        assert_eq!(m.object::<Noise>("b").unwrap(), &Noise { net: 2.0 });
+        let e = m.rename("a", "c").unwrap_err().to_string();
+        assert!(e.contains("'a'") || e.contains("a"), "{e}");
+        assert!(!m.contains("c"));
     }
 
     #[test]

@@ -39,6 +39,11 @@
 //! have no device representation (metadata that is not an accelerator
 //! object). The tests run every plan against the real state machine.
 //!
+//! An executor that has the host compute its own copy of an item the
+//! device wrote (pointing, recomputed rather than copied back) tells the
+//! stager with [`Stager::mark_in_sync`]: the item is then valid on both
+//! sides and no later host step or end of scope copies it.
+//!
 //! A [`Stager`] keeps the simulation state between steps, so a pipeline
 //! that runs its operator list once per detector set stages each item once;
 //! [`plan_staging`] is the one-pass convenience.
@@ -268,6 +273,21 @@ impl Stager {
         out
     }
 
+    /// Record that the host computed its own copy of `item`, equal to the
+    /// device's (see [`crate::accel::DeviceBuffers::mark_in_sync`]): a
+    /// device-newer item becomes in sync, so no host step and no end of
+    /// scope copies it back. Returns whether the item was device-newer
+    /// (the executor marks its buffers then); any other residence is left.
+    pub fn mark_in_sync(&mut self, item: &Item) -> bool {
+        match self.on_device.get_mut(item) {
+            Some(r) if *r == Residence::DeviceNewer => {
+                *r = Residence::InSync;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Copy back the `outputs` that are newest on the device, and delete
     /// every device buffer. The stager is empty afterwards.
     pub fn finish(&mut self, outputs: &Requirements) -> FinalStaging {
@@ -404,6 +424,26 @@ mod tests {
         assert!(bufs.present_keys().is_empty(), "everything freed");
         assert_eq!(dev.live_buffers(), 0);
         (dev, bufs)
+    }
+
+    #[test]
+    fn mark_in_sync_skips_the_copy_back() {
+        let mut st = Stager::new();
+        st.stage(0, &pointing(true));
+        st.stage(1, &pixels(true));
+        assert_eq!(st.residence(&det("pixels")), Some(Residence::DeviceNewer));
+        assert!(st.mark_in_sync(&det("pixels")));
+        assert!(!st.mark_in_sync(&det("pixels")), "already in sync");
+        assert!(!st.mark_in_sync(&det("weights")), "not on the device");
+        let host = StepSpec::new(
+            "cov",
+            Requirements::new().detdata("pixels"),
+            Requirements::new(),
+            false,
+        );
+        assert!(st.stage(2, &host).update_host.is_empty());
+        let fin = st.finish(&Requirements::new().detdata("pixels"));
+        assert!(fin.update_host.is_empty());
     }
 
     #[test]

@@ -680,11 +680,10 @@ fn device_backend_with_cached_pointing() {
         .unwrap_or_default();
     assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
     let rep = ctx.extensions.get::<StagingReports>().unwrap();
-    let n_obs = dev_data.obs.len() as u64;
-    // Computed once on the device, brought back once for the host passes
-    // (hits, covariance, rcond mask) and kept.
-    assert_eq!(rep.copies("detdata.pixels"), (0, n_obs));
-    assert_eq!(rep.copies("detdata.weights"), (0, n_obs));
+    // Computed once on the device and once on the host (for the host
+    // passes: hits, covariance, rcond mask) and kept: never copied.
+    assert_eq!(rep.copies("detdata.pixels"), (0, 0));
+    assert_eq!(rep.copies("detdata.weights"), (0, 0));
     assert_eq!(rep.copies("detdata.quats"), (0, 0));
     for (a, b) in cpu_data.obs.iter().zip(&dev_data.obs) {
         assert!(!a.detdata.contains("quats") && !b.detdata.contains("quats"));
@@ -843,5 +842,128 @@ fn tiny_sized_run_for_timing() {
         for (n, s, c) in timers.iter().take(25) {
             eprintln!("  {s:9.3} s {c:6}  {n}");
         }
+    }
+}
+
+/// The bus traffic of a device map-maker's setup (everything before the
+/// first CG iteration) is bounded per detector sample, and no pointing
+/// crosses it (issue #10): the device expands its pointing from the
+/// boresight, the host has its own (expanded on the host, or handed over
+/// as the satellite workflow hands over the sky scan's), and a caller that
+/// reads no timestream afterwards gets none copied back. Copying the pixels
+/// and weights back for the host passes, as the map-maker once did, costs
+/// 32 bytes a detector sample and breaks the bound.
+#[test]
+fn device_setup_moves_no_pointing_and_a_bounded_number_of_bytes() {
+    use toast_ops::accel::pipeline::{run_operators, RunOptions};
+    use toast_ops::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
+    let scan = Scan::default();
+    let settings = |keep: bool| {
+        let mut s = setup(30.0, true);
+        s.mapmaker.save_cleaned = true;
+        s.mapmaker.overwrite_cleaned = true;
+        s.mapmaker.keep_solver_products = keep;
+        s.binner.full_pointing = true;
+        s
+    };
+    let reg = registry(2);
+    let fresh = || {
+        let mut cpu = context(&reg, "");
+        let mut d = sky_data(&scan, &mut cpu);
+        add_offsets(&mut d, 300, 1.5);
+        d
+    };
+    // The CPU's maps, keeping the solver's products (so the final
+    // covariance pass runs on its own) ...
+    let (mut cpu_data, mut cpu_ctx) = (fresh(), context(&reg, ""));
+    let cpu_res = MapMaker::new(settings(true))
+        .unwrap()
+        .run(&mut cpu_data, &mut cpu_ctx)
+        .unwrap();
+    for handed_over in [false, true] {
+        let s = settings(false);
+        let mut data = fresh();
+        if handed_over {
+            // The host's pointing, as the sky scan leaves it.
+            let mut ops = PointingOps::new(
+                PointingDetector::new("det_pointing", s.det_pointing.clone()),
+                PixelsHealpix::new("pixels", s.pixels.clone(), s.det_pointing.clone()).unwrap(),
+                StokesWeights::new("weights", s.weights.clone(), s.det_pointing.clone()),
+            );
+            let mut cpu = context(&reg, "");
+            run_operators(
+                "pointing",
+                &mut ops.operators(),
+                &mut data,
+                &mut cpu,
+                &RunOptions::default(),
+            )
+            .unwrap();
+            for ob in &mut data.obs {
+                ob.detdata.remove("quats").unwrap();
+            }
+        }
+        let reg = registry(2);
+        let mut ctx = context(&reg, "run=fakedev");
+        let mut mm = MapMaker::new(s).unwrap();
+        mm.reuse_pointing(handed_over);
+        mm.discard_timestream(true);
+        let res = mm.run(&mut data, &mut ctx).unwrap();
+        // ... are the device's, with the final covariance the solver's.
+        assert_eq!(res.iterations, cpu_res.iterations);
+        assert_eq!(
+            data.meta
+                .object::<PixelData<i64>>(&res.hits)
+                .unwrap()
+                .data(),
+            cpu_data
+                .meta
+                .object::<PixelData<i64>>(&cpu_res.hits)
+                .unwrap()
+                .data()
+        );
+        for (a, b) in [
+            (&cpu_res.map, &res.map),
+            (
+                cpu_res.binmap.as_ref().unwrap(),
+                res.binmap.as_ref().unwrap(),
+            ),
+            (&cpu_res.cov, &res.cov),
+            (&cpu_res.rcond, &res.rcond),
+        ] {
+            let bits = |d: &Data, k: &str| -> Vec<u64> {
+                map(d, k).data().iter().map(|v| v.to_bits()).collect()
+            };
+            assert_eq!(bits(&cpu_data, a), bits(&data, b), "{b} differs");
+        }
+        let rep = ctx.extensions.get::<StagingReports>().unwrap();
+        eprintln!("handed over: {handed_over}\n{}", rep.reports[0]);
+        for f in ["detdata.pixels", "detdata.weights", "detdata.quats"] {
+            assert_eq!(rep.copies(f), (0, 0), "{f}, handed over: {handed_over}");
+        }
+        // The timestream goes up once and is not copied back: the host's
+        // stale (uncleaned) copy is removed instead.
+        let n_obs = data.obs.len() as u64;
+        assert_eq!(rep.copies("detdata.signal"), (n_obs, 0));
+        assert!(data.obs.iter().all(|ob| !ob.detdata.contains("signal")));
+        // Setup: the timestream and the solver's work timestream (8 bytes
+        // a detector sample each), the solver flags (1), the boresight and
+        // shared flags (33 bytes a sample), the solver's covariance (6
+        // f64s a local pixel) and the small pixel-domain items.
+        let cg = ctx.extensions.get::<CgTransfers>().unwrap();
+        let setup_bytes = cg.before.total_bytes();
+        let n_det = (scan.n_pairs * 2) as u64;
+        let det_samples = n_obs * n_det * scan.n_samples as u64;
+        let n_pix = map(&data, &res.cov).n_local_pix() as u64;
+        let bound = 17 * det_samples + 33 * det_samples / n_det + 8 * 8 * n_pix + 4096;
+        eprintln!(
+            "setup: {setup_bytes} bytes, {:.1} a detector sample (bound {bound})",
+            setup_bytes as f64 / det_samples as f64
+        );
+        assert!(
+            setup_bytes <= bound,
+            "setup moved {setup_bytes} bytes > {bound} ({det_samples} detector samples, \
+             {n_pix} local pixels)"
+        );
     }
 }

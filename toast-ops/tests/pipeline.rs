@@ -98,17 +98,22 @@ fn device_pipeline_uploads_each_input_once_per_pipeline() {
         assert_eq!(rep.reports.len(), 1);
         eprintln!("{sets:?}\n{}", rep.reports[0]);
         // Two observations: one upload each of the per-observation inputs,
-        // one download of the output, nothing for the intermediates.
+        // one download of the output, nothing for the intermediates. The
+        // flags and the timestream start all zero: their first "upload" is
+        // a device memset, not a copy.
         assert_eq!(rep.copies("shared.boresight_radec"), (2, 0), "{sets:?}");
-        assert_eq!(rep.copies("shared.flags"), (2, 0), "{sets:?}");
-        assert_eq!(rep.copies("detdata.signal"), (2, 2), "{sets:?}");
+        assert_eq!(rep.copies("shared.flags"), (0, 0), "{sets:?}");
+        assert_eq!(rep.copies("detdata.signal"), (0, 2), "{sets:?}");
+        for f in ["shared.flags", "detdata.signal"] {
+            assert_eq!(rep.reports[0].per_buffer[f].resets, 2, "{sets:?}: {f}");
+        }
         assert_eq!(rep.copies("global.sky"), (1, 0), "{sets:?}");
         assert_eq!(rep.copies("global.sky_dist"), (1, 0), "{sets:?}");
         for f in ["detdata.quats", "detdata.pixels", "detdata.weights"] {
             assert_eq!(rep.copies(f), (0, 0), "{sets:?}: {f}");
         }
         let (h2d, d2h, allocs, frees) = rep.totals();
-        assert_eq!((h2d, d2h), (8, 2));
+        assert_eq!((h2d, d2h), (4, 2));
         assert_eq!(allocs, frees);
         let stats = ctx
             .ext::<toast_accel::host::Dispatcher>()

@@ -119,3 +119,102 @@ fn name_uid_matches_toast() {
     assert!(n >= 5);
     assert!(name_uid64("satellite") & 0x7FFF_FFFF == u64::from(name_uid("satellite")));
 }
+
+/// `ScanHealpixMap` on a device (the fake device) gives the CPU's
+/// timestream bit for bit, with or without transient pointing and with or
+/// without handing the pointing over, in one staging scope where no
+/// pointing crosses the bus: the host builds the pixel distribution from
+/// its own pixels (issue #10).
+#[test]
+fn scan_on_a_device_moves_no_pointing() {
+    use toast_ops::accel::pipeline::{DetectorSets, RunOptions, StagingReports};
+    use toast_ops::math::healpix::Nside;
+    use toast_ops::ops::{
+        PixelsHealpix, PixelsHealpixConfig, PointingDetector, PointingDetectorConfig, PointingOps,
+        StokesMode, StokesWeights, StokesWeightsConfig,
+    };
+    use toast_ops::sim::sky::SkyConfig;
+    use toast_ops::sim::{InputSky, ScanHealpixMap, ScanHealpixMapConfig};
+    use toast_testkit::plugins::{context, registry};
+    let nside = Nside::new(32).unwrap();
+    let sky = InputSky::synthetic(&SkyConfig {
+        nside,
+        fwhm_arcmin: 600.0,
+        ..SkyConfig::default()
+    })
+    .unwrap();
+    let reg = registry(2);
+    let run = |policy: &str, transient: bool, keep: bool| {
+        let (mut data, _) = simulate(4, 2.0);
+        let dets = data.all_local_detectors(0);
+        let det = PointingDetectorConfig::default();
+        let pix = PixelsHealpixConfig {
+            nside,
+            nside_submap: Nside::new(8).unwrap(),
+            ..PixelsHealpixConfig::default()
+        };
+        let pointing = PointingOps::new(
+            PointingDetector::new("det_pointing", det.clone()),
+            PixelsHealpix::new("pixels", pix, det.clone()).unwrap(),
+            StokesWeights::new(
+                "weights",
+                StokesWeightsConfig {
+                    mode: StokesMode::IQU,
+                    ..StokesWeightsConfig::default()
+                },
+                det,
+            ),
+        );
+        let mut op = ScanHealpixMap::new(
+            "scan_map",
+            ScanHealpixMapConfig::default(),
+            pointing,
+            sky.clone(),
+        )
+        .unwrap();
+        op.options = RunOptions {
+            detector_sets: DetectorSets::Sets(dets.chunks(2).map(|c| c.to_vec()).collect()),
+            ..RunOptions::default()
+        };
+        op.transient_pointing = transient;
+        op.keep_pointing = keep;
+        let mut ctx = context(&reg, policy);
+        op.apply(&mut data, &mut ctx).unwrap();
+        (data, ctx)
+    };
+    let bytes = |d: &Data, f: &str| -> Vec<Vec<u8>> {
+        d.obs
+            .iter()
+            .map(|ob| ob.detdata.get(f).unwrap().as_bytes().to_vec())
+            .collect()
+    };
+    let (cpu, _) = run("", false, true);
+    for (transient, keep) in [(false, false), (false, true), (true, false)] {
+        let (dev, ctx) = run("run=fakedev", transient, keep);
+        let what = format!("transient {transient}, keep {keep}");
+        assert_eq!(
+            bytes(&cpu, defaults::DET_DATA),
+            bytes(&dev, defaults::DET_DATA),
+            "{what}"
+        );
+        let rep = ctx.extensions.get::<StagingReports>().unwrap();
+        assert_eq!(rep.reports.len(), 1, "{what}: one scope");
+        for f in ["detdata.pixels", "detdata.weights", "detdata.quats"] {
+            assert_eq!(rep.copies(f), (0, 0), "{what}: {f}");
+        }
+        // The timestream starts at zero (a device memset) and comes back.
+        let n_obs = dev.obs.len() as u64;
+        assert_eq!(rep.copies("detdata.signal"), (0, n_obs), "{what}");
+        for ob in &dev.obs {
+            assert!(!ob.detdata.contains("quats"), "{what}");
+            for f in ["pixels", "weights"] {
+                assert_eq!(ob.detdata.contains(f), keep, "{what}: {f}");
+            }
+        }
+        if keep {
+            for f in ["pixels", "weights"] {
+                assert_eq!(bytes(&cpu, f), bytes(&dev, f), "{what}: {f}");
+            }
+        }
+    }
+}

@@ -25,6 +25,19 @@
 //! it stays correct when a kernel override sent a call to another backend
 //! (the kernel layer then moves data itself and says so).
 //!
+//! A first upload of an all-zero host block (a fresh timestream, unset
+//! flags) is a device memset instead of a copy; the buffer is then in sync.
+//!
+//! # Pointing on both sides
+//!
+//! Pointing is cheap to recompute and expensive to move (pixels and
+//! weights are 32 bytes a detector sample; the boresight they come from,
+//! 32 bytes a sample). A host step inside a device scope that needs the
+//! pointing the device expanded gets its own copy: [`mirror_on_host`] runs
+//! the pointing operators on the host with the scope set aside, then
+//! [`mark_host_copies`] declares the host and device copies equal, so
+//! neither a host step nor the end of the scope copies them back.
+//!
 //! A pipeline run inside an open scope (a nested pipeline, or a step of the
 //! map-maker, which opens one scope for its whole solve) joins it instead of
 //! opening its own, so data stays on the device across pipelines; the
@@ -269,6 +282,13 @@ fn download(data: &mut Data, bufs: &mut DeviceBuffers, it: &Item) -> Result<(), 
     Ok(())
 }
 
+/// Whether every byte of `b` is zero (a block at a time, so the test
+/// vectorises; it stops at the first block that is not).
+fn all_zero(b: &[u8]) -> bool {
+    b.chunks(4096)
+        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
+}
+
 /// Apply the "before" part of a step's plan to the real buffers.
 fn apply_before(
     data: &mut Data,
@@ -287,12 +307,18 @@ fn apply_before(
     }
     for it in &plan.update_device {
         for key in keys(data, it) {
-            if matches!(
-                bufs.state(&key),
-                BufferState::Allocated | BufferState::HostNewer
-            ) {
-                let src = host_bytes(data, &key)?;
-                bufs.update_device(&key, src)?;
+            match bufs.state(&key) {
+                // A first upload of zeros (a fresh field: the timestream
+                // before the scan, unset flags) is a device memset.
+                BufferState::Allocated if all_zero(host_bytes(data, &key)?) => {
+                    bufs.reset(&key)?;
+                    bufs.mark_in_sync(&key)?;
+                }
+                BufferState::Allocated | BufferState::HostNewer => {
+                    let src = host_bytes(data, &key)?;
+                    bufs.update_device(&key, src)?;
+                }
+                _ => {}
             }
         }
     }
@@ -375,6 +401,87 @@ pub fn with_host_step<R>(
     let r = f(data, ctx)?;
     stage_after(data, ctx, plan.as_ref())?;
     Ok(r)
+}
+
+/// Declare, inside the open staging scope (if any), that the host holds
+/// its own copies of `items`, equal to the device's: items the device wrote
+/// become in sync (toast-core's [`Stager::mark_in_sync`] and
+/// `DeviceBuffers::mark_in_sync`), so no host step and no end of scope
+/// copies them back. For values computed on both sides from the same
+/// inputs by the same operators (pointing, see [`mirror_on_host`]); only
+/// items the host actually holds are marked.
+pub fn mark_host_copies(
+    data: &Data,
+    ctx: &mut ExecContext,
+    items: &Requirements,
+) -> Result<(), OpError> {
+    let Some(state) = ctx.extensions.get_mut::<StagingState>() else {
+        return Ok(());
+    };
+    let held: Vec<(Item, Vec<BufferKey>)> = items
+        .items()
+        .into_iter()
+        .map(|it| {
+            let k = keys(data, &it);
+            (it, k)
+        })
+        .filter(|(_, k)| !k.is_empty())
+        .collect();
+    let marked: Vec<&Vec<BufferKey>> = held
+        .iter()
+        .filter(|(it, _)| state.stager.mark_in_sync(it))
+        .map(|(_, k)| k)
+        .collect();
+    let Some(bufs) = ctx.extensions.get_mut::<DeviceBuffers>() else {
+        return Ok(());
+    };
+    for key in marked.into_iter().flatten() {
+        if bufs.state(key) == BufferState::DeviceNewer {
+            bufs.mark_in_sync(key)?;
+        }
+    }
+    Ok(())
+}
+
+/// Run `ops` on the host (the `cpu` backend at the pipeline level) with
+/// the open staging scope (if any) set aside, so nothing is staged for
+/// them, then declare the fields they leave behind (their pipeline's
+/// outputs) equal to the device's copies ([`mark_host_copies`]). This is
+/// how the host gets pointing that a device scope also expands:
+/// recomputing it from the boresight the host already holds costs no bus
+/// traffic, where copying pixels and weights back would cost 32 bytes a
+/// detector sample. The operators must be deterministic functions of host
+/// data that the scope has not changed (boresight, flags, focal plane), and
+/// must leave whole fields (not transient ones: device steps size their
+/// arguments from the host fields); the two copies then agree to the
+/// kernels' conformance tolerance (bit for bit where the device is exact).
+pub fn mirror_on_host(
+    name: &str,
+    ops: &mut [OpRef<'_>],
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    opts: &RunOptions,
+) -> Result<(), OpError> {
+    let state = ctx.extensions.remove::<StagingState>();
+    let bufs = ctx.extensions.remove::<DeviceBuffers>();
+    let host = RunOptions {
+        backend: Some(DEFAULT_BACKEND.to_string()),
+        ..opts.clone()
+    };
+    let r = run_operators(name, ops, data, ctx, &host);
+    if let Some(s) = state {
+        ctx.insert(s);
+    }
+    if let Some(b) = bufs {
+        ctx.insert(b);
+    }
+    r?;
+    let outputs = pipeline_provides(
+        &ops.iter()
+            .map(|o| StepSpec::from_operator(&**o, false))
+            .collect::<Vec<_>>(),
+    );
+    mark_host_copies(data, ctx, &outputs)
 }
 
 /// Options of [`run_operators`].

@@ -164,14 +164,16 @@ impl MapMaker {
 
     /// 5f, 5g: the final products with the final binner and pointing
     /// before the timestream is cleaned: hits, covariance and rcond
-    /// (`map_rcond_threshold`), and the binned map of the raw timestream
-    /// (with `write_binmap`).
+    /// (`map_rcond_threshold`; already in place when `shared_cov`, see
+    /// `MapMaker::share_solver_covariance`), and the binned map of the raw
+    /// timestream (with `write_binmap`).
     pub(super) fn final_covariance_and_binmap(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
         keys: &Keys,
         res: &mut MapMakerResult,
+        shared_cov: bool,
     ) -> Result<(), OpError> {
         let mm = self.setup.mapmaker.clone();
         let fb = self.final_binner().clone();
@@ -185,25 +187,27 @@ impl MapMaker {
             expand_final,
             true,
         )?;
-        timed(data, ctx, "CovarianceAndHits", |data, ctx| {
-            let invcov = mm.write_invcov.then_some(keys.invcov.as_str());
-            self.covariance_and_hits(
-                data,
-                ctx,
-                CovKeys {
-                    pixel_dist: &fb.pixel_dist,
-                    hits: &keys.hits,
-                    cov: &keys.cov,
-                    rcond: &keys.rcond,
-                    invcov,
-                },
-                fb.flags(),
-                &fb.noise_model,
-                mm.map_rcond_threshold,
-                expand_final,
-                true,
-            )
-        })?;
+        if !shared_cov {
+            timed(data, ctx, "CovarianceAndHits", |data, ctx| {
+                let invcov = mm.write_invcov.then_some(keys.invcov.as_str());
+                self.covariance_and_hits(
+                    data,
+                    ctx,
+                    CovKeys {
+                        pixel_dist: &fb.pixel_dist,
+                        hits: &keys.hits,
+                        cov: &keys.cov,
+                        rcond: &keys.rcond,
+                        invcov,
+                    },
+                    fb.flags(),
+                    &fb.noise_model,
+                    mm.map_rcond_threshold,
+                    expand_final,
+                    true,
+                )
+            })?;
+        }
         res.hits = keys.hits.clone();
         res.cov = keys.cov.clone();
         res.rcond = keys.rcond.clone();

@@ -67,10 +67,23 @@
 //! # Data movement
 //!
 //! With a backend that is not host-addressable, the map-maker opens one
-//! staging scope for the whole run (see [`crate::accel::pipeline`]): the timestream,
-//! flags and pointing are uploaded once, and per iteration only the
-//! amplitude vectors and the map cross the bus (the map because the
-//! covariance is applied on the host, as in TOAST).
+//! staging scope for the whole run (see [`crate::accel::pipeline`]): the
+//! timestream, flags and boresight are uploaded once, and per CG iteration
+//! only the dot products' partial sums cross the bus (see `vectors`).
+//! Pointing never crosses it. With `full_pointing` the device expands its
+//! copy from the boresight and the host passes (solver flags, hits and
+//! covariance, rcond mask) read a host copy that the host expands itself
+//! ([`crate::accel::pipeline::mirror_on_host`]) or that the caller handed
+//! over ([`MapMaker::reuse_pointing`]), declared equal to the device's, so
+//! neither is copied (32 bytes a detector sample each way saved). Without
+//! `full_pointing` a device run recomputes it in every pass as before, and
+//! the host passes copy the pixels and weights back.
+//!
+//! The final hits, covariance and rcond are the solver's when nothing
+//! differs (`share_solver_covariance`): one pass instead of two. A caller
+//! that reads no timestream afterwards says so
+//! ([`MapMaker::discard_timestream`]) and the cleaned timestream is not
+//! copied back.
 //!
 //! # Memory
 //!
@@ -132,13 +145,13 @@ pub use solve::DOT_TIMER;
 
 use crate::accel::global_data::HostArray;
 use crate::accel::pipeline::{
-    close_scope, open_scope, pipeline_backend, run_operators, DetectorSets, RunOptions,
-    StagingState,
+    close_scope, mark_host_copies, mirror_on_host, open_scope, pipeline_backend, run_operators,
+    DetectorSets, RunOptions, StagingState,
 };
 use crate::ops::{BinnerConfig, PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use products::Keys;
 use toast_accel::host::Dispatcher;
-use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements, Residence};
 
 /// The destriping map-maker (see the module documentation).
 #[derive(Debug, Clone)]
@@ -153,6 +166,12 @@ pub struct MapMaker {
     /// recomputed per batch of `binner.pointing_batch` detectors, its
     /// fields holding only the current batch (see [`MapMaker::pointing_sets`]).
     transient: bool,
+    /// Use pixels and weights already present (with `full_pointing`)
+    /// instead of expanding them: see [`MapMaker::reuse_pointing`].
+    reuse_pointing: bool,
+    /// The caller reads no timestream after the run: see
+    /// [`MapMaker::discard_timestream`].
+    discard_timestream: bool,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -198,7 +217,33 @@ impl MapMaker {
             result: None,
             preexisting: Vec::new(),
             transient: false,
+            reuse_pointing: false,
+            discard_timestream: false,
         })
+    }
+
+    /// With `on`, the caller reads no detector timestream after the run
+    /// (the satellite workflow drops them before writing the maps): a
+    /// device run does not copy the cleaned timestream back (the size of
+    /// the timestream, the largest copy back after the solve) and instead
+    /// removes the host fields whose newest copy was on the device (`det_data`
+    /// when cleaned in place, `{name}_cleaned`), so no stale copy is left
+    /// behind. Host runs are unchanged. Off by default (TOAST's map-maker
+    /// leaves the cleaned timestream in the data).
+    pub fn discard_timestream(&mut self, on: bool) {
+        self.discard_timestream = on;
+    }
+
+    /// With `on`, a run with `binner.full_pointing` whose solver pixels and
+    /// weights fields are already present in every observation uses them
+    /// instead of expanding its own (on the host; a device scope still
+    /// expands its device copy, from the boresight, and takes the host's as
+    /// equal). The caller guarantees they were made with this map-maker's
+    /// `det_pointing`, `pixels` and `weights` configuration (the satellite
+    /// workflow hands over the sky scan's). Off by default, as TOAST's
+    /// map-maker always expands its own.
+    pub fn reuse_pointing(&mut self, on: bool) {
+        self.reuse_pointing = on;
     }
 
     /// The setup.
@@ -241,17 +286,37 @@ impl MapMaker {
         let result = timed(data, ctx, &name, |data, ctx| {
             self.run_scoped(data, ctx, &keys)
         });
-        let mut outputs = Requirements::new()
+        let timestreams = Requirements::new()
             .detdata(&self.setup.mapmaker.det_data)
             .detdata(&keys.cleaned);
+        let discard = self.discard_timestream && scope.accel;
+        let mut outputs = if discard {
+            Requirements::new()
+        } else {
+            timestreams.clone()
+        };
         if self.setup.binner.full_pointing {
             outputs.extend(&self.solve_pointing.provides());
         }
+        let stale = if discard {
+            device_newer(ctx, &timestreams)
+        } else {
+            Vec::new()
+        };
         let closed = close_scope(data, ctx, scope, &outputs);
+        let removed = stale.iter().try_for_each(|f| {
+            data.obs
+                .iter_mut()
+                .try_for_each(|ob| match ob.detdata.contains(f) {
+                    true => ob.detdata.remove(f).map(drop),
+                    false => Ok(()),
+                })
+        });
         self.set_transient(false);
         let cleanup = self.cleanup(data, &keys);
         let mut res = result?;
         closed?;
+        removed?;
         cleanup?;
         if !self.keeps_solver_products() {
             res.amplitudes = None;
@@ -301,6 +366,9 @@ impl MapMaker {
             None
         };
 
+        // 5f's hits, covariance and rcond are 5b's when nothing differs.
+        let shared_cov = self.share_solver_covariance(data, keys)?;
+
         // The solver's work timestream and products are not read again:
         // free them before the final products (host runs; a staging scope
         // keeps its buffers until it closes, so there `cleanup` does it).
@@ -309,7 +377,7 @@ impl MapMaker {
         }
 
         // 5f, 5g: hits, covariance and the binned map of the raw signal.
-        self.final_covariance_and_binmap(data, ctx, keys, &mut res)?;
+        self.final_covariance_and_binmap(data, ctx, keys, &mut res, shared_cov)?;
 
         // 5h: subtract the amplitudes, after the raw signal is binned (as
         // TOAST's MapMaker does: `_bin_and_write_raw_signal` precedes
@@ -366,10 +434,31 @@ impl MapMaker {
             opts.detector_sets =
                 DetectorSets::Sets(dets.chunks(batch).map(|c| c.to_vec()).collect());
         }
+        let staged = ctx.extensions.get::<StagingState>().is_some();
+        let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
+        let reuse = self.reuse_pointing
+            && have(self.solve_pointing.pixels_field())
+            && have(self.solve_pointing.weights_field());
+        if reuse && !staged {
+            return Ok(());
+        }
         self.solve_pointing.det_pointing.transient = drop_quats;
+        let provides = self.solve_pointing.provides();
         let r = {
             let mut ops = self.solve_pointing.operators();
-            run_operators("pointing", &mut ops, data, ctx, &opts)
+            if !staged {
+                run_operators("pointing", &mut ops, data, ctx, &opts)
+            } else {
+                // The device's copy, whole, then the host's: the one the
+                // caller handed over, or its own, recomputed from the
+                // boresight; either way none crosses the bus.
+                let all = RunOptions::default();
+                match run_operators("pointing", &mut ops, data, ctx, &all) {
+                    Ok(()) if reuse => mark_host_copies(data, ctx, &provides),
+                    Ok(()) => mirror_on_host("pointing_host", &mut ops, data, ctx, &opts),
+                    Err(e) => Err(e),
+                }
+            }
         };
         self.solve_pointing.det_pointing.transient = false;
         r?;
@@ -381,6 +470,35 @@ impl MapMaker {
             }
         }
         Ok(())
+    }
+
+    /// The final hits, covariance and rcond (5f) are the solver's (5b)
+    /// when they are made from the same samples with the same settings:
+    /// the solve ran, there is no separate final binner or pixelization,
+    /// the two rcond thresholds are equal, no inverse covariance is asked
+    /// for, and the solver's products are not kept. The solver's flags cut
+    /// what the binner's flags cut plus the samples outside the pointing's
+    /// view, which the covariance pass skips anyway, and 5c marks them only
+    /// after 5b; so the pass would give the same bits. Then the solver's
+    /// products are moved under the final keys (no copy) and `true` is
+    /// returned: the pass runs once instead of twice.
+    fn share_solver_covariance(&self, data: &mut Data, keys: &Keys) -> Result<bool, OpError> {
+        let mm = &self.setup.mapmaker;
+        let same = self.setup.baselines.enabled
+            && self.final_pointing.is_none()
+            && std::ptr::eq(self.final_binner(), &self.setup.binner)
+            && mm.solve_rcond_threshold.to_bits() == mm.map_rcond_threshold.to_bits()
+            && !mm.write_invcov
+            && !self.keeps_solver_products()
+            && [&keys.solve_hits, &keys.solve_cov, &keys.solve_rcond]
+                .iter()
+                .all(|k| data.meta.contains(k));
+        if same {
+            data.meta.rename(&keys.solve_hits, keys.hits.clone())?;
+            data.meta.rename(&keys.solve_cov, keys.cov.clone())?;
+            data.meta.rename(&keys.solve_rcond, keys.rcond.clone())?;
+        }
+        Ok(same)
     }
 
     /// Make the pointing operators' outputs transient (or not).
@@ -430,6 +548,20 @@ impl MapMaker {
             None => &mut self.solve_pointing,
         }
     }
+}
+
+/// The detdata fields among `items` whose newest copy is on the device in
+/// the open staging scope.
+fn device_newer(ctx: &ExecContext, items: &Requirements) -> Vec<String> {
+    let Some(state) = ctx.extensions.get::<StagingState>() else {
+        return Vec::new();
+    };
+    items
+        .items()
+        .into_iter()
+        .filter(|it| state.stager().residence(it) == Some(Residence::DeviceNewer))
+        .map(|it| it.name)
+        .collect()
 }
 
 impl Operator for MapMaker {

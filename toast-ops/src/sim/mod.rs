@@ -28,10 +28,22 @@
 //!   U into `signal` through the `scan_map` kernel. The pointing pass runs
 //!   per detector set ([`ScanHealpixMap::options`]) and keeps only the
 //!   current set's quaternions (`PointingDetector::transient`); pixels and
-//!   weights are dropped at the end (the map-maker expands its own). With
-//!   [`ScanHealpixMap::transient_pointing`] (host runs; the workflow sets it
-//!   when the map-maker recomputes its pointing) the pixels and weights too
-//!   hold only the current set, and the scan pass recomputes them.
+//!   weights are dropped at the end (the map-maker expands its own) unless
+//!   [`ScanHealpixMap::keep_pointing`] hands them to a map-maker with the
+//!   same pointing configuration (the workflow does with `full_pointing`).
+//!   With [`ScanHealpixMap::transient_pointing`] (host runs; the workflow
+//!   sets it when the map-maker recomputes its pointing) the pixels and
+//!   weights too hold only the current set, and the scan pass recomputes
+//!   them.
+//!
+//! # Data movement
+//!
+//! `ScanHealpixMap` is one staging scope on a device backend: the device
+//! expands whole pointing fields once and the scan reads them there; the
+//! host builds the pixel distribution from pixels it expands itself from
+//! the boresight ([`crate::accel::pipeline::mirror_on_host`]), so no
+//! pointing crosses the bus: the boresight and the input map go up, the
+//! timestream comes back (the noise is simulated on the host).
 //!
 //! The input sky is an [`InputSky`]: read from a HEALPix FITS file
 //! ([`InputSky::from_file`], any ordering; the file's `ORDERING` header is

@@ -1,6 +1,8 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
-use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
+use crate::accel::pipeline::{
+    close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
+};
 use crate::io::fits::{read_healpix_map, HealpixMap, MapField, Ordering, UNSEEN};
 use crate::math::healpix::Healpix;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
@@ -9,6 +11,7 @@ use crate::sim::sky::{synthesize_sky_on, SkyConfig, SkyError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
+use toast_accel::host::Dispatcher;
 use toast_core::observation::defaults;
 use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
 
@@ -323,6 +326,11 @@ pub struct ScanHealpixMap {
     /// time, and the scan recomputes them per set (one more pointing
     /// expansion, 32 bytes a detector sample less at the scan's peak).
     pub transient_pointing: bool,
+    /// Leave the pixels and weights on the host at the end (the quaternions
+    /// are dropped): the caller hands them to a map-maker with the same
+    /// pointing configuration (`MapMaker::reuse_pointing`) instead of
+    /// expanding them twice. Ignored with `transient_pointing`.
+    pub keep_pointing: bool,
 }
 
 impl ScanHealpixMap {
@@ -347,6 +355,7 @@ impl ScanHealpixMap {
             sky: Some(sky),
             options: RunOptions::default(),
             transient_pointing: false,
+            keep_pointing: false,
         })
     }
 }
@@ -365,10 +374,56 @@ impl Operator for ScanHealpixMap {
             .detdata(&self.config.det_data)
             .global(&self.config.pixel_dist)
     }
+    /// One staging scope for the whole operator (see [`crate::sim`]'s
+    /// "Data movement"): on a device the pointing is expanded there once
+    /// and read there by the scan, and only the timestream comes back.
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         if !self.config.enabled {
             return Ok(());
         }
+        let backend = ctx
+            .extensions
+            .get::<Dispatcher>()
+            .and_then(|d| pipeline_backend(d, self.options.backend.as_deref()));
+        let scope = open_scope(ctx, backend.as_ref());
+        let r = self.scan(data, ctx, scope.accel);
+        let outputs = Requirements::new().detdata(&self.config.det_data);
+        let closed = close_scope(data, ctx, scope, &outputs);
+        let dropped = self.drop_pointing(data);
+        r?;
+        closed?;
+        dropped
+    }
+}
+
+impl ScanHealpixMap {
+    /// Drop the pointing fields at the end: all of them, or only the
+    /// quaternions with `keep_pointing` (unless transient).
+    fn drop_pointing(&self, data: &mut Data) -> Result<(), OpError> {
+        let keep = self.keep_pointing && !self.transient_pointing;
+        let quats = self.pointing.det_pointing.config.quats.as_str();
+        let fields = if keep {
+            vec![quats]
+        } else {
+            vec![
+                quats,
+                self.pointing.pixels_field(),
+                self.pointing.weights_field(),
+            ]
+        };
+        for ob in &mut data.obs {
+            for f in &fields {
+                if ob.detdata.contains(f) {
+                    ob.detdata.remove(f)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pointing, the pixel distribution and the scan, inside the scope
+    /// `exec` opened (`accel`: a device scope).
+    fn scan(&mut self, data: &mut Data, ctx: &mut ExecContext, accel: bool) -> Result<(), OpError> {
         let sky = self.sky.take().ok_or_else(|| OpError::State {
             what: "scan_map: the input sky was already used".into(),
         })?;
@@ -377,8 +432,8 @@ impl Operator for ScanHealpixMap {
         let pixels = self.pointing.pixels.clone();
         let mut build =
             BuildPixelDistribution::new("BuildPixelDistribution", &cfg.pixel_dist, &pixels);
-        // The quaternions are dropped below: per detector set, each pass
-        // replaces the previous set's (host runs; see
+        // The quaternions are dropped at the end: per detector set, each
+        // pass replaces the previous set's (host runs; see
         // `PointingDetector::transient`), so all of them never coexist.
         let quats = self.pointing.det_pointing.config.quats.clone();
         let fresh = |f: &str| !data.obs.iter().any(|ob| ob.detdata.contains(f));
@@ -386,11 +441,19 @@ impl Operator for ScanHealpixMap {
             && fresh(&quats)
             && fresh(self.pointing.pixels_field())
             && fresh(self.pointing.weights_field());
-        self.pointing.set_transient(transient);
-        self.pointing.det_pointing.transient = fresh(&quats);
+        let fresh_quats = fresh(&quats);
+        // On a device the pointing is expanded there in whole fields, once,
+        // and the scan reads it there. The host builds the pixel
+        // distribution from its own pixels (and keeps its own weights for
+        // the map-maker with `keep_pointing`): recomputed from the boresight
+        // rather than copied back, so no pointing crosses the bus.
+        self.pointing.set_transient(transient && !accel);
+        self.pointing.det_pointing.transient = fresh_quats;
         {
             let mut ops = self.pointing.operators();
-            ops.push(&mut build);
+            if !accel {
+                ops.push(&mut build);
+            }
             run_operators(
                 "ScanHealpixMap.pointing",
                 &mut ops,
@@ -398,6 +461,18 @@ impl Operator for ScanHealpixMap {
                 ctx,
                 &self.options,
             )?;
+        }
+        if accel {
+            // Whole host fields: the device steps size their arguments from
+            // them (the quaternions, which none reads, stay per set).
+            let keep = self.keep_pointing && !transient;
+            let mut ops = self.pointing.operators();
+            if !keep {
+                ops.truncate(2);
+            }
+            ops.push(&mut build);
+            let host = "ScanHealpixMap.pointing_host";
+            mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
         }
         let dist = data
             .meta
@@ -436,7 +511,8 @@ impl Operator for ScanHealpixMap {
         )?;
         let r = {
             let mut ops: Vec<OpRef<'_>> = Vec::new();
-            if transient {
+            // On a device the whole fields are resident.
+            if transient && !accel {
                 ops.extend(self.pointing.operators());
             }
             ops.push(&mut scan);
@@ -444,18 +520,6 @@ impl Operator for ScanHealpixMap {
         };
         self.pointing.set_transient(false);
         data.meta.remove(&map_key);
-        // The pointing is recomputed (or re-expanded) by the map-maker.
-        for ob in &mut data.obs {
-            for f in [
-                self.pointing.det_pointing.config.quats.as_str(),
-                self.pointing.pixels_field(),
-                self.pointing.weights_field(),
-            ] {
-                if ob.detdata.contains(f) {
-                    ob.detdata.remove(f)?;
-                }
-            }
-        }
         r
     }
 }

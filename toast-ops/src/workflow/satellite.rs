@@ -741,6 +741,10 @@ impl SatelliteJob {
             };
             // The map-maker recomputes the pointing: keep none here either.
             op.transient_pointing = !cfg.binner.full_pointing;
+            // Else it keeps the pixels and weights: they are the map-maker's
+            // (same configuration), so it reuses them instead of expanding
+            // them again.
+            op.keep_pointing = cfg.binner.full_pointing && cfg.mapmaker.enabled;
             op.apply(&mut data, ctx).map_err(&err)
         })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
@@ -761,6 +765,9 @@ impl SatelliteJob {
             pixels_final: None,
         };
         let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
+        mm.reuse_pointing(scan_cfg.enabled);
+        // The timestreams are dropped before the maps are written.
+        mm.discard_timestream(true);
         let enabled = cfg.mapmaker.enabled;
         let res = run_phase(phases, 4, &mut ctx, |ctx| {
             if !enabled {
