@@ -161,7 +161,14 @@ impl Hpix {
         let tol = 10.0 * f64::EPSILON;
         let m = 2.0 * PI;
         let div = phi / m;
-        let mut phi_mod = m * (div - c_i64(div) as f64);
+        // `hpix_fmod`: m * (div - (int64_t)div). For |div| < 1 (every phi
+        // atan2 returns) the truncation is 0 and `div - 0.0` is `div`
+        // exactly (signed zeros included), so the conversions are skipped.
+        let mut phi_mod = if div.abs() < 1.0 {
+            m * div
+        } else {
+            m * (div - c_i64(div) as f64)
+        };
         if phi_mod < tol && phi_mod > -tol {
             phi_mod = 0.0;
         }
@@ -451,6 +458,31 @@ mod tests {
         for w in vals.windows(2) {
             assert_eq!(xy2pix(w[0], w[1]), xy2pix_table(w[0], w[1]), "{w:?}");
         }
+    }
+
+    #[test]
+    fn tt_matches_hpix_fmod() {
+        // TOAST's formula, with the conversions always done.
+        let reference = |phi: f64| {
+            let m = 2.0 * PI;
+            let div = phi / m;
+            let mut phi_mod = m * (div - c_i64(div) as f64);
+            if phi_mod < 10.0 * f64::EPSILON && phi_mod > -10.0 * f64::EPSILON {
+                phi_mod = 0.0;
+            }
+            if phi_mod >= 0.0 {
+                phi_mod * FRAC_2_PI
+            } else {
+                phi_mod * FRAC_2_PI + 4.0
+            }
+        };
+        let mut phis = vec![0.0, -0.0, PI, -PI, 1e-300, -1e-300, 7.0, -7.0, 1e300, -1e300];
+        phis.extend((-2000..=2000).map(|k| k as f64 * PI / 1000.0));
+        phis.extend((0..1000).map(|k| (k as f64 * 0.6180339887).sin() * 3.5));
+        for phi in phis {
+            assert_eq!(Hpix::tt(phi).to_bits(), reference(phi).to_bits(), "{phi}");
+        }
+        assert!(Hpix::tt(f64::NAN).is_nan());
     }
 
     #[test]
