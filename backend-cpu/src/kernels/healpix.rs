@@ -476,7 +476,9 @@ mod tests {
                 phi_mod * FRAC_2_PI + 4.0
             }
         };
-        let mut phis = vec![0.0, -0.0, PI, -PI, 1e-300, -1e-300, 7.0, -7.0, 1e300, -1e300];
+        let mut phis = vec![
+            0.0, -0.0, PI, -PI, 1e-300, -1e-300, 7.0, -7.0, 1e300, -1e300,
+        ];
         phis.extend((-2000..=2000).map(|k| k as f64 * PI / 1000.0));
         phis.extend((0..1000).map(|k| (k as f64 * 0.6180339887).sin() * 3.5));
         for phi in phis {

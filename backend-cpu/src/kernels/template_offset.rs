@@ -202,10 +202,6 @@ fn blocks_disjoint(offsets: &[i64], len: i64) -> bool {
 pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), PluginError> {
     const K: &str = "template_offset_apply_diag_precond";
     const CHUNK: usize = 1 << 14;
-    // Up to this many amplitudes (a few MB, tens of microseconds) one
-    // thread does the whole vector: splitting it across the pool cost more
-    // than it saved on the bench's 47,500 amplitudes.
-    const PRECOND_SERIAL: usize = 1 << 17;
     let inputs = [
         Arg::new::<f64>("offset_var", a.offset_var),
         Arg::new::<u8>("amplitude_flags", a.amplitude_flags),
@@ -226,19 +222,14 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
         )?;
         // SAFETY: as above; `amplitudes_out` overlaps no other argument.
         let out = unsafe { arrays::output::<f64>(K, "amplitudes_out", a.amplitudes_out)? };
-        let body = |o: &mut [f64], va: &[f64], f: &[u8]| {
-            for ((o, &va), &f) in o.iter_mut().zip(va).zip(f) {
-                *o = if f == 0 { *o * va } else { 0.0 };
-            }
-        };
-        if out.len() <= PRECOND_SERIAL {
-            body(out, var, flags);
-        } else {
-            out.par_chunks_mut(CHUNK)
-                .zip(var.par_chunks(CHUNK))
-                .zip(flags.par_chunks(CHUNK))
-                .for_each(|((o, va), f)| body(o, va, f));
-        }
+        out.par_chunks_mut(CHUNK)
+            .zip(var.par_chunks(CHUNK))
+            .zip(flags.par_chunks(CHUNK))
+            .for_each(|((o, va), f)| {
+                for ((o, &va), &f) in o.iter_mut().zip(va).zip(f) {
+                    *o = if f == 0 { *o * va } else { 0.0 };
+                }
+            });
     } else {
         let mut others = inputs.to_vec();
         others.push(Arg::new::<f64>("amplitudes_in", a.amplitudes_in));
@@ -254,20 +245,15 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
                 arrays::output::<f64>(K, "amplitudes_out", a.amplitudes_out)?,
             )
         };
-        let body = |o: &mut [f64], i: &[f64], va: &[f64], f: &[u8]| {
-            for (((o, &i), &va), &f) in o.iter_mut().zip(i).zip(va).zip(f) {
-                *o = if f == 0 { i * va } else { 0.0 };
-            }
-        };
-        if out.len() <= PRECOND_SERIAL {
-            body(out, inp, var, flags);
-        } else {
-            out.par_chunks_mut(CHUNK)
-                .zip(inp.par_chunks(CHUNK))
-                .zip(var.par_chunks(CHUNK))
-                .zip(flags.par_chunks(CHUNK))
-                .for_each(|(((o, i), va), f)| body(o, i, va, f));
-        }
+        out.par_chunks_mut(CHUNK)
+            .zip(inp.par_chunks(CHUNK))
+            .zip(var.par_chunks(CHUNK))
+            .zip(flags.par_chunks(CHUNK))
+            .for_each(|(((o, i), va), f)| {
+                for (((o, &i), &va), &f) in o.iter_mut().zip(i).zip(va).zip(f) {
+                    *o = if f == 0 { i * va } else { 0.0 };
+                }
+            });
     }
     Ok(())
 }
