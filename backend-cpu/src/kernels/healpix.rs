@@ -24,17 +24,32 @@ const K: &str = "pixels_healpix";
 const TWOTHIRDS: f64 = 2.0 / 3.0;
 
 /// `(int64_t)x` as x86-64 computes it: truncation, and `i64::MIN` for NaN
-/// or a value out of range.
+/// or a value out of range. On x86-64 this is the one instruction C
+/// compiles the cast to (`cvttsd2si`), which has exactly these semantics;
+/// elsewhere Rust's saturating cast with the out-of-range case made
+/// explicit.
 #[inline(always)]
 pub(crate) fn c_i64(x: f64) -> i64 {
-    if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&x) {
-        x as i64
-    } else {
-        i64::MIN
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    {
+        use std::arch::x86_64::{_mm_cvttsd_si64, _mm_set_sd};
+        // SAFETY: the two intrinsics only need SSE2, which this code is
+        // compiled for (the cfg above; it is part of the x86-64 baseline).
+        unsafe { _mm_cvttsd_si64(_mm_set_sd(x)) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+    {
+        if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&x) {
+            x as i64
+        } else {
+            i64::MIN
+        }
     }
 }
 
-/// The bit-spreading table of `hpix_init_utab`.
+/// The bit-spreading table of `hpix_init_utab` (the tests check
+/// [`xy2pix`] against TOAST's lookups in it).
+#[cfg(test)]
 const fn make_utab() -> [i64; 256] {
     let mut t = [0i64; 256];
     let mut m = 0i64;
@@ -52,23 +67,24 @@ const fn make_utab() -> [i64; 256] {
     t
 }
 
-static UTAB: [i64; 256] = make_utab();
-
+/// The low 32 bits of `x` spread to the even bits of the result (bit i to
+/// bit 2i): what `hpix_xy2pix`'s four `utab` lookups of one coordinate
+/// compute (they read bits 0-31 only), in shifts and masks.
 #[inline(always)]
-fn ut(x: i64, shift: u32) -> i64 {
-    UTAB[(x.wrapping_shr(shift) & 0xff) as usize]
+fn spread_bits(x: i64) -> i64 {
+    let mut v = (x as u64) & 0xffff_ffff;
+    v = (v | (v << 16)) & 0x0000_ffff_0000_ffff;
+    v = (v | (v << 8)) & 0x00ff_00ff_00ff_00ff;
+    v = (v | (v << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    v = (v | (v << 2)) & 0x3333_3333_3333_3333;
+    v = (v | (v << 1)) & 0x5555_5555_5555_5555;
+    v as i64
 }
 
+/// `hpix_xy2pix`: the bits of `x` and `y` interleaved (x even, y odd).
 #[inline(always)]
 fn xy2pix(x: i64, y: i64) -> i64 {
-    ut(x, 0)
-        | ut(x, 8).wrapping_shl(16)
-        | ut(x, 16).wrapping_shl(32)
-        | ut(x, 24).wrapping_shl(48)
-        | ut(y, 0).wrapping_shl(1)
-        | ut(y, 8).wrapping_shl(17)
-        | ut(y, 16).wrapping_shl(33)
-        | ut(y, 24).wrapping_shl(49)
+    spread_bits(x) | (spread_bits(y) << 1)
 }
 
 /// `hpix_qa_rotate(q, v)`, every term kept (multiplications by 0 and 1
@@ -103,6 +119,7 @@ pub(crate) struct Hpix {
     ncap: i64,
     npix: i64,
     fournside: i64,
+    fournside_pow2: bool,
 }
 
 impl Hpix {
@@ -118,6 +135,7 @@ impl Hpix {
             ncap: 2 * (nside * nside - nside),
             npix: 12 * nside * nside,
             fournside: 4 * nside,
+            fournside_pow2: nside > 0 && (nside as u64).is_power_of_two(),
         }
     }
 
@@ -143,7 +161,14 @@ impl Hpix {
         let tol = 10.0 * f64::EPSILON;
         let m = 2.0 * PI;
         let div = phi / m;
-        let mut phi_mod = m * (div - c_i64(div) as f64);
+        // `hpix_fmod`: m * (div - (int64_t)div). For |div| < 1 (every phi
+        // atan2 returns) the truncation is 0 and `div - 0.0` is `div`
+        // exactly (signed zeros included), so the conversions are skipped.
+        let mut phi_mod = if div.abs() < 1.0 {
+            m * div
+        } else {
+            m * (div - c_i64(div) as f64)
+        };
         if phi_mod < tol && phi_mod > -tol {
             phi_mod = 0.0;
         }
@@ -219,7 +244,13 @@ impl Hpix {
                 .wrapping_sub(self.nside)
                 .wrapping_add(kshift + 1)
                 >> 1;
-            let ip = ip.wrapping_rem(self.fournside);
+            // `ip % (4 nside)`: a mask when that is a power of two and ip is
+            // not negative (then the two agree), else the remainder.
+            let ip = if ip >= 0 && self.fournside_pow2 {
+                ip & (self.fournside - 1)
+            } else {
+                ip.wrapping_rem(self.fournside)
+            };
             self.ncap.wrapping_add(
                 ir.wrapping_sub(1)
                     .wrapping_mul(self.fournside)
@@ -301,40 +332,36 @@ pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result
     let nps = a.n_pix_submap;
     let mask = a.shared_flag_mask;
     let use_flags = v.use_flags;
+    // The submap of a pixel: a shift when n_pix_submap is a power of two
+    // (pixels are non-negative here, so it equals the division), else the
+    // division TOAST does.
+    let nps_shift = (nps > 0 && (nps as u64).is_power_of_two()).then(|| nps.trailing_zeros());
     let r = for_each_chunk(n_samp, v.intervals, |segs| {
         for det in 0..v.n_det {
             let qrow = v.quat_index[det] as usize;
             let prow = v.pixel_index[det] as usize;
             for seg in segs {
-                let q = &quats[4 * (qrow * n_samp + seg.first)..4 * (qrow * n_samp + seg.last)];
+                let q = quats[4 * (qrow * n_samp + seg.first)..4 * (qrow * n_samp + seg.last)]
+                    .chunks_exact(4);
+                let fl = &flags[if use_flags { seg.first..seg.last } else { 0..0 }];
                 // SAFETY: this task owns samples [seg.first, seg.last) of every row.
                 let out = unsafe { pixels.slice_mut(prow * n_samp + seg.first, seg.len()) };
-                for (k, (p, qq)) in out.iter_mut().zip(q.chunks_exact(4)).enumerate() {
-                    let s = seg.first + k;
-                    if use_flags && flags[s] & mask != 0 {
+                for (k, (p, qq)) in out.iter_mut().zip(q).enumerate() {
+                    if use_flags && fl[k] & mask != 0 {
                         *p = -1;
                         continue;
                     }
                     let pix = match hp.pixel(qq, nest) {
                         Some(p) if (0..hp.npix).contains(&p) => p,
-                        other => {
-                            return Err(SampleFault::new(
-                                det,
-                                seg.view,
-                                s,
-                                format!(
-                                    "quaternion {qq:?} gives no valid pixel: {}",
-                                    match other {
-                                        None => "its direction is not finite".to_string(),
-                                        Some(p) => format!("got {p}"),
-                                    }
-                                ),
-                            ))
-                        }
+                        other => return Err(bad_pixel(det, seg.view, seg.first + k, qq, other)),
                     };
                     *p = pix;
+                    let sub = match nps_shift {
+                        Some(sh) => pix >> sh,
+                        None => pix / nps,
+                    };
                     // In bounds: hit_submaps covers 12 nside^2 pixels (checked).
-                    let h = &hits[(pix / nps) as usize];
+                    let h = &hits[sub as usize];
                     if h.load(Ordering::Relaxed) == 0 {
                         h.store(1, Ordering::Relaxed);
                     }
@@ -344,6 +371,25 @@ pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result
         Ok(())
     });
     r.map_err(|f| super::fault_error(K, f))
+}
+
+/// The fault of a sample whose quaternion gives no valid pixel (`got`:
+/// None when its direction is not finite, else the pixel computed).
+#[cold]
+#[inline(never)]
+fn bad_pixel(det: usize, view: usize, samp: usize, q: &[f64], got: Option<i64>) -> SampleFault {
+    SampleFault::new(
+        det,
+        view,
+        samp,
+        format!(
+            "quaternion {q:?} gives no valid pixel: {}",
+            match got {
+                None => "its direction is not finite".to_string(),
+                Some(p) => format!("got {p}"),
+            }
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -363,6 +409,82 @@ mod tests {
         assert_eq!(c_i64(-1e300), i64::MIN);
         assert_eq!(c_i64(-2.7), -2);
         assert_eq!(c_i64(9.2e18), 9_200_000_000_000_000_000);
+        assert_eq!(c_i64(-9_223_372_036_854_775_808.0), i64::MIN);
+        assert_eq!(c_i64(9_223_372_036_854_775_808.0), i64::MIN);
+        assert_eq!(c_i64(f64::INFINITY), i64::MIN);
+        assert_eq!(c_i64(f64::NEG_INFINITY), i64::MIN);
+        assert_eq!(c_i64(-0.9), 0);
+        assert_eq!(c_i64(4095.999), 4095);
+    }
+
+    /// `hpix_xy2pix` as TOAST computes it, with its lookup table.
+    fn xy2pix_table(x: i64, y: i64) -> i64 {
+        let utab = make_utab();
+        let ut = |v: i64, shift: u32| utab[(v.wrapping_shr(shift) & 0xff) as usize];
+        ut(x, 0)
+            | ut(x, 8).wrapping_shl(16)
+            | ut(x, 16).wrapping_shl(32)
+            | ut(x, 24).wrapping_shl(48)
+            | ut(y, 0).wrapping_shl(1)
+            | ut(y, 8).wrapping_shl(17)
+            | ut(y, 16).wrapping_shl(33)
+            | ut(y, 24).wrapping_shl(49)
+    }
+
+    #[test]
+    fn xy2pix_matches_toast_table() {
+        let mut vals = vec![
+            0i64,
+            1,
+            2,
+            255,
+            256,
+            4095,
+            8191,
+            1 << 29,
+            (1 << 30) - 1,
+            -1,
+            -2,
+        ];
+        vals.extend([i64::MIN, i64::MAX, 0x1234_5678_9abc_def0, -0x1234_5678]);
+        let mut r = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            vals.push(r as i64);
+            vals.push((r >> 35) as i64);
+        }
+        for w in vals.windows(2) {
+            assert_eq!(xy2pix(w[0], w[1]), xy2pix_table(w[0], w[1]), "{w:?}");
+        }
+    }
+
+    #[test]
+    fn tt_matches_hpix_fmod() {
+        // TOAST's formula, with the conversions always done.
+        let reference = |phi: f64| {
+            let m = 2.0 * PI;
+            let div = phi / m;
+            let mut phi_mod = m * (div - c_i64(div) as f64);
+            if phi_mod < 10.0 * f64::EPSILON && phi_mod > -10.0 * f64::EPSILON {
+                phi_mod = 0.0;
+            }
+            if phi_mod >= 0.0 {
+                phi_mod * FRAC_2_PI
+            } else {
+                phi_mod * FRAC_2_PI + 4.0
+            }
+        };
+        let mut phis = vec![
+            0.0, -0.0, PI, -PI, 1e-300, -1e-300, 7.0, -7.0, 1e300, -1e300,
+        ];
+        phis.extend((-2000..=2000).map(|k| k as f64 * PI / 1000.0));
+        phis.extend((0..1000).map(|k| (k as f64 * 0.6180339887).sin() * 3.5));
+        for phi in phis {
+            assert_eq!(Hpix::tt(phi).to_bits(), reference(phi).to_bits(), "{phi}");
+        }
+        assert!(Hpix::tt(f64::NAN).is_nan());
     }
 
     #[test]

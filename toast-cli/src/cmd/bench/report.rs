@@ -336,7 +336,7 @@ impl BenchReport {
             "template_offset_variants": Value::Object(variants),
             "notes": Value::Object(notes),
             "toast_reference": {
-                "source": "tests/data/toast-kernels/timings.md (TOAST 3.0.6, 2-core AMD EPYC VM)",
+                "source": "tests/data/toast-kernels/timings.md, third table (TOAST 3.0.6, 2-core Intel Xeon VM, loaded; 2thr: the smaller of its 2- and 1-thread figures)",
                 "ns_2thr": Value::Object(ref2),
                 "ns_1thr": Value::Object(ref1),
             },

@@ -325,7 +325,7 @@ impl Bench<'_, '_> {
     /// pointing_detector; returns the detector quaternions.
     fn pointing_detector(&mut self) -> anyhow::Result<Vec<f64>> {
         let w = self.w;
-        let mut quats = vec![0.0f64; w.n_det * w.n_samp * 4];
+        let mut quats: Vec<f64> = zeroed_large(w.n_det * w.n_samp * 4);
         let bore = self.tm.input(&w.boresight, "boresight")?;
         let flags = self.tm.input(&w.shared_flags, "shared_flags")?;
         let q = self.tm.output(&mut quats, "quats")?;
@@ -353,10 +353,12 @@ impl Bench<'_, '_> {
     /// (with, then without HWP).
     fn pixels_and_weights(&mut self, quats: &[f64]) -> anyhow::Result<Pointing> {
         let w = self.w;
+        let mut pixels: Vec<i64> = zeroed_large(w.n_det * w.n_samp);
+        pixels.fill(-1);
         let mut p = Pointing {
-            pixels: vec![-1i64; w.n_det * w.n_samp],
+            pixels,
             hits: vec![0u8; w.n_submap],
-            weights: vec![0.0f64; w.n_det * w.n_samp * NNZ],
+            weights: zeroed_large(w.n_det * w.n_samp * NNZ),
         };
         let mut hits_ring = vec![0u8; w.n_submap];
         let q = self.tm.input(quats, "quats")?;
@@ -418,7 +420,7 @@ impl Bench<'_, '_> {
     /// stokes_weights_I (its output is not used further).
     fn stokes_weights_i(&mut self) -> anyhow::Result<()> {
         let w = self.w;
-        let mut weights_i = vec![0.0f64; w.n_det * w.n_samp];
+        let mut weights_i: Vec<f64> = zeroed_large(w.n_det * w.n_samp);
         let wi = self.tm.output(&mut weights_i, "weights_I")?;
         let args = abi::StokesWeightsIArgs {
             n_det: w.n_det as u64,
@@ -447,7 +449,7 @@ impl Bench<'_, '_> {
         for (y, &x) in map32.iter_mut().zip(&map) {
             *y = x as f32;
         }
-        let mut det_data = vec![0.0f64; w.n_det * w.n_samp];
+        let mut det_data: Vec<f64> = zeroed_large(w.n_det * w.n_samp);
         let g2l = self.tm.input(global2local, "global2local")?;
         let m64 = self.tm.input(&map, "mapdata_f64")?;
         let m32 = self.tm.input(&map32, "mapdata_f32")?;
@@ -835,7 +837,7 @@ impl Bench<'_, '_> {
     ) -> anyhow::Result<()> {
         let backend = self.tm.backend;
         let n = offset_var.len();
-        let mut amps_out = vec![0.0f64; n];
+        let mut amps_out: Vec<f64> = zeroed_large(n);
         let ov = self.tm.input(offset_var, "offset_var")?;
         let ai = self.tm.input(amps_in, "amplitudes_in")?;
         let af = self.tm.input(flags, "amplitude_flags")?;

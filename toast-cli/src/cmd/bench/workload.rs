@@ -9,8 +9,12 @@
 //! of order [`POLY_ORDER`] and a 2-D one of `(POLY2D_ORDER + 1)^2` modes over
 //! [`POLY2D_GROUPS`] detector groups ([`poly2d_templates`]). The inputs that depend
 //! on a kernel's output (the local submaps are the hit ones) are made from
-//! it by the runner with the functions here. The map buffers
-//! ([`toast_core::mem::zeroed_large`]) are advised as huge pages, as numpy's are in TOAST.
+//! it by the runner with the functions here. Every buffer the size of a
+//! timestream or a map (4 MiB and more: the maps, the pointing, the
+//! detector data, the flags, the amplitude vectors, here and in the runner)
+//! comes from [`toast_core::mem::zeroed_large`], advised as huge pages as
+//! numpy advises every such array of TOAST's (`time_toast_kernels.py`), so
+//! that both sides stream and gather through the same page size.
 //!
 //! Random inputs come from the project's generator, Threefry-2x64-20
 //! (`toast_ops::math::rng`, the one TOAST's noise simulation uses): every input
@@ -186,7 +190,7 @@ impl Deviates {
 
     /// `n` deviates uniform in (lo, hi).
     fn uniform(&self, s: Stream, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        let mut u = vec![0.0; n];
+        let mut u = zeroed_large(n);
         self.uniform_into(s, &mut u, lo, hi);
         u
     }
@@ -201,26 +205,29 @@ impl Deviates {
 
     /// `n` standard normal deviates.
     fn normal(&self, s: Stream, n: usize) -> Vec<f64> {
-        let mut g = vec![0.0; n];
+        let mut g = zeroed_large(n);
         gaussian(self.key, Self::counter(s), &mut g);
         g
     }
 
     /// `n` integers uniform in [0, bound) (bound > 0).
     fn below(&self, s: Stream, n: usize, bound: u64) -> Vec<u64> {
-        let mut w = vec![0u64; n];
+        let mut w = zeroed_large(n);
         uniform_u64(self.key, Self::counter(s), &mut w);
-        w.iter()
-            .map(|&w| ((w as u128 * bound as u128) >> 64) as u64)
-            .collect()
+        for w in &mut w {
+            *w = ((*w as u128 * bound as u128) >> 64) as u64;
+        }
+        w
     }
 
     /// `n` flags, each set (1) with probability [`FLAG_FRACTION`].
     fn flags(&self, s: Stream, n: usize) -> Vec<u8> {
-        self.uniform(s, n, 0.0, 1.0)
-            .into_iter()
-            .map(|u| u8::from(u < FLAG_FRACTION))
-            .collect()
+        let u = self.uniform(s, n, 0.0, 1.0);
+        let mut flags = zeroed_large(n);
+        for (f, u) in flags.iter_mut().zip(u) {
+            *f = u8::from(u < FLAG_FRACTION);
+        }
+        flags
     }
 
     /// `n_rows` rows of `n` flags, each with about [`FLAG_FRACTION`] of its
@@ -229,7 +236,7 @@ impl Deviates {
         let len = len.clamp(1, n);
         let per_row = ((FLAG_FRACTION * n as f64 / len as f64).round() as usize).max(1);
         let starts = self.below(s, n_rows * per_row, (n - len + 1) as u64);
-        let mut flags = vec![0u8; n_rows * n];
+        let mut flags = zeroed_large(n_rows * n);
         for (row, starts) in flags.chunks_mut(n).zip(starts.chunks(per_row)) {
             for &start in starts {
                 row[start as usize..start as usize + len].fill(1);
@@ -307,13 +314,13 @@ impl Workload {
         let to_ecliptic = rot_y(std::f64::consts::FRAC_PI_2);
         let prec_tilt = rot_y(PRECESSION_ANGLE_DEG.to_radians());
         let opening = rot_y(OPENING_ANGLE_DEG.to_radians());
-        let mut boresight = Vec::with_capacity(n_samp * 4);
-        for s in 0..n_samp {
+        let mut boresight = zeroed_large(n_samp * 4);
+        for (s, out) in boresight.chunks_exact_mut(4).enumerate() {
             let t = s as f64 / SAMPLE_RATE;
             let prec = rot_z(std::f64::consts::TAU * t / PRECESSION_PERIOD);
             let spin = rot_z(std::f64::consts::TAU * t / SPIN_PERIOD);
             let q = compose(&[to_ecliptic, prec, prec_tilt, spin, opening]);
-            boresight.extend_from_slice(&qarray::normalize(&q));
+            out.copy_from_slice(&qarray::normalize(&q));
         }
 
         // Detectors on a rectangular grid with ~2 deg spacing, 4 polarisation
