@@ -539,12 +539,20 @@ pub fn sim_noise_add(
             },
         });
     }
+    // One contiguous run of detectors per thread, each with one workspace
+    // (FFT plan and buffers, tens of MB at the benchmark's lengths) made
+    // once and reused, instead of one per rayon job.
+    let per = signals
+        .len()
+        .div_ceil(rayon::current_num_threads().max(1))
+        .max(1);
     signals
-        .par_iter_mut()
-        .zip(filters.par_iter().zip(keys.par_iter()))
-        .map_init(
-            || (None::<NoiseWorkspace>, Vec::<f64>::new()),
-            |(ws_slot, buf), (sig, (filter, key))| {
+        .par_chunks_mut(per)
+        .zip(filters.par_chunks(per).zip(keys.par_chunks(per)))
+        .map(|(sigs, (filters, keys))| {
+            let mut ws: Option<NoiseWorkspace> = None;
+            let mut buf = Vec::<f64>::new();
+            for (sig, (filter, key)) in sigs.iter_mut().zip(filters.iter().zip(keys)) {
                 if sig.len() != filter.n_samples {
                     return Err(NoiseError::LengthMismatch {
                         what: "signal buffer",
@@ -552,18 +560,18 @@ pub fn sim_noise_add(
                         got: sig.len(),
                     });
                 }
-                let ws = match ws_slot {
+                let ws = match &mut ws {
                     Some(ws) if ws.fft_len() == filter.fft_len => ws,
-                    _ => ws_slot.insert(NoiseWorkspace::new(filter.fft_len)),
+                    _ => ws.insert(NoiseWorkspace::new(filter.fft_len)),
                 };
                 buf.resize(filter.n_samples, 0.0);
-                sim_noise_timestream(filter, key, first_sample, ws, buf)?;
+                sim_noise_timestream(filter, key, first_sample, ws, &mut buf)?;
                 for (s, b) in sig.iter_mut().zip(buf.iter()) {
                     *s += b;
                 }
-                Ok(())
-            },
-        )
+            }
+            Ok(())
+        })
         .collect::<Result<Vec<()>, NoiseError>>()?;
     Ok(())
 }
