@@ -81,7 +81,7 @@ const GAUSS_LANES: usize = 8;
 
 /// Fill `out` with TOAST's `gaussian` stream: `√2 erfinv(2u − 1)`.
 ///
-/// The deviates are made [`GAUSS_LANES`] at a time: the Threefry words of
+/// The deviates are made eight (`GAUSS_LANES`) at a time: the Threefry words of
 /// the lanes are independent, and when every lane falls in the central
 /// branch of [`erfinv`] (all but ~0.2% of the samples) its polynomial is
 /// evaluated for all lanes together, one coefficient at a time, so the
