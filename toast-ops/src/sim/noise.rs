@@ -63,8 +63,9 @@
 //! Per detector: `N` deviates (Threefry and erfinv, [`gaussian`] evaluates
 //! them eight at a time, bit for bit the scalar stream) and one inverse real
 //! FFT of length `N`. [`sim_noise_add`] runs the detectors in parallel, one
-//! contiguous run of detectors per rayon thread, each thread planning its
-//! FFT and allocating its buffers once ([`NoiseWorkspace`]).
+//! at a time per rayon task; a pool passes the FFT plans and buffers
+//! ([`NoiseWorkspace`]) from detector to detector, so at most one per
+//! thread is ever made.
 //!
 //! `SimNoise` passes the sample rate measured from the timestamps
 //! ([`crate::astro::scan_strategy::rate_from_times`]: 100.0000954 Hz for the benchmark's
@@ -547,36 +548,35 @@ pub fn sim_noise_add(
             },
         });
     }
-    // One contiguous run of detectors per thread, each with one workspace
-    // (FFT plan and buffers, tens of MB at the benchmark's lengths) made
-    // once and reused, instead of one per rayon job.
-    let per = signals
-        .len()
-        .div_ceil(rayon::current_num_threads().max(1))
-        .max(1);
+    // Workspaces (FFT plan and buffers, tens of MB at the benchmark's
+    // lengths) are made at most once per thread and passed from detector
+    // to detector through a pool, while the detectors themselves are dealt
+    // one at a time (a busy thread does not hold back a run of them).
+    let pool: std::sync::Mutex<Vec<(NoiseWorkspace, Vec<f64>)>> = Default::default();
     signals
-        .par_chunks_mut(per)
-        .zip(filters.par_chunks(per).zip(keys.par_chunks(per)))
-        .map(|(sigs, (filters, keys))| {
-            let mut ws: Option<NoiseWorkspace> = None;
-            let mut buf = Vec::<f64>::new();
-            for (sig, (filter, key)) in sigs.iter_mut().zip(filters.iter().zip(keys)) {
-                if sig.len() != filter.n_samples {
-                    return Err(NoiseError::LengthMismatch {
-                        what: "signal buffer",
-                        expected: filter.n_samples,
-                        got: sig.len(),
-                    });
-                }
-                let ws = match &mut ws {
-                    Some(ws) if ws.fft_len() == filter.fft_len => ws,
-                    _ => ws.insert(NoiseWorkspace::new(filter.fft_len)),
-                };
-                buf.resize(filter.n_samples, 0.0);
-                sim_noise_timestream(filter, key, first_sample, ws, &mut buf)?;
-                for (s, b) in sig.iter_mut().zip(buf.iter()) {
-                    *s += b;
-                }
+        .par_iter_mut()
+        .zip(filters.par_iter().zip(keys.par_iter()))
+        .with_max_len(1)
+        .map(|(sig, (filter, key))| {
+            if sig.len() != filter.n_samples {
+                return Err(NoiseError::LengthMismatch {
+                    what: "signal buffer",
+                    expected: filter.n_samples,
+                    got: sig.len(),
+                });
+            }
+            let taken = pool.lock().map(|mut p| p.pop()).unwrap_or(None);
+            let (mut ws, mut buf) = match taken {
+                Some((ws, buf)) if ws.fft_len() == filter.fft_len => (ws, buf),
+                _ => (NoiseWorkspace::new(filter.fft_len), Vec::new()),
+            };
+            buf.resize(filter.n_samples, 0.0);
+            sim_noise_timestream(filter, key, first_sample, &mut ws, &mut buf)?;
+            for (s, b) in sig.iter_mut().zip(buf.iter()) {
+                *s += b;
+            }
+            if let Ok(mut p) = pool.lock() {
+                p.push((ws, buf));
             }
             Ok(())
         })
