@@ -378,15 +378,13 @@ mod tests {
         .unwrap();
         s.write_bytes("stats.json", b"s").unwrap();
         s.commit().unwrap();
-        assert_eq!(
-            names(&dir),
-            [
-                "mapmaker_hits.fits",
-                "mapmaker_map.fits",
-                "mapmaker_map.png",
-                "stats.json"
-            ]
-        );
+        let committed = [
+            "mapmaker_hits.fits",
+            "mapmaker_map.fits",
+            "mapmaker_map.png",
+            "stats.json",
+        ];
+        assert_eq!(names(&dir), committed);
         assert_eq!(std::fs::read(dir.join("mapmaker_map.fits")).unwrap(), b"m");
         // Two writers fail: the first in the given order is reported, the
         // others still ran, and dropping the staging removes every temporary.
@@ -409,15 +407,7 @@ mod tests {
             "{e:#}"
         );
         drop(s);
-        assert_eq!(
-            names(&dir),
-            [
-                "mapmaker_hits.fits",
-                "mapmaker_map.fits",
-                "mapmaker_map.png",
-                "stats.json"
-            ]
-        );
+        assert_eq!(names(&dir), committed);
         assert_eq!(std::fs::read(dir.join("mapmaker_hits.fits")).unwrap(), b"h");
         let _ = std::fs::remove_dir_all(&dir);
     }
