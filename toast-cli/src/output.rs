@@ -61,6 +61,20 @@ pub fn is_map(name: &str) -> bool {
     name.starts_with("mapmaker_")
 }
 
+/// Writes one whole output at the path it is given (a temporary), or says
+/// why it could not; see [`Staging::write_all`].
+pub type Writer<'a> = Box<dyn FnOnce(&Path) -> Result<(), String> + Send + 'a>;
+
+/// Run `write` on temporary `tmp` and sync it; errors name `final_path`.
+fn write_synced<E: Display>(
+    final_path: &Path,
+    tmp: &Path,
+    write: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<()> {
+    write(tmp).map_err(|e| anyhow!("{}: {e}", final_path.display()))?;
+    sync_file(tmp).with_context(|| format!("{}: cannot sync", final_path.display()))
+}
+
 /// Outputs written to temporary files, put in place by [`Staging::commit`];
 /// dropped without a commit, it removes its temporaries.
 pub struct Staging {
@@ -137,14 +151,57 @@ impl Staging {
         name: &'static str,
         write: impl FnOnce(&Path) -> Result<(), E>,
     ) -> Result<()> {
+        let (final_path, tmp) = self.stage(name);
+        write_synced(&final_path, &tmp, write)?;
+        parallel::fault_point(&*self.comm, &format!("output {name}"))
+    }
+
+    /// Stage several outputs at once: each [`Writer`] runs on a thread of
+    /// its own (their encoding shares the rayon pool), so the files' writes
+    /// into the page cache and their syncs overlap instead of queueing.
+    /// Every writer runs to its end even when another fails; the first
+    /// error, in the order given, is returned (its temporaries, like all
+    /// of them, are removed when the staging is dropped). The fault points
+    /// (`TOAST_FAULT_INJECT=0:output NAME`) are met in the order given,
+    /// once all the files are written.
+    pub fn write_all(&mut self, writers: Vec<(&'static str, Writer<'_>)>) -> Result<()> {
+        // Recorded before writing: partial temporaries are removed on drop.
+        let paths: Vec<(PathBuf, PathBuf)> = writers.iter().map(|(n, _)| self.stage(n)).collect();
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = writers
+                .into_iter()
+                .zip(&paths)
+                .map(|((_, write), (final_path, tmp))| {
+                    s.spawn(move || write_synced(final_path, tmp, write))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .zip(&paths)
+                .map(|(h, (final_path, _))| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(anyhow!("{}: its writer panicked", final_path.display()))
+                    })
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+        for (name, _) in &self.staged[self.staged.len() - paths.len()..] {
+            parallel::fault_point(&*self.comm, &format!("output {name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Record output `name` (one of [`OUTPUTS`]) as staged: its final and
+    /// temporary paths.
+    fn stage(&mut self, name: &'static str) -> (PathBuf, PathBuf) {
         debug_assert!(OUTPUTS.contains(&name), "{name} is not an output");
         let final_path = self.dir_of(name).join(name);
         let tmp = self.dir_of(name).join(temp_name(name, std::process::id()));
-        // Recorded before writing: a partial temporary is removed on drop.
         self.staged.push((name, tmp.clone()));
-        write(&tmp).map_err(|e| anyhow!("{}: {e}", final_path.display()))?;
-        sync_file(&tmp).with_context(|| format!("{}: cannot sync", final_path.display()))?;
-        parallel::fault_point(&*self.comm, &format!("output {name}"))
+        (final_path, tmp)
     }
 
     /// Stage output `name` with content `bytes`.
@@ -301,6 +358,57 @@ mod tests {
         s.commit().unwrap();
         assert_eq!(names(&dir), ["mapmaker_hits.fits", "stats.json"]);
         assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn parallel_writes_stage_every_file_and_report_the_first_failure() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-parallel-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = |bytes: &'static [u8]| -> Writer<'static> {
+            Box::new(move |p| std::fs::write(p, bytes).map_err(|e| e.to_string()))
+        };
+        let mut s = staging(&dir);
+        s.write_all(vec![
+            ("mapmaker_hits.fits", ok(b"h")),
+            ("mapmaker_map.fits", ok(b"m")),
+            ("mapmaker_map.png", ok(b"p")),
+        ])
+        .unwrap();
+        s.write_bytes("stats.json", b"s").unwrap();
+        s.commit().unwrap();
+        let committed = [
+            "mapmaker_hits.fits",
+            "mapmaker_map.fits",
+            "mapmaker_map.png",
+            "stats.json",
+        ];
+        assert_eq!(names(&dir), committed);
+        assert_eq!(std::fs::read(dir.join("mapmaker_map.fits")).unwrap(), b"m");
+        // Two writers fail: the first in the given order is reported, the
+        // others still ran, and dropping the staging removes every temporary.
+        let fail = |why: &'static str| -> Writer<'static> {
+            Box::new(move |p| {
+                std::fs::write(p, b"partial").map_err(|e| e.to_string())?;
+                Err(why.to_string())
+            })
+        };
+        let mut s = staging(&dir);
+        let e = s
+            .write_all(vec![
+                ("mapmaker_hits.fits", ok(b"h2")),
+                ("mapmaker_binmap.fits", fail("disk full")),
+                ("mapmaker_map.fits", fail("quota")),
+            ])
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("mapmaker_binmap.fits: disk full"),
+            "{e:#}"
+        );
+        drop(s);
+        assert_eq!(names(&dir), committed);
+        assert_eq!(std::fs::read(dir.join("mapmaker_hits.fits")).unwrap(), b"h");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -26,7 +26,7 @@
 //! last (`crate::output`).
 
 use super::backends::human_bytes;
-use crate::output::Staging;
+use crate::output::{Staging, Writer};
 use crate::parallel;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -267,14 +267,8 @@ struct OutputDir<'a> {
 impl ProductSink for OutputDir<'_> {
     fn store(&mut self, job: &SatelliteJob, products: &MapProducts) -> Result<(), FrontEndError> {
         let mm = &job.config.mapmaker;
-        // Every map is written from its submaps, one file at a time,
-        // without a full-sky copy.
-        if mm.write_hits {
-            let hits = fits::ColumnSource::SubmapsI64(products.hits.column(0));
-            self.staging.write_with("mapmaker_hits.fits", |p| {
-                fits::write_hits_column(p, Ordering::Nested, hits, &products.header)
-            })?;
-        }
+        // Every map is written from its submaps, without a full-sky copy,
+        // and the files are written at the same time (`Staging::write_all`).
         let precision = if mm.write_float64 {
             fits::MapPrecision::F64
         } else {
@@ -288,6 +282,18 @@ impl ProductSink for OutputDir<'_> {
             .filter(|c| c.key == "CREATED" || c.key == "VERSION")
             .cloned()
             .collect();
+        let mut writers: Vec<(&'static str, Writer<'_>)> = Vec::new();
+        if mm.write_hits {
+            let hits = fits::ColumnSource::SubmapsI64(products.hits.column(0));
+            let header = &products.header;
+            writers.push((
+                "mapmaker_hits.fits",
+                Box::new(move |p| {
+                    fits::write_hits_column(p, Ordering::Nested, hits, header)
+                        .map_err(|e| e.to_string())
+                }),
+            ));
+        }
         let written = [
             ("mapmaker_rcond.fits", products.rcond.as_ref(), None, &short),
             (
@@ -326,23 +332,33 @@ impl ProductSink for OutputDir<'_> {
             let cols: Vec<fits::ColumnSource<'_>> = (0..m.n_value())
                 .map(|k| fits::ColumnSource::SubmapsF64(m.column(k)))
                 .collect();
-            self.staging.write_with(file, |p| {
-                fits::write_float_columns(p, Ordering::Nested, &cols, unit, precision, header)
-            })?;
+            writers.push((
+                file,
+                Box::new(move |p| {
+                    fits::write_float_columns(p, Ordering::Nested, &cols, unit, precision, header)
+                        .map_err(|e| e.to_string())
+                }),
+            ));
         }
         if self.plot {
-            let hits = products.hits.column(0);
-            let hit: Vec<bool> = (0..hits.n_pix).map(|p| hits.get(p) > 0).collect();
-            self.staging.write_with("mapmaker_map.png", |p| {
-                toast_ops::io::plot::plot_iqu_mollweide_by(
-                    p,
-                    job.nside(),
-                    |k| Cow::Owned(products.map.full_sky_component(k)),
-                    Some(&hit),
-                    1200,
-                )
-            })?;
+            let nside = job.nside();
+            writers.push((
+                "mapmaker_map.png",
+                Box::new(move |p| {
+                    let hits = products.hits.column(0);
+                    let hit: Vec<bool> = (0..hits.n_pix).map(|p| hits.get(p) > 0).collect();
+                    toast_ops::io::plot::plot_iqu_mollweide_by(
+                        p,
+                        nside,
+                        |k| Cow::Owned(products.map.full_sky_component(k)),
+                        Some(&hit),
+                        1200,
+                    )
+                    .map_err(|e| e.to_string())
+                }),
+            ));
         }
+        self.staging.write_all(writers)?;
         Ok(())
     }
 }

@@ -58,6 +58,15 @@
 //! for the rare deviates beyond ≈5.4σ (about one per 17 detector-hours)
 //! TOAST's value is off by ~1e-7 relative and ours is the accurate one.
 //!
+//! # Cost
+//!
+//! Per detector: `N` deviates (Threefry and erfinv, [`gaussian`] evaluates
+//! them eight at a time, bit for bit the scalar stream) and one inverse real
+//! FFT of length `N`. [`sim_noise_add`] runs the detectors in parallel, one
+//! at a time per rayon task; a pool passes the FFT plans and buffers
+//! ([`NoiseWorkspace`]) from detector to detector, so at most one per
+//! thread is ever made.
+//!
 //! `SimNoise` passes the sample rate measured from the timestamps
 //! ([`crate::astro::scan_strategy::rate_from_times`]: 100.0000954 Hz for the benchmark's
 //! timestamps); use the same value to reproduce TOAST exactly.
@@ -539,31 +548,38 @@ pub fn sim_noise_add(
             },
         });
     }
+    // Workspaces (FFT plan and buffers, tens of MB at the benchmark's
+    // lengths) are made at most once per thread and passed from detector
+    // to detector through a pool, while the detectors themselves are dealt
+    // one at a time (a busy thread does not hold back a run of them).
+    let pool: std::sync::Mutex<Vec<(NoiseWorkspace, Vec<f64>)>> = Default::default();
     signals
         .par_iter_mut()
         .zip(filters.par_iter().zip(keys.par_iter()))
-        .map_init(
-            || (None::<NoiseWorkspace>, Vec::<f64>::new()),
-            |(ws_slot, buf), (sig, (filter, key))| {
-                if sig.len() != filter.n_samples {
-                    return Err(NoiseError::LengthMismatch {
-                        what: "signal buffer",
-                        expected: filter.n_samples,
-                        got: sig.len(),
-                    });
-                }
-                let ws = match ws_slot {
-                    Some(ws) if ws.fft_len() == filter.fft_len => ws,
-                    _ => ws_slot.insert(NoiseWorkspace::new(filter.fft_len)),
-                };
-                buf.resize(filter.n_samples, 0.0);
-                sim_noise_timestream(filter, key, first_sample, ws, buf)?;
-                for (s, b) in sig.iter_mut().zip(buf.iter()) {
-                    *s += b;
-                }
-                Ok(())
-            },
-        )
+        .with_max_len(1)
+        .map(|(sig, (filter, key))| {
+            if sig.len() != filter.n_samples {
+                return Err(NoiseError::LengthMismatch {
+                    what: "signal buffer",
+                    expected: filter.n_samples,
+                    got: sig.len(),
+                });
+            }
+            let taken = pool.lock().map(|mut p| p.pop()).unwrap_or(None);
+            let (mut ws, mut buf) = match taken {
+                Some((ws, buf)) if ws.fft_len() == filter.fft_len => (ws, buf),
+                _ => (NoiseWorkspace::new(filter.fft_len), Vec::new()),
+            };
+            buf.resize(filter.n_samples, 0.0);
+            sim_noise_timestream(filter, key, first_sample, &mut ws, &mut buf)?;
+            for (s, b) in sig.iter_mut().zip(buf.iter()) {
+                *s += b;
+            }
+            if let Ok(mut p) = pool.lock() {
+                p.push((ws, buf));
+            }
+            Ok(())
+        })
         .collect::<Result<Vec<()>, NoiseError>>()?;
     Ok(())
 }
