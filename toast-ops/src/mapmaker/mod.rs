@@ -153,6 +153,10 @@ pub struct MapMaker {
     /// recomputed per batch of `binner.pointing_batch` detectors, its
     /// fields holding only the current batch (see [`MapMaker::pointing_sets`]).
     transient: bool,
+    /// During a host run: the solver's work timestream exists for one
+    /// batch of `binner.pointing_batch` detectors at a time (see
+    /// [`MapMaker::work_sets`]).
+    work_batches: bool,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -198,6 +202,7 @@ impl MapMaker {
             result: None,
             preexisting: Vec::new(),
             transient: false,
+            work_batches: false,
         })
     }
 
@@ -249,6 +254,7 @@ impl MapMaker {
         }
         let closed = close_scope(data, ctx, scope, &outputs);
         self.set_transient(false);
+        self.work_batches = false;
         let cleanup = self.cleanup(data, &keys);
         let mut res = result?;
         closed?;
@@ -279,6 +285,7 @@ impl MapMaker {
         // detectors at a time.
         let host_run = ctx.extensions.get::<StagingState>().is_none();
         self.set_transient(!full && host_run);
+        self.work_batches = host_run && self.setup.binner.pointing_batch > 0;
 
         // Pixel distribution of the solve.
         let pixel_dist = self.setup.binner.pixel_dist.clone();
@@ -401,6 +408,23 @@ impl MapMaker {
     fn pointing_sets(&self, data: &Data) -> DetectorSets {
         let batch = self.setup.binner.pointing_batch;
         if !self.transient || batch == 0 {
+            return DetectorSets::All;
+        }
+        let dets = data.all_local_detectors(0);
+        DetectorSets::Sets(dets.chunks(batch).map(|c| c.to_vec()).collect())
+    }
+
+    /// The detector sets of the solver's passes over its work timestream
+    /// (`{name}_temp`): on the host with a `binner.pointing_batch` of `n >
+    /// 0`, the local detectors in batches of `n`, each batch's timestream
+    /// made, used and replaced by the next one's, so it never exists for
+    /// all detectors (8 bytes a sample saved); else all at once. The
+    /// per-detector arithmetic and the map sums' order are those of one
+    /// pass, so the results do not depend on it. With transient pointing
+    /// these are the [`MapMaker::pointing_sets`].
+    fn work_sets(&self, data: &Data) -> DetectorSets {
+        let batch = self.setup.binner.pointing_batch;
+        if !self.work_batches || batch == 0 {
             return DetectorSets::All;
         }
         let dets = data.all_local_detectors(0);

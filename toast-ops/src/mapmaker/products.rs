@@ -204,6 +204,7 @@ impl MapMaker {
                 input: det_data,
                 output: target.to_string(),
                 det_mask: self.setup.binner.det_mask,
+                transient: false,
             }));
         }
         ops.push(Box::new(OffsetAddToSignal {

@@ -134,9 +134,10 @@ pub(crate) struct BinPass<'a> {
 /// operators (when given), and the noise-weighted accumulation as one
 /// pipeline, sum the map over the processes (on the host), then apply the
 /// covariance (see [`BinPass::covariance_on_device`]). With detector `sets`
-/// other than `All`, the map reset and `pre` run first over all detectors
-/// and then the pointing and the accumulation once per set (in detector
-/// order, so the sums are the same as one pass's).
+/// other than `All`, the map reset runs first over all detectors and then
+/// `pre`, the pointing and the accumulation once per set (in detector
+/// order, so the sums are the same as one pass's; `pre` may make a
+/// transient work timestream of the set, see [`ResetData::transient`]).
 pub(crate) fn bin_map(
     data: &mut Data,
     ctx: &mut ExecContext,
@@ -185,6 +186,7 @@ pub(crate) fn bin_map(
         name: format!("{}_reset", pass.name),
         detdata: Vec::new(),
         global: vec![pass.binned.to_string()],
+        transient: false,
     };
     let mut accum = BuildNoiseWeighted::new(
         format!("{}_build_zmap", pass.name),
@@ -198,11 +200,11 @@ pub(crate) fn bin_map(
         pass.flags.clone(),
     );
     let mut ops: Vec<OpRef<'_>> = vec![&mut reset];
-    ops.extend(pre);
     if *sets != DetectorSets::All {
         run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
         ops.clear();
     }
+    ops.extend(pre);
     if let Some(p) = pointing {
         ops.extend(p.operators());
     }

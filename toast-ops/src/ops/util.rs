@@ -136,6 +136,11 @@ pub struct CopyDetData {
     pub output: String,
     /// Detector flag bits that exclude a detector.
     pub det_mask: u8,
+    /// Host runs of a pipeline over detector sets: `output` is replaced by
+    /// a field holding only the current set's detectors (see
+    /// [`pointing_field`]), so a work copy never exists for all detectors
+    /// at once. Ignored on an accelerated step.
+    pub transient: bool,
 }
 
 impl Operator for CopyDetData {
@@ -158,7 +163,14 @@ impl Operator for CopyDetData {
                 let f = ob.detdata.get(&self.input)?;
                 (f.dtype(), f.sample_shape().to_vec(), f.units().to_string())
             };
-            ob.detdata.create(&self.output, dtype, &shape, None)?;
+            pointing_field(
+                ob,
+                &self.output,
+                dtype,
+                &shape,
+                &dets,
+                self.transient && !ctx.use_accel,
+            )?;
             let [src, dst] = ob
                 .detdata
                 .get_disjoint_mut([self.input.as_str(), self.output.as_str()])?;
@@ -198,7 +210,9 @@ impl Operator for CopyDetData {
 /// an item staged on the device is zeroed there in place (TOAST's
 /// `accel_reset`), with no transfer; otherwise the host copy is zeroed.
 /// Missing detdata fields are created as f64 scalars per sample; global
-/// items must exist.
+/// items must exist. With `transient` (host steps only), each detdata field
+/// is instead replaced by a zeroed one holding only the selected detectors
+/// (see [`pointing_field`]): a work timestream of one detector set.
 #[derive(Debug, Clone, Default)]
 pub struct ResetData {
     /// Instance name.
@@ -207,6 +221,9 @@ pub struct ResetData {
     pub detdata: Vec<String>,
     /// Global items (maps, amplitude vectors).
     pub global: Vec<String>,
+    /// Replace the detdata fields by zeroed ones of the selected detectors
+    /// only (host steps).
+    pub transient: bool,
 }
 
 impl Operator for ResetData {
@@ -232,7 +249,10 @@ impl Operator for ResetData {
     fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
         for ob in &mut data.obs {
             for f in &self.detdata {
-                ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
+                // A transient field is made per detector set by `exec`.
+                if !self.transient {
+                    ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
+                }
             }
         }
         for g in &self.global {
@@ -246,11 +266,22 @@ impl Operator for ResetData {
         Ok(())
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        self.prepare_outputs(data)?;
         let use_accel = ctx.use_accel;
+        let transient = self.transient && !use_accel;
+        if transient {
+            // New zeroed fields of the selected detectors; the global items
+            // are zeroed below.
+            for ob in &mut data.obs {
+                let dets = ctx.selected_detectors(ob.local_detectors());
+                for f in &self.detdata {
+                    pointing_field(ob, f, DType::F64, &[], &dets, true)?;
+                }
+            }
+        }
+        self.prepare_outputs(data)?;
         let mut keys: Vec<BufferKey> = Vec::new();
         for ob in &data.obs {
-            for f in &self.detdata {
+            for f in self.detdata.iter().filter(|_| !transient) {
                 keys.push(BufferKey::new(ob.name(), Category::DetData, f.clone()));
             }
         }
