@@ -172,6 +172,7 @@ impl MapMaker {
         if !self.setup.mapmaker.save_cleaned {
             detdata.push(keys.cleaned.clone());
         }
+        detdata.push(self.compact_field());
         if !self.keeps_solver_products() {
             global.extend([
                 keys.amplitudes.clone(),

@@ -57,6 +57,15 @@ pub struct BinnerConfig {
     /// weights (see [`crate::mapmaker`]). The maps do not depend on it
     /// with one observation (to rounding with several).
     pub pointing_batch: usize,
+    /// Without `full_pointing`, on the host: keep the solver's pixels in
+    /// compact form (i32, 4 bytes a sample) and rebuild each batch's
+    /// pixels and weights from them and the boresight in every pass,
+    /// instead of recomputing them with the pointing kernels (see
+    /// [`crate::ops::ExpandCompactPointing`]: exact pixels, weights within
+    /// a few ulp of the kernel's). Used where `12 nside²` fits an i32;
+    /// staged (device) runs keep the pointing instead, as with
+    /// `full_pointing`.
+    pub compact_pointing: bool,
 }
 
 impl Default for BinnerConfig {
@@ -77,6 +86,7 @@ impl Default for BinnerConfig {
             sync_type: "alltoallv".into(),
             full_pointing: false,
             pointing_batch: 8,
+            compact_pointing: false,
         }
     }
 }

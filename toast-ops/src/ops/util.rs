@@ -1,7 +1,7 @@
 //! Small helpers shared by the operators: detector selection, the pointing
 //! operator bundle, and field utilities (copy, reset, delete).
 
-use super::{PixelsHealpix, PointingDetector, StokesWeights};
+use super::{ExpandCompactPointing, PixelsHealpix, PointingDetector, StokesWeights};
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use toast_core::{
     BufferKey, Category, DType, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
@@ -22,8 +22,13 @@ pub fn select_detectors(ctx: &ExecContext, ob: &Observation, det_mask: u8) -> Ve
 /// of `ob`. With `transient` (host runs of a pipeline over detector sets),
 /// the field is replaced by one that holds only `dets`: each pass over a
 /// detector set drops the previous set's rows, so the field never holds
-/// all detectors at once (its consumers read rows by detector name). Else
-/// the field is created for every local detector if missing.
+/// all detectors at once (its consumers read rows by detector name). A
+/// previous set's field of the same size is reused in place
+/// (`DetDataManager::recycle`): its rows then hold the previous set's
+/// values until written (the pointing operators write every sample of
+/// their view, which is all their consumers read). Else the field is
+/// created for every local detector if missing. Returns whether a field
+/// was reused.
 pub fn pointing_field(
     ob: &mut Observation,
     name: &str,
@@ -31,8 +36,11 @@ pub fn pointing_field(
     sample_shape: &[usize],
     dets: &[String],
     transient: bool,
-) -> Result<(), OpError> {
+) -> Result<bool, OpError> {
     if transient {
+        if !dets.is_empty() && ob.detdata.recycle(name, dtype, sample_shape, dets) {
+            return Ok(true);
+        }
         if ob.detdata.contains(name) {
             ob.detdata.remove(name)?;
         }
@@ -42,7 +50,7 @@ pub fn pointing_field(
     } else {
         ob.detdata.create(name, dtype, sample_shape, None)?;
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The three operators that expand pointing, configured together as TOAST's
@@ -55,6 +63,11 @@ pub struct PointingOps {
     pub pixels: PixelsHealpix,
     /// Stokes weights.
     pub weights: StokesWeights,
+    /// With compact pointing (host map-maker passes): the one operator
+    /// that rebuilds a detector batch's pixels and weights from the
+    /// compact pixels, run instead of the three (see
+    /// [`PointingOps::set_compact`]).
+    pub compact: Option<ExpandCompactPointing>,
 }
 
 impl PointingOps {
@@ -68,7 +81,23 @@ impl PointingOps {
             det_pointing,
             pixels,
             weights,
+            compact: None,
         }
+    }
+
+    /// Rebuild the pixels and weights from the i32 field `compact` (the
+    /// pixels of these operators, narrowed by
+    /// [`super::CompactPixels`]) instead of running the three operators
+    /// (`Some`), or stop (`None`). Host runs over detector batches only:
+    /// the rebuilt fields hold one batch.
+    pub fn set_compact(&mut self, compact: Option<&str>) {
+        self.compact = compact.map(|c| ExpandCompactPointing {
+            name: format!("{}_compact", self.weights.name()),
+            compact: c.to_string(),
+            det_pointing: self.det_pointing.config.clone(),
+            pixels: self.pixels.config.clone(),
+            weights: self.weights.config.clone(),
+        });
     }
 
     /// Make all three operators' outputs transient (see
@@ -79,8 +108,12 @@ impl PointingOps {
         self.weights.transient = on;
     }
 
-    /// The operators, in pipeline order.
+    /// The operators, in pipeline order (the compact expansion alone when
+    /// set).
     pub fn operators(&mut self) -> Vec<crate::accel::pipeline::OpRef<'_>> {
+        if let Some(c) = &mut self.compact {
+            return vec![c];
+        }
         vec![&mut self.det_pointing, &mut self.pixels, &mut self.weights]
     }
 
@@ -274,7 +307,9 @@ impl Operator for ResetData {
             for ob in &mut data.obs {
                 let dets = ctx.selected_detectors(ob.local_detectors());
                 for f in &self.detdata {
-                    pointing_field(ob, f, DType::F64, &[], &dets, true)?;
+                    if pointing_field(ob, f, DType::F64, &[], &dets, true)? {
+                        ob.detdata.get_mut(f)?.fill_zero();
+                    }
                 }
             }
         }
