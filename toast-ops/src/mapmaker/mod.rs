@@ -116,7 +116,11 @@
 //! maps equal to the kept pointing's to rounding: on xsmall three pixels
 //! differ by one float32 ulp) instead of running the three pointing
 //! kernels: 14 bytes a detector sample instead of 42 kept, at a few ns a
-//! sample per pass instead of the kernels' ~70. A staged run asked for it
+//! sample per pass instead of the kernels' ~70 (still, each batch's
+//! pixels and weights are written out and read back by the kernels, so
+//! xsmall's CG solve takes about 3x the kept pointing's; a kernel that
+//! computes the weights inside its accumulation loop would avoid that).
+//! A staged run asked for it
 //! keeps the pointing (`full_pointing`). The pixel distribution, when the map-maker builds it,
 //! is built in one pass (its builder reduces over the job after each pass,
 //! and processes may hold different numbers of batches). Staged (device)
