@@ -321,6 +321,42 @@ impl DetDataManager {
         Ok(Created::New)
     }
 
+    /// Give the existing field `name` to the detectors `dets` in place of
+    /// its own, keeping its buffer and contents (not zeroed), when it has
+    /// `dtype`, `sample_shape` and as many rows as `dets`, and `dets` are
+    /// distinct local detectors; returns whether it did. A pass over
+    /// detector batches reuses one batch's work field for the next this
+    /// way instead of freeing and allocating (and faulting in) it again.
+    pub fn recycle(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        sample_shape: &[usize],
+        dets: &[String],
+    ) -> bool {
+        let local = &self.detectors;
+        let distinct = dets.iter().enumerate().all(|(i, d)| !dets[..i].contains(d));
+        if !distinct || !dets.iter().all(|d| local.contains(d)) {
+            return false;
+        }
+        match self.fields.iter_mut().find(|f| f.name == name) {
+            Some(f)
+                if f.dtype() == dtype
+                    && f.sample_shape == sample_shape
+                    && f.detectors.len() == dets.len() =>
+            {
+                f.detectors = dets.to_vec();
+                f.index = dets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| (d.clone(), i))
+                    .collect();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the field exists.
     pub fn contains(&self, name: &str) -> bool {
         self.fields.iter().any(|f| f.name == name)
@@ -433,6 +469,28 @@ mod tests {
         assert_eq!(w.as_bytes().len(), 3 * 4 * 3 * 8);
         w.fill_zero();
         assert!(w.data::<f64>().unwrap().iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn recycle_relabels_a_field_of_the_same_size() {
+        let mut m = manager();
+        let a = ["d0".to_string()];
+        let b = ["d2".to_string()];
+        m.create("w", DType::F64, &[], Some(&a)).unwrap();
+        m.get_mut("w").unwrap().row_of_mut::<f64>("d0").unwrap()[1] = 3.0;
+        assert!(m.recycle("w", DType::F64, &[], &b));
+        let f = m.get("w").unwrap();
+        assert!(f.row_index("d0").is_none());
+        assert_eq!(f.row_of::<f64>("d2").unwrap()[1], 3.0, "contents kept");
+        // Another size, type, shape, an unknown or repeated detector: no.
+        let two = ["d0".to_string(), "d1".to_string()];
+        assert!(!m.recycle("w", DType::F64, &[], &two));
+        assert!(!m.recycle("w", DType::F32, &[], &b));
+        assert!(!m.recycle("w", DType::F64, &[3], &b));
+        assert!(!m.recycle("w", DType::F64, &[], &["x".to_string()]));
+        assert!(!m.recycle("missing", DType::F64, &[], &b));
+        m.create("w2", DType::F64, &[], Some(&two)).unwrap();
+        assert!(!m.recycle("w2", DType::F64, &[], &["d1".to_string(), "d1".to_string()]));
     }
 
     #[test]

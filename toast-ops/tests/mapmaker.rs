@@ -472,6 +472,19 @@ fn run_on_batch(
     pointing_batch: usize,
     scan: &Scan,
 ) -> (Data, MapMakerResult, ExecContext) {
+    run_on_setup(policy, step_time, scan, |s| {
+        s.binner.full_pointing = full_pointing;
+        s.binner.pointing_batch = pointing_batch;
+    })
+}
+
+/// A run on `scan` with `setup(step_time, true)` changed by `f`.
+fn run_on_setup(
+    policy: &str,
+    step_time: f64,
+    scan: &Scan,
+    f: impl FnOnce(&mut MapMakerSetup),
+) -> (Data, MapMakerResult, ExecContext) {
     let reg = registry(2);
     let mut ctx = context(&reg, policy);
     let mut data = {
@@ -483,8 +496,7 @@ fn run_on_batch(
     s.mapmaker.keep_solver_products = true;
     s.mapmaker.save_cleaned = true;
     s.mapmaker.overwrite_cleaned = true;
-    s.binner.full_pointing = full_pointing;
-    s.binner.pointing_batch = pointing_batch;
+    f(&mut s);
     let mut mm = MapMaker::new(s).unwrap();
     let res = mm.run(&mut data, &mut ctx).unwrap();
     (data, res, ctx)
@@ -966,4 +978,87 @@ fn device_setup_moves_no_pointing_and_a_bounded_number_of_bytes() {
              {n_pix} local pixels)"
         );
     }
+}
+
+#[test]
+fn compact_pointing_matches_the_kernels() {
+    // `binner.compact_pointing`: exact pixels (so exact hits), weights
+    // within a few ulp of the `stokes_weights_IQU` kernel's, maps that
+    // agree with the kept pointing's to rounding, no pointing field left.
+    let scan = Scan {
+        n_obs: 1,
+        n_samples: 24_000,
+        ..Scan::default()
+    };
+    let (kept, res, mut ctx) = run_on_batch("", true, 30.0, 8, &scan);
+    for batch in [3, 0] {
+        let (data, r, _) = run_on_setup("", 30.0, &scan, |s| {
+            s.binner.full_pointing = false;
+            s.binner.compact_pointing = true;
+            s.binner.pointing_batch = batch;
+        });
+        let (h0, h1) = (
+            kept.meta.object::<PixelData<i64>>(&res.hits).unwrap(),
+            data.meta.object::<PixelData<i64>>(&r.hits).unwrap(),
+        );
+        assert_eq!(h0.data(), h1.data(), "batch {batch}: hits");
+        for key in [&res.map, res.binmap.as_ref().unwrap(), &res.cov] {
+            let (x, y) = (map(&kept, key), map(&data, key));
+            let scale = x.data().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (p, q) in x.data().iter().zip(y.data()) {
+                assert!((p - q).abs() <= 1e-9 * scale, "{key}: {p} vs {q}");
+            }
+        }
+        for ob in &data.obs {
+            for f in [defaults::QUATS, defaults::PIXELS, defaults::WEIGHTS] {
+                assert!(!ob.detdata.contains(f), "batch {batch}: {f} left");
+            }
+            assert!(!ob.detdata.contains("mapmaker_compact_pixels"));
+        }
+    }
+
+    // The weights themselves, against the kernel's kept weights.
+    let s = setup(30.0, true);
+    let mut data = kept;
+    let mut narrow = toast_ops::ops::CompactPixels {
+        name: "narrow".into(),
+        pixels: defaults::PIXELS.into(),
+        compact: "compact".into(),
+        det_mask: s.det_pointing.det_mask,
+    };
+    narrow.exec(&mut data, &mut ctx).unwrap();
+    let mut pixels = s.pixels.clone();
+    pixels.pixels = "pixels2".into();
+    let mut weights = s.weights.clone();
+    weights.weights = "weights2".into();
+    let mut expand = toast_ops::ops::ExpandCompactPointing {
+        name: "expand".into(),
+        compact: "compact".into(),
+        det_pointing: s.det_pointing.clone(),
+        pixels,
+        weights,
+    };
+    expand.exec(&mut data, &mut ctx).unwrap();
+    let mut worst = 0.0f64;
+    for ob in &data.obs {
+        let f = |n: &str| ob.detdata.get(n).unwrap();
+        for d in ob.local_detectors() {
+            let (p0, p1) = (
+                f(defaults::PIXELS).row_of::<i64>(d).unwrap(),
+                f("pixels2").row_of::<i64>(d).unwrap(),
+            );
+            assert_eq!(p0, p1, "{d}: pixels");
+            let (w0, w1) = (
+                f(defaults::WEIGHTS).row_of::<f64>(d).unwrap(),
+                f("weights2").row_of::<f64>(d).unwrap(),
+            );
+            for (a, b) in w0.iter().zip(w1) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+    }
+    assert!(
+        worst <= 8.0 * f64::EPSILON,
+        "weights differ by {worst:e} from the kernel's"
+    );
 }

@@ -611,10 +611,15 @@ fn procs_per_node(size: usize) -> usize {
 /// memory of each process.
 /// How the map-maker holds the pointing, in words.
 fn pointing_mode(p: presets::Pointing) -> String {
+    let what = if p.compact {
+        "rebuilt from compact pixels in every pass"
+    } else {
+        "recomputed in every pass"
+    };
     match (p.full, p.batch) {
         (true, _) => "kept".into(),
-        (false, 0) => "recomputed in every pass".into(),
-        (false, b) => format!("recomputed in every pass, {b} detector(s) at a time"),
+        (false, 0) => what.into(),
+        (false, b) => format!("{what}, {b} detector(s) at a time"),
     }
 }
 

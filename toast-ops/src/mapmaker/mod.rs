@@ -87,6 +87,18 @@
 //!
 //! # Memory
 //!
+//! On the host, the solver's work timestream (`{name}_temp`, 8 bytes a
+//! sample) exists for one batch of `binner.pointing_batch` detectors at a
+//! time ([`MapMaker::work_sets`]): the right-hand side copies the batch's
+//! timestream, scans, weights and projects it; the left-hand side builds
+//! `F d` for the batch and bins it, then, once the map is complete,
+//! builds it again (the same values) to scan, weight and project. The
+//! arithmetic per detector and the order of the map sums are one pass's,
+//! so the maps are bit-identical to those of a full-size work timestream
+//! (which staged runs keep). Batches are as even as possible
+//! (`batches`), so each batch reuses the previous one's transient fields
+//! in place.
+//!
 //! With `binner.full_pointing`, pixels (8 bytes a sample) and weights (24
 //! with IQU) are expanded once for all detectors and kept; the quaternions
 //! (32 bytes a sample) are expanded per batch of `binner.pointing_batch`
@@ -108,7 +120,21 @@
 //! run in the same order as one pass's, so the maps are bit-identical to
 //! those of the kept pointing; with several, a batch visits every
 //! observation before the next batch (as TOAST's detector sets do), so they
-//! agree to rounding. The pixel distribution, when the map-maker builds it,
+//! agree to rounding. With `binner.compact_pointing` (host runs, `12
+//! nside²` within i32), the first pass narrows each batch's pixels into
+//! `{name}_compact_pixels` (i32, 4 bytes a sample, kept to the end) and
+//! every later pass rebuilds the batch's pixels from them and its weights
+//! from the boresight ([`crate::ops::ExpandCompactPointing`]: exact
+//! pixels, so exact hits; weights within a few ulp of the kernel's, so
+//! maps equal to the kept pointing's to rounding: on xsmall three pixels
+//! differ by one float32 ulp) instead of running the three pointing
+//! kernels: 14 bytes a detector sample instead of 42 kept, at a few ns a
+//! sample per pass instead of the kernels' ~70 (still, each batch's
+//! pixels and weights are written out and read back by the kernels, so
+//! xsmall's CG solve takes about 3x the kept pointing's; a kernel that
+//! computes the weights inside its accumulation loop would avoid that).
+//! A staged run asked for it
+//! keeps the pointing (`full_pointing`). The pixel distribution, when the map-maker builds it,
 //! is built in one pass (its builder reduces over the job after each pass,
 //! and processes may hold different numbers of batches). Staged (device)
 //! runs keep the earlier behaviour: one pass, full fields.
@@ -148,7 +174,9 @@ use crate::accel::pipeline::{
     close_scope, mark_host_copies, mirror_on_host, open_scope, pipeline_backend, run_operators,
     DetectorSets, RunOptions, StagingState,
 };
-use crate::ops::{BinnerConfig, PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
+use crate::ops::{
+    BinnerConfig, CompactPixels, PixelsHealpix, PointingDetector, PointingOps, StokesWeights,
+};
 use products::Keys;
 use toast_accel::host::Dispatcher;
 use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements, Residence};
@@ -172,6 +200,10 @@ pub struct MapMaker {
     /// The caller reads no timestream after the run: see
     /// [`MapMaker::discard_timestream`].
     discard_timestream: bool,
+    /// During a host run: the solver's work timestream exists for one
+    /// batch of `binner.pointing_batch` detectors at a time (see
+    /// [`MapMaker::work_sets`]).
+    work_batches: bool,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -185,6 +217,16 @@ fn timed<R>(
     let r = f(data, ctx);
     ctx.timers.exit(frame)?;
     r
+}
+
+/// `dets` in batches of at most `batch` (> 0) detectors, in order, as even
+/// as possible (12 detectors in batches of 8 make two of 6), so that
+/// consecutive batches' transient fields have the same size and are
+/// reused in place (see [`crate::ops::pointing_field`]).
+fn batches(dets: &[String], batch: usize) -> DetectorSets {
+    let n = dets.len().div_ceil(batch).max(1);
+    let size = dets.len().div_ceil(n).max(1);
+    DetectorSets::Sets(dets.chunks(size).map(|c| c.to_vec()).collect())
 }
 
 impl MapMaker {
@@ -219,6 +261,7 @@ impl MapMaker {
             transient: false,
             reuse_pointing: false,
             discard_timestream: false,
+            work_batches: false,
         })
     }
 
@@ -281,6 +324,13 @@ impl MapMaker {
             .get::<Dispatcher>()
             .and_then(|d| pipeline_backend(d, None));
         let scope = open_scope(ctx, backend.as_ref());
+        // A staged (device) run keeps the pointing where compact pointing
+        // is asked for (the compact form is the host passes'), as with
+        // `full_pointing`.
+        let requested_full = self.setup.binner.full_pointing;
+        if self.setup.binner.compact_pointing && ctx.extensions.get::<StagingState>().is_some() {
+            self.setup.binner.full_pointing = true;
+        }
         let keys = Keys::new(&self.setup.name);
         let name = self.setup.name.clone();
         let result = timed(data, ctx, &name, |data, ctx| {
@@ -313,7 +363,10 @@ impl MapMaker {
                 })
         });
         self.set_transient(false);
+        self.work_batches = false;
+        self.solve_pointing.set_compact(None);
         let cleanup = self.cleanup(data, &keys);
+        self.setup.binner.full_pointing = requested_full;
         let mut res = result?;
         closed?;
         removed?;
@@ -341,9 +394,18 @@ impl MapMaker {
             self.expand_solve_pointing(data, ctx)?;
         }
         // Else recomputed in every pass; on the host, one batch of
-        // detectors at a time.
+        // detectors at a time, from the compact pixels when asked for.
         let host_run = ctx.extensions.get::<StagingState>().is_none();
+        let compact = !full && host_run && self.compact_applies();
+        if compact {
+            self.compact_solve_pixels(data, ctx)?;
+        }
         self.set_transient(!full && host_run);
+        self.work_batches = host_run && self.setup.binner.pointing_batch > 0;
+        if compact {
+            let field = self.compact_field();
+            self.solve_pointing.set_compact(Some(&field));
+        }
 
         // Pixel distribution of the solve.
         let pixel_dist = self.setup.binner.pixel_dist.clone();
@@ -431,8 +493,7 @@ impl MapMaker {
         if drop_quats && batch > 0 {
             // `run_operators` intersects each set with the selection.
             let dets = data.all_local_detectors(0);
-            opts.detector_sets =
-                DetectorSets::Sets(dets.chunks(batch).map(|c| c.to_vec()).collect());
+            opts.detector_sets = batches(&dets, batch);
         }
         let staged = ctx.extensions.get::<StagingState>().is_some();
         let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
@@ -501,6 +562,57 @@ impl MapMaker {
         Ok(same)
     }
 
+    /// The i32 field of the compact pixels.
+    pub(super) fn compact_field(&self) -> String {
+        format!("{}_compact_pixels", self.setup.name)
+    }
+
+    /// Whether compact pointing is asked for and applies: every pixel of
+    /// the solver's pixelization fits an i32, and no pointing field
+    /// existed before the run (a given one is used as it is).
+    fn compact_applies(&self) -> bool {
+        self.setup.binner.compact_pointing
+            && self.solve_pointing.pixels.config.nside.npix() <= i32::MAX as u64
+            && self.preexisting.is_empty()
+    }
+
+    /// The compact pixels of the solver's pixelization, once: the
+    /// quaternions and pixels of each batch of `binner.pointing_batch`
+    /// detectors (the pointing kernels, transient fields) narrowed into
+    /// [`MapMaker::compact_field`]; the batch fields are then dropped.
+    fn compact_solve_pixels(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+    ) -> Result<(), OpError> {
+        let batch = self.setup.binner.pointing_batch;
+        let mut opts = RunOptions::default();
+        if batch > 0 {
+            let dets = data.all_local_detectors(0);
+            opts.detector_sets = batches(&dets, batch);
+        }
+        let mut compact = CompactPixels {
+            name: "compact_pixels".into(),
+            pixels: self.solve_pointing.pixels_field().to_string(),
+            compact: self.compact_field(),
+            det_mask: self.setup.det_pointing.det_mask,
+        };
+        let p = &mut self.solve_pointing;
+        p.det_pointing.transient = true;
+        p.pixels.transient = true;
+        let r = run_operators(
+            "pointing",
+            &mut [&mut p.det_pointing, &mut p.pixels, &mut compact],
+            data,
+            ctx,
+            &opts,
+        );
+        p.det_pointing.transient = false;
+        p.pixels.transient = false;
+        r?;
+        self.drop_pointing(data)
+    }
+
     /// Make the pointing operators' outputs transient (or not).
     fn set_transient(&mut self, on: bool) {
         self.transient = on;
@@ -517,12 +629,29 @@ impl MapMaker {
     /// global resets first, over all detectors (see
     /// [`crate::ops::binning`]'s `bin_map`).
     fn pointing_sets(&self, data: &Data) -> DetectorSets {
+        self.batched_sets(data, self.transient)
+    }
+
+    /// The detector sets of the solver's passes over its work timestream
+    /// (`{name}_temp`): on the host with a `binner.pointing_batch` of `n >
+    /// 0`, the local detectors in batches of `n`, each batch's timestream
+    /// made, used and replaced by the next one's, so it never exists for
+    /// all detectors (8 bytes a sample saved); else all at once. The
+    /// per-detector arithmetic and the map sums' order are those of one
+    /// pass, so the results do not depend on it. With transient pointing
+    /// these are the [`MapMaker::pointing_sets`].
+    fn work_sets(&self, data: &Data) -> DetectorSets {
+        self.batched_sets(data, self.work_batches)
+    }
+
+    /// The local detectors in [`batches`] of `binner.pointing_batch` when
+    /// `on` and the batch is not 0, else all at once.
+    fn batched_sets(&self, data: &Data, on: bool) -> DetectorSets {
         let batch = self.setup.binner.pointing_batch;
-        if !self.transient || batch == 0 {
+        if !on || batch == 0 {
             return DetectorSets::All;
         }
-        let dets = data.all_local_detectors(0);
-        DetectorSets::Sets(dets.chunks(batch).map(|c| c.to_vec()).collect())
+        batches(&data.all_local_detectors(0), batch)
     }
 
     fn pointing_fields(&self) -> Vec<String> {

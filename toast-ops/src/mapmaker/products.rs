@@ -172,6 +172,7 @@ impl MapMaker {
         if !self.setup.mapmaker.save_cleaned {
             detdata.push(keys.cleaned.clone());
         }
+        detdata.push(self.compact_field());
         if !self.keeps_solver_products() {
             global.extend([
                 keys.amplitudes.clone(),
@@ -204,6 +205,7 @@ impl MapMaker {
                 input: det_data,
                 output: target.to_string(),
                 det_mask: self.setup.binner.det_mask,
+                transient: false,
             }));
         }
         ops.push(Box::new(OffsetAddToSignal {

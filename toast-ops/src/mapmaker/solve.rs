@@ -433,18 +433,20 @@ impl MapMaker {
             noiseweighted: None,
             covariance_on_device: true,
         };
-        let sets = self.pointing_sets(data);
+        let sets = self.work_sets(data);
         let pointing = if full {
             None
         } else {
             Some(&mut self.solve_pointing)
         };
         bin_map(data, ctx, pass, pointing, Vec::new(), &sets)?;
+        // The work copy of the timestream, per detector batch on the host.
         let mut copy = CopyDetData {
             name: "copy_rhs".into(),
             input: mm.det_data.clone(),
             output: keys.temp.clone(),
             det_mask: binner.det_mask,
+            transient: self.work_batches,
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
@@ -452,9 +454,10 @@ impl MapMaker {
 
     /// Run `head`, the solver's pointing operators (when `expand`) and the
     /// projection `tail` of [`MapMaker::projection_ops`] as the pipeline
-    /// `name`. With detector batches (transient pointing), the tail's
-    /// amplitude reset runs first over all detectors, then the rest once
-    /// per batch, re-expanding the batch's pointing.
+    /// `name`. With detector batches ([`MapMaker::work_sets`]), the tail's
+    /// amplitude reset runs first over all detectors, then `head` and the
+    /// rest once per batch (re-expanding the batch's pointing when it is
+    /// transient).
     fn run_projection(
         &mut self,
         data: &mut Data,
@@ -464,7 +467,7 @@ impl MapMaker {
         expand: bool,
         tail: &mut [Box<dyn Operator>],
     ) -> Result<(), OpError> {
-        let sets = self.pointing_sets(data);
+        let sets = self.work_sets(data);
         let mut ops = head;
         let batched = sets != DetectorSets::All;
         let rest = if batched {
@@ -478,7 +481,7 @@ impl MapMaker {
         } else {
             tail
         };
-        if expand || batched {
+        if expand || (batched && self.transient) {
             ops.extend(self.solve_pointing.operators());
         }
         for op in rest.iter_mut() {
@@ -505,6 +508,7 @@ impl MapMaker {
             name: reset_name.into(),
             detdata: Vec::new(),
             global: vec![amplitudes.to_string()],
+            transient: false,
         };
         let binner = &self.setup.binner;
         let view = self.solve_pointing.view().map(str::to_string);
@@ -561,11 +565,15 @@ impl MapMaker {
         let binner = self.setup.binner.clone();
         let full = binner.full_pointing;
         let solver_bin_flags = self.solver_selection(keys, 0);
-        // F d into a zeroed timestream, binned.
+        // F d into a zeroed timestream, binned. On the host the timestream
+        // exists for one detector batch at a time ([`MapMaker::work_sets`]),
+        // and `F d` is rebuilt for the projection below (the same values).
+        let batched = self.work_batches;
         let mut zero = ResetData {
             name: "reset_lhs".into(),
             detdata: vec![keys.temp.clone()],
             global: Vec::new(),
+            transient: batched,
         };
         let mut add = OffsetAddToSignal {
             name: "template_matrix".into(),
@@ -573,6 +581,7 @@ impl MapMaker {
             amplitudes: keys.lhs_in.clone(),
             det_data: keys.temp.clone(),
         };
+        let (mut zero2, mut add2) = (zero.clone(), add.clone());
         let pass = BinPass {
             name: "solver_binning",
             config: &binner,
@@ -583,7 +592,7 @@ impl MapMaker {
             noiseweighted: None,
             covariance_on_device: true,
         };
-        let sets = self.pointing_sets(data);
+        let sets = self.work_sets(data);
         let pointing = if full {
             None
         } else {
@@ -591,10 +600,16 @@ impl MapMaker {
         };
         let pre: Vec<OpRef<'_>> = vec![&mut zero, &mut add];
         bin_map(data, ctx, pass, pointing, pre, &sets)?;
-        // Z, N⁻¹, Fᵀ on the same timestream (the pointing that the binning
-        // left is reused, unless it held only the last batch).
+        // Z, N⁻¹, Fᵀ on the same timestream, rebuilt per batch when batched
+        // (else the pointing and timestream that the binning left are
+        // reused).
+        let head: Vec<OpRef<'_>> = if batched {
+            vec![&mut zero2, &mut add2]
+        } else {
+            Vec::new()
+        };
         let mut tail = self.projection_ops(tmpl, keys, "reset_lhs_out", &keys.lhs_out)?;
-        self.run_projection(data, ctx, "SolverLHS", Vec::new(), false, &mut tail)
+        self.run_projection(data, ctx, "SolverLHS", head, false, &mut tail)
     }
 
     /// `s = M⁻¹ r` with the offset template's diagonal preconditioner
@@ -654,6 +669,7 @@ impl MapMaker {
             name: "reset_solution".into(),
             detdata: Vec::new(),
             global: vec![x.to_string()],
+            transient: false,
         };
         run_operators(
             "pcg_init",

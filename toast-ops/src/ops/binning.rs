@@ -57,6 +57,15 @@ pub struct BinnerConfig {
     /// weights (see [`crate::mapmaker`]). The maps do not depend on it
     /// with one observation (to rounding with several).
     pub pointing_batch: usize,
+    /// Without `full_pointing`, on the host: keep the solver's pixels in
+    /// compact form (i32, 4 bytes a sample) and rebuild each batch's
+    /// pixels and weights from them and the boresight in every pass,
+    /// instead of recomputing them with the pointing kernels (see
+    /// [`crate::ops::ExpandCompactPointing`]: exact pixels, weights within
+    /// a few ulp of the kernel's). Used where `12 nside²` fits an i32;
+    /// staged (device) runs keep the pointing instead, as with
+    /// `full_pointing`.
+    pub compact_pointing: bool,
 }
 
 impl Default for BinnerConfig {
@@ -77,6 +86,7 @@ impl Default for BinnerConfig {
             sync_type: "alltoallv".into(),
             full_pointing: false,
             pointing_batch: 8,
+            compact_pointing: false,
         }
     }
 }
@@ -134,9 +144,10 @@ pub(crate) struct BinPass<'a> {
 /// operators (when given), and the noise-weighted accumulation as one
 /// pipeline, sum the map over the processes (on the host), then apply the
 /// covariance (see [`BinPass::covariance_on_device`]). With detector `sets`
-/// other than `All`, the map reset and `pre` run first over all detectors
-/// and then the pointing and the accumulation once per set (in detector
-/// order, so the sums are the same as one pass's).
+/// other than `All`, the map reset runs first over all detectors and then
+/// `pre`, the pointing and the accumulation once per set (in detector
+/// order, so the sums are the same as one pass's; `pre` may make a
+/// transient work timestream of the set, see [`ResetData::transient`]).
 pub(crate) fn bin_map(
     data: &mut Data,
     ctx: &mut ExecContext,
@@ -185,6 +196,7 @@ pub(crate) fn bin_map(
         name: format!("{}_reset", pass.name),
         detdata: Vec::new(),
         global: vec![pass.binned.to_string()],
+        transient: false,
     };
     let mut accum = BuildNoiseWeighted::new(
         format!("{}_build_zmap", pass.name),
@@ -198,11 +210,11 @@ pub(crate) fn bin_map(
         pass.flags.clone(),
     );
     let mut ops: Vec<OpRef<'_>> = vec![&mut reset];
-    ops.extend(pre);
     if *sets != DetectorSets::All {
         run_operators(pass.name, &mut ops, data, ctx, &RunOptions::default())?;
         ops.clear();
     }
+    ops.extend(pre);
     if let Some(p) = pointing {
         ops.extend(p.operators());
     }

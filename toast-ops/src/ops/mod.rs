@@ -27,6 +27,7 @@ pub(crate) mod covariance_and_hits;
 mod mapmaker_utils;
 mod noise_weight;
 mod pixels_healpix;
+mod pointing_compact;
 mod pointing_detector;
 mod scan_map;
 mod stokes_weights;
@@ -42,6 +43,7 @@ pub use noise_weight::{
     WhiteNoiseWeights,
 };
 pub use pixels_healpix::{PixelsHealpix, PixelsHealpixConfig};
+pub use pointing_compact::{iqu_cos_sin, CompactPixels, ExpandCompactPointing};
 pub use pointing_detector::{PointingDetector, PointingDetectorConfig};
 pub use scan_map::{ScanMap, ScanMapConfig};
 pub use stokes_weights::{StokesMode, StokesWeights, StokesWeightsConfig};

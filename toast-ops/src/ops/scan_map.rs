@@ -101,10 +101,16 @@ impl Operator for ScanMap {
         true
     }
 
+    /// Creates the timestream for every local detector when it is missing;
+    /// an existing one may hold only some detectors (a transient work
+    /// timestream of a detector set, see [`super::ResetData::transient`]),
+    /// whose rows are then read by name.
     fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
         for ob in &mut data.obs {
-            ob.detdata
-                .create(&self.config.det_data, DType::F64, &[], None)?;
+            if !ob.detdata.contains(&self.config.det_data) {
+                ob.detdata
+                    .create(&self.config.det_data, DType::F64, &[], None)?;
+            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Small helpers shared by the operators: detector selection, the pointing
 //! operator bundle, and field utilities (copy, reset, delete).
 
-use super::{PixelsHealpix, PointingDetector, StokesWeights};
+use super::{ExpandCompactPointing, PixelsHealpix, PointingDetector, StokesWeights};
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use toast_core::{
     BufferKey, Category, DType, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
@@ -22,8 +22,13 @@ pub fn select_detectors(ctx: &ExecContext, ob: &Observation, det_mask: u8) -> Ve
 /// of `ob`. With `transient` (host runs of a pipeline over detector sets),
 /// the field is replaced by one that holds only `dets`: each pass over a
 /// detector set drops the previous set's rows, so the field never holds
-/// all detectors at once (its consumers read rows by detector name). Else
-/// the field is created for every local detector if missing.
+/// all detectors at once (its consumers read rows by detector name). A
+/// previous set's field of the same size is reused in place
+/// (`DetDataManager::recycle`): its rows then hold the previous set's
+/// values until written (the pointing operators write every sample of
+/// their view, which is all their consumers read). Else the field is
+/// created for every local detector if missing. Returns whether a field
+/// was reused.
 pub fn pointing_field(
     ob: &mut Observation,
     name: &str,
@@ -31,8 +36,11 @@ pub fn pointing_field(
     sample_shape: &[usize],
     dets: &[String],
     transient: bool,
-) -> Result<(), OpError> {
+) -> Result<bool, OpError> {
     if transient {
+        if !dets.is_empty() && ob.detdata.recycle(name, dtype, sample_shape, dets) {
+            return Ok(true);
+        }
         if ob.detdata.contains(name) {
             ob.detdata.remove(name)?;
         }
@@ -42,7 +50,7 @@ pub fn pointing_field(
     } else {
         ob.detdata.create(name, dtype, sample_shape, None)?;
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The three operators that expand pointing, configured together as TOAST's
@@ -55,6 +63,11 @@ pub struct PointingOps {
     pub pixels: PixelsHealpix,
     /// Stokes weights.
     pub weights: StokesWeights,
+    /// With compact pointing (host map-maker passes): the one operator
+    /// that rebuilds a detector batch's pixels and weights from the
+    /// compact pixels, run instead of the three (see
+    /// [`PointingOps::set_compact`]).
+    pub compact: Option<ExpandCompactPointing>,
 }
 
 impl PointingOps {
@@ -68,7 +81,23 @@ impl PointingOps {
             det_pointing,
             pixels,
             weights,
+            compact: None,
         }
+    }
+
+    /// Rebuild the pixels and weights from the i32 field `compact` (the
+    /// pixels of these operators, narrowed by
+    /// [`super::CompactPixels`]) instead of running the three operators
+    /// (`Some`), or stop (`None`). Host runs over detector batches only:
+    /// the rebuilt fields hold one batch.
+    pub fn set_compact(&mut self, compact: Option<&str>) {
+        self.compact = compact.map(|c| ExpandCompactPointing {
+            name: format!("{}_compact", self.weights.name()),
+            compact: c.to_string(),
+            det_pointing: self.det_pointing.config.clone(),
+            pixels: self.pixels.config.clone(),
+            weights: self.weights.config.clone(),
+        });
     }
 
     /// Make all three operators' outputs transient (see
@@ -79,8 +108,12 @@ impl PointingOps {
         self.weights.transient = on;
     }
 
-    /// The operators, in pipeline order.
+    /// The operators, in pipeline order (the compact expansion alone when
+    /// set).
     pub fn operators(&mut self) -> Vec<crate::accel::pipeline::OpRef<'_>> {
+        if let Some(c) = &mut self.compact {
+            return vec![c];
+        }
         vec![&mut self.det_pointing, &mut self.pixels, &mut self.weights]
     }
 
@@ -136,6 +169,11 @@ pub struct CopyDetData {
     pub output: String,
     /// Detector flag bits that exclude a detector.
     pub det_mask: u8,
+    /// Host runs of a pipeline over detector sets: `output` is replaced by
+    /// a field holding only the current set's detectors (see
+    /// [`pointing_field`]), so a work copy never exists for all detectors
+    /// at once. Ignored on an accelerated step.
+    pub transient: bool,
 }
 
 impl Operator for CopyDetData {
@@ -158,7 +196,14 @@ impl Operator for CopyDetData {
                 let f = ob.detdata.get(&self.input)?;
                 (f.dtype(), f.sample_shape().to_vec(), f.units().to_string())
             };
-            ob.detdata.create(&self.output, dtype, &shape, None)?;
+            pointing_field(
+                ob,
+                &self.output,
+                dtype,
+                &shape,
+                &dets,
+                self.transient && !ctx.use_accel,
+            )?;
             let [src, dst] = ob
                 .detdata
                 .get_disjoint_mut([self.input.as_str(), self.output.as_str()])?;
@@ -198,7 +243,9 @@ impl Operator for CopyDetData {
 /// an item staged on the device is zeroed there in place (TOAST's
 /// `accel_reset`), with no transfer; otherwise the host copy is zeroed.
 /// Missing detdata fields are created as f64 scalars per sample; global
-/// items must exist.
+/// items must exist. With `transient` (host steps only), each detdata field
+/// is instead replaced by a zeroed one holding only the selected detectors
+/// (see [`pointing_field`]): a work timestream of one detector set.
 #[derive(Debug, Clone, Default)]
 pub struct ResetData {
     /// Instance name.
@@ -207,6 +254,9 @@ pub struct ResetData {
     pub detdata: Vec<String>,
     /// Global items (maps, amplitude vectors).
     pub global: Vec<String>,
+    /// Replace the detdata fields by zeroed ones of the selected detectors
+    /// only (host steps).
+    pub transient: bool,
 }
 
 impl Operator for ResetData {
@@ -232,7 +282,10 @@ impl Operator for ResetData {
     fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
         for ob in &mut data.obs {
             for f in &self.detdata {
-                ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
+                // A transient field is made per detector set by `exec`.
+                if !self.transient {
+                    ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
+                }
             }
         }
         for g in &self.global {
@@ -246,11 +299,24 @@ impl Operator for ResetData {
         Ok(())
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        self.prepare_outputs(data)?;
         let use_accel = ctx.use_accel;
+        let transient = self.transient && !use_accel;
+        if transient {
+            // New zeroed fields of the selected detectors; the global items
+            // are zeroed below.
+            for ob in &mut data.obs {
+                let dets = ctx.selected_detectors(ob.local_detectors());
+                for f in &self.detdata {
+                    if pointing_field(ob, f, DType::F64, &[], &dets, true)? {
+                        ob.detdata.get_mut(f)?.fill_zero();
+                    }
+                }
+            }
+        }
+        self.prepare_outputs(data)?;
         let mut keys: Vec<BufferKey> = Vec::new();
         for ob in &data.obs {
-            for f in &self.detdata {
+            for f in self.detdata.iter().filter(|_| !transient) {
                 keys.push(BufferKey::new(ob.name(), Category::DetData, f.clone()));
             }
         }

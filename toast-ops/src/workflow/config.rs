@@ -44,7 +44,8 @@
 //! is a file with `scan_map.enabled = false`, and
 //! `weights.mode` must be `IQU`. Some traits change no map of the
 //! benchmark and are kept because they are real: the flag masks (the
-//! simulation sets no flag), `binner.full_pointing`, `pointing_batch` and
+//! simulation sets no flag), `binner.full_pointing`, `compact_pointing`,
+//! `pointing_batch` and
 //! `pixels.nside_submap` (memory and distribution, not values; with several
 //! observations, recomputed pointing sums the maps batch by batch, so they
 //! agree with the kept pointing's to rounding), the data
@@ -66,8 +67,9 @@
 //! detectors never coexist. From `small` on, and for `auto`, the default is
 //! TOAST's `false`: the pointing is recomputed in every pass, per batch of
 //! `pointing_batch` detectors, and only one batch's quaternions, pixels
-//! and weights exist at a time (18 instead of 50 bytes per detector
-//! sample; see [`crate::workflow::presets`]).
+//! and weights exist at a time (10 instead of 42 bytes per detector
+//! sample; `binner.compact_pointing` keeps 4-byte pixels instead, 14
+//! bytes; see [`crate::workflow::presets`]).
 
 use crate::mapmaker::MapMakerConfig;
 use crate::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};

@@ -27,14 +27,19 @@
 //! `pointing_batch`):
 //!
 //! * **per detector sample**, during map-making: `signal` (f64, 8), detector
-//!   flags (u8, 1), the solver's work timestream (f64, 8) and solver flags
-//!   (u8, 1), and with `full_pointing` the kept pixels (i64, 8) and IQU
-//!   weights (3×f64, 24): [`BYTES_PER_DET_SAMPLE_KEPT`] = 50 B, else
-//!   [`BYTES_PER_DET_SAMPLE`] = 18 B. The detector quaternions (4×f64, 32)
-//!   exist only for one batch of detectors at a time; without
-//!   `full_pointing` the pixels and weights too, recomputed in every pass,
-//!   so one batch's pointing ([`BYTES_PER_BATCH_SAMPLE`] = 64 B per sample
-//!   of each of `pointing_batch` detectors) is added instead;
+//!   flags (u8, 1) and solver flags (u8, 1), and with `full_pointing` the
+//!   kept pixels (i64, 8) and IQU weights (3×f64, 24):
+//!   [`BYTES_PER_DET_SAMPLE_KEPT`] = 42 B; with `compact_pointing` the
+//!   compact pixels (i32, 4): [`BYTES_PER_DET_SAMPLE_COMPACT`] = 14 B;
+//!   else [`BYTES_PER_DET_SAMPLE`] = 10 B. The solver's work timestream
+//!   (f64, 8) exists for one batch of `pointing_batch` detectors at a time
+//!   (host runs), and so do the detector quaternions (4×f64, 32) and,
+//!   unless kept, the pixels and weights, rebuilt in every pass: one
+//!   batch's [`BYTES_PER_BATCH_SAMPLE`] = 72 B (recomputed: quaternions,
+//!   pixels, weights, work timestream), [`BYTES_PER_BATCH_SAMPLE_COMPACT`]
+//!   = 40 B (pixels, weights and work timestream; the first pass's
+//!   quaternions and pixels are as many) or [`BYTES_PER_BATCH_SAMPLE_KEPT`]
+//!   = 8 B (the work timestream) per sample of each batch detector;
 //! * **per time sample** ([`BYTES_PER_TIME_SAMPLE`] = 89 B): `times` 8,
 //!   shared flags 1, `boresight_radec` 32, `position` 24, `velocity` 24;
 //! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 80 B): the
@@ -53,7 +58,8 @@
 //!   f64 component is freed once converted); then, while it is scanned,
 //!   the sky (3×f32, [`BYTES_PER_SKY_PIXEL_HELD`] = 12 B) beside the
 //!   timestream of the scan: [`BYTES_PER_DET_SAMPLE_IO`] = 9 B (signal and
-//!   flags), or 41 B with `full_pointing`;
+//!   flags), or 41 B with `full_pointing` (the scan then keeps its
+//!   pointing between its two passes);
 //! * **the outputs**: the map-maker's products are moved (one process) or
 //!   gathered out of the data after the detector data are dropped, and the
 //!   maps are written from their submaps without full-sky copies
@@ -67,25 +73,24 @@
 //! the sky term and the output term.
 //!
 //! Checked against measured runs (VmHWM, 2 threads, this repository's
-//! 2-core 24 GB machine, loaded by other jobs): tiny (pointing kept)
-//! predicted 0.61 GB, measured 0.58 GB (0.86 GB before the outputs were
-//! written from the submaps and the detector data dropped before them; its
-//! peak is now the map-maker's end); tiny with `--sky-map` (a NSIDE 1024
-//! I/Q/U file) measured 0.62 GB; xsmall (kept) predicted 2.88 GB, measured
-//! 2.81 GB; xsmall (recomputed) predicted 1.47 GB, measured 1.53 GB; small
-//! (recomputed) predicted 9.58 GB, measured 9.17 GB (the VmHWM reached
-//! once the solver's work timestream exists, then unchanged for the rest
-//! of the run (19 more minutes, 44 in all, 15 of CPU); that run, slowed by a
-//! loaded machine, was stopped before its end; the solve is the largest
-//! phase by the terms above) (tests `estimate_matches_measured_*`).
+//! 2-core 24 GB machine, loaded by other jobs; tests
+//! `estimate_matches_measured_*`): tiny (pointing kept) measured 0.58 GB
+//! (its peak is the map-maker's end); tiny with `--sky-map` (a NSIDE 1024
+//! I/Q/U file) 0.62 GB; xsmall (kept) 2.58 GB; xsmall with
+//! `compact_pointing` 1.27 GB. Before the work timestream was batched
+//! (8 B per detector sample more), xsmall (recomputed) measured 1.53 GB
+//! and small (recomputed) 9.17 GB (the VmHWM reached once the solver's
+//! work timestream existed); neither has been measured since.
 //!
 //! # Pointing by case
 //!
 //! The workflow keeps the pointing ([`keeps_pointing`]) for `tiny` and
 //! `xsmall`, whose kept pointing (1.6 GB for xsmall) fits any machine the
-//! benchmark runs on and saves recomputing it twice per CG iteration; from
+//! benchmark runs on and saves rebuilding it twice per CG iteration; from
 //! `small` on (and for `auto`) it recomputes it per detector batch, as
-//! TOAST does, which makes memory 18 B per detector sample instead of 50.
+//! TOAST does, which makes memory 10 B per detector sample instead of 42.
+//! `binner.compact_pointing` (not a default) sits between: 14 B, the
+//! pointing rebuilt from 4-byte pixels at a few ns a sample.
 
 /// The machine's memory, read where the lower layers need it too.
 pub use crate::sysinfo::{mem_available, mem_total, peak_rss};
@@ -109,15 +114,21 @@ pub const PRESETS: [(&str, f64); 7] = [
 ];
 
 /// See the module documentation.
-pub const BYTES_PER_DET_SAMPLE: f64 = 18.0;
+pub const BYTES_PER_DET_SAMPLE: f64 = 10.0;
 /// See the module documentation.
-pub const BYTES_PER_DET_SAMPLE_KEPT: f64 = 50.0;
+pub const BYTES_PER_DET_SAMPLE_KEPT: f64 = 42.0;
+/// See the module documentation.
+pub const BYTES_PER_DET_SAMPLE_COMPACT: f64 = 14.0;
 /// See the module documentation.
 pub const BYTES_PER_DET_SAMPLE_IO: f64 = 9.0;
 /// See the module documentation.
 pub const BYTES_PER_KEPT_POINTING: f64 = 32.0;
 /// See the module documentation.
-pub const BYTES_PER_BATCH_SAMPLE: f64 = 64.0;
+pub const BYTES_PER_BATCH_SAMPLE: f64 = 72.0;
+/// See the module documentation.
+pub const BYTES_PER_BATCH_SAMPLE_COMPACT: f64 = 40.0;
+/// See the module documentation.
+pub const BYTES_PER_BATCH_SAMPLE_KEPT: f64 = 8.0;
 /// See the module documentation.
 pub const BYTES_PER_TIME_SAMPLE: f64 = 89.0;
 /// See the module documentation.
@@ -135,12 +146,14 @@ pub const SUBMAP_FRACTION_PER_OBS: f64 = 0.30;
 /// See the module documentation.
 pub const BASE_BYTES: f64 = 60.0e6;
 
-/// How the map-maker holds the pointing (`binner.full_pointing` and
-/// `binner.pointing_batch`), for the memory estimate.
+/// How the map-maker holds the pointing (`binner.full_pointing`,
+/// `compact_pointing` and `pointing_batch`), for the memory estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pointing {
     /// Pixels and weights expanded once and kept for all detectors.
     pub full: bool,
+    /// Without `full`: the pixels kept in compact form (i32).
+    pub compact: bool,
     /// Detectors per pointing pass (0: all at once).
     pub batch: u64,
 }
@@ -151,6 +164,7 @@ impl Pointing {
     pub fn default_for(case: &str) -> Self {
         Pointing {
             full: keeps_pointing(case),
+            compact: false,
             batch: 8,
         }
     }
@@ -245,23 +259,30 @@ pub fn predicted_process_memory(
     } else {
         0.0
     };
-    let (per_sample, per_io_sample, batch) = if pointing.full {
+    let batch_dets = match pointing.batch {
+        0 => n_det,
+        b => n_det.min(b as f64),
+    };
+    let (per_sample, per_io_sample, per_batch_sample) = if pointing.full {
         (
             BYTES_PER_DET_SAMPLE_KEPT,
             BYTES_PER_DET_SAMPLE_IO + BYTES_PER_KEPT_POINTING,
-            0.0,
+            BYTES_PER_BATCH_SAMPLE_KEPT,
+        )
+    } else if pointing.compact {
+        (
+            BYTES_PER_DET_SAMPLE_COMPACT,
+            BYTES_PER_DET_SAMPLE_IO,
+            BYTES_PER_BATCH_SAMPLE_COMPACT,
         )
     } else {
-        let dets = match pointing.batch {
-            0 => n_det,
-            b => n_det.min(b as f64),
-        };
         (
             BYTES_PER_DET_SAMPLE,
             BYTES_PER_DET_SAMPLE_IO,
-            BYTES_PER_BATCH_SAMPLE * dets * time_samples,
+            BYTES_PER_BATCH_SAMPLE,
         )
     };
+    let batch = per_batch_sample * batch_dets * time_samples;
     let mapmaking = per_sample * det_samples + BYTES_PER_LOCAL_PIXEL * local_pix + batch;
     let sky = (BYTES_PER_SKY_PIXEL_SCAN * npix)
         .max(BYTES_PER_SKY_PIXEL_HELD * npix + per_io_sample * det_samples);
@@ -340,24 +361,20 @@ mod tests {
 
     #[test]
     fn estimate_matches_measured_xsmall() {
-        // 2 811 764 kB.
-        check_measured("xsmall", 2.879e9);
+        // 2 517 068 kB.
+        check_measured("xsmall", 2.577e9);
     }
 
     #[test]
-    fn estimate_matches_measured_xsmall_recomputed() {
-        // `--set binner.full_pointing=false`: 1 498 440 kB.
-        let lean = Pointing {
+    fn estimate_matches_measured_xsmall_compact() {
+        // `--set binner.full_pointing=false --set
+        // binner.compact_pointing=true`: 1 236 440 kB.
+        let compact = Pointing {
             full: false,
+            compact: true,
             batch: 8,
         };
-        check_measured_with("xsmall", lean, 1.534e9);
-    }
-
-    #[test]
-    fn estimate_matches_measured_small() {
-        // VmHWM during the CG solve (see the module documentation).
-        check_measured("small", 9.175e9);
+        check_measured_with("xsmall", compact, 1.266e9);
     }
 
     #[test]
@@ -368,6 +385,7 @@ mod tests {
             1024,
             Pointing {
                 full: true,
+                compact: false,
                 batch: 8,
             },
         );
@@ -376,6 +394,7 @@ mod tests {
             1024,
             Pointing {
                 full: false,
+                compact: false,
                 batch: 8,
             },
         );
@@ -384,10 +403,23 @@ mod tests {
             1024,
             Pointing {
                 full: false,
+                compact: false,
                 batch: 0,
             },
         );
-        assert!(recomputed < kept, "{recomputed} {kept}");
+        let compact = predicted_memory(
+            s,
+            1024,
+            Pointing {
+                full: false,
+                compact: true,
+                batch: 8,
+            },
+        );
+        assert!(
+            recomputed < compact && compact < kept,
+            "{recomputed} {compact} {kept}"
+        );
         assert!(recomputed < all_at_once, "{recomputed} {all_at_once}");
         assert!(keeps_pointing("tiny") && keeps_pointing("xsmall"));
         assert!(!keeps_pointing("small") && !keeps_pointing("auto"));

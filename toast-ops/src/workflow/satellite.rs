@@ -453,6 +453,7 @@ pub struct RunStats {
 fn pointing_of(config: &SatelliteConfig) -> presets::Pointing {
     presets::Pointing {
         full: config.binner.full_pointing,
+        compact: config.binner.compact_pointing,
         batch: config.binner.pointing_batch as u64,
     }
 }
