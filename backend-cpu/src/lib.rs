@@ -317,7 +317,8 @@ impl<T> AssertSend<T> {
 
 /// The entry of every kernel (the table instantiates it per argument
 /// struct): resolve the context and the arguments, validate them, then run
-/// the kernel's math ([`CpuKernel::run`]) on the context's pool.
+/// the kernel's math ([`CpuKernel::run`]) on the context's pool, or on
+/// this thread when the call is small ([`CpuKernel::inline`]).
 unsafe extern "C" fn kernel_entry<A: CpuKernel>(ctx: *mut c_void, args: *const A) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx.
@@ -325,6 +326,12 @@ unsafe extern "C" fn kernel_entry<A: CpuKernel>(ctx: *mut c_void, args: *const A
         // SAFETY: ABI contract on args: a valid struct whose host pointers
         // are valid for the lengths it declares, for the call.
         let (a, v) = unsafe { kernel_args(args)? };
+        if A::inline(a) {
+            // SAFETY: validated above; arrays are host memory (we are
+            // host-addressable) of the validated lengths. The kernel runs
+            // serially on this thread (CpuKernel::inline's contract).
+            return unsafe { A::run(&v, a) };
+        }
         let job = AssertSend((v, a));
         c.install(move || {
             let (v, a) = job.into_inner();

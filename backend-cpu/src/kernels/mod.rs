@@ -31,16 +31,32 @@ pub(crate) trait CpuKernel: KernelArgs {
     /// `v` is `a`'s validated view, and the arrays of `a` are host memory
     /// of the validated lengths, not used elsewhere during the call.
     unsafe fn run(v: &Self::Valid<'_>, a: &Self) -> Result<(), PluginError>;
+
+    /// Whether this call is small enough to run serially on the calling
+    /// thread instead of on the context's pool. Handing a call to the pool
+    /// wakes a pool thread and waits for it (tens of microseconds when it
+    /// sleeps), which is more than a short streaming kernel takes; TOAST's
+    /// compiled kernels run such calls on the caller too. A kernel that says
+    /// `true` must then not use rayon itself (it would go to the global pool).
+    fn inline(_a: &Self) -> bool {
+        false
+    }
 }
 
 /// `impl CpuKernel` for an argument struct whose math is `$run(v, a)`.
+/// `inline if |a| EXPR` overrides [`CpuKernel::inline`].
 macro_rules! cpu_kernel {
-    ($($args:ident => |$v:ident, $a:ident| $run:expr;)*) => {$(
+    ($($args:ident => |$v:ident, $a:ident| $run:expr $(, inline if |$ia:ident| $inl:expr)?;)*) => {$(
         impl CpuKernel for abi::$args {
             unsafe fn run($v: &Self::Valid<'_>, $a: &Self) -> Result<(), PluginError> {
                 // SAFETY: the caller's contract is the kernel's.
                 unsafe { $run }
             }
+            $(
+                fn inline($ia: &Self) -> bool {
+                    $inl
+                }
+            )?
         }
     )*};
 }
@@ -55,7 +71,8 @@ cpu_kernel! {
     NoiseWeightArgs => |v, a| weight::run(v, a);
     TemplateOffsetAddArgs => |v, a| template_offset::run_add(v, a);
     TemplateOffsetProjectArgs => |v, a| template_offset::run_project(v, a);
-    TemplateOffsetPrecondArgs => |_v, a| template_offset::run_precond(a);
+    TemplateOffsetPrecondArgs => |_v, a| template_offset::run_precond(a),
+        inline if |a| template_offset::precond_inline(a);
     CovAccumDiagHitsArgs => |v, a| mapmaker_utils::run_hits(v, a);
     CovAccumDiagInvnppArgs => |v, a| mapmaker_utils::run_invnpp(v, a);
     FilterPolynomialArgs => |v, a| polyfilter::run_polynomial(v, a);

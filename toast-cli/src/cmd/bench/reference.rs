@@ -22,15 +22,11 @@ pub struct ToastReference {
 
 /// TOAST 3.0.6's compiled kernels (PyPI cp311 wheel, `use_accel=False`),
 /// from `tests/data/toast-kernels/timings.md`, third table: measured by
-/// `time_toast_kernels.py` on the 2-core Intel Xeon VM the bench runs on,
-/// twice, alternating with `toast-cli bench kernels` runs in the same
-/// window (24 Nov 2026, 15:44-15:55 UTC, load average 6.5-10.7 from other
-/// jobs), best of 5 calls per run and the better of the two runs. `ns_1thr`
-/// is the OMP_NUM_THREADS=1 figure; `ns_2thr` the smaller of the two
-/// columns (on this loaded machine TOAST's 2-thread runs were slower than
-/// its 1-thread ones for every row but apply_diag_precond at 47,500
-/// amplitudes and filter_poly2D: its OpenMP threads spin-wait and were
-/// oversubscribed; TOAST run with one thread is the faster TOAST there).
+/// `time_toast_kernels.py --threads 2,1` on the 2-core Intel Xeon VM the
+/// bench runs on, on a quiet machine (24 Nov 2026, 16:33 UTC, right after
+/// `toast-cli bench kernels --threads 1` and `--threads 2` in the same
+/// window, nothing else running), best of 5 calls. `ns_2thr` is the
+/// OMP_NUM_THREADS=2 figure, `ns_1thr` the OMP_NUM_THREADS=1 one.
 /// The template_offset add/project, cov_accum_diag_* and
 /// filter_polynomial rows are sums of single-detector calls (as TOAST's
 /// operators make them); filter_poly2D is per detector and sample of its
@@ -39,110 +35,110 @@ pub const TOAST_REFERENCE: [ToastReference; 18] = [
     ToastReference {
         key: "pointing_detector",
         label: "pointing_detector",
-        ns_2thr: 4.335,
-        ns_1thr: 4.335,
+        ns_2thr: 2.256,
+        ns_1thr: 4.185,
     },
     ToastReference {
         key: "pixels_healpix_nest",
         label: "pixels_healpix (NEST, nside 2048)",
-        ns_2thr: 31.830,
-        ns_1thr: 31.830,
+        ns_2thr: 16.436,
+        ns_1thr: 31.319,
     },
     ToastReference {
         key: "pixels_healpix_ring",
         label: "pixels_healpix (RING, nside 2048)",
-        ns_2thr: 26.482,
-        ns_1thr: 26.482,
+        ns_2thr: 14.550,
+        ns_1thr: 26.782,
     },
     ToastReference {
         key: "stokes_weights_iqu",
         label: "stokes_weights_IQU (no HWP)",
-        ns_2thr: 110.249,
-        ns_1thr: 110.249,
+        ns_2thr: 37.475,
+        ns_1thr: 73.537,
     },
     ToastReference {
         key: "stokes_weights_iqu_hwp",
         label: "stokes_weights_IQU (HWP)",
-        ns_2thr: 101.062,
-        ns_1thr: 101.062,
+        ns_2thr: 41.098,
+        ns_1thr: 80.795,
     },
     ToastReference {
         key: "stokes_weights_i",
         label: "stokes_weights_I",
-        ns_2thr: 1.094,
-        ns_1thr: 1.094,
+        ns_2thr: 0.274,
+        ns_1thr: 0.481,
     },
     ToastReference {
         key: "scan_map_f64",
         label: "scan_map (float64, nnz=3, add)",
-        ns_2thr: 33.015,
-        ns_1thr: 33.015,
+        ns_2thr: 11.302,
+        ns_1thr: 21.698,
     },
     ToastReference {
         key: "scan_map_f32",
         label: "scan_map (float32, nnz=3, add)",
-        ns_2thr: 26.967,
-        ns_1thr: 26.967,
+        ns_2thr: 9.357,
+        ns_1thr: 18.880,
     },
     ToastReference {
         key: "build_noise_weighted",
         label: "build_noise_weighted (nnz=3, det+shared flags)",
-        ns_2thr: 41.111,
-        ns_1thr: 41.111,
+        ns_2thr: 18.237,
+        ns_1thr: 31.102,
     },
     ToastReference {
         key: "noise_weight",
         label: "noise_weight",
-        ns_2thr: 0.465,
-        ns_1thr: 0.465,
+        ns_2thr: 0.239,
+        ns_1thr: 0.436,
     },
     ToastReference {
         key: "template_offset_add_to_signal",
         label: "template_offset_add_to_signal (step 200)",
-        ns_2thr: 3.701,
-        ns_1thr: 3.701,
+        ns_2thr: 1.425,
+        ns_1thr: 2.713,
     },
     ToastReference {
         key: "template_offset_project_signal",
         label: "template_offset_project_signal (step 200)",
-        ns_2thr: 12.916,
-        ns_1thr: 12.916,
+        ns_2thr: 4.654,
+        ns_1thr: 9.202,
     },
     ToastReference {
         key: "template_offset_apply_diag_precond",
         label: "template_offset_apply_diag_precond (n_amp=47500, per amp)",
-        ns_2thr: 0.314,
-        ns_1thr: 0.580,
+        ns_2thr: 0.321,
+        ns_1thr: 0.597,
     },
     ToastReference {
         key: "template_offset_apply_diag_precond_large",
         label: "template_offset_apply_diag_precond (n_amp=10000000, per amp)",
-        ns_2thr: 1.881,
-        ns_1thr: 1.881,
+        ns_2thr: 0.814,
+        ns_1thr: 1.606,
     },
     ToastReference {
         key: "cov_accum_diag_hits",
         label: "cov_accum_diag_hits (per-detector calls)",
-        ns_2thr: 14.390,
-        ns_1thr: 14.390,
+        ns_2thr: 5.767,
+        ns_1thr: 9.246,
     },
     ToastReference {
         key: "cov_accum_diag_invnpp",
         label: "cov_accum_diag_invnpp (nnz=3, per-detector calls)",
-        ns_2thr: 66.570,
-        ns_1thr: 66.570,
+        ns_2thr: 26.886,
+        ns_1thr: 46.143,
     },
     ToastReference {
         key: "filter_polynomial",
         label: "filter_polynomial (order 3, per-detector calls)",
-        ns_2thr: 31.672,
-        ns_1thr: 31.672,
+        ns_2thr: 11.098,
+        ns_1thr: 22.444,
     },
     ToastReference {
         key: "filter_poly2D",
         label: "filter_poly2D (64 modes, 2 groups, 1000 samples)",
-        ns_2thr: 9039.086,
-        ns_1thr: 13035.095,
+        ns_2thr: 4292.426,
+        ns_1thr: 8495.420,
     },
 ];
 
