@@ -12,6 +12,12 @@
 //! (`amp_dot` per block, `amp_axpby`): the CPU plugin's kernels and the
 //! map-maker's host path (toast-ops `mapmaker::solve`, every CPU run) both
 //! call them.
+//!
+//! [`qa_rotate`] and [`stokes_alpha`] are the quaternion rotation and the
+//! polarisation angle of TOAST's pointing kernels (`hpix_qa_rotate`,
+//! `stokes_weights_alpha`): the CPU plugin's `pixels_healpix` and
+//! `stokes_weights_*` kernels and the map-maker's compact-pointing path
+//! (toast-ops `ops::pointing_compact`, its exact fallback) both call them.
 
 /// The most map components [`cov_apply_pixel`] takes.
 pub const COV_MAX_NNZ: usize = 16;
@@ -76,6 +82,44 @@ pub fn axpby(alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
             *yi = alpha * xi + beta * *yi;
         }
     }
+}
+
+/// `hpix_qa_rotate(q, v)` (TOAST's C), every term kept (multiplications by
+/// 0 and 1 included) so that signed zeros, infinities and NaNs propagate as
+/// in C. `q` is `[x, y, z, w]` of unit norm (its first four values are read).
+#[inline(always)]
+pub fn qa_rotate(q: &[f64], v: &[f64; 3]) -> [f64; 3] {
+    let xw = q[3] * q[0];
+    let yw = q[3] * q[1];
+    let zw = q[3] * q[2];
+    let x2 = -q[0] * q[0];
+    let xy = q[0] * q[1];
+    let xz = q[0] * q[2];
+    let y2 = -q[1] * q[1];
+    let yz = q[1] * q[2];
+    let z2 = -q[2] * q[2];
+    [
+        2.0 * ((y2 + z2) * v[0] + (xy - zw) * v[1] + (yw + xz) * v[2]) + v[0],
+        2.0 * ((zw + xy) * v[0] + (x2 + z2) * v[1] + (yz - xw) * v[2]) + v[1],
+        2.0 * ((xz - yw) * v[0] + (xw + yz) * v[1] + (x2 + y2) * v[2]) + v[2],
+    ]
+}
+
+/// The polarisation angle `alpha` of TOAST's `stokes_weights_alpha` for the
+/// detector quaternion `q` (FORMAT.md section 4), with its `atan2`, `cos`
+/// and `sin`, in TOAST's operation order.
+#[inline(always)]
+pub fn stokes_alpha(q: &[f64]) -> f64 {
+    let vd = qa_rotate(q, &[0.0, 0.0, 1.0]);
+    let vo = qa_rotate(q, &[1.0, 0.0, 0.0]);
+    let ang_xy = vd[1].atan2(vd[0]);
+    let vm_x = vd[2] * ang_xy.cos();
+    let vm_y = vd[2] * ang_xy.sin();
+    let vm_z = -(1.0 - vd[2] * vd[2]).sqrt();
+    let alpha_y = vd[0] * (vm_y * vo[2] - vm_z * vo[1]) - vd[1] * (vm_x * vo[2] - vm_z * vo[0])
+        + vd[2] * (vm_x * vo[1] - vm_y * vo[0]);
+    let alpha_x = vm_x * vo[0] + vm_y * vo[1] + vm_z * vo[2];
+    alpha_y.atan2(alpha_x)
 }
 
 #[cfg(test)]

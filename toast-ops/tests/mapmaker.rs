@@ -524,13 +524,7 @@ fn pointing_recomputed_per_batch_gives_the_kept_pointing_maps() {
             if exact || batch == 0 {
                 assert_same_maps(&kept, &data, &res);
             } else {
-                for key in [&res.map, res.binmap.as_ref().unwrap(), &res.cov] {
-                    let (x, y) = (map(&kept, key), map(&data, key));
-                    let scale = x.data().iter().fold(0.0f64, |m, v| m.max(v.abs()));
-                    for (p, q) in x.data().iter().zip(y.data()) {
-                        assert!((p - q).abs() <= 1e-9 * scale, "{key}: {p} vs {q}");
-                    }
-                }
+                assert_maps_close(&kept, &data, &res);
             }
             for ob in &data.obs {
                 for f in [defaults::QUATS, defaults::PIXELS, defaults::WEIGHTS] {
@@ -1002,13 +996,7 @@ fn compact_pointing_matches_the_kernels() {
             data.meta.object::<PixelData<i64>>(&r.hits).unwrap(),
         );
         assert_eq!(h0.data(), h1.data(), "batch {batch}: hits");
-        for key in [&res.map, res.binmap.as_ref().unwrap(), &res.cov] {
-            let (x, y) = (map(&kept, key), map(&data, key));
-            let scale = x.data().iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            for (p, q) in x.data().iter().zip(y.data()) {
-                assert!((p - q).abs() <= 1e-9 * scale, "{key}: {p} vs {q}");
-            }
-        }
+        assert_maps_close(&kept, &data, &res);
         for ob in &data.obs {
             for f in [defaults::QUATS, defaults::PIXELS, defaults::WEIGHTS] {
                 assert!(!ob.detdata.contains(f), "batch {batch}: {f} left");
@@ -1061,4 +1049,16 @@ fn compact_pointing_matches_the_kernels() {
         worst <= 8.0 * f64::EPSILON,
         "weights differ by {worst:e} from the kernel's"
     );
+}
+
+/// The map, binned map and covariance of `data` agree with `kept`'s to
+/// 1e-9 of each map's largest value.
+fn assert_maps_close(kept: &Data, data: &Data, res: &MapMakerResult) {
+    for key in [&res.map, res.binmap.as_ref().unwrap(), &res.cov] {
+        let (x, y) = (map(kept, key), map(data, key));
+        let scale = x.data().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (p, q) in x.data().iter().zip(y.data()) {
+            assert!((p - q).abs() <= 1e-9 * scale, "{key}: {p} vs {q}");
+        }
+    }
 }

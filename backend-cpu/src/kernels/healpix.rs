@@ -87,25 +87,9 @@ fn xy2pix(x: i64, y: i64) -> i64 {
     spread_bits(x) | (spread_bits(y) << 1)
 }
 
-/// `hpix_qa_rotate(q, v)`, every term kept (multiplications by 0 and 1
-/// included) so that signed zeros, infinities and NaNs propagate as in C.
-#[inline(always)]
-pub(crate) fn qa_rotate(q: &[f64], v: &[f64; 3]) -> [f64; 3] {
-    let xw = q[3] * q[0];
-    let yw = q[3] * q[1];
-    let zw = q[3] * q[2];
-    let x2 = -q[0] * q[0];
-    let xy = q[0] * q[1];
-    let xz = q[0] * q[2];
-    let y2 = -q[1] * q[1];
-    let yz = q[1] * q[2];
-    let z2 = -q[2] * q[2];
-    [
-        2.0 * ((y2 + z2) * v[0] + (xy - zw) * v[1] + (yw + xz) * v[2]) + v[0],
-        2.0 * ((zw + xy) * v[0] + (x2 + z2) * v[1] + (yz - xw) * v[2]) + v[1],
-        2.0 * ((xz - yw) * v[0] + (xw + yz) * v[1] + (x2 + y2) * v[2]) + v[2],
-    ]
-}
+/// `hpix_qa_rotate(q, v)`: written once in toast-accel (shared with
+/// toast-ops' compact pointing).
+pub(crate) use toast_accel::math::qa_rotate;
 
 /// Per-nside constants.
 #[derive(Debug, Clone, Copy)]

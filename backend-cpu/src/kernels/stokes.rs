@@ -1,6 +1,5 @@
 //! stokes_weights_I and stokes_weights_IQU.
 
-use super::healpix::qa_rotate;
 use crate::arrays::{self, Arg};
 use crate::par::{for_each_chunk, SharedMut};
 use toast_accel::abi::{StokesWeightsIArgs, StokesWeightsIquArgs};
@@ -31,20 +30,9 @@ pub(crate) unsafe fn run_i(
     r.map_err(|f| super::fault_error(K, f))
 }
 
-/// The polarisation angle `alpha` of `stokes_weights_alpha`.
-#[inline(always)]
-fn alpha(q: &[f64]) -> f64 {
-    let vd = qa_rotate(q, &[0.0, 0.0, 1.0]);
-    let vo = qa_rotate(q, &[1.0, 0.0, 0.0]);
-    let ang_xy = vd[1].atan2(vd[0]);
-    let vm_x = vd[2] * ang_xy.cos();
-    let vm_y = vd[2] * ang_xy.sin();
-    let vm_z = -(1.0 - vd[2] * vd[2]).sqrt();
-    let alpha_y = vd[0] * (vm_y * vo[2] - vm_z * vo[1]) - vd[1] * (vm_x * vo[2] - vm_z * vo[0])
-        + vd[2] * (vm_x * vo[1] - vm_y * vo[0]);
-    let alpha_x = vm_x * vo[0] + vm_y * vo[1] + vm_z * vo[2];
-    alpha_y.atan2(alpha_x)
-}
+/// The polarisation angle `alpha` of `stokes_weights_alpha` (written once
+/// in toast-accel, shared with toast-ops' compact pointing).
+use toast_accel::math::stokes_alpha as alpha;
 
 /// # Safety
 /// `a` has passed `check_stokes_weights_iqu` (giving `v`) and its arrays are

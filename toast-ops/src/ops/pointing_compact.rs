@@ -45,18 +45,10 @@ use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirem
 const CHUNK: usize = 4096;
 
 /// The kernel's `alpha` (FORMAT.md section 4), with its `atan2`, `cos`
-/// and `sin`: the fallback of [`iqu_cos_sin`] and the HWP path.
+/// and `sin`: the fallback of [`iqu_cos_sin`] and the HWP path. The same
+/// function the CPU plugin's kernel calls (`toast_accel::math`).
 fn alpha_exact(q: &Quat) -> f64 {
-    let vd = rotate_unit(q, &ZAXIS);
-    let vo = rotate_unit(q, &XAXIS);
-    let ang_xy = vd[1].atan2(vd[0]);
-    let vm_x = vd[2] * ang_xy.cos();
-    let vm_y = vd[2] * ang_xy.sin();
-    let vm_z = -(1.0 - vd[2] * vd[2]).sqrt();
-    let alpha_y = vd[0] * (vm_y * vo[2] - vm_z * vo[1]) - vd[1] * (vm_x * vo[2] - vm_z * vo[0])
-        + vd[2] * (vm_x * vo[1] - vm_y * vo[0]);
-    let alpha_x = vm_x * vo[0] + vm_y * vo[1] + vm_z * vo[2];
-    alpha_y.atan2(alpha_x)
+    toast_accel::math::stokes_alpha(q)
 }
 
 /// `(cos 2α, sin 2α)` of the detector quaternion `q` without
