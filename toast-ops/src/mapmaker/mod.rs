@@ -58,11 +58,15 @@
 //!
 //! # Determinism
 //!
-//! The CG vectors live on the host and every dot product and update runs
-//! sequentially in amplitude order; the map accumulations are the kernels'
-//! (fixed detector → interval → sample order per map element), the
-//! covariance work is per pixel. Results are bit-identical for any thread
-//! count.
+//! The CG vectors live where the run's data lives (`vectors`): on the host
+//! for the CPU, on the device for a device backend. A dot product is summed
+//! in amplitude order within fixed blocks and the block partials are added
+//! on the host in block order (one block on the host), and updates are
+//! element-wise (`toast_accel::math`); the map accumulations are the
+//! kernels' (fixed detector → interval → sample order per map element), the
+//! covariance work is per pixel. CPU results are bit-identical for any
+//! thread count; a device's atomic accumulation in `build_noise_weighted`
+//! can reorder sums (differences at float rounding).
 //!
 //! # Data movement
 //!
