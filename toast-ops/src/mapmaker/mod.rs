@@ -93,7 +93,7 @@
 //!
 //! On the host, the solver's work timestream (`{name}_temp`, 8 bytes a
 //! sample) exists for one batch of `binner.pointing_batch` detectors at a
-//! time ([`MapMaker::work_sets`]): the right-hand side copies the batch's
+//! time (`MapMaker::work_sets`): the right-hand side copies the batch's
 //! timestream, scans, weights and projects it; the left-hand side builds
 //! `F d` for the batch and bins it, then, once the map is complete,
 //! builds it again (the same values) to scan, weight and project. The

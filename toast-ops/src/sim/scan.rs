@@ -39,7 +39,7 @@ impl InputSky {
     /// Read I, Q, U (the first three map columns) from a HEALPix FITS file,
     /// honouring its `ORDERING` header. Errors name the file.
     ///
-    /// The values are checked ([`sky_values`]): healpy's `UNSEEN`
+    /// The values are checked (`sky_values`): healpy's `UNSEEN`
     /// (unobserved pixels, and the pixels a partial-sky file leaves out)
     /// is scanned as zero signal and counted in the log; NaN, ±inf and
     /// values beyond single precision (the sky is scanned as float32) are
