@@ -490,15 +490,13 @@ impl MapMaker {
         data: &mut Data,
         ctx: &mut ExecContext,
     ) -> Result<(), OpError> {
-        let batch = self.setup.binner.pointing_batch;
         let quats = self.setup.det_pointing.quats.clone();
         let drop_quats = self.final_pointing.is_none() && !self.preexisting.contains(&quats);
-        let mut opts = RunOptions::default();
-        if drop_quats && batch > 0 {
-            // `run_operators` intersects each set with the selection.
-            let dets = data.all_local_detectors(0);
-            opts.detector_sets = batches(&dets, batch);
-        }
+        // `run_operators` intersects each set with the selection.
+        let opts = RunOptions {
+            detector_sets: self.batched_sets(data, drop_quats),
+            ..RunOptions::default()
+        };
         let staged = ctx.extensions.get::<StagingState>().is_some();
         let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
         let reuse = self.reuse_pointing
@@ -589,12 +587,10 @@ impl MapMaker {
         data: &mut Data,
         ctx: &mut ExecContext,
     ) -> Result<(), OpError> {
-        let batch = self.setup.binner.pointing_batch;
-        let mut opts = RunOptions::default();
-        if batch > 0 {
-            let dets = data.all_local_detectors(0);
-            opts.detector_sets = batches(&dets, batch);
-        }
+        let opts = RunOptions {
+            detector_sets: self.batched_sets(data, true),
+            ..RunOptions::default()
+        };
         let mut compact = CompactPixels {
             name: "compact_pixels".into(),
             pixels: self.solve_pointing.pixels_field().to_string(),

@@ -97,20 +97,8 @@ pub fn rotate(q: &Quat, v: &Vec3) -> Vec3 {
 /// Rotate a vector by a quaternion that is already of unit norm.
 #[inline]
 pub fn rotate_unit(u: &Quat, v: &Vec3) -> Vec3 {
-    let xw = u[3] * u[0];
-    let yw = u[3] * u[1];
-    let zw = u[3] * u[2];
-    let x2 = -u[0] * u[0];
-    let xy = u[0] * u[1];
-    let xz = u[0] * u[2];
-    let y2 = -u[1] * u[1];
-    let yz = u[1] * u[2];
-    let z2 = -u[2] * u[2];
-    [
-        2.0 * ((y2 + z2) * v[0] + (xy - zw) * v[1] + (yw + xz) * v[2]) + v[0],
-        2.0 * ((zw + xy) * v[0] + (x2 + z2) * v[1] + (yz - xw) * v[2]) + v[1],
-        2.0 * ((xz - yw) * v[0] + (xw + yz) * v[1] + (x2 + y2) * v[2]) + v[2],
-    ]
+    // TOAST's `hpix_qa_rotate`, written once for the CPU plugin and us.
+    toast_accel::math::qa_rotate(u, v)
 }
 
 /// Rotation by `angle` (radians, right-handed) about the unit vector `axis`
