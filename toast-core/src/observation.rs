@@ -447,6 +447,20 @@ impl Data {
         Ok(())
     }
 
+    /// Remove the detector-data fields `names` from every observation that
+    /// has them (absent ones are skipped).
+    pub fn remove_detdata<S: AsRef<str>>(&mut self, names: &[S]) -> Result<(), DataError> {
+        for ob in &mut self.obs {
+            for n in names {
+                let n = n.as_ref();
+                if ob.detdata.contains(n) {
+                    ob.detdata.remove(n)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// An observation by name.
     pub fn get(&self, name: &str) -> Result<&Observation, DataError> {
         self.obs

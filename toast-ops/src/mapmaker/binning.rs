@@ -70,17 +70,9 @@ impl MapMaker {
     /// Remove the pointing fields the map-maker made (not those that
     /// existed before its run).
     pub(super) fn drop_pointing(&self, data: &mut Data) -> Result<(), OpError> {
-        for f in self.pointing_fields() {
-            if self.preexisting.contains(&f) {
-                continue;
-            }
-            for ob in &mut data.obs {
-                if ob.detdata.contains(&f) {
-                    ob.detdata.remove(&f)?;
-                }
-            }
-        }
-        Ok(())
+        let mut fields = self.pointing_fields();
+        fields.retain(|f| !self.preexisting.contains(f));
+        Ok(data.remove_detdata(&fields)?)
     }
 
     /// Run `ops`, preceded by the pointing operators when `expand`.

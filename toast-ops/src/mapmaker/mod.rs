@@ -358,14 +358,7 @@ impl MapMaker {
             Vec::new()
         };
         let closed = close_scope(data, ctx, scope, &outputs);
-        let removed = stale.iter().try_for_each(|f| {
-            data.obs
-                .iter_mut()
-                .try_for_each(|ob| match ob.detdata.contains(f) {
-                    true => ob.detdata.remove(f).map(drop),
-                    false => Ok(()),
-                })
-        });
+        let removed = data.remove_detdata(&stale);
         self.set_transient(false);
         self.work_batches = false;
         self.solve_pointing.set_compact(None);
@@ -526,11 +519,7 @@ impl MapMaker {
         self.solve_pointing.det_pointing.transient = false;
         r?;
         if drop_quats {
-            for ob in &mut data.obs {
-                if ob.detdata.contains(&quats) {
-                    ob.detdata.remove(&quats)?;
-                }
-            }
+            data.remove_detdata(&[&quats])?;
         }
         Ok(())
     }

@@ -228,13 +228,7 @@ impl MapMaker {
 /// Removes the `detdata` fields from every observation that has them and
 /// the `global` keys from `data.meta`.
 fn remove_products(data: &mut Data, detdata: &[String], global: &[String]) -> Result<(), OpError> {
-    for ob in &mut data.obs {
-        for f in detdata {
-            if ob.detdata.contains(f) {
-                ob.detdata.remove(f)?;
-            }
-        }
-    }
+    data.remove_detdata(detdata)?;
     for g in global {
         data.meta.remove(g);
     }

@@ -373,13 +373,6 @@ impl Operator for DeleteDetData {
         Requirements::new()
     }
     fn exec(&mut self, data: &mut Data, _ctx: &mut ExecContext) -> Result<(), OpError> {
-        for ob in &mut data.obs {
-            for f in &self.fields {
-                if ob.detdata.contains(f) {
-                    ob.detdata.remove(f)?;
-                }
-            }
-        }
-        Ok(())
+        Ok(data.remove_detdata(&self.fields)?)
     }
 }

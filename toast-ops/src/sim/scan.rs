@@ -411,14 +411,7 @@ impl ScanHealpixMap {
                 self.pointing.weights_field(),
             ]
         };
-        for ob in &mut data.obs {
-            for f in &fields {
-                if ob.detdata.contains(f) {
-                    ob.detdata.remove(f)?;
-                }
-            }
-        }
-        Ok(())
+        Ok(data.remove_detdata(&fields)?)
     }
 
     /// The pointing, the pixel distribution and the scan, inside the scope
