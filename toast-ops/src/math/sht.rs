@@ -811,12 +811,20 @@ fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &Blo
             // Pass 2a: temperature, accumulated by parity of j = ℓ − m.
             if let (true, Some(t)) = (need_t, ctx.t) {
                 let alm = t.m_slice(m);
-                let mut acc = [CAcc::default(); 2];
-                for (p, a) in acc.iter_mut().enumerate() {
-                    for j in (p..=t.lmax() - m).step_by(2) {
-                        a.add::<FMA>(alm[j], &sub_lanes(&lam[j], sub));
-                    }
+                // One pass over j = ℓ − m, unrolled by two: each parity's
+                // accumulator sees its terms in increasing j.
+                let (mut even, mut odd) = (CAcc::default(), CAcc::default());
+                let jt = t.lmax() - m;
+                let mut j = 0;
+                while j < jt {
+                    even.add::<FMA>(alm[j], &sub_lanes(&lam[j], sub));
+                    odd.add::<FMA>(alm[j + 1], &sub_lanes(&lam[j + 1], sub));
+                    j += 2;
                 }
+                if j == jt {
+                    even.add::<FMA>(alm[j], &sub_lanes(&lam[j], sub));
+                }
+                let acc = [even, odd];
                 store(&mut coef, sub, nl, 0, m, &acc);
             }
 
@@ -950,53 +958,66 @@ fn pol_sums<const FMA: bool, const WITH_E: bool, const WITH_B: bool>(
     sub: usize,
     geom: &[V; 4],
 ) -> [[CAcc; 2]; 4] {
-    let [is2s, cis2s, mis2, mcis2] = geom;
-    let mut e1 = [CAcc::default(); 2];
-    let mut b1 = [CAcc::default(); 2];
-    let mut e2 = [CAcc::default(); 2];
-    let mut b2 = [CAcc::default(); 2];
-    for p in 0..2 {
-        let (mut ae1, mut ab1, mut ae2, mut ab2) = (
-            CAcc::default(),
-            CAcc::default(),
-            CAcc::default(),
-            CAcc::default(),
-        );
-        let first = if pm.jstart % 2 == p {
-            pm.jstart
-        } else {
-            pm.jstart + 1
-        };
-        for j in (first..=pm.jmax).step_by(2) {
-            let lam_l = sub_lanes(&lam[j], sub);
-            let lam_p = if j > 0 {
-                sub_lanes(&lam[j - 1], sub)
-            } else {
-                [0.0; SUB]
-            };
-            let (ca, cl, ch, cd) = (pm.pa[j], pm.pl[j], pm.ph[j], pm.pd[j]);
-            let mut f1 = [0.0; SUB];
-            let mut f2 = [0.0; SUB];
-            for k in 0..SUB {
-                let t1 = madd::<FMA>(is2s[k], ca, ch);
-                f1[k] = madd::<FMA>(t1, lam_l[k], cis2s[k] * cl * lam_p[k]);
-                f2[k] = madd::<FMA>(mcis2[k] * cd, lam_l[k], -(mis2[k] * cl * lam_p[k]));
-            }
-            if WITH_E {
-                ae1.add::<FMA>(pm.ae[j], &f1);
-                ae2.add::<FMA>(pm.ae[j], &f2);
-            }
-            if WITH_B {
-                ab1.add::<FMA>(pm.ab[j], &f1);
-                ab2.add::<FMA>(pm.ab[j], &f2);
-            }
-        }
-        e1[p] = ae1;
-        b1[p] = ab1;
-        e2[p ^ 1] = ae2;
-        b2[p ^ 1] = ab2;
+    // One pass over j, unrolled by two so that each parity keeps its own
+    // accumulators `[E·F¹, B·F¹, E·F², B·F²]` (in registers): every
+    // accumulator sees its terms in the same order as a pass per parity.
+    let (mut even, mut odd) = ([CAcc::default(); 4], [CAcc::default(); 4]);
+    let mut j = pm.jstart;
+    if j % 2 == 1 && j <= pm.jmax {
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j, &mut odd);
+        j += 1;
     }
+    while j < pm.jmax {
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j, &mut even);
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j + 1, &mut odd);
+        j += 2;
+    }
+    if j == pm.jmax {
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j, &mut even);
+    }
+    // F² has the parity opposite to λ's.
+    let e1 = [even[0], odd[0]];
+    let b1 = [even[1], odd[1]];
+    let e2 = [odd[2], even[2]];
+    let b2 = [odd[3], even[3]];
     [e1, b1, e2, b2]
+}
+
+/// One term `j` of [`pol_sums`] added to the accumulators `acc` of its
+/// parity (a function, not a closure, so that it is compiled with the
+/// caller's target features).
+#[inline(always)]
+fn pol_step<const FMA: bool, const WITH_E: bool, const WITH_B: bool>(
+    pm: &PolM<'_>,
+    lam: &[[f64; LANES]],
+    sub: usize,
+    geom: &[V; 4],
+    j: usize,
+    acc: &mut [CAcc; 4],
+) {
+    let [is2s, cis2s, mis2, mcis2] = geom;
+    let lam_l = sub_lanes(&lam[j], sub);
+    let lam_p = if j > 0 {
+        sub_lanes(&lam[j - 1], sub)
+    } else {
+        [0.0; SUB]
+    };
+    let (ca, cl, ch, cd) = (pm.pa[j], pm.pl[j], pm.ph[j], pm.pd[j]);
+    let mut f1 = [0.0; SUB];
+    let mut f2 = [0.0; SUB];
+    for k in 0..SUB {
+        let t1 = madd::<FMA>(is2s[k], ca, ch);
+        f1[k] = madd::<FMA>(t1, lam_l[k], cis2s[k] * cl * lam_p[k]);
+        f2[k] = madd::<FMA>(mcis2[k] * cd, lam_l[k], -(mis2[k] * cl * lam_p[k]));
+    }
+    if WITH_E {
+        acc[0].add::<FMA>(pm.ae[j], &f1);
+        acc[2].add::<FMA>(pm.ae[j], &f2);
+    }
+    if WITH_B {
+        acc[1].add::<FMA>(pm.ab[j], &f1);
+        acc[3].add::<FMA>(pm.ab[j], &f2);
+    }
 }
 
 /// Stores, for lanes `sub..sub+SUB` (those below `nl`), the north (even + odd)
