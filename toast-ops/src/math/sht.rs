@@ -55,9 +55,16 @@
 //!   Blocks run in parallel with rayon. On x86-64 CPUs with AVX2 and FMA
 //!   (detected at run time) the block kernel is compiled for those features
 //!   and uses fused multiply–adds; elsewhere the same code runs without them.
-//!
-//! Output maps are in RING order, `f64`; use [`crate::math::healpix::ring_to_nest`]
-//! to reorder.
+//! * A spin-2 field whose coefficients of some `m` are all zero (B of the
+//!   benchmark sky, `C_ℓ^BB = 0`) adds nothing at that `m`: its sums are
+//!   exactly `+0` and are skipped, which halves the accumulation work of an
+//!   E-only sky without changing a bit.
+//! * Each ring is written to the output maps as soon as its FFT is done, by
+//!   the task that synthesised it: [`alm2map`] and friends return RING-ordered
+//!   `f64` maps, [`alm2map_iqu_as`] stores `f32` (or `f64`) values directly
+//!   at their NEST (or RING) pixels, so a NEST `f32` sky never holds a
+//!   full-sky `f64` or RING copy (the same values as converting afterwards,
+//!   bit for bit).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +74,7 @@ use rayon::prelude::*;
 pub use realfft::num_complex::Complex64;
 use realfft::{ComplexToReal, RealFftPlanner};
 
-use crate::math::healpix::{Healpix, HealpixError};
+use crate::math::healpix::{Healpix, HealpixError, RingInfo};
 
 /// Number of ring pairs processed together in one block (the Legendre
 /// recurrences of the lanes are interleaved for instruction-level parallelism).
@@ -294,7 +301,8 @@ pub fn alm2map(
     t: Option<&Alm>,
     pol: Option<(&Alm, &Alm)>,
 ) -> Result<SynthesisMaps, ShtError> {
-    alm2map_impl(nside, t, pol, detect_avx2_fma(), (0, 1))
+    let [t, q, u] = synthesize::<f64>(nside, t, pol, MapOrder::Ring, Kernel::detect(), (0, 1))?;
+    Ok(SynthesisMaps { t, q, u })
 }
 
 /// [`alm2map_iqu`] for part `index` of `count` of the rings (ring-pair
@@ -310,34 +318,149 @@ pub fn alm2map_iqu_part(
     index: usize,
     count: usize,
 ) -> Result<[Vec<f64>; 3], ShtError> {
+    alm2map_iqu_as(nside, t, e, b, MapOrder::Ring, index, count)
+}
+
+/// Pixel order of the maps written by [`alm2map_iqu_as`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapOrder {
+    /// HEALPix RING order (the synthesis' natural order).
+    Ring,
+    /// HEALPix NEST order: each synthesised ring is scattered to its NEST
+    /// pixels as it is produced, so no RING-ordered copy is ever held.
+    Nest,
+}
+
+/// Values a synthesised map can be stored as: `f64` itself, or `f32`
+/// (rounded to nearest, as `value as f32`).
+pub trait MapValue: Copy + Default + Send + Sync + 'static {
+    /// The synthesised `f64` value converted to `Self`.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl MapValue for f64 {
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+impl MapValue for f32 {
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+/// [`alm2map_iqu_part`] with the maps stored as `T` in `order`: the same
+/// values as converting [`alm2map_iqu_part`]'s maps (RING → NEST, `as T`),
+/// without the full-sky `f64` RING maps (for an `f32` NEST sky a third of the
+/// memory, and no reordering pass). `(index, count) = (0, 1)` is the whole sky.
+pub fn alm2map_iqu_as<T: MapValue>(
+    nside: u64,
+    t: &Alm,
+    e: &Alm,
+    b: &Alm,
+    order: MapOrder,
+    index: usize,
+    count: usize,
+) -> Result<[Vec<T>; 3], ShtError> {
     if count == 0 || index >= count {
         return Err(ShtError::BadAlm(format!(
             "ring part {index} of {count} does not exist"
         )));
     }
-    let m = alm2map_impl(
+    let [t, q, u] = synthesize::<T>(
         nside,
         Some(t),
         Some((e, b)),
-        detect_avx2_fma(),
+        order,
+        Kernel::detect(),
         (index, count),
     )?;
     Ok([
-        m.t.expect("requested"),
-        m.q.expect("requested"),
-        m.u.expect("requested"),
+        t.expect("requested"),
+        q.expect("requested"),
+        u.expect("requested"),
     ])
 }
 
-/// [`alm2map`] with an explicit kernel choice (`avx2_fma` must only be true
-/// when the CPU supports AVX2 and FMA).
-fn alm2map_impl(
+/// Shared write access to the output maps of one synthesis: each ring's
+/// values are stored through raw pointers by the task that owns the ring.
+struct MapWriter<T> {
+    /// Base pointers of the T, Q, U maps (null where a map is not produced).
+    maps: [*mut T; 3],
+    /// Length of each map (`npix`).
+    npix: usize,
+    order: MapOrder,
+    hp: Healpix,
+}
+
+// SAFETY: a `MapWriter` is a set of pointers into maps that outlive the
+// parallel loop sharing it (see `synthesize`), and its only use, `put`,
+// writes each element from at most one task (see there).
+unsafe impl<T: Send> Sync for MapWriter<T> {}
+
+impl<T: MapValue> MapWriter<T> {
+    /// Stores the values of `ring` (component `comp`, in RING order along
+    /// the ring) at their pixels; `index` is scratch for the NEST indices.
+    fn put(&self, ring: &RingInfo, comp: usize, values: &[f64], index: &mut Vec<usize>) {
+        let base = self.maps[comp];
+        if base.is_null() {
+            return;
+        }
+        let first = ring.first_pixel as usize;
+        assert!(
+            values.len() == ring.npix as usize && first + values.len() <= self.npix,
+            "a ring's values lie inside the map"
+        );
+        match self.order {
+            MapOrder::Ring => {
+                for (j, &v) in values.iter().enumerate() {
+                    // SAFETY: `first + j < npix` (asserted above), inside the
+                    // map `base` points to, which outlives the synthesis. Each
+                    // RING pixel lies on one ring and each ring is synthesised
+                    // by one task (one lane of one block), so no other thread
+                    // reads or writes this element.
+                    unsafe { *base.add(first + j) = T::from_f64(v) };
+                }
+            }
+            MapOrder::Nest => {
+                // The same ring's indices serve its T, Q and U values.
+                if index.len() != values.len() || index.first() != Some(&self.nest_of(first)) {
+                    index.clear();
+                    index.extend((first..first + values.len()).map(|p| self.nest_of(p)));
+                }
+                for (&p, &v) in index.iter().zip(values) {
+                    // SAFETY: `p` is the NEST index of a RING pixel `< npix`,
+                    // so `p < npix`, inside the map `base` points to, which
+                    // outlives the synthesis. RING → NEST is a bijection, each
+                    // RING pixel lies on one ring and each ring is synthesised
+                    // by one task, so no other thread reads or writes `p`.
+                    unsafe { *base.add(p) = T::from_f64(v) };
+                }
+            }
+        }
+    }
+
+    /// NEST index of a RING pixel.
+    fn nest_of(&self, ring_pixel: usize) -> usize {
+        self.hp.ring2nest(ring_pixel as u64) as usize
+    }
+}
+
+/// The synthesis behind every public entry point: maps `[T, Q, U]` (each
+/// present when requested) of `T` values in `order`, for part `part.0` of
+/// `part.1` of the ring-pair blocks (the other pixels zero), with an explicit
+/// kernel choice.
+fn synthesize<T: MapValue>(
     nside: u64,
     t: Option<&Alm>,
     pol: Option<(&Alm, &Alm)>,
-    avx2_fma: bool,
+    order: MapOrder,
+    kernel: Kernel,
     part: (usize, usize),
-) -> Result<SynthesisMaps, ShtError> {
+) -> Result<[Option<Vec<T>>; 3], ShtError> {
     let hp = Healpix::new(nside)?;
     if let Some((e, b)) = pol {
         if e.lmax() != b.lmax() {
@@ -357,9 +480,11 @@ fn alm2map_impl(
     let tables = Tables::new(lmax, lmax, pol.is_some());
 
     let npix = hp.npix() as usize;
-    let mut tmap = t.map(|_| vec![0.0; npix]);
-    let mut qmap = pol.map(|_| vec![0.0; npix]);
-    let mut umap = pol.map(|_| vec![0.0; npix]);
+    let mut maps: [Option<Vec<T>>; 3] = [
+        t.map(|_| vec![T::default(); npix]),
+        pol.map(|_| vec![T::default(); npix]),
+        pol.map(|_| vec![T::default(); npix]),
+    ];
 
     // FFT plans for every ring length.
     let mut planner = RealFftPlanner::<f64>::new();
@@ -372,80 +497,77 @@ fn alm2map_impl(
             .or_insert_with(|| planner.plan_fft_inverse(n));
     }
 
-    // Split the maps into per-ring slices, then group ring pairs into blocks.
-    let nside_u = nside as usize;
-    let npairs = 2 * nside_u; // north rings 1..=2 nside (ring 2 nside is the equator)
-    let mut t_rings = split_rings(tmap.as_mut(), &rings);
-    let mut q_rings = split_rings(qmap.as_mut(), &rings);
-    let mut u_rings = split_rings(umap.as_mut(), &rings);
-
-    let mut blocks: Vec<Block<'_>> = Vec::new();
+    // Group ring pairs into blocks.
+    let npairs = 2 * nside as usize; // north rings 1..=2 nside (ring 2 nside is the equator)
     let nrings = rings.len();
-    let mut pair = 0;
-    while pair < npairs {
-        let nlane = LANES.min(npairs - pair);
-        let mut lanes = Vec::with_capacity(nlane);
-        for k in 0..nlane {
-            let north = pair + k; // ring index (0-based) of the northern ring
-            let south = nrings - 1 - north;
-            lanes.push(Lane {
-                north: rings[north],
-                south: (south != north).then_some(rings[south]),
-                out_n: [None, None, None],
-                out_s: [None, None, None],
-            });
-        }
-        blocks.push(Block { lanes });
-        pair += nlane;
-    }
-    // Hand the ring slices to their lanes.
-    for block in &mut blocks {
-        for lane in &mut block.lanes {
-            let n = (lane.north.ring - 1) as usize;
-            lane.out_n = [t_rings[n].take(), q_rings[n].take(), u_rings[n].take()];
-            if let Some(s) = lane.south {
-                let s = (s.ring - 1) as usize;
-                lane.out_s = [t_rings[s].take(), q_rings[s].take(), u_rings[s].take()];
-            }
-        }
-    }
+    let blocks: Vec<Block> = (0..npairs)
+        .step_by(LANES)
+        .map(|pair| Block {
+            lanes: (pair..npairs.min(pair + LANES))
+                .map(|north| {
+                    // `north`: 0-based ring index of the northern ring.
+                    let south = nrings - 1 - north;
+                    Lane {
+                        north: rings[north],
+                        south: (south != north).then_some(rings[south]),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
 
     let ctx = SynthesisInputs {
         tables: &tables,
         t,
         pol,
         plans: &plans,
-        avx2_fma,
+        zero_e: pol.map_or(Vec::new(), |(e, _)| zero_rows(e, kernel.skip_zero)),
+        zero_b: pol.map_or(Vec::new(), |(_, b)| zero_rows(b, kernel.skip_zero)),
+        avx2_fma: kernel.avx2_fma,
+    };
+    let out = MapWriter {
+        maps: maps
+            .each_mut()
+            .map(|m| m.as_mut().map_or(std::ptr::null_mut(), |v| v.as_mut_ptr())),
+        npix,
+        order,
+        hp,
     };
     blocks
-        .par_iter_mut()
+        .par_iter()
         .enumerate()
         .filter(|(i, _)| i % part.1 == part.0)
-        .for_each(|(_, block)| synthesize_block(&ctx, block));
-
-    Ok(SynthesisMaps {
-        t: tmap,
-        q: qmap,
-        u: umap,
-    })
+        .for_each_init(RingScratch::default, |scratch, (_, block)| {
+            synthesize_block(&ctx, block, &out, scratch)
+        });
+    // `out` (its pointers) is not used past the loop above.
+    Ok(maps)
 }
 
-/// Splits a RING-ordered map into one mutable slice per ring (all `None` if absent).
-fn split_rings<'a>(
-    map: Option<&'a mut Vec<f64>>,
-    rings: &[crate::math::healpix::RingInfo],
-) -> Vec<Option<&'a mut [f64]>> {
-    match map {
-        None => (0..rings.len()).map(|_| None).collect(),
-        Some(m) => {
-            let mut out = Vec::with_capacity(rings.len());
-            let mut rest: &mut [f64] = m.as_mut_slice();
-            for r in rings {
-                let (a, b) = rest.split_at_mut(r.npix as usize);
-                out.push(Some(a));
-                rest = b;
-            }
-            out
+/// Per `m`: whether all of `alm`'s coefficients of that `m` are zero (±0)
+/// (all `false` when `skip` is false).
+fn zero_rows(alm: &Alm, skip: bool) -> Vec<bool> {
+    (0..=alm.lmax())
+        .map(|m| skip && alm.m_slice(m).iter().all(|c| c.re == 0.0 && c.im == 0.0))
+        .collect()
+}
+
+/// Kernel choices of a synthesis.
+#[derive(Debug, Clone, Copy)]
+struct Kernel {
+    /// Use the AVX2 + FMA kernel (only true when the CPU supports both).
+    avx2_fma: bool,
+    /// Skip the sums of a field whose coefficients of an `m` are all zero
+    /// (the same bits: see `pol_sums`).
+    skip_zero: bool,
+}
+
+impl Kernel {
+    /// The fastest choices for this CPU.
+    fn detect() -> Self {
+        Self {
+            avx2_fma: detect_avx2_fma(),
+            skip_zero: true,
         }
     }
 }
@@ -468,22 +590,23 @@ struct SynthesisInputs<'a> {
     t: Option<&'a Alm>,
     pol: Option<(&'a Alm, &'a Alm)>,
     plans: &'a HashMap<usize, Arc<dyn ComplexToReal<f64>>>,
+    /// Per `m`: whether every E (B) coefficient of that `m` is zero (so its
+    /// sums are skipped); empty without polarisation.
+    zero_e: Vec<bool>,
+    zero_b: Vec<bool>,
     /// Whether the CPU supports AVX2 and FMA (x86_64 run-time detection).
     avx2_fma: bool,
 }
 
-/// One northern ring, its southern mirror (absent for the equator) and their
-/// output slices (T, Q, U).
-struct Lane<'a> {
-    north: crate::math::healpix::RingInfo,
-    south: Option<crate::math::healpix::RingInfo>,
-    out_n: [Option<&'a mut [f64]>; 3],
-    out_s: [Option<&'a mut [f64]>; 3],
+/// One northern ring and its southern mirror (absent for the equator).
+struct Lane {
+    north: RingInfo,
+    south: Option<RingInfo>,
 }
 
 /// Up to [`LANES`] ring pairs processed together.
-struct Block<'a> {
-    lanes: Vec<Lane<'a>>,
+struct Block {
+    lanes: Vec<Lane>,
 }
 
 /// Lanes of a sub-block handled together in the accumulation pass
@@ -526,28 +649,46 @@ fn sub_lanes(row: &[f64; LANES], s: usize) -> V {
     std::array::from_fn(|k| row[s + k])
 }
 
-/// Synthesises one block of ring pairs, choosing the fastest kernel the CPU supports.
-fn synthesize_block(ctx: &SynthesisInputs<'_>, block: &mut Block<'_>) {
+/// Fourier coefficients of a block's rings: per lane, [T, Q, U] × [north,
+/// south], `m = 0..m_used`.
+struct BlockCoef {
+    coef: Vec<[[Vec<Complex64>; 2]; 3]>,
+    m_used: usize,
+}
+
+/// Synthesises one block of ring pairs (the Legendre sums with the fastest
+/// kernel the CPU supports, then one FFT per ring) and stores its rings.
+fn synthesize_block<T: MapValue>(
+    ctx: &SynthesisInputs<'_>,
+    block: &Block,
+    out: &MapWriter<T>,
+    scratch: &mut RingScratch,
+) {
+    let c = block_coefficients(ctx, block);
+    write_rings(ctx, block, &c, out, scratch);
+}
+
+/// The Fourier coefficients of one block's rings.
+fn block_coefficients(ctx: &SynthesisInputs<'_>, block: &Block) -> BlockCoef {
     #[cfg(target_arch = "x86_64")]
     if ctx.avx2_fma {
         // SAFETY: `ctx.avx2_fma` is only true when `is_x86_feature_detected!`
         // reported both AVX2 and FMA support on this CPU (see `alm2map`), which
         // is the sole requirement of the `target_feature` function.
-        unsafe { synthesize_block_avx2_fma(ctx, block) };
-        return;
+        return unsafe { synthesize_block_avx2_fma(ctx, block) };
     }
-    synthesize_block_impl::<false>(ctx, block);
+    synthesize_block_impl::<false>(ctx, block)
 }
 
 /// The block kernel compiled with AVX2 and FMA enabled.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn synthesize_block_avx2_fma(ctx: &SynthesisInputs<'_>, block: &mut Block<'_>) {
-    synthesize_block_impl::<true>(ctx, block);
+fn synthesize_block_avx2_fma(ctx: &SynthesisInputs<'_>, block: &Block) -> BlockCoef {
+    synthesize_block_impl::<true>(ctx, block)
 }
 
 #[inline(always)]
-fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &mut Block<'_>) {
+fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &Block) -> BlockCoef {
     let tb = ctx.tables;
     let lmax = tb.lmax;
     let nl = block.lanes.len();
@@ -670,12 +811,20 @@ fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &mut
             // Pass 2a: temperature, accumulated by parity of j = ℓ − m.
             if let (true, Some(t)) = (need_t, ctx.t) {
                 let alm = t.m_slice(m);
-                let mut acc = [CAcc::default(); 2];
-                for (p, a) in acc.iter_mut().enumerate() {
-                    for j in (p..=t.lmax() - m).step_by(2) {
-                        a.add::<FMA>(alm[j], &sub_lanes(&lam[j], sub));
-                    }
+                // One pass over j = ℓ − m, unrolled by two: each parity's
+                // accumulator sees its terms in increasing j.
+                let (mut even, mut odd) = (CAcc::default(), CAcc::default());
+                let jt = t.lmax() - m;
+                let mut j = 0;
+                while j < jt {
+                    even.add::<FMA>(alm[j], &sub_lanes(&lam[j], sub));
+                    odd.add::<FMA>(alm[j + 1], &sub_lanes(&lam[j + 1], sub));
+                    j += 2;
                 }
+                if j == jt {
+                    even.add::<FMA>(alm[j], &sub_lanes(&lam[j], sub));
+                }
+                let acc = [even, odd];
                 store(&mut coef, sub, nl, 0, m, &acc);
             }
 
@@ -690,47 +839,25 @@ fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &mut
                 let cis2s: V = sub_lanes(&cis2, sub);
                 let mis2: V = std::array::from_fn(|k| mf * is2s[k]);
                 let mcis2: V = std::array::from_fn(|k| mf * cis2s[k]);
-                let jstart = 2usize.saturating_sub(m);
-                // e1/b1[p]: E, B × F¹ of parity p; e2/b2[p]: E, B × F² of parity p.
-                let mut e1 = [CAcc::default(); 2];
-                let mut b1 = [CAcc::default(); 2];
-                let mut e2 = [CAcc::default(); 2];
-                let mut b2 = [CAcc::default(); 2];
-                for p in 0..2 {
-                    let (mut ae1, mut ab1, mut ae2, mut ab2) = (
-                        CAcc::default(),
-                        CAcc::default(),
-                        CAcc::default(),
-                        CAcc::default(),
-                    );
-                    let first = if jstart % 2 == p { jstart } else { jstart + 1 };
-                    for j in (first..=e.lmax() - m).step_by(2) {
-                        let l = m + j;
-                        let lam_l = sub_lanes(&lam[j], sub);
-                        let lam_p = if j > 0 {
-                            sub_lanes(&lam[j - 1], sub)
-                        } else {
-                            [0.0; SUB]
-                        };
-                        let (ca, cl, ch, cd) = (pa[j], pl[j], tb.pol_h[l], tb.pol_d[l]);
-                        let mut f1 = [0.0; SUB];
-                        let mut f2 = [0.0; SUB];
-                        for k in 0..SUB {
-                            let t1 = madd::<FMA>(is2s[k], ca, ch);
-                            f1[k] = madd::<FMA>(t1, lam_l[k], cis2s[k] * cl * lam_p[k]);
-                            f2[k] =
-                                madd::<FMA>(mcis2[k] * cd, lam_l[k], -(mis2[k] * cl * lam_p[k]));
-                        }
-                        ae1.add::<FMA>(ae[j], &f1);
-                        ab1.add::<FMA>(ab[j], &f1);
-                        ae2.add::<FMA>(ae[j], &f2);
-                        ab2.add::<FMA>(ab[j], &f2);
-                    }
-                    e1[p] = ae1;
-                    b1[p] = ab1;
-                    e2[p ^ 1] = ae2;
-                    b2[p ^ 1] = ab2;
-                }
+                let pm = PolM {
+                    ae,
+                    ab,
+                    pa,
+                    pl,
+                    ph: &tb.pol_h[m..],
+                    pd: &tb.pol_d[m..],
+                    jstart: 2usize.saturating_sub(m),
+                    jmax: e.lmax() - m,
+                };
+                let geom = [is2s, cis2s, mis2, mcis2];
+                // A field whose a_ℓm are all zero at this m adds nothing: its
+                // sums stay +0 (see `pol_sums`) and are not computed.
+                let [e1, b1, e2, b2] = match (ctx.zero_e[m], ctx.zero_b[m]) {
+                    (false, false) => pol_sums::<FMA, true, true>(&pm, &lam, sub, &geom),
+                    (false, true) => pol_sums::<FMA, true, false>(&pm, &lam, sub, &geom),
+                    (true, false) => pol_sums::<FMA, false, true>(&pm, &lam, sub, &geom),
+                    (true, true) => [[CAcc::default(); 2]; 4],
+                };
                 // Q_m = −(E·F¹ − i B·F²), U_m = −(B·F¹ + i E·F²)
                 let mut q = [CAcc::default(); 2];
                 let mut u = [CAcc::default(); 2];
@@ -748,35 +875,148 @@ fn synthesize_block_impl<const FMA: bool>(ctx: &SynthesisInputs<'_>, block: &mut
         }
     }
 
-    // FFT each ring.
-    let mut fbuf: Vec<Complex64> = Vec::new();
-    let mut phase: Vec<Complex64> = Vec::new();
-    let m_used = m_end.min(mmax + 1);
-    for (k, lane) in block.lanes.iter_mut().enumerate() {
-        for (hemi, ring, outs) in [
-            (0usize, Some(lane.north), &mut lane.out_n),
-            (1usize, lane.south, &mut lane.out_s),
-        ] {
+    BlockCoef {
+        coef,
+        m_used: m_end.min(mmax + 1),
+    }
+}
+
+/// Per-task scratch of [`write_rings`].
+#[derive(Default)]
+struct RingScratch {
+    fft: Vec<Complex64>,
+    phase: Vec<Complex64>,
+    values: Vec<f64>,
+    index: Vec<usize>,
+}
+
+/// FFTs each ring of a block and stores it in the output maps.
+fn write_rings<T: MapValue>(
+    ctx: &SynthesisInputs<'_>,
+    block: &Block,
+    c: &BlockCoef,
+    out: &MapWriter<T>,
+    s: &mut RingScratch,
+) {
+    let m_used = c.m_used;
+    for (k, lane) in block.lanes.iter().enumerate() {
+        for (hemi, ring) in [(0usize, Some(lane.north)), (1usize, lane.south)] {
             let Some(ring) = ring else { continue };
             // e^{i m φ₀}, shared by the T, Q, U rings.
-            phase.clear();
-            phase.extend((0..m_used).map(|m| {
+            s.phase.clear();
+            s.phase.extend((0..m_used).map(|m| {
                 let (s, c) = (m as f64 * ring.phi0).sin_cos();
                 Complex64::new(c, s)
             }));
-            for (comp, out) in outs.iter_mut().enumerate() {
-                let Some(out) = out.as_deref_mut() else {
+            for comp in 0..3 {
+                if out.maps[comp].is_null() {
                     continue;
-                };
+                }
+                s.values.clear();
+                s.values.resize(ring.npix as usize, 0.0);
                 ring_fft(
-                    &coef[k][comp][hemi][..m_used],
-                    &phase,
+                    &c.coef[k][comp][hemi][..m_used],
+                    &s.phase,
                     ctx.plans,
-                    &mut fbuf,
-                    out,
+                    &mut s.fft,
+                    &mut s.values,
                 );
+                out.put(&ring, comp, &s.values, &mut s.index);
             }
         }
+    }
+}
+
+/// The `m`-dependent inputs of [`pol_sums`]: the E and B coefficients and
+/// the spin-2 factors of `ℓ = m + j`, `j = jstart..=jmax`.
+struct PolM<'a> {
+    ae: &'a [Complex64],
+    ab: &'a [Complex64],
+    /// `pol_a`, `pol_l` from `j = 0`.
+    pa: &'a [f64],
+    pl: &'a [f64],
+    /// `pol_h`, `pol_d` from `ℓ = m`.
+    ph: &'a [f64],
+    pd: &'a [f64],
+    jstart: usize,
+    jmax: usize,
+}
+
+/// The spin-2 sums of one `m` over the lanes `sub..sub+SUB`:
+/// `[E·F¹, B·F¹, E·F², B·F²]`, each split by the parity of `ℓ − m` (`F¹`
+/// has the parity of `λ_ℓm`, `F²` the opposite). `geom` holds the lanes'
+/// `[1/sin²θ, cosθ/sin²θ, m/sin²θ, m cosθ/sin²θ]`.
+///
+/// With `WITH_E` (`WITH_B`) false the E (B) coefficients of this `m` must all
+/// be zero: their sums are then returned as `+0` without being computed,
+/// which are their exact values (each term `±0 · F` is `±0` for a finite
+/// `F`, and `+0 + ±0 = +0`), so the result has the bits of the full sums.
+#[inline(always)]
+fn pol_sums<const FMA: bool, const WITH_E: bool, const WITH_B: bool>(
+    pm: &PolM<'_>,
+    lam: &[[f64; LANES]],
+    sub: usize,
+    geom: &[V; 4],
+) -> [[CAcc; 2]; 4] {
+    // One pass over j, unrolled by two so that each parity keeps its own
+    // accumulators `[E·F¹, B·F¹, E·F², B·F²]` (in registers): every
+    // accumulator sees its terms in the same order as a pass per parity.
+    let (mut even, mut odd) = ([CAcc::default(); 4], [CAcc::default(); 4]);
+    let mut j = pm.jstart;
+    if j % 2 == 1 && j <= pm.jmax {
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j, &mut odd);
+        j += 1;
+    }
+    while j < pm.jmax {
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j, &mut even);
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j + 1, &mut odd);
+        j += 2;
+    }
+    if j == pm.jmax {
+        pol_step::<FMA, WITH_E, WITH_B>(pm, lam, sub, geom, j, &mut even);
+    }
+    // F² has the parity opposite to λ's.
+    let e1 = [even[0], odd[0]];
+    let b1 = [even[1], odd[1]];
+    let e2 = [odd[2], even[2]];
+    let b2 = [odd[3], even[3]];
+    [e1, b1, e2, b2]
+}
+
+/// One term `j` of [`pol_sums`] added to the accumulators `acc` of its
+/// parity (a function, not a closure, so that it is compiled with the
+/// caller's target features).
+#[inline(always)]
+fn pol_step<const FMA: bool, const WITH_E: bool, const WITH_B: bool>(
+    pm: &PolM<'_>,
+    lam: &[[f64; LANES]],
+    sub: usize,
+    geom: &[V; 4],
+    j: usize,
+    acc: &mut [CAcc; 4],
+) {
+    let [is2s, cis2s, mis2, mcis2] = geom;
+    let lam_l = sub_lanes(&lam[j], sub);
+    let lam_p = if j > 0 {
+        sub_lanes(&lam[j - 1], sub)
+    } else {
+        [0.0; SUB]
+    };
+    let (ca, cl, ch, cd) = (pm.pa[j], pm.pl[j], pm.ph[j], pm.pd[j]);
+    let mut f1 = [0.0; SUB];
+    let mut f2 = [0.0; SUB];
+    for k in 0..SUB {
+        let t1 = madd::<FMA>(is2s[k], ca, ch);
+        f1[k] = madd::<FMA>(t1, lam_l[k], cis2s[k] * cl * lam_p[k]);
+        f2[k] = madd::<FMA>(mcis2[k] * cd, lam_l[k], -(mis2[k] * cl * lam_p[k]));
+    }
+    if WITH_E {
+        acc[0].add::<FMA>(pm.ae[j], &f1);
+        acc[2].add::<FMA>(pm.ae[j], &f2);
+    }
+    if WITH_B {
+        acc[1].add::<FMA>(pm.ab[j], &f1);
+        acc[3].add::<FMA>(pm.ab[j], &f2);
     }
 }
 
@@ -867,16 +1107,97 @@ mod tests {
             }
         }
         let pol = Some((&alm[1], &alm[2]));
-        let simd = alm2map_impl(16, Some(&alm[0]), pol, detect_avx2_fma(), (0, 1)).unwrap();
-        let portable = alm2map_impl(16, Some(&alm[0]), pol, false, (0, 1)).unwrap();
+        let run = |avx2_fma| {
+            let kernel = Kernel {
+                avx2_fma,
+                skip_zero: true,
+            };
+            synthesize::<f64>(16, Some(&alm[0]), pol, MapOrder::Ring, kernel, (0, 1)).unwrap()
+        };
+        let [st, sq, su] = run(detect_avx2_fma());
+        let [pt, pq, pu] = run(false);
         for (a, b) in [
-            (simd.t.unwrap(), portable.t.unwrap()),
-            (simd.q.unwrap(), portable.q.unwrap()),
-            (simd.u.unwrap(), portable.u.unwrap()),
+            (st.unwrap(), pt.unwrap()),
+            (sq.unwrap(), pq.unwrap()),
+            (su.unwrap(), pu.unwrap()),
         ] {
             let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             for (x, y) in a.iter().zip(&b) {
                 assert!((x - y).abs() <= 1e-13 * scale, "{x} vs {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn typed_nest_maps_and_parts_match_the_ring_maps() {
+        // f32 NEST (and RING) output = the f64 RING maps converted, bit for
+        // bit; the parts of a split synthesis add up to the whole.
+        let lmax = 40;
+        let nside = 16;
+        let mut alm = [Alm::zeros(lmax), Alm::zeros(lmax), Alm::zeros(lmax)];
+        for (f, a) in alm.iter_mut().enumerate() {
+            for m in 0..=lmax {
+                for l in m.max(2 * (f > 0) as usize)..=lmax {
+                    // B is zero at odd m (the skipped sums).
+                    if f == 2 && m % 2 == 1 {
+                        continue;
+                    }
+                    let x = (l * 5 + m * 11 + f) as f64;
+                    let im = if m == 0 { 0.0 } else { x.sin() };
+                    a.set(l, m, Complex64::new(x.cos(), im));
+                }
+            }
+        }
+        let [t, e, b] = &alm;
+        let ring = alm2map_iqu(nside, t, e, b).unwrap();
+        let nest = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, 0, 1).unwrap();
+        let ring32 = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Ring, 0, 1).unwrap();
+        let hp = Healpix::new(nside).unwrap();
+        for c in 0..3 {
+            for p in 0..hp.npix() {
+                let want = ring[c][hp.nest2ring(p) as usize] as f32;
+                assert_eq!(nest[c][p as usize].to_bits(), want.to_bits(), "{c} {p}");
+            }
+            for (x, y) in ring32[c].iter().zip(&ring[c]) {
+                assert_eq!(x.to_bits(), (*y as f32).to_bits());
+            }
+        }
+        let mut sum = [
+            vec![0.0f32; nest[0].len()],
+            vec![0.0; nest[0].len()],
+            vec![0.0; nest[0].len()],
+        ];
+        for index in 0..3 {
+            let part = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, index, 3).unwrap();
+            for (s, p) in sum.iter_mut().zip(&part) {
+                for (x, y) in s.iter_mut().zip(p) {
+                    *x += y;
+                }
+            }
+        }
+        for (s, n) in sum.iter().zip(&nest) {
+            assert_eq!(s, n);
+        }
+        assert!(alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, 3, 3).is_err());
+        // Skipping the zero B rows gives the bits of the full sums.
+        for (fma, pol) in [
+            (false, (e, b)),
+            (detect_avx2_fma(), (e, b)),
+            (false, (b, e)),
+        ] {
+            let run = |skip_zero| {
+                let kernel = Kernel {
+                    avx2_fma: fma,
+                    skip_zero,
+                };
+                synthesize::<f64>(nside, None, Some(pol), MapOrder::Ring, kernel, (0, 1)).unwrap()
+            };
+            let (skip, full) = (run(true), run(false));
+            for (x, y) in skip.iter().zip(&full) {
+                let bits = |v: &Option<Vec<f64>>| {
+                    v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                assert_eq!(bits(x), bits(y));
             }
         }
     }

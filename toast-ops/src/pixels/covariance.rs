@@ -18,7 +18,10 @@
 //! `nnz = 1` TOAST takes a shortcut that we keep: `rcond = 1` everywhere and
 //! the value is inverted where it is non-zero. [`apply_covariance`] is
 //! `cov_apply_diag`: `m = C z` per pixel, with the per-pixel arithmetic of
-//! the CPU plugin's `cov_apply_diag` kernel (`toast_accel::math`).
+//! the CPU plugin's `cov_apply_diag` kernel (`toast_accel::math`); a pixel
+//! whose map values are all zero (an unhit pixel) is left at `+0` without
+//! reading its covariance, the same bits for a finite covariance, which
+//! makes the map-maker's 25 applications cost a pass over the map alone.
 //!
 //! Every pixel is independent, so the inversion and the application run in
 //! parallel over pixels and give the same bits for any thread count. The
@@ -326,11 +329,31 @@ pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Resul
     // The common sizes with a constant length (unrolled; the same operations
     // in the same order, so the same bits as the generic call).
     match nnz {
-        1 => pairs.for_each(|(m, c)| cov_apply_pixel(&mut m[..1], c)),
-        3 => pairs.for_each(|(m, c)| cov_apply_pixel(&mut m[..3], c)),
-        _ => pairs.for_each(|(m, c)| cov_apply_pixel(m, c)),
+        1 => pairs.for_each(|(m, c)| apply_pixel(&mut m[..1], c)),
+        3 => pairs.for_each(|(m, c)| apply_pixel(&mut m[..3], c)),
+        _ => pairs.for_each(|(m, c)| apply_pixel(m, c)),
     }
     Ok(())
+}
+
+/// [`cov_apply_pixel`] for one pixel, skipping the pixels whose map values
+/// are all zero (every unhit pixel, most of the local pixels of a small
+/// scan): there `C · 0` is `+0` in every component for a finite `C`
+/// (`0.0 + c·(±0) = +0`), so they are set to `+0` without reading their
+/// covariance. A covariance that is NaN or infinite at a pixel where the
+/// map is zero would give NaN in the product; [`invert_covariance`] never
+/// leaves one (its blocks are inverses of positive-definite matrices or
+/// cut to zero).
+#[inline(always)]
+fn apply_pixel(m: &mut [f64], c: &[f64]) {
+    if m.iter().all(|&x| x == 0.0) {
+        // Only a -0 needs a write (clean cache lines stay clean).
+        for x in m.iter_mut().filter(|x| x.to_bits() != 0) {
+            *x = 0.0;
+        }
+        return;
+    }
+    cov_apply_pixel(m, c);
 }
 
 #[cfg(test)]
@@ -416,6 +439,39 @@ mod tests {
             assert!((x - e).abs() < 1e-14, "{:?}", &m.data()[0..3]);
         }
         assert!(apply_covariance(&rcond, &mut m).is_err());
+    }
+
+    #[test]
+    fn zero_map_pixels_match_the_full_product() {
+        // Pixels with an all-zero map (±0) give the bits of cov_apply_pixel
+        // (+0), whatever their finite covariance; the others are the product.
+        let d = dist();
+        for nnz in [1usize, 3, 4] {
+            let mut cov = PixelData::<f64>::new(d.clone(), block_size(nnz));
+            for (i, c) in cov.data_mut().iter_mut().enumerate() {
+                *c = ((i * 7 + 3) % 11) as f64 - 5.5;
+            }
+            let mut map = PixelData::<f64>::new(d.clone(), nnz);
+            for (p, px) in map.data_mut().chunks_mut(nnz).enumerate() {
+                for (k, x) in px.iter_mut().enumerate() {
+                    *x = match p {
+                        0 => 0.0,
+                        1 => -0.0,
+                        2 if k == 0 => -0.0,
+                        2 => 0.0,
+                        _ => (k as f64 + 1.5) * if k % 2 == 0 { 1.0 } else { -0.0 },
+                    };
+                }
+            }
+            let mut want = map.data().to_vec();
+            for (m, c) in want.chunks_mut(nnz).zip(cov.data().chunks(block_size(nnz))) {
+                cov_apply_pixel(m, c);
+            }
+            apply_covariance(&cov, &mut map).unwrap();
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(map.data()), bits(&want), "nnz {nnz}");
+            assert!(map.data()[..nnz].iter().all(|x| x.to_bits() == 0));
+        }
     }
 
     #[test]

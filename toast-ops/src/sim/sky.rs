@@ -32,7 +32,9 @@
 //!   order `√10⁻¹⁰ ≈ 10⁻⁵` of the RMS. This cuts the synthesis cost by ~7× at
 //!   nside 1024.
 //! * **Synthesis**: [`crate::math::sht`] (ring-based Legendre recurrences + FFT, rayon),
-//!   RING → NEST, float32.
+//!   each ring stored as float32 at its NEST pixels as soon as it is
+//!   synthesised ([`sht::alm2map_iqu_as`]): the sky's only full-sky arrays
+//!   are the three float32 maps it returns.
 //! * **TOAST's ordering bug**: TOAST 3.0.6 writes the RING-ordered synfast
 //!   output labelled `ORDERING = 'NESTED'`, so its benchmark actually scans a
 //!   pixel-scrambled sky. [`SkyConfig::toast_ring_as_nest`] reproduces that.
@@ -44,9 +46,9 @@
 use rayon::prelude::*;
 use realfft::num_complex::Complex64;
 
-use crate::math::healpix::{Healpix, HealpixError, Nside};
+use crate::math::healpix::{HealpixError, Nside};
 use crate::math::rng::philox_normal_pair;
-use crate::math::sht::{self, Alm, ShtError};
+use crate::math::sht::{self, Alm, MapOrder, ShtError};
 
 /// Seed TOAST uses (`np.random.seed(123456789)`), our default too.
 pub const TOAST_SKY_SEED: u64 = 123_456_789;
@@ -364,7 +366,7 @@ pub fn synthesize_sky(cfg: &SkyConfig) -> Result<SkyMaps, SkyError> {
 }
 
 /// [`synthesize_sky`] shared by the processes of `comm`: each synthesises
-/// its part of the rings ([`sht::alm2map_iqu_part`]) and an allreduce
+/// its part of the rings ([`sht::alm2map_iqu_as`]) and an allreduce
 /// assembles the whole sky on every process, bit for bit the one-process
 /// sky (every pixel comes from exactly one process).
 pub fn synthesize_sky_on(
@@ -378,39 +380,52 @@ pub fn synthesize_sky_on(
     almxfl(&mut t, &bt);
     almxfl(&mut e, &bp);
     almxfl(&mut b, &bp);
-    let [mut ti, mut tq, mut tu] = if comm.size() == 1 {
-        sht::alm2map_iqu(cfg.nside.get(), &t, &e, &b)?
+    // The synthesis writes float32 maps straight in the output order: no
+    // full-sky float64 or RING-ordered copy is held.
+    let order = if cfg.toast_ring_as_nest {
+        MapOrder::Ring
     } else {
-        sht::alm2map_iqu_part(cfg.nside.get(), &t, &e, &b, comm.rank(), comm.size())?
+        MapOrder::Nest
     };
-    if comm.size() > 1 {
-        for m in [&mut ti, &mut tq, &mut tu] {
-            comm.allreduce_f64(m, toast_core::ReduceOp::Sum)
+    let (index, count) = (comm.rank(), comm.size());
+    let [mut i, mut q, mut u] =
+        sht::alm2map_iqu_as::<f32>(cfg.nside.get(), &t, &e, &b, order, index, count)?;
+    if count > 1 {
+        for m in [&mut i, &mut q, &mut u] {
+            allreduce_part_map(comm, m)
                 .map_err(|e| SkyError::Comm(format!("assembling the sky across processes: {e}")))?;
         }
     }
-    let hp = Healpix::of(cfg.nside);
-    let to_nest = |ring: &[f64]| -> Vec<f32> {
-        if cfg.toast_ring_as_nest {
-            ring.par_iter().map(|&v| v as f32).collect()
-        } else {
-            (0..hp.npix())
-                .into_par_iter()
-                .map(|p| ring[hp.nest2ring(p) as usize] as f32)
-                .collect()
-        }
-    };
-    // One component at a time, each f64 map freed once converted: the
-    // f32 sky is never held beside all three f64 maps.
-    let one = |m: Vec<f64>| to_nest(&m);
     Ok(SkyMaps {
         nside: cfg.nside.get(),
-        i: one(ti),
-        q: one(tq),
-        u: one(tu),
+        i,
+        q,
+        u,
         truncation: tr,
     })
 }
+
+/// Sums the processes' parts of a map (each pixel non-zero on at most one
+/// process: the sum is that value, exactly) through `f64` chunks of
+/// [`ALLREDUCE_CHUNK`] pixels, so the transient is one chunk.
+fn allreduce_part_map(
+    comm: &dyn toast_core::Comm,
+    map: &mut [f32],
+) -> Result<(), toast_core::CommError> {
+    let mut buf = Vec::with_capacity(ALLREDUCE_CHUNK.min(map.len()));
+    for chunk in map.chunks_mut(ALLREDUCE_CHUNK) {
+        buf.clear();
+        buf.extend(chunk.iter().map(|&v| f64::from(v)));
+        comm.allreduce_f64(&mut buf, toast_core::ReduceOp::Sum)?;
+        for (v, &s) in chunk.iter_mut().zip(&buf) {
+            *v = s as f32;
+        }
+    }
+    Ok(())
+}
+
+/// Pixels per collective of [`allreduce_part_map`] (8 MiB of `f64`).
+const ALLREDUCE_CHUNK: usize = 1 << 20;
 
 /// Mean and RMS about the mean of a map.
 pub fn mean_and_rms<T: Copy + Into<f64> + Sync>(map: &[T]) -> (f64, f64) {
@@ -427,6 +442,7 @@ pub fn mean_and_rms<T: Copy + Into<f64> + Sync>(map: &[T]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::math::healpix::Healpix;
 
     #[test]
     fn spectra_match_toast_formula() {

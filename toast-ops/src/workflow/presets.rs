@@ -54,7 +54,7 @@
 //!   sky;
 //! * **the input sky** ([`BYTES_PER_SKY_PIXEL_SCAN`] = 28 B per pixel of
 //!   `12·nside²`, before the scan's pointing exists): the map as
-//!   synthesised or read (3×f64) and one component converted to f32 (each
+//!   read from a file (3×f64; the synthetic sky is 3×f32 from the start) and one component converted to f32 (each
 //!   f64 component is freed once converted); then, while it is scanned,
 //!   the sky (3×f32, [`BYTES_PER_SKY_PIXEL_HELD`] = 12 B) beside the
 //!   timestream of the scan: [`BYTES_PER_DET_SAMPLE_IO`] = 9 B (signal and

@@ -373,15 +373,6 @@ impl<T: Copy + Default> SubmapColumn<'_, T> {
     }
 }
 
-/// One source value, in its own type.
-#[derive(Clone, Copy)]
-enum Num {
-    F32(f32),
-    F64(f64),
-    I32(i32),
-    I64(i64),
-}
-
 impl ColumnSource<'_> {
     pub(super) fn len(&self) -> usize {
         match self {
@@ -407,19 +398,6 @@ impl ColumnSource<'_> {
             ColumnSource::SubmapsF64(c) => c.check(),
             ColumnSource::SubmapsI64(c) => c.check(),
             _ => Ok(()),
-        }
-    }
-
-    /// Value `i`.
-    #[inline]
-    fn get(&self, i: usize) -> Num {
-        match self {
-            ColumnSource::F32(d) => Num::F32(d[i]),
-            ColumnSource::F64(d) => Num::F64(d[i]),
-            ColumnSource::I32(d) => Num::I32(d[i]),
-            ColumnSource::I64(d) => Num::I64(d[i]),
-            ColumnSource::SubmapsF64(c) => Num::F64(c.get(i)),
-            ColumnSource::SubmapsI64(c) => Num::I64(c.get(i)),
         }
     }
 }
@@ -511,12 +489,17 @@ pub(super) fn check_int_ranges(columns: &[WriteColumn<'_>]) -> Result<(), String
         if c.format != ColumnFormat::I32 {
             continue;
         }
-        if !matches!(c.data, ColumnSource::I64(_) | ColumnSource::SubmapsI64(_)) {
-            continue;
-        }
-        let bad = (0..c.data.len()).find_map(|i| match c.data.get(i) {
-            Num::I64(v) if i32::try_from(v).is_err() => Some((i, v)),
-            _ => None,
+        let values = match c.data {
+            ColumnSource::I64(d) => Values::Slice(d),
+            ColumnSource::SubmapsI64(m) => Values::Submaps(m, 0),
+            _ => continue,
+        };
+        let (mut i, mut bad) = (0usize, None);
+        values.for_each(c.data.len(), |v| {
+            if bad.is_none() && i32::try_from(v).is_err() {
+                bad = Some((i, v));
+            }
+            i += 1;
         });
         if let Some((i, v)) = bad {
             return Err(format!(
@@ -619,27 +602,124 @@ pub(super) fn write_rows(
 
 /// Encodes column `c` for rows `first..first + sub.len()/row_bytes` into `sub`
 /// at byte offset `off` of each row. Integer ranges were validated before.
+///
+/// One monomorphic loop per (source type, storage format), reading a
+/// submap column submap by submap: no per-value dispatch or division.
 fn encode_column(sub: &mut [u8], row_bytes: usize, off: usize, first: usize, c: &WriteColumn<'_>) {
-    let size = c.format.size();
-    for (k, row) in sub.chunks_exact_mut(row_bytes).enumerate() {
-        let dst = &mut row[off..off + size];
-        match (c.format, c.data.get(first + k)) {
-            (ColumnFormat::F32, Num::F32(v)) => dst.copy_from_slice(&v.to_be_bytes()),
-            (ColumnFormat::F32, Num::F64(v)) => dst.copy_from_slice(&(v as f32).to_be_bytes()),
-            (ColumnFormat::F32, Num::I32(v)) => dst.copy_from_slice(&(v as f32).to_be_bytes()),
-            (ColumnFormat::F32, Num::I64(v)) => dst.copy_from_slice(&(v as f32).to_be_bytes()),
-            (ColumnFormat::F64, Num::F32(v)) => dst.copy_from_slice(&(v as f64).to_be_bytes()),
-            (ColumnFormat::F64, Num::F64(v)) => dst.copy_from_slice(&v.to_be_bytes()),
-            (ColumnFormat::F64, Num::I32(v)) => dst.copy_from_slice(&(v as f64).to_be_bytes()),
-            (ColumnFormat::F64, Num::I64(v)) => dst.copy_from_slice(&(v as f64).to_be_bytes()),
-            (ColumnFormat::I32, Num::I32(v)) => dst.copy_from_slice(&v.to_be_bytes()),
-            (ColumnFormat::I32, Num::I64(v)) => dst.copy_from_slice(&(v as i32).to_be_bytes()),
-            (ColumnFormat::I64, Num::I32(v)) => dst.copy_from_slice(&(v as i64).to_be_bytes()),
-            (ColumnFormat::I64, Num::I64(v)) => dst.copy_from_slice(&v.to_be_bytes()),
-            (ColumnFormat::I32 | ColumnFormat::I64, Num::F32(_) | Num::F64(_)) => {
-                unreachable!("float to integer columns rejected before writing")
+    let rows = Rows {
+        sub,
+        row_bytes,
+        off,
+    };
+    match c.data {
+        ColumnSource::F32(d) => rows.encode(c.format, Values::Slice(&d[first..])),
+        ColumnSource::F64(d) => rows.encode(c.format, Values::Slice(&d[first..])),
+        ColumnSource::I32(d) => rows.encode(c.format, Values::Slice(&d[first..])),
+        ColumnSource::I64(d) => rows.encode(c.format, Values::Slice(&d[first..])),
+        ColumnSource::SubmapsF64(m) => rows.encode(c.format, Values::Submaps(m, first)),
+        ColumnSource::SubmapsI64(m) => rows.encode(c.format, Values::Submaps(m, first)),
+    }
+}
+
+/// A source value's big-endian bytes in each storage format (`as`
+/// conversions; float → integer columns are refused before encoding, and
+/// int64 → int32 ranges checked).
+trait Encode: Copy + Default {
+    fn e(self) -> [u8; 4];
+    fn d(self) -> [u8; 8];
+    fn j(self) -> [u8; 4];
+    fn k(self) -> [u8; 8];
+}
+
+macro_rules! impl_encode {
+    ($($t:ty),*) => {$(
+        impl Encode for $t {
+            #[inline(always)]
+            fn e(self) -> [u8; 4] {
+                (self as f32).to_be_bytes()
+            }
+            #[inline(always)]
+            fn d(self) -> [u8; 8] {
+                (self as f64).to_be_bytes()
+            }
+            #[inline(always)]
+            fn j(self) -> [u8; 4] {
+                (self as i32).to_be_bytes()
+            }
+            #[inline(always)]
+            fn k(self) -> [u8; 8] {
+                (self as i64).to_be_bytes()
             }
         }
+    )*};
+}
+impl_encode!(f32, f64, i32, i64);
+
+/// The values of consecutive rows of one column, from the first row of a
+/// chunk on.
+enum Values<'a, T> {
+    /// A full-sky slice starting at the chunk's first row.
+    Slice(&'a [T]),
+    /// A submap column and the chunk's first row (pixel).
+    Submaps(SubmapColumn<'a, T>, usize),
+}
+
+impl<T: Copy + Default> Values<'_, T> {
+    /// Calls `f` with the values of the first `n` rows, in order.
+    #[inline(always)]
+    fn for_each(&self, n: usize, mut f: impl FnMut(T)) {
+        match self {
+            Values::Slice(d) => d[..n].iter().for_each(|&v| f(v)),
+            Values::Submaps(m, first) => {
+                let nps = m.n_pix_submap.max(1);
+                let (mut p, end) = (*first, first + n);
+                while p < end {
+                    let stop = end.min((p / nps + 1) * nps);
+                    let loc = m.global2local[p / nps];
+                    if loc < 0 {
+                        (p..stop).for_each(|_| f(T::default()));
+                    } else {
+                        let at = (loc as usize * nps + p % nps) * m.n_value + m.value;
+                        m.data[at..]
+                            .iter()
+                            .step_by(m.n_value)
+                            .take(stop - p)
+                            .for_each(|&v| f(v));
+                    }
+                    p = stop;
+                }
+            }
+        }
+    }
+}
+
+/// The rows of a chunk being encoded, one column at byte offset `off`.
+struct Rows<'a> {
+    sub: &'a mut [u8],
+    row_bytes: usize,
+    off: usize,
+}
+
+impl Rows<'_> {
+    /// Stores `values` (one per row) in `format`.
+    fn encode<T: Encode>(self, format: ColumnFormat, values: Values<'_, T>) {
+        match format {
+            ColumnFormat::F32 => self.fill(&values, T::e),
+            ColumnFormat::F64 => self.fill(&values, T::d),
+            ColumnFormat::I32 => self.fill(&values, T::j),
+            ColumnFormat::I64 => self.fill(&values, T::k),
+        }
+    }
+
+    #[inline(always)]
+    fn fill<T: Encode, const N: usize>(self, values: &Values<'_, T>, enc: impl Fn(T) -> [u8; N]) {
+        let (off, n) = (self.off, self.sub.len() / self.row_bytes);
+        let mut rows = self.sub.chunks_exact_mut(self.row_bytes);
+        values.for_each(n, |v| {
+            if let Some(row) = rows.next() {
+                row[off..off + N].copy_from_slice(&enc(v));
+            }
+        });
     }
 }
 
