@@ -130,6 +130,13 @@ impl<T> SharedMut<T> {
         }
     }
 
+    /// The first element's address, for a caller that computes in-bounds
+    /// element addresses itself.
+    #[inline]
+    pub(crate) fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     /// The elements `[start, start + len)`. Panics when out of bounds, so a
     /// logic error can never touch memory outside the array.
     ///
