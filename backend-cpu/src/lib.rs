@@ -329,8 +329,9 @@ unsafe extern "C" fn kernel_entry<A: CpuKernel>(ctx: *mut c_void, args: *const A
         if A::inline(a) {
             // SAFETY: validated above; arrays are host memory (we are
             // host-addressable) of the validated lengths. The kernel runs
-            // serially on this thread (CpuKernel::inline's contract).
-            return unsafe { A::run(&v, a) };
+            // on this thread, at most with one pool thread taking half of
+            // it (CpuKernel::inline's contract).
+            return c.inline(|| unsafe { A::run(&v, a) });
         }
         let job = AssertSend((v, a));
         c.install(move || {

@@ -7,7 +7,7 @@
 //! view, and `amp_offset[i] + sum(n_amp_views) <= n_amp` bounds the block.
 
 use crate::arrays::{self, Arg};
-use crate::par::{for_each_chunk, SharedMut};
+use crate::par::{for_each_chunk, split_in_two, SharedMut};
 use rayon::prelude::*;
 use toast_accel::abi::{
     TemplateOffsetAddArgs, TemplateOffsetPrecondArgs, TemplateOffsetProjectArgs,
@@ -240,7 +240,17 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
             }
         };
         if serial {
-            body(((out, var), flags));
+            let mid = out.len() / 2;
+            let (o0, o1) = out.split_at_mut(mid);
+            let mut o1 = Some(o1);
+            split_in_two(
+                || body(((o0, &var[..mid]), &flags[..mid])),
+                || {
+                    if let Some(o1) = o1.take() {
+                        body(((o1, &var[mid..]), &flags[mid..]));
+                    }
+                },
+            );
         } else {
             out.par_chunks_mut(CHUNK)
                 .zip(var.par_chunks(CHUNK))
@@ -269,7 +279,17 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
             }
         };
         if serial {
-            body((((out, inp), var), flags));
+            let mid = out.len() / 2;
+            let (o0, o1) = out.split_at_mut(mid);
+            let mut o1 = Some(o1);
+            split_in_two(
+                || body((((o0, &inp[..mid]), &var[..mid]), &flags[..mid])),
+                || {
+                    if let Some(o1) = o1.take() {
+                        body((((o1, &inp[mid..]), &var[mid..]), &flags[mid..]));
+                    }
+                },
+            );
         } else {
             out.par_chunks_mut(CHUNK)
                 .zip(inp.par_chunks(CHUNK))
