@@ -7,6 +7,12 @@
 //! element is then written by one task only, in exactly TOAST's order
 //! (detector, interval, sample), whatever the number of threads, even when
 //! two detectors share an output row or intervals overlap.
+//!
+//! A short call (tens of microseconds) runs on the calling thread instead
+//! ([`with_helper`], [`split_in_two`]): the caller offers one half of it to a
+//! pool thread and runs the other; an awake pool thread takes the half at
+//! once, and if none has by the time the caller is done, the caller runs it
+//! too. Each element is computed by the same expression either way.
 
 use rayon::prelude::*;
 use toast_accel::abi::SampleRange;
