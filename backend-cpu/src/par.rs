@@ -295,3 +295,58 @@ pub(crate) fn split_in_two(first: impl FnOnce(), mut second: impl FnMut() + Send
     }
     drop(join);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both halves run exactly once, with or without a helper pool, and the
+    /// helper is only set inside `with_helper`.
+    #[test]
+    fn split_in_two_runs_each_half_once() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let n = 50_000;
+        let input: Vec<f64> = (0..n).map(|i| i as f64 * 0.5).collect();
+        let want: Vec<f64> = input.iter().map(|x| x * 3.0).collect();
+        let run = |out: &mut [f64]| {
+            let (o0, o1) = out.split_at_mut(n / 2);
+            let mut o1 = Some(o1);
+            let mut calls = 0;
+            split_in_two(
+                || {
+                    for (o, x) in o0.iter_mut().zip(&input[..n / 2]) {
+                        *o += x * 3.0;
+                    }
+                },
+                || {
+                    calls += 1;
+                    if let Some(o1) = o1.take() {
+                        for (o, x) in o1.iter_mut().zip(&input[n / 2..]) {
+                            *o += x * 3.0;
+                        }
+                    }
+                },
+            );
+            calls
+        };
+        let mut out = vec![0.0; n];
+        assert_eq!(run(&mut out), 1);
+        assert_eq!(out, want);
+        for _ in 0..200 {
+            let mut out = vec![0.0; n];
+            let calls = with_helper(Some(&pool), || run(&mut out));
+            assert_eq!(calls, 1);
+            assert_eq!(out, want);
+        }
+        assert!(HELPER.with(|h| h.get()).is_null());
+        // A one-thread pool is no helper.
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        with_helper(Some(&one), || assert!(HELPER.with(|h| h.get()).is_null()));
+    }
+}
