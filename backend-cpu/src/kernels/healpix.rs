@@ -267,15 +267,22 @@ impl Hpix {
             if !(0..d).contains(&ip) {
                 ip = ip.wrapping_sub(ip.wrapping_div(d));
             }
-            if region > 0 {
-                ir.wrapping_mul(2)
-                    .wrapping_mul(ir.wrapping_sub(1))
-                    .wrapping_add(ip)
-            } else {
-                self.npix
-                    .wrapping_sub(ir.wrapping_mul(2).wrapping_mul(ir.wrapping_add(1)))
-                    .wrapping_add(ip)
-            }
+            self.polar_ring_pixel(region, ir, ip)
+        }
+    }
+
+    /// The RING pixel of ring `ir`, position `ip` of a polar cap (north for
+    /// `region > 0`).
+    #[inline(always)]
+    fn polar_ring_pixel(&self, region: i32, ir: i64, ip: i64) -> i64 {
+        if region > 0 {
+            ir.wrapping_mul(2)
+                .wrapping_mul(ir.wrapping_sub(1))
+                .wrapping_add(ip)
+        } else {
+            self.npix
+                .wrapping_sub(ir.wrapping_mul(2).wrapping_mul(ir.wrapping_add(1)))
+                .wrapping_add(ip)
         }
     }
 
@@ -498,15 +505,7 @@ mod tests {
             let ir = jp.wrapping_add(jm).wrapping_add(1);
             let mut ip = c_i64(tt * ir as f64);
             ip = ip.wrapping_sub(ip.wrapping_div(ir.wrapping_mul(4)));
-            if region > 0 {
-                ir.wrapping_mul(2)
-                    .wrapping_mul(ir.wrapping_sub(1))
-                    .wrapping_add(ip)
-            } else {
-                hp.npix
-                    .wrapping_sub(ir.wrapping_mul(2).wrapping_mul(ir.wrapping_add(1)))
-                    .wrapping_add(ip)
-            }
+            hp.polar_ring_pixel(region, ir, ip)
         };
         let mut r = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
