@@ -237,7 +237,10 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
         let out = unsafe { arrays::output::<f64>(K, "amplitudes_out", a.amplitudes_out)? };
         let body = |((o, va), f): ((&mut [f64], &[f64]), &[u8])| {
             for ((o, &va), &f) in o.iter_mut().zip(va).zip(f) {
-                *o = if f == 0 { *o * va } else { 0.0 };
+                // The product for every element, then a select: the loop
+                // vectorises (a branch around the product does not).
+                let x = *o * va;
+                *o = if f == 0 { x } else { 0.0 };
             }
         };
         if serial {
@@ -276,7 +279,9 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
         type Piece<'a> = (((&'a mut [f64], &'a [f64]), &'a [f64]), &'a [u8]);
         let body = |(((o, i), va), f): Piece<'_>| {
             for (((o, &i), &va), &f) in o.iter_mut().zip(i).zip(va).zip(f) {
-                *o = if f == 0 { i * va } else { 0.0 };
+                // As above: product, then select.
+                let x = i * va;
+                *o = if f == 0 { x } else { 0.0 };
             }
         };
         if serial {
