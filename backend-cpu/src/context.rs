@@ -105,6 +105,12 @@ impl CpuContext {
         }
     }
 
+    /// Run `f` on this thread, with this context's pool as the helper of
+    /// [`crate::par::split_in_two`] (a short kernel's second half).
+    pub(crate) fn inline<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::par::with_helper(self.pool.as_ref(), f)
+    }
+
     /// Run `f` on this context's pool.
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {

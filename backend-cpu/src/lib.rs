@@ -69,7 +69,25 @@
 //!   order, starting from its current value (TOAST's `omp atomic` order with
 //!   one thread). Detectors whose amplitude blocks overlap run one after the
 //!   other;
-//! * `template_offset_apply_diag_precond` is element-wise over chunks.
+//! * `cov_accum_diag_hits` / `cov_accum_diag_invnpp` give every pixel one
+//!   owning task (blocks of 1024 flat pixels dealt round robin); each task
+//!   scans every sample and accumulates those of its pixels, in sample order.
+//!   With one thread it is one pass; each pass asks for the cache line of
+//!   the pixel 16 samples ahead (the scatter into a map of hundreds of MB is
+//!   bound by cache and TLB misses);
+//! * `filter_polynomial` runs disjoint scans in parallel (overlapping ones in
+//!   order), and fits a scan's Legendre normal matrix and its first signal's
+//!   right-hand side in one pass;
+//! * `template_offset_apply_diag_precond` is element-wise over chunks; a short
+//!   call (`CpuKernel::inline`, below 2^17 amplitudes) runs on the
+//!   calling thread, which offers half of it to one pool thread
+//!   (`par::split_in_two`): an awake pool thread takes it at once, a sleeping
+//!   one costs only the offer (the caller then does both halves), so a short
+//!   call never waits for a wake-up, which costs more than the call.
+//!
+//! The pool's hand-over (the caller sleeps until a pool thread has run the
+//! kernel) costs tens of microseconds, which a call of milliseconds does not
+//! notice.
 //!
 //! # Bit-exactness
 //!
@@ -329,8 +347,9 @@ unsafe extern "C" fn kernel_entry<A: CpuKernel>(ctx: *mut c_void, args: *const A
         if A::inline(a) {
             // SAFETY: validated above; arrays are host memory (we are
             // host-addressable) of the validated lengths. The kernel runs
-            // serially on this thread (CpuKernel::inline's contract).
-            return unsafe { A::run(&v, a) };
+            // on this thread, at most with one pool thread taking half of
+            // it (CpuKernel::inline's contract).
+            return c.inline(|| unsafe { A::run(&v, a) });
         }
         let job = AssertSend((v, a));
         c.install(move || {

@@ -7,6 +7,12 @@
 //! element is then written by one task only, in exactly TOAST's order
 //! (detector, interval, sample), whatever the number of threads, even when
 //! two detectors share an output row or intervals overlap.
+//!
+//! A short call (tens of microseconds) runs on the calling thread instead
+//! ([`with_helper`], [`split_in_two`]): the caller offers one half of it to a
+//! pool thread and runs the other; an awake pool thread takes the half at
+//! once, and if none has by the time the caller is done, the caller runs it
+//! too. Each element is computed by the same expression either way.
 
 use rayon::prelude::*;
 use toast_accel::abi::SampleRange;
@@ -130,6 +136,13 @@ impl<T> SharedMut<T> {
         }
     }
 
+    /// The first element's address, for a caller that computes in-bounds
+    /// element addresses itself.
+    #[inline]
+    pub(crate) fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     /// The elements `[start, start + len)`. Panics when out of bounds, so a
     /// logic error can never touch memory outside the array.
     ///
@@ -147,5 +160,193 @@ impl<T> SharedMut<T> {
         // SAFETY: in bounds (checked above) of the array this was built from,
         // which outlives the kernel call; exclusivity is the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Short calls: the caller and one pool thread, each half of the work.
+
+thread_local! {
+    /// The pool that [`split_in_two`] may hand the second half to: set by
+    /// [`with_helper`] around a kernel that runs on the calling thread
+    /// (`CpuKernel::inline`), unset otherwise.
+    static HELPER: std::cell::Cell<*const rayon::ThreadPool> =
+        const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Run `f` on this thread with `pool` (when it has two threads or more) as
+/// the helper of [`split_in_two`].
+pub(crate) fn with_helper<R>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R) -> R {
+    /// Restores the previous helper, also when `f` unwinds.
+    struct Restore(*const rayon::ThreadPool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            HELPER.with(|h| h.set(self.0));
+        }
+    }
+    let p = pool
+        .filter(|p| p.current_num_threads() >= 2)
+        .map_or(std::ptr::null(), |p| p as *const rayon::ThreadPool);
+    let _restore = Restore(HELPER.with(|h| h.replace(p)));
+    f()
+}
+
+/// Where the second half of a [`split_in_two`] call stands.
+const PENDING: u8 = 0;
+const HELPER_RUNS: u8 = 1;
+const CALLER_RUNS: u8 = 2;
+const HELPER_DONE: u8 = 3;
+
+/// What the pool's job holds: the second half's work (its lifetime erased)
+/// and its state, shared with the caller.
+struct HalfJob {
+    state: std::sync::atomic::AtomicU8,
+    work: *mut (dyn FnMut() + Send),
+}
+
+// SAFETY: `work` is a `Send` closure that exactly one thread calls: the
+// pool's job only after winning `state` from PENDING to HELPER_RUNS (the
+// caller then does not return, so the closure stays alive, until the state
+// is HELPER_DONE), the caller only after winning it to CALLER_RUNS.
+unsafe impl Send for HalfJob {}
+// SAFETY: as above.
+unsafe impl Sync for HalfJob {}
+
+/// Run `first()` and `second()` (which touch disjoint data) and return when
+/// both are done. Without a helper pool ([`with_helper`]) both run here, in
+/// order. With one, `second` is offered to a pool thread while this thread
+/// runs `first`; if no pool thread has taken it by then, this thread runs it
+/// too. The caller never sleeps waiting for the pool: a pool thread that is
+/// awake (as after the calls before) takes the half at once, and a sleeping
+/// one costs only the offer, not its wake-up. TOAST's OpenMP threads, which
+/// spin between parallel regions, give short calls the same.
+pub(crate) fn split_in_two(first: impl FnOnce(), mut second: impl FnMut() + Send) {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+    let pool = HELPER.with(|h| h.get());
+    if pool.is_null() {
+        first();
+        second();
+        return;
+    }
+    let work: &mut (dyn FnMut() + Send) = &mut second;
+    // SAFETY: only the lifetime is erased; see HalfJob's Send impl for why
+    // the pointer is not used after `second` is dropped.
+    let work: *mut (dyn FnMut() + Send) = unsafe { std::mem::transmute(work) };
+    let job = std::sync::Arc::new(HalfJob {
+        state: std::sync::atomic::AtomicU8::new(PENDING),
+        work,
+    });
+    let theirs = std::sync::Arc::clone(&job);
+    // SAFETY: HELPER is only set, by `with_helper`, to a pool that outlives
+    // the call it wraps (the context's, which lives until `shutdown`).
+    let pool = unsafe { &*pool };
+    pool.spawn(move || {
+        if theirs
+            .state
+            .compare_exchange(PENDING, HELPER_RUNS, AcqRel, Acquire)
+            .is_ok()
+        {
+            /// Marks the half done, also if it unwinds.
+            struct Done<'a>(&'a HalfJob);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.state.store(HELPER_DONE, Release);
+                }
+            }
+            let _done = Done(&theirs);
+            // SAFETY: we won the half; the caller waits for HELPER_DONE
+            // before `second` goes out of scope.
+            unsafe { (*theirs.work)() };
+        }
+    });
+    /// On leaving (also by unwinding out of `first`): take the half back if
+    /// no pool thread has it, else wait until it is done, so that `second`
+    /// is never dropped while a pool thread runs it.
+    struct Join<'a>(&'a HalfJob);
+    impl Drop for Join<'_> {
+        fn drop(&mut self) {
+            let state = &self.0.state;
+            let mut spins = 0u32;
+            loop {
+                match state.compare_exchange(PENDING, CALLER_RUNS, AcqRel, Acquire) {
+                    Ok(_) | Err(CALLER_RUNS) | Err(HELPER_DONE) => return,
+                    Err(_) => {}
+                }
+                spins += 1;
+                if spins < 1 << 12 {
+                    std::hint::spin_loop();
+                } else {
+                    // The pool thread was descheduled mid-half: let it run.
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+    let join = Join(&job);
+    first();
+    if job
+        .state
+        .compare_exchange(PENDING, CALLER_RUNS, AcqRel, Acquire)
+        .is_ok()
+    {
+        // SAFETY: we won the half (no pool thread calls it); `work` points
+        // at `second`, which lives until this function returns.
+        unsafe { (*job.work)() };
+    }
+    drop(join);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both halves run exactly once, with or without a helper pool, and the
+    /// helper is only set inside `with_helper`.
+    #[test]
+    fn split_in_two_runs_each_half_once() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let n = 50_000;
+        let input: Vec<f64> = (0..n).map(|i| i as f64 * 0.5).collect();
+        let want: Vec<f64> = input.iter().map(|x| x * 3.0).collect();
+        let run = |out: &mut [f64]| {
+            let (o0, o1) = out.split_at_mut(n / 2);
+            let mut o1 = Some(o1);
+            let mut calls = 0;
+            split_in_two(
+                || {
+                    for (o, x) in o0.iter_mut().zip(&input[..n / 2]) {
+                        *o += x * 3.0;
+                    }
+                },
+                || {
+                    calls += 1;
+                    if let Some(o1) = o1.take() {
+                        for (o, x) in o1.iter_mut().zip(&input[n / 2..]) {
+                            *o += x * 3.0;
+                        }
+                    }
+                },
+            );
+            calls
+        };
+        let mut out = vec![0.0; n];
+        assert_eq!(run(&mut out), 1);
+        assert_eq!(out, want);
+        for _ in 0..200 {
+            let mut out = vec![0.0; n];
+            let calls = with_helper(Some(&pool), || run(&mut out));
+            assert_eq!(calls, 1);
+            assert_eq!(out, want);
+        }
+        assert!(HELPER.with(|h| h.get()).is_null());
+        // A one-thread pool is no helper.
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        with_helper(Some(&one), || assert!(HELPER.with(|h| h.get()).is_null()));
     }
 }

@@ -241,7 +241,17 @@ impl Hpix {
                     .wrapping_add(ip),
             )
         } else {
-            let tp = tt - tt.floor();
+            // `tt - floor(tt)`; for tt >= 0 (every tt but a NaN, or one
+            // rounding below 0) floor is the truncation, one instruction
+            // where `floor` is a call on baseline x86-64. tp may then be
+            // +0.0 where floor gives -0.0 (tt = -0.0), which changes no
+            // product's truncation below.
+            let tp = tt
+                - if tt >= 0.0 {
+                    c_i64(tt) as f64
+                } else {
+                    tt.floor()
+                };
             let temp1 = self.dnside * rtz;
             let jp = c_i64(tp * temp1);
             let jm = c_i64((1.0 - tp) * temp1);
@@ -252,16 +262,27 @@ impl Hpix {
                 // C divides by zero here; only reachable from non-finite input.
                 return i64::MIN;
             }
-            ip = ip.wrapping_sub(ip.wrapping_div(d));
-            if region > 0 {
-                ir.wrapping_mul(2)
-                    .wrapping_mul(ir.wrapping_sub(1))
-                    .wrapping_add(ip)
-            } else {
-                self.npix
-                    .wrapping_sub(ir.wrapping_mul(2).wrapping_mul(ir.wrapping_add(1)))
-                    .wrapping_add(ip)
+            // `ip - ip / d`: the quotient is 0 for 0 <= ip < d (the usual
+            // case, tt < 4), so the division is skipped there.
+            if !(0..d).contains(&ip) {
+                ip = ip.wrapping_sub(ip.wrapping_div(d));
             }
+            self.polar_ring_pixel(region, ir, ip)
+        }
+    }
+
+    /// The RING pixel of ring `ir`, position `ip` of a polar cap (north for
+    /// `region > 0`).
+    #[inline(always)]
+    fn polar_ring_pixel(&self, region: i32, ir: i64, ip: i64) -> i64 {
+        if region > 0 {
+            ir.wrapping_mul(2)
+                .wrapping_mul(ir.wrapping_sub(1))
+                .wrapping_add(ip)
+        } else {
+            self.npix
+                .wrapping_sub(ir.wrapping_mul(2).wrapping_mul(ir.wrapping_add(1)))
+                .wrapping_add(ip)
         }
     }
 
@@ -469,6 +490,59 @@ mod tests {
             assert_eq!(Hpix::tt(phi).to_bits(), reference(phi).to_bits(), "{phi}");
         }
         assert!(Hpix::tt(f64::NAN).is_nan());
+    }
+
+    /// The polar branch of `hpix_zphi2ring` as TOAST writes it (`floor`, and
+    /// the division always done), against [`Hpix::zphi2ring`]'s shortcuts.
+    #[test]
+    fn ring_polar_shortcuts_match_toast() {
+        let reference = |hp: &Hpix, phi: f64, region: i32, rtz: f64| {
+            let tt = Hpix::tt(phi);
+            let tp = tt - tt.floor();
+            let temp1 = hp.dnside * rtz;
+            let jp = c_i64(tp * temp1);
+            let jm = c_i64((1.0 - tp) * temp1);
+            let ir = jp.wrapping_add(jm).wrapping_add(1);
+            let mut ip = c_i64(tt * ir as f64);
+            ip = ip.wrapping_sub(ip.wrapping_div(ir.wrapping_mul(4)));
+            hp.polar_ring_pixel(region, ir, ip)
+        };
+        let mut r = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            (r >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut phis = vec![0.0, -0.0, PI, -PI, 1e-300, -1e-300, 2.0 * PI, -2.0 * PI];
+        phis.extend((-400..=400).map(|k| k as f64 * PI / 200.0));
+        phis.extend(
+            (-4..=4).map(|k: i64| f64::from_bits((2.0 * PI).to_bits().wrapping_add(k as u64))),
+        );
+        phis.extend(
+            (-4..=4).map(|k: i64| f64::from_bits((-2.0 * PI).to_bits().wrapping_add(k as u64))),
+        );
+        for (nside, factor) in [(1, 0), (4, 2), (2048, 11), (8192, 13)] {
+            let hp = Hpix::new(nside, factor);
+            let mut cases: Vec<(f64, f64)> = phis.iter().map(|&p| (p, 0.9)).collect();
+            cases.extend((0..20_000).map(|_| ((next() - 0.5) * 2.0 * PI, next())));
+            cases.extend((0..200).map(|_| (next() * PI, 1.0 - next() * 1e-12)));
+            for (phi, za) in cases {
+                for z in [za, -za] {
+                    let za = z.abs();
+                    if za <= TWOTHIRDS {
+                        continue;
+                    }
+                    let region = if z > 0.0 { 2 } else { -2 };
+                    let rtz = (3.0 * (1.0 - za)).sqrt();
+                    assert_eq!(
+                        hp.zphi2ring(phi, region, z, rtz),
+                        reference(&hp, phi, region, rtz),
+                        "nside {nside}, phi {phi}, z {z}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -5,10 +5,16 @@
 //!
 //! Plain functions over slices, and the plugin's entries ([`run_hits`],
 //! [`run_invnpp`]) that call them. Deterministic parallel accumulation as in
-//! `mapmaker.rs`: the flat local pixel axis is split into one range per task;
-//! every task walks all samples in order and accumulates only the samples of
-//! its pixels, so every element is summed in sample order, bit-identical to
-//! TOAST's one-thread run for any thread count.
+//! `mapmaker.rs`: every pixel has one owning task (blocks of 1024 flat
+//! pixels dealt round robin, so that a detector's scan, which may stay in one
+//! part of the sky for a whole call, is shared evenly); every task walks all
+//! samples in order and accumulates only the samples of its pixels, so every
+//! element is summed in sample order, bit-identical to TOAST's one-thread
+//! run for any thread count. With one thread it is one plain pass. The
+//! accumulation is a scatter into a map of hundreds of MB, bound by cache
+//! and TLB misses: each pass asks for the cache line of the pixel a few
+//! samples ahead (a prefetch, which changes no result), and `invnpp` with
+//! nnz = 1 or 3 is compiled for that size (its six products unrolled).
 //!
 //! [`run_apply`] is `cov_apply_diag` (`toast::cov_apply_diag`, FORMAT.md
 //! section 15): `vec ← mat · vec` per pixel. Pixels are independent, so it
@@ -151,11 +157,97 @@ fn check_common(
     Ok(npix as usize / per_pixel)
 }
 
-/// Call `f(i, hpx, out)` for every sample `i` TOAST accumulates, in sample
-/// order per pixel: `out` is the `per_pixel` elements of flat pixel `hpx`.
-/// The pixels are split into one range per task; each task walks every
-/// sample and takes those of its pixels, so each element is written by one
-/// task, in sample order, and every task meets the same first fault.
+/// The output map of [`accumulate`]: `nsub * nsubpix` pixels of
+/// `per_pixel` elements.
+struct Pixels<T> {
+    nsub: i64,
+    nsubpix: i64,
+    per_pixel: usize,
+    out: SharedMut<T>,
+}
+
+impl<T> Pixels<T> {
+    /// One task's pass: `f(i, pixel)` for every sample `i`, in order, whose
+    /// submap and pixel are in the map and whose flat pixel `keep` accepts;
+    /// the first sample beyond the map (not negative, not in it) ends the
+    /// pass with its fault. Samples with a negative submap (not local) or
+    /// pixel (flagged) are skipped, as TOAST skips them.
+    ///
+    /// # Safety
+    /// While the pass runs, no other task may touch a pixel `keep` accepts.
+    #[inline(always)]
+    unsafe fn pass<F, K>(&self, submap: &[i64], subpix: &[i64], f: &F, keep: K) -> TaskResult
+    where
+        F: Fn(usize, *mut T),
+        K: Fn(usize) -> bool,
+    {
+        let (nsub, nsubpix) = (self.nsub, self.nsubpix);
+        let base = self.out.as_mut_ptr();
+        let n = submap.len().min(subpix.len());
+        for (i, (&sm, &px)) in submap.iter().zip(subpix).enumerate() {
+            if i + PREFETCH_AHEAD < n {
+                let (sa, pa) = (submap[i + PREFETCH_AHEAD], subpix[i + PREFETCH_AHEAD]);
+                if (sa as u64) < nsub as u64 && (pa as u64) < nsubpix as u64 {
+                    let ha = (sa * nsubpix + pa) as usize;
+                    if keep(ha) {
+                        prefetch(base.wrapping_add(ha * self.per_pixel));
+                    }
+                }
+            }
+            // Compared as unsigned, a negative value is beyond the map too.
+            if (sm as u64) < nsub as u64 && (px as u64) < nsubpix as u64 {
+                let hpx = (sm * nsubpix + px) as usize;
+                if keep(hpx) {
+                    // SAFETY: hpx < nsub * nsubpix, the pixels of `out`
+                    // (`accumulate` built this from them), so the pixel's
+                    // elements lie inside it; the caller's contract makes
+                    // them this task's.
+                    f(i, unsafe { base.add(hpx * self.per_pixel) });
+                }
+            } else if sm >= 0 && px >= 0 {
+                return Err(beyond_the_map(nsub, nsubpix, sm, px, i));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many samples ahead [`Pixels::pass`] asks for the pixel's cache line.
+const PREFETCH_AHEAD: usize = 16;
+
+/// A hint to load the cache line at `p` (no effect on the results; never
+/// faults, whatever the address).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it reads nothing architecturally and
+    // does not fault on any address, and SSE is part of x86_64's baseline.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Pixels per ownership block of [`accumulate`]'s tasks: task `t` of `n`
+/// owns the flat pixels `hpx` with `(hpx >> OWNER_SHIFT) % n == t`. Blocks
+/// of 1024 pixels interleave the tasks over the whole map, so that one
+/// detector's scan (which may stay in one part of the sky for a whole call)
+/// is shared evenly, while a block is still large enough that neighbouring
+/// samples mostly land in the same task.
+const OWNER_SHIFT: u32 = 10;
+
+/// Call `f(i, out)` for every sample `i` TOAST accumulates, in sample order
+/// per pixel: `out` is the `per_pixel` elements of flat pixel `hpx` (a
+/// pointer to `per_pixel` elements of `out`).
+///
+/// With one thread, one pass over the samples. With more, every pixel has
+/// one owning task (blocks of `2^OWNER_SHIFT` pixels dealt round robin);
+/// each task walks every sample in order and takes those of its pixels, so
+/// each element is written by one task, in sample order, bit-identical to
+/// the one-thread pass, and every task meets the same first fault (after
+/// accumulating the samples before it, as the one-thread pass does).
 #[allow(clippy::too_many_arguments)]
 fn accumulate<T: Send, F>(
     kernel: &str,
@@ -168,35 +260,44 @@ fn accumulate<T: Send, F>(
     f: F,
 ) -> Result<(), PluginError>
 where
-    F: Fn(usize, &mut [T]) + Sync,
+    F: Fn(usize, *mut T) + Sync,
 {
     let npix = out.len() / per_pixel;
-    let parts = rayon::current_num_threads().clamp(1, npix.max(1));
-    let shared = SharedMut::new(out);
-    (0..parts)
-        .into_par_iter()
-        .map(|t| -> TaskResult {
-            let (lo, hi) = (t * npix / parts, (t + 1) * npix / parts);
-            for (i, (&sm, &px)) in submap.iter().zip(subpix).enumerate() {
-                // A negative submap (not local) or pixel (flagged): skipped,
-                // as TOAST skips it.
-                if sm < 0 || px < 0 {
-                    continue;
+    debug_assert!(npix as u64 == nsub as u64 * nsubpix as u64 && nsub >= 1 && nsubpix >= 1);
+    let blocks = (npix >> OWNER_SHIFT) + 1;
+    let parts = rayon::current_num_threads().clamp(1, blocks);
+    let map = Pixels {
+        nsub,
+        nsubpix,
+        per_pixel,
+        out: SharedMut::new(out),
+    };
+    let result = if parts == 1 {
+        // SAFETY: the one task owns every pixel.
+        unsafe { map.pass(submap, subpix, &f, |_| true) }
+    } else {
+        // A mask when it can (the usual 2 or 4 threads): the test runs twice
+        // per sample, and a division takes tens of cycles.
+        let mask = parts.is_power_of_two().then_some(parts - 1);
+        (0..parts)
+            .into_par_iter()
+            .map(|t| {
+                // SAFETY: task t keeps the pixels of the blocks b with
+                // b % parts == t: no two tasks keep the same pixel.
+                unsafe {
+                    match mask {
+                        Some(m) => {
+                            map.pass(submap, subpix, &f, |hpx| (hpx >> OWNER_SHIFT) & m == t)
+                        }
+                        None => {
+                            map.pass(submap, subpix, &f, |hpx| (hpx >> OWNER_SHIFT) % parts == t)
+                        }
+                    }
                 }
-                if sm >= nsub || px >= nsubpix {
-                    return Err(beyond_the_map(nsub, nsubpix, sm, px, i));
-                }
-                let hpx = (sm * nsubpix + px) as usize;
-                if hpx < lo || hpx >= hi {
-                    continue;
-                }
-                // SAFETY: only the task owning pixels [lo, hi) touches them.
-                f(i, unsafe { shared.slice_mut(hpx * per_pixel, per_pixel) });
-            }
-            Ok(())
-        })
-        .reduce(|| Ok(()), first_fault)
-        .map_err(|f| super::fault_error(kernel, f))
+            })
+            .reduce(|| Ok(()), first_fault)
+    };
+    result.map_err(|f| super::fault_error(kernel, f))
 }
 
 /// `hits[submap[i] * nsubpix + subpix[i]] += 1` for every sample with a
@@ -224,7 +325,9 @@ pub(crate) fn cov_accum_diag_hits(
         &mut hits[..npix],
         1,
         |_, h| {
-            h[0] += 1;
+            // SAFETY: `accumulate` passes the address of the pixel's one
+            // element, which this task alone touches.
+            unsafe { *h += 1 };
         },
     )
 }
@@ -273,17 +376,62 @@ pub(crate) fn cov_accum_diag_invnpp(
         )));
     }
     let out = &mut invnpp[..npix * block];
-    accumulate(K, nsub, nsubpix, submap, subpix, out, block, |i, cov| {
-        let w = &weights[i * nnz..(i + 1) * nnz];
-        let mut c = 0;
-        for j in 0..nnz {
-            let scaled_weight = w[j] * scale;
-            for &wk in &w[j..] {
-                cov[c] += wk * scaled_weight;
-                c += 1;
-            }
+    match nnz {
+        1 => accumulate_invnpp::<1, 1>(K, nsub, nsubpix, submap, subpix, weights, scale, out),
+        3 => accumulate_invnpp::<3, 6>(K, nsub, nsubpix, submap, subpix, weights, scale, out),
+        _ => accumulate(K, nsub, nsubpix, submap, subpix, out, block, |i, cov| {
+            // SAFETY: `accumulate` passes the address of the pixel's
+            // `block` elements, which this task alone touches.
+            let cov = unsafe { std::slice::from_raw_parts_mut(cov, block) };
+            upper_products(&weights[i * nnz..(i + 1) * nnz], scale, cov);
+        }),
+    }
+}
+
+/// `cov[jk] += w[k] * (w[j] * scale)` for `j <= k`, row by row (TOAST's
+/// operations, in its order).
+#[inline(always)]
+fn upper_products(w: &[f64], scale: f64, cov: &mut [f64]) {
+    let mut c = 0;
+    for (j, &wj) in w.iter().enumerate() {
+        let scaled_weight = wj * scale;
+        for &wk in &w[j..] {
+            cov[c] += wk * scaled_weight;
+            c += 1;
         }
-    })
+    }
+}
+
+/// [`cov_accum_diag_invnpp`]'s accumulation for `NNZ` known at compile time
+/// (`BLOCK = NNZ (NNZ + 1) / 2`): the same operations as [`upper_products`],
+/// unrolled, on arrays whose length the compiler knows.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_invnpp<const NNZ: usize, const BLOCK: usize>(
+    kernel: &str,
+    nsub: i64,
+    nsubpix: i64,
+    submap: &[i64],
+    subpix: &[i64],
+    weights: &[f64],
+    scale: f64,
+    out: &mut [f64],
+) -> Result<(), PluginError> {
+    debug_assert_eq!(BLOCK, NNZ * (NNZ + 1) / 2);
+    accumulate(
+        kernel,
+        nsub,
+        nsubpix,
+        submap,
+        subpix,
+        out,
+        BLOCK,
+        |i, cov| {
+            // SAFETY: `accumulate` passes the address of the pixel's BLOCK
+            // elements, which this task alone touches.
+            let cov = unsafe { &mut *cov.cast::<[f64; BLOCK]>() };
+            upper_products(&weights[i * NNZ..][..NNZ], scale, cov);
+        },
+    )
 }
 
 #[cfg(test)]
@@ -361,6 +509,72 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(pool(1).install(run), pool(5).install(run));
+    }
+
+    /// A map of many ownership blocks, so that several tasks share it.
+    #[test]
+    fn many_tasks_give_the_one_task_bits_and_fault() {
+        let (nsub, nsubpix) = (7i64, 3000i64);
+        let n = 20_000;
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        let mut submap: Vec<i64> = Vec::with_capacity(n);
+        let mut subpix: Vec<i64> = Vec::with_capacity(n);
+        let mut weights = Vec::with_capacity(3 * n);
+        for _ in 0..n {
+            let r = next();
+            // About 5 % not local, 5 % flagged, runs of nearby pixels.
+            submap.push(if r % 20 == 0 { -1 } else { (r % 7) as i64 });
+            subpix.push(if r % 20 == 1 {
+                -1
+            } else {
+                ((r >> 3) % 40 + (r >> 9) % 2960) as i64
+            });
+            for _ in 0..3 {
+                weights.push((next() as f64 / (1u64 << 31) as f64) - 0.5);
+            }
+        }
+        let npix = (nsub * nsubpix) as usize;
+        let run = |sm: &[i64], px: &[i64]| {
+            let mut hits = vec![0i64; npix];
+            let h = cov_accum_diag_hits(nsub, nsubpix, 3, sm, px, &mut hits)
+                .map_err(|e| format!("{e:?}"));
+            let mut inv = vec![0.0; npix * 6];
+            let i = cov_accum_diag_invnpp(nsub, nsubpix, 3, sm, px, &weights, 0.7, &mut inv)
+                .map_err(|e| format!("{e:?}"));
+            (hits, got_bits(&inv), h, i)
+        };
+        let pool = |t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        };
+        let one = pool(1).install(|| run(&submap, &subpix));
+        assert!(one.0.iter().sum::<i64>() > (n as i64) * 8 / 10);
+        assert_eq!(one, pool(3).install(|| run(&submap, &subpix)));
+        // A pixel beyond the map: the same first fault, after the same
+        // accumulation of the samples before it.
+        let mut bad = subpix.clone();
+        bad[12_345] = nsubpix;
+        let one = pool(1).install(|| run(&submap, &bad));
+        assert!(
+            one.2.as_ref().unwrap_err().contains("sample 12345"),
+            "{:?}",
+            one.2
+        );
+        assert!(
+            one.3.as_ref().unwrap_err().contains("sample 12345"),
+            "{:?}",
+            one.3
+        );
+        assert!(one.0.iter().sum::<i64>() > 0);
+        assert_eq!(one, pool(4).install(|| run(&submap, &bad)));
     }
 
     #[test]

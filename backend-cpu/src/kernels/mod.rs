@@ -37,7 +37,9 @@ pub(crate) trait CpuKernel: KernelArgs {
     /// wakes a pool thread and waits for it (tens of microseconds when it
     /// sleeps), which is more than a short streaming kernel takes; TOAST's
     /// compiled kernels run such calls on the caller too. A kernel that says
-    /// `true` must then not use rayon itself (it would go to the global pool).
+    /// `true` must then not use rayon itself (it would go to the global pool);
+    /// it may give half of its work to one pool thread with
+    /// [`crate::par::split_in_two`], which never waits for a sleeping one.
     fn inline(_a: &Self) -> bool {
         false
     }

@@ -16,6 +16,13 @@
 //! equations, a cyclic Jacobi eigen-decomposition of the symmetric matrix and
 //! the pseudo-inverse with dgelss's singular-value cut. Against TOAST the
 //! results agree to about 1e-12 relative (the tests' tolerances).
+//!
+//! Speed: a scan's normal matrix and its first signal's right-hand side are
+//! summed in one pass over the samples ([`ScanFit::with_rhs`]), with the sums
+//! in registers for up to 6 templates (order 5: a `FixedSums`, whose size the
+//! compiler knows), and the fitted polynomial is subtracted in a second pass;
+//! every sum gets the same operations in the same order as in the device
+//! code's separate passes, so the bits do not change.
 
 use crate::arrays;
 use crate::par::SharedMut;
@@ -280,6 +287,136 @@ fn clamp_scan(start: i64, stop: i64, n: usize) -> Option<Scan> {
     })
 }
 
+/// The sums one pass over a scan accumulates for a fit of `n()` templates:
+/// the upper triangle of the Legendre normal matrix `a[j][k] = Σ P_j P_k`
+/// (`j <= k`) and the right-hand side `rhs[k] = Σ P_k s` of one signal,
+/// over the good samples, in sample order.
+///
+/// Two stores of the same sums: [`FixedSums`] for the usual small orders,
+/// whose size the compiler knows, so that once the pass is inlined its loops
+/// over templates unroll and the sums live in registers (through memory,
+/// every sample's update of a sum waits for the previous sample's store);
+/// [`DynSums`] for any size. [`normal_pass`] is written once for both.
+trait Sums {
+    fn n(&self) -> usize;
+    fn a(&mut self, j: usize, k: usize) -> &mut f64;
+    fn rhs(&mut self, k: usize) -> &mut f64;
+}
+
+/// [`Sums`] of `N` templates.
+struct FixedSums<const N: usize> {
+    a: [[f64; N]; N],
+    rhs: [f64; N],
+}
+
+impl<const N: usize> Sums for FixedSums<N> {
+    #[inline(always)]
+    fn n(&self) -> usize {
+        N
+    }
+    #[inline(always)]
+    fn a(&mut self, j: usize, k: usize) -> &mut f64 {
+        &mut self.a[j][k]
+    }
+    #[inline(always)]
+    fn rhs(&mut self, k: usize) -> &mut f64 {
+        &mut self.rhs[k]
+    }
+}
+
+/// [`Sums`] of any number of templates (`a` row-major, `n x n`).
+struct DynSums {
+    n: usize,
+    a: Vec<f64>,
+    rhs: Vec<f64>,
+}
+
+impl Sums for DynSums {
+    #[inline(always)]
+    fn n(&self) -> usize {
+        self.n
+    }
+    #[inline(always)]
+    fn a(&mut self, j: usize, k: usize) -> &mut f64 {
+        &mut self.a[j * self.n + k]
+    }
+    #[inline(always)]
+    fn rhs(&mut self, k: usize) -> &mut f64 {
+        &mut self.rhs[k]
+    }
+}
+
+/// One pass over a scan (`flags`, `signal`, Legendre abscissae `xstart +
+/// i dx`): adds to `sums` the products of every good sample, in sample
+/// order (`a[j][k] += P_j P_k`, then `rhs[k] += P_k s`, the operations the
+/// separate passes of the device code do per element, in the same order),
+/// and returns the number of good samples.
+#[inline(always)]
+fn normal_pass<S: Sums>(sums: &mut S, xstart: f64, dx: f64, flags: &[u8], signal: &[f64]) -> usize {
+    const B: usize = LEGENDRE_BLOCK;
+    let n = sums.n();
+    let mut p = vec![0.0; n * B];
+    let mut ngood = 0;
+    for (ib, (f, s)) in flags.chunks(B).zip(signal.chunks(B)).enumerate() {
+        legendre(n, xstart, dx, ib * B, f.len(), &mut p);
+        for (i, (_, &s)) in f.iter().zip(s).enumerate().filter(|(_, (&f, _))| f == 0) {
+            ngood += 1;
+            for j in 0..n {
+                let pj = p[j * B + i];
+                for k in j..n {
+                    *sums.a(j, k) += pj * p[k * B + i];
+                }
+            }
+            for k in 0..n {
+                *sums.rhs(k) += p[k * B + i] * s;
+            }
+        }
+    }
+    ngood
+}
+
+/// [`normal_pass`] for `n` templates, with the sums in a [`FixedSums`] when
+/// `n` is one of the small sizes, returned as `(ngood, a (n x n, upper
+/// triangle), rhs)`.
+fn normal_sums(
+    n: usize,
+    xstart: f64,
+    dx: f64,
+    flags: &[u8],
+    signal: &[f64],
+) -> (usize, Vec<f64>, Vec<f64>) {
+    fn fixed<const N: usize>(
+        xstart: f64,
+        dx: f64,
+        flags: &[u8],
+        signal: &[f64],
+    ) -> (usize, Vec<f64>, Vec<f64>) {
+        let mut s = FixedSums::<N> {
+            a: [[0.0; N]; N],
+            rhs: [0.0; N],
+        };
+        let ngood = normal_pass(&mut s, xstart, dx, flags, signal);
+        (ngood, s.a.concat(), s.rhs.to_vec())
+    }
+    match n {
+        1 => fixed::<1>(xstart, dx, flags, signal),
+        2 => fixed::<2>(xstart, dx, flags, signal),
+        3 => fixed::<3>(xstart, dx, flags, signal),
+        4 => fixed::<4>(xstart, dx, flags, signal),
+        5 => fixed::<5>(xstart, dx, flags, signal),
+        6 => fixed::<6>(xstart, dx, flags, signal),
+        _ => {
+            let mut s = DynSums {
+                n,
+                a: vec![0.0; n * n],
+                rhs: vec![0.0; n],
+            };
+            let ngood = normal_pass(&mut s, xstart, dx, flags, signal);
+            (ngood, s.a, s.rhs)
+        }
+    }
+}
+
 /// The fit of one scan: the Legendre normal matrix of its good samples,
 /// diagonalised. Shared by its signals.
 struct ScanFit {
@@ -292,42 +429,46 @@ struct ScanFit {
 }
 
 impl ScanFit {
-    fn new(flags: &[u8], norder: usize) -> Self {
-        const B: usize = LEGENDRE_BLOCK;
+    /// The fit of a scan of at most `norder_max` templates and the
+    /// right-hand side of its first signal, from one pass over both
+    /// ([`normal_pass`]); `None` when no sample is good. With fewer good
+    /// samples than `norder_max`, the fit has one template per good sample:
+    /// its sums are the leading ones of the pass's (the Legendre recurrence
+    /// and every sum of the lower orders are the same operations whatever
+    /// the number of templates).
+    fn with_rhs(flags: &[u8], signal: &[f64], norder_max: usize) -> Option<(Self, Vec<f64>)> {
         let len = flags.len();
         let dx = 2.0 / len as f64;
         let xstart = 0.5 * dx - 1.0;
+        let (ngood, sums, mut rhs) = normal_sums(norder_max, xstart, dx, flags, signal);
+        if ngood == 0 {
+            return None;
+        }
+        let norder = ngood.min(norder_max);
         let mut a = vec![0.0; norder * norder];
-        let mut p = vec![0.0; norder * B];
-        for (ib, f) in flags.chunks(B).enumerate() {
-            legendre(norder, xstart, dx, ib * B, f.len(), &mut p);
-            for (i, _) in f.iter().enumerate().filter(|(_, &f)| f == 0) {
-                for j in 0..norder {
-                    for k in j..norder {
-                        a[j * norder + k] += p[j * B + i] * p[k * B + i];
-                    }
-                }
-            }
-        }
         for j in 0..norder {
-            for k in 0..j {
-                a[j * norder + k] = a[k * norder + j];
+            for k in j..norder {
+                a[j * norder + k] = sums[j * norder_max + k];
+                a[k * norder + j] = sums[j * norder_max + k];
             }
         }
+        rhs.truncate(norder);
         let mut v = vec![0.0; norder * norder];
         jacobi_eigen(norder, &mut a, &mut v);
-        ScanFit {
+        let fit = ScanFit {
             norder,
             dx,
             xstart,
             a,
             v,
-        }
+        };
+        Some((fit, rhs))
     }
 
-    /// Fit the good samples of `signal` (the scan's samples) and subtract the
-    /// fitted polynomial from every sample, flagged or not.
-    fn filter(&self, flags: &[u8], signal: &mut [f64]) {
+    /// The right-hand side of another signal: `Σ P_k s` over the good
+    /// samples, in sample order (the sums [`normal_pass`] makes for the
+    /// first signal).
+    fn rhs(&self, flags: &[u8], signal: &[f64]) -> Vec<f64> {
         const B: usize = LEGENDRE_BLOCK;
         let n = self.norder;
         let mut p = vec![0.0; n * B];
@@ -340,6 +481,15 @@ impl ScanFit {
                 }
             }
         }
+        amp
+    }
+
+    /// Solve for the amplitudes of right-hand side `amp` and subtract the
+    /// fitted polynomial from every sample of `signal`, flagged or not.
+    fn subtract(&self, mut amp: Vec<f64>, signal: &mut [f64]) {
+        const B: usize = LEGENDRE_BLOCK;
+        let n = self.norder;
+        let mut p = vec![0.0; n * B];
         let mut w = vec![0.0; n];
         pinv_apply(n, &self.a, &self.v, POLY_RCOND, &mut amp, &mut w);
         // Each sample gets the terms in order k = 0, 1, ..; across the block
@@ -404,14 +554,20 @@ pub(crate) fn filter_polynomial(
     // and calls run concurrently only for disjoint scans.
     let run = |scan: &Scan| {
         let f = &flags[scan.start..scan.start + scan.len];
-        let ngood = f.iter().filter(|&&x| x == 0).count();
-        if ngood == 0 {
+        let Some((first, rest)) = shared.split_first() else {
             return;
-        }
-        let fit = ScanFit::new(f, ngood.min(norder_max));
-        for sig in &shared {
+        };
+        // SAFETY: see above.
+        let sig = unsafe { first.slice_mut(scan.start, scan.len) };
+        let Some((fit, rhs)) = ScanFit::with_rhs(f, sig, norder_max) else {
+            return;
+        };
+        fit.subtract(rhs, sig);
+        for sig in rest {
             // SAFETY: see above.
-            fit.filter(f, unsafe { sig.slice_mut(scan.start, scan.len) });
+            let sig = unsafe { sig.slice_mut(scan.start, scan.len) };
+            let rhs = fit.rhs(f, sig);
+            fit.subtract(rhs, sig);
         }
     };
     // Scans that overlap must run in order (the second fits what the first

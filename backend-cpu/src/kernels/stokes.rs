@@ -22,12 +22,57 @@ pub(crate) unsafe fn run_i(
             let row = v.weight_index[det] as usize;
             for seg in segs {
                 // SAFETY: this task owns samples [seg.first, seg.last) of every row.
-                unsafe { weights.slice_mut(row * n_samp + seg.first, seg.len()) }.fill(v.cal[det]);
+                fill_streaming(
+                    unsafe { weights.slice_mut(row * n_samp + seg.first, seg.len()) },
+                    v.cal[det],
+                );
             }
         }
+        streaming_done();
         Ok(())
     });
     r.map_err(|f| super::fault_error(K, f))
+}
+
+/// `dst.fill(x)`, with non-temporal stores on x86_64: stokes_weights_I only
+/// writes (tens of MB per call, more than the caches), and ordinary stores
+/// first read every line they write; streaming stores do not, which halves
+/// the memory traffic. The values are the same. A task that used it calls
+/// [`streaming_done`] before it ends.
+fn fill_streaming(dst: &mut [f64], x: f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_set1_pd, _mm_stream_pd};
+        // Up to the first 16-byte boundary, and the tail, ordinary stores.
+        let head = dst.as_ptr().align_offset(16).min(dst.len());
+        let (first, rest) = dst.split_at_mut(head);
+        first.fill(x);
+        let pairs = rest.len() / 2;
+        let (body, tail) = rest.split_at_mut(pairs * 2);
+        tail.fill(x);
+        let p = body.as_mut_ptr();
+        // SAFETY: SSE2 is part of x86_64's baseline; `p + 2k` for k < pairs
+        // is 16-byte aligned (the split above) and inside `body`, this
+        // task's part of the output.
+        unsafe {
+            let v = _mm_set1_pd(x);
+            for k in 0..pairs {
+                _mm_stream_pd(p.add(2 * k), v);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.fill(x);
+}
+
+/// Order this thread's streaming stores ([`fill_streaming`]) before what it
+/// does next (the end of its task, which the caller synchronises with).
+fn streaming_done() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86_64's baseline; a fence has no other effect.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 /// The polarisation angle `alpha` of `stokes_weights_alpha` (written once
