@@ -165,6 +165,7 @@
 
 mod binning;
 mod config;
+mod fused;
 mod products;
 mod solve;
 mod vectors;
@@ -208,6 +209,10 @@ pub struct MapMaker {
     /// batch of `binner.pointing_batch` detectors at a time (see
     /// [`MapMaker::work_sets`]).
     work_batches: bool,
+    /// With compact pointing on the host: the solver's left-hand side
+    /// runs fused (see `fused`). On by default; see
+    /// [`MapMaker::fused_passes`].
+    fused: bool,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -266,6 +271,7 @@ impl MapMaker {
             reuse_pointing: false,
             discard_timestream: false,
             work_batches: false,
+            fused: true,
         })
     }
 
@@ -291,6 +297,15 @@ impl MapMaker {
     /// map-maker always expands its own.
     pub fn reuse_pointing(&mut self, on: bool) {
         self.reuse_pointing = on;
+    }
+
+    /// With `on` (the default), a host run with compact pointing applies the
+    /// solver's left-hand side with fused passes that rebuild the weights
+    /// block by block in cache instead of per detector batch (the module
+    /// `fused`; byte-identical results); `false` keeps the unfused passes
+    /// (to compare them).
+    pub fn fused_passes(&mut self, on: bool) {
+        self.fused = on;
     }
 
     /// The setup.

@@ -1,0 +1,529 @@
+//! The solver's left-hand side with compact pointing, fused on the host.
+//!
+//! With `binner.compact_pointing` the unfused left-hand side rebuilds each
+//! detector batch's pixels (i64) and IQU weights (3 f64) into fields of
+//! the batch's length, twice per iteration, fills a work timestream with
+//! `F d`, and hands all of it to the kernels: about 40 bytes a sample
+//! written to memory and read back per pass. Here the two passes of
+//! `q = Fᵀ N⁻¹ Z F d` read only what is kept (the i32 compact pixels, the
+//! solver flags, the boresight, the amplitudes) and rebuild the weights
+//! for blocks of [`BLOCK`] samples into a per-task buffer that stays in
+//! cache, consumed at once; no per-sample array of a detector's length is
+//! made and no work timestream exists.
+//!
+//! * **Binning** (`F d` binned into `{name}_solve_bin`): the sub-pixel axis
+//!   of the map is split into one range per task, as the
+//!   `build_noise_weighted` kernel does; every task walks the detectors
+//!   (in the unfused pass's order: detector batch, observation, detector),
+//!   views and samples in order, keeps the samples whose pixel falls in
+//!   its range, rebuilds their weights (each sample's once in all, by
+//!   the task that owns its pixel) and accumulates them. Each map element
+//!   is summed by one task in the unfused order, so the map is
+//!   bit-identical to the unfused pass's for any thread count. The sum over
+//!   the job and the covariance follow as in [`crate::ops::binning`].
+//! * **Projection** (`Fᵀ N⁻¹` of `F d - P m`): tasks of about 16384
+//!   samples over (observation, detector, view, amplitude range), as the
+//!   `template_offset_project_signal` kernel's; each rebuilds the weights
+//!   of its samples block by block, scans the map, subtracts, noise
+//!   weights and sums each amplitude's good samples in sample order, the
+//!   kernels' operations in their order.
+//!
+//! Every value is the unfused path's, operation for operation: the
+//! timestream value `0 + a` (the zeroed work timestream plus the
+//! amplitude, `0` under a flagged amplitude), the product `(d · w_det) ·
+//! w_i` of the accumulation, the scan's `0 + Σ w_i m_i` in component
+//! order, the weights from the same function
+//! ([`crate::ops::ExpandCompactPointing`]'s). So the solution, and the maps,
+//! are byte-identical to the unfused compact path's (tested in
+//! `tests/fused_lhs.rs`-style unit tests below and on the CLI's maps).
+//!
+//! It applies to host runs with compact pointing, IQU weights and a
+//! template whose views are the pointing's (the satellite workflow's); a
+//! run outside that takes the unfused passes.
+
+use super::products::Keys;
+use super::{timed, MapMaker};
+use crate::accel::global_data::HostArray;
+use crate::accel::kernels::view_intervals;
+use crate::accel::pipeline::DetectorSets;
+use crate::ops::binning::{finish_bin_map, prepare_bin_map, BinPass};
+use crate::ops::{detector_weights, select_detectors, CompactSource, DetParams, StokesMode};
+use crate::pixels::{PixelData, PixelDistribution};
+use crate::templates::offset::ObsAmplitudes;
+use crate::templates::OffsetTemplate;
+use rayon::prelude::*;
+use std::sync::Arc;
+use toast_accel::abi::SampleRange;
+use toast_core::{Data, ExecContext, MetaItem, OpError, PixelOutOfRange};
+
+/// Samples per block of rebuilt weights (24 KiB of weights per block).
+const BLOCK: usize = 1024;
+
+/// Samples of work per projection task (the kernel's).
+const PROJECT_TASK: usize = 16384;
+
+/// One detector of one observation, as the fused passes read it.
+struct DetPass<'a> {
+    name: &'a str,
+    params: DetParams,
+    /// The compact pixels.
+    pix: &'a [i32],
+    /// The solver flags (a sample counts where `flags & 255 == 0`).
+    flags: &'a [u8],
+    /// The noise weight.
+    scale: f64,
+    /// The first amplitude of each view, if the detector has amplitudes.
+    view_amp: Option<Vec<usize>>,
+}
+
+/// One observation, as the fused passes read it.
+struct ObsPass<'a> {
+    name: &'a str,
+    src: CompactSource<'a>,
+    intervals: Vec<SampleRange>,
+    step: usize,
+    /// Shared flags that cut a sample in the binning, if any.
+    shared_cut: Option<(&'a [u8], u8)>,
+    dets: Vec<DetPass<'a>>,
+}
+
+/// What both passes read: the observations and the amplitudes.
+struct Plan<'a> {
+    obs: Vec<ObsPass<'a>>,
+    n_pix: i64,
+    /// Pixels per submap, and its log2 when a power of two.
+    nps: i64,
+    shift: Option<u32>,
+    g2l: &'a [i64],
+    amps: &'a [f64],
+    amp_flags: &'a [u8],
+}
+
+impl Plan<'_> {
+    /// The local submap and sub-pixel of pixel `p >= 0` of sample `s` of
+    /// detector `d` of observation `o`, or the error naming it when the
+    /// pixel is not stored here (as the kernels' fault).
+    #[inline(always)]
+    fn locate(
+        &self,
+        o: &ObsPass<'_>,
+        d: &DetPass<'_>,
+        s: usize,
+        p: i32,
+    ) -> Result<(usize, usize), OpError> {
+        let p = i64::from(p);
+        if p < self.n_pix {
+            // A power-of-two submap (every HEALPix one) divides by shifting.
+            let (sm, sub) = match self.shift {
+                Some(k) => (p >> k, p & (self.nps - 1)),
+                None => (p / self.nps, p % self.nps),
+            };
+            let l = self.g2l[sm as usize];
+            if l >= 0 {
+                return Ok((l as usize, sub as usize));
+            }
+        }
+        Err(PixelOutOfRange {
+            what: "the map-maker's fused left-hand side".into(),
+            observation: o.name.to_string(),
+            detector: d.name.to_string(),
+            sample: s,
+            pixel: p,
+            limit: "is not in a local submap of the solver's pixel distribution".into(),
+        }
+        .into())
+    }
+
+    /// The timestream value `F d` under amplitude `k` of view `v`: the
+    /// zeroed work timestream plus the amplitude (`0 + a`), `0` under a
+    /// flagged amplitude or without amplitudes.
+    #[inline(always)]
+    fn value(&self, d: &DetPass<'_>, v: usize, k: usize) -> f64 {
+        match &d.view_amp {
+            Some(va) => {
+                let a = va[v] + k;
+                if self.amp_flags[a] == 0 {
+                    0.0 + self.amps[a]
+                } else {
+                    0.0
+                }
+            }
+            None => 0.0,
+        }
+    }
+
+    /// Accumulate `F d` of the samples whose sub-pixel lies in `[lo, hi)`
+    /// into `zmap` (one slice of `3 (hi - lo)` values per local submap), the
+    /// detectors in `order`.
+    fn accumulate(
+        &self,
+        order: &[(usize, usize)],
+        (lo, hi): (usize, usize),
+        zmap: &mut [&mut [f64]],
+    ) -> Result<(), OpError> {
+        let mut samples: Vec<u32> = Vec::with_capacity(BLOCK);
+        let mut cells: Vec<(u32, u32)> = Vec::with_capacity(BLOCK);
+        let mut w = vec![0.0f64; 3 * BLOCK];
+        for &(oi, di) in order {
+            let o = &self.obs[oi];
+            let d = &o.dets[di];
+            for (v, iv) in o.intervals.iter().enumerate() {
+                let (first, last) = (iv.first as usize, iv.last as usize);
+                let (mut x, mut next) = (0.0, first);
+                let mut b0 = first;
+                while b0 < last {
+                    let b1 = (b0 + BLOCK).min(last);
+                    samples.clear();
+                    cells.clear();
+                    for s in b0..b1 {
+                        if d.flags[s] != 0 {
+                            continue;
+                        }
+                        if let Some((f, m)) = o.shared_cut {
+                            if f[s] & m != 0 {
+                                continue;
+                            }
+                        }
+                        let p = d.pix[s];
+                        if p < 0 {
+                            continue;
+                        }
+                        let (l, sub) = self.locate(o, d, s, p)?;
+                        if sub < lo || sub >= hi {
+                            continue;
+                        }
+                        samples.push(s as u32);
+                        cells.push((l as u32, (sub - lo) as u32));
+                    }
+                    o.src.weights_at(&d.params, &samples, &mut w);
+                    for (j, (&s, &(l, c))) in samples.iter().zip(&cells).enumerate() {
+                        let s = s as usize;
+                        if s >= next {
+                            // The amplitude of the step holding `s`.
+                            let k = (s - first) / o.step;
+                            x = self.value(d, v, k);
+                            next = first + (k + 1) * o.step;
+                        }
+                        let scaled = x * d.scale;
+                        let z = &mut zmap[l as usize][3 * c as usize..3 * c as usize + 3];
+                        for i in 0..3 {
+                            z[i] += scaled * w[3 * j + i];
+                        }
+                    }
+                    b0 = b1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The projection of amplitudes `[lo, hi)` of view `v` of detector `di`
+    /// of observation `oi` (see the module documentation), in order.
+    fn project(
+        &self,
+        map: &PixelData<f64>,
+        (oi, di, v): (usize, usize, usize),
+        (lo, hi): (usize, usize),
+    ) -> Result<Vec<f64>, OpError> {
+        let o = &self.obs[oi];
+        let d = &o.dets[di];
+        let Some(va) = &d.view_amp else {
+            return Ok(Vec::new());
+        };
+        let nps = self.nps as usize;
+        let m = map.data();
+        let iv = o.intervals[v];
+        let (first, last) = (iv.first as usize, iv.last as usize);
+        let mut w = vec![0.0f64; 3 * BLOCK];
+        let mut out = Vec::with_capacity(hi - lo);
+        for k in lo..hi {
+            let a = va[v] + k;
+            let mut acc = 0.0;
+            if self.amp_flags[a] == 0 {
+                let x = self.value(d, v, k);
+                let s0 = first + k * o.step;
+                let s1 = s0.saturating_add(o.step).min(last);
+                let mut b0 = s0;
+                while b0 < s1 {
+                    let b1 = (b0 + BLOCK).min(s1);
+                    let w = &mut w[..3 * (b1 - b0)];
+                    o.src.weights(&d.params, b0, w);
+                    for (s, wi) in (b0..b1).zip(w.chunks_exact(3)) {
+                        let mut t = x;
+                        let p = d.pix[s];
+                        if p >= 0 {
+                            let (l, sub) = self.locate(o, d, s, p)?;
+                            let off = 3 * (l * nps + sub);
+                            let mut val = 0.0;
+                            for i in 0..3 {
+                                val += wi[i] * m[off + i];
+                            }
+                            t -= val;
+                        }
+                        t *= d.scale;
+                        acc += if d.flags[s] == 0 { t } else { 0.0 };
+                    }
+                    b0 = b1;
+                }
+            }
+            out.push(acc);
+        }
+        Ok(out)
+    }
+}
+
+impl MapMaker {
+    /// Whether the fused left-hand side applies to this run (see the
+    /// module documentation).
+    pub(super) fn fused_applies(
+        &self,
+        data: &Data,
+        tmpl: &OffsetTemplate,
+    ) -> Result<bool, OpError> {
+        let Some(c) = &self.solve_pointing.compact else {
+            return Ok(false);
+        };
+        if !self.fused || !self.transient || c.weights.mode != StokesMode::IQU {
+            return Ok(false);
+        }
+        let view = self.solve_pointing.view();
+        for (i, ob) in data.obs.iter().enumerate() {
+            let lay = tmpl.obs_amplitudes(ob, i)?;
+            if view_intervals(ob, view)? != lay.intervals {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// `q = A d` (TOAST's `SolverLHS`) with the fused passes.
+    pub(super) fn lhs_fused(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        let binner = self.setup.binner.clone();
+        let pass = BinPass {
+            name: "solver_binning",
+            config: &binner,
+            covariance: &keys.solve_cov,
+            binned: &keys.solve_bin,
+            det_data: &keys.temp,
+            flags: self.solver_selection(keys, 0),
+            noiseweighted: None,
+            covariance_on_device: true,
+        };
+        let sets = self.work_sets(data);
+        timed(data, ctx, "solver_binning", |data, ctx| {
+            let (dist, nnz) = prepare_bin_map(data, &pass)?;
+            if nnz != 3 {
+                return Err(OpError::Global {
+                    key: keys.solve_cov.clone(),
+                    problem: format!("a covariance of {nnz} Stokes values, not IQU"),
+                });
+            }
+            let mut zmap = take_map(data, &keys.solve_bin)?;
+            zmap.reset();
+            let r = self.fused_accumulate(data, ctx, tmpl, keys, &pass, &sets, &dist, &mut zmap);
+            data.meta.set_object(keys.solve_bin.clone(), *zmap);
+            r?;
+            finish_bin_map(data, ctx, &pass)
+        })?;
+        timed(data, ctx, "fused_projection", |data, ctx| {
+            let results = {
+                let plan = self.fused_plan(data, ctx, tmpl, keys, &pass)?;
+                let map = data.meta.object::<PixelData<f64>>(&keys.solve_bin)?;
+                let mut tasks = Vec::new();
+                for (oi, o) in plan.obs.iter().enumerate() {
+                    let per = (PROJECT_TASK / o.step).max(1);
+                    for (di, d) in o.dets.iter().enumerate() {
+                        let Some(va) = &d.view_amp else { continue };
+                        for (v, iv) in o.intervals.iter().enumerate() {
+                            let n = ((iv.last - iv.first) as usize).div_ceil(o.step);
+                            let mut lo = 0;
+                            while lo < n {
+                                let hi = (lo + per).min(n);
+                                tasks.push(((oi, di, v), (lo, hi), va[v] + lo));
+                                lo = hi;
+                            }
+                        }
+                    }
+                }
+                tasks
+                    .par_iter()
+                    .map(|&(at, range, a0)| plan.project(map, at, range).map(|v| (a0, v)))
+                    .collect::<Result<Vec<_>, OpError>>()?
+            };
+            let out = &mut data
+                .meta
+                .object_mut::<HostArray<f64>>(&keys.lhs_out)?
+                .values;
+            out.iter_mut().for_each(|x| *x = 0.0);
+            for (a0, v) in results {
+                out[a0..a0 + v.len()].copy_from_slice(&v);
+            }
+            Ok(())
+        })
+    }
+
+    /// The binning half: split the map's sub-pixels between the tasks and
+    /// accumulate.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_accumulate(
+        &self,
+        data: &Data,
+        ctx: &ExecContext,
+        tmpl: &OffsetTemplate,
+        keys: &Keys,
+        pass: &BinPass<'_>,
+        sets: &DetectorSets,
+        dist: &PixelDistribution,
+        zmap: &mut PixelData<f64>,
+    ) -> Result<(), OpError> {
+        let plan = self.fused_plan(data, ctx, tmpl, keys, pass)?;
+        // The unfused order: per detector set, every observation's
+        // detectors of the set in the observation's order.
+        let mut order = Vec::new();
+        let all = [None];
+        let set_list: Vec<Option<&Vec<String>>> = match sets {
+            DetectorSets::Sets(s) => s.iter().map(Some).collect(),
+            _ => all.to_vec(),
+        };
+        for set in set_list {
+            for (oi, o) in plan.obs.iter().enumerate() {
+                for (di, d) in o.dets.iter().enumerate() {
+                    if set.is_none_or(|s| s.iter().any(|x| x == d.name)) {
+                        order.push((oi, di));
+                    }
+                }
+            }
+        }
+        let nps = dist.n_pix_submap() as usize;
+        let parts = rayon::current_num_threads().clamp(1, nps.max(1));
+        let bounds: Vec<usize> = (0..=parts).map(|t| t * nps / parts).collect();
+        let mut pieces: Vec<Vec<&mut [f64]>> = (0..parts).map(|_| Vec::new()).collect();
+        for sub in zmap.data_mut().chunks_mut(3 * nps) {
+            let mut rest = sub;
+            for t in 0..parts {
+                let (a, b) = rest.split_at_mut(3 * (bounds[t + 1] - bounds[t]));
+                pieces[t].push(a);
+                rest = b;
+            }
+        }
+        let r: Result<(), OpError> = pieces
+            .into_par_iter()
+            .enumerate()
+            .map(|(t, mut z)| plan.accumulate(&order, (bounds[t], bounds[t + 1]), &mut z))
+            .collect();
+        r
+    }
+
+    /// What the fused passes read, observation by observation.
+    fn fused_plan<'a>(
+        &self,
+        data: &'a Data,
+        ctx: &ExecContext,
+        tmpl: &'a OffsetTemplate,
+        keys: &Keys,
+        pass: &BinPass<'_>,
+    ) -> Result<Plan<'a>, OpError> {
+        let c = self
+            .solve_pointing
+            .compact
+            .as_ref()
+            .ok_or_else(|| OpError::State {
+                what: format!(
+                    "{}: the fused passes need compact pointing",
+                    self.setup.name
+                ),
+            })?;
+        let view = self.solve_pointing.view();
+        let mut obs = Vec::with_capacity(data.obs.len());
+        for (i, ob) in data.obs.iter().enumerate() {
+            let lay: ObsAmplitudes<'a> = tmpl.obs_amplitudes(ob, i)?;
+            let dets = select_detectors(ctx, ob, pass.flags.det_mask);
+            let scales = if dets.is_empty() {
+                Vec::new()
+            } else {
+                detector_weights(ob, &pass.config.noise_model, &dets)?
+            };
+            let comp = ob.detdata.get(&c.compact)?;
+            let flags = ob.detdata.get(&keys.solve_flags)?;
+            let mut dp = Vec::with_capacity(dets.len());
+            for (d, &scale) in dets.iter().zip(&scales) {
+                let name = ob
+                    .local_detectors()
+                    .iter()
+                    .find(|x| *x == d)
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                let view_amp = lay.offset(d).map(|a0| {
+                    let mut starts = Vec::with_capacity(lay.n_amp_views.len());
+                    let mut a = a0;
+                    for &n in lay.n_amp_views {
+                        starts.push(a);
+                        a += n as usize;
+                    }
+                    starts
+                });
+                dp.push(DetPass {
+                    name,
+                    params: DetParams::of(ob, d)?,
+                    pix: comp.row_of::<i32>(d)?,
+                    flags: flags.row_of::<u8>(d)?,
+                    scale,
+                    view_amp,
+                });
+            }
+            let shared_cut = match pass.flags.shared() {
+                Some((f, m)) => Some((ob.shared.data::<u8>(f)?, m)),
+                None => None,
+            };
+            obs.push(ObsPass {
+                name: ob.name(),
+                src: CompactSource::of(&ob.shared, &c.det_pointing, &c.weights)?,
+                intervals: view_intervals(ob, view)?,
+                step: lay.step_length,
+                shared_cut,
+                dets: dp,
+            });
+        }
+        let dist = data
+            .meta
+            .object::<PixelData<f64>>(&keys.solve_cov)?
+            .distribution()
+            .as_ref();
+        let nps = dist.n_pix_submap();
+        Ok(Plan {
+            obs,
+            n_pix: dist.n_pix(),
+            nps,
+            shift: (nps > 0 && (nps as u64).is_power_of_two()).then(|| nps.trailing_zeros()),
+            g2l: dist.global2local(),
+            amps: &data.meta.object::<HostArray<f64>>(&keys.lhs_in)?.values,
+            amp_flags: &data.meta.object::<HostArray<u8>>(&tmpl.flags_key())?.values,
+        })
+    }
+}
+
+/// Take the map `key` out of the metadata (put it back when done), so the
+/// rest of the metadata can be read while it is written.
+fn take_map(data: &mut Data, key: &str) -> Result<Box<PixelData<f64>>, OpError> {
+    data.meta.object::<PixelData<f64>>(key)?;
+    match data.meta.remove(key) {
+        Some(MetaItem::Object { object, .. }) => {
+            object
+                .downcast::<PixelData<f64>>()
+                .map_err(|_| OpError::Global {
+                    key: key.to_string(),
+                    problem: "not an f64 map".into(),
+                })
+        }
+        _ => Err(OpError::Global {
+            key: key.to_string(),
+            problem: "not an f64 map".into(),
+        }),
+    }
+}
