@@ -1099,8 +1099,9 @@ fn run_compact(threads: usize, scan: &Scan, batch: usize, fused: bool) -> (Data,
 }
 
 #[test]
-fn fused_left_hand_side_is_the_unfused_ones_bit_for_bit() {
-    // The fused compact passes of the solver's left-hand side rebuild the
+fn fused_passes_are_the_unfused_ones_bit_for_bit() {
+    // The fused compact passes (the solver's right- and left-hand sides,
+    // the final maps) rebuild the
     // weights block by block in cache; every value and every sum's order
     // is the unfused passes', so the solution, the maps and the cleaned
     // timestream are bit-identical, with one or several observations,

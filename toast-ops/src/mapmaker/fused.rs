@@ -49,9 +49,9 @@ use crate::accel::pipeline::DetectorSets;
 use crate::ops::binning::{finish_bin_map, prepare_bin_map, BinPass};
 use crate::ops::{detector_weights, select_detectors, CompactSource, DetParams, StokesMode};
 use crate::pixels::{PixelData, PixelDistribution};
-use crate::templates::offset::ObsAmplitudes;
 use crate::templates::OffsetTemplate;
 use rayon::prelude::*;
+use std::collections::HashMap;
 use std::sync::Arc;
 use toast_accel::abi::SampleRange;
 use toast_core::{Data, ExecContext, MetaItem, OpError, PixelOutOfRange};
@@ -68,12 +68,26 @@ struct DetPass<'a> {
     params: DetParams,
     /// The compact pixels.
     pix: &'a [i32],
-    /// The solver flags (a sample counts where `flags & 255 == 0`).
-    flags: &'a [u8],
+    /// The binning's detector flags (a sample is cut where `flags &
+    /// Plan::bin_mask != 0`), if any.
+    bin_flags: Option<&'a [u8]>,
+    /// The projection's flags (the solver flags; a sample counts where
+    /// `flags & 255 == 0`), when the pass projects.
+    proj_flags: Option<&'a [u8]>,
+    /// The timestream, when the pass reads one (else `F a`).
+    signal: Option<&'a [f64]>,
     /// The noise weight.
     scale: f64,
     /// The first amplitude of each view, if the detector has amplitudes.
     view_amp: Option<Vec<usize>>,
+    /// Whether a sample whose timestream value is ±0 may be left out of
+    /// the accumulation: the noise weight is finite and so is every
+    /// rebuilt weight of the detector ([`MapMaker::weights_finite`]), so
+    /// it adds `(±0 · w_det) · w_i = ±0` to a map value that is never
+    /// `-0` (it starts at `+0`, and a sum is `-0` only when both terms
+    /// are): no change. On `xsmall` most amplitudes are flagged (their `F
+    /// a` is 0), which this skips.
+    zero_skips: bool,
 }
 
 /// One observation, as the fused passes read it.
@@ -95,8 +109,11 @@ struct Plan<'a> {
     nps: i64,
     shift: Option<u32>,
     g2l: &'a [i64],
+    /// The input amplitudes (`F a` passes) and the amplitude flags.
     amps: &'a [f64],
     amp_flags: &'a [u8],
+    /// The binning's detector flag mask.
+    bin_mask: u8,
 }
 
 impl Plan<'_> {
@@ -162,55 +179,81 @@ impl Plan<'_> {
         zmap: &mut [&mut [f64]],
     ) -> Result<(), OpError> {
         let mut samples: Vec<u32> = Vec::with_capacity(BLOCK);
-        let mut cells: Vec<(u32, u32)> = Vec::with_capacity(BLOCK);
+        let mut cells: Vec<(u32, u32, f64)> = Vec::with_capacity(BLOCK);
         let mut w = vec![0.0f64; 3 * BLOCK];
         for &(oi, di) in order {
             let o = &self.obs[oi];
             let d = &o.dets[di];
             for (v, iv) in o.intervals.iter().enumerate() {
                 let (first, last) = (iv.first as usize, iv.last as usize);
-                let (mut x, mut next) = (0.0, first);
-                let mut b0 = first;
-                while b0 < last {
-                    let b1 = (b0 + BLOCK).min(last);
-                    samples.clear();
-                    cells.clear();
-                    for s in b0..b1 {
-                        if d.flags[s] != 0 {
-                            continue;
-                        }
-                        if let Some((f, m)) = o.shared_cut {
-                            if f[s] & m != 0 {
+                // Spans of one value source: each amplitude's samples for
+                // `F a`, the whole view for a timestream.
+                let step = if d.signal.is_some() {
+                    last - first
+                } else {
+                    o.step
+                };
+                let mut s0 = first;
+                while s0 < last {
+                    let s1 = s0.saturating_add(step.max(1)).min(last);
+                    let amp = match d.signal {
+                        Some(_) => 0.0,
+                        None => self.value(d, v, (s0 - first) / o.step),
+                    };
+                    if d.signal.is_none() && amp == 0.0 && d.zero_skips {
+                        // Every sample adds ±0 (see `DetPass::zero_skips`);
+                        // their pixels were checked by the right-hand
+                        // side's pass, which reads the same samples.
+                        s0 = s1;
+                        continue;
+                    }
+                    let mut b0 = s0;
+                    while b0 < s1 {
+                        let b1 = (b0 + BLOCK).min(s1);
+                        samples.clear();
+                        cells.clear();
+                        for s in b0..b1 {
+                            if let Some(f) = d.bin_flags {
+                                if f[s] & self.bin_mask != 0 {
+                                    continue;
+                                }
+                            }
+                            if let Some((f, m)) = o.shared_cut {
+                                if f[s] & m != 0 {
+                                    continue;
+                                }
+                            }
+                            let p = d.pix[s];
+                            if p < 0 {
                                 continue;
                             }
+                            let (l, sub) = self.locate(o, d, s, p)?;
+                            if sub < lo || sub >= hi {
+                                continue;
+                            }
+                            let x = match d.signal {
+                                Some(sig) => sig[s],
+                                None => amp,
+                            };
+                            if x == 0.0 && d.zero_skips {
+                                // Adds ±0 to the map: nothing (see
+                                // `DetPass::zero_skips`).
+                                continue;
+                            }
+                            samples.push(s as u32);
+                            cells.push((l as u32, (sub - lo) as u32, x));
                         }
-                        let p = d.pix[s];
-                        if p < 0 {
-                            continue;
+                        o.src.weights_at(&d.params, &samples, &mut w);
+                        for (j, &(l, c, x)) in cells.iter().enumerate() {
+                            let scaled = x * d.scale;
+                            let z = &mut zmap[l as usize][3 * c as usize..3 * c as usize + 3];
+                            for i in 0..3 {
+                                z[i] += scaled * w[3 * j + i];
+                            }
                         }
-                        let (l, sub) = self.locate(o, d, s, p)?;
-                        if sub < lo || sub >= hi {
-                            continue;
-                        }
-                        samples.push(s as u32);
-                        cells.push((l as u32, (sub - lo) as u32));
+                        b0 = b1;
                     }
-                    o.src.weights_at(&d.params, &samples, &mut w);
-                    for (j, (&s, &(l, c))) in samples.iter().zip(&cells).enumerate() {
-                        let s = s as usize;
-                        if s >= next {
-                            // The amplitude of the step holding `s`.
-                            let k = (s - first) / o.step;
-                            x = self.value(d, v, k);
-                            next = first + (k + 1) * o.step;
-                        }
-                        let scaled = x * d.scale;
-                        let z = &mut zmap[l as usize][3 * c as usize..3 * c as usize + 3];
-                        for i in 0..3 {
-                            z[i] += scaled * w[3 * j + i];
-                        }
-                    }
-                    b0 = b1;
+                    s0 = s1;
                 }
             }
         }
@@ -227,7 +270,7 @@ impl Plan<'_> {
     ) -> Result<Vec<f64>, OpError> {
         let o = &self.obs[oi];
         let d = &o.dets[di];
-        let Some(va) = &d.view_amp else {
+        let (Some(va), Some(flags)) = (&d.view_amp, d.proj_flags) else {
             return Ok(Vec::new());
         };
         let nps = self.nps as usize;
@@ -240,7 +283,10 @@ impl Plan<'_> {
             let a = va[v] + k;
             let mut acc = 0.0;
             if self.amp_flags[a] == 0 {
-                let x = self.value(d, v, k);
+                let x = match d.signal {
+                    Some(_) => 0.0,
+                    None => self.value(d, v, k),
+                };
                 let s0 = first + k * o.step;
                 let s1 = s0.saturating_add(o.step).min(last);
                 let mut b0 = s0;
@@ -249,7 +295,12 @@ impl Plan<'_> {
                     let w = &mut w[..3 * (b1 - b0)];
                     o.src.weights(&d.params, b0, w);
                     for (s, wi) in (b0..b1).zip(w.chunks_exact(3)) {
-                        let mut t = x;
+                        // The work timestream: a copy of the signal, or
+                        // `F a`.
+                        let mut t = match d.signal {
+                            Some(sig) => sig[s],
+                            None => x,
+                        };
                         let p = d.pix[s];
                         if p >= 0 {
                             let (l, sub) = self.locate(o, d, s, p)?;
@@ -261,7 +312,7 @@ impl Plan<'_> {
                             t -= val;
                         }
                         t *= d.scale;
-                        acc += if d.flags[s] == 0 { t } else { 0.0 };
+                        acc += if flags[s] == 0 { t } else { 0.0 };
                     }
                     b0 = b1;
                 }
@@ -272,31 +323,102 @@ impl Plan<'_> {
     }
 }
 
+/// What a fused pass reads per sample besides the pointing.
+#[derive(Clone, Copy)]
+pub(super) enum Input<'k> {
+    /// `F a` of the amplitudes at this global key (the left-hand side).
+    Amplitudes(&'k str),
+    /// The timestream field (the right-hand side, the final maps).
+    Timestream(&'k str),
+}
+
 impl MapMaker {
-    /// Whether the fused left-hand side applies to this run (see the
-    /// module documentation).
+    /// Whether the fused passes apply to this run (see the module
+    /// documentation); with a template, whether its views are the
+    /// pointing's.
     pub(super) fn fused_applies(
         &self,
         data: &Data,
-        tmpl: &OffsetTemplate,
+        tmpl: Option<&OffsetTemplate>,
     ) -> Result<bool, OpError> {
         let Some(c) = &self.solve_pointing.compact else {
             return Ok(false);
         };
-        if !self.fused || !self.transient || c.weights.mode != StokesMode::IQU {
+        if !self.fused
+            || !self.transient
+            || self.final_pointing.is_some()
+            || c.weights.mode != StokesMode::IQU
+        {
             return Ok(false);
         }
         let view = self.solve_pointing.view();
-        for (i, ob) in data.obs.iter().enumerate() {
-            let lay = tmpl.obs_amplitudes(ob, i)?;
-            if view_intervals(ob, view)? != lay.intervals {
-                return Ok(false);
+        if let Some(tmpl) = tmpl {
+            for (i, ob) in data.obs.iter().enumerate() {
+                let lay = tmpl.obs_amplitudes(ob, i)?;
+                if view_intervals(ob, view)? != lay.intervals {
+                    return Ok(false);
+                }
             }
         }
         Ok(true)
     }
 
-    /// `q = A d` (TOAST's `SolverLHS`) with the fused passes.
+    /// Find, once per run, which detectors' rebuilt weights are all finite
+    /// over the pointing's view (see `DetPass::zero_skips`): one pass over
+    /// the samples, in parallel over detectors.
+    pub(super) fn ensure_weights_finite(&mut self, data: &Data) -> Result<(), OpError> {
+        if self.weights_finite.is_some() {
+            return Ok(());
+        }
+        let c = self
+            .solve_pointing
+            .compact
+            .as_ref()
+            .ok_or_else(|| OpError::State {
+                what: format!(
+                    "{}: the fused passes need compact pointing",
+                    self.setup.name
+                ),
+            })?;
+        let view = self.solve_pointing.view();
+        let mut per_obs = Vec::with_capacity(data.obs.len());
+        for ob in &data.obs {
+            let src = CompactSource::of(&ob.shared, &c.det_pointing, &c.weights)?;
+            per_obs.push((ob, src, view_intervals(ob, view)?));
+        }
+        let mut tasks = Vec::new();
+        for (ob, src, intervals) in &per_obs {
+            for d in ob.local_detectors() {
+                tasks.push((ob.name(), d.as_str(), DetParams::of(ob, d)?, intervals, src));
+            }
+        }
+        let finite: HashMap<(String, String), bool> = tasks
+            .par_iter()
+            .map(|(ob, d, p, intervals, src)| {
+                let mut w = vec![0.0f64; 3 * BLOCK];
+                let all = intervals.iter().all(|iv| {
+                    let (first, last) = (iv.first as usize, iv.last as usize);
+                    (first..last).step_by(BLOCK).all(|b0| {
+                        let w = &mut w[..3 * (BLOCK.min(last - b0))];
+                        src.weights(p, b0, w);
+                        w.iter().all(|x| x.is_finite())
+                    })
+                });
+                ((ob.to_string(), d.to_string()), all)
+            })
+            .collect();
+        tracing::debug!(
+            "{}: fused passes: {} of {} detectors' rebuilt weights are finite",
+            self.setup.name,
+            finite.values().filter(|&&f| f).count(),
+            finite.len()
+        );
+        self.weights_finite = Some(finite);
+        Ok(())
+    }
+
+    /// `q = A d` (TOAST's `SolverLHS`) with the fused passes: `F d` binned
+    /// into the solver's map, then `Fᵀ N⁻¹ (F d - P m)` into `keys.lhs_out`.
     pub(super) fn lhs_fused(
         &mut self,
         data: &mut Data,
@@ -304,68 +426,136 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
+        self.ensure_weights_finite(data)?;
         let binner = self.setup.binner.clone();
-        let pass = BinPass {
+        let pass = self.solver_pass(&binner, keys, &keys.temp);
+        let input = Input::Amplitudes(&keys.lhs_in);
+        timed(data, ctx, "solver_binning", |data, ctx| {
+            self.bin_fused(data, ctx, &pass, Some(tmpl), input, keys)
+        })?;
+        timed(data, ctx, "fused_projection", |data, ctx| {
+            self.project_fused(data, ctx, &pass, tmpl, input, keys, &keys.lhs_out)
+        })
+    }
+
+    /// The right-hand side `b = Fᵀ N⁻¹ (d - P m)` (TOAST's `SolverRHS`)
+    /// with the fused passes: `d` binned into the solver's map, then the
+    /// projection into `keys.rhs`.
+    pub(super) fn rhs_fused(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        self.ensure_weights_finite(data)?;
+        let binner = self.setup.binner.clone();
+        let det_data = self.setup.mapmaker.det_data.clone();
+        let pass = self.solver_pass(&binner, keys, &det_data);
+        let input = Input::Timestream(&det_data);
+        timed(data, ctx, "solver_binning", |data, ctx| {
+            self.bin_fused(data, ctx, &pass, Some(tmpl), input, keys)
+        })?;
+        timed(data, ctx, "fused_projection", |data, ctx| {
+            self.project_fused(data, ctx, &pass, tmpl, input, keys, &keys.rhs)
+        })
+    }
+
+    /// The solver's binning pass of `det_data`.
+    fn solver_pass<'p>(
+        &self,
+        binner: &'p crate::ops::BinnerConfig,
+        keys: &'p Keys,
+        det_data: &'p str,
+    ) -> BinPass<'p> {
+        BinPass {
             name: "solver_binning",
-            config: &binner,
+            config: binner,
             covariance: &keys.solve_cov,
             binned: &keys.solve_bin,
-            det_data: &keys.temp,
+            det_data,
             flags: self.solver_selection(keys, 0),
             noiseweighted: None,
             covariance_on_device: true,
-        };
-        let sets = self.work_sets(data);
-        timed(data, ctx, "solver_binning", |data, ctx| {
-            let (dist, nnz) = prepare_bin_map(data, &pass)?;
-            if nnz != 3 {
-                return Err(OpError::Global {
-                    key: keys.solve_cov.clone(),
-                    problem: format!("a covariance of {nnz} Stokes values, not IQU"),
-                });
-            }
-            let mut zmap = take_map(data, &keys.solve_bin)?;
-            zmap.reset();
-            let r = self.fused_accumulate(data, ctx, tmpl, keys, &pass, &sets, &dist, &mut zmap);
-            data.meta.set_object(keys.solve_bin.clone(), *zmap);
-            r?;
-            finish_bin_map(data, ctx, &pass)
-        })?;
-        timed(data, ctx, "fused_projection", |data, ctx| {
-            let results = {
-                let plan = self.fused_plan(data, ctx, tmpl, keys, &pass)?;
-                let map = data.meta.object::<PixelData<f64>>(&keys.solve_bin)?;
-                let mut tasks = Vec::new();
-                for (oi, o) in plan.obs.iter().enumerate() {
-                    let per = (PROJECT_TASK / o.step).max(1);
-                    for (di, d) in o.dets.iter().enumerate() {
-                        let Some(va) = &d.view_amp else { continue };
-                        for (v, iv) in o.intervals.iter().enumerate() {
-                            let n = ((iv.last - iv.first) as usize).div_ceil(o.step);
-                            let mut lo = 0;
-                            while lo < n {
-                                let hi = (lo + per).min(n);
-                                tasks.push(((oi, di, v), (lo, hi), va[v] + lo));
-                                lo = hi;
-                            }
+        }
+    }
+
+    /// One binning pass with the fused accumulation: the map reset, `input`
+    /// accumulated (see [`Plan::accumulate`]), then summed over the job
+    /// and multiplied by the covariance as in [`crate::ops::binning`].
+    pub(super) fn bin_fused(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        pass: &BinPass<'_>,
+        tmpl: Option<&OffsetTemplate>,
+        input: Input<'_>,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        // The last unfused pass's batch pointing and work timestream are
+        // not read here.
+        self.drop_pointing(data)?;
+        data.remove_detdata(&[&keys.temp])?;
+        let (dist, nnz) = prepare_bin_map(data, pass)?;
+        if nnz != 3 {
+            return Err(OpError::Global {
+                key: pass.covariance.to_string(),
+                problem: format!("a covariance of {nnz} Stokes values, not IQU"),
+            });
+        }
+        let sets = self.pointing_sets(data);
+        let mut zmap = take_map(data, pass.binned)?;
+        zmap.reset();
+        let r = self.fused_accumulate(data, ctx, tmpl, input, keys, pass, &sets, &dist, &mut zmap);
+        data.meta.set_object(pass.binned.to_string(), *zmap);
+        r?;
+        finish_bin_map(data, ctx, pass)
+    }
+
+    /// The projection `Fᵀ N⁻¹ (t - P m)` of the work timestream `t`
+    /// (`input`) into the amplitudes `output` (zeroed first), with the
+    /// solver's map `m` of `pass`.
+    #[allow(clippy::too_many_arguments)]
+    fn project_fused(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        pass: &BinPass<'_>,
+        tmpl: &OffsetTemplate,
+        input: Input<'_>,
+        keys: &Keys,
+        output: &str,
+    ) -> Result<(), OpError> {
+        let results = {
+            let plan = self.fused_plan(data, ctx, Some(tmpl), input, keys, pass)?;
+            let map = data.meta.object::<PixelData<f64>>(pass.binned)?;
+            let mut tasks = Vec::new();
+            for (oi, o) in plan.obs.iter().enumerate() {
+                let per = (PROJECT_TASK / o.step).max(1);
+                for (di, d) in o.dets.iter().enumerate() {
+                    let Some(va) = &d.view_amp else { continue };
+                    for (v, iv) in o.intervals.iter().enumerate() {
+                        let n = ((iv.last - iv.first) as usize).div_ceil(o.step);
+                        let mut lo = 0;
+                        while lo < n {
+                            let hi = (lo + per).min(n);
+                            tasks.push(((oi, di, v), (lo, hi), va[v] + lo));
+                            lo = hi;
                         }
                     }
                 }
-                tasks
-                    .par_iter()
-                    .map(|&(at, range, a0)| plan.project(map, at, range).map(|v| (a0, v)))
-                    .collect::<Result<Vec<_>, OpError>>()?
-            };
-            let out = &mut data
-                .meta
-                .object_mut::<HostArray<f64>>(&keys.lhs_out)?
-                .values;
-            out.iter_mut().for_each(|x| *x = 0.0);
-            for (a0, v) in results {
-                out[a0..a0 + v.len()].copy_from_slice(&v);
             }
-            Ok(())
-        })
+            tasks
+                .par_iter()
+                .map(|&(at, range, a0)| plan.project(map, at, range).map(|v| (a0, v)))
+                .collect::<Result<Vec<_>, OpError>>()?
+        };
+        let out = &mut data.meta.object_mut::<HostArray<f64>>(output)?.values;
+        out.iter_mut().for_each(|x| *x = 0.0);
+        for (a0, v) in results {
+            out[a0..a0 + v.len()].copy_from_slice(&v);
+        }
+        Ok(())
     }
 
     /// The binning half: split the map's sub-pixels between the tasks and
@@ -375,14 +565,15 @@ impl MapMaker {
         &self,
         data: &Data,
         ctx: &ExecContext,
-        tmpl: &OffsetTemplate,
+        tmpl: Option<&OffsetTemplate>,
+        input: Input<'_>,
         keys: &Keys,
         pass: &BinPass<'_>,
         sets: &DetectorSets,
         dist: &PixelDistribution,
         zmap: &mut PixelData<f64>,
     ) -> Result<(), OpError> {
-        let plan = self.fused_plan(data, ctx, tmpl, keys, pass)?;
+        let plan = self.fused_plan(data, ctx, tmpl, input, keys, pass)?;
         // The unfused order: per detector set, every observation's
         // detectors of the set in the observation's order.
         let mut order = Vec::new();
@@ -412,12 +603,11 @@ impl MapMaker {
                 rest = b;
             }
         }
-        let r: Result<(), OpError> = pieces
+        pieces
             .into_par_iter()
             .enumerate()
             .map(|(t, mut z)| plan.accumulate(&order, (bounds[t], bounds[t + 1]), &mut z))
-            .collect();
-        r
+            .collect()
     }
 
     /// What the fused passes read, observation by observation.
@@ -425,7 +615,8 @@ impl MapMaker {
         &self,
         data: &'a Data,
         ctx: &ExecContext,
-        tmpl: &'a OffsetTemplate,
+        tmpl: Option<&'a OffsetTemplate>,
+        input: Input<'_>,
         keys: &Keys,
         pass: &BinPass<'_>,
     ) -> Result<Plan<'a>, OpError> {
@@ -440,9 +631,13 @@ impl MapMaker {
                 ),
             })?;
         let view = self.solve_pointing.view();
+        let bin_flags = pass.flags.det();
         let mut obs = Vec::with_capacity(data.obs.len());
         for (i, ob) in data.obs.iter().enumerate() {
-            let lay: ObsAmplitudes<'a> = tmpl.obs_amplitudes(ob, i)?;
+            let lay = match tmpl {
+                Some(t) => Some(t.obs_amplitudes(ob, i)?),
+                None => None,
+            };
             let dets = select_detectors(ctx, ob, pass.flags.det_mask);
             let scales = if dets.is_empty() {
                 Vec::new()
@@ -450,7 +645,18 @@ impl MapMaker {
                 detector_weights(ob, &pass.config.noise_model, &dets)?
             };
             let comp = ob.detdata.get(&c.compact)?;
-            let flags = ob.detdata.get(&keys.solve_flags)?;
+            let bin_field = match bin_flags {
+                Some((f, _)) => Some(ob.detdata.get(f)?),
+                None => None,
+            };
+            let proj_field = match tmpl {
+                Some(_) => Some(ob.detdata.get(&keys.solve_flags)?),
+                None => None,
+            };
+            let signal = match input {
+                Input::Timestream(f) => Some(ob.detdata.get(f)?),
+                Input::Amplitudes(_) => None,
+            };
             let mut dp = Vec::with_capacity(dets.len());
             for (d, &scale) in dets.iter().zip(&scales) {
                 let name = ob
@@ -459,10 +665,10 @@ impl MapMaker {
                     .find(|x| *x == d)
                     .map(String::as_str)
                     .unwrap_or_default();
-                let view_amp = lay.offset(d).map(|a0| {
-                    let mut starts = Vec::with_capacity(lay.n_amp_views.len());
+                let view_amp = lay.and_then(|lay| lay.offset(d)).map(|a0| {
+                    let mut starts = Vec::new();
                     let mut a = a0;
-                    for &n in lay.n_amp_views {
+                    for &n in lay.map_or(&[][..], |l| l.n_amp_views) {
                         starts.push(a);
                         a += n as usize;
                     }
@@ -472,9 +678,18 @@ impl MapMaker {
                     name,
                     params: DetParams::of(ob, d)?,
                     pix: comp.row_of::<i32>(d)?,
-                    flags: flags.row_of::<u8>(d)?,
+                    bin_flags: bin_field.map(|f| f.row_of::<u8>(d)).transpose()?,
+                    proj_flags: proj_field.map(|f| f.row_of::<u8>(d)).transpose()?,
+                    signal: signal.map(|f| f.row_of::<f64>(d)).transpose()?,
                     scale,
                     view_amp,
+                    zero_skips: scale.is_finite()
+                        && self
+                            .weights_finite
+                            .as_ref()
+                            .and_then(|m| m.get(&(ob.name().to_string(), d.clone())))
+                            .copied()
+                            .unwrap_or(false),
                 });
             }
             let shared_cut = match pass.flags.shared() {
@@ -485,25 +700,37 @@ impl MapMaker {
                 name: ob.name(),
                 src: CompactSource::of(&ob.shared, &c.det_pointing, &c.weights)?,
                 intervals: view_intervals(ob, view)?,
-                step: lay.step_length,
+                step: lay.map_or(1, |l| l.step_length),
                 shared_cut,
                 dets: dp,
             });
         }
         let dist = data
             .meta
-            .object::<PixelData<f64>>(&keys.solve_cov)?
+            .object::<PixelData<f64>>(pass.covariance)?
             .distribution()
             .as_ref();
         let nps = dist.n_pix_submap();
+        let (amps, amp_flags): (&[f64], &[u8]) = match (input, tmpl) {
+            (Input::Amplitudes(k), Some(t)) => (
+                &data.meta.object::<HostArray<f64>>(k)?.values,
+                &data.meta.object::<HostArray<u8>>(&t.flags_key())?.values,
+            ),
+            (_, Some(t)) => (
+                &[],
+                &data.meta.object::<HostArray<u8>>(&t.flags_key())?.values,
+            ),
+            _ => (&[], &[]),
+        };
         Ok(Plan {
             obs,
             n_pix: dist.n_pix(),
             nps,
             shift: (nps > 0 && (nps as u64).is_power_of_two()).then(|| nps.trailing_zeros()),
             g2l: dist.global2local(),
-            amps: &data.meta.object::<HostArray<f64>>(&keys.lhs_in)?.values,
-            amp_flags: &data.meta.object::<HostArray<u8>>(&tmpl.flags_key())?.values,
+            amps,
+            amp_flags,
+            bin_mask: bin_flags.map_or(0, |(_, m)| m),
         })
     }
 }

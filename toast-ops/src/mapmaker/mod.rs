@@ -213,6 +213,9 @@ pub struct MapMaker {
     /// runs fused (see `fused`). On by default; see
     /// [`MapMaker::fused_passes`].
     fused: bool,
+    /// The fused passes' per-(observation, detector) finiteness of the
+    /// rebuilt weights, found once per run (see `fused`).
+    weights_finite: Option<std::collections::HashMap<(String, String), bool>>,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -272,6 +275,7 @@ impl MapMaker {
             discard_timestream: false,
             work_batches: false,
             fused: true,
+            weights_finite: None,
         })
     }
 
@@ -417,6 +421,7 @@ impl MapMaker {
         if compact {
             let field = self.compact_field();
             self.solve_pointing.set_compact(Some(&field));
+            self.weights_finite = None;
         }
 
         // Pixel distribution of the solve.

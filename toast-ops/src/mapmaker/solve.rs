@@ -420,6 +420,9 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
+        if self.fused_applies(data, Some(tmpl))? {
+            return self.rhs_fused(data, ctx, tmpl, keys);
+        }
         let mm = self.setup.mapmaker.clone();
         let binner = self.setup.binner.clone();
         let full = binner.full_pointing;
@@ -562,12 +565,7 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        if self.fused_applies(data, tmpl)? {
-            // Nothing of the unfused passes is read in the fused solve: the
-            // last batch's rebuilt pointing and work timestream (left by
-            // the right-hand side) go.
-            self.drop_pointing(data)?;
-            data.remove_detdata(&[&keys.temp])?;
+        if self.fused_applies(data, Some(tmpl))? {
             return self.lhs_fused(data, ctx, tmpl, keys);
         }
         let binner = self.setup.binner.clone();

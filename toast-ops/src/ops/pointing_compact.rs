@@ -248,6 +248,7 @@ impl Operator for ExpandCompactPointing {
 }
 
 /// The shared inputs of the weights.
+#[derive(Clone, Copy)]
 pub(crate) struct Source<'a> {
     bore: &'a [f64],
     flags: Option<(&'a [u8], u8)>,
