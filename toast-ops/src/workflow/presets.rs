@@ -159,21 +159,23 @@ pub struct Pointing {
 }
 
 impl Pointing {
-    /// The workflow's default for `case` (see [`keeps_pointing`]), with
-    /// the default batch of 8 detectors.
+    /// The workflow's default for `case` (see [`keeps_pointing`]): kept,
+    /// else compact, with the default batch of 8 detectors.
     pub fn default_for(case: &str) -> Self {
+        let full = keeps_pointing(case);
         Pointing {
-            full: keeps_pointing(case),
-            compact: false,
+            full,
+            compact: !full,
             batch: 8,
         }
     }
 }
 
 /// Whether the workflow keeps the pointing by default for `case` (see the
-/// module documentation): `tiny` and `xsmall`.
+/// module documentation): `tiny` only; the other cases (and `auto`) keep
+/// it in compact form.
 pub fn keeps_pointing(case: &str) -> bool {
-    matches!(case, "tiny" | "xsmall")
+    matches!(case, "tiny")
 }
 
 /// A workflow size.
@@ -361,20 +363,20 @@ mod tests {
 
     #[test]
     fn estimate_matches_measured_xsmall() {
-        // 2 517 068 kB.
-        check_measured("xsmall", 2.577e9);
+        // The default (compact pointing, fused passes): 1 213 424 kB.
+        check_measured("xsmall", 1.2425e9);
     }
 
     #[test]
-    fn estimate_matches_measured_xsmall_compact() {
-        // `--set binner.full_pointing=false --set
-        // binner.compact_pointing=true`: 1 236 440 kB.
-        let compact = Pointing {
-            full: false,
-            compact: true,
+    fn estimate_matches_measured_xsmall_kept() {
+        // `--set binner.full_pointing=true --set
+        // binner.compact_pointing=false`: 2 509 368 kB.
+        let kept = Pointing {
+            full: true,
+            compact: false,
             batch: 8,
         };
-        check_measured_with("xsmall", compact, 1.266e9);
+        check_measured_with("xsmall", kept, 2.5696e9);
     }
 
     #[test]
@@ -421,8 +423,9 @@ mod tests {
             "{recomputed} {compact} {kept}"
         );
         assert!(recomputed < all_at_once, "{recomputed} {all_at_once}");
-        assert!(keeps_pointing("tiny") && keeps_pointing("xsmall"));
+        assert!(keeps_pointing("tiny") && !keeps_pointing("xsmall"));
         assert!(!keeps_pointing("small") && !keeps_pointing("auto"));
+        assert!(Pointing::default_for("xsmall").compact && !Pointing::default_for("tiny").compact);
     }
 
     #[test]
