@@ -1,45 +1,54 @@
-//! The solver's left-hand side with compact pointing, fused on the host.
+//! The map-maker's fused passes with compact pointing, on the host.
 //!
-//! With `binner.compact_pointing` the unfused left-hand side rebuilds each
-//! detector batch's pixels (i64) and IQU weights (3 f64) into fields of
-//! the batch's length, twice per iteration, fills a work timestream with
-//! `F d`, and hands all of it to the kernels: about 40 bytes a sample
-//! written to memory and read back per pass. Here the two passes of
-//! `q = Fᵀ N⁻¹ Z F d` read only what is kept (the i32 compact pixels, the
-//! solver flags, the boresight, the amplitudes) and rebuild the weights
-//! for blocks of [`BLOCK`] samples into a per-task buffer that stays in
-//! cache, consumed at once; no per-sample array of a detector's length is
-//! made and no work timestream exists.
+//! With `binner.compact_pointing` the unfused passes rebuild each detector
+//! batch's pixels (i64) and IQU weights (3 f64) into fields of the batch's
+//! length (and, in the solver, fill a work timestream), then hand them to
+//! the kernels: about 40 bytes a sample written to memory and read back
+//! per pass. The fused passes read only what is kept (the i32 compact
+//! pixels, the flags, the boresight, the timestream or the amplitudes) and
+//! rebuild the weights for blocks of [`BLOCK`] samples into a per-task
+//! buffer that stays in cache, consumed at once; no per-sample array of a
+//! detector's length is made and no work timestream exists. They run the
+//! solver's right-hand side (`SolverRHS`), its left-hand side (`SolverLHS`,
+//! twice per CG iteration in the unfused form) and the final binned and
+//! destriped maps (`BinMap`):
 //!
-//! * **Binning** (`F d` binned into `{name}_solve_bin`): the sub-pixel axis
-//!   of the map is split into one range per task, as the
+//! * **Binning** ([`Plan::accumulate`], into the pass's map): the sub-pixel
+//!   axis of the map is split into one range per task, as the
 //!   `build_noise_weighted` kernel does; every task walks the detectors
 //!   (in the unfused pass's order: detector batch, observation, detector),
 //!   views and samples in order, keeps the samples whose pixel falls in
-//!   its range, rebuilds their weights (each sample's once in all, by
-//!   the task that owns its pixel) and accumulates them. Each map element
-//!   is summed by one task in the unfused order, so the map is
-//!   bit-identical to the unfused pass's for any thread count. The sum over
-//!   the job and the covariance follow as in [`crate::ops::binning`].
-//! * **Projection** (`Fᵀ N⁻¹` of `F d - P m`): tasks of about 16384
-//!   samples over (observation, detector, view, amplitude range), as the
-//!   `template_offset_project_signal` kernel's; each rebuilds the weights
-//!   of its samples block by block, scans the map, subtracts, noise
-//!   weights and sums each amplitude's good samples in sample order, the
-//!   kernels' operations in their order.
+//!   its range, rebuilds their weights (each sample's once in all, by the
+//!   task that owns its pixel) and accumulates them. Each map element is
+//!   summed by one task in the unfused order, so the map is bit-identical
+//!   to the unfused pass's for any thread count. The sum over the job and
+//!   the covariance follow as in [`crate::ops::binning`].
+//! * **Projection** ([`Plan::project`], the solver's `Fᵀ N⁻¹ (t - P m)`):
+//!   tasks of about 16384 samples over (observation, detector, view,
+//!   amplitude range), as the `template_offset_project_signal` kernel's;
+//!   each rebuilds the weights of its samples block by block, scans the
+//!   map, subtracts, noise weights and sums each amplitude's good samples
+//!   in sample order.
 //!
-//! Every value is the unfused path's, operation for operation: the
-//! timestream value `0 + a` (the zeroed work timestream plus the
-//! amplitude, `0` under a flagged amplitude), the product `(d · w_det) ·
-//! w_i` of the accumulation, the scan's `0 + Σ w_i m_i` in component
-//! order, the weights from the same function
-//! ([`crate::ops::ExpandCompactPointing`]'s). So the solution, and the maps,
-//! are byte-identical to the unfused compact path's (tested in
-//! `tests/fused_lhs.rs`-style unit tests below and on the CLI's maps).
+//! Every value is the unfused path's, operation for operation: the work
+//! timestream `0 + a` (the zeroed timestream plus the amplitude, `0` under
+//! a flagged amplitude) or the copied signal, the accumulation's `(d ·
+//! w_det) · w_i`, the scan's `0 + Σ w_i m_i` in component order, the noise
+//! weight, the projection's `+ (good ? t : 0)`, and the weights from the
+//! same function as [`crate::ops::ExpandCompactPointing`]'s. The one
+//! shortcut is exact: a sample of value ±0 is left out of the accumulation
+//! where it adds ±0 to a map value that cannot be `-0`
+//! (`DetPass::zero_skips`); on xsmall most amplitudes are flagged, so the
+//! left-hand side's binning skips most detectors. So the solution and the
+//! maps are byte-identical to the unfused compact passes' (test
+//! `fused_passes_are_the_unfused_ones_bit_for_bit` in
+//! `toast-ops/tests/mapmaker.rs`, at 1 and 2 threads, with one and two
+//! observations, and the CLI's xsmall maps).
 //!
-//! It applies to host runs with compact pointing, IQU weights and a
-//! template whose views are the pointing's (the satellite workflow's); a
-//! run outside that takes the unfused passes.
+//! They apply to host runs with compact pointing, IQU weights, no separate
+//! final pixelization and, for the solver, a template whose views are the
+//! pointing's (the satellite workflow's); otherwise the unfused passes
+//! run.
 
 use super::products::Keys;
 use super::{timed, MapMaker};

@@ -133,10 +133,15 @@
 //! maps equal to the kept pointing's to rounding: on xsmall three pixels
 //! differ by one float32 ulp) instead of running the three pointing
 //! kernels: 14 bytes a detector sample instead of 42 kept, at a few ns a
-//! sample per pass instead of the kernels' ~70 (still, each batch's
-//! pixels and weights are written out and read back by the kernels, so
-//! xsmall's CG solve takes about 3x the kept pointing's; a kernel that
-//! computes the weights inside its accumulation loop would avoid that).
+//! sample per pass instead of the kernels' ~70. The covariance pass (5b)
+//! and the rcond mask (5c) write each batch's pixels and weights out for
+//! the kernels; the right-hand side, the left-hand side and the final
+//! binning passes run *fused* instead (`fused`, IQU weights and a
+//! template on the pointing's views; [`MapMaker::fused_passes`]): the
+//! weights are rebuilt per block of samples in cache and consumed at once,
+//! with no batch pointing or work timestream, and the results are
+//! bit-identical to the unfused passes' (xsmall's CG solve is then faster
+//! than with the kept pointing).
 //! A staged run asked for it
 //! keeps the pointing (`full_pointing`). The pixel distribution, when the map-maker builds it,
 //! is built in one pass (its builder reduces over the job after each pass,

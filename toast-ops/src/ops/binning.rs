@@ -63,9 +63,12 @@ pub struct BinnerConfig {
     /// pixels and weights from them and the boresight in every pass,
     /// instead of recomputing them with the pointing kernels (see
     /// [`crate::ops::ExpandCompactPointing`]: exact pixels, weights within
-    /// a few ulp of the kernel's). Used where `12 nside²` fits an i32;
-    /// staged (device) runs keep the pointing instead, as with
-    /// `full_pointing`.
+    /// a few ulp of the kernel's; the map-maker's solver and final binning
+    /// passes rebuild the weights inside their loops, see
+    /// [`crate::mapmaker`]). Used where `12 nside²` fits an i32; staged
+    /// (device) runs keep the pointing instead, as with `full_pointing`.
+    /// Off here (TOAST's default); the satellite workflow turns it on from
+    /// `xsmall` on.
     pub compact_pointing: bool,
 }
 

@@ -76,21 +76,25 @@
 //! 2-core 24 GB machine, loaded by other jobs; tests
 //! `estimate_matches_measured_*`): tiny (pointing kept) measured 0.58 GB
 //! (its peak is the map-maker's end); tiny with `--sky-map` (a NSIDE 1024
-//! I/Q/U file) 0.62 GB; xsmall (kept) 2.58 GB; xsmall with
-//! `compact_pointing` 1.27 GB. Before the work timestream was batched
+//! I/Q/U file) 0.62 GB; xsmall (default, compact pointing with the fused
+//! passes) 1.24 GB (1 213 424 kB; the peak is the covariance pass before
+//! the solve, which still rebuilds a batch's pointing, and the final
+//! maps); xsmall (kept) 2.57 GB. Before the work timestream was batched
 //! (8 B per detector sample more), xsmall (recomputed) measured 1.53 GB
 //! and small (recomputed) 9.17 GB (the VmHWM reached once the solver's
-//! work timestream existed); neither has been measured since.
+//! work timestream existed); small has not been measured since (the
+//! model gives about 7.5 GB with compact pointing).
 //!
 //! # Pointing by case
 //!
-//! The workflow keeps the pointing ([`keeps_pointing`]) for `tiny` and
-//! `xsmall`, whose kept pointing (1.6 GB for xsmall) fits any machine the
-//! benchmark runs on and saves rebuilding it twice per CG iteration; from
-//! `small` on (and for `auto`) it recomputes it per detector batch, as
-//! TOAST does, which makes memory 10 B per detector sample instead of 42.
-//! `binner.compact_pointing` (not a default) sits between: 14 B, the
-//! pointing rebuilt from 4-byte pixels at a few ns a sample.
+//! The workflow keeps the pointing ([`keeps_pointing`]) for `tiny`, where
+//! the kept pointing is small and saves rebuilding it. From `xsmall` on
+//! (and for `auto`) it keeps it in compact form
+//! ([`Pointing::default_for`]: `binner.compact_pointing`): 14 B per
+//! detector sample instead of 42, the weights rebuilt from the 4-byte
+//! pixels and the boresight inside the map-maker's fused passes, as fast
+//! as the kept pointing on xsmall. `compact_pointing = false` gives
+//! TOAST's recomputation by the kernels (10 B, slowest).
 
 /// The machine's memory, read where the lower layers need it too.
 pub use crate::sysinfo::{mem_available, mem_total, peak_rss};
