@@ -372,15 +372,10 @@ impl MapMaker {
         Ok(true)
     }
 
-    /// Find, once per run, which detectors' rebuilt weights are all finite
-    /// over the pointing's view (see `DetPass::zero_skips`): one pass over
-    /// the samples, in parallel over detectors.
-    pub(super) fn ensure_weights_finite(&mut self, data: &Data) -> Result<(), OpError> {
-        if self.weights_finite.is_some() {
-            return Ok(());
-        }
-        let c = self
-            .solve_pointing
+    /// The compact pointing's expansion settings (the fused passes rebuild
+    /// the weights as it does).
+    fn compact_ops(&self) -> Result<&crate::ops::ExpandCompactPointing, OpError> {
+        self.solve_pointing
             .compact
             .as_ref()
             .ok_or_else(|| OpError::State {
@@ -388,7 +383,17 @@ impl MapMaker {
                     "{}: the fused passes need compact pointing",
                     self.setup.name
                 ),
-            })?;
+            })
+    }
+
+    /// Find, once per run, which detectors' rebuilt weights are all finite
+    /// over the pointing's view (see `DetPass::zero_skips`): one pass over
+    /// the samples, in parallel over detectors.
+    pub(super) fn ensure_weights_finite(&mut self, data: &Data) -> Result<(), OpError> {
+        if self.weights_finite.is_some() {
+            return Ok(());
+        }
+        let c = self.compact_ops()?;
         let view = self.solve_pointing.view();
         let mut per_obs = Vec::with_capacity(data.obs.len());
         for ob in &data.obs {
@@ -435,16 +440,8 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        self.ensure_weights_finite(data)?;
-        let binner = self.setup.binner.clone();
-        let pass = self.solver_pass(&binner, keys, &keys.temp);
         let input = Input::Amplitudes(&keys.lhs_in);
-        timed(data, ctx, "solver_binning", |data, ctx| {
-            self.bin_fused(data, ctx, &pass, Some(tmpl), input, keys)
-        })?;
-        timed(data, ctx, "fused_projection", |data, ctx| {
-            self.project_fused(data, ctx, &pass, tmpl, input, keys, &keys.lhs_out)
-        })
+        self.solver_fused(data, ctx, tmpl, keys, (&keys.temp, input), &keys.lhs_out)
     }
 
     /// The right-hand side `b = Fᵀ N⁻¹ (d - P m)` (TOAST's `SolverRHS`)
@@ -457,16 +454,30 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
+        let det_data = self.setup.mapmaker.det_data.clone();
+        let input = Input::Timestream(&det_data);
+        self.solver_fused(data, ctx, tmpl, keys, (&det_data, input), &keys.rhs)
+    }
+
+    /// One solver application: `input` (the pass's timestream name and
+    /// source) binned into the solver's map, then projected into `output`.
+    fn solver_fused(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+        (det_data, input): (&str, Input<'_>),
+        output: &str,
+    ) -> Result<(), OpError> {
         self.ensure_weights_finite(data)?;
         let binner = self.setup.binner.clone();
-        let det_data = self.setup.mapmaker.det_data.clone();
-        let pass = self.solver_pass(&binner, keys, &det_data);
-        let input = Input::Timestream(&det_data);
+        let pass = self.solver_pass(&binner, keys, det_data);
         timed(data, ctx, "solver_binning", |data, ctx| {
             self.bin_fused(data, ctx, &pass, Some(tmpl), input, keys)
         })?;
         timed(data, ctx, "fused_projection", |data, ctx| {
-            self.project_fused(data, ctx, &pass, tmpl, input, keys, &keys.rhs)
+            self.project_fused(data, ctx, &pass, tmpl, input, keys, output)
         })
     }
 
@@ -629,16 +640,7 @@ impl MapMaker {
         keys: &Keys,
         pass: &BinPass<'_>,
     ) -> Result<Plan<'a>, OpError> {
-        let c = self
-            .solve_pointing
-            .compact
-            .as_ref()
-            .ok_or_else(|| OpError::State {
-                what: format!(
-                    "{}: the fused passes need compact pointing",
-                    self.setup.name
-                ),
-            })?;
+        let c = self.compact_ops()?;
         let view = self.solve_pointing.view();
         let bin_flags = pass.flags.det();
         let mut obs = Vec::with_capacity(data.obs.len());
