@@ -611,15 +611,17 @@ fn procs_per_node(size: usize) -> usize {
 /// memory of each process.
 /// How the map-maker holds the pointing, in words.
 fn pointing_mode(p: presets::Pointing) -> String {
-    let what = if p.compact {
-        "rebuilt from compact pixels in every pass"
-    } else {
-        "recomputed in every pass"
-    };
-    match (p.full, p.batch) {
-        (true, _) => "kept".into(),
-        (false, 0) => what.into(),
-        (false, b) => format!("{what}, {b} detector(s) at a time"),
+    if p.full {
+        return "kept".into();
+    }
+    match (p.compact, p.batch) {
+        (true, 0) => "kept as 4-byte pixels, weights rebuilt in every pass (fused)".into(),
+        (true, b) => format!(
+            "kept as 4-byte pixels, weights rebuilt in every pass (fused; the covariance \
+             passes {b} detector(s) at a time)"
+        ),
+        (false, 0) => "recomputed in every pass".into(),
+        (false, b) => format!("recomputed in every pass, {b} detector(s) at a time"),
     }
 }
 

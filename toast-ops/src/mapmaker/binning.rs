@@ -4,6 +4,7 @@
 //! maps (5f), and the final binning passes, the binned raw map (5g) and the
 //! destriped map (5i). The binning itself is [`crate::ops::binning`]'s.
 
+use super::fused::Input;
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
 use crate::accel::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
@@ -262,6 +263,12 @@ impl MapMaker {
         expand: bool,
     ) -> Result<(), OpError> {
         timed(data, ctx, "BinMap", |data, ctx| {
+            if expand && self.fused_applies(data, None)? {
+                self.ensure_weights_finite(data)?;
+                let keys = Keys::new(&self.setup.name);
+                let input = Input::Timestream(pass.det_data);
+                return self.bin_fused(data, ctx, &pass, None, input, &keys);
+            }
             let (pointing, sets) = if expand {
                 let sets = self.pointing_sets(data);
                 (Some(self.final_ops_mut()), sets)

@@ -133,10 +133,15 @@
 //! maps equal to the kept pointing's to rounding: on xsmall three pixels
 //! differ by one float32 ulp) instead of running the three pointing
 //! kernels: 14 bytes a detector sample instead of 42 kept, at a few ns a
-//! sample per pass instead of the kernels' ~70 (still, each batch's
-//! pixels and weights are written out and read back by the kernels, so
-//! xsmall's CG solve takes about 3x the kept pointing's; a kernel that
-//! computes the weights inside its accumulation loop would avoid that).
+//! sample per pass instead of the kernels' ~70. The covariance pass (5b)
+//! and the rcond mask (5c) write each batch's pixels and weights out for
+//! the kernels; the right-hand side, the left-hand side and the final
+//! binning passes run *fused* instead (`fused`, IQU weights and a
+//! template on the pointing's views; [`MapMaker::fused_passes`]): the
+//! weights are rebuilt per block of samples in cache and consumed at once,
+//! with no batch pointing or work timestream, and the results are
+//! bit-identical to the unfused passes' (xsmall's CG solve is then faster
+//! than with the kept pointing).
 //! A staged run asked for it
 //! keeps the pointing (`full_pointing`). The pixel distribution, when the map-maker builds it,
 //! is built in one pass (its builder reduces over the job after each pass,
@@ -165,6 +170,7 @@
 
 mod binning;
 mod config;
+mod fused;
 mod products;
 mod solve;
 mod vectors;
@@ -208,6 +214,13 @@ pub struct MapMaker {
     /// batch of `binner.pointing_batch` detectors at a time (see
     /// [`MapMaker::work_sets`]).
     work_batches: bool,
+    /// With compact pointing on the host: the solver's left-hand side
+    /// runs fused (see `fused`). On by default; see
+    /// [`MapMaker::fused_passes`].
+    fused: bool,
+    /// The fused passes' per-(observation, detector) finiteness of the
+    /// rebuilt weights, found once per run (see `fused`).
+    weights_finite: Option<std::collections::HashMap<(String, String), bool>>,
 }
 
 /// Run `f` inside the timer frame `frame`.
@@ -266,6 +279,8 @@ impl MapMaker {
             reuse_pointing: false,
             discard_timestream: false,
             work_batches: false,
+            fused: true,
+            weights_finite: None,
         })
     }
 
@@ -291,6 +306,15 @@ impl MapMaker {
     /// map-maker always expands its own.
     pub fn reuse_pointing(&mut self, on: bool) {
         self.reuse_pointing = on;
+    }
+
+    /// With `on` (the default), a host run with compact pointing applies the
+    /// solver's left-hand side with fused passes that rebuild the weights
+    /// block by block in cache instead of per detector batch (the module
+    /// `fused`; byte-identical results); `false` keeps the unfused passes
+    /// (to compare them).
+    pub fn fused_passes(&mut self, on: bool) {
+        self.fused = on;
     }
 
     /// The setup.
@@ -402,6 +426,7 @@ impl MapMaker {
         if compact {
             let field = self.compact_field();
             self.solve_pointing.set_compact(Some(&field));
+            self.weights_finite = None;
         }
 
         // Pixel distribution of the solve.

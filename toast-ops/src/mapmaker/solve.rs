@@ -176,7 +176,7 @@ impl MapMaker {
 
     /// The samples the solver uses: the binner's detectors and shared
     /// flags (with `shared_flag_mask`), and any bit of the solver flags.
-    fn solver_selection(&self, keys: &Keys, shared_flag_mask: u8) -> FlagSelection {
+    pub(super) fn solver_selection(&self, keys: &Keys, shared_flag_mask: u8) -> FlagSelection {
         let binner = &self.setup.binner;
         FlagSelection {
             det_mask: binner.det_mask,
@@ -420,6 +420,9 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
+        if self.fused_applies(data, Some(tmpl))? {
+            return self.rhs_fused(data, ctx, tmpl, keys);
+        }
         let mm = self.setup.mapmaker.clone();
         let binner = self.setup.binner.clone();
         let full = binner.full_pointing;
@@ -562,6 +565,9 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
+        if self.fused_applies(data, Some(tmpl))? {
+            return self.lhs_fused(data, ctx, tmpl, keys);
+        }
         let binner = self.setup.binner.clone();
         let full = binner.full_pointing;
         let solver_bin_flags = self.solver_selection(keys, 0);

@@ -6,8 +6,9 @@ use super::util::{PointingOps, ResetData};
 use crate::accel::kernels;
 use crate::accel::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::{apply_covariance, nnz_of_block};
-use crate::pixels::{get_distribution, sync_maps, PixelData, SYNC_TIMER};
+use crate::pixels::{get_distribution, sync_maps, PixelData, PixelDistribution, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{comm_of, Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};
 
@@ -62,9 +63,12 @@ pub struct BinnerConfig {
     /// pixels and weights from them and the boresight in every pass,
     /// instead of recomputing them with the pointing kernels (see
     /// [`crate::ops::ExpandCompactPointing`]: exact pixels, weights within
-    /// a few ulp of the kernel's). Used where `12 nside²` fits an i32;
-    /// staged (device) runs keep the pointing instead, as with
-    /// `full_pointing`.
+    /// a few ulp of the kernel's; the map-maker's solver and final binning
+    /// passes rebuild the weights inside their loops, see
+    /// [`crate::mapmaker`]). Used where `12 nside²` fits an i32; staged
+    /// (device) runs keep the pointing instead, as with `full_pointing`.
+    /// Off here (TOAST's default); the satellite workflow turns it on from
+    /// `xsmall` on.
     pub compact_pointing: bool,
 }
 
@@ -157,28 +161,7 @@ pub(crate) fn bin_map(
     sets: &DetectorSets,
 ) -> Result<(), OpError> {
     let cfg = pass.config;
-    let dist = get_distribution(data, &cfg.pixel_dist)?;
-    let (nnz, cov_dist) = {
-        let cov = data.meta.object::<PixelData<f64>>(pass.covariance)?;
-        let nnz = nnz_of_block(cov.n_value()).ok_or_else(|| OpError::Global {
-            key: pass.covariance.to_string(),
-            problem: format!(
-                "a covariance with {} values per pixel, not a packed symmetric matrix",
-                cov.n_value()
-            ),
-        })?;
-        (nnz, cov.distribution().clone())
-    };
-    if cov_dist != dist {
-        return Err(OpError::Global {
-            key: pass.covariance.to_string(),
-            problem: format!(
-                "the covariance does not use the pixel distribution '{}'",
-                cfg.pixel_dist
-            ),
-        });
-    }
-    ensure_map::<f64>(data, pass.binned, &dist, nnz)?;
+    prepare_bin_map(data, &pass)?;
 
     let (pix_field, wts_field, view) = match &pointing {
         Some(p) => (
@@ -225,6 +208,51 @@ pub(crate) fn bin_map(
     };
     run_operators(pass.name, &mut ops, data, ctx, &opts)?;
 
+    finish_bin_map(data, ctx, &pass)
+}
+
+/// The checks and the output map of a binning pass: the covariance is a
+/// packed symmetric matrix on the binner's pixel distribution, and the
+/// binned map exists with its `nnz` values per pixel. Returns the
+/// distribution and `nnz`.
+pub(crate) fn prepare_bin_map(
+    data: &mut Data,
+    pass: &BinPass<'_>,
+) -> Result<(Arc<PixelDistribution>, usize), OpError> {
+    let cfg = pass.config;
+    let dist = get_distribution(data, &cfg.pixel_dist)?;
+    let (nnz, cov_dist) = {
+        let cov = data.meta.object::<PixelData<f64>>(pass.covariance)?;
+        let nnz = nnz_of_block(cov.n_value()).ok_or_else(|| OpError::Global {
+            key: pass.covariance.to_string(),
+            problem: format!(
+                "a covariance with {} values per pixel, not a packed symmetric matrix",
+                cov.n_value()
+            ),
+        })?;
+        (nnz, cov.distribution().clone())
+    };
+    if cov_dist != dist {
+        return Err(OpError::Global {
+            key: pass.covariance.to_string(),
+            problem: format!(
+                "the covariance does not use the pixel distribution '{}'",
+                cfg.pixel_dist
+            ),
+        });
+    }
+    ensure_map::<f64>(data, pass.binned, &dist, nnz)?;
+    Ok((dist, nnz))
+}
+
+/// The end of a binning pass whose noise-weighted map is accumulated (in
+/// `pass.binned`): sum it over the job, keep a copy when asked for, apply
+/// the covariance (see [`BinPass::covariance_on_device`]).
+pub(crate) fn finish_bin_map(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    pass: &BinPass<'_>,
+) -> Result<(), OpError> {
     // Sum the noise-weighted map over the job (nothing to do in one process).
     if comm_of(ctx).size() > 1 {
         let binned = pass.binned.to_string();

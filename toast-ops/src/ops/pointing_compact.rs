@@ -39,7 +39,9 @@ use super::PointingDetectorConfig;
 use crate::accel::kernels::view_intervals;
 use crate::math::qarray::{mult, rotate_unit, Quat, XAXIS, ZAXIS};
 use rayon::prelude::*;
-use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{
+    Category, DType, Data, ExecContext, Observation, OpError, Operator, Requirements, SharedData,
+};
 
 /// Samples per parallel task of the weight computation.
 const CHUNK: usize = 4096;
@@ -155,11 +157,27 @@ impl ExpandCompactPointing {
 }
 
 /// One detector's weight parameters.
-struct DetParams {
+pub(crate) struct DetParams {
     fp: Quat,
     eta: f64,
     cal: f64,
     gamma: f64,
+}
+
+impl DetParams {
+    /// Detector `d` of `ob`: its focal-plane quaternion, polarization
+    /// efficiency `η = (1 - ε) / (1 + ε)`, calibration 1 and angle `γ`.
+    pub(crate) fn of(ob: &Observation, d: &str) -> Result<Self, OpError> {
+        let det = ob.detector(d)?;
+        let eps = det.pol_leakage;
+        let eta = (1.0 - eps) / (1.0 + eps);
+        Ok(DetParams {
+            fp: det.quat,
+            eta,
+            cal: 1.0,
+            gamma: det.gamma,
+        })
+    }
 }
 
 impl Operator for ExpandCompactPointing {
@@ -186,7 +204,6 @@ impl Operator for ExpandCompactPointing {
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let nnz = self.weights.mode.nnz();
         let view = self.view().map(str::to_string);
-        let u_sign = if self.weights.iau { -1.0 } else { 1.0 };
         for ob in &mut data.obs {
             let dets = select_detectors(ctx, ob, self.det_pointing.det_mask);
             pointing_field(ob, &self.pixels.pixels, DType::I64, &[], &dets, true)?;
@@ -195,35 +212,11 @@ impl Operator for ExpandCompactPointing {
                 continue;
             }
             let intervals = view_intervals(ob, view.as_deref())?;
-            let hwp_name = self
-                .weights
-                .hwp_angle
-                .as_deref()
-                .filter(|h| ob.shared.contains(h));
-            let mut params = Vec::with_capacity(dets.len());
-            for d in &dets {
-                let det = ob.detector(d)?;
-                let eps = det.pol_leakage;
-                let eta = (1.0 - eps) / (1.0 + eps);
-                params.push(DetParams {
-                    fp: det.quat,
-                    eta,
-                    cal: 1.0,
-                    gamma: det.gamma,
-                });
-            }
-            let bore = ob.shared.data::<f64>(&self.det_pointing.boresight)?;
-            let flags = match (
-                &self.det_pointing.shared_flags,
-                self.det_pointing.shared_flag_mask,
-            ) {
-                (Some(f), m) if m != 0 => Some((ob.shared.data::<u8>(f)?, m)),
-                _ => None,
-            };
-            let hwp = match hwp_name {
-                Some(h) => Some(ob.shared.data::<f64>(h)?),
-                None => None,
-            };
+            let params = dets
+                .iter()
+                .map(|d| DetParams::of(ob, d))
+                .collect::<Result<Vec<_>, _>>()?;
+            let src = Source::of(&ob.shared, &self.det_pointing, &self.weights)?;
             let [comp, pix, wts] = ob.detdata.get_disjoint_mut([
                 self.compact.as_str(),
                 self.pixels.pixels.as_str(),
@@ -241,12 +234,6 @@ impl Operator for ExpandCompactPointing {
                     }
                     continue;
                 }
-                let src = Source {
-                    bore,
-                    flags,
-                    hwp,
-                    u_sign,
-                };
                 for iv in &intervals {
                     let (first, last) = (iv.first as usize, iv.last as usize);
                     w[3 * first..3 * last]
@@ -261,23 +248,64 @@ impl Operator for ExpandCompactPointing {
 }
 
 /// The shared inputs of the weights.
-struct Source<'a> {
+#[derive(Clone, Copy)]
+pub(crate) struct Source<'a> {
     bore: &'a [f64],
     flags: Option<(&'a [u8], u8)>,
     hwp: Option<&'a [f64]>,
     u_sign: f64,
 }
 
-impl Source<'_> {
+impl<'a> Source<'a> {
+    /// The IQU weights' inputs of observation `ob` as `weights` and
+    /// `det_pointing` configure them (boresight, the shared flags that cut
+    /// it, the HWP angle when present, the U sign), for a fused host pass
+    /// that rebuilds weights sample block by sample block (see
+    /// [`crate::mapmaker`]). The caller checks the mode is IQU.
+    pub(crate) fn of(
+        shared: &'a SharedData,
+        det_pointing: &PointingDetectorConfig,
+        weights: &StokesWeightsConfig,
+    ) -> Result<Self, OpError> {
+        let hwp = match weights.hwp_angle.as_deref() {
+            Some(h) if shared.contains(h) => Some(shared.data::<f64>(h)?),
+            _ => None,
+        };
+        let flags = match (&det_pointing.shared_flags, det_pointing.shared_flag_mask) {
+            (Some(f), m) if m != 0 => Some((shared.data::<u8>(f)?, m)),
+            _ => None,
+        };
+        Ok(Source {
+            bore: shared.data::<f64>(&det_pointing.boresight)?,
+            flags,
+            hwp,
+            u_sign: if weights.iau { -1.0 } else { 1.0 },
+        })
+    }
+
     /// The IQU weights of samples `first..` into `out` (3 per sample), in
     /// the kernels' operation order for the quaternion and the products.
     /// Without a HWP the samples go in blocks of [`LANES`], each step a
     /// loop over the lanes that the compiler vectorizes (with AVX2 where
     /// the CPU has it); each lane's arithmetic is the same on every path.
-    fn weights(&self, p: &DetParams, first: usize, out: &mut [f64]) {
+    pub(crate) fn weights(&self, p: &DetParams, first: usize, out: &mut [f64]) {
+        self.weights_of(p, |i| first + i, out);
+    }
+
+    /// [`Source::weights`] of the samples `samples[i]` (any order) into
+    /// `out[3 i..3 i + 3]`: the same arithmetic per sample, so a sample's
+    /// weights do not depend on which samples it is computed with.
+    pub(crate) fn weights_at(&self, p: &DetParams, samples: &[u32], out: &mut [f64]) {
+        self.weights_of(p, |i| samples[i] as usize, &mut out[..3 * samples.len()]);
+    }
+
+    /// The weights of the samples `sample(0), sample(1), ...` into `out`
+    /// (3 per sample).
+    #[inline(always)]
+    fn weights_of(&self, p: &DetParams, sample: impl Fn(usize) -> usize, out: &mut [f64]) {
         if let Some(h) = self.hwp {
             for (i, w) in out.chunks_exact_mut(3).enumerate() {
-                let s = first + i;
+                let s = sample(i);
                 let q = mult(&self.boresight(s), &p.fp);
                 let ang = 2.0 * (2.0 * (p.gamma - h[s]) - alpha_exact(&q));
                 w[0] = p.cal;
@@ -290,22 +318,22 @@ impl Source<'_> {
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above), the only
             // requirement of `weights_avx2`.
-            unsafe { self.weights_avx2(p, first, out) };
+            unsafe { self.weights_avx2(p, sample, out) };
             return;
         }
-        self.weights_blocks(p, first, out);
+        self.weights_blocks(p, sample, out);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn weights_avx2(&self, p: &DetParams, first: usize, out: &mut [f64]) {
-        self.weights_blocks(p, first, out);
+    unsafe fn weights_avx2(&self, p: &DetParams, sample: impl Fn(usize) -> usize, out: &mut [f64]) {
+        self.weights_blocks(p, sample, out);
     }
 
     // Lane loops over fixed-size arrays: the form the compiler vectorizes.
     #[allow(clippy::needless_range_loop)]
     #[inline(always)]
-    fn weights_blocks(&self, p: &DetParams, first: usize, out: &mut [f64]) {
+    fn weights_blocks(&self, p: &DetParams, sample: impl Fn(usize) -> usize, out: &mut [f64]) {
         let n = out.len() / 3;
         let mut start = 0;
         while start < n {
@@ -313,7 +341,7 @@ impl Source<'_> {
             let mut q = [[0.0f64; LANES]; 4];
             for l in 0..LANES {
                 // Short blocks repeat their last sample.
-                let b = self.boresight(first + start + l.min(len - 1));
+                let b = self.boresight(sample(start + l.min(len - 1)));
                 let m = mult(&b, &p.fp);
                 for k in 0..4 {
                     q[k][l] = m[k];

@@ -158,6 +158,30 @@ struct ObsLayout {
     amp_offset: Vec<i64>,
 }
 
+/// One observation's amplitude layout ([`OffsetTemplate::obs_amplitudes`]):
+/// amplitude `k` of view `v` of a detector is `offset(det) + Σ_{u < v}
+/// n_amp_views[u] + k` and covers samples `intervals[v].first + k ·
+/// step_length` up to the next step or the view's end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ObsAmplitudes<'a> {
+    /// Samples per amplitude.
+    pub step_length: usize,
+    /// The views the amplitudes cover.
+    pub intervals: &'a [abi::SampleRange],
+    /// Amplitudes per view.
+    pub n_amp_views: &'a [i64],
+    dets: &'a [String],
+    amp_offset: &'a [i64],
+}
+
+impl ObsAmplitudes<'_> {
+    /// The first amplitude of detector `det`, if it has amplitudes here.
+    pub fn offset(&self, det: &str) -> Option<usize> {
+        let k = self.dets.iter().position(|d| d == det)?;
+        Some(self.amp_offset[k] as usize)
+    }
+}
+
 /// An initialised offset template: the amplitude layout over the data, the
 /// amplitude flags and variances (see the module documentation).
 #[derive(Debug, Clone)]
@@ -392,6 +416,26 @@ impl OffsetTemplate {
             off += n;
         }
         None
+    }
+
+    /// The amplitude layout of observation `i` (`ob`, checked to be the
+    /// one the template was initialised on), for the map-maker's fused host
+    /// passes, which walk amplitudes themselves instead of calling the
+    /// kernels.
+    pub(crate) fn obs_amplitudes(
+        &self,
+        ob: &Observation,
+        i: usize,
+    ) -> Result<ObsAmplitudes<'_>, OpError> {
+        self.check_obs(ob, i)?;
+        let lay = &self.layout[i];
+        Ok(ObsAmplitudes {
+            step_length: lay.step_length as usize,
+            intervals: &lay.intervals,
+            n_amp_views: &lay.n_amp_views,
+            dets: &lay.dets,
+            amp_offset: &lay.amp_offset,
+        })
     }
 
     /// The detectors (and their amplitude offsets) of observation `i` that

@@ -58,18 +58,20 @@
 //! maps go (the front-end resolves it against its output directory), and
 //! `enabled = false` skips the map-making.
 //!
-//! Our workflow default that differs from TOAST's benchmark: for `tiny`
-//! and `xsmall`, `binner.full_pointing = true` (the pointing is expanded
-//! once and kept for the whole solve instead of being recomputed in every
-//! pass; the maps are the same). Only the pixels and weights are kept: the
-//! expansion runs per batch of `binner.pointing_batch` detectors (default
-//! 8) and drops each batch's quaternions, so the quaternions of all
-//! detectors never coexist. From `small` on, and for `auto`, the default is
-//! TOAST's `false`: the pointing is recomputed in every pass, per batch of
-//! `pointing_batch` detectors, and only one batch's quaternions, pixels
-//! and weights exist at a time (10 instead of 42 bytes per detector
-//! sample; `binner.compact_pointing` keeps 4-byte pixels instead, 14
-//! bytes; see [`crate::workflow::presets`]).
+//! Our workflow defaults that differ from TOAST's benchmark: for `tiny`,
+//! `binner.full_pointing = true` (the pointing is expanded once and kept
+//! for the whole solve instead of being recomputed in every pass; the maps
+//! are the same). Only the pixels and weights are kept: the expansion runs
+//! per batch of `binner.pointing_batch` detectors (default 8) and drops
+//! each batch's quaternions, so the quaternions of all detectors never
+//! coexist. From `xsmall` on, and for `auto`, `full_pointing` is TOAST's
+//! `false` and `binner.compact_pointing = true`: the map-maker keeps a
+//! 4-byte pixel per sample and its passes rebuild the weights from it and
+//! the boresight block by block in cache (14 instead of 42 bytes per
+//! detector sample; see [`crate::mapmaker`] and
+//! [`crate::workflow::presets`]). `--set binner.compact_pointing=false`
+//! gives TOAST's recomputation by the pointing kernels (10 bytes per
+//! detector sample, slower).
 
 use crate::mapmaker::MapMakerConfig;
 use crate::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};
@@ -404,6 +406,7 @@ pub struct SatelliteConfig {
 pub fn workflow_defaults(case: &str) -> Table {
     let rcond = if case == "tiny" { "1.0e-6" } else { "1.0e-3" };
     let full_pointing = crate::workflow::presets::keeps_pointing(case);
+    let compact_pointing = !full_pointing;
     let text = format!(
         r#"
 [sim_satellite]
@@ -429,6 +432,7 @@ mode = "IQU"
 [binner]
 pixel_dist = "pixel_dist"
 full_pointing = {full_pointing}
+compact_pointing = {compact_pointing}
 
 [mapmaker]
 iter_max = 100

@@ -76,21 +76,25 @@
 //! 2-core 24 GB machine, loaded by other jobs; tests
 //! `estimate_matches_measured_*`): tiny (pointing kept) measured 0.58 GB
 //! (its peak is the map-maker's end); tiny with `--sky-map` (a NSIDE 1024
-//! I/Q/U file) 0.62 GB; xsmall (kept) 2.58 GB; xsmall with
-//! `compact_pointing` 1.27 GB. Before the work timestream was batched
+//! I/Q/U file) 0.62 GB; xsmall (default, compact pointing with the fused
+//! passes) 1.24 GB (1 213 424 kB; the peak is the covariance pass before
+//! the solve, which still rebuilds a batch's pointing, and the final
+//! maps); xsmall (kept) 2.57 GB. Before the work timestream was batched
 //! (8 B per detector sample more), xsmall (recomputed) measured 1.53 GB
 //! and small (recomputed) 9.17 GB (the VmHWM reached once the solver's
-//! work timestream existed); neither has been measured since.
+//! work timestream existed); small has not been measured since (the
+//! model gives about 7.5 GB with compact pointing).
 //!
 //! # Pointing by case
 //!
-//! The workflow keeps the pointing ([`keeps_pointing`]) for `tiny` and
-//! `xsmall`, whose kept pointing (1.6 GB for xsmall) fits any machine the
-//! benchmark runs on and saves rebuilding it twice per CG iteration; from
-//! `small` on (and for `auto`) it recomputes it per detector batch, as
-//! TOAST does, which makes memory 10 B per detector sample instead of 42.
-//! `binner.compact_pointing` (not a default) sits between: 14 B, the
-//! pointing rebuilt from 4-byte pixels at a few ns a sample.
+//! The workflow keeps the pointing ([`keeps_pointing`]) for `tiny`, where
+//! the kept pointing is small and saves rebuilding it. From `xsmall` on
+//! (and for `auto`) it keeps it in compact form
+//! ([`Pointing::default_for`]: `binner.compact_pointing`): 14 B per
+//! detector sample instead of 42, the weights rebuilt from the 4-byte
+//! pixels and the boresight inside the map-maker's fused passes, as fast
+//! as the kept pointing on xsmall. `compact_pointing = false` gives
+//! TOAST's recomputation by the kernels (10 B, slowest).
 
 /// The machine's memory, read where the lower layers need it too.
 pub use crate::sysinfo::{mem_available, mem_total, peak_rss};
@@ -159,21 +163,23 @@ pub struct Pointing {
 }
 
 impl Pointing {
-    /// The workflow's default for `case` (see [`keeps_pointing`]), with
-    /// the default batch of 8 detectors.
+    /// The workflow's default for `case` (see [`keeps_pointing`]): kept,
+    /// else compact, with the default batch of 8 detectors.
     pub fn default_for(case: &str) -> Self {
+        let full = keeps_pointing(case);
         Pointing {
-            full: keeps_pointing(case),
-            compact: false,
+            full,
+            compact: !full,
             batch: 8,
         }
     }
 }
 
 /// Whether the workflow keeps the pointing by default for `case` (see the
-/// module documentation): `tiny` and `xsmall`.
+/// module documentation): `tiny` only; the other cases (and `auto`) keep
+/// it in compact form.
 pub fn keeps_pointing(case: &str) -> bool {
-    matches!(case, "tiny" | "xsmall")
+    matches!(case, "tiny")
 }
 
 /// A workflow size.
@@ -361,20 +367,20 @@ mod tests {
 
     #[test]
     fn estimate_matches_measured_xsmall() {
-        // 2 517 068 kB.
-        check_measured("xsmall", 2.577e9);
+        // The default (compact pointing, fused passes): 1 213 424 kB.
+        check_measured("xsmall", 1.2425e9);
     }
 
     #[test]
-    fn estimate_matches_measured_xsmall_compact() {
-        // `--set binner.full_pointing=false --set
-        // binner.compact_pointing=true`: 1 236 440 kB.
-        let compact = Pointing {
-            full: false,
-            compact: true,
+    fn estimate_matches_measured_xsmall_kept() {
+        // `--set binner.full_pointing=true --set
+        // binner.compact_pointing=false`: 2 509 368 kB.
+        let kept = Pointing {
+            full: true,
+            compact: false,
             batch: 8,
         };
-        check_measured_with("xsmall", compact, 1.266e9);
+        check_measured_with("xsmall", kept, 2.5696e9);
     }
 
     #[test]
@@ -421,8 +427,9 @@ mod tests {
             "{recomputed} {compact} {kept}"
         );
         assert!(recomputed < all_at_once, "{recomputed} {all_at_once}");
-        assert!(keeps_pointing("tiny") && keeps_pointing("xsmall"));
+        assert!(keeps_pointing("tiny") && !keeps_pointing("xsmall"));
         assert!(!keeps_pointing("small") && !keeps_pointing("auto"));
+        assert!(Pointing::default_for("xsmall").compact && !Pointing::default_for("tiny").compact);
     }
 
     #[test]
