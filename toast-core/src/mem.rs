@@ -52,6 +52,24 @@ fn advise_hugepages<T>(v: &[T]) {
 #[cfg(not(target_os = "linux"))]
 fn advise_hugepages<T>(_v: &[T]) {}
 
+/// Give the allocator's free memory back to the system (glibc's
+/// `malloc_trim(0)`: every arena's free pages, not only the top of the main
+/// heap). Freed blocks below glibc's mmap threshold (up to 32 MiB once the
+/// threshold has adapted) stay in the heap or in a worker thread's arena and
+/// count as resident until something reuses them; a pipeline calls this
+/// between phases so that one phase's transients (a per-thread FFT
+/// workspace, per-detector rows) do not add to the next phase's peak.
+/// Elsewhere than glibc, nothing.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator's own
+    // arenas to the kernel (madvise of whole free pages); it touches no
+    // live allocation and is thread-safe (it takes each arena's lock).
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -220,20 +220,25 @@ impl MapMaker {
                         continue;
                     }
                     let ranges = view_intervals(ob, view.as_deref())?;
-                    let mut rows = Vec::with_capacity(dets.len());
+                    // One detector at a time, writing only the bytes that
+                    // change: the field is created zeroed and untouched,
+                    // and its pages of all-zero flags (nearly all, when
+                    // nothing is cut) then never become resident.
+                    let mut want = vec![1u8; ob.n_samples()];
                     for d in &dets {
                         let cut = flags0.sample_cut(ob, d)?;
-                        let mut row = vec![1u8; ob.n_samples()];
+                        want.fill(1);
                         for iv in &ranges {
                             for s in iv.first as usize..iv.last as usize {
-                                row[s] = u8::from(cut[s]);
+                                want[s] = u8::from(cut[s]);
                             }
                         }
-                        rows.push(row);
-                    }
-                    let f = ob.detdata.get_mut(&sf)?;
-                    for (d, row) in dets.iter().zip(rows) {
-                        f.row_of_mut::<u8>(d)?.copy_from_slice(&row);
+                        let row = ob.detdata.get_mut(&sf)?.row_of_mut::<u8>(d)?;
+                        for (r, &w) in row.iter_mut().zip(&want) {
+                            if *r != w {
+                                *r = w;
+                            }
+                        }
                     }
                 }
                 Ok(())

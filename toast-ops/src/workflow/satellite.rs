@@ -909,6 +909,8 @@ fn run_phase<R>(
     let t0 = Instant::now();
     ctx.timers.enter(name).map_err(timer_error)?;
     let r = f(ctx);
+    // The phase's freed transients go back to the system before the next.
+    toast_core::mem::release_free_memory();
     let _ = ctx.timers.exit(name);
     phases.finish(index, name, t0.elapsed().as_secs_f64());
     r
