@@ -63,7 +63,7 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 use toast_accel::abi::SampleRange;
-use toast_core::{Data, ExecContext, MetaItem, OpError, PixelOutOfRange};
+use toast_core::{Data, ExecContext, OpError, PixelOutOfRange};
 
 /// Samples per block of rebuilt weights (24 KiB of weights per block).
 const BLOCK: usize = 1024;
@@ -524,7 +524,7 @@ impl MapMaker {
             });
         }
         let sets = self.pointing_sets(data);
-        let mut zmap = take_map(data, pass.binned)?;
+        let mut zmap = crate::pixels::take_map(data, pass.binned)?;
         zmap.reset();
         let r = self.fused_accumulate(data, ctx, tmpl, input, keys, pass, &sets, &dist, &mut zmap);
         data.meta.set_object(pass.binned.to_string(), *zmap);
@@ -743,25 +743,5 @@ impl MapMaker {
             amp_flags,
             bin_mask: bin_flags.map_or(0, |(_, m)| m),
         })
-    }
-}
-
-/// Take the map `key` out of the metadata (put it back when done), so the
-/// rest of the metadata can be read while it is written.
-fn take_map(data: &mut Data, key: &str) -> Result<Box<PixelData<f64>>, OpError> {
-    data.meta.object::<PixelData<f64>>(key)?;
-    match data.meta.remove(key) {
-        Some(MetaItem::Object { object, .. }) => {
-            object
-                .downcast::<PixelData<f64>>()
-                .map_err(|_| OpError::Global {
-                    key: key.to_string(),
-                    problem: "not an f64 map".into(),
-                })
-        }
-        _ => Err(OpError::Global {
-            key: key.to_string(),
-            problem: "not an f64 map".into(),
-        }),
     }
 }

@@ -10,7 +10,7 @@ use crate::pixels::{get_distribution, sync_maps, PixelData, PixelDistribution, S
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use toast_core::observation::defaults;
-use toast_core::{comm_of, Category, Data, ExecContext, MetaItem, OpError, Operator, Requirements};
+use toast_core::{comm_of, Category, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Configuration of a binning operator (TOAST's `BinMap` traits and
 /// defaults; the `binner` and `binner_final` sections).
@@ -319,13 +319,7 @@ impl ApplyCovariance {
         // Check both types first, then take the map out of the metadata so
         // that the covariance is borrowed in place, not copied.
         data.meta.object::<PixelData<f64>>(cov)?;
-        data.meta.object::<PixelData<f64>>(binned)?;
-        let mut m = match data.meta.remove(binned) {
-            Some(MetaItem::Object { object, .. }) => object
-                .downcast::<PixelData<f64>>()
-                .map_err(|_| not_a_map(binned))?,
-            _ => return Err(not_a_map(binned)),
-        };
+        let mut m = crate::pixels::take_map(data, binned)?;
         let r = match data.meta.object::<PixelData<f64>>(cov) {
             Ok(c) => apply_covariance(c, &mut m),
             Err(e) => Err(e.into()),
@@ -433,13 +427,5 @@ impl Operator for BinMap {
             Vec::new(),
             &DetectorSets::All,
         )
-    }
-}
-
-/// The error of a global item that is not an f64 map.
-fn not_a_map(key: &str) -> OpError {
-    OpError::Global {
-        key: key.to_string(),
-        problem: "not a map (a PixelData of f64)".into(),
     }
 }

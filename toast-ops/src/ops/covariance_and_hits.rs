@@ -7,7 +7,7 @@ use super::mapmaker_utils::{
 use super::util::PointingOps;
 use crate::accel::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::invert_covariance;
-use crate::pixels::{sync_maps, PixelData};
+use crate::pixels::sync_maps;
 use serde::Deserialize;
 use toast_core::observation::defaults;
 use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
@@ -106,9 +106,12 @@ pub(crate) fn covariance_and_hits(
         |data, ctx| {
             // Sum the hits and the inverse covariance over the job.
             sync_maps(data, ctx, &[&cov], &[&hits_key])?;
-            let mut c = data.meta.object::<PixelData<f64>>(&cov)?.clone();
+            // Inverted in place, not copied (a copy would also commit the
+            // pages of every unhit pixel); the inverse covariance, when
+            // asked for, keeps the accumulated one.
+            let mut c = crate::pixels::take_map(data, &cov)?;
             if let Some(i) = &invcov_key {
-                data.meta.set_object(i, c.clone());
+                data.meta.set_object(i, (*c).clone());
             }
             let r = invert_covariance(&mut c, threshold)?;
             let (lo, hi) = r
@@ -121,7 +124,7 @@ pub(crate) fn covariance_and_hits(
             } else {
                 tracing::debug!("pixel covariance condition number range = {lo:.3e} ... {hi:.3e}");
             }
-            data.meta.set_object(&cov, c);
+            data.meta.set_object(&cov, *c);
             data.meta.set_object(&rcond, r);
             Ok(())
         },

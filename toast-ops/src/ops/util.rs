@@ -338,7 +338,8 @@ impl Operator for ResetData {
             match key.category {
                 Category::Global => {
                     if let Some(bytes) = global_bytes_mut(&mut data.meta, &key.field) {
-                        bytes.fill(0);
+                        // Pages never written (unhit pixels) stay unmapped.
+                        toast_core::mem::zero_sparse(bytes);
                     }
                 }
                 _ => data

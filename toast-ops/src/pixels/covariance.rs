@@ -291,7 +291,16 @@ pub fn invert_covariance(
         .par_chunks_mut(block)
         .zip(rcond.data_mut().par_iter_mut())
         .with_min_len(1024)
-        .for_each(|(b, r)| *r = invert_block(b, nnz, threshold));
+        .for_each(|(b, r)| {
+            // An all-zero block (a pixel no sample hit) is cut: it stays
+            // zero with rcond 0, which it already is, so neither is written
+            // and the pages of unhit pixels stay unmapped (nnz = 1 reports
+            // rcond 1 for every pixel, as TOAST does).
+            if nnz > 1 && b.iter().all(|x| x.to_bits() == 0) {
+                return;
+            }
+            *r = invert_block(b, nnz, threshold);
+        });
     Ok(rcond)
 }
 

@@ -266,15 +266,38 @@ pub struct PixelData<T: Element> {
     units: String,
 }
 
+/// Take the f64 map `key` out of the metadata (the caller puts it back
+/// when done): the rest of the metadata can then be read while the map is
+/// written, and nothing is copied.
+pub(crate) fn take_map(data: &mut Data, key: &str) -> Result<Box<PixelData<f64>>, OpError> {
+    let not_a_map = || OpError::Global {
+        key: key.to_string(),
+        problem: "not a map (a PixelData of f64)".into(),
+    };
+    data.meta.object::<PixelData<f64>>(key)?;
+    match data.meta.remove(key) {
+        Some(toast_core::MetaItem::Object { object, .. }) => {
+            object.downcast::<PixelData<f64>>().map_err(|_| not_a_map())
+        }
+        _ => Err(not_a_map()),
+    }
+}
+
 impl<T: Element> PixelData<T> {
-    /// A zeroed map, advised as huge pages when large
-    /// ([`toast_core::mem::zeroed_large`]: the map kernels scatter into it).
+    /// A zeroed map on ordinary pages, not touched here (a calloc-like
+    /// allocation): only the pages that hold a hit pixel ever become
+    /// resident, as long as resets and passes over all pixels write only
+    /// where a value is non-zero ([`PixelData::reset`], the covariance
+    /// inversion). Huge pages (as `toast_core::mem::zeroed_large` advises
+    /// for the kernel benchmark's arrays, like numpy) would commit 2 MiB
+    /// around every hit pixel: on `xsmall` every page of the maps, 60 MB
+    /// more, and no faster (tiny was 0.4 s slower with them).
     pub fn new(dist: Arc<PixelDistribution>, n_value: usize) -> Self {
         let len = dist.n_local_submap() * dist.n_pix_submap() as usize * n_value;
         PixelData {
             dist,
             n_value,
-            data: toast_core::mem::zeroed_large(len),
+            data: vec![<T as bytemuck::Zeroable>::zeroed(); len],
             units: String::new(),
         }
     }
@@ -309,7 +332,10 @@ impl<T: Element> PixelData<T> {
     }
     /// Zero every value.
     pub fn reset(&mut self) {
-        self.data.iter_mut().for_each(|x| *x = T::default());
+        // Every element type's zero is all-zero bits (`T::default()`); the
+        // pages of pixels no sample hit stay unmapped
+        // ([`toast_core::mem::zero_sparse`]).
+        toast_core::mem::zero_sparse(self.as_bytes_mut());
     }
     /// The values of global pixel `pix`, if it is stored here.
     pub fn pixel(&self, pix: i64) -> Option<&[T]> {

@@ -42,16 +42,18 @@
 //!   = 8 B (the work timestream) per sample of each batch detector;
 //! * **per time sample** ([`BYTES_PER_TIME_SAMPLE`] = 89 B): `times` 8,
 //!   shared flags 1, `boresight_radec` 32, `position` 24, `velocity` 24;
-//! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 80 B): the
+//! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 45 B): the
 //!   final products held at once (hits, 3×3 covariance, rcond, binned and
 //!   destriped I/Q/U maps: 112 B allocated; the solver's are freed before
-//!   them), counted as resident at tiny's measured peak (the VmRSS at the
-//!   map-maker's end less the base and the timestream: 94 B per local
-//!   pixel; the maps are zeroed as untouched pages, and pages no sample
-//!   hits are never mapped); the local pixels are those of the hit
-//!   submaps, estimated as a fraction [`SUBMAP_FRACTION_PER_OBS`] of the
-//!   sky per observation (tiny: 911 of 3072 submaps), at most the whole
-//!   sky;
+//!   them), counted as resident: the maps are allocated as untouched zero
+//!   pages on ordinary (not huge) pages, and the resets, the covariance
+//!   inversion and the products' moves write only where a value is
+//!   non-zero, so the pages that hold no hit pixel are never mapped (on
+//!   xsmall a third of the local pixels are hit and about 70% of the
+//!   pages are touched; tiny's 5% hit touches fewer); the local pixels are
+//!   those of the hit submaps, estimated as a fraction
+//!   [`SUBMAP_FRACTION_PER_OBS`] of the sky per observation (tiny: 911 of
+//!   3072 submaps), at most the whole sky;
 //! * **the input sky** ([`BYTES_PER_SKY_PIXEL_SCAN`] = 28 B per pixel of
 //!   `12·nside²`, before the scan's pointing exists): the map as
 //!   read from a file (3×f64; the synthetic sky is 3×f32 from the start) and one component converted to f32 (each
@@ -73,17 +75,14 @@
 //! the sky term and the output term.
 //!
 //! Checked against measured runs (VmHWM, 2 threads, this repository's
-//! 2-core 24 GB machine, loaded by other jobs; tests
-//! `estimate_matches_measured_*`): tiny (pointing kept) measured 0.58 GB
-//! (its peak is the map-maker's end); tiny with `--sky-map` (a NSIDE 1024
-//! I/Q/U file) 0.62 GB; xsmall (default, compact pointing with the fused
-//! passes) 1.24 GB (1 213 424 kB; the peak is the covariance pass before
-//! the solve, which still rebuilds a batch's pointing, and the final
-//! maps); xsmall (kept) 2.57 GB. Before the work timestream was batched
-//! (8 B per detector sample more), xsmall (recomputed) measured 1.53 GB
-//! and small (recomputed) 9.17 GB (the VmHWM reached once the solver's
-//! work timestream existed); small has not been measured since (the
-//! model gives about 7.5 GB with compact pointing).
+//! 2-core 24 GB machine; tests `estimate_matches_measured_*`): tiny
+//! (pointing kept) 493 844 kB (prediction −8%; its peak is the map-maker's
+//! end); tiny with `--sky-map` (a NSIDE 1024 I/Q/U file) 422 020 kB (+8%);
+//! xsmall (default, compact pointing with the fused passes) 1 005 256 kB
+//! (+4%; the peak is the final maps); xsmall (kept) 2 326 156 kB (−0.4%).
+//! Before the work timestream was batched (8 B per detector sample more),
+//! small (recomputed) measured 9.17 GB; see the #11 note of the
+//! repository's history for the compact-pointing measurement of small.
 //!
 //! # Pointing by case
 //!
@@ -136,7 +135,7 @@ pub const BYTES_PER_BATCH_SAMPLE_KEPT: f64 = 8.0;
 /// See the module documentation.
 pub const BYTES_PER_TIME_SAMPLE: f64 = 89.0;
 /// See the module documentation.
-pub const BYTES_PER_LOCAL_PIXEL: f64 = 80.0;
+pub const BYTES_PER_LOCAL_PIXEL: f64 = 45.0;
 /// See the module documentation.
 pub const BYTES_PER_SKY_PIXEL_SCAN: f64 = 28.0;
 /// See the module documentation.
@@ -360,27 +359,27 @@ mod tests {
 
     #[test]
     fn estimate_matches_measured_tiny() {
-        // 578 992 kB (synthetic sky); with `--sky-map`: 615 004 kB.
-        check_measured("tiny", 0.593e9);
-        check_measured("tiny", 0.630e9);
+        // 493 844 kB (synthetic sky); with `--sky-map`: 422 020 kB.
+        check_measured("tiny", 0.5057e9);
+        check_measured("tiny", 0.4321e9);
     }
 
     #[test]
     fn estimate_matches_measured_xsmall() {
-        // The default (compact pointing, fused passes): 1 213 424 kB.
-        check_measured("xsmall", 1.2425e9);
+        // The default (compact pointing, fused passes): 1 005 256 kB.
+        check_measured("xsmall", 1.0294e9);
     }
 
     #[test]
     fn estimate_matches_measured_xsmall_kept() {
         // `--set binner.full_pointing=true --set
-        // binner.compact_pointing=false`: 2 509 368 kB.
+        // binner.compact_pointing=false`: 2 326 156 kB.
         let kept = Pointing {
             full: true,
             compact: false,
             batch: 8,
         };
-        check_measured_with("xsmall", kept, 2.5696e9);
+        check_measured_with("xsmall", kept, 2.3820e9);
     }
 
     #[test]
