@@ -1,4 +1,5 @@
-//! Large zeroed buffers for scatter/gather targets (maps).
+//! Memory helpers: large zeroed buffers advised as huge pages, zeroing that
+//! leaves untouched pages unmapped, and returning free heap to the system.
 //!
 //! The map kernels (`scan_map`, `build_noise_weighted`, the covariance
 //! accumulations) read or write one pixel per sample at scattered places of
@@ -11,10 +12,13 @@
 //!
 //! Memory: a huge page is committed whole at its first touch, so a sparsely
 //! touched buffer can take up to 2 MiB more per touched region than on small
-//! pages. Maps hold only the submaps the local data hit, but a hit submap can
-//! be sparsely hit (about 5% of its pixels on `tiny`); the memory model's
-//! per-local-pixel term (`toast_ops::workflow::presets::BYTES_PER_LOCAL_PIXEL`)
-//! was fitted to peaks measured with this advice in place.
+//! pages. The pipeline's maps therefore do not use this: `toast_ops`'
+//! `PixelData` sits on ordinary untouched zero pages and is reset with
+//! [`zero_sparse`], so that only the pages holding a hit pixel become
+//! resident (on `xsmall` 60 MB less, and no slower). The kernel benchmark
+//! (`toast-cli bench kernels`) keeps the advice, to time the kernels on the
+//! pages numpy gives TOAST's arrays. [`release_free_memory`] returns the
+//! allocator's free pages between a pipeline's phases.
 
 /// The size from which a buffer is advised (numpy's threshold).
 pub const HUGEPAGE_THRESHOLD: usize = 4 << 20;

@@ -30,8 +30,11 @@
 //!   flags (u8, 1) and solver flags (u8, 1), and with `full_pointing` the
 //!   kept pixels (i64, 8) and IQU weights (3×f64, 24):
 //!   [`BYTES_PER_DET_SAMPLE_KEPT`] = 42 B; with `compact_pointing` the
-//!   compact pixels (i32, 4): [`BYTES_PER_DET_SAMPLE_COMPACT`] = 14 B;
-//!   else [`BYTES_PER_DET_SAMPLE`] = 10 B. The solver's work timestream
+//!   compact pixels (i32, 4): [`BYTES_PER_DET_SAMPLE_COMPACT`] = 12.5 B
+//!   (14 allocated, but the detector flags stay untouched zero pages when
+//!   nothing flags a sample, and the solver flags are written only where
+//!   they cut: on xsmall the rcond cut touches most of their pages, on
+//!   small none; counted as half a byte); else [`BYTES_PER_DET_SAMPLE`] = 10 B. The solver's work timestream
 //!   (f64, 8) exists for one batch of `pointing_batch` detectors at a time
 //!   (host runs), and so do the detector quaternions (4×f64, 32) and,
 //!   unless kept, the pixels and weights, rebuilt in every pass: one
@@ -80,9 +83,8 @@
 //! end); tiny with `--sky-map` (a NSIDE 1024 I/Q/U file) 422 020 kB (+8%);
 //! xsmall (default, compact pointing with the fused passes) 1 005 256 kB
 //! (+4%; the peak is the final maps); xsmall (kept) 2 326 156 kB (−0.4%).
-//! Before the work timestream was batched (8 B per detector sample more),
-//! small (recomputed) measured 9.17 GB; see the #11 note of the
-//! repository's history for the compact-pointing measurement of small.
+//! small (default, compact pointing with the fused passes) 6 281 292 kB
+//! (+3%; 380.8 s, exact hits).
 //!
 //! # Pointing by case
 //!
@@ -121,7 +123,7 @@ pub const BYTES_PER_DET_SAMPLE: f64 = 10.0;
 /// See the module documentation.
 pub const BYTES_PER_DET_SAMPLE_KEPT: f64 = 42.0;
 /// See the module documentation.
-pub const BYTES_PER_DET_SAMPLE_COMPACT: f64 = 14.0;
+pub const BYTES_PER_DET_SAMPLE_COMPACT: f64 = 12.5;
 /// See the module documentation.
 pub const BYTES_PER_DET_SAMPLE_IO: f64 = 9.0;
 /// See the module documentation.
@@ -368,6 +370,12 @@ mod tests {
     fn estimate_matches_measured_xsmall() {
         // The default (compact pointing, fused passes): 1 005 256 kB.
         check_measured("xsmall", 1.0294e9);
+    }
+
+    #[test]
+    fn estimate_matches_measured_small() {
+        // The default (compact pointing, fused passes): 6 281 292 kB.
+        check_measured("small", 6.4320e9);
     }
 
     #[test]
