@@ -1064,7 +1064,7 @@ fn assert_maps_close(kept: &Data, data: &Data, res: &MapMakerResult) {
 }
 
 /// A compact-pointing run (`binner.compact_pointing`, batches of `batch`)
-/// with the fused left-hand side on or off, in a pool of `threads`.
+/// with the fused passes on or off, in a pool of `threads`.
 fn run_compact(threads: usize, scan: &Scan, batch: usize, fused: bool) -> (Data, MapMakerResult) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

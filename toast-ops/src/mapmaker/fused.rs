@@ -150,7 +150,7 @@ impl Plan<'_> {
             }
         }
         Err(PixelOutOfRange {
-            what: "the map-maker's fused left-hand side".into(),
+            what: "the map-maker's fused passes".into(),
             observation: o.name.to_string(),
             detector: d.name.to_string(),
             sample: s,

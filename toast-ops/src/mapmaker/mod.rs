@@ -214,9 +214,9 @@ pub struct MapMaker {
     /// batch of `binner.pointing_batch` detectors at a time (see
     /// [`MapMaker::work_sets`]).
     work_batches: bool,
-    /// With compact pointing on the host: the solver's left-hand side
-    /// runs fused (see `fused`). On by default; see
-    /// [`MapMaker::fused_passes`].
+    /// With compact pointing on the host: the solver's right- and
+    /// left-hand sides and the final binning passes run fused (see
+    /// `fused`). On by default; see [`MapMaker::fused_passes`].
     fused: bool,
     /// The fused passes' per-(observation, detector) finiteness of the
     /// rebuilt weights, found once per run (see `fused`).
@@ -308,11 +308,11 @@ impl MapMaker {
         self.reuse_pointing = on;
     }
 
-    /// With `on` (the default), a host run with compact pointing applies the
-    /// solver's left-hand side with fused passes that rebuild the weights
-    /// block by block in cache instead of per detector batch (the module
-    /// `fused`; byte-identical results); `false` keeps the unfused passes
-    /// (to compare them).
+    /// With `on` (the default), a host run with compact pointing runs the
+    /// solver's right- and left-hand sides and the final binning passes
+    /// fused, rebuilding the weights block by block in cache instead of per
+    /// detector batch (the module `fused`; byte-identical results); `false`
+    /// keeps the unfused passes (to compare them).
     pub fn fused_passes(&mut self, on: bool) {
         self.fused = on;
     }
