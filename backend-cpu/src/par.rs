@@ -296,6 +296,27 @@ pub(crate) fn split_in_two(first: impl FnOnce(), mut second: impl FnMut() + Send
     drop(join);
 }
 
+/// [`split_in_two`] over an output array: `f(half, range)` for its first
+/// and second halves, `range` being the half's indices in `out` (for the
+/// inputs read beside it).
+pub(crate) fn split_out_in_two<T: Send>(
+    out: &mut [T],
+    f: impl Fn(&mut [T], std::ops::Range<usize>) + Sync,
+) {
+    let (n, mid) = (out.len(), out.len() / 2);
+    let (first, second) = out.split_at_mut(mid);
+    // `split_in_two` takes an FnMut for its second half; it runs once.
+    let mut second = Some(second);
+    split_in_two(
+        || f(first, 0..mid),
+        || {
+            if let Some(o) = second.take() {
+                f(o, mid..n);
+            }
+        },
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! view, and `amp_offset[i] + sum(n_amp_views) <= n_amp` bounds the block.
 
 use crate::arrays::{self, Arg};
-use crate::par::{for_each_chunk, split_in_two, SharedMut};
+use crate::par::{for_each_chunk, split_out_in_two, SharedMut};
 use rayon::prelude::*;
 use toast_accel::abi::{
     TemplateOffsetAddArgs, TemplateOffsetPrecondArgs, TemplateOffsetProjectArgs,
@@ -196,7 +196,7 @@ fn blocks_disjoint(offsets: &[i64], len: i64) -> bool {
 
 /// Amplitudes up to which `template_offset_apply_diag_precond` runs on the
 /// calling thread ([`super::CpuKernel::inline`]), with at most one pool
-/// thread taking half of it when it is awake ([`split_in_two`]): at about
+/// thread taking half of it when it is awake ([`split_out_in_two`]): at about
 /// 0.3 ns per amplitude, 2^17 amplitudes take ~40 µs, the order of a pool
 /// hand-over. The element-wise math is the same either way (same bits).
 const PRECOND_INLINE_MAX: u64 = 1 << 17;
@@ -244,17 +244,7 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
             }
         };
         if serial {
-            let mid = out.len() / 2;
-            let (o0, o1) = out.split_at_mut(mid);
-            let mut o1 = Some(o1);
-            split_in_two(
-                || body(((o0, &var[..mid]), &flags[..mid])),
-                || {
-                    if let Some(o1) = o1.take() {
-                        body(((o1, &var[mid..]), &flags[mid..]));
-                    }
-                },
-            );
+            split_out_in_two(out, |o, r| body(((o, &var[r.clone()]), &flags[r])));
         } else {
             out.par_chunks_mut(CHUNK)
                 .zip(var.par_chunks(CHUNK))
@@ -285,17 +275,9 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
             }
         };
         if serial {
-            let mid = out.len() / 2;
-            let (o0, o1) = out.split_at_mut(mid);
-            let mut o1 = Some(o1);
-            split_in_two(
-                || body((((o0, &inp[..mid]), &var[..mid]), &flags[..mid])),
-                || {
-                    if let Some(o1) = o1.take() {
-                        body((((o1, &inp[mid..]), &var[mid..]), &flags[mid..]));
-                    }
-                },
-            );
+            split_out_in_two(out, |o, r| {
+                body((((o, &inp[r.clone()]), &var[r.clone()]), &flags[r]))
+            });
         } else {
             out.par_chunks_mut(CHUNK)
                 .zip(inp.par_chunks(CHUNK))
