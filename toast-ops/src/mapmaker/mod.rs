@@ -170,6 +170,7 @@
 
 mod binning;
 mod config;
+mod confine;
 mod fused;
 mod products;
 mod solve;

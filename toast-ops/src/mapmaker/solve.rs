@@ -163,15 +163,19 @@ impl MapMaker {
         let Some(tmpl) = self.offset_template(data, ctx, keys, res)? else {
             return Ok(None);
         };
-        timed(data, ctx, "SolverRHS", |data, ctx| {
+        // The solver's map visits only the pixels its samples reach.
+        self.confine_solver_map(data, ctx, keys)?;
+        let solved = timed(data, ctx, "SolverRHS", |data, ctx| {
             self.rhs(data, ctx, &tmpl, keys)
-        })?;
-
-        // 5e: PCG.
-        let x = timed(data, ctx, "solve", |data, ctx| {
-            self.pcg(data, ctx, &tmpl, keys, res)
-        })?;
-        Ok(Some((tmpl, x)))
+        })
+        .and_then(|()| {
+            // 5e: PCG.
+            timed(data, ctx, "solve", |data, ctx| {
+                self.pcg(data, ctx, &tmpl, keys, res)
+            })
+        });
+        Self::unconfine_solver_map(data, keys);
+        Ok(Some((tmpl, solved?)))
     }
 
     /// The samples the solver uses: the binner's detectors and shared

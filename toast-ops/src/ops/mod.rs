@@ -24,7 +24,7 @@
 
 pub(crate) mod binning;
 pub(crate) mod covariance_and_hits;
-mod mapmaker_utils;
+pub(crate) mod mapmaker_utils;
 mod noise_weight;
 mod pixels_healpix;
 mod pointing_compact;

@@ -3,6 +3,7 @@
 
 use super::{ExpandCompactPointing, PixelsHealpix, PointingDetector, StokesWeights};
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
+use crate::pixels::PixelData;
 use toast_core::{
     BufferKey, Category, DType, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
     Requirements,
@@ -337,7 +338,10 @@ impl Operator for ResetData {
             }
             match key.category {
                 Category::Global => {
-                    if let Some(bytes) = global_bytes_mut(&mut data.meta, &key.field) {
+                    if let Ok(map) = data.meta.object_mut::<PixelData<f64>>(&key.field) {
+                        // A confined map zeroes only its support.
+                        map.reset();
+                    } else if let Some(bytes) = global_bytes_mut(&mut data.meta, &key.field) {
                         // Pages never written (unhit pixels) stay unmapped.
                         toast_core::mem::zero_sparse(bytes);
                     }

@@ -330,6 +330,25 @@ pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Resul
         });
     }
     let block = cov.n_value();
+    if let Some(support) = map.support().cloned() {
+        // A confined map is +0 outside its support, where `C · 0` would
+        // give +0 again: only the support's pixels are visited.
+        let c = cov.data();
+        super::support::split_by_support(map.data_mut(), nnz, support.pixels())
+            .into_par_iter()
+            .for_each(|(task, lo, piece)| {
+                for &p in task {
+                    let (p, m) = (p as usize, &mut piece[(p as usize - lo) * nnz..]);
+                    let c = &c[p * block..(p + 1) * block];
+                    match nnz {
+                        1 => apply_pixel(&mut m[..1], c),
+                        3 => apply_pixel(&mut m[..3], c),
+                        _ => apply_pixel(&mut m[..nnz], c),
+                    }
+                }
+            });
+        return Ok(());
+    }
     let pairs = map
         .data_mut()
         .par_chunks_mut(nnz)

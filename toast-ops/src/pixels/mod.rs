@@ -25,6 +25,9 @@
 //! and its application to a noise-weighted map.
 
 pub mod covariance;
+pub mod support;
+
+pub use support::PixelSupport;
 
 use crate::math::healpix::Nside;
 
@@ -264,6 +267,9 @@ pub struct PixelData<T: Element> {
     n_value: usize,
     data: Vec<T>,
     units: String,
+    /// Where the values can be non-zero, when confined
+    /// ([`PixelData::confine_to`]).
+    support: Option<Arc<PixelSupport>>,
 }
 
 /// Take the f64 map `key` out of the metadata (the caller puts it back
@@ -299,6 +305,7 @@ impl<T: Element> PixelData<T> {
             n_value,
             data: vec![<T as bytemuck::Zeroable>::zeroed(); len],
             units: String::new(),
+            support: None,
         }
     }
 
@@ -330,12 +337,62 @@ impl<T: Element> PixelData<T> {
     pub fn set_units(&mut self, units: impl Into<String>) {
         self.units = units.into();
     }
-    /// Zero every value.
+    /// Zero every value. A confined map ([`PixelData::confine_to`]) zeroes
+    /// only its support's pixels, and of those only the ones holding a
+    /// non-zero byte; the rest are zero already.
     pub fn reset(&mut self) {
         // Every element type's zero is all-zero bits (`T::default()`); the
         // pages of pixels no sample hit stay unmapped
         // ([`toast_core::mem::zero_sparse`]).
-        toast_core::mem::zero_sparse(self.as_bytes_mut());
+        let Some(support) = self.support.clone() else {
+            toast_core::mem::zero_sparse(self.as_bytes_mut());
+            return;
+        };
+        use rayon::prelude::*;
+        let nv = self.n_value;
+        support::split_by_support(&mut self.data, nv, support.pixels())
+            .into_par_iter()
+            .for_each(|(task, lo, piece)| {
+                for &p in task {
+                    let v = &mut piece[(p as usize - lo) * nv..][..nv];
+                    if bytemuck::cast_slice::<T, u8>(v).iter().any(|&b| b != 0) {
+                        v.fill(<T as bytemuck::Zeroable>::zeroed());
+                    }
+                }
+            });
+    }
+
+    /// Declare that from now on only `support`'s pixels of this map are
+    /// written with non-zero values (the caller's promise: the map is
+    /// accumulated only from the samples the support was made of, on this
+    /// process, see [`support`]); every value is zeroed here first. Then
+    /// [`PixelData::reset`] and the covariance's application
+    /// (`covariance::apply_covariance`) visit only those pixels, with the
+    /// same result. [`PixelData::unconfine`] ends it.
+    pub fn confine_to(&mut self, support: Arc<PixelSupport>) -> Result<(), OpError> {
+        if support.n_local_pix() != self.n_local_pix() {
+            return Err(OpError::InvalidData {
+                what: format!(
+                    "a pixel support over {} local pixels for a map of {}",
+                    support.n_local_pix(),
+                    self.n_local_pix()
+                ),
+            });
+        }
+        self.support = None;
+        self.reset();
+        self.support = Some(support);
+        Ok(())
+    }
+
+    /// End a confinement: the map may be written anywhere again.
+    pub fn unconfine(&mut self) {
+        self.support = None;
+    }
+
+    /// The support the map is confined to, if any.
+    pub fn support(&self) -> Option<&Arc<PixelSupport>> {
+        self.support.as_ref()
     }
     /// The values of global pixel `pix`, if it is stored here.
     pub fn pixel(&self, pix: i64) -> Option<&[T]> {
