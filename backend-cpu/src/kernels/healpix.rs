@@ -16,8 +16,9 @@
 //! stretch of samples is done in blocks of [`BLOCK`] (the rotations, then
 //! the `atan2` calls, then the pixels), asking for the quaternions'
 //! cache lines [`PREFETCH_AHEAD`] elements ahead. On the bench's workload
-//! (`toast-cli bench kernels`) the prefetch takes about a third off the
-//! time per sample; the results are the same bits.
+//! (`toast-cli bench kernels`) this took a quarter off the time per sample
+//! (NEST 32.5 -> 24 ns, RING 27.6 -> 20 ns on a loaded machine); the
+//! blocks alone gave nothing measurable. The results are the same bits.
 
 use super::mapmaker_utils::prefetch;
 use crate::arrays::{self, Arg};
@@ -446,8 +447,8 @@ impl Stretch<'_> {
         let mut finite = [false; BLOCK];
         for (b, (ob, qb)) in out.chunks_mut(BLOCK).zip(q.chunks(4 * BLOCK)).enumerate() {
             // The quaternions arrive faster this way than by the hardware's
-            // own prefetching (about a third of the time on the bench's
-            // workload); a prefetch changes no result.
+            // own prefetching (see the module's docs); a prefetch changes no
+            // result.
             let ahead = qb.as_ptr().wrapping_add(PREFETCH_AHEAD);
             for line in 0..4 * BLOCK / 8 {
                 prefetch(ahead.wrapping_add(8 * line));
