@@ -440,8 +440,7 @@ impl Stretch<'_> {
     /// -1 where `flags & mask` is set (`flags` is empty when the flags are
     /// not used), and their submaps marked hit; on a sample whose pixel is
     /// invalid, its index and what was computed (`None`: a direction that
-    /// is not finite).
-    /// Computed a block of [`BLOCK`] samples at a time.
+    /// is not finite). Computed [`BLOCK`] samples at a time.
     fn run(&self, q: &[f64], flags: &[u8], out: &mut [i64]) -> Result<(), (usize, Option<i64>)> {
         let mut pix = [0i64; BLOCK];
         let mut finite = [false; BLOCK];
@@ -454,7 +453,7 @@ impl Stretch<'_> {
                 prefetch(ahead.wrapping_add(8 * line));
             }
             // Flagged samples are computed too (and dropped below): a pixel
-            // has no side effect and cannot fail here.
+            // has no side effect, and its wrapping arithmetic cannot panic.
             self.hp.pixel_block(qb, self.nest, &mut pix, &mut finite);
             for (l, p) in ob.iter_mut().enumerate() {
                 let k = b * BLOCK + l;
