@@ -89,6 +89,13 @@
 //! kernel) costs tens of microseconds, which a call of milliseconds does not
 //! notice.
 //!
+//! Streams that the hardware prefetchers leave to stall are asked for ahead
+//! in software (a prefetch changes no result): `pixels_healpix`' quaternions
+//! (it works in blocks of 4 samples: rotations, then `atan2` calls, then
+//! pixels), `noise_weight`'s detector data, the covariance kernels' pixels.
+//! `noise_weight` also scales with AVX-512F or AVX2 when the CPU has them
+//! (detected at run time; the build targets baseline x86-64).
+//!
 //! # Bit-exactness
 //!
 //! Every floating-point expression follows the operation order of TOAST
@@ -99,8 +106,9 @@
 //! propagate as in C. Integer conversions of doubles reproduce x86-64's
 //! `cvttsd2si` (NaN or out of range gives `i64::MIN`) and the integer
 //! arithmetic after it wraps, as the compiled C does, so the HEALPix pixel of
-//! a degenerate direction is TOAST's. On glibc every reference case of TOAST
-//! 3.0.6 is reproduced bit for bit.
+//! a degenerate direction is TOAST's. Instructions chosen at run time
+//! (`noise_weight`'s vectors) compute the same IEEE operation per element.
+//! On glibc every reference case of TOAST 3.0.6 is reproduced bit for bit.
 
 use std::ffi::{c_char, c_void};
 use toast_accel::abi::{self, BackendHeader, BackendTable, HostApi, Status};

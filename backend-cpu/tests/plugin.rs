@@ -585,6 +585,21 @@ fn pixels_healpix_non_finite_quaternion_is_an_error() {
         "{msg}"
     );
     assert!(pixels[..6].iter().all(|&p| p == 15), "{pixels:?}");
+    // Flagged, the same sample is skipped (-1), as TOAST never computes it;
+    // the samples around it, in the same block, are computed.
+    let mut flags = vec![0u8; 10];
+    flags[6] = 2;
+    let a = abi::PixelsHealpixArgs {
+        shared_flags: arr(&flags),
+        shared_flag_mask: 2,
+        ..a
+    };
+    // SAFETY: as above; the flags have n_samp elements.
+    let st = unsafe { table().pixels_healpix.unwrap()(c.0, &a) };
+    assert_eq!(st, abi::OK, "{}", last_error());
+    let mut want = vec![15i64; 10];
+    want[6] = -1;
+    assert_eq!(pixels, want);
 }
 
 #[test]

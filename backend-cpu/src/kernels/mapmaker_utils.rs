@@ -218,7 +218,7 @@ const PREFETCH_AHEAD: usize = 16;
 /// A hint to load the cache line at `p` (no effect on the results; never
 /// faults, whatever the address).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it reads nothing architecturally and
     // does not fault on any address, and SSE is part of x86_64's baseline.

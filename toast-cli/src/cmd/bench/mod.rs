@@ -51,6 +51,11 @@ pub struct KernelsArgs {
     /// n_amp of the large apply_diag_precond measurement.
     #[arg(long, default_value_t = 10_000_000)]
     pub precond_n_amp: usize,
+    /// Time and report only these rows (comma-separated keys of the JSON
+    /// output, as `time_toast_kernels.py --rows` takes them); the other
+    /// kernels run once, untimed, for the inputs of the later ones.
+    #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
+    pub rows: Vec<String>,
     /// Smoke test: the tiny workload (2 det x 2000 samples, nside 64, 1
     /// repeat) instead of the sizes above.
     #[arg(long)]
@@ -67,6 +72,7 @@ impl KernelsArgs {
         if self.tiny {
             BenchOptions {
                 threads,
+                rows: self.rows.clone(),
                 ..BenchOptions::tiny()
             }
         } else {
@@ -77,6 +83,7 @@ impl KernelsArgs {
                 repeats: self.repeats,
                 threads,
                 precond_n_amp: self.precond_n_amp,
+                rows: self.rows.clone(),
             }
         }
     }
@@ -210,5 +217,20 @@ mod tests {
         assert!(table.contains("achieved memory bandwidth"));
         assert!(table.contains("geometric mean"));
         assert!(table.contains("TOAST 1thr"));
+    }
+
+    #[test]
+    fn rows_limit_what_is_timed() {
+        let backend = open_backend("cpu", Some(1)).expect("CPU backend");
+        let opts = BenchOptions {
+            threads: Some(1),
+            rows: vec!["noise_weight".into(), "pixels_healpix_ring".into()],
+            ..BenchOptions::tiny()
+        };
+        let report = run_kernels(&backend, &opts).expect("bench runs");
+        let mut keys: Vec<&str> = report.kernels.iter().map(|k| k.key).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["noise_weight", "pixels_healpix_ring"]);
+        assert!(report.to_json()["pointing_detector"].is_null());
     }
 }

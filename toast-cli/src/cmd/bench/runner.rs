@@ -16,6 +16,11 @@
 //! go through [`ArrayArg`], created (uploaded) before the timed region and
 //! finished (downloaded) after it; for a non-host-addressable backend that
 //! staging time is reported separately, with the transfer counters.
+//!
+//! With [`BenchOptions::rows`], only those rows are timed and reported; every
+//! other kernel still runs, once and untimed, since the later ones take its
+//! outputs, so a timed kernel sees the same inputs and the same preceding
+//! call as in a full run.
 
 use std::time::{Duration, Instant};
 use toast_core::mem::zeroed_large;
@@ -53,7 +58,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<Ben
     let mut b = Bench {
         tm: Timer {
             backend,
-            repeats: opts.repeats,
+            opts,
             transfer: Duration::ZERO,
             timed: Duration::ZERO,
         },
@@ -166,7 +171,8 @@ fn diff(a: TransferSnapshot, b: TransferSnapshot) -> TransferSnapshot {
 /// Stages arrays and times calls, keeping the two apart.
 struct Timer<'b> {
     backend: &'b Backend,
-    repeats: usize,
+    /// Which rows are timed ([`BenchOptions::times`]).
+    opts: &'b BenchOptions,
     /// Staging (upload, download, alloc, free) time, outside the timed calls.
     transfer: Duration,
     /// Total time of all timed calls.
@@ -215,15 +221,24 @@ impl<'b> Timer<'b> {
         Ok(())
     }
 
-    /// Best of `repeats` wall-clock seconds of `f` followed by a synchronize.
+    /// Best of `repeats` wall-clock seconds of `f` followed by a synchronize,
+    /// measured under the label `what` for row `key`; `None` (after one
+    /// untimed call, for its outputs) when the row is not timed.
     fn best(
         &mut self,
         key: &str,
+        what: &str,
         mut f: impl FnMut() -> Result<(), AccelError>,
-    ) -> anyhow::Result<f64> {
-        crate::errln!("bench: timing {key}");
+    ) -> anyhow::Result<Option<f64>> {
+        if !self.opts.times(key) {
+            crate::errln!("bench: running {what} (untimed)");
+            f().map_err(accel(key))?;
+            self.backend.synchronize().map_err(accel(key))?;
+            return Ok(None);
+        }
+        crate::errln!("bench: timing {what}");
         let mut best = f64::INFINITY;
-        for _ in 0..self.repeats {
+        for _ in 0..self.opts.repeats {
             let t = Instant::now();
             f().map_err(accel(key))?;
             self.backend.synchronize().map_err(accel(key))?;
@@ -231,7 +246,7 @@ impl<'b> Timer<'b> {
             self.timed += dt;
             best = best.min(dt.as_secs_f64());
         }
-        Ok(best)
+        Ok(Some(best))
     }
 }
 
@@ -281,14 +296,16 @@ impl Bench<'_, '_> {
         units: u64,
     ) -> anyhow::Result<()> {
         let backend = self.tm.backend;
-        let best = self.tm.best(key, || {
+        let best = self.tm.best(key, key, || {
             for a in calls {
                 // SAFETY: this function's contract covers every call.
                 unsafe { backend.launch(a) }?;
             }
             Ok(())
         })?;
-        self.out.push(KernelTiming::new(key, best, units));
+        if let Some(best) = best {
+            self.out.push(KernelTiming::new(key, best, units));
+        }
         Ok(())
     }
 
@@ -306,19 +323,21 @@ impl Bench<'_, '_> {
         let backend = self.tm.backend;
         let n_det = self.w.n_det;
         // SAFETY: this function's contract covers `all`.
-        let multi = self.tm.best(&format!("{key} (one call)"), || unsafe {
+        let multi = self.tm.best(key, &format!("{key} (one call)"), || unsafe {
             backend.launch(all)
         })?;
-        let single = self.tm.best(&format!("{key} (per detector)"), || {
+        let single = self.tm.best(key, &format!("{key} (per detector)"), || {
             for d in 0..n_det {
                 // SAFETY: this function's contract covers `one(d)`.
                 unsafe { backend.launch(&one(d)) }?;
             }
             Ok(())
         })?;
-        let units = self.w.units();
-        self.out
-            .push(KernelTiming::offset(key, n_det, multi, single, units));
+        if let (Some(multi), Some(single)) = (multi, single) {
+            let units = self.w.units();
+            self.out
+                .push(KernelTiming::offset(key, n_det, multi, single, units));
+        }
         Ok(())
     }
 
@@ -851,8 +870,12 @@ impl Bench<'_, '_> {
         };
         // SAFETY: the four arrays are live and have n_amp elements; only
         // amplitudes_out is written.
-        let best = self.tm.best(key, || unsafe { backend.launch(&args) })?;
-        self.out.push(KernelTiming::new(key, best, n as u64));
+        let best = self
+            .tm
+            .best(key, key, || unsafe { backend.launch(&args) })?;
+        if let Some(best) = best {
+            self.out.push(KernelTiming::new(key, best, n as u64));
+        }
         self.tm.finish(vec![ao, ov, ai, af])
     }
 }

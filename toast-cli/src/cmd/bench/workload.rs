@@ -27,6 +27,8 @@ use toast_core::mem::zeroed_large;
 use toast_ops::math::qarray::{self, Quat, YAXIS, ZAXIS};
 use toast_ops::math::rng::{gaussian, uniform_01, uniform_u64};
 
+use super::reference::{JSON_KEYS, PRECOND_LARGE};
+
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BenchOptions {
@@ -43,6 +45,10 @@ pub struct BenchOptions {
     pub threads: Option<usize>,
     /// n_amp of the second apply_diag_precond measurement (10,000,000).
     pub precond_n_amp: usize,
+    /// The rows to time and report (keys of the JSON output, or the large
+    /// apply_diag_precond row); empty: every row. The other kernels still
+    /// run, once and untimed, for the inputs of the later ones.
+    pub rows: Vec<String>,
 }
 
 impl Default for BenchOptions {
@@ -55,6 +61,7 @@ impl Default for BenchOptions {
             repeats: 5,
             threads: None,
             precond_n_amp: 10_000_000,
+            rows: Vec::new(),
         }
     }
 }
@@ -69,7 +76,13 @@ impl BenchOptions {
             repeats: 1,
             threads: None,
             precond_n_amp: 1000,
+            rows: Vec::new(),
         }
+    }
+
+    /// Whether row `key` is timed and reported ([`BenchOptions::rows`]).
+    pub fn times(&self, key: &str) -> bool {
+        self.rows.is_empty() || self.rows.iter().any(|r| r == key)
     }
 
     /// The host memory the bench allocates at its peak, in bytes (`None`:
@@ -122,8 +135,19 @@ impl BenchOptions {
         if self.precond_n_amp == 0 {
             return Err(anyhow::anyhow!("--precond-n-amp 0: must be at least 1"));
         }
+        if let Some(bad) = self.rows.iter().find(|r| !is_row(r)) {
+            return Err(anyhow::anyhow!(
+                "--rows: unknown row `{bad}` (known: {}, {PRECOND_LARGE})",
+                JSON_KEYS.join(", ")
+            ));
+        }
         Ok(())
     }
+}
+
+/// Whether `key` names a row of the bench.
+fn is_row(key: &str) -> bool {
+    key == PRECOND_LARGE || JSON_KEYS.contains(&key)
 }
 
 const SAMPLE_RATE: f64 = 200.0; // Hz
@@ -592,6 +616,20 @@ mod tests {
         }
         .validate()
         .is_err());
+        assert!(BenchOptions {
+            rows: vec!["noise_weight".into(), PRECOND_LARGE.into()],
+            ..o.clone()
+        }
+        .validate()
+        .is_ok());
+        let e = BenchOptions {
+            rows: vec!["noise_weight".into(), "noise_wieght".into()],
+            ..o.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown row `noise_wieght`"), "{e}");
         assert!(BenchOptions { n_samp: 100, ..o }.validate().is_err());
     }
 
