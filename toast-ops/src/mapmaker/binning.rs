@@ -263,11 +263,17 @@ impl MapMaker {
         expand: bool,
     ) -> Result<(), OpError> {
         timed(data, ctx, "BinMap", |data, ctx| {
-            if expand && self.fused_applies(data, None)? {
-                self.ensure_weights_finite(data)?;
+            if let Some(fused) = self.fused_applies(data, ctx, None)? {
+                // The unfused pass's detector order.
+                let sets = if expand {
+                    self.pointing_sets(data)
+                } else {
+                    DetectorSets::All
+                };
+                self.ensure_weights_finite(data, ctx, fused)?;
                 let keys = Keys::new(&self.setup.name);
                 let input = Input::Timestream(pass.det_data);
-                return self.bin_fused(data, ctx, &pass, None, input, &keys);
+                return self.bin_fused(data, ctx, (&pass, &sets), (None, fused), input, &keys);
             }
             let (pointing, sets) = if expand {
                 let sets = self.pointing_sets(data);

@@ -426,8 +426,9 @@ impl MapMaker {
         if compact {
             let field = self.compact_field();
             self.solve_pointing.set_compact(Some(&field));
-            self.weights_finite = None;
         }
+        // Found again for this run's pointing (see `fused`).
+        self.weights_finite = None;
 
         // Pixel distribution of the solve.
         let pixel_dist = self.setup.binner.pixel_dist.clone();
