@@ -1,17 +1,32 @@
-//! The map-maker's fused passes with compact pointing, on the host.
+//! The map-maker's fused passes on the host, with compact or kept pointing.
 //!
-//! With `binner.compact_pointing` the unfused passes rebuild each detector
-//! batch's pixels (i64) and IQU weights (3 f64) into fields of the batch's
-//! length (and, in the solver, fill a work timestream), then hand them to
-//! the kernels: about 40 bytes a sample written to memory and read back
-//! per pass. The fused passes read only what is kept (the i32 compact
-//! pixels, the flags, the boresight, the timestream or the amplitudes) and
-//! rebuild the weights for blocks of [`BLOCK`] samples into a per-task
-//! buffer that stays in cache, consumed at once; no per-sample array of a
-//! detector's length is made and no work timestream exists. They run the
-//! solver's right-hand side (`SolverRHS`), its left-hand side (`SolverLHS`,
-//! twice per CG iteration in the unfused form) and the final binned and
-//! destriped maps (`BinMap`):
+//! The unfused solver passes fill a work timestream (`F a`, or a copy of
+//! the signal) per detector batch and hand it to the kernels one after the
+//! other (accumulate; then scan and subtract, noise weight, project), each
+//! reading and writing it again; with `binner.compact_pointing` they also
+//! rebuild each batch's pixels (i64) and IQU weights (3 f64) into fields of
+//! the batch's length: up to about 40 bytes a sample written to memory and
+//! read back per pass. The fused passes read only what is kept (the
+//! pointing, the flags, the timestream or the amplitudes) and consume each
+//! sample at once; no work timestream exists. They run the solver's
+//! right-hand side (`SolverRHS`), its left-hand side (`SolverLHS`, twice
+//! per CG iteration in the unfused form) and, with compact pointing, the
+//! final binned and destriped maps (`BinMap`).
+//!
+//! The walks are written once, generic over where a sample's pixel and
+//! weights come from ([`DetPointing`], its [`PointingForm`] chosen per run
+//! by [`MapMaker::fused_applies`] and expanded by `with_form!`):
+//!
+//! * **compact** ([`Rebuilt`]): the i32 compact pixels, the weights rebuilt
+//!   from the boresight for blocks of [`BLOCK`] samples into a per-task
+//!   buffer that stays in cache (no per-sample array of a detector's
+//!   length);
+//! * **kept** ([`Kept`], `binner.full_pointing`): the pointing kernels'
+//!   i64 pixels and IQU weights, read in place. The final maps keep the
+//!   kernel (`build_noise_weighted` on the kept fields, no work
+//!   timestream either), measured as fast as a fused pass on tiny.
+//!
+//! The two walks:
 //!
 //! * **Binning** ([`Plan::accumulate`], into the pass's map): the sub-pixel
 //!   axis of the map is split into one range per task, as the
@@ -19,35 +34,43 @@
 //!   (in the unfused pass's order: detector batch, observation, detector),
 //!   views and samples in order, keeps the samples whose pixel falls in
 //!   its range, rebuilds their weights (each sample's once in all, by the
-//!   task that owns its pixel) and accumulates them. Each map element is
-//!   summed by one task in the unfused order, so the map is bit-identical
-//!   to the unfused pass's for any thread count. The sum over the job and
-//!   the covariance follow as in [`crate::ops::binning`].
+//!   task that owns its pixel) or reads the kept ones, and accumulates
+//!   them. Each map element is summed by one task in the unfused order, so
+//!   the map is bit-identical to the unfused pass's for any thread count.
+//!   The sum over the job and the covariance follow as in
+//!   [`crate::ops::binning`].
 //! * **Projection** ([`Plan::project`], the solver's `Fᵀ N⁻¹ (t - P m)`):
-//!   tasks of about 16384 samples over (observation, detector, view,
-//!   amplitude range), as the `template_offset_project_signal` kernel's;
-//!   each rebuilds the weights of its samples block by block, scans the
-//!   map, subtracts, noise weights and sums each amplitude's good samples
-//!   in sample order.
+//!   tasks over (observation, view, amplitude range of about 16384
+//!   samples, group of detectors), the detectors split into as many groups
+//!   as it takes to give every thread a task (tiny's one amplitude per
+//!   detector and view makes one range, so two groups of six at 2
+//!   threads); each task walks its amplitudes' samples in blocks, every
+//!   detector's block in turn (detectors on the same pixels, as a
+//!   focal-plane pixel's A and B, read the map while it is in cache),
+//!   rebuilds or reads the weights, scans the map, subtracts, noise
+//!   weights and sums each amplitude's good samples in sample order.
 //!
 //! Every value is the unfused path's, operation for operation: the work
 //! timestream `0 + a` (the zeroed timestream plus the amplitude, `0` under
 //! a flagged amplitude) or the copied signal, the accumulation's `(d ·
 //! w_det) · w_i`, the scan's `0 + Σ w_i m_i` in component order, the noise
-//! weight, the projection's `+ (good ? t : 0)`, and the weights from the
-//! same function as [`crate::ops::ExpandCompactPointing`]'s. The one
-//! shortcut is exact: a sample of value ±0 is left out of the accumulation
-//! where it adds ±0 to a map value that cannot be `-0`
-//! (`DetPass::zero_skips`); on xsmall most amplitudes are flagged, so the
-//! left-hand side's binning skips most detectors. So the solution and the
-//! maps are byte-identical to the unfused compact passes' (test
+//! weight, the projection's `+ (good ? t : 0)`, and the weights the kept
+//! field's or, rebuilt, from the same function as
+//! [`crate::ops::ExpandCompactPointing`]'s. The one shortcut is exact: a
+//! sample of value ±0 is left out of the accumulation where it adds ±0 to
+//! a map value that cannot be `-0` (`DetPass::zero_skips`); on xsmall most
+//! amplitudes are flagged, so the left-hand side's binning skips most
+//! detectors. So the solution and the maps are byte-identical to the
+//! unfused passes' with the same pointing (test
 //! `fused_passes_are_the_unfused_ones_bit_for_bit` in
-//! `toast-ops/tests/mapmaker.rs`, at 1 and 2 threads, with one and two
-//! observations, and the CLI's xsmall maps).
+//! `toast-ops/tests/mapmaker.rs`, compact and kept, at 1 and 2 threads,
+//! with one and two observations and two batch sizes; and the CLI's tiny
+//! and xsmall maps).
 //!
-//! They apply to host runs with compact pointing, IQU weights, no separate
-//! final pixelization and, for the solver, a template whose views are the
-//! pointing's (the satellite workflow's); otherwise the unfused passes
+//! They apply to host runs with compact or kept pointing, IQU weights, no
+//! separate final pixelization and, for the solver, a template whose views
+//! are the pointing's (the satellite workflow's); otherwise (a device run,
+//! recomputed pointing, [`MapMaker::fused_passes`] off) the unfused passes
 //! run.
 
 use super::products::Keys;
@@ -92,6 +115,15 @@ trait DetPointing: Sync {
     /// of the result (rebuilt into `buf`); else the detector's kept
     /// weights, those of sample `s` at `3 s..3 s + 3` (`samples` unused).
     fn picked<'w>(&'w self, samples: &[u32], buf: &'w mut [f64]) -> &'w [f64];
+}
+
+/// `z_i += scaled · w_i` for the three Stokes values (the accumulation's
+/// `(d · w_det) · w_i`).
+#[inline(always)]
+fn add_weighted(z: &mut [f64], scaled: f64, w: &[f64]) {
+    for i in 0..3 {
+        z[i] += scaled * w[i];
+    }
 }
 
 /// The per-task buffer of rebuilt weights ([`BLOCK`] samples), empty when
@@ -294,7 +326,14 @@ impl<P: DetPointing> Plan<'_, P> {
                 return Ok((l as usize, sub as usize));
             }
         }
-        Err(PixelOutOfRange {
+        Err(Self::fault(o, d, s, p))
+    }
+
+    /// [`Plan::locate`]'s error (out of the hot loops).
+    #[cold]
+    #[inline(never)]
+    fn fault(o: &ObsPass<'_, P>, d: &DetPass<'_, P>, s: usize, p: i64) -> OpError {
+        PixelOutOfRange {
             what: "the map-maker's fused passes".into(),
             observation: o.name.to_string(),
             detector: d.name.to_string(),
@@ -302,7 +341,7 @@ impl<P: DetPointing> Plan<'_, P> {
             pixel: p,
             limit: "is not in a local submap of the solver's pixel distribution".into(),
         }
-        .into())
+        .into()
     }
 
     /// The timestream value `F d` under amplitude `k` of view `v`: the
@@ -332,13 +371,21 @@ impl<P: DetPointing> Plan<'_, P> {
         (lo, hi): (usize, usize),
         zmap: &mut [&mut [f64]],
     ) -> Result<(), OpError> {
-        let mut samples: Vec<u32> = Vec::with_capacity(if P::REBUILT { BLOCK } else { 0 });
-        // (local submap, cell in the range, value, index of its weights).
-        let mut cells: Vec<(u32, u32, f64, u32)> = Vec::with_capacity(BLOCK);
+        // Rebuilt weights: the block's samples to rebuild and accumulate
+        // (local submap, cell in the range, value).
+        let cap = if P::REBUILT { BLOCK } else { 0 };
+        let mut samples: Vec<u32> = Vec::with_capacity(cap);
+        let mut cells: Vec<(u32, u32, f64)> = Vec::with_capacity(cap);
         let mut w = weights_buffer::<P>();
         for &(oi, di) in order {
             let o = &self.obs[oi];
             let d = &o.dets[di];
+            // Kept weights: read in place, sample by sample.
+            let kept = if P::REBUILT {
+                &[][..]
+            } else {
+                d.pt.picked(&[], &mut [])
+            };
             for (v, iv) in o.intervals.iter().enumerate() {
                 let (first, last) = (iv.first as usize, iv.last as usize);
                 // Spans of one value source: each amplitude's samples for
@@ -395,23 +442,20 @@ impl<P: DetPointing> Plan<'_, P> {
                                 // `DetPass::zero_skips`).
                                 continue;
                             }
-                            // Rebuilt weights are the `j`-th of the
-                            // block's buffer, kept ones the sample's.
-                            let k = if P::REBUILT {
+                            if P::REBUILT {
                                 samples.push(s as u32);
-                                samples.len() - 1
+                                cells.push((l as u32, (sub - lo) as u32, x));
                             } else {
-                                s
-                            };
-                            cells.push((l as u32, (sub - lo) as u32, x, k as u32));
+                                let c = sub - lo;
+                                let z = &mut zmap[l][3 * c..3 * c + 3];
+                                add_weighted(z, x * d.scale, &kept[3 * s..3 * s + 3]);
+                            }
                         }
-                        let ws = d.pt.picked(&samples, &mut w);
-                        for &(l, c, x, k) in &cells {
-                            let scaled = x * d.scale;
-                            let z = &mut zmap[l as usize][3 * c as usize..3 * c as usize + 3];
-                            let wk = &ws[3 * k as usize..3 * k as usize + 3];
-                            for i in 0..3 {
-                                z[i] += scaled * wk[i];
+                        if P::REBUILT {
+                            let ws = d.pt.picked(&samples, &mut w);
+                            for (&(l, c, x), wj) in cells.iter().zip(ws.chunks_exact(3)) {
+                                let z = &mut zmap[l as usize][3 * c as usize..3 * c as usize + 3];
+                                add_weighted(z, x * d.scale, wj);
                             }
                         }
                         b0 = b1;
