@@ -381,24 +381,28 @@ fn one_and_two_threads_give_identical_bits() {
             "{key} differs"
         );
     }
-    let h = |d: &Data| {
-        d.meta
-            .object::<PixelData<i64>>(&r1.hits)
-            .unwrap()
-            .data()
-            .to_vec()
-    };
-    assert_eq!(h(&d1), h(&d2));
-    let a = |d: &Data| {
-        d.meta
-            .object::<HostArray<f64>>(r1.amplitudes.as_ref().unwrap())
-            .unwrap()
-            .values
-            .iter()
-            .map(|x| x.to_bits())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(a(&d1), a(&d2));
+    assert_eq!(hits(&d1, &r1), hits(&d2, &r1));
+    assert_eq!(amplitude_bits(&d1, &r1), amplitude_bits(&d2, &r1));
+}
+
+/// The hits of a run.
+fn hits(d: &Data, res: &MapMakerResult) -> Vec<i64> {
+    d.meta
+        .object::<PixelData<i64>>(&res.hits)
+        .unwrap()
+        .data()
+        .to_vec()
+}
+
+/// The bits of a run's kept amplitudes.
+fn amplitude_bits(d: &Data, res: &MapMakerResult) -> Vec<u64> {
+    d.meta
+        .object::<HostArray<f64>>(res.amplitudes.as_ref().unwrap())
+        .unwrap()
+        .values
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
 }
 
 #[test]
@@ -1129,24 +1133,9 @@ fn fused_passes_are_the_unfused_ones_bit_for_bit() {
                     let at = format!("kept {kept}, batch {batch}, {threads} threads");
                     assert_eq!(r, res, "{at}: the solve");
                     assert_same_maps(&unfused, &fused, &res);
-                    let a = |d: &Data| {
-                        d.meta
-                            .object::<HostArray<f64>>(res.amplitudes.as_ref().unwrap())
-                            .unwrap()
-                            .values
-                            .iter()
-                            .map(|x| x.to_bits())
-                            .collect::<Vec<_>>()
-                    };
-                    assert_eq!(a(&unfused), a(&fused), "{at}: amplitudes");
-                    let h = |d: &Data| {
-                        d.meta
-                            .object::<PixelData<i64>>(&res.hits)
-                            .unwrap()
-                            .data()
-                            .to_vec()
-                    };
-                    assert_eq!(h(&unfused), h(&fused), "{at}: hits");
+                    let (a, h) = (amplitude_bits, hits);
+                    assert_eq!(a(&unfused, &res), a(&fused, &res), "{at}: amplitudes");
+                    assert_eq!(h(&unfused, &res), h(&fused, &res), "{at}: hits");
                 }
             }
         }
