@@ -114,7 +114,9 @@
 //! pointing's views) the solver's right- and left-hand sides then run
 //! *fused* on the kept fields (`fused`): no work timestream, each sample
 //! read once per accumulation and once per projection, bit-identical to
-//! the unfused passes (tiny's CG iterations take about a tenth less).
+//! the unfused passes (on tiny, on a loaded 2-core machine, the 24
+//! left-hand sides took 2.80 s unfused and 2.53 s fused; 1.29 s and 0.95 s
+//! once the solver's map is confined to its samples' pixels).
 //!
 //! Without `full_pointing` (TOAST's default) every pass that reads pointing
 //! recomputes it. On the host the pass runs per batch of `pointing_batch`
