@@ -381,24 +381,28 @@ fn one_and_two_threads_give_identical_bits() {
             "{key} differs"
         );
     }
-    let h = |d: &Data| {
-        d.meta
-            .object::<PixelData<i64>>(&r1.hits)
-            .unwrap()
-            .data()
-            .to_vec()
-    };
-    assert_eq!(h(&d1), h(&d2));
-    let a = |d: &Data| {
-        d.meta
-            .object::<HostArray<f64>>(r1.amplitudes.as_ref().unwrap())
-            .unwrap()
-            .values
-            .iter()
-            .map(|x| x.to_bits())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(a(&d1), a(&d2));
+    assert_eq!(hits(&d1, &r1), hits(&d2, &r1));
+    assert_eq!(amplitude_bits(&d1, &r1), amplitude_bits(&d2, &r1));
+}
+
+/// The hits of a run.
+fn hits(d: &Data, res: &MapMakerResult) -> Vec<i64> {
+    d.meta
+        .object::<PixelData<i64>>(&res.hits)
+        .unwrap()
+        .data()
+        .to_vec()
+}
+
+/// The bits of a run's kept amplitudes.
+fn amplitude_bits(d: &Data, res: &MapMakerResult) -> Vec<u64> {
+    d.meta
+        .object::<HostArray<f64>>(res.amplitudes.as_ref().unwrap())
+        .unwrap()
+        .values
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
 }
 
 #[test]
@@ -1063,9 +1067,15 @@ fn assert_maps_close(kept: &Data, data: &Data, res: &MapMakerResult) {
     }
 }
 
-/// A compact-pointing run (`binner.compact_pointing`, batches of `batch`)
+/// A run with compact pointing (`binner.compact_pointing`) or, with
+/// `kept`, the pointing kept (`binner.full_pointing`), batches of `batch`,
 /// with the fused passes on or off, in a pool of `threads`.
-fn run_compact(threads: usize, scan: &Scan, batch: usize, fused: bool) -> (Data, MapMakerResult) {
+fn run_fused(
+    threads: usize,
+    scan: &Scan,
+    (batch, kept): (usize, bool),
+    fused: bool,
+) -> (Data, MapMakerResult) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -1086,8 +1096,8 @@ fn run_compact(threads: usize, scan: &Scan, batch: usize, fused: bool) -> (Data,
         s.mapmaker.keep_solver_products = true;
         s.mapmaker.save_cleaned = true;
         s.mapmaker.overwrite_cleaned = true;
-        s.binner.full_pointing = false;
-        s.binner.compact_pointing = true;
+        s.binner.full_pointing = kept;
+        s.binner.compact_pointing = !kept;
         s.binner.pointing_batch = batch;
         let mut mm = MapMaker::new(s).unwrap();
         mm.fused_passes(fused);
@@ -1100,44 +1110,33 @@ fn run_compact(threads: usize, scan: &Scan, batch: usize, fused: bool) -> (Data,
 
 #[test]
 fn fused_passes_are_the_unfused_ones_bit_for_bit() {
-    // The fused compact passes (the solver's right- and left-hand sides,
-    // the final maps) rebuild the
-    // weights block by block in cache; every value and every sum's order
-    // is the unfused passes', so the solution, the maps and the cleaned
-    // timestream are bit-identical, with one or several observations,
-    // any batch size and one or two threads.
+    // The fused passes (the solver's right- and left-hand sides, the final
+    // maps), with compact pointing (the weights rebuilt block by block in
+    // cache) and with the pointing kept (read in place): every value and
+    // every sum's order is the unfused passes', so the solution, the maps
+    // and the cleaned timestream are bit-identical, with one or several
+    // observations, any batch size and one or two threads.
     let one = Scan {
         n_obs: 1,
         n_samples: 24_000,
         ..Scan::default()
     };
     let two = Scan::default();
-    for scan in [&one, &two] {
-        for batch in [8, 3] {
-            let (unfused, res, ..) = run_compact(2, scan, batch, false);
-            assert!(res.iterations > 3, "{} iterations", res.iterations);
-            for threads in [1, 2] {
-                let (fused, r) = run_compact(threads, scan, batch, true);
-                assert_eq!(r, res, "batch {batch}, {threads} threads: the solve");
-                assert_same_maps(&unfused, &fused, &res);
-                let a = |d: &Data| {
-                    d.meta
-                        .object::<HostArray<f64>>(res.amplitudes.as_ref().unwrap())
-                        .unwrap()
-                        .values
-                        .iter()
-                        .map(|x| x.to_bits())
-                        .collect::<Vec<_>>()
-                };
-                assert_eq!(a(&unfused), a(&fused), "batch {batch}: amplitudes");
-                let h = |d: &Data| {
-                    d.meta
-                        .object::<PixelData<i64>>(&res.hits)
-                        .unwrap()
-                        .data()
-                        .to_vec()
-                };
-                assert_eq!(h(&unfused), h(&fused), "batch {batch}: hits");
+    for kept in [false, true] {
+        for scan in [&one, &two] {
+            for batch in [8, 3] {
+                let form = (batch, kept);
+                let (unfused, res, ..) = run_fused(2, scan, form, false);
+                assert!(res.iterations > 3, "{} iterations", res.iterations);
+                for threads in [1, 2] {
+                    let (fused, r) = run_fused(threads, scan, form, true);
+                    let at = format!("kept {kept}, batch {batch}, {threads} threads");
+                    assert_eq!(r, res, "{at}: the solve");
+                    assert_same_maps(&unfused, &fused, &res);
+                    let (a, h) = (amplitude_bits, hits);
+                    assert_eq!(a(&unfused, &res), a(&fused, &res), "{at}: amplitudes");
+                    assert_eq!(h(&unfused, &res), h(&fused, &res), "{at}: hits");
+                }
             }
         }
     }

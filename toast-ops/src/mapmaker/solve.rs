@@ -429,8 +429,8 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        if self.fused_applies(data, Some(tmpl))? {
-            return self.rhs_fused(data, ctx, tmpl, keys);
+        if let Some(fused) = self.fused_applies(data, ctx, Some(tmpl))? {
+            return self.rhs_fused(data, ctx, (tmpl, fused), keys);
         }
         let mm = self.setup.mapmaker.clone();
         let binner = self.setup.binner.clone();
@@ -574,8 +574,8 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        if self.fused_applies(data, Some(tmpl))? {
-            return self.lhs_fused(data, ctx, tmpl, keys);
+        if let Some(fused) = self.fused_applies(data, ctx, Some(tmpl))? {
+            return self.lhs_fused(data, ctx, (tmpl, fused), keys);
         }
         let binner = self.setup.binner.clone();
         let full = binner.full_pointing;

@@ -42,7 +42,11 @@
 //!   pixels, weights, work timestream), [`BYTES_PER_BATCH_SAMPLE_COMPACT`]
 //!   = 40 B (pixels, weights and work timestream; the first pass's
 //!   quaternions and pixels are as many) or [`BYTES_PER_BATCH_SAMPLE_KEPT`]
-//!   = 8 B (the work timestream) per sample of each batch detector;
+//!   = 8 B (the work timestream) per sample of each batch detector. With
+//!   the map-maker's fused passes (the host default with compact or kept
+//!   pointing) the solver makes no work timestream; the terms are left as
+//!   they were measured, since tiny's and xsmall's peaks are not in the
+//!   solve (tiny's measured peak is the same with and without them);
 //! * **per time sample** ([`BYTES_PER_TIME_SAMPLE`] = 89 B): `times` 8,
 //!   shared flags 1, `boresight_radec` 32, `position` 24, `velocity` 24;
 //! * **per local map pixel** ([`BYTES_PER_LOCAL_PIXEL`] = 45 B): the
