@@ -71,7 +71,7 @@ fn check_ptr<T>(kernel: &'static str, arg: &'static str, a: Array) -> Result<(),
             a.len
         )));
     }
-    if a.ptr % std::mem::align_of::<T>() as u64 != 0 {
+    if !a.ptr.is_multiple_of(std::mem::align_of::<T>() as u64) {
         return Err(PluginError::invalid(format!(
             "{kernel}: argument `{arg}`: address 0x{:x} is not aligned for its {}-byte elements",
             a.ptr,

@@ -150,7 +150,7 @@ pub fn rows(
             format!("row length of shape {shape} is zero"),
         ));
     }
-    if len % row_len != 0 {
+    if !len.is_multiple_of(row_len) {
         return Err(ArgError::new(
             kernel,
             arg,
@@ -284,7 +284,7 @@ fn local_submaps(
         ));
     }
     let per_submap = mul(kernel, arg, n_pix_submap as u64, nnz)?;
-    if len % per_submap != 0 {
+    if !len.is_multiple_of(per_submap) {
         return Err(ArgError::new(
             kernel,
             arg,

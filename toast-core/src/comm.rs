@@ -209,7 +209,7 @@ impl ProcessLayout {
         if size == 0 || rank >= size {
             return Err(format!("rank {rank} out of range for {size} processes"));
         }
-        if group_size == 0 || size % group_size != 0 {
+        if group_size == 0 || !size.is_multiple_of(group_size) {
             return Err(format!(
                 "group size {group_size} does not divide the {size} processes"
             ));

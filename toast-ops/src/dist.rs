@@ -134,7 +134,7 @@ pub fn default_group_size(
     let n_nodes = (n_procs / ppn).max(1);
     let mut best = n_nodes;
     for test_nodes in (1..=n_nodes).rev() {
-        if n_nodes % test_nodes != 0 {
+        if !n_nodes.is_multiple_of(test_nodes) {
             continue;
         }
         let n_group = n_nodes / test_nodes;
@@ -148,7 +148,7 @@ pub fn default_group_size(
         best = test_nodes;
     }
     // Processes that do not fill whole nodes join one group.
-    if n_procs % ppn != 0 {
+    if !n_procs.is_multiple_of(ppn) {
         return n_procs;
     }
     best * ppn
@@ -182,7 +182,7 @@ impl JobDistribution {
         if n_procs == 0 {
             return Err("no processes".into());
         }
-        if group_size == 0 || n_procs % group_size != 0 {
+        if group_size == 0 || !n_procs.is_multiple_of(group_size) {
             return Err(format!(
                 "group size {group_size} does not divide the {n_procs} processes"
             ));

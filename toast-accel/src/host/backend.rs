@@ -139,7 +139,7 @@ impl Plugin {
                 symbol: abi::ENTRY_SYMBOL,
             });
         }
-        if (hdr_ptr as usize) % std::mem::align_of::<BackendHeader>() != 0 {
+        if !(hdr_ptr as usize).is_multiple_of(std::mem::align_of::<BackendHeader>()) {
             return Err(LoadError::Malformed {
                 path: p,
                 reason: format!(
@@ -182,7 +182,7 @@ impl Plugin {
             });
         }
         let entry_size = std::mem::size_of::<Option<abi::InitFn>>() as u32;
-        if hdr.table_size > MAX_TABLE_SIZE || hdr.table_size % entry_size != 0 {
+        if hdr.table_size > MAX_TABLE_SIZE || !hdr.table_size.is_multiple_of(entry_size) {
             return Err(LoadError::Malformed {
                 path: p,
                 reason: format!(

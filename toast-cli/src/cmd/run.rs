@@ -590,7 +590,7 @@ fn parse_procs(spec: &str) -> Result<(usize, usize)> {
     let (p, n) = spec.split_once(',').ok_or_else(bad)?;
     let p: usize = p.trim().parse().map_err(|_| bad())?;
     let n: usize = n.trim().parse().map_err(|_| bad())?;
-    if p == 0 || n == 0 || p % n != 0 {
+    if p == 0 || n == 0 || !p.is_multiple_of(n) {
         bail!("--dry-run {spec}: P and PPN must be positive and PPN must divide P");
     }
     if p > MAX_DRY_RUN_PROCS {
@@ -603,7 +603,7 @@ fn parse_procs(spec: &str) -> Result<(usize, usize)> {
 /// of them.
 fn procs_per_node(size: usize) -> usize {
     parallel::local_size()
-        .filter(|&n| size % n == 0)
+        .filter(|&n| size.is_multiple_of(n))
         .unwrap_or(size)
 }
 

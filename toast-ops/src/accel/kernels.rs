@@ -1481,7 +1481,7 @@ pub fn filter_poly2d(
     keys: Poly2dKeys<'_>,
 ) -> Result<(), OpError> {
     let n_det = det_groups.len();
-    if n_det == 0 || templates.len() % n_det != 0 {
+    if n_det == 0 || !templates.len().is_multiple_of(n_det) {
         return Err(OpError::KernelArgument {
             argument: "templates".into(),
             problem: format!(

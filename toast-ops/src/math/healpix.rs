@@ -146,7 +146,7 @@ pub fn nside2npix(nside: u64) -> Result<u64, HealpixError> {
 
 /// The `nside` of a map with `npix` pixels (`npix = 12 nside²`, `nside` a power of two).
 pub fn npix2nside(npix: u64) -> Result<u64, HealpixError> {
-    if npix == 0 || npix % 12 != 0 {
+    if npix == 0 || !npix.is_multiple_of(12) {
         return Err(HealpixError::BadNpix(npix));
     }
     let n2 = npix / 12;
