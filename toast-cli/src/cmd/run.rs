@@ -30,7 +30,6 @@ use crate::output::{Staging, Writer};
 use crate::parallel;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -345,13 +344,13 @@ impl ProductSink for OutputDir<'_> {
             writers.push((
                 "mapmaker_map.png",
                 Box::new(move |p| {
-                    let hits = products.hits.column(0);
-                    let hit: Vec<bool> = (0..hits.n_pix).map(|p| hits.get(p) > 0).collect();
-                    toast_ops::io::plot::plot_iqu_mollweide_by(
+                    // Read by submaps in place: no full-sky copies.
+                    let m = &products.map;
+                    toast_ops::io::plot::plot_iqu_mollweide_of(
                         p,
                         nside,
-                        |k| Cow::Owned(products.map.full_sky_component(k)),
-                        Some(&hit),
+                        [&m.column(0), &m.column(1), &m.column(2)],
+                        Some(&products.hits.column(0)),
                         1200,
                     )
                     .map_err(|e| e.to_string())

@@ -20,15 +20,15 @@
 //! bitmap font, and the panel's title (`I`, `Q`, `U`) is written at its top
 //! left.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::io::fits::UNSEEN;
+use crate::io::fits::{SubmapColumn, UNSEEN};
 use crate::math::healpix::{Healpix, HealpixError};
+use crate::pixels::MapValue;
 
 /// Errors of the plotting module.
 #[derive(Debug, thiserror::Error)]
@@ -155,19 +155,63 @@ fn default_hit(v: f64) -> bool {
     v.is_finite() && v != UNSEEN
 }
 
+/// A full-sky NEST map read pixel by pixel: a slice (a hit mask of `bool`
+/// reads as 1 or 0), or a map stored by submaps ([`SubmapColumn`]), which
+/// is drawn without a full-sky copy.
+pub trait SkyValues: Sync {
+    /// Pixels of the full sky.
+    fn n_pix(&self) -> usize;
+    /// The value of pixel `p < n_pix`.
+    fn value(&self, p: usize) -> f64;
+}
+
+impl<T: Copy + Into<f64> + Sync> SkyValues for [T] {
+    fn n_pix(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn value(&self, p: usize) -> f64 {
+        self[p].into()
+    }
+}
+
+impl<T: MapValue> SkyValues for SubmapColumn<'_, T> {
+    fn n_pix(&self) -> usize {
+        self.n_pix
+    }
+    #[inline]
+    fn value(&self, p: usize) -> f64 {
+        self.get(p).to_f64()
+    }
+}
+
+/// Whether pixel `p` of value `v` is drawn: hit in the mask (a positive
+/// value) and finite, or without a mask [`default_hit`].
+#[inline]
+fn is_hit<H: SkyValues + ?Sized>(hit: Option<&H>, p: usize, v: f64) -> bool {
+    match hit {
+        Some(h) => h.value(p) > 0.0 && v.is_finite(),
+        None => default_hit(v),
+    }
+}
+
 /// Symmetric colour range `max(|p1|, |p99|)` of the hit pixels (at most ~2M
 /// evenly strided samples are used). Returns 0 when nothing is hit.
 pub fn symmetric_range<T: Copy + Into<f64> + Sync>(map: &[T], hit: Option<&[bool]>) -> f64 {
-    let stride = (map.len() / 2_000_000).max(1);
-    let mut vals: Vec<f64> = (0..map.len())
+    symmetric_range_of(map, hit)
+}
+
+/// [`symmetric_range`] of any [`SkyValues`].
+pub fn symmetric_range_of<M: SkyValues + ?Sized, H: SkyValues + ?Sized>(
+    map: &M,
+    hit: Option<&H>,
+) -> f64 {
+    let stride = (map.n_pix() / 2_000_000).max(1);
+    let mut vals: Vec<f64> = (0..map.n_pix())
         .step_by(stride)
         .filter_map(|p| {
-            let v: f64 = map[p].into();
-            let h = match hit {
-                Some(h) => h[p] && v.is_finite(),
-                None => default_hit(v),
-            };
-            h.then_some(v)
+            let v = map.value(p);
+            is_hit(hit, p, v).then_some(v)
         })
         .collect();
     if vals.is_empty() {
@@ -190,67 +234,128 @@ pub fn render_mollweide<T: Copy + Into<f64> + Sync>(
     vmax: f64,
     width: usize,
 ) -> Result<Image, PlotError> {
-    let hp = Healpix::new(nside)?;
-    if map.len() as u64 != hp.npix() {
-        return Err(PlotError::BadInput(format!(
-            "map has {} pixels, nside {nside} needs {}",
-            map.len(),
-            hp.npix()
-        )));
-    }
-    if let Some(h) = hit {
-        if h.len() != map.len() {
+    render_mollweide_of(nside, map, hit, vmax, width)
+}
+
+/// [`render_mollweide`] of any [`SkyValues`].
+pub fn render_mollweide_of<M: SkyValues + ?Sized, H: SkyValues + ?Sized>(
+    nside: u64,
+    map: &M,
+    hit: Option<&H>,
+    vmax: f64,
+    width: usize,
+) -> Result<Image, PlotError> {
+    let proj = Projection::new(nside, width)?;
+    proj.render(map, hit, vmax)
+}
+
+/// The HEALPix NEST pixel under each point of a `width × width/2`
+/// Mollweide image (`None` outside the ellipse): computed once and drawn
+/// for each of a plot's panels.
+struct Projection {
+    nside: u64,
+    npix: u64,
+    width: usize,
+    height: usize,
+    /// Row-major, `u32::MAX` for the background.
+    pixels: Vec<u32>,
+}
+
+impl Projection {
+    /// Outside the ellipse.
+    const OUTSIDE: u32 = u32::MAX;
+
+    fn new(nside: u64, width: usize) -> Result<Self, PlotError> {
+        let hp = Healpix::new(nside)?;
+        if width < 8 {
             return Err(PlotError::BadInput(format!(
-                "hit mask has {} pixels, map has {}",
-                h.len(),
-                map.len()
+                "image width {width} too small"
             )));
         }
-    }
-    if width < 8 {
-        return Err(PlotError::BadInput(format!(
-            "image width {width} too small"
-        )));
-    }
-    let height = width / 2;
-    let scale = if vmax > 0.0 { vmax } else { 1.0 };
-    let rows: Vec<Vec<u8>> = (0..height)
-        .into_par_iter()
-        .map(|y| {
-            let mut row = Vec::with_capacity(width * 3);
-            let v = 1.0 - 2.0 * (y as f64 + 0.5) / height as f64;
-            for x in 0..width {
-                let u = 2.0 * (x as f64 + 0.5) / width as f64 - 1.0;
-                let c = if u * u + v * v > 1.0 {
-                    BACKGROUND
-                } else {
-                    let alpha = v.asin();
-                    let s = ((2.0 * alpha + (2.0 * alpha).sin()) / std::f64::consts::PI)
-                        .clamp(-1.0, 1.0);
-                    let lat = s.asin();
-                    let lon = -std::f64::consts::PI * u / alpha.cos();
-                    let p = hp.ang2pix_nest(std::f64::consts::FRAC_PI_2 - lat, lon) as usize;
-                    let val: f64 = map[p].into();
-                    let is_hit = match hit {
-                        Some(h) => h[p] && val.is_finite(),
-                        None => default_hit(val),
-                    };
-                    if is_hit {
-                        colormap(0.5 + 0.5 * val / scale)
-                    } else {
-                        UNHIT
-                    }
-                };
-                row.extend_from_slice(&c);
-            }
-            row
+        if hp.npix() >= u64::from(Self::OUTSIDE) {
+            return Err(PlotError::BadInput(format!(
+                "nside {nside}: too many pixels to plot"
+            )));
+        }
+        let height = width / 2;
+        let rows: Vec<Vec<u32>> = (0..height)
+            .into_par_iter()
+            .map(|y| {
+                let v = 1.0 - 2.0 * (y as f64 + 0.5) / height as f64;
+                (0..width)
+                    .map(|x| {
+                        let u = 2.0 * (x as f64 + 0.5) / width as f64 - 1.0;
+                        if u * u + v * v > 1.0 {
+                            return Self::OUTSIDE;
+                        }
+                        let alpha = v.asin();
+                        let s = ((2.0 * alpha + (2.0 * alpha).sin()) / std::f64::consts::PI)
+                            .clamp(-1.0, 1.0);
+                        let lat = s.asin();
+                        let lon = -std::f64::consts::PI * u / alpha.cos();
+                        hp.ang2pix_nest(std::f64::consts::FRAC_PI_2 - lat, lon) as u32
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Projection {
+            nside,
+            npix: hp.npix(),
+            width,
+            height,
+            pixels: rows.concat(),
         })
-        .collect();
-    Ok(Image {
-        width,
-        height,
-        rgb: rows.concat(),
-    })
+    }
+
+    /// One panel: values mapped on `[−vmax, vmax]`.
+    fn render<M: SkyValues + ?Sized, H: SkyValues + ?Sized>(
+        &self,
+        map: &M,
+        hit: Option<&H>,
+        vmax: f64,
+    ) -> Result<Image, PlotError> {
+        if map.n_pix() as u64 != self.npix {
+            return Err(PlotError::BadInput(format!(
+                "map has {} pixels, nside {} needs {}",
+                map.n_pix(),
+                self.nside,
+                self.npix
+            )));
+        }
+        if let Some(h) = hit {
+            if h.n_pix() != map.n_pix() {
+                return Err(PlotError::BadInput(format!(
+                    "hit mask has {} pixels, map has {}",
+                    h.n_pix(),
+                    map.n_pix()
+                )));
+            }
+        }
+        let scale = if vmax > 0.0 { vmax } else { 1.0 };
+        let mut rgb = vec![0u8; self.pixels.len() * 3];
+        rgb.par_chunks_mut(3 * self.width)
+            .zip(self.pixels.par_chunks(self.width))
+            .for_each(|(row, pix)| {
+                for (c, &p) in row.chunks_exact_mut(3).zip(pix) {
+                    c.copy_from_slice(&if p == Self::OUTSIDE {
+                        BACKGROUND
+                    } else {
+                        let p = p as usize;
+                        let val = map.value(p);
+                        if is_hit(hit, p, val) {
+                            colormap(0.5 + 0.5 * val / scale)
+                        } else {
+                            UNHIT
+                        }
+                    });
+                }
+            });
+        Ok(Image {
+            width: self.width,
+            height: self.height,
+            rgb,
+        })
+    }
 }
 
 /// 5×7 bitmap glyphs (rows top to bottom, 5 low bits, MSB left).
@@ -329,17 +434,16 @@ pub fn render_iqu<T: Copy + Into<f64> + Sync>(
     hit: Option<&[bool]>,
     width: usize,
 ) -> Result<Image, PlotError> {
-    render_iqu_by(nside, |k| Cow::Borrowed(maps[k]), hit, width)
+    render_iqu_of(nside, maps, hit, width)
 }
 
-/// [`render_iqu`] with the maps made one at a time by `component(k)` (k =
-/// 0, 1, 2 for I, Q, U), each dropped once its panel is drawn: a caller
-/// that expands a map stored by submaps holds one full-sky component at a
-/// time, not three.
-pub fn render_iqu_by<'a, T: Copy + Into<f64> + Sync + 'a>(
+/// [`render_iqu`] of any [`SkyValues`]: a map stored by submaps
+/// ([`SubmapColumn`], e.g. `PixelData::column`) is read in place, with no
+/// full-sky copy of a component or of the hit mask.
+pub fn render_iqu_of<M: SkyValues + ?Sized, H: SkyValues + ?Sized>(
     nside: u64,
-    mut component: impl FnMut(usize) -> Cow<'a, [T]>,
-    hit: Option<&[bool]>,
+    maps: [&M; 3],
+    hit: Option<&H>,
     width: usize,
 ) -> Result<Image, PlotError> {
     let scale = (width / 400).max(1);
@@ -349,12 +453,12 @@ pub fn render_iqu_by<'a, T: Copy + Into<f64> + Sync + 'a>(
     let label_h = 7 * scale + pad;
     let panel_h = title_h + width / 2 + pad + bar_h + label_h + pad;
     let mut img = Image::new(width, 3 * panel_h, BACKGROUND);
+    let proj = Projection::new(nside, width)?;
     for (i, name) in ["I", "Q", "U"].iter().enumerate() {
         let y0 = i * panel_h;
-        let map = component(i);
-        let vmax = symmetric_range(&map, hit);
-        let panel = render_mollweide(nside, &map, hit, vmax, width)?;
-        drop(map);
+        let map = maps[i];
+        let vmax = symmetric_range_of(map, hit);
+        let panel = proj.render(map, hit, vmax)?;
         draw_text(&mut img, name, pad, y0 + pad, scale, [0, 0, 0]);
         img.blit(&panel, 0, y0 + title_h);
         // Colour bar over the middle 60% of the width.
@@ -411,16 +515,15 @@ pub fn plot_iqu_mollweide<T: Copy + Into<f64> + Sync>(
     render_iqu(nside, maps, hit, width)?.write_png(path)
 }
 
-/// [`plot_iqu_mollweide`] with the maps made one at a time (see
-/// [`render_iqu_by`]).
-pub fn plot_iqu_mollweide_by<'a, T: Copy + Into<f64> + Sync + 'a>(
+/// [`plot_iqu_mollweide`] of any [`SkyValues`] (see [`render_iqu_of`]).
+pub fn plot_iqu_mollweide_of<M: SkyValues + ?Sized, H: SkyValues + ?Sized>(
     path: &Path,
     nside: u64,
-    component: impl FnMut(usize) -> Cow<'a, [T]>,
-    hit: Option<&[bool]>,
+    maps: [&M; 3],
+    hit: Option<&H>,
     width: usize,
 ) -> Result<(), PlotError> {
-    render_iqu_by(nside, component, hit, width)?.write_png(path)
+    render_iqu_of(nside, maps, hit, width)?.write_png(path)
 }
 
 #[cfg(test)]
