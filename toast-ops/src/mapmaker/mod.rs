@@ -419,7 +419,7 @@ impl MapMaker {
         let mm = self.setup.mapmaker.clone();
         let full = self.setup.binner.full_pointing;
         let det_data = mm.det_data.clone();
-        let mut res = MapMakerResult::default();
+        let res = MapMakerResult::default();
 
         // Pointing for the solve, once, when it is kept.
         if full {
@@ -452,7 +452,26 @@ impl MapMaker {
             !full,
             false,
         )?;
+        // The pixels the samples reach, for the maps of this distribution
+        // (removed at the end of the run, see `confine`).
+        self.register_support(data, ctx, compact)?;
+        let r = self.run_products(data, ctx, keys, res, det_data, host_run);
+        self.unregister_support(data);
+        r
+    }
 
+    /// The solve and the final products of [`MapMaker::run_scoped`], once
+    /// the pixel distribution exists.
+    fn run_products(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+        mut res: MapMakerResult,
+        det_data: String,
+        host_run: bool,
+    ) -> Result<MapMakerResult, OpError> {
+        let mm = self.setup.mapmaker.clone();
         let templates = self.setup.baselines.enabled;
         let amps = if templates {
             timed(data, ctx, "SolveAmplitudes", |data, ctx| {

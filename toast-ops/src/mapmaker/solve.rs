@@ -164,7 +164,7 @@ impl MapMaker {
             return Ok(None);
         };
         // The solver's map visits only the pixels its samples reach.
-        self.confine_solver_map(data, ctx, keys)?;
+        self.confine_solver_map(data, keys)?;
         let solved = timed(data, ctx, "SolverRHS", |data, ctx| {
             self.rhs(data, ctx, &tmpl, keys)
         })

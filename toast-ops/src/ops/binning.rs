@@ -241,7 +241,7 @@ pub(crate) fn prepare_bin_map(
             ),
         });
     }
-    ensure_map::<f64>(data, pass.binned, &dist, nnz)?;
+    ensure_map::<f64>(data, pass.binned, &cfg.pixel_dist, &dist, nnz)?;
     Ok((dist, nnz))
 }
 

@@ -102,10 +102,14 @@ fn view_ranges(ob: &Observation, view: Option<&str>) -> Result<Vec<(usize, usize
         .collect())
 }
 
-/// Get or create a map at `key` on `dist` with `n_value` values per pixel.
+/// Get or create a map at `key` on `dist` (the distribution at `dist_key`)
+/// with `n_value` values per pixel. A new map is prefaulted at the pixels
+/// of a support registered for `dist_key` (see
+/// [`crate::pixels::support::support_key`]).
 pub(crate) fn ensure_map<T: Element>(
     data: &mut Data,
     key: &str,
+    dist_key: &str,
     dist: &Arc<PixelDistribution>,
     n_value: usize,
 ) -> Result<(), OpError> {
@@ -123,8 +127,14 @@ pub(crate) fn ensure_map<T: Element>(
         }
         return Ok(());
     }
-    data.meta
-        .set_object(key, PixelData::<T>::new(Arc::clone(dist), n_value));
+    let mut map = PixelData::<T>::new(Arc::clone(dist), n_value);
+    if let Ok(support) = data
+        .meta
+        .object::<crate::pixels::PixelSupport>(&crate::pixels::support::support_key(dist_key))
+    {
+        map.prefault(support);
+    }
+    data.meta.set_object(key, map);
     Ok(())
 }
 
@@ -274,7 +284,7 @@ impl Operator for BuildHitMap {
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
-        ensure_map::<i64>(data, &self.hits, &dist, 1)?;
+        ensure_map::<i64>(data, &self.hits, &self.pixel_dist, &dist, 1)?;
         let Data { obs, meta } = data;
         let hits = meta.object_mut::<PixelData<i64>>(&self.hits)?;
         for ob in obs.iter() {
@@ -396,7 +406,13 @@ impl Operator for BuildInverseCovariance {
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
-        ensure_map::<f64>(data, &self.inverse_covariance, &dist, block_size(nnz))?;
+        ensure_map::<f64>(
+            data,
+            &self.inverse_covariance,
+            &self.pixel_dist,
+            &dist,
+            block_size(nnz),
+        )?;
         let Data { obs, meta } = data;
         let invcov = meta.object_mut::<PixelData<f64>>(&self.inverse_covariance)?;
         for ob in obs.iter() {
@@ -511,7 +527,7 @@ impl Operator for BuildNoiseWeighted {
     fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
-        ensure_map::<f64>(data, &self.zmap, &dist, nnz)
+        ensure_map::<f64>(data, &self.zmap, &self.pixel_dist, &dist, nnz)
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         self.prepare_outputs(data)?;

@@ -25,6 +25,17 @@ use super::PixelDistribution;
 use rayon::prelude::*;
 use toast_core::OpError;
 
+/// The metadata key under which a pipeline registers the support of the
+/// samples that use pixel distribution `dist_key`: the maps made for that
+/// distribution ([`crate::ops::mapmaker_utils::ensure_map`]) are then
+/// prefaulted at those pixels ([`PixelData::prefault`]). Registering one
+/// changes no value, only which pages are committed first.
+///
+/// [`PixelData::prefault`]: super::PixelData::prefault
+pub fn support_key(dist_key: &str) -> String {
+    format!("{dist_key}.support")
+}
+
 /// Pixels of the support per task of the pixel-domain steps.
 pub(crate) const TASK_PIXELS: usize = 4096;
 
