@@ -62,13 +62,14 @@ impl MapMaker {
             return Ok(false);
         };
         data.meta
-            .set_object(support_key(&binner.pixel_dist), support);
+            .set_object(support_key(&binner.pixel_dist), Arc::new(support));
         Ok(true)
     }
 
     /// Remove what [`MapMaker::register_support`] registered.
     pub(super) fn unregister_support(&self, data: &mut Data) {
-        data.meta.remove(&support_key(&self.setup.binner.pixel_dist));
+        data.meta
+            .remove(&support_key(&self.setup.binner.pixel_dist));
     }
 
     /// Confine the solver's binned map to the registered support (see the
@@ -78,13 +79,16 @@ impl MapMaker {
         let binner = &self.setup.binner;
         let Ok(support) = data
             .meta
-            .object::<PixelSupport>(&support_key(&binner.pixel_dist))
+            .object::<Arc<PixelSupport>>(&support_key(&binner.pixel_dist))
         else {
             return Ok(false);
         };
-        let support = Arc::new(support.clone());
+        let support = Arc::clone(support);
         let dist = get_distribution(data, &binner.pixel_dist)?;
-        let block = data.meta.object::<PixelData<f64>>(&keys.solve_cov)?.n_value();
+        let block = data
+            .meta
+            .object::<PixelData<f64>>(&keys.solve_cov)?
+            .n_value();
         let Some(nnz) = nnz_of_block(block) else {
             return Ok(false);
         };

@@ -130,7 +130,7 @@ pub(crate) fn ensure_map<T: Element>(
     let mut map = PixelData::<T>::new(Arc::clone(dist), n_value);
     if let Ok(support) = data
         .meta
-        .object::<crate::pixels::PixelSupport>(&crate::pixels::support::support_key(dist_key))
+        .object::<Arc<crate::pixels::PixelSupport>>(&crate::pixels::support::support_key(dist_key))
     {
         map.prefault(support);
     }
