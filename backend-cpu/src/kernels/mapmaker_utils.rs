@@ -350,7 +350,8 @@ const HITS_SPLIT_FROM: usize = 1 << 14;
 /// sum, the same in any order, so the result is the one-task pass's; each
 /// task reads only its own samples instead of every sample (the pixel
 /// split read all of them in every task and scaled poorly: 2 threads at
-/// 0.97-1.10x TOAST's, which increments atomically too).
+/// 0.97-1.10x TOAST's). On a fault the result is the one pass's too: the
+/// samples before the first bad one counted, the rest not.
 fn hits_by_samples(
     nsub: i64,
     nsubpix: i64,
@@ -366,28 +367,55 @@ fn hits_by_samples(
     let atoms: &[AtomicI64] = unsafe { &*(hits as *mut [i64] as *const [AtomicI64]) };
     let n = submap.len().min(subpix.len());
     let chunk = n.div_ceil(parts);
-    (0..parts)
+    let pixel = |i: usize| {
+        let (sm, px) = (submap[i], subpix[i]);
+        // Compared as unsigned, a negative value is beyond the map too.
+        ((sm as u64) < nsub as u64 && (px as u64) < nsubpix as u64)
+            .then(|| (sm * nsubpix + px) as usize)
+    };
+    // Each task: its range and, on a fault, the sample it stopped at.
+    let ends: Vec<(usize, usize, Option<SampleFault>)> = (0..parts)
         .into_par_iter()
         .map(|t| {
             let (lo, hi) = ((t * chunk).min(n), ((t + 1) * chunk).min(n));
             for i in lo..hi {
                 if i + PREFETCH_AHEAD < hi {
-                    let (sa, pa) = (submap[i + PREFETCH_AHEAD], subpix[i + PREFETCH_AHEAD]);
-                    if (sa as u64) < nsub as u64 && (pa as u64) < nsubpix as u64 {
-                        prefetch(atoms.as_ptr().wrapping_add((sa * nsubpix + pa) as usize));
+                    if let Some(a) = pixel(i + PREFETCH_AHEAD) {
+                        prefetch(atoms.as_ptr().wrapping_add(a));
                     }
                 }
-                let (sm, px) = (submap[i], subpix[i]);
-                // Compared as unsigned, a negative value is beyond the map too.
-                if (sm as u64) < nsub as u64 && (px as u64) < nsubpix as u64 {
-                    atoms[(sm * nsubpix + px) as usize].fetch_add(1, Ordering::Relaxed);
-                } else if sm >= 0 && px >= 0 {
-                    return Err(beyond_the_map(nsub, nsubpix, sm, px, i));
+                match pixel(i) {
+                    Some(h) => {
+                        atoms[h].fetch_add(1, Ordering::Relaxed);
+                    }
+                    None if submap[i] >= 0 && subpix[i] >= 0 => {
+                        let f = beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i);
+                        return (lo, i, Some(f));
+                    }
+                    None => {}
                 }
             }
-            Ok(())
+            (lo, hi, None)
         })
-        .reduce(|| Ok(()), first_fault)
+        .collect();
+    // On a fault, the counts are those of the samples before the first one,
+    // as in one pass: the tasks after it take their increments back (a
+    // rare path, run once).
+    let Some(first) = ends.iter().position(|e| e.2.is_some()) else {
+        return Ok(());
+    };
+    for &(lo, end, _) in &ends[first + 1..] {
+        for i in lo..end {
+            if let Some(h) = pixel(i) {
+                atoms[h].fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let mut ends = ends;
+    match ends.swap_remove(first).2 {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
 }
 
 /// Accumulate `scale * w wᵀ` (the lower triangle, row by row: `(j, k)` for
