@@ -125,7 +125,8 @@ pub(crate) struct SharedMut<T> {
 // write disjoint elements (each user documents why), so sending or sharing it
 // between threads is as safe as sending `&mut [T]` pieces of it.
 unsafe impl<T: Send> Send for SharedMut<T> {}
-// SAFETY: as above.
+// SAFETY: `&SharedMut` gives only the pointer and length (a copy); writes through it
+// go to disjoint elements (each user documents why), like `&mut [T]` pieces per thread.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
@@ -209,7 +210,9 @@ struct HalfJob {
 // caller then does not return, so the closure stays alive, until the state
 // is HELPER_DONE), the caller only after winning it to CALLER_RUNS.
 unsafe impl Send for HalfJob {}
-// SAFETY: as above.
+// SAFETY: through `&HalfJob` threads touch only the atomic `state` and, for the one
+// thread that wins it (HELPER_RUNS or CALLER_RUNS), the closure `work`, which the
+// caller keeps alive until the state is HELPER_DONE or it ran the closure itself.
 unsafe impl Sync for HalfJob {}
 
 /// Run `first()` and `second()` (which touch disjoint data) and return when

@@ -121,7 +121,7 @@ fn header_is_complete() {
     // SAFETY: static NUL-terminated strings.
     let name = unsafe { CStr::from_ptr(h.name) }.to_str().unwrap();
     assert_eq!(name, "cpu");
-    // SAFETY: as above.
+    // SAFETY: `h.version` points at a static NUL-terminated string of the plugin header.
     let version = unsafe { CStr::from_ptr(h.version) }.to_str().unwrap();
     assert_eq!(version, env!("CARGO_PKG_VERSION"));
     let t = table();
@@ -176,7 +176,7 @@ fn device_count_and_info() {
     assert!(info.name[0] != 0);
     assert!(info.total_memory > 0 && info.free_memory <= info.total_memory);
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: valid ctx and out pointer (`info`); index 1 is refused by the plugin.
         unsafe { t.device_info.unwrap()(c.0, 1, &mut info) },
         abi::ERR_INVALID_ARGUMENT
     );
@@ -217,7 +217,7 @@ fn alloc_is_zeroed_aligned_and_copies_round_trip() {
     // SAFETY: valid handle.
     assert_eq!(unsafe { t.reset.unwrap()(c.0, h, 900, 10) }, abi::OK);
     let mut back = vec![0u8; 100];
-    // SAFETY: as above.
+    // SAFETY: valid handle `h` (1000 bytes); bytes [900, 1000) into `back`, 100 bytes.
     let s = unsafe { t.copy_to_host.unwrap()(c.0, h, 900, back.as_mut_ptr() as *mut c_void, 100) };
     assert_eq!(s, abi::OK);
     assert_eq!(&back[..10], &[0; 10]);
@@ -234,7 +234,7 @@ fn unknown_handle_is_refused() {
     assert_eq!(s, abi::ERR_INVALID_HANDLE);
     assert!(last_error().contains("0x3039"), "{}", last_error());
     let mut b = [0u8; 4];
-    // SAFETY: as above.
+    // SAFETY: the plugin validates the handle before copying; `b` holds the 4 bytes.
     let s =
         unsafe { table().copy_to_host.unwrap()(c.0, 0x3039, 0, b.as_mut_ptr() as *mut c_void, 4) };
     assert_eq!(s, abi::ERR_INVALID_HANDLE);
@@ -247,7 +247,7 @@ fn double_free_is_refused() {
     // SAFETY: the plugin validates the handle.
     assert_eq!(unsafe { table().free.unwrap()(c.0, h) }, abi::OK);
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: the plugin validates the handle (already freed) and refuses it.
         unsafe { table().free.unwrap()(c.0, h) },
         abi::ERR_INVALID_HANDLE
     );
@@ -268,7 +268,7 @@ fn copy_outside_the_buffer_is_refused() {
         unsafe { table().copy_to_device.unwrap()(c.0, h, 12, src.as_ptr() as *const c_void, 8) };
     assert_eq!(s, abi::ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("offset 12"), "{}", last_error());
-    // SAFETY: as above.
+    // SAFETY: the plugin checks the range (u64::MAX + 2 overflows) before writing.
     let s = unsafe { table().reset.unwrap()(c.0, h, u64::MAX, 2) };
     assert_eq!(s, abi::ERR_INVALID_ARGUMENT);
 }
@@ -594,7 +594,8 @@ fn pixels_healpix_non_finite_quaternion_is_an_error() {
         shared_flag_mask: 2,
         ..a
     };
-    // SAFETY: as above; the flags have n_samp elements.
+    // SAFETY: every pointer is a live vector of the declared length; the flags have
+    // n_samp elements.
     let st = unsafe { table().pixels_healpix.unwrap()(c.0, &a) };
     assert_eq!(st, abi::OK, "{}", last_error());
     let mut want = vec![15i64; 10];
@@ -749,7 +750,9 @@ fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
         reserved: [0; 6],
     };
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: `w.rows` and `scale` (n_det = 4) and the intervals are live host arrays;
+        // kernel arrays are live vectors of their declared lengths; `zmap`, the only output,
+        // is a separate vector.
         unsafe { t.build_noise_weighted.unwrap()(c.0, &a) },
         abi::OK,
         "{}",
@@ -777,7 +780,9 @@ fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
         reserved: [0; 6],
     };
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: `w.rows` (n_det = 4) and the intervals are live host arrays; kernel arrays
+        // are live vectors of their declared lengths; the outputs `pix` (3 rows x n) and
+        // `hits` (12 * 256^2 / 256 = 3072 submaps) are separate vectors.
         unsafe { t.pixels_healpix.unwrap()(c.0, &a) },
         abi::OK,
         "{}",
@@ -804,7 +809,9 @@ fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
         reserved: [0; 7],
     };
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: `w.rows`, `eps` and `scale` (n_det = 4) and the intervals are live host
+        // arrays; kernel arrays are live vectors of their declared lengths; `weights`
+        // (3 rows x n x 3), the only output, is a separate vector.
         unsafe { t.stokes_weights_iqu.unwrap()(c.0, &a) },
         abi::OK,
         "{}",
@@ -845,7 +852,9 @@ fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
         reserved: [0; 7],
     };
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: `w.rows`, `fidx`, `offs` (n_det = 4) and `nav` (n_view = 4) are live host
+        // arrays; kernel arrays are live vectors of their declared lengths; `amps` (n_amp),
+        // the only output, is a separate vector.
         unsafe { t.template_offset_project_signal.unwrap()(c.0, &a) },
         abi::OK,
         "{}",
@@ -865,7 +874,9 @@ fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
         det_data: arr_mut(&mut det_data),
     };
     assert_eq!(
-        // SAFETY: as above.
+        // SAFETY: `w.rows`, `offs` (n_det = 4) and `nav` (n_view = 4) are live host arrays;
+        // kernel arrays are live vectors of their declared lengths; `det_data` (a clone of
+        // `w.data`), the only output, is a separate vector.
         unsafe { t.template_offset_add_to_signal.unwrap()(c.0, &a) },
         abi::OK,
         "{}",

@@ -478,7 +478,10 @@ fn stage<'a>(b: &'a Backend, v: &'a View<'_>) -> Result<ArrayArg<'a>, AccelError
                 let data = unsafe { std::slice::from_raw_parts_mut(p, v.len) };
                 ArrayArg::output::<$t>(b, data, v.name)
             } else {
-                // SAFETY: as above, read-only, and no output overlaps it.
+                // SAFETY: `p` is numpy's address of a C-contiguous, aligned (checked in
+                // `take`) buffer of `len` elements of this dtype, kept alive by `_obj`;
+                // it is only read, the GIL keeps Python code from writing it, and
+                // `claim` checked that no output of the call overlaps it.
                 let data = unsafe { std::slice::from_raw_parts(p, v.len) };
                 ArrayArg::input::<$t>(b, data, v.name)
             }

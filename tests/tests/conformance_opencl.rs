@@ -169,7 +169,8 @@ fn an_output_aliasing_an_input_is_refused_except_in_place_precond() {
         .collect();
     let want: Vec<f64> = amps.iter().map(|a| 2.0 * a).collect();
     assert_eq!(got, want, "in place: out = in * offset_var");
-    // SAFETY: as above.
+    // SAFETY: `ha` (given for offset_var too) and `hf` are live handles of n elements;
+    // the alias of the output with offset_var is refused before the kernel runs.
     let e = unsafe { b.launch(&args(ha)) }.unwrap_err().to_string();
     assert!(
         e.contains("output array `amplitudes_out` is the same buffer as `offset_var`"),
@@ -254,14 +255,16 @@ fn cov_and_filter_data_errors_are_reported() {
             .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
             .collect::<Vec<f64>>()
     };
-    // SAFETY: as above; the host arrays live across the call.
+    // SAFETY: idx (n_signal = 1), starts and stops (n_scan = 2) are host arrays that live
+    // across the call; `hf` and `hsig` are live handles of n elements.
     let e = unsafe { b.launch(&args(1024)) }.unwrap_err().to_string();
     assert!(
         e.contains("`order`") && e.contains("more than the 1024 templates"),
         "{e}"
     );
     assert_eq!(read(), sig, "a refused call changes nothing");
-    // SAFETY: as above.
+    // SAFETY: idx (n_signal = 1), starts and stops (n_scan = 2) live across the call;
+    // `hf` and `hsig` are live handles of n elements, `hsig` the only output.
     unsafe { b.launch(&args(40)) }.unwrap();
     let got = read();
     // 20 templates interpolate the first scan's 20 samples, 41 fit the

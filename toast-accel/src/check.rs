@@ -359,9 +359,11 @@ pub unsafe fn check_pointing_detector<'a>(
     // SAFETY: host arrays of n_det (and n_det*4) elements by the caller's contract.
     let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
     let fp_len = mul(K, "focalplane", a.n_det, 4)?;
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.focalplane` points to n_det * 4 (= fp_len) host
+    // doubles (header: `host [n_det, 4]`); `host` refuses a null pointer.
     let focalplane = unsafe { host(K, "focalplane", a.focalplane, fp_len)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     exact_len(
         K,
@@ -422,9 +424,11 @@ pub unsafe fn check_pixels_healpix<'a>(
     const K: &str = "pixels_healpix";
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.pixel_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     if a.nside < 1 || a.nside > MAX_NSIDE || (a.nside & (a.nside - 1)) != 0 {
         return Err(ArgError::new(
@@ -507,9 +511,11 @@ pub unsafe fn check_stokes_weights_i<'a>(
     const K: &str = "stokes_weights_I";
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.cal` points to n_det host f64s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let cal = unsafe { host(K, "cal", a.cal, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     sample_rows(
         K,
@@ -554,15 +560,20 @@ pub unsafe fn check_stokes_weights_iqu<'a>(
     const K: &str = "stokes_weights_IQU";
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let quat_index = unsafe { host(K, "quat_index", a.quat_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.weight_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.epsilon` points to n_det host f64s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let epsilon = unsafe { host(K, "epsilon", a.epsilon, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.gamma` points to n_det host f64s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let gamma = unsafe { host(K, "gamma", a.gamma, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.cal` points to n_det host f64s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let cal = unsafe { host(K, "cal", a.cal, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     let use_hwp = optional_len(K, "hwp", a.hwp.len, a.n_samp, "n_samp")?;
     sample_rows(
@@ -623,11 +634,14 @@ pub unsafe fn check_scan_map<'a>(a: &abi::ScanMapArgs) -> Result<ScanMap<'a>, Ar
     nnz(K, a.nnz)?;
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.weight_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.data_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     map_dtype(K, "map_dtype", a.map_dtype)?;
     let n_local_submap = local_submaps(K, "mapdata", a.mapdata.len, a.n_pix_submap, a.nnz)?;
@@ -707,13 +721,17 @@ pub unsafe fn check_build_noise_weighted<'a>(
     nnz(K, a.nnz)?;
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let pixel_index = unsafe { host(K, "pixel_index", a.pixel_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.weight_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let weight_index = unsafe { host(K, "weight_index", a.weight_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.data_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.det_scale` points to n_det host f64s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let det_scale = unsafe { host(K, "det_scale", a.det_scale, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     let n_local_submap = local_submaps(K, "zmap", a.zmap.len, a.n_pix_submap, a.nnz)?;
     sample_rows(
@@ -749,7 +767,8 @@ pub unsafe fn check_build_noise_weighted<'a>(
     let use_shared_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
     let use_det_flags = a.det_flags.len != 0;
     let flag_index = if use_det_flags {
-        // SAFETY: as above; read only when det_flags is present.
+        // SAFETY: the caller guarantees `a.flag_index` points to n_det host i32s when
+        // det_flags is present (header: read only then), and this branch runs only then.
         let fi = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
         sample_rows(
             K,
@@ -803,9 +822,11 @@ pub unsafe fn check_noise_weight<'a>(
     const K: &str = "noise_weight";
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.detector_weights` points to n_det host f64s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let detector_weights = unsafe { host(K, "detector_weights", a.detector_weights, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     sample_rows(
         K,
@@ -943,7 +964,8 @@ pub unsafe fn check_template_offset_add<'a>(
     const K: &str = "template_offset_add_to_signal";
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     let n_amp = a.amplitudes.len;
     exact_len(
@@ -953,7 +975,9 @@ pub unsafe fn check_template_offset_add<'a>(
         n_amp,
         "n_amp, the length of amplitudes",
     )?;
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.layout.n_amp_views` has n_view = `intervals.len()`
+    // elements and `a.layout.amp_offset` n_det (header: `host [n_view]`, `host [n_det]`),
+    // as `offset_layout` requires; `intervals` is the slice just checked.
     let layout = unsafe { offset_layout(K, &a.layout, intervals, a.n_det, n_amp)? };
     sample_rows(
         K,
@@ -998,9 +1022,11 @@ pub unsafe fn check_template_offset_project<'a>(
     const K: &str = "template_offset_project_signal";
     // SAFETY: host arrays of n_det elements by the caller's contract.
     let data_index = unsafe { host(K, "data_index", a.data_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.flag_index` points to n_det host i32s
+    // (header: `host [n_det]`); `host` refuses a null pointer.
     let flag_index = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.intervals.ptr` points to `a.intervals.len`
+    // host intervals, as `intervals` requires; it refuses a null pointer.
     let intervals = unsafe { intervals(K, &a.intervals, a.n_samp)? };
     let n_amp = a.amplitudes.len;
     exact_len(
@@ -1010,7 +1036,9 @@ pub unsafe fn check_template_offset_project<'a>(
         n_amp,
         "n_amp, the length of amplitudes",
     )?;
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.layout.n_amp_views` has n_view = `intervals.len()`
+    // elements and `a.layout.amp_offset` n_det (header: `host [n_view]`, `host [n_det]`),
+    // as `offset_layout` requires; `intervals` is the slice just checked.
     let layout = unsafe { offset_layout(K, &a.layout, intervals, a.n_det, n_amp)? };
     sample_rows(
         K,
@@ -1245,9 +1273,11 @@ pub unsafe fn check_filter_polynomial<'a>(
     const K: &str = "filter_polynomial";
     // SAFETY: host arrays of n_signal / n_scan elements by the caller's contract.
     let signal_index = unsafe { host(K, "signal_index", a.signal_index, a.n_signal)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.starts` points to n_scan host i64s
+    // (header: `host [n_scan]`); `host` refuses a null pointer.
     let starts = unsafe { host(K, "starts", a.starts, a.n_scan)? };
-    // SAFETY: as above.
+    // SAFETY: the caller guarantees `a.stops` points to n_scan host i64s
+    // (header: `host [n_scan]`); `host` refuses a null pointer.
     let stops = unsafe { host(K, "stops", a.stops, a.n_scan)? };
     exact_len(K, "flags", a.flags.len, a.n_samp, "n_samp")?;
     sample_rows(
@@ -1667,7 +1697,9 @@ mod tests {
         a.intervals = ivs(&[]);
         a.boresight = Array::ABSENT;
         a.shared_flags = Array::ABSENT;
-        // SAFETY: as above.
+        // SAFETY: quat_index and focalplane still point into `p`'s live vectors of n_det = 2
+        // and n_det * 4 = 8 elements, the intervals are empty, and the check reads no
+        // kernel array.
         expect_err(
             unsafe { check_pointing_detector(&a) },
             "quats",
@@ -1681,7 +1713,9 @@ mod tests {
         let mut a = p.args();
         a.n_samp = u64::MAX / 2;
         a.intervals = ivs(&[]);
-        // SAFETY: as above.
+        // SAFETY: quat_index and focalplane still point into `p`'s live vectors of n_det = 2
+        // and n_det * 4 = 8 elements, the intervals are empty, and the check reads no
+        // kernel array.
         expect_err(
             unsafe { check_pointing_detector(&a) },
             "boresight",
@@ -2169,7 +2203,8 @@ mod tests {
         o.push(0.0);
         a.amplitudes_out = arr(&o);
         a.offset_var.len = 6;
-        // SAFETY: as above.
+        // SAFETY: `check_template_offset_precond` reads no pointer, only lengths (the
+        // arrays point into the live `v`, `f` and `o` anyway).
         expect_err(
             unsafe { check_template_offset_precond(&a) },
             "offset_var",
@@ -2207,14 +2242,16 @@ mod tests {
             "hits",
             "length 7",
         );
-        // SAFETY: as above.
+        // SAFETY: `check_cov_accum_diag_hits` reads no pointer, only sizes and lengths;
+        // the fake `ptr: 8` arrays are never dereferenced.
         expect_err(
             unsafe { check_cov_accum_diag_hits(&hits_args(2, 0, 10, 10, 0)) },
             "nsubpix",
             "must be positive",
         );
         // nsub < 1: nothing is read or written, the map is not checked.
-        // SAFETY: as above.
+        // SAFETY: `check_cov_accum_diag_hits` reads no pointer, only sizes and lengths;
+        // the fake `ptr: 8` arrays are never dereferenced.
         let v = unsafe { check_cov_accum_diag_hits(&hits_args(0, 4, 10, 10, 3)) }.unwrap();
         assert!(!v.active);
     }
@@ -2235,11 +2272,13 @@ mod tests {
         // SAFETY: reads no pointer.
         expect_err(unsafe { check_cov_accum_diag_invnpp(&x) }, "nnz", "nnz = 0");
         x.nnz = 3;
-        // SAFETY: as above.
+        // SAFETY: `check_cov_accum_diag_invnpp` reads no pointer, only sizes and
+        // lengths; the fake `ptr: 8` arrays are never dereferenced.
         let v = unsafe { check_cov_accum_diag_invnpp(&x) }.unwrap();
         assert_eq!((v.block, v.nnz, v.n_samp), (6, 3, 10));
         x.weights.len = 29;
-        // SAFETY: as above.
+        // SAFETY: `check_cov_accum_diag_invnpp` reads no pointer, only sizes and
+        // lengths; the fake `ptr: 8` arrays are never dereferenced.
         expect_err(
             unsafe { check_cov_accum_diag_invnpp(&x) },
             "weights",
@@ -2247,7 +2286,8 @@ mod tests {
         );
         x.weights.len = 30;
         x.invnpp.len = 40;
-        // SAFETY: as above.
+        // SAFETY: `check_cov_accum_diag_invnpp` reads no pointer, only sizes and
+        // lengths; the fake `ptr: 8` arrays are never dereferenced.
         expect_err(
             unsafe { check_cov_accum_diag_invnpp(&x) },
             "invnpp",
@@ -2272,11 +2312,13 @@ mod tests {
         // SAFETY: host arrays of the declared lengths.
         assert!(unsafe { check_filter_polynomial(&a) }.is_ok());
         a.flags.len = 9;
-        // SAFETY: as above.
+        // SAFETY: signal_index (`idx`, n_signal = 2), starts and stops (`st`, `sp`, n_scan = 1)
+        // are live arrays of the declared lengths; the check reads no kernel array.
         expect_err(unsafe { check_filter_polynomial(&a) }, "flags", "length 9");
         a.flags.len = 10;
         a.signals.len = 10;
-        // SAFETY: as above.
+        // SAFETY: signal_index (`idx`, n_signal = 2), starts and stops (`st`, `sp`, n_scan = 1)
+        // are live arrays of the declared lengths; the check reads no kernel array.
         expect_err(
             unsafe { check_filter_polynomial(&a) },
             "signal_index",
@@ -2285,7 +2327,8 @@ mod tests {
         let rep = [1i32, 1];
         a.signals.len = 20;
         a.signal_index = rep.as_ptr();
-        // SAFETY: as above.
+        // SAFETY: signal_index now points at `rep` (n_signal = 2 elements), starts and
+        // stops at `st`, `sp` (n_scan = 1), all live; no kernel array is read.
         expect_err(
             unsafe { check_filter_polynomial(&a) },
             "signal_index",
@@ -2293,10 +2336,12 @@ mod tests {
         );
         a.signal_index = idx.as_ptr();
         a.order = MAX_POLY_TEMPLATES as i64 - 1;
-        // SAFETY: as above.
+        // SAFETY: signal_index (`idx`, n_signal = 2), starts and stops (`st`, `sp`, n_scan = 1)
+        // are live arrays of the declared lengths; the check reads no kernel array.
         assert!(unsafe { check_filter_polynomial(&a) }.is_ok());
         a.order = MAX_POLY_TEMPLATES as i64;
-        // SAFETY: as above.
+        // SAFETY: signal_index (`idx`, n_signal = 2), starts and stops (`st`, `sp`, n_scan = 1)
+        // are live arrays of the declared lengths; the check reads no kernel array.
         expect_err(
             unsafe { check_filter_polynomial(&a) },
             "order",
@@ -2305,7 +2350,8 @@ mod tests {
         a.order = 1;
         a.n_scan = 2;
         a.starts = std::ptr::null();
-        // SAFETY: as above (a null pointer is refused before it is read).
+        // SAFETY: signal_index (`idx`) has n_signal = 2 elements; the null `starts` is refused
+        // by `host` before any read, so `stops` (1 element, short for n_scan = 2) is never read.
         expect_err(unsafe { check_filter_polynomial(&a) }, "starts", "null");
     }
 
@@ -2326,16 +2372,19 @@ mod tests {
         // SAFETY: host arrays of the declared lengths.
         assert!(unsafe { check_filter_poly2d(&a) }.is_ok());
         a.coeff.len = 15;
-        // SAFETY: as above.
+        // SAFETY: det_groups (`g`) has n_det = 3 elements and templates (`t`) n_det * n_mode
+        // = 6, both live; the check reads no kernel array.
         expect_err(unsafe { check_filter_poly2d(&a) }, "coeff", "length 15");
         a.coeff.len = 16;
         a.masks.len = 11;
-        // SAFETY: as above.
+        // SAFETY: det_groups (`g`) has n_det = 3 elements and templates (`t`) n_det * n_mode
+        // = 6, both live; the check reads no kernel array.
         expect_err(unsafe { check_filter_poly2d(&a) }, "masks", "length 11");
         a.masks.len = 12;
         a.n_group = 1;
         a.coeff.len = 8;
-        // SAFETY: as above.
+        // SAFETY: det_groups (`g`) has n_det = 3 elements and templates (`t`) n_det * n_mode
+        // = 6, both live; the check reads no kernel array.
         expect_err(
             unsafe { check_filter_poly2d(&a) },
             "det_groups",
@@ -2343,7 +2392,8 @@ mod tests {
         );
         // Refused before the templates (n_det * n_mode of them) are read.
         a.n_mode = MAX_POLY_TEMPLATES + 1;
-        // SAFETY: as above.
+        // SAFETY: det_groups (`g`, n_det = 3) is read; n_mode > MAX_POLY_TEMPLATES is
+        // refused before `templates` (6 elements, short for 3 * 1025) would be read.
         expect_err(
             unsafe { check_filter_poly2d(&a) },
             "n_mode",

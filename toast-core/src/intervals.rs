@@ -42,8 +42,9 @@ const _: () = assert!(std::mem::size_of::<Interval>() == 32);
 // SAFETY: `Interval` is `repr(C)` with four 8-byte fields and no padding
 // (checked by the size assertion above); the all-zero pattern is valid.
 unsafe impl bytemuck::Zeroable for Interval {}
-// SAFETY: as above; every bit pattern of f64 and i64 is a valid value, the
-// type is `Copy` and has no padding or pointers.
+// SAFETY: `Interval` is `repr(C)` with four 8-byte fields and no padding (size assertion
+// above), every bit pattern of f64 and i64 is a valid value, and the type is `Copy`,
+// `'static` and holds no pointers.
 unsafe impl bytemuck::Pod for Interval {}
 
 impl Interval {

@@ -219,7 +219,8 @@ mod tests {
         }
         assert_eq!(back, src);
         fill(a, 0, 1000).unwrap();
-        // SAFETY: as above.
+        // SAFETY: `back` is a 16-byte host buffer; [a + 984, a + 1000) is inside the live
+        // 1000-byte allocation `a`.
         unsafe { copy_to_host(back.as_mut_ptr(), a + 984, 16).unwrap() };
         assert_eq!(back, [0; 16]);
         assert!(contains(a + 999) && !contains(a + 1000));

@@ -172,7 +172,8 @@ pub unsafe fn read_hip(p: *const u8) -> Result<Image, EmuError> {
             symbols: unsafe { elf_symbols(p)? },
         });
     }
-    // SAFETY: as above.
+    // SAFETY: not ELF, so by the contract `p` is an offload bundle, which begins with
+    // BUNDLE_MAGIC; reading stops at the first mismatch.
     if !unsafe { starts_with(p, BUNDLE_MAGIC) } {
         return Err(EmuError::InvalidImage(
             "neither an AMD code object nor a clang offload bundle".into(),

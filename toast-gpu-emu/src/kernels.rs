@@ -282,10 +282,12 @@ mod tests {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
-        // SAFETY: as above; the launch is refused before the kernel runs.
+        // SAFETY: `ptrs` holds one live slot per parameter; slot 4 is a host address, which
+        // the launch refuses (IllegalAddress) before the kernel runs.
         let e = unsafe { k.launch([3, 1, 1], [128, 1, 1], ptrs.as_ptr(), &LIMITS) }.unwrap_err();
         assert!(matches!(e, EmuError::IllegalAddress(_)), "{e:?}");
-        // SAFETY: as above; refused for the grid.
+        // SAFETY: `ptrs` holds one live slot per parameter; the grid exceeds LIMITS and is
+        // refused before the parameters are read or the kernel runs.
         let e =
             unsafe { k.launch([3, 70000, 1], [128, 1, 1], ptrs.as_ptr(), &LIMITS) }.unwrap_err();
         assert!(matches!(e, EmuError::InvalidValue(_)), "{e:?}");

@@ -211,7 +211,9 @@ impl<B: Copy> Memory<B> {
         if zero {
             // SAFETY: `buf` is a block of `class` bytes that no handle names.
             if let Err(e) = unsafe { dev.raw_zero(buf, class) } {
-                // SAFETY: as above; it is released once, here.
+                // SAFETY: `buf` came from `raw_alloc` (fresh, or a cached block popped
+                // from its list) and no handle names it; it is released once, here,
+                // and not used after.
                 unsafe { dev.raw_free(buf) };
                 return Err(e);
             }

@@ -56,11 +56,11 @@ pub(crate) unsafe fn run(v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), PluginE
     match a.map_dtype {
         // SAFETY: forwarded contract; the dtype selects the element type.
         abi::DTYPE_F64 => unsafe { run_t::<f64>(v, a) },
-        // SAFETY: as above.
+        // SAFETY: forwarded contract; map_dtype is DTYPE_F32, so the map holds f32s.
         abi::DTYPE_F32 => unsafe { run_t::<f32>(v, a) },
-        // SAFETY: as above.
+        // SAFETY: forwarded contract; map_dtype is DTYPE_I64, so the map holds i64s.
         abi::DTYPE_I64 => unsafe { run_t::<i64>(v, a) },
-        // SAFETY: as above.
+        // SAFETY: forwarded contract; map_dtype is DTYPE_I32, so the map holds i32s.
         abi::DTYPE_I32 => unsafe { run_t::<i32>(v, a) },
         d => Err(PluginError::invalid(format!("{K}: unknown map dtype {d}"))),
     }

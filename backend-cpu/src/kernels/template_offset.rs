@@ -233,7 +233,9 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
             &[Arg::new::<f64>("amplitudes_out", a.amplitudes_out)],
             &inputs,
         )?;
-        // SAFETY: as above; `amplitudes_out` overlaps no other argument.
+        // SAFETY: `amplitudes_out` (= `amplitudes_in`) is host memory of n_amp validated f64s;
+        // check_disjoint showed it overlaps neither offset_var nor amplitude_flags, and it is
+        // the only view of that buffer.
         let out = unsafe { arrays::output::<f64>(K, "amplitudes_out", a.amplitudes_out)? };
         let body = |((o, va), f): ((&mut [f64], &[f64]), &[u8])| {
             for ((o, &va), &f) in o.iter_mut().zip(va).zip(f) {
@@ -259,7 +261,8 @@ pub(crate) unsafe fn run_precond(a: &TemplateOffsetPrecondArgs) -> Result<(), Pl
             &[Arg::new::<f64>("amplitudes_out", a.amplitudes_out)],
             &others,
         )?;
-        // SAFETY: as above; `amplitudes_out` overlaps no other argument.
+        // SAFETY: host arrays of the validated n_amp elements; check_disjoint showed
+        // `amplitudes_out` overlaps no input, so the output view is exclusive.
         let (inp, out) = unsafe {
             (
                 arrays::input::<f64>(K, "amplitudes_in", a.amplitudes_in)?,

@@ -25,7 +25,9 @@ pub struct Plugin {
 // SAFETY: the table holds only `extern "C"` function pointers, which plugins
 // must make callable from any thread (documented in the header).
 unsafe impl Send for Plugin {}
-// SAFETY: as above; the struct is immutable after loading.
+// SAFETY: the fields are immutable after loading (no interior mutability) and the
+// table's function pointers are callable from any thread (header rule), so `&Plugin`
+// may be shared between threads.
 unsafe impl Sync for Plugin {}
 
 /// The most bytes the host reads of a string a plugin hands it (header
@@ -424,7 +426,8 @@ pub struct Backend {
 
 // SAFETY: plugins must accept calls on a context from any thread (ABI rule).
 unsafe impl Send for Backend {}
-// SAFETY: as above.
+// SAFETY: `&Backend` only reads `plugin` and `ctx` and updates the atomic `stats`;
+// plugins must accept concurrent calls on a context from any thread (ABI rule).
 unsafe impl Sync for Backend {}
 
 impl Backend {

@@ -359,7 +359,8 @@ mod opencl {
                 unsafe { platform_info(p, CL_PLATFORM_NAME, n, b, s) }
             });
             let dname = string(&|n, b, s| {
-                // SAFETY: as above.
+                // SAFETY: `dev` is the id get_devices gave for platform `p`; `string`
+                // queries the size, then passes a buffer of exactly that many bytes.
                 unsafe { device_info(dev, CL_DEVICE_NAME, n, b, s) }
             });
             let mut err = 0i32;

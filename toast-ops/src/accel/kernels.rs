@@ -447,7 +447,9 @@ fn launch<A: KernelArgs>(
             let slice = unsafe { std::slice::from_raw_parts_mut(ptr, bytes) };
             ArrayArg::output::<u8>(&backend, slice, &name)
         } else {
-            // SAFETY: as above; the buffer is only read.
+            // SAFETY: `ptr` addresses `bytes` bytes of a host buffer that stays valid for the call
+            // (`target` is borrowed throughout); it is only read, and no output points into it (a
+            // field given as an output and another argument is refused above).
             let slice = unsafe { std::slice::from_raw_parts(ptr as *const u8, bytes) };
             ArrayArg::input::<u8>(&backend, slice, &name)
         }

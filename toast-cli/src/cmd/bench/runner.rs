@@ -408,7 +408,9 @@ impl Bench<'_, '_> {
         unsafe { self.time("pixels_healpix_ring", &args)? };
         args.nest = 1;
         args.hit_submaps = hn.abi();
-        // SAFETY: as above, with the NEST hit map (n_submap elements).
+        // SAFETY: host arrays from live workload Vecs (n_det rows, the intervals), kernel arrays
+        // ArrayArgs of their declared lengths; `hn` (n_submap elements) and `px` are this
+        // call's only outputs.
         unsafe { self.time("pixels_healpix_nest", &args)? };
 
         let mut args = abi::StokesWeightsIquArgs {
@@ -430,7 +432,8 @@ impl Bench<'_, '_> {
         // n_det elements); weights is the only output.
         unsafe { self.time("stokes_weights_iqu_hwp", &args)? };
         args.hwp = abi::Array::ABSENT;
-        // SAFETY: as above, with no HWP array.
+        // SAFETY: host arrays from live Vecs (epsilon, gamma, cal: n_det elements), kernel
+        // arrays ArrayArgs of their declared lengths; hwp is absent; weights is the only output.
         unsafe { self.time("stokes_weights_iqu", &args)? };
         self.tm.finish(vec![px, hr, hn, wt, q, flags, hwp])?;
         Ok(p)
@@ -502,7 +505,8 @@ impl Bench<'_, '_> {
         unsafe { self.time("scan_map_f64", &args)? };
         args.map_dtype = abi::DTYPE_F32;
         args.mapdata = m32.abi();
-        // SAFETY: as above, with the float32 map.
+        // SAFETY: host arrays from live Vecs, kernel arrays ArrayArgs of their declared lengths;
+        // `m32` holds the same n_local submaps as float32; det_data is the only output.
         unsafe { self.time("scan_map_f32", &args)? };
         self.tm.finish(vec![dd, g2l, m64, m32, px, wt])?;
         Ok(det_data)
