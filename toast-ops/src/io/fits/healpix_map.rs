@@ -515,7 +515,8 @@ pub fn write_healpix_map(
         path: path.to_path_buf(),
         source,
     };
-    let mut w = BufWriter::with_capacity(1 << 20, file);
+    // The disk writes as the rows are encoded (the run syncs its outputs).
+    let mut w = BufWriter::with_capacity(1 << 20, toast_core::mem::WriteBehind::new(file));
     w.write_all(&primary).map_err(io)?;
     w.write_all(&header).map_err(io)?;
     bintable::write_rows(&mut w, columns, npix).map_err(io)?;
