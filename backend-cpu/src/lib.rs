@@ -69,12 +69,15 @@
 //!   order, starting from its current value (TOAST's `omp atomic` order with
 //!   one thread). Detectors whose amplitude blocks overlap run one after the
 //!   other;
-//! * `cov_accum_diag_hits` / `cov_accum_diag_invnpp` give every pixel one
-//!   owning task (blocks of 1024 flat pixels dealt round robin); each task
-//!   scans every sample and accumulates those of its pixels, in sample order.
-//!   With one thread it is one pass; each pass asks for the cache line of
-//!   the pixel 16 samples ahead (the scatter into a map of hundreds of MB is
-//!   bound by cache and TLB misses);
+//! * `cov_accum_diag_invnpp` gives every pixel one owning task (blocks of
+//!   1024 flat pixels dealt round robin); each task scans every sample and
+//!   accumulates those of its pixels, in sample order. With one thread it is
+//!   one pass; each pass asks for the cache line of the pixel 16 samples
+//!   ahead (the scatter into a map of hundreds of MB is bound by cache and
+//!   TLB misses). `cov_accum_diag_hits` does the same with one thread; with
+//!   more it splits the samples between the tasks and increments atomically
+//!   (integer counts: the same result in any order, and on a fault the one
+//!   pass's, the tasks after the first bad sample taking theirs back);
 //! * `filter_polynomial` runs disjoint scans in parallel (overlapping ones in
 //!   order), and fits a scan's Legendre normal matrix and its first signal's
 //!   right-hand side in one pass;
@@ -92,7 +95,8 @@
 //! Streams that the hardware prefetchers leave to stall are asked for ahead
 //! in software (a prefetch changes no result): `pixels_healpix`' quaternions
 //! (it works in blocks of 4 samples: rotations, then `atan2` calls, then
-//! pixels), `noise_weight`'s detector data, the covariance kernels' pixels.
+//! pixels), `noise_weight`'s detector data, the covariance kernels' pixels,
+//! `scan_map`'s map values (16 samples ahead: its gather was latency-bound).
 //! `noise_weight` also scales with AVX-512F or AVX2 when the CPU has them
 //! (detected at run time; the build targets baseline x86-64).
 //!
