@@ -334,19 +334,15 @@ pub fn apply_covariance(cov: &PixelData<f64>, map: &mut PixelData<f64>) -> Resul
         // A confined map is +0 outside its support, where `C · 0` would
         // give +0 again: only the support's pixels are visited.
         let c = cov.data();
-        super::support::split_by_support(map.data_mut(), nnz, support.pixels())
-            .into_par_iter()
-            .for_each(|(task, lo, piece)| {
-                for &p in task {
-                    let (p, m) = (p as usize, &mut piece[(p as usize - lo) * nnz..]);
-                    let c = &c[p * block..(p + 1) * block];
-                    match nnz {
-                        1 => apply_pixel(&mut m[..1], c),
-                        3 => apply_pixel(&mut m[..3], c),
-                        _ => apply_pixel(&mut m[..nnz], c),
-                    }
-                }
-            });
+        let cov_of = |p: usize| &c[p * block..(p + 1) * block];
+        let (m, pixels) = (map.data_mut(), support.pixels());
+        use super::support::for_each_support_pixel as each;
+        // The common sizes with a constant length, as below.
+        match nnz {
+            1 => each(m, nnz, pixels, |p, m| apply_pixel(&mut m[..1], cov_of(p))),
+            3 => each(m, nnz, pixels, |p, m| apply_pixel(&mut m[..3], cov_of(p))),
+            _ => each(m, nnz, pixels, |p, m| apply_pixel(m, cov_of(p))),
+        }
         return Ok(());
     }
     let pairs = map

@@ -348,18 +348,11 @@ impl<T: Element> PixelData<T> {
             toast_core::mem::zero_sparse(self.as_bytes_mut());
             return;
         };
-        use rayon::prelude::*;
-        let nv = self.n_value;
-        support::split_by_support(&mut self.data, nv, support.pixels())
-            .into_par_iter()
-            .for_each(|(task, lo, piece)| {
-                for &p in task {
-                    let v = &mut piece[(p as usize - lo) * nv..][..nv];
-                    if bytemuck::cast_slice::<T, u8>(v).iter().any(|&b| b != 0) {
-                        v.fill(<T as bytemuck::Zeroable>::zeroed());
-                    }
-                }
-            });
+        support::for_each_support_pixel(&mut self.data, self.n_value, support.pixels(), |_, v| {
+            if bytemuck::cast_slice::<T, u8>(v).iter().any(|&b| b != 0) {
+                v.fill(<T as bytemuck::Zeroable>::zeroed());
+            }
+        });
     }
 
     /// Declare that from now on only `support`'s pixels of this map are
@@ -398,18 +391,11 @@ impl<T: Element> PixelData<T> {
         if support.n_local_pix() != self.n_local_pix() {
             return;
         }
-        use rayon::prelude::*;
-        let nv = self.n_value;
-        support::split_by_support(&mut self.data, nv, support.pixels())
-            .into_par_iter()
-            .for_each(|(task, lo, piece)| {
-                // Opaque to the optimiser: the zero stores into zeroed
-                // memory must happen.
-                let piece = std::hint::black_box(piece);
-                for &p in task {
-                    piece[(p as usize - lo) * nv..][..nv].fill(<T as bytemuck::Zeroable>::zeroed());
-                }
-            });
+        support::for_each_support_pixel(&mut self.data, self.n_value, support.pixels(), |_, v| {
+            // Opaque to the optimiser: the zero stores into zeroed memory
+            // must happen.
+            std::hint::black_box(v).fill(<T as bytemuck::Zeroable>::zeroed());
+        });
     }
 
     /// End a confinement: the map may be written anywhere again.

@@ -149,6 +149,25 @@ pub(crate) fn split_by_support<'a, T>(
     pieces
 }
 
+/// Calls `f(p, values)` with each support pixel `p` and its `n_value`
+/// values, in parallel over tasks of [`TASK_PIXELS`] pixels (disjoint
+/// pieces from [`split_by_support`]).
+pub(crate) fn for_each_support_pixel<T: Send>(
+    values: &mut [T],
+    n_value: usize,
+    support: &[u32],
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    split_by_support(values, n_value, support)
+        .into_par_iter()
+        .for_each(|(task, lo, piece)| {
+            for &p in task {
+                let p = p as usize;
+                f(p, &mut piece[(p - lo) * n_value..][..n_value]);
+            }
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
