@@ -186,29 +186,53 @@ fn toast_atan2_matches_libm_atan2_on_opencl() {
         x.push(xx);
     }
     let got = device_eval(&dev, "atan2", &y, &x);
+    let want: Vec<f64> = y.iter().zip(&x).map(|(&yy, &xx)| yy.atan2(xx)).collect();
+    let what = |i: usize| format!("toast_atan2({:e}, {:e})", y[i], x[i]);
+    for i in 0..n_exact {
+        assert!(
+            same_bits(got[i], want[i]),
+            "{} = {:e}, libm gives {:e}",
+            what(i),
+            got[i],
+            want[i]
+        );
+    }
+    near_libm(&what, &got[n_exact..], &want[n_exact..], n_exact, 500);
+}
+
+/// Equal bits, or both NaN.
+fn same_bits(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// `got` (inputs `first..` of `what`) within one ulp of libm's `want`
+/// everywhere and equal to it for all but one in `one_in`.
+fn near_libm(
+    what: &dyn Fn(usize) -> String,
+    got: &[f64],
+    want: &[f64],
+    first: usize,
+    one_in: usize,
+) {
     let mut differ = 0;
-    for (i, ((&yy, &xx), &g)) in y.iter().zip(&x).zip(&got).enumerate() {
-        let want = yy.atan2(xx);
-        let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
-        if i < n_exact {
-            assert!(
-                same,
-                "toast_atan2({yy:e}, {xx:e}) = {g:e}, libm gives {want:e}"
-            );
-        } else if !same {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if !same_bits(g, w) {
             differ += 1;
             assert!(
-                ulps_apart(g, want) <= 1,
-                "toast_atan2({yy:e}, {xx:e}) = {g:e}, more than one ulp from libm's {want:e}"
+                ulps_apart(g, w) <= 1,
+                "{} = {g:e}, more than one ulp from libm's {w:e}",
+                what(first + i)
             );
         }
     }
-    let n_random = y.len() - n_exact;
+    let n = got.len();
+    let name = what(first);
+    let name = name.split('(').next().unwrap_or_default();
     assert!(
-        differ * 500 <= n_random,
-        "toast_atan2 differs from libm's atan2 on {differ} of {n_random} inputs"
+        differ * one_in <= n,
+        "{name} differs from libm's on {differ} of {n} inputs"
     );
-    eprintln!("toast_atan2 differs from libm's atan2 (by one ulp) on {differ} of {n_random} random inputs");
+    eprintln!("{name} differs from libm's (by one ulp) on {differ} of {n} random inputs");
 }
 
 #[test]
@@ -274,35 +298,28 @@ fn toast_sin_and_cos_are_correctly_rounded_on_opencl() {
         ("cos", f64::cos as fn(f64) -> f64, 2),
     ] {
         let got = device_eval(&dev, function, &x, &zeros);
-        let mut differ = 0;
-        for (i, (&a, &g)) in x.iter().zip(&got).enumerate() {
-            let want = host(a);
-            let same = g.to_bits() == want.to_bits();
-            if i < n_exact {
-                assert!(same, "toast_{function}({a:e}) = {g:e}, libm gives {want:e}");
-            } else if i < n_fixed {
-                let (_, s, c) = rounded[i - n_exact];
-                let cr = if column == 1 { s } else { c };
-                assert_eq!(
-                    g.to_bits(),
-                    cr.to_bits(),
-                    "toast_{function}({a:e}) = {g:e}, the correctly rounded value is {cr:e} (libm {want:e})"
-                );
-            } else if !same {
-                differ += 1;
-                assert!(
-                    ulps_apart(g, want) <= 1,
-                    "toast_{function}({a:e}) = {g:e}, more than one ulp from libm's {want:e}"
-                );
-            }
+        let want: Vec<f64> = x.iter().map(|&a| host(a)).collect();
+        let what = |i: usize| format!("toast_{function}({:e})", x[i]);
+        for i in 0..n_exact {
+            assert!(
+                same_bits(got[i], want[i]),
+                "{} = {:e}, libm gives {:e}",
+                what(i),
+                got[i],
+                want[i]
+            );
         }
-        let n_random = x.len() - n_fixed;
-        assert!(
-            differ * 250 <= n_random,
-            "toast_{function} differs from libm's on {differ} of {n_random} inputs"
-        );
-        eprintln!(
-            "toast_{function} differs from libm's {function} (by one ulp) on {differ} of {n_random} random inputs"
-        );
+        for (i, &(_, s, c)) in rounded.iter().enumerate() {
+            let cr = if column == 1 { s } else { c };
+            let g = got[n_exact + i];
+            assert_eq!(
+                g.to_bits(),
+                cr.to_bits(),
+                "{} = {g:e}, the correctly rounded value is {cr:e} (libm {:e})",
+                what(n_exact + i),
+                want[n_exact + i]
+            );
+        }
+        near_libm(&what, &got[n_fixed..], &want[n_fixed..], n_fixed, 250);
     }
 }

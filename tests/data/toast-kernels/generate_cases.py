@@ -643,6 +643,14 @@ def case_stokes_IQU(name, n_samp, spans, use_hwp, iau, special, description):
     epsilon = np.array([0.0, 0.01, 0.2, -0.05])
     gamma = rng.uniform(0, math.pi, 4)
     cal = np.array([1.0, 0.9, 1.1, 2.0])
+    return run_stokes_IQU(c, quat_index, quats, weight_index, weights_in, hwp, spans,
+                          epsilon, gamma, cal, iau, extra)
+
+
+def run_stokes_IQU(c, quat_index, quats, weight_index, weights_in, hwp, spans, epsilon, gamma, cal,
+                   iau, extra):
+    """Run TOAST's stokes_weights_IQU on these inputs into case c, with the numpy
+    replica's agreement in c.extra (beside `extra`)."""
     iv, ivf = make_intervals(spans)
     weights = weights_in.copy()
     lt.stokes_weights_IQU(
@@ -714,23 +722,8 @@ def case_stokes_IQU_seams(name, use_hwp, iau, description):
     epsilon = np.array([0.0, 0.01, 0.2, -0.05])
     gamma = np.array([0.0, math.pi / 8, math.pi / 4, math.pi / 2])
     cal = np.array([1.0, 0.9, 1.1, 2.0])
-    spans = [(0, n_samp)]
-    iv, ivf = make_intervals(spans)
-    weights = weights_in.copy()
-    lt.stokes_weights_IQU(
-        quat_index, quats, weight_index, weights, hwp, iv, epsilon, gamma, cal, bool(iau), False
-    )
-    c.add(quat_index=quat_index, quats=quats, weight_index=weight_index)
-    c.add(weights_in=weights_in, weights_out=weights, hwp=hwp, epsilon=epsilon, gamma=gamma, cal=cal)
-    c.scalar("IAU", 1 if iau else 0, np.uint8)
-    c.add(**ivf)
-    rep = iqu_replica(quats, quat_index, weight_index, weights_in, hwp, spans, epsilon, gamma, cal, iau)
-    diff = np.abs(rep - weights)
-    c.extra = {
-        "numpy_replica_bitexact": bool(np.array_equal(rep, weights, equal_nan=True)),
-        "numpy_replica_maxabsdiff": float(np.nanmax(diff)) if np.any(~np.isnan(diff)) else 0.0,
-    }
-    return c
+    return run_stokes_IQU(c, quat_index, quats, weight_index, weights_in, hwp, [(0, n_samp)],
+                          epsilon, gamma, cal, iau, {})
 
 
 def seam_cases():
