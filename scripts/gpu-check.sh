@@ -11,7 +11,9 @@
 #   2. `verify` on each available GPU backend (cuda, hip) with the shipped
 #      reference cases, and on the held-out cases when the layout has them;
 #   3. `verify --backend opencl` when an OpenCL ICD is installed (the report
-#      names the ICDs: a vendor's driver, or PoCL on the CPU);
+#      names the ICDs: a vendor's driver, or PoCL on the CPU; NVIDIA's
+#      libnvidia-opencl.so.1 without an ICD file is named to the loader
+#      through OCL_ICD_VENDORS);
 #   4. `run` tiny on the CPU (all cores) and on each GPU backend, the maps
 #      compared with `toast-cli compare` (hits exact, the other columns
 #      within --max-rel 1e-4 and --rms-rel 1e-5);
@@ -138,7 +140,23 @@ else
   for v in TOAST_NVRTC_LIB TOAST_HIPRTC_LIB; do
     [ -n "${!v:-}" ] && export LD_LIBRARY_PATH="$(dirname "${!v}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   done
+  # NVIDIA's OpenCL driver without an ICD file (none in /etc/OpenCL/vendors):
+  # name it to the ICD loader in a vendors folder of our own (no root needed).
+  if [ -z "$(ls /etc/OpenCL/vendors 2>/dev/null)" ] && [ -z "${OCL_ICD_VENDORS:-}" ]; then
+    f="$( (ldconfig -p 2>/dev/null || true) | awk '/libnvidia-opencl\.so\.1 / {print $NF; exit}')"
+    if [ -n "$f" ]; then
+      mkdir -p "$work/icd"
+      echo "$f" >"$work/icd/nvidia.icd"
+      export OCL_ICD_VENDORS="$work/icd"
+    fi
+  fi
+  # The ICD loader itself, when only the CUDA toolkit ships it.
+  if ! (ldconfig -p 2>/dev/null || true) | grep -q 'libOpenCL\.so\.1 '; then
+    f="$(ls /usr/local/cuda/lib64/libOpenCL.so.1 /usr/local/cuda*/lib64/libOpenCL.so.1 2>/dev/null | head -n 1)"
+    [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
 fi
+sanitizer="$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)"
 
 # ---- steps -------------------------------------------------------------------
 t0=$(date +%s)
@@ -271,7 +289,8 @@ fi
   echo "cases: $cases${heldout:+, held-out: $heldout}"
   echo "TOAST_NVRTC_LIB=${TOAST_NVRTC_LIB:-} TOAST_HIPRTC_LIB=${TOAST_HIPRTC_LIB:-}"
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-  echo "OpenCL ICDs: $(ls /etc/OpenCL/vendors 2>/dev/null | tr '\n' ' ')"
+  echo "OpenCL ICDs: $(ls "${OCL_ICD_VENDORS:-/etc/OpenCL/vendors}" 2>/dev/null | tr '\n' ' ')${OCL_ICD_VENDORS:+ (OCL_ICD_VENDORS=$OCL_ICD_VENDORS)}"
+  echo "compute-sanitizer: ${sanitizer:-none}"
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi
   command -v rocm-smi >/dev/null 2>&1 && rocm-smi
   lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\))'
@@ -310,11 +329,11 @@ for b in $gpus; do
 done
 
 # 3. verify on OpenCL when an ICD is installed
-icds="$(ls /etc/OpenCL/vendors 2>/dev/null | tr '\n' ' ')"
+icds="$(ls "${OCL_ICD_VENDORS:-/etc/OpenCL/vendors}" 2>/dev/null | tr '\n' ' ')"
 if [ -n "$icds" ]; then
   step "verify opencl (ICDs: ${icds% })" 120 "$logs/verify_opencl.txt" verify_summary -- "$cli" verify --backend opencl --cases "$cases"
 else
-  record "verify opencl" skip 0 "no OpenCL ICD in /etc/OpenCL/vendors"
+  record "verify opencl" skip 0 "no OpenCL ICD (/etc/OpenCL/vendors, or NVIDIA's libnvidia-opencl.so.1)"
 fi
 
 # 4 and 6. a run on the CPU and on each GPU backend, the maps compared
@@ -387,13 +406,13 @@ fi
 # 7. compute-sanitizer memcheck
 if [ "$emulated" = 1 ]; then
   record "compute-sanitizer memcheck" skip 0 "emulated: no CUDA driver for compute-sanitizer"
-elif ! command -v compute-sanitizer >/dev/null 2>&1; then
-  record "compute-sanitizer memcheck" skip 0 "compute-sanitizer not installed"
+elif [ -z "$sanitizer" ]; then
+  record "compute-sanitizer memcheck" skip 0 "compute-sanitizer not installed (PATH, /usr/local/cuda*/bin)"
 elif [[ " $gpus " != *" cuda "* ]]; then
   record "compute-sanitizer memcheck" skip 0 "no cuda backend"
 else
   step "compute-sanitizer memcheck (verify cuda)" 120 "$logs/memcheck.txt" memcheck_summary -- \
-    compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 "$cli" verify --backend cuda --cases "${heldout:-$cases}"
+    "$sanitizer" --tool memcheck --error-exitcode 9 --print-limit 20 "$cli" verify --backend cuda --cases "${heldout:-$cases}"
 fi
 
 if [ "$failed" = 0 ]; then report_status="complete: every step that ran passed"; else report_status="complete: some steps FAILED"; fi
