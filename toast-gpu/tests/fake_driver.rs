@@ -1,8 +1,9 @@
 //! The generic plugin end to end, through the C table that
 //! `export_plugin!` emits, on a fake driver whose "device" is host memory
 //! and which runs one kernel (`toast_noise_weight`) on the host: device
-//! selection and options, the memory entry points and pool, and the launch
-//! planning of a per-sample kernel. Needs no GPU.
+//! selection and options, the memory entry points and pool, the launch
+//! planning of a per-sample kernel and the cache of small arguments. Needs
+//! no GPU.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
@@ -26,6 +27,8 @@ struct Launch {
 struct Fake {
     buffers: Mutex<(u64, HashMap<u64, Vec<u8>>)>,
     launches: Mutex<Vec<Launch>>,
+    /// Uploads made (calls of `upload`).
+    uploads: Mutex<u64>,
 }
 
 const LIMIT: u64 = 1 << 30;
@@ -127,6 +130,7 @@ impl Driver for Fake {
     }
 
     unsafe fn upload(&self, buf: u64, offset: u64, src: &[u8]) -> Result<(), PluginError> {
+        *self.uploads.lock().unwrap() += 1;
         let o = offset as usize;
         self.with(buf, |v| v[o..o + src.len()].copy_from_slice(src));
         Ok(())
@@ -500,4 +504,72 @@ fn launch_planning() {
         vec![(1, 1, 3), (1, 1, 3)],
         "empty intervals launch nothing"
     );
+}
+
+#[test]
+fn repeated_small_arguments_are_uploaded_once() {
+    let (n_det, n_samp) = (3u64, 10u64);
+    let ctx = init();
+    let t = table();
+    let data: Vec<f64> = (0..n_det * n_samp).map(|i| i as f64 + 1.0).collect();
+    let bytes = n_det * n_samp * 8;
+    let data_index = [0i32, 1, 2];
+    let iv = [SampleRange { first: 0, last: 10 }];
+    let mut h = 0u64;
+    // SAFETY: live context, valid out pointer and host array of `bytes`.
+    unsafe {
+        assert_eq!(
+            t.alloc.unwrap()(ctx, bytes, c"det_data".as_ptr(), &mut h),
+            abi::OK
+        );
+        assert_eq!(
+            t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
+            abi::OK
+        );
+    }
+    let uploads = || *fake(ctx).uploads.lock().unwrap();
+    // noise_weight with these weights; the uploads it made.
+    let call = |weights: &[f64; 3]| -> u64 {
+        let before = uploads();
+        let args = NoiseWeightArgs {
+            n_det,
+            n_samp,
+            data_index: data_index.as_ptr(),
+            detector_weights: weights.as_ptr(),
+            intervals: SampleRanges {
+                ptr: iv.as_ptr(),
+                len: iv.len() as u64,
+            },
+            det_data: abi::Array {
+                ptr: h,
+                len: n_det * n_samp,
+            },
+        };
+        // SAFETY: live context; the arrays have the lengths given.
+        let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+        assert_eq!(status, abi::OK, "{}", last_error());
+        uploads() - before
+    };
+    // intervals, data_index and the weights, then nothing, then the new
+    // weights only.
+    assert_eq!(call(&[2.0, 3.0, 5.0]), 3);
+    assert_eq!(call(&[2.0, 3.0, 5.0]), 0);
+    assert_eq!(call(&[1.0, 0.5, 2.0]), 1);
+    let mut out = vec![0f64; data.len()];
+    // SAFETY: live context and buffer; `out` holds `bytes`.
+    unsafe {
+        assert_eq!(
+            t.copy_to_host.unwrap()(ctx, h, 0, out.as_mut_ptr() as *mut c_void, bytes),
+            abi::OK
+        );
+        t.shutdown.unwrap()(ctx);
+    }
+    // Each row scaled by all three calls' weights.
+    let scale = [2.0 * 2.0, 3.0 * 3.0 * 0.5, 5.0 * 5.0 * 2.0];
+    let want: Vec<f64> = data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * scale[i / n_samp as usize])
+        .collect();
+    assert_eq!(out, want);
 }
