@@ -34,7 +34,6 @@ use opencl3::memory::{Buffer, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_ONLY, CL_MEM_WRI
 use opencl3::program::Program;
 use opencl3::types::{cl_double, cl_long, CL_BLOCKING};
 use toast_accel::device_source::{source, Target};
-use toast_testkit::plugins::skip_unless_required;
 
 /// One probe kernel per function: `out[i] = FN(a[i], b[i])` (sin and cos
 /// ignore `b`).
@@ -139,13 +138,8 @@ fn ulps_apart(a: f64, b: f64) -> u64 {
 
 #[test]
 fn toast_atan2_matches_libm_atan2_on_opencl() {
-    let _one = opencl_device::one_at_a_time();
-    let dev = match opencl_device::fp64_device() {
-        Ok(d) => d,
-        Err(why) => {
-            skip_unless_required("TOAST_REQUIRE_OPENCL", why);
-            return;
-        }
+    let Some((_one, dev)) = opencl_device::device_for_test() else {
+        return;
     };
     // Bit for bit: special values, and the direction at z = 2/3, phi one ulp
     // below 3pi/4 of the pixels_healpix_boundary cases (PoCL's atan2 gives
@@ -237,13 +231,8 @@ fn near_libm(
 
 #[test]
 fn toast_sin_and_cos_are_correctly_rounded_on_opencl() {
-    let _one = opencl_device::one_at_a_time();
-    let dev = match opencl_device::fp64_device() {
-        Ok(d) => d,
-        Err(why) => {
-            skip_unless_required("TOAST_REQUIRE_OPENCL", why);
-            return;
-        }
+    let Some((_one, dev)) = opencl_device::device_for_test() else {
+        return;
     };
     use std::f64::consts::PI;
     // Bit for bit with libm: zeros, tiny and large arguments, the multiples

@@ -166,6 +166,19 @@ DEVICE_FN void toast_dd_add(double ah, double al, double bh, double bl, double *
     toast_fast_two_sum(s, e, h, l);
 }
 
+/* For u = (h, l) with |u| < 1: s + sl = u^2, t3 + t3l = u^3 and
+ * q3 + q3l = u^3 / k, each in double-double (the leading terms of the
+ * series of atan, sin and cos). */
+DEVICE_FN void toast_dd_cube_over(double h, double l, double k, double *s, double *sl,
+                                  double *t3, double *q3, double *q3l) {
+    *s = h * h;
+    *sl = fma(h, h, -*s) + 2.0 * h * l;
+    *t3 = *s * h;
+    const double t3l = fma(*s, h, -*t3) + (*sl * h + *s * l);
+    *q3 = *t3 / k;
+    *q3l = (fma(-*q3, k, *t3) + t3l) / k;
+}
+
 /* atan(k / 32) as a double-double, k = 0..32. */
 DEVICE_FN void toast_atan_k32(int k, double *hi, double *lo) {
     switch (k) {
@@ -240,12 +253,8 @@ DEVICE_FN double toast_atan2(double y, double x) {
     toast_fast_two_sum(uh0, ul0, &uh, &ul);
     /* atan(u) = u - u^3/3 + u^5 (1/5 - u^2/7 + ...), |u| <= 1/64: the u^3
      * term in double-double, the rest (below 2^-30 u) in double. */
-    const double s = uh * uh;
-    const double sl = fma(uh, uh, -s) + 2.0 * uh * ul;
-    const double t3 = s * uh;
-    const double t3l = fma(s, uh, -t3) + (sl * uh + s * ul);
-    const double q3 = t3 / 3.0;
-    const double q3l = (fma(-q3, 3.0, t3) + t3l) / 3.0;
+    double s, sl, t3, q3, q3l;
+    toast_dd_cube_over(uh, ul, 3.0, &s, &sl, &t3, &q3, &q3l);
     const double poly =
         0.2 + s * (-1.0 / 7.0 + s * (1.0 / 9.0 + s * (-1.0 / 11.0 + s * (1.0 / 13.0 + s * (-1.0 / 15.0 + s / 17.0)))));
     const double t5 = t3 * s * poly;
@@ -344,12 +353,8 @@ DEVICE_FN void toast_sincos_dd(double x, double *sh, double *sl, double *ch, dou
     double dh, dl;
     toast_fast_two_sum(rh - jd * 0.03125, rl, &dh, &dl); /* rh - c is exact */
     /* d^2, d^3 / 6 */
-    const double s2 = dh * dh;
-    const double s2l = fma(dh, dh, -s2) + 2.0 * dh * dl;
-    const double t3 = s2 * dh;
-    const double t3l = fma(s2, dh, -t3) + (s2l * dh + s2 * dl);
-    const double q3 = t3 / 6.0;
-    const double q3l = (fma(-q3, 6.0, t3) + t3l) / 6.0;
+    double s2, s2l, t3, q3, q3l;
+    toast_dd_cube_over(dh, dl, 6.0, &s2, &s2l, &t3, &q3, &q3l);
     /* sin d = d - d^3/6 + d^5 (1/120 - d^2/5040 + d^4/362880) */
     const double t5 = t3 * s2 * (1.0 / 120.0 + s2 * (-1.0 / 5040.0 + s2 * (1.0 / 362880.0)));
     double sdh, sdl;

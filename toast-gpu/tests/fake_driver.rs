@@ -419,10 +419,35 @@ fn memory_entry_points_and_pool() {
     }
 }
 
+/// The arguments of `noise_weight` over `det_data` = (buffer, rows) of
+/// `n_samp` samples, one detector per entry of `data_index`.
+fn noise_weight_args(
+    n_samp: u64,
+    data_index: &[i32],
+    weights: &[f64],
+    iv: &[SampleRange],
+    det_data: (u64, u64),
+) -> NoiseWeightArgs {
+    NoiseWeightArgs {
+        n_det: data_index.len() as u64,
+        n_samp,
+        data_index: data_index.as_ptr(),
+        detector_weights: weights.as_ptr(),
+        intervals: SampleRanges {
+            ptr: iv.as_ptr(),
+            len: iv.len() as u64,
+        },
+        det_data: abi::Array {
+            ptr: det_data.0,
+            len: det_data.1 * n_samp,
+        },
+    }
+}
+
 /// `noise_weight` on 3 detectors of 10 samples with `data_index` and
 /// intervals; the launches it made and the weighted data.
 fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64>) {
-    let (n_det, n_samp) = (3u64, 10u64);
+    let n_samp = 10u64;
     let n_rows = 3u64;
     let ctx = init();
     let t = table();
@@ -442,20 +467,7 @@ fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64
             t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
             abi::OK
         );
-        let args = NoiseWeightArgs {
-            n_det,
-            n_samp,
-            data_index: data_index.as_ptr(),
-            detector_weights: weights.as_ptr(),
-            intervals: SampleRanges {
-                ptr: iv.as_ptr(),
-                len: iv.len() as u64,
-            },
-            det_data: abi::Array {
-                ptr: h,
-                len: n_rows * n_samp,
-            },
-        };
+        let args = noise_weight_args(n_samp, data_index, &weights, iv, (h, n_rows));
         assert_eq!(
             t.noise_weight.unwrap()(ctx, &args),
             abi::OK,
@@ -531,20 +543,7 @@ fn repeated_small_arguments_are_uploaded_once() {
     // noise_weight with these weights; the uploads it made.
     let call = |weights: &[f64; 3]| -> u64 {
         let before = uploads();
-        let args = NoiseWeightArgs {
-            n_det,
-            n_samp,
-            data_index: data_index.as_ptr(),
-            detector_weights: weights.as_ptr(),
-            intervals: SampleRanges {
-                ptr: iv.as_ptr(),
-                len: iv.len() as u64,
-            },
-            det_data: abi::Array {
-                ptr: h,
-                len: n_det * n_samp,
-            },
-        };
+        let args = noise_weight_args(n_samp, &data_index, weights, &iv, (h, n_det));
         // SAFETY: live context; the arrays have the lengths given.
         let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
         assert_eq!(status, abi::OK, "{}", last_error());

@@ -30,3 +30,17 @@ pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// The device for a test, held with [`one_at_a_time`]; `None` (the test
+/// prints `SKIPPED: <reason>` and returns) when there is none and
+/// `TOAST_REQUIRE_OPENCL` is unset.
+pub fn device_for_test() -> Option<(std::sync::MutexGuard<'static, ()>, Device)> {
+    let one = one_at_a_time();
+    match fp64_device() {
+        Ok(d) => Some((one, d)),
+        Err(why) => {
+            toast_testkit::plugins::skip_unless_required("TOAST_REQUIRE_OPENCL", why);
+            None
+        }
+    }
+}
