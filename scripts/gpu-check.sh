@@ -21,11 +21,13 @@
 #      by side;
 #   6. `run` xsmall on both, the maps compared;
 #   7. `compute-sanitizer --tool memcheck` over `verify --backend cuda`,
-#      when compute-sanitizer is installed.
+#      when compute-sanitizer is installed;
+#   8. `bench kernels --n-det 1000` on the GPU, in what is left of the
+#      budget (skipped when nothing is).
 # With --emulated the same steps run on the emulated drivers, smaller so
 # that they take a minute or two on a CPU: verify on cuda and hip, also with
 # TOAST_EMU_THREADS=2; tiny with 4 detectors; `bench kernels --tiny`;
-# xsmall and memcheck skipped (the report says so).
+# xsmall, memcheck and the 1000-detector bench skipped (the report says so).
 #
 # It needs only the release binaries, the plugins and the reference cases:
 # no cargo, no Python, no network. It finds them in one of two layouts:
@@ -413,6 +415,15 @@ elif [[ " $gpus " != *" cuda "* ]]; then
 else
   step "compute-sanitizer memcheck (verify cuda)" 120 "$logs/memcheck.txt" memcheck_summary -- \
     "$sanitizer" --tool memcheck --error-exitcode 9 --print-limit 20 "$cli" verify --backend cuda --cases "${heldout:-$cases}"
+fi
+
+# 8. the filters at scale: bench kernels with 20x the detectors, whatever
+# of the budget is left (on the H100 at 1d43788 it did not finish in 100 s).
+if [ "$emulated" = 1 ]; then
+  record "bench kernels $gpu --n-det 1000" skip 0 "emulated: too large for the emulated drivers on a CPU"
+else
+  step "bench kernels $gpu --n-det 1000" 200 "$logs/bench_${gpu}_1000det.txt" bench_summary -- \
+    "$cli" bench kernels --backend "$gpu" --n-det 1000 --repeats 1 --json "$logs/bench_${gpu}_1000det.json"
 fi
 
 if [ "$failed" = 0 ]; then report_status="complete: every step that ran passed"; else report_status="complete: some steps FAILED"; fi
