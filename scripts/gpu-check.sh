@@ -211,7 +211,7 @@ step() {
 
 verify_summary() { grep -E '^[0-9]+ passed' "$1" | tail -n 1; grep -E 'FAIL' "$1" | head -n 3; }
 run_summary() {
-  grep -E '^(wall time|peak memory|CG iterations|toast-cli:)' "$1" | sed 's/  */ /g' | head -n 4 | paste -sd ';' -
+  grep -E '^(wall time|peak memory|CG iterations|toast-cli:)' "$1" | sed 's/  */ /g' | head -n 4 | paste -sd ';' - | sed 's/;\([^ ]\)/; \1/g'
 }
 compare_summary() { grep -E '^MAPS|DIFFER' "$1" | tail -n 4; }
 bench_summary() { grep -E '^geometric mean' "$1"; }
@@ -222,7 +222,7 @@ backend_status() {
   awk '/^[a-z0-9_]+ [0-9]/ { name = $1 } /^  status:/ && name { sub(/^  status: */, ""); print name, $0; name = "" }' "$1"
 }
 
-backends_summary() { head -n 1 "$1"; backend_status "$1" | paste -sd ';' -; }
+backends_summary() { printf '%s: %s' "$(head -n 1 "$1")" "$(backend_status "$1" | paste -sd ';' - | sed 's/;\([^ ]\)/; \1/g')"; }
 
 # A side-by-side table of two `bench kernels` outputs (ns per sample per
 # detector): kernel, GPU, CPU, CPU/GPU.
