@@ -80,6 +80,7 @@ use crate::sim::{
 };
 use crate::templates::OffsetConfig;
 use serde::de::DeserializeOwned;
+use toast_accel::host::DispatchPolicy;
 use toml::{Table, Value};
 
 /// A configuration error: the section, key and value involved.
@@ -363,16 +364,13 @@ fn check_workflow_keys(table: &Table, cfg: &SatelliteConfig) -> Result<(), Confi
             ),
         ));
     }
-    for s in &cfg.dispatch {
-        let Some((op, _)) = s.strip_prefix("operator.").and_then(|r| r.split_once('=')) else {
-            continue;
-        };
-        let op = op.trim();
-        if !DISPATCH_OPERATORS.contains(&op) {
+    for (op, backend) in &cfg.dispatch.operators {
+        if !DISPATCH_OPERATORS.contains(&op.as_str()) {
             return Err(section_err(
                 "dispatch",
                 format!(
-                    "{s}: no operator `{op}` calls kernels in this workflow (operators: {})",
+                    "operator.{op}={backend}: no operator `{op}` calls kernels in this workflow \
+                     (operators: {})",
                     DISPATCH_OPERATORS.join(", ")
                 ),
             ));
@@ -394,8 +392,8 @@ pub struct SatelliteConfig {
     pub binner: BinnerConfig,
     pub mapmaker: MapMakerConfig,
     pub baselines: OffsetConfig,
-    /// Dispatch settings (`level[.name]=backend`).
-    pub dispatch: Vec<String>,
+    /// The dispatch policy (the `dispatch` section, parsed once).
+    pub dispatch: DispatchPolicy,
     /// The effective table (written to `config.toml`).
     pub table: Table,
 }
@@ -604,7 +602,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
             return Err(ConfigError::UnknownSection { section: k.clone() });
         }
     }
-    let mut dispatch = Vec::new();
+    let mut dispatch = DispatchPolicy::new();
     if let Some(v) = table.get("dispatch") {
         let Value::Table(t) = v else {
             return Err(ConfigError::NotASection {
@@ -612,10 +610,11 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
                 found: shown(v, v),
             });
         };
-        flatten("", t, &mut dispatch)?;
-        let mut p = toast_accel::host::DispatchPolicy::new();
-        for s in &dispatch {
-            p.apply(s)
+        let mut settings = Vec::new();
+        flatten("", t, &mut settings)?;
+        for s in &settings {
+            dispatch
+                .apply(s)
                 .map_err(|e| section_err("dispatch", format!("{s}: {e}")))?;
         }
     }
@@ -663,11 +662,24 @@ pub fn to_toml(cfg: &SatelliteConfig) -> Result<String, ConfigError> {
     }
     let mut out =
         String::from("# the satellite workflow: the configuration used (every parameter)\n");
-    // Dispatch settings as given (TOML dotted keys kept as nested tables).
-    let dispatch = match cfg.table.get("dispatch") {
-        Some(Value::Table(t)) => t.clone(),
-        _ => Table::new(),
-    };
+    // The dispatch policy's settings (dotted keys as nested tables).
+    let mut dispatch = Table::new();
+    for (key, backend) in cfg.dispatch.named_backends() {
+        let backend = Value::String(backend.to_string());
+        match key.split_once('.') {
+            Some((level, name)) => {
+                let sub = dispatch
+                    .entry(level)
+                    .or_insert_with(|| Value::Table(Table::new()));
+                if let Value::Table(t) = sub {
+                    t.insert(name.to_string(), backend);
+                }
+            }
+            None => {
+                dispatch.insert(key, backend);
+            }
+        }
+    }
     let parts = [
         section("sim_satellite", &cfg.sim_satellite)?,
         section("default_model", &cfg.default_model)?,
@@ -715,7 +727,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.baselines.step_time, 60.0);
         assert_eq!(c.mapmaker.iter_max, 50);
-        assert_eq!(c.dispatch, vec!["kernel.scan_map=cpu".to_string()]);
+        assert_eq!(
+            c.dispatch.named_backends(),
+            [("kernel.scan_map".to_string(), "cpu")]
+        );
         let text = to_toml(&c).unwrap();
         let back = build(text.parse::<Table>().unwrap()).unwrap();
         assert_eq!(back.baselines.step_time, 60.0);
@@ -738,7 +753,10 @@ mod tests {
         assert_eq!(c.mapmaker.iter_max, 7);
         assert_eq!(c.mapmaker.solve_rcond_threshold, 1e-3);
         assert_eq!(c.mapmaker.convergence, 1e-12);
-        assert_eq!(c.dispatch, vec!["kernel.scan_map=opencl".to_string()]);
+        assert_eq!(
+            c.dispatch.named_backends(),
+            [("kernel.scan_map".to_string(), "opencl")]
+        );
     }
 
     #[test]
