@@ -394,7 +394,8 @@ pub struct SatelliteConfig {
     pub baselines: OffsetConfig,
     /// The dispatch policy (the `dispatch` section, parsed once).
     pub dispatch: DispatchPolicy,
-    /// The effective table (written to `config.toml`).
+    /// The merged table the configuration was built from (its keys are
+    /// checked against the workflow).
     pub table: Table,
 }
 
@@ -402,56 +403,46 @@ pub struct SatelliteConfig {
 /// 1024 NEST with 16-nside submaps, IQU weights, rcond threshold 1e-3 or
 /// 1e-6 for tiny, the map-maker's outputs, cleaned timestream in place).
 pub fn workflow_defaults(case: &str) -> Table {
-    let rcond = if case == "tiny" { "1.0e-6" } else { "1.0e-3" };
+    let rcond = if case == "tiny" { 1.0e-6 } else { 1.0e-3 };
     let full_pointing = crate::workflow::presets::keeps_pointing(case);
-    let compact_pointing = !full_pointing;
-    let text = format!(
-        r#"
-[sim_satellite]
-prec_angle = 65.0
-spin_angle = 30.0
-prec_period = 50.0
-spin_period = 10.0
-
-[scan_map]
-file = ""
-
-[sim_noise]
-realization = 0
-
-[pixels]
-nside = 1024
-nside_submap = 16
-nest = true
-
-[weights]
-mode = "IQU"
-
-[binner]
-pixel_dist = "pixel_dist"
-full_pointing = {full_pointing}
-compact_pointing = {compact_pointing}
-
-[mapmaker]
-iter_max = 100
-convergence = 1.0e-12
-solve_rcond_threshold = {rcond}
-map_rcond_threshold = {rcond}
-write_hits = true
-write_binmap = true
-write_map = true
-write_cov = false
-write_rcond = false
-save_cleaned = true
-overwrite_cleaned = true
-
-[baselines]
-step_time = 10000.0
-good_fraction = 0.5
-"#
-    );
-    text.parse::<Table>()
-        .expect("the built-in defaults are valid TOML")
+    let values: [(&str, &str, Value); 26] = [
+        ("sim_satellite", "prec_angle", 65.0.into()),
+        ("sim_satellite", "spin_angle", 30.0.into()),
+        ("sim_satellite", "prec_period", 50.0.into()),
+        ("sim_satellite", "spin_period", 10.0.into()),
+        ("scan_map", "file", "".into()),
+        ("sim_noise", "realization", 0.into()),
+        ("pixels", "nside", 1024.into()),
+        ("pixels", "nside_submap", 16.into()),
+        ("pixels", "nest", true.into()),
+        ("weights", "mode", "IQU".into()),
+        ("binner", "pixel_dist", "pixel_dist".into()),
+        ("binner", "full_pointing", full_pointing.into()),
+        ("binner", "compact_pointing", (!full_pointing).into()),
+        ("mapmaker", "iter_max", 100.into()),
+        ("mapmaker", "convergence", 1.0e-12.into()),
+        ("mapmaker", "solve_rcond_threshold", rcond.into()),
+        ("mapmaker", "map_rcond_threshold", rcond.into()),
+        ("mapmaker", "write_hits", true.into()),
+        ("mapmaker", "write_binmap", true.into()),
+        ("mapmaker", "write_map", true.into()),
+        ("mapmaker", "write_cov", false.into()),
+        ("mapmaker", "write_rcond", false.into()),
+        ("mapmaker", "save_cleaned", true.into()),
+        ("mapmaker", "overwrite_cleaned", true.into()),
+        ("baselines", "step_time", 10000.0.into()),
+        ("baselines", "good_fraction", 0.5.into()),
+    ];
+    let mut table = Table::new();
+    for (section, key, value) in values {
+        if let Value::Table(t) = table
+            .entry(section)
+            .or_insert_with(|| Value::Table(Table::new()))
+        {
+            t.insert(key.to_string(), value);
+        }
+    }
+    table
 }
 
 /// Merge `over` into `base`, section by section (keys of `over` win).
