@@ -3,7 +3,7 @@
 use crate::accel::pipeline::{
     close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
 };
-use crate::io::fits::{read_healpix_map, HealpixMap, MapField, Ordering, UNSEEN};
+use crate::io::fits::{read_healpix_map, units, HealpixMap, MapField, Ordering, UNSEEN};
 use crate::math::healpix::Healpix;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pixels::{PixelData, PixelDistribution};
@@ -43,7 +43,10 @@ impl InputSky {
     /// (unobserved pixels, and the pixels a partial-sky file leaves out)
     /// is scanned as zero signal and counted in the log; NaN, ±inf and
     /// values beyond single precision (the sky is scanned as float32) are
-    /// refused, naming the column and the first such pixel.
+    /// refused, naming the column and the first such pixel. Each column's
+    /// `TUNITn` (K, mK, uK, with `_CMB`/`_RJ`; none is K: see
+    /// [`crate::io::fits::units`]) is converted to K, the run's unit; a
+    /// unit that is not a temperature is refused, naming column and unit.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
         let mut m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
         if m.fields.len() < 3 {
@@ -221,6 +224,18 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
     let mut unseen = [0usize; 3];
     for k in 0..m.fields.len().min(3) {
         let f = &m.fields[k];
+        let scale = units::kelvin_per_unit(f.unit.as_deref()).ok_or_else(|| {
+            format!(
+                "column {} ('{}', Stokes {}): unit '{}' (TUNIT{}) cannot be converted to K; \
+                 known units: {}",
+                k + 1,
+                f.name,
+                STOKES[k],
+                f.unit.as_deref().unwrap_or_default(),
+                k + 1 + usize::from(m.partial),
+                units::KNOWN_UNITS
+            )
+        })?;
         if f.data.iter().any(|&x| bad_sky_value(x).is_some()) {
             let (pix, x, why) = first_bad(f, m)?;
             return Err(format!(
@@ -243,7 +258,7 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
                     unseen[k] += 1;
                     0.0
                 } else {
-                    x as f32
+                    (x * scale) as f32
                 }
             })
             .collect();

@@ -410,9 +410,9 @@ fn scatter_partial(
         bytes,
         available,
     };
-    if let Some(available) = crate::sysinfo::mem_available() {
-        if bytes as f64 > available {
-            return Err(too_large(Some(available as u64)));
+    if let Some(available) = crate::sysinfo::memory_bound() {
+        if bytes as f64 > available.bytes {
+            return Err(too_large(Some(available.bytes as u64)));
         }
     }
     let mut maps = Vec::with_capacity(values.len());

@@ -46,10 +46,13 @@
 //! * `healpix_map`: HEALPix semantics (`PIXTYPE`, `NSIDE`, `ORDERING`,
 //!   `INDXSCHM`, map columns and units): [`read_healpix_map`] in steps, and
 //!   the writers.
+//! * [`units`]: the temperature units of a column (`TUNITn`) and their
+//!   scale to kelvin (an absent unit is K).
 
 mod bintable;
 mod header;
 mod healpix_map;
+pub mod units;
 
 use std::path::PathBuf;
 
