@@ -113,6 +113,20 @@ fn special_files_are_named_never_opened_blocking() {
         let o = toast_cli(&args, &[], 30);
         assert_error(&o, 2, &[&path, what, "not a regular file"]);
     }
+    // A run-time compiler named by a FIFO: unavailable (exit 3, as
+    // documented for a missing compiler), with the reason; dlopen would
+    // have blocked.
+    for (target, arch, var) in [
+        ("cuda", "sm_80", "TOAST_NVRTC_LIB"),
+        ("hip", "gfx90a", "TOAST_HIPRTC_LIB"),
+    ] {
+        let o = toast_cli(
+            &["kernels", "compile", "--target", target, "--arch", arch],
+            &[(var, &s(&fifo))],
+            30,
+        );
+        assert_error(&o, 3, &[&s(&fifo), "a named pipe (FIFO)"]);
+    }
     // verify --cases: a FIFO and a directory named as cases are each a
     // FAIL line of their own, beside the good case that passes.
     let cases = dir.join("cases");
@@ -291,18 +305,18 @@ fn sky_map_units_are_converted_or_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn an_address_space_limit_bounds_the_run() {
+/// `toast-cli ARGS` with its address space limited to `bytes`
+/// (`RLIMIT_AS`, as `ulimit -v` sets it), two threads and two malloc
+/// arenas (so the address space at start does not grow with the cores).
+fn run_limited(args: &[&str], bytes: u64, what: &str) -> Output {
     use std::os::unix::process::CommandExt;
-    let dir = scratch("toast-cli-hostile2", "rlimit");
     let mut c = bin();
-    c.args(["run", "--case", "small", "--out-dir"])
-        .arg(dir.join("out"));
+    c.args(args).env("MALLOC_ARENA_MAX", "2");
     // SAFETY: setrlimit is async-signal-safe and touches only the child.
     unsafe {
-        c.pre_exec(|| {
+        c.pre_exec(move || {
             let lim = libc::rlimit {
-                rlim_cur: 6 << 30,
+                rlim_cur: bytes as libc::rlim_t,
                 rlim_max: libc::RLIM_INFINITY,
             };
             if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
@@ -311,12 +325,40 @@ fn an_address_space_limit_bounds_the_run() {
             Ok(())
         });
     }
-    let o = run_with_deadline(
-        c,
-        Duration::from_secs(120),
+    run_with_deadline(c, Duration::from_secs(120), what)
+}
+
+#[test]
+fn an_address_space_limit_bounds_the_run() {
+    let dir = scratch("toast-cli-hostile2", "rlimit");
+    let out = dir.join("out");
+    let out = out.to_str().unwrap();
+    // Predicted at about 6 GiB: refused before it starts, naming the limit.
+    let o = run_limited(
+        &["run", "--threads", "2", "--case", "small", "--out-dir", out],
+        3 << 30,
         "run --case small under RLIMIT_AS",
     );
     assert_error(&o, 2, &["predicted peak memory", "RLIMIT_AS (ulimit -v)"]);
+    // Run anyway: the allocation that fails is an error naming what it was
+    // for (it aborted the process, exit 134, before).
+    let o = run_limited(
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--case",
+            "xsmall",
+            "--quiet",
+            "--no-plot",
+            "--ignore-memory-check",
+            "--out-dir",
+            out,
+        ],
+        1_000_000 << 10,
+        "run --case xsmall --ignore-memory-check under RLIMIT_AS",
+    );
+    assert_error(&o, 2, &["cannot allocate", "(out of memory)"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

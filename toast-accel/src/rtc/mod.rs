@@ -53,6 +53,22 @@ pub fn dl_error(e: &libloading::Error) -> String {
     std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
 }
 
+/// A library given by path (with a `/`, as `TOAST_NVRTC_LIB` and
+/// `TOAST_HIPRTC_LIB` give it) must be a regular file before the dynamic
+/// loader opens it: `dlopen` of a FIFO blocks forever
+/// (`toast_core::input::open_regular`). A bare name is the loader's search.
+pub fn check_library_path(path: &std::path::Path) -> Result<(), String> {
+    if path.as_os_str().as_encoded_bytes().contains(&b'/') {
+        toast_core::input::open_regular(path).map_err(
+            |e| match toast_core::input::not_regular(&e) {
+                Some(n) => n.to_string(),
+                None => format!("{}: {e}", path.display()),
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// The directory compiled modules are cached in: `$TOAST_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/toast-rs`, else `~/.cache/toast-rs`; `None` when none
 /// of these variables is set or `TOAST_KERNEL_CACHE=0`.

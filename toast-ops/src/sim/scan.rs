@@ -487,7 +487,7 @@ impl ScanHealpixMap {
             .object::<Arc<PixelDistribution>>(&cfg.pixel_dist)?
             .clone();
         // The sky on the hit submaps only (TOAST's `PixelData.read`).
-        let mut map = PixelData::<f64>::new(Arc::clone(&dist), 3);
+        let mut map = PixelData::<f64>::try_new(Arc::clone(&dist), 3, "the sky map to scan")?;
         map.set_units("K");
         let nps = dist.n_pix_submap() as usize;
         for (ls, &gs) in dist.local_submaps().iter().enumerate() {
