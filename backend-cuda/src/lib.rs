@@ -3,7 +3,7 @@
 //! device's architecture, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!
-//! This crate is the CUDA [`toast_gpu::Driver`] (`context`): loading the
+//! This crate is the CUDA [`toast_gpu::Driver`] (`driver`): loading the
 //! driver and NVRTC, the device, its stream, memory, copies, module loading
 //! and kernel launches. Everything else (the context the host holds, the
 //! buffer pool and handle table, the kernels' validation, marshalling and
@@ -73,10 +73,10 @@
 //! reported through the source's one-element error buffer and become
 //! `ERR_INVALID_ARGUMENT` naming the detector and sample.
 
-mod context;
+mod driver;
 
 toast_gpu::export_plugin!(
-    driver = context::CudaDriver,
+    driver = driver::CudaDriver,
     name = "cuda",
     description = "CUDA backend: the shared device kernels compiled with NVRTC at run time",
 );

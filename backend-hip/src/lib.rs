@@ -3,7 +3,7 @@
 //! for the device's `gfx` architecture, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!
-//! This crate is the HIP [`toast_gpu::Driver`] (`context`), over the
+//! This crate is the HIP [`toast_gpu::Driver`] (`driver`), over the
 //! runtime functions of [`ffi`] (in place of the CUDA backend's cudarc);
 //! everything else is `toast-gpu`'s generic code, shared with the CUDA
 //! backend, and the plugin's table, header and entry symbol come from
@@ -67,11 +67,11 @@
 //! it defines; data-dependent faults come back through the source's error
 //! buffer as `ERR_INVALID_ARGUMENT` naming the detector and sample.
 
-mod context;
+mod driver;
 pub mod ffi;
 
 toast_gpu::export_plugin!(
-    driver = context::HipDriver,
+    driver = driver::HipDriver,
     name = "hip",
     description = "HIP backend: the shared device kernels compiled with hiprtc at run time",
 );

@@ -260,3 +260,20 @@ impl<D: Driver> Drop for Context<D> {
         }
     }
 }
+
+/// The context behind a `ctx` pointer, made current on this thread.
+///
+/// # Safety
+/// `ctx` is null or a pointer `init` returned and `shutdown` has not freed.
+pub(crate) unsafe fn ctx_ref<'a, D: Driver>(
+    ctx: *mut c_void,
+) -> Result<&'a Context<D>, PluginError> {
+    if ctx.is_null() {
+        return Err(PluginError::invalid("null backend context"));
+    }
+    // SAFETY: by the caller's contract, a live `Context<D>` made by `init`
+    // (the table hands each plugin's contexts only to its own entries).
+    let c = unsafe { &*(ctx as *const Context<D>) };
+    c.driver.bind()?;
+    Ok(c)
+}

@@ -7,8 +7,8 @@ use super::{
     blocks_overlap, check_key_range, grid_chunks, has_duplicates, intervals_overlap, pixel_fault,
     KernelLaunch,
 };
+use crate::context::ctx_ref;
 use crate::driver::{Driver, Param as P};
-use crate::plugin::ctx_ref;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
 use toast_accel::check;

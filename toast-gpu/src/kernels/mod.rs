@@ -1,4 +1,4 @@
-//! The ten kernels: validation, argument marshalling and launch planning
+//! Every kernel of the table (`toast_accel::toast_kernels!`): validation, argument marshalling and launch planning
 //! for the shared device source (`toast_accel::device_source`), written
 //! once for every [`Driver`]; only the driver's `TARGET` (the source's
 //! dialect) and its launch call differ between backends.

@@ -29,6 +29,7 @@ pub mod support;
 
 pub use support::PixelSupport;
 
+pub use crate::io::fits::MapValue;
 use crate::math::healpix::Nside;
 
 use std::sync::Arc;
@@ -499,24 +500,6 @@ impl<T: Element> PixelData<T> {
         out
     }
 }
-
-/// Element types whose values convert to `f64` for statistics.
-pub trait MapValue: Element {
-    /// The value as `f64`.
-    fn to_f64(self) -> f64;
-}
-
-macro_rules! map_value {
-    ($($t:ty),*) => {$(
-        impl MapValue for $t {
-            #[inline]
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-        }
-    )*};
-}
-map_value!(f64, f32, i64, i32, u8);
 
 impl<T: MapValue> PixelData<T> {
     /// TOAST's MPI-style statistics: for each component, the sum, the mean

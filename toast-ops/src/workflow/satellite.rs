@@ -22,10 +22,11 @@
 use super::config::SatelliteConfig;
 use super::presets::{self, gib, Sizing};
 use crate::accel::bus::{BusBytes, CgTransfers};
-use crate::accel::pipeline::{DetectorSets, RunOptions};
+use crate::accel::pipeline::{pipeline_backend_in, DetectorSets, RunOptions};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
 use crate::io::fits;
+use crate::mapmaker::{Plan, PlanFacts};
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
 use crate::sim::sky::SkyConfig;
@@ -417,6 +418,10 @@ pub struct RunStats {
     pub case: String,
     /// Whether the map-maker ran (`mapmaker.enabled`).
     pub mapmaker_enabled: bool,
+    /// The map-maker's execution plan, with the reasons (absent when it
+    /// did not run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_plan: Option<Plan>,
     #[serde(flatten)]
     pub maps: Option<MapSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -553,6 +558,13 @@ impl SatelliteJob {
     /// How the map-maker holds the pointing, for the memory estimate.
     pub fn pointing(&self) -> presets::Pointing {
         pointing_of(&self.config)
+    }
+
+    /// The map-maker's execution plan for a run with the backends of
+    /// `registry` (the one [`SatelliteJob::run`] takes: the same decision,
+    /// [`Plan::choose`], from the same facts).
+    pub fn execution_plan(&self, registry: &Registry) -> Plan {
+        plan_of(&self.config, registry, &self.config.dispatch)
     }
 
     /// Predicted peak memory of the largest process of `plan` (`sim` as
@@ -701,6 +713,9 @@ impl SatelliteJob {
         let t_start = Instant::now();
         let dispatcher = dispatcher(cfg, registry)?;
         let registry = Arc::clone(dispatcher.registry());
+        // The map-maker's plan, chosen before any work: the sky scan keeps
+        // the pointing for it or not.
+        let plan = plan_of(cfg, &registry, dispatcher.policy());
         let mut ctx = ExecContext::new();
         ctx.insert(dispatcher);
         ctx.insert(CommHandle(Arc::clone(&comm)));
@@ -754,12 +769,13 @@ impl SatelliteJob {
                 detector_sets: DetectorSets::Sets(detsets.clone()),
                 ..RunOptions::default()
             };
-            // The map-maker recomputes the pointing: keep none here either.
-            op.transient_pointing = !cfg.binner.full_pointing;
-            // Else it keeps the pixels and weights: they are the map-maker's
-            // (same configuration), so it reuses them instead of expanding
-            // them again.
-            op.keep_pointing = cfg.binner.full_pointing && cfg.mapmaker.enabled;
+            // Where the map-maker's plan keeps a full host copy of its
+            // pointing, the scan keeps its pixels and weights: they are the
+            // map-maker's (same configuration), so it reuses them instead
+            // of expanding them again. Else it keeps none.
+            let kept = plan.host_pointing_kept();
+            op.transient_pointing = !kept;
+            op.keep_pointing = kept && cfg.mapmaker.enabled;
             op.apply(&mut data, ctx).map_err(&err)
         })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
@@ -768,18 +784,8 @@ impl SatelliteJob {
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("SimNoise"))
         })?;
-        let setup = MapMakerSetup {
-            name: "mapmaker".into(),
-            mapmaker: cfg.mapmaker.clone(),
-            baselines: cfg.baselines.clone(),
-            binner: cfg.binner.clone(),
-            binner_final: None,
-            det_pointing: cfg.det_pointing.clone(),
-            pixels: cfg.pixels.clone(),
-            weights: cfg.weights.clone(),
-            pixels_final: None,
-        };
-        let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
+        let mut mm =
+            MapMaker::new(mapmaker_setup(cfg)).map_err(WorkflowError::phase("MapMaker"))?;
         mm.reuse_pointing(scan_cfg.enabled);
         // The timestreams are dropped before the maps are written.
         mm.discard_timestream(true);
@@ -797,6 +803,12 @@ impl SatelliteJob {
                 e => WorkflowError::phase("MapMaker")(e),
             })
         })?;
+        // The plan the map-maker took (one function of the same facts as
+        // the workflow's: a difference is a bug).
+        let taken = res.as_ref().map(|_| mm.plan().clone());
+        if let Some(taken) = taken.as_ref().filter(|t| **t != plan) {
+            tracing::warn!("MapMaker: ran plan {taken}, the workflow chose {plan}");
+        }
         let span = time_span(&*comm, &data)?;
         // What each rank really holds (from its data, not from the plan).
         let processes = gather_processes(&*comm, &data, &cfg.binner.pixel_dist)?;
@@ -878,6 +890,7 @@ impl SatelliteJob {
         let stats = RunStats {
             case: self.case.clone(),
             mapmaker_enabled: enabled,
+            execution_plan: taken,
             maps,
             sky_map: self.sky_file.as_ref().map(|p| p.display().to_string()),
             processes: comm.size(),
@@ -930,24 +943,44 @@ fn run_phase<R>(
     r
 }
 
+/// The map-maker of the workflow.
+fn mapmaker_setup(cfg: &SatelliteConfig) -> MapMakerSetup {
+    MapMakerSetup {
+        name: "mapmaker".into(),
+        mapmaker: cfg.mapmaker.clone(),
+        baselines: cfg.baselines.clone(),
+        binner: cfg.binner.clone(),
+        binner_final: None,
+        det_pointing: cfg.det_pointing.clone(),
+        pixels: cfg.pixels.clone(),
+        weights: cfg.weights.clone(),
+        pixels_final: None,
+    }
+}
+
+/// The plan the workflow's map-maker takes with the pipeline backend
+/// `policy` resolves in `registry` (the facts [`MapMaker::run`] finds at
+/// its start: no pointing handed over where the plan keeps none on the
+/// host, fused passes allowed).
+fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) -> Plan {
+    let backend = pipeline_backend_in(registry, policy, None)
+        .map(|b| (b.name().to_string(), b.host_addressable()));
+    let facts = PlanFacts::of_setup(&mapmaker_setup(cfg), backend, false, true);
+    Plan::choose(&cfg.binner, &facts)
+}
+
 /// The dispatcher of the configuration's `dispatch` settings. A backend
 /// asked for by name must be there and usable: fail before any work rather
 /// than silently running elsewhere. (Dispatch still falls back, per
 /// kernel, when a named backend lacks that one kernel.)
 fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, WorkflowError> {
-    let derr = |d: &String, e: &dyn std::fmt::Display| WorkflowError::Dispatch {
-        setting: d.clone(),
-        reason: e.to_string(),
-    };
-    let mut policy = DispatchPolicy::new();
-    for d in &cfg.dispatch {
-        policy.apply(d).map_err(|e| derr(d, &e))?;
+    for (key, name) in cfg.dispatch.named_backends() {
+        registry.get(name).map_err(|e| WorkflowError::Dispatch {
+            setting: format!("{key}={name}"),
+            reason: e.to_string(),
+        })?;
     }
-    for d in &cfg.dispatch {
-        let name = d.split_once('=').map_or(d.as_str(), |(_, v)| v.trim());
-        registry.get(name).map_err(|e| derr(d, &e))?;
-    }
-    Ok(Dispatcher::new(Arc::new(registry), policy))
+    Ok(Dispatcher::new(Arc::new(registry), cfg.dispatch.clone()))
 }
 
 /// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without

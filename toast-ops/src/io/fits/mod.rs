@@ -56,7 +56,7 @@ pub mod units;
 
 use std::path::PathBuf;
 
-pub use bintable::{ColumnFormat, ColumnSource, SubmapColumn, WriteColumn};
+pub use bintable::{ColumnFormat, ColumnSource, MapValue, SubmapColumn, WriteColumn};
 pub use header::{Header, HeaderCard, HeaderValue, BLOCK};
 pub use healpix_map::{
     read_healpix_map, read_healpix_nside, toast_extra_header, write_float_columns,
