@@ -290,7 +290,21 @@ fn sky_map_units_are_converted_or_refused() {
         rel.iter().all(|&r| r <= 1e-5),
         "a map in mK is not scanned as the same sky in K: {rel:?}"
     );
-    let (o, _) = run(&jy, "jy");
+    // Refused from the header, before any work (a dry run reads no data).
+    let o = toast_cli(
+        &[
+            "run",
+            "--dry-run",
+            "--sky-map",
+            jy.to_str().unwrap(),
+            "--set",
+            "pixels.nside=8",
+            "--set",
+            "pixels.nside_submap=8",
+        ],
+        &[],
+        60,
+    );
     assert_error(
         &o,
         2,

@@ -3,7 +3,9 @@
 use crate::accel::pipeline::{
     close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
 };
-use crate::io::fits::{read_healpix_map, units, HealpixMap, MapField, Ordering, UNSEEN};
+use crate::io::fits::{
+    read_healpix_map, units, HealpixHeader, HealpixMap, MapField, Ordering, UNSEEN,
+};
 use crate::math::healpix::Healpix;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pixels::{PixelData, PixelDistribution};
@@ -224,18 +226,7 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
     let mut unseen = [0usize; 3];
     for k in 0..m.fields.len().min(3) {
         let f = &m.fields[k];
-        let scale = units::kelvin_per_unit(f.unit.as_deref()).ok_or_else(|| {
-            format!(
-                "column {} ('{}', Stokes {}): unit '{}' (TUNIT{}) cannot be converted to K; \
-                 known units: {}",
-                k + 1,
-                f.name,
-                STOKES[k],
-                f.unit.as_deref().unwrap_or_default(),
-                k + 1 + usize::from(m.partial),
-                units::KNOWN_UNITS
-            )
-        })?;
+        let scale = kelvin_scale(k, &f.name, f.unit.as_deref(), m.partial)?;
         if f.data.iter().any(|&x| bad_sky_value(x).is_some()) {
             let (pix, x, why) = first_bad(f, m)?;
             return Err(format!(
@@ -266,6 +257,34 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
         m.fields[k].data = Vec::new();
     }
     Ok((maps, unseen))
+}
+
+/// The factor that turns map column `k` (0-based among the map columns; in
+/// a partial-sky file they follow `PIXEL`) of unit `unit` into K, or the
+/// refusal naming the column and the unit
+/// ([`crate::io::fits::units::kelvin_per_unit`]).
+fn kelvin_scale(k: usize, name: &str, unit: Option<&str>, partial: bool) -> Result<f64, String> {
+    units::kelvin_per_unit(unit).ok_or_else(|| {
+        format!(
+            "column {} ('{name}', Stokes {}): unit '{}' (TUNIT{}) cannot be converted to K; \
+             known units: {}",
+            k + 1,
+            STOKES[k],
+            unit.unwrap_or_default(),
+            k + 1 + usize::from(partial),
+            units::KNOWN_UNITS
+        )
+    })
+}
+
+/// Refuse a sky map whose I, Q, U columns (the first three) have a unit
+/// that cannot be converted to K, from its header alone: the check a job
+/// makes before any work, where [`InputSky::from_file`] makes it again.
+pub fn check_sky_units(header: &HealpixHeader) -> Result<(), String> {
+    for (k, (name, unit)) in header.columns.iter().take(3).enumerate() {
+        kelvin_scale(k, name, unit.as_deref(), header.partial)?;
+    }
+    Ok(())
 }
 
 /// The first bad value of field `f` in the file's pixel order (its data

@@ -984,19 +984,23 @@ fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, W
 }
 
 /// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
-/// reading the data.
+/// reading the data; its I, Q, U units must convert to K
+/// (`sim::check_sky_units`).
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
-    fits::read_healpix_nside(path).map_err(|e| {
+    let sky_map = |reason: String| WorkflowError::SkyMap {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let header = fits::read_healpix_header(path).map_err(|e| {
         // The FITS error starts with the path, which `SkyMap` names already.
         let text = e.to_string();
         let reason = text
             .strip_prefix(&format!("{}: ", path.display()))
             .unwrap_or(&text);
-        WorkflowError::SkyMap {
-            path: path.to_path_buf(),
-            reason: reason.to_string(),
-        }
-    })
+        sky_map(reason.to_string())
+    })?;
+    crate::sim::check_sky_units(&header).map_err(sky_map)?;
+    Ok(header.nside)
 }
 
 fn local_submaps(data: &Data, key: &str) -> usize {
