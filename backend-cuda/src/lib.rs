@@ -46,7 +46,10 @@
 //! `$XDG_CACHE_HOME/toast-rs/` (else `~/.cache/toast-rs/`) as
 //! `cuda-<source hash>-<arch>-nvrtc<major>.<minor>.cubin`, so a later
 //! process, or another run after an upgrade of either, reuses or rebuilds it
-//! correctly (`TOAST_KERNEL_CACHE=0` disables the cache). A compile failure
+//! correctly (`TOAST_KERNEL_CACHE=0` disables the cache); an entry that is
+//! cut, damaged or built for another NVRTC or architecture (each entry
+//! carries its length, checksum and identity: `toast_accel::rtc::CacheKey`)
+//! is discarded with a warning and compiled again. A compile failure
 //! is `ERR_COMPILE` with the NVRTC log, the architecture and the kernel the
 //! first error falls in. `toast-cli kernels compile --target cuda --arch
 //! sm_80` runs the same compiler path without a GPU.

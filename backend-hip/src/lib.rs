@@ -43,7 +43,9 @@
 //! rounds as the CPU reference does) and loads the code object. It is cached
 //! in `$XDG_CACHE_HOME/toast-rs/` (else `~/.cache/toast-rs/`) as
 //! `hip-<source hash>-<arch>-hiprtc<major>.<minor>.co`
-//! (`TOAST_KERNEL_CACHE=0` disables the cache). A compile failure is
+//! (`TOAST_KERNEL_CACHE=0` disables the cache); a cut, damaged or foreign
+//! entry (see `toast_accel::rtc::CacheKey`) is discarded with a warning and
+//! compiled again. A compile failure is
 //! `ERR_COMPILE` with the hiprtc log, the architecture and the kernel the
 //! first error falls in. `toast-cli kernels compile --target hip --arch
 //! gfx90a` runs the same compiler path without a GPU.

@@ -148,7 +148,7 @@ impl Driver for Fake {
         Ok(())
     }
 
-    fn cache_file(&self, _source_hash: &str) -> Option<String> {
+    fn cache_key(&self, _source_hash: &str) -> Option<toast_accel::rtc::CacheKey> {
         None
     }
 

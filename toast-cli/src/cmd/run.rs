@@ -132,7 +132,7 @@ fn read_config_file(path: &Path) -> Result<toml::Table> {
     use std::io::Read;
     let cannot = || format!("--config {}: cannot read", path.display());
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
+    toast_core::input::open_regular(path)
         .with_context(cannot)?
         .take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -417,11 +417,12 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             for why in &execution.why {
                 crate::outln!("  because {why}")?;
             }
-            if let Some(a) = presets::mem_available() {
-                let fits = job.check_memory(a, job.predicted_process_memory(&plan, &sim), ppn);
+            if let Some(a) = presets::memory_bound() {
+                let fits = job.check_memory(&a, job.predicted_process_memory(&plan, &sim), ppn);
                 crate::outln!(
-                    "available memory (MemAvailable): {}; {}",
-                    gib(a),
+                    "available memory: {} (bounded by {}); {}",
+                    gib(a.bytes),
+                    a.source,
                     match fits {
                         Ok(()) => "the processes of a node fit".to_string(),
                         Err(e) => format!("does not fit: {e}"),

@@ -167,7 +167,7 @@ pub enum WorkflowError {
     /// memory available there ([`SatelliteJob::check_memory`]).
     #[error(
         "predicted peak memory {} ({processes} process(es) of {} on this node) exceeds the \
-         available memory {} (MemAvailable); reduce the case, --n-det, --n-obs or \
+         available memory {}, bounded by {bound}; reduce the case, --n-det, --n-obs or \
          pixels.nside, or pass --ignore-memory-check to run anyway",
         gib(*predicted), gib(*per_process), gib(*available)
     )]
@@ -180,6 +180,8 @@ pub enum WorkflowError {
         processes: usize,
         /// Available bytes.
         available: f64,
+        /// What bounds them (`sysinfo::MemoryBound::source`).
+        bound: String,
     },
 }
 
@@ -483,11 +485,13 @@ impl SatelliteJob {
     ) -> Result<Self, WorkflowError> {
         let nside = config.pixels.nside.get();
         let (case, mut sizing) = if case == "auto" {
-            let avail = presets::mem_available().ok_or_else(|| WorkflowError::BadSize {
-                option: "--case",
-                value: "auto".into(),
-                reason: "cannot read MemAvailable from /proc/meminfo".into(),
-            })?;
+            let avail = presets::memory_bound()
+                .ok_or_else(|| WorkflowError::BadSize {
+                    option: "--case",
+                    value: "auto".into(),
+                    reason: "cannot read MemAvailable from /proc/meminfo".into(),
+                })?
+                .bytes;
             let (n, s) = presets::auto(avail, nside, pointing_of(&config));
             (n.to_string(), s)
         } else {
@@ -589,33 +593,35 @@ impl SatelliteJob {
 
     /// Refuse a job whose `processes` processes of `per_process` predicted
     /// bytes each (see [`SatelliteJob::predicted_process_memory`]) would
-    /// not fit in `available` bytes (`MemAvailable` of the node): a run that
-    /// does not fit is killed by the kernel after doing most of its work.
-    /// The front-end skips this check when asked to (`toast-cli run
-    /// --ignore-memory-check`).
+    /// not fit in `available` (the tightest of the node's `MemAvailable`,
+    /// the rlimits and the cgroup's limit: [`presets::memory_bound`]): a run
+    /// that does not fit is killed by the kernel, or aborts on a failed
+    /// allocation, after doing most of its work. The front-end skips this
+    /// check when asked to (`toast-cli run --ignore-memory-check`).
     pub fn check_memory(
         &self,
-        available: f64,
+        available: &presets::MemoryBound,
         per_process: f64,
         processes: usize,
     ) -> Result<(), WorkflowError> {
         let predicted = per_process * processes.max(1) as f64;
-        if predicted > available {
+        if predicted > available.bytes {
             return Err(WorkflowError::Memory {
                 predicted,
                 per_process,
                 processes: processes.max(1),
-                available,
+                available: available.bytes,
+                bound: available.source.clone(),
             });
         }
         Ok(())
     }
 
     /// [`SatelliteJob::check_memory`] on every process of `comm`, with
-    /// `processes_per_node` processes sharing a node's `MemAvailable`; all
-    /// processes take the same decision (the smallest `MemAvailable` of
-    /// them). Nothing is checked when some process cannot read
-    /// `MemAvailable`.
+    /// `processes_per_node` processes sharing a node's memory bound; all
+    /// processes take the same decision (the smallest bound of them, named
+    /// as this process's when it is its own). Nothing is checked when some
+    /// process can read no bound.
     pub fn check_memory_on(
         &self,
         comm: &dyn Comm,
@@ -623,14 +629,22 @@ impl SatelliteJob {
         sim: &SimSatellite,
         processes_per_node: usize,
     ) -> Result<(), WorkflowError> {
-        let mut avail = [presets::mem_available().unwrap_or(-1.0)];
+        let own = presets::memory_bound();
+        let mut avail = [own.as_ref().map_or(-1.0, |b| b.bytes)];
         comm.allreduce_f64(&mut avail, ReduceOp::Min)
             .map_err(|e| WorkflowError::gather("memory check", e))?;
         if avail[0] < 0.0 {
             return Ok(());
         }
+        let bound = match own {
+            Some(b) if b.bytes == avail[0] => b,
+            _ => presets::MemoryBound {
+                bytes: avail[0],
+                source: "the memory bound of another process".into(),
+            },
+        };
         let per_process = self.predicted_process_memory(plan, sim);
-        self.check_memory(avail[0], per_process, processes_per_node)
+        self.check_memory(&bound, per_process, processes_per_node)
     }
 
     /// The focal plane and the simulation operator, which fix the
@@ -970,19 +984,23 @@ fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, W
 }
 
 /// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
-/// reading the data.
+/// reading the data; its I, Q, U units must convert to K
+/// (`sim::check_sky_units`).
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
-    fits::read_healpix_nside(path).map_err(|e| {
+    let sky_map = |reason: String| WorkflowError::SkyMap {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let header = fits::read_healpix_header(path).map_err(|e| {
         // The FITS error starts with the path, which `SkyMap` names already.
         let text = e.to_string();
         let reason = text
             .strip_prefix(&format!("{}: ", path.display()))
             .unwrap_or(&text);
-        WorkflowError::SkyMap {
-            path: path.to_path_buf(),
-            reason: reason.to_string(),
-        }
-    })
+        sky_map(reason.to_string())
+    })?;
+    crate::sim::check_sky_units(&header).map_err(sky_map)?;
+    Ok(header.nside)
 }
 
 fn local_submaps(data: &Data, key: &str) -> usize {
@@ -1290,14 +1308,18 @@ mod tests {
         let plan = j.plan(&mut sim, 1, 1, None).unwrap();
         let per = j.predicted_process_memory(&plan, &sim);
         assert!((per - j.predicted_memory()).abs() <= 1e-6 * per, "{per}");
-        assert!(j.check_memory(per, per, 1).is_ok());
-        assert!(j.check_memory(2.0 * per, per, 2).is_ok());
-        let e = j.check_memory(per - 1.0, per, 1).unwrap_err();
+        let avail = |bytes: f64| presets::MemoryBound {
+            bytes,
+            source: "MemAvailable".into(),
+        };
+        assert!(j.check_memory(&avail(per), per, 1).is_ok());
+        assert!(j.check_memory(&avail(2.0 * per), per, 2).is_ok());
+        let e = j.check_memory(&avail(per - 1.0), per, 1).unwrap_err();
         assert!(matches!(e, WorkflowError::Memory { .. }));
         let msg = e.to_string();
         assert!(msg.contains("--ignore-memory-check"), "{msg}");
         assert!(msg.contains("MemAvailable"), "{msg}");
-        assert!(j.check_memory(1.5 * per, per, 2).is_err());
+        assert!(j.check_memory(&avail(1.5 * per), per, 2).is_err());
         assert!(j
             .check_memory_on(&toast_core::SerialComm, &plan, &sim, 1)
             .is_ok());
