@@ -18,7 +18,11 @@
 # backend is reported unavailable by toast-cli (verify exits 3). The exit
 # status is toast-cli's. TOAST_EMU_THREADS=N runs each launch's blocks on N
 # host threads (default 1: sequential); TOAST_EMU_TRACE=1 prints every
-# failing emulated call with its reason.
+# failing emulated call with its reason. Device faults on demand (see
+# toast-gpu-emu's crate documentation): TOAST_EMU_FAIL=KIND:N fails the Nth
+# call of KIND (alloc, copy, launch, sync), KIND:N+ that one and every later; TOAST_EMU_COUNTS=FILE writes the
+# calls of each kind made so far; TOAST_EMU_MEMORY=BYTES (K/M/G suffixes)
+# sets the device's memory (default 16 GiB).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"

@@ -1,10 +1,11 @@
 //! Compiles the shared device source (`toast-accel/device/kernels.h`) for the
 //! host, behind `prelude_host.h`, and generates one launcher per kernel.
 //!
-//! The kernel list is never written by hand: the source is run through the C
-//! preprocessor with `KERNEL` expanding to a marker, and every
-//! `<marker> void NAME(PARAMS)` in the output is a kernel (including the ones
-//! a macro such as `TOAST_SCAN_MAP` generates). For each, the build emits
+//! The kernel list is never written by hand: `toast-kernel-prototypes` runs
+//! the source through the C preprocessor with `KERNEL` expanding to a
+//! marker, and every `<marker> void NAME(PARAMS)` in the output is a kernel
+//! (including the ones a macro such as `TOAST_SCAN_MAP` generates). For
+//! each, the build emits
 //!
 //! - a C function `toast_emu_run_NAME(params, grid, block, b0, b1)` that
 //!   copies each argument out of the `void **kernelParams` array (by the
@@ -17,169 +18,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-const MARKER: &str = "__toast_host_kernel__";
-
-/// How a kernel parameter is passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Pointer,
-    I64,
-    U64,
-    I32,
-    U8,
-    F64,
-    F32,
-}
-
-impl Kind {
-    fn rust(self) -> &'static str {
-        match self {
-            Kind::Pointer => "Pointer",
-            Kind::I64 => "I64",
-            Kind::U64 => "U64",
-            Kind::I32 => "I32",
-            Kind::U8 => "U8",
-            Kind::F64 => "F64",
-            Kind::F32 => "F32",
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Param {
-    /// The C type, `restrict` removed (and top-level `const` for scalars).
-    ctype: String,
-    kind: Kind,
-}
-
-#[derive(Debug)]
-struct Kernel {
-    name: String,
-    params: Vec<Param>,
-}
-
-/// Tokens of preprocessed C: identifiers/numbers, and single punctuation
-/// characters; line markers (`# 1 "file"`) are skipped.
-fn tokens(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.trim_start().starts_with('#') {
-            continue;
-        }
-        let mut cur = String::new();
-        for c in line.chars() {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                cur.push(c);
-                continue;
-            }
-            if !cur.is_empty() {
-                out.push(std::mem::take(&mut cur));
-            }
-            if !c.is_whitespace() {
-                out.push(c.to_string());
-            }
-        }
-        if !cur.is_empty() {
-            out.push(cur);
-        }
-    }
-    out
-}
-
-fn param(tokens: &[String], kernel: &str) -> Param {
-    let (name, ty) = tokens
-        .split_last()
-        .unwrap_or_else(|| panic!("{kernel}: an empty parameter"));
-    assert!(
-        name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !ty.is_empty(),
-        "{kernel}: cannot read the parameter `{}`",
-        tokens.join(" ")
-    );
-    let ty: Vec<&str> = ty
-        .iter()
-        .map(String::as_str)
-        .filter(|t| *t != "restrict" && *t != "__restrict" && *t != "__restrict__")
-        .collect();
-    if ty.contains(&"*") {
-        return Param {
-            ctype: ty.join(" "),
-            kind: Kind::Pointer,
-        };
-    }
-    let base: Vec<&str> = ty
-        .iter()
-        .copied()
-        .filter(|t| *t != "const" && *t != "volatile")
-        .collect();
-    let kind = match base.as_slice() {
-        ["i64"] | ["int64_t"] | ["long", "long"] => Kind::I64,
-        ["u64"] | ["uint64_t"] => Kind::U64,
-        ["i32"] | ["int32_t"] | ["int"] => Kind::I32,
-        ["u8"] | ["uint8_t"] => Kind::U8,
-        ["double"] => Kind::F64,
-        ["float"] => Kind::F32,
-        other => panic!(
-            "{kernel}: parameter `{name}` has a type the emulator cannot pass: `{}`",
-            other.join(" ")
-        ),
-    };
-    Param {
-        ctype: base.join(" "),
-        kind,
-    }
-}
-
-/// Every `MARKER void NAME ( ... )` in the preprocessed source.
-fn kernels(preprocessed: &str) -> Vec<Kernel> {
-    let t = tokens(preprocessed);
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < t.len() {
-        if t[i] != MARKER {
-            i += 1;
-            continue;
-        }
-        assert!(
-            t.get(i + 1).map(String::as_str) == Some("void")
-                && t.get(i + 3).map(String::as_str) == Some("("),
-            "a KERNEL not followed by `void NAME(`: {:?}",
-            &t[i..(i + 4).min(t.len())]
-        );
-        let name = t[i + 2].clone();
-        let mut depth = 1;
-        let mut j = i + 4;
-        let mut params = Vec::new();
-        let mut cur: Vec<String> = Vec::new();
-        while depth > 0 {
-            let tok = t
-                .get(j)
-                .unwrap_or_else(|| panic!("{name}: unterminated parameter list"));
-            match tok.as_str() {
-                "(" => {
-                    depth += 1;
-                    cur.push(tok.clone());
-                }
-                ")" => {
-                    depth -= 1;
-                    if depth > 0 {
-                        cur.push(tok.clone());
-                    }
-                }
-                "," if depth == 1 => params.push(std::mem::take(&mut cur)),
-                _ => cur.push(tok.clone()),
-            }
-            j += 1;
-        }
-        if !(cur.is_empty() || (cur.len() == 1 && cur[0] == "void")) {
-            params.push(cur);
-        }
-        let params = params.iter().map(|p| param(p, &name)).collect();
-        out.push(Kernel { name, params });
-        i = j;
-    }
-    out
-}
+use toast_kernel_prototypes::Kernel;
 
 fn c_launchers(kernels: &[Kernel]) -> String {
     let mut c = String::from(
@@ -272,22 +111,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
 
     // 1. The kernels' signatures, from the preprocessed source.
-    let scan = out.join("toast_emu_scan.c");
-    std::fs::write(
-        &scan,
-        "#include \"prelude_host.h\"\n#include \"kernels.h\"\n",
-    )
-    .expect("write the scan source");
-    let expanded = base(&device)
-        .define("TOAST_HOST_KERNEL", MARKER)
-        .file(&scan)
-        .expand();
-    let kernels = kernels(&String::from_utf8_lossy(&expanded));
-    assert!(
-        !kernels.is_empty(),
-        "no KERNEL found in {}",
-        device.join("kernels.h").display()
-    );
+    let kernels = toast_kernel_prototypes::scan(&device, &out);
 
     // 2. The kernels and their launchers, compiled for the host.
     let launchers = out.join("toast_emu_kernels.c");

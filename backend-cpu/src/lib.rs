@@ -129,7 +129,7 @@ use kernels::CpuKernel;
 
 static NAME: &[u8] = b"cpu\0";
 static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
-static DESCRIPTION: &[u8] = b"CPU backend: the ten TOAST kernels in Rust with rayon\0";
+static DESCRIPTION: &[u8] = b"CPU backend: every kernel of the table in Rust with rayon\0";
 
 static TABLE: BackendTable = toast_accel::backend_table! {
     init: Some(init),

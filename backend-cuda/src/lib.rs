@@ -3,7 +3,7 @@
 //! device's architecture, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!
-//! This crate is the CUDA [`toast_gpu::Driver`] (`context`): loading the
+//! This crate is the CUDA [`toast_gpu::Driver`] (`driver`): loading the
 //! driver and NVRTC, the device, its stream, memory, copies, module loading
 //! and kernel launches. Everything else (the context the host holds, the
 //! buffer pool and handle table, the kernels' validation, marshalling and
@@ -46,7 +46,10 @@
 //! `$XDG_CACHE_HOME/toast-rs/` (else `~/.cache/toast-rs/`) as
 //! `cuda-<source hash>-<arch>-nvrtc<major>.<minor>.cubin`, so a later
 //! process, or another run after an upgrade of either, reuses or rebuilds it
-//! correctly (`TOAST_KERNEL_CACHE=0` disables the cache). A compile failure
+//! correctly (`TOAST_KERNEL_CACHE=0` disables the cache); an entry that is
+//! cut, damaged or built for another NVRTC or architecture (each entry
+//! carries its length, checksum and identity: `toast_accel::rtc::CacheKey`)
+//! is discarded with a warning and compiled again. A compile failure
 //! is `ERR_COMPILE` with the NVRTC log, the architecture and the kernel the
 //! first error falls in. `toast-cli kernels compile --target cuda --arch
 //! sm_80` runs the same compiler path without a GPU.
@@ -70,10 +73,10 @@
 //! reported through the source's one-element error buffer and become
 //! `ERR_INVALID_ARGUMENT` naming the detector and sample.
 
-mod context;
+mod driver;
 
 toast_gpu::export_plugin!(
-    driver = context::CudaDriver,
+    driver = driver::CudaDriver,
     name = "cuda",
     description = "CUDA backend: the shared device kernels compiled with NVRTC at run time",
 );

@@ -3,7 +3,7 @@
 //! for the device's `gfx` architecture, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!
-//! This crate is the HIP [`toast_gpu::Driver`] (`context`), over the
+//! This crate is the HIP [`toast_gpu::Driver`] (`driver`), over the
 //! runtime functions of [`ffi`] (in place of the CUDA backend's cudarc);
 //! everything else is `toast-gpu`'s generic code, shared with the CUDA
 //! backend, and the plugin's table, header and entry symbol come from
@@ -43,7 +43,9 @@
 //! rounds as the CPU reference does) and loads the code object. It is cached
 //! in `$XDG_CACHE_HOME/toast-rs/` (else `~/.cache/toast-rs/`) as
 //! `hip-<source hash>-<arch>-hiprtc<major>.<minor>.co`
-//! (`TOAST_KERNEL_CACHE=0` disables the cache). A compile failure is
+//! (`TOAST_KERNEL_CACHE=0` disables the cache); a cut, damaged or foreign
+//! entry (see `toast_accel::rtc::CacheKey`) is discarded with a warning and
+//! compiled again. A compile failure is
 //! `ERR_COMPILE` with the hiprtc log, the architecture and the kernel the
 //! first error falls in. `toast-cli kernels compile --target hip --arch
 //! gfx90a` runs the same compiler path without a GPU.
@@ -65,11 +67,11 @@
 //! it defines; data-dependent faults come back through the source's error
 //! buffer as `ERR_INVALID_ARGUMENT` naming the detector and sample.
 
-mod context;
+mod driver;
 pub mod ffi;
 
 toast_gpu::export_plugin!(
-    driver = context::HipDriver,
+    driver = driver::HipDriver,
     name = "hip",
     description = "HIP backend: the shared device kernels compiled with hiprtc at run time",
 );

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use toast_accel::abi;
 use toast_accel::device_source::{fnv1a, Target};
 use toast_accel::plugin_support::PluginError;
-use toast_accel::rtc::{CompileError, Compiled};
+use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 use toast_gpu::{AllocError, Driver, Grid, Param};
 
 /// A device allocation: an OpenCL buffer object. Kernels receive the object
@@ -262,16 +262,19 @@ impl Driver for OpenClDriver {
     /// `opencl-<source hash>-<hash of device, platform, driver>.bin`;
     /// `None` when `TOAST_OPENCL_CACHE=0` (kept beside
     /// `TOAST_KERNEL_CACHE=0`, which turns off every backend's cache).
-    fn cache_file(&self, source_hash: &str) -> Option<String> {
+    fn cache_key(&self, source_hash: &str) -> Option<CacheKey> {
         if std::env::var("TOAST_OPENCL_CACHE").is_ok_and(|v| v.trim() == "0") {
             return None;
         }
         let d = &self.dev;
         let key = format!("{}\0{}\0{}", d.name, d.platform, d.driver);
-        Some(format!(
-            "opencl-{source_hash}-{:016x}.bin",
-            fnv1a(key.as_bytes())
-        ))
+        Some(CacheKey {
+            file: format!("opencl-{source_hash}-{:016x}.bin", fnv1a(key.as_bytes())),
+            identity: format!(
+                "opencl program binary; device {}; platform {}; driver {}",
+                d.name, d.platform, d.driver
+            ),
+        })
     }
 
     fn compile(&self, source: &str) -> Result<Compiled, CompileError> {

@@ -46,8 +46,12 @@
 //! kernel cache (`$TOAST_CACHE_DIR`, else `$XDG_CACHE_HOME/toast-rs`, else
 //! `~/.cache/toast-rs`) as `opencl-<source hash>-<key>.bin`, the key a hash
 //! of the device name, platform and driver version; `TOAST_OPENCL_CACHE=0`
-//! (or `TOAST_KERNEL_CACHE=0` for every backend) turns it off. A cached
-//! binary the runtime refuses is logged and rebuilt from source.
+//! (or `TOAST_KERNEL_CACHE=0` for every backend) turns it off. Each entry
+//! carries its length, a checksum and the device, platform and driver it
+//! was built for (`toast_accel::rtc::CacheKey`), and is written atomically:
+//! a cut, damaged or foreign entry is discarded with a warning before the
+//! runtime sees it (PoCL crashed on a truncated binary), and a binary the
+//! runtime refuses is too; either is rebuilt from source.
 //!
 //! # Memory
 //!

@@ -3,8 +3,9 @@
 //! One adapter per kernel turns the positional arguments TOAST's registry
 //! passes (numpy arrays, Python scalars) into that kernel's ABI argument
 //! struct and launches it on the backend dispatch chose. The adapters are
-//! rows of one table ([`KERNELS`]); the Python package (`toast_rs`) reads it
-//! to know which registry entries to replace.
+//! rows of one table ([`KERNELS`]: the kernels of toast-accel's kernel table
+//! that TOAST's registry has); the Python package (`toast_rs`) reads it to
+//! know which registry entries to replace.
 //!
 //! Arrays cross without copies: an argument's buffer is read through numpy's
 //! `__array_interface__` (address, dtype, shape, contiguity), checked, and
@@ -1121,84 +1122,56 @@ fn filter_poly2d(c: &mut Call<'_, '_>) -> PyResult<()> {
 struct KernelEntry {
     toast_name: &'static str,
     kernel: Kernel,
-    adapt: fn(&mut Call<'_, '_>) -> PyResult<()>,
+    adapt: Adapter,
 }
 
-/// Every TOAST registry kernel toast-rs implements. A kernel added to the
-/// ABI is one more row (and its adapter); the Python package replaces
-/// exactly the registry entries named here and leaves TOAST's others.
-const KERNELS: &[KernelEntry] = &[
-    KernelEntry {
-        toast_name: "pointing_detector",
-        kernel: Kernel::PointingDetector,
-        adapt: pointing_detector,
-    },
-    KernelEntry {
-        toast_name: "pixels_healpix",
-        kernel: Kernel::PixelsHealpix,
-        adapt: pixels_healpix,
-    },
-    KernelEntry {
-        toast_name: "stokes_weights_I",
-        kernel: Kernel::StokesWeightsI,
-        adapt: stokes_weights_i,
-    },
-    KernelEntry {
-        toast_name: "stokes_weights_IQU",
-        kernel: Kernel::StokesWeightsIqu,
-        adapt: stokes_weights_iqu,
-    },
-    KernelEntry {
-        toast_name: "scan_map",
-        kernel: Kernel::ScanMap,
-        adapt: scan_map,
-    },
-    KernelEntry {
-        toast_name: "build_noise_weighted",
-        kernel: Kernel::BuildNoiseWeighted,
-        adapt: build_noise_weighted,
-    },
-    KernelEntry {
-        toast_name: "noise_weight",
-        kernel: Kernel::NoiseWeight,
-        adapt: noise_weight,
-    },
-    KernelEntry {
-        toast_name: "offset_add_to_signal",
-        kernel: Kernel::TemplateOffsetAddToSignal,
-        adapt: offset_add_to_signal,
-    },
-    KernelEntry {
-        toast_name: "offset_project_signal",
-        kernel: Kernel::TemplateOffsetProjectSignal,
-        adapt: offset_project_signal,
-    },
-    KernelEntry {
-        toast_name: "offset_apply_diag_precond",
-        kernel: Kernel::TemplateOffsetApplyDiagPrecond,
-        adapt: offset_apply_diag_precond,
-    },
-    KernelEntry {
-        toast_name: "cov_accum_diag_hits",
-        kernel: Kernel::CovAccumDiagHits,
-        adapt: cov_accum_diag_hits,
-    },
-    KernelEntry {
-        toast_name: "cov_accum_diag_invnpp",
-        kernel: Kernel::CovAccumDiagInvnpp,
-        adapt: cov_accum_diag_invnpp,
-    },
-    KernelEntry {
-        toast_name: "filter_polynomial",
-        kernel: Kernel::FilterPolynomial,
-        adapt: filter_polynomial,
-    },
-    KernelEntry {
-        toast_name: "filter_poly2D",
-        kernel: Kernel::FilterPoly2d,
-        adapt: filter_poly2d,
-    },
-];
+/// The adapter of one kernel from TOAST's positional arguments.
+type Adapter = fn(&mut Call<'_, '_>) -> PyResult<()>;
+
+/// TOAST's registry name of a kernel of the table and its adapter, or
+/// `None` for a kernel of ours that TOAST's registry does not have. The
+/// match is exhaustive: a kernel added to the table does not compile here
+/// until it is given its TOAST name and adapter, or `None`.
+fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
+    Some(match kernel {
+        Kernel::PointingDetector => ("pointing_detector", pointing_detector),
+        Kernel::PixelsHealpix => ("pixels_healpix", pixels_healpix),
+        Kernel::StokesWeightsI => ("stokes_weights_I", stokes_weights_i),
+        Kernel::StokesWeightsIqu => ("stokes_weights_IQU", stokes_weights_iqu),
+        Kernel::ScanMap => ("scan_map", scan_map),
+        Kernel::BuildNoiseWeighted => ("build_noise_weighted", build_noise_weighted),
+        Kernel::NoiseWeight => ("noise_weight", noise_weight),
+        Kernel::TemplateOffsetAddToSignal => ("offset_add_to_signal", offset_add_to_signal),
+        Kernel::TemplateOffsetProjectSignal => ("offset_project_signal", offset_project_signal),
+        Kernel::TemplateOffsetApplyDiagPrecond => {
+            ("offset_apply_diag_precond", offset_apply_diag_precond)
+        }
+        Kernel::CovAccumDiagHits => ("cov_accum_diag_hits", cov_accum_diag_hits),
+        Kernel::CovAccumDiagInvnpp => ("cov_accum_diag_invnpp", cov_accum_diag_invnpp),
+        Kernel::FilterPolynomial => ("filter_polynomial", filter_polynomial),
+        Kernel::FilterPoly2d => ("filter_poly2D", filter_poly2d),
+        // Ours: the map-maker's covariance application and the solver's
+        // vector kernels.
+        Kernel::CovApplyDiag | Kernel::AmpDot | Kernel::AmpAxpby => return None,
+    })
+}
+
+/// Every TOAST registry kernel toast-rs implements: the kernels of the
+/// table ([`Kernel::ALL`], in table order) that TOAST's registry has
+/// ([`toast_entry`]). The Python package replaces exactly the registry
+/// entries named here and leaves TOAST's others.
+static KERNELS: std::sync::LazyLock<Vec<KernelEntry>> = std::sync::LazyLock::new(|| {
+    Kernel::ALL
+        .iter()
+        .filter_map(|&kernel| {
+            toast_entry(kernel).map(|(toast_name, adapt)| KernelEntry {
+                toast_name,
+                kernel,
+                adapt,
+            })
+        })
+        .collect()
+});
 
 fn entry(toast_name: &str) -> PyResult<(usize, &'static KernelEntry)> {
     KERNELS
@@ -1272,7 +1245,7 @@ impl Runtime {
         }
         let mut backends = Vec::new();
         let mut fallbacks = Vec::new();
-        for e in KERNELS {
+        for e in KERNELS.iter() {
             let r = policy
                 .resolve(&registry, e.kernel, None)
                 .map_err(accel_err)?;

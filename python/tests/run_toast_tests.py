@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-# The operators behind the ten kernels, and the tests that use them.
+# The operators behind the registry kernels toast_rs replaces, and the tests that use them.
 MODULES = [
     "ops_pointing_detector",
     "ops_pixels_healpix",

@@ -1,8 +1,10 @@
-/* kernels.h -- the fifteen TOAST kernels and the PCG solver's two vector
- * kernels for every device target (CUDA, HIP, OpenCL), written once in a C
- * subset that NVRTC, hiprtc and OpenCL C 1.2 / 3.0 all accept (11-17 at the
- * end: cov_accum_diag_hits/invnpp, filter_polynomial, filter_poly2D,
- * cov_apply_diag, amp_dot, amp_axpby, with their own launch shapes).  It is compiled after one of prelude_{cuda,hip,opencl}.h, which defines
+/* kernels.h -- every kernel of the kernel table (toast_kernels!: TOAST's
+ * and our own, such as the PCG solver's vector kernels) for every device
+ * target (CUDA, HIP, OpenCL), written once in a C subset that NVRTC, hiprtc
+ * and OpenCL C 1.2 / 3.0 all accept (the kernels after the per-sample ones,
+ * cov_accum_diag_hits/invnpp, filter_polynomial, filter_poly2D,
+ * cov_apply_diag, amp_dot, amp_axpby, have their own launch shapes).  It is
+ * compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
  * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
  * atomic_min_u64.

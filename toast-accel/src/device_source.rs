@@ -1,7 +1,7 @@
 //! The single device-kernel source shared by the GPU plugins (CUDA, HIP,
 //! OpenCL), available without the `host` feature.
 //!
-//! The ten kernels are written once, in `toast-accel/device/kernels.h`, in a
+//! The kernels of the table are written once, in `toast-accel/device/kernels.h`, in a
 //! C subset that NVRTC, hiprtc and the OpenCL C compiler (1.2 and 3.0) all
 //! accept. A short per-target prelude (`device/prelude_{cuda,hip,opencl}.h`)
 //! defines what differs between targets, as the LLVM OpenMP device runtime

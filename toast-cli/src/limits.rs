@@ -40,12 +40,13 @@ pub fn product(factors: &[u128]) -> Option<u128> {
 
 /// Refuse `what` (the options, as given) when the `bytes` of memory it
 /// needs (`None`: more than a `u128` counts) exceed what is available
-/// (`MemAvailable`; where that cannot be read, the address space's
+/// (the tightest of `MemAvailable`, the rlimits and the cgroup's limit:
+/// `presets::memory_bound`; where none can be read, the address space's
 /// `isize::MAX`).
 pub fn check_memory(what: &str, bytes: Option<u128>) -> Result<()> {
-    let (limit, name) = match presets::mem_available() {
-        Some(a) => (a, "available (MemAvailable)"),
-        None => (isize::MAX as f64, "addressable"),
+    let (limit, name) = match presets::memory_bound() {
+        Some(a) => (a.bytes, format!("available (bounded by {})", a.source)),
+        None => (isize::MAX as f64, "addressable".to_string()),
     };
     match bytes {
         None => bail!("{what}: the sizes overflow (their product exceeds 2^128 bytes)"),

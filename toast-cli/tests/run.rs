@@ -57,6 +57,15 @@ fn dry_run_sizes_every_preset() {
             "{case}: {t}"
         );
         assert!(t.contains("predicted peak memory"), "{t}");
+        // The map-maker's execution plan, with its reasons: tiny keeps
+        // the pointing, the larger cases keep it compact.
+        let plan = if case == "tiny" {
+            "map-maker plan: host-kept-fused"
+        } else {
+            "map-maker plan: host-compact-fused (8 detectors a batch)"
+        };
+        assert!(t.contains(plan), "{case}: {t}");
+        assert!(t.contains("  because binner."), "{case}: {t}");
     }
     let o = run(&["--case", "auto", "--dry-run"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -85,6 +94,11 @@ fn tiny_hits_outputs_and_stats() {
         assert!(stats[k].as_f64().unwrap().is_finite(), "{k}: {stats}");
     }
     assert!(stats["cg_iterations"].as_u64().unwrap() >= 1);
+    // The plan the map-maker took, as the dry run names it.
+    let plan = &stats["execution_plan"];
+    assert_eq!(plan["name"], "host-kept", "{stats}");
+    assert_eq!(plan["passes"], "fused", "{stats}");
+    assert!(!plan["why"].as_array().unwrap().is_empty(), "{stats}");
     // The hit map read back sums to the hits.
     let hits =
         toast_ops::io::fits::read_healpix_map(&out.join("mapmaker_hits.fits"), None).unwrap();
@@ -341,7 +355,7 @@ fn derived_sizes_and_memory_are_checked_before_work() {
     let d = run(&dry);
     let t = text(&d);
     assert_eq!(d.status.code(), Some(0), "{t}");
-    if t.contains("MemAvailable") {
+    if t.contains("available memory: ") {
         assert!(t.contains("does not fit"), "{t}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -429,6 +443,9 @@ fn opencl_and_cpu_give_the_same_maps() {
         .as_u64()
         .unwrap_or(0);
     assert!(h2d > 0, "no opencl transfers in stats.json: {stats}");
+    // A device run keeps the pointing on the device (the workflow keeps it
+    // for tiny).
+    assert_eq!(stats["execution_plan"]["name"], "device-kept", "{stats}");
     // The solve is device-resident: per CG iteration nothing goes up and
     // only the dot products' partial sums come down (at most three dot
     // products of 256 f64s, whatever the number of amplitudes), never an

@@ -46,14 +46,25 @@ impl DetData {
         sample_shape: &[usize],
         n_samples: usize,
         detectors: Vec<String>,
-    ) -> Self {
+    ) -> Result<Self, DataError> {
         let index = detectors
             .iter()
             .enumerate()
             .map(|(i, d)| (d.clone(), i))
             .collect();
-        let len = detectors.len() * n_samples * elements_per_sample(sample_shape);
-        DetData {
+        let elements = (detectors.len() as u128)
+            * (n_samples as u128)
+            * (elements_per_sample(sample_shape) as u128);
+        let data = usize::try_from(elements)
+            .ok()
+            .and_then(|len| Column::try_zeros(dtype, len))
+            .ok_or_else(|| DataError::OutOfMemory {
+                observation: observation.to_string(),
+                category: Category::DetData,
+                field: name.to_string(),
+                bytes: u64::try_from(elements * dtype.size() as u128).unwrap_or(u64::MAX),
+            })?;
+        Ok(DetData {
             observation,
             name: name.to_string(),
             sample_shape: sample_shape.to_vec(),
@@ -61,8 +72,8 @@ impl DetData {
             detectors,
             index,
             units: String::new(),
-            data: Column::zeros(dtype, len),
-        }
+            data,
+        })
     }
 
     /// Field name.
@@ -317,7 +328,7 @@ impl DetDataManager {
             sample_shape,
             self.n_samples,
             dets,
-        ));
+        )?);
         Ok(Created::New)
     }
 

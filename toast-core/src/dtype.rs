@@ -143,6 +143,20 @@ impl Column {
         }
     }
 
+    /// `len` zeros of type `dtype`, or `None` when the memory cannot be
+    /// had (see [`crate::mem::try_zeroed`]): for the large per-observation
+    /// buffers, whose failed allocation must be an error, not an abort.
+    pub fn try_zeros(dtype: DType, len: usize) -> Option<Self> {
+        use crate::mem::try_zeroed;
+        Some(match dtype {
+            DType::F64 => Column::F64(try_zeroed(len)?),
+            DType::F32 => Column::F32(try_zeroed(len)?),
+            DType::I64 => Column::I64(try_zeroed(len)?),
+            DType::I32 => Column::I32(try_zeroed(len)?),
+            DType::U8 => Column::U8(try_zeroed(len)?),
+        })
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         match self {

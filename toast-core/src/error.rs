@@ -110,6 +110,18 @@ pub enum DataError {
         actual: Vec<usize>,
     },
     /// `create` of a field that exists with another type or shape.
+    /// The memory of a new field could not be allocated (an address-space
+    /// or data limit, or no memory left): an error, not an abort.
+    #[error(
+        "observation '{observation}': cannot allocate {bytes} bytes for {category} field \
+         '{field}' (out of memory)"
+    )]
+    OutOfMemory {
+        observation: String,
+        category: Category,
+        field: String,
+        bytes: u64,
+    },
     #[error(
         "observation '{observation}': {category} field '{field}' already exists as \
          {existing_dtype} {existing_shape:?}; cannot create it as {dtype} {shape:?}"

@@ -103,6 +103,7 @@ pub mod detdata;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod input;
 pub mod instrument;
 pub mod intervals;
 pub mod mem;

@@ -34,6 +34,27 @@ pub fn zeroed_large<T: bytemuck::Zeroable + Clone>(n: usize) -> Vec<T> {
     v
 }
 
+/// `n` zeroed elements, or `None` when the memory cannot be had (an
+/// address-space or data limit, no memory left, a size past `isize::MAX`)
+/// where `vec![0; n]` would abort the process. Zeroed the way `vec!` does
+/// (a calloc-like allocation: pages stay untouched until written).
+pub fn try_zeroed<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        return Some((0..n).map(|_| T::zeroed()).collect());
+    }
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of
+    // `[T; n]` (size and alignment as a `Vec<T>` of capacity `n` has), and
+    // all its `n` elements are initialised: zero bytes are a valid `T`
+    // (`Zeroable`).
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
 #[cfg(target_os = "linux")]
 fn advise_hugepages<T>(v: &[T]) {
     const PAGE: usize = 4096;
@@ -218,6 +239,14 @@ mod tests {
             .unwrap();
         std::fs::remove_file(&path).unwrap();
         assert!(back == data);
+    }
+
+    #[test]
+    fn try_zeroed_gives_zeros_or_none() {
+        assert_eq!(try_zeroed::<f64>(1000), Some(vec![0.0f64; 1000]));
+        assert_eq!(try_zeroed::<u8>(0), Some(Vec::new()));
+        assert_eq!(try_zeroed::<()>(5).map(|v| v.len()), Some(5));
+        assert!(try_zeroed::<f64>(usize::MAX / 4).is_none());
     }
 
     #[test]

@@ -163,13 +163,22 @@ impl SharedData {
             }
             return Ok(false);
         }
-        let len = n_rows * sample_shape.iter().product::<usize>();
+        let elements = (n_rows as u128) * (sample_shape.iter().product::<usize>() as u128);
+        let data = usize::try_from(elements)
+            .ok()
+            .and_then(|len| Column::try_zeros(dtype, len))
+            .ok_or_else(|| DataError::OutOfMemory {
+                observation: self.observation.to_string(),
+                category: Category::Shared,
+                field: name.to_string(),
+                bytes: u64::try_from(elements * dtype.size() as u128).unwrap_or(u64::MAX),
+            })?;
         self.fields.push(SharedField {
             observation: self.observation.clone(),
             name: name.to_string(),
             n_rows,
             sample_shape: sample_shape.to_vec(),
-            data: Column::zeros(dtype, len),
+            data,
         });
         Ok(true)
     }

@@ -6,8 +6,8 @@
 //! copy, fill and free is checked against it first: an address that is not
 //! inside a live allocation, or a range that runs past its end, is an error
 //! the API turns into its own code, never a fault. The emulated device has
-//! [`TOTAL_MEMORY`] bytes; an allocation beyond what is left is out of
-//! memory. New allocations are filled with [`FILL`], so a plugin that reads
+//! [`total_memory`] bytes (16 GiB, or `TOAST_EMU_MEMORY`); an allocation
+//! beyond what is left is out of memory. New allocations are filled with [`FILL`], so a plugin that reads
 //! memory it never wrote gets garbage, as on a device, not zeros.
 
 use crate::EmuError;
@@ -15,8 +15,18 @@ use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-/// The emulated device's memory size: 16 GiB.
-pub const TOTAL_MEMORY: u64 = 16 << 30;
+/// The emulated device's memory size unless `TOAST_EMU_MEMORY` says
+/// otherwise: 16 GiB.
+pub const DEFAULT_TOTAL_MEMORY: u64 = 16 << 30;
+
+/// The emulated device's memory size: `TOAST_EMU_MEMORY` (bytes, or with a
+/// `K`, `M` or `G` suffix: powers of 1024), else [`DEFAULT_TOTAL_MEMORY`].
+pub fn total_memory() -> u64 {
+    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        crate::faults::env_bytes("TOAST_EMU_MEMORY").unwrap_or(DEFAULT_TOTAL_MEMORY)
+    })
+}
 
 /// The alignment of every allocation.
 pub const ALIGN: usize = 256;
@@ -73,10 +83,11 @@ impl Table {
 /// Allocate `bytes` (> 0) bytes of emulated device memory.
 pub fn alloc(bytes: u64) -> Result<u64, EmuError> {
     let mut t = table();
-    if bytes > TOTAL_MEMORY - t.used {
+    let total = total_memory();
+    if bytes > total.saturating_sub(t.used) {
         return Err(EmuError::OutOfMemory(format!(
-            "{bytes} bytes requested, {} of {TOTAL_MEMORY} free",
-            TOTAL_MEMORY - t.used
+            "{bytes} bytes requested, {} of {total} free",
+            total.saturating_sub(t.used)
         )));
     }
     let layout = usize::try_from(bytes)
@@ -115,7 +126,8 @@ pub fn free(addr: u64) -> Result<(), EmuError> {
 /// Bytes in use and the total, as `cuMemGetInfo` reports them (free, total).
 pub fn info() -> (u64, u64) {
     let t = table();
-    (TOTAL_MEMORY - t.used, TOTAL_MEMORY)
+    let total = total_memory();
+    (total.saturating_sub(t.used), total)
 }
 
 /// Whether `addr` is inside a live allocation (kernel pointer parameters).

@@ -62,7 +62,8 @@
 //!   sequential execution. Pointer arguments are checked to lie in a live
 //!   allocation, but accesses inside a kernel are not bounds-checked: an
 //!   out-of-bounds access reads or writes host memory (a device would fault
-//!   or silently corrupt too). The emulated device has 16 GiB; allocations
+//!   or silently corrupt too). The emulated device has 16 GiB (or
+//!   `TOAST_EMU_MEMORY`: see "Fault injection" below); allocations
 //!   are 256-byte aligned and filled with `0xA5` bytes.
 //! - **Streams.** Everything runs synchronously at the call (an `…Async`
 //!   copy has completed when it returns); stream handles are checked, never
@@ -80,10 +81,35 @@
 //!   never executed: a miscompilation by NVRTC or hiprtc, or a bug only in
 //!   device code generation, is not caught here.
 //!
+//! # Fault injection
+//!
+//! Device faults happen half-way through a run on a real GPU (a launch that
+//! fails, a copy that faults, an allocation that does not fit); the
+//! emulators make them on demand, so the plugins' and the host's handling
+//! of each is tested ([`faults`]):
+//!
+//! - `TOAST_EMU_FAIL=KIND:N` makes the `N`th call (1-based) of one kind fail:
+//!   `alloc` (`cuMemAlloc`, `hipMalloc`: out of memory), `copy` (the
+//!   copies and fills), `launch` (`cuLaunchKernel`, `hipModuleLaunchKernel`)
+//!   or `sync` (`cuStreamSynchronize`, `hipStreamSynchronize`); the last
+//!   three fail as a device fault does (`CUDA_ERROR_LAUNCH_FAILED`,
+//!   `hipErrorLaunchFailure`). Only that call fails; with `KIND:N+` every
+//!   later call of the kind fails too (an exhausted device stays so: a
+//!   single failed allocation is absorbed by the plugins' memory pool,
+//!   which releases its cached blocks and retries).
+//! - `TOAST_EMU_COUNTS=FILE` writes the number of calls of each kind made
+//!   so far to `FILE` (`alloc N` lines) after every counted call: how a test
+//!   learns the range of `N` to sweep.
+//! - `TOAST_EMU_MEMORY=BYTES` sets the emulated device's memory (default
+//!   16 GiB; `K`, `M`, `G` suffixes are powers of 1024).
+//!
+//! A malformed value is reported on standard error once and ignored.
+//!
 //! Only a real GPU exercises the vendor driver itself, device code
 //! generation, concurrency inside a launch and asynchronous streams.
 
 pub mod api;
+pub mod faults;
 pub mod heap;
 pub mod image;
 pub mod kernels;
@@ -119,6 +145,8 @@ pub enum EmuError {
     NotSupported(String),
     /// A panic inside the emulator (a bug here).
     Internal(String),
+    /// A device fault injected by `TOAST_EMU_FAIL` ([`faults`]).
+    Injected(String),
 }
 
 impl EmuError {
@@ -136,7 +164,8 @@ impl EmuError {
             | EmuError::NotInitialized(m)
             | EmuError::InvalidContext(m)
             | EmuError::NotSupported(m)
-            | EmuError::Internal(m) => m,
+            | EmuError::Internal(m)
+            | EmuError::Injected(m) => m,
         }
     }
 }
@@ -149,13 +178,15 @@ pub fn call(
     name: &str,
     f: impl FnOnce() -> Result<(), EmuError>,
 ) -> Result<(), EmuError> {
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        Err(EmuError::Internal(format!("panic: {msg}")))
+    let r = faults::before_call(name).and_then(|()| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(EmuError::Internal(format!("panic: {msg}")))
+        })
     });
     if let Err(e) = &r {
         if std::env::var_os("TOAST_EMU_TRACE").is_some_and(|v| !v.is_empty()) {

@@ -183,32 +183,47 @@ impl<D: Driver> Context<D> {
     }
 
     /// Compile the shared source (or read it from the disk cache) and load
-    /// it. Cached code that the driver refuses to load (a stale or damaged
-    /// file) is logged and replaced by a fresh compilation.
+    /// it. A cache entry that is refused (cut short, damaged, built for
+    /// another compiler or device: `rtc::cache_read`) or that the driver
+    /// refuses to load is logged as a warning, removed, and replaced by a
+    /// fresh compilation.
     fn build_module(&self) -> Result<HashMap<&'static str, D::Kernel>, PluginError> {
         let name = D::NAME;
         let source = ds::source(D::TARGET);
         let hash = format!("{:016x}", ds::source_hash(D::TARGET));
-        let file = self.driver.cache_file(&hash);
-        if let Some((file, code)) = file
-            .as_deref()
-            .and_then(|f| rtc::cache_read(f).map(|c| (f, c)))
-        {
+        let key = self.driver.cache_key(&hash);
+        let cached = key.as_ref().and_then(|k| match rtc::cache_read(k) {
+            Ok(code) => code,
+            Err(reason) => {
+                self.log(
+                    abi::LOG_WARN,
+                    &format!(
+                        "{name}: cached device code ({}) discarded, compiling again: {reason}",
+                        k.file
+                    ),
+                );
+                None
+            }
+        });
+        if let (Some(key), Some(code)) = (&key, cached) {
             match self.driver.load_module(&code, ds::KERNEL_NAMES) {
                 Ok(kernels) => {
                     self.log(
                         abi::LOG_DEBUG,
-                        &format!("{name}: device code from the cache ({file})"),
+                        &format!("{name}: device code from the cache ({})", key.file),
                     );
                     return Ok(ds::KERNEL_NAMES.iter().copied().zip(kernels).collect());
                 }
-                Err(e) => self.log(
-                    abi::LOG_WARN,
-                    &format!(
-                        "{name}: cached device code ({file}) not loaded, compiling again: {}",
-                        e.message
-                    ),
-                ),
+                Err(e) => {
+                    rtc::cache_discard(key);
+                    self.log(
+                        abi::LOG_WARN,
+                        &format!(
+                            "{name}: cached device code ({}) not loaded, compiling again: {}",
+                            key.file, e.message
+                        ),
+                    )
+                }
             }
         }
         let c = self.driver.compile(&source).map_err(|e| {
@@ -226,8 +241,8 @@ impl<D: Driver> Context<D> {
                 ),
             );
         }
-        if let Some(file) = &file {
-            rtc::cache_write(file, &c.code);
+        if let Some(key) = &key {
+            rtc::cache_write(key, &c.code);
         }
         let kernels = self.driver.load_module(&c.code, ds::KERNEL_NAMES)?;
         Ok(ds::KERNEL_NAMES.iter().copied().zip(kernels).collect())
@@ -257,4 +272,21 @@ impl<D: Driver> Drop for Context<D> {
             self.memory.release_all(&self.driver);
         }
     }
+}
+
+/// The context behind a `ctx` pointer, made current on this thread.
+///
+/// # Safety
+/// `ctx` is null or a pointer `init` returned and `shutdown` has not freed.
+pub(crate) unsafe fn ctx_ref<'a, D: Driver>(
+    ctx: *mut c_void,
+) -> Result<&'a Context<D>, PluginError> {
+    if ctx.is_null() {
+        return Err(PluginError::invalid("null backend context"));
+    }
+    // SAFETY: by the caller's contract, a live `Context<D>` made by `init`
+    // (the table hands each plugin's contexts only to its own entries).
+    let c = unsafe { &*(ctx as *const Context<D>) };
+    c.driver.bind()?;
+    Ok(c)
 }

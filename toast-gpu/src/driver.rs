@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::fmt;
 use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
-use toast_accel::rtc::{CompileError, Compiled};
+use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 
 /// One device opened through one GPU API: what a backend supplies.
 ///
@@ -136,11 +136,13 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     /// Wait for everything queued on the device.
     fn synchronize(&self) -> Result<(), PluginError>;
 
-    /// The file name of the compiled code of the source whose hash is
-    /// `source_hash` in the disk cache (`toast_accel::rtc::cache_read`),
-    /// naming everything the code depends on (architecture, compiler
-    /// version); `None` when this driver caches nothing.
-    fn cache_file(&self, source_hash: &str) -> Option<String>;
+    /// Where the compiled code of the source whose hash is `source_hash`
+    /// lives in the disk cache (`toast_accel::rtc::cache_read`): a file
+    /// name naming everything the code depends on (architecture, compiler
+    /// version), and the identity stored in the entry and checked on every
+    /// read (compiler and version, device, driver); `None` when this driver
+    /// caches nothing.
+    fn cache_key(&self, source_hash: &str) -> Option<CacheKey>;
 
     /// Compile the device source for this device.
     fn compile(&self, source: &str) -> Result<Compiled, CompileError>;

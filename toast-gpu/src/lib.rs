@@ -29,7 +29,7 @@
 //!   compiled on the first kernel call or read from the disk cache.
 //! - [`memory`]: the size-class pool and the handle table (handles are
 //!   tagged counters, never device addresses).
-//! - [`kernels`]: the ten kernels' validation (`toast_accel::check`),
+//! - [`kernels`]: every table kernel's validation (`toast_accel::check`),
 //!   argument marshalling and launch planning (how a call is split into
 //!   launches so that no two threads of one launch write the same element).
 //! - `small_cache`: the device copies of recent calls' small read-only

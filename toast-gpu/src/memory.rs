@@ -35,6 +35,13 @@ use std::sync::Mutex;
 use toast_accel::abi;
 use toast_accel::plugin_support::PluginError;
 
+/// What an out-of-memory error adds: what lowers the need. The device
+/// memory a run needs grows with the detector data each process holds, so
+/// fewer detectors per process lower it.
+const OUT_OF_MEMORY_HINT: &str = "; to need less device memory, run fewer detectors per \
+    process (toast-cli run --n-det, a smaller --case, or more processes per group with \
+    --group-size), or run on the cpu backend";
+
 /// What the pool needs from the device: a narrower view of [`Driver`]
 /// (every driver is one), which the tests implement with a fake device.
 pub(crate) trait DeviceAlloc {
@@ -60,6 +67,11 @@ pub(crate) trait DeviceAlloc {
     fn max_block(&self) -> u64 {
         u64::MAX
     }
+    /// Free and total device memory in bytes (`Driver::mem_info`; 0 free:
+    /// unknown), for out-of-memory messages.
+    fn free_and_total(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 impl<D: Driver> DeviceAlloc for D {
@@ -80,6 +92,9 @@ impl<D: Driver> DeviceAlloc for D {
     }
     fn max_block(&self) -> u64 {
         self.max_allocation()
+    }
+    fn free_and_total(&self) -> (u64, u64) {
+        self.mem_info()
     }
 }
 
@@ -183,14 +198,24 @@ impl<B: Copy> Memory<B> {
                     }
                     g.cached_bytes = 0;
                     dev.raw_alloc(class).map_err(|e| {
-                        let status = match e {
-                            AllocError::OutOfMemory(_) => abi::ERR_OUT_OF_MEMORY,
-                            AllocError::Failed(_) => abi::ERR_DEVICE,
+                        let (status, hint) = match e {
+                            AllocError::OutOfMemory(_) => {
+                                (abi::ERR_OUT_OF_MEMORY, OUT_OF_MEMORY_HINT)
+                            }
+                            AllocError::Failed(_) => (abi::ERR_DEVICE, ""),
+                        };
+                        let (free, total) = dev.free_and_total();
+                        let free = if free == 0 && total > 0 {
+                            "unknown".to_string()
+                        } else {
+                            free.to_string()
                         };
                         PluginError::new(
                             status,
                             format!(
-                                "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: {} ({} bytes live in {} buffers)",
+                                "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: {} \
+                                 (device memory: {free} bytes free of {total}; {} bytes live in {} \
+                                 buffers){hint}",
                                 e.message(),
                                 g.live_bytes,
                                 g.live.len()

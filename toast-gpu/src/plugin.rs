@@ -5,7 +5,7 @@
 //! [`export_plugin!`](crate::export_plugin), with the table and header it
 //! returns.
 
-use crate::context::Context;
+use crate::context::{ctx_ref, Context};
 use crate::driver::Driver;
 use crate::kernels::entries;
 use std::ffi::{c_char, c_void};
@@ -82,23 +82,6 @@ pub fn unavailable_reason<D: Driver>() -> Option<String> {
         Err(e) if e.status == abi::ERR_UNAVAILABLE => Some(e.message),
         Err(e) => Some(format!("init failed: {}", e.message)),
     }
-}
-
-/// The context behind a `ctx` pointer, made current on this thread.
-///
-/// # Safety
-/// `ctx` is null or a pointer `init` returned and `shutdown` has not freed.
-pub(crate) unsafe fn ctx_ref<'a, D: Driver>(
-    ctx: *mut c_void,
-) -> Result<&'a Context<D>, PluginError> {
-    if ctx.is_null() {
-        return Err(PluginError::invalid("null backend context"));
-    }
-    // SAFETY: by the caller's contract, a live `Context<D>` made by `init`
-    // (the table hands each plugin's contexts only to its own entries).
-    let c = unsafe { &*(ctx as *const Context<D>) };
-    c.driver.bind()?;
-    Ok(c)
 }
 
 fn buffer_name(name: *const c_char) -> String {

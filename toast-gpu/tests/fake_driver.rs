@@ -152,7 +152,7 @@ impl Driver for Fake {
         Ok(())
     }
 
-    fn cache_file(&self, _source_hash: &str) -> Option<String> {
+    fn cache_key(&self, _source_hash: &str) -> Option<toast_accel::rtc::CacheKey> {
         None
     }
 

@@ -3,12 +3,15 @@
 //!
 //! # Layers of this crate (bottom to top)
 //!
-//! Each folder is a layer; a module uses only the layers below it.
+//! Each folder is a layer; a module uses only the layers below it
+//! (`tests/layers.rs` checks it; `sysinfo` and [`dist`] are leaves).
 //!
 //! * [`math`]: HEALPix indexing, quaternions, spherical-harmonic synthesis,
 //!   the counter-based random generators. Plain functions over slices.
 //! * [`astro`]: the Earth's ephemeris, TOAST's satellite scan strategy and
 //!   the benchmark's focal plane. Plain functions.
+//! * [`noise_model`]: TOAST's analytic noise model (the PSD and the
+//!   detector weights), read by the noise weighting and the simulation.
 //! * [`io`]: HEALPix maps in FITS and Mollweide PNG plots.
 //! * [`pixels`]: `PixelDistribution` (submaps, `global2local`) and
 //!   `PixelData<T>` (TOAST's `toast.pixels`), with the map reductions
@@ -64,6 +67,7 @@ pub mod dist;
 pub mod io;
 pub mod mapmaker;
 pub mod math;
+pub mod noise_model;
 pub mod ops;
 pub mod pixels;
 pub mod sim;

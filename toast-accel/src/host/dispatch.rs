@@ -128,6 +128,21 @@ impl DispatchPolicy {
         self
     }
 
+    /// Set the run-wide backend from a user's input (`--backend`), checked
+    /// as [`DispatchPolicy::apply`] checks a backend name.
+    pub fn set_run(&mut self, backend: &str) -> Result<(), AccelError> {
+        if !valid_backend_name(backend) {
+            return Err(policy_error(
+                &format!("run={backend}"),
+                format!(
+                    "`{backend}` is not a backend name (letters, digits, `_` and `-`, not empty)"
+                ),
+            ));
+        }
+        self.run = Some(backend.to_string());
+        Ok(())
+    }
+
     /// Set (or clear) the pipeline backend.
     pub fn with_pipeline(mut self, backend: Option<&str>) -> Self {
         self.pipeline = backend.map(str::to_string);
@@ -197,6 +212,30 @@ impl DispatchPolicy {
         Ok(())
     }
 
+    /// The settings of this policy as `(key, backend)` pairs, keys as
+    /// [`DispatchPolicy::apply`] reads them (`run`, `pipeline`,
+    /// `operator.NAME`, `kernel.NAME`), highest level last.
+    pub fn named_backends(&self) -> Vec<(String, &str)> {
+        let mut v: Vec<(String, &str)> = Vec::new();
+        v.extend(self.run.as_deref().map(|b| ("run".to_string(), b)));
+        v.extend(
+            self.pipeline
+                .as_deref()
+                .map(|b| ("pipeline".to_string(), b)),
+        );
+        v.extend(
+            self.operators
+                .iter()
+                .map(|(op, b)| (format!("operator.{op}"), b.as_str())),
+        );
+        v.extend(
+            self.kernels
+                .iter()
+                .map(|(k, b)| (format!("kernel.{}", k.name()), b.as_str())),
+        );
+        v
+    }
+
     /// A policy from settings as [`DispatchPolicy::apply`] reads them.
     pub fn from_settings<I, S>(settings: I) -> Result<Self, AccelError>
     where
@@ -223,20 +262,10 @@ impl DispatchPolicy {
     /// The settings, one string each, in the form [`DispatchPolicy::apply`]
     /// reads.
     pub fn settings(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if let Some(r) = &self.run {
-            v.push(format!("run={r}"));
-        }
-        if let Some(p) = &self.pipeline {
-            v.push(format!("pipeline={p}"));
-        }
-        for (o, b) in &self.operators {
-            v.push(format!("operator.{o}={b}"));
-        }
-        for (k, b) in &self.kernels {
-            v.push(format!("kernel.{k}={b}"));
-        }
-        v
+        self.named_backends()
+            .into_iter()
+            .map(|(key, backend)| format!("{key}={backend}"))
+            .collect()
     }
 
     /// The backends to try for `kernel` called by `operator`, in order, with

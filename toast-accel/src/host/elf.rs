@@ -60,7 +60,7 @@ fn check_format(_path: &Path, _len: u64) -> Option<String> {
 
 #[cfg(not(any(target_os = "macos", target_os = "ios", windows)))]
 fn check_format(path: &Path, len: u64) -> Option<String> {
-    let mut file = match std::fs::File::open(path) {
+    let mut file = match toast_core::input::open_regular(path) {
         Ok(f) => f,
         Err(e) => return Some(format!("cannot open it: {e}")),
     };

@@ -4,6 +4,7 @@
 
 use super::{CompileError, Compiled};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::Path;
 
 type RtcProgram = *mut c_void;
 type RtcResult = c_int;
@@ -59,6 +60,10 @@ impl Hiprtc {
         };
         let mut errs = Vec::new();
         for n in &names {
+            if let Err(e) = super::check_library_path(Path::new(n)) {
+                errs.push(e);
+                continue;
+            }
             // SAFETY: as in `open_first`.
             let lib = match unsafe { libloading::Library::new(n.as_str()) } {
                 Ok(l) => l,

@@ -53,6 +53,22 @@ pub fn dl_error(e: &libloading::Error) -> String {
     std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
 }
 
+/// A library given by path (with a `/`, as `TOAST_NVRTC_LIB` and
+/// `TOAST_HIPRTC_LIB` give it) must be a regular file before the dynamic
+/// loader opens it: `dlopen` of a FIFO blocks forever
+/// (`toast_core::input::open_regular`). A bare name is the loader's search.
+pub fn check_library_path(path: &std::path::Path) -> Result<(), String> {
+    if path.as_os_str().as_encoded_bytes().contains(&b'/') {
+        toast_core::input::open_regular(path).map_err(
+            |e| match toast_core::input::not_regular(&e) {
+                Some(n) => n.to_string(),
+                None => format!("{}: {e}", path.display()),
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// The directory compiled modules are cached in: `$TOAST_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/toast-rs`, else `~/.cache/toast-rs`; `None` when none
 /// of these variables is set or `TOAST_KERNEL_CACHE=0`.
@@ -70,23 +86,145 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("toast-rs"))
 }
 
-/// Read a cached module, if present.
-pub fn cache_read(file: &str) -> Option<Vec<u8>> {
-    let p = cache_dir()?.join(file);
-    std::fs::read(p).ok().filter(|b| !b.is_empty())
+/// A compiled module's place in the disk cache and what it was built for.
+///
+/// # The entry format
+///
+/// A cache entry is [`CACHE_MAGIC`], then the identity's length (u32, little
+/// endian) and bytes, the code's length (u64) and the FNV-1a hash of the
+/// identity and the code together (u64), then the code. A file cut short
+/// (a disk that filled while it was written), damaged, of an older format or
+/// built for another compiler or device (its identity differs from the
+/// key's) is refused by [`cache_read`] with the reason, before any driver
+/// sees it: a driver handed a truncated program binary may crash (PoCL did,
+/// with SIGSEGV, in every later run). Entries are written to a temporary
+/// file in the same directory, flushed and renamed, so no reader ever sees a
+/// partial one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheKey {
+    /// The file name in [`cache_dir`] (source hash and target in the name).
+    pub file: String,
+    /// The compiler, its version and the device or driver the code is for,
+    /// stored in the entry and compared on every read.
+    pub identity: String,
 }
 
-/// Store a module in the cache (best effort: a read-only cache is not an
-/// error). Written to a temporary file and renamed, so concurrent processes
-/// never see a partial file.
-pub fn cache_write(file: &str, code: &[u8]) {
+/// The first bytes of every cache entry (the format's version in the last).
+pub const CACHE_MAGIC: &[u8; 8] = b"TOASTKC\x01";
+
+/// The largest cache entry read (a module is a few MiB).
+const MAX_CACHE_ENTRY: u64 = 1 << 30;
+
+/// The entry of `code` built for `identity` (see [`CacheKey`]).
+pub fn cache_entry(identity: &str, code: &[u8]) -> Vec<u8> {
+    let mut e = Vec::with_capacity(code.len() + identity.len() + 28);
+    e.extend_from_slice(CACHE_MAGIC);
+    e.extend_from_slice(&(identity.len() as u32).to_le_bytes());
+    e.extend_from_slice(identity.as_bytes());
+    e.extend_from_slice(&(code.len() as u64).to_le_bytes());
+    e.extend_from_slice(&entry_hash(identity, code).to_le_bytes());
+    e.extend_from_slice(code);
+    e
+}
+
+fn entry_hash(identity: &str, code: &[u8]) -> u64 {
+    let mut bytes = Vec::with_capacity(identity.len() + 1 + code.len());
+    bytes.extend_from_slice(identity.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(code);
+    crate::device_source::fnv1a(&bytes)
+}
+
+/// The code of `entry` if it is a whole entry built for `identity`, else
+/// why not.
+pub fn cache_code<'a>(identity: &str, entry: &'a [u8]) -> Result<&'a [u8], String> {
+    fn take<'a>(b: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
+        if b.len() < n {
+            return Err(format!("cut short in its {what}"));
+        }
+        let (h, t) = b.split_at(n);
+        *b = t;
+        Ok(h)
+    }
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let mut b = entry;
+    if take(&mut b, CACHE_MAGIC.len(), "header")? != CACHE_MAGIC {
+        return Err("not a toast-rs cache entry of this version".into());
+    }
+    let n = u32::from_le_bytes(take(&mut b, 4, "header")?.try_into().expect("4 bytes"));
+    let stored = take(&mut b, n as usize, "identity")?;
+    if stored != identity.as_bytes() {
+        return Err(format!(
+            "built for `{}`, not `{identity}`",
+            String::from_utf8_lossy(stored)
+        ));
+    }
+    let len = u64_at(take(&mut b, 8, "header")?);
+    let hash = u64_at(take(&mut b, 8, "header")?);
+    if b.len() as u64 != len {
+        return Err(format!(
+            "{} bytes of code where its header says {len}",
+            b.len()
+        ));
+    }
+    if entry_hash(identity, b) != hash {
+        return Err("its checksum does not match its code".into());
+    }
+    Ok(b)
+}
+
+/// The cached code of `key`: `Ok(None)` when there is none (or no cache),
+/// `Err` with the reason when the entry is refused (see [`CacheKey`]); a
+/// refused entry is removed, so the caller compiles again and rewrites it.
+pub fn cache_read(key: &CacheKey) -> Result<Option<Vec<u8>>, String> {
+    let Some(dir) = cache_dir() else {
+        return Ok(None);
+    };
+    let path = dir.join(&key.file);
+    let entry = match toast_core::input::read_regular(&path, MAX_CACHE_ENTRY) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot be read: {e}")),
+    };
+    match cache_code(&key.identity, &entry) {
+        Ok(code) => Ok(Some(code.to_vec())),
+        Err(reason) => {
+            cache_discard(key);
+            Err(reason)
+        }
+    }
+}
+
+/// Remove the entry of `key` (one its driver refused, or a damaged one);
+/// only a regular file is removed.
+pub fn cache_discard(key: &CacheKey) {
+    if let Some(path) = cache_dir().map(|d| d.join(&key.file)) {
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Store a module in the cache (best effort: a read-only or full cache is
+/// not an error). Written to a temporary file of this process and thread,
+/// flushed to the disk and renamed, so readers see the whole entry or the
+/// previous one, never a partial file; the temporary file is removed
+/// whatever happens.
+pub fn cache_write(key: &CacheKey, code: &[u8]) {
+    use std::io::Write;
     let Some(dir) = cache_dir() else { return };
     if std::fs::create_dir_all(&dir).is_err() {
         return;
     }
-    let tmp = dir.join(format!("{file}.{}.tmp", std::process::id()));
-    if std::fs::write(&tmp, code).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join(file));
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{}.{}-{seq}.tmp", key.file, std::process::id()));
+    let written = std::fs::File::create_new(&tmp).and_then(|mut f| {
+        f.write_all(&cache_entry(&key.identity, code))?;
+        f.sync_all()
+    });
+    if written.is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join(&key.file));
     }
     let _ = std::fs::remove_file(&tmp);
 }
@@ -143,6 +281,33 @@ fn first_error_line(log: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    /// Every damage to an entry is refused with its reason, before the
+    /// code reaches a driver: each truncation, each flipped byte, another
+    /// identity, another format.
+    #[test]
+    fn damaged_cache_entries_are_refused() {
+        use super::{cache_code, cache_entry};
+        let code: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        let id = "opencl program binary; device X; platform P; driver 1";
+        let e = cache_entry(id, &code);
+        assert_eq!(cache_code(id, &e).unwrap(), &code[..]);
+        for n in 0..e.len() {
+            assert!(cache_code(id, &e[..n]).is_err(), "cut to {n} bytes");
+        }
+        for i in 0..e.len() {
+            let mut d = e.clone();
+            d[i] ^= 0x10;
+            assert!(cache_code(id, &d).is_err(), "byte {i} flipped");
+        }
+        let r = cache_code("opencl program binary; device Y", &e).unwrap_err();
+        assert!(r.contains("built for") && r.contains("device X"), "{r}");
+        let r = cache_code(id, &code).unwrap_err();
+        assert!(r.contains("not a toast-rs cache entry"), "{r}");
+        let mut longer = e.clone();
+        longer.push(0);
+        assert!(cache_code(id, &longer).unwrap_err().contains("header says"));
+    }
+
     /// A source with an error in one kernel: the compiler's log comes back
     /// and names the line, which maps to that kernel. Runs with whichever
     /// compilers are installed (CI has both).

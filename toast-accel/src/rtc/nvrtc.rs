@@ -66,6 +66,7 @@ impl Nvrtc {
 
     /// Open NVRTC from one file or library name.
     pub fn open(path: &Path) -> Result<Nvrtc, String> {
+        super::check_library_path(path).map_err(|e| format!("no NVRTC: {e}"))?;
         // SAFETY: loading NVRTC runs no initialisers with preconditions; the
         // library is kept open as long as this value lives.
         let lib = unsafe { libloading::Library::new(path) }

@@ -132,7 +132,7 @@ fn read_config_file(path: &Path) -> Result<toml::Table> {
     use std::io::Read;
     let cannot = || format!("--config {}: cannot read", path.display());
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
+    toast_core::input::open_regular(path)
         .with_context(cannot)?
         .take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -159,9 +159,6 @@ fn configuration(args: &RunArgs) -> Result<SatelliteConfig> {
     for s in &args.set {
         config::apply_set(&mut table, s)?;
     }
-    if let Some(b) = &args.backend {
-        config::apply_set(&mut table, &format!("dispatch.run={b}"))?;
-    }
     if let Some(p) = &args.sky_map {
         let file = toml::Value::String(p.display().to_string());
         let sec = table
@@ -171,7 +168,11 @@ fn configuration(args: &RunArgs) -> Result<SatelliteConfig> {
             t.insert("file".into(), file);
         }
     }
-    Ok(config::build(table)?)
+    let mut cfg = config::build(table)?;
+    if let Some(b) = &args.backend {
+        cfg.dispatch.set_run(b).context("--backend")?;
+    }
+    Ok(cfg)
 }
 
 /// The maps directory: `mapmaker.output_dir` relative to the output
@@ -377,6 +378,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         _ => (comm.size(), procs_per_node(comm.size())),
     };
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
+    let execution = job.execution_plan(&registry);
     let predicted = job.predicted_memory();
     if args.dry_run.is_none() && !args.ignore_memory_check {
         job.check_memory_on(&*comm, &plan, &sim, ppn)?;
@@ -392,8 +394,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     if root {
         crate::outln!(
             "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
-             {} process(es) in {} group(s) of {}, {} thread(s) each; pointing {}; predicted peak \
-             memory {} (one process)",
+             {} process(es) in {} group(s) of {}, {} thread(s) each; map-maker plan {}; \
+             predicted peak memory {} (one process)",
             job.case,
             s.n_det,
             s.n_det / 2,
@@ -404,18 +406,23 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             plan.n_groups(),
             plan.group_size,
             rayon::current_num_threads(),
-            pointing_mode(job.pointing()),
+            execution,
             gib(predicted)
         )?;
     }
     if args.dry_run.is_some() {
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn, job.pointing())?;
-            if let Some(a) = presets::mem_available() {
-                let fits = job.check_memory(a, job.predicted_process_memory(&plan, &sim), ppn);
+            crate::outln!("map-maker plan: {execution}")?;
+            for why in &execution.why {
+                crate::outln!("  because {why}")?;
+            }
+            if let Some(a) = presets::memory_bound() {
+                let fits = job.check_memory(&a, job.predicted_process_memory(&plan, &sim), ppn);
                 crate::outln!(
-                    "available memory (MemAvailable): {}; {}",
-                    gib(a),
+                    "available memory: {} (bounded by {}); {}",
+                    gib(a.bytes),
+                    a.source,
                     match fits {
                         Ok(()) => "the processes of a node fit".to_string(),
                         Err(e) => format!("does not fit: {e}"),
@@ -609,21 +616,6 @@ fn procs_per_node(size: usize) -> usize {
 /// The distribution of a (possibly hypothetical) job and the predicted
 /// memory of each process.
 /// How the map-maker holds the pointing, in words.
-fn pointing_mode(p: presets::Pointing) -> String {
-    if p.full {
-        return "kept".into();
-    }
-    match (p.compact, p.batch) {
-        (true, 0) => "kept as 4-byte pixels, weights rebuilt in every pass (fused)".into(),
-        (true, b) => format!(
-            "kept as 4-byte pixels, weights rebuilt in every pass (fused; the covariance \
-             passes {b} detector(s) at a time)"
-        ),
-        (false, 0) => "recomputed in every pass".into(),
-        (false, b) => format!("recomputed in every pass, {b} detector(s) at a time"),
-    }
-}
-
 fn print_plan(
     plan: &JobDistribution,
     sim: &SimSatellite,

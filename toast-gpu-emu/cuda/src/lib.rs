@@ -41,6 +41,7 @@ const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
 const CUDA_ERROR_INVALID_HANDLE: CuResult = 400;
 const CUDA_ERROR_NOT_FOUND: CuResult = 500;
 const CUDA_ERROR_ILLEGAL_ADDRESS: CuResult = 700;
+const CUDA_ERROR_LAUNCH_FAILED: CuResult = 719;
 const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
 const CUDA_ERROR_UNKNOWN: CuResult = 999;
 
@@ -103,6 +104,11 @@ const ERRORS: &[(CuResult, &CStr, &CStr)] = &[
         c"CUDA_ERROR_NOT_SUPPORTED",
         c"operation not supported",
     ),
+    (
+        CUDA_ERROR_LAUNCH_FAILED,
+        c"CUDA_ERROR_LAUNCH_FAILED",
+        c"unspecified launch failure",
+    ),
     (CUDA_ERROR_UNKNOWN, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];
 
@@ -124,6 +130,7 @@ fn code(e: &EmuError) -> CuResult {
         EmuError::InvalidContext(_) => CUDA_ERROR_INVALID_CONTEXT,
         EmuError::NotSupported(_) => CUDA_ERROR_NOT_SUPPORTED,
         EmuError::Internal(_) => CUDA_ERROR_UNKNOWN,
+        EmuError::Injected(_) => CUDA_ERROR_LAUNCH_FAILED,
     }
 }
 
@@ -295,7 +302,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -
         initialized()?;
         device(dev)?;
         // SAFETY: the caller's contract.
-        unsafe { put(bytes, heap::TOTAL_MEMORY as usize) }
+        unsafe { put(bytes, heap::total_memory() as usize) }
     })
 }
 

@@ -33,6 +33,7 @@ const HIP_ERROR_INVALID_CONTEXT: HipError = 201;
 const HIP_ERROR_INVALID_HANDLE: HipError = 400;
 const HIP_ERROR_NOT_FOUND: HipError = 500;
 const HIP_ERROR_ILLEGAL_ADDRESS: HipError = 700;
+const HIP_ERROR_LAUNCH_FAILURE: HipError = 719;
 const HIP_ERROR_NOT_SUPPORTED: HipError = 801;
 const HIP_ERROR_UNKNOWN: HipError = 999;
 
@@ -104,6 +105,11 @@ const ERRORS: &[(HipError, &CStr, &CStr)] = &[
         c"hipErrorNotSupported",
         c"operation not supported",
     ),
+    (
+        HIP_ERROR_LAUNCH_FAILURE,
+        c"hipErrorLaunchFailure",
+        c"unspecified launch failure",
+    ),
     (HIP_ERROR_UNKNOWN, c"hipErrorUnknown", c"unknown error"),
 ];
 
@@ -126,6 +132,7 @@ fn code(e: &EmuError) -> HipError {
         EmuError::InvalidContext(_) => HIP_ERROR_INVALID_CONTEXT,
         EmuError::NotSupported(_) => HIP_ERROR_NOT_SUPPORTED,
         EmuError::Internal(_) => HIP_ERROR_UNKNOWN,
+        EmuError::Injected(_) => HIP_ERROR_LAUNCH_FAILURE,
     }
 }
 
@@ -192,7 +199,7 @@ fn properties() -> HipDeviceProp {
     };
     HipDeviceProp {
         name: text(DEVICE_NAME),
-        total_global_mem: heap::TOTAL_MEMORY as usize,
+        total_global_mem: heap::total_memory() as usize,
         shared_mem_per_block: 0,
         regs_per_block: 0,
         warp_size: 64,
@@ -279,7 +286,7 @@ pub unsafe extern "C" fn hipDeviceTotalMem(bytes: *mut usize, dev: c_int) -> Hip
     api("hipDeviceTotalMem", || {
         device(dev)?;
         // SAFETY: the caller's contract.
-        unsafe { put(bytes, heap::TOTAL_MEMORY as usize) }
+        unsafe { put(bytes, heap::total_memory() as usize) }
     })
 }
 

@@ -1,14 +1,16 @@
 //! The kernel entries: one generic entry ([`entry`]) that every slot of
 //! the function table instantiates, and per kernel its marshalling and
-//! launch planning ([`DeviceKernel`]). Parameter lists follow the
-//! prototypes of `toast-accel/device/kernels.h` in order.
+//! launch planning ([`DeviceKernel`]). Each launch fills the kernel's
+//! parameters by name ([`super::params`], generated from the prototypes of
+//! `toast-accel/device/kernels.h`).
 
+use super::params::{self, LaunchParams};
 use super::{
     blocks_overlap, check_key_range, grid_chunks, has_duplicates, intervals_overlap, pixel_fault,
     KernelLaunch,
 };
-use crate::driver::{Driver, Param as P};
-use crate::plugin::ctx_ref;
+use crate::context::ctx_ref;
+use crate::driver::Driver;
 use std::ffi::c_void;
 use toast_accel::abi::{self, Status};
 use toast_accel::check;
@@ -78,22 +80,20 @@ impl DeviceKernel for abi::PointingDetectorArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::Buffer(qi),
-                    P::Buffer(fp),
-                    P::Buffer(bore),
-                    P::Buffer(flags),
-                    P::I32(v.use_flags as i32),
-                    P::I32(i32::from(a.shared_flag_mask)),
-                    P::Buffer(quats),
-                ]
+            |d0, d1, i0, i1| params::ToastPointingDetector {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                quat_index: qi,
+                focalplane: fp,
+                boresight: bore,
+                shared_flags: flags,
+                use_flags: v.use_flags as i32,
+                mask: i32::from(a.shared_flag_mask),
+                quats,
             },
         )
     }
@@ -122,28 +122,26 @@ impl DeviceKernel for abi::PixelsHealpixArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::Buffer(qi),
-                    P::Buffer(pi),
-                    P::Buffer(quats),
-                    P::Buffer(flags),
-                    P::I32(v.use_flags as i32),
-                    P::I32(i32::from(a.shared_flag_mask)),
-                    P::Buffer(pixels),
-                    P::Buffer(hits),
-                    P::I64(a.nside),
-                    P::I64(i64::from(v.factor)),
-                    P::I64(a.n_pix_submap),
-                    P::I32(i32::from(a.nest != 0)),
-                    P::Buffer(err),
-                ]
+            |d0, d1, i0, i1| params::ToastPixelsHealpix {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                quat_index: qi,
+                pixel_index: pi,
+                quats,
+                shared_flags: flags,
+                use_flags: v.use_flags as i32,
+                mask: i32::from(a.shared_flag_mask),
+                pixels,
+                hit_submaps: hits,
+                nside: a.nside,
+                factor: i64::from(v.factor),
+                n_pix_submap: a.n_pix_submap,
+                nest: i32::from(a.nest != 0),
+                err,
             },
         )?;
         if let Some((det, s)) = call.read_error(err)? {
@@ -182,18 +180,16 @@ impl DeviceKernel for abi::StokesWeightsIArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::Buffer(wi),
-                    P::Buffer(cal),
-                    P::Buffer(w),
-                ]
+            |d0, d1, i0, i1| params::ToastStokesWeightsI {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                weight_index: wi,
+                cal,
+                weights: w,
             },
         )
     }
@@ -222,25 +218,23 @@ impl DeviceKernel for abi::StokesWeightsIquArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::Buffer(qi),
-                    P::Buffer(wi),
-                    P::Buffer(eps),
-                    P::Buffer(gamma),
-                    P::Buffer(cal),
-                    P::Buffer(quats),
-                    P::Buffer(hwp),
-                    P::I32(v.use_hwp as i32),
-                    P::I32(i32::from(a.iau != 0)),
-                    P::Buffer(w),
-                ]
+            |d0, d1, i0, i1| params::ToastStokesWeightsIqu {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                quat_index: qi,
+                weight_index: wi,
+                epsilon: eps,
+                gamma,
+                cal,
+                quats,
+                hwp,
+                use_hwp: v.use_hwp as i32,
+                iau: i32::from(a.iau != 0),
+                weights: w,
             },
         )
     }
@@ -289,30 +283,28 @@ impl DeviceKernel for abi::ScanMapArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::I64(v.nnz as i64),
-                    P::Buffer(pi),
-                    P::Buffer(wi),
-                    P::Buffer(di),
-                    P::Buffer(g2l),
-                    P::I64(v.n_global_submap as i64),
-                    P::I64(v.n_pix_submap),
-                    P::Buffer(map),
-                    P::Buffer(pixels),
-                    P::Buffer(weights),
-                    P::Buffer(det_data),
-                    P::F64(a.data_scale),
-                    P::I32(i32::from(a.should_zero != 0)),
-                    P::I32(mode),
-                    P::Buffer(err),
-                ]
+            |d0, d1, i0, i1| params::ToastScanMap {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                nnz: v.nnz as i64,
+                pixel_index: pi,
+                weight_index: wi,
+                data_index: di,
+                g2l,
+                n_global_submap: v.n_global_submap as i64,
+                n_pix_submap: v.n_pix_submap,
+                mapdata: map,
+                pixels,
+                weights,
+                det_data,
+                data_scale: a.data_scale,
+                should_zero: i32::from(a.should_zero != 0),
+                mode,
+                err,
             },
         )?;
         if let Some((det, s)) = call.read_error(err)? {
@@ -360,35 +352,33 @@ impl DeviceKernel for abi::BuildNoiseWeightedArgs {
             v.intervals,
             false,
             false,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::I64(v.nnz as i64),
-                    P::Buffer(pi),
-                    P::Buffer(wi),
-                    P::Buffer(di),
-                    P::Buffer(fi),
-                    P::Buffer(scale),
-                    P::Buffer(g2l),
-                    P::I64(v.n_global_submap as i64),
-                    P::I64(v.n_pix_submap),
-                    P::Buffer(pixels),
-                    P::Buffer(weights),
-                    P::Buffer(det_data),
-                    P::Buffer(det_flags),
-                    P::I32(v.use_det_flags as i32),
-                    P::I32(i32::from(a.det_flag_mask)),
-                    P::Buffer(shared),
-                    P::I32(v.use_shared_flags as i32),
-                    P::I32(i32::from(a.shared_flag_mask)),
-                    P::Buffer(zmap),
-                    P::Buffer(err),
-                ]
+            |d0, d1, i0, i1| params::ToastBuildNoiseWeighted {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                nnz: v.nnz as i64,
+                pixel_index: pi,
+                weight_index: wi,
+                data_index: di,
+                flag_index: fi,
+                det_scale: scale,
+                g2l,
+                n_global_submap: v.n_global_submap as i64,
+                n_pix_submap: v.n_pix_submap,
+                pixels,
+                weights,
+                det_data,
+                det_flags,
+                use_det_flags: v.use_det_flags as i32,
+                det_mask: i32::from(a.det_flag_mask),
+                shared_flags: shared,
+                use_shared_flags: v.use_shared_flags as i32,
+                shared_mask: i32::from(a.shared_flag_mask),
+                zmap,
+                err,
             },
         )?;
         if let Some((det, s)) = call.read_error(err)? {
@@ -425,18 +415,16 @@ impl DeviceKernel for abi::NoiseWeightArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::Buffer(di),
-                    P::Buffer(w),
-                    P::Buffer(det_data),
-                ]
+            |d0, d1, i0, i1| params::ToastNoiseWeight {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                data_index: di,
+                detector_weights: w,
+                det_data,
             },
         )
     }
@@ -463,22 +451,20 @@ impl DeviceKernel for abi::TemplateOffsetAddArgs {
             v.intervals,
             split_det,
             split_iv,
-            |d0, d1, i0, i1| {
-                vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::Buffer(di),
-                    P::I64(v.layout.step_length),
-                    P::Buffer(ao),
-                    P::Buffer(vo),
-                    P::Buffer(amps),
-                    P::Buffer(aflags),
-                    P::Buffer(det_data),
-                ]
+            |d0, d1, i0, i1| params::ToastTemplateOffsetAddToSignal {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                data_index: di,
+                step_length: v.layout.step_length,
+                amp_offset: ao,
+                view_offset: vo,
+                amplitudes: amps,
+                amplitude_flags: aflags,
+                det_data,
             },
         )
     }
@@ -516,24 +502,24 @@ impl DeviceKernel for abi::TemplateOffsetProjectArgs {
                     max_amp,
                     i1 - i0,
                     d1 - d0,
-                    &[
-                        P::I64(d0 as i64),
-                        P::I64(d1 as i64),
-                        P::I64(i0 as i64),
-                        P::I64(i1 as i64),
-                        P::I64(v.n_samp as i64),
-                        P::Buffer(iv),
-                        P::Buffer(di),
-                        P::Buffer(fi),
-                        P::I64(v.layout.step_length),
-                        P::Buffer(ao),
-                        P::Buffer(vo),
-                        P::Buffer(det_data),
-                        P::Buffer(flag_data),
-                        P::I32(i32::from(a.flag_mask)),
-                        P::Buffer(amps),
-                        P::Buffer(aflags),
-                    ],
+                    params::ToastTemplateOffsetProjectSignal {
+                        det0: d0 as i64,
+                        det_end: d1 as i64,
+                        iv0: i0 as i64,
+                        iv_end: i1 as i64,
+                        n_samp: v.n_samp as i64,
+                        intervals: iv,
+                        data_index: di,
+                        flag_index: fi,
+                        step_length: v.layout.step_length,
+                        amp_offset: ao,
+                        view_offset: vo,
+                        det_data,
+                        flag_data,
+                        flag_mask: i32::from(a.flag_mask),
+                        amplitudes: amps,
+                        amplitude_flags: aflags,
+                    },
                 )?;
             }
         }
@@ -557,13 +543,13 @@ impl DeviceKernel for abi::TemplateOffsetPrecondArgs {
             n_amp as u64,
             1,
             1,
-            &[
-                P::I64(n_amp as i64),
-                P::Buffer(var),
-                P::Buffer(ain),
-                P::Buffer(fl),
-                P::Buffer(aout),
-            ],
+            params::ToastTemplateOffsetApplyDiagPrecond {
+                n_amp: n_amp as i64,
+                offset_var: var,
+                amplitudes_in: ain,
+                amplitude_flags: fl,
+                amplitudes_out: aout,
+            },
         )
     }
 }
@@ -589,15 +575,12 @@ fn cov_fault<D: Driver>(
 /// the parameters `params(call, [submap, subpix, err])` gives, and turn a
 /// recorded pixel fault into the CPU's error. Nothing to do for an inactive
 /// call (`nsub < 1`) or no samples.
-fn launch_cov<D: Driver>(
+fn launch_cov<D: Driver, L: LaunchParams<D::Buffer>>(
     call: &mut KernelLaunch<'_, D>,
     v: &check::CovAccum,
     name: &'static str,
     (submap, subpix): (abi::Array, abi::Array),
-    params: impl FnOnce(
-        &mut KernelLaunch<'_, D>,
-        [Option<D::Buffer>; 3],
-    ) -> Result<Vec<P<D::Buffer>>, PluginError>,
+    params: impl FnOnce(&mut KernelLaunch<'_, D>, [Option<D::Buffer>; 3]) -> Result<L, PluginError>,
 ) -> Result<(), PluginError> {
     if !v.active || v.n_samp == 0 {
         return Ok(());
@@ -607,7 +590,7 @@ fn launch_cov<D: Driver>(
     let px = call.array("subpix", subpix, I64)?;
     let err = call.error_buffer()?;
     let p = params(call, [sm, px, err])?;
-    call.launch(name, v.n_samp as u64, 1, 1, &p)?;
+    call.launch(name, v.n_samp as u64, 1, 1, p)?;
     match call.read_error(err)? {
         Some((_, s)) => Err(cov_fault(call, v, (sm, px), s)?),
         None => Ok(()),
@@ -628,15 +611,15 @@ impl DeviceKernel for abi::CovAccumDiagHitsArgs {
             (a.submap, a.subpix),
             |call, [sm, px, err]| {
                 let hits = call.array("hits", a.hits, I64)?;
-                Ok(vec![
-                    P::I64(v.n_samp as i64),
-                    P::I64(v.nsub),
-                    P::I64(v.nsubpix),
-                    P::Buffer(sm),
-                    P::Buffer(px),
-                    P::Buffer(hits),
-                    P::Buffer(err),
-                ])
+                Ok(params::ToastCovAccumDiagHits {
+                    nsamp: v.n_samp as i64,
+                    nsub: v.nsub,
+                    nsubpix: v.nsubpix,
+                    submap: sm,
+                    subpix: px,
+                    hits,
+                    err,
+                })
             },
         )
     }
@@ -657,18 +640,18 @@ impl DeviceKernel for abi::CovAccumDiagInvnppArgs {
             |call, [sm, px, err]| {
                 let weights = call.array("weights", a.weights, F64)?;
                 let invnpp = call.array("invnpp", a.invnpp, F64)?;
-                Ok(vec![
-                    P::I64(v.n_samp as i64),
-                    P::I64(v.nsub),
-                    P::I64(v.nsubpix),
-                    P::I64(v.nnz as i64),
-                    P::Buffer(sm),
-                    P::Buffer(px),
-                    P::Buffer(weights),
-                    P::F64(a.scale),
-                    P::Buffer(invnpp),
-                    P::Buffer(err),
-                ])
+                Ok(params::ToastCovAccumDiagInvnpp {
+                    nsamp: v.n_samp as i64,
+                    nsub: v.nsub,
+                    nsubpix: v.nsubpix,
+                    nnz: v.nnz as i64,
+                    submap: sm,
+                    subpix: px,
+                    weights,
+                    scale: a.scale,
+                    invnpp,
+                    err,
+                })
             },
         )
     }
@@ -690,12 +673,12 @@ impl DeviceKernel for abi::CovApplyDiagArgs {
             v.n_pix as u64,
             1,
             1,
-            &[
-                P::I64(v.n_pix as i64),
-                P::I64(v.nnz as i64),
-                P::Buffer(mat),
-                P::Buffer(vec),
-            ],
+            params::ToastCovApplyDiag {
+                npix: v.n_pix as i64,
+                nnz: v.nnz as i64,
+                mat,
+                vec,
+            },
         )
     }
 }
@@ -715,15 +698,15 @@ impl DeviceKernel for abi::AmpDotArgs {
             v.nblock as u64,
             1,
             1,
-            &[
-                P::I64(v.n as i64),
-                P::I64(v.nblock as i64),
-                P::I64(v.chunk as i64),
-                P::Buffer(x),
-                P::Buffer(y),
-                P::Buffer(flags),
-                P::Buffer(partials),
-            ],
+            params::ToastAmpDot {
+                n: v.n as i64,
+                nblock: v.nblock as i64,
+                chunk: v.chunk as i64,
+                a: x,
+                b: y,
+                flags,
+                partials,
+            },
         )
     }
 }
@@ -744,13 +727,13 @@ impl DeviceKernel for abi::AmpAxpbyArgs {
             *n as u64,
             1,
             1,
-            &[
-                P::I64(*n as i64),
-                P::F64(a.alpha),
-                P::F64(a.beta),
-                P::Buffer(x),
-                P::Buffer(y),
-            ],
+            params::ToastAmpAxpby {
+                n: *n as i64,
+                alpha: a.alpha,
+                beta: a.beta,
+                x,
+                y,
+            },
         )
     }
 }
@@ -800,20 +783,23 @@ impl DeviceKernel for abi::FilterPolynomialArgs {
         let ws = call.workspace(item_len, items)?;
         for (i0, i1) in super::ranges(v.starts.len(), one_at_a_time) {
             for ((k0, k1), (j0, j1)) in grid_chunks(v.n_signal, i1 - i0, i1 - i0, ws.per_launch) {
-                let mut p = vec![
-                    P::I64(k0 as i64),
-                    P::I64(k1 as i64),
-                    P::I64((i0 + j0) as i64),
-                    P::I64((i0 + j1) as i64),
-                    P::I64(n),
-                    P::I64(v.order),
-                    P::Buffer(scans),
-                    P::Buffer(flags),
-                    P::Buffer(index),
-                    P::Buffer(signals),
-                ];
-                p.extend(ws.params(((k1 - k0) * (j1 - j0)) as u64));
-                call.launch("toast_filter_polynomial", (k1 - k0) as u64, j1 - j0, 1, &p)?;
+                let w = ws.params(((k1 - k0) * (j1 - j0)) as u64);
+                let p = params::ToastFilterPolynomial {
+                    k0: k0 as i64,
+                    k_end: k1 as i64,
+                    iv0: (i0 + j0) as i64,
+                    iv_end: (i0 + j1) as i64,
+                    n_samp: n,
+                    order: v.order,
+                    scans,
+                    flags,
+                    signal_index: index,
+                    signals,
+                    work: w.work,
+                    item_step: w.item_step,
+                    elem_step: w.elem_step,
+                };
+                call.launch("toast_filter_polynomial", (k1 - k0) as u64, j1 - j0, 1, p)?;
             }
         }
         Ok(())
@@ -840,22 +826,25 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
         for ((s0, s1), (g0, g1)) in
             grid_chunks(v.n_samp, v.n_group, super::MAX_GRID_YZ, ws.per_launch)
         {
-            let mut p = vec![
-                P::I64(s0 as i64),
-                P::I64(s1 as i64),
-                P::I64(g0 as i64),
-                P::I64(g1 as i64),
-                P::I64(v.n_det as i64),
-                P::I64(v.n_group as i64),
-                P::I64(v.n_mode as i64),
-                P::Buffer(groups),
-                P::Buffer(templates),
-                P::Buffer(signals),
-                P::Buffer(masks),
-                P::Buffer(coeff),
-            ];
-            p.extend(ws.params(((s1 - s0) * (g1 - g0)) as u64));
-            call.launch("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, &p)?;
+            let w = ws.params(((s1 - s0) * (g1 - g0)) as u64);
+            let p = params::ToastFilterPoly2d {
+                s0: s0 as i64,
+                s_end: s1 as i64,
+                g0: g0 as i64,
+                g_end: g1 as i64,
+                n_det: v.n_det as i64,
+                n_group: v.n_group as i64,
+                n_mode: v.n_mode as i64,
+                det_groups: groups,
+                templates,
+                signals,
+                masks,
+                coeff,
+                work: w.work,
+                item_step: w.item_step,
+                elem_step: w.elem_step,
+            };
+            call.launch("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, p)?;
         }
         Ok(())
     }

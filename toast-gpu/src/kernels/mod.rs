@@ -1,4 +1,4 @@
-//! The ten kernels: validation, argument marshalling and launch planning
+//! Every kernel of the table (`toast_accel::toast_kernels!`): validation, argument marshalling and launch planning
 //! for the shared device source (`toast_accel::device_source`), written
 //! once for every [`Driver`]; only the driver's `TARGET` (the source's
 //! dialect) and its launch call differ between backends.
@@ -40,14 +40,16 @@
 //! `template_offset_apply_diag_precond`, may share an output's buffer),
 //! and, for the kernels with a data-dependent error buffer, when its sizes
 //! exceed what the error key encodes (2^20 detectors, 2^44 samples). Parameters are
-//! handed to the driver as a typed list ([`Param`]); CUDA and HIP lay them
+//! handed to the driver as a typed list ([`crate::driver::Param`]); CUDA and HIP lay them
 //! out as 8-byte slots ([`ParamSlots`](crate::ParamSlots)).
 
 pub(crate) mod entries;
+pub(crate) mod params;
 
 use crate::context::{Context, WorkspaceLayout};
-use crate::driver::{Driver, Grid, Param};
+use crate::driver::{Driver, Grid};
 use crate::small_cache::Lookup;
+use params::LaunchParams;
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::check;
 use toast_accel::device_source as ds;
@@ -272,15 +274,27 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     }
 
     /// Launch the kernel `name` once on a grid of `dim0` threads along
-    /// dimension 0 and `ny`, `nz` along 1 and 2, and wait for it.
-    pub(crate) fn launch(
+    /// dimension 0 and `ny`, `nz` along 1 and 2, and wait for it. `params`
+    /// are the kernel's by name ([`params`]); `name` must be one of the
+    /// kernels they launch.
+    pub(crate) fn launch<L: LaunchParams<D::Buffer>>(
         &self,
         name: &'static str,
         dim0: u64,
         ny: usize,
         nz: usize,
-        params: &[Param<D::Buffer>],
+        params: L,
     ) -> Result<(), PluginError> {
+        if !L::KERNELS.contains(&name) {
+            return Err(PluginError::new(
+                abi::ERR_INTERNAL,
+                format!(
+                    "{}: launch of {name} with the parameters of {:?}",
+                    self.kernel,
+                    L::KERNELS
+                ),
+            ));
+        }
         if dim0 == 0 || ny == 0 || nz == 0 {
             return Ok(());
         }
@@ -296,11 +310,13 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             blocks: (gx, ny as u32, nz as u32),
             threads: BLOCK,
         };
-        // SAFETY: `params` follow the kernel's prototype in kernels.h (each
-        // call site in `entries` lists them in order); every buffer among
-        // them is a live pool buffer checked to be large enough; we wait for
-        // the kernel below, before any of them can be freed.
-        unsafe { self.c.driver.launch(name, f, grid, params)? };
+        let params = params.params();
+        // SAFETY: `params` follow the prototype of `name` in kernels.h (laid
+        // out by the struct generated from it, and `name` is one of the
+        // kernels it was generated for); every buffer among them is a live
+        // pool buffer checked to be large enough; we wait for the kernel
+        // below, before any of them can be freed.
+        unsafe { self.c.driver.launch(name, f, grid, &params)? };
         self.c
             .driver
             .synchronize()
@@ -310,14 +326,14 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     /// Launch a per-sample kernel over `n_det` detectors and `iv`, split as
     /// the module documentation says. `params(det0, det_end, iv0, iv_end)`
     /// gives the full parameter list of one launch.
-    pub(crate) fn launch_samples(
+    pub(crate) fn launch_samples<L: LaunchParams<D::Buffer>>(
         &self,
         name: &'static str,
         n_det: usize,
         iv: &[SampleRange],
         split_det: bool,
         split_iv: bool,
-        params: impl Fn(i64, i64, i64, i64) -> Vec<Param<D::Buffer>>,
+        params: impl Fn(i64, i64, i64, i64) -> L,
     ) -> Result<(), PluginError> {
         let len = |r: std::ops::Range<usize>| {
             iv[r]
@@ -333,7 +349,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                     len(i0..i1),
                     i1 - i0,
                     d1 - d0,
-                    &params(d0 as i64, d1 as i64, i0 as i64, i1 as i64),
+                    params(d0 as i64, d1 as i64, i0 as i64, i1 as i64),
                 )?;
             }
         }
@@ -403,18 +419,30 @@ pub(crate) struct Workspace<B> {
 impl<B: Copy> Workspace<B> {
     /// The kernel parameters `work, item_step, elem_step` of a launch of
     /// `items` work items (at most `per_launch`).
-    pub(crate) fn params(&self, items: u64) -> [Param<B>; 3] {
+    pub(crate) fn params(&self, items: u64) -> WorkspaceParams<B> {
         debug_assert!(items <= self.per_launch);
         let (item_step, elem_step) = match self.layout {
             WorkspaceLayout::Contiguous => (self.item_len, 1),
             WorkspaceLayout::Interleaved => (1, items),
         };
-        [
-            Param::Buffer(Some(self.buf)),
-            Param::I64(item_step as i64),
-            Param::I64(elem_step as i64),
-        ]
+        WorkspaceParams {
+            work: Some(self.buf),
+            item_step: item_step as i64,
+            elem_step: elem_step as i64,
+        }
     }
+}
+
+/// The workspace parameters of one launch (the last three of the
+/// polynomial filters' prototypes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkspaceParams<B> {
+    /// The workspace buffer.
+    pub(crate) work: Option<B>,
+    /// Elements between two work items' first elements.
+    pub(crate) item_step: i64,
+    /// Elements between two consecutive elements of one work item.
+    pub(crate) elem_step: i64,
 }
 
 /// The launches of a 2-D grid of `n0` x `n1` work items when one launch

@@ -55,7 +55,7 @@
 
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use std::sync::Arc;
-use toast_accel::host::{Backend, Dispatcher, DEFAULT_BACKEND};
+use toast_accel::host::{Backend, DispatchPolicy, Dispatcher, Registry, DEFAULT_BACKEND};
 use toast_core::staging::{StepSpec, StepStaging};
 use toast_core::{
     pipeline_provides, pipeline_requires, BufferKey, BufferState, Category, Data, DeviceBuffers,
@@ -146,17 +146,26 @@ pub fn pipeline_backend(
     dispatcher: &Dispatcher,
     override_backend: Option<&str>,
 ) -> Option<Arc<Backend>> {
-    let p = dispatcher.policy();
+    pipeline_backend_in(dispatcher.registry(), dispatcher.policy(), override_backend)
+}
+
+/// [`pipeline_backend`] of `policy` over `registry`, before a dispatcher
+/// exists (a dry run's plan).
+pub fn pipeline_backend_in(
+    registry: &Registry,
+    policy: &DispatchPolicy,
+    override_backend: Option<&str>,
+) -> Option<Arc<Backend>> {
     let chain = [
         override_backend,
-        p.pipeline.as_deref(),
-        p.run.as_deref(),
+        policy.pipeline.as_deref(),
+        policy.run.as_deref(),
         Some(DEFAULT_BACKEND),
     ];
     chain
         .into_iter()
         .flatten()
-        .find_map(|name| dispatcher.registry().get(name).ok())
+        .find_map(|name| registry.get(name).ok())
 }
 
 /// Open (or join) a staging scope on `backend`. A host-addressable backend,

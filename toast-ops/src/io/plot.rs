@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::fits::MapValue;
 use crate::io::fits::{SubmapColumn, UNSEEN};
 use crate::math::healpix::{Healpix, HealpixError};
-use crate::pixels::MapValue;
 
 /// Errors of the plotting module.
 #[derive(Debug, thiserror::Error)]

@@ -62,7 +62,7 @@ impl MapMaker {
             final_pointing,
             vec![&mut build],
         )?;
-        if self.transient {
+        if self.plan.transient_pointing() {
             self.drop_pointing(data)?;
         }
         Ok(())
@@ -152,7 +152,7 @@ impl MapMaker {
 
     /// Whether the final passes expand their own pointing.
     fn expand_final(&self) -> bool {
-        self.final_pointing.is_some() || !self.setup.binner.full_pointing
+        self.final_pointing.is_some() || !self.plan.keeps_pointing()
     }
 
     /// 5f, 5g: the final products with the final binner and pointing
@@ -267,7 +267,7 @@ impl MapMaker {
             // kernel reads it as it is: no work timestream to save, and on
             // tiny at 2 threads a fused pass measured slower (0.29-0.39 s
             // against 0.21-0.23 s for the two passes, loaded machine).
-            let fused = match self.fused_applies(data, ctx, None)? {
+            let fused = match self.fused_applies(data, None)? {
                 Some(Fused::Compact) if expand => Some(Fused::Compact),
                 _ => None,
             };

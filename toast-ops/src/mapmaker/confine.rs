@@ -51,7 +51,7 @@ impl MapMaker {
         let dist = get_distribution(data, &binner.pixel_dist)?;
         // Only the pixels this run's solver reads: the kept field, or the
         // compact one made for this run.
-        let support = if binner.full_pointing {
+        let support = if self.plan.keeps_pointing() {
             support_of::<i64>(data, &dist, self.solve_pointing.pixels_field())
         } else if compact {
             support_of::<i32>(data, &dist, &self.compact_field())

@@ -77,9 +77,9 @@ use super::products::Keys;
 use super::{timed, MapMaker};
 use crate::accel::global_data::HostArray;
 use crate::accel::kernels::view_intervals;
-use crate::accel::pipeline::{DetectorSets, StagingState};
+use crate::accel::pipeline::DetectorSets;
 use crate::ops::binning::{finish_bin_map, prepare_bin_map, BinPass};
-use crate::ops::{detector_weights, select_detectors, CompactSource, DetParams, StokesMode};
+use crate::ops::{detector_weights, select_detectors, CompactSource, DetParams};
 use crate::pixels::{PixelData, PixelDistribution};
 use crate::templates::OffsetTemplate;
 use rayon::prelude::*;
@@ -575,14 +575,9 @@ pub(super) enum Input<'k> {
     Timestream(&'k str),
 }
 
-/// The pointing the fused passes read (see [`MapMaker::fused_applies`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Fused {
-    /// Compact pointing: the weights rebuilt ([`Rebuilt`]).
-    Compact,
-    /// Kept pointing: the kept fields read in place ([`Kept`]).
-    Kept,
-}
+/// The pointing the fused passes read, as the run's plan says (see
+/// [`MapMaker::fused_applies`]): compact ([`Rebuilt`]) or kept ([`Kept`]).
+pub(super) use super::plan::FusedPointing as Fused;
 
 /// `$body` with the type `$form` standing for the [`PointingForm`] of
 /// `$fused` (one generic body, expanded for each form).
@@ -602,39 +597,33 @@ macro_rules! with_form {
 }
 
 impl MapMaker {
-    /// Whether the fused passes apply to this run, and on which pointing
-    /// (see the module documentation): a host run, with compact pointing or
-    /// with the solver's pointing kept (`full_pointing`, its fields in
-    /// every observation), IQU weights and no separate final pixelization;
-    /// with a template, whether its views are the pointing's.
+    /// Whether the fused passes apply to this pass, and on which pointing:
+    /// the run's plan has them ([`super::Plan::fused`]), the pointing they
+    /// read is there (the compact form, or the kept fields in every
+    /// observation) and, with a template, its views are the pointing's.
     pub(super) fn fused_applies(
         &self,
         data: &Data,
-        ctx: &ExecContext,
         tmpl: Option<&OffsetTemplate>,
     ) -> Result<Option<Fused>, OpError> {
-        if !self.fused || self.final_pointing.is_some() {
+        // The plan decided the form (host run, IQU weights, no final
+        // pixelization); what remains are properties of the data.
+        let Some(form) = self.plan.fused() else {
             return Ok(None);
-        }
-        let form = match &self.solve_pointing.compact {
-            Some(c) if self.transient && c.weights.mode == StokesMode::IQU => Fused::Compact,
-            Some(_) => return Ok(None),
-            None => {
+        };
+        let ready = match form {
+            Fused::Compact => self.solve_pointing.compact.is_some(),
+            Fused::Kept => {
                 let p = &self.solve_pointing;
                 let fields = [p.pixels_field(), p.weights_field()];
-                let kept = self.setup.binner.full_pointing
-                    && ctx.extensions.get::<StagingState>().is_none()
-                    && p.weights.config.mode == StokesMode::IQU
-                    && data
-                        .obs
-                        .iter()
-                        .all(|ob| fields.iter().all(|f| ob.detdata.contains(f)));
-                if !kept {
-                    return Ok(None);
-                }
-                Fused::Kept
+                data.obs
+                    .iter()
+                    .all(|ob| fields.iter().all(|f| ob.detdata.contains(f)))
             }
         };
+        if !ready {
+            return Ok(None);
+        }
         let view = self.solve_pointing.view();
         if let Some(tmpl) = tmpl {
             for (i, ob) in data.obs.iter().enumerate() {

@@ -179,11 +179,13 @@ mod binning;
 mod config;
 mod confine;
 mod fused;
+mod plan;
 mod products;
 mod solve;
 mod vectors;
 
 pub use config::{MapMakerConfig, MapMakerSetup};
+pub use plan::{ExecutionPlan, FusedPointing, Passes, Plan, PlanFacts};
 pub use products::MapMakerResult;
 pub use solve::DOT_TIMER;
 
@@ -208,25 +210,19 @@ pub struct MapMaker {
     result: Option<MapMakerResult>,
     /// Pointing fields that existed before the run (never deleted).
     preexisting: Vec<String>,
-    /// During a host run without `full_pointing`: the pointing is
-    /// recomputed per batch of `binner.pointing_batch` detectors, its
-    /// fields holding only the current batch (see [`MapMaker::pointing_sets`]).
-    transient: bool,
+    /// How this run holds and reads the pointing: chosen once at the start
+    /// of [`MapMaker::run`] ([`MapMaker::choose_plan`]); every pass reads
+    /// its mode from here.
+    plan: Plan,
     /// Use pixels and weights already present (with `full_pointing`)
     /// instead of expanding them: see [`MapMaker::reuse_pointing`].
     reuse_pointing: bool,
     /// The caller reads no timestream after the run: see
     /// [`MapMaker::discard_timestream`].
     discard_timestream: bool,
-    /// During a host run: the solver's work timestream exists for one
-    /// batch of `binner.pointing_batch` detectors at a time (see
-    /// [`MapMaker::work_sets`]).
-    work_batches: bool,
-    /// On the host with compact or kept pointing: the solver's right- and
-    /// left-hand sides (and with compact pointing the final binning
-    /// passes) run fused (see `fused`). On by default; see
-    /// [`MapMaker::fused_passes`].
-    fused: bool,
+    /// The caller allows fused passes (an input of the plan; on by
+    /// default, see [`MapMaker::fused_passes`]).
+    fused_allowed: bool,
     /// The fused passes' per-(observation, detector) finiteness of the
     /// weights (rebuilt or kept), found once per run (see `fused`).
     weights_finite: Option<std::collections::HashMap<(String, String), bool>>,
@@ -278,19 +274,20 @@ impl MapMaker {
             )),
             None => None,
         };
-        Ok(MapMaker {
+        let mut mm = MapMaker {
+            plan: Plan::choose(&setup.binner, &PlanFacts::default()),
             setup,
             solve_pointing,
             final_pointing,
             result: None,
             preexisting: Vec::new(),
-            transient: false,
             reuse_pointing: false,
             discard_timestream: false,
-            work_batches: false,
-            fused: true,
+            fused_allowed: true,
             weights_finite: None,
-        })
+        };
+        mm.plan = Plan::choose(&mm.setup.binner, &mm.plan_facts(None));
+        Ok(mm)
     }
 
     /// With `on`, the caller reads no detector timestream after the run
@@ -325,7 +322,25 @@ impl MapMaker {
     /// timestream (the module `fused`; byte-identical results); `false`
     /// keeps the unfused passes (to compare them).
     pub fn fused_passes(&mut self, on: bool) {
-        self.fused = on;
+        self.fused_allowed = on;
+    }
+
+    /// The facts of a run that decide its [`Plan`] besides the
+    /// configuration: the pipeline's backend (`None`: the host) and what
+    /// this map-maker's setup and the data say.
+    pub fn plan_facts(&self, backend: Option<(String, bool)>) -> PlanFacts {
+        PlanFacts::of_setup(
+            &self.setup,
+            backend,
+            !self.preexisting.is_empty(),
+            self.fused_allowed,
+        )
+    }
+
+    /// The plan of the current (or last) run; before the first run, the
+    /// plan of the setup on the host.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// The setup.
@@ -363,13 +378,16 @@ impl MapMaker {
             .get::<Dispatcher>()
             .and_then(|d| pipeline_backend(d, None));
         let scope = open_scope(ctx, backend.as_ref());
-        // A staged (device) run keeps the pointing where compact pointing
-        // is asked for (the compact form is the host passes'), as with
-        // `full_pointing`.
-        let requested_full = self.setup.binner.full_pointing;
-        if self.setup.binner.compact_pointing && ctx.extensions.get::<StagingState>().is_some() {
-            self.setup.binner.full_pointing = true;
-        }
+        // The one decision of how this run holds the pointing.
+        let staged = ctx.extensions.get::<StagingState>().is_some();
+        let facts = self.plan_facts(backend.as_ref().map(|b| (b.name().to_string(), !staged)));
+        self.plan = Plan::choose(&self.setup.binner, &facts);
+        tracing::debug!(
+            "{}: plan {} ({:?})",
+            self.setup.name,
+            self.plan,
+            self.plan.why
+        );
         let keys = Keys::new(&self.setup.name);
         let name = self.setup.name.clone();
         let result = timed(data, ctx, &name, |data, ctx| {
@@ -384,7 +402,7 @@ impl MapMaker {
         } else {
             timestreams.clone()
         };
-        if self.setup.binner.full_pointing {
+        if self.plan.keeps_pointing() {
             outputs.extend(&self.solve_pointing.provides());
         }
         let stale = if discard {
@@ -395,10 +413,8 @@ impl MapMaker {
         let closed = close_scope(data, ctx, scope, &outputs);
         let removed = data.remove_detdata(&stale);
         self.set_transient(false);
-        self.work_batches = false;
         self.solve_pointing.set_compact(None);
         let cleanup = self.cleanup(data, &keys);
-        self.setup.binner.full_pointing = requested_full;
         let mut res = result?;
         closed?;
         removed?;
@@ -417,7 +433,7 @@ impl MapMaker {
         keys: &Keys,
     ) -> Result<MapMakerResult, OpError> {
         let mm = self.setup.mapmaker.clone();
-        let full = self.setup.binner.full_pointing;
+        let full = self.plan.keeps_pointing();
         let det_data = mm.det_data.clone();
         let res = MapMakerResult::default();
 
@@ -427,13 +443,12 @@ impl MapMaker {
         }
         // Else recomputed in every pass; on the host, one batch of
         // detectors at a time, from the compact pixels when asked for.
-        let host_run = ctx.extensions.get::<StagingState>().is_none();
-        let compact = !full && host_run && self.compact_applies();
+        let host_run = self.plan.host();
+        let compact = self.plan.compact();
         if compact {
             self.compact_solve_pixels(data, ctx)?;
         }
-        self.set_transient(!full && host_run);
-        self.work_batches = host_run && self.setup.binner.pointing_batch > 0;
+        self.set_transient(self.plan.transient_pointing());
         if compact {
             let field = self.compact_field();
             self.solve_pointing.set_compact(Some(&field));
@@ -614,15 +629,6 @@ impl MapMaker {
         format!("{}_compact_pixels", self.setup.name)
     }
 
-    /// Whether compact pointing is asked for and applies: every pixel of
-    /// the solver's pixelization fits an i32, and no pointing field
-    /// existed before the run (a given one is used as it is).
-    fn compact_applies(&self) -> bool {
-        self.setup.binner.compact_pointing
-            && self.solve_pointing.pixels.config.nside.npix() <= i32::MAX as u64
-            && self.preexisting.is_empty()
-    }
-
     /// The compact pixels of the solver's pixelization, once: the
     /// quaternions and pixels of each batch of `binner.pointing_batch`
     /// detectors (the pointing kernels, transient fields) narrowed into
@@ -660,7 +666,6 @@ impl MapMaker {
 
     /// Make the pointing operators' outputs transient (or not).
     fn set_transient(&mut self, on: bool) {
-        self.transient = on;
         self.solve_pointing.set_transient(on);
         if let Some(p) = &mut self.final_pointing {
             p.set_transient(on);
@@ -674,7 +679,7 @@ impl MapMaker {
     /// global resets first, over all detectors (see
     /// [`crate::ops::binning`]'s `bin_map`).
     fn pointing_sets(&self, data: &Data) -> DetectorSets {
-        self.batched_sets(data, self.transient)
+        self.batched_sets(data, self.plan.transient_pointing())
     }
 
     /// The detector sets of the solver's passes over its work timestream
@@ -686,7 +691,7 @@ impl MapMaker {
     /// pass, so the results do not depend on it. With transient pointing
     /// these are the [`MapMaker::pointing_sets`].
     fn work_sets(&self, data: &Data) -> DetectorSets {
-        self.batched_sets(data, self.work_batches)
+        self.batched_sets(data, self.plan.work_batches())
     }
 
     /// The local detectors in [`batches`] of `binner.pointing_batch` when
@@ -799,7 +804,7 @@ impl Operator for MapMaker {
                 },
             );
         }
-        if self.setup.binner.full_pointing {
+        if self.plan.keeps_pointing() {
             p.extend(&self.solve_pointing.provides());
         }
         p

@@ -164,7 +164,7 @@ impl MapMaker {
         // Pointing this run made: the quaternions always go, the pixels and
         // weights unless they are kept (`full_pointing`).
         for f in self.pointing_fields() {
-            let kept = self.setup.binner.full_pointing && f != self.setup.det_pointing.quats;
+            let kept = self.plan.keeps_pointing() && f != self.setup.det_pointing.quats;
             if !kept && !self.preexisting.contains(&f) {
                 detdata.push(f);
             }

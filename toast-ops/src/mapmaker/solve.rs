@@ -151,7 +151,7 @@ impl MapMaker {
                 solve_sel,
                 &binner.noise_model,
                 mm.solve_rcond_threshold,
-                !binner.full_pointing,
+                !self.plan.keeps_pointing(),
                 false,
             )
         })?;
@@ -305,7 +305,7 @@ impl MapMaker {
     ) -> Result<(u64, u64), OpError> {
         let binner = self.setup.binner.clone();
         let view = self.solve_pointing.view().map(str::to_string);
-        if !binner.full_pointing {
+        if !self.plan.keeps_pointing() {
             let mut ops = self.solve_pointing.operators();
             ops.truncate(2);
             run_operators(
@@ -429,12 +429,12 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        if let Some(fused) = self.fused_applies(data, ctx, Some(tmpl))? {
+        if let Some(fused) = self.fused_applies(data, Some(tmpl))? {
             return self.rhs_fused(data, ctx, (tmpl, fused), keys);
         }
         let mm = self.setup.mapmaker.clone();
         let binner = self.setup.binner.clone();
-        let full = binner.full_pointing;
+        let full = self.plan.keeps_pointing();
         let pass = BinPass {
             name: "solver_binning",
             config: &binner,
@@ -458,7 +458,7 @@ impl MapMaker {
             input: mm.det_data.clone(),
             output: keys.temp.clone(),
             det_mask: binner.det_mask,
-            transient: self.work_batches,
+            transient: self.plan.work_batches(),
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
@@ -493,7 +493,7 @@ impl MapMaker {
         } else {
             tail
         };
-        if expand || (batched && self.transient) {
+        if expand || (batched && self.plan.transient_pointing()) {
             ops.extend(self.solve_pointing.operators());
         }
         for op in rest.iter_mut() {
@@ -574,16 +574,16 @@ impl MapMaker {
         tmpl: &Arc<OffsetTemplate>,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        if let Some(fused) = self.fused_applies(data, ctx, Some(tmpl))? {
+        if let Some(fused) = self.fused_applies(data, Some(tmpl))? {
             return self.lhs_fused(data, ctx, (tmpl, fused), keys);
         }
         let binner = self.setup.binner.clone();
-        let full = binner.full_pointing;
+        let full = self.plan.keeps_pointing();
         let solver_bin_flags = self.solver_selection(keys, 0);
         // F d into a zeroed timestream, binned. On the host the timestream
         // exists for one detector batch at a time ([`MapMaker::work_sets`]),
         // and `F d` is rebuilt for the projection below (the same values).
-        let batched = self.work_batches;
+        let batched = self.plan.work_batches();
         let mut zero = ResetData {
             name: "reset_lhs".into(),
             detdata: vec![keys.temp.clone()],

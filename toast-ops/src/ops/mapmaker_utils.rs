@@ -127,7 +127,7 @@ pub(crate) fn ensure_map<T: Element>(
         }
         return Ok(());
     }
-    let mut map = PixelData::<T>::new(Arc::clone(dist), n_value);
+    let mut map = PixelData::<T>::try_new(Arc::clone(dist), n_value, key)?;
     if let Ok(support) = data
         .meta
         .object::<Arc<crate::pixels::PixelSupport>>(&crate::pixels::support::support_key(dist_key))

@@ -12,15 +12,15 @@
 //! * a [`WhiteNoiseWeights`] (explicit weights, or from the focalplane NETs:
 //!   `1 / (NET² · rate)`, exactly TOAST's `AnalyticNoise` weight),
 //! * a `BTreeMap` or `HashMap` from detector name to
-//!   [`crate::sim::noise::AnalyticNoiseParams`] (the analytic model of
-//!   [`crate::sim::noise`], weight [`crate::sim::noise::AnalyticNoiseParams::detector_weight`]),
+//!   [`crate::noise_model::AnalyticNoiseParams`] (the analytic model,
+//!   weight [`crate::noise_model::AnalyticNoiseParams::detector_weight`]),
 //! * or any type registered once with [`register_noise_model`] (how a noise
 //!   model type defined elsewhere, e.g. an analytic PSD model, plugs in
 //!   without this crate knowing it).
 
 use super::util::select_detectors;
 use crate::accel::kernels::{self, view_intervals, KernelCall};
-use crate::sim::noise::AnalyticNoiseParams;
+use crate::noise_model::AnalyticNoiseParams;
 use serde::Deserialize;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};

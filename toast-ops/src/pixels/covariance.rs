@@ -286,7 +286,7 @@ pub fn invert_covariance(
             "a covariance with {block} values per pixel is not a packed symmetric matrix"
         ),
     })?;
-    let mut rcond = PixelData::<f64>::new(Arc::clone(cov.distribution()), 1);
+    let mut rcond = PixelData::<f64>::try_new(Arc::clone(cov.distribution()), 1, "rcond")?;
     cov.data_mut()
         .par_chunks_mut(block)
         .zip(rcond.data_mut().par_iter_mut())

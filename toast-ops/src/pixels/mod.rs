@@ -29,6 +29,7 @@ pub mod support;
 
 pub use support::PixelSupport;
 
+pub use crate::io::fits::MapValue;
 use crate::math::healpix::Nside;
 
 use std::sync::Arc;
@@ -309,6 +310,37 @@ impl<T: Element> PixelData<T> {
         }
     }
 
+    /// [`PixelData::new`] for the pipeline's maps, whose size comes from the
+    /// input: a map whose memory cannot be had (an address-space or data
+    /// limit, no memory left) is an error naming `what` it was for and the
+    /// bytes, where `new` would abort the process.
+    pub fn try_new(
+        dist: Arc<PixelDistribution>,
+        n_value: usize,
+        what: &str,
+    ) -> Result<Self, OpError> {
+        let elements =
+            (dist.n_local_submap() as u128) * (dist.n_pix_submap() as u128) * (n_value as u128);
+        let data = usize::try_from(elements)
+            .ok()
+            .and_then(toast_core::mem::try_zeroed::<T>)
+            .ok_or_else(|| OpError::Global {
+                key: what.to_string(),
+                problem: format!(
+                    "cannot allocate {} bytes for a map of {n_value} value(s) per pixel \
+                     (out of memory)",
+                    elements * std::mem::size_of::<T>() as u128
+                ),
+            })?;
+        Ok(PixelData {
+            dist,
+            n_value,
+            data,
+            units: String::new(),
+            support: None,
+        })
+    }
+
     /// The distribution.
     pub fn distribution(&self) -> &Arc<PixelDistribution> {
         &self.dist
@@ -468,24 +500,6 @@ impl<T: Element> PixelData<T> {
         out
     }
 }
-
-/// Element types whose values convert to `f64` for statistics.
-pub trait MapValue: Element {
-    /// The value as `f64`.
-    fn to_f64(self) -> f64;
-}
-
-macro_rules! map_value {
-    ($($t:ty),*) => {$(
-        impl MapValue for $t {
-            #[inline]
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-        }
-    )*};
-}
-map_value!(f64, f32, i64, i32, u8);
 
 impl<T: MapValue> PixelData<T> {
     /// TOAST's MPI-style statistics: for each component, the sum, the mean
@@ -721,7 +735,15 @@ pub fn gather_map<T: Reducible>(
     let global = dist.global_submaps().to_vec();
     let mut full = PixelDistribution::new(dist.n_pix(), dist.n_submap(), &global)?;
     full.nest = dist.nest();
-    let mut out = (comm.rank() == root).then(|| PixelData::new(Arc::new(full), map.n_value));
+    let mut out = if comm.rank() == root {
+        Some(PixelData::try_new(
+            Arc::new(full),
+            map.n_value,
+            "the gathered full-sky map",
+        )?)
+    } else {
+        None
+    };
     if let Some(o) = out.as_mut() {
         o.units = map.units.clone();
     }

@@ -63,4 +63,4 @@ pub use model::{
     AnalyticNoiseModel, DefaultNoiseModel, DefaultNoiseModelConfig, SimNoise, SimNoiseConfig,
 };
 pub use satellite::{core_focalplane, SimSatellite, SimSatelliteConfig, SESSION_UID};
-pub use scan::{InputSky, ScanHealpixMap, ScanHealpixMapConfig};
+pub use scan::{check_sky_units, InputSky, ScanHealpixMap, ScanHealpixMapConfig};

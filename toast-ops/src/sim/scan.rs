@@ -3,7 +3,9 @@
 use crate::accel::pipeline::{
     close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
 };
-use crate::io::fits::{read_healpix_map, HealpixMap, MapField, Ordering, UNSEEN};
+use crate::io::fits::{
+    read_healpix_map, units, HealpixHeader, HealpixMap, MapField, Ordering, UNSEEN,
+};
 use crate::math::healpix::Healpix;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pixels::{PixelData, PixelDistribution};
@@ -43,7 +45,10 @@ impl InputSky {
     /// (unobserved pixels, and the pixels a partial-sky file leaves out)
     /// is scanned as zero signal and counted in the log; NaN, ±inf and
     /// values beyond single precision (the sky is scanned as float32) are
-    /// refused, naming the column and the first such pixel.
+    /// refused, naming the column and the first such pixel. Each column's
+    /// `TUNITn` (K, mK, uK, with `_CMB`/`_RJ`; none is K: see
+    /// [`crate::io::fits::units`]) is converted to K, the run's unit; a
+    /// unit that is not a temperature is refused, naming column and unit.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
         let mut m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
         if m.fields.len() < 3 {
@@ -221,6 +226,7 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
     let mut unseen = [0usize; 3];
     for k in 0..m.fields.len().min(3) {
         let f = &m.fields[k];
+        let scale = kelvin_scale(k, &f.name, f.unit.as_deref(), m.partial)?;
         if f.data.iter().any(|&x| bad_sky_value(x).is_some()) {
             let (pix, x, why) = first_bad(f, m)?;
             return Err(format!(
@@ -243,7 +249,7 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
                     unseen[k] += 1;
                     0.0
                 } else {
-                    x as f32
+                    (x * scale) as f32
                 }
             })
             .collect();
@@ -251,6 +257,34 @@ fn sky_values(m: &mut HealpixMap) -> Result<([Vec<f32>; 3], [usize; 3]), String>
         m.fields[k].data = Vec::new();
     }
     Ok((maps, unseen))
+}
+
+/// The factor that turns map column `k` (0-based among the map columns; in
+/// a partial-sky file they follow `PIXEL`) of unit `unit` into K, or the
+/// refusal naming the column and the unit
+/// ([`crate::io::fits::units::kelvin_per_unit`]).
+fn kelvin_scale(k: usize, name: &str, unit: Option<&str>, partial: bool) -> Result<f64, String> {
+    units::kelvin_per_unit(unit).ok_or_else(|| {
+        format!(
+            "column {} ('{name}', Stokes {}): unit '{}' (TUNIT{}) cannot be converted to K; \
+             known units: {}",
+            k + 1,
+            STOKES[k],
+            unit.unwrap_or_default(),
+            k + 1 + usize::from(partial),
+            units::KNOWN_UNITS
+        )
+    })
+}
+
+/// Refuse a sky map whose I, Q, U columns (the first three) have a unit
+/// that cannot be converted to K, from its header alone: the check a job
+/// makes before any work, where [`InputSky::from_file`] makes it again.
+pub fn check_sky_units(header: &HealpixHeader) -> Result<(), String> {
+    for (k, (name, unit)) in header.columns.iter().take(3).enumerate() {
+        kelvin_scale(k, name, unit.as_deref(), header.partial)?;
+    }
+    Ok(())
 }
 
 /// The first bad value of field `f` in the file's pixel order (its data
@@ -472,7 +506,7 @@ impl ScanHealpixMap {
             .object::<Arc<PixelDistribution>>(&cfg.pixel_dist)?
             .clone();
         // The sky on the hit submaps only (TOAST's `PixelData.read`).
-        let mut map = PixelData::<f64>::new(Arc::clone(&dist), 3);
+        let mut map = PixelData::<f64>::try_new(Arc::clone(&dist), 3, "the sky map to scan")?;
         map.set_units("K");
         let nps = dist.n_pix_submap() as usize;
         for (ls, &gs) in dist.local_submaps().iter().enumerate() {

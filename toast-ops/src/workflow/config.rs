@@ -80,6 +80,7 @@ use crate::sim::{
 };
 use crate::templates::OffsetConfig;
 use serde::de::DeserializeOwned;
+use toast_accel::host::DispatchPolicy;
 use toml::{Table, Value};
 
 /// A configuration error: the section, key and value involved.
@@ -363,16 +364,13 @@ fn check_workflow_keys(table: &Table, cfg: &SatelliteConfig) -> Result<(), Confi
             ),
         ));
     }
-    for s in &cfg.dispatch {
-        let Some((op, _)) = s.strip_prefix("operator.").and_then(|r| r.split_once('=')) else {
-            continue;
-        };
-        let op = op.trim();
-        if !DISPATCH_OPERATORS.contains(&op) {
+    for (op, backend) in &cfg.dispatch.operators {
+        if !DISPATCH_OPERATORS.contains(&op.as_str()) {
             return Err(section_err(
                 "dispatch",
                 format!(
-                    "{s}: no operator `{op}` calls kernels in this workflow (operators: {})",
+                    "operator.{op}={backend}: no operator `{op}` calls kernels in this workflow \
+                     (operators: {})",
                     DISPATCH_OPERATORS.join(", ")
                 ),
             ));
@@ -394,9 +392,10 @@ pub struct SatelliteConfig {
     pub binner: BinnerConfig,
     pub mapmaker: MapMakerConfig,
     pub baselines: OffsetConfig,
-    /// Dispatch settings (`level[.name]=backend`).
-    pub dispatch: Vec<String>,
-    /// The effective table (written to `config.toml`).
+    /// The dispatch policy (the `dispatch` section, parsed once).
+    pub dispatch: DispatchPolicy,
+    /// The merged table the configuration was built from (its keys are
+    /// checked against the workflow).
     pub table: Table,
 }
 
@@ -404,56 +403,46 @@ pub struct SatelliteConfig {
 /// 1024 NEST with 16-nside submaps, IQU weights, rcond threshold 1e-3 or
 /// 1e-6 for tiny, the map-maker's outputs, cleaned timestream in place).
 pub fn workflow_defaults(case: &str) -> Table {
-    let rcond = if case == "tiny" { "1.0e-6" } else { "1.0e-3" };
+    let rcond = if case == "tiny" { 1.0e-6 } else { 1.0e-3 };
     let full_pointing = crate::workflow::presets::keeps_pointing(case);
-    let compact_pointing = !full_pointing;
-    let text = format!(
-        r#"
-[sim_satellite]
-prec_angle = 65.0
-spin_angle = 30.0
-prec_period = 50.0
-spin_period = 10.0
-
-[scan_map]
-file = ""
-
-[sim_noise]
-realization = 0
-
-[pixels]
-nside = 1024
-nside_submap = 16
-nest = true
-
-[weights]
-mode = "IQU"
-
-[binner]
-pixel_dist = "pixel_dist"
-full_pointing = {full_pointing}
-compact_pointing = {compact_pointing}
-
-[mapmaker]
-iter_max = 100
-convergence = 1.0e-12
-solve_rcond_threshold = {rcond}
-map_rcond_threshold = {rcond}
-write_hits = true
-write_binmap = true
-write_map = true
-write_cov = false
-write_rcond = false
-save_cleaned = true
-overwrite_cleaned = true
-
-[baselines]
-step_time = 10000.0
-good_fraction = 0.5
-"#
-    );
-    text.parse::<Table>()
-        .expect("the built-in defaults are valid TOML")
+    let values: [(&str, &str, Value); 26] = [
+        ("sim_satellite", "prec_angle", 65.0.into()),
+        ("sim_satellite", "spin_angle", 30.0.into()),
+        ("sim_satellite", "prec_period", 50.0.into()),
+        ("sim_satellite", "spin_period", 10.0.into()),
+        ("scan_map", "file", "".into()),
+        ("sim_noise", "realization", 0.into()),
+        ("pixels", "nside", 1024.into()),
+        ("pixels", "nside_submap", 16.into()),
+        ("pixels", "nest", true.into()),
+        ("weights", "mode", "IQU".into()),
+        ("binner", "pixel_dist", "pixel_dist".into()),
+        ("binner", "full_pointing", full_pointing.into()),
+        ("binner", "compact_pointing", (!full_pointing).into()),
+        ("mapmaker", "iter_max", 100.into()),
+        ("mapmaker", "convergence", 1.0e-12.into()),
+        ("mapmaker", "solve_rcond_threshold", rcond.into()),
+        ("mapmaker", "map_rcond_threshold", rcond.into()),
+        ("mapmaker", "write_hits", true.into()),
+        ("mapmaker", "write_binmap", true.into()),
+        ("mapmaker", "write_map", true.into()),
+        ("mapmaker", "write_cov", false.into()),
+        ("mapmaker", "write_rcond", false.into()),
+        ("mapmaker", "save_cleaned", true.into()),
+        ("mapmaker", "overwrite_cleaned", true.into()),
+        ("baselines", "step_time", 10000.0.into()),
+        ("baselines", "good_fraction", 0.5.into()),
+    ];
+    let mut table = Table::new();
+    for (section, key, value) in values {
+        if let Value::Table(t) = table
+            .entry(section)
+            .or_insert_with(|| Value::Table(Table::new()))
+        {
+            t.insert(key.to_string(), value);
+        }
+    }
+    table
 }
 
 /// Merge `over` into `base`, section by section (keys of `over` win).
@@ -604,7 +593,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
             return Err(ConfigError::UnknownSection { section: k.clone() });
         }
     }
-    let mut dispatch = Vec::new();
+    let mut dispatch = DispatchPolicy::new();
     if let Some(v) = table.get("dispatch") {
         let Value::Table(t) = v else {
             return Err(ConfigError::NotASection {
@@ -612,10 +601,11 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
                 found: shown(v, v),
             });
         };
-        flatten("", t, &mut dispatch)?;
-        let mut p = toast_accel::host::DispatchPolicy::new();
-        for s in &dispatch {
-            p.apply(s)
+        let mut settings = Vec::new();
+        flatten("", t, &mut settings)?;
+        for s in &settings {
+            dispatch
+                .apply(s)
                 .map_err(|e| section_err("dispatch", format!("{s}: {e}")))?;
         }
     }
@@ -663,11 +653,24 @@ pub fn to_toml(cfg: &SatelliteConfig) -> Result<String, ConfigError> {
     }
     let mut out =
         String::from("# the satellite workflow: the configuration used (every parameter)\n");
-    // Dispatch settings as given (TOML dotted keys kept as nested tables).
-    let dispatch = match cfg.table.get("dispatch") {
-        Some(Value::Table(t)) => t.clone(),
-        _ => Table::new(),
-    };
+    // The dispatch policy's settings (dotted keys as nested tables).
+    let mut dispatch = Table::new();
+    for (key, backend) in cfg.dispatch.named_backends() {
+        let backend = Value::String(backend.to_string());
+        match key.split_once('.') {
+            Some((level, name)) => {
+                let sub = dispatch
+                    .entry(level)
+                    .or_insert_with(|| Value::Table(Table::new()));
+                if let Value::Table(t) = sub {
+                    t.insert(name.to_string(), backend);
+                }
+            }
+            None => {
+                dispatch.insert(key, backend);
+            }
+        }
+    }
     let parts = [
         section("sim_satellite", &cfg.sim_satellite)?,
         section("default_model", &cfg.default_model)?,
@@ -715,7 +718,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.baselines.step_time, 60.0);
         assert_eq!(c.mapmaker.iter_max, 50);
-        assert_eq!(c.dispatch, vec!["kernel.scan_map=cpu".to_string()]);
+        assert_eq!(
+            c.dispatch.named_backends(),
+            [("kernel.scan_map".to_string(), "cpu")]
+        );
         let text = to_toml(&c).unwrap();
         let back = build(text.parse::<Table>().unwrap()).unwrap();
         assert_eq!(back.baselines.step_time, 60.0);
@@ -738,7 +744,10 @@ mod tests {
         assert_eq!(c.mapmaker.iter_max, 7);
         assert_eq!(c.mapmaker.solve_rcond_threshold, 1e-3);
         assert_eq!(c.mapmaker.convergence, 1e-12);
-        assert_eq!(c.dispatch, vec!["kernel.scan_map=opencl".to_string()]);
+        assert_eq!(
+            c.dispatch.named_backends(),
+            [("kernel.scan_map".to_string(), "opencl")]
+        );
     }
 
     #[test]

@@ -102,7 +102,7 @@
 //! TOAST's recomputation by the kernels (10 B, slowest).
 
 /// The machine's memory, read where the lower layers need it too.
-pub use crate::sysinfo::{mem_available, mem_total, peak_rss};
+pub use crate::sysinfo::{mem_available, mem_total, memory_bound, peak_rss, MemoryBound};
 
 /// Samples per detector in one 1-hour observation at 100 Hz.
 pub const SAMPLES_PER_OBS: u64 = 360_000;

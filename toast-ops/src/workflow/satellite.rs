@@ -22,10 +22,11 @@
 use super::config::SatelliteConfig;
 use super::presets::{self, gib, Sizing};
 use crate::accel::bus::{BusBytes, CgTransfers};
-use crate::accel::pipeline::{DetectorSets, RunOptions};
+use crate::accel::pipeline::{pipeline_backend_in, DetectorSets, RunOptions};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
 use crate::io::fits;
+use crate::mapmaker::{Plan, PlanFacts};
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
 use crate::sim::sky::SkyConfig;
@@ -166,7 +167,7 @@ pub enum WorkflowError {
     /// memory available there ([`SatelliteJob::check_memory`]).
     #[error(
         "predicted peak memory {} ({processes} process(es) of {} on this node) exceeds the \
-         available memory {} (MemAvailable); reduce the case, --n-det, --n-obs or \
+         available memory {}, bounded by {bound}; reduce the case, --n-det, --n-obs or \
          pixels.nside, or pass --ignore-memory-check to run anyway",
         gib(*predicted), gib(*per_process), gib(*available)
     )]
@@ -179,6 +180,8 @@ pub enum WorkflowError {
         processes: usize,
         /// Available bytes.
         available: f64,
+        /// What bounds them (`sysinfo::MemoryBound::source`).
+        bound: String,
     },
 }
 
@@ -415,6 +418,10 @@ pub struct RunStats {
     pub case: String,
     /// Whether the map-maker ran (`mapmaker.enabled`).
     pub mapmaker_enabled: bool,
+    /// The map-maker's execution plan, with the reasons (absent when it
+    /// did not run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_plan: Option<Plan>,
     #[serde(flatten)]
     pub maps: Option<MapSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -478,11 +485,13 @@ impl SatelliteJob {
     ) -> Result<Self, WorkflowError> {
         let nside = config.pixels.nside.get();
         let (case, mut sizing) = if case == "auto" {
-            let avail = presets::mem_available().ok_or_else(|| WorkflowError::BadSize {
-                option: "--case",
-                value: "auto".into(),
-                reason: "cannot read MemAvailable from /proc/meminfo".into(),
-            })?;
+            let avail = presets::memory_bound()
+                .ok_or_else(|| WorkflowError::BadSize {
+                    option: "--case",
+                    value: "auto".into(),
+                    reason: "cannot read MemAvailable from /proc/meminfo".into(),
+                })?
+                .bytes;
             let (n, s) = presets::auto(avail, nside, pointing_of(&config));
             (n.to_string(), s)
         } else {
@@ -551,6 +560,13 @@ impl SatelliteJob {
         pointing_of(&self.config)
     }
 
+    /// The map-maker's execution plan for a run with the backends of
+    /// `registry` (the one [`SatelliteJob::run`] takes: the same decision,
+    /// [`Plan::choose`], from the same facts).
+    pub fn execution_plan(&self, registry: &Registry) -> Plan {
+        plan_of(&self.config, registry, &self.config.dispatch)
+    }
+
     /// Predicted peak memory of the largest process of `plan` (`sim` as
     /// [`SatelliteJob::plan`] left it); [`SatelliteJob::predicted_memory`]
     /// for one process.
@@ -577,33 +593,35 @@ impl SatelliteJob {
 
     /// Refuse a job whose `processes` processes of `per_process` predicted
     /// bytes each (see [`SatelliteJob::predicted_process_memory`]) would
-    /// not fit in `available` bytes (`MemAvailable` of the node): a run that
-    /// does not fit is killed by the kernel after doing most of its work.
-    /// The front-end skips this check when asked to (`toast-cli run
-    /// --ignore-memory-check`).
+    /// not fit in `available` (the tightest of the node's `MemAvailable`,
+    /// the rlimits and the cgroup's limit: [`presets::memory_bound`]): a run
+    /// that does not fit is killed by the kernel, or aborts on a failed
+    /// allocation, after doing most of its work. The front-end skips this
+    /// check when asked to (`toast-cli run --ignore-memory-check`).
     pub fn check_memory(
         &self,
-        available: f64,
+        available: &presets::MemoryBound,
         per_process: f64,
         processes: usize,
     ) -> Result<(), WorkflowError> {
         let predicted = per_process * processes.max(1) as f64;
-        if predicted > available {
+        if predicted > available.bytes {
             return Err(WorkflowError::Memory {
                 predicted,
                 per_process,
                 processes: processes.max(1),
-                available,
+                available: available.bytes,
+                bound: available.source.clone(),
             });
         }
         Ok(())
     }
 
     /// [`SatelliteJob::check_memory`] on every process of `comm`, with
-    /// `processes_per_node` processes sharing a node's `MemAvailable`; all
-    /// processes take the same decision (the smallest `MemAvailable` of
-    /// them). Nothing is checked when some process cannot read
-    /// `MemAvailable`.
+    /// `processes_per_node` processes sharing a node's memory bound; all
+    /// processes take the same decision (the smallest bound of them, named
+    /// as this process's when it is its own). Nothing is checked when some
+    /// process can read no bound.
     pub fn check_memory_on(
         &self,
         comm: &dyn Comm,
@@ -611,14 +629,22 @@ impl SatelliteJob {
         sim: &SimSatellite,
         processes_per_node: usize,
     ) -> Result<(), WorkflowError> {
-        let mut avail = [presets::mem_available().unwrap_or(-1.0)];
+        let own = presets::memory_bound();
+        let mut avail = [own.as_ref().map_or(-1.0, |b| b.bytes)];
         comm.allreduce_f64(&mut avail, ReduceOp::Min)
             .map_err(|e| WorkflowError::gather("memory check", e))?;
         if avail[0] < 0.0 {
             return Ok(());
         }
+        let bound = match own {
+            Some(b) if b.bytes == avail[0] => b,
+            _ => presets::MemoryBound {
+                bytes: avail[0],
+                source: "the memory bound of another process".into(),
+            },
+        };
         let per_process = self.predicted_process_memory(plan, sim);
-        self.check_memory(avail[0], per_process, processes_per_node)
+        self.check_memory(&bound, per_process, processes_per_node)
     }
 
     /// The focal plane and the simulation operator, which fix the
@@ -687,6 +713,9 @@ impl SatelliteJob {
         let t_start = Instant::now();
         let dispatcher = dispatcher(cfg, registry)?;
         let registry = Arc::clone(dispatcher.registry());
+        // The map-maker's plan, chosen before any work: the sky scan keeps
+        // the pointing for it or not.
+        let plan = plan_of(cfg, &registry, dispatcher.policy());
         let mut ctx = ExecContext::new();
         ctx.insert(dispatcher);
         ctx.insert(CommHandle(Arc::clone(&comm)));
@@ -740,12 +769,13 @@ impl SatelliteJob {
                 detector_sets: DetectorSets::Sets(detsets.clone()),
                 ..RunOptions::default()
             };
-            // The map-maker recomputes the pointing: keep none here either.
-            op.transient_pointing = !cfg.binner.full_pointing;
-            // Else it keeps the pixels and weights: they are the map-maker's
-            // (same configuration), so it reuses them instead of expanding
-            // them again.
-            op.keep_pointing = cfg.binner.full_pointing && cfg.mapmaker.enabled;
+            // Where the map-maker's plan keeps a full host copy of its
+            // pointing, the scan keeps its pixels and weights: they are the
+            // map-maker's (same configuration), so it reuses them instead
+            // of expanding them again. Else it keeps none.
+            let kept = plan.host_pointing_kept();
+            op.transient_pointing = !kept;
+            op.keep_pointing = kept && cfg.mapmaker.enabled;
             op.apply(&mut data, ctx).map_err(&err)
         })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
@@ -754,18 +784,8 @@ impl SatelliteJob {
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("SimNoise"))
         })?;
-        let setup = MapMakerSetup {
-            name: "mapmaker".into(),
-            mapmaker: cfg.mapmaker.clone(),
-            baselines: cfg.baselines.clone(),
-            binner: cfg.binner.clone(),
-            binner_final: None,
-            det_pointing: cfg.det_pointing.clone(),
-            pixels: cfg.pixels.clone(),
-            weights: cfg.weights.clone(),
-            pixels_final: None,
-        };
-        let mut mm = MapMaker::new(setup).map_err(WorkflowError::phase("MapMaker"))?;
+        let mut mm =
+            MapMaker::new(mapmaker_setup(cfg)).map_err(WorkflowError::phase("MapMaker"))?;
         mm.reuse_pointing(scan_cfg.enabled);
         // The timestreams are dropped before the maps are written.
         mm.discard_timestream(true);
@@ -783,6 +803,12 @@ impl SatelliteJob {
                 e => WorkflowError::phase("MapMaker")(e),
             })
         })?;
+        // The plan the map-maker took (one function of the same facts as
+        // the workflow's: a difference is a bug).
+        let taken = res.as_ref().map(|_| mm.plan().clone());
+        if let Some(taken) = taken.as_ref().filter(|t| **t != plan) {
+            tracing::warn!("MapMaker: ran plan {taken}, the workflow chose {plan}");
+        }
         let span = time_span(&*comm, &data)?;
         // What each rank really holds (from its data, not from the plan).
         let processes = gather_processes(&*comm, &data, &cfg.binner.pixel_dist)?;
@@ -864,6 +890,7 @@ impl SatelliteJob {
         let stats = RunStats {
             case: self.case.clone(),
             mapmaker_enabled: enabled,
+            execution_plan: taken,
             maps,
             sky_map: self.sky_file.as_ref().map(|p| p.display().to_string()),
             processes: comm.size(),
@@ -916,40 +943,64 @@ fn run_phase<R>(
     r
 }
 
+/// The map-maker of the workflow.
+fn mapmaker_setup(cfg: &SatelliteConfig) -> MapMakerSetup {
+    MapMakerSetup {
+        name: "mapmaker".into(),
+        mapmaker: cfg.mapmaker.clone(),
+        baselines: cfg.baselines.clone(),
+        binner: cfg.binner.clone(),
+        binner_final: None,
+        det_pointing: cfg.det_pointing.clone(),
+        pixels: cfg.pixels.clone(),
+        weights: cfg.weights.clone(),
+        pixels_final: None,
+    }
+}
+
+/// The plan the workflow's map-maker takes with the pipeline backend
+/// `policy` resolves in `registry` (the facts [`MapMaker::run`] finds at
+/// its start: no pointing handed over where the plan keeps none on the
+/// host, fused passes allowed).
+fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) -> Plan {
+    let backend = pipeline_backend_in(registry, policy, None)
+        .map(|b| (b.name().to_string(), b.host_addressable()));
+    let facts = PlanFacts::of_setup(&mapmaker_setup(cfg), backend, false, true);
+    Plan::choose(&cfg.binner, &facts)
+}
+
 /// The dispatcher of the configuration's `dispatch` settings. A backend
 /// asked for by name must be there and usable: fail before any work rather
 /// than silently running elsewhere. (Dispatch still falls back, per
 /// kernel, when a named backend lacks that one kernel.)
 fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, WorkflowError> {
-    let derr = |d: &String, e: &dyn std::fmt::Display| WorkflowError::Dispatch {
-        setting: d.clone(),
-        reason: e.to_string(),
-    };
-    let mut policy = DispatchPolicy::new();
-    for d in &cfg.dispatch {
-        policy.apply(d).map_err(|e| derr(d, &e))?;
+    for (key, name) in cfg.dispatch.named_backends() {
+        registry.get(name).map_err(|e| WorkflowError::Dispatch {
+            setting: format!("{key}={name}"),
+            reason: e.to_string(),
+        })?;
     }
-    for d in &cfg.dispatch {
-        let name = d.split_once('=').map_or(d.as_str(), |(_, v)| v.trim());
-        registry.get(name).map_err(|e| derr(d, &e))?;
-    }
-    Ok(Dispatcher::new(Arc::new(registry), policy))
+    Ok(Dispatcher::new(Arc::new(registry), cfg.dispatch.clone()))
 }
 
 /// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
-/// reading the data.
+/// reading the data; its I, Q, U units must convert to K
+/// (`sim::check_sky_units`).
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
-    fits::read_healpix_nside(path).map_err(|e| {
+    let sky_map = |reason: String| WorkflowError::SkyMap {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let header = fits::read_healpix_header(path).map_err(|e| {
         // The FITS error starts with the path, which `SkyMap` names already.
         let text = e.to_string();
         let reason = text
             .strip_prefix(&format!("{}: ", path.display()))
             .unwrap_or(&text);
-        WorkflowError::SkyMap {
-            path: path.to_path_buf(),
-            reason: reason.to_string(),
-        }
-    })
+        sky_map(reason.to_string())
+    })?;
+    crate::sim::check_sky_units(&header).map_err(sky_map)?;
+    Ok(header.nside)
 }
 
 fn local_submaps(data: &Data, key: &str) -> usize {
@@ -1257,14 +1308,18 @@ mod tests {
         let plan = j.plan(&mut sim, 1, 1, None).unwrap();
         let per = j.predicted_process_memory(&plan, &sim);
         assert!((per - j.predicted_memory()).abs() <= 1e-6 * per, "{per}");
-        assert!(j.check_memory(per, per, 1).is_ok());
-        assert!(j.check_memory(2.0 * per, per, 2).is_ok());
-        let e = j.check_memory(per - 1.0, per, 1).unwrap_err();
+        let avail = |bytes: f64| presets::MemoryBound {
+            bytes,
+            source: "MemAvailable".into(),
+        };
+        assert!(j.check_memory(&avail(per), per, 1).is_ok());
+        assert!(j.check_memory(&avail(2.0 * per), per, 2).is_ok());
+        let e = j.check_memory(&avail(per - 1.0), per, 1).unwrap_err();
         assert!(matches!(e, WorkflowError::Memory { .. }));
         let msg = e.to_string();
         assert!(msg.contains("--ignore-memory-check"), "{msg}");
         assert!(msg.contains("MemAvailable"), "{msg}");
-        assert!(j.check_memory(1.5 * per, per, 2).is_err());
+        assert!(j.check_memory(&avail(1.5 * per), per, 2).is_err());
         assert!(j
             .check_memory_on(&toast_core::SerialComm, &plan, &sim, 1)
             .is_ok());

@@ -14,7 +14,6 @@ use ndarray_npy::npy::header::Header;
 use ndarray_npy::{ReadNpyError, ReadNpyExt};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -205,7 +204,7 @@ fn read_fields(path: &Path, cap: u64) -> Result<BTreeMap<String, Field>, CaseErr
         file: file.clone(),
         reason: e.to_string(),
     };
-    let f = File::open(path).map_err(|e| read(&e))?;
+    let f = toast_core::input::open_regular(path).map_err(|e| read(&e))?;
     let mut zip = zip::ZipArchive::new(BufReader::new(f))
         .map_err(|e| read(&format!("not a readable zip archive: {e}")))?;
     let mut map = BTreeMap::new();
@@ -1191,7 +1190,7 @@ mod tests {
         ints: &[(&str, ArrayD<i32>)],
     ) -> PathBuf {
         let p = tmp(name, b"");
-        let mut w = ndarray_npy::NpzWriter::new(File::create(&p).unwrap());
+        let mut w = ndarray_npy::NpzWriter::new(std::fs::File::create(&p).unwrap());
         for (n, a) in fields {
             w.add_array(*n, a).unwrap();
         }
@@ -1255,7 +1254,7 @@ mod tests {
     #[test]
     fn short_per_detector_array_names_the_field() {
         let p = tmp("noise_weight_short2.npz", b"");
-        let mut w = ndarray_npy::NpzWriter::new(File::create(&p).unwrap());
+        let mut w = ndarray_npy::NpzWriter::new(std::fs::File::create(&p).unwrap());
         let d = ArrayD::<f64>::zeros(vec![2, 5]);
         w.add_array("det_data_in", &d).unwrap();
         w.add_array("det_data_out", &d).unwrap();

@@ -316,6 +316,24 @@ pub enum ColumnSource<'a> {
     SubmapsI64(SubmapColumn<'a, i64>),
 }
 
+/// Element types of a map whose values read as `f64` (statistics, plots).
+pub trait MapValue: toast_core::Element {
+    /// The value as `f64`.
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! map_value {
+    ($($t:ty),*) => {$(
+        impl MapValue for $t {
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+        }
+    )*};
+}
+map_value!(f64, f32, i64, i32, u8);
+
 /// One value (`value` of `n_value` per pixel) of a map stored by submaps,
 /// read in place as a full-sky column: pixel `p` lies in submap `p /
 /// n_pix_submap`, stored at local index `global2local[submap]` or not

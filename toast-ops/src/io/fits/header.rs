@@ -294,7 +294,7 @@ pub(super) struct FitsReader {
 
 impl FitsReader {
     pub(super) fn open(path: &Path) -> Result<Self, FitsError> {
-        let file = File::open(path).map_err(|source| FitsError::Open {
+        let file = toast_core::input::open_regular(path).map_err(|source| FitsError::Open {
             path: path.to_path_buf(),
             source,
         })?;

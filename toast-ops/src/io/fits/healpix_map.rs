@@ -123,7 +123,37 @@ pub fn read_healpix_map(path: &Path, fields: Option<&[usize]>) -> Result<Healpix
 /// columns, `NSIDE` against the row count, the data's size against the
 /// file.
 pub fn read_healpix_nside(path: &Path) -> Result<u64, FitsError> {
-    Ok(MapFile::open(path, None)?.nside)
+    Ok(read_healpix_header(path)?.nside)
+}
+
+/// What the header of a HEALPix map file says (see [`read_healpix_header`]).
+#[derive(Debug, Clone)]
+pub struct HealpixHeader {
+    /// Resolution.
+    pub nside: u64,
+    /// Whether the file uses explicit (partial-sky) indexing: its map
+    /// columns then follow the `PIXEL` column.
+    pub partial: bool,
+    /// The map columns (`PIXEL` excluded): name (`TTYPEn`) and unit
+    /// (`TUNITn`), in file order.
+    pub columns: Vec<(String, Option<String>)>,
+}
+
+/// The header of a HEALPix map file, after every check of
+/// [`read_healpix_nside`]: resolution, indexing, and the map columns with
+/// their units, so that a reader can refuse a file before reading its data.
+pub fn read_healpix_header(path: &Path) -> Result<HealpixHeader, FitsError> {
+    let m = MapFile::open(path, None)?;
+    let cols = MapColumns::select(&m.layout.columns, m.keys.partial, None, m.at)?;
+    Ok(HealpixHeader {
+        nside: m.nside,
+        partial: m.keys.partial,
+        columns: cols
+            .selected
+            .iter()
+            .map(|c| (c.name.clone(), c.unit.clone()))
+            .collect(),
+    })
 }
 
 /// A map file checked up to its data (see [`read_healpix_nside`]), the
@@ -410,9 +440,9 @@ fn scatter_partial(
         bytes,
         available,
     };
-    if let Some(available) = crate::sysinfo::mem_available() {
-        if bytes as f64 > available {
-            return Err(too_large(Some(available as u64)));
+    if let Some(available) = crate::sysinfo::memory_bound() {
+        if bytes as f64 > available.bytes {
+            return Err(too_large(Some(available.bytes as u64)));
         }
     }
     let mut maps = Vec::with_capacity(values.len());

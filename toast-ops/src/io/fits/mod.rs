@@ -46,19 +46,22 @@
 //! * `healpix_map`: HEALPix semantics (`PIXTYPE`, `NSIDE`, `ORDERING`,
 //!   `INDXSCHM`, map columns and units): [`read_healpix_map`] in steps, and
 //!   the writers.
+//! * [`units`]: the temperature units of a column (`TUNITn`) and their
+//!   scale to kelvin (an absent unit is K).
 
 mod bintable;
 mod header;
 mod healpix_map;
+pub mod units;
 
 use std::path::PathBuf;
 
-pub use bintable::{ColumnFormat, ColumnSource, SubmapColumn, WriteColumn};
+pub use bintable::{ColumnFormat, ColumnSource, MapValue, SubmapColumn, WriteColumn};
 pub use header::{Header, HeaderCard, HeaderValue, BLOCK};
 pub use healpix_map::{
-    read_healpix_map, read_healpix_nside, toast_extra_header, write_float_columns,
-    write_float_maps, write_healpix_map, write_hits_column, write_hits_map, write_iqu_map,
-    HealpixMap, MapField, MapPrecision, Ordering, UNSEEN,
+    read_healpix_header, read_healpix_map, read_healpix_nside, toast_extra_header,
+    write_float_columns, write_float_maps, write_healpix_map, write_hits_column, write_hits_map,
+    write_iqu_map, HealpixHeader, HealpixMap, MapField, MapPrecision, Ordering, UNSEEN,
 };
 
 /// Errors of FITS reading and writing. Each names the file.

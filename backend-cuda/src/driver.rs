@@ -8,7 +8,7 @@ use toast_accel::abi;
 use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::nvrtc::Nvrtc;
-use toast_accel::rtc::{CompileError, Compiled};
+use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
@@ -257,12 +257,12 @@ impl Driver for CudaDriver {
             .map_err(|e| driver("cuStreamSynchronize", e))
     }
 
-    fn cache_file(&self, source_hash: &str) -> Option<String> {
+    fn cache_key(&self, source_hash: &str) -> Option<CacheKey> {
         let (maj, min) = self.nvrtc.version;
-        Some(format!(
-            "cuda-{source_hash}-{}-nvrtc{maj}.{min}.cubin",
-            self.arch
-        ))
+        Some(CacheKey {
+            file: format!("cuda-{source_hash}-{}-nvrtc{maj}.{min}.cubin", self.arch),
+            identity: format!("cuda cubin {}; NVRTC {maj}.{min}", self.arch),
+        })
     }
 
     fn compile(&self, source: &str) -> Result<Compiled, CompileError> {

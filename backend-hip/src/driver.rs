@@ -7,7 +7,7 @@ use toast_accel::abi;
 use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::hiprtc::Hiprtc;
-use toast_accel::rtc::{CompileError, Compiled};
+use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
@@ -312,12 +312,12 @@ impl Driver for HipDriver {
         self.gpu.synchronize()
     }
 
-    fn cache_file(&self, source_hash: &str) -> Option<String> {
+    fn cache_key(&self, source_hash: &str) -> Option<CacheKey> {
         let (maj, min) = self.rtc.version;
-        Some(format!(
-            "hip-{source_hash}-{}-hiprtc{maj}.{min}.co",
-            self.gpu.arch
-        ))
+        Some(CacheKey {
+            file: format!("hip-{source_hash}-{}-hiprtc{maj}.{min}.co", self.gpu.arch),
+            identity: format!("hip code object {}; hiprtc {maj}.{min}", self.gpu.arch),
+        })
     }
 
     fn compile(&self, source: &str) -> Result<Compiled, CompileError> {

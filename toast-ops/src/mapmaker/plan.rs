@@ -1,0 +1,437 @@
+//! The map-maker's execution plan: how a run holds and reads the pointing,
+//! chosen once, before any work, in one place ([`Plan::choose`]).
+//!
+//! Every pass of the map-maker reads the pointing (the pixel and the Stokes
+//! weights of each sample). Where it comes from decides the memory of a
+//! run and which passes run fused; it used to be decided by flags set in
+//! several files. Now one value says it:
+//!
+//! | plan | pointing | solver passes | bytes a detector sample |
+//! |---|---|---|---|
+//! | [`ExecutionPlan::HostKept`] | expanded once by the kernels, kept (i64 pixel, 3 f64 weights) | fused on the kept fields | 32 |
+//! | [`ExecutionPlan::HostCompact`] | the pixel kept as i32; weights rebuilt from the boresight | fused, weights rebuilt block by block in cache | 4 |
+//! | [`ExecutionPlan::HostBatched`] | recomputed by the kernels in every pass, `batch` detectors at a time (TOAST's way) | unfused, per batch | about 0 kept, 64 per batch sample |
+//! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | the kernels on device fields, one staging scope | 32 on the device |
+//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass | the kernels on device fields, one staging scope | 64 on the device |
+//!
+//! The inputs are what the configuration asks for (`binner.full_pointing`,
+//! `binner.compact_pointing`, `binner.pointing_batch`), what the backend is
+//! (host-addressable or a device), and facts of the case (the pixelization
+//! fits an i32, IQU weights, a separate final pixelization, pointing fields
+//! handed over by the caller). [`Plan::choose`] is a pure function of them,
+//! so `toast-cli run --dry-run` shows the plan a run will take (the
+//! workflow calls it with the configuration's facts) and the map-maker
+//! takes the same decision at the start of its run; `stats.json` records
+//! the plan the run took, with the reasons.
+//!
+//! What may still send a pass of a fused plan through the unfused kernels
+//! is a property of the data, checked where the pass starts: an offset
+//! template whose views differ from the pointing's, or kept fields missing
+//! from some observation (`fused_applies`). The satellite workflow never
+//! meets either.
+
+use serde::Serialize;
+use std::fmt;
+
+use super::MapMakerSetup;
+use crate::ops::{BinnerConfig, StokesMode};
+
+/// How the solver's right- and left-hand sides (and, with compact
+/// pointing, the final binning) run on a host plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Passes {
+    /// Fused: each sample's pointing read or rebuilt inside the
+    /// accumulation and projection loops, no work timestream.
+    Fused,
+    /// The kernels one after the other on a work timestream (per detector
+    /// batch on the host).
+    Unfused,
+}
+
+/// Where the map-maker's pointing lives during a run (see the module
+/// documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "name", rename_all = "kebab-case")]
+pub enum ExecutionPlan {
+    /// On the host, the pointing expanded once for all detectors and kept.
+    HostKept {
+        /// The solver passes.
+        passes: Passes,
+    },
+    /// On the host, the pixels kept in compact form (i32) and the weights
+    /// rebuilt from the boresight.
+    HostCompact {
+        /// The solver and final binning passes.
+        passes: Passes,
+    },
+    /// On the host, the pointing recomputed by the kernels in every pass.
+    HostBatched,
+    /// On a device (a backend that is not host-addressable): one staging
+    /// scope for the run, the pointing expanded there and kept.
+    DeviceKept {
+        /// The host passes (pixel distribution, solver flags, hits and
+        /// covariance) read a host copy the caller kept (the sky scan's,
+        /// with `binner.full_pointing`); else the host expands its own.
+        host_copy_kept: bool,
+    },
+    /// On a device: one staging scope, the pointing recomputed there in
+    /// every pass (the host passes copy its pixels and weights back).
+    DeviceRecomputed,
+}
+
+/// The facts of a run that decide its plan besides the configuration
+/// (the default: no backend, nothing known, so no fused passes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanFacts {
+    /// The backend that runs the map-maker's pipeline, and whether it
+    /// addresses host memory (`None`: no backend resolved, the host).
+    pub backend: Option<(String, bool)>,
+    /// Pixels of the solver's pixelization (`12 nside²`).
+    pub npix: u64,
+    /// The weights are IQU (the fused passes need three).
+    pub iqu: bool,
+    /// The final maps have their own pixelization (`pixels_final`).
+    pub final_pixelization: bool,
+    /// Some pointing field existed before the run (handed over by the
+    /// caller): it is used as it is, so no compact form is made.
+    pub pointing_given: bool,
+    /// The caller allows fused passes ([`super::MapMaker::fused_passes`],
+    /// on by default).
+    pub fused_allowed: bool,
+}
+
+impl PlanFacts {
+    /// The facts of a map-maker of `setup` run on `backend` (name, and
+    /// whether it addresses host memory; `None`: the host), with pointing
+    /// fields handed over or not, and fused passes allowed or not.
+    pub fn of_setup(
+        setup: &MapMakerSetup,
+        backend: Option<(String, bool)>,
+        pointing_given: bool,
+        fused_allowed: bool,
+    ) -> PlanFacts {
+        PlanFacts {
+            backend,
+            npix: setup.pixels.nside.npix(),
+            iqu: setup.weights.mode == StokesMode::IQU,
+            final_pixelization: setup.pixels_final.as_ref().is_some_and(|p| p.enabled),
+            pointing_given,
+            fused_allowed,
+        }
+    }
+}
+
+/// An [`ExecutionPlan`] with its batch size and the reasons it was chosen.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// The plan.
+    #[serde(flatten)]
+    pub plan: ExecutionPlan,
+    /// Detectors per host pass that expands pointing or fills the solver's
+    /// work timestream (`binner.pointing_batch`; 0: all at once).
+    pub batch: usize,
+    /// Why, one reason per deciding fact, in the order they decided.
+    pub why: Vec<String>,
+}
+
+impl Plan {
+    /// The plan for a run of `binner` with `facts` (see the module
+    /// documentation).
+    pub fn choose(binner: &BinnerConfig, facts: &PlanFacts) -> Plan {
+        let mut why = Vec::new();
+        if let Some((name, false)) = &facts.backend {
+            why.push(format!(
+                "backend {name} is a device (not host-addressable): one staging scope for the run"
+            ));
+            let plan = if binner.full_pointing {
+                why.push(
+                    "binner.full_pointing = true: the pointing expanded on the device from the \
+                     boresight and kept there; the host passes read the copy the sky scan kept"
+                        .into(),
+                );
+                ExecutionPlan::DeviceKept {
+                    host_copy_kept: true,
+                }
+            } else if binner.compact_pointing {
+                why.push(
+                    "binner.compact_pointing is a host form: the device keeps the full \
+                     pointing, expanded from the boresight; the host passes expand their own"
+                        .into(),
+                );
+                ExecutionPlan::DeviceKept {
+                    host_copy_kept: false,
+                }
+            } else {
+                why.push(
+                    "binner.full_pointing and binner.compact_pointing are false: the pointing \
+                     recomputed on the device in every pass"
+                        .into(),
+                );
+                ExecutionPlan::DeviceRecomputed
+            };
+            return Plan {
+                plan,
+                batch: binner.pointing_batch,
+                why,
+            };
+        }
+        let host = match &facts.backend {
+            Some((name, _)) => format!("backend {name} addresses host memory"),
+            None => "no device backend".to_string(),
+        };
+        why.push(host);
+        let passes = |why: &mut Vec<String>| {
+            let blocker = if !facts.fused_allowed {
+                Some("fused passes turned off by the caller")
+            } else if !facts.iqu {
+                Some("the fused passes need IQU weights")
+            } else if facts.final_pixelization {
+                Some("the final maps have their own pixelization")
+            } else {
+                None
+            };
+            match blocker {
+                Some(b) => {
+                    why.push(format!("unfused passes: {b}"));
+                    Passes::Unfused
+                }
+                None => Passes::Fused,
+            }
+        };
+        let plan = if binner.full_pointing {
+            why.push("binner.full_pointing = true: pointing expanded once and kept".into());
+            ExecutionPlan::HostKept {
+                passes: passes(&mut why),
+            }
+        } else if binner.compact_pointing {
+            let blocker = if facts.npix > i32::MAX as u64 {
+                Some(format!("{} pixels do not fit an i32", facts.npix))
+            } else if facts.pointing_given {
+                Some("pointing fields were handed over and are used as they are".to_string())
+            } else {
+                None
+            };
+            match blocker {
+                Some(b) => {
+                    why.push(format!(
+                        "binner.compact_pointing does not apply ({b}): pointing recomputed in \
+                         every pass"
+                    ));
+                    ExecutionPlan::HostBatched
+                }
+                None => {
+                    why.push(
+                        "binner.compact_pointing = true: pixels kept as i32, weights rebuilt \
+                         from the boresight"
+                            .into(),
+                    );
+                    ExecutionPlan::HostCompact {
+                        passes: passes(&mut why),
+                    }
+                }
+            }
+        } else {
+            why.push(
+                "binner.full_pointing and binner.compact_pointing are false: pointing \
+                 recomputed in every pass (TOAST's way)"
+                    .into(),
+            );
+            ExecutionPlan::HostBatched
+        };
+        Plan {
+            plan,
+            batch: binner.pointing_batch,
+            why,
+        }
+    }
+
+    /// The run is on the host (no staging scope).
+    pub fn host(&self) -> bool {
+        !matches!(
+            self.plan,
+            ExecutionPlan::DeviceKept { .. } | ExecutionPlan::DeviceRecomputed
+        )
+    }
+
+    /// The solver's pointing is expanded once and kept (on the host, or on
+    /// the device).
+    pub fn keeps_pointing(&self) -> bool {
+        matches!(
+            self.plan,
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. }
+        )
+    }
+
+    /// The host keeps a full copy of the solver's pointing for the map-maker
+    /// (the sky scan keeps its own for it).
+    pub fn host_pointing_kept(&self) -> bool {
+        matches!(
+            self.plan,
+            ExecutionPlan::HostKept { .. }
+                | ExecutionPlan::DeviceKept {
+                    host_copy_kept: true
+                }
+        )
+    }
+
+    /// The pixels are kept in compact form.
+    pub fn compact(&self) -> bool {
+        matches!(self.plan, ExecutionPlan::HostCompact { .. })
+    }
+
+    /// Host passes recompute (or rebuild) the pointing per detector batch,
+    /// each batch's fields replacing the previous one's.
+    pub fn transient_pointing(&self) -> bool {
+        matches!(
+            self.plan,
+            ExecutionPlan::HostCompact { .. } | ExecutionPlan::HostBatched
+        )
+    }
+
+    /// The solver's work timestream exists for one detector batch at a time.
+    pub fn work_batches(&self) -> bool {
+        self.host() && self.batch > 0
+    }
+
+    /// The fused passes run, and on which pointing.
+    pub fn fused(&self) -> Option<FusedPointing> {
+        match self.plan {
+            ExecutionPlan::HostKept {
+                passes: Passes::Fused,
+            } => Some(FusedPointing::Kept),
+            ExecutionPlan::HostCompact {
+                passes: Passes::Fused,
+            } => Some(FusedPointing::Compact),
+            _ => None,
+        }
+    }
+}
+
+/// The pointing a fused pass reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedPointing {
+    /// Compact pointing: the weights rebuilt from the boresight.
+    Compact,
+    /// Kept pointing: the kept fields read in place.
+    Kept,
+}
+
+impl fmt::Display for ExecutionPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let passes = |p: &Passes| match p {
+            Passes::Fused => "fused",
+            Passes::Unfused => "unfused",
+        };
+        match self {
+            ExecutionPlan::HostKept { passes: p } => write!(f, "host-kept-{}", passes(p)),
+            ExecutionPlan::HostCompact { passes: p } => write!(f, "host-compact-{}", passes(p)),
+            ExecutionPlan::HostBatched => f.write_str("host-batched"),
+            ExecutionPlan::DeviceKept { .. } => f.write_str("device-kept"),
+            ExecutionPlan::DeviceRecomputed => f.write_str("device-recomputed"),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.plan)?;
+        if self.host() && !matches!(self.plan, ExecutionPlan::HostKept { .. }) {
+            match self.batch {
+                0 => f.write_str(" (all detectors at once)")?,
+                n => write!(f, " ({n} detectors a batch)")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(backend: Option<(&str, bool)>) -> PlanFacts {
+        PlanFacts {
+            backend: backend.map(|(n, h)| (n.to_string(), h)),
+            npix: 12 << 20,
+            iqu: true,
+            final_pixelization: false,
+            pointing_given: false,
+            fused_allowed: true,
+        }
+    }
+
+    fn binner(full: bool, compact: bool) -> BinnerConfig {
+        BinnerConfig {
+            full_pointing: full,
+            compact_pointing: compact,
+            ..BinnerConfig::default()
+        }
+    }
+
+    #[test]
+    fn each_configuration_gets_its_plan() {
+        let cpu = facts(Some(("cpu", true)));
+        let p = Plan::choose(&binner(true, false), &cpu);
+        assert_eq!(p.to_string(), "host-kept-fused");
+        assert_eq!(p.fused(), Some(FusedPointing::Kept));
+        assert!(p.keeps_pointing() && p.host_pointing_kept() && !p.transient_pointing());
+        let p = Plan::choose(&binner(false, true), &cpu);
+        assert_eq!(p.to_string(), "host-compact-fused (8 detectors a batch)");
+        assert_eq!(p.fused(), Some(FusedPointing::Compact));
+        assert!(p.compact() && p.transient_pointing() && p.work_batches());
+        let p = Plan::choose(&binner(false, false), &cpu);
+        assert_eq!(p.plan, ExecutionPlan::HostBatched);
+        assert_eq!(p.fused(), None);
+        // A device keeps the full pointing where a host form asked for it
+        // to be kept.
+        let dev = facts(Some(("opencl", false)));
+        for (full, compact) in [(true, false), (false, true), (false, false)] {
+            let p = Plan::choose(&binner(full, compact), &dev);
+            let want = match (full, compact) {
+                (false, false) => ExecutionPlan::DeviceRecomputed,
+                _ => ExecutionPlan::DeviceKept {
+                    host_copy_kept: full,
+                },
+            };
+            assert_eq!(p.plan, want);
+            assert_eq!(p.keeps_pointing(), full || compact);
+            assert_eq!(p.host_pointing_kept(), full);
+            assert!(!p.host() && !p.transient_pointing() && !p.work_batches());
+            assert_eq!(p.fused(), None);
+        }
+    }
+
+    #[test]
+    fn blockers_are_named() {
+        let mut f = facts(None);
+        f.npix = 1 << 40;
+        let p = Plan::choose(&binner(false, true), &f);
+        assert_eq!(p.plan, ExecutionPlan::HostBatched);
+        assert!(
+            p.why.iter().any(|w| w.contains("do not fit an i32")),
+            "{p:?}"
+        );
+        let mut f = facts(None);
+        f.final_pixelization = true;
+        let p = Plan::choose(&binner(true, false), &f);
+        assert_eq!(
+            p.plan,
+            ExecutionPlan::HostKept {
+                passes: Passes::Unfused
+            }
+        );
+        assert!(
+            p.why.iter().any(|w| w.contains("own pixelization")),
+            "{p:?}"
+        );
+        let mut f = facts(None);
+        f.pointing_given = true;
+        let p = Plan::choose(&binner(false, true), &f);
+        assert_eq!(p.plan, ExecutionPlan::HostBatched);
+        let json = serde_json::to_value(Plan::choose(&binner(false, true), &facts(None)))
+            .expect("a plan serializes");
+        assert_eq!(json["name"], "host-compact");
+        assert_eq!(json["passes"], "fused");
+    }
+}
