@@ -182,21 +182,20 @@ fn toast_atan2_matches_libm_atan2_on_opencl() {
     let got = device_eval(&dev, "atan2", &y, &x);
     let want: Vec<f64> = y.iter().zip(&x).map(|(&yy, &xx)| yy.atan2(xx)).collect();
     let what = |i: usize| format!("toast_atan2({:e}, {:e})", y[i], x[i]);
-    for i in 0..n_exact {
-        assert!(
-            same_bits(got[i], want[i]),
-            "{} = {:e}, libm gives {:e}",
-            what(i),
-            got[i],
-            want[i]
-        );
-    }
+    exactly_libm(&what, &got[..n_exact], &want[..n_exact]);
     near_libm(&what, &got[n_exact..], &want[n_exact..], n_exact, 500);
 }
 
 /// Equal bits, or both NaN.
 fn same_bits(a: f64, b: f64) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// `got` (inputs `0..` of `what`) bit for bit libm's `want`.
+fn exactly_libm(what: &dyn Fn(usize) -> String, got: &[f64], want: &[f64]) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(same_bits(g, w), "{} = {g:e}, libm gives {w:e}", what(i));
+    }
 }
 
 /// `got` (inputs `first..` of `what`) within one ulp of libm's `want`
@@ -289,15 +288,7 @@ fn toast_sin_and_cos_are_correctly_rounded_on_opencl() {
         let got = device_eval(&dev, function, &x, &zeros);
         let want: Vec<f64> = x.iter().map(|&a| host(a)).collect();
         let what = |i: usize| format!("toast_{function}({:e})", x[i]);
-        for i in 0..n_exact {
-            assert!(
-                same_bits(got[i], want[i]),
-                "{} = {:e}, libm gives {:e}",
-                what(i),
-                got[i],
-                want[i]
-            );
-        }
+        exactly_libm(&what, &got[..n_exact], &want[..n_exact]);
         for (i, &(_, s, c)) in rounded.iter().enumerate() {
             let cr = if column == 1 { s } else { c };
             let g = got[n_exact + i];

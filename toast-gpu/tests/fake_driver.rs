@@ -419,6 +419,25 @@ fn memory_entry_points_and_pool() {
     }
 }
 
+/// A buffer of context `ctx` holding `data`; its handle.
+fn det_data_on_device(ctx: *mut c_void, data: &[f64]) -> u64 {
+    let t = table();
+    let bytes = std::mem::size_of_val(data) as u64;
+    let mut h = 0u64;
+    // SAFETY: a live context, a valid out pointer, `data` of `bytes` bytes.
+    unsafe {
+        assert_eq!(
+            t.alloc.unwrap()(ctx, bytes, c"det_data".as_ptr(), &mut h),
+            abi::OK
+        );
+        assert_eq!(
+            t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
+            abi::OK
+        );
+    }
+    h
+}
+
 /// The arguments of `noise_weight` over `det_data` = (buffer, rows) of
 /// `n_samp` samples, one detector per entry of `data_index`.
 fn noise_weight_args(
@@ -453,20 +472,12 @@ fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64
     let t = table();
     let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
     let weights = [2.0, 3.0, 5.0];
-    let mut h = 0u64;
     let bytes = n_rows * n_samp * 8;
     let mut out = vec![0f64; data.len()];
+    let h = det_data_on_device(ctx, &data);
     // SAFETY: live context, valid out pointers and host arrays of the
     // lengths given.
     unsafe {
-        assert_eq!(
-            t.alloc.unwrap()(ctx, bytes, c"det_data".as_ptr(), &mut h),
-            abi::OK
-        );
-        assert_eq!(
-            t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
-            abi::OK
-        );
         let args = noise_weight_args(n_samp, data_index, &weights, iv, (h, n_rows));
         assert_eq!(
             t.noise_weight.unwrap()(ctx, &args),
@@ -527,18 +538,7 @@ fn repeated_small_arguments_are_uploaded_once() {
     let bytes = n_det * n_samp * 8;
     let data_index = [0i32, 1, 2];
     let iv = [SampleRange { first: 0, last: 10 }];
-    let mut h = 0u64;
-    // SAFETY: live context, valid out pointer and host array of `bytes`.
-    unsafe {
-        assert_eq!(
-            t.alloc.unwrap()(ctx, bytes, c"det_data".as_ptr(), &mut h),
-            abi::OK
-        );
-        assert_eq!(
-            t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
-            abi::OK
-        );
-    }
+    let h = det_data_on_device(ctx, &data);
     let uploads = || *fake(ctx).uploads.lock().unwrap();
     // noise_weight with these weights; the uploads it made.
     let call = |weights: &[f64; 3]| -> u64 {
