@@ -1,4 +1,6 @@
-//! The CPU backend plugin of toast-rs: TOAST's ten compiled kernels in Rust,
+//! The CPU backend plugin of toast-rs: every kernel of the kernel table in
+//! Rust (TOAST's compiled kernels, the PCG solver's vector kernels and the
+//! map-maker's fused kernels, `kernels/compact.rs` and `kernels/fused.rs`),
 //! parallelised with rayon, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!
@@ -129,7 +131,7 @@ use kernels::CpuKernel;
 
 static NAME: &[u8] = b"cpu\0";
 static VERSION: &[u8] = concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes();
-static DESCRIPTION: &[u8] = b"CPU backend: the ten TOAST kernels in Rust with rayon\0";
+static DESCRIPTION: &[u8] = b"CPU backend: every kernel of the table in Rust with rayon\0";
 
 static TABLE: BackendTable = toast_accel::backend_table! {
     init: Some(init),

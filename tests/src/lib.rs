@@ -63,13 +63,6 @@ pub fn assert_all_cases_pass(b: &Backend, expected: Comparison, tolerant: &[Kern
                     failures.push(format!("{}: needed the tolerance: {o}", path.display()));
                 }
             }
-            // The fused kernels are not in the device source yet: a GPU
-            // plugin's table leaves them empty, and their cases are skipped
-            // there (never on a host backend).
-            Ok(CaseOutcome::Skipped { .. })
-                if !b.host_addressable()
-                    && kernel_of(&path.file_stem().unwrap_or_default().to_string_lossy())
-                        .is_some_and(|k| FUSED_KERNELS.contains(&k)) => {}
             Ok(o) => failures.push(format!("{}: {o}", path.display())),
             Err(e) => failures.push(e.to_string()),
         }

@@ -219,7 +219,7 @@ macro_rules! toast_kernels {
                 check: check_compact_expand_pointing -> $crate::check::CompactExpandPointing<'a>,
                 arrays: [compact: In, boresight: In, pointing_flags: In, hwp: In, pixels: Out,
                          weights: Out],
-                device: [],
+                device: ["toast_compact_expand_pointing"],
                 case: CompactExpandPointingCase,
             }
             fused_accumulate => FusedAccumulate {
@@ -229,7 +229,7 @@ macro_rules! toast_kernels {
                 arrays: [global2local: In, compact: In, boresight: In, pointing_flags: In, hwp: In,
                          pixels: In, weights: In, det_data: In, det_flags: In, shared_flags: In,
                          amplitudes: In, amplitude_flags: In, zmap: Out],
-                device: [],
+                device: ["toast_fused_accumulate"],
                 case: FusedAccumulateCase,
             }
             fused_project => FusedProject {
@@ -239,7 +239,7 @@ macro_rules! toast_kernels {
                 arrays: [global2local: In, compact: In, boresight: In, pointing_flags: In, hwp: In,
                          pixels: In, weights: In, det_data: In, det_flags: In, mapdata: In,
                          amplitudes: In, amplitude_flags: In, amplitudes_out: Out],
-                device: [],
+                device: ["toast_fused_project"],
                 case: FusedProjectCase,
             }
         }
@@ -425,7 +425,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 20);
+        assert_eq!(names.len(), 23);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

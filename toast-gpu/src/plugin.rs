@@ -16,21 +16,7 @@ pub use toast_accel::abi::{BackendHeader, BackendTable};
 
 /// The function table of the driver `D`'s plugin: every kernel of the
 /// table is `kernels::entries::entry` for `D` and its argument struct.
-///
-/// The map-maker's fused kernels (ABI minor 4) are not in the device source
-/// yet: their slots are left empty, so dispatch passes them over (to the
-/// CPU plugin, or the host runs the unfused sequence), and their
-/// `DeviceKernel` impls ([`crate::kernels::entries`]) are never reached.
 pub const fn table<D: Driver>() -> BackendTable {
-    let mut t = table_of_every_kernel::<D>();
-    t.compact_expand_pointing = None;
-    t.fused_accumulate = None;
-    t.fused_project = None;
-    t
-}
-
-/// [`table`] with every slot of the kernel table filled.
-const fn table_of_every_kernel<D: Driver>() -> BackendTable {
     toast_accel::backend_table! {
         init: Some(init::<D>),
         shutdown: Some(shutdown::<D>),

@@ -180,6 +180,10 @@ pub struct FusedValues<'a> {
     pub amp_offset: &'a [i64],
     /// The first amplitude of each view inside a detector's block.
     pub view_offset: Vec<i64>,
+    /// Amplitudes per view (empty with `det_data` in `fused_accumulate`).
+    pub n_amp_views: &'a [i64],
+    /// Amplitudes of one detector's block (the sum of `n_amp_views`).
+    pub block_len: i64,
     /// Samples per amplitude.
     pub step_length: i64,
 }
@@ -224,6 +228,8 @@ unsafe fn fused_values<'a>(
             data_index,
             amp_offset: &[],
             view_offset: Vec::new(),
+            n_amp_views: &[],
+            block_len: 0,
             step_length: 1,
         });
     }
@@ -286,6 +292,8 @@ unsafe fn fused_values<'a>(
         data_index,
         amp_offset,
         view_offset,
+        n_amp_views,
+        block_len: total,
         step_length: layout.step_length,
     })
 }

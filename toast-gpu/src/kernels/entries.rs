@@ -55,6 +55,7 @@ pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
 }
 
 const F64: u64 = 8;
+const I32: u64 = 4;
 const I64: u64 = 8;
 const U8: u64 = 1;
 
@@ -861,29 +862,357 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
     }
 }
 
-/// The map-maker's fused kernels (ABI minor 4), which the device source
-/// does not have yet: [`crate::plugin::table`] leaves their slots empty, so
-/// these never run; a call that reached one anyway is refused, never run
-/// wrong.
-macro_rules! not_on_devices_yet {
-    ($($args:ident),*) => {$(
-        impl DeviceKernel for abi::$args {
-            fn launch<D: Driver>(
-                _call: &mut KernelLaunch<'_, D>,
-                _v: &Self::Valid<'_>,
-                _a: &Self,
-            ) -> Result<(), PluginError> {
-                Err(PluginError::unsupported(format!(
-                    "{}: not in the device source yet (the plugin's table leaves it empty)",
-                    Self::KERNEL.name()
-                )))
-            }
-        }
-    )*};
+// ---- the map-maker's fused kernels (ABI minor 4) --------------------------
+
+/// The device buffers of a fused kernel's pointing (either form; the
+/// absent arrays are `None`) and its per-detector arrays.
+struct FusedPointingBuffers<B> {
+    pixel_index: Option<B>,
+    weight_index: Option<B>,
+    focalplane: Option<B>,
+    epsilon: Option<B>,
+    gamma: Option<B>,
+    cal: Option<B>,
+    compact: Option<B>,
+    boresight: Option<B>,
+    pointing_flags: Option<B>,
+    hwp: Option<B>,
+    pixels: Option<B>,
+    weights: Option<B>,
 }
 
-not_on_devices_yet!(
-    CompactExpandPointingArgs,
-    FusedAccumulateArgs,
-    FusedProjectArgs
-);
+impl<B: Copy> FusedPointingBuffers<B> {
+    /// Upload the small arrays and resolve the arrays of `p` (arrays as
+    /// the argument struct names them).
+    #[allow(clippy::too_many_arguments)]
+    fn new<D: Driver<Buffer = B>>(
+        call: &mut KernelLaunch<'_, D>,
+        p: &check::FusedPointing<'_>,
+        (compact, boresight, pointing_flags, hwp, pixels, weights): (
+            abi::Array,
+            abi::Array,
+            abi::Array,
+            abi::Array,
+            abi::Array,
+            abi::Array,
+        ),
+    ) -> Result<Self, PluginError> {
+        Ok(FusedPointingBuffers {
+            pixel_index: call.small("pixel_index", p.pixel_index)?,
+            weight_index: call.small("weight_index", p.weight_index)?,
+            focalplane: call.small("focalplane", p.focalplane)?,
+            epsilon: call.small("epsilon", p.epsilon)?,
+            gamma: call.small("gamma", p.gamma)?,
+            cal: call.small("cal", p.cal)?,
+            compact: call.array("compact", compact, I32)?,
+            boresight: call.array("boresight", boresight, F64)?,
+            pointing_flags: call.array("pointing_flags", pointing_flags, U8)?,
+            hwp: call.array("hwp", hwp, F64)?,
+            pixels: call.array("pixels", pixels, I64)?,
+            weights: call.array("weights", weights, F64)?,
+        })
+    }
+
+    /// The prototype's pointing parameters that follow `cal` and the
+    /// per-call arrays up to `compact` (see `toast_fused_pointing`).
+    fn params(
+        &self,
+        p: &check::FusedPointing<'_>,
+        (pointing_flag_mask, iau): (u8, u8),
+    ) -> [P<B>; 9] {
+        [
+            P::Buffer(self.compact),
+            P::Buffer(self.boresight),
+            P::Buffer(self.pointing_flags),
+            P::I32(i32::from(p.use_pointing_flags)),
+            P::I32(i32::from(pointing_flag_mask)),
+            P::Buffer(self.hwp),
+            P::I32(i32::from(p.use_hwp)),
+            P::I32(i32::from(iau != 0)),
+            P::Buffer(self.pixels),
+        ]
+    }
+}
+
+impl DeviceKernel for abi::CompactExpandPointingArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let compact = call.array("compact", a.compact, I32)?;
+        let bore = call.array("boresight", a.boresight, F64)?;
+        let flags = call.array("pointing_flags", a.pointing_flags, U8)?;
+        let hwp = call.array("hwp", a.hwp, F64)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let weights = call.array("weights", a.weights, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let ci = call.small("compact_index", v.compact_index)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let fp = call.small("focalplane", v.focalplane)?;
+        let eps = call.small("epsilon", v.epsilon)?;
+        let gamma = call.small("gamma", v.gamma)?;
+        let cal = call.small("cal", v.cal)?;
+        let split_det = has_duplicates(v.pixel_index) || has_duplicates(v.weight_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_compact_expand_pointing",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| {
+                vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Buffer(iv),
+                    P::I64(v.nnz as i64),
+                    P::Buffer(ci),
+                    P::Buffer(pi),
+                    P::Buffer(wi),
+                    P::Buffer(fp),
+                    P::Buffer(eps),
+                    P::Buffer(gamma),
+                    P::Buffer(cal),
+                    P::Buffer(compact),
+                    P::Buffer(bore),
+                    P::Buffer(flags),
+                    P::I32(i32::from(v.use_pointing_flags)),
+                    P::I32(i32::from(a.pointing_flag_mask)),
+                    P::Buffer(hwp),
+                    P::I32(i32::from(v.use_hwp)),
+                    P::I32(i32::from(a.iau != 0)),
+                    P::Buffer(pixels),
+                    P::Buffer(weights),
+                ]
+            },
+        )
+    }
+}
+
+/// A pixel fault of a fused kernel: the detector and sample the device
+/// recorded, the pixel read back from the form's pixel array.
+fn fused_fault<D: Driver>(
+    call: &KernelLaunch<'_, D>,
+    v: &check::Fused<'_>,
+    b: &FusedPointingBuffers<D::Buffer>,
+    g2l_host: &[i64],
+    (det, s): (u64, u64),
+) -> Result<PluginError, PluginError> {
+    let row = u64::from(v.pointing.pixel_index[det as usize] as u32) * v.n_samp as u64 + s;
+    let pix: i64 = if v.pointing.compact {
+        i64::from(call.read::<i32>(b.compact, row)?)
+    } else {
+        call.read(b.pixels, row)?
+    };
+    Ok(call.fault(
+        v.intervals,
+        det,
+        s,
+        &pixel_fault(pix, g2l_host, v.n_pix_submap),
+    ))
+}
+
+impl DeviceKernel for abi::FusedAccumulateArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("fused_accumulate", v.n_det, v.n_samp)?;
+        let b = FusedPointingBuffers::new(
+            call,
+            &v.pointing,
+            (
+                a.compact,
+                a.boresight,
+                a.pointing_flags,
+                a.hwp,
+                a.pixels,
+                a.weights,
+            ),
+        )?;
+        let g2l = call.array("global2local", a.global2local, I64)?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let det_flags = call.array("det_flags", a.det_flags, U8)?;
+        let shared = call.array("shared_flags", a.shared_flags, U8)?;
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let zmap = call.array("zmap", a.zmap, F64)?;
+        let n_global = a.global2local.len as usize;
+        let g2l_host = call.global2local(g2l, n_global, v.n_local_submap)?;
+        let iv = call.intervals(v.intervals)?;
+        let di = call.small("data_index", v.values.data_index)?;
+        let fi = call.small("flag_index", v.flag_index)?;
+        let scale = call.small("det_scale", v.det_scale)?;
+        let finite = call.small("finite", v.finite)?;
+        let ao = call.small("amp_offset", v.values.amp_offset)?;
+        let vo = call.small("view_offset", &v.values.view_offset)?;
+        let err = call.error_buffer()?;
+        let pointing = b.params(&v.pointing, (a.pointing_flag_mask, a.iau));
+        // Atomic accumulation: no two launches are needed for correctness.
+        call.launch_samples(
+            "toast_fused_accumulate",
+            v.n_det,
+            v.intervals,
+            false,
+            false,
+            |d0, d1, i0, i1| {
+                let mut p = vec![
+                    P::I64(d0),
+                    P::I64(d1),
+                    P::I64(i0),
+                    P::I64(i1),
+                    P::I64(v.n_samp as i64),
+                    P::Buffer(iv),
+                    P::I32(i32::from(v.pointing.compact)),
+                    P::Buffer(b.pixel_index),
+                    P::Buffer(b.weight_index),
+                    P::Buffer(b.focalplane),
+                    P::Buffer(b.epsilon),
+                    P::Buffer(b.gamma),
+                    P::Buffer(b.cal),
+                    P::Buffer(di),
+                    P::Buffer(fi),
+                    P::Buffer(scale),
+                    P::Buffer(finite),
+                    P::I64(v.values.step_length),
+                    P::Buffer(ao),
+                    P::Buffer(vo),
+                    P::Buffer(g2l),
+                    P::I64(n_global as i64),
+                    P::I64(v.n_pix_submap),
+                ];
+                p.extend(pointing.iter().cloned());
+                p.extend([
+                    P::Buffer(b.weights),
+                    P::Buffer(det_data),
+                    P::I32(i32::from(!v.values.data_index.is_empty())),
+                    P::Buffer(det_flags),
+                    P::I32(i32::from(!v.flag_index.is_empty())),
+                    P::I32(i32::from(a.det_flag_mask)),
+                    P::Buffer(shared),
+                    P::I32(i32::from(v.use_shared_flags)),
+                    P::I32(i32::from(a.shared_flag_mask)),
+                    P::Buffer(amps),
+                    P::Buffer(aflags),
+                    P::Buffer(zmap),
+                    P::Buffer(err),
+                ]);
+                p
+            },
+        )?;
+        if let Some(at) = call.read_error(err)? {
+            return Err(fused_fault(call, v, &b, &g2l_host, at)?);
+        }
+        Ok(())
+    }
+}
+
+impl DeviceKernel for abi::FusedProjectArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("fused_project", v.n_det, v.n_samp)?;
+        let b = FusedPointingBuffers::new(
+            call,
+            &v.pointing,
+            (
+                a.compact,
+                a.boresight,
+                a.pointing_flags,
+                a.hwp,
+                a.pixels,
+                a.weights,
+            ),
+        )?;
+        let g2l = call.array("global2local", a.global2local, I64)?;
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let det_flags = call.array("det_flags", a.det_flags, U8)?;
+        let map = call.array("mapdata", a.mapdata, F64)?;
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let out = call.array("amplitudes_out", a.amplitudes_out, F64)?;
+        let n_global = a.global2local.len as usize;
+        let g2l_host = call.global2local(g2l, n_global, v.n_local_submap)?;
+        let iv = call.intervals(v.intervals)?;
+        let di = call.small("data_index", v.values.data_index)?;
+        let fi = call.small("flag_index", v.flag_index)?;
+        let scale = call.small("det_scale", v.det_scale)?;
+        let ao = call.small("amp_offset", v.values.amp_offset)?;
+        let vo = call.small("view_offset", &v.values.view_offset)?;
+        let err = call.error_buffer()?;
+        let pointing = b.params(&v.pointing, (a.pointing_flag_mask, a.iau));
+        // Detectors whose amplitude blocks overlap add to the same
+        // amplitudes: one launch each, in order.
+        let blocks: Vec<i64> = v
+            .values
+            .amp_offset
+            .iter()
+            .copied()
+            .filter(|&o| o >= 0)
+            .collect();
+        let split_det = blocks_overlap(&blocks, v.values.block_len);
+        let max_amp = v
+            .values
+            .n_amp_views
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(0) as u64;
+        for (d0, d1) in super::ranges(v.n_det, split_det) {
+            for (i0, i1) in super::ranges(v.intervals.len(), false) {
+                let mut p = vec![
+                    P::I64(d0 as i64),
+                    P::I64(d1 as i64),
+                    P::I64(i0 as i64),
+                    P::I64(i1 as i64),
+                    P::I64(v.n_samp as i64),
+                    P::Buffer(iv),
+                    P::I32(i32::from(v.pointing.compact)),
+                    P::Buffer(b.pixel_index),
+                    P::Buffer(b.weight_index),
+                    P::Buffer(b.focalplane),
+                    P::Buffer(b.epsilon),
+                    P::Buffer(b.gamma),
+                    P::Buffer(b.cal),
+                    P::Buffer(di),
+                    P::Buffer(fi),
+                    P::Buffer(scale),
+                    P::I64(v.values.step_length),
+                    P::Buffer(ao),
+                    P::Buffer(vo),
+                    P::Buffer(g2l),
+                    P::I64(n_global as i64),
+                    P::I64(v.n_pix_submap),
+                ];
+                p.extend(pointing.iter().cloned());
+                p.extend([
+                    P::Buffer(b.weights),
+                    P::Buffer(det_data),
+                    P::I32(i32::from(!v.values.data_index.is_empty())),
+                    P::Buffer(det_flags),
+                    P::I32(i32::from(!v.flag_index.is_empty())),
+                    P::I32(i32::from(a.det_flag_mask)),
+                    P::Buffer(map),
+                    P::Buffer(amps),
+                    P::Buffer(aflags),
+                    P::Buffer(out),
+                    P::Buffer(err),
+                ]);
+                call.launch("toast_fused_project", max_amp, i1 - i0, d1 - d0, &p)?;
+            }
+        }
+        if let Some(at) = call.read_error(err)? {
+            return Err(fused_fault(call, v, &b, &g2l_host, at)?);
+        }
+        Ok(())
+    }
+}
