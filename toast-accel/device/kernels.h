@@ -1270,9 +1270,11 @@ DEVICE_FN i64 toast_fused_pointing(
     return pixels[(i64)pixel_index[det] * n_samp + s];
 }
 
-/* compact_expand_pointing: pixels widened, weights rebuilt (nnz 3) or cal. */
+/* compact_expand_pointing: pixels widened, weights rebuilt (nnz 3) or cal;
+ * the outputs' rows hold out_n_samp samples from sample out_first. */
 KERNEL void toast_compact_expand_pointing(
-    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 nnz,
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 nnz, i64 out_first,
+    i64 out_n_samp,
     GLOBAL const i32 *RESTRICT compact_index, GLOBAL const i32 *RESTRICT pixel_index,
     GLOBAL const i32 *RESTRICT weight_index, GLOBAL const double *RESTRICT focalplane,
     GLOBAL const double *RESTRICT epsilon, GLOBAL const double *RESTRICT gamma,
@@ -1281,8 +1283,9 @@ KERNEL void toast_compact_expand_pointing(
     i32 pmask, GLOBAL const double *RESTRICT hwp, i32 use_hwp, i32 iau,
     GLOBAL i64 *RESTRICT pixels, GLOBAL double *RESTRICT weights) {
     TOAST_SAMPLE_GRID(intervals)
-    pixels[(i64)pixel_index[det] * n_samp + s] = (i64)compact[(i64)compact_index[det] * n_samp + s];
-    const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);
+    const i64 o = s - out_first;
+    pixels[(i64)pixel_index[det] * out_n_samp + o] = (i64)compact[(i64)compact_index[det] * n_samp + s];
+    const i64 wo = nnz * ((i64)weight_index[det] * out_n_samp + o);
     if (nnz == 1) {
         weights[wo] = cal[det];
         return;

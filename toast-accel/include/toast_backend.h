@@ -441,12 +441,18 @@ typedef struct toast_compact_expand_pointing_args {
     toast_array boresight;      /* f64 [n_samp, 4] (in) */
     toast_array pointing_flags; /* u8 [n_samp] (in), or absent */
     toast_array hwp;            /* f64 [n_samp] (in), or absent */
-    toast_array pixels;         /* i64 [n_rows, n_samp] (out) */
-    toast_array weights;        /* f64 [n_rows, n_samp, nnz] (out) */
+    toast_array pixels;         /* i64 [n_rows, out_n_samp] (out) */
+    toast_array weights;        /* f64 [n_rows, out_n_samp, nnz] (out) */
+    int64_t out_first;          /* the sample of the outputs' column 0 */
+    uint64_t out_n_samp;        /* samples per output row */
     uint8_t pointing_flag_mask;
     uint8_t iau;
     uint8_t reserved[6];
 } toast_compact_expand_pointing_args;
+
+/* (compact_expand_pointing's outputs hold out_n_samp samples per row from
+ * sample out_first: the whole observation with out_first 0 and out_n_samp
+ * n_samp, or a window every interval lies in.) */
 
 /* fused_accumulate: zmap[pix, :] += (t[d, s] * det_scale[d]) * w[d, s, :]
  * over the samples of the intervals not cut by det_flags/shared_flags (as

@@ -381,6 +381,8 @@ pub struct CompactExpandPointingArgs {
     pub hwp: Array,
     pub pixels: Array,
     pub weights: Array,
+    pub out_first: i64,
+    pub out_n_samp: u64,
     pub pointing_flag_mask: u8,
     pub iau: u8,
     pub reserved: [u8; 6],

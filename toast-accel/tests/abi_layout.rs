@@ -109,7 +109,7 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_compact_expand_pointing_args => CompactExpandPointingArgs {
             n_det, n_samp, nnz, compact_index, pixel_index, weight_index, focalplane, epsilon,
             gamma, cal, intervals, compact, boresight, pointing_flags, hwp, pixels, weights,
-            pointing_flag_mask, iau, reserved,
+            out_first, out_n_samp, pointing_flag_mask, iau, reserved,
         },
         toast_fused_accumulate_args => FusedAccumulateArgs {
             n_det, n_samp, pixel_index, weight_index, focalplane, epsilon, gamma, cal,

@@ -350,15 +350,17 @@ pub(crate) unsafe fn run(
     let task = |&(d, s0, s1): &(usize, usize, usize)| {
         let p = DetParams::of(v.focalplane, v.epsilon, v.gamma, v.cal, d);
         let crow = v.compact_index[d] as usize * n_samp;
-        let prow = v.pixel_index[d] as usize * n_samp;
-        let wrow = v.weight_index[d] as usize * n_samp;
+        // The outputs' rows hold the window from sample `out_first`.
+        let prow = v.pixel_index[d] as usize * v.out_n_samp;
+        let wrow = v.weight_index[d] as usize * v.out_n_samp;
+        let o0 = s0 - v.out_first;
         // SAFETY: in parallel, the tasks' ranges of the output rows are
         // disjoint (distinct rows per detector, non-overlapping intervals,
         // checked above); otherwise the tasks run one at a time.
         let (pix, w) = unsafe {
             (
-                pixels.slice_mut(prow + s0, s1 - s0),
-                weights.slice_mut(nnz * (wrow + s0), nnz * (s1 - s0)),
+                pixels.slice_mut(prow + o0, s1 - s0),
+                weights.slice_mut(nnz * (wrow + o0), nnz * (s1 - s0)),
             )
         };
         for (o, &c) in pix.iter_mut().zip(&compact[crow + s0..crow + s1]) {

@@ -353,12 +353,18 @@ pub struct CompactExpandPointing<'a> {
     pub gamma: &'a [f64],
     pub cal: &'a [f64],
     pub intervals: &'a [SampleRange],
+    /// The outputs' window: column 0 is sample `out_first`, rows of
+    /// `out_n_samp` samples.
+    pub out_first: usize,
+    pub out_n_samp: usize,
     pub use_pointing_flags: bool,
     pub use_hwp: bool,
 }
 
 /// Check the arguments of `compact_expand_pointing`: `nnz` 1 or 3, whole
-/// rows, `boresight` `[n_samp, 4]`, optional `pointing_flags` and `hwp`.
+/// rows (the outputs' of `out_n_samp` samples, a window of the observation
+/// that holds every interval), `boresight` `[n_samp, 4]`, optional
+/// `pointing_flags` and `hwp`.
 ///
 /// # Safety
 /// The host pointers of `a` must be valid for the lengths the header gives.
@@ -401,13 +407,41 @@ pub unsafe fn check_compact_expand_pointing<'a>(
             host(K, "weight_index", a.weight_index, a.n_det)?,
         )
     };
+    let out_end = u64::try_from(a.out_first)
+        .ok()
+        .and_then(|f| f.checked_add(a.out_n_samp))
+        .filter(|&e| e <= a.n_samp);
+    let Some(out_end) = out_end else {
+        return Err(ArgError::new(
+            K,
+            "out_first",
+            format!(
+                "the output window [{}, {} + out_n_samp {}) is not inside [0, n_samp = {})",
+                a.out_first, a.out_first, a.out_n_samp, a.n_samp
+            ),
+        ));
+    };
+    if let Some((v, iv)) = ivs
+        .iter()
+        .enumerate()
+        .find(|(_, iv)| iv.first < iv.last && (iv.first < a.out_first || iv.last as u64 > out_end))
+    {
+        return Err(ArgError::new(
+            K,
+            "intervals",
+            format!(
+                "interval {v} = [{}, {}) is not inside the output window [{}, {out_end})",
+                iv.first, iv.last, a.out_first
+            ),
+        ));
+    }
     sample_rows(
         K,
         "pixels",
         a.pixels.len,
-        a.n_samp,
+        a.out_n_samp,
         1,
-        "[n_rows, n_samp]",
+        "[n_rows, out_n_samp]",
         "pixel_index",
         pixel_index,
     )?;
@@ -415,9 +449,9 @@ pub unsafe fn check_compact_expand_pointing<'a>(
         K,
         "weights",
         a.weights.len,
-        a.n_samp,
+        a.out_n_samp,
         a.nnz,
-        "[n_rows, n_samp, nnz]",
+        "[n_rows, out_n_samp, nnz]",
         "weight_index",
         weight_index,
     )?;
@@ -433,6 +467,8 @@ pub unsafe fn check_compact_expand_pointing<'a>(
         gamma: fp.gamma,
         cal: fp.cal,
         intervals: ivs,
+        out_first: a.out_first as usize,
+        out_n_samp: a.out_n_samp as usize,
         use_pointing_flags: fp.use_pointing_flags,
         use_hwp: fp.use_hwp,
     })

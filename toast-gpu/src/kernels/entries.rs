@@ -971,6 +971,8 @@ impl DeviceKernel for abi::CompactExpandPointingArgs {
                     P::I64(v.n_samp as i64),
                     P::Buffer(iv),
                     P::I64(v.nnz as i64),
+                    P::I64(v.out_first as i64),
+                    P::I64(v.out_n_samp as i64),
                     P::Buffer(ci),
                     P::Buffer(pi),
                     P::Buffer(wi),

@@ -43,8 +43,8 @@
 mod fused;
 
 pub use fused::{
-    compact_expand_pointing, fused_accumulate, fused_project, CompactPointing, FusedInput,
-    FusedMap, FusedOffsets, FusedPointing,
+    compact_expand_pointing, compact_expand_window, fused_accumulate, fused_project,
+    CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,
 };
 
 use crate::accel::global_data::{global_bytes, global_bytes_mut};

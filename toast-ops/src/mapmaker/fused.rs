@@ -35,8 +35,8 @@
 //!   detector whose weights are all finite (it adds ±0 to a map value that
 //!   cannot be `-0`); on xsmall most amplitudes are flagged, so the
 //!   left-hand side's binning skips most detectors. Kept weights are read;
-//!   compact ones are rebuilt by `compact_expand_pointing` a few detectors
-//!   at a time.
+//!   compact ones are rebuilt by `compact_expand_pointing` one detector and
+//!   one window of samples at a time (no field of an observation's length).
 //!
 //! Every value is the unfused path's, operation for operation, so the
 //! solution and the maps are byte-identical to the unfused passes' with
@@ -61,18 +61,18 @@ use crate::accel::kernels::{
 };
 use crate::accel::pipeline::{DetectorSets, StagingState};
 use crate::ops::binning::{finish_bin_map, prepare_bin_map, BinPass};
-use crate::ops::{detector_weights, pointing_field, select_detectors, StokesMode};
+use crate::ops::{detector_weights, select_detectors, StokesMode};
 use crate::pixels::PixelData;
 use crate::templates::OffsetTemplate;
 use std::collections::HashMap;
 use std::sync::Arc;
-use toast_accel::abi::Kernel;
+use toast_accel::abi::{Kernel, SampleRange};
 use toast_accel::host::Dispatcher;
-use toast_core::{DType, Data, ExecContext, Observation, OpError};
+use toast_core::{Data, ExecContext, Observation, OpError};
 
-/// Detectors per `compact_expand_pointing` call of the finiteness pass
-/// (bounds its scratch fields to 32 bytes a sample of this many).
-const FINITE_BATCH: usize = 8;
+/// Samples per `compact_expand_pointing` call of the finiteness pass (its
+/// window: 2 MiB of pixels and weights).
+const FINITE_WINDOW: usize = 65536;
 
 /// What a fused pass reads per sample besides the pointing.
 #[derive(Clone, Copy)]
@@ -272,50 +272,67 @@ impl MapMaker {
     }
 
     /// [`MapMaker::ensure_weights_finite`] of compact weights: rebuilt by
-    /// `compact_expand_pointing` into scratch fields, [`FINITE_BATCH`]
-    /// detectors at a time.
+    /// `compact_expand_pointing` into a window of [`FINITE_WINDOW`] samples,
+    /// one detector at a time (no field of an observation's length). Where
+    /// that kernel does not run on a host-addressable backend no detector
+    /// counts as finite (nothing is skipped: slower, the same bits).
     fn compact_weights_finite(
         &self,
         data: &mut Data,
         ctx: &mut ExecContext,
     ) -> Result<HashMap<(String, String), bool>, OpError> {
-        let view = self.solve_pointing.view();
-        let (pix, wts) = (
-            format!("{}_finite_pixels", self.setup.name),
-            format!("{}_finite_weights", self.setup.name),
-        );
         let mut finite = HashMap::new();
+        let host = match ctx.extensions.get::<Dispatcher>() {
+            Some(d) => d
+                .resolve(Kernel::CompactExpandPointing, Some(&self.setup.name))
+                .is_ok_and(|r| r.backend.host_addressable()),
+            None => false,
+        };
+        if !host {
+            return Ok(finite);
+        }
+        let view = self.solve_pointing.view();
+        let mut pixels = vec![0i64; FINITE_WINDOW];
+        let mut weights = vec![0.0f64; 3 * FINITE_WINDOW];
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let intervals = view_intervals(ob, view)?;
-            let dets = select_detectors(ctx, ob, self.setup.binner.det_mask);
             let FusedPointing::Compact(compact) = self.fused_pointing(ob, Fused::Compact)? else {
                 continue;
             };
-            for batch in dets.chunks(FINITE_BATCH) {
-                pointing_field(ob, &pix, DType::I64, &[], batch, true)?;
-                pointing_field(ob, &wts, DType::F64, &[3], batch, true)?;
-                let call = KernelCall {
-                    operator: &self.setup.name,
-                    detectors: batch,
-                    intervals: &intervals,
-                };
-                kernels::compact_expand_pointing(ctx, call, ob, meta, compact, &pix, &wts, 3)?;
-                let field = ob.detdata.get(&wts)?;
-                for d in batch {
-                    let w = field.row_of::<f64>(d)?;
-                    let all = intervals.iter().all(|iv| {
-                        w[3 * iv.first as usize..3 * iv.last as usize]
-                            .iter()
-                            .all(|x| x.is_finite())
-                    });
-                    finite.insert((ob.name().to_string(), d.clone()), all);
+            for d in select_detectors(ctx, ob, self.setup.binner.det_mask) {
+                let mut all = true;
+                let mut first = 0;
+                let n_samp = ob.n_samples();
+                while all && first < n_samp {
+                    let end = (first + FINITE_WINDOW).min(n_samp);
+                    // The view's samples in this window.
+                    let window: Vec<_> = intervals
+                        .iter()
+                        .map(|iv| SampleRange {
+                            first: iv.first.clamp(first as i64, end as i64),
+                            last: iv.last.clamp(first as i64, end as i64),
+                        })
+                        .filter(|iv| iv.last > iv.first)
+                        .collect();
+                    if !window.is_empty() {
+                        let dets = std::slice::from_ref(&d);
+                        let call = KernelCall {
+                            operator: &self.setup.name,
+                            detectors: dets,
+                            intervals: &window,
+                        };
+                        let n = end - first;
+                        let out = (&mut pixels[..n], &mut weights[..3 * n]);
+                        kernels::compact_expand_window(ctx, call, (ob, meta), compact, first, out)?;
+                        all = window.iter().all(|iv| {
+                            let (a, b) = (iv.first as usize - first, iv.last as usize - first);
+                            weights[3 * a..3 * b].iter().all(|x| x.is_finite())
+                        });
+                    }
+                    first = end;
                 }
-            }
-            for f in [&pix, &wts] {
-                if ob.detdata.contains(f) {
-                    ob.detdata.remove(f)?;
-                }
+                finite.insert((ob.name().to_string(), d), all);
             }
         }
         Ok(finite)

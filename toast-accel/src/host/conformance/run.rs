@@ -1076,6 +1076,8 @@ impl CompactExpandPointingCase {
                 hwp: s.hwp.abi(),
                 pixels: p.abi(),
                 weights: w.abi(),
+                out_first: 0,
+                out_n_samp: n_samp as u64,
                 pointing_flag_mask: c.pointing_flag_mask,
                 iau: c.iau,
                 reserved: [0; 6],

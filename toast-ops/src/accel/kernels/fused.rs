@@ -193,19 +193,74 @@ pub fn compact_expand_pointing(
     weights: &str,
     nnz: usize,
 ) -> Result<(), OpError> {
-    let (p, [c, b, f, h, _, _]) =
-        pointing_args(ob, &FusedPointing::Compact(compact), call.detectors)?;
     let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
     let weight_index = rows::<f64>(ob, weights, &[nnz], call.detectors)?;
-    let n_samp = ob.n_samples() as u64;
-    let specs = vec![
-        c,
-        b,
-        f,
-        h,
+    let n_samp = ob.n_samples();
+    let out = [
         Spec::output(Source::DetData(pixels), 8),
         Spec::output(Source::DetData(weights), 8),
     ];
+    expand(
+        ctx,
+        call,
+        (ob, meta),
+        compact,
+        (out, &pixel_index, &weight_index),
+        (nnz, 0, n_samp),
+    )
+}
+
+/// [`compact_expand_pointing`] of one detector into host buffers that hold
+/// the samples `first..first + pixels.len()` (IQU weights, 3 a sample): a
+/// window, so a pass over a whole observation needs no field of its length.
+/// Only for a host-addressable backend (the buffers are the kernel's
+/// arrays; a device backend's copies would not come back).
+pub fn compact_expand_window(
+    ctx: &mut toast_core::ExecContext,
+    call: KernelCall<'_>,
+    (ob, meta): (&mut Observation, &mut Meta),
+    compact: CompactPointing<'_>,
+    first: usize,
+    (pixels, weights): (&mut [i64], &mut [f64]),
+) -> Result<(), OpError> {
+    check_len("detectors", call.detectors.len(), 1)?;
+    check_len("weights", weights.len(), 3 * pixels.len())?;
+    let n = pixels.len();
+    let out = [
+        Spec::output(
+            Source::Scratch(bytemuck::cast_slice_mut(pixels), "compact_window_pixels"),
+            8,
+        ),
+        Spec::output(
+            Source::Scratch(bytemuck::cast_slice_mut(weights), "compact_window_weights"),
+            8,
+        ),
+    ];
+    expand(
+        ctx,
+        call,
+        (ob, meta),
+        compact,
+        (out, &[0], &[0]),
+        (3, first, n),
+    )
+}
+
+/// The `compact_expand_pointing` call of the two above: the outputs' specs
+/// and rows, `(nnz, out_first, out_n_samp)`.
+fn expand(
+    ctx: &mut toast_core::ExecContext,
+    call: KernelCall<'_>,
+    (ob, meta): (&mut Observation, &mut Meta),
+    compact: CompactPointing<'_>,
+    (out, pixel_index, weight_index): ([Spec<'_>; 2], &[i32], &[i32]),
+    (nnz, out_first, out_n_samp): (usize, usize, usize),
+) -> Result<(), OpError> {
+    let (p, [c, b, f, h, _, _]) =
+        pointing_args(ob, &FusedPointing::Compact(compact), call.detectors)?;
+    let n_samp = ob.n_samples() as u64;
+    let [po, wo] = out;
+    let specs = vec![c, b, f, h, po, wo];
     launch(
         ctx,
         call.operator,
@@ -230,6 +285,8 @@ pub fn compact_expand_pointing(
             hwp: a[3],
             pixels: a[4],
             weights: a[5],
+            out_first: out_first as i64,
+            out_n_samp: out_n_samp as u64,
             pointing_flag_mask: p.flag_mask,
             iau: p.iau,
             reserved: [0; 6],
