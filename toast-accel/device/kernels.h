@@ -1178,7 +1178,9 @@ KERNEL void toast_amp_axpby(i64 n, double alpha, double beta, GLOBAL const doubl
  * applies), and stokes_weights_IQU's atan2/cos/sin where it does not and
  * with a HWP.  fused_accumulate accumulates with atomics (as
  * build_noise_weighted); fused_project sums each amplitude's samples in
- * sample order in one thread (as template_offset_project_signal).
+ * sample order in one thread (as template_offset_project_signal).  The two
+ * passes' parameters are the same up to det_mask (one marshalling prefix in
+ * toast-gpu), then their own.
  * ====================================================================== */
 
 /* The IQU weights of sample s of a detector (compact form) into w. */
@@ -1315,15 +1317,16 @@ KERNEL void toast_fused_accumulate(
     GLOBAL const double *RESTRICT focalplane, GLOBAL const double *RESTRICT epsilon,
     GLOBAL const double *RESTRICT gamma, GLOBAL const double *RESTRICT cal,
     GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
-    GLOBAL const double *RESTRICT det_scale, GLOBAL const u8 *RESTRICT finite,
-    i64 step_length, GLOBAL const i64 *RESTRICT amp_offset,
-    GLOBAL const i64 *RESTRICT view_offset, GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap,
-    i64 n_pix_submap, GLOBAL const i32 *RESTRICT compact, GLOBAL const double *RESTRICT boresight,
+    GLOBAL const double *RESTRICT det_scale, i64 step_length,
+    GLOBAL const i64 *RESTRICT amp_offset, GLOBAL const i64 *RESTRICT view_offset,
+    GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap, i64 n_pix_submap,
+    GLOBAL const i32 *RESTRICT compact, GLOBAL const double *RESTRICT boresight,
     GLOBAL const u8 *RESTRICT pflags, i32 use_pflags, i32 pmask, GLOBAL const double *RESTRICT hwp,
     i32 use_hwp, i32 iau, GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,
     GLOBAL const double *RESTRICT det_data, i32 use_data, GLOBAL const u8 *RESTRICT det_flags,
-    i32 use_det_flags, i32 det_mask, GLOBAL const u8 *RESTRICT shared_flags,
-    i32 use_shared_flags, i32 shared_mask, GLOBAL const double *RESTRICT amplitudes,
+    i32 use_det_flags, i32 det_mask, GLOBAL const u8 *RESTRICT finite,
+    GLOBAL const u8 *RESTRICT shared_flags, i32 use_shared_flags, i32 shared_mask,
+    GLOBAL const double *RESTRICT amplitudes,
     GLOBAL const u8 *RESTRICT amplitude_flags, GLOBAL double *RESTRICT zmap,
     GLOBAL u64 *RESTRICT err) {
     TOAST_SAMPLE_GRID(intervals)

@@ -493,6 +493,26 @@ impl<P: DetPointing> Plan<'_, P> {
     }
 }
 
+/// The input arrays both passes' structs have (same field names), for
+/// `arrays::check_disjoint`.
+macro_rules! shared_inputs {
+    ($a:expr) => {
+        vec![
+            Arg::new::<i64>("global2local", $a.global2local),
+            Arg::new::<i32>("compact", $a.compact),
+            Arg::new::<f64>("boresight", $a.boresight),
+            Arg::new::<u8>("pointing_flags", $a.pointing_flags),
+            Arg::new::<f64>("hwp", $a.hwp),
+            Arg::new::<i64>("pixels", $a.pixels),
+            Arg::new::<f64>("weights", $a.weights),
+            Arg::new::<f64>("det_data", $a.det_data),
+            Arg::new::<u8>("det_flags", $a.det_flags),
+            Arg::new::<f64>("amplitudes", $a.amplitudes),
+            Arg::new::<u8>("amplitude_flags", $a.amplitude_flags),
+        ]
+    };
+}
+
 /// The call's pointing and timestream arrays as host slices.
 ///
 /// # Safety
@@ -549,24 +569,9 @@ pub(crate) unsafe fn run_accumulate(
     a: &FusedAccumulateArgs,
 ) -> Result<(), PluginError> {
     const K: &str = "fused_accumulate";
-    arrays::check_disjoint(
-        K,
-        &[Arg::new::<f64>("zmap", a.zmap)],
-        &[
-            Arg::new::<i64>("global2local", a.global2local),
-            Arg::new::<i32>("compact", a.compact),
-            Arg::new::<f64>("boresight", a.boresight),
-            Arg::new::<u8>("pointing_flags", a.pointing_flags),
-            Arg::new::<f64>("hwp", a.hwp),
-            Arg::new::<i64>("pixels", a.pixels),
-            Arg::new::<f64>("weights", a.weights),
-            Arg::new::<f64>("det_data", a.det_data),
-            Arg::new::<u8>("det_flags", a.det_flags),
-            Arg::new::<u8>("shared_flags", a.shared_flags),
-            Arg::new::<f64>("amplitudes", a.amplitudes),
-            Arg::new::<u8>("amplitude_flags", a.amplitude_flags),
-        ],
-    )?;
+    let mut read = shared_inputs!(a);
+    read.push(Arg::new::<u8>("shared_flags", a.shared_flags));
+    arrays::check_disjoint(K, &[Arg::new::<f64>("zmap", a.zmap)], &read)?;
     // SAFETY: host arrays of the validated lengths; `zmap` overlaps nothing.
     let (x, g2l, shared, amps, amp_flags, zmap) = unsafe {
         (
@@ -621,23 +626,12 @@ pub(crate) unsafe fn run_accumulate(
 /// host memory of the stated lengths.
 pub(crate) unsafe fn run_project(v: &Fused<'_>, a: &FusedProjectArgs) -> Result<(), PluginError> {
     const K: &str = "fused_project";
+    let mut read = shared_inputs!(a);
+    read.push(Arg::new::<f64>("mapdata", a.mapdata));
     arrays::check_disjoint(
         K,
         &[Arg::new::<f64>("amplitudes_out", a.amplitudes_out)],
-        &[
-            Arg::new::<i64>("global2local", a.global2local),
-            Arg::new::<i32>("compact", a.compact),
-            Arg::new::<f64>("boresight", a.boresight),
-            Arg::new::<u8>("pointing_flags", a.pointing_flags),
-            Arg::new::<f64>("hwp", a.hwp),
-            Arg::new::<i64>("pixels", a.pixels),
-            Arg::new::<f64>("weights", a.weights),
-            Arg::new::<f64>("det_data", a.det_data),
-            Arg::new::<u8>("det_flags", a.det_flags),
-            Arg::new::<f64>("mapdata", a.mapdata),
-            Arg::new::<f64>("amplitudes", a.amplitudes),
-            Arg::new::<u8>("amplitude_flags", a.amplitude_flags),
-        ],
+        &read,
     )?;
     // SAFETY: host arrays of the validated lengths; `amplitudes_out`
     // overlaps nothing.

@@ -56,6 +56,30 @@ struct PointingArgs {
     compact_only: bool,
 }
 
+/// The [`PointingArgs`] of a `fused_accumulate` or `fused_project` struct
+/// (the same field names in both).
+macro_rules! pass_pointing {
+    ($a:expr) => {
+        PointingArgs {
+            n_det: $a.n_det,
+            n_samp: $a.n_samp,
+            pixel_index: $a.pixel_index,
+            weight_index: $a.weight_index,
+            focalplane: $a.focalplane,
+            epsilon: $a.epsilon,
+            gamma: $a.gamma,
+            cal: $a.cal,
+            compact: $a.compact,
+            boresight: $a.boresight,
+            pointing_flags: $a.pointing_flags,
+            hwp: $a.hwp,
+            pixels: $a.pixels,
+            weights: $a.weights,
+            compact_only: false,
+        }
+    };
+}
+
 /// Check the pointing of a fused kernel (see the module documentation).
 ///
 /// # Safety
@@ -506,23 +530,7 @@ pub unsafe fn check_fused_accumulate<'a>(
     const K: &str = "fused_accumulate";
     // SAFETY: host intervals by the caller's contract.
     let ivs = unsafe { intervals(K, &a.intervals, a.n_samp)? };
-    let p = PointingArgs {
-        n_det: a.n_det,
-        n_samp: a.n_samp,
-        pixel_index: a.pixel_index,
-        weight_index: a.weight_index,
-        focalplane: a.focalplane,
-        epsilon: a.epsilon,
-        gamma: a.gamma,
-        cal: a.cal,
-        compact: a.compact,
-        boresight: a.boresight,
-        pointing_flags: a.pointing_flags,
-        hwp: a.hwp,
-        pixels: a.pixels,
-        weights: a.weights,
-        compact_only: false,
-    };
+    let p = pass_pointing!(a);
     // SAFETY: forwarded contract.
     let pointing = unsafe { fused_pointing(K, &p)? };
     let fa = a.det_data.len == 0;
@@ -588,23 +596,7 @@ pub unsafe fn check_fused_project<'a>(a: &abi::FusedProjectArgs) -> Result<Fused
     const K: &str = "fused_project";
     // SAFETY: host intervals by the caller's contract.
     let ivs = unsafe { intervals(K, &a.intervals, a.n_samp)? };
-    let p = PointingArgs {
-        n_det: a.n_det,
-        n_samp: a.n_samp,
-        pixel_index: a.pixel_index,
-        weight_index: a.weight_index,
-        focalplane: a.focalplane,
-        epsilon: a.epsilon,
-        gamma: a.gamma,
-        cal: a.cal,
-        compact: a.compact,
-        boresight: a.boresight,
-        pointing_flags: a.pointing_flags,
-        hwp: a.hwp,
-        pixels: a.pixels,
-        weights: a.weights,
-        compact_only: false,
-    };
+    let p = pass_pointing!(a);
     // SAFETY: forwarded contract.
     let pointing = unsafe { fused_pointing(K, &p)? };
     let n_amp = a.amplitudes_out.len;

@@ -864,63 +864,117 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
 
 // ---- the map-maker's fused kernels (ABI minor 4) --------------------------
 
-/// The device buffers of a fused kernel's pointing (either form; the
-/// absent arrays are `None`) and its per-detector arrays.
-struct FusedPointingBuffers<B> {
+/// The arrays of a fused pass as device buffers (the absent ones `None`)
+/// and its small arrays uploaded: what `toast_fused_accumulate` and
+/// `toast_fused_project` take in the same order up to `det_mask`.
+struct FusedBuffers<B> {
+    intervals: Option<B>,
     pixel_index: Option<B>,
     weight_index: Option<B>,
     focalplane: Option<B>,
     epsilon: Option<B>,
     gamma: Option<B>,
     cal: Option<B>,
+    data_index: Option<B>,
+    flag_index: Option<B>,
+    det_scale: Option<B>,
+    amp_offset: Option<B>,
+    view_offset: Option<B>,
+    global2local: Option<B>,
     compact: Option<B>,
     boresight: Option<B>,
     pointing_flags: Option<B>,
     hwp: Option<B>,
     pixels: Option<B>,
     weights: Option<B>,
+    det_data: Option<B>,
+    det_flags: Option<B>,
+    /// `global2local` on the host (for a fault's message).
+    g2l_host: Vec<i64>,
+    n_global_submap: usize,
 }
 
-impl<B: Copy> FusedPointingBuffers<B> {
-    /// Upload the small arrays and resolve the arrays of `p` (arrays as
-    /// the argument struct names them).
-    #[allow(clippy::too_many_arguments)]
+/// The arrays of a fused pass's argument struct, by name.
+struct FusedArrays {
+    global2local: abi::Array,
+    compact: abi::Array,
+    boresight: abi::Array,
+    pointing_flags: abi::Array,
+    hwp: abi::Array,
+    pixels: abi::Array,
+    weights: abi::Array,
+    det_data: abi::Array,
+    det_flags: abi::Array,
+}
+
+impl<B: Copy> FusedBuffers<B> {
     fn new<D: Driver<Buffer = B>>(
         call: &mut KernelLaunch<'_, D>,
-        p: &check::FusedPointing<'_>,
-        (compact, boresight, pointing_flags, hwp, pixels, weights): (
-            abi::Array,
-            abi::Array,
-            abi::Array,
-            abi::Array,
-            abi::Array,
-            abi::Array,
-        ),
+        v: &check::Fused<'_>,
+        a: FusedArrays,
     ) -> Result<Self, PluginError> {
-        Ok(FusedPointingBuffers {
+        let p = &v.pointing;
+        let global2local = call.array("global2local", a.global2local, I64)?;
+        let n_global_submap = a.global2local.len as usize;
+        Ok(FusedBuffers {
+            intervals: call.intervals(v.intervals)?,
             pixel_index: call.small("pixel_index", p.pixel_index)?,
             weight_index: call.small("weight_index", p.weight_index)?,
             focalplane: call.small("focalplane", p.focalplane)?,
             epsilon: call.small("epsilon", p.epsilon)?,
             gamma: call.small("gamma", p.gamma)?,
             cal: call.small("cal", p.cal)?,
-            compact: call.array("compact", compact, I32)?,
-            boresight: call.array("boresight", boresight, F64)?,
-            pointing_flags: call.array("pointing_flags", pointing_flags, U8)?,
-            hwp: call.array("hwp", hwp, F64)?,
-            pixels: call.array("pixels", pixels, I64)?,
-            weights: call.array("weights", weights, F64)?,
+            data_index: call.small("data_index", v.values.data_index)?,
+            flag_index: call.small("flag_index", v.flag_index)?,
+            det_scale: call.small("det_scale", v.det_scale)?,
+            amp_offset: call.small("amp_offset", v.values.amp_offset)?,
+            view_offset: call.small("view_offset", &v.values.view_offset)?,
+            g2l_host: call.global2local(global2local, n_global_submap, v.n_local_submap)?,
+            global2local,
+            compact: call.array("compact", a.compact, I32)?,
+            boresight: call.array("boresight", a.boresight, F64)?,
+            pointing_flags: call.array("pointing_flags", a.pointing_flags, U8)?,
+            hwp: call.array("hwp", a.hwp, F64)?,
+            pixels: call.array("pixels", a.pixels, I64)?,
+            weights: call.array("weights", a.weights, F64)?,
+            det_data: call.array("det_data", a.det_data, F64)?,
+            det_flags: call.array("det_flags", a.det_flags, U8)?,
+            n_global_submap,
         })
     }
 
-    /// The prototype's pointing parameters that follow `cal` and the
-    /// per-call arrays up to `compact` (see `toast_fused_pointing`).
+    /// The parameters both passes take, from the grid ranges to
+    /// `det_mask`, in the prototypes' order.
     fn params(
         &self,
-        p: &check::FusedPointing<'_>,
-        (pointing_flag_mask, iau): (u8, u8),
-    ) -> [P<B>; 9] {
-        [
+        v: &check::Fused<'_>,
+        (d0, d1, i0, i1): (i64, i64, i64, i64),
+        (pointing_flag_mask, iau, det_flag_mask): (u8, u8, u8),
+    ) -> Vec<P<B>> {
+        let p = &v.pointing;
+        vec![
+            P::I64(d0),
+            P::I64(d1),
+            P::I64(i0),
+            P::I64(i1),
+            P::I64(v.n_samp as i64),
+            P::Buffer(self.intervals),
+            P::I32(i32::from(p.compact)),
+            P::Buffer(self.pixel_index),
+            P::Buffer(self.weight_index),
+            P::Buffer(self.focalplane),
+            P::Buffer(self.epsilon),
+            P::Buffer(self.gamma),
+            P::Buffer(self.cal),
+            P::Buffer(self.data_index),
+            P::Buffer(self.flag_index),
+            P::Buffer(self.det_scale),
+            P::I64(v.values.step_length),
+            P::Buffer(self.amp_offset),
+            P::Buffer(self.view_offset),
+            P::Buffer(self.global2local),
+            P::I64(self.n_global_submap as i64),
+            P::I64(v.n_pix_submap),
             P::Buffer(self.compact),
             P::Buffer(self.boresight),
             P::Buffer(self.pointing_flags),
@@ -930,7 +984,35 @@ impl<B: Copy> FusedPointingBuffers<B> {
             P::I32(i32::from(p.use_hwp)),
             P::I32(i32::from(iau != 0)),
             P::Buffer(self.pixels),
+            P::Buffer(self.weights),
+            P::Buffer(self.det_data),
+            P::I32(i32::from(!v.values.data_index.is_empty())),
+            P::Buffer(self.det_flags),
+            P::I32(i32::from(!v.flag_index.is_empty())),
+            P::I32(i32::from(det_flag_mask)),
         ]
+    }
+
+    /// A pixel fault the device recorded at `(det, s)`: the pixel read back
+    /// from the form's pixel array.
+    fn fault<D: Driver<Buffer = B>>(
+        &self,
+        call: &KernelLaunch<'_, D>,
+        v: &check::Fused<'_>,
+        (det, s): (u64, u64),
+    ) -> Result<PluginError, PluginError> {
+        let row = u64::from(v.pointing.pixel_index[det as usize] as u32) * v.n_samp as u64 + s;
+        let pix: i64 = if v.pointing.compact {
+            i64::from(call.read::<i32>(self.compact, row)?)
+        } else {
+            call.read(self.pixels, row)?
+        };
+        Ok(call.fault(
+            v.intervals,
+            det,
+            s,
+            &pixel_fault(pix, &self.g2l_host, v.n_pix_submap),
+        ))
     }
 }
 
@@ -996,29 +1078,6 @@ impl DeviceKernel for abi::CompactExpandPointingArgs {
     }
 }
 
-/// A pixel fault of a fused kernel: the detector and sample the device
-/// recorded, the pixel read back from the form's pixel array.
-fn fused_fault<D: Driver>(
-    call: &KernelLaunch<'_, D>,
-    v: &check::Fused<'_>,
-    b: &FusedPointingBuffers<D::Buffer>,
-    g2l_host: &[i64],
-    (det, s): (u64, u64),
-) -> Result<PluginError, PluginError> {
-    let row = u64::from(v.pointing.pixel_index[det as usize] as u32) * v.n_samp as u64 + s;
-    let pix: i64 = if v.pointing.compact {
-        i64::from(call.read::<i32>(b.compact, row)?)
-    } else {
-        call.read(b.pixels, row)?
-    };
-    Ok(call.fault(
-        v.intervals,
-        det,
-        s,
-        &pixel_fault(pix, g2l_host, v.n_pix_submap),
-    ))
-}
-
 impl DeviceKernel for abi::FusedAccumulateArgs {
     fn launch<D: Driver>(
         call: &mut KernelLaunch<'_, D>,
@@ -1026,36 +1085,28 @@ impl DeviceKernel for abi::FusedAccumulateArgs {
         a: &Self,
     ) -> Result<(), PluginError> {
         check_key_range("fused_accumulate", v.n_det, v.n_samp)?;
-        let b = FusedPointingBuffers::new(
+        let b = FusedBuffers::new(
             call,
-            &v.pointing,
-            (
-                a.compact,
-                a.boresight,
-                a.pointing_flags,
-                a.hwp,
-                a.pixels,
-                a.weights,
-            ),
+            v,
+            FusedArrays {
+                global2local: a.global2local,
+                compact: a.compact,
+                boresight: a.boresight,
+                pointing_flags: a.pointing_flags,
+                hwp: a.hwp,
+                pixels: a.pixels,
+                weights: a.weights,
+                det_data: a.det_data,
+                det_flags: a.det_flags,
+            },
         )?;
-        let g2l = call.array("global2local", a.global2local, I64)?;
-        let det_data = call.array("det_data", a.det_data, F64)?;
-        let det_flags = call.array("det_flags", a.det_flags, U8)?;
+        let finite = call.small("finite", v.finite)?;
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
         let zmap = call.array("zmap", a.zmap, F64)?;
-        let n_global = a.global2local.len as usize;
-        let g2l_host = call.global2local(g2l, n_global, v.n_local_submap)?;
-        let iv = call.intervals(v.intervals)?;
-        let di = call.small("data_index", v.values.data_index)?;
-        let fi = call.small("flag_index", v.flag_index)?;
-        let scale = call.small("det_scale", v.det_scale)?;
-        let finite = call.small("finite", v.finite)?;
-        let ao = call.small("amp_offset", v.values.amp_offset)?;
-        let vo = call.small("view_offset", &v.values.view_offset)?;
         let err = call.error_buffer()?;
-        let pointing = b.params(&v.pointing, (a.pointing_flag_mask, a.iau));
+        let masks = (a.pointing_flag_mask, a.iau, a.det_flag_mask);
         // Atomic accumulation: no two launches are needed for correctness.
         call.launch_samples(
             "toast_fused_accumulate",
@@ -1064,39 +1115,9 @@ impl DeviceKernel for abi::FusedAccumulateArgs {
             false,
             false,
             |d0, d1, i0, i1| {
-                let mut p = vec![
-                    P::I64(d0),
-                    P::I64(d1),
-                    P::I64(i0),
-                    P::I64(i1),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::I32(i32::from(v.pointing.compact)),
-                    P::Buffer(b.pixel_index),
-                    P::Buffer(b.weight_index),
-                    P::Buffer(b.focalplane),
-                    P::Buffer(b.epsilon),
-                    P::Buffer(b.gamma),
-                    P::Buffer(b.cal),
-                    P::Buffer(di),
-                    P::Buffer(fi),
-                    P::Buffer(scale),
-                    P::Buffer(finite),
-                    P::I64(v.values.step_length),
-                    P::Buffer(ao),
-                    P::Buffer(vo),
-                    P::Buffer(g2l),
-                    P::I64(n_global as i64),
-                    P::I64(v.n_pix_submap),
-                ];
-                p.extend(pointing.iter().cloned());
+                let mut p = b.params(v, (d0, d1, i0, i1), masks);
                 p.extend([
-                    P::Buffer(b.weights),
-                    P::Buffer(det_data),
-                    P::I32(i32::from(!v.values.data_index.is_empty())),
-                    P::Buffer(det_flags),
-                    P::I32(i32::from(!v.flag_index.is_empty())),
-                    P::I32(i32::from(a.det_flag_mask)),
+                    P::Buffer(finite),
                     P::Buffer(shared),
                     P::I32(i32::from(v.use_shared_flags)),
                     P::I32(i32::from(a.shared_flag_mask)),
@@ -1108,10 +1129,10 @@ impl DeviceKernel for abi::FusedAccumulateArgs {
                 p
             },
         )?;
-        if let Some(at) = call.read_error(err)? {
-            return Err(fused_fault(call, v, &b, &g2l_host, at)?);
+        match call.read_error(err)? {
+            Some(at) => Err(b.fault(call, v, at)?),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -1122,35 +1143,27 @@ impl DeviceKernel for abi::FusedProjectArgs {
         a: &Self,
     ) -> Result<(), PluginError> {
         check_key_range("fused_project", v.n_det, v.n_samp)?;
-        let b = FusedPointingBuffers::new(
+        let b = FusedBuffers::new(
             call,
-            &v.pointing,
-            (
-                a.compact,
-                a.boresight,
-                a.pointing_flags,
-                a.hwp,
-                a.pixels,
-                a.weights,
-            ),
+            v,
+            FusedArrays {
+                global2local: a.global2local,
+                compact: a.compact,
+                boresight: a.boresight,
+                pointing_flags: a.pointing_flags,
+                hwp: a.hwp,
+                pixels: a.pixels,
+                weights: a.weights,
+                det_data: a.det_data,
+                det_flags: a.det_flags,
+            },
         )?;
-        let g2l = call.array("global2local", a.global2local, I64)?;
-        let det_data = call.array("det_data", a.det_data, F64)?;
-        let det_flags = call.array("det_flags", a.det_flags, U8)?;
         let map = call.array("mapdata", a.mapdata, F64)?;
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
         let out = call.array("amplitudes_out", a.amplitudes_out, F64)?;
-        let n_global = a.global2local.len as usize;
-        let g2l_host = call.global2local(g2l, n_global, v.n_local_submap)?;
-        let iv = call.intervals(v.intervals)?;
-        let di = call.small("data_index", v.values.data_index)?;
-        let fi = call.small("flag_index", v.flag_index)?;
-        let scale = call.small("det_scale", v.det_scale)?;
-        let ao = call.small("amp_offset", v.values.amp_offset)?;
-        let vo = call.small("view_offset", &v.values.view_offset)?;
         let err = call.error_buffer()?;
-        let pointing = b.params(&v.pointing, (a.pointing_flag_mask, a.iau));
+        let masks = (a.pointing_flag_mask, a.iau, a.det_flag_mask);
         // Detectors whose amplitude blocks overlap add to the same
         // amplitudes: one launch each, in order.
         let blocks: Vec<i64> = v
@@ -1171,38 +1184,9 @@ impl DeviceKernel for abi::FusedProjectArgs {
             .max(0) as u64;
         for (d0, d1) in super::ranges(v.n_det, split_det) {
             for (i0, i1) in super::ranges(v.intervals.len(), false) {
-                let mut p = vec![
-                    P::I64(d0 as i64),
-                    P::I64(d1 as i64),
-                    P::I64(i0 as i64),
-                    P::I64(i1 as i64),
-                    P::I64(v.n_samp as i64),
-                    P::Buffer(iv),
-                    P::I32(i32::from(v.pointing.compact)),
-                    P::Buffer(b.pixel_index),
-                    P::Buffer(b.weight_index),
-                    P::Buffer(b.focalplane),
-                    P::Buffer(b.epsilon),
-                    P::Buffer(b.gamma),
-                    P::Buffer(b.cal),
-                    P::Buffer(di),
-                    P::Buffer(fi),
-                    P::Buffer(scale),
-                    P::I64(v.values.step_length),
-                    P::Buffer(ao),
-                    P::Buffer(vo),
-                    P::Buffer(g2l),
-                    P::I64(n_global as i64),
-                    P::I64(v.n_pix_submap),
-                ];
-                p.extend(pointing.iter().cloned());
+                let range = (d0 as i64, d1 as i64, i0 as i64, i1 as i64);
+                let mut p = b.params(v, range, masks);
                 p.extend([
-                    P::Buffer(b.weights),
-                    P::Buffer(det_data),
-                    P::I32(i32::from(!v.values.data_index.is_empty())),
-                    P::Buffer(det_flags),
-                    P::I32(i32::from(!v.flag_index.is_empty())),
-                    P::I32(i32::from(a.det_flag_mask)),
                     P::Buffer(map),
                     P::Buffer(amps),
                     P::Buffer(aflags),
@@ -1212,9 +1196,9 @@ impl DeviceKernel for abi::FusedProjectArgs {
                 call.launch("toast_fused_project", max_amp, i1 - i0, d1 - d0, &p)?;
             }
         }
-        if let Some(at) = call.read_error(err)? {
-            return Err(fused_fault(call, v, &b, &g2l_host, at)?);
+        match call.read_error(err)? {
+            Some(at) => Err(b.fault(call, v, at)?),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
