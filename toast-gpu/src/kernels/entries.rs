@@ -907,6 +907,24 @@ struct FusedArrays {
     det_flags: abi::Array,
 }
 
+/// The [`FusedArrays`] of a `fused_accumulate` or `fused_project` struct
+/// (the same field names in both).
+macro_rules! fused_arrays {
+    ($a:expr) => {
+        FusedArrays {
+            global2local: $a.global2local,
+            compact: $a.compact,
+            boresight: $a.boresight,
+            pointing_flags: $a.pointing_flags,
+            hwp: $a.hwp,
+            pixels: $a.pixels,
+            weights: $a.weights,
+            det_data: $a.det_data,
+            det_flags: $a.det_flags,
+        }
+    };
+}
+
 impl<B: Copy> FusedBuffers<B> {
     fn new<D: Driver<Buffer = B>>(
         call: &mut KernelLaunch<'_, D>,
@@ -1085,21 +1103,7 @@ impl DeviceKernel for abi::FusedAccumulateArgs {
         a: &Self,
     ) -> Result<(), PluginError> {
         check_key_range("fused_accumulate", v.n_det, v.n_samp)?;
-        let b = FusedBuffers::new(
-            call,
-            v,
-            FusedArrays {
-                global2local: a.global2local,
-                compact: a.compact,
-                boresight: a.boresight,
-                pointing_flags: a.pointing_flags,
-                hwp: a.hwp,
-                pixels: a.pixels,
-                weights: a.weights,
-                det_data: a.det_data,
-                det_flags: a.det_flags,
-            },
-        )?;
+        let b = FusedBuffers::new(call, v, fused_arrays!(a))?;
         let finite = call.small("finite", v.finite)?;
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
@@ -1143,21 +1147,7 @@ impl DeviceKernel for abi::FusedProjectArgs {
         a: &Self,
     ) -> Result<(), PluginError> {
         check_key_range("fused_project", v.n_det, v.n_samp)?;
-        let b = FusedBuffers::new(
-            call,
-            v,
-            FusedArrays {
-                global2local: a.global2local,
-                compact: a.compact,
-                boresight: a.boresight,
-                pointing_flags: a.pointing_flags,
-                hwp: a.hwp,
-                pixels: a.pixels,
-                weights: a.weights,
-                det_data: a.det_data,
-                det_flags: a.det_flags,
-            },
-        )?;
+        let b = FusedBuffers::new(call, v, fused_arrays!(a))?;
         let map = call.array("mapdata", a.mapdata, F64)?;
         let amps = call.array("amplitudes", a.amplitudes, F64)?;
         let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
