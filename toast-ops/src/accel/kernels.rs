@@ -40,6 +40,13 @@
 //! the pixels on the host, as TOAST does), so on a staging backend it lives
 //! in a device buffer that is created once and never transferred.
 
+mod fused;
+
+pub use fused::{
+    compact_expand_pointing, compact_expand_window, fused_accumulate, fused_project,
+    CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,
+};
+
 use crate::accel::global_data::{global_bytes, global_bytes_mut};
 use crate::pixels::{PixelData, PixelDistribution};
 use std::collections::BTreeMap;

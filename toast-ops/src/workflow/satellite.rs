@@ -965,7 +965,11 @@ fn mapmaker_setup(cfg: &SatelliteConfig) -> MapMakerSetup {
 fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) -> Plan {
     let backend = pipeline_backend_in(registry, policy, None)
         .map(|b| (b.name().to_string(), b.host_addressable()));
-    let facts = PlanFacts::of_setup(&mapmaker_setup(cfg), backend, false, true);
+    let setup = mapmaker_setup(cfg);
+    // A dispatch error here is the run's to report (it names the setting).
+    let fused_kernels =
+        PlanFacts::fused_kernels_run_with_unfused(registry, policy, &setup.name).unwrap_or(false);
+    let facts = PlanFacts::of_setup(&setup, backend, false, true, fused_kernels);
     Plan::choose(&cfg.binner, &facts)
 }
 
