@@ -54,12 +54,12 @@
 
 use super::products::Keys;
 use super::{timed, MapMaker};
-use crate::accel::global_data::HostArray;
-use crate::accel::kernels::{
+use crate::exec::global_data::HostArray;
+use crate::exec::kernels::{
     self, view_intervals, CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,
     KernelCall, OffsetLayout,
 };
-use crate::accel::pipeline::DetectorSets;
+use crate::exec::pipeline::DetectorSets;
 use crate::ops::binning::{finish_bin_map, prepare_bin_map, BinPass};
 use crate::ops::{detector_weights, select_detectors};
 use crate::pixels::PixelData;

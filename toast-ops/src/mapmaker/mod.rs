@@ -72,13 +72,13 @@
 //! # Data movement
 //!
 //! With a backend that is not host-addressable, the map-maker opens one
-//! staging scope for the whole run (see [`crate::accel::pipeline`]): the
+//! staging scope for the whole run (see [`crate::exec::pipeline`]): the
 //! timestream, flags and boresight are uploaded once, and per CG iteration
 //! only the dot products' partial sums cross the bus (see `vectors`).
 //! Pointing never crosses it. With `full_pointing` the device expands its
 //! copy from the boresight and the host passes (solver flags, hits and
 //! covariance, rcond mask) read a host copy that the host expands itself
-//! ([`crate::accel::pipeline::mirror_on_host`]) or that the caller handed
+//! ([`crate::exec::pipeline::mirror_on_host`]) or that the caller handed
 //! over ([`MapMaker::reuse_pointing`]), declared equal to the device's, so
 //! neither is copied (32 bytes a detector sample each way saved). Without
 //! `full_pointing` a device run recomputes it in every pass as before, and
@@ -189,8 +189,8 @@ pub use plan::{ExecutionPlan, FusedForm, Passes, Plan, PlanFacts};
 pub use products::MapMakerResult;
 pub use solve::DOT_TIMER;
 
-use crate::accel::global_data::HostArray;
-use crate::accel::pipeline::{
+use crate::exec::global_data::HostArray;
+use crate::exec::pipeline::{
     close_scope, mark_host_copies, mirror_on_host, open_scope, pipeline_backend, run_operators,
     DetectorSets, RunOptions, StagingState,
 };

@@ -5,7 +5,7 @@
 //! configuration whose fields are TOAST's trait names and defaults, and
 //! implements [`toast_core::Operator`] with exact `requires()`/`provides()`.
 //! The kernel-backed ones (`supports_accel() == true`) run through
-//! [`crate::accel::kernels`], so they work unchanged on any backend and on staged
+//! [`crate::exec::kernels`], so they work unchanged on any backend and on staged
 //! data; the host-only ones are those TOAST runs on the host
 //! (`BuildHitMap`, `BuildInverseCovariance`, the pixel distribution).
 //!

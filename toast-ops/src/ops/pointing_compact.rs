@@ -20,7 +20,7 @@ use super::pixels_healpix::PixelsHealpixConfig;
 use super::stokes_weights::StokesWeightsConfig;
 use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
-use crate::accel::kernels::{self, view_intervals, CompactPointing, KernelCall};
+use crate::exec::kernels::{self, view_intervals, CompactPointing, KernelCall};
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Narrow the pixels of the selected detectors into the i32 field

@@ -15,7 +15,7 @@
 //!    intervals are host memory, built here. Every large array names its
 //!    source: a detdata or shared field of the observation, or a global item
 //!    of the data (a map, a pixel distribution's `global2local`, template
-//!    amplitudes; see [`crate::accel::global_data`]). Its kernel address is
+//!    amplitudes; see [`crate::exec::global_data`]). Its kernel address is
 //!    * the **host address**, for a host-addressable backend (the CPU plugin);
 //!    * otherwise the **device handle** of the field's mirror in the
 //!      [`DeviceBuffers`] installed in the context, when the pipeline has
@@ -47,7 +47,7 @@ pub use fused::{
     CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,
 };
 
-use crate::accel::global_data::{global_bytes, global_bytes_mut};
+use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use crate::pixels::{PixelData, PixelDistribution};
 use std::collections::BTreeMap;
 use std::sync::Arc;
