@@ -1,4 +1,6 @@
-//! The CPU backend plugin of toast-rs: TOAST's ten compiled kernels in Rust,
+//! The CPU backend plugin of toast-rs: every kernel of the kernel table in
+//! Rust (TOAST's compiled kernels, the PCG solver's vector kernels and the
+//! map-maker's fused kernels, `kernels/compact.rs` and `kernels/fused.rs`),
 //! parallelised with rayon, behind the C plugin ABI of
 //! `toast-accel/include/toast_backend.h`.
 //!

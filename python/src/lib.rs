@@ -1150,9 +1150,14 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         Kernel::CovAccumDiagInvnpp => ("cov_accum_diag_invnpp", cov_accum_diag_invnpp),
         Kernel::FilterPolynomial => ("filter_polynomial", filter_polynomial),
         Kernel::FilterPoly2d => ("filter_poly2D", filter_poly2d),
-        // Ours: the map-maker's covariance application and the solver's
-        // vector kernels.
-        Kernel::CovApplyDiag | Kernel::AmpDot | Kernel::AmpAxpby => return None,
+        // Ours: the map-maker's covariance application, the solver's
+        // vector kernels and the fused passes.
+        Kernel::CovApplyDiag
+        | Kernel::AmpDot
+        | Kernel::AmpAxpby
+        | Kernel::CompactExpandPointing
+        | Kernel::FusedAccumulate
+        | Kernel::FusedProject => return None,
     })
 }
 

@@ -24,6 +24,9 @@
  *   TOAST_TEST_UNTERMINATED_ERROR last_error returns 8 KiB with no NUL
  *   TOAST_TEST_LONG_NAME        a 100-character backend name
  *   TOAST_TEST_TABLE_SIZE=n     the header claims a table of n bytes
+ *   TOAST_TEST_ABI_MINOR_3      built against ABI minor 3: the header says minor 3
+ *                               and its table ends before the fused kernels of
+ *                               minor 4 (compact_expand_pointing, ...)
  *
  * Needs a C99 compiler with the GCC/Clang `__thread` and `__sync` builtins
  * (thread-local last error, a spin lock around the handle table).
@@ -560,8 +563,10 @@ static const toast_backend_table tt_table = {
 #define TT_FLAGS TOAST_BACKEND_FLAG_HOST_ADDRESSABLE
 #endif
 
-#ifdef TOAST_TEST_TABLE_SIZE
+#if defined(TOAST_TEST_TABLE_SIZE)
 #define TT_TABLE_SIZE ((uint32_t)(TOAST_TEST_TABLE_SIZE))
+#elif defined(TOAST_TEST_ABI_MINOR_3)
+#define TT_TABLE_SIZE ((uint32_t)offsetof(toast_backend_table, compact_expand_pointing))
 #else
 #define TT_TABLE_SIZE ((uint32_t)sizeof(toast_backend_table))
 #endif
@@ -581,7 +586,11 @@ static char tt_name[8192];
 static const toast_backend_header tt_header = {
     .magic = TT_MAGIC,
     .abi_major = TT_MAJOR,
+#ifdef TOAST_TEST_ABI_MINOR_3
+    .abi_minor = 3u,
+#else
     .abi_minor = TOAST_BACKEND_ABI_MINOR,
+#endif
     .table_size = TT_TABLE_SIZE,
     .flags = TT_FLAGS,
     .name = TT_NAME,

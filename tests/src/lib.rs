@@ -34,6 +34,15 @@ pub fn backend_or_skip(name: &str, options: &str, require: &str) -> Option<Backe
     }
 }
 
+/// The map-maker's fused kernels (ABI minor 4): their compact-form cases
+/// pass within `FUSED_COMPACT_RTOL` on every backend (the rebuilt weights
+/// are a few ulp from TOAST's), so every suite lists them as tolerant.
+pub const FUSED_KERNELS: [Kernel; 3] = [
+    Kernel::CompactExpandPointing,
+    Kernel::FusedAccumulate,
+    Kernel::FusedProject,
+];
+
 /// Every shipped case passes on `b`, in the comparison the runner uses for
 /// it (`expected`: exact for host backends, tolerant for devices), only the
 /// kernels in `tolerant` needing the tolerance; a device backend's staged
@@ -48,7 +57,9 @@ pub fn assert_all_cases_pass(b: &Backend, expected: Comparison, tolerant: &[Kern
             Ok(CaseOutcome::Pass) => {}
             Ok(o @ CaseOutcome::PassTolerant { .. }) => {
                 let n = path.file_stem().unwrap_or_default().to_string_lossy();
-                if !kernel_of(&n).is_some_and(|k| tolerant.contains(&k)) {
+                if !kernel_of(&n)
+                    .is_some_and(|k| tolerant.contains(&k) || FUSED_KERNELS.contains(&k))
+                {
                     failures.push(format!("{}: needed the tolerance: {o}", path.display()));
                 }
             }

@@ -105,6 +105,15 @@ fn device() -> PathBuf {
         &["-DTOAST_TEST_NAME=\"cdev\"", "-DTOAST_TEST_DEVICE_MEMORY"],
     )
 }
+/// Backend `cold`, built against ABI minor 3: its table ends before the
+/// fused kernels of minor 4.
+fn minor_3() -> PathBuf {
+    build(
+        "minor_3",
+        &plugin_file_name("cold"),
+        &["-DTOAST_TEST_NAME=\"cold\"", "-DTOAST_TEST_ABI_MINOR_3"],
+    )
+}
 fn bad_magic() -> PathBuf {
     build(
         "bad_magic",
@@ -421,6 +430,64 @@ fn dispatch_falls_back_from_c_plugins() {
         "{msg}"
     );
     assert!(msg.contains("`cpu` no such backend was found"), "{msg}");
+}
+
+/// A plugin built against ABI minor 3 (before the map-maker's fused
+/// kernels) still loads and runs its kernels; dispatch passes it over for
+/// the fused kernels, naming why, to the next backend of the chain (the CPU
+/// plugin in a run: there the map-maker compares where the fused kernels
+/// and `build_noise_weighted` resolve, `MapMaker::fused_kernels_resolve`,
+/// and runs the unfused passes when they differ; `toast-cli run --backend
+/// cold` gives the CPU's maps).
+#[test]
+fn a_minor_3_plugin_has_no_fused_kernels_and_dispatch_falls_back() {
+    let reg = Arc::new(Registry::discover(&DiscoveryOptions::only([
+        minor_3(),
+        good(),
+    ])));
+    assert!(reg.failures().is_empty(), "{:?}", reg.failures());
+    let p = reg.entry("cold").unwrap().plugin();
+    assert_eq!((p.abi_major, p.abi_minor), (abi::ABI_MAJOR, 3));
+    assert_eq!(
+        p.kernels(),
+        vec![Kernel::StokesWeightsI, Kernel::NoiseWeight]
+    );
+    let fused = [
+        Kernel::CompactExpandPointing,
+        Kernel::FusedAccumulate,
+        Kernel::FusedProject,
+    ];
+    assert!(fused.iter().all(|k| reg
+        .entry("ctest")
+        .unwrap()
+        .plugin()
+        .kernels()
+        .iter()
+        .all(|x| x != k)));
+    // Its own kernels run on it.
+    let d = Dispatcher::new(Arc::clone(&reg), DispatchPolicy::parse("run=cold").unwrap());
+    let r = d.resolve(Kernel::NoiseWeight, Some("MapMaker")).unwrap();
+    assert_eq!(r.backend_name(), "cold");
+    let mut case = NoiseWeightCase::new();
+    let want = case.expected();
+    case.run(&r.backend).unwrap();
+    assert_eq!(case.det_data, want);
+    // The fused kernels fall back along the chain: to ctest here (which
+    // lacks them too), then to `cpu`, which this registry does not have.
+    let d = Dispatcher::new(
+        Arc::clone(&reg),
+        DispatchPolicy::parse("run=cold,pipeline=ctest").unwrap(),
+    );
+    for k in fused {
+        let e = d.resolve(k, Some("MapMaker")).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, AccelError::NoBackend { .. }), "{e:?}");
+        assert!(
+            msg.contains(&format!("`cold` does not implement kernel `{}`", k.name())),
+            "{msg}"
+        );
+        assert!(msg.contains("`cpu` no such backend was found"), "{msg}");
+    }
 }
 
 #[test]

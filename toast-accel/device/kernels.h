@@ -3,7 +3,8 @@
  * target (CUDA, HIP, OpenCL), written once in a C subset that NVRTC, hiprtc
  * and OpenCL C 1.2 / 3.0 all accept (the kernels after the per-sample ones,
  * cov_accum_diag_hits/invnpp, filter_polynomial, filter_poly2D,
- * cov_apply_diag, amp_dot, amp_axpby, have their own launch shapes).  It is
+ * cov_apply_diag, amp_dot, amp_axpby, have their own launch shapes; the
+ * map-maker's fused kernels are at the end, with their own notes).  It is
  * compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
  * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
@@ -1324,4 +1325,293 @@ KERNEL void toast_amp_axpby(i64 n, double alpha, double beta, GLOBAL const doubl
     } else {
         y[i] = alpha * x[i] + beta * y[i];
     }
+}
+
+/* ======================================================================
+ * The map-maker's fused kernels (ABI minor 4): compact_expand_pointing,
+ * fused_accumulate, fused_project.  The pointing comes in two forms: compact
+ * (an i32 pixel; the IQU weights rebuilt from the boresight, the focal-plane
+ * quaternion and epsilon/gamma/cal by toast_compact_weights) or kept (i64
+ * pixels, IQU weights).  The rebuilt weights use the rational double angle
+ * of the CPU plugin (backend-cpu kernels/compact.rs), the same operations
+ * (+ - * / sqrt, contraction off, so the same bits as the CPU where it
+ * applies), and stokes_weights_IQU's atan2/cos/sin where it does not and
+ * with a HWP.  fused_accumulate accumulates with atomics (as
+ * build_noise_weighted); fused_project sums each amplitude's samples in
+ * sample order in one thread (as template_offset_project_signal).  The two
+ * passes' parameters are the same up to det_mask (one marshalling prefix in
+ * toast-gpu), then their own.
+ * ====================================================================== */
+
+/* The IQU weights of sample s of a detector (compact form) into w. */
+DEVICE_FN void toast_compact_weights(GLOBAL const double *RESTRICT boresight,
+                                     GLOBAL const u8 *RESTRICT pflags, i32 use_pflags,
+                                     i32 pmask, GLOBAL const double *RESTRICT hwp,
+                                     i32 use_hwp, i64 s, const double *fp, double eta,
+                                     double c, double gamma, double u_sign, double *w) {
+    double p[4];
+    if (use_pflags && (pflags[s] & pmask) != 0) {
+        p[0] = 0.0;
+        p[1] = 0.0;
+        p[2] = 0.0;
+        p[3] = 1.0;
+    } else {
+        p[0] = boresight[4 * s];
+        p[1] = boresight[4 * s + 1];
+        p[2] = boresight[4 * s + 2];
+        p[3] = boresight[4 * s + 3];
+    }
+    double q[4];
+    q[0] = p[0] * fp[3] + p[1] * fp[2] - p[2] * fp[1] + p[3] * fp[0];
+    q[1] = -p[0] * fp[2] + p[1] * fp[3] + p[2] * fp[0] + p[3] * fp[1];
+    q[2] = p[0] * fp[1] - p[1] * fp[0] + p[2] * fp[3] + p[3] * fp[2];
+    q[3] = -p[0] * fp[0] - p[1] * fp[1] - p[2] * fp[2] + p[3] * fp[3];
+    w[0] = c;
+    if (use_hwp) {
+        double ang = 2.0 * (2.0 * (gamma - hwp[s]) - toast_stokes_alpha(q));
+        w[1] = cos(ang) * eta * c;
+        w[2] = -sin(ang) * eta * c * u_sign;
+        return;
+    }
+    const double zaxis[3] = {0.0, 0.0, 1.0};
+    const double xaxis[3] = {1.0, 0.0, 0.0};
+    double vd[3];
+    double vo[3];
+    toast_qa_rotate(q, zaxis, vd);
+    toast_qa_rotate(q, xaxis, vo);
+    double r = sqrt(vd[0] * vd[0] + vd[1] * vd[1]);
+    double vm_z = -sqrt(1.0 - vd[2] * vd[2]);
+    double inv_r = 1.0 / r;
+    double vm_x = vd[2] * (vd[0] * inv_r);
+    double vm_y = vd[2] * (vd[1] * inv_r);
+    double y = vd[0] * (vm_y * vo[2] - vm_z * vo[1]) - vd[1] * (vm_x * vo[2] - vm_z * vo[0]) +
+               vd[2] * (vm_x * vo[1] - vm_y * vo[0]);
+    double x = vm_x * vo[0] + vm_y * vo[1] + vm_z * vo[2];
+    double n = x * x + y * y;
+    double inv_n = 1.0 / n;
+    double cang;
+    double sang;
+    /* n - n == 0: n is finite. */
+    if (r > 0.0 && n > 0.0 && n - n == 0.0) {
+        cang = (x * x - y * y) * inv_n;
+        sang = (2.0 * x * y) * inv_n;
+    } else {
+        double ang = toast_stokes_alpha(q) * 2.0;
+        cang = cos(ang);
+        sang = sin(ang);
+    }
+    w[1] = cang * eta * c;
+    w[2] = sang * eta * c * u_sign;
+}
+
+/* The pixel and IQU weights of sample s of detector det, in either form. */
+DEVICE_FN i64 toast_fused_pointing(
+    i64 det, i64 s, i64 n_samp, i32 compact_form, GLOBAL const i32 *RESTRICT pixel_index,
+    GLOBAL const i32 *RESTRICT weight_index, GLOBAL const double *RESTRICT focalplane,
+    GLOBAL const double *RESTRICT epsilon, GLOBAL const double *RESTRICT gamma,
+    GLOBAL const double *RESTRICT cal, GLOBAL const i32 *RESTRICT compact,
+    GLOBAL const double *RESTRICT boresight, GLOBAL const u8 *RESTRICT pflags, i32 use_pflags,
+    i32 pmask, GLOBAL const double *RESTRICT hwp, i32 use_hwp, i32 iau,
+    GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights, double *w) {
+    if (compact_form) {
+        double fp[4];
+        fp[0] = focalplane[4 * det];
+        fp[1] = focalplane[4 * det + 1];
+        fp[2] = focalplane[4 * det + 2];
+        fp[3] = focalplane[4 * det + 3];
+        const double eps = epsilon[det];
+        const double eta = (1.0 - eps) / (1.0 + eps);
+        toast_compact_weights(boresight, pflags, use_pflags, pmask, hwp, use_hwp, s, fp, eta,
+                              cal[det], gamma[det], iau ? -1.0 : 1.0, w);
+        return (i64)compact[(i64)pixel_index[det] * n_samp + s];
+    }
+    const i64 wo = 3 * ((i64)weight_index[det] * n_samp + s);
+    w[0] = weights[wo];
+    w[1] = weights[wo + 1];
+    w[2] = weights[wo + 2];
+    return pixels[(i64)pixel_index[det] * n_samp + s];
+}
+
+/* compact_expand_pointing: pixels widened, weights rebuilt (nnz 3) or cal;
+ * the outputs' rows hold out_n_samp samples from sample out_first. */
+KERNEL void toast_compact_expand_pointing(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 nnz, i64 out_first,
+    i64 out_n_samp,
+    GLOBAL const i32 *RESTRICT compact_index, GLOBAL const i32 *RESTRICT pixel_index,
+    GLOBAL const i32 *RESTRICT weight_index, GLOBAL const double *RESTRICT focalplane,
+    GLOBAL const double *RESTRICT epsilon, GLOBAL const double *RESTRICT gamma,
+    GLOBAL const double *RESTRICT cal, GLOBAL const i32 *RESTRICT compact,
+    GLOBAL const double *RESTRICT boresight, GLOBAL const u8 *RESTRICT pflags, i32 use_pflags,
+    i32 pmask, GLOBAL const double *RESTRICT hwp, i32 use_hwp, i32 iau,
+    GLOBAL i64 *RESTRICT pixels, GLOBAL double *RESTRICT weights) {
+    TOAST_SAMPLE_GRID(intervals)
+    const i64 o = s - out_first;
+    pixels[(i64)pixel_index[det] * out_n_samp + o] = (i64)compact[(i64)compact_index[det] * n_samp + s];
+    const i64 wo = nnz * ((i64)weight_index[det] * out_n_samp + o);
+    if (nnz == 1) {
+        weights[wo] = cal[det];
+        return;
+    }
+    double fp[4];
+    fp[0] = focalplane[4 * det];
+    fp[1] = focalplane[4 * det + 1];
+    fp[2] = focalplane[4 * det + 2];
+    fp[3] = focalplane[4 * det + 3];
+    const double eps = epsilon[det];
+    const double eta = (1.0 - eps) / (1.0 + eps);
+    double w[3];
+    toast_compact_weights(boresight, pflags, use_pflags, pmask, hwp, use_hwp, s, fp, eta,
+                          cal[det], gamma[det], iau ? -1.0 : 1.0, w);
+    weights[wo] = w[0];
+    weights[wo + 1] = w[1];
+    weights[wo + 2] = w[2];
+}
+
+/* fused_accumulate: zmap += (t * det_scale) * w, t the signal (use_data) or
+ * F a (0 + a under an unflagged amplitude, 0 under a flagged one, 0 without
+ * amplitudes: amp_offset -1).  finite[det] with a finite det_scale: a value
+ * of +-0 adds +-0, left out (F a: before the pixel is read, as the CPU). */
+KERNEL void toast_fused_accumulate(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i32 compact_form,
+    GLOBAL const i32 *RESTRICT pixel_index, GLOBAL const i32 *RESTRICT weight_index,
+    GLOBAL const double *RESTRICT focalplane, GLOBAL const double *RESTRICT epsilon,
+    GLOBAL const double *RESTRICT gamma, GLOBAL const double *RESTRICT cal,
+    GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
+    GLOBAL const double *RESTRICT det_scale, i64 step_length,
+    GLOBAL const i64 *RESTRICT amp_offset, GLOBAL const i64 *RESTRICT view_offset,
+    GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap, i64 n_pix_submap,
+    GLOBAL const i32 *RESTRICT compact, GLOBAL const double *RESTRICT boresight,
+    GLOBAL const u8 *RESTRICT pflags, i32 use_pflags, i32 pmask, GLOBAL const double *RESTRICT hwp,
+    i32 use_hwp, i32 iau, GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,
+    GLOBAL const double *RESTRICT det_data, i32 use_data, GLOBAL const u8 *RESTRICT det_flags,
+    i32 use_det_flags, i32 det_mask, GLOBAL const u8 *RESTRICT finite,
+    GLOBAL const u8 *RESTRICT shared_flags, i32 use_shared_flags, i32 shared_mask,
+    GLOBAL const double *RESTRICT amplitudes,
+    GLOBAL const u8 *RESTRICT amplitude_flags, GLOBAL double *RESTRICT zmap,
+    GLOBAL u64 *RESTRICT err) {
+    TOAST_SAMPLE_GRID(intervals)
+    if (use_det_flags) {
+        const i32 fi = flag_index[det];
+        if (fi >= 0 && (det_flags[(i64)fi * n_samp + s] & det_mask) != 0) {
+            return;
+        }
+    }
+    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
+        return;
+    }
+    const double scale = det_scale[det];
+    const int skips = finite[det] != 0 && scale - scale == 0.0;
+    double x = 0.0;
+    if (!use_data) {
+        const i64 a0 = amp_offset[det];
+        if (a0 >= 0) {
+            const i64 amp = a0 + view_offset[iv] + (s - first) / step_length;
+            if (amplitude_flags[amp] == 0) {
+                x = 0.0 + amplitudes[amp];
+            }
+        }
+        if (x == 0.0 && skips) {
+            return;
+        }
+    }
+    double w[3];
+    const i64 p = toast_fused_pointing(det, s, n_samp, compact_form, pixel_index, weight_index,
+                                       focalplane, epsilon, gamma, cal, compact, boresight, pflags,
+                                       use_pflags, pmask, hwp, use_hwp, iau, pixels, weights, w);
+    if (p < 0) {
+        return;
+    }
+    i64 l = 0;
+    i64 sub = 0;
+    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+        return;
+    }
+    if (use_data) {
+        x = det_data[(i64)data_index[det] * n_samp + s];
+        if (x == 0.0 && skips) {
+            return;
+        }
+    }
+    const i64 zo = 3 * (l * n_pix_submap + sub);
+    const double scaled = x * scale;
+    for (i64 i = 0; i < 3; i++) {
+        atomic_add_f64(&zmap[zo + i], scaled * w[i]);
+    }
+}
+
+/* fused_project: one thread per amplitude (dimension 0: the amplitude in
+ * the view, as template_offset_project_signal); out += the sum, in sample
+ * order from 0.0, of (t - sum_k w_k m_k) * det_scale over the samples whose
+ * flags are clear. */
+KERNEL void toast_fused_project(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i32 compact_form,
+    GLOBAL const i32 *RESTRICT pixel_index, GLOBAL const i32 *RESTRICT weight_index,
+    GLOBAL const double *RESTRICT focalplane, GLOBAL const double *RESTRICT epsilon,
+    GLOBAL const double *RESTRICT gamma, GLOBAL const double *RESTRICT cal,
+    GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
+    GLOBAL const double *RESTRICT det_scale, i64 step_length,
+    GLOBAL const i64 *RESTRICT amp_offset, GLOBAL const i64 *RESTRICT view_offset,
+    GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap, i64 n_pix_submap,
+    GLOBAL const i32 *RESTRICT compact, GLOBAL const double *RESTRICT boresight,
+    GLOBAL const u8 *RESTRICT pflags, i32 use_pflags, i32 pmask, GLOBAL const double *RESTRICT hwp,
+    i32 use_hwp, i32 iau, GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,
+    GLOBAL const double *RESTRICT det_data, i32 use_data, GLOBAL const u8 *RESTRICT det_flags,
+    i32 use_det_flags, i32 det_mask, GLOBAL const double *RESTRICT mapdata,
+    GLOBAL const double *RESTRICT amplitudes, GLOBAL const u8 *RESTRICT amplitude_flags,
+    GLOBAL double *RESTRICT amplitudes_out, GLOBAL u64 *RESTRICT err) {
+    const i64 det = det0 + GID2;
+    const i64 iv = iv0 + GID1;
+    if (det >= det_end || iv >= iv_end) {
+        return;
+    }
+    const i64 a0 = amp_offset[det];
+    if (a0 < 0) {
+        return;
+    }
+    const i64 first = intervals[2 * iv];
+    const i64 last = intervals[2 * iv + 1];
+    const i64 k = GID0;
+    const i64 s0 = first + k * step_length;
+    if (s0 >= last) {
+        return;
+    }
+    const i64 amp = a0 + view_offset[iv] + k;
+    if (amplitude_flags[amp] != 0) {
+        return;
+    }
+    i64 s1 = s0 + step_length;
+    if (s1 > last) {
+        s1 = last;
+    }
+    const double x = use_data ? 0.0 : 0.0 + amplitudes[amp];
+    const double scale = det_scale[det];
+    const i32 fi = use_det_flags ? flag_index[det] : -1;
+    double acc = 0.0;
+    for (i64 s = s0; s < s1; s++) {
+        double t = use_data ? det_data[(i64)data_index[det] * n_samp + s] : x;
+        double w[3];
+        const i64 p = toast_fused_pointing(det, s, n_samp, compact_form, pixel_index,
+                                           weight_index, focalplane, epsilon, gamma, cal, compact,
+                                           boresight, pflags, use_pflags, pmask, hwp, use_hwp, iau,
+                                           pixels, weights, w);
+        if (p >= 0) {
+            i64 l = 0;
+            i64 sub = 0;
+            if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+                atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+                return;
+            }
+            const i64 mo = 3 * (l * n_pix_submap + sub);
+            double val = 0.0;
+            for (i64 i = 0; i < 3; i++) {
+                val += w[i] * mapdata[mo + i];
+            }
+            t -= val;
+        }
+        t *= scale;
+        const int good = fi < 0 || (det_flags[(i64)fi * n_samp + s] & det_mask) == 0;
+        acc += good ? t : 0.0;
+    }
+    amplitudes_out[amp] += acc;
 }

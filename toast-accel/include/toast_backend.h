@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 3u
+#define TOAST_BACKEND_ABI_MINOR 4u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -413,6 +413,133 @@ typedef struct toast_amp_axpby_args {
     toast_array y; /* f64 [n] (in/out) */
 } toast_amp_axpby_args;
 
+/* ---- the map-maker's fused kernels (ABI minor 4; not TOAST registry
+ * kernels) -----------------------------------------------------------------
+ * Compact pointing: a detector's pixel is kept as an i32 (`compact`, TOAST's
+ * pixels_healpix pixel, narrowed) and its IQU weights are rebuilt from the
+ * boresight (`boresight`, cut to the identity where `pointing_flags &
+ * pointing_flag_mask`, as pointing_detector does), the focal-plane quaternion
+ * and epsilon/gamma/cal: the weights of stokes_weights_IQU to a few ulp of
+ * eta * cal (cos 2a and sin 2a from the rational form of the same (x, y),
+ * TOAST's atan2/cos/sin where that form does not apply and with a HWP).
+ *
+ * compact_expand_pointing: pixels[p, s] = compact[c, s] and weights[w, s, :]
+ * the rebuilt weights (nnz 3; nnz 1: cal), for s in the intervals. */
+typedef struct toast_compact_expand_pointing_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    uint64_t nnz;                 /* 1 or 3 */
+    const int32_t *compact_index; /* host [n_det] */
+    const int32_t *pixel_index;   /* host [n_det] */
+    const int32_t *weight_index;  /* host [n_det] */
+    const double *focalplane;     /* host [n_det, 4] */
+    const double *epsilon;        /* host [n_det] */
+    const double *gamma;          /* host [n_det] */
+    const double *cal;            /* host [n_det] */
+    toast_intervals intervals;
+    toast_array compact;        /* i32 [n_rows, n_samp] (in) */
+    toast_array boresight;      /* f64 [n_samp, 4] (in) */
+    toast_array pointing_flags; /* u8 [n_samp] (in), or absent */
+    toast_array hwp;            /* f64 [n_samp] (in), or absent */
+    toast_array pixels;         /* i64 [n_rows, out_n_samp] (out) */
+    toast_array weights;        /* f64 [n_rows, out_n_samp, nnz] (out) */
+    int64_t out_first;          /* the sample of the outputs' column 0 */
+    uint64_t out_n_samp;        /* samples per output row */
+    uint8_t pointing_flag_mask;
+    uint8_t iau;
+    uint8_t reserved[6];
+} toast_compact_expand_pointing_args;
+
+/* (compact_expand_pointing's outputs hold out_n_samp samples per row from
+ * sample out_first: the whole observation with out_first 0 and out_n_samp
+ * n_samp, or a window every interval lies in.) */
+
+/* fused_accumulate: zmap[pix, :] += (t[d, s] * det_scale[d]) * w[d, s, :]
+ * over the samples of the intervals not cut by det_flags/shared_flags (as
+ * build_noise_weighted, IQU), where t is det_data (data_index >= 0) or, with
+ * det_data absent, F a: 0 + amplitudes[a] under an unflagged amplitude, 0
+ * under a flagged one (template_offset_add_to_signal on a zeroed
+ * timestream), and the pixel and weights are the compact ones (compact
+ * present) or the kept ones (pixels, weights). finite[d] != 0 promises that
+ * every weight of detector d over the intervals is finite: a sample of value
+ * +-0 may then be skipped (it adds +-0). Each zmap element is summed in
+ * detector, interval, sample order: the unfused sequence's bits. */
+typedef struct toast_fused_accumulate_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *pixel_index;  /* host [n_det]: row of compact or pixels */
+    const int32_t *weight_index; /* host [n_det]: row of weights (kept form) */
+    const double *focalplane;    /* host [n_det, 4] (compact form) */
+    const double *epsilon;       /* host [n_det] (compact form) */
+    const double *gamma;         /* host [n_det] (compact form) */
+    const double *cal;           /* host [n_det] (compact form) */
+    const int32_t *data_index;   /* host [n_det] (det_data present) */
+    const int32_t *flag_index;   /* host [n_det], -1 = no flags */
+    const double *det_scale;     /* host [n_det] */
+    const uint8_t *finite;       /* host [n_det] */
+    toast_offset_layout layout;  /* F a: amp_offset -1 = no amplitudes (t = 0) */
+    toast_intervals intervals;
+    toast_array global2local; /* i64 [n_global_submap] (in) */
+    int64_t n_pix_submap;
+    toast_array compact;         /* i32 [n_rows, n_samp] (in), or absent */
+    toast_array boresight;       /* f64 [n_samp, 4] (in), compact form */
+    toast_array pointing_flags;  /* u8 [n_samp] (in), or absent */
+    toast_array hwp;             /* f64 [n_samp] (in), or absent */
+    toast_array pixels;          /* i64 [n_rows, n_samp] (in), kept form */
+    toast_array weights;         /* f64 [n_rows, n_samp, 3] (in), kept form */
+    toast_array det_data;        /* f64 [n_rows, n_samp] (in), or absent: F a */
+    toast_array det_flags;       /* u8 [n_flag_rows, n_samp] (in), or absent */
+    toast_array shared_flags;    /* u8 [n_samp] (in), or absent */
+    toast_array amplitudes;      /* f64 [n_amp] (in), F a */
+    toast_array amplitude_flags; /* u8 [n_amp] (in), F a */
+    toast_array zmap;            /* f64 [n_local_submap, n_pix_submap, 3] (in/out) */
+    uint8_t det_flag_mask;
+    uint8_t shared_flag_mask;
+    uint8_t pointing_flag_mask;
+    uint8_t iau;
+    uint8_t reserved[4];
+} toast_fused_accumulate_args;
+
+/* fused_project: out[a] += sum over the samples s of amplitude a (offset
+ * layout, sample order) with det_flags[f, s] & det_flag_mask == 0 of
+ * (t[d, s] - sum_k w[d, s, k] * mapdata[pix, k]) * det_scale[d], for every
+ * unflagged amplitude; t as fused_accumulate's (the unfused sequence: the
+ * timestream, scan_map subtract, noise_weight, template_offset_project_signal).
+ * A pixel < 0 scans nothing. */
+typedef struct toast_fused_project_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *pixel_index;  /* host [n_det]: row of compact or pixels */
+    const int32_t *weight_index; /* host [n_det]: row of weights (kept form) */
+    const double *focalplane;    /* host [n_det, 4] (compact form) */
+    const double *epsilon;       /* host [n_det] (compact form) */
+    const double *gamma;         /* host [n_det] (compact form) */
+    const double *cal;           /* host [n_det] (compact form) */
+    const int32_t *data_index;   /* host [n_det] (det_data present) */
+    const int32_t *flag_index;   /* host [n_det], -1 = no flags */
+    const double *det_scale;     /* host [n_det] */
+    toast_offset_layout layout;  /* amp_offset -1: the detector projects nothing */
+    toast_intervals intervals;
+    toast_array global2local; /* i64 [n_global_submap] (in) */
+    int64_t n_pix_submap;
+    toast_array compact;         /* i32 [n_rows, n_samp] (in), or absent */
+    toast_array boresight;       /* f64 [n_samp, 4] (in), compact form */
+    toast_array pointing_flags;  /* u8 [n_samp] (in), or absent */
+    toast_array hwp;             /* f64 [n_samp] (in), or absent */
+    toast_array pixels;          /* i64 [n_rows, n_samp] (in), kept form */
+    toast_array weights;         /* f64 [n_rows, n_samp, 3] (in), kept form */
+    toast_array det_data;        /* f64 [n_rows, n_samp] (in), or absent: F a */
+    toast_array det_flags;       /* u8 [n_flag_rows, n_samp] (in), or absent */
+    toast_array mapdata;         /* f64 [n_local_submap, n_pix_submap, 3] (in) */
+    toast_array amplitudes;      /* f64 [n_amp] (in), F a, or absent */
+    toast_array amplitude_flags; /* u8 [n_amp] (in) */
+    toast_array amplitudes_out;  /* f64 [n_amp] (in/out) */
+    uint8_t det_flag_mask;
+    uint8_t pointing_flag_mask;
+    uint8_t iau;
+    uint8_t reserved[5];
+} toast_fused_project_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -461,6 +588,10 @@ typedef struct toast_backend_table {
     toast_status (*cov_apply_diag)(void *ctx, const toast_cov_apply_diag_args *a);
     toast_status (*amp_dot)(void *ctx, const toast_amp_dot_args *a);
     toast_status (*amp_axpby)(void *ctx, const toast_amp_axpby_args *a);
+    toast_status (*compact_expand_pointing)(void *ctx,
+                                            const toast_compact_expand_pointing_args *a);
+    toast_status (*fused_accumulate)(void *ctx, const toast_fused_accumulate_args *a);
+    toast_status (*fused_project)(void *ctx, const toast_fused_project_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 3;
+pub const ABI_MINOR: u32 = 4;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -357,6 +357,113 @@ pub struct AmpAxpbyArgs {
     pub beta: f64,
     pub x: Array,
     pub y: Array,
+}
+
+/// `compact_expand_pointing` (ABI minor 4): pixels widened from the compact
+/// i32 pixels and IQU weights rebuilt from the boresight.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CompactExpandPointingArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub nnz: u64,
+    pub compact_index: *const i32,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub focalplane: *const f64,
+    pub epsilon: *const f64,
+    pub gamma: *const f64,
+    pub cal: *const f64,
+    pub intervals: SampleRanges,
+    pub compact: Array,
+    pub boresight: Array,
+    pub pointing_flags: Array,
+    pub hwp: Array,
+    pub pixels: Array,
+    pub weights: Array,
+    pub out_first: i64,
+    pub out_n_samp: u64,
+    pub pointing_flag_mask: u8,
+    pub iau: u8,
+    pub reserved: [u8; 6],
+}
+
+/// `fused_accumulate` (ABI minor 4): a timestream or `F a` binned into the
+/// noise-weighted map with compact (rebuilt) or kept pointing.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FusedAccumulateArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub focalplane: *const f64,
+    pub epsilon: *const f64,
+    pub gamma: *const f64,
+    pub cal: *const f64,
+    pub data_index: *const i32,
+    pub flag_index: *const i32,
+    pub det_scale: *const f64,
+    pub finite: *const u8,
+    pub layout: OffsetLayout,
+    pub intervals: SampleRanges,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub compact: Array,
+    pub boresight: Array,
+    pub pointing_flags: Array,
+    pub hwp: Array,
+    pub pixels: Array,
+    pub weights: Array,
+    pub det_data: Array,
+    pub det_flags: Array,
+    pub shared_flags: Array,
+    pub amplitudes: Array,
+    pub amplitude_flags: Array,
+    pub zmap: Array,
+    pub det_flag_mask: u8,
+    pub shared_flag_mask: u8,
+    pub pointing_flag_mask: u8,
+    pub iau: u8,
+    pub reserved: [u8; 4],
+}
+
+/// `fused_project` (ABI minor 4): `Fᵀ N⁻¹ (t - P m)` into amplitudes, with
+/// compact (rebuilt) or kept pointing.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FusedProjectArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub focalplane: *const f64,
+    pub epsilon: *const f64,
+    pub gamma: *const f64,
+    pub cal: *const f64,
+    pub data_index: *const i32,
+    pub flag_index: *const i32,
+    pub det_scale: *const f64,
+    pub layout: OffsetLayout,
+    pub intervals: SampleRanges,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub compact: Array,
+    pub boresight: Array,
+    pub pointing_flags: Array,
+    pub hwp: Array,
+    pub pixels: Array,
+    pub weights: Array,
+    pub det_data: Array,
+    pub det_flags: Array,
+    pub mapdata: Array,
+    pub amplitudes: Array,
+    pub amplitude_flags: Array,
+    pub amplitudes_out: Array,
+    pub det_flag_mask: u8,
+    pub pointing_flag_mask: u8,
+    pub iau: u8,
+    pub reserved: [u8; 5],
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

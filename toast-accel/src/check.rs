@@ -31,6 +31,12 @@
 
 use crate::abi::{self, SampleRange, SampleRanges};
 
+mod fused;
+pub use fused::{
+    check_compact_expand_pointing, check_fused_accumulate, check_fused_project,
+    CompactExpandPointing, Fused, FusedPointing, FusedValues,
+};
+
 /// A rejected kernel argument.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kernel}: argument `{arg}`: {problem}")]

@@ -213,6 +213,35 @@ macro_rules! toast_kernels {
                 device: ["toast_amp_axpby"],
                 case: AmpAxpbyCase,
             }
+            compact_expand_pointing => CompactExpandPointing {
+                name: "compact_expand_pointing",
+                args: CompactExpandPointingArgs = toast_compact_expand_pointing_args,
+                check: check_compact_expand_pointing -> $crate::check::CompactExpandPointing<'a>,
+                arrays: [compact: In, boresight: In, pointing_flags: In, hwp: In, pixels: Out,
+                         weights: Out],
+                device: ["toast_compact_expand_pointing"],
+                case: CompactExpandPointingCase,
+            }
+            fused_accumulate => FusedAccumulate {
+                name: "fused_accumulate",
+                args: FusedAccumulateArgs = toast_fused_accumulate_args,
+                check: check_fused_accumulate -> $crate::check::Fused<'a>,
+                arrays: [global2local: In, compact: In, boresight: In, pointing_flags: In, hwp: In,
+                         pixels: In, weights: In, det_data: In, det_flags: In, shared_flags: In,
+                         amplitudes: In, amplitude_flags: In, zmap: Out],
+                device: ["toast_fused_accumulate"],
+                case: FusedAccumulateCase,
+            }
+            fused_project => FusedProject {
+                name: "fused_project",
+                args: FusedProjectArgs = toast_fused_project_args,
+                check: check_fused_project -> $crate::check::Fused<'a>,
+                arrays: [global2local: In, compact: In, boresight: In, pointing_flags: In, hwp: In,
+                         pixels: In, weights: In, det_data: In, det_flags: In, mapdata: In,
+                         amplitudes: In, amplitude_flags: In, amplitudes_out: Out],
+                device: ["toast_fused_project"],
+                case: FusedProjectCase,
+            }
         }
     };
 }
@@ -386,7 +415,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 17);
+        assert_eq!(Kernel::ALL.len(), 20);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -396,7 +425,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 20);
+        assert_eq!(names.len(), 23);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

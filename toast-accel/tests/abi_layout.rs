@@ -106,6 +106,25 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_cov_apply_diag_args => CovApplyDiagArgs { nsub, nsubpix, nnz, mat, vec },
         toast_amp_dot_args => AmpDotArgs { n, nblock, a, b, flags, partials },
         toast_amp_axpby_args => AmpAxpbyArgs { n, alpha, beta, x, y },
+        toast_compact_expand_pointing_args => CompactExpandPointingArgs {
+            n_det, n_samp, nnz, compact_index, pixel_index, weight_index, focalplane, epsilon,
+            gamma, cal, intervals, compact, boresight, pointing_flags, hwp, pixels, weights,
+            out_first, out_n_samp, pointing_flag_mask, iau, reserved,
+        },
+        toast_fused_accumulate_args => FusedAccumulateArgs {
+            n_det, n_samp, pixel_index, weight_index, focalplane, epsilon, gamma, cal,
+            data_index, flag_index, det_scale, finite, layout, intervals, global2local,
+            n_pix_submap, compact, boresight, pointing_flags, hwp, pixels, weights, det_data,
+            det_flags, shared_flags, amplitudes, amplitude_flags, zmap, det_flag_mask,
+            shared_flag_mask, pointing_flag_mask, iau, reserved,
+        },
+        toast_fused_project_args => FusedProjectArgs {
+            n_det, n_samp, pixel_index, weight_index, focalplane, epsilon, gamma, cal,
+            data_index, flag_index, det_scale, layout, intervals, global2local,
+            n_pix_submap, compact, boresight, pointing_flags, hwp, pixels, weights, det_data,
+            det_flags, mapdata, amplitudes, amplitude_flags, amplitudes_out, det_flag_mask,
+            pointing_flag_mask, iau, reserved,
+        },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

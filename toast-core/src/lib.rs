@@ -78,17 +78,17 @@
 //!
 //! # Device buffer state machine
 //!
-//! [`accel::DeviceBuffers`] is the one place where device buffers change
+//! [`device_buffers::DeviceBuffers`] is the one place where device buffers change
 //! state, keyed by (observation, category, field). `create` → `update_device`
 //! → (kernels: `mark_device_modified`) → `update_host` → `reset` → `delete`,
 //! through the states Absent / Allocated / InSync / DeviceNewer / HostNewer /
 //! Deleted. Each public method checks the state first and returns a typed
-//! [`accel::AccelStateError`] naming the buffer (NotCreated, AlreadyCreated,
+//! [`device_buffers::AccelStateError`] naming the buffer (NotCreated, AlreadyCreated,
 //! DeletedTwice, SizeMismatch, InvalidTransition, Device) before it calls the
 //! backend hook, as TOAST's `AcceleratorObject` does; transitions that would
 //! silently lose data (uploading over newer device results, downloading over
 //! newer host changes) are refused. Every transfer is counted per buffer
-//! name (calls, bytes, seconds per direction) in a [`accel::TransferReport`].
+//! name (calls, bytes, seconds per direction) in a [`device_buffers::TransferReport`].
 //!
 //! # Timing
 //!
@@ -97,10 +97,10 @@
 //! writes TOAST's `timing.csv` byte for byte (header, quoting, `\r\n`, Python
 //! number formatting), so TOAST's tools read our output.
 
-pub mod accel;
 pub mod comm;
 pub mod detdata;
 pub mod device;
+pub mod device_buffers;
 pub mod dtype;
 pub mod error;
 pub mod input;
@@ -116,13 +116,13 @@ pub mod staging;
 pub mod timing;
 pub mod uid;
 
-pub use accel::{
-    AccelStateError, BufferKey, BufferState, DeviceBuffers, DeviceFieldError, DeviceView,
-    TransferCounts, TransferReport,
-};
 pub use comm::{comm_of, Comm, CommError, CommHandle, ProcessLayout, ReduceOp, SerialComm};
 pub use detdata::{Created, DetData, DetDataManager};
 pub use device::{DeviceError, DeviceMemory};
+pub use device_buffers::{
+    AccelStateError, BufferKey, BufferState, DeviceBuffers, DeviceFieldError, DeviceView,
+    TransferCounts, TransferReport,
+};
 pub use dtype::{Column, DType, Element};
 pub use error::{Category, DataError};
 pub use instrument::{Detector, Focalplane, Telescope};

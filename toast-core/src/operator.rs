@@ -1,8 +1,8 @@
 //! The operator interface: typed requirements, the execution context, and
 //! requirement checking.
 
-use crate::accel::DeviceFieldError;
 use crate::comm::CommError;
+use crate::device_buffers::DeviceFieldError;
 use crate::error::{Category, DataError};
 use crate::observation::Data;
 use crate::timing::{TimerError, Timers};
@@ -376,8 +376,8 @@ impl From<PixelOutOfRange> for OpError {
     }
 }
 
-impl From<crate::accel::AccelStateError> for OpError {
-    fn from(e: crate::accel::AccelStateError) -> Self {
+impl From<crate::device_buffers::AccelStateError> for OpError {
+    fn from(e: crate::device_buffers::AccelStateError) -> Self {
         OpError::Accel(DeviceFieldError::State(e))
     }
 }
@@ -443,7 +443,7 @@ impl Extensions {
 ///
 /// It carries the timers and an extension map keyed by type. Crates above
 /// this one install what they need (toast-ops puts its dispatcher and the
-/// staged [`crate::accel::DeviceBuffers`] there) without this crate knowing
+/// staged [`crate::device_buffers::DeviceBuffers`] there) without this crate knowing
 /// their types, and without a type parameter that would make
 /// `dyn Operator` impossible. Several independent extensions can coexist,
 /// which a single `&mut dyn Any` slot would not allow.

@@ -32,7 +32,7 @@
 //! that a later accelerated step uploads it again.
 //!
 //! The plan names items only. An executor (the pipeline in toast-ops)
-//! applies it to [`crate::accel::DeviceBuffers`] in this order per step:
+//! applies it to [`crate::device_buffers::DeviceBuffers`] in this order per step:
 //! `create`, `update_device`, `reset`, `update_host`, run the step, then the
 //! `mark_*` lists; it calls [`Operator::prepare_outputs`] first so that
 //! outputs have host fields to size their mirrors, and it skips items that
@@ -274,7 +274,7 @@ impl Stager {
     }
 
     /// Record that the host computed its own copy of `item`, equal to the
-    /// device's (see [`crate::accel::DeviceBuffers::mark_in_sync`]): a
+    /// device's (see [`crate::device_buffers::DeviceBuffers::mark_in_sync`]): a
     /// device-newer item becomes in sync, so no host step and no end of
     /// scope copies it back. Returns whether the item was device-newer
     /// (the executor marks its buffers then); any other residence is left.
@@ -328,8 +328,8 @@ pub fn item(category: Category, name: &str) -> Item {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accel::mock::MockDevice;
-    use crate::accel::{BufferKey, BufferState, DeviceBuffers};
+    use crate::device_buffers::mock::MockDevice;
+    use crate::device_buffers::{BufferKey, BufferState, DeviceBuffers};
     use std::sync::Arc;
     use Category::{DetData, Global, Shared};
 

@@ -18,10 +18,10 @@
 //!   across processes, and the pixel-domain covariance
 //!   ([`pixels::covariance`]); [`dist`]: how observations and detectors are split
 //!   across processes (TOAST's `toast.dist`).
-//! * [`accel`]: the kernel call layer ([`accel::kernels`]: one safe
+//! * [`exec`]: the kernel call layer ([`exec::kernels`]: one safe
 //!   function per TOAST kernel, dispatched to a backend), TOAST's
-//!   `Pipeline` with data staging ([`accel::pipeline`]) and the device
-//!   forms of data-level objects ([`accel::global_data`]).
+//!   `Pipeline` with data staging ([`exec::pipeline`]) and the device
+//!   forms of data-level objects ([`exec::global_data`]).
 //! * [`ops`]: operators with TOAST's names, traits and defaults, each with
 //!   exact `requires()`/`provides()`: `PointingDetector`, `PixelsHealpix`,
 //!   `StokesWeights`, `ScanMap`, `NoiseWeight`, `BuildNoiseWeighted`
@@ -61,9 +61,9 @@
 //! own `MapMaker` on identical inputs (`scripts/mapmaker_vs_toast.py`).
 //!
 
-pub mod accel;
 pub mod astro;
 pub mod dist;
+pub mod exec;
 pub mod io;
 pub mod mapmaker;
 pub mod math;
@@ -75,6 +75,6 @@ pub mod sysinfo;
 pub mod templates;
 pub mod workflow;
 
-pub use accel::pipeline::{DetectorSets, Pipeline};
+pub use exec::pipeline::{DetectorSets, Pipeline};
 pub use mapmaker::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
 pub use pixels::{MapStats, PixelData, PixelDistribution};

@@ -13,7 +13,7 @@ const LAYERS: &[&str] = &[
     "noise_model",
     "io",
     "pixels",
-    "accel",
+    "exec",
     "ops",
     "templates",
     "mapmaker",

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
-use toast_ops::accel::bus::CgTransfers;
-use toast_ops::accel::global_data::HostArray;
-use toast_ops::accel::kernels::{UnstagedTransfers, AMP_DOT_DEVICE_BLOCKS};
-use toast_ops::accel::pipeline::StagingReports;
+use toast_ops::exec::bus::CgTransfers;
+use toast_ops::exec::global_data::HostArray;
+use toast_ops::exec::kernels::{UnstagedTransfers, AMP_DOT_DEVICE_BLOCKS};
+use toast_ops::exec::pipeline::StagingReports;
 use toast_ops::math::healpix::Nside;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
 use toast_ops::templates::OffsetConfig;
@@ -865,7 +865,7 @@ fn tiny_sized_run_for_timing() {
 /// 32 bytes a detector sample and breaks the bound.
 #[test]
 fn device_setup_moves_no_pointing_and_a_bounded_number_of_bytes() {
-    use toast_ops::accel::pipeline::{run_operators, RunOptions};
+    use toast_ops::exec::pipeline::{run_operators, RunOptions};
     use toast_ops::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
     let scan = Scan::default();
     let settings = |keep: bool| {

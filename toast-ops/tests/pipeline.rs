@@ -4,8 +4,8 @@
 
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator, Requirements};
-use toast_ops::accel::kernels::UnstagedTransfers;
-use toast_ops::accel::pipeline::StagingReports;
+use toast_ops::exec::kernels::UnstagedTransfers;
+use toast_ops::exec::pipeline::StagingReports;
 use toast_ops::ops::{ScanMap, ScanMapConfig};
 use toast_ops::{DetectorSets, MapMakerConfig, Pipeline};
 use toast_testkit::plugins::{context, registry};

@@ -127,7 +127,7 @@ fn name_uid_matches_toast() {
 /// its own pixels (issue #10).
 #[test]
 fn scan_on_a_device_moves_no_pointing() {
-    use toast_ops::accel::pipeline::{DetectorSets, RunOptions, StagingReports};
+    use toast_ops::exec::pipeline::{DetectorSets, RunOptions, StagingReports};
     use toast_ops::math::healpix::Nside;
     use toast_ops::ops::{
         PixelsHealpix, PixelsHealpixConfig, PointingDetector, PointingDetectorConfig, PointingOps,

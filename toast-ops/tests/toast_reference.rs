@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use toast_core::observation::defaults;
 use toast_core::Data;
-use toast_ops::accel::global_data::HostArray;
+use toast_ops::exec::global_data::HostArray;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig, WhiteNoiseWeights};
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerSetup, PixelData};

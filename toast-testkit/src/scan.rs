@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, Detector, ExecContext, Focalplane, Observation, Telescope};
-use toast_ops::accel::pipeline::{run_operators, OpRef, RunOptions};
+use toast_ops::exec::pipeline::{run_operators, OpRef, RunOptions};
 use toast_ops::math::healpix::Nside;
 use toast_ops::math::qarray::{self, Quat};
 use toast_ops::ops::{

@@ -2,6 +2,8 @@
 //! `toast_accel::check` and the raw argument struct (for the kernel arrays,
 //! which are host addresses here) and returns a data-dependent fault, if any.
 
+pub(crate) mod compact;
+pub(crate) mod fused;
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
 pub(crate) mod mapmaker_utils;
@@ -82,6 +84,9 @@ cpu_kernel! {
     CovApplyDiagArgs => |v, a| mapmaker_utils::run_apply(v, a);
     AmpDotArgs => |v, a| pcg::run_dot(v, a);
     AmpAxpbyArgs => |_v, a| pcg::run_axpby(a);
+    CompactExpandPointingArgs => |v, a| compact::run(v, a);
+    FusedAccumulateArgs => |v, a| fused::run_accumulate(v, a);
+    FusedProjectArgs => |v, a| fused::run_project(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

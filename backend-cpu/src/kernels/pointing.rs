@@ -10,7 +10,7 @@ const K: &str = "pointing_detector";
 
 /// Hamilton product `p * q` (xyzw) in TOAST's operation order.
 #[inline(always)]
-fn qa_mult(p: &[f64; 4], q: &[f64; 4]) -> [f64; 4] {
+pub(crate) fn qa_mult(p: &[f64; 4], q: &[f64; 4]) -> [f64; 4] {
     [
         p[0] * q[3] + p[1] * q[2] - p[2] * q[1] + p[3] * q[0],
         -p[0] * q[2] + p[1] * q[3] + p[2] * q[0] + p[3] * q[1],

@@ -1108,6 +1108,7 @@ def all_cases():
     yield case_precond("empty", 0, 0.2, "n_amp = 0")
     yield from cov_apply_cases()
     yield from amp_cases()
+    yield from fused_cases()
 
 
 # ---------------------------------------------------------------------------
@@ -1547,6 +1548,165 @@ def pinned_cases():
     )
 
 
+# ---------------------------------------------------------------------------
+# 17. The map-maker's fused kernels (ABI minor 4; not TOAST registry kernels):
+# compact_expand_pointing, fused_accumulate, fused_project.  The reference is
+# TOAST's own UNFUSED sequence on the same inputs: pointing_detector ->
+# pixels_healpix -> stokes_weights_IQU (the pointing; the compact pixels are
+# its pixels narrowed to int32), then template_offset_add_to_signal on a
+# zeroed timestream (F a) or the signal, build_noise_weighted (accumulate);
+# or scan_map (subtract) -> noise_weight -> template_offset_project_signal
+# into zeroed amplitudes (project).  The kept form reads TOAST's pixels and
+# weights (exact); the compact form rebuilds the weights (within
+# FUSED_COMPACT_RTOL of the toast-rs runner, FORMAT.md section 17).
+
+FUSED_SPANS = [(0, 300), (300, 301), (500, 500), (520, 1200)]
+FUSED_STEP = 37
+
+
+def fused_pointing(rng, n_det, n_samp, spans, use_hwp, iau):
+    """TOAST's pointing of n_det detectors: (inputs dict, pixels, weights)."""
+    nside, nps = 8, 16
+    focalplane = random_quats(rng, (n_det,))
+    boresight = random_quats(rng, (n_samp,))
+    flags = np.zeros(n_samp, dtype=np.uint8)
+    flags[rng.random(n_samp) < 0.05] |= 1  # cuts the boresight (pointing_flag_mask 1)
+    flags[rng.random(n_samp) < 0.08] |= 2  # cuts the binning (shared_flag_mask 2)
+    iv, ivf = make_intervals(spans)
+    index = np.arange(n_det, dtype=np.int32)
+    quats = np.zeros((n_det, n_samp, 4))
+    lt.pointing_detector(focalplane, boresight, index, quats, iv, flags, 1, False)
+    pixels = np.full((n_det, n_samp), -1, dtype=np.int64)
+    hits = np.zeros(12 * nside * nside // nps, dtype=np.uint8)
+    lt.pixels_healpix(index, quats, flags, 1, index, pixels, iv, hits, nps, nside, True, False)
+    epsilon = rng.uniform(-0.05, 0.2, n_det)
+    gamma = rng.uniform(0, math.pi, n_det)
+    cal = rng.uniform(0.8, 1.2, n_det)
+    hwp = rng.uniform(0, 2 * math.pi, n_samp) if use_hwp else np.zeros(0)
+    weights = np.zeros((n_det, n_samp, 3))
+    lt.stokes_weights_IQU(index, quats, index, weights, hwp if use_hwp else np.zeros(1), iv,
+                          epsilon, gamma, cal, bool(iau), False)
+    inputs = dict(
+        pixel_index=index, weight_index=index, focalplane=focalplane, epsilon=epsilon,
+        gamma=gamma, cal=cal, compact=pixels.astype(np.int32), boresight=boresight,
+        pointing_flags=flags, hwp=hwp, pixels=pixels, weights=weights,
+    )
+    return inputs, ivf, iv, nps, 12 * nside * nside // nps
+
+
+def fused_values(rng, c, n_det, n_samp, spans, iv, signal):
+    """The offset layout and amplitudes, the signal (or none: F a), and the
+    timestream TOAST's unfused sequence starts from."""
+    n_amp_views, amp_offset, n_amp = offset_layout(spans, FUSED_STEP, n_det)
+    amp_offset[1] = -1  # a detector without amplitudes
+    amplitudes = rng.normal(size=n_amp)
+    amp_flags = (rng.random(n_amp) < 0.15).astype(np.uint8)
+    index = np.arange(n_det, dtype=np.int32)
+    if signal:
+        det_data = rng.normal(size=(n_det, n_samp))
+        t = det_data.copy()
+    else:
+        det_data = np.zeros((0, n_samp))
+        t = np.zeros((n_det, n_samp))
+        for d in range(n_det):
+            if amp_offset[d] >= 0:
+                lt.template_offset_add_to_signal(
+                    FUSED_STEP, int(amp_offset[d]), n_amp_views, amplitudes, amp_flags, d, t, iv,
+                    False,
+                )
+    c.scalar("step_length", FUSED_STEP, np.int64)
+    c.add(n_amp_views=n_amp_views, amp_offset=amp_offset, amplitudes=amplitudes,
+          amplitude_flags=amp_flags, data_index=index, det_data=det_data)
+    return t, (n_amp_views, amp_offset, amplitudes, amp_flags)
+
+
+def fused_flags(rng, n_det, n_samp, without):
+    """Detector flags; with `without`, detector 2 has none (flag_index -1,
+    which template_offset_project_signal takes but build_noise_weighted
+    does not: there it reads a row of zeros instead)."""
+    det_flags = np.zeros((n_det + 1, n_samp), dtype=np.uint8)
+    for bit, p in ((1, 0.06), (4, 0.1)):  # bit 4 is not in the mask
+        det_flags[:n_det][rng.random((n_det, n_samp)) < p] |= bit
+    flag_index = np.arange(n_det, dtype=np.int32)
+    flag_index[2] = -1 if without else n_det
+    return flag_index, det_flags, 1
+
+
+def case_compact_expand(name, use_hwp, iau, description):
+    c = Case("compact_expand_pointing", name, "pointing_detector+pixels_healpix+stokes_weights_IQU",
+             description)
+    rng = rng_for(c.file)
+    n_det, n_samp = 4, 1200
+    inputs, ivf, _, _, _ = fused_pointing(rng, n_det, n_samp, FUSED_SPANS, use_hwp, iau)
+    c.add(**inputs)
+    c.scalar("pointing_flag_mask", 1, np.uint8)
+    c.scalar("iau", 1 if iau else 0, np.uint8)
+    c.add(**ivf)
+    return c
+
+
+def case_fused(kernel, name, compact, signal, use_hwp, description):
+    seq = ("build_noise_weighted" if kernel == "fused_accumulate"
+           else "scan_map+noise_weight+template_offset_project_signal")
+    c = Case(kernel, name, "unfused: " + seq, description)
+    rng = rng_for(c.file)
+    n_det, n_samp = 4, 1200
+    inputs, ivf, iv, nps, n_submap = fused_pointing(rng, n_det, n_samp, FUSED_SPANS, use_hwp, False)
+    c.add(**inputs)
+    c.scalar("pointing_flag_mask", 1, np.uint8)
+    c.scalar("iau", 0, np.uint8)
+    c.scalar("compact_form", 1 if compact else 0, np.uint8)
+    c.add(**ivf)
+    t, (n_amp_views, amp_offset, _, amp_flags) = fused_values(rng, c, n_det, n_samp, FUSED_SPANS,
+                                                              iv, signal)
+    flag_index, det_flags, mask = fused_flags(rng, n_det, n_samp, kernel == "fused_project")
+    det_scale = rng.uniform(0.5, 2.0, n_det)
+    g2l = rng.permutation(n_submap).astype(np.int64)
+    index = np.arange(n_det, dtype=np.int32)
+    pixels, weights = inputs["pixels"], inputs["weights"]
+    c.add(flag_index=flag_index, det_flags=det_flags, det_scale=det_scale, global2local=g2l)
+    c.scalar("det_flag_mask", mask, np.uint8)
+    c.scalar("n_pix_submap", nps, np.int64)
+    if kernel == "fused_accumulate":
+        zmap_in = np.zeros((n_submap, nps, 3))
+        zmap = zmap_in.copy()
+        lt.build_noise_weighted(g2l, zmap, index, pixels, index, weights, index, t, flag_index,
+                                det_flags, det_scale, mask, iv, inputs["pointing_flags"], 2, False)
+        c.scalar("shared_flag_mask", 2, np.uint8)
+        c.add(finite=np.ones(n_det, dtype=np.uint8), zmap_in=zmap_in, zmap_out=zmap)
+    else:
+        mapdata = rng.normal(size=(n_submap, nps, 3))
+        lt.ops_scan_map_float64(g2l, nps, mapdata, t, index, pixels, index, weights, index, iv, 1.0,
+                                False, True, False, False)
+        lt.noise_weight(t, index, iv, det_scale, False)
+        n_amp = len(amp_flags)
+        out_in = np.zeros(n_amp)
+        out = out_in.copy()
+        for d in range(n_det):
+            if amp_offset[d] >= 0:
+                lt.template_offset_project_signal(
+                    d, t, int(flag_index[d]), det_flags, mask, FUSED_STEP, int(amp_offset[d]),
+                    n_amp_views, out, amp_flags, iv, False,
+                )
+        c.add(mapdata=mapdata, amplitudes_out_in=out_in, amplitudes_out_out=out)
+    return c
+
+
+def fused_cases():
+    yield case_compact_expand("iqu", False, False, "4 detectors, flagged boresight samples")
+    yield case_compact_expand("iqu_iau", False, True, "IAU convention (U sign flipped)")
+    yield case_compact_expand("iqu_hwp", True, False, "with a HWP angle (the kernel's formula)")
+    for kernel in ("fused_accumulate", "fused_project"):
+        for compact in (True, False):
+            form = "compact" if compact else "kept"
+            yield case_fused(kernel, f"{form}_signal", compact, True, False,
+                             f"{form} pointing, a timestream")
+            yield case_fused(kernel, f"{form}_amplitudes", compact, False, False,
+                             f"{form} pointing, F a of offset amplitudes (one detector without)")
+        yield case_fused(kernel, "compact_amplitudes_hwp", True, False, True,
+                         "compact pointing with a HWP angle, F a")
+
+
 def write_cases(outdir, cases, problems):
     os.makedirs(outdir, exist_ok=True)
     entries = []
@@ -1587,6 +1747,8 @@ def main(argv):
         write_cases(argv[2], seam_cases(), problems)
     elif len(argv) == 3 and argv[1] == "--pinned":
         write_cases(argv[2], pinned_cases(), problems)
+    elif len(argv) == 3 and argv[1] == "--fused":
+        write_cases(argv[2], fused_cases(), problems)
     elif len(argv) == 2:
         outdir = argv[1]
         write_cases(outdir, all_cases(), problems)

@@ -57,6 +57,7 @@ pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
 }
 
 const F64: u64 = 8;
+const I32: u64 = 4;
 const I64: u64 = 8;
 const U8: u64 = 1;
 
@@ -847,5 +848,334 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
             call.launch("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, p)?;
         }
         Ok(())
+    }
+}
+
+// ---- the map-maker's fused kernels (ABI minor 4) --------------------------
+
+/// The arrays of a fused pass as device buffers (the absent ones `None`)
+/// and its small arrays uploaded: what `toast_fused_accumulate` and
+/// `toast_fused_project` take in the same order up to `det_mask`.
+struct FusedBuffers<B> {
+    intervals: Option<B>,
+    pixel_index: Option<B>,
+    weight_index: Option<B>,
+    focalplane: Option<B>,
+    epsilon: Option<B>,
+    gamma: Option<B>,
+    cal: Option<B>,
+    data_index: Option<B>,
+    flag_index: Option<B>,
+    det_scale: Option<B>,
+    amp_offset: Option<B>,
+    view_offset: Option<B>,
+    global2local: Option<B>,
+    compact: Option<B>,
+    boresight: Option<B>,
+    pointing_flags: Option<B>,
+    hwp: Option<B>,
+    pixels: Option<B>,
+    weights: Option<B>,
+    det_data: Option<B>,
+    det_flags: Option<B>,
+    /// `global2local` on the host (for a fault's message).
+    g2l_host: Vec<i64>,
+    n_global_submap: usize,
+}
+
+/// The arrays of a fused pass's argument struct, by name.
+struct FusedArrays {
+    global2local: abi::Array,
+    compact: abi::Array,
+    boresight: abi::Array,
+    pointing_flags: abi::Array,
+    hwp: abi::Array,
+    pixels: abi::Array,
+    weights: abi::Array,
+    det_data: abi::Array,
+    det_flags: abi::Array,
+}
+
+/// The [`FusedArrays`] of a `fused_accumulate` or `fused_project` struct
+/// (the same field names in both).
+macro_rules! fused_arrays {
+    ($a:expr) => {
+        FusedArrays {
+            global2local: $a.global2local,
+            compact: $a.compact,
+            boresight: $a.boresight,
+            pointing_flags: $a.pointing_flags,
+            hwp: $a.hwp,
+            pixels: $a.pixels,
+            weights: $a.weights,
+            det_data: $a.det_data,
+            det_flags: $a.det_flags,
+        }
+    };
+}
+
+/// The launch parameters (`$kernel`, a `params` struct) of a fused pass:
+/// the prefix both passes take, from the grid ranges to `det_mask`, filled
+/// from the buffers `$b`, the validated arguments `$v`, the grid ranges
+/// and the masks; then the pass's own fields.
+macro_rules! fused_params {
+    ($kernel:ident, $b:expr, $v:expr, $range:expr, $masks:expr, { $($own:tt)* }) => {{
+        let (b, v) = (&$b, $v);
+        let p = &v.pointing;
+        let (det0, det_end, iv0, iv_end): (i64, i64, i64, i64) = $range;
+        let (pmask, iau, det_mask): (u8, u8, u8) = $masks;
+        params::$kernel {
+            det0,
+            det_end,
+            iv0,
+            iv_end,
+            n_samp: v.n_samp as i64,
+            intervals: b.intervals,
+            compact_form: i32::from(p.compact),
+            pixel_index: b.pixel_index,
+            weight_index: b.weight_index,
+            focalplane: b.focalplane,
+            epsilon: b.epsilon,
+            gamma: b.gamma,
+            cal: b.cal,
+            data_index: b.data_index,
+            flag_index: b.flag_index,
+            det_scale: b.det_scale,
+            step_length: v.values.step_length,
+            amp_offset: b.amp_offset,
+            view_offset: b.view_offset,
+            g2l: b.global2local,
+            n_global_submap: b.n_global_submap as i64,
+            n_pix_submap: v.n_pix_submap,
+            compact: b.compact,
+            boresight: b.boresight,
+            pflags: b.pointing_flags,
+            use_pflags: i32::from(p.use_pointing_flags),
+            pmask: i32::from(pmask),
+            hwp: b.hwp,
+            use_hwp: i32::from(p.use_hwp),
+            iau: i32::from(iau != 0),
+            pixels: b.pixels,
+            weights: b.weights,
+            det_data: b.det_data,
+            use_data: i32::from(!v.values.data_index.is_empty()),
+            det_flags: b.det_flags,
+            use_det_flags: i32::from(!v.flag_index.is_empty()),
+            det_mask: i32::from(det_mask),
+            $($own)*
+        }
+    }};
+}
+
+impl<B: Copy> FusedBuffers<B> {
+    fn new<D: Driver<Buffer = B>>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &check::Fused<'_>,
+        a: FusedArrays,
+    ) -> Result<Self, PluginError> {
+        let p = &v.pointing;
+        let global2local = call.array("global2local", a.global2local, I64)?;
+        let n_global_submap = a.global2local.len as usize;
+        Ok(FusedBuffers {
+            intervals: call.intervals(v.intervals)?,
+            pixel_index: call.small("pixel_index", p.pixel_index)?,
+            weight_index: call.small("weight_index", p.weight_index)?,
+            focalplane: call.small("focalplane", p.focalplane)?,
+            epsilon: call.small("epsilon", p.epsilon)?,
+            gamma: call.small("gamma", p.gamma)?,
+            cal: call.small("cal", p.cal)?,
+            data_index: call.small("data_index", v.values.data_index)?,
+            flag_index: call.small("flag_index", v.flag_index)?,
+            det_scale: call.small("det_scale", v.det_scale)?,
+            amp_offset: call.small("amp_offset", v.values.amp_offset)?,
+            view_offset: call.small("view_offset", &v.values.view_offset)?,
+            g2l_host: call.global2local(global2local, n_global_submap, v.n_local_submap)?,
+            global2local,
+            compact: call.array("compact", a.compact, I32)?,
+            boresight: call.array("boresight", a.boresight, F64)?,
+            pointing_flags: call.array("pointing_flags", a.pointing_flags, U8)?,
+            hwp: call.array("hwp", a.hwp, F64)?,
+            pixels: call.array("pixels", a.pixels, I64)?,
+            weights: call.array("weights", a.weights, F64)?,
+            det_data: call.array("det_data", a.det_data, F64)?,
+            det_flags: call.array("det_flags", a.det_flags, U8)?,
+            n_global_submap,
+        })
+    }
+
+    /// A pixel fault the device recorded at `(det, s)`: the pixel read back
+    /// from the form's pixel array.
+    fn fault<D: Driver<Buffer = B>>(
+        &self,
+        call: &KernelLaunch<'_, D>,
+        v: &check::Fused<'_>,
+        (det, s): (u64, u64),
+    ) -> Result<PluginError, PluginError> {
+        let row = u64::from(v.pointing.pixel_index[det as usize] as u32) * v.n_samp as u64 + s;
+        let pix: i64 = if v.pointing.compact {
+            i64::from(call.read::<i32>(self.compact, row)?)
+        } else {
+            call.read(self.pixels, row)?
+        };
+        Ok(call.fault(
+            v.intervals,
+            det,
+            s,
+            &pixel_fault(pix, &self.g2l_host, v.n_pix_submap),
+        ))
+    }
+}
+
+impl DeviceKernel for abi::CompactExpandPointingArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        let compact = call.array("compact", a.compact, I32)?;
+        let bore = call.array("boresight", a.boresight, F64)?;
+        let flags = call.array("pointing_flags", a.pointing_flags, U8)?;
+        let hwp = call.array("hwp", a.hwp, F64)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let weights = call.array("weights", a.weights, F64)?;
+        let iv = call.intervals(v.intervals)?;
+        let ci = call.small("compact_index", v.compact_index)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let fp = call.small("focalplane", v.focalplane)?;
+        let eps = call.small("epsilon", v.epsilon)?;
+        let gamma = call.small("gamma", v.gamma)?;
+        let cal = call.small("cal", v.cal)?;
+        let split_det = has_duplicates(v.pixel_index) || has_duplicates(v.weight_index);
+        let split_iv = intervals_overlap(v.intervals);
+        call.launch_samples(
+            "toast_compact_expand_pointing",
+            v.n_det,
+            v.intervals,
+            split_det,
+            split_iv,
+            |d0, d1, i0, i1| params::ToastCompactExpandPointing {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                nnz: v.nnz as i64,
+                out_first: v.out_first as i64,
+                out_n_samp: v.out_n_samp as i64,
+                compact_index: ci,
+                pixel_index: pi,
+                weight_index: wi,
+                focalplane: fp,
+                epsilon: eps,
+                gamma,
+                cal,
+                compact,
+                boresight: bore,
+                pflags: flags,
+                use_pflags: i32::from(v.use_pointing_flags),
+                pmask: i32::from(a.pointing_flag_mask),
+                hwp,
+                use_hwp: i32::from(v.use_hwp),
+                iau: i32::from(a.iau != 0),
+                pixels,
+                weights,
+            },
+        )
+    }
+}
+
+impl DeviceKernel for abi::FusedAccumulateArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("fused_accumulate", v.n_det, v.n_samp)?;
+        let b = FusedBuffers::new(call, v, fused_arrays!(a))?;
+        let finite = call.small("finite", v.finite)?;
+        let shared = call.array("shared_flags", a.shared_flags, U8)?;
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let zmap = call.array("zmap", a.zmap, F64)?;
+        let err = call.error_buffer()?;
+        let masks = (a.pointing_flag_mask, a.iau, a.det_flag_mask);
+        // Atomic accumulation: no two launches are needed for correctness.
+        call.launch_samples(
+            "toast_fused_accumulate",
+            v.n_det,
+            v.intervals,
+            false,
+            false,
+            |d0, d1, i0, i1| {
+                fused_params!(ToastFusedAccumulate, b, v, (d0, d1, i0, i1), masks, {
+                    finite,
+                    shared_flags: shared,
+                    use_shared_flags: i32::from(v.use_shared_flags),
+                    shared_mask: i32::from(a.shared_flag_mask),
+                    amplitudes: amps,
+                    amplitude_flags: aflags,
+                    zmap,
+                    err,
+                })
+            },
+        )?;
+        match call.read_error(err)? {
+            Some(at) => Err(b.fault(call, v, at)?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl DeviceKernel for abi::FusedProjectArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("fused_project", v.n_det, v.n_samp)?;
+        let b = FusedBuffers::new(call, v, fused_arrays!(a))?;
+        let map = call.array("mapdata", a.mapdata, F64)?;
+        let amps = call.array("amplitudes", a.amplitudes, F64)?;
+        let aflags = call.array("amplitude_flags", a.amplitude_flags, U8)?;
+        let out = call.array("amplitudes_out", a.amplitudes_out, F64)?;
+        let err = call.error_buffer()?;
+        let masks = (a.pointing_flag_mask, a.iau, a.det_flag_mask);
+        // Detectors whose amplitude blocks overlap add to the same
+        // amplitudes: one launch each, in order.
+        let blocks: Vec<i64> = v
+            .values
+            .amp_offset
+            .iter()
+            .copied()
+            .filter(|&o| o >= 0)
+            .collect();
+        let split_det = blocks_overlap(&blocks, v.values.block_len);
+        let max_amp = v
+            .values
+            .n_amp_views
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(0) as u64;
+        for (d0, d1) in super::ranges(v.n_det, split_det) {
+            for (i0, i1) in super::ranges(v.intervals.len(), false) {
+                let range = (d0 as i64, d1 as i64, i0 as i64, i1 as i64);
+                let p = fused_params!(ToastFusedProject, b, v, range, masks, {
+                    mapdata: map,
+                    amplitudes: amps,
+                    amplitude_flags: aflags,
+                    amplitudes_out: out,
+                    err,
+                });
+                call.launch("toast_fused_project", max_amp, i1 - i0, d1 - d0, p)?;
+            }
+        }
+        match call.read_error(err)? {
+            Some(at) => Err(b.fault(call, v, at)?),
+            None => Ok(()),
+        }
     }
 }

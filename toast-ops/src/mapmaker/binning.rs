@@ -7,7 +7,7 @@
 use super::fused::{Fused, Input};
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
-use crate::accel::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
+use crate::exec::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
 use crate::ops::{BuildPixelDistribution, FlagSelection};

@@ -21,7 +21,7 @@
 
 use super::products::Keys;
 use super::MapMaker;
-use crate::accel::pipeline::StagingState;
+use crate::exec::pipeline::StagingState;
 use crate::ops::mapmaker_utils::ensure_map;
 use crate::pixels::covariance::nnz_of_block;
 use crate::pixels::support::support_key;

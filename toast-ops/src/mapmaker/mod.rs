@@ -72,13 +72,13 @@
 //! # Data movement
 //!
 //! With a backend that is not host-addressable, the map-maker opens one
-//! staging scope for the whole run (see [`crate::accel::pipeline`]): the
+//! staging scope for the whole run (see [`crate::exec::pipeline`]): the
 //! timestream, flags and boresight are uploaded once, and per CG iteration
 //! only the dot products' partial sums cross the bus (see `vectors`).
 //! Pointing never crosses it. With `full_pointing` the device expands its
 //! copy from the boresight and the host passes (solver flags, hits and
 //! covariance, rcond mask) read a host copy that the host expands itself
-//! ([`crate::accel::pipeline::mirror_on_host`]) or that the caller handed
+//! ([`crate::exec::pipeline::mirror_on_host`]) or that the caller handed
 //! over ([`MapMaker::reuse_pointing`]), declared equal to the device's, so
 //! neither is copied (32 bytes a detector sample each way saved). Without
 //! `full_pointing` a device run recomputes it in every pass as before, and
@@ -185,12 +185,12 @@ mod solve;
 mod vectors;
 
 pub use config::{MapMakerConfig, MapMakerSetup};
-pub use plan::{ExecutionPlan, FusedPointing, Passes, Plan, PlanFacts};
+pub use plan::{ExecutionPlan, FusedForm, Passes, Plan, PlanFacts};
 pub use products::MapMakerResult;
 pub use solve::DOT_TIMER;
 
-use crate::accel::global_data::HostArray;
-use crate::accel::pipeline::{
+use crate::exec::global_data::HostArray;
+use crate::exec::pipeline::{
     close_scope, mark_host_copies, mirror_on_host, open_scope, pipeline_backend, run_operators,
     DetectorSets, RunOptions, StagingState,
 };
@@ -286,7 +286,7 @@ impl MapMaker {
             fused_allowed: true,
             weights_finite: None,
         };
-        mm.plan = Plan::choose(&mm.setup.binner, &mm.plan_facts(None));
+        mm.plan = Plan::choose(&mm.setup.binner, &mm.plan_facts(None, false));
         Ok(mm)
     }
 
@@ -328,12 +328,13 @@ impl MapMaker {
     /// The facts of a run that decide its [`Plan`] besides the
     /// configuration: the pipeline's backend (`None`: the host) and what
     /// this map-maker's setup and the data say.
-    pub fn plan_facts(&self, backend: Option<(String, bool)>) -> PlanFacts {
+    pub fn plan_facts(&self, backend: Option<(String, bool)>, fused_kernels: bool) -> PlanFacts {
         PlanFacts::of_setup(
             &self.setup,
             backend,
             !self.preexisting.is_empty(),
             self.fused_allowed,
+            fused_kernels,
         )
     }
 
@@ -380,7 +381,19 @@ impl MapMaker {
         let scope = open_scope(ctx, backend.as_ref());
         // The one decision of how this run holds the pointing.
         let staged = ctx.extensions.get::<StagingState>().is_some();
-        let facts = self.plan_facts(backend.as_ref().map(|b| (b.name().to_string(), !staged)));
+        let fused_kernels = match ctx.extensions.get::<Dispatcher>() {
+            Some(d) => PlanFacts::fused_kernels_run_with_unfused(
+                d.registry(),
+                d.policy(),
+                &self.setup.name,
+            )
+            .map_err(|e| OpError::Config(format!("{}: dispatch: {e}", self.setup.name)))?,
+            None => false,
+        };
+        let facts = self.plan_facts(
+            backend.as_ref().map(|b| (b.name().to_string(), !staged)),
+            fused_kernels,
+        );
         self.plan = Plan::choose(&self.setup.binner, &facts);
         tracing::debug!(
             "{}: plan {} ({:?})",

@@ -35,6 +35,8 @@ use std::fmt;
 
 use super::MapMakerSetup;
 use crate::ops::{BinnerConfig, StokesMode};
+use toast_accel::abi::Kernel;
+use toast_accel::host::{AccelError, DispatchPolicy, Registry};
 
 /// How the solver's right- and left-hand sides (and, with compact
 /// pointing, the final binning) run on a host plan.
@@ -99,6 +101,10 @@ pub struct PlanFacts {
     /// The caller allows fused passes ([`super::MapMaker::fused_passes`],
     /// on by default).
     pub fused_allowed: bool,
+    /// The fused kernels run where the unfused ones do
+    /// ([`PlanFacts::fused_kernels_run_with_unfused`]): else a plugin lacks
+    /// them, or a dispatch setting sends them elsewhere.
+    pub fused_kernels: bool,
 }
 
 impl PlanFacts {
@@ -110,6 +116,7 @@ impl PlanFacts {
         backend: Option<(String, bool)>,
         pointing_given: bool,
         fused_allowed: bool,
+        fused_kernels: bool,
     ) -> PlanFacts {
         PlanFacts {
             backend,
@@ -118,7 +125,35 @@ impl PlanFacts {
             final_pixelization: setup.pixels_final.as_ref().is_some_and(|p| p.enabled),
             pointing_given,
             fused_allowed,
+            fused_kernels,
         }
+    }
+
+    /// Whether the fused kernels (`fused_accumulate`, `fused_project`,
+    /// `compact_expand_pointing`) resolve, for the operator `operator`
+    /// under `policy`, to the backend of the kernel they replace
+    /// (`build_noise_weighted`): a plugin that lacks them is passed over
+    /// by dispatch, and then the unfused passes run on it instead.
+    pub fn fused_kernels_run_with_unfused(
+        registry: &Registry,
+        policy: &DispatchPolicy,
+        operator: &str,
+    ) -> Result<bool, AccelError> {
+        let backend = |k: Kernel| -> Result<String, AccelError> {
+            let r = policy.resolve(registry, k, Some(operator))?;
+            Ok(r.backend_name().to_string())
+        };
+        let unfused = backend(Kernel::BuildNoiseWeighted)?;
+        for k in [
+            Kernel::FusedAccumulate,
+            Kernel::FusedProject,
+            Kernel::CompactExpandPointing,
+        ] {
+            if backend(k)? != unfused {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -188,6 +223,11 @@ impl Plan {
                 Some("the fused passes need IQU weights")
             } else if facts.final_pixelization {
                 Some("the final maps have their own pixelization")
+            } else if !facts.fused_kernels {
+                Some(
+                    "the fused kernels do not run where the unfused ones do (a plugin without \
+                     them, or a dispatch setting)",
+                )
             } else {
                 None
             };
@@ -295,14 +335,14 @@ impl Plan {
     }
 
     /// The fused passes run, and on which pointing.
-    pub fn fused(&self) -> Option<FusedPointing> {
+    pub fn fused(&self) -> Option<FusedForm> {
         match self.plan {
             ExecutionPlan::HostKept {
                 passes: Passes::Fused,
-            } => Some(FusedPointing::Kept),
+            } => Some(FusedForm::Kept),
             ExecutionPlan::HostCompact {
                 passes: Passes::Fused,
-            } => Some(FusedPointing::Compact),
+            } => Some(FusedForm::Compact),
             _ => None,
         }
     }
@@ -310,7 +350,7 @@ impl Plan {
 
 /// The pointing a fused pass reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FusedPointing {
+pub enum FusedForm {
     /// Compact pointing: the weights rebuilt from the boresight.
     Compact,
     /// Kept pointing: the kept fields read in place.
@@ -358,6 +398,7 @@ mod tests {
             final_pixelization: false,
             pointing_given: false,
             fused_allowed: true,
+            fused_kernels: true,
         }
     }
 
@@ -374,11 +415,11 @@ mod tests {
         let cpu = facts(Some(("cpu", true)));
         let p = Plan::choose(&binner(true, false), &cpu);
         assert_eq!(p.to_string(), "host-kept-fused");
-        assert_eq!(p.fused(), Some(FusedPointing::Kept));
+        assert_eq!(p.fused(), Some(FusedForm::Kept));
         assert!(p.keeps_pointing() && p.host_pointing_kept() && !p.transient_pointing());
         let p = Plan::choose(&binner(false, true), &cpu);
         assert_eq!(p.to_string(), "host-compact-fused (8 detectors a batch)");
-        assert_eq!(p.fused(), Some(FusedPointing::Compact));
+        assert_eq!(p.fused(), Some(FusedForm::Compact));
         assert!(p.compact() && p.transient_pointing() && p.work_batches());
         let p = Plan::choose(&binner(false, false), &cpu);
         assert_eq!(p.plan, ExecutionPlan::HostBatched);
@@ -425,6 +466,16 @@ mod tests {
             p.why.iter().any(|w| w.contains("own pixelization")),
             "{p:?}"
         );
+        let mut f = facts(None);
+        f.fused_kernels = false;
+        let p = Plan::choose(&binner(false, true), &f);
+        assert_eq!(
+            p.plan,
+            ExecutionPlan::HostCompact {
+                passes: Passes::Unfused
+            }
+        );
+        assert!(p.why.iter().any(|w| w.contains("fused kernels")), "{p:?}");
         let mut f = facts(None);
         f.pointing_given = true;
         let p = Plan::choose(&binner(false, true), &f);

@@ -4,8 +4,8 @@
 //! solver's work products and temporaries.
 
 use super::MapMaker;
-use crate::accel::global_data::HostArray;
-use crate::accel::pipeline::{run_operators, OpRef, RunOptions};
+use crate::exec::global_data::HostArray;
+use crate::exec::pipeline::{run_operators, OpRef, RunOptions};
 use crate::ops::CopyDetData;
 use crate::templates::offset::OffsetAddToSignal;
 use crate::templates::OffsetTemplate;

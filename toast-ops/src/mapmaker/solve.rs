@@ -8,10 +8,10 @@ use super::binning::CovKeys;
 use super::products::{Keys, MapMakerResult};
 use super::vectors::{VectorOp, VectorStep};
 use super::{timed, MapMaker};
-use crate::accel::bus::{BusBytes, CgTransfers};
-use crate::accel::global_data::HostArray;
-use crate::accel::kernels::{amp_dot_blocks, view_intervals};
-use crate::accel::pipeline::{
+use crate::exec::bus::{BusBytes, CgTransfers};
+use crate::exec::global_data::HostArray;
+use crate::exec::kernels::{amp_dot_blocks, view_intervals};
+use crate::exec::pipeline::{
     detector_passes, run_operators, with_host_step, DetectorSets, OpRef, RunOptions,
 };
 use crate::ops::binning::{bin_map, BinPass};

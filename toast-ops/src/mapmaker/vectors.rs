@@ -5,15 +5,15 @@
 //! In the map-maker's staging scope on a device backend both run as
 //! kernels on the staged global items, so the solver's vectors (`x`, `r`,
 //! `d`, `s`, `q`, `b`) stay on the device for the whole solve and only the
-//! partial sums (at most [`crate::accel::kernels::amp_dot_blocks`] `f64`s
+//! partial sums (at most [`crate::exec::kernels::amp_dot_blocks`] `f64`s
 //! per dot product) cross the bus. Without a scope (the CPU backend, every
 //! CPU run) they run on the host with `toast_accel::math`'s arithmetic, the
 //! same function the CPU plugin's kernels call: with one block the dot
 //! product is the plain sequential sum the solver always computed, so CPU
 //! maps keep their bits.
 
-use crate::accel::global_data::HostArray;
-use crate::accel::kernels;
+use crate::exec::global_data::HostArray;
+use crate::exec::kernels;
 use toast_accel::math::{axpby, dot_block, flagged_dot};
 use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
 

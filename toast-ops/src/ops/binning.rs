@@ -3,8 +3,8 @@
 
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
-use crate::accel::kernels;
-use crate::accel::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
+use crate::exec::kernels;
+use crate::exec::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::{apply_covariance, nnz_of_block};
 use crate::pixels::{get_distribution, sync_maps, PixelData, PixelDistribution, SYNC_TIMER};
 use serde::{Deserialize, Serialize};

@@ -5,7 +5,7 @@ use super::mapmaker_utils::{
     BuildHitMap, BuildInverseCovariance, BuildPixelDistribution, FlagSelection,
 };
 use super::util::PointingOps;
-use crate::accel::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
+use crate::exec::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::invert_covariance;
 use crate::pixels::sync_maps;
 use serde::Deserialize;

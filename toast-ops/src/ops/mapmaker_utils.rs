@@ -5,7 +5,7 @@
 use super::noise_weight::detector_weights;
 use super::util::select_detectors;
 use super::PixelsHealpix;
-use crate::accel::kernels::{self, view_intervals, KernelCall, PointingFields};
+use crate::exec::kernels::{self, view_intervals, KernelCall, PointingFields};
 use crate::pixels::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
 use crate::pixels::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! configuration whose fields are TOAST's trait names and defaults, and
 //! implements [`toast_core::Operator`] with exact `requires()`/`provides()`.
 //! The kernel-backed ones (`supports_accel() == true`) run through
-//! [`crate::accel::kernels`], so they work unchanged on any backend and on staged
+//! [`crate::exec::kernels`], so they work unchanged on any backend and on staged
 //! data; the host-only ones are those TOAST runs on the host
 //! (`BuildHitMap`, `BuildInverseCovariance`, the pixel distribution).
 //!
@@ -43,8 +43,7 @@ pub use noise_weight::{
     WhiteNoiseWeights,
 };
 pub use pixels_healpix::{PixelsHealpix, PixelsHealpixConfig};
-pub use pointing_compact::{iqu_cos_sin, CompactPixels, ExpandCompactPointing};
-pub(crate) use pointing_compact::{DetParams, Source as CompactSource};
+pub use pointing_compact::{CompactPixels, ExpandCompactPointing};
 pub use pointing_detector::{PointingDetector, PointingDetectorConfig};
 pub use scan_map::{ScanMap, ScanMapConfig};
 pub use stokes_weights::{StokesMode, StokesWeights, StokesWeightsConfig};

@@ -19,7 +19,7 @@
 //!   without this crate knowing it).
 
 use super::util::select_detectors;
-use crate::accel::kernels::{self, view_intervals, KernelCall};
+use crate::exec::kernels::{self, view_intervals, KernelCall};
 use crate::noise_model::AnalyticNoiseParams;
 use serde::Deserialize;
 use std::any::Any;

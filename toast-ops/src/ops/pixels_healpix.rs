@@ -2,7 +2,7 @@
 
 use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
-use crate::accel::kernels::{self, view_intervals, HealpixParams, KernelCall};
+use crate::exec::kernels::{self, view_intervals, HealpixParams, KernelCall};
 use crate::math::healpix::Nside;
 use crate::pixels::{check_submap, PixelDistribution};
 use serde::{Deserialize, Serialize};

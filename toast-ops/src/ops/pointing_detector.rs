@@ -1,7 +1,7 @@
 //! Detector quaternions from the boresight (TOAST's `PointingDetectorSimple`).
 
 use super::util::{pointing_field, select_detectors};
-use crate::accel::kernels::{self, view_intervals, KernelCall};
+use crate::exec::kernels::{self, view_intervals, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};

@@ -1,7 +1,7 @@
 //! Scan a distributed map into timestreams (TOAST's `ScanMap`).
 
 use super::util::select_detectors;
-use crate::accel::kernels::{self, view_intervals, KernelCall, PointingFields, ScanMode};
+use crate::exec::kernels::{self, view_intervals, KernelCall, PointingFields, ScanMode};
 use serde::Deserialize;
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};

@@ -2,7 +2,7 @@
 
 use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
-use crate::accel::kernels::{self, view_intervals, IquParams, KernelCall};
+use crate::exec::kernels::{self, view_intervals, IquParams, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};

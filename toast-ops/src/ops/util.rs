@@ -2,7 +2,7 @@
 //! operator bundle, and field utilities (copy, reset, delete).
 
 use super::{ExpandCompactPointing, PixelsHealpix, PointingDetector, StokesWeights};
-use crate::accel::global_data::{global_bytes, global_bytes_mut};
+use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use crate::pixels::PixelData;
 use toast_core::{
     BufferKey, Category, DType, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
@@ -111,7 +111,7 @@ impl PointingOps {
 
     /// The operators, in pipeline order (the compact expansion alone when
     /// set).
-    pub fn operators(&mut self) -> Vec<crate::accel::pipeline::OpRef<'_>> {
+    pub fn operators(&mut self) -> Vec<crate::exec::pipeline::OpRef<'_>> {
         if let Some(c) = &mut self.compact {
             return vec![c];
         }

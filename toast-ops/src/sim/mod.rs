@@ -41,7 +41,7 @@
 //! `ScanHealpixMap` is one staging scope on a device backend: the device
 //! expands whole pointing fields once and the scan reads them there; the
 //! host builds the pixel distribution from pixels it expands itself from
-//! the boresight ([`crate::accel::pipeline::mirror_on_host`]), so no
+//! the boresight ([`crate::exec::pipeline::mirror_on_host`]), so no
 //! pointing crosses the bus: the boresight and the input map go up, the
 //! timestream comes back (the noise is simulated on the host).
 //!

@@ -1,6 +1,6 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
-use crate::accel::pipeline::{
+use crate::exec::pipeline::{
     close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
 };
 use crate::io::fits::{

@@ -30,8 +30,8 @@
 //! [`HostArray`]s (`{name}_amp_flags`, `{name}_offset_var`), so the kernels
 //! can read them from staged device copies like any other global item.
 
-use crate::accel::global_data::HostArray;
-use crate::accel::kernels::{self, view_intervals, AmplitudeKeys, KernelCall, OffsetLayout};
+use crate::exec::global_data::HostArray;
+use crate::exec::kernels::{self, view_intervals, AmplitudeKeys, KernelCall, OffsetLayout};
 use crate::ops::{detector_weights, select_detectors};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

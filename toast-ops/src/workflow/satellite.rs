@@ -21,10 +21,10 @@
 
 use super::config::SatelliteConfig;
 use super::presets::{self, gib, Sizing};
-use crate::accel::bus::{BusBytes, CgTransfers};
-use crate::accel::pipeline::{pipeline_backend_in, DetectorSets, RunOptions};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
+use crate::exec::bus::{BusBytes, CgTransfers};
+use crate::exec::pipeline::{pipeline_backend_in, DetectorSets, RunOptions};
 use crate::io::fits;
 use crate::mapmaker::{Plan, PlanFacts};
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
@@ -965,7 +965,11 @@ fn mapmaker_setup(cfg: &SatelliteConfig) -> MapMakerSetup {
 fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) -> Plan {
     let backend = pipeline_backend_in(registry, policy, None)
         .map(|b| (b.name().to_string(), b.host_addressable()));
-    let facts = PlanFacts::of_setup(&mapmaker_setup(cfg), backend, false, true);
+    let setup = mapmaker_setup(cfg);
+    // A dispatch error here is the run's to report (it names the setting).
+    let fused_kernels =
+        PlanFacts::fused_kernels_run_with_unfused(registry, policy, &setup.name).unwrap_or(false);
+    let facts = PlanFacts::of_setup(&setup, backend, false, true, fused_kernels);
     Plan::choose(&cfg.binner, &facts)
 }
 

@@ -1274,3 +1274,191 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The map-maker's fused kernels (ABI minor 4; FORMAT.md section 17): one
+// set of fields for the three, each kernel's case a newtype with its `run`.
+
+/// The fields of a fused-kernel case: TOAST's pointing of the detectors
+/// (the inputs of both forms), the timestream or offset amplitudes, the
+/// flags, the map and the expected output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedCase {
+    pub pixel_index: Arr<i32>,
+    pub weight_index: Arr<i32>,
+    pub focalplane: Arr<f64>,
+    pub epsilon: Arr<f64>,
+    pub gamma: Arr<f64>,
+    pub cal: Arr<f64>,
+    /// TOAST's pixels narrowed to i32 `[n_det, n_samp]`.
+    pub compact: Arr<i32>,
+    pub boresight: Arr<f64>,
+    pub pointing_flags: Arr<u8>,
+    pub pointing_flag_mask: u8,
+    pub hwp: Arr<f64>,
+    pub iau: u8,
+    /// TOAST's pixels and weights (the kept form; the expected output of
+    /// `compact_expand_pointing`).
+    pub pixels: Arr<i64>,
+    pub weights: Arr<f64>,
+    pub intervals: Vec<SampleRange>,
+    /// The kernel-specific fields (absent for `compact_expand_pointing`).
+    pub pass: Option<FusedPassFields>,
+}
+
+/// The fields of a `fused_accumulate` or `fused_project` case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedPassFields {
+    /// Run the compact form (else the kept form).
+    pub compact_form: bool,
+    pub step_length: i64,
+    pub n_amp_views: Arr<i64>,
+    pub amp_offset: Arr<i64>,
+    pub amplitudes: Arr<f64>,
+    pub amplitude_flags: Arr<u8>,
+    pub data_index: Arr<i32>,
+    /// `[0, n_samp]`: `F a`.
+    pub det_data: Arr<f64>,
+    pub flag_index: Arr<i32>,
+    pub det_flags: Arr<u8>,
+    pub det_flag_mask: u8,
+    pub det_scale: Arr<f64>,
+    pub global2local: Arr<i64>,
+    pub n_pix_submap: i64,
+    /// `fused_accumulate`: `shared_flag_mask` (on `pointing_flags`),
+    /// `finite`; `fused_project`: `mapdata`.
+    pub shared_flag_mask: u8,
+    pub finite: Arr<u8>,
+    pub mapdata: Arr<f64>,
+    /// The output's initial value and TOAST's result (`zmap` or
+    /// `amplitudes_out`).
+    pub out_in: Arr<f64>,
+    pub out_want: Arr<f64>,
+}
+
+impl FusedCase {
+    fn load_common(f: &mut Fields) -> Result<Self, CaseError> {
+        let c = FusedCase {
+            pixel_index: f.arr("pixel_index", Some(1))?,
+            weight_index: f.arr("weight_index", Some(1))?,
+            focalplane: f.arr("focalplane", Some(2))?,
+            epsilon: f.arr("epsilon", Some(1))?,
+            gamma: f.arr("gamma", Some(1))?,
+            cal: f.arr("cal", Some(1))?,
+            compact: f.arr("compact", Some(2))?,
+            boresight: f.arr("boresight", Some(2))?,
+            pointing_flags: f.arr("pointing_flags", Some(1))?,
+            pointing_flag_mask: f.scalar("pointing_flag_mask")?,
+            hwp: f.arr("hwp", Some(1))?,
+            iau: f.scalar("iau")?,
+            pixels: f.arr("pixels", Some(2))?,
+            weights: f.arr("weights", Some(3))?,
+            intervals: f.intervals()?,
+            pass: None,
+        };
+        let n_det = c.pixel_index.data.len();
+        f.need("weight_index", &c.weight_index, n_det, PER_DET)?;
+        f.need("focalplane", &c.focalplane, 4 * n_det, "4 per detector")?;
+        f.need("epsilon", &c.epsilon, n_det, PER_DET)?;
+        f.need("gamma", &c.gamma, n_det, PER_DET)?;
+        f.need("cal", &c.cal, n_det, PER_DET)?;
+        Ok(c)
+    }
+
+    fn load_pass(f: &mut Fields, accumulate: bool) -> Result<Self, CaseError> {
+        let mut c = Self::load_common(f)?;
+        let n_det = c.pixel_index.data.len();
+        let (out_in, out_want) = if accumulate {
+            f.in_out("zmap_in", "zmap_out", 3)?
+        } else {
+            f.in_out("amplitudes_out_in", "amplitudes_out_out", 1)?
+        };
+        let p = FusedPassFields {
+            compact_form: f.scalar::<u8>("compact_form")? != 0,
+            step_length: f.scalar("step_length")?,
+            n_amp_views: f.arr("n_amp_views", Some(1))?,
+            amp_offset: f.arr("amp_offset", Some(1))?,
+            amplitudes: f.arr("amplitudes", Some(1))?,
+            amplitude_flags: f.arr("amplitude_flags", Some(1))?,
+            data_index: f.arr("data_index", Some(1))?,
+            det_data: f.arr("det_data", Some(2))?,
+            flag_index: f.arr("flag_index", Some(1))?,
+            det_flags: f.arr("det_flags", Some(2))?,
+            det_flag_mask: f.scalar("det_flag_mask")?,
+            det_scale: f.arr("det_scale", Some(1))?,
+            global2local: f.arr("global2local", Some(1))?,
+            n_pix_submap: f.scalar("n_pix_submap")?,
+            shared_flag_mask: if accumulate {
+                f.scalar("shared_flag_mask")?
+            } else {
+                0
+            },
+            finite: if accumulate {
+                f.arr("finite", Some(1))?
+            } else {
+                Arr {
+                    shape: vec![0],
+                    data: Vec::new(),
+                }
+            },
+            mapdata: if accumulate {
+                Arr {
+                    shape: vec![0],
+                    data: Vec::new(),
+                }
+            } else {
+                f.arr("mapdata", Some(3))?
+            },
+            out_in,
+            out_want,
+        };
+        f.need("amp_offset", &p.amp_offset, n_det, PER_DET)?;
+        f.need(
+            "n_amp_views",
+            &p.n_amp_views,
+            c.intervals.len(),
+            "one per interval",
+        )?;
+        f.need("data_index", &p.data_index, n_det, PER_DET)?;
+        f.need("flag_index", &p.flag_index, n_det, PER_DET)?;
+        f.need("det_scale", &p.det_scale, n_det, PER_DET)?;
+        if accumulate {
+            f.need("finite", &p.finite, n_det, PER_DET)?;
+        }
+        c.pass = Some(p);
+        Ok(c)
+    }
+}
+
+/// A `compact_expand_pointing` case: TOAST's pixels and weights from the
+/// compact pixels and the boresight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactExpandPointingCase(pub FusedCase);
+
+impl CompactExpandPointingCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        Ok(CompactExpandPointingCase(FusedCase::load_common(f)?))
+    }
+}
+
+/// A `fused_accumulate` case: TOAST's `build_noise_weighted` of the same
+/// timestream (or `template_offset_add_to_signal` on zeros).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedAccumulateCase(pub FusedCase);
+
+impl FusedAccumulateCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        Ok(FusedAccumulateCase(FusedCase::load_pass(f, true)?))
+    }
+}
+
+/// A `fused_project` case: TOAST's `scan_map` (subtract), `noise_weight`
+/// and `template_offset_project_signal` into zeroed amplitudes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedProjectCase(pub FusedCase);
+
+impl FusedProjectCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        Ok(FusedProjectCase(FusedCase::load_pass(f, false)?))
+    }
+}

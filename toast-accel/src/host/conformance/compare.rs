@@ -202,6 +202,16 @@ pub const TRIG_RTOL: f64 = 1e-14;
 /// accumulations (`build_noise_weighted` zmap, `cov_accum_diag_invnpp`).
 pub const ACCUM_RTOL: f64 = 1e-13;
 
+/// The relative tolerance of the fused kernels' compact form (FORMAT.md
+/// section 17), in every mode, per element in units of the largest
+/// |expected| value: the rebuilt weights are within a few ulp of
+/// `stokes_weights_IQU`'s (8 ulp of `η cal` bounds the rational form's
+/// error; the CPU plugin's test `weights_within_a_few_ulp_of_the_kernel`),
+/// so the weights, and the maps and amplitudes summed from them, differ by
+/// rounding only. The kept form, which reads TOAST's own weights, is held
+/// exact on the CPU (the unfused sequence's operations).
+pub const FUSED_COMPACT_RTOL: f64 = 1e-12;
+
 /// The relative tolerance of the PCG solver's vector kernels (`amp_dot`,
 /// `amp_axpby`) in tolerant mode, per element in units of the sum of the
 /// magnitudes of its terms: a device compiler may contract `a * b + c`

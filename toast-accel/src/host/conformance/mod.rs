@@ -69,13 +69,15 @@ mod run;
 
 pub use case::{
     kernel_of, load_case, AmpAxpbyCase, AmpDotCase, Arr, BuildNoiseWeightedCase, Case, CaseError,
-    CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase,
-    FilterPolynomialCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
+    CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase,
+    FilterPoly2dCase, FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedPassFields,
+    FusedProjectCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
     ScanMapCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
     TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{
-    CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, POLY2D_RTOL, POLYNOMIAL_RTOL, TRIG_RTOL,
+    CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL, POLY2D_RTOL,
+    POLYNOMIAL_RTOL, TRIG_RTOL,
 };
 pub use run::{run_case, run_case_with};
 

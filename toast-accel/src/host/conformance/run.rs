@@ -11,15 +11,16 @@
 //! arrays.
 
 use super::case::{
-    AmpAxpbyCase, AmpDotCase, BuildNoiseWeightedCase, Case, CovAccumDiagHitsCase,
-    CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase, MapData,
+    AmpAxpbyCase, AmpDotCase, BuildNoiseWeightedCase, Case, CompactExpandPointingCase,
+    CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase,
+    FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedProjectCase, MapData,
     NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase,
     StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
     TemplateOffsetProjectSignalCase,
 };
 use super::compare::{
-    compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, POLY2D_RTOL,
-    POLYNOMIAL_RTOL, TRIG_RTOL,
+    compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL,
+    POLY2D_RTOL, POLYNOMIAL_RTOL, TRIG_RTOL,
 };
 use crate::abi::{self, SampleRange, SampleRanges};
 use crate::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs};
@@ -935,6 +936,364 @@ impl FilterPoly2dCase {
             POLY2D_RTOL,
             |i| block(i).iter().all(|&x| x == 0.0),
             |i| block(i).iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1.0),
+        )]))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The map-maker's fused kernels (ABI minor 4; FORMAT.md section 17).
+
+/// `got` against TOAST's `want`: within [`FUSED_COMPACT_RTOL`] of the
+/// largest |want| in every mode when the weights were rebuilt (`compact`),
+/// else exact (tolerant mode: within `rtol`, for a device's atomics).
+fn fused_compare(
+    cmp: Comparison,
+    field: &str,
+    got: &[f64],
+    want: &[f64],
+    compact: bool,
+    rtol: f64,
+) -> Option<CaseOutcome> {
+    if compact {
+        let scale = want
+            .iter()
+            .filter(|w| w.is_finite())
+            .fold(0.0f64, |m, w| m.max(w.abs()));
+        within(field, got, want, FUSED_COMPACT_RTOL, |_| false, |_| scale)
+    } else {
+        cmp.float(field, got, want, rtol)
+    }
+}
+
+/// The pointing arrays of a fused case in one form, staged.
+struct FusedStaged<'a> {
+    compact: ArrayArg<'a>,
+    boresight: ArrayArg<'a>,
+    pointing_flags: ArrayArg<'a>,
+    hwp: ArrayArg<'a>,
+    pixels: ArrayArg<'a>,
+    weights: ArrayArg<'a>,
+}
+
+impl FusedCase {
+    fn n_samp(&self) -> usize {
+        dim(&self.boresight.shape, 0)
+    }
+
+    /// Stage the pointing of the compact form (`compact`) or the kept one.
+    fn stage<'a>(&'a self, b: &'a Backend, compact: bool) -> Result<FusedStaged<'a>, CaseOutcome> {
+        let n = self.n_samp();
+        let pick = |yes: bool| yes == compact;
+        Ok(FusedStaged {
+            compact: stage_in(
+                b,
+                if pick(true) {
+                    &self.compact.data[..]
+                } else {
+                    &[]
+                },
+                "compact",
+            )?,
+            boresight: stage_in(
+                b,
+                if pick(true) {
+                    &self.boresight.data[..]
+                } else {
+                    &[]
+                },
+                "boresight",
+            )?,
+            pointing_flags: stage_in(
+                b,
+                if pick(true) {
+                    if_len(&self.pointing_flags.data, n)
+                } else {
+                    &[]
+                },
+                "pointing_flags",
+            )?,
+            hwp: stage_in(
+                b,
+                if pick(true) {
+                    if_len(&self.hwp.data, n)
+                } else {
+                    &[]
+                },
+                "hwp",
+            )?,
+            pixels: stage_in(
+                b,
+                if pick(false) {
+                    &self.pixels.data[..]
+                } else {
+                    &[]
+                },
+                "pixels",
+            )?,
+            weights: stage_in(
+                b,
+                if pick(false) {
+                    &self.weights.data[..]
+                } else {
+                    &[]
+                },
+                "weights",
+            )?,
+        })
+    }
+}
+
+impl CompactExpandPointingCase {
+    /// `compact_expand_pointing`: the pixels exact, the weights within
+    /// [`FUSED_COMPACT_RTOL`] of TOAST's `stokes_weights_IQU`.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = &self.0;
+        let n_samp = c.n_samp();
+        let n_det = c.pixel_index.data.len();
+        // The outputs start as TOAST's did (pixels -1, weights 0), so the
+        // samples outside the intervals compare too.
+        let mut pixels = vec![-1i64; c.pixels.data.len()];
+        let mut weights = vec![0.0f64; c.weights.data.len()];
+        {
+            let s = c.stage(b, true)?;
+            let p = stage_out(b, &mut pixels, "pixels")?;
+            let w = stage_out(b, &mut weights, "weights")?;
+            let args = abi::CompactExpandPointingArgs {
+                n_det: n_det as u64,
+                n_samp: n_samp as u64,
+                nnz: 3,
+                compact_index: c.pixel_index.data.as_ptr(),
+                pixel_index: c.pixel_index.data.as_ptr(),
+                weight_index: c.weight_index.data.as_ptr(),
+                focalplane: c.focalplane.data.as_ptr(),
+                epsilon: c.epsilon.data.as_ptr(),
+                gamma: c.gamma.data.as_ptr(),
+                cal: c.cal.data.as_ptr(),
+                intervals: ivs(&c.intervals),
+                compact: s.compact.abi(),
+                boresight: s.boresight.abi(),
+                pointing_flags: s.pointing_flags.abi(),
+                hwp: s.hwp.abi(),
+                pixels: p.abi(),
+                weights: w.abi(),
+                out_first: 0,
+                out_n_samp: n_samp as u64,
+                pointing_flag_mask: c.pointing_flag_mask,
+                iau: c.iau,
+                reserved: [0; 6],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![
+                p,
+                w,
+                s.compact,
+                s.boresight,
+                s.pointing_flags,
+                s.hwp,
+                s.pixels,
+                s.weights,
+            ])?;
+        }
+        Ok(verdict([
+            compare("pixels", &pixels, &c.pixels.data),
+            fused_compare(
+                Comparison::Exact,
+                "weights",
+                &weights,
+                &c.weights.data,
+                true,
+                0.0,
+            ),
+        ]))
+    }
+}
+
+impl FusedAccumulateCase {
+    /// `fused_accumulate`: the noise-weighted map of TOAST's unfused
+    /// sequence (see [`fused_compare`]).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = &self.0;
+        let Some(p) = &c.pass else {
+            return Err(CaseOutcome::Error {
+                message: "a fused_accumulate case without its pass fields".into(),
+            });
+        };
+        let n_samp = c.n_samp();
+        let n_det = c.pixel_index.data.len();
+        let mut zmap = p.out_in.data.clone();
+        {
+            let s = c.stage(b, p.compact_form)?;
+            let g = stage_in(b, &p.global2local.data, "global2local")?;
+            let d = stage_in(b, &p.det_data.data, "det_data")?;
+            let df = stage_in(b, &p.det_flags.data, "det_flags")?;
+            let sf = stage_in(b, if_len(&c.pointing_flags.data, n_samp), "shared_flags")?;
+            let am = stage_in(b, &p.amplitudes.data, "amplitudes")?;
+            let af = stage_in(b, &p.amplitude_flags.data, "amplitude_flags")?;
+            let z = stage_out(b, &mut zmap, "zmap")?;
+            let args = abi::FusedAccumulateArgs {
+                n_det: n_det as u64,
+                n_samp: n_samp as u64,
+                pixel_index: c.pixel_index.data.as_ptr(),
+                weight_index: c.weight_index.data.as_ptr(),
+                focalplane: c.focalplane.data.as_ptr(),
+                epsilon: c.epsilon.data.as_ptr(),
+                gamma: c.gamma.data.as_ptr(),
+                cal: c.cal.data.as_ptr(),
+                data_index: p.data_index.data.as_ptr(),
+                flag_index: p.flag_index.data.as_ptr(),
+                det_scale: p.det_scale.data.as_ptr(),
+                finite: p.finite.data.as_ptr(),
+                layout: abi::OffsetLayout {
+                    step_length: p.step_length,
+                    n_amp_views: p.n_amp_views.data.as_ptr(),
+                    amp_offset: p.amp_offset.data.as_ptr(),
+                },
+                intervals: ivs(&c.intervals),
+                global2local: g.abi(),
+                n_pix_submap: p.n_pix_submap,
+                compact: s.compact.abi(),
+                boresight: s.boresight.abi(),
+                pointing_flags: s.pointing_flags.abi(),
+                hwp: s.hwp.abi(),
+                pixels: s.pixels.abi(),
+                weights: s.weights.abi(),
+                det_data: d.abi(),
+                det_flags: df.abi(),
+                shared_flags: sf.abi(),
+                amplitudes: am.abi(),
+                amplitude_flags: af.abi(),
+                zmap: z.abi(),
+                det_flag_mask: p.det_flag_mask,
+                shared_flag_mask: p.shared_flag_mask,
+                pointing_flag_mask: c.pointing_flag_mask,
+                iau: c.iau,
+                reserved: [0; 4],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![
+                z,
+                g,
+                d,
+                df,
+                sf,
+                am,
+                af,
+                s.compact,
+                s.boresight,
+                s.pointing_flags,
+                s.hwp,
+                s.pixels,
+                s.weights,
+            ])?;
+        }
+        Ok(verdict([fused_compare(
+            cmp,
+            "zmap",
+            &zmap,
+            &p.out_want.data,
+            p.compact_form,
+            ACCUM_RTOL,
+        )]))
+    }
+}
+
+impl FusedProjectCase {
+    /// `fused_project`: the amplitudes of TOAST's unfused sequence (see
+    /// [`fused_compare`]).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = &self.0;
+        let Some(p) = &c.pass else {
+            return Err(CaseOutcome::Error {
+                message: "a fused_project case without its pass fields".into(),
+            });
+        };
+        let n_samp = c.n_samp();
+        let n_det = c.pixel_index.data.len();
+        let mut out = p.out_in.data.clone();
+        {
+            let s = c.stage(b, p.compact_form)?;
+            let g = stage_in(b, &p.global2local.data, "global2local")?;
+            let d = stage_in(b, &p.det_data.data, "det_data")?;
+            let df = stage_in(b, &p.det_flags.data, "det_flags")?;
+            let m = stage_in(b, &p.mapdata.data, "mapdata")?;
+            let am = stage_in(
+                b,
+                if p.det_data.data.is_empty() {
+                    &p.amplitudes.data[..]
+                } else {
+                    &[]
+                },
+                "amplitudes",
+            )?;
+            let af = stage_in(b, &p.amplitude_flags.data, "amplitude_flags")?;
+            let o = stage_out(b, &mut out, "amplitudes_out")?;
+            let args = abi::FusedProjectArgs {
+                n_det: n_det as u64,
+                n_samp: n_samp as u64,
+                pixel_index: c.pixel_index.data.as_ptr(),
+                weight_index: c.weight_index.data.as_ptr(),
+                focalplane: c.focalplane.data.as_ptr(),
+                epsilon: c.epsilon.data.as_ptr(),
+                gamma: c.gamma.data.as_ptr(),
+                cal: c.cal.data.as_ptr(),
+                data_index: p.data_index.data.as_ptr(),
+                flag_index: p.flag_index.data.as_ptr(),
+                det_scale: p.det_scale.data.as_ptr(),
+                layout: abi::OffsetLayout {
+                    step_length: p.step_length,
+                    n_amp_views: p.n_amp_views.data.as_ptr(),
+                    amp_offset: p.amp_offset.data.as_ptr(),
+                },
+                intervals: ivs(&c.intervals),
+                global2local: g.abi(),
+                n_pix_submap: p.n_pix_submap,
+                compact: s.compact.abi(),
+                boresight: s.boresight.abi(),
+                pointing_flags: s.pointing_flags.abi(),
+                hwp: s.hwp.abi(),
+                pixels: s.pixels.abi(),
+                weights: s.weights.abi(),
+                det_data: d.abi(),
+                det_flags: df.abi(),
+                mapdata: m.abi(),
+                amplitudes: am.abi(),
+                amplitude_flags: af.abi(),
+                amplitudes_out: o.abi(),
+                det_flag_mask: p.det_flag_mask,
+                pointing_flag_mask: c.pointing_flag_mask,
+                iau: c.iau,
+                reserved: [0; 5],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![
+                o,
+                g,
+                d,
+                df,
+                m,
+                am,
+                af,
+                s.compact,
+                s.boresight,
+                s.pointing_flags,
+                s.hwp,
+                s.pixels,
+                s.weights,
+            ])?;
+        }
+        Ok(verdict([fused_compare(
+            cmp,
+            "amplitudes_out",
+            &out,
+            &p.out_want.data,
+            p.compact_form,
+            AMP_RTOL,
         )]))
     }
 }

@@ -19,7 +19,7 @@
 //! back what a host operator reads or writes, then mark what the step wrote.
 //! Observation fields become one buffer per observation; global items (maps,
 //! the pixel distribution's `global2local`, template amplitudes) one buffer
-//! each (see [`crate::accel::global_data`]); metadata and interval lists have no
+//! each (see [`crate::exec::global_data`]); metadata and interval lists have no
 //! device form (intervals are host arguments of every kernel) and are
 //! skipped. The executor checks each buffer's actual state before acting, so
 //! it stays correct when a kernel override sent a call to another backend
@@ -53,7 +53,7 @@
 //! detector; `Sets` once per given set. The staging state persists across
 //! sets, so each input is still uploaded once per pipeline.
 
-use crate::accel::global_data::{global_bytes, global_bytes_mut};
+use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use std::sync::Arc;
 use toast_accel::host::{Backend, DispatchPolicy, Dispatcher, Registry, DEFAULT_BACKEND};
 use toast_core::staging::{StepSpec, StepStaging};

@@ -15,7 +15,7 @@
 //!    intervals are host memory, built here. Every large array names its
 //!    source: a detdata or shared field of the observation, or a global item
 //!    of the data (a map, a pixel distribution's `global2local`, template
-//!    amplitudes; see [`crate::accel::global_data`]). Its kernel address is
+//!    amplitudes; see [`crate::exec::global_data`]). Its kernel address is
 //!    * the **host address**, for a host-addressable backend (the CPU plugin);
 //!    * otherwise the **device handle** of the field's mirror in the
 //!      [`DeviceBuffers`] installed in the context, when the pipeline has
@@ -40,7 +40,14 @@
 //! the pixels on the host, as TOAST does), so on a staging backend it lives
 //! in a device buffer that is created once and never transferred.
 
-use crate::accel::global_data::{global_bytes, global_bytes_mut};
+mod fused;
+
+pub use fused::{
+    compact_expand_pointing, compact_expand_window, fused_accumulate, fused_project,
+    CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,
+};
+
+use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use crate::pixels::{PixelData, PixelDistribution};
 use std::collections::BTreeMap;
 use std::sync::Arc;
