@@ -13,7 +13,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | success |
-//! | 1 | the command ran and found failures (e.g. a verify case failed) |
+//! | 1 | the command ran and found failures (e.g. a verify case failed, `compare` found maps that differ) |
 //! | 2 | bad usage or setup (unknown backend, unreadable input, an absurd option value, a standard output that cannot be written) |
 //! | 3 | the requested backend is unavailable on this machine: nothing ran, every case was skipped (`verify`), nothing was timed (`bench`); the device compiler is not installed (`kernels compile`) |
 //! | 141 | standard output was closed (`EPIPE`; with SIGPIPE's default action the process ends by the signal first, which a shell also shows as 141) |
@@ -89,6 +89,10 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Compare two runs' maps (the `*.fits` of two output directories):
+    /// hits exactly, every other column within `--max-rel` and `--rms-rel`;
+    /// exit 0 when they agree, 1 when they differ.
+    Compare(cmd::compare::CompareArgs),
     /// The shared device-kernel source.
     #[command(subcommand)]
     Kernels(KernelsCommand),
@@ -203,6 +207,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             }
         };
     }
+    if let Command::Compare(args) = &cli.command {
+        return cmd::compare::run(args).map(code);
+    }
     let mut opts = discovery(&cli)?;
     if let Command::Run(args) = &cli.command {
         // Without --threads, ranks sharing a node share its cores.
@@ -250,7 +257,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 Err(e) => Err(e.into()),
             }
         }
-        Command::Kernels(_) => unreachable!("handled before discovery"),
+        Command::Kernels(_) | Command::Compare(_) => unreachable!("handled before discovery"),
         #[cfg(feature = "mpi")]
         Command::MpiCheck { .. } => unreachable!("handled before discovery"),
         Command::Bench(BenchCommand::Kernels(args)) => {

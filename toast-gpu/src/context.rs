@@ -3,6 +3,7 @@
 
 use crate::driver::Driver;
 use crate::memory::Memory;
+use crate::small_cache::SmallCache;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
@@ -66,6 +67,8 @@ pub struct Context<D: Driver> {
     pub(crate) workspace: WorkspaceLayout,
     /// The kernels of the compiled module, built on first use.
     module: Mutex<Option<HashMap<&'static str, D::Kernel>>>,
+    /// The device copies of recent calls' small read-only arguments.
+    small: Mutex<SmallCache>,
 }
 
 /// The log callback and the options of the host API at `host`.
@@ -143,6 +146,7 @@ impl<D: Driver> Context<D> {
             driver,
             workspace,
             module: Mutex::new(None),
+            small: Mutex::new(SmallCache::default()),
         };
         ctx.log(abi::LOG_DEBUG, &ctx.driver.summary());
         Ok(ctx)
@@ -151,6 +155,15 @@ impl<D: Driver> Context<D> {
     /// The driver.
     pub fn driver(&self) -> &D {
         &self.driver
+    }
+
+    /// The cache of small read-only arguments (`small_cache`), locked.
+    pub(crate) fn small_cache(&self) -> std::sync::MutexGuard<'_, SmallCache> {
+        // A panic while it was held left no entry half-made (each change is
+        // one map operation): the cache is usable.
+        self.small
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The kernel `name` of the device module, compiling (or loading from

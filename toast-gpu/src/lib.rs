@@ -32,6 +32,9 @@
 //! - [`kernels`]: every table kernel's validation (`toast_accel::check`),
 //!   argument marshalling and launch planning (how a call is split into
 //!   launches so that no two threads of one launch write the same element).
+//! - `small_cache`: the device copies of recent calls' small read-only
+//!   arguments, keyed by their bytes, so that a repeated call neither
+//!   allocates nor uploads them.
 //! - [`plugin`]: the ABI's function table and header, and the lifecycle and
 //!   memory entry points (`init`, `shutdown`, `device_info`, `alloc`,
 //!   `copy_to_device`, …), which turn results into status codes and never
@@ -76,6 +79,7 @@ pub mod driver;
 pub mod kernels;
 pub mod memory;
 pub mod plugin;
+mod small_cache;
 
 pub use context::Context;
 pub use driver::{parse_ordinal, AllocError, Driver, Grid, Param, ParamSlots};

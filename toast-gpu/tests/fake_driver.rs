@@ -1,8 +1,9 @@
 //! The generic plugin end to end, through the C table that
 //! `export_plugin!` emits, on a fake driver whose "device" is host memory
 //! and which runs one kernel (`toast_noise_weight`) on the host: device
-//! selection and options, the memory entry points and pool, and the launch
-//! planning of a per-sample kernel. Needs no GPU.
+//! selection and options, the memory entry points and pool, the launch
+//! planning of a per-sample kernel and the cache of small arguments. Needs
+//! no GPU.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
@@ -26,6 +27,8 @@ struct Launch {
 struct Fake {
     buffers: Mutex<(u64, HashMap<u64, Vec<u8>>)>,
     launches: Mutex<Vec<Launch>>,
+    /// Uploads made (calls of `upload`).
+    uploads: Mutex<u64>,
 }
 
 const LIMIT: u64 = 1 << 30;
@@ -127,6 +130,7 @@ impl Driver for Fake {
     }
 
     unsafe fn upload(&self, buf: u64, offset: u64, src: &[u8]) -> Result<(), PluginError> {
+        *self.uploads.lock().unwrap() += 1;
         let o = offset as usize;
         self.with(buf, |v| v[o..o + src.len()].copy_from_slice(src));
         Ok(())
@@ -415,20 +419,12 @@ fn memory_entry_points_and_pool() {
     }
 }
 
-/// `noise_weight` on 3 detectors of 10 samples with `data_index` and
-/// intervals; the launches it made and the weighted data.
-fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64>) {
-    let (n_det, n_samp) = (3u64, 10u64);
-    let n_rows = 3u64;
-    let ctx = init();
+/// A buffer of context `ctx` holding `data`; its handle.
+fn det_data_on_device(ctx: *mut c_void, data: &[f64]) -> u64 {
     let t = table();
-    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
-    let weights = [2.0, 3.0, 5.0];
+    let bytes = std::mem::size_of_val(data) as u64;
     let mut h = 0u64;
-    let bytes = n_rows * n_samp * 8;
-    let mut out = vec![0f64; data.len()];
-    // SAFETY: live context, valid out pointers and host arrays of the
-    // lengths given.
+    // SAFETY: a live context, a valid out pointer, `data` of `bytes` bytes.
     unsafe {
         assert_eq!(
             t.alloc.unwrap()(ctx, bytes, c"det_data".as_ptr(), &mut h),
@@ -438,20 +434,51 @@ fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64
             t.copy_to_device.unwrap()(ctx, h, 0, data.as_ptr() as *const c_void, bytes),
             abi::OK
         );
-        let args = NoiseWeightArgs {
-            n_det,
-            n_samp,
-            data_index: data_index.as_ptr(),
-            detector_weights: weights.as_ptr(),
-            intervals: SampleRanges {
-                ptr: iv.as_ptr(),
-                len: iv.len() as u64,
-            },
-            det_data: abi::Array {
-                ptr: h,
-                len: n_rows * n_samp,
-            },
-        };
+    }
+    h
+}
+
+/// The arguments of `noise_weight` over `det_data` = (buffer, rows) of
+/// `n_samp` samples, one detector per entry of `data_index`.
+fn noise_weight_args(
+    n_samp: u64,
+    data_index: &[i32],
+    weights: &[f64],
+    iv: &[SampleRange],
+    det_data: (u64, u64),
+) -> NoiseWeightArgs {
+    NoiseWeightArgs {
+        n_det: data_index.len() as u64,
+        n_samp,
+        data_index: data_index.as_ptr(),
+        detector_weights: weights.as_ptr(),
+        intervals: SampleRanges {
+            ptr: iv.as_ptr(),
+            len: iv.len() as u64,
+        },
+        det_data: abi::Array {
+            ptr: det_data.0,
+            len: det_data.1 * n_samp,
+        },
+    }
+}
+
+/// `noise_weight` on 3 detectors of 10 samples with `data_index` and
+/// intervals; the launches it made and the weighted data.
+fn noise_weight(data_index: &[i32], iv: &[SampleRange]) -> (Vec<Launch>, Vec<f64>) {
+    let n_samp = 10u64;
+    let n_rows = 3u64;
+    let ctx = init();
+    let t = table();
+    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
+    let weights = [2.0, 3.0, 5.0];
+    let bytes = n_rows * n_samp * 8;
+    let mut out = vec![0f64; data.len()];
+    let h = det_data_on_device(ctx, &data);
+    // SAFETY: live context, valid out pointers and host arrays of the
+    // lengths given.
+    unsafe {
+        let args = noise_weight_args(n_samp, data_index, &weights, iv, (h, n_rows));
         assert_eq!(
             t.noise_weight.unwrap()(ctx, &args),
             abi::OK,
@@ -500,4 +527,48 @@ fn launch_planning() {
         vec![(1, 1, 3), (1, 1, 3)],
         "empty intervals launch nothing"
     );
+}
+
+#[test]
+fn repeated_small_arguments_are_uploaded_once() {
+    let (n_det, n_samp) = (3u64, 10u64);
+    let ctx = init();
+    let t = table();
+    let data: Vec<f64> = (0..n_det * n_samp).map(|i| i as f64 + 1.0).collect();
+    let bytes = n_det * n_samp * 8;
+    let data_index = [0i32, 1, 2];
+    let iv = [SampleRange { first: 0, last: 10 }];
+    let h = det_data_on_device(ctx, &data);
+    let uploads = || *fake(ctx).uploads.lock().unwrap();
+    // noise_weight with these weights; the uploads it made.
+    let call = |weights: &[f64; 3]| -> u64 {
+        let before = uploads();
+        let args = noise_weight_args(n_samp, &data_index, weights, &iv, (h, n_det));
+        // SAFETY: live context; the arrays have the lengths given.
+        let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+        assert_eq!(status, abi::OK, "{}", last_error());
+        uploads() - before
+    };
+    // intervals, data_index and the weights, then nothing, then the new
+    // weights only.
+    assert_eq!(call(&[2.0, 3.0, 5.0]), 3);
+    assert_eq!(call(&[2.0, 3.0, 5.0]), 0);
+    assert_eq!(call(&[1.0, 0.5, 2.0]), 1);
+    let mut out = vec![0f64; data.len()];
+    // SAFETY: live context and buffer; `out` holds `bytes`.
+    unsafe {
+        assert_eq!(
+            t.copy_to_host.unwrap()(ctx, h, 0, out.as_mut_ptr() as *mut c_void, bytes),
+            abi::OK
+        );
+        t.shutdown.unwrap()(ctx);
+    }
+    // Each row scaled by all three calls' weights.
+    let scale = [2.0 * 2.0, 3.0 * 3.0 * 0.5, 5.0 * 5.0 * 2.0];
+    let want: Vec<f64> = data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * scale[i / n_samp as usize])
+        .collect();
+    assert_eq!(out, want);
 }

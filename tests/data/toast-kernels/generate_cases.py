@@ -643,6 +643,14 @@ def case_stokes_IQU(name, n_samp, spans, use_hwp, iau, special, description):
     epsilon = np.array([0.0, 0.01, 0.2, -0.05])
     gamma = rng.uniform(0, math.pi, 4)
     cal = np.array([1.0, 0.9, 1.1, 2.0])
+    return run_stokes_IQU(c, quat_index, quats, weight_index, weights_in, hwp, spans,
+                          epsilon, gamma, cal, iau, extra)
+
+
+def run_stokes_IQU(c, quat_index, quats, weight_index, weights_in, hwp, spans, epsilon, gamma, cal,
+                   iau, extra):
+    """Run TOAST's stokes_weights_IQU on these inputs into case c, with the numpy
+    replica's agreement in c.extra (beside `extra`)."""
     iv, ivf = make_intervals(spans)
     weights = weights_in.copy()
     lt.stokes_weights_IQU(
@@ -659,6 +667,75 @@ def case_stokes_IQU(name, n_samp, spans, use_hwp, iau, special, description):
     extra["numpy_replica_maxabsdiff"] = float(np.nanmax(diff)) if np.any(~np.isnan(diff)) else 0.0
     c.extra = extra
     return c
+
+
+def seam_quats():
+    """Pointings at the seams of stokes_weights_IQU's angles (FORMAT.md, section 4):
+    rotations by pi about the axes and diagonals (w = 0 and w = cos(pi/2) = 6.1e-17),
+    the poles at orientations k pi/4, the equator at phi = k pi/4 with orientations
+    k pi/4, and directions 1e-8 and 1e-12 rad from the poles."""
+    h = math.sqrt(0.5)
+    out = []
+    for ax in [(1, 0, 0), (0, 1, 0), (0, 0, 1), (h, h, 0), (h, -h, 0), (h, 0, h), (0, h, -h)]:
+        out.append([ax[0], ax[1], ax[2], 0.0])
+        out.append([ax[0], ax[1], ax[2], math.cos(math.pi / 2)])
+    for k in range(8):
+        t = k * math.pi / 4
+        out.append([0.0, 0.0, math.sin(t / 2), math.cos(t / 2)])  # north pole, orientation t
+        out.append([math.cos(t / 2), math.sin(t / 2), 0.0, 0.0])  # south pole
+    for kp in range(8):
+        for ko in (0, 1, 2, 6):
+            out.append(dir_quat(math.pi / 2, kp * math.pi / 4, ko * math.pi / 4))
+    for theta in (1e-8, 1e-12, math.pi - 1e-8, math.pi - 1e-12):
+        for kp in (0, 1, 2, 4):
+            out.append(dir_quat(theta, kp * math.pi / 4, kp * math.pi / 2))
+    q = np.array(out, dtype=np.float64)
+    assert q.shape == (SEAM_QUATS, 4)
+    return q
+
+
+SEAM_QUATS = 14 + 16 + 32 + 16  # 78
+
+
+def case_stokes_IQU_seams(name, use_hwp, iau, description):
+    """stokes_weights_IQU at the seams of its angles: seam_quats() on every detector,
+    detector angles gamma on multiples of pi/8, HWP angles on multiples of pi/16 and
+    their neighbours one ulp away, so that 2 alpha and the HWP angle fall on (or one
+    ulp beside) multiples of pi/2, where a device's sin and cos must give glibc's bits
+    for the weights to match."""
+    c = Case("stokes_weights_IQU", name, "stokes_weights_IQU", description)
+    rng = rng_for(c.file)
+    quat_index = np.array([1, 3, 0, 2], dtype=np.int32)
+    weight_index = np.array([4, 2, 0, 1], dtype=np.int32)  # row 3 never written
+    seams = seam_quats()
+    n_samp = 3 * SEAM_QUATS
+    quats = np.empty((4, n_samp, 4))
+    for row in range(4):
+        quats[row] = np.tile(seams, (3, 1))
+    weights_in = rng.uniform(-9, 9, (5, n_samp, 3))
+    if use_hwp:
+        base = np.array([k * math.pi / 16 for k in range(n_samp)]) % (2 * math.pi)
+        hwp = np.array([[b, math.nextafter(b, 9.0), math.nextafter(b, -9.0)][s % 3]
+                        for s, b in enumerate(base)])
+    else:
+        hwp = np.zeros(1)
+    epsilon = np.array([0.0, 0.01, 0.2, -0.05])
+    gamma = np.array([0.0, math.pi / 8, math.pi / 4, math.pi / 2])
+    cal = np.array([1.0, 0.9, 1.1, 2.0])
+    return run_stokes_IQU(c, quat_index, quats, weight_index, weights_in, hwp, [(0, n_samp)],
+                          epsilon, gamma, cal, iau, {})
+
+
+def seam_cases():
+    """The stokes_weights_IQU cases at the seams of its angles (generate_cases.py --seams)."""
+    yield case_stokes_IQU_seams("seams_nohwp_cosmo", False, False,
+                                "seam pointings (poles, rotations by pi, equator at k pi/4), no HWP, COSMO")
+    yield case_stokes_IQU_seams("seams_nohwp_iau", False, True,
+                                "seam pointings, no HWP, IAU convention")
+    yield case_stokes_IQU_seams("seams_hwp_cosmo", True, False,
+                                "seam pointings, HWP angles k pi/16 and one ulp beside, gamma k pi/8, COSMO")
+    yield case_stokes_IQU_seams("seams_hwp_iau", True, True,
+                                "seam pointings, HWP angles k pi/16 and one ulp beside, gamma k pi/8, IAU")
 
 
 # ---------------------------------------------------------------------------
@@ -980,6 +1057,7 @@ def all_cases():
         "pointing_detector), z=+-2/3 boundaries, and at sample 60 a unit quaternion (a,b,0,0) "
         "whose rotated z has z<-1 by rounding, which makes the compiled kernel produce NaN Q/U",
     )
+    yield from seam_cases()
     yield case_scan_map("f64_nnz3_add", "f64", 3, 1.0, 0, 0, 0)
     yield case_scan_map("f64_nnz3_zero_subtract", "f64", 3, 2.5, 1, 1, 0)
     yield case_scan_map("f32_nnz1_scale", "f32", 1, 0.5, 0, 0, 1)
@@ -1665,7 +1743,9 @@ def main(argv):
     if toast.__version__ != TOAST_VERSION:
         sys.exit(f"generate_cases.py: needs toast {TOAST_VERSION}, found {toast.__version__}")
     problems = []
-    if len(argv) == 3 and argv[1] == "--pinned":
+    if len(argv) == 3 and argv[1] == "--seams":
+        write_cases(argv[2], seam_cases(), problems)
+    elif len(argv) == 3 and argv[1] == "--pinned":
         write_cases(argv[2], pinned_cases(), problems)
     elif len(argv) == 3 and argv[1] == "--fused":
         write_cases(argv[2], fused_cases(), problems)
@@ -1683,7 +1763,7 @@ def main(argv):
         else:
             merge_cases(pinned, outdir)
     else:
-        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned OUTDIR)")
+        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams OUTDIR)")
     for p in problems:
         print(f"WARNING: self-check failed: {p}", file=sys.stderr)
     return 1 if problems else 0

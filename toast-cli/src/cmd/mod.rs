@@ -2,6 +2,7 @@
 
 pub mod backends;
 pub mod bench;
+pub mod compare;
 pub mod kernels;
 #[cfg(any(feature = "mpi", test))]
 pub mod mpi_check;

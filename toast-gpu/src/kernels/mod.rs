@@ -25,9 +25,12 @@
 //! smaller largest allocation or under 2 GiB of memory), and the grid is cut
 //! into launches whose threads' slices fit in it (`grid_chunks`).
 //!
-//! The small per-detector arrays, the intervals and the workspace are
-//! uploaded into (allocated from) pool buffers for the call and returned to
-//! the pool after it.
+//! The small per-detector arrays and the intervals, which the kernels only
+//! read, are looked up by their bytes in the context's cache of device
+//! copies (`small_cache`): a call repeating an earlier call's arrays (TOAST
+//! calls the same kernels per detector in every solver iteration) neither
+//! allocates nor uploads them. The error word and the workspace are pool
+//! buffers of the call, returned to the pool after it.
 //!
 //! # Refusals before launch
 //!
@@ -45,6 +48,7 @@ pub(crate) mod params;
 
 use crate::context::{Context, WorkspaceLayout};
 use crate::driver::{Driver, Grid};
+use crate::small_cache::Lookup;
 use params::LaunchParams;
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::check;
@@ -56,16 +60,24 @@ const BLOCK: u32 = 128;
 /// Largest grid extent along dimensions 1 and 2.
 const MAX_GRID_YZ: usize = 65535;
 
-/// A kernel call in progress: the context, the kernel's name and the
-/// scratch buffers to return to the pool afterwards.
+/// A kernel call in progress: the context, the kernel's name, the
+/// scratch buffers to return to the pool afterwards and the entries of the
+/// small-argument cache it holds.
 pub(crate) struct KernelLaunch<'c, D: Driver> {
     c: &'c Context<D>,
     kernel: &'static str,
     scratch: Vec<u64>,
+    held: Vec<u64>,
 }
 
 impl<D: Driver> Drop for KernelLaunch<'_, D> {
     fn drop(&mut self) {
+        if !self.held.is_empty() {
+            let mut cache = self.c.small_cache();
+            for h in self.held.drain(..) {
+                cache.release(h);
+            }
+        }
         for h in self.scratch.drain(..) {
             let _ = self.c.memory.free(&self.c.driver, h);
         }
@@ -78,6 +90,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             c,
             kernel,
             scratch: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -92,8 +105,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         self.c.memory.range(self.kernel, h, 0, len)
     }
 
-    /// Upload a small host array for the call; its buffer (`None` when
-    /// empty: the kernel never reads it then).
+    /// A small host array the kernel only reads, on the device: the
+    /// cache's copy of the same bytes, else uploaded (and kept in the cache
+    /// for later calls); its buffer (`None` when empty: the kernel never
+    /// reads it then).
     pub(crate) fn small<T: bytemuck::Pod>(
         &mut self,
         name: &str,
@@ -103,12 +118,50 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             return Ok(None);
         }
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let len = bytes.len() as u64;
-        let (buf, offset) = self.scratch_buffer(name, len)?;
-        // SAFETY: `buf` is the live buffer just allocated, range-checked for
-        // `len` bytes at `offset`.
-        unsafe { self.c.driver.upload(buf, offset, bytes)? };
+        let lookup = self.c.small_cache().acquire(bytes);
+        let handle = match lookup {
+            Lookup::Hit(h) => {
+                self.held.push(h);
+                h
+            }
+            Lookup::Miss => {
+                let (buf, offset) = self.scratch_buffer(name, bytes.len() as u64)?;
+                // SAFETY: `buf` is the live buffer just allocated,
+                // range-checked for the bytes at `offset`.
+                unsafe { self.c.driver.upload(buf, offset, bytes)? };
+                let h = self.scratch[self.scratch.len() - 1];
+                let (kept, evicted) = self.c.small_cache().insert(bytes, h);
+                if kept {
+                    self.scratch.pop();
+                    self.held.push(h);
+                }
+                for e in evicted {
+                    // An entry no call holds: no launch reads it.
+                    let _ = self.c.memory.free(&self.c.driver, e);
+                }
+                h
+            }
+        };
+        let (buf, _) = self
+            .c
+            .memory
+            .range(self.kernel, handle, 0, bytes.len() as u64)?;
         Ok(Some(buf))
+    }
+
+    /// Upload a small host array the kernel writes into a pool buffer of
+    /// this call; its buffer.
+    fn scratch_upload<T: bytemuck::Pod>(
+        &mut self,
+        name: &str,
+        data: &[T],
+    ) -> Result<D::Buffer, PluginError> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let (buf, offset) = self.scratch_buffer(name, bytes.len() as u64)?;
+        // SAFETY: `buf` is the live buffer just allocated, range-checked for
+        // the bytes at `offset`.
+        unsafe { self.c.driver.upload(buf, offset, bytes)? };
+        Ok(buf)
     }
 
     /// The workspace of a kernel whose work items each need `item_len`
@@ -167,9 +220,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         self.small("intervals", &flat)
     }
 
-    /// A one-element error buffer holding `NO_ERROR`.
+    /// A one-element error buffer holding `NO_ERROR` (the kernel writes it:
+    /// never from the cache).
     pub(crate) fn error_buffer(&mut self) -> Result<Option<D::Buffer>, PluginError> {
-        self.small("error", &[ds::NO_ERROR])
+        self.scratch_upload("error", &[ds::NO_ERROR]).map(Some)
     }
 
     /// The `(detector, sample)` recorded in an error buffer, if any.

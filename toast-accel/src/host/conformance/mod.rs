@@ -25,9 +25,11 @@
 //!
 //! The CPU backend reproduces TOAST bit for bit (same libm, same operation
 //! order) and is always compared exactly. A backend that is not
-//! host-addressable runs on a device whose `atan2`/`sin`/`cos` are not
-//! glibc's (a few ulps apart), and whose `build_noise_weighted` sums with
-//! atomics in a scheduling-dependent order. [`Comparison::for_backend`]
+//! host-addressable runs the device source, whose `stokes_weights_IQU` uses
+//! its own correctly rounded `atan2`/`sin`/`cos` (the same bits on every
+//! device, but an ulp from glibc's where glibc is off by more than half an
+//! ulp), and whose `build_noise_weighted` sums with atomics in a
+//! scheduling-dependent order. [`Comparison::for_backend`]
 //! compares those in [`Comparison::Tolerant`] mode, which relaxes exactly
 //! two outputs and nothing else:
 //!

@@ -48,12 +48,16 @@ pub struct KernelsArgs {
     /// HEALPix nside (power of two).
     #[arg(long, default_value_t = 2048)]
     pub nside: i64,
-    /// n_amp of the large apply_diag_precond measurement.
+    /// n_amp of the large apply_diag_precond measurement; the bandwidth
+    /// reference (amp_axpby, the base of each streaming kernel's achieved
+    /// fraction) runs over 4x as many elements.
     #[arg(long, default_value_t = 10_000_000)]
     pub precond_n_amp: usize,
     /// Time and report only these rows (comma-separated keys of the JSON
-    /// output, as `time_toast_kernels.py --rows` takes them); the other
-    /// kernels run once, untimed, for the inputs of the later ones.
+    /// output, as `time_toast_kernels.py --rows` takes them, or
+    /// `stream_reference`, the bandwidth reference, timed with any
+    /// streaming row); the other kernels run once, untimed, for the inputs
+    /// of the later ones.
     #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
     pub rows: Vec<String>,
     /// Smoke test: the tiny workload (2 det x 2000 samples, nside 64, 1
@@ -213,8 +217,18 @@ mod tests {
                 "{key}: {gbs:?}"
             );
         }
+        let reference = v["metadata"]["stream_reference"]["gb_s"].as_f64();
+        assert!(
+            reference.is_some_and(|g| g.is_finite() && g > 0.0),
+            "{reference:?}"
+        );
+        for (key, _) in STREAMING_BYTES {
+            let f = v["metadata"]["bandwidth_fraction_of_reference"][key].as_f64();
+            assert!(f.is_some_and(|f| f.is_finite() && f > 0.0), "{key}: {f:?}");
+        }
         let table = report.table();
         assert!(table.contains("achieved memory bandwidth"));
+        assert!(table.contains("of the reference") && table.contains("stream_reference"));
         assert!(table.contains("geometric mean"));
         assert!(table.contains("TOAST 1thr"));
     }
@@ -231,6 +245,8 @@ mod tests {
         let mut keys: Vec<&str> = report.kernels.iter().map(|k| k.key).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["noise_weight", "pixels_healpix_ring"]);
+        // noise_weight streams: the bandwidth reference is timed with it.
+        assert!(report.stream.is_some());
         assert!(report.to_json()["pointing_detector"].is_null());
     }
 }

@@ -186,6 +186,19 @@ pub const STREAMING_BYTES: [(&str, f64); 5] = [
 /// Key of the large apply_diag_precond row (not one of [`JSON_KEYS`]).
 pub const PRECOND_LARGE: &str = "template_offset_apply_diag_precond_large";
 
+/// The reference the achieved bandwidths are fractions of, measured in the
+/// same run on the same device: `amp_axpby` (`y <- alpha x + beta y`, a
+/// STREAM-style 1-D kernel: x and y read, y written, [`STREAM_BYTES`] per
+/// element) over [`STREAM_FACTOR`] x `precond_n_amp` elements. Timed
+/// whenever a streaming row is (the key `stream_reference` of `--rows`
+/// times it alone).
+pub const STREAM_KEY: &str = "stream_reference";
+/// Bytes the reference moves per element: x and y read, y written.
+pub const STREAM_BYTES: f64 = 24.0;
+/// The reference's elements per amplitude of the large preconditioner row
+/// (10^7 by default: 4 x 10^7 elements, 0.96 GB moved per call).
+pub const STREAM_FACTOR: usize = 4;
+
 /// TOAST's figures for `key`.
 pub fn toast_reference(key: &str) -> Option<&'static ToastReference> {
     TOAST_REFERENCE.iter().find(|r| r.key == key)

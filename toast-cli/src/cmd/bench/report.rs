@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 use toast_accel::host::TransferSnapshot;
 
 use super::reference::{
-    toast_reference, JSON_KEYS, PRECOND_LARGE, STREAMING_BYTES, TOAST_REFERENCE,
+    toast_reference, JSON_KEYS, PRECOND_LARGE, STREAMING_BYTES, STREAM_BYTES, TOAST_REFERENCE,
 };
 
 /// The measurement of one kernel.
@@ -75,6 +75,17 @@ impl KernelTiming {
     }
 }
 
+/// The bandwidth reference of the run ([`super::reference::STREAM_KEY`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamReference {
+    /// Elements of x and y.
+    pub n: usize,
+    /// Best wall-clock seconds of one call.
+    pub best_s: f64,
+    /// Achieved GB/s ([`STREAM_BYTES`] per element).
+    pub gb_s: f64,
+}
+
 /// Seconds and counters of the staging transfers (outside the timed regions).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransferSummary {
@@ -109,11 +120,21 @@ pub struct BenchReport {
     /// Seconds spent outside the timed calls and the staging (input generation, checks).
     pub setup_seconds: f64,
     pub kernels: Vec<KernelTiming>,
+    /// The bandwidth reference, when a streaming row was timed.
+    pub stream: Option<StreamReference>,
     /// Staging transfers, for a backend that is not host-addressable.
     pub transfer: Option<TransferSummary>,
 }
 
 impl BenchReport {
+    /// `gb_s` as a fraction of the run's bandwidth reference, if measured.
+    pub fn stream_fraction(&self, gb_s: f64) -> Option<f64> {
+        self.stream
+            .as_ref()
+            .filter(|r| r.gb_s > 0.0 && r.gb_s.is_finite())
+            .map(|r| gb_s / r.gb_s)
+    }
+
     /// The measurement of `key`.
     pub fn get(&self, key: &str) -> Option<&KernelTiming> {
         self.kernels.iter().find(|k| k.key == key)
@@ -240,8 +261,23 @@ impl BenchReport {
         if !bw.is_empty() {
             let _ = writeln!(s, "achieved memory bandwidth of the streaming kernels:");
             for (key, bytes, gbs) in bw {
-                let _ = writeln!(s, "    {key:<44} {gbs:>8.2} GB/s ({bytes} B per element)");
+                let _ = write!(s, "    {key:<44} {gbs:>8.2} GB/s ({bytes} B per element)");
+                match self.stream_fraction(gbs) {
+                    Some(f) => {
+                        let _ = writeln!(s, ", {:.0}% of the reference", 100.0 * f);
+                    }
+                    None => {
+                        let _ = writeln!(s);
+                    }
+                }
             }
+        }
+        if let Some(r) = &self.stream {
+            let _ = writeln!(
+                s,
+                "    {:<44} {:>8.2} GB/s (reference: amp_axpby over {} elements, {} B per element)",
+                "stream_reference", r.gb_s, r.n, STREAM_BYTES
+            );
         }
         if let Some(t) = &self.transfer {
             let st = &t.stats;
@@ -301,11 +337,23 @@ impl BenchReport {
         }
         let large = self.get(PRECOND_LARGE);
         let mut bandwidth = Map::new();
+        let mut fraction = Map::new();
         for (key, _, gbs) in bandwidths(self) {
             bandwidth.insert(key.into(), json_f64(gbs));
+            if let Some(f) = self.stream_fraction(gbs) {
+                fraction.insert(key.into(), json_f64(f));
+            }
         }
         let mut meta = json!({
             "bandwidth_gb_s": Value::Object(bandwidth),
+            "bandwidth_fraction_of_reference": Value::Object(fraction),
+            "stream_reference": self.stream.as_ref().map(|r| json!({
+                "kernel": "amp_axpby",
+                "n": r.n,
+                "bytes_per_element": STREAM_BYTES,
+                "best_s": json_f64(r.best_s),
+                "gb_s": json_f64(r.gb_s),
+            })),
             "backend": self.backend,
             "backend_version": self.backend_version,
             "host_addressable": self.host_addressable,

@@ -29,8 +29,10 @@ use toast_accel::abi;
 use toast_accel::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs, TransferSnapshot};
 
 use super::host_info::{load_average, machine_description};
-use super::reference::{PRECOND_LARGE, TOAST_REFERENCE};
-use super::report::{BenchReport, KernelTiming, TransferSummary};
+use super::reference::{
+    PRECOND_LARGE, STREAMING_BYTES, STREAM_BYTES, STREAM_FACTOR, STREAM_KEY, TOAST_REFERENCE,
+};
+use super::report::{BenchReport, KernelTiming, StreamReference, TransferSummary};
 use super::workload::{
     local_submaps, poly2d_templates, BenchOptions, Offsets, Workload, POLY2D_GROUPS,
     POLY2D_SAMPLES, POLY_ORDER, SEED, STEP_LENGTH,
@@ -64,6 +66,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<Ben
         },
         w: &w,
         out: Vec::new(),
+        stream: None,
     };
 
     let quats = b.pointing_detector()?;
@@ -104,8 +107,14 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<Ben
         &large.amplitude_flags,
     )?;
     drop(large);
+    b.stream_reference(opts.precond_n_amp.saturating_mul(STREAM_FACTOR))?;
 
-    let Bench { tm, mut out, .. } = b;
+    let Bench {
+        tm,
+        mut out,
+        stream,
+        ..
+    } = b;
     // Table order: that of timings.md.
     out.sort_by_key(|k| {
         TOAST_REFERENCE
@@ -148,6 +157,7 @@ pub fn run_kernels(backend: &Backend, opts: &BenchOptions) -> anyhow::Result<Ben
         precond_n_amp: opts.precond_n_amp,
         setup_seconds,
         kernels: out,
+        stream,
         transfer,
     })
 }
@@ -236,6 +246,17 @@ impl<'b> Timer<'b> {
             self.backend.synchronize().map_err(accel(key))?;
             return Ok(None);
         }
+        self.best_timed(key, what, f).map(Some)
+    }
+
+    /// Best of `repeats` wall-clock seconds of `f` followed by a
+    /// synchronize, whatever the rows.
+    fn best_timed(
+        &mut self,
+        key: &str,
+        what: &str,
+        mut f: impl FnMut() -> Result<(), AccelError>,
+    ) -> anyhow::Result<f64> {
         crate::errln!("bench: timing {what}");
         let mut best = f64::INFINITY;
         for _ in 0..self.opts.repeats {
@@ -246,7 +267,7 @@ impl<'b> Timer<'b> {
             self.timed += dt;
             best = best.min(dt.as_secs_f64());
         }
-        Ok(Some(best))
+        Ok(best)
     }
 }
 
@@ -258,6 +279,7 @@ struct Bench<'b, 'w> {
     tm: Timer<'b>,
     w: &'w Workload,
     out: Vec<KernelTiming>,
+    stream: Option<StreamReference>,
 }
 
 /// The outputs of pixels_healpix (NEST) and stokes_weights_IQU, inputs of
@@ -881,5 +903,41 @@ impl Bench<'_, '_> {
             self.out.push(KernelTiming::new(key, best, n as u64));
         }
         self.tm.finish(vec![ao, ov, ai, af])
+    }
+
+    /// The bandwidth reference ([`STREAM_KEY`]): `amp_axpby` over `n`
+    /// elements, timed when it or any streaming row is.
+    fn stream_reference(&mut self, n: usize) -> anyhow::Result<()> {
+        let opts = self.tm.opts;
+        if !opts.times(STREAM_KEY) && !STREAMING_BYTES.iter().any(|(k, _)| opts.times(k)) {
+            return Ok(());
+        }
+        let backend = self.tm.backend;
+        let mut x: Vec<f64> = zeroed_large(n);
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i % 1000) as f64 * 1e-3;
+        }
+        let mut y: Vec<f64> = zeroed_large(n);
+        let xa = self.tm.input(&x, "x")?;
+        let ya = self.tm.output(&mut y, "y")?;
+        let args = abi::AmpAxpbyArgs {
+            n: n as i64,
+            alpha: 0.5,
+            beta: 1.0,
+            x: xa.abi(),
+            y: ya.abi(),
+        };
+        // SAFETY: x and y are live and have n elements; only y is written.
+        let best = self.tm.best_timed(
+            STREAM_KEY,
+            "the bandwidth reference (amp_axpby)",
+            || unsafe { backend.launch(&args) },
+        )?;
+        self.stream = Some(StreamReference {
+            n,
+            best_s: best,
+            gb_s: STREAM_BYTES * n as f64 / best / 1e9,
+        });
+        self.tm.finish(vec![ya, xa])
     }
 }

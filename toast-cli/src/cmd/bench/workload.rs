@@ -27,7 +27,7 @@ use toast_core::mem::zeroed_large;
 use toast_ops::math::qarray::{self, Quat, YAXIS, ZAXIS};
 use toast_ops::math::rng::{gaussian, uniform_01, uniform_u64};
 
-use super::reference::{JSON_KEYS, PRECOND_LARGE};
+use super::reference::{JSON_KEYS, PRECOND_LARGE, STREAM_KEY};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl BenchOptions {
     /// more than a `u128` counts): the workload's inputs, then the largest
     /// of its stages (the pointing with the quaternions, the map kernels and
     /// the covariance kernels with every submap local, the large
-    /// preconditioner vector).
+    /// preconditioner vector, the bandwidth reference's two vectors).
     pub fn host_bytes(&self) -> Option<u128> {
         use crate::limits::product;
         let samples = self.n_samp as u128;
@@ -107,7 +107,13 @@ impl BenchOptions {
         let cov = product(&[det_samples, 80])?.checked_add(product(&[pixels, 56])?)?;
         // offset_var, amplitudes in and out (f64), flags (u8).
         let precond = product(&[self.precond_n_amp as u128, 25])?;
-        inputs.checked_add(pointing.max(maps).max(cov).max(precond))
+        // The bandwidth reference: x and y (f64) of STREAM_FACTOR x as many.
+        let stream = product(&[
+            self.precond_n_amp as u128,
+            super::reference::STREAM_FACTOR as u128,
+            16,
+        ])?;
+        inputs.checked_add(pointing.max(maps).max(cov).max(precond).max(stream))
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -137,7 +143,7 @@ impl BenchOptions {
         }
         if let Some(bad) = self.rows.iter().find(|r| !is_row(r)) {
             return Err(anyhow::anyhow!(
-                "--rows: unknown row `{bad}` (known: {}, {PRECOND_LARGE})",
+                "--rows: unknown row `{bad}` (known: {}, {PRECOND_LARGE}, {STREAM_KEY})",
                 JSON_KEYS.join(", ")
             ));
         }
@@ -147,7 +153,7 @@ impl BenchOptions {
 
 /// Whether `key` names a row of the bench.
 fn is_row(key: &str) -> bool {
-    key == PRECOND_LARGE || JSON_KEYS.contains(&key)
+    key == PRECOND_LARGE || key == STREAM_KEY || JSON_KEYS.contains(&key)
 }
 
 const SAMPLE_RATE: f64 = 200.0; // Hz

@@ -1,0 +1,379 @@
+//! `toast-cli compare DIR_A DIR_B`: do two runs' maps agree?
+//!
+//! Every HEALPix FITS file (`*.fits`) of either directory (not recursive)
+//! is read with the project's own reader ([`toast_ops::io::fits`]) and
+//! compared with the file of the same name in the other, column by column:
+//!
+//! * a hits map (a file whose name contains `hits`) must be identical:
+//!   the line gives both totals and the number of pixels that differ;
+//! * any other column is within tolerance when its largest difference
+//!   relative to its largest value, `max|a-b| / max|a|`, is at most
+//!   `--max-rel`, and its RMS difference relative to its RMS,
+//!   `rms(a-b) / rms(a)`, at most `--rms-rel`. The `UNSEEN` pixels and the
+//!   non-finite values must sit in the same pixels of both; they are left
+//!   out of both ratios. A column that is zero in A is within tolerance
+//!   only when it is zero in B too.
+//!
+//! A file present on one side only, a different resolution or a different
+//! set of columns is a difference. One line per column, then the verdict.
+//! Exit status: 0 when everything agrees, 1 when something differs (the
+//! lines marked `DIFFER` say what), 2 when the comparison cannot be made
+//! (a directory that cannot be read, a file that is not a HEALPix map, no
+//! FITS file on either side, a tolerance that is not a non-negative
+//! number).
+
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use toast_ops::io::fits::{read_healpix_map, HealpixMap, UNSEEN};
+
+/// Arguments of `toast-cli compare`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// The first run's output directory (the reference of the ratios).
+    pub dir_a: PathBuf,
+    /// The second run's output directory.
+    pub dir_b: PathBuf,
+    /// Largest allowed `max|a-b| / max|a|` of a map column.
+    #[arg(long = "max-rel", default_value_t = 1e-4, value_name = "X")]
+    pub max_rel: f64,
+    /// Largest allowed `rms(a-b) / rms(a)` of a map column.
+    #[arg(long = "rms-rel", default_value_t = 1e-5, value_name = "X")]
+    pub rms_rel: f64,
+}
+
+/// The tolerances of a comparison (hits are always compared exactly).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerances {
+    /// Largest allowed `max|a-b| / max|a|`.
+    pub max_rel: f64,
+    /// Largest allowed `rms(a-b) / rms(a)`.
+    pub rms_rel: f64,
+}
+
+impl CompareArgs {
+    fn tolerances(&self) -> Result<Tolerances> {
+        for (name, v) in [("--max-rel", self.max_rel), ("--rms-rel", self.rms_rel)] {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{name} {v}: expected a finite number >= 0");
+            }
+        }
+        Ok(Tolerances {
+            max_rel: self.max_rel,
+            rms_rel: self.rms_rel,
+        })
+    }
+}
+
+/// How one column of B differs from the same column of A.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ColumnDiff {
+    /// Hits: the totals of both and the pixels whose counts differ.
+    Hits {
+        /// Sum of A.
+        total_a: f64,
+        /// Sum of B.
+        total_b: f64,
+        /// Pixels whose values differ.
+        differing: usize,
+    },
+    /// A map column: the two ratios over the pixels both have a value in,
+    /// and the pixels where only one side is `UNSEEN` or non-finite.
+    Map {
+        /// `max|a-b| / max|a|` (0 when both are zero, infinite when only
+        /// A is).
+        max_rel: f64,
+        /// `rms(a-b) / rms(a)` (likewise).
+        rms_rel: f64,
+        /// Pixels `UNSEEN` or non-finite on one side only.
+        mismatched_blanks: usize,
+    },
+}
+
+impl ColumnDiff {
+    /// Whether the difference is within `tol`.
+    pub fn within(&self, tol: Tolerances) -> bool {
+        match *self {
+            ColumnDiff::Hits { differing, .. } => differing == 0,
+            ColumnDiff::Map {
+                max_rel,
+                rms_rel,
+                mismatched_blanks,
+            } => mismatched_blanks == 0 && max_rel <= tol.max_rel && rms_rel <= tol.rms_rel,
+        }
+    }
+}
+
+/// Compare hit counts: exact.
+pub fn compare_hits(a: &[f64], b: &[f64]) -> ColumnDiff {
+    ColumnDiff::Hits {
+        total_a: a.iter().sum(),
+        total_b: b.iter().sum(),
+        differing: a.iter().zip(b).filter(|(x, y)| x != y).count(),
+    }
+}
+
+/// Compare a map column of B with the same column of A (same length).
+pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
+    let blank = |v: f64| !v.is_finite() || v == UNSEEN;
+    let (mut max_a, mut max_d, mut sum_a2, mut sum_d2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let mut mismatched_blanks = 0;
+    for (&x, &y) in a.iter().zip(b) {
+        match (blank(x), blank(y)) {
+            (false, false) => {
+                let d = (x - y).abs();
+                max_a = max_a.max(x.abs());
+                max_d = max_d.max(d);
+                sum_a2 += x * x;
+                sum_d2 += d * d;
+            }
+            (true, true) => {
+                // Both blank: the same kind of blank, or a difference.
+                if x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()) {
+                    mismatched_blanks += 1;
+                }
+            }
+            _ => mismatched_blanks += 1,
+        }
+    }
+    let ratio = |d: f64, r: f64| match (d == 0.0, r == 0.0) {
+        (true, _) => 0.0,
+        (false, true) => f64::INFINITY,
+        (false, false) => d / r,
+    };
+    ColumnDiff::Map {
+        max_rel: ratio(max_d, max_a),
+        rms_rel: ratio(sum_d2.sqrt(), sum_a2.sqrt()),
+        mismatched_blanks,
+    }
+}
+
+/// The outcome of comparing one file.
+#[derive(Debug)]
+struct FileReport {
+    lines: Vec<String>,
+    differs: bool,
+}
+
+/// The `*.fits` names in `dir`.
+fn fits_names(dir: &Path) -> Result<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read directory {}", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("cannot read directory {}", dir.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".fits") && e.path().is_file() {
+            names.insert(name);
+        }
+    }
+    Ok(names)
+}
+
+fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> FileReport {
+    if a.nside != b.nside {
+        return FileReport {
+            lines: vec![format!("{name}: NSIDE {} vs {}  DIFFER", a.nside, b.nside)],
+            differs: true,
+        };
+    }
+    let names = |m: &HealpixMap| m.fields.iter().map(|f| f.name.clone()).collect::<Vec<_>>();
+    if names(a) != names(b) {
+        return FileReport {
+            lines: vec![format!(
+                "{name}: columns {:?} vs {:?}  DIFFER",
+                names(a),
+                names(b)
+            )],
+            differs: true,
+        };
+    }
+    let hits = name.contains("hits");
+    let mut report = FileReport {
+        lines: Vec::new(),
+        differs: false,
+    };
+    for (fa, fb) in a.fields.iter().zip(&b.fields) {
+        let diff = if hits {
+            compare_hits(&fa.data, &fb.data)
+        } else {
+            compare_map(&fa.data, &fb.data)
+        };
+        let ok = diff.within(tol);
+        report.differs |= !ok;
+        let what = match diff {
+            ColumnDiff::Hits {
+                total_a,
+                total_b,
+                differing,
+            } => format!("hits {} / {}, {differing} pixels differ", total_a, total_b),
+            ColumnDiff::Map {
+                max_rel,
+                rms_rel,
+                mismatched_blanks,
+            } => {
+                let mut s = format!("max rel {max_rel:.2e}, rms rel {rms_rel:.2e}");
+                if mismatched_blanks > 0 {
+                    s.push_str(&format!(
+                        ", {mismatched_blanks} pixels blank (UNSEEN or non-finite) on one side"
+                    ));
+                }
+                s
+            }
+        };
+        report.lines.push(format!(
+            "{name} {}: {what}  {}",
+            fa.name,
+            if ok { "ok" } else { "DIFFER" }
+        ));
+    }
+    report
+}
+
+/// Run the comparison, printing one line per column and the verdict.
+/// Returns the exit code (0 agree, 1 differ); errors are status 2.
+pub fn run(args: &CompareArgs) -> Result<i32> {
+    let tol = args.tolerances()?;
+    let in_a = fits_names(&args.dir_a)?;
+    let in_b = fits_names(&args.dir_b)?;
+    let all: BTreeSet<&String> = in_a.union(&in_b).collect();
+    if all.is_empty() {
+        bail!(
+            "no FITS file (*.fits) in {} or {}: nothing to compare",
+            args.dir_a.display(),
+            args.dir_b.display()
+        );
+    }
+    crate::outln!(
+        "compare {} {} (map columns: max rel <= {:e}, rms rel <= {:e}; hits exact)",
+        args.dir_a.display(),
+        args.dir_b.display(),
+        tol.max_rel,
+        tol.rms_rel
+    )?;
+    let (mut files, mut columns, mut differing) = (0usize, 0usize, Vec::new());
+    for name in all {
+        files += 1;
+        let side = |dir: &Path| dir.join(name);
+        let report = match (in_a.contains(name), in_b.contains(name)) {
+            (true, true) => {
+                let read = |p: PathBuf| {
+                    read_healpix_map(&p, None).with_context(|| format!("comparing {name}"))
+                };
+                let a = read(side(&args.dir_a))?;
+                let b = read(side(&args.dir_b))?;
+                columns += a.fields.len();
+                compare_file(name, &a, &b, tol)
+            }
+            (a_has, _) => FileReport {
+                lines: vec![format!(
+                    "{name}: only in {}  DIFFER",
+                    if a_has { &args.dir_a } else { &args.dir_b }.display()
+                )],
+                differs: true,
+            },
+        };
+        for line in &report.lines {
+            crate::outln!("{line}")?;
+        }
+        if report.differs {
+            differing.push(name.clone());
+        }
+    }
+    if differing.is_empty() {
+        crate::outln!("MAPS MATCH: {files} files, {columns} columns")?;
+        Ok(0)
+    } else {
+        crate::outln!(
+            "MAPS DIFFER: {} of {files} files ({})",
+            differing.len(),
+            differing.join(", ")
+        )?;
+        Ok(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOL: Tolerances = Tolerances {
+        max_rel: 1e-4,
+        rms_rel: 1e-5,
+    };
+
+    #[test]
+    fn hits_are_exact() {
+        assert!(compare_hits(&[1.0, 2.0], &[1.0, 2.0]).within(TOL));
+        let d = compare_hits(&[1.0, 2.0, 3.0], &[1.0, 3.0, 2.0]);
+        assert_eq!(
+            d,
+            ColumnDiff::Hits {
+                total_a: 6.0,
+                total_b: 6.0,
+                differing: 2
+            }
+        );
+        assert!(!d.within(TOL));
+    }
+
+    #[test]
+    fn map_ratios_are_relative_to_a() {
+        let a = [2.0, -4.0, 0.0, 1.0];
+        let b = [2.0, -4.0004, 0.0, 1.0];
+        let ColumnDiff::Map {
+            max_rel, rms_rel, ..
+        } = compare_map(&a, &b)
+        else {
+            panic!("a map column")
+        };
+        assert!((max_rel - 1e-4).abs() < 1e-12, "{max_rel}");
+        assert!((rms_rel - 4e-4 / 21f64.sqrt()).abs() < 1e-12, "{rms_rel}");
+        // 1e-4 max is at the tolerance, but the RMS ratio is beyond 1e-5.
+        assert!(!compare_map(&a, &b).within(TOL));
+        assert!(compare_map(&a, &a).within(TOL));
+    }
+
+    #[test]
+    fn blanks_must_match_and_stay_out_of_the_ratios() {
+        let a = [UNSEEN, 1.0, f64::NAN];
+        assert_eq!(
+            compare_map(&a, &[UNSEEN, 1.0, f64::NAN]),
+            ColumnDiff::Map {
+                max_rel: 0.0,
+                rms_rel: 0.0,
+                mismatched_blanks: 0
+            }
+        );
+        let d = compare_map(&a, &[0.0, 1.0, f64::INFINITY]);
+        assert!(matches!(
+            d,
+            ColumnDiff::Map {
+                mismatched_blanks: 2,
+                ..
+            }
+        ));
+        assert!(!d.within(TOL));
+    }
+
+    #[test]
+    fn a_zero_reference_is_matched_only_by_zero() {
+        assert!(compare_map(&[0.0, 0.0], &[0.0, 0.0]).within(TOL));
+        let d = compare_map(&[0.0, 0.0], &[0.0, 1e-30]);
+        assert!(matches!(d, ColumnDiff::Map { max_rel, .. } if max_rel.is_infinite()));
+        assert!(!d.within(TOL));
+    }
+
+    #[test]
+    fn tolerances_must_be_non_negative_numbers() {
+        let args = |max_rel, rms_rel| CompareArgs {
+            dir_a: PathBuf::new(),
+            dir_b: PathBuf::new(),
+            max_rel,
+            rms_rel,
+        };
+        assert!(args(1e-4, 0.0).tolerances().is_ok());
+        assert!(args(-1.0, 1e-5).tolerances().is_err());
+        assert!(args(1e-4, f64::NAN).tolerances().is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! `toast-cli compare DIR_A DIR_B`: the exit status and the lines for maps
+//! that agree, maps beyond the tolerances, hits that differ, a file on one
+//! side only, and input that cannot be compared.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+use toast_ops::io::fits::{write_hits_map, write_iqu_map, MapPrecision, Ordering};
+use toast_testkit::process::{self, text};
+
+/// `toast-cli compare ARGS`, within a minute.
+fn compare(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
+    cmd.arg("compare").args(args);
+    process::run_with_deadline(cmd, Duration::from_secs(60), &format!("compare {args:?}"))
+}
+
+/// A run's maps at nside 1 (12 pixels): hits and an I/Q/U map, the map
+/// scaled by `1 + map_change` in pixel 5 and the hits of pixel 3 raised by
+/// `extra_hits`.
+fn write_run(dir: &Path, map_change: f64, extra_hits: i64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut hits: Vec<i64> = (0..12).map(|p| 10 + p).collect();
+    hits[3] += extra_hits;
+    write_hits_map(
+        &dir.join("mapmaker_hits.fits"),
+        Ordering::Nested,
+        &hits,
+        &[],
+    )
+    .unwrap();
+    let map = |scale: f64| -> Vec<f64> {
+        (0..12)
+            .map(|p| {
+                let v = scale * (1.0 + p as f64);
+                if p == 5 {
+                    v * (1.0 + map_change)
+                } else {
+                    v
+                }
+            })
+            .collect()
+    };
+    let (i, q, u) = (map(1.0), map(0.1), map(-0.1));
+    write_iqu_map(
+        &dir.join("mapmaker_map.fits"),
+        Ordering::Nested,
+        [&i, &q, &u],
+        "K",
+        MapPrecision::F64,
+        &[],
+    )
+    .unwrap();
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn maps_that_agree_exit_0_and_differences_exit_1() {
+    let root = process::scratch("toast-cli-compare", "agree");
+    let (a, same, near, far, hits) = (
+        root.join("a"),
+        root.join("same"),
+        root.join("near"),
+        root.join("far"),
+        root.join("hits"),
+    );
+    write_run(&a, 0.0, 0);
+    write_run(&same, 0.0, 0);
+    write_run(&near, 1e-9, 0);
+    write_run(&far, 1e-2, 0);
+    write_run(&hits, 0.0, 1);
+
+    let o = compare(&[path(&a), path(&same)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("MAPS MATCH: 2 files, 4 columns"),
+        "{}",
+        text(&o)
+    );
+
+    let o = compare(&[path(&a), path(&near)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // Pixel 5 of 12 changed by 1%: max rel 6/12 * 1e-2 = 5e-3 of I.
+    let o = compare(&[path(&a), path(&far)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("mapmaker_map.fits TEMPERATURE: max rel 5.00e-3")
+            && out.contains("DIFFER")
+            && out.contains("MAPS DIFFER: 1 of 2 files (mapmaker_map.fits)"),
+        "{out}"
+    );
+    // The same maps pass with looser tolerances.
+    let o = compare(&[
+        path(&a),
+        path(&far),
+        "--max-rel",
+        "1e-2",
+        "--rms-rel",
+        "1e-2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // One hit more: hits are compared exactly.
+    let o = compare(&[path(&a), path(&hits), "--max-rel", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("mapmaker_hits.fits T: hits 186 / 187, 1 pixels differ  DIFFER"),
+        "{}",
+        text(&o)
+    );
+
+    // A map on one side only.
+    std::fs::remove_file(same.join("mapmaker_map.fits")).unwrap();
+    let o = compare(&[path(&a), path(&same)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("mapmaker_map.fits: only in"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn input_that_cannot_be_compared_exits_2() {
+    let root = process::scratch("toast-cli-compare", "bad");
+    let (a, empty, junk) = (root.join("a"), root.join("empty"), root.join("junk"));
+    write_run(&a, 0.0, 0);
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("mapmaker_map.fits"), b"not a FITS file").unwrap();
+
+    let missing = root.join("missing");
+    for (args, words) in [
+        (
+            vec![path(&a), path(&missing)],
+            vec!["cannot read directory", "missing"],
+        ),
+        (vec![path(&empty), path(&empty)], vec!["nothing to compare"]),
+        (
+            vec![path(&a), path(&junk)],
+            vec!["comparing mapmaker_map.fits", "not a FITS file"],
+        ),
+        (
+            vec![path(&a), path(&a), "--max-rel=-1"],
+            vec!["--max-rel -1"],
+        ),
+    ] {
+        let o = compare(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        for w in words {
+            assert!(text(&o).contains(w), "{args:?}: no {w:?} in {}", text(&o));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
