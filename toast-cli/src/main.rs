@@ -322,9 +322,28 @@ fn default_sigpipe() {
     }
 }
 
+/// Keep Open MPI's hwloc from loading the OpenCL ICDs into every rank.
+/// hwloc's OpenCL component, run inside `MPI_Init`, loads `libOpenCL` and
+/// with it every installed ICD; PoCL's brings its own LLVM, and a GPU
+/// plugin's run-time compiler that links another LLVM (hiprtc) then aborts
+/// the process when it loads ("LLVM ERROR: inconsistency in registered
+/// CommandLine options": an MPI build, a HIP run with a cold kernel cache).
+/// toast-rs never asks hwloc for OpenCL devices, so the component is turned
+/// off, unless the user set `HWLOC_COMPONENTS` themselves.
+#[cfg(feature = "mpi")]
+fn keep_hwloc_off_opencl() {
+    if std::env::var_os("HWLOC_COMPONENTS").is_none() {
+        // Called first thing in `main`, before any other thread exists that
+        // could read the environment at the same time.
+        std::env::set_var("HWLOC_COMPONENTS", "-opencl");
+    }
+}
+
 fn main() -> ExitCode {
     #[cfg(unix)]
     default_sigpipe();
+    #[cfg(feature = "mpi")]
+    keep_hwloc_off_opencl();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_exit(&e),
