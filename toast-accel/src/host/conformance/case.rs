@@ -243,6 +243,7 @@ fn read_fields(path: &Path, cap: u64) -> Result<BTreeMap<String, Field>, CaseErr
             )));
         }
         left -= size;
+        npy_preamble_fits(&bytes).map_err(|p| problem(format!("bad .npy header: {p}")))?;
         let mut data = &bytes[..];
         let header =
             Header::from_reader(&mut data).map_err(|e| problem(format!("bad .npy header: {e}")))?;
@@ -270,6 +271,42 @@ fn read_fields(path: &Path, cap: u64) -> Result<BTreeMap<String, Field>, CaseErr
         map.insert(name, field);
     }
     Ok(map)
+}
+
+/// Check the fixed preamble of a `.npy` (magic, version, header length)
+/// and that the header it announces lies within `bytes`, before the
+/// header reader allocates a buffer of the announced length (a version
+/// byte changed from 1 to 2 makes the length a u32 read from the header's
+/// first characters: hundreds of MB asked for by a 100-byte entry).
+fn npy_preamble_fits(bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\x93NUMPY";
+    if bytes.len() < MAGIC.len() + 2 || &bytes[..MAGIC.len()] != MAGIC {
+        return Err("no .npy magic string".into());
+    }
+    let major = bytes[MAGIC.len()];
+    let (start, len) = match major {
+        1 => (
+            10usize,
+            bytes
+                .get(8..10)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64),
+        ),
+        2 | 3 => (
+            12usize,
+            bytes
+                .get(8..12)
+                .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        ),
+        v => return Err(format!("format version {v} is not 1, 2 or 3")),
+    };
+    let len = len.ok_or("the preamble is cut")?;
+    let room = (bytes.len() - start.min(bytes.len())) as u64;
+    if len > room {
+        return Err(format!(
+            "the header claims {len} bytes, the entry holds {room} after the preamble"
+        ));
+    }
+    Ok(())
 }
 
 /// The size in bytes of one element of a simple numpy dtype descriptor
@@ -1249,6 +1286,29 @@ mod tests {
         );
         let e = load_case(&p).unwrap_err();
         assert!(e.to_string().contains("det_data_in"), "{e}");
+    }
+
+    #[test]
+    fn a_header_longer_than_its_entry_is_refused_before_it_is_read() {
+        use ndarray_npy::WriteNpyExt;
+        let mut npy = Vec::new();
+        ArrayD::<f64>::zeros(vec![3]).write_npy(&mut npy).unwrap();
+        assert_eq!(npy_preamble_fits(&npy), Ok(()));
+        // Version 2: the length becomes a u32 that takes in the header's
+        // first characters ("{'" after the u16): far beyond the entry.
+        let mut v2 = npy.clone();
+        v2[6] = 2;
+        let e = npy_preamble_fits(&v2).unwrap_err();
+        assert!(e.contains("the header claims"), "{e}");
+        let mut v1 = npy.clone();
+        v1[8] = 0xff;
+        v1[9] = 0xff;
+        assert!(npy_preamble_fits(&v1).unwrap_err().contains("65535"));
+        let mut v9 = npy.clone();
+        v9[6] = 9;
+        assert!(npy_preamble_fits(&v9).unwrap_err().contains("version 9"));
+        assert!(npy_preamble_fits(&npy[..7]).is_err());
+        assert!(npy_preamble_fits(b"not npy at all").is_err());
     }
 
     #[test]
