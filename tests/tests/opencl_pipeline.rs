@@ -12,8 +12,7 @@ use std::sync::Arc;
 use toast_accel::host::{Registry, Source};
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, Operator};
-use toast_ops::exec::kernels::UnstagedTransfers;
-use toast_ops::exec::pipeline::StagingReports;
+use toast_ops::exec::movement;
 use toast_ops::{DetectorSets, Pipeline};
 use toast_testkit::plugins::{context, load, registry_with_cpu, skip_unless_required};
 use toast_testkit::scan::{make_data, make_sky, pointing_ops, scan_sky_op, Scan};
@@ -88,15 +87,13 @@ fn opencl_pipeline_uploads_each_input_once() {
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!((x - y).abs() <= 1e-12 * scale, "sample {i}: {x} vs {y}");
     }
-    let unstaged = ctx
-        .extensions
-        .get::<UnstagedTransfers>()
-        .cloned()
+    let unstaged = movement::ledger(&ctx)
+        .map(|l| l.unstaged.clone())
         .unwrap_or_default();
     assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
-    let rep = ctx.extensions.get::<StagingReports>().unwrap();
-    assert_eq!(rep.reports.len(), 1);
-    eprintln!("{}", rep.reports[0]);
+    let rep = movement::ledger(&ctx).unwrap();
+    assert_eq!(rep.scopes.len(), 1);
+    eprintln!("{}", rep.scopes[0]);
     // Two observations: one upload each of the per-observation inputs, one
     // download of the output, nothing for the intermediates. The flags and
     // the timestream start all zero: their first "upload" is a device
@@ -105,7 +102,7 @@ fn opencl_pipeline_uploads_each_input_once() {
     assert_eq!(rep.copies("shared.flags"), (0, 0));
     assert_eq!(rep.copies("detdata.signal"), (0, 2));
     for f in ["shared.flags", "detdata.signal"] {
-        assert_eq!(rep.reports[0].per_buffer[f].resets, 2, "{f}");
+        assert_eq!(rep.scopes[0].per_buffer[f].resets, 2, "{f}");
     }
     assert_eq!(rep.copies("global.sky"), (1, 0));
     assert_eq!(rep.copies("global.sky_dist"), (1, 0));

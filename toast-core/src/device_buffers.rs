@@ -6,7 +6,9 @@
 //! then calls the [`DeviceMemory`] hook, then records the new state and the
 //! transfer, in the manner of TOAST's `AcceleratorObject` (public method
 //! checks, backend fills `_accel_*`). Fields are contiguous blocks, so
-//! every transfer copies a whole buffer.
+//! every transfer copies a whole buffer. It is a mechanism without policy:
+//! which buffers exist and when they move is decided by the one owner of
+//! data movement (toast-ops' `exec::movement`).
 //!
 //! # States and transitions
 //!

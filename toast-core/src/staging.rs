@@ -31,8 +31,9 @@
 //! upload), and an item a host step writes is marked stale on the device so
 //! that a later accelerated step uploads it again.
 //!
-//! The plan names items only. An executor (the pipeline in toast-ops)
-//! applies it to [`crate::device_buffers::DeviceBuffers`] in this order per step:
+//! The plan names items only. Its executor (toast-ops' `exec::movement`,
+//! the one owner of data movement) applies it to
+//! [`crate::device_buffers::DeviceBuffers`] in this order per step:
 //! `create`, `update_device`, `reset`, `update_host`, run the step, then the
 //! `mark_*` lists; it calls [`Operator::prepare_outputs`] first so that
 //! outputs have host fields to size their mirrors, and it skips items that

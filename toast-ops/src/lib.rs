@@ -20,7 +20,8 @@
 //!   across processes (TOAST's `toast.dist`).
 //! * [`exec`]: the kernel call layer ([`exec::kernels`]: one safe
 //!   function per TOAST kernel, dispatched to a backend), TOAST's
-//!   `Pipeline` with data staging ([`exec::pipeline`]) and the device
+//!   `Pipeline` ([`exec::pipeline`]), the one owner of data movement
+//!   ([`exec::movement`]) and the device
 //!   forms of data-level objects ([`exec::global_data`]).
 //! * [`ops`]: operators with TOAST's names, traits and defaults, each with
 //!   exact `requires()`/`provides()`: `PointingDetector`, `PixelsHealpix`,

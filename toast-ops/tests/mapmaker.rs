@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
-use toast_ops::exec::bus::CgTransfers;
 use toast_ops::exec::global_data::HostArray;
-use toast_ops::exec::kernels::{UnstagedTransfers, AMP_DOT_DEVICE_BLOCKS};
-use toast_ops::exec::pipeline::StagingReports;
+use toast_ops::exec::kernels::AMP_DOT_DEVICE_BLOCKS;
+use toast_ops::exec::movement;
+use toast_ops::exec::movement::bus::CgTransfers;
 use toast_ops::math::healpix::Nside;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
 use toast_ops::templates::OffsetConfig;
@@ -592,22 +592,13 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
     assert_same_maps(&cpu_data, &dev_data, &cpu_res);
 
     // Every kernel argument was staged: no temporary copies.
-    let unstaged = ctx
-        .extensions
-        .get::<UnstagedTransfers>()
-        .cloned()
+    let unstaged = movement::ledger(&ctx)
+        .map(|l| l.unstaged.clone())
         .unwrap_or_default();
     assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
-    let reports = ctx
-        .extensions
-        .get::<StagingReports>()
-        .expect("a staging scope ran");
-    assert_eq!(
-        reports.reports.len(),
-        1,
-        "one scope for the whole map-maker"
-    );
-    eprintln!("{}", reports.reports[0]);
+    let reports = movement::ledger(&ctx).expect("a device scope ran");
+    assert_eq!(reports.scopes.len(), 1, "one scope for the whole map-maker");
+    eprintln!("{}", reports.scopes[0]);
     let n_obs = dev_data.obs.len() as u64;
     // The timestream goes up once and, cleaned in place, comes back once.
     assert_eq!(reports.copies("detdata.signal"), (n_obs, n_obs));
@@ -683,13 +674,11 @@ fn device_backend_with_cached_pointing() {
     let (dev_data, dev_res, ctx) = run_on_with("run=fakedev", true);
     assert_eq!(cpu_res, dev_res);
     assert_same_maps(&cpu_data, &dev_data, &cpu_res);
-    let unstaged = ctx
-        .extensions
-        .get::<UnstagedTransfers>()
-        .cloned()
+    let unstaged = movement::ledger(&ctx)
+        .map(|l| l.unstaged.clone())
         .unwrap_or_default();
     assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
-    let rep = ctx.extensions.get::<StagingReports>().unwrap();
+    let rep = movement::ledger(&ctx).unwrap();
     // Computed once on the device and once on the host (for the host
     // passes: hits, covariance, rcond mask) and kept: never copied.
     assert_eq!(rep.copies("detdata.pixels"), (0, 0));
@@ -719,10 +708,8 @@ fn kernel_override_to_the_host_keeps_staged_data_consistent() {
         run_on("run=fakedev,kernel.scan_map=cpu,kernel.noise_weight=cpu");
     assert_eq!(cpu_res, dev_res);
     assert_same_maps(&cpu_data, &dev_data, &cpu_res);
-    let unstaged = ctx
-        .extensions
-        .get::<UnstagedTransfers>()
-        .cloned()
+    let unstaged = movement::ledger(&ctx)
+        .map(|l| l.unstaged.clone())
         .unwrap_or_default();
     assert!(
         unstaged.total_calls() > 0,
@@ -946,8 +933,8 @@ fn device_setup_moves_no_pointing_and_a_bounded_number_of_bytes() {
             };
             assert_eq!(bits(&cpu_data, a), bits(&data, b), "{b} differs");
         }
-        let rep = ctx.extensions.get::<StagingReports>().unwrap();
-        eprintln!("handed over: {handed_over}\n{}", rep.reports[0]);
+        let rep = movement::ledger(&ctx).unwrap();
+        eprintln!("handed over: {handed_over}\n{}", rep.scopes[0]);
         for f in ["detdata.pixels", "detdata.weights", "detdata.quats"] {
             assert_eq!(rep.copies(f), (0, 0), "{f}, handed over: {handed_over}");
         }

@@ -4,8 +4,7 @@
 
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator, Requirements};
-use toast_ops::exec::kernels::UnstagedTransfers;
-use toast_ops::exec::pipeline::StagingReports;
+use toast_ops::exec::movement;
 use toast_ops::ops::{ScanMap, ScanMapConfig};
 use toast_ops::{DetectorSets, MapMakerConfig, Pipeline};
 use toast_testkit::plugins::{context, registry};
@@ -88,15 +87,13 @@ fn device_pipeline_uploads_each_input_once_per_pipeline() {
     for sets in [DetectorSets::All, DetectorSets::Single] {
         let (dev, ctx) = run("run=fakedev", sets.clone());
         assert_eq!(signal_bits(&cpu), signal_bits(&dev), "{sets:?}");
-        let unstaged = ctx
-            .extensions
-            .get::<UnstagedTransfers>()
-            .cloned()
+        let unstaged = movement::ledger(&ctx)
+            .map(|l| l.unstaged.clone())
             .unwrap_or_default();
         assert_eq!(unstaged.total_calls(), 0, "{sets:?}: {unstaged:?}");
-        let rep = ctx.extensions.get::<StagingReports>().unwrap();
-        assert_eq!(rep.reports.len(), 1);
-        eprintln!("{sets:?}\n{}", rep.reports[0]);
+        let rep = movement::ledger(&ctx).unwrap();
+        assert_eq!(rep.scopes.len(), 1);
+        eprintln!("{sets:?}\n{}", rep.scopes[0]);
         // Two observations: one upload each of the per-observation inputs,
         // one download of the output, nothing for the intermediates. The
         // flags and the timestream start all zero: their first "upload" is
@@ -105,7 +102,7 @@ fn device_pipeline_uploads_each_input_once_per_pipeline() {
         assert_eq!(rep.copies("shared.flags"), (0, 0), "{sets:?}");
         assert_eq!(rep.copies("detdata.signal"), (0, 2), "{sets:?}");
         for f in ["shared.flags", "detdata.signal"] {
-            assert_eq!(rep.reports[0].per_buffer[f].resets, 2, "{sets:?}: {f}");
+            assert_eq!(rep.scopes[0].per_buffer[f].resets, 2, "{sets:?}: {f}");
         }
         assert_eq!(rep.copies("global.sky"), (1, 0), "{sets:?}");
         assert_eq!(rep.copies("global.sky_dist"), (1, 0), "{sets:?}");
@@ -157,7 +154,10 @@ fn pipeline_backend_setting_feeds_the_dispatch_chain() {
         .get("det_pointing.pointing_detector[fakedev]")
         .is_some());
     assert!(ctx.timers.get("scan_map.scan_map[fakedev]").is_some());
-    assert!(ctx.extensions.get::<StagingReports>().is_some(), "staged");
+    assert!(
+        movement::ledger(&ctx).is_some_and(|l| !l.scopes.is_empty()),
+        "staged"
+    );
     // The context's dispatcher is restored.
     assert_eq!(
         ctx.ext::<toast_accel::host::Dispatcher>()
@@ -189,7 +189,7 @@ fn operators_outside_a_pipeline_make_counted_unstaged_copies() {
     let q = |d: &Data, f: &str| -> Vec<u8> { d.obs[0].detdata.get(f).unwrap().as_bytes().to_vec() };
     assert_eq!(q(&cpu_data, "quats"), q(&dev_data, "quats"));
     assert_eq!(q(&cpu_data, "pixels"), q(&dev_data, "pixels"));
-    let u = dev.extensions.get::<UnstagedTransfers>().unwrap();
+    let u = &movement::ledger(&dev).unwrap().unstaged;
     let c = |n: &str| u.per_buffer.get(n).cloned().unwrap_or_default();
     assert_eq!(
         (
@@ -208,7 +208,7 @@ fn operators_outside_a_pipeline_make_counted_unstaged_copies() {
         (1, 1)
     );
     assert!(
-        cpu.extensions.get::<UnstagedTransfers>().is_none(),
+        movement::ledger(&cpu).is_none_or(|l| l.unstaged.total_calls() == 0),
         "host addresses: no copies"
     );
 }

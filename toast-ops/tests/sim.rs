@@ -122,12 +122,13 @@ fn name_uid_matches_toast() {
 
 /// `ScanHealpixMap` on a device (the fake device) gives the CPU's
 /// timestream bit for bit, with or without transient pointing and with or
-/// without handing the pointing over, in one staging scope where no
+/// without handing the pointing over, in one device scope where no
 /// pointing crosses the bus: the host builds the pixel distribution from
 /// its own pixels (issue #10).
 #[test]
 fn scan_on_a_device_moves_no_pointing() {
-    use toast_ops::exec::pipeline::{DetectorSets, RunOptions, StagingReports};
+    use toast_ops::exec::movement;
+    use toast_ops::exec::pipeline::{DetectorSets, RunOptions};
     use toast_ops::math::healpix::Nside;
     use toast_ops::ops::{
         PixelsHealpix, PixelsHealpixConfig, PointingDetector, PointingDetectorConfig, PointingOps,
@@ -197,8 +198,8 @@ fn scan_on_a_device_moves_no_pointing() {
             bytes(&dev, defaults::DET_DATA),
             "{what}"
         );
-        let rep = ctx.extensions.get::<StagingReports>().unwrap();
-        assert_eq!(rep.reports.len(), 1, "{what}: one scope");
+        let rep = movement::ledger(&ctx).unwrap();
+        assert_eq!(rep.scopes.len(), 1, "{what}: one scope");
         for f in ["detdata.pixels", "detdata.weights", "detdata.quats"] {
             assert_eq!(rep.copies(f), (0, 0), "{what}: {f}");
         }

@@ -564,7 +564,7 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
     }
     let ph = &st.transfer_phases;
     if ph.total.total_bytes() > 0 {
-        let both = |b: &toast_ops::exec::bus::BusBytes| {
+        let both = |b: &toast_ops::exec::movement::bus::BusBytes| {
             format!(
                 "{} up / {} down",
                 human_bytes(b.host_to_device_bytes),

@@ -17,21 +17,21 @@
 //!    of the data (a map, a pixel distribution's `global2local`, template
 //!    amplitudes; see [`crate::exec::global_data`]). Its kernel address is
 //!    * the **host address**, for a host-addressable backend (the CPU plugin);
-//!    * otherwise the **device handle** of the field's mirror in the
-//!      [`DeviceBuffers`] installed in the context, when the pipeline has
-//!      staged it on this backend;
+//!    * otherwise the **device handle** of the field's copy in the open
+//!      device scope, when the pipeline has staged it on this backend;
 //!    * otherwise a temporary device copy made by
 //!      [`toast_accel::host::ArrayArg`] (uploaded before the call, an output
-//!      downloaded after): an **unstaged transfer**, counted per buffer in the
-//!      [`UnstagedTransfers`] extension and logged at debug level, because a
-//!      well-staged pipeline never makes one.
-//! 3. **Consistency with the staged copies.** The layer keeps
-//!    [`DeviceBuffers`] truthful whatever ran where: before a call on the
-//!    staging backend it uploads a staged input whose device copy is stale
-//!    (counted as unstaged); before a call elsewhere (the CPU, or a backend a
-//!    kernel override chose) it downloads a staged argument whose device copy
-//!    is newer; after the call it marks the staged outputs as modified on the
-//!    side that wrote them.
+//!      downloaded after): an **unstaged transfer**.
+//! 3. **Consistency with the staged copies.** The layer asks the movement
+//!    owner ([`crate::exec::movement::DataMovement`]) what each argument
+//!    needs: before a call on the staging backend a staged input whose device
+//!    copy is stale is uploaded; before a call elsewhere (the CPU, or a
+//!    backend a kernel override chose) a staged argument whose device copy
+//!    is newer is downloaded; after the call the staged outputs are marked
+//!    modified on the side that wrote them. Every such copy, and every
+//!    temporary one, is counted in the run's ledger
+//!    ([`crate::exec::movement::TransferLedger::unstaged`]) and logged at
+//!    debug level, because a well-staged pipeline makes none.
 //!
 //! One code path serves every backend; nothing here knows backend names.
 //!
@@ -48,16 +48,13 @@ pub use fused::{
 };
 
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
+use crate::exec::movement::{CallSync, DataMovement};
 use crate::pixels::{PixelData, PixelDistribution};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::abi::{self, Kernel};
-use toast_accel::host::{AccelError, ArrayArg, Backend, Dispatcher, KernelArgs};
-use toast_core::{
-    BufferKey, BufferState, Category, DType, DeviceBuffers, Element, ExecContext, Meta,
-    Observation, OpError,
-};
+use toast_accel::host::{AccelError, ArrayArg, Dispatcher, KernelArgs};
+use toast_core::{BufferKey, Category, DType, Element, ExecContext, Meta, Observation, OpError};
 
 /// A kernel call that failed, naming the operator, kernel, backend and
 /// observation.
@@ -117,57 +114,6 @@ fn detector_list(detectors: &[String]) -> String {
         .collect();
     let more = if detectors.len() > SHOW { ", ..." } else { "" };
     format!(" (detectors: {}{more})", names.join(", "))
-}
-
-/// Transfers of one buffer name made because the data was not staged.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnstagedCounts {
-    /// Host→device copies.
-    pub uploads: u64,
-    /// Host→device bytes.
-    pub upload_bytes: u64,
-    /// Device→host copies.
-    pub downloads: u64,
-    /// Device→host bytes.
-    pub download_bytes: u64,
-}
-
-/// Unstaged transfers per buffer name (`detdata.signal`, `global.zmap`, ...),
-/// an [`ExecContext`] extension the layer creates on first use.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnstagedTransfers {
-    /// Per buffer name.
-    pub per_buffer: BTreeMap<String, UnstagedCounts>,
-}
-
-impl UnstagedTransfers {
-    /// Total number of copies in both directions.
-    pub fn total_calls(&self) -> u64 {
-        self.per_buffer
-            .values()
-            .map(|c| c.uploads + c.downloads)
-            .sum()
-    }
-}
-
-fn count_unstaged(ctx: &mut ExecContext, name: &str, up: bool, bytes: u64, kernel: Kernel) {
-    tracing::debug!(
-        "kernel {kernel}: unstaged {} of {name} ({bytes} bytes)",
-        if up { "upload" } else { "download" }
-    );
-    if ctx.extensions.get::<UnstagedTransfers>().is_none() {
-        ctx.insert(UnstagedTransfers::default());
-    }
-    if let Some(u) = ctx.extensions.get_mut::<UnstagedTransfers>() {
-        let c = u.per_buffer.entry(name.to_string()).or_default();
-        if up {
-            c.uploads += 1;
-            c.upload_bytes += bytes;
-        } else {
-            c.downloads += 1;
-            c.download_bytes += bytes;
-        }
-    }
 }
 
 /// Where the data of a kernel array argument lives on the host.
@@ -297,11 +243,6 @@ fn no_global_mut(name: &str) -> OpError {
     }
 }
 
-/// Whether `buffers` stage data on `backend`.
-fn same_backend(buffers: &DeviceBuffers, backend: &Arc<Backend>) -> bool {
-    Arc::as_ptr(buffers.device()) as *const u8 == Arc::as_ptr(backend) as *const u8
-}
-
 /// Run one kernel (the one whose argument struct `make` builds, from the
 /// resolved kernel arrays in the order of `specs`).
 fn launch<A: KernelArgs>(
@@ -349,42 +290,24 @@ fn launch<A: KernelArgs>(
     }
 
     let host_addressable = backend.host_addressable();
-    let staged = !host_addressable
-        && ctx
-            .extensions
-            .get::<DeviceBuffers>()
-            .is_some_and(|b| same_backend(b, &backend));
+    let movement = DataMovement::for_call(ctx);
+    let staged = movement.staged_on(&backend);
 
     // Keep the staged copies truthful (see the module documentation).
-    let mut unstaged: Vec<(String, bool, u64)> = Vec::new();
-    if let Some(bufs) = ctx.extensions.get_mut::<DeviceBuffers>() {
-        for s in specs.iter_mut() {
-            if s.is_scratch() {
-                continue;
+    for s in specs.iter_mut().filter(|s| !s.is_scratch()) {
+        let Some(key) = s.key(&observation) else {
+            continue;
+        };
+        let sync = movement.sync_for_call(&key, staged);
+        match sync {
+            CallSync::None => {}
+            CallSync::Upload => {
+                movement.upload_for_call(kernel, &key, target.bytes(&s.source)?)?;
             }
-            let Some(key) = s.key(&observation) else {
-                continue;
-            };
-            let state = bufs.state(&key);
-            if !state.is_present() {
-                continue;
-            }
-            if staged {
-                if matches!(state, BufferState::Allocated | BufferState::HostNewer) {
-                    let src = target.bytes(&s.source)?;
-                    bufs.update_device(&key, src)?;
-                    unstaged.push((key.stat_name(), true, src.len() as u64));
-                }
-            } else if state == BufferState::DeviceNewer {
-                let dst = target.bytes_mut(&mut s.source)?;
-                let n = dst.len() as u64;
-                bufs.update_host(&key, dst)?;
-                unstaged.push((key.stat_name(), false, n));
+            CallSync::Download => {
+                movement.download_for_call(kernel, &key, target.bytes_mut(&mut s.source)?)?;
             }
         }
-    }
-    for (name, up, bytes) in unstaged.drain(..) {
-        count_unstaged(ctx, &name, up, bytes, kernel);
     }
 
     // Host addresses. No Rust reference to these buffers lives past this
@@ -402,6 +325,7 @@ fn launch<A: KernelArgs>(
     }
 
     let mut arrays = Vec::with_capacity(specs.len());
+    let mut unstaged: Vec<(String, bool, u64)> = Vec::new();
     let mut temporaries: Vec<ArrayArg<'_>> = Vec::new();
     for (s, &(ptr, bytes)) in specs.iter().zip(&host) {
         let len = (bytes / s.elem_size.max(1)) as u64;
@@ -418,15 +342,10 @@ fn launch<A: KernelArgs>(
         }
         let key = s.key(&observation);
         if staged {
-            if let (Some(key), Some(bufs)) =
-                (key.as_ref(), ctx.extensions.get_mut::<DeviceBuffers>())
-            {
-                if s.is_scratch() && !bufs.is_present(key) {
-                    bufs.create(key, bytes as u64)?;
-                    bufs.reset(key)?;
-                }
-                if bufs.is_present(key) {
-                    let view = bufs.handle(key)?;
+            if let Some(key) = key.as_ref() {
+                let view =
+                    DataMovement::for_call(ctx).device_array(key, bytes as u64, s.is_scratch())?;
+                if let Some(view) = view {
                     if view.bytes != bytes as u64 {
                         return Err(OpError::KernelCall {
                             operator: operator.to_string(),
@@ -491,26 +410,18 @@ fn launch<A: KernelArgs>(
     for t in temporaries {
         t.finish().map_err(|e| wrap(backend.name(), e))?;
     }
+    let movement = DataMovement::for_call(ctx);
     for (name, up, bytes) in unstaged {
-        count_unstaged(ctx, &name, up, bytes, kernel);
+        movement.count_unstaged(&name, up, bytes, kernel);
     }
 
     // Outputs now newest where the kernel wrote them.
-    if let Some(bufs) = ctx.extensions.get_mut::<DeviceBuffers>() {
-        for s in specs.iter().filter(|s| s.output && !s.is_scratch()) {
-            let Some(key) = s.key(&observation) else {
-                continue;
-            };
-            if !bufs.is_present(&key) {
-                continue;
-            }
-            if staged {
-                bufs.mark_device_modified(&key)?;
-            } else {
-                bufs.mark_host_modified(&key)?;
-            }
-        }
-    }
+    let outputs: Vec<BufferKey> = specs
+        .iter()
+        .filter(|s| s.output && !s.is_scratch())
+        .filter_map(|s| s.key(&observation))
+        .collect();
+    movement.after_call(&outputs, staged)?;
     Ok(())
 }
 

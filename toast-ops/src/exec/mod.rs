@@ -6,14 +6,15 @@
 //!   resolved timer name, with host addresses for host-addressable backends
 //!   and the device handles of staged fields otherwise.
 //! * [`pipeline`]: TOAST's `Pipeline` (detector sets, a pipeline-level
-//!   backend) with data staging: data moves to a non-host-addressable
-//!   device once per staging scope, following toast-core's staging plan.
-//! * [`bus`]: bytes copied between host and device, summed over the loaded
-//!   backends, for the per-phase transfer accounting of a run.
+//!   backend), each step staged by the movement owner.
+//! * [`movement`]: the one owner of data movement: device scopes, the
+//!   staging of each step (toast-core's plan applied to the device copies'
+//!   state machine), the kernel calls' view of the copies, and the ledger of
+//!   what moved ([`movement::bus`]: bytes per phase of a run).
 //! * [`global_data`]: which `Data`-level objects (maps, distributions,
 //!   amplitudes) have a device form, and how they are staged.
 
-pub mod bus;
 pub mod global_data;
 pub mod kernels;
+pub mod movement;
 pub mod pipeline;

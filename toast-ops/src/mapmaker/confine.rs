@@ -21,7 +21,6 @@
 
 use super::products::Keys;
 use super::MapMaker;
-use crate::exec::pipeline::StagingState;
 use crate::ops::mapmaker_utils::ensure_map;
 use crate::pixels::covariance::nnz_of_block;
 use crate::pixels::support::support_key;
@@ -41,10 +40,7 @@ impl MapMaker {
         ctx: &ExecContext,
         compact: bool,
     ) -> Result<bool, OpError> {
-        if ctx.use_accel
-            || ctx.extensions.get::<StagingState>().is_some()
-            || comm_of(ctx).size() > 1
-        {
+        if ctx.use_accel || crate::exec::movement::scope_open(ctx) || comm_of(ctx).size() > 1 {
             return Ok(false);
         }
         let binner = &self.setup.binner;

@@ -72,7 +72,7 @@
 //! # Data movement
 //!
 //! With a backend that is not host-addressable, the map-maker opens one
-//! staging scope for the whole run (see [`crate::exec::pipeline`]): the
+//! device scope for the whole run (see [`crate::exec::movement`]): the
 //! timestream, flags and boresight are uploaded once, and per CG iteration
 //! only the dot products' partial sums cross the bus (see `vectors`).
 //! Pointing never crosses it. With `full_pointing` the device expands its
@@ -190,9 +190,9 @@ pub use products::MapMakerResult;
 pub use solve::DOT_TIMER;
 
 use crate::exec::global_data::HostArray;
+use crate::exec::movement::{self, close_scope, mark_host_copies, open_scope};
 use crate::exec::pipeline::{
-    close_scope, mark_host_copies, mirror_on_host, open_scope, pipeline_backend, run_operators,
-    DetectorSets, RunOptions, StagingState,
+    mirror_on_host, pipeline_backend, run_operators, DetectorSets, RunOptions,
 };
 use crate::ops::{
     BinnerConfig, CompactPixels, PixelsHealpix, PointingDetector, PointingOps, StokesWeights,
@@ -380,7 +380,7 @@ impl MapMaker {
             .and_then(|d| pipeline_backend(d, None));
         let scope = open_scope(ctx, backend.as_ref());
         // The one decision of how this run holds the pointing.
-        let staged = ctx.extensions.get::<StagingState>().is_some();
+        let staged = movement::scope_open(ctx);
         let fused_kernels = match ctx.extensions.get::<Dispatcher>() {
             Some(d) => PlanFacts::fused_kernels_run_with_unfused(
                 d.registry(),
@@ -513,7 +513,7 @@ impl MapMaker {
         let shared_cov = self.share_solver_covariance(data, keys)?;
 
         // The solver's work timestream and products are not read again:
-        // free them before the final products (host runs; a staging scope
+        // free them before the final products (host runs; a device scope
         // keeps its buffers until it closes, so there `cleanup` does it).
         if host_run {
             self.free_solver(data, keys)?;
@@ -574,7 +574,7 @@ impl MapMaker {
             detector_sets: self.batched_sets(data, drop_quats),
             ..RunOptions::default()
         };
-        let staged = ctx.extensions.get::<StagingState>().is_some();
+        let staged = movement::scope_open(ctx);
         let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
         let reuse = self.reuse_pointing
             && have(self.solve_pointing.pixels_field())
@@ -743,15 +743,12 @@ impl MapMaker {
 }
 
 /// The detdata fields among `items` whose newest copy is on the device in
-/// the open staging scope.
+/// the open device scope.
 fn device_newer(ctx: &ExecContext, items: &Requirements) -> Vec<String> {
-    let Some(state) = ctx.extensions.get::<StagingState>() else {
-        return Vec::new();
-    };
     items
         .items()
         .into_iter()
-        .filter(|it| state.stager().residence(it) == Some(Residence::DeviceNewer))
+        .filter(|it| movement::residence(ctx, it) == Some(Residence::DeviceNewer))
         .map(|it| it.name)
         .collect()
 }

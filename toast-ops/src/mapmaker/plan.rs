@@ -11,8 +11,8 @@
 //! | [`ExecutionPlan::HostKept`] | expanded once by the kernels, kept (i64 pixel, 3 f64 weights) | fused on the kept fields | 32 |
 //! | [`ExecutionPlan::HostCompact`] | the pixel kept as i32; weights rebuilt from the boresight | fused, weights rebuilt block by block in cache | 4 |
 //! | [`ExecutionPlan::HostBatched`] | recomputed by the kernels in every pass, `batch` detectors at a time (TOAST's way) | unfused, per batch | about 0 kept, 64 per batch sample |
-//! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | the kernels on device fields, one staging scope | 32 on the device |
-//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass | the kernels on device fields, one staging scope | 64 on the device |
+//! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | the kernels on device fields, one device scope | 32 on the device |
+//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass | the kernels on device fields, one device scope | 64 on the device |
 //!
 //! The inputs are what the configuration asks for (`binner.full_pointing`,
 //! `binner.compact_pointing`, `binner.pointing_batch`), what the backend is
@@ -77,7 +77,7 @@ pub enum ExecutionPlan {
         /// with `binner.full_pointing`); else the host expands its own.
         host_copy_kept: bool,
     },
-    /// On a device: one staging scope, the pointing recomputed there in
+    /// On a device: one device scope, the pointing recomputed there in
     /// every pass (the host passes copy its pixels and weights back).
     DeviceRecomputed,
 }
@@ -177,7 +177,7 @@ impl Plan {
         let mut why = Vec::new();
         if let Some((name, false)) = &facts.backend {
             why.push(format!(
-                "backend {name} is a device (not host-addressable): one staging scope for the run"
+                "backend {name} is a device (not host-addressable): one device scope for the run"
             ));
             let plan = if binner.full_pointing {
                 why.push(
@@ -286,7 +286,7 @@ impl Plan {
         }
     }
 
-    /// The run is on the host (no staging scope).
+    /// The run is on the host (no device scope).
     pub fn host(&self) -> bool {
         !matches!(
             self.plan,

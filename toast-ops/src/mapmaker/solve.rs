@@ -8,12 +8,11 @@ use super::binning::CovKeys;
 use super::products::{Keys, MapMakerResult};
 use super::vectors::{VectorOp, VectorStep};
 use super::{timed, MapMaker};
-use crate::exec::bus::{BusBytes, CgTransfers};
 use crate::exec::global_data::HostArray;
 use crate::exec::kernels::{amp_dot_blocks, view_intervals};
-use crate::exec::pipeline::{
-    detector_passes, run_operators, with_host_step, DetectorSets, OpRef, RunOptions,
-};
+use crate::exec::movement::bus::{BusBytes, CgTransfers};
+use crate::exec::movement::with_host_step;
+use crate::exec::pipeline::{detector_passes, run_operators, DetectorSets, OpRef, RunOptions};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::{
     select_detectors, CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, ResetData,

@@ -2,7 +2,7 @@
 //! dot product into per-block partial sums (`amp_dot`) and the update
 //! `y ← αx + βy` (`amp_axpby`).
 //!
-//! In the map-maker's staging scope on a device backend both run as
+//! In the map-maker's device scope on a device backend both run as
 //! kernels on the staged global items, so the solver's vectors (`x`, `r`,
 //! `d`, `s`, `q`, `b`) stay on the device for the whole solve and only the
 //! partial sums (at most [`crate::exec::kernels::amp_dot_blocks`] `f64`s

@@ -4,7 +4,8 @@
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
 use crate::exec::kernels;
-use crate::exec::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
+use crate::exec::movement::with_host_step;
+use crate::exec::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::{apply_covariance, nnz_of_block};
 use crate::pixels::{get_distribution, sync_maps, PixelData, PixelDistribution, SYNC_TIMER};
 use serde::{Deserialize, Serialize};
@@ -136,7 +137,7 @@ pub(crate) struct BinPass<'a> {
     /// Keep the noise-weighted map under this key.
     pub noiseweighted: Option<&'a str>,
     /// Apply the covariance where the map is: on the device when the pass
-    /// runs in a device staging scope (the covariance is uploaded once and
+    /// runs in a device device scope (the covariance is uploaded once and
     /// stays there, the map does not come back), for a map that the device
     /// uses next (the solver's). `false`: on the host, which needs no
     /// covariance on the device, for a map that goes to the host anyway
@@ -355,7 +356,7 @@ impl Operator for ApplyCovariance {
 
 /// Bin a timestream into a map with an existing inverted covariance
 /// (TOAST's `BinMap`). Composite: it runs its own pipeline (joining an open
-/// staging scope), so it reports `supports_accel() == false`.
+/// device scope), so it reports `supports_accel() == false`.
 #[derive(Debug, Clone)]
 pub struct BinMap {
     name: String,

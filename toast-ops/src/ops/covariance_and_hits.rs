@@ -5,7 +5,8 @@ use super::mapmaker_utils::{
     BuildHitMap, BuildInverseCovariance, BuildPixelDistribution, FlagSelection,
 };
 use super::util::PointingOps;
-use crate::exec::pipeline::{run_operators, with_host_step, DetectorSets, OpRef, RunOptions};
+use crate::exec::movement::with_host_step;
+use crate::exec::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::invert_covariance;
 use crate::pixels::sync_maps;
 use serde::Deserialize;

@@ -5,8 +5,7 @@ use super::{ExpandCompactPointing, PixelsHealpix, PointingDetector, StokesWeight
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use crate::pixels::PixelData;
 use toast_core::{
-    BufferKey, Category, DType, Data, DeviceBuffers, ExecContext, Observation, OpError, Operator,
-    Requirements,
+    BufferKey, Category, DType, Data, ExecContext, Observation, OpError, Operator, Requirements,
 };
 
 /// The detectors of `ob` to process: the context's selection (or every
@@ -325,15 +324,7 @@ impl Operator for ResetData {
             keys.push(BufferKey::global(g.clone()));
         }
         for key in keys {
-            let on_device = use_accel
-                && ctx
-                    .extensions
-                    .get::<DeviceBuffers>()
-                    .is_some_and(|b| b.is_present(&key));
-            if on_device {
-                if let Some(b) = ctx.extensions.get_mut::<DeviceBuffers>() {
-                    b.reset(&key)?;
-                }
+            if use_accel && crate::exec::movement::reset_on_device(ctx, &key)? {
                 continue;
             }
             match key.category {

@@ -38,7 +38,7 @@
 //!
 //! # Data movement
 //!
-//! `ScanHealpixMap` is one staging scope on a device backend: the device
+//! `ScanHealpixMap` is one device scope on a device backend: the device
 //! expands whole pointing fields once and the scan reads them there; the
 //! host builds the pixel distribution from pixels it expands itself from
 //! the boresight ([`crate::exec::pipeline::mirror_on_host`]), so no

@@ -1,8 +1,7 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
-use crate::exec::pipeline::{
-    close_scope, mirror_on_host, open_scope, pipeline_backend, run_operators, OpRef, RunOptions,
-};
+use crate::exec::movement::{close_scope, open_scope};
+use crate::exec::pipeline::{mirror_on_host, pipeline_backend, run_operators, OpRef, RunOptions};
 use crate::io::fits::{
     read_healpix_map, units, HealpixHeader, HealpixMap, MapField, Ordering, UNSEEN,
 };
@@ -408,7 +407,7 @@ impl Operator for ScanHealpixMap {
             .detdata(&self.config.det_data)
             .global(&self.config.pixel_dist)
     }
-    /// One staging scope for the whole operator (see [`crate::sim`]'s
+    /// One device scope for the whole operator (see [`crate::sim`]'s
     /// "Data movement"): on a device the pointing is expanded there once
     /// and read there by the scan, and only the timestream comes back.
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {

@@ -23,7 +23,7 @@ use super::config::SatelliteConfig;
 use super::presets::{self, gib, Sizing};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
-use crate::exec::bus::{BusBytes, CgTransfers};
+use crate::exec::movement::bus::{BusBytes, CgTransfers};
 use crate::exec::pipeline::{pipeline_backend_in, DetectorSets, RunOptions};
 use crate::io::fits;
 use crate::mapmaker::{Plan, PlanFacts};

@@ -1,0 +1,697 @@
+//! Data movement: the one owner of what crosses the bus, when, and the
+//! record of it.
+//!
+//! Everything a run moves between host and device is decided and counted
+//! here, by one [`ExecContext`] extension, [`DataMovement`]. It holds
+//!
+//! * the open **device scope**, if any: the [`DeviceBuffers`] of the
+//!   pipeline backend (the coherence state machine of every device copy,
+//!   toast-core) and the [`Stager`] (the staging plan: where the newest copy
+//!   of each item lives, simulated from the operators' requirements,
+//!   toast-core);
+//! * the **ledger** of the run ([`TransferLedger`]): the per-buffer report
+//!   of every closed scope, and the unstaged copies kernel calls made.
+//!
+//! The parts below are mechanisms without policy: toast-core's planner and
+//! state machine, toast-accel's per-call temporary copies
+//! ([`toast_accel::host::ArrayArg`], for callers with no scope: `verify`,
+//! tests) and its per-backend byte counters ([`bus::BusBytes`], read for
+//! the phases of a run). Only this module changes a buffer's state; the
+//! pipeline ([`super::pipeline`]) asks it to stage each step, the kernel
+//! layer ([`super::kernels`]) asks it where each array argument lives and
+//! tells it what a call wrote, and operators that need to know whether a
+//! scope is open ask [`scope_open`] / [`residence`].
+//!
+//! # Staging scopes
+//!
+//! Whether data moves at all depends on the **pipeline backend**
+//! ([`super::pipeline::pipeline_backend`]). A host-addressable backend (the
+//! CPU plugin) reads host memory directly, so nothing is staged. For any
+//! other backend [`open_scope`] opens a *device scope*, and [`close_scope`]
+//! closes it: the outputs that are newest on the device are copied back and
+//! every device buffer is freed. A pipeline run inside an open scope (a
+//! nested pipeline, or a step of the map-maker, which opens one scope for
+//! its whole solve) joins it instead of opening its own, so data stays on
+//! the device across pipelines.
+//!
+//! Around each step the plan of [`Stager::stage`] is applied to the real
+//! buffers ([`stage_step`], [`finish_step`]): create and upload what an
+//! accelerated operator requires and is not yet (validly) on the device,
+//! create and zero its new outputs, copy back what a host operator reads or
+//! writes, then mark what the step wrote. Observation fields become one
+//! buffer per observation; global items (maps, the pixel distribution's
+//! `global2local`, template amplitudes) one buffer each (see
+//! [`super::global_data`]); metadata and interval lists have no device form
+//! (intervals are host arguments of every kernel) and are skipped. The
+//! actual state of each buffer is checked before acting, so it stays
+//! correct when a kernel override sent a call to another backend.
+//!
+//! A first upload of an all-zero host block (a fresh timestream, unset
+//! flags) is a device memset instead of a copy; the buffer is then in sync.
+//!
+//! # Kernel calls
+//!
+//! A kernel call on the scope's backend reads the staged copies
+//! ([`DataMovement::device_array`]); one elsewhere (the CPU, or a backend a
+//! kernel override chose) first gets the newest copy of each argument on
+//! its side ([`DataMovement::sync_for_call`]); outputs are then marked
+//! newest where the kernel wrote them ([`DataMovement::after_call`]). Copies
+//! made because data was not staged are counted per buffer in the ledger's
+//! [`UnstagedTransfers`] and logged at debug level: a well-staged pipeline
+//! makes none.
+//!
+//! # Pointing on both sides
+//!
+//! Pointing is cheap to recompute and expensive to move. A host step that
+//! needs the pointing a device scope expanded gets its own copy
+//! ([`super::pipeline::mirror_on_host`], which sets the scope aside with
+//! [`set_scope_aside`] while the host runs the pointing operators), and
+//! [`mark_host_copies`] then declares the host and device copies equal, so
+//! neither a host step nor the end of the scope copies them back.
+
+pub mod bus;
+
+use crate::exec::global_data::{global_bytes, global_bytes_mut};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use toast_accel::abi::Kernel;
+use toast_accel::host::Backend;
+use toast_core::staging::{Residence, StepSpec, StepStaging};
+use toast_core::{
+    BufferKey, BufferState, Category, Data, DeviceBuffers, DeviceView, ExecContext, Item, OpError,
+    Requirements, Stager, TransferReport,
+};
+
+/// The owner of data movement (an [`ExecContext`] extension, created on
+/// first use): the open device scope and the run's transfer ledger.
+#[derive(Debug, Default)]
+pub struct DataMovement {
+    scope: Option<DeviceScope>,
+    ledger: TransferLedger,
+}
+
+/// An open device scope: the device copies and the staging planner's state.
+#[derive(Debug)]
+pub struct DeviceScope {
+    buffers: DeviceBuffers,
+    stager: Stager,
+    steps: usize,
+}
+
+impl DeviceScope {
+    /// The planner.
+    pub fn stager(&self) -> &Stager {
+        &self.stager
+    }
+    /// Steps staged so far.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+    /// The device copies.
+    pub fn buffers(&self) -> &DeviceBuffers {
+        &self.buffers
+    }
+}
+
+/// Transfers of one buffer name made because the data was not staged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnstagedCounts {
+    /// Host→device copies.
+    pub uploads: u64,
+    /// Host→device bytes.
+    pub upload_bytes: u64,
+    /// Device→host copies.
+    pub downloads: u64,
+    /// Device→host bytes.
+    pub download_bytes: u64,
+}
+
+/// Unstaged transfers per buffer name (`detdata.signal`, `global.zmap`, ...).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnstagedTransfers {
+    /// Per buffer name.
+    pub per_buffer: BTreeMap<String, UnstagedCounts>,
+}
+
+impl UnstagedTransfers {
+    /// Total number of copies in both directions.
+    pub fn total_calls(&self) -> u64 {
+        self.per_buffer
+            .values()
+            .map(|c| c.uploads + c.downloads)
+            .sum()
+    }
+}
+
+/// What moved in a run, per buffer: the report of every closed device scope
+/// and the unstaged copies of kernel calls.
+#[derive(Debug, Clone, Default)]
+pub struct TransferLedger {
+    /// One report per closed scope, in order.
+    pub scopes: Vec<TransferReport>,
+    /// Copies kernel calls made of data that was not staged.
+    pub unstaged: UnstagedTransfers,
+}
+
+impl TransferLedger {
+    /// Host→device and device→host staged copies of buffer name `name`
+    /// (`detdata.signal`, `global.map`, ...) summed over the closed scopes.
+    pub fn copies(&self, name: &str) -> (u64, u64) {
+        self.scopes
+            .iter()
+            .filter_map(|r| r.per_buffer.get(name))
+            .fold((0, 0), |(h, d), c| (h + c.h2d_calls, d + c.d2h_calls))
+    }
+
+    /// Staged totals over all buffers and closed scopes: (h2d calls, d2h
+    /// calls, allocs, frees).
+    pub fn totals(&self) -> (u64, u64, u64, u64) {
+        self.scopes
+            .iter()
+            .map(|r| r.totals())
+            .fold((0, 0, 0, 0), |a, t| {
+                (
+                    a.0 + t.h2d_calls,
+                    a.1 + t.d2h_calls,
+                    a.2 + t.allocs,
+                    a.3 + t.frees,
+                )
+            })
+    }
+
+    fn count_unstaged(&mut self, name: &str, up: bool, bytes: u64, kernel: Kernel) {
+        tracing::debug!(
+            "kernel {kernel}: unstaged {} of {name} ({bytes} bytes)",
+            if up { "upload" } else { "download" }
+        );
+        let c = self
+            .unstaged
+            .per_buffer
+            .entry(name.to_string())
+            .or_default();
+        if up {
+            c.uploads += 1;
+            c.upload_bytes += bytes;
+        } else {
+            c.downloads += 1;
+            c.download_bytes += bytes;
+        }
+    }
+}
+
+/// Which way a kernel argument must be copied before a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallSync {
+    /// The copy the call reads is current.
+    None,
+    /// The call runs on the scope's device, whose copy is stale: upload.
+    Upload,
+    /// The call runs elsewhere and the device copy is newer: download.
+    Download,
+}
+
+/// The movement owner of `ctx`, if anything was ever staged or counted.
+pub fn of(ctx: &ExecContext) -> Option<&DataMovement> {
+    ctx.extensions.get::<DataMovement>()
+}
+
+/// The movement owner of `ctx`, created if missing.
+fn of_mut(ctx: &mut ExecContext) -> &mut DataMovement {
+    if ctx.extensions.get::<DataMovement>().is_none() {
+        ctx.insert(DataMovement::default());
+    }
+    ctx.extensions
+        .get_mut::<DataMovement>()
+        .expect("inserted just above")
+}
+
+/// The run's ledger, if anything was staged or counted.
+pub fn ledger(ctx: &ExecContext) -> Option<&TransferLedger> {
+    of(ctx).map(|m| &m.ledger)
+}
+
+/// Whether a device scope is open.
+pub fn scope_open(ctx: &ExecContext) -> bool {
+    of(ctx).is_some_and(|m| m.scope.is_some())
+}
+
+/// Where the newest copy of `item` lives in the open scope's plan (`None`:
+/// no scope, or the item was never staged).
+pub fn residence(ctx: &ExecContext, item: &Item) -> Option<Residence> {
+    of(ctx)
+        .and_then(|m| m.scope.as_ref())
+        .and_then(|s| s.stager.residence(item))
+}
+
+/// The result of [`open_scope`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope {
+    /// Whether this call opened the scope (and must close it).
+    pub owner: bool,
+    /// Whether steps run on staged device data.
+    pub accel: bool,
+}
+
+fn same_device(buffers: &DeviceBuffers, backend: &Arc<Backend>) -> bool {
+    Arc::as_ptr(buffers.device()) as *const u8 == Arc::as_ptr(backend) as *const u8
+}
+
+/// Open (or join) a device scope on `backend`. A host-addressable backend,
+/// or none, needs no scope.
+pub fn open_scope(ctx: &mut ExecContext, backend: Option<&Arc<Backend>>) -> Scope {
+    let Some(backend) = backend.filter(|b| !b.host_addressable()) else {
+        return Scope {
+            owner: false,
+            accel: false,
+        };
+    };
+    let m = of_mut(ctx);
+    if let Some(s) = &m.scope {
+        return Scope {
+            owner: false,
+            accel: same_device(&s.buffers, backend),
+        };
+    }
+    let device: Arc<dyn toast_core::DeviceMemory> = Arc::clone(backend) as _;
+    m.scope = Some(DeviceScope {
+        buffers: DeviceBuffers::new(device),
+        stager: Stager::new(),
+        steps: 0,
+    });
+    tracing::debug!("opened a device scope on backend {}", backend.name());
+    Scope {
+        owner: true,
+        accel: true,
+    }
+}
+
+/// Close a scope this caller opened: copy back the `outputs` that are newest
+/// on the device, free every device buffer, and add the scope's report to
+/// the ledger (returned as well).
+pub fn close_scope(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    scope: Scope,
+    outputs: &Requirements,
+) -> Result<Option<TransferReport>, OpError> {
+    if !scope.owner {
+        return Ok(None);
+    }
+    let m = of_mut(ctx);
+    let Some(mut s) = m.scope.take() else {
+        return Ok(None);
+    };
+    let fin = s.stager.finish(outputs);
+    let mut first_err: Option<OpError> = None;
+    for it in &fin.update_host {
+        if let Err(e) = download(data, &mut s.buffers, it) {
+            first_err.get_or_insert(e);
+        }
+    }
+    // Everything, including scratch buffers the planner does not know.
+    if let Err(e) = s.buffers.delete_all() {
+        first_err.get_or_insert(e.into());
+    }
+    tracing::debug!("closed a device scope:\n{}", s.buffers.report());
+    let report = s.buffers.report().clone();
+    m.ledger.scopes.push(report.clone());
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(Some(report)),
+    }
+}
+
+/// Take the open scope out of `ctx` (so that what runs next stages
+/// nothing); give it back with [`restore_scope`].
+pub fn set_scope_aside(ctx: &mut ExecContext) -> Option<DeviceScope> {
+    ctx.extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.take())
+}
+
+/// Put back a scope [`set_scope_aside`] took.
+pub fn restore_scope(ctx: &mut ExecContext, scope: Option<DeviceScope>) {
+    if let Some(s) = scope {
+        of_mut(ctx).scope = Some(s);
+    }
+}
+
+/// The buffer keys of an item: one per observation holding the field, or the
+/// global key when the global item has a device form; none for metadata and
+/// interval lists.
+fn keys(data: &Data, it: &Item) -> Vec<BufferKey> {
+    match it.category {
+        Category::DetData | Category::Shared => data
+            .obs
+            .iter()
+            .filter(|ob| ob.has(it.category, &it.name))
+            .map(|ob| BufferKey::new(ob.name(), it.category, it.name.clone()))
+            .collect(),
+        Category::Global if global_bytes(&data.meta, &it.name).is_some() => {
+            vec![BufferKey::global(it.name.clone())]
+        }
+        _ => Vec::new(),
+    }
+}
+
+fn host_bytes<'a>(data: &'a Data, key: &BufferKey) -> Result<&'a [u8], OpError> {
+    match key.category {
+        Category::Global => global_bytes(&data.meta, &key.field).ok_or_else(|| OpError::Global {
+            key: key.field.clone(),
+            problem: "has no device form".into(),
+        }),
+        c => Ok(data.get(&key.observation)?.field_bytes(c, &key.field)?),
+    }
+}
+
+fn host_bytes_mut<'a>(data: &'a mut Data, key: &BufferKey) -> Result<&'a mut [u8], OpError> {
+    match key.category {
+        Category::Global => {
+            global_bytes_mut(&mut data.meta, &key.field).ok_or_else(|| OpError::Global {
+                key: key.field.clone(),
+                problem: "cannot be copied back from a device".into(),
+            })
+        }
+        c => Ok(data
+            .get_mut(&key.observation)?
+            .field_bytes_mut(c, &key.field)?),
+    }
+}
+
+fn download(data: &mut Data, bufs: &mut DeviceBuffers, it: &Item) -> Result<(), OpError> {
+    for key in keys(data, it) {
+        if bufs.state(&key) == BufferState::DeviceNewer {
+            let dst = host_bytes_mut(data, &key)?;
+            bufs.update_host(&key, dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether every byte of `b` is zero (a block at a time, so the test
+/// vectorises; it stops at the first block that is not).
+fn all_zero(b: &[u8]) -> bool {
+    b.chunks(4096)
+        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
+}
+
+/// Apply the "before" part of a step's plan to the real buffers.
+fn apply_before(
+    data: &mut Data,
+    bufs: &mut DeviceBuffers,
+    plan: &StepStaging,
+) -> Result<(), OpError> {
+    for it in &plan.create {
+        for key in keys(data, it) {
+            if !bufs.is_present(&key) {
+                let n = host_bytes(data, &key)?.len() as u64;
+                bufs.create(&key, n)?;
+            }
+        }
+    }
+    for it in &plan.update_device {
+        for key in keys(data, it) {
+            match bufs.state(&key) {
+                // A first upload of zeros (a fresh field: the timestream
+                // before the scan, unset flags) is a device memset.
+                BufferState::Allocated if all_zero(host_bytes(data, &key)?) => {
+                    bufs.reset(&key)?;
+                    bufs.mark_in_sync(&key)?;
+                }
+                BufferState::Allocated | BufferState::HostNewer => {
+                    let src = host_bytes(data, &key)?;
+                    bufs.update_device(&key, src)?;
+                }
+                _ => {}
+            }
+        }
+    }
+    for it in &plan.reset {
+        for key in keys(data, it) {
+            if bufs.state(&key) == BufferState::Allocated {
+                bufs.reset(&key)?;
+            }
+        }
+    }
+    for it in &plan.update_host {
+        download(data, bufs, it)?;
+    }
+    Ok(())
+}
+
+/// Apply the "after" part of a step's plan.
+fn apply_after(data: &Data, bufs: &mut DeviceBuffers, plan: &StepStaging) -> Result<(), OpError> {
+    for it in &plan.mark_device_modified {
+        for key in keys(data, it) {
+            // HostNewer: the kernel ran elsewhere and wrote the host copy.
+            if bufs.is_present(&key) && bufs.state(&key) != BufferState::HostNewer {
+                bufs.mark_device_modified(&key)?;
+            }
+        }
+    }
+    for it in &plan.mark_host_modified {
+        for key in keys(data, it) {
+            if bufs.is_present(&key) {
+                bufs.mark_host_modified(&key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Stage one step in the open scope (if any): returns its plan, for
+/// [`finish_step`].
+pub fn stage_step(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    spec: &StepSpec,
+) -> Result<Option<StepStaging>, OpError> {
+    let Some(s) = ctx
+        .extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.as_mut())
+    else {
+        return Ok(None);
+    };
+    let plan = s.stager.stage(s.steps, spec);
+    s.steps += 1;
+    apply_before(data, &mut s.buffers, &plan)?;
+    Ok(Some(plan))
+}
+
+/// Mark what a step staged by [`stage_step`] wrote.
+pub fn finish_step(
+    data: &Data,
+    ctx: &mut ExecContext,
+    plan: Option<&StepStaging>,
+) -> Result<(), OpError> {
+    let scope = ctx
+        .extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.as_mut());
+    if let (Some(plan), Some(s)) = (plan, scope) {
+        apply_after(data, &mut s.buffers, plan)?;
+    }
+    Ok(())
+}
+
+/// Run host code `f` inside the open device scope (if any) as a host step
+/// named `name` that reads `requires` and writes `provides`: device-newer
+/// copies of those items come back first, and afterwards the device copies
+/// of what it wrote are marked stale.
+pub fn with_host_step<R>(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    name: &str,
+    requires: Requirements,
+    provides: Requirements,
+    f: impl FnOnce(&mut Data, &mut ExecContext) -> Result<R, OpError>,
+) -> Result<R, OpError> {
+    let spec = StepSpec::new(name, requires, provides, false);
+    let plan = stage_step(data, ctx, &spec)?;
+    let r = f(data, ctx)?;
+    finish_step(data, ctx, plan.as_ref())?;
+    Ok(r)
+}
+
+/// Declare, inside the open device scope (if any), that the host holds its
+/// own copies of `items`, equal to the device's: items the device wrote
+/// become in sync (toast-core's [`Stager::mark_in_sync`] and
+/// `DeviceBuffers::mark_in_sync`), so no host step and no end of scope
+/// copies them back. For values computed on both sides from the same
+/// inputs by the same operators (pointing); only items the host actually
+/// holds are marked.
+pub fn mark_host_copies(
+    data: &Data,
+    ctx: &mut ExecContext,
+    items: &Requirements,
+) -> Result<(), OpError> {
+    let Some(s) = ctx
+        .extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.as_mut())
+    else {
+        return Ok(());
+    };
+    let held: Vec<(Item, Vec<BufferKey>)> = items
+        .items()
+        .into_iter()
+        .map(|it| {
+            let k = keys(data, &it);
+            (it, k)
+        })
+        .filter(|(_, k)| !k.is_empty())
+        .collect();
+    for (it, ks) in &held {
+        if !s.stager.mark_in_sync(it) {
+            continue;
+        }
+        for key in ks {
+            if s.buffers.state(key) == BufferState::DeviceNewer {
+                s.buffers.mark_in_sync(key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Zero the device copy of `key` in place if the open scope holds one
+/// (an accelerated operator resetting its outputs); returns whether it did.
+pub fn reset_on_device(ctx: &mut ExecContext, key: &BufferKey) -> Result<bool, OpError> {
+    let Some(s) = ctx
+        .extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.as_mut())
+    else {
+        return Ok(false);
+    };
+    if !s.buffers.is_present(key) {
+        return Ok(false);
+    }
+    s.buffers.reset(key)?;
+    Ok(true)
+}
+
+impl DataMovement {
+    /// The open scope, if any.
+    pub fn scope(&self) -> Option<&DeviceScope> {
+        self.scope.as_ref()
+    }
+
+    /// The run's ledger.
+    pub fn ledger(&self) -> &TransferLedger {
+        &self.ledger
+    }
+
+    /// The movement owner of `ctx` for a kernel call (created if missing).
+    pub(crate) fn for_call(ctx: &mut ExecContext) -> &mut DataMovement {
+        of_mut(ctx)
+    }
+
+    /// Whether a call on `backend` reads the open scope's device copies.
+    pub(crate) fn staged_on(&self, backend: &Arc<Backend>) -> bool {
+        !backend.host_addressable()
+            && self
+                .scope
+                .as_ref()
+                .is_some_and(|s| same_device(&s.buffers, backend))
+    }
+
+    /// What must be copied of argument `key` before a call that reads the
+    /// scope's copies (`staged`) or host memory (`!staged`).
+    pub(crate) fn sync_for_call(&self, key: &BufferKey, staged: bool) -> CallSync {
+        let Some(s) = &self.scope else {
+            return CallSync::None;
+        };
+        match s.buffers.state(key) {
+            st if !st.is_present() => CallSync::None,
+            BufferState::Allocated | BufferState::HostNewer if staged => CallSync::Upload,
+            BufferState::DeviceNewer if !staged => CallSync::Download,
+            _ => CallSync::None,
+        }
+    }
+
+    /// Upload argument `key` from `host` before a call of `kernel` on the
+    /// scope's copies ([`CallSync::Upload`]); counted as unstaged.
+    pub(crate) fn upload_for_call(
+        &mut self,
+        kernel: Kernel,
+        key: &BufferKey,
+        host: &[u8],
+    ) -> Result<(), OpError> {
+        if let Some(s) = self.scope.as_mut() {
+            s.buffers.update_device(key, host)?;
+            let n = host.len() as u64;
+            self.ledger
+                .count_unstaged(&key.stat_name(), true, n, kernel);
+        }
+        Ok(())
+    }
+
+    /// Download argument `key` into `host` before a call of `kernel` that
+    /// reads host memory ([`CallSync::Download`]); counted as unstaged.
+    pub(crate) fn download_for_call(
+        &mut self,
+        kernel: Kernel,
+        key: &BufferKey,
+        host: &mut [u8],
+    ) -> Result<(), OpError> {
+        if let Some(s) = self.scope.as_mut() {
+            s.buffers.update_host(key, host)?;
+            let n = host.len() as u64;
+            self.ledger
+                .count_unstaged(&key.stat_name(), false, n, kernel);
+        }
+        Ok(())
+    }
+
+    /// The device copy a call on the scope's backend reads for `key`
+    /// (`bytes` long): `None` when the scope holds none. Operator scratch
+    /// (`scratch`) is created and zeroed on first use and never copied.
+    pub(crate) fn device_array(
+        &mut self,
+        key: &BufferKey,
+        bytes: u64,
+        scratch: bool,
+    ) -> Result<Option<DeviceView>, OpError> {
+        let Some(s) = self.scope.as_mut() else {
+            return Ok(None);
+        };
+        if scratch && !s.buffers.is_present(key) {
+            s.buffers.create(key, bytes)?;
+            s.buffers.reset(key)?;
+        }
+        if !s.buffers.is_present(key) {
+            return Ok(None);
+        }
+        Ok(Some(s.buffers.handle(key)?))
+    }
+
+    /// Count a per-call temporary copy of buffer `name` (not staged).
+    pub(crate) fn count_unstaged(&mut self, name: &str, up: bool, bytes: u64, kernel: Kernel) {
+        self.ledger.count_unstaged(name, up, bytes, kernel);
+    }
+
+    /// After a call wrote `outputs`: newest on the device when it ran on
+    /// the scope's copies (`staged`), else on the host.
+    pub(crate) fn after_call<'k>(
+        &mut self,
+        outputs: impl IntoIterator<Item = &'k BufferKey>,
+        staged: bool,
+    ) -> Result<(), OpError> {
+        let Some(s) = self.scope.as_mut() else {
+            return Ok(());
+        };
+        for key in outputs {
+            if !s.buffers.is_present(key) {
+                continue;
+            }
+            if staged {
+                s.buffers.mark_device_modified(key)?;
+            } else {
+                s.buffers.mark_host_modified(key)?;
+            }
+        }
+        Ok(())
+    }
+}
