@@ -9,7 +9,7 @@ use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::nvrtc::Nvrtc;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
-use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};
+use toast_gpu::{ordinal_of, AllocError, DeviceChoice, Driver, Grid, Param, ParamSlots};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)
@@ -71,7 +71,7 @@ unsafe impl Send for CudaDriver {}
 unsafe impl Sync for CudaDriver {}
 
 impl CudaDriver {
-    fn open_device(ordinal: i32, nvrtc: Nvrtc) -> Result<CudaDriver, PluginError> {
+    fn open_device(choice: DeviceChoice<i32>, nvrtc: Nvrtc) -> Result<CudaDriver, PluginError> {
         cu::init().map_err(|e| {
             if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
                 unavailable("no NVIDIA GPU: cuInit returned CUDA_ERROR_NO_DEVICE")
@@ -86,6 +86,7 @@ impl CudaDriver {
         if count == 0 {
             return Err(unavailable("no NVIDIA GPU: cuDeviceGetCount returned 0"));
         }
+        let ordinal = ordinal_of(&choice, count);
         if ordinal < 0 || ordinal >= count {
             return Err(PluginError::invalid(format!(
                 "cuda: device {ordinal} does not exist ({count} device(s))"
@@ -140,9 +141,9 @@ impl Driver for CudaDriver {
         toast_gpu::parse_ordinal(text, what)
     }
 
-    fn open(ordinal: i32) -> Result<Self, PluginError> {
+    fn open(choice: DeviceChoice<i32>) -> Result<Self, PluginError> {
         let nvrtc = probe()?;
-        CudaDriver::open_device(ordinal, nvrtc)
+        CudaDriver::open_device(choice, nvrtc)
     }
 
     fn summary(&self) -> String {

@@ -8,7 +8,7 @@ use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::hiprtc::Hiprtc;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
-use toast_gpu::{AllocError, Driver, Grid, Param, ParamSlots};
+use toast_gpu::{ordinal_of, AllocError, DeviceChoice, Driver, Grid, Param, ParamSlots};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)
@@ -65,7 +65,7 @@ impl Gpu {
         }
     }
 
-    fn open(ordinal: i32) -> Result<Gpu, PluginError> {
+    fn open(choice: DeviceChoice<i32>) -> Result<Gpu, PluginError> {
         let hip = Hip::load().map_err(unavailable)?;
         // SAFETY: plain runtime calls with valid out pointers.
         let r = unsafe { (hip.init)(0) };
@@ -98,6 +98,7 @@ impl Gpu {
                 hip.error_string(r)
             )));
         }
+        let ordinal = ordinal_of(&choice, count);
         if ordinal < 0 || ordinal >= count {
             return Err(PluginError::invalid(format!(
                 "hip: device {ordinal} does not exist ({count} device(s))"
@@ -192,8 +193,8 @@ impl Driver for HipDriver {
         toast_gpu::parse_ordinal(text, what)
     }
 
-    fn open(ordinal: i32) -> Result<Self, PluginError> {
-        let gpu = Gpu::open(ordinal)?;
+    fn open(choice: DeviceChoice<i32>) -> Result<Self, PluginError> {
+        let gpu = Gpu::open(choice)?;
         let rtc = Hiprtc::load().map_err(unavailable)?;
         Ok(HipDriver { gpu, rtc })
     }

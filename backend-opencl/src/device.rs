@@ -180,9 +180,14 @@ fn unsuitable(d: &ClDevice) -> Option<String> {
 static OPENED: Mutex<Vec<((usize, usize), Arc<Device>)>> = Mutex::new(Vec::new());
 
 /// Open the device `selector` names, or return it if this process opened it
-/// already. A missing runtime, no device, no match or an unsuitable device
-/// is `ERR_UNAVAILABLE` with the reason.
-pub(crate) fn open(selector: &Selector) -> Result<Arc<Device>, PluginError> {
+/// already; with [`Selector::FirstSuitable`] and a node-local rank, the
+/// suitable device `rank % count` instead of the first. A missing runtime,
+/// no device, no match or an unsuitable device is `ERR_UNAVAILABLE` with
+/// the reason.
+pub(crate) fn open(
+    selector: &Selector,
+    node_local: Option<usize>,
+) -> Result<Arc<Device>, PluginError> {
     let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
     if let Err(e) = cl3::load_library() {
         return Err(unavailable(format!(
@@ -202,14 +207,14 @@ pub(crate) fn open(selector: &Selector) -> Result<Arc<Device>, PluginError> {
             .join(", ")
     };
     let chosen = if *selector == Selector::FirstSuitable {
-        devs.iter()
-            .find(|d| unsuitable(&d.3).is_none())
-            .ok_or_else(|| {
-                unavailable(format!(
-                    "no OpenCL device has cl_khr_fp64 and cl_khr_int64_base_atomics; devices: {}",
-                    listing()
-                ))
-            })?
+        let suitable: Vec<_> = devs.iter().filter(|d| unsuitable(&d.3).is_none()).collect();
+        let index = node_local.map_or(0, |rank| rank % suitable.len().max(1));
+        suitable.get(index).copied().ok_or_else(|| {
+            unavailable(format!(
+                "no OpenCL device has cl_khr_fp64 and cl_khr_int64_base_atomics; devices: {}",
+                listing()
+            ))
+        })?
     } else {
         let f = devs
             .iter()

@@ -11,7 +11,7 @@ use toast_accel::abi;
 use toast_accel::device_source::{fnv1a, Target};
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
-use toast_gpu::{AllocError, Driver, Grid, Param};
+use toast_gpu::{AllocError, DeviceChoice, Driver, Grid, Param};
 
 /// A device allocation: an OpenCL buffer object. Kernels receive the object
 /// itself (`clSetKernelArg`), never an address.
@@ -115,9 +115,14 @@ impl Driver for OpenClDriver {
         Ok(Selector::parse(text))
     }
 
-    fn open(selector: Selector) -> Result<Self, PluginError> {
+    fn open(choice: DeviceChoice<Selector>) -> Result<Self, PluginError> {
+        let (selector, node_local) = match choice {
+            DeviceChoice::Default => (Selector::FirstSuitable, None),
+            DeviceChoice::Named(s) => (s, None),
+            DeviceChoice::NodeLocal { rank, .. } => (Selector::FirstSuitable, Some(rank)),
+        };
         Ok(OpenClDriver {
-            dev: device::open(&selector)?,
+            dev: device::open(&selector, node_local)?,
         })
     }
 

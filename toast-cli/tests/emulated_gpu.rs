@@ -147,3 +147,203 @@ fn run_on_emulated_cuda_gives_the_cpu_maps() {
 fn run_on_emulated_hip_gives_the_cpu_maps() {
     run_gives_the_cpu_maps("hip");
 }
+
+/// Why `backend` is unavailable, from the output of `toast-cli backends`.
+fn unavailable(list: &str, backend: &str) -> Option<String> {
+    list.split("\n\n")
+        .find(|b| b.starts_with(&format!("{backend} ")))?
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("status:    unavailable: "))
+        .map(str::to_string)
+}
+
+/// The device line of `backend` in the output of `toast-cli backends`.
+fn device_line(list: &str, backend: &str) -> String {
+    list.split("\n\n")
+        .find(|b| b.starts_with(&format!("{backend} ")))
+        .and_then(|b| b.lines().find(|l| l.trim_start().starts_with("[0]")))
+        .unwrap_or_else(|| panic!("no device of `{backend}` listed:\n{list}"))
+        .to_string()
+}
+
+/// `toast-cli backends` with `env` set, on the emulated drivers of `dir`.
+fn backends_with(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> String {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
+    c.args(args).arg("backends");
+    c.env("LD_LIBRARY_PATH", ld_library_path(dir));
+    for v in toast_gpu_vars() {
+        c.env_remove(v);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = run_with_deadline(c, Duration::from_secs(120), "toast-cli backends");
+    assert!(o.status.success(), "{}", text(&o));
+    text(&o)
+}
+
+/// What selects a device, cleared so that the test's own environment (an
+/// MPI launcher's variables) does not leak in.
+/// (The launchers' variables are those of `toast_gpu::NODE_LOCAL_RANK_VARS`.)
+fn toast_gpu_vars() -> [&'static str; 8] {
+    [
+        "TOAST_CUDA_DEVICE",
+        "TOAST_HIP_DEVICE",
+        "TOAST_GPU_MEM_GB",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "PALS_LOCAL_RANKID",
+        "PMI_LOCAL_RANK",
+    ]
+}
+
+fn ranks_spread_over_the_devices(backend: &str) {
+    let dir = match library_dir(backend) {
+        Ok(d) => d,
+        Err(why) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {why}")),
+    };
+    let two = ("TOAST_EMU_DEVICES", "2");
+    let list = backends_with(&dir, &[two], &[]);
+    if let Some(reason) = unavailable(&list, backend) {
+        return skip_unless_required(REQUIRE, format!("emulated {backend}: {reason}"));
+    }
+    let opened = |env: &[(&str, &str)], args: &[&str]| {
+        let mut e = vec![two];
+        e.extend_from_slice(env);
+        device_line(&backends_with(&dir, &e, args), backend)
+    };
+    // No launcher: the default device.
+    assert!(opened(&[], &[]).contains(" #0"));
+    // The node-local rank of each launcher picks device rank % 2.
+    for (var, rank, dev) in [
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "0", " #0"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1", " #1"),
+        ("SLURM_LOCALID", "3", " #1"),
+        ("MPI_LOCALRANKID", "2", " #0"),
+    ] {
+        let line = opened(&[(var, rank)], &[]);
+        assert!(line.contains(dev), "{var}={rank}: {line}");
+    }
+    // The documented overrides win: the environment variable, then the
+    // plugin option.
+    let env_var = format!("TOAST_{}_DEVICE", backend.to_uppercase());
+    let line = opened(&[("OMPI_COMM_WORLD_LOCAL_RANK", "1"), (&env_var, "0")], &[]);
+    assert!(line.contains(" #0"), "{env_var}=0 wins: {line}");
+    let opt = format!("{backend}:device=1");
+    let line = opened(
+        &[("OMPI_COMM_WORLD_LOCAL_RANK", "0"), (&env_var, "0")],
+        &["--backend-options", &opt],
+    );
+    assert!(line.contains(" #1"), "option device=1 wins: {line}");
+
+    // Under Open MPI's own mpirun (where installed): two ranks, two devices.
+    let open_mpi = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+    if !open_mpi {
+        println!("SKIPPED (that part): no Open MPI mpirun");
+        return;
+    }
+    let mut c = Command::new("mpirun");
+    // (As root, as CI runs, Open MPI wants to be told.)
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        "2",
+        "-x",
+        "TOAST_EMU_DEVICES=2",
+        "-x",
+        "LD_LIBRARY_PATH",
+    ]);
+    for v in ["TOAST_NVRTC_LIB", "TOAST_HIPRTC_LIB"] {
+        if std::env::var_os(v).is_some() {
+            c.args(["-x", v]);
+        }
+    }
+    c.arg(env!("CARGO_BIN_EXE_toast-cli")).arg("backends");
+    c.env("LD_LIBRARY_PATH", ld_library_path(&dir));
+    for v in toast_gpu_vars() {
+        c.env_remove(v);
+    }
+    let o = run_with_deadline(
+        c,
+        Duration::from_secs(120),
+        "mpirun -n 2 toast-cli backends",
+    );
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    let name = format!("emulated {} device", backend.to_uppercase());
+    let opened: Vec<&str> = log.lines().filter(|l| l.contains(&name)).collect();
+    assert!(
+        opened.len() == 2
+            && opened.iter().any(|l| l.contains(" #0"))
+            && opened.iter().any(|l| l.contains(" #1")),
+        "two ranks, devices #0 and #1:\n{log}"
+    );
+}
+
+#[test]
+fn node_local_ranks_spread_over_two_emulated_cuda_devices() {
+    ranks_spread_over_the_devices("cuda");
+}
+
+#[test]
+fn node_local_ranks_spread_over_two_emulated_hip_devices() {
+    ranks_spread_over_the_devices("hip");
+}
+
+#[test]
+fn a_run_past_the_device_memory_budget_fails_naming_it() {
+    let backend = "cuda";
+    let dir = match library_dir(backend) {
+        Ok(d) => d,
+        Err(why) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {why}")),
+    };
+    let out = scratch("toast-cli-emulated", "budget").join("out");
+    let mut args = vec![
+        "run",
+        "--backend",
+        backend,
+        "--backend-options",
+        "cuda:memory=0.01",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(SETTINGS);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
+    c.args(&args).env("LD_LIBRARY_PATH", ld_library_path(&dir));
+    let o = run_with_deadline(c, Duration::from_secs(600), "toast-cli run (budget)");
+    let log = text(&o);
+    let list = backends_with(&dir, &[], &[]);
+    if let Some(reason) = unavailable(&list, backend) {
+        return skip_unless_required(REQUIRE, format!("emulated {backend}: {reason}"));
+    }
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("out of the device memory budget of 0.010 GiB (option memory=)")
+            && log.contains("--backend-options cuda:memory=GiB"),
+        "{log}"
+    );
+    assert!(
+        !out.join("mapmaker_map.fits").exists(),
+        "no outputs from a failed run"
+    );
+    // A budget that is not a number is refused when the backend starts.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
+    c.args(["backends"])
+        .env("LD_LIBRARY_PATH", ld_library_path(&dir))
+        .env("TOAST_GPU_MEM_GB", "lots");
+    let o = run_with_deadline(
+        c,
+        Duration::from_secs(120),
+        "toast-cli backends (bad budget)",
+    );
+    assert!(
+        text(&o).contains("TOAST_GPU_MEM_GB: `lots` is not a device memory budget in GiB"),
+        "{}",
+        text(&o)
+    );
+}

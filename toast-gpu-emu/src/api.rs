@@ -20,14 +20,36 @@ pub unsafe fn put<T>(p: *mut T, v: T) -> Result<(), EmuError> {
     Ok(())
 }
 
-/// Device `dev` exists (there is one, 0).
+/// How many devices the emulator reports: `TOAST_EMU_DEVICES` (1 to 16),
+/// default 1. They share the one emulated heap (host memory); what differs
+/// is their ordinal and name, which is what a test of device selection
+/// (MPI ranks spread over a node's devices) looks at.
+pub fn device_count() -> c_int {
+    std::env::var("TOAST_EMU_DEVICES")
+        .ok()
+        .and_then(|v| v.trim().parse::<c_int>().ok())
+        .filter(|n| (1..=16).contains(n))
+        .unwrap_or(1)
+}
+
+/// Device `dev` exists (`0 <= dev < device_count()`).
 pub fn device(dev: c_int) -> Result<(), EmuError> {
-    if dev == 0 {
+    let n = device_count();
+    if (0..n).contains(&dev) {
         Ok(())
     } else {
         Err(EmuError::InvalidDevice(format!(
-            "device {dev} (one device)"
+            "device {dev} ({n} device(s); TOAST_EMU_DEVICES sets how many)"
         )))
+    }
+}
+
+/// The name of device `dev`: `base`, and ` #dev` when there are several.
+pub fn device_name(base: &str, dev: c_int) -> String {
+    if device_count() > 1 {
+        format!("{base} #{dev}")
+    } else {
+        base.to_string()
     }
 }
 

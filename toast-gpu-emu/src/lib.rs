@@ -102,6 +102,9 @@
 //!   learns the range of `N` to sweep.
 //! - `TOAST_EMU_MEMORY=BYTES` sets the emulated device's memory (default
 //!   16 GiB; `K`, `M`, `G` suffixes are powers of 1024).
+//! - `TOAST_EMU_DEVICES=N` (1 to 16) reports N devices, named `… #k`, that
+//!   share the one heap: enough to show which device a process chose (the
+//!   plugins spread the ranks of a node over its devices).
 //!
 //! A malformed value is reported on standard error once and ignored.
 //!

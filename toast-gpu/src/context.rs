@@ -1,8 +1,8 @@
 //! What `init` creates and every call receives as `ctx`: the driver, the
 //! host's log callback, the buffer table and the compiled module.
 
-use crate::driver::Driver;
-use crate::memory::Memory;
+use crate::driver::{node_local_rank, DeviceChoice, Driver};
+use crate::memory::{Budget, Memory};
 use crate::small_cache::SmallCache;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
@@ -105,8 +105,11 @@ unsafe fn read_host(host: *const HostApi) -> (HostLog, String) {
 
 impl<D: Driver> Context<D> {
     /// Read the host API and the options, open the device and build the
-    /// context. The device is the driver's default, else the one
-    /// `D::DEVICE_ENV` names, else the one the option `device=…` names;
+    /// context. The device is the one the option `device=…` names, else
+    /// the one `D::DEVICE_ENV` names, else the node-local rank's
+    /// ([`crate::driver::DeviceChoice`]), else the driver's default;
+    /// `memory=GiB` sets the device memory budget (else `TOAST_GPU_MEM_GB`,
+    /// else the default: [`crate::memory::Budget`]);
     /// `workspace=contiguous|interleaved` sets [`WorkspaceLayout`]; any
     /// other option is refused (`ERR_INVALID_ARGUMENT`).
     ///
@@ -116,39 +119,65 @@ impl<D: Driver> Context<D> {
     pub unsafe fn new(host: *const HostApi) -> Result<Self, PluginError> {
         // SAFETY: the caller's contract.
         let (log, options) = unsafe { read_host(host) };
-        let mut device = D::DeviceId::default();
+        let mut named: Option<D::DeviceId> = None;
+        let mut budget: Option<Budget> = None;
         let mut workspace = WorkspaceLayout::default();
         if let Ok(v) = std::env::var(D::DEVICE_ENV) {
             if !v.trim().is_empty() {
-                device = D::parse_device(&v, &format!("environment variable {}", D::DEVICE_ENV))?;
+                named = Some(D::parse_device(
+                    &v,
+                    &format!("environment variable {}", D::DEVICE_ENV),
+                )?);
+            }
+        }
+        if let Ok(v) = std::env::var("TOAST_GPU_MEM_GB") {
+            if !v.trim().is_empty() {
+                budget = Some(Budget::parse_gib(&v, "TOAST_GPU_MEM_GB")?);
             }
         }
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
-                "device" => device = D::parse_device(v, "option device")?,
+                "device" => named = Some(D::parse_device(v, "option device")?),
+                "memory" => budget = Some(Budget::parse_gib(v, "option memory=")?),
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
                 other => {
                     return Err(PluginError::new(
                         abi::ERR_INVALID_ARGUMENT,
                         format!(
-                            "{} backend: unknown option `{other}` (known: device, workspace)",
-                            D::NAME
-                        ),
+                        "{} backend: unknown option `{other}` (known: device, memory, workspace)",
+                        D::NAME
+                    ),
                     ))
                 }
             }
         }
-        let driver = D::open(device)?;
+        let choice = match (named, node_local_rank()) {
+            (Some(id), _) => DeviceChoice::Named(id),
+            (None, Some((rank, from))) => DeviceChoice::NodeLocal { rank, from },
+            (None, None) => DeviceChoice::Default,
+        };
+        let how = choice.describe();
+        let driver = D::open(choice)?;
+        let budget = budget.unwrap_or_else(|| {
+            let (free, total) = driver.mem_info();
+            Budget::default_for(free, total)
+        });
         let ctx = Context {
             log,
-            memory: Memory::new(D::NAME, D::HANDLE_TAG, driver.total_memory() / 4),
+            memory: Memory::new(D::NAME, D::HANDLE_TAG, driver.total_memory() / 4, budget),
             driver,
             workspace,
             module: Mutex::new(None),
             small: Mutex::new(SmallCache::default()),
         };
-        ctx.log(abi::LOG_DEBUG, &ctx.driver.summary());
+        ctx.log(
+            abi::LOG_DEBUG,
+            &format!(
+                "{} (device chosen by {how}; device memory budget {budget})",
+                ctx.driver.summary()
+            ),
+        );
         Ok(ctx)
     }
 

@@ -69,8 +69,10 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     /// message of an `ERR_INVALID_ARGUMENT`).
     fn parse_device(text: &str, what: &str) -> Result<Self::DeviceId, PluginError>;
 
-    /// Load the API at run time, open `device` and create its stream.
-    fn open(device: Self::DeviceId) -> Result<Self, PluginError>;
+    /// Load the API at run time, open the device `choice` names and create
+    /// its stream. A [`DeviceChoice::NodeLocal`] rank opens device
+    /// `rank % count` of the devices the driver would choose from.
+    fn open(choice: DeviceChoice<Self::DeviceId>) -> Result<Self, PluginError>;
 
     /// The line `init` logs at debug level: version, device, compiler.
     fn summary(&self) -> String;
@@ -252,6 +254,86 @@ impl ParamSlots {
 
 /// Parse a device ordinal (a non-negative integer), as CUDA and HIP select
 /// devices; `what` names where it came from.
+/// Which device a process opens, decided once when the context is created
+/// ([`crate::context::Context::new`]): the plugin option `device=` wins,
+/// then the driver's environment variable (`TOAST_CUDA_DEVICE`, ...), then
+/// the node-local rank a process launcher gives this process
+/// ([`node_local_rank`]), so that the ranks of an MPI job on one node spread
+/// over its devices as TOAST's `accel_assign_device` spreads them; else
+/// the driver's default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceChoice<Id> {
+    /// The driver's default (device 0; OpenCL's first suitable device).
+    Default,
+    /// The device the option or the environment variable names.
+    Named(Id),
+    /// The process's node-local rank: device `rank % count`.
+    NodeLocal {
+        /// The rank.
+        rank: usize,
+        /// The environment variable it came from.
+        from: &'static str,
+    },
+}
+
+impl<Id> DeviceChoice<Id> {
+    /// The device index among `count` for a [`DeviceChoice::NodeLocal`]
+    /// (`None` for the other choices, or when there is no device).
+    pub fn node_local_index(&self, count: usize) -> Option<usize> {
+        match self {
+            DeviceChoice::NodeLocal { rank, .. } if count > 0 => Some(rank % count),
+            _ => None,
+        }
+    }
+
+    /// How the device was chosen, for the driver's summary line.
+    pub fn describe(&self) -> String {
+        match self {
+            DeviceChoice::Default => "the default device".into(),
+            DeviceChoice::Named(_) => "named by option device= or the environment".into(),
+            DeviceChoice::NodeLocal { rank, from } => format!("node-local rank {rank} ({from})"),
+        }
+    }
+}
+
+/// The environment variables in which process launchers give a process its
+/// rank among the processes of its node, in the order they are read: Open
+/// MPI's `mpirun`, MPICH's and Intel MPI's Hydra, Slurm's `srun`, Cray
+/// PALS, PMI.
+pub const NODE_LOCAL_RANK_VARS: [&str; 5] = [
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
+    "PALS_LOCAL_RANKID",
+    "PMI_LOCAL_RANK",
+];
+
+/// This process's node-local rank from the first of
+/// [`NODE_LOCAL_RANK_VARS`] that is set to a non-negative integer (`None`:
+/// not started by such a launcher, e.g. a serial run).
+pub fn node_local_rank() -> Option<(usize, &'static str)> {
+    node_local_rank_in(|k| std::env::var(k).ok())
+}
+
+/// [`node_local_rank`] over a given environment (for tests).
+pub fn node_local_rank_in(var: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
+    NODE_LOCAL_RANK_VARS
+        .iter()
+        .find_map(|&k| Some((var(k)?.trim().parse::<usize>().ok()?, k)))
+}
+
+/// The ordinal to open among `count` devices (CUDA, HIP): the named one,
+/// the node-local one, or 0.
+pub fn ordinal_of(choice: &DeviceChoice<i32>, count: i32) -> i32 {
+    match choice {
+        DeviceChoice::Default => 0,
+        DeviceChoice::Named(o) => *o,
+        DeviceChoice::NodeLocal { .. } => choice
+            .node_local_index(count.max(0) as usize)
+            .map_or(0, |i| i as i32),
+    }
+}
+
 pub fn parse_ordinal(text: &str, what: &str) -> Result<i32, PluginError> {
     text.trim()
         .parse::<i32>()
@@ -267,6 +349,56 @@ pub fn parse_ordinal(text: &str, what: &str) -> Result<i32, PluginError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_local_rank_comes_from_the_first_launcher_variable_set() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(node_local_rank_in(env(&[])), None);
+        assert_eq!(
+            node_local_rank_in(env(&[("SLURM_LOCALID", "3")])),
+            Some((3, "SLURM_LOCALID"))
+        );
+        assert_eq!(
+            node_local_rank_in(env(&[
+                ("SLURM_LOCALID", "3"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+            ])),
+            Some((1, "OMPI_COMM_WORLD_LOCAL_RANK"))
+        );
+        // Not a rank: the next variable is read.
+        assert_eq!(
+            node_local_rank_in(env(&[
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "x"),
+                ("MPI_LOCALRANKID", "2")
+            ])),
+            Some((2, "MPI_LOCALRANKID"))
+        );
+    }
+
+    #[test]
+    fn ranks_spread_over_the_devices() {
+        let local = |rank| DeviceChoice::NodeLocal {
+            rank,
+            from: "SLURM_LOCALID",
+        };
+        assert_eq!(ordinal_of(&local(0), 2), 0);
+        assert_eq!(ordinal_of(&local(1), 2), 1);
+        assert_eq!(ordinal_of(&local(5), 2), 1);
+        assert_eq!(ordinal_of(&local(5), 4), 1);
+        assert_eq!(
+            ordinal_of(&DeviceChoice::Named(3), 2),
+            3,
+            "checked by the driver"
+        );
+        assert_eq!(ordinal_of(&DeviceChoice::Default, 4), 0);
+    }
 
     #[test]
     fn slots_and_ordinals() {

@@ -23,12 +23,16 @@
 //!
 //! - [`context`]: the context `init` returns to the host ([`Context`]): the
 //!   host's log callback, the options (`device=N`, else the driver's
-//!   environment variable; `workspace=contiguous|interleaved`, the layout
-//!   of the polynomial filters' workspace), the driver, the buffer table,
-//!   and the module,
+//!   environment variable, else the node-local rank a process launcher
+//!   gives (`OMPI_COMM_WORLD_LOCAL_RANK`, `SLURM_LOCALID`, ...: device
+//!   `rank % count`, [`DeviceChoice`]); `memory=GiB`, the device memory
+//!   budget, else `TOAST_GPU_MEM_GB`, else 90% of the free memory
+//!   ([`Budget`]); `workspace=contiguous|interleaved`, the layout of the
+//!   polynomial filters' workspace), the driver, the buffer table, and the
+//!   module,
 //!   compiled on the first kernel call or read from the disk cache.
 //! - [`memory`]: the size-class pool and the handle table (handles are
-//!   tagged counters, never device addresses).
+//!   tagged counters, never device addresses), held within the budget.
 //! - [`kernels`]: every table kernel's validation (`toast_accel::check`),
 //!   argument marshalling and launch planning (how a call is split into
 //!   launches so that no two threads of one launch write the same element).
@@ -82,7 +86,12 @@ pub mod plugin;
 mod small_cache;
 
 pub use context::Context;
-pub use driver::{parse_ordinal, AllocError, Driver, Grid, Param, ParamSlots};
+pub use driver::NODE_LOCAL_RANK_VARS;
+pub use driver::{
+    node_local_rank, ordinal_of, parse_ordinal, AllocError, DeviceChoice, Driver, Grid, Param,
+    ParamSlots,
+};
+pub use memory::Budget;
 
 /// Emit a GPU plugin's ABI surface for a [`Driver`] at the root of the
 /// backend crate: the static function table and header (with the crate's

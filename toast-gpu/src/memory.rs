@@ -28,6 +28,17 @@
 //! class is never larger than the driver's `max_allocation` (nor smaller
 //! than the request: one above the maximum goes to the driver, which
 //! refuses it).
+//!
+//! # The budget
+//!
+//! The device memory the pool holds (live blocks and cached ones, in size
+//! classes) never exceeds a [`Budget`]: the plugin option `memory=GiB`, else
+//! TOAST's `TOAST_GPU_MEM_GB`, else 90% of the device memory free when the
+//! context was created (of the total, where the API cannot tell the free
+//! memory). An allocation that would pass it first releases the cached
+//! blocks, then is refused with `ERR_OUT_OF_MEMORY` naming the budget and
+//! where it came from, before the driver is asked: a run sized to a budget
+//! fails the same way on a card of any size.
 
 use crate::driver::{AllocError, Driver};
 use std::collections::{BTreeMap, HashMap};
@@ -112,8 +123,75 @@ struct Inner<B> {
     next: u64,
     live: HashMap<u64, Block<B>>,
     live_bytes: u64,
+    /// The size classes of the live blocks: device memory they hold.
+    live_class_bytes: u64,
+    /// The most device memory the pool held at once (live and cached).
+    peak_held: u64,
     free: BTreeMap<u64, Vec<B>>,
     cached_bytes: u64,
+}
+
+/// The most device memory a backend's pool may hold, and where the figure
+/// came from (for messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where it came from: `option memory=`, `TOAST_GPU_MEM_GB`, or the
+    /// default.
+    pub source: &'static str,
+}
+
+impl Budget {
+    /// No limit beyond the device's own.
+    pub const UNLIMITED: Budget = Budget {
+        bytes: u64::MAX,
+        source: "none",
+    };
+
+    /// The default: 90% of `free` device memory (of `total` when the free
+    /// memory is unknown, 0).
+    pub fn default_for(free: u64, total: u64) -> Budget {
+        let base = if free > 0 { free } else { total };
+        Budget {
+            bytes: base / 10 * 9,
+            source: "the default, 90% of the device memory free at start",
+        }
+    }
+
+    /// `GiB` (a positive number, fractions allowed) as a budget from
+    /// `source`.
+    pub fn parse_gib(text: &str, source: &'static str) -> Result<Budget, PluginError> {
+        let gib = text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|g| g.is_finite() && *g > 0.0 && *g < 1e9)
+            .ok_or_else(|| {
+                PluginError::invalid(format!(
+                    "{source}: `{text}` is not a device memory budget in GiB (a positive number, \
+                     e.g. 16 or 0.25)"
+                ))
+            })?;
+        Ok(Budget {
+            bytes: (gib * (1u64 << 30) as f64) as u64,
+            source,
+        })
+    }
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.bytes == u64::MAX {
+            return write!(f, "no budget");
+        }
+        write!(
+            f,
+            "{:.3} GiB ({})",
+            self.bytes as f64 / (1u64 << 30) as f64,
+            self.source
+        )
+    }
 }
 
 /// The handle table and the pool of one backend.
@@ -123,6 +201,7 @@ pub struct Memory<B> {
     backend: &'static str,
     tag: u64,
     cache_cap: u64,
+    budget: Budget,
 }
 
 /// The size class of a request of `bytes`.
@@ -141,20 +220,35 @@ pub fn size_class(bytes: u64) -> u64 {
 
 impl<B: Copy> Memory<B> {
     /// An empty table of the backend `backend`, whose handles carry `tag`,
-    /// caching at most `cache_cap` bytes of freed blocks.
-    pub(crate) fn new(backend: &'static str, tag: u64, cache_cap: u64) -> Self {
+    /// caching at most `cache_cap` bytes of freed blocks and holding at
+    /// most `budget` of device memory.
+    pub(crate) fn new(backend: &'static str, tag: u64, cache_cap: u64, budget: Budget) -> Self {
         Memory {
             inner: Mutex::new(Inner {
                 next: 0,
                 live: HashMap::new(),
                 live_bytes: 0,
+                live_class_bytes: 0,
+                peak_held: 0,
                 free: BTreeMap::new(),
                 cached_bytes: 0,
             }),
             backend,
             tag,
-            cache_cap,
+            cache_cap: cache_cap.min(budget.bytes),
+            budget,
         }
+    }
+
+    /// The budget.
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// The most device memory the pool held at once so far (live and
+    /// cached blocks), in bytes.
+    pub fn peak_held(&self) -> u64 {
+        self.lock().peak_held
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<B>> {
@@ -180,6 +274,30 @@ impl<B: Copy> Memory<B> {
         let mut g = self.lock();
         let reused = g.free.get_mut(&class).and_then(Vec::pop);
         let zero = reused.is_some() || !dev.zeroes_on_alloc();
+        if reused.is_none() && g.live_class_bytes + g.cached_bytes + class > self.budget.bytes {
+            // Within the budget only without the cached blocks: release them.
+            for (_, bufs) in std::mem::take(&mut g.free) {
+                for b in bufs {
+                    // SAFETY: a cached block of `raw_alloc`, in no list any
+                    // more: released once.
+                    unsafe { dev.raw_free(b) };
+                }
+            }
+            g.cached_bytes = 0;
+            if g.live_class_bytes + class > self.budget.bytes {
+                return Err(PluginError::new(
+                    abi::ERR_OUT_OF_MEMORY,
+                    format!(
+                        "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: out of the \
+                         device memory budget of {} ({} bytes held in {} buffers){OUT_OF_MEMORY_HINT}, \
+                         or raise the budget (--backend-options {backend}:memory=GiB)",
+                        self.budget,
+                        g.live_class_bytes,
+                        g.live.len()
+                    ),
+                ));
+            }
+        }
         let buf = match reused {
             Some(b) => {
                 g.cached_bytes -= class;
@@ -246,6 +364,8 @@ impl<B: Copy> Memory<B> {
         g.next += 1;
         let handle = self.tag | g.next;
         g.live_bytes += bytes;
+        g.live_class_bytes += class;
+        g.peak_held = g.peak_held.max(g.live_class_bytes + g.cached_bytes);
         g.live.insert(
             handle,
             Block {
@@ -267,6 +387,7 @@ impl<B: Copy> Memory<B> {
         let mut g = self.lock();
         let b = g.live.remove(&handle).ok_or_else(|| self.unknown(handle))?;
         g.live_bytes -= b.bytes;
+        g.live_class_bytes -= b.class;
         if g.cached_bytes + b.class <= self.cache_cap {
             g.cached_bytes += b.class;
             g.free.entry(b.class).or_default().push(b.buf);
@@ -340,6 +461,7 @@ impl<B: Copy> Memory<B> {
             }
         }
         g.live_bytes = 0;
+        g.live_class_bytes = 0;
         g.cached_bytes = 0;
     }
 }
@@ -388,6 +510,43 @@ mod tests {
     const TAG: u64 = 0xC0DA_u64 << 48;
 
     #[test]
+    fn the_budget_is_never_passed_and_its_refusal_names_it() {
+        let d = fake(1 << 30);
+        let budget = Budget::parse_gib("0.001", "option memory=").unwrap();
+        assert_eq!(budget.bytes, 1_073_741);
+        let m = Memory::new("test", TAG, 1 << 30, budget);
+        let a = m.alloc(&d, 512 << 10, "a").unwrap();
+        let e = m.alloc(&d, 600 << 10, "b").unwrap_err();
+        assert_eq!(e.status, abi::ERR_OUT_OF_MEMORY);
+        assert!(
+            e.message.contains("budget of 0.001 GiB (option memory=)") && e.message.contains("`b`"),
+            "{}",
+            e.message
+        );
+        // Freed blocks are cached, but a new class that needs their room
+        // releases them first.
+        m.free(&d, a).unwrap();
+        let c = m.alloc(&d, 900 << 10, "c").unwrap();
+        assert!(*d.used.borrow() <= budget.bytes, "{}", d.used.borrow());
+        assert!(m.peak_held() <= budget.bytes);
+        m.free(&d, c).unwrap();
+        for bad in ["0", "-1", "x", "inf", ""] {
+            assert_eq!(
+                Budget::parse_gib(bad, "TOAST_GPU_MEM_GB")
+                    .unwrap_err()
+                    .status,
+                abi::ERR_INVALID_ARGUMENT,
+                "{bad}"
+            );
+        }
+        assert_eq!(Budget::default_for(0, 10 << 30).bytes, 9 << 30);
+        assert_eq!(
+            Budget::default_for(5 << 30, 10 << 30).bytes,
+            (5u64 << 30) / 10 * 9
+        );
+    }
+
+    #[test]
     fn classes() {
         assert_eq!(size_class(0), 256);
         assert_eq!(size_class(257), 512);
@@ -398,7 +557,7 @@ mod tests {
     #[test]
     fn reuse_and_handles() {
         let d = fake(1 << 20);
-        let m = Memory::new("test", TAG, 1 << 20);
+        let m = Memory::new("test", TAG, 1 << 20, Budget::UNLIMITED);
         let h = m.alloc(&d, 1000, "a").unwrap();
         let p = m.range("t", h, 0, 1000).unwrap();
         assert!(m.range("t", h, 1, 1000).is_err());
@@ -456,7 +615,7 @@ mod tests {
             max: 3000,
             zeroed: RefCell::new(0),
         };
-        let m = Memory::new("test", TAG, 1 << 20);
+        let m = Memory::new("test", TAG, 1 << 20, Budget::UNLIMITED);
         // 2500 bytes would be a 4096-byte class: capped at the maximum.
         let a = m.alloc(&d, 2500, "a").unwrap();
         assert_eq!(
@@ -483,7 +642,7 @@ mod tests {
     #[test]
     fn out_of_memory_names_buffer() {
         let d = fake(4096);
-        let m = Memory::new("test", TAG, 1 << 20);
+        let m = Memory::new("test", TAG, 1 << 20, Budget::UNLIMITED);
         let a = m.alloc(&d, 2048, "a").unwrap();
         m.free(&d, a).unwrap();
         // The cached 2048-byte block is released to make room.

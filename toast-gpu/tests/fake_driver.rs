@@ -68,7 +68,8 @@ impl Driver for Fake {
         toast_gpu::parse_ordinal(text, what)
     }
 
-    fn open(device: i32) -> Result<Self, PluginError> {
+    fn open(choice: toast_gpu::DeviceChoice<i32>) -> Result<Self, PluginError> {
+        let device = toast_gpu::ordinal_of(&choice, 1);
         if device != 0 {
             return Err(PluginError::invalid(format!(
                 "fake: device {device} does not exist (1 device(s))"
@@ -301,12 +302,16 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
     assert_eq!(
         last_error(),
-        "fake backend: unknown option `colour` (known: device, workspace)"
+        "fake backend: unknown option `colour` (known: device, memory, workspace)"
     );
     let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
     let log = LOG.lock().unwrap().clone();
-    assert!(log.iter().any(|m| m == "fake backend: host memory"));
+    assert!(
+        log.iter().any(|m| m.starts_with("fake backend: host memory")
+            && m.contains("device memory budget 0.900 GiB (the default")),
+        "{log:?}"
+    );
     let mut info = std::mem::MaybeUninit::<abi::DeviceInfo>::uninit();
     // SAFETY: live context; valid out pointer.
     unsafe {
@@ -407,6 +412,29 @@ fn memory_entry_points_and_pool() {
             format!("buffer handle 0x{h:x} is not a live buffer of the fake backend (never allocated here, or already freed)")
         );
         let mut big = 0u64;
+        assert_eq!(
+            t.alloc.unwrap()(ctx, LIMIT + 1, c"huge".as_ptr(), &mut big),
+            abi::ERR_OUT_OF_MEMORY
+        );
+        // Past the budget (by default 90% of the free memory): refused
+        // before the driver is asked.
+        assert!(
+            last_error().starts_with(&format!(
+                "fake: cannot allocate {} bytes for buffer `huge`: out of the device memory \
+                 budget of 0.900 GiB (the default",
+                LIMIT + 1
+            )),
+            "{}",
+            last_error()
+        );
+        t.shutdown.unwrap()(ctx);
+    }
+    // With a budget above the device's memory, the driver's own refusal.
+    let (st, ctx) = init_with(c"memory=4", &UNREAD_LOG);
+    assert_eq!(st, abi::OK, "init: {}", last_error());
+    let mut big = 0u64;
+    // SAFETY: live context, valid out pointer; shut down once.
+    unsafe {
         assert_eq!(
             t.alloc.unwrap()(ctx, LIMIT + 1, c"huge".as_ptr(), &mut big),
             abi::ERR_OUT_OF_MEMORY

@@ -582,6 +582,12 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             human_bytes(ph.total.total_bytes())
         )?;
     }
+    if st.device_peak_staged_bytes > 0 {
+        crate::outln!(
+            "device peak:    {} staged at once (one device scope, largest over the processes)",
+            human_bytes(st.device_peak_staged_bytes)
+        )?;
+    }
     crate::outln!("outputs in:     {}", dir.display())?;
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! missing; the emulator returns `CUDA_ERROR_NOT_SUPPORTED`, which NVRTC
 //! accepts).
 //!
-//! One device, "toast-rs emulated CUDA device (host CPU)", compute
+//! One device (`TOAST_EMU_DEVICES=N`: N, named `… #k`), "toast-rs emulated CUDA device (host CPU)", compute
 //! capability 8.0 (so the plugin compiles for `sm_80` with the real NVRTC),
 //! 16 GiB, one primary context. As in the real driver, every call but the
 //! error strings needs `cuInit` first, and memory, stream, module and launch
@@ -20,7 +20,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use toast_gpu_emu::api::{device, put, Runtime};
+use toast_gpu_emu::api::{device, device_count, device_name, put, Runtime};
 use toast_gpu_emu::{call, heap, image, EmuError, LIMITS};
 
 /// `CUresult`.
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn cuGetExportTable(
     })
 }
 
-/// `cuDeviceGetCount`: one device.
+/// `cuDeviceGetCount`: one device, or `TOAST_EMU_DEVICES`.
 ///
 /// # Safety
 /// `count` is valid for a write.
@@ -222,7 +222,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
     api("cuDeviceGetCount", || {
         initialized()?;
         // SAFETY: the caller's contract.
-        unsafe { put(count, 1) }
+        unsafe { put(count, device_count()) }
     })
 }
 
@@ -253,7 +253,9 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CuD
             return Err(EmuError::InvalidValue("no name buffer".into()));
         }
         // SAFETY: `len` writable bytes (the caller's contract).
-        unsafe { toast_gpu_emu::write_c_string(name, len as usize, DEVICE_NAME) };
+        unsafe {
+            toast_gpu_emu::write_c_string(name, len as usize, &device_name(DEVICE_NAME, dev))
+        };
         Ok(())
     })
 }

@@ -5,7 +5,7 @@
 //! host by `toast-gpu-emu` (see that crate's documentation for the design
 //! and for where the emulation is not faithful).
 //!
-//! One device, "toast-rs emulated HIP device (host CPU)", architecture
+//! One device (`TOAST_EMU_DEVICES=N`: N, named `… #k`), "toast-rs emulated HIP device (host CPU)", architecture
 //! `gfx90a` (so the plugin compiles for it with the real hiprtc), 16 GiB.
 //! hiprtc is not part of this library: the plugin finds the real one
 //! (`TOAST_HIPRTC_LIB`, `libhiprtc.so`, or ROCm 5's `libamdhip64.so.5`). A
@@ -14,7 +14,7 @@
 //! call print its reason to stderr.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use toast_gpu_emu::api::{device, put, Runtime};
+use toast_gpu_emu::api::{device, device_count, device_name, put, Runtime};
 use toast_gpu_emu::{call, heap, image, EmuError, LIMITS};
 
 /// `hipError_t`.
@@ -191,14 +191,14 @@ const _: () = {
     assert!(std::mem::offset_of!(HipDeviceProp, gcn_arch_name) == 396);
 };
 
-fn properties() -> HipDeviceProp {
+fn properties(dev: c_int) -> HipDeviceProp {
     let text = |s: &str| {
         let mut b = [0u8; 256];
         b[..s.len()].copy_from_slice(s.as_bytes());
         b
     };
     HipDeviceProp {
-        name: text(DEVICE_NAME),
+        name: text(&device_name(DEVICE_NAME, dev)),
         total_global_mem: heap::total_memory() as usize,
         shared_mem_per_block: 0,
         regs_per_block: 0,
@@ -245,14 +245,16 @@ pub unsafe extern "C" fn hipInit(flags: c_uint) -> HipError {
     })
 }
 
-/// `hipGetDeviceCount`: one device.
+/// `hipGetDeviceCount`: one device, or `TOAST_EMU_DEVICES`.
 ///
 /// # Safety
 /// `count` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn hipGetDeviceCount(count: *mut c_int) -> HipError {
     // SAFETY: the caller's contract.
-    api("hipGetDeviceCount", || unsafe { put(count, 1) })
+    api("hipGetDeviceCount", || unsafe {
+        put(count, device_count())
+    })
 }
 
 /// `hipSetDevice`.
@@ -273,7 +275,7 @@ pub unsafe extern "C" fn hipGetDeviceProperties(prop: *mut HipDeviceProp, dev: c
     api("hipGetDeviceProperties", || {
         device(dev)?;
         // SAFETY: the caller's contract.
-        unsafe { put(prop, properties()) }
+        unsafe { put(prop, properties(dev)) }
     })
 }
 

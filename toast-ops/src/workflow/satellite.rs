@@ -451,6 +451,12 @@ pub struct RunStats {
     pub transfers: BTreeMap<String, Transfers>,
     /// What crossed the bus per phase (setup, CG iterations, outputs).
     pub transfer_phases: TransferPhases,
+    /// The most device memory the staged buffers of one device scope held
+    /// at once, in bytes, the largest over the processes (0 on a
+    /// host-addressable backend). The plugins' small argument copies and
+    /// scratch are not in it; they are within the plugin's device memory
+    /// budget (`--backend-options NAME:memory=GiB`).
+    pub device_peak_staged_bytes: u64,
     /// Which backend ran each kernel: calls and seconds.
     #[serde(skip)]
     pub kernels: KernelLog,
@@ -840,9 +846,12 @@ impl SatelliteJob {
             .map_err(|e| WorkflowError::gather("gathering timers", e))?;
         let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
         let mut walls = [wall];
+        let mut device_peak =
+            [crate::exec::movement::ledger(&ctx).map_or(0, |l| l.peak_staged_bytes()) as i64];
         comm.allreduce_f64(&mut peaks[..1], ReduceOp::Max)
             .and_then(|_| comm.allreduce_f64(&mut peaks[1..], ReduceOp::Sum))
             .and_then(|_| comm.allreduce_f64(&mut walls, ReduceOp::Max))
+            .and_then(|_| comm.allreduce_i64(&mut device_peak, ReduceOp::Max))
             .map_err(|e| WorkflowError::gather("gathering statistics", e))?;
         let (Some(map_stats), Some(timers), Some(distribution), true) =
             (map_stats, timers, processes, root)
@@ -912,6 +921,7 @@ impl SatelliteJob {
             threads: rayon::current_num_threads(),
             transfers,
             transfer_phases,
+            device_peak_staged_bytes: device_peak[0].max(0) as u64,
             kernels,
         };
         Ok(Some(SatelliteRun { stats, timers }))

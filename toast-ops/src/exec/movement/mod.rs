@@ -179,6 +179,11 @@ impl TransferLedger {
             })
     }
 
+    /// The most bytes the staged buffers of one closed scope held at once.
+    pub fn peak_staged_bytes(&self) -> u64 {
+        self.scopes.iter().map(|r| r.peak_bytes).max().unwrap_or(0)
+    }
+
     fn count_unstaged(&mut self, name: &str, up: bool, bytes: u64, kernel: Kernel) {
         tracing::debug!(
             "kernel {kernel}: unstaged {} of {name} ({bytes} bytes)",
