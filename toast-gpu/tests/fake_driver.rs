@@ -308,8 +308,9 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert_eq!(st, abi::OK, "init: {}", last_error());
     let log = LOG.lock().unwrap().clone();
     assert!(
-        log.iter().any(|m| m.starts_with("fake backend: host memory")
-            && m.contains("device memory budget 0.900 GiB (the default")),
+        log.iter()
+            .any(|m| m.starts_with("fake backend: host memory")
+                && m.contains("device memory budget 0.900 GiB (the default")),
         "{log:?}"
     );
     let mut info = std::mem::MaybeUninit::<abi::DeviceInfo>::uninit();
