@@ -323,8 +323,9 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
     }
     assert_eq!(o.status.code(), Some(2), "{log}");
     assert!(
-        log.contains("out of the device memory budget of 0.010 GiB (option memory=)")
-            && log.contains("--backend-options cuda:memory=GiB"),
+        log.contains(
+            "out of the device memory budget of 0.010 GiB = 10737418 bytes (option memory=)"
+        ) && log.contains("--backend-options cuda:memory=GiB"),
         "{log}"
     );
     assert!(

@@ -289,8 +289,8 @@ impl<Id> DeviceChoice<Id> {
     /// How the device was chosen, for the driver's summary line.
     pub fn describe(&self) -> String {
         match self {
-            DeviceChoice::Default => "the default device".into(),
-            DeviceChoice::Named(_) => "named by option device= or the environment".into(),
+            DeviceChoice::Default => "the driver's default".into(),
+            DeviceChoice::Named(_) => "option device= or the environment variable".into(),
             DeviceChoice::NodeLocal { rank, from } => format!("node-local rank {rank} ({from})"),
         }
     }

@@ -187,8 +187,9 @@ impl std::fmt::Display for Budget {
         }
         write!(
             f,
-            "{:.3} GiB ({})",
+            "{:.3} GiB = {} bytes ({})",
             self.bytes as f64 / (1u64 << 30) as f64,
+            self.bytes,
             self.source
         )
     }
@@ -285,15 +286,22 @@ impl<B: Copy> Memory<B> {
             }
             g.cached_bytes = 0;
             if g.live_class_bytes + class > self.budget.bytes {
+                let (free, total) = dev.free_and_total();
                 return Err(PluginError::new(
                     abi::ERR_OUT_OF_MEMORY,
                     format!(
                         "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: out of the \
-                         device memory budget of {} ({} bytes held in {} buffers){OUT_OF_MEMORY_HINT}, \
-                         or raise the budget (--backend-options {backend}:memory=GiB)",
+                         device memory budget of {} ({} bytes held in {} buffers; device memory: \
+                         {} bytes free of {total}){OUT_OF_MEMORY_HINT}, or raise the budget \
+                         (--backend-options {backend}:memory=GiB)",
                         self.budget,
                         g.live_class_bytes,
-                        g.live.len()
+                        g.live.len(),
+                        if free == 0 && total > 0 {
+                            "unknown".to_string()
+                        } else {
+                            free.to_string()
+                        },
                     ),
                 ));
             }
@@ -519,7 +527,9 @@ mod tests {
         let e = m.alloc(&d, 600 << 10, "b").unwrap_err();
         assert_eq!(e.status, abi::ERR_OUT_OF_MEMORY);
         assert!(
-            e.message.contains("budget of 0.001 GiB (option memory=)") && e.message.contains("`b`"),
+            e.message
+                .contains("budget of 0.001 GiB = 1073741 bytes (option memory=)")
+                && e.message.contains("`b`"),
             "{}",
             e.message
         );

@@ -310,7 +310,7 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert!(
         log.iter()
             .any(|m| m.starts_with("fake backend: host memory")
-                && m.contains("device memory budget 0.900 GiB (the default")),
+                && m.contains("device memory budget 0.900 GiB = 966367638 bytes (the default")),
         "{log:?}"
     );
     let mut info = std::mem::MaybeUninit::<abi::DeviceInfo>::uninit();
@@ -422,7 +422,7 @@ fn memory_entry_points_and_pool() {
         assert!(
             last_error().starts_with(&format!(
                 "fake: cannot allocate {} bytes for buffer `huge`: out of the device memory \
-                 budget of 0.900 GiB (the default",
+                 budget of 0.900 GiB = 966367638 bytes (the default",
                 LIMIT + 1
             )),
             "{}",
