@@ -94,6 +94,7 @@
 //! can crash the program.
 
 pub mod abi;
+pub mod budget;
 pub mod check;
 pub mod device_source;
 pub mod kernels;

@@ -302,25 +302,41 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
         Ok(d) => d,
         Err(why) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {why}")),
     };
-    let out = scratch("toast-cli-emulated", "budget").join("out");
-    let mut args = vec![
-        "run",
-        "--backend",
-        backend,
-        "--backend-options",
-        "cuda:memory=0.01",
-        "--out-dir",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(SETTINGS);
-    let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
-    c.args(&args).env("LD_LIBRARY_PATH", ld_library_path(&dir));
-    let o = run_with_deadline(c, Duration::from_secs(600), "toast-cli run (budget)");
-    let log = text(&o);
     let list = backends_with(&dir, &[], &[]);
     if let Some(reason) = unavailable(&list, backend) {
         return skip_unless_required(REQUIRE, format!("emulated {backend}: {reason}"));
     }
+    let out = scratch("toast-cli-emulated", "budget").join("out");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--backend",
+            backend,
+            "--backend-options",
+            "cuda:memory=0.01",
+            "--out-dir",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(SETTINGS);
+        args.extend_from_slice(extra);
+        let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
+        c.args(&args).env("LD_LIBRARY_PATH", ld_library_path(&dir));
+        run_with_deadline(c, Duration::from_secs(600), "toast-cli run (budget)")
+    };
+    // Refused before any work: the predicted device memory passes it.
+    let o = run(&[]);
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains(
+            "exceeds its device memory budget of 0.010 GiB = 10737418 bytes (option memory=)"
+        ),
+        "{log}"
+    );
+    assert!(!out.exists(), "refused before it made its output directory");
+    // Run anyway: the plugin refuses the allocation that would pass it.
+    let o = run(&["--ignore-memory-check"]);
+    let log = text(&o);
     assert_eq!(o.status.code(), Some(2), "{log}");
     assert!(
         log.contains(

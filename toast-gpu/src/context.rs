@@ -132,14 +132,18 @@ impl<D: Driver> Context<D> {
         }
         if let Ok(v) = std::env::var("TOAST_GPU_MEM_GB") {
             if !v.trim().is_empty() {
-                budget = Some(Budget::parse_gib(&v, "TOAST_GPU_MEM_GB")?);
+                budget =
+                    Some(Budget::parse_gib(&v, "TOAST_GPU_MEM_GB").map_err(PluginError::invalid)?);
             }
         }
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
                 "device" => named = Some(D::parse_device(v, "option device")?),
-                "memory" => budget = Some(Budget::parse_gib(v, "option memory=")?),
+                "memory" => {
+                    budget =
+                        Some(Budget::parse_gib(v, "option memory=").map_err(PluginError::invalid)?)
+                }
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
                 other => {
                     return Err(PluginError::new(

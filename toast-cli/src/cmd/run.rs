@@ -93,8 +93,10 @@ pub struct RunArgs {
     #[arg(long = "group-size")]
     pub group_size: Option<usize>,
     /// Run even when the predicted peak memory of the processes on a node
-    /// exceeds its available memory (MemAvailable); without it such a run
-    /// is refused before it starts (exit status 2).
+    /// exceeds its available memory (MemAvailable), or, on a device
+    /// backend, the predicted device memory of a process exceeds the
+    /// backend's device memory budget (`--backend-options NAME:memory=GiB`);
+    /// without it such a run is refused before it starts (exit status 2).
     #[arg(long = "ignore-memory-check")]
     pub ignore_memory_check: bool,
     /// No progress bars.
@@ -380,8 +382,16 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
     let execution = job.execution_plan(&registry);
     let predicted = job.predicted_memory();
+    // A device plan: its predicted device peak against its backend's budget.
+    let device = match job.predicted_device_memory(&plan, &sim, &execution) {
+        Some(p) => job.device_budget(&registry)?.map(|(name, b)| (p, name, b)),
+        None => None,
+    };
     if args.dry_run.is_none() && !args.ignore_memory_check {
         job.check_memory_on(&*comm, &plan, &sim, ppn)?;
+        if let Some((p, name, budget)) = &device {
+            job.check_device_memory(*p, name, *budget, &execution)?;
+        }
     }
     // Only a job that passed every check creates its output directories.
     let maps_dir = maps_dir(&args.out_dir, &job.config.mapmaker.output_dir);
@@ -425,6 +435,17 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
                     a.source,
                     match fits {
                         Ok(()) => "the processes of a node fit".to_string(),
+                        Err(e) => format!("does not fit: {e}"),
+                    }
+                )?;
+            }
+            if let Some((p, name, budget)) = &device {
+                let fits = job.check_device_memory(*p, name, *budget, &execution);
+                crate::outln!(
+                    "predicted device memory: {} per process on backend {name} (budget {budget}); {}",
+                    gib(*p),
+                    match fits {
+                        Ok(()) => "fits".to_string(),
                         Err(e) => format!("does not fit: {e}"),
                     }
                 )?;

@@ -39,6 +39,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use toast_accel::budget::Budget;
 use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
 use toast_core::num::compact;
 use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp};
@@ -182,6 +183,26 @@ pub enum WorkflowError {
         available: f64,
         /// What bounds them (`sysinfo::MemoryBound::source`).
         bound: String,
+    },
+    /// The predicted device peak of a process exceeds the device memory
+    /// budget of the pipeline backend
+    /// ([`SatelliteJob::check_device_memory`]).
+    #[error(
+        "predicted device memory {} of the map-maker's plan {plan} on backend {backend} exceeds \
+         its device memory budget of {budget}; reduce the case, --n-det, --n-obs or \
+         pixels.nside, run more processes, raise the budget (--backend-options \
+         {backend}:memory=GiB, or TOAST_GPU_MEM_GB), or run on the cpu backend",
+        gib(*predicted)
+    )]
+    DeviceMemory {
+        /// Predicted device bytes of the largest process.
+        predicted: f64,
+        /// The pipeline backend.
+        backend: String,
+        /// The map-maker's plan.
+        plan: String,
+        /// The budget, with where it came from.
+        budget: toast_accel::budget::Budget,
     },
 }
 
@@ -595,6 +616,96 @@ impl SatelliteJob {
             }
         }
         worst
+    }
+
+    /// Predicted peak of the staged device buffers of the largest process of
+    /// `plan` on a device execution plan (`None` on a host plan; see
+    /// `presets`, "Device memory estimate").
+    pub fn predicted_device_memory(
+        &self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+        execution: &Plan,
+    ) -> Option<f64> {
+        if execution.host() {
+            return None;
+        }
+        let samples = sim.obs_samples().unwrap_or_default();
+        let sets = sim.detector_sets();
+        let nnz = self.config.weights.mode.nnz() as u64;
+        let mut worst = 0.0f64;
+        for obs in &plan.group_obs {
+            let time: u64 = samples.get(obs.clone()).map_or(0, |v| v.iter().sum());
+            for r in &plan.rank_detsets {
+                let n_det: u64 = sets[r.clone()].iter().map(|v| v.len() as u64).sum();
+                worst = worst.max(presets::predicted_device_memory(
+                    (n_det * time) as f64,
+                    time as f64,
+                    obs.len() as u64,
+                    self.nside(),
+                    nnz,
+                ));
+            }
+        }
+        Some(worst)
+    }
+
+    /// The device memory budget of the pipeline backend of `registry`, as
+    /// its plugin takes it (`toast_accel::budget`: the option `memory=`,
+    /// else `TOAST_GPU_MEM_GB`, else 90% of the free memory of its device);
+    /// `None` for a host-addressable backend, or when the figure cannot be
+    /// known (no device information).
+    pub fn device_budget(
+        &self,
+        registry: &Registry,
+    ) -> Result<Option<(String, Budget)>, WorkflowError> {
+        let Some(backend) = pipeline_backend_in(registry, &self.config.dispatch, None) else {
+            return Ok(None);
+        };
+        if backend.host_addressable() {
+            return Ok(None);
+        }
+        let name = backend.name().to_string();
+        let options = registry
+            .entry(&name)
+            .map(|e| e.options().to_string())
+            .unwrap_or_default();
+        let env = std::env::var("TOAST_GPU_MEM_GB").ok();
+        let configured = Budget::configured(&options, env.as_deref()).map_err(|reason| {
+            WorkflowError::Dispatch {
+                setting: format!("backend {name}"),
+                reason,
+            }
+        })?;
+        if let Some(b) = configured {
+            return Ok(Some((name, b)));
+        }
+        Ok(backend
+            .device_info(0)
+            .ok()
+            .map(|d| (name, Budget::default_for(d.free_memory, d.total_memory))))
+    }
+
+    /// Refuse, before any work, a device run whose predicted device peak
+    /// (`predicted`, [`SatelliteJob::predicted_device_memory`]) passes the
+    /// budget of its backend: its plugin would refuse an allocation part
+    /// way through.
+    pub fn check_device_memory(
+        &self,
+        predicted: f64,
+        backend: &str,
+        budget: Budget,
+        execution: &Plan,
+    ) -> Result<(), WorkflowError> {
+        if predicted > budget.bytes as f64 {
+            return Err(WorkflowError::DeviceMemory {
+                predicted,
+                backend: backend.to_string(),
+                plan: execution.to_string(),
+                budget,
+            });
+        }
+        Ok(())
     }
 
     /// Refuse a job whose `processes` processes of `per_process` predicted

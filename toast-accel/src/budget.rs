@@ -1,0 +1,114 @@
+//! The device memory budget of a GPU plugin, shared by the plugins (which
+//! hold their pool within it: `toast-gpu`'s `memory`) and the host (which
+//! refuses, before any work, a run whose predicted device peak passes it).
+//!
+//! One figure, from the first of: the plugin option `memory=GiB`, TOAST's
+//! `TOAST_GPU_MEM_GB`, else the default, 90% of the device memory free when
+//! the backend starts (of the total where the API cannot tell the free
+//! memory, as OpenCL cannot).
+
+/// The most device memory a backend's pool may hold, and where the figure
+/// came from (for messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where it came from: `option memory=`, `TOAST_GPU_MEM_GB`, or the
+    /// default.
+    pub source: &'static str,
+}
+
+impl Budget {
+    /// No limit beyond the device's own.
+    pub const UNLIMITED: Budget = Budget {
+        bytes: u64::MAX,
+        source: "none",
+    };
+
+    /// The default: 90% of `free` device memory (of `total` when the free
+    /// memory is unknown, 0).
+    pub fn default_for(free: u64, total: u64) -> Budget {
+        let base = if free > 0 { free } else { total };
+        Budget {
+            bytes: base / 10 * 9,
+            source: "the default, 90% of the device memory free at start",
+        }
+    }
+
+    /// `GiB` (a positive number, fractions allowed) as a budget from
+    /// `source`.
+    pub fn parse_gib(text: &str, source: &'static str) -> Result<Budget, String> {
+        let gib = text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|g| g.is_finite() && *g > 0.0 && *g < 1e9)
+            .ok_or_else(|| {
+                format!(
+                    "{source}: `{text}` is not a device memory budget in GiB (a positive number, \
+                     e.g. 16 or 0.25)"
+                )
+            })?;
+        Ok(Budget {
+            bytes: (gib * (1u64 << 30) as f64) as u64,
+            source,
+        })
+    }
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.bytes == u64::MAX {
+            return write!(f, "no budget");
+        }
+        write!(
+            f,
+            "{:.3} GiB = {} bytes ({})",
+            self.bytes as f64 / (1u64 << 30) as f64,
+            self.bytes,
+            self.source
+        )
+    }
+}
+
+impl Budget {
+    /// The budget configured by a plugin's `options` (`key=value` pairs
+    /// separated by `;`: its `memory=`) or the value of `TOAST_GPU_MEM_GB`
+    /// (`env`); `None` when neither sets one (the default applies, which
+    /// needs the device's memory: [`Budget::default_for`]).
+    pub fn configured(options: &str, env: Option<&str>) -> Result<Option<Budget>, String> {
+        let option = options
+            .split(';')
+            .filter_map(|item| item.split_once('='))
+            .rfind(|(k, _)| k.trim() == "memory");
+        match (option, env.filter(|v| !v.trim().is_empty())) {
+            (Some((_, v)), _) => Budget::parse_gib(v, "option memory=").map(Some),
+            (None, Some(v)) => Budget::parse_gib(v, "TOAST_GPU_MEM_GB").map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_option_wins_over_the_environment() {
+        let b = Budget::configured("device=1; memory=0.5", Some("8"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((b.bytes, b.source), (1 << 29, "option memory="));
+        let b = Budget::configured("device=1", Some("8")).unwrap().unwrap();
+        assert_eq!((b.bytes, b.source), (8 << 30, "TOAST_GPU_MEM_GB"));
+        assert_eq!(Budget::configured("", None).unwrap(), None);
+        assert_eq!(Budget::configured("", Some(" ")).unwrap(), None);
+        assert!(Budget::configured("memory=lots", None)
+            .unwrap_err()
+            .contains("option memory=: `lots` is not a device memory budget in GiB"));
+        assert_eq!(
+            Budget::default_for(0, 10 << 30).to_string(),
+            "9.000 GiB = 9663676416 bytes (the default, 90% of the device memory free at start)"
+        );
+    }
+}
