@@ -568,12 +568,26 @@ fn faults_on(backend: &str) {
     assert!(o.status.success(), "{backend} verify, cut cache: {t}");
     assert!(t.contains("discarded, compiling again"), "{backend}: {t}");
 
-    // A device too small: the error names the bytes, the memory and the
-    // option that lowers the need.
-    let o = call(
-        &run_args,
-        &base_env(vec![("TOAST_EMU_MEMORY", "64K".into())]),
+    // A device too small: refused before any work, the predicted device
+    // memory against the budget (90% of the device's), naming the options
+    // that lower the need.
+    let small = || base_env(vec![("TOAST_EMU_MEMORY", "64K".into())]);
+    let o = call(&run_args, &small());
+    assert_error(
+        &o,
+        2,
+        &[
+            "exceeds its device memory budget of",
+            "90% of the device memory free",
+            "--n-det",
+        ],
     );
+    assert!(contents(&out) == previous, "{backend}: outputs changed");
+    // Run anyway: the plugin's refusal names the bytes, the memory and the
+    // option that lowers the need.
+    let mut anyway = run_args.clone();
+    anyway.push("--ignore-memory-check");
+    let o = call(&anyway, &small());
     assert_error(
         &o,
         2,
