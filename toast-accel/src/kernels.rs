@@ -242,6 +242,16 @@ macro_rules! toast_kernels {
                 device: ["toast_fused_project"],
                 case: FusedProjectCase,
             }
+            sim_noise => SimNoise {
+                name: "sim_noise",
+                args: SimNoiseArgs = toast_sim_noise_args,
+                check: check_sim_noise -> $crate::check::SimNoise<'a>,
+                arrays: [det_data: Out],
+                device: ["toast_sim_noise_spectrum", "toast_sim_noise_pack",
+                         "toast_sim_noise_fft_stage", "toast_sim_noise_partial",
+                         "toast_sim_noise_mean", "toast_sim_noise_add"],
+                case: SimNoiseCase,
+            }
         }
     };
 }
