@@ -1624,6 +1624,9 @@ KERNEL void toast_fused_project(
  * `work` of item_step >= 2 N + 2 doubles: region R0 = work[0, N) and
  * R1 = work[N, 2 N + 2), N = fft_len, M = N / 2.
  *
+ *  0. toast_sim_noise_twiddles (j in [0, M)), once per call: the table
+ *     tw[j] = e^{2 pi i j / N} from toast_cos and toast_sin (correctly
+ *     rounded: the same bits on every target), in its own buffer.
  *  1. toast_sim_noise_spectrum (k in [0, M]): the half-complex spectrum
  *     X_k into R1, (re, im) pairs.  Deviate j is TOAST's: Threefry-2x64-20
  *     at key (keys[2d], keys[2d+1]), counter (0, counter0 + j), word 0;
@@ -1637,9 +1640,9 @@ KERNEL void toast_fused_project(
  *     inverse FFT z of Z holds x_{2m} + i x_{2m+1}: the real output in order.
  *  3. toast_sim_noise_fft_stage (t in [0, M/2)), log2 M launches: a radix-2
  *     Stockham stage (autosort: no bit reversal) of the inverse complex FFT,
- *     sub-transform length n = M, M/2, ..., 2 with stride s = M / n, from
- *     one region to the other; twiddles e^{2 pi i p s / M} from toast_sin and
- *     toast_cos (correctly rounded: the same bits on every target).
+ *     sub-transform length n = M, M/2, ..., 2 with stride s = M / n
+ *     (m_len = M: `half` is a type in OpenCL C), from one region to the
+ *     other; twiddle e^{2 pi i p s / M} = tw[2 p s].
  *  4. toast_sim_noise_partial (c in [0, ceil(n_samp / chunk))): the sum of
  *     chunk scaled samples x_{off + i} / N, off = (N - n_samp) / 2, in sample
  *     order, into the region the FFT did not end in.
@@ -1763,6 +1766,19 @@ DEVICE_FN double toast_noise_deviate(u64 k0, u64 k1, u64 counter0, i64 j) {
     return 1.4142135623730951 * toast_erfinv(x);
 }
 
+/* The twiddle table of a call: tw[j] = e^{2 pi i j / N}, j in [0, N/2),
+ * (re, im) pairs, from toast_cos and toast_sin (correctly rounded), made
+ * once per call and read by the pack and every FFT stage. */
+KERNEL void toast_sim_noise_twiddles(i64 fft_len, GLOBAL double *RESTRICT tw) {
+    const i64 j = GID0;
+    if (j >= fft_len / 2) {
+        return;
+    }
+    const double ang = (double)j * (TOAST_TWO_PI / (double)fft_len);
+    tw[2 * j] = toast_cos(ang);
+    tw[2 * j + 1] = toast_sin(ang);
+}
+
 KERNEL void toast_sim_noise_spectrum(i64 d0, i64 d_end, i64 fft_len, i64 counter0, i64 n_amp,
                                      GLOBAL const u64 *RESTRICT keys,
                                      GLOBAL const i32 *RESTRICT filter_index,
@@ -1787,8 +1803,9 @@ KERNEL void toast_sim_noise_spectrum(i64 d0, i64 d_end, i64 fft_len, i64 counter
     x[2 * k + 1] = im;
 }
 
-KERNEL void toast_sim_noise_pack(i64 d0, i64 d_end, i64 fft_len, GLOBAL double *RESTRICT work,
-                                 i64 item_step) {
+KERNEL void toast_sim_noise_pack(i64 d0, i64 d_end, i64 fft_len,
+                                 GLOBAL const double *RESTRICT tw,
+                                 GLOBAL double *RESTRICT work, i64 item_step) {
     const i64 d = d0 + GID1;
     const i64 k = GID0;
     const i64 m = fft_len / 2;
@@ -1805,23 +1822,23 @@ KERNEL void toast_sim_noise_pack(i64 d0, i64 d_end, i64 fft_len, GLOBAL double *
     const double ei = ai + bi;
     const double dr = ar - br;
     const double di = ai - bi;
-    const double ang = (double)k * (TOAST_TWO_PI / (double)fft_len);
-    const double c = toast_cos(ang);
-    const double s = toast_sin(ang);
+    const double c = tw[2 * k];
+    const double s = tw[2 * k + 1];
     const double or_ = dr * c - di * s;
     const double oi = dr * s + di * c;
     z[2 * k] = er - oi;
     z[2 * k + 1] = ei + or_;
 }
 
-KERNEL void toast_sim_noise_fft_stage(i64 d0, i64 d_end, i64 half, i64 n, i64 src_off,
-                                      i64 dst_off, GLOBAL double *RESTRICT work, i64 item_step) {
+KERNEL void toast_sim_noise_fft_stage(i64 d0, i64 d_end, i64 m_len, i64 n, i64 src_off,
+                                      i64 dst_off, GLOBAL const double *RESTRICT tw,
+                                      GLOBAL double *RESTRICT work, i64 item_step) {
     const i64 d = d0 + GID1;
     const i64 t = GID0;
-    if (d >= d_end || t >= half / 2) {
+    if (d >= d_end || t >= m_len / 2) {
         return;
     }
-    const i64 s = half / n;
+    const i64 s = m_len / n;
     const i64 q = t % s;
     const i64 p = t / s;
     const i64 h = n / 2;
@@ -1834,9 +1851,9 @@ KERNEL void toast_sim_noise_fft_stage(i64 d0, i64 d_end, i64 half, i64 n, i64 sr
     const double ai = src[2 * ia + 1];
     const double br = src[2 * ib];
     const double bi = src[2 * ib + 1];
-    const double ang = (double)(p * s) * (TOAST_TWO_PI / (double)half);
-    const double c = toast_cos(ang);
-    const double sn = toast_sin(ang);
+    /* e^{2 pi i p s / M} = tw[2 p s] (2 p s < M). */
+    const double c = tw[4 * p * s];
+    const double sn = tw[4 * p * s + 1];
     const double dr = ar - br;
     const double di = ai - bi;
     const i64 o0 = q + s * (2 * p);

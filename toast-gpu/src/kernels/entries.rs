@@ -1187,7 +1187,8 @@ impl DeviceKernel for abi::FusedProjectArgs {
 const NOISE_SUM_CHUNK: i64 = 4096;
 
 impl DeviceKernel for abi::SimNoiseArgs {
-    /// The six launches of `kernels.h`'s "noise simulation" over batches of
+    /// The launches of `kernels.h`'s "noise simulation": the twiddle table
+    /// once, then six per batch of
     /// detectors, each detector of a batch in its own contiguous slice of
     /// the workspace (`2 N + 2` doubles; the plugin option `workspace`
     /// does not apply: a stream is read whole by each FFT stage), as many
@@ -1207,6 +1208,16 @@ impl DeviceKernel for abi::SimNoiseArgs {
         let filter_index = call.small("filter_index", v.filter_index)?;
         let data_index = call.small("data_index", v.data_index)?;
         let amplitudes = call.small("amplitudes", v.amplitudes)?;
+        // The twiddle table (N/2 complex values), then the streams' slices.
+        let table = call.workspace(v.fft_len as u64, 1)?;
+        let tw = Some(table.buf);
+        call.launch(
+            "toast_sim_noise_twiddles",
+            half as u64,
+            1,
+            1,
+            params::ToastSimNoiseTwiddles { fft_len: n, tw },
+        )?;
         let item_len = 2 * v.fft_len as u64 + 2;
         let ws = call.workspace(item_len, v.n_det as u64)?;
         let per_batch = (ws.per_launch as usize).clamp(1, super::MAX_GRID_YZ);
@@ -1248,6 +1259,7 @@ impl DeviceKernel for abi::SimNoiseArgs {
                     d0,
                     d_end,
                     fft_len: n,
+                    tw,
                     work,
                     item_step,
                 },
@@ -1263,10 +1275,11 @@ impl DeviceKernel for abi::SimNoiseArgs {
                     params::ToastSimNoiseFftStage {
                         d0,
                         d_end,
-                        half,
+                        m_len: half,
                         n: sub,
                         src_off,
                         dst_off,
+                        tw,
                         work,
                         item_step,
                     },
