@@ -123,6 +123,9 @@ use toast_accel::plugin_support::{self, guard, kernel_args, PluginError};
 mod arrays;
 mod context;
 mod kernels;
+/// The CPU noise stream of `sim_noise` (toast-ops' tests compare it with
+/// TOAST's streams).
+pub use kernels::noise;
 mod memory;
 mod par;
 

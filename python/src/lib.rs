@@ -1151,13 +1151,16 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         Kernel::FilterPolynomial => ("filter_polynomial", filter_polynomial),
         Kernel::FilterPoly2d => ("filter_poly2D", filter_poly2d),
         // Ours: the map-maker's covariance application, the solver's
-        // vector kernels and the fused passes.
+        // vector kernels and the fused passes; and the noise simulation
+        // (TOAST's SimNoise calls its compiled `tod_sim_noise_timestream`
+        // directly, not through the kernel registry).
         Kernel::CovApplyDiag
         | Kernel::AmpDot
         | Kernel::AmpAxpby
         | Kernel::CompactExpandPointing
         | Kernel::FusedAccumulate
-        | Kernel::FusedProject => return None,
+        | Kernel::FusedProject
+        | Kernel::SimNoise => return None,
     })
 }
 

@@ -1615,3 +1615,305 @@ KERNEL void toast_fused_project(
     }
     amplitudes_out[amp] += acc;
 }
+
+/* ---- noise simulation: sim_noise (ABI minor 5) --------------------------
+ * TOAST's tod_sim_noise_timestream per detector, added to its row of
+ * det_data, in six launches over a batch of detectors (grid dimension 1 the
+ * detector of the batch, d0 + GID1; dimension 0 the index inside its
+ * stream).  Each detector of the batch has a slice of the global workspace
+ * `work` of item_step >= 2 N + 2 doubles: region R0 = work[0, N) and
+ * R1 = work[N, 2 N + 2), N = fft_len, M = N / 2.
+ *
+ *  0. toast_sim_noise_twiddles (j in [0, M)), once per call: the table
+ *     tw[j] = e^{2 pi i j / N} from toast_cos and toast_sin (correctly
+ *     rounded: the same bits on every target), in its own buffer.
+ *  1. toast_sim_noise_spectrum (k in [0, M]): the half-complex spectrum
+ *     X_k into R1, (re, im) pairs.  Deviate j is TOAST's: Threefry-2x64-20
+ *     at key (keys[2d], keys[2d+1]), counter (0, counter0 + j), word 0;
+ *     Random123's u01; sqrt(2) erfinv(2u - 1) with Giles' erfinv, in the
+ *     CPU's operations (toast_accel::math::rng); counter0 passes as the
+ *     bits of an i64 (the launchers pass no u64).  X_0 = A_0 g_0 (TOAST's
+ *     A_0 = 0), X_k = A_k (g_k + i g_{N-k}), X_M = A_M g_M.
+ *  2. toast_sim_noise_pack (k in [0, M)): the inverse real FFT of length N as
+ *     a complex one of length M: Z_k = (X_k + conj X_{M-k})
+ *     + i (X_k - conj X_{M-k}) e^{2 pi i k / N} into R0, so that the complex
+ *     inverse FFT z of Z holds x_{2m} + i x_{2m+1}: the real output in order.
+ *  3. toast_sim_noise_fft_stage (t in [0, M/2)), log2 M launches: a radix-2
+ *     Stockham stage (autosort: no bit reversal) of the inverse complex FFT,
+ *     sub-transform length n = M, M/2, ..., 2 with stride s = M / n
+ *     (m_len = M: `half` is a type in OpenCL C), from one region to the
+ *     other; twiddle e^{2 pi i p s / M} = tw[2 p s].
+ *  4. toast_sim_noise_partial (c in [0, ceil(n_samp / chunk))): the sum of
+ *     chunk scaled samples x_{off + i} / N, off = (N - n_samp) / 2, in sample
+ *     order, into the region the FFT did not end in.
+ *  5. toast_sim_noise_mean (one thread per detector): the mean of the kept
+ *     samples from the chunk sums, in chunk order.
+ *  6. toast_sim_noise_add (i in [0, n_samp)):
+ *     det_data[row, i] += x_{off + i} / N - mean.
+ * The deviates and the spectrum are the CPU's bits; the FFT and the mean
+ * round differently from realfft's and from a sum in sample order (about
+ * 1e-15 of the noise RMS; conformance: NOISE_RTOL). */
+
+#define TOAST_TWO_PI 6.283185307179586476925286766559
+
+/* Threefry-2x64-20, word 0 (Random123's threefry2x64 with 20 rounds). */
+DEVICE_FN u64 toast_rotl64(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
+
+DEVICE_FN u64 toast_threefry2x64_w0(u64 c0, u64 c1, u64 k0, u64 k1) {
+    const int rot[8] = {16, 42, 12, 31, 16, 32, 24, 21};
+    u64 ks[3];
+    ks[0] = k0;
+    ks[1] = k1;
+    ks[2] = 0x1BD11BDAA9FC1A22UL ^ k0 ^ k1;
+    u64 x0 = c0 + ks[0];
+    u64 x1 = c1 + ks[1];
+    for (int r = 0; r < 20; r++) {
+        x0 += x1;
+        x1 = toast_rotl64(x1, rot[r % 8]);
+        x1 ^= x0;
+        if (r % 4 == 3) {
+            const int s = (r + 1) / 4;
+            x0 += ks[s % 3];
+            x1 += ks[(s + 1) % 3] + (u64)s;
+        }
+    }
+    return x0;
+}
+
+/* Giles' double-precision erfinv for |x| < 1, the CPU's operations. */
+DEVICE_FN double toast_erfinv(double x) {
+    const double ab = fabs(x);
+    if (ab >= 1.0) {
+        return x / 0.0; /* +-inf at +-1, as the CPU's erfinv */
+    }
+    const double w = -log((1.0 - ab) * (1.0 + ab));
+    double p;
+    if (w < 6.25) {
+        const double t = w - 3.125;
+        p = -3.6444120640178197e-21;
+        p = p * t + -1.6850591381820166e-19;
+        p = p * t + 1.2858480715256400e-18;
+        p = p * t + 1.1157877678025181e-17;
+        p = p * t + -1.3331716628546209e-16;
+        p = p * t + 2.0972767875968562e-17;
+        p = p * t + 6.6376381343583238e-15;
+        p = p * t + -4.0545662729752069e-14;
+        p = p * t + -8.1519341976054722e-14;
+        p = p * t + 2.6335093153082323e-12;
+        p = p * t + -1.2975133253453532e-11;
+        p = p * t + -5.415412054294628e-11;
+        p = p * t + 1.0512122733215323e-9;
+        p = p * t + -4.1126339803469837e-9;
+        p = p * t + -2.9070369957882005e-8;
+        p = p * t + 4.2347877827932404e-7;
+        p = p * t + -1.3654692000834679e-6;
+        p = p * t + -1.3882523362786469e-5;
+        p = p * t + 1.8673420803405714e-4;
+        p = p * t + -7.4070253416626698e-4;
+        p = p * t + -6.033670871430149e-3;
+        p = p * t + 0.2401581824255896;
+        p = p * t + 1.6536545626831027;
+    } else if (w < 16.0) {
+        const double t = sqrt(w) - 3.25;
+        p = 2.2137376921775787e-9;
+        p = p * t + 9.075656193888539e-8;
+        p = p * t + -2.7517406297064545e-7;
+        p = p * t + 1.8239629214389228e-8;
+        p = p * t + 1.5027403968909828e-6;
+        p = p * t + -4.013867526981546e-6;
+        p = p * t + 2.9234449089955446e-6;
+        p = p * t + 1.2475304481671779e-5;
+        p = p * t + -4.7318229009055734e-5;
+        p = p * t + 6.8284851459573175e-5;
+        p = p * t + 2.4031110387097894e-5;
+        p = p * t + -3.5503752036284748e-4;
+        p = p * t + 9.532893797373805e-4;
+        p = p * t + -1.6882755560235047e-3;
+        p = p * t + 2.491442096107851e-3;
+        p = p * t + -3.7512085075692412e-3;
+        p = p * t + 5.3709145535900636e-3;
+        p = p * t + 1.0052589676941592;
+        p = p * t + 3.0838856104922208;
+    } else {
+        const double t = sqrt(w) - 5.0;
+        p = -2.7109920616438573e-11;
+        p = p * t + -2.5556418169965252e-10;
+        p = p * t + 1.5076572693500548e-9;
+        p = p * t + -3.789465440126737e-9;
+        p = p * t + 7.6157012080783394e-9;
+        p = p * t + -1.496002662714924e-8;
+        p = p * t + 2.914795345090108e-8;
+        p = p * t + -6.771199775845234e-8;
+        p = p * t + 2.2900482228026655e-7;
+        p = p * t + -9.9298272942317e-7;
+        p = p * t + 4.5260625972231537e-6;
+        p = p * t + -1.968177810553167e-5;
+        p = p * t + 7.599527703001776e-5;
+        p = p * t + -2.1503011930044477e-4;
+        p = p * t + -1.3871931833623122e-4;
+        p = p * t + 1.0103004648645344;
+        p = p * t + 4.8499064014085844;
+    }
+    return p * x;
+}
+
+/* Deviate j of a stream: sqrt(2) erfinv(2 u01(w) - 1). */
+DEVICE_FN double toast_noise_deviate(u64 k0, u64 k1, u64 counter0, i64 j) {
+    const u64 w = toast_threefry2x64_w0(0, counter0 + (u64)j, k0, k1);
+    const double factor = 5.421010862427522170037264004349708557128906e-20; /* 2^-64 */
+    const double u = (double)w * factor + 0.5 * factor;
+    const double x = 2.0 * u - 1.0;
+    return 1.4142135623730951 * toast_erfinv(x);
+}
+
+/* The twiddle table of a call: tw[j] = e^{2 pi i j / N}, j in [0, N/2),
+ * (re, im) pairs, from toast_cos and toast_sin (correctly rounded), made
+ * once per call and read by the pack and every FFT stage. */
+KERNEL void toast_sim_noise_twiddles(i64 fft_len, GLOBAL double *RESTRICT tw) {
+    const i64 j = GID0;
+    if (j >= fft_len / 2) {
+        return;
+    }
+    const double ang = (double)j * (TOAST_TWO_PI / (double)fft_len);
+    tw[2 * j] = toast_cos(ang);
+    tw[2 * j + 1] = toast_sin(ang);
+}
+
+KERNEL void toast_sim_noise_spectrum(i64 d0, i64 d_end, i64 fft_len, i64 counter0, i64 n_amp,
+                                     GLOBAL const u64 *RESTRICT keys,
+                                     GLOBAL const i32 *RESTRICT filter_index,
+                                     GLOBAL const double *RESTRICT amplitudes,
+                                     GLOBAL double *RESTRICT work, i64 item_step) {
+    const i64 d = d0 + GID1;
+    const i64 k = GID0;
+    const i64 m = fft_len / 2;
+    if (d >= d_end || k > m) {
+        return;
+    }
+    const u64 k0 = keys[2 * d];
+    const u64 k1 = keys[2 * d + 1];
+    const double a = amplitudes[(i64)filter_index[d] * n_amp + k];
+    GLOBAL double *x = work + GID1 * item_step + fft_len;
+    const double re = toast_noise_deviate(k0, k1, (u64)counter0, k) * a;
+    double im = 0.0;
+    if (k > 0 && k < m) {
+        im = toast_noise_deviate(k0, k1, (u64)counter0, fft_len - k) * a;
+    }
+    x[2 * k] = re;
+    x[2 * k + 1] = im;
+}
+
+KERNEL void toast_sim_noise_pack(i64 d0, i64 d_end, i64 fft_len,
+                                 GLOBAL const double *RESTRICT tw,
+                                 GLOBAL double *RESTRICT work, i64 item_step) {
+    const i64 d = d0 + GID1;
+    const i64 k = GID0;
+    const i64 m = fft_len / 2;
+    if (d >= d_end || k >= m) {
+        return;
+    }
+    GLOBAL double *z = work + GID1 * item_step;
+    GLOBAL const double *x = z + fft_len;
+    const double ar = x[2 * k];
+    const double ai = x[2 * k + 1];
+    const double br = x[2 * (m - k)];
+    const double bi = -x[2 * (m - k) + 1];
+    const double er = ar + br;
+    const double ei = ai + bi;
+    const double dr = ar - br;
+    const double di = ai - bi;
+    const double c = tw[2 * k];
+    const double s = tw[2 * k + 1];
+    const double or_ = dr * c - di * s;
+    const double oi = dr * s + di * c;
+    z[2 * k] = er - oi;
+    z[2 * k + 1] = ei + or_;
+}
+
+KERNEL void toast_sim_noise_fft_stage(i64 d0, i64 d_end, i64 m_len, i64 n, i64 src_off,
+                                      i64 dst_off, GLOBAL const double *RESTRICT tw,
+                                      GLOBAL double *RESTRICT work, i64 item_step) {
+    const i64 d = d0 + GID1;
+    const i64 t = GID0;
+    if (d >= d_end || t >= m_len / 2) {
+        return;
+    }
+    const i64 s = m_len / n;
+    const i64 q = t % s;
+    const i64 p = t / s;
+    const i64 h = n / 2;
+    GLOBAL double *base = work + GID1 * item_step;
+    GLOBAL const double *src = base + src_off;
+    GLOBAL double *dst = base + dst_off;
+    const i64 ia = q + s * p;
+    const i64 ib = q + s * (p + h);
+    const double ar = src[2 * ia];
+    const double ai = src[2 * ia + 1];
+    const double br = src[2 * ib];
+    const double bi = src[2 * ib + 1];
+    /* e^{2 pi i p s / M} = tw[2 p s] (2 p s < M). */
+    const double c = tw[4 * p * s];
+    const double sn = tw[4 * p * s + 1];
+    const double dr = ar - br;
+    const double di = ai - bi;
+    const i64 o0 = q + s * (2 * p);
+    const i64 o1 = o0 + s;
+    dst[2 * o0] = ar + br;
+    dst[2 * o0 + 1] = ai + bi;
+    dst[2 * o1] = dr * c - di * sn;
+    dst[2 * o1 + 1] = dr * sn + di * c;
+}
+
+KERNEL void toast_sim_noise_partial(i64 d0, i64 d_end, i64 fft_len, i64 n_samp, i64 chunk,
+                                    i64 res_off, i64 sum_off, GLOBAL double *RESTRICT work,
+                                    i64 item_step) {
+    const i64 d = d0 + GID1;
+    const i64 c = GID0;
+    const i64 n_chunk = (n_samp + chunk - 1) / chunk;
+    if (d >= d_end || c >= n_chunk) {
+        return;
+    }
+    GLOBAL double *base = work + GID1 * item_step;
+    GLOBAL const double *x = base + res_off + (fft_len - n_samp) / 2;
+    const double scale = 1.0 / (double)fft_len;
+    i64 hi = (c + 1) * chunk;
+    if (hi > n_samp) {
+        hi = n_samp;
+    }
+    double acc = 0.0;
+    for (i64 i = c * chunk; i < hi; i++) {
+        acc += x[i] * scale;
+    }
+    base[sum_off + c] = acc;
+}
+
+KERNEL void toast_sim_noise_mean(i64 d0, i64 d_end, i64 n_samp, i64 chunk, i64 sum_off,
+                                 GLOBAL double *RESTRICT work, i64 item_step) {
+    const i64 d = d0 + GID1;
+    if (d >= d_end || GID0 != 0) {
+        return;
+    }
+    GLOBAL double *sums = work + GID1 * item_step + sum_off;
+    const i64 n_chunk = (n_samp + chunk - 1) / chunk;
+    double acc = 0.0;
+    for (i64 c = 0; c < n_chunk; c++) {
+        acc += sums[c];
+    }
+    sums[n_chunk] = acc / (double)n_samp;
+}
+
+KERNEL void toast_sim_noise_add(i64 d0, i64 d_end, i64 fft_len, i64 n_samp, i64 chunk,
+                                i64 res_off, i64 sum_off, GLOBAL const i32 *RESTRICT data_index,
+                                GLOBAL const double *RESTRICT work, i64 item_step,
+                                GLOBAL double *RESTRICT det_data) {
+    const i64 d = d0 + GID1;
+    const i64 i = GID0;
+    if (d >= d_end || i >= n_samp) {
+        return;
+    }
+    GLOBAL const double *base = work + GID1 * item_step;
+    const double scale = 1.0 / (double)fft_len;
+    const double mean = base[sum_off + (n_samp + chunk - 1) / chunk];
+    const double v = base[res_off + (fft_len - n_samp) / 2 + i] * scale;
+    det_data[(i64)data_index[d] * n_samp + i] += v - mean;
+}

@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 4u
+#define TOAST_BACKEND_ABI_MINOR 5u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -540,6 +540,29 @@ typedef struct toast_fused_project_args {
     uint8_t reserved[5];
 } toast_fused_project_args;
 
+/* ---- noise simulation (ABI minor 5; TOAST's tod_sim_noise_timestream) ----
+ * sim_noise: det_data[data_index[d], s] += the noise stream of detector d,
+ * s < n_samp.  The stream: N = fft_len Gaussian deviates g_j (Threefry-2x64-20
+ * with key keys[2d], keys[2d+1] at counter (0, counter0 + j), word 0, as
+ * Random123's u01 then sqrt(2) erfinv(2u - 1)); the half-complex spectrum
+ * X_0 = 0 (A_0 g_0, A_0 = 0), X_k = A_k (g_k + i g_{N-k}) for 0 < k < N/2,
+ * X_{N/2} = A_{N/2} g_{N/2}, A = amplitudes row filter_index[d] (N/2 + 1
+ * values); the inverse real FFT divided by N; its n_samp samples from
+ * (N - n_samp) / 2, minus their mean.  fft_len is a power of two greater than
+ * n_samp (TOAST: the smallest above 2 n_samp). */
+typedef struct toast_sim_noise_args {
+    uint64_t n_det;
+    uint64_t n_samp;   /* samples per row of det_data */
+    uint64_t fft_len;  /* N, a power of two > n_samp */
+    uint64_t n_filter; /* rows of amplitudes */
+    uint64_t counter0; /* low counter word of deviate 0 (first sample * oversample) */
+    const int32_t *data_index;   /* [n_det] row of det_data */
+    const int32_t *filter_index; /* [n_det] row of amplitudes */
+    const uint64_t *keys;        /* [2 n_det] Threefry keys */
+    const double *amplitudes;    /* [n_filter][fft_len / 2 + 1] */
+    toast_array det_data;        /* f64 [rows][n_samp] (in/out) */
+} toast_sim_noise_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -592,6 +615,7 @@ typedef struct toast_backend_table {
                                             const toast_compact_expand_pointing_args *a);
     toast_status (*fused_accumulate)(void *ctx, const toast_fused_accumulate_args *a);
     toast_status (*fused_project)(void *ctx, const toast_fused_project_args *a);
+    toast_status (*sim_noise)(void *ctx, const toast_sim_noise_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

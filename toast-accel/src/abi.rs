@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 4;
+pub const ABI_MINOR: u32 = 5;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -464,6 +464,24 @@ pub struct FusedProjectArgs {
     pub pointing_flag_mask: u8,
     pub iau: u8,
     pub reserved: [u8; 5],
+}
+
+/// `sim_noise` (ABI minor 5): TOAST's `tod_sim_noise_timestream` for a set
+/// of detectors, added to their rows of `det_data` (the header documents
+/// the stream).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SimNoiseArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub fft_len: u64,
+    pub n_filter: u64,
+    pub counter0: u64,
+    pub data_index: *const i32,
+    pub filter_index: *const i32,
+    pub keys: *const u64,
+    pub amplitudes: *const f64,
+    pub det_data: Array,
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

@@ -32,10 +32,12 @@
 use crate::abi::{self, SampleRange, SampleRanges};
 
 mod fused;
+mod noise;
 pub use fused::{
     check_compact_expand_pointing, check_fused_accumulate, check_fused_project,
     CompactExpandPointing, Fused, FusedPointing, FusedValues,
 };
+pub use noise::{check_sim_noise, SimNoise, MAX_NOISE_FFT_LEN};
 
 /// A rejected kernel argument.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

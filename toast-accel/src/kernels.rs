@@ -242,6 +242,17 @@ macro_rules! toast_kernels {
                 device: ["toast_fused_project"],
                 case: FusedProjectCase,
             }
+            sim_noise => SimNoise {
+                name: "sim_noise",
+                args: SimNoiseArgs = toast_sim_noise_args,
+                check: check_sim_noise -> $crate::check::SimNoise<'a>,
+                arrays: [det_data: Out],
+                device: ["toast_sim_noise_twiddles", "toast_sim_noise_spectrum",
+                         "toast_sim_noise_pack",
+                         "toast_sim_noise_fft_stage", "toast_sim_noise_partial",
+                         "toast_sim_noise_mean", "toast_sim_noise_add"],
+                case: SimNoiseCase,
+            }
         }
     };
 }
@@ -415,7 +426,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 20);
+        assert_eq!(Kernel::ALL.len(), 21);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -425,7 +436,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 23);
+        assert_eq!(names.len(), 30);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

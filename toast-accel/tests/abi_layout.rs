@@ -125,6 +125,10 @@ fn rust_side() -> BTreeMap<String, Layout> {
             det_flags, mapdata, amplitudes, amplitude_flags, amplitudes_out, det_flag_mask,
             pointing_flag_mask, iau, reserved,
         },
+        toast_sim_noise_args => SimNoiseArgs {
+            n_det, n_samp, fft_len, n_filter, counter0, data_index, filter_index, keys,
+            amplitudes, det_data,
+        },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

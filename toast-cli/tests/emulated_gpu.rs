@@ -113,6 +113,7 @@ fn run_gives_the_cpu_maps(backend: &str) {
         "template_offset_project_signal",
         "template_offset_apply_diag_precond",
         "cov_apply_diag",
+        "sim_noise",
     ] {
         assert!(
             csv.contains(&format!(".{k}[{backend}]")),

@@ -7,6 +7,7 @@ pub(crate) mod fused;
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
 pub(crate) mod mapmaker_utils;
+pub mod noise;
 pub(crate) mod pcg;
 pub(crate) mod pointing;
 pub(crate) mod polyfilter;
@@ -87,6 +88,7 @@ cpu_kernel! {
     CompactExpandPointingArgs => |v, a| compact::run(v, a);
     FusedAccumulateArgs => |v, a| fused::run_accumulate(v, a);
     FusedProjectArgs => |v, a| fused::run_project(v, a);
+    SimNoiseArgs => |v, a| noise::run(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

@@ -1109,6 +1109,7 @@ def all_cases():
     yield from cov_apply_cases()
     yield from amp_cases()
     yield from fused_cases()
+    yield from noise_cases()
 
 
 # ---------------------------------------------------------------------------
@@ -1707,6 +1708,103 @@ def fused_cases():
                          "compact pointing with a HWP angle, F a")
 
 
+# ---------------------------------------------------------------------------
+# 18. sim_noise (ABI minor 5; TOAST's tod_sim_noise_timestream per detector,
+# added to its row of det_data).  The reference is TOAST's compiled
+# tod_sim_noise_timestream with TOAST's keys (oversample 2, so the FFT length
+# is the smallest power of two above 2 n_samp); the kernel takes the Fourier
+# amplitudes instead of the PSD, computed here from the same PSD with the
+# C++'s interpolation (python floats, libm), so they agree with TOAST's own
+# to an ulp or so (FORMAT.md section 18, NOISE_RTOL).
+
+NOISE_RATE = 100.0
+
+
+def noise_psd(net, fknee, fmin, alpha, nfreq=60):
+    """An analytic 1/f PSD on a log grid from 1e-6 Hz to Nyquist."""
+    nyq = NOISE_RATE / 2
+    freq = np.logspace(-6, math.log10(nyq), nfreq)
+    freq[-1] = nyq
+    if fknee == 0.0:
+        return freq, np.full(nfreq, net * net)
+    fa = freq ** alpha
+    return freq, net * net * (fa + fknee ** alpha) / (fa + fmin ** alpha)
+
+
+def noise_amplitudes(freq, psd, fftlen):
+    """tod_sim_noise_psd_interp's amplitudes sqrt(P norm), A_0 = 0."""
+    npsd = fftlen // 2 + 1
+    norm = NOISE_RATE * (npsd - 1)
+    increment = NOISE_RATE / (fftlen - 1)
+    logfreq = [math.log10(f + increment) for f in freq]
+    stepinv = [1.0 / (b - a) for a, b in zip(logfreq, logfreq[1:])]
+    psdmin = min([p for p in psd if p != 0.0] + [1e30])
+    shift = 0.01 * psdmin
+    logpsd = [math.log10(math.sqrt(p * norm) + shift) for p in psd]
+    out = np.zeros(npsd)
+    ibin = 0
+    nb = len(freq)
+    for i in range(npsd):
+        lf = math.log10(increment * i + increment)
+        while ibin < nb - 2 and logfreq[ibin + 1] < lf:
+            ibin += 1
+        r = (lf - logfreq[ibin]) * stepinv[ibin]
+        out[i] = 10.0 ** (logpsd[ibin] + r * (logpsd[ibin + 1] - logpsd[ibin])) - shift
+    out[0] = 0.0
+    return out
+
+
+def case_noise(name, n_samp, first, models, dets, n_rows, description):
+    """dets: (model index, row, realization, telescope, component, session,
+    detector) per detector."""
+    c = Case("sim_noise", name, "tod_sim_noise_timestream", description)
+    rng = rng_for(c.file)
+    fftlen = 2
+    while fftlen <= 2 * n_samp:
+        fftlen *= 2
+    psds = [noise_psd(*m) for m in models]
+    amps = np.array([noise_amplitudes(f, p, fftlen) for f, p in psds])
+    det_in = rng.normal(size=(n_rows, n_samp))
+    det_out = det_in.copy()
+    keys = np.zeros((len(dets), 2), dtype=np.uint64)
+    m64 = (1 << 64) - 1
+    for i, (m, row, real, tel, comp, sess, det) in enumerate(dets):
+        noise = np.zeros(n_samp)
+        f, p = psds[m]
+        lt.tod_sim_noise_timestream(real, tel, comp, sess, det, NOISE_RATE, first, 2,
+                                    f.astype(np.float64), p.astype(np.float64), noise)
+        det_out[row] += noise
+        keys[i, 0] = (real * (1 << 32) + tel * (1 << 16) + comp) & m64
+        keys[i, 1] = (sess * (1 << 32) + det) & m64
+    c.scalar("n_samp", n_samp, np.int64)
+    c.scalar("fft_len", fftlen, np.int64)
+    c.scalar("counter0", first * 2, np.int64)
+    c.add(data_index=np.array([d[1] for d in dets], dtype=np.int32),
+          filter_index=np.array([d[0] for d in dets], dtype=np.int32),
+          keys=keys.view(np.int64), amplitudes=amps, det_data_in=det_in, det_data_out=det_out)
+    return c
+
+
+def noise_cases():
+    bench = (0.0002, 0.05, 1.0e-5, 1.0)  # net [K s^0.5], fknee, fmin [Hz], alpha
+    other = (0.0005, 0.2, 2.0e-5, 1.5)
+    tel, sess = 3126093837 & 0xFFFF, 1949512818
+    yield case_noise("benchmark_model", 1000, 0, [bench, other],
+                     [(0, 2, 0, tel, 0, sess, 2371234811), (1, 0, 0, tel, 0, sess, 1200341),
+                      (0, 3, 0, tel, 0, sess, 4012388733)], 4,
+                     "3 detectors, 2 models, rows permuted, row 1 untouched; N = 2048")
+    yield case_noise("first_sample", 37, 5000, [other],
+                     [(0, 1, 7, 12, 3, 99, 5), (0, 0, 7, 12, 3, 99, 6)], 2,
+                     "odd n_samp = 37 (N = 128), first sample 5000 (counter0 = 10000), "
+                     "realization 7, component 3")
+    yield case_noise("white_pow2", 512, 0, [(0.0003, 0.0, 0.0, 1.0)],
+                     [(0, 0, 0, 1, 0, 2, 3)], 1,
+                     "white noise (fknee = 0), n_samp a power of two (N = 2048)")
+    yield case_noise("wrapping_keys", 300, 123456789, [bench],
+                     [(0, 0, 70000, 65535, 65535, 4294967295, 4294967295)], 1,
+                     "key words near 2^64 (key2 = 2^64 - 1), a counter beyond 2^32")
+
+
 def write_cases(outdir, cases, problems):
     os.makedirs(outdir, exist_ok=True)
     entries = []
@@ -1749,6 +1847,8 @@ def main(argv):
         write_cases(argv[2], pinned_cases(), problems)
     elif len(argv) == 3 and argv[1] == "--fused":
         write_cases(argv[2], fused_cases(), problems)
+    elif len(argv) == 3 and argv[1] == "--noise":
+        write_cases(argv[2], noise_cases(), problems)
     elif len(argv) == 2:
         outdir = argv[1]
         write_cases(outdir, all_cases(), problems)
@@ -1763,7 +1863,7 @@ def main(argv):
         else:
             merge_cases(pinned, outdir)
     else:
-        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams OUTDIR)")
+        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams|--fused|--noise OUTDIR)")
     for p in problems:
         print(f"WARNING: self-check failed: {p}", file=sys.stderr)
     return 1 if problems else 0

@@ -1179,3 +1179,167 @@ impl DeviceKernel for abi::FusedProjectArgs {
         }
     }
 }
+
+// ---- noise simulation (ABI minor 5) ---------------------------------------
+
+/// Samples per partial sum of `toast_sim_noise_partial` (the mean of the
+/// kept samples: chunk sums in sample order, then the sums in chunk order).
+const NOISE_SUM_CHUNK: i64 = 4096;
+
+impl DeviceKernel for abi::SimNoiseArgs {
+    /// The launches of `kernels.h`'s "noise simulation": the twiddle table
+    /// once, then six per batch of
+    /// detectors, each detector of a batch in its own contiguous slice of
+    /// the workspace (`2 N + 2` doubles; the plugin option `workspace`
+    /// does not apply: a stream is read whole by each FFT stage), as many
+    /// per batch as the workspace budget holds (`workspace_items`).
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        if v.n_det == 0 || v.n_samp == 0 {
+            return Ok(());
+        }
+        let n = v.fft_len as i64;
+        let half = n / 2;
+        let det_data = call.array("det_data", a.det_data, F64)?;
+        let keys = call.small("keys", v.keys)?;
+        let filter_index = call.small("filter_index", v.filter_index)?;
+        let data_index = call.small("data_index", v.data_index)?;
+        let amplitudes = call.small("amplitudes", v.amplitudes)?;
+        // The twiddle table (N/2 complex values), then the streams' slices.
+        let table = call.workspace(v.fft_len as u64, 1)?;
+        let tw = Some(table.buf);
+        call.launch(
+            "toast_sim_noise_twiddles",
+            half as u64,
+            1,
+            1,
+            params::ToastSimNoiseTwiddles { fft_len: n, tw },
+        )?;
+        let item_len = 2 * v.fft_len as u64 + 2;
+        let ws = call.workspace(item_len, v.n_det as u64)?;
+        let per_batch = (ws.per_launch as usize).clamp(1, super::MAX_GRID_YZ);
+        let item_step = item_len as i64;
+        let work = Some(ws.buf);
+        // The stages alternate between R0 = [0, N) and R1 = [N, 2N + 2).
+        let stages = half.trailing_zeros() as i64;
+        let (res_off, sum_off) = if stages % 2 == 1 { (n, 0) } else { (0, n) };
+        let n_samp = v.n_samp as i64;
+        let n_chunk = (n_samp + NOISE_SUM_CHUNK - 1) / NOISE_SUM_CHUNK;
+        for b0 in (0..v.n_det).step_by(per_batch) {
+            let b1 = (b0 + per_batch).min(v.n_det);
+            let nb = b1 - b0;
+            let (d0, d_end) = (b0 as i64, b1 as i64);
+            call.launch(
+                "toast_sim_noise_spectrum",
+                half as u64 + 1,
+                nb,
+                1,
+                params::ToastSimNoiseSpectrum {
+                    d0,
+                    d_end,
+                    fft_len: n,
+                    counter0: v.counter0 as i64,
+                    n_amp: v.n_amp() as i64,
+                    keys,
+                    filter_index,
+                    amplitudes,
+                    work,
+                    item_step,
+                },
+            )?;
+            call.launch(
+                "toast_sim_noise_pack",
+                half as u64,
+                nb,
+                1,
+                params::ToastSimNoisePack {
+                    d0,
+                    d_end,
+                    fft_len: n,
+                    tw,
+                    work,
+                    item_step,
+                },
+            )?;
+            let mut sub = half;
+            let (mut src_off, mut dst_off) = (0, n);
+            while sub >= 2 {
+                call.launch(
+                    "toast_sim_noise_fft_stage",
+                    (half / 2) as u64,
+                    nb,
+                    1,
+                    params::ToastSimNoiseFftStage {
+                        d0,
+                        d_end,
+                        m_len: half,
+                        n: sub,
+                        src_off,
+                        dst_off,
+                        tw,
+                        work,
+                        item_step,
+                    },
+                )?;
+                std::mem::swap(&mut src_off, &mut dst_off);
+                sub /= 2;
+            }
+            debug_assert_eq!(src_off, res_off);
+            call.launch(
+                "toast_sim_noise_partial",
+                n_chunk as u64,
+                nb,
+                1,
+                params::ToastSimNoisePartial {
+                    d0,
+                    d_end,
+                    fft_len: n,
+                    n_samp,
+                    chunk: NOISE_SUM_CHUNK,
+                    res_off,
+                    sum_off,
+                    work,
+                    item_step,
+                },
+            )?;
+            call.launch(
+                "toast_sim_noise_mean",
+                1,
+                nb,
+                1,
+                params::ToastSimNoiseMean {
+                    d0,
+                    d_end,
+                    n_samp,
+                    chunk: NOISE_SUM_CHUNK,
+                    sum_off,
+                    work,
+                    item_step,
+                },
+            )?;
+            call.launch(
+                "toast_sim_noise_add",
+                n_samp as u64,
+                nb,
+                1,
+                params::ToastSimNoiseAdd {
+                    d0,
+                    d_end,
+                    fft_len: n,
+                    n_samp,
+                    chunk: NOISE_SUM_CHUNK,
+                    res_off,
+                    sum_off,
+                    data_index,
+                    work,
+                    item_step,
+                    det_data,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -969,6 +969,65 @@ pub fn noise_weight(
     )
 }
 
+/// The noise streams of a `sim_noise` call: the Fourier amplitudes (one
+/// table of `fft_len / 2 + 1` values per distinct noise model, flat) and
+/// per detector its table and Threefry key (TOAST's layout,
+/// `crate::sim::noise::NoiseKey`).
+#[derive(Debug, Clone, Copy)]
+pub struct NoiseStreams<'a> {
+    /// `N`, a power of two above the observation's samples.
+    pub fft_len: u64,
+    /// Low counter word of deviate 0 (`first_sample * oversample`).
+    pub counter0: u64,
+    /// `[n_filter][fft_len / 2 + 1]`.
+    pub amplitudes: &'a [f64],
+    /// Per detector, its row of `amplitudes`.
+    pub filter_index: &'a [i32],
+    /// Per detector, two key words.
+    pub keys: &'a [u64],
+}
+
+/// `sim_noise`: `det_data[d] += ` detector `d`'s noise stream (TOAST's
+/// `tod_sim_noise_timestream`), on the backend the dispatcher picks; on a
+/// device the stream is made there (Threefry, the Gaussian transform and the
+/// inverse FFT) and never crosses the bus.
+pub fn sim_noise(
+    ctx: &mut ExecContext,
+    operator: &str,
+    detectors: &[String],
+    ob: &mut Observation,
+    meta: &mut Meta,
+    det_data: &str,
+    streams: NoiseStreams<'_>,
+) -> Result<(), OpError> {
+    check_len("filter_index", streams.filter_index.len(), detectors.len())?;
+    check_len("keys", streams.keys.len(), 2 * detectors.len())?;
+    let n_amp = streams.fft_len / 2 + 1;
+    let n_filter = streams.amplitudes.len() as u64 / n_amp.max(1);
+    let data_index = rows::<f64>(ob, det_data, &[], detectors)?;
+    let n_samp = ob.n_samples() as u64;
+    let specs = vec![Spec::output(Source::DetData(det_data), 8)];
+    launch(
+        ctx,
+        operator,
+        detectors,
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::SimNoiseArgs {
+            n_det: detectors.len() as u64,
+            n_samp,
+            fft_len: streams.fft_len,
+            n_filter,
+            counter0: streams.counter0,
+            data_index: data_index.as_ptr(),
+            filter_index: streams.filter_index.as_ptr(),
+            keys: streams.keys.as_ptr(),
+            amplitudes: streams.amplitudes.as_ptr(),
+            det_data: a[0],
+        },
+    )
+}
+
 /// The amplitude layout of the offset template in one observation: the step
 /// length, the number of amplitudes of each interval (view), and where each
 /// detector's block starts in the amplitude vector.

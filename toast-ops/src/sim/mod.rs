@@ -18,7 +18,9 @@
 //!   [`crate::sim::noise::AnalyticNoiseParams`] per detector, from the focal plane) under
 //!   `noise_model`. It implements the map-maker's [`crate::ops::DetectorWeights`]
 //!   (`1 / (NET² f_s)`).
-//! * [`SimNoise`] adds 1/f + white noise to `signal`, with TOAST's keys
+//! * [`SimNoise`] adds 1/f + white noise to `signal` through the `sim_noise`
+//!   kernel on the run's backend (the host computes only the Fourier
+//!   amplitudes per noise model and the keys), with TOAST's keys
 //!   `(realization, telescope UID, component 0, session UID, detector UID)`
 //!   and the sample rate measured from the timestamps, so the noise of a
 //!   detector does not depend on how the work is split.
@@ -43,7 +45,10 @@
 //! host builds the pixel distribution from pixels it expands itself from
 //! the boresight ([`crate::exec::pipeline::mirror_on_host`]), so no
 //! pointing crosses the bus: the boresight and the input map go up, the
-//! timestream comes back (the noise is simulated on the host).
+//! timestream comes back. On a device the workflow runs `SimNoise` in the
+//! same scope ([`ScanHealpixMap::noise`]): the `sim_noise` kernel makes the
+//! noise on the device and adds it there, so the timestream comes back once,
+//! with the noise, and the noise itself never crosses the bus.
 //!
 //! The input sky is an [`InputSky`]: read from a HEALPix FITS file
 //! ([`InputSky::from_file`], any ordering; the file's `ORDERING` header is

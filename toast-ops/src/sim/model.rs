@@ -2,8 +2,9 @@
 
 use super::satellite::SESSION_UID;
 use crate::astro::scan_strategy::rate_from_times;
+use crate::exec::kernels::{self, NoiseStreams};
 use crate::ops::{register_noise_model, DetectorWeights};
-use crate::sim::noise::{sim_noise_add, AnalyticNoiseParams, NoiseFilter, NoiseKey};
+use crate::sim::noise::{AnalyticNoiseParams, NoiseFilter, NoiseKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use toast_core::meta::Value;
@@ -146,21 +147,28 @@ impl Operator for SimNoise {
     fn name(&self) -> &str {
         &self.name
     }
+    /// The noise model, the timestream it adds to, and the timestamps (read
+    /// on the host for the sample rate; the kernel never reads them, so a
+    /// device scope does not stage them: they are not listed).
     fn requires(&self) -> Requirements {
         Requirements::new()
             .meta(&self.config.noise_model)
-            .shared(defaults::TIMES)
             .detdata(&self.config.det_data)
     }
     fn provides(&self) -> Requirements {
         Requirements::new().detdata(&self.config.det_data)
+    }
+    /// The noise is the `sim_noise` kernel's, on the run's backend.
+    fn supports_accel(&self) -> bool {
+        true
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         if !self.config.enabled {
             return Ok(());
         }
         let cfg = &self.config;
-        for ob in &mut data.obs {
+        let Data { obs, meta } = data;
+        for ob in obs.iter_mut() {
             let obname = ob.name().to_string();
             let err = |m: String| OpError::InvalidData {
                 what: format!("sim_noise: observation '{obname}': {m}"),
@@ -212,32 +220,24 @@ impl Operator for SimNoise {
                     detector: ob.detector(d)?.uid,
                 });
             }
-            let frefs: Vec<&NoiseFilter> = which.iter().map(|&i| &filters[i].1).collect();
-            let field = ob.detdata.get_mut(&cfg.det_data)?;
-            let rows: Vec<usize> = dets
+            if dets.is_empty() {
+                continue;
+            }
+            let fft_len = filters[0].1.fft_len();
+            let amplitudes: Vec<f64> = filters
                 .iter()
-                .map(|d| {
-                    field.row_index(d).ok_or_else(|| {
-                        OpError::Data(toast_core::DataError::MissingDetector {
-                            observation: obname.clone(),
-                            where_: format!("detdata '{}'", cfg.det_data),
-                            detector: d.clone(),
-                        })
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-            let all = field.data_mut::<f64>()?;
-            let mut by_row: Vec<Option<&mut [f64]>> = all.chunks_mut(n).map(Some).collect();
-            let mut signals: Vec<&mut [f64]> = rows
-                .iter()
-                .map(|&r| {
-                    by_row[r]
-                        .take()
-                        .ok_or_else(|| err(format!("detector row {r} selected twice")))
-                })
-                .collect::<Result<_, _>>()?;
-            sim_noise_add(&frefs, &keys, first_sample, &mut signals)
-                .map_err(|e| err(e.to_string()))?;
+                .flat_map(|(_, f)| f.amplitude().iter().copied())
+                .collect();
+            let filter_index: Vec<i32> = which.iter().map(|&i| i as i32).collect();
+            let keys: Vec<u64> = keys.iter().flat_map(NoiseKey::rng_key).collect();
+            let streams = NoiseStreams {
+                fft_len: fft_len as u64,
+                counter0: filters[0].1.counter0(first_sample),
+                amplitudes: &amplitudes,
+                filter_index: &filter_index,
+                keys: &keys,
+            };
+            kernels::sim_noise(ctx, &self.name, &dets, ob, meta, &cfg.det_data, streams)?;
         }
         Ok(())
     }

@@ -58,27 +58,25 @@
 //! for the rare deviates beyond ≈5.4σ (about one per 17 detector-hours)
 //! TOAST's value is off by ~1e-7 relative and ours is the accurate one.
 //!
-//! # Cost
+//! # Where it runs
 //!
-//! Per detector: `N` deviates (Threefry and erfinv, [`gaussian`] evaluates
-//! them eight at a time, bit for bit the scalar stream) and one inverse real
-//! FFT of length `N`. [`sim_noise_add`] runs the detectors in parallel, one
-//! at a time per rayon task; a pool passes the FFT plans and buffers
-//! ([`NoiseWorkspace`]) from detector to detector, so at most one per
-//! thread is ever made.
+//! This module is the host's part, O(N) per noise model: the key layout
+//! ([`NoiseKey`]) and the Fourier amplitudes ([`NoiseFilter`]). The
+//! per-sample part (`N` deviates and one inverse real FFT of length `N` per
+//! detector, the central samples, the mean) is the `sim_noise` kernel of
+//! the kernel table, which `SimNoise` calls on the run's backend
+//! (`crate::exec::kernels::sim_noise`): on the CPU plugin
+//! (`backend-cpu/src/kernels/noise.rs`, `realfft`, bit for bit what this
+//! module computed before), on a device in the shared device source
+//! (`toast-accel/device/kernels.h`: Threefry and erfinv per deviate, a
+//! radix-2 Stockham FFT batched over detectors), so on a device run the
+//! noise never crosses the bus.
 //!
 //! `SimNoise` passes the sample rate measured from the timestamps
 //! ([`crate::astro::scan_strategy::rate_from_times`]: 100.0000954 Hz for the benchmark's
 //! timestamps); use the same value to reproduce TOAST exactly.
 
-use rayon::prelude::*;
-use realfft::num_complex::Complex;
-use realfft::RealFftPlanner;
-
 pub use crate::noise_model::{analytic_freqs, AnalyticNoiseParams, NoiseError};
-
-use crate::math::rng::gaussian;
-use std::sync::Arc;
 
 /// Identifies one noise stream, with TOAST's `SimNoise` key layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -252,6 +250,12 @@ impl NoiseFilter {
         self.fft_len
     }
 
+    /// The low counter word of deviate 0 of a stream starting at sample
+    /// `first_sample` (TOAST's `first_sample * oversample`).
+    pub fn counter0(&self, first_sample: u64) -> u64 {
+        first_sample.wrapping_mul(self.oversample as u64)
+    }
+
     /// Interpolated Fourier amplitudes `A_k`, `k = 0..=N/2`.
     pub fn amplitude(&self) -> &[f64] {
         &self.amplitude
@@ -288,158 +292,62 @@ impl NoiseFilter {
     }
 }
 
-/// Reusable FFT plan and buffers for [`NoiseFilter`]s of one FFT length.
-pub struct NoiseWorkspace {
-    plan: Arc<dyn realfft::ComplexToReal<f64>>,
-    gauss: Vec<f64>,
-    spectrum: Vec<Complex<f64>>,
-    time: Vec<f64>,
-    scratch: Vec<Complex<f64>>,
-}
-
-impl std::fmt::Debug for NoiseWorkspace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NoiseWorkspace")
-            .field("fft_len", &self.time.len())
-            .finish()
-    }
-}
-
-impl NoiseWorkspace {
-    /// Plan an inverse real FFT of length `fft_len`.
-    pub fn new(fft_len: usize) -> Self {
-        let mut planner = RealFftPlanner::<f64>::new();
-        let plan = planner.plan_fft_inverse(fft_len);
-        Self::with_plan(plan)
-    }
-
-    fn with_plan(plan: Arc<dyn realfft::ComplexToReal<f64>>) -> Self {
-        let n = plan.len();
-        let scratch = plan.make_scratch_vec();
-        Self {
-            gauss: vec![0.0; n],
-            spectrum: plan.make_input_vec(),
-            time: plan.make_output_vec(),
-            scratch,
-            plan,
-        }
-    }
-
-    /// FFT length this workspace serves.
-    pub fn fft_len(&self) -> usize {
-        self.time.len()
-    }
-}
-
-/// Simulate one noise stream into `out` (overwritten; length
-/// `filter.n_samples()`), starting at sample `first_sample` of the stream.
-pub fn sim_noise_timestream(
-    filter: &NoiseFilter,
-    key: &NoiseKey,
-    first_sample: u64,
-    ws: &mut NoiseWorkspace,
-    out: &mut [f64],
-) -> Result<(), NoiseError> {
-    let n = filter.fft_len;
-    if ws.fft_len() != n {
-        return Err(NoiseError::LengthMismatch {
-            what: "noise workspace FFT length",
-            expected: n,
-            got: ws.fft_len(),
-        });
-    }
-    if out.len() != filter.n_samples {
-        return Err(NoiseError::LengthMismatch {
-            what: "noise output buffer",
-            expected: filter.n_samples,
-            got: out.len(),
-        });
-    }
-    let counter = [0u64, first_sample.wrapping_mul(filter.oversample as u64)];
-    gaussian(key.rng_key(), counter, &mut ws.gauss);
-    let amp = &filter.amplitude;
-    let g = &ws.gauss;
-    ws.spectrum[0] = Complex::new(g[0] * amp[0], 0.0);
-    for k in 1..n / 2 {
-        ws.spectrum[k] = Complex::new(g[k] * amp[k], g[n - k] * amp[k]);
-    }
-    ws.spectrum[n / 2] = Complex::new(g[n / 2] * amp[n / 2], 0.0);
-    ws.plan
-        .process_with_scratch(&mut ws.spectrum, &mut ws.time, &mut ws.scratch)
-        .map_err(|e| NoiseError::BadPsd(format!("inverse FFT failed: {e}")))?;
-    let offset = (n - filter.n_samples) / 2;
-    let scale = 1.0 / n as f64;
-    let src = &ws.time[offset..offset + filter.n_samples];
-    for (o, s) in out.iter_mut().zip(src) {
-        *o = s * scale;
-    }
-    let dc = out.iter().sum::<f64>() / filter.n_samples as f64;
-    for o in out.iter_mut() {
-        *o -= dc;
-    }
-    Ok(())
-}
-
-/// Simulate and **add** the noise of many detectors in parallel (rayon), as
-/// `SimNoise` accumulates into the signal: `signals[d] += noise(keys[d])`
-/// using `filters[d]`. The result does not depend on the number of threads.
-pub fn sim_noise_add(
-    filters: &[&NoiseFilter],
-    keys: &[NoiseKey],
-    first_sample: u64,
-    signals: &mut [&mut [f64]],
-) -> Result<(), NoiseError> {
-    if filters.len() != signals.len() || keys.len() != signals.len() {
-        return Err(NoiseError::LengthMismatch {
-            what: "filters/keys vs signals",
-            expected: signals.len(),
-            got: if filters.len() != signals.len() {
-                filters.len()
-            } else {
-                keys.len()
-            },
-        });
-    }
-    // Workspaces (FFT plan and buffers, tens of MB at the benchmark's
-    // lengths) are made at most once per thread and passed from detector
-    // to detector through a pool, while the detectors themselves are dealt
-    // one at a time (a busy thread does not hold back a run of them).
-    let pool: std::sync::Mutex<Vec<(NoiseWorkspace, Vec<f64>)>> = Default::default();
-    signals
-        .par_iter_mut()
-        .zip(filters.par_iter().zip(keys.par_iter()))
-        .with_max_len(1)
-        .map(|(sig, (filter, key))| {
-            if sig.len() != filter.n_samples {
-                return Err(NoiseError::LengthMismatch {
-                    what: "signal buffer",
-                    expected: filter.n_samples,
-                    got: sig.len(),
-                });
-            }
-            let taken = pool.lock().map(|mut p| p.pop()).unwrap_or(None);
-            let (mut ws, mut buf) = match taken {
-                Some((ws, buf)) if ws.fft_len() == filter.fft_len => (ws, buf),
-                _ => (NoiseWorkspace::new(filter.fft_len), Vec::new()),
-            };
-            buf.resize(filter.n_samples, 0.0);
-            sim_noise_timestream(filter, key, first_sample, &mut ws, &mut buf)?;
-            for (s, b) in sig.iter_mut().zip(buf.iter()) {
-                *s += b;
-            }
-            if let Ok(mut p) = pool.lock() {
-                p.push((ws, buf));
-            }
-            Ok(())
-        })
-        .collect::<Result<Vec<()>, NoiseError>>()?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::math::rng::{uniform_01, uniform_u64};
+    use crate::math::rng::{gaussian, uniform_01, uniform_u64};
+    use realfft::RealFftPlanner;
+    use toast_backend_cpu::noise::{stream, NoiseWorkspace};
+
+    /// One stream of the CPU plugin's `sim_noise` math.
+    fn sim_noise_timestream(
+        filter: &NoiseFilter,
+        key: &NoiseKey,
+        first_sample: u64,
+        ws: &mut NoiseWorkspace,
+        out: &mut [f64],
+    ) {
+        let c0 = filter.counter0(first_sample);
+        stream(filter.amplitude(), key.rng_key(), c0, ws, out).unwrap();
+    }
+
+    /// `rows[d] += noise(keys[d])` through the CPU plugin's `sim_noise`
+    /// kernel with `threads` threads (all rows of one length, one filter).
+    fn sim_noise_add(
+        threads: usize,
+        filter: &NoiseFilter,
+        keys: &[NoiseKey],
+        rows: &mut [Vec<f64>],
+    ) {
+        let reg = toast_testkit::plugins::registry_with_cpu(threads);
+        let b = reg.get("cpu").unwrap();
+        let n = filter.n_samples();
+        let mut flat: Vec<f64> = rows.iter().flatten().copied().collect();
+        let data_index: Vec<i32> = (0..keys.len() as i32).collect();
+        let filter_index = vec![0i32; keys.len()];
+        let words: Vec<u64> = keys.iter().flat_map(NoiseKey::rng_key).collect();
+        let args = toast_accel::abi::SimNoiseArgs {
+            n_det: keys.len() as u64,
+            n_samp: n as u64,
+            fft_len: filter.fft_len() as u64,
+            n_filter: 1,
+            counter0: filter.counter0(0),
+            data_index: data_index.as_ptr(),
+            filter_index: filter_index.as_ptr(),
+            keys: words.as_ptr(),
+            amplitudes: filter.amplitude().as_ptr(),
+            det_data: toast_accel::abi::Array {
+                ptr: flat.as_mut_ptr() as u64,
+                len: flat.len() as u64,
+            },
+        };
+        // SAFETY: the CPU plugin is host-addressable; every pointer is a
+        // live vector of the length the struct gives.
+        unsafe { b.launch(&args) }.unwrap();
+        for (r, f) in rows.iter_mut().zip(flat.chunks(n)) {
+            r.copy_from_slice(f);
+        }
+    }
 
     struct Vectors {
         lines: Vec<(String, Vec<String>, Vec<String>)>,
@@ -570,7 +478,7 @@ mod tests {
             let filter = NoiseFilter::new(rate, ns, 2, &freqs, &psd).unwrap();
             let mut ws = NoiseWorkspace::new(filter.fft_len());
             let mut out = vec![0.0; ns];
-            sim_noise_timestream(&filter, &key, first, &mut ws, &mut out).unwrap();
+            sim_noise_timestream(&filter, &key, first, &mut ws, &mut out);
             let want: Vec<f64> = vals.iter().map(|x| f(x)).collect();
             let rms = (want.iter().map(|x| x * x).sum::<f64>() / want.len() as f64).sqrt();
             for (i, w) in want.iter().enumerate() {
@@ -598,18 +506,9 @@ mod tests {
                 detector: 100 + d,
             })
             .collect();
-        let filters = vec![&filter; keys.len()];
         let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
             let mut bufs = vec![vec![0.0; n]; keys.len()];
-            pool.install(|| {
-                let mut views: Vec<&mut [f64]> =
-                    bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                sim_noise_add(&filters, &keys, 0, &mut views).unwrap();
-            });
+            sim_noise_add(threads, &filter, &keys, &mut bufs);
             bufs
         };
         let one = run(1);
@@ -618,14 +517,13 @@ mod tests {
         // Same key, same stream; different detector, different stream.
         let mut ws = NoiseWorkspace::new(filter.fft_len());
         let mut again = vec![0.0; n];
-        sim_noise_timestream(&filter, &keys[3], 0, &mut ws, &mut again).unwrap();
+        sim_noise_timestream(&filter, &keys[3], 0, &mut ws, &mut again);
         assert_eq!(again, one[3]);
         assert_ne!(one[0], one[1]);
         // Accumulation: adding twice doubles.
-        let mut acc = one[2].clone();
-        let mut views = vec![acc.as_mut_slice()];
-        sim_noise_add(&[&filter], &keys[2..3], 0, &mut views).unwrap();
-        for (a, b) in acc.iter().zip(&one[2]) {
+        let mut acc = vec![one[2].clone()];
+        sim_noise_add(1, &filter, &keys[2..3], &mut acc);
+        for (a, b) in acc[0].iter().zip(&one[2]) {
             assert!((a - 2.0 * b).abs() <= 1e-15 * b.abs().max(1e-30));
         }
         // Errors name the offending value.
@@ -670,11 +568,7 @@ mod tests {
             assert_eq!(u64::from(toast_core::uid::name_uid(&h[0])), k.detector);
         }
         let mut bufs = vec![vec![0.0; n]; keys.len()];
-        {
-            let filters = vec![&filter; keys.len()];
-            let mut views: Vec<&mut [f64]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-            sim_noise_add(&filters, &keys, 0, &mut views).unwrap();
-        }
+        sim_noise_add(2, &filter, &keys, &mut bufs);
         let bands = [(0.001, 0.03), (0.05, 0.5), (10.0, 50.0)];
         let rate = params.rate;
         let white_var = params.net * params.net * rate;

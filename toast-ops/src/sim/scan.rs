@@ -364,6 +364,12 @@ pub struct ScanHealpixMap {
     /// pointing configuration (`MapMaker::reuse_pointing`) instead of
     /// expanding them twice. Ignored with `transient_pointing`.
     pub keep_pointing: bool,
+    /// `SimNoise`, run in this operator's staging scope after the scan: on
+    /// a device the noise is made there (the `sim_noise` kernel) and added
+    /// to the timestream there, which comes back once, with the noise (the
+    /// workflow does this on a device backend; on the host it runs
+    /// `SimNoise` on its own, the same noise).
+    pub noise: Option<super::SimNoise>,
 }
 
 impl ScanHealpixMap {
@@ -389,6 +395,7 @@ impl ScanHealpixMap {
             options: RunOptions::default(),
             transient_pointing: false,
             keep_pointing: false,
+            noise: None,
         })
     }
 }
@@ -409,7 +416,8 @@ impl Operator for ScanHealpixMap {
     }
     /// One device scope for the whole operator (see [`crate::sim`]'s
     /// "Data movement"): on a device the pointing is expanded there once
-    /// and read there by the scan, and only the timestream comes back.
+    /// and read there by the scan (and the noise added there, with
+    /// [`ScanHealpixMap::noise`]), and only the timestream comes back.
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         if !self.config.enabled {
             return Ok(());
@@ -546,7 +554,17 @@ impl ScanHealpixMap {
         };
         self.pointing.set_transient(false);
         data.meta.remove(&map_key);
-        r
+        r?;
+        match self.noise.as_mut() {
+            Some(noise) => run_operators(
+                "ScanHealpixMap.noise",
+                &mut [noise as OpRef<'_>],
+                data,
+                ctx,
+                &self.options,
+            ),
+            None => Ok(()),
+        }
     }
 }
 

@@ -833,6 +833,8 @@ impl SatelliteJob {
         // The map-maker's plan, chosen before any work: the sky scan keeps
         // the pointing for it or not.
         let plan = plan_of(cfg, &registry, dispatcher.policy());
+        // A device pipeline backend: SimNoise runs in the scan's scope.
+        let noise_on_device = scan_enabled_on_device(cfg, &registry, dispatcher.policy());
         let mut ctx = ExecContext::new();
         ctx.insert(dispatcher);
         ctx.insert(CommHandle(Arc::clone(&comm)));
@@ -893,10 +895,19 @@ impl SatelliteJob {
             let kept = plan.host_pointing_kept();
             op.transient_pointing = !kept;
             op.keep_pointing = kept && cfg.mapmaker.enabled;
+            // On a device the noise is simulated in the scan's scope, where
+            // the timestream is: it comes back once, with the noise.
+            if noise_on_device {
+                op.noise = Some(SimNoise::new("sim_noise", cfg.sim_noise.clone()));
+            }
             op.apply(&mut data, ctx).map_err(&err)
         })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
         run_phase(phases, 3, &mut ctx, |ctx| {
+            if noise_on_device {
+                tracing::info!("SimNoise: ran in ScanHealpixMap's device scope");
+                return Ok(());
+            }
             noise
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("SimNoise"))
@@ -1077,6 +1088,17 @@ fn mapmaker_setup(cfg: &SatelliteConfig) -> MapMakerSetup {
         weights: cfg.weights.clone(),
         pixels_final: None,
     }
+}
+
+/// Whether the sky scan runs in a device scope (a pipeline backend that is
+/// not host-addressable), so that SimNoise joins it.
+fn scan_enabled_on_device(
+    cfg: &SatelliteConfig,
+    registry: &Registry,
+    policy: &DispatchPolicy,
+) -> bool {
+    cfg.scan_map.enabled
+        && pipeline_backend_in(registry, policy, None).is_some_and(|b| !b.host_addressable())
 }
 
 /// The plan the workflow's map-maker takes with the pipeline backend

@@ -1522,3 +1522,36 @@ impl FusedProjectCase {
         Ok(FusedProjectCase(FusedCase::load_pass(f, false)?))
     }
 }
+
+/// A `sim_noise` case (TOAST's `tod_sim_noise_timestream`; FORMAT.md
+/// section 18): `keys` are the Threefry key words stored as int64 bit
+/// patterns, `[n_det, 2]`; `amplitudes` `[n_filter, fft_len / 2 + 1]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimNoiseCase {
+    pub n_samp: i64,
+    pub fft_len: i64,
+    pub counter0: i64,
+    pub data_index: Arr<i32>,
+    pub filter_index: Arr<i32>,
+    pub keys: Arr<i64>,
+    pub amplitudes: Arr<f64>,
+    pub det_data_in: Arr<f64>,
+    pub det_data_out: Arr<f64>,
+}
+
+impl SimNoiseCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (det_data_in, det_data_out) = f.in_out("det_data_in", "det_data_out", 2)?;
+        Ok(SimNoiseCase {
+            n_samp: f.scalar("n_samp")?,
+            fft_len: f.scalar("fft_len")?,
+            counter0: f.scalar("counter0")?,
+            data_index: f.arr("data_index", Some(1))?,
+            filter_index: f.arr("filter_index", Some(1))?,
+            keys: f.arr("keys", Some(2))?,
+            amplitudes: f.arr("amplitudes", Some(2))?,
+            det_data_in,
+            det_data_out,
+        })
+    }
+}

@@ -218,6 +218,14 @@ pub const FUSED_COMPACT_RTOL: f64 = 1e-12;
 /// into one fused multiply-add (one rounding fewer per term).
 pub const AMP_RTOL: f64 = 1e-15;
 
+/// The tolerance of `sim_noise` (FORMAT.md section 18), in every mode, per
+/// sample in units of the RMS of the detector's expected noise: TOAST's
+/// inverse FFT is FFTW's, ours `realfft`'s on the CPU and a Stockham FFT on
+/// a device, which round differently (about 1e-15 of the RMS), and the case's
+/// amplitudes are numpy's interpolation where TOAST's C++ computes its own
+/// (an ulp of `log10`/`pow` apart).
+pub const NOISE_RTOL: f64 = 1e-12;
+
 /// How outputs are compared with TOAST's (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Comparison {

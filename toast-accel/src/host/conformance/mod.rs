@@ -72,11 +72,12 @@ pub use case::{
     CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase,
     FilterPoly2dCase, FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedPassFields,
     FusedProjectCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
-    ScanMapCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
-    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
+    ScanMapCase, SimNoiseCase, StokesWeightsICase, StokesWeightsIquCase,
+    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{
-    CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL, POLY2D_RTOL,
+    CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL, NOISE_RTOL, POLY2D_RTOL,
     POLYNOMIAL_RTOL, TRIG_RTOL,
 };
 pub use run::{run_case, run_case_with};

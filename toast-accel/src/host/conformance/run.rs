@@ -14,13 +14,13 @@ use super::case::{
     AmpAxpbyCase, AmpDotCase, BuildNoiseWeightedCase, Case, CompactExpandPointingCase,
     CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase,
     FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedProjectCase, MapData,
-    NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase,
-    StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
-    TemplateOffsetProjectSignalCase,
+    NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase,
+    StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
+    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase,
 };
 use super::compare::{
     compare, verdict, within, CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL,
-    POLY2D_RTOL, POLYNOMIAL_RTOL, TRIG_RTOL,
+    NOISE_RTOL, POLY2D_RTOL, POLYNOMIAL_RTOL, TRIG_RTOL,
 };
 use crate::abi::{self, SampleRange, SampleRanges};
 use crate::host::{AbiElement, AccelError, ArrayArg, Backend, KernelArgs};
@@ -1294,6 +1294,56 @@ impl FusedProjectCase {
             &p.out_want.data,
             p.compact_form,
             AMP_RTOL,
+        )]))
+    }
+}
+
+impl SimNoiseCase {
+    /// `sim_noise`: within [`NOISE_RTOL`] of the RMS of each detector's
+    /// noise on every backend (the FFTs round differently).
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let n_det = c.data_index.data.len();
+        let keys: Vec<u64> = c.keys.data.iter().map(|&k| k as u64).collect();
+        let n_filter = c.amplitudes.shape.first().copied().unwrap_or(0) as u64;
+        let mut det_data = c.det_data_in.data.clone();
+        {
+            let d = stage_out(b, &mut det_data, "det_data")?;
+            let args = abi::SimNoiseArgs {
+                n_det: n_det as u64,
+                n_samp: c.n_samp as u64,
+                fft_len: c.fft_len as u64,
+                n_filter,
+                counter0: c.counter0 as u64,
+                data_index: c.data_index.data.as_ptr(),
+                filter_index: c.filter_index.data.as_ptr(),
+                keys: keys.as_ptr(),
+                amplitudes: c.amplitudes.data.as_ptr(),
+                det_data: d.abi(),
+            };
+            // SAFETY: as in `CovAccumDiagHitsCase::run`.
+            unsafe { launch(b, &args)? };
+            finish(vec![d])?;
+        }
+        // The RMS of each row's expected noise (out - in).
+        let n = (c.n_samp.max(1)) as usize;
+        let rms: Vec<f64> = c
+            .det_data_out
+            .data
+            .chunks(n)
+            .zip(c.det_data_in.data.chunks(n))
+            .map(|(o, i)| {
+                let s: f64 = o.iter().zip(i).map(|(o, i)| (o - i) * (o - i)).sum();
+                (s / n as f64).sqrt().max(f64::MIN_POSITIVE)
+            })
+            .collect();
+        Ok(verdict([within(
+            "det_data",
+            &det_data,
+            &c.det_data_out.data,
+            NOISE_RTOL,
+            |_| false,
+            |i| rms[i / n],
         )]))
     }
 }

@@ -18,6 +18,11 @@
 //! `stokes_weights_alpha`): the CPU plugin's `pixels_healpix` and
 //! `stokes_weights_*` kernels and the map-maker's compact-pointing path
 //! (toast-ops `ops::pointing_compact`, its exact fallback) both call them.
+//!
+//! [`rng`] is TOAST's noise generator (Threefry-2x64-20, `u01`, Giles'
+//! erfinv): the CPU plugin's `sim_noise` kernel and the host's workloads.
+
+pub mod rng;
 
 /// The most map components [`cov_apply_pixel`] takes.
 pub const COV_MAX_NNZ: usize = 16;
