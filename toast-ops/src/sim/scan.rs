@@ -364,7 +364,7 @@ pub struct ScanHealpixMap {
     /// pointing configuration (`MapMaker::reuse_pointing`) instead of
     /// expanding them twice. Ignored with `transient_pointing`.
     pub keep_pointing: bool,
-    /// `SimNoise`, run in this operator's staging scope after the scan: on
+    /// `SimNoise`, run in this operator's device scope after the scan: on
     /// a device the noise is made there (the `sim_noise` kernel) and added
     /// to the timestream there, which comes back once, with the noise (the
     /// workflow does this on a device backend; on the host it runs
