@@ -1151,13 +1151,16 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         Kernel::FilterPolynomial => ("filter_polynomial", filter_polynomial),
         Kernel::FilterPoly2d => ("filter_poly2D", filter_poly2d),
         // Ours: the map-maker's covariance application, the solver's
-        // vector kernels and the fused passes.
+        // vector kernels, the fused passes and the hit map and inverse
+        // covariance from the timestream (BuildHitMap and
+        // BuildInverseCovariance are operators in TOAST, not registry kernels).
         Kernel::CovApplyDiag
         | Kernel::AmpDot
         | Kernel::AmpAxpby
         | Kernel::CompactExpandPointing
         | Kernel::FusedAccumulate
-        | Kernel::FusedProject => return None,
+        | Kernel::FusedProject
+        | Kernel::CovAccumTimestream => return None,
     })
 }
 

@@ -1615,3 +1615,58 @@ KERNEL void toast_fused_project(
     }
     amplitudes_out[amp] += acc;
 }
+
+/* ---- cov_accum_timestream (ABI minor 5; atomic accumulation) ----------- */
+
+/* The hit map and the packed inverse covariance from the timestream's
+ * pointing (TOAST's BuildHitMap and BuildInverseCovariance): one thread per
+ * (detector, interval, sample) on the per-sample grid; a sample its flags
+ * keep with a pixel >= 0 adds one hit (use_hits) and
+ * w[k] * (w[j] * det_scale) to each packed element (j, k), j <= k
+ * (use_invnpp; TOAST's cov_accum_diag_invnpp operations).  Hits are integer
+ * atomics (exact in any order); the covariance's summation order is the
+ * atomics'.  A pixel outside the local submaps records its key in err. */
+KERNEL void toast_cov_accum_timestream(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 nnz,
+    GLOBAL const i32 *RESTRICT pixel_index, GLOBAL const i32 *RESTRICT weight_index,
+    GLOBAL const i32 *RESTRICT flag_index, GLOBAL const double *RESTRICT det_scale,
+    GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap, i64 n_pix_submap,
+    GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,
+    GLOBAL const u8 *RESTRICT det_flags, i32 use_det_flags, i32 det_mask,
+    GLOBAL const u8 *RESTRICT shared_flags, i32 use_shared_flags, i32 shared_mask,
+    GLOBAL i64 *RESTRICT hits, i32 use_hits, GLOBAL double *RESTRICT invnpp, i32 use_invnpp,
+    GLOBAL u64 *RESTRICT err) {
+    TOAST_SAMPLE_GRID(intervals)
+    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+        return;
+    }
+    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
+        return;
+    }
+    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
+    if (p < 0) {
+        return;
+    }
+    i64 l = 0;
+    i64 sub = 0;
+    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+        return;
+    }
+    const i64 px = l * n_pix_submap + sub;
+    if (use_hits) {
+        atomic_add_i64(&hits[px], 1);
+    }
+    if (use_invnpp) {
+        const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);
+        const double scale = det_scale[det];
+        i64 c = px * (nnz * (nnz + 1) / 2);
+        for (i64 j = 0; j < nnz; j++) {
+            const double scaled_weight = weights[wo + j] * scale;
+            for (i64 k = j; k < nnz; k++) {
+                atomic_add_f64(&invnpp[c], weights[wo + k] * scaled_weight);
+                c++;
+            }
+        }
+    }
+}

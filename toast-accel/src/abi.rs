@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 4;
+pub const ABI_MINOR: u32 = 5;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -464,6 +464,33 @@ pub struct FusedProjectArgs {
     pub pointing_flag_mask: u8,
     pub iau: u8,
     pub reserved: [u8; 5],
+}
+
+/// `cov_accum_timestream` (ABI minor 5): the hit map and the packed
+/// inverse covariance (TOAST's `BuildHitMap` and `BuildInverseCovariance`)
+/// accumulated from the timestream's pointing and flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CovAccumTimestreamArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub nnz: u64,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub flag_index: *const i32,
+    pub det_scale: *const f64,
+    pub intervals: SampleRanges,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub pixels: Array,
+    pub weights: Array,
+    pub det_flags: Array,
+    pub shared_flags: Array,
+    pub hits: Array,
+    pub invnpp: Array,
+    pub det_flag_mask: u8,
+    pub shared_flag_mask: u8,
+    pub reserved: [u8; 6],
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

@@ -31,7 +31,9 @@
 
 use crate::abi::{self, SampleRange, SampleRanges};
 
+mod cov;
 mod fused;
+pub use cov::{check_cov_accum_timestream, CovAccumTimestream};
 pub use fused::{
     check_compact_expand_pointing, check_fused_accumulate, check_fused_project,
     CompactExpandPointing, Fused, FusedPointing, FusedValues,

@@ -242,6 +242,15 @@ macro_rules! toast_kernels {
                 device: ["toast_fused_project"],
                 case: FusedProjectCase,
             }
+            cov_accum_timestream => CovAccumTimestream {
+                name: "cov_accum_timestream",
+                args: CovAccumTimestreamArgs = toast_cov_accum_timestream_args,
+                check: check_cov_accum_timestream -> $crate::check::CovAccumTimestream<'a>,
+                arrays: [global2local: In, pixels: In, weights: In, det_flags: In,
+                         shared_flags: In, hits: Out, invnpp: Out],
+                device: ["toast_cov_accum_timestream"],
+                case: CovAccumTimestreamCase,
+            }
         }
     };
 }
@@ -415,7 +424,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 20);
+        assert_eq!(Kernel::ALL.len(), 21);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");

@@ -69,11 +69,12 @@ mod run;
 
 pub use case::{
     kernel_of, load_case, AmpAxpbyCase, AmpDotCase, Arr, BuildNoiseWeightedCase, Case, CaseError,
-    CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase,
-    FilterPoly2dCase, FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedPassFields,
-    FusedProjectCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
-    ScanMapCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
-    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
+    CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase,
+    CovAccumTimestreamCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase,
+    FusedAccumulateCase, FusedCase, FusedPassFields, FusedProjectCase, MapData, NoiseWeightCase,
+    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, StokesWeightsICase, StokesWeightsIquCase,
+    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{
     CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL, POLY2D_RTOL,
