@@ -557,6 +557,38 @@ DEVICE_FN int toast_locate(GLOBAL const i64 *g2l, i64 n_global_submap, i64 n_pix
     return 1;
 }
 
+/* The local map pixel (l * n_pix_submap + sub) of sample s of detector det
+ * in the map-domain accumulations (build_noise_weighted,
+ * cov_accum_timestream): 0 when its flags cut it (det_flags row
+ * flag_index[det] with det_mask, shared_flags with shared_mask, each when
+ * used) or its pixel is negative; 0 with the sample's key recorded in err
+ * when the pixel is not in a local submap; else 1. */
+DEVICE_FN int toast_accum_pixel(i64 det, i64 s, i64 n_samp, GLOBAL const i32 *pixel_index,
+                                GLOBAL const i32 *flag_index, GLOBAL const i64 *g2l,
+                                i64 n_global_submap, i64 n_pix_submap, GLOBAL const i64 *pixels,
+                                GLOBAL const u8 *det_flags, i32 use_det_flags, i32 det_mask,
+                                GLOBAL const u8 *shared_flags, i32 use_shared_flags,
+                                i32 shared_mask, GLOBAL u64 *err, i64 *out_px) {
+    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+        return 0;
+    }
+    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
+        return 0;
+    }
+    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
+    if (p < 0) {
+        return 0;
+    }
+    i64 l = 0;
+    i64 sub = 0;
+    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+        return 0;
+    }
+    *out_px = l * n_pix_submap + sub;
+    return 1;
+}
+
 /* ---- 1. pointing_detector ---------------------------------------------- */
 
 KERNEL void toast_pointing_detector(TOAST_GRID_ARGS, i64 n_samp,
@@ -756,23 +788,13 @@ KERNEL void toast_build_noise_weighted(
     i32 use_shared_flags, i32 shared_mask, GLOBAL double *RESTRICT zmap,
     GLOBAL u64 *RESTRICT err) {
     TOAST_SAMPLE_GRID(intervals)
-    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+    i64 px = 0;
+    if (!toast_accum_pixel(det, s, n_samp, pixel_index, flag_index, g2l, n_global_submap,
+                           n_pix_submap, pixels, det_flags, use_det_flags, det_mask, shared_flags,
+                           use_shared_flags, shared_mask, err, &px)) {
         return;
     }
-    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
-        return;
-    }
-    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
-    if (p < 0) {
-        return;
-    }
-    i64 l = 0;
-    i64 sub = 0;
-    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
-        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
-        return;
-    }
-    const i64 zo = nnz * (l * n_pix_submap + sub);
+    const i64 zo = nnz * px;
     const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);
     const double scaled = det_data[(i64)data_index[det] * n_samp + s] * det_scale[det];
     for (i64 i = 0; i < nnz; i++) {
@@ -1637,23 +1659,12 @@ KERNEL void toast_cov_accum_timestream(
     GLOBAL i64 *RESTRICT hits, i32 use_hits, GLOBAL double *RESTRICT invnpp, i32 use_invnpp,
     GLOBAL u64 *RESTRICT err) {
     TOAST_SAMPLE_GRID(intervals)
-    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+    i64 px = 0;
+    if (!toast_accum_pixel(det, s, n_samp, pixel_index, flag_index, g2l, n_global_submap,
+                           n_pix_submap, pixels, det_flags, use_det_flags, det_mask, shared_flags,
+                           use_shared_flags, shared_mask, err, &px)) {
         return;
     }
-    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
-        return;
-    }
-    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
-    if (p < 0) {
-        return;
-    }
-    i64 l = 0;
-    i64 sub = 0;
-    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
-        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
-        return;
-    }
-    const i64 px = l * n_pix_submap + sub;
     if (use_hits) {
         atomic_add_i64(&hits[px], 1);
     }

@@ -16,6 +16,7 @@
 //! so the sums are those of one sequential pass for any thread count (the
 //! bits of the host loops the map-maker had before this kernel).
 
+use super::mapmaker_utils::upper_products;
 use super::{locate, SubmapDiv};
 use crate::arrays::{self, Arg};
 use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
@@ -167,20 +168,6 @@ impl Job<'_> {
             }
         }
         Ok(())
-    }
-}
-
-/// `cov[jk] += w[k] * (w[j] * scale)` for `j <= k`, row by row (TOAST's
-/// `cov_accum_diag_invnpp` operations, in its order).
-#[inline(always)]
-fn upper_products(w: &[f64], scale: f64, cov: &mut [f64]) {
-    let mut c = 0;
-    for (j, &wj) in w.iter().enumerate() {
-        let scaled_weight = wj * scale;
-        for &wk in &w[j..] {
-            cov[c] += wk * scaled_weight;
-            c += 1;
-        }
     }
 }
 

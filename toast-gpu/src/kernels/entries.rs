@@ -308,19 +308,15 @@ impl DeviceKernel for abi::ScanMapArgs {
                 err,
             },
         )?;
-        if let Some((det, s)) = call.read_error(err)? {
-            let pix: i64 = call.read(
-                pixels,
-                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
-            )?;
-            return Err(call.fault(
-                v.intervals,
-                det,
-                s,
-                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
-            ));
-        }
-        Ok(())
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
     }
 }
 
@@ -382,19 +378,15 @@ impl DeviceKernel for abi::BuildNoiseWeightedArgs {
                 err,
             },
         )?;
-        if let Some((det, s)) = call.read_error(err)? {
-            let pix: i64 = call.read(
-                pixels,
-                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
-            )?;
-            return Err(call.fault(
-                v.intervals,
-                det,
-                s,
-                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
-            ));
-        }
-        Ok(())
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
     }
 }
 
@@ -1238,18 +1230,14 @@ impl DeviceKernel for abi::CovAccumTimestreamArgs {
                 err,
             },
         )?;
-        if let Some((det, s)) = call.read_error(err)? {
-            let pix: i64 = call.read(
-                pixels,
-                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
-            )?;
-            return Err(call.fault(
-                v.intervals,
-                det,
-                s,
-                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
-            ));
-        }
-        Ok(())
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
     }
 }

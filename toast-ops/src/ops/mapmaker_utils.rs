@@ -12,8 +12,8 @@ use crate::pixels::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{
-    comm_of, Category, Data, Element, ExecContext, Observation, OpError, Operator, PixelOutOfRange,
-    Requirements,
+    comm_of, Category, Data, Element, ExecContext, Meta, Observation, OpError, Operator,
+    PixelOutOfRange, Requirements,
 };
 
 /// Which samples and detectors a map-domain operator uses: a detector is
@@ -101,6 +101,40 @@ fn view_ranges(ob: &Observation, view: Option<&str>) -> Result<Vec<(usize, usize
         .iter()
         .map(|iv| (iv.first as usize, iv.last as usize))
         .collect())
+}
+
+/// Call `f` once per observation of `data` with a kernel call of
+/// `operator` over the detectors `det_mask` keeps (an observation without
+/// any is skipped) and the intervals of `view`: the loop of the map-domain
+/// accumulations, whose work is one kernel call per observation.
+fn per_observation(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    operator: &str,
+    det_mask: u8,
+    view: Option<&str>,
+    mut f: impl FnMut(
+        &mut ExecContext,
+        KernelCall<'_>,
+        &mut Observation,
+        &mut Meta,
+    ) -> Result<(), OpError>,
+) -> Result<(), OpError> {
+    let Data { obs, meta } = data;
+    for ob in obs.iter_mut() {
+        let dets = select_detectors(ctx, ob, det_mask);
+        if dets.is_empty() {
+            continue;
+        }
+        let intervals = view_intervals(ob, view)?;
+        let call = KernelCall {
+            operator,
+            detectors: &dets,
+            intervals: &intervals,
+        };
+        f(ctx, call, ob, meta)?;
+    }
+    Ok(())
 }
 
 /// Get or create a map at `key` on `dist` (the distribution at `dist_key`)
@@ -298,30 +332,27 @@ impl Operator for BuildHitMap {
             weights: "",
             pixel_dist: &self.pixel_dist,
         };
-        let Data { obs, meta } = data;
-        for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let intervals = view_intervals(ob, self.view.as_deref())?;
-            let call = KernelCall {
-                operator: &self.name,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::cov_accum_timestream(
-                ctx,
-                call,
-                ob,
-                meta,
-                CovMaps::Hits(&self.hits),
-                pointing,
-                self.flags.det(),
-                self.flags.shared(),
-            )?;
-        }
-        Ok(())
+        let flags = &self.flags;
+        let hits = CovMaps::Hits(&self.hits);
+        per_observation(
+            data,
+            ctx,
+            &self.name,
+            flags.det_mask,
+            self.view.as_deref(),
+            |ctx, call, ob, meta| {
+                kernels::cov_accum_timestream(
+                    ctx,
+                    call,
+                    ob,
+                    meta,
+                    hits,
+                    pointing,
+                    flags.det(),
+                    flags.shared(),
+                )
+            },
+        )
     }
 }
 
@@ -440,34 +471,32 @@ impl Operator for BuildInverseCovariance {
             weights: &self.weights,
             pixel_dist: &self.pixel_dist,
         };
-        let Data { obs, meta } = data;
-        for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let det_scale = detector_weights(ob, &self.noise_model, &dets)?;
-            let intervals = view_intervals(ob, self.view.as_deref())?;
-            let call = KernelCall {
-                operator: &self.name,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::cov_accum_timestream(
-                ctx,
-                call,
-                ob,
-                meta,
-                CovMaps::InverseCovariance {
-                    map: &self.inverse_covariance,
+        let (flags, noise_model) = (&self.flags, &self.noise_model);
+        let map = &self.inverse_covariance;
+        per_observation(
+            data,
+            ctx,
+            &self.name,
+            flags.det_mask,
+            self.view.as_deref(),
+            |ctx, call, ob, meta| {
+                let det_scale = detector_weights(ob, noise_model, call.detectors)?;
+                let maps = CovMaps::InverseCovariance {
+                    map,
                     det_scale: &det_scale,
-                },
-                pointing,
-                self.flags.det(),
-                self.flags.shared(),
-            )?;
-        }
-        Ok(())
+                };
+                kernels::cov_accum_timestream(
+                    ctx,
+                    call,
+                    ob,
+                    meta,
+                    maps,
+                    pointing,
+                    flags.det(),
+                    flags.shared(),
+                )
+            },
+        )
     }
 }
 
@@ -558,32 +587,29 @@ impl Operator for BuildNoiseWeighted {
             weights: &self.weights,
             pixel_dist: &self.pixel_dist,
         };
-        let Data { obs, meta } = data;
-        for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let det_scale = detector_weights(ob, &self.noise_model, &dets)?;
-            let intervals = view_intervals(ob, self.view.as_deref())?;
-            let call = KernelCall {
-                operator: &self.name,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::build_noise_weighted(
-                ctx,
-                call,
-                ob,
-                meta,
-                &self.zmap,
-                pointing,
-                &self.det_data,
-                self.flags.det(),
-                self.flags.shared(),
-                &det_scale,
-            )?;
-        }
-        Ok(())
+        let (flags, noise_model) = (&self.flags, &self.noise_model);
+        let (zmap, det_data) = (&self.zmap, &self.det_data);
+        per_observation(
+            data,
+            ctx,
+            &self.name,
+            flags.det_mask,
+            self.view.as_deref(),
+            |ctx, call, ob, meta| {
+                let det_scale = detector_weights(ob, noise_model, call.detectors)?;
+                kernels::build_noise_weighted(
+                    ctx,
+                    call,
+                    ob,
+                    meta,
+                    zmap,
+                    pointing,
+                    det_data,
+                    flags.det(),
+                    flags.shared(),
+                    &det_scale,
+                )
+            },
+        )
     }
 }
