@@ -27,6 +27,7 @@ pub enum CovMaps<'a> {
 /// sample, in that order, whose flags keep it and whose pixel is `>= 0`,
 /// add one hit, or `w_det · p pᵀ` (the packed upper triangle), to its pixel
 /// of the map. `pointing.weights` is read only for the inverse covariance.
+#[allow(clippy::too_many_arguments)]
 pub fn cov_accum_timestream(
     ctx: &mut ExecContext,
     call: KernelCall<'_>,
