@@ -327,11 +327,7 @@ impl Operator for BuildHitMap {
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         self.prepare_outputs(data)?;
-        let pointing = PointingFields {
-            pixels: &self.pixels,
-            weights: "",
-            pixel_dist: &self.pixel_dist,
-        };
+        let (pixels, pixel_dist) = (&self.pixels, &self.pixel_dist);
         let flags = &self.flags;
         let hits = CovMaps::Hits(&self.hits);
         per_observation(
@@ -347,7 +343,8 @@ impl Operator for BuildHitMap {
                     ob,
                     meta,
                     hits,
-                    pointing,
+                    pixels,
+                    pixel_dist,
                     flags.det(),
                     flags.shared(),
                 )
@@ -466,11 +463,7 @@ impl Operator for BuildInverseCovariance {
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         self.prepare_outputs(data)?;
-        let pointing = PointingFields {
-            pixels: &self.pixels,
-            weights: &self.weights,
-            pixel_dist: &self.pixel_dist,
-        };
+        let (pixels, weights, pixel_dist) = (&self.pixels, &self.weights, &self.pixel_dist);
         let (flags, noise_model) = (&self.flags, &self.noise_model);
         let map = &self.inverse_covariance;
         per_observation(
@@ -483,6 +476,7 @@ impl Operator for BuildInverseCovariance {
                 let det_scale = detector_weights(ob, noise_model, call.detectors)?;
                 let maps = CovMaps::InverseCovariance {
                     map,
+                    weights,
                     det_scale: &det_scale,
                 };
                 kernels::cov_accum_timestream(
@@ -491,7 +485,8 @@ impl Operator for BuildInverseCovariance {
                     ob,
                     meta,
                     maps,
-                    pointing,
+                    pixels,
+                    pixel_dist,
                     flags.det(),
                     flags.shared(),
                 )

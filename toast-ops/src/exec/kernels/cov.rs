@@ -6,8 +6,7 @@
 //! needs them.
 
 use super::{
-    check_len, dist_for_map, launch, map_info, rows, shared_flags, KernelCall, PointingFields,
-    Source, Spec, Target,
+    check_len, dist_for_map, launch, map_info, rows, shared_flags, KernelCall, Source, Spec, Target,
 };
 use crate::pixels::covariance::block_size;
 use toast_accel::abi;
@@ -19,14 +18,19 @@ pub enum CovMaps<'a> {
     /// The hit map (`PixelData<i64>`, one value per pixel).
     Hits(&'a str),
     /// The packed inverse covariance (`PixelData<f64>`, `nnz (nnz + 1) / 2`
-    /// values per pixel) with the detectors' noise weights.
-    InverseCovariance { map: &'a str, det_scale: &'a [f64] },
+    /// values per pixel) from the Stokes weights field `weights` (f64 ×
+    /// nnz) and the detectors' noise weights.
+    InverseCovariance {
+        map: &'a str,
+        weights: &'a str,
+        det_scale: &'a [f64],
+    },
 }
 
 /// `cov_accum_timestream`: for every detector of `call`, interval and
 /// sample, in that order, whose flags keep it and whose pixel is `>= 0`,
 /// add one hit, or `w_det · p pᵀ` (the packed upper triangle), to its pixel
-/// of the map. `pointing.weights` is read only for the inverse covariance.
+/// (field `pixels`, on the distribution at `pixel_dist`) of the map.
 #[allow(clippy::too_many_arguments)]
 pub fn cov_accum_timestream(
     ctx: &mut ExecContext,
@@ -34,7 +38,8 @@ pub fn cov_accum_timestream(
     ob: &mut Observation,
     meta: &mut Meta,
     maps: CovMaps<'_>,
-    pointing: PointingFields<'_>,
+    pixels: &str,
+    pixel_dist: &str,
     det_flags: Option<(&str, u8)>,
     shared_flag: Option<(&str, u8)>,
 ) -> Result<(), OpError> {
@@ -54,11 +59,13 @@ pub fn cov_accum_timestream(
             },
         });
     }
-    let dist = dist_for_map(meta, pointing.pixel_dist, key, &map_dist)?;
-    let pixel_index = rows::<i64>(ob, pointing.pixels, &[], call.detectors)?;
+    let dist = dist_for_map(meta, pixel_dist, key, &map_dist)?;
+    let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
     let (nnz, weights, weight_index, det_scale) = match maps {
         CovMaps::Hits(_) => (1, Source::Absent, Vec::new(), &[][..]),
-        CovMaps::InverseCovariance { det_scale, .. } => {
+        CovMaps::InverseCovariance {
+            weights, det_scale, ..
+        } => {
             check_len("det_scale", det_scale.len(), call.detectors.len())?;
             let nnz = (1..=16)
                 .find(|&n| block_size(n) == n_value)
@@ -66,8 +73,8 @@ pub fn cov_accum_timestream(
                     key: key.to_string(),
                     problem: format!("{n_value} values per pixel is not a packed symmetric matrix"),
                 })?;
-            let wi = rows::<f64>(ob, pointing.weights, &[nnz], call.detectors)?;
-            (nnz, Source::DetData(pointing.weights), wi, det_scale)
+            let wi = rows::<f64>(ob, weights, &[nnz], call.detectors)?;
+            (nnz, Source::DetData(weights), wi, det_scale)
         }
     };
     let (dflags, dmask, flag_index) = match det_flags {
@@ -91,8 +98,8 @@ pub fn cov_accum_timestream(
     };
     let n_samp = ob.n_samples() as u64;
     let specs = vec![
-        Spec::input(Source::Global(pointing.pixel_dist), 8),
-        Spec::input(Source::DetData(pointing.pixels), 8),
+        Spec::input(Source::Global(pixel_dist), 8),
+        Spec::input(Source::DetData(pixels), 8),
         Spec::input(weights, 8),
         Spec::input(dflags, 1),
         Spec::input(sflags, 1),
