@@ -1151,9 +1151,12 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         Kernel::FilterPolynomial => ("filter_polynomial", filter_polynomial),
         Kernel::FilterPoly2d => ("filter_poly2D", filter_poly2d),
         // Ours: the map-maker's covariance application, the solver's
-        // vector kernels and the fused passes; and the noise simulation
-        // (TOAST's SimNoise calls its compiled `tod_sim_noise_timestream`
-        // directly, not through the kernel registry).
+        // vector kernels, the fused passes and the hit map and inverse
+        // covariance from the timestream (BuildHitMap and
+        // BuildInverseCovariance are operators in TOAST, not registry
+        // kernels); and the noise simulation (TOAST's SimNoise calls its
+        // compiled `tod_sim_noise_timestream` directly, not through the
+        // kernel registry).
         Kernel::CovApplyDiag
         | Kernel::AmpDot
         | Kernel::AmpAxpby
@@ -1161,6 +1164,7 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         | Kernel::FusedAccumulate
         | Kernel::FusedProject
         | Kernel::SimNoise => return None,
+        | Kernel::CovAccumTimestream => return None,
     })
 }
 

@@ -18,7 +18,7 @@ use toast_tests::{backend_or_skip, conformance_suite};
 conformance_suite!(
     all_cases_pass_on_opencl: backend = "opencl", options = "", require = "TOAST_REQUIRE_OPENCL",
     comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp,
-                FilterPolynomial, FilterPoly2d],
+                FilterPolynomial, FilterPoly2d, CovAccumTimestream],
 );
 
 // The polynomial filters' workspace interleaved, as for a GPU (the default,
@@ -27,7 +27,7 @@ conformance_suite!(
     all_cases_pass_on_opencl_interleaved_workspace: backend = "opencl",
     options = "workspace=interleaved", require = "TOAST_REQUIRE_OPENCL",
     comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp,
-                FilterPolynomial, FilterPoly2d],
+                FilterPolynomial, FilterPoly2d, CovAccumTimestream],
 );
 
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it

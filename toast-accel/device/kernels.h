@@ -557,6 +557,38 @@ DEVICE_FN int toast_locate(GLOBAL const i64 *g2l, i64 n_global_submap, i64 n_pix
     return 1;
 }
 
+/* The local map pixel (l * n_pix_submap + sub) of sample s of detector det
+ * in the map-domain accumulations (build_noise_weighted,
+ * cov_accum_timestream): 0 when its flags cut it (det_flags row
+ * flag_index[det] with det_mask, shared_flags with shared_mask, each when
+ * used) or its pixel is negative; 0 with the sample's key recorded in err
+ * when the pixel is not in a local submap; else 1. */
+DEVICE_FN int toast_accum_pixel(i64 det, i64 s, i64 n_samp, GLOBAL const i32 *pixel_index,
+                                GLOBAL const i32 *flag_index, GLOBAL const i64 *g2l,
+                                i64 n_global_submap, i64 n_pix_submap, GLOBAL const i64 *pixels,
+                                GLOBAL const u8 *det_flags, i32 use_det_flags, i32 det_mask,
+                                GLOBAL const u8 *shared_flags, i32 use_shared_flags,
+                                i32 shared_mask, GLOBAL u64 *err, i64 *out_px) {
+    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+        return 0;
+    }
+    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
+        return 0;
+    }
+    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
+    if (p < 0) {
+        return 0;
+    }
+    i64 l = 0;
+    i64 sub = 0;
+    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+        return 0;
+    }
+    *out_px = l * n_pix_submap + sub;
+    return 1;
+}
+
 /* ---- 1. pointing_detector ---------------------------------------------- */
 
 KERNEL void toast_pointing_detector(TOAST_GRID_ARGS, i64 n_samp,
@@ -756,23 +788,13 @@ KERNEL void toast_build_noise_weighted(
     i32 use_shared_flags, i32 shared_mask, GLOBAL double *RESTRICT zmap,
     GLOBAL u64 *RESTRICT err) {
     TOAST_SAMPLE_GRID(intervals)
-    if (use_det_flags && (det_flags[(i64)flag_index[det] * n_samp + s] & det_mask) != 0) {
+    i64 px = 0;
+    if (!toast_accum_pixel(det, s, n_samp, pixel_index, flag_index, g2l, n_global_submap,
+                           n_pix_submap, pixels, det_flags, use_det_flags, det_mask, shared_flags,
+                           use_shared_flags, shared_mask, err, &px)) {
         return;
     }
-    if (use_shared_flags && (shared_flags[s] & shared_mask) != 0) {
-        return;
-    }
-    const i64 p = pixels[(i64)pixel_index[det] * n_samp + s];
-    if (p < 0) {
-        return;
-    }
-    i64 l = 0;
-    i64 sub = 0;
-    if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
-        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
-        return;
-    }
-    const i64 zo = nnz * (l * n_pix_submap + sub);
+    const i64 zo = nnz * px;
     const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);
     const double scaled = det_data[(i64)data_index[det] * n_samp + s] * det_scale[det];
     for (i64 i = 0; i < nnz; i++) {
@@ -1916,4 +1938,48 @@ KERNEL void toast_sim_noise_add(i64 d0, i64 d_end, i64 fft_len, i64 n_samp, i64 
     const double mean = base[sum_off + (n_samp + chunk - 1) / chunk];
     const double v = base[res_off + (fft_len - n_samp) / 2 + i] * scale;
     det_data[(i64)data_index[d] * n_samp + i] += v - mean;
+}
+
+/* ---- cov_accum_timestream (ABI minor 5; atomic accumulation) ----------- */
+
+/* The hit map and the packed inverse covariance from the timestream's
+ * pointing (TOAST's BuildHitMap and BuildInverseCovariance): one thread per
+ * (detector, interval, sample) on the per-sample grid; a sample its flags
+ * keep with a pixel >= 0 adds one hit (use_hits) and
+ * w[k] * (w[j] * det_scale) to each packed element (j, k), j <= k
+ * (use_invnpp; TOAST's cov_accum_diag_invnpp operations).  Hits are integer
+ * atomics (exact in any order); the covariance's summation order is the
+ * atomics'.  A pixel outside the local submaps records its key in err. */
+KERNEL void toast_cov_accum_timestream(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 nnz,
+    GLOBAL const i32 *RESTRICT pixel_index, GLOBAL const i32 *RESTRICT weight_index,
+    GLOBAL const i32 *RESTRICT flag_index, GLOBAL const double *RESTRICT det_scale,
+    GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap, i64 n_pix_submap,
+    GLOBAL const i64 *RESTRICT pixels, GLOBAL const double *RESTRICT weights,
+    GLOBAL const u8 *RESTRICT det_flags, i32 use_det_flags, i32 det_mask,
+    GLOBAL const u8 *RESTRICT shared_flags, i32 use_shared_flags, i32 shared_mask,
+    GLOBAL i64 *RESTRICT hits, i32 use_hits, GLOBAL double *RESTRICT invnpp, i32 use_invnpp,
+    GLOBAL u64 *RESTRICT err) {
+    TOAST_SAMPLE_GRID(intervals)
+    i64 px = 0;
+    if (!toast_accum_pixel(det, s, n_samp, pixel_index, flag_index, g2l, n_global_submap,
+                           n_pix_submap, pixels, det_flags, use_det_flags, det_mask, shared_flags,
+                           use_shared_flags, shared_mask, err, &px)) {
+        return;
+    }
+    if (use_hits) {
+        atomic_add_i64(&hits[px], 1);
+    }
+    if (use_invnpp) {
+        const i64 wo = nnz * ((i64)weight_index[det] * n_samp + s);
+        const double scale = det_scale[det];
+        i64 c = px * (nnz * (nnz + 1) / 2);
+        for (i64 j = 0; j < nnz; j++) {
+            const double scaled_weight = weights[wo + j] * scale;
+            for (i64 k = j; k < nnz; k++) {
+                atomic_add_f64(&invnpp[c], weights[wo + k] * scaled_weight);
+                c++;
+            }
+        }
+    }
 }

@@ -562,6 +562,38 @@ typedef struct toast_sim_noise_args {
     const double *amplitudes;    /* [n_filter][fft_len / 2 + 1] */
     toast_array det_data;        /* f64 [rows][n_samp] (in/out) */
 } toast_sim_noise_args;
+/* cov_accum_timestream (ABI minor 5; toast-rs's own kernel: TOAST's
+ * BuildHitMap and BuildInverseCovariance from the timestream's pointing).
+ * For every detector i, interval and sample s, in that order, whose
+ * det_flags[flag_index[i], s] & det_flag_mask and shared_flags[s] &
+ * shared_flag_mask are 0 and whose pixel p = pixels[pixel_index[i], s] is
+ * >= 0, with (l, q) the local submap and sub-pixel of p through global2local:
+ *   hits[l, q] += 1                                        (hits present)
+ *   invnpp[l, q, jk] += w[k] * (w[j] * det_scale[i]), j <= k row by row,
+ *   w = weights[weight_index[i], s, :]                     (invnpp present)
+ * (the packed layout and the operations of TOAST's cov_accum_diag_invnpp).
+ * At least one of hits and invnpp is present.  Pixel errors as in scan_map. */
+typedef struct toast_cov_accum_timestream_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    uint64_t nnz;                /* weights per sample (read with invnpp) */
+    const int32_t *pixel_index;  /* host [n_det] */
+    const int32_t *weight_index; /* host [n_det]; read only when invnpp is present */
+    const int32_t *flag_index;   /* host [n_det]; read only when det_flags is present */
+    const double *det_scale;     /* host [n_det]; read only when invnpp is present */
+    toast_intervals intervals;
+    toast_array global2local; /* i64 [n_global_submap] (in) */
+    int64_t n_pix_submap;
+    toast_array pixels;       /* i64 [n_rows, n_samp] (in) */
+    toast_array weights;      /* f64 [n_rows, n_samp, nnz] (in), absent without invnpp */
+    toast_array det_flags;    /* u8 [n_flag_rows, n_samp] (in), or absent */
+    toast_array shared_flags; /* u8 [n_samp] (in), or absent */
+    toast_array hits;         /* i64 [n_local_submap, n_pix_submap] (in/out), or absent */
+    toast_array invnpp; /* f64 [n_local_submap, n_pix_submap, nnz (nnz + 1) / 2] (in/out), or absent */
+    uint8_t det_flag_mask;
+    uint8_t shared_flag_mask;
+    uint8_t reserved[6];
+} toast_cov_accum_timestream_args;
 
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
@@ -616,6 +648,7 @@ typedef struct toast_backend_table {
     toast_status (*fused_accumulate)(void *ctx, const toast_fused_accumulate_args *a);
     toast_status (*fused_project)(void *ctx, const toast_fused_project_args *a);
     toast_status (*sim_noise)(void *ctx, const toast_sim_noise_args *a);
+    toast_status (*cov_accum_timestream)(void *ctx, const toast_cov_accum_timestream_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

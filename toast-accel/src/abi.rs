@@ -484,6 +484,33 @@ pub struct SimNoiseArgs {
     pub det_data: Array,
 }
 
+/// `cov_accum_timestream` (ABI minor 5): the hit map and the packed
+/// inverse covariance (TOAST's `BuildHitMap` and `BuildInverseCovariance`)
+/// accumulated from the timestream's pointing and flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CovAccumTimestreamArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub nnz: u64,
+    pub pixel_index: *const i32,
+    pub weight_index: *const i32,
+    pub flag_index: *const i32,
+    pub det_scale: *const f64,
+    pub intervals: SampleRanges,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub pixels: Array,
+    pub weights: Array,
+    pub det_flags: Array,
+    pub shared_flags: Array,
+    pub hits: Array,
+    pub invnpp: Array,
+    pub det_flag_mask: u8,
+    pub shared_flag_mask: u8,
+    pub reserved: [u8; 6],
+}
+
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;
 pub type ShutdownFn = unsafe extern "C" fn(ctx: *mut c_void);
 pub type LastErrorFn = unsafe extern "C" fn() -> *const c_char;

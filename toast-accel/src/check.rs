@@ -31,8 +31,10 @@
 
 use crate::abi::{self, SampleRange, SampleRanges};
 
+mod cov;
 mod fused;
 mod noise;
+pub use cov::{check_cov_accum_timestream, CovAccumTimestream};
 pub use fused::{
     check_compact_expand_pointing, check_fused_accumulate, check_fused_project,
     CompactExpandPointing, Fused, FusedPointing, FusedValues,

@@ -253,6 +253,15 @@ macro_rules! toast_kernels {
                          "toast_sim_noise_mean", "toast_sim_noise_add"],
                 case: SimNoiseCase,
             }
+            cov_accum_timestream => CovAccumTimestream {
+                name: "cov_accum_timestream",
+                args: CovAccumTimestreamArgs = toast_cov_accum_timestream_args,
+                check: check_cov_accum_timestream -> $crate::check::CovAccumTimestream<'a>,
+                arrays: [global2local: In, pixels: In, weights: In, det_flags: In,
+                         shared_flags: In, hits: Out, invnpp: Out],
+                device: ["toast_cov_accum_timestream"],
+                case: CovAccumTimestreamCase,
+            }
         }
     };
 }
@@ -426,7 +435,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 21);
+        assert_eq!(Kernel::ALL.len(), 22);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -436,7 +445,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 30);
+        assert_eq!(names.len(), 31);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

@@ -129,6 +129,11 @@ fn rust_side() -> BTreeMap<String, Layout> {
             n_det, n_samp, fft_len, n_filter, counter0, data_index, filter_index, keys,
             amplitudes, det_data,
         },
+        toast_cov_accum_timestream_args => CovAccumTimestreamArgs {
+            n_det, n_samp, nnz, pixel_index, weight_index, flag_index, det_scale, intervals,
+            global2local, n_pix_submap, pixels, weights, det_flags, shared_flags, hits, invnpp,
+            det_flag_mask, shared_flag_mask, reserved,
+        },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

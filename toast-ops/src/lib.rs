@@ -25,9 +25,9 @@
 //!   forms of data-level objects ([`exec::global_data`]).
 //! * [`ops`]: operators with TOAST's names, traits and defaults, each with
 //!   exact `requires()`/`provides()`: `PointingDetector`, `PixelsHealpix`,
-//!   `StokesWeights`, `ScanMap`, `NoiseWeight`, `BuildNoiseWeighted`
-//!   (kernel-backed), and the host-only `BuildHitMap`,
-//!   `BuildInverseCovariance`, `BuildPixelDistribution`, plus the
+//!   `StokesWeights`, `ScanMap`, `NoiseWeight`, `BuildNoiseWeighted`,
+//!   `BuildHitMap`, `BuildInverseCovariance` (kernel-backed), and the
+//!   host-only `BuildPixelDistribution`, plus the
 //!   composites `CovarianceAndHits` and `BinMap`.
 //! * [`templates`]: the offset template (TOAST's `toast.templates`).
 //! * [`mapmaker`]: the destriping `MapMaker` (TOAST's solver steps 5a–5i,

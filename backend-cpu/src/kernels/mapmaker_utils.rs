@@ -475,9 +475,9 @@ pub(crate) fn cov_accum_diag_invnpp(
 }
 
 /// `cov[jk] += w[k] * (w[j] * scale)` for `j <= k`, row by row (TOAST's
-/// operations, in its order).
+/// operations, in its order; `cov_accum_timestream` shares them).
 #[inline(always)]
-fn upper_products(w: &[f64], scale: f64, cov: &mut [f64]) {
+pub(crate) fn upper_products(w: &[f64], scale: f64, cov: &mut [f64]) {
     let mut c = 0;
     for (j, &wj) in w.iter().enumerate() {
         let scaled_weight = wj * scale;

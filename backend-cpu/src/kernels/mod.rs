@@ -3,6 +3,7 @@
 //! which are host addresses here) and returns a data-dependent fault, if any.
 
 pub(crate) mod compact;
+pub(crate) mod cov_timestream;
 pub(crate) mod fused;
 pub(crate) mod healpix;
 pub(crate) mod mapmaker;
@@ -89,6 +90,7 @@ cpu_kernel! {
     FusedAccumulateArgs => |v, a| fused::run_accumulate(v, a);
     FusedProjectArgs => |v, a| fused::run_project(v, a);
     SimNoiseArgs => |v, a| noise::run(v, a);
+    CovAccumTimestreamArgs => |v, a| cov_timestream::run(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

@@ -1110,6 +1110,7 @@ def all_cases():
     yield from amp_cases()
     yield from fused_cases()
     yield from noise_cases()
+    yield from cov_timestream_cases()
 
 
 # ---------------------------------------------------------------------------
@@ -1803,6 +1804,112 @@ def noise_cases():
     yield case_noise("wrapping_keys", 300, 123456789, [bench],
                      [(0, 0, 70000, 65535, 65535, 4294967295, 4294967295)], 1,
                      "key words near 2^64 (key2 = 2^64 - 1), a counter beyond 2^32")
+# 19. cov_accum_timestream (ABI minor 5; not a TOAST registry kernel): the
+# hit map and the inverse covariance from the timestream's pointing.  The
+# reference is TOAST 3.0.6's BuildHitMap and BuildInverseCovariance: their
+# _exec loops replayed here (detector, view: the pixels of the view,
+# flags = shared & shared_flag_mask | det & det_flag_mask, TOAST's
+# PixelDistribution.global_pixel_to_submap, flagged samples' local pixel set
+# to -1, then TOAST's compiled cov_accum_diag_hits / cov_accum_diag_invnpp
+# with the detector weight as scale), on TOAST's own PixelDistribution.
+# Hits exact; invnpp exact on the CPU, within ACCUM_RTOL on the devices.
+
+COV_SPANS = [(0, 300), (300, 301), (500, 500), (520, 1200)]
+
+
+def cov_timestream_case(name, nnz, hits, invnpp, det_flags_on, shared_on, accumulate,
+                        description):
+    from toast.pixels import PixelDistribution
+
+    c = Case("cov_accum_timestream", name,
+             "BuildHitMap+BuildInverseCovariance (global_pixel_to_submap, "
+             "cov_accum_diag_hits, cov_accum_diag_invnpp)", description)
+    rng = rng_for(c.file)
+    n_det, n_samp, nside, nps = 4, 1200, 8, 16
+    n_pix = 12 * nside * nside
+    n_submap = n_pix // nps
+    # Pixels in a band of the sky (a few submaps), about 6% negative (cut
+    # by the pointing).
+    pixels = rng.integers(5 * nps, 19 * nps, size=(n_det + 1, n_samp)).astype(np.int64)
+    pixels[rng.random((n_det + 1, n_samp)) < 0.06] = -1
+    pixel_index = np.array([0, 1, 4, 2], dtype=np.int32)  # row 3 unused, row 4 used
+    used = np.unique(pixels[pixel_index][pixels[pixel_index] >= 0] // nps)
+    # The local submaps: the hit ones and two more, in a shuffled order.
+    local = np.concatenate([used, [0, n_submap - 1]])
+    rng.shuffle(local)
+    dist = PixelDistribution(n_pix=n_pix, n_submap=n_submap, local_submaps=local)
+    nsub = dist.n_local_submap
+    g2l = np.ascontiguousarray(np.array(dist.global_submap_to_local, dtype=np.int64))
+    weight_index = np.array([3, 0, 1, 2], dtype=np.int32)
+    weights = rng.normal(size=(n_det, n_samp, nnz))
+    if nnz == 3:
+        weights[..., 0] = 1.0
+    det_flags = np.zeros((n_det + 1, n_samp), dtype=np.uint8)
+    for bit, p in ((1, 0.07), (4, 0.1)):  # bit 4 is not in the mask
+        det_flags[rng.random((n_det + 1, n_samp)) < p] |= bit
+    flag_index = np.array([4, 3, 2, 1], dtype=np.int32)
+    shared_flags = np.zeros(n_samp, dtype=np.uint8)
+    shared_flags[rng.random(n_samp) < 0.05] |= 1  # not in the mask
+    shared_flags[rng.random(n_samp) < 0.08] |= 2
+    det_scale = rng.uniform(0.5, 2.0, n_det)
+    det_mask, shared_mask = (1 if det_flags_on else 0), (2 if shared_on else 0)
+    iv, ivf = make_intervals(COV_SPANS)
+    block = nnz * (nnz + 1) // 2
+    hits_in = np.zeros((nsub if hits else 0, nps), dtype=np.int64)
+    invnpp_in = np.zeros((nsub if invnpp else 0, nps, block))
+    if accumulate:
+        hits_in[:] = rng.integers(0, 5, size=hits_in.shape)
+        invnpp_in[:] = rng.normal(size=invnpp_in.shape)
+    hits_out = hits_in.copy()
+    invnpp_out = invnpp_in.copy()
+    for d in range(n_det):
+        for first, last in COV_SPANS:
+            n = last - first
+            pix = pixels[pixel_index[d], first:last]
+            flgs = (shared_flags[first:last] & shared_mask) if shared_on else \
+                np.zeros(n, dtype=np.uint8)
+            if det_flags_on:
+                flgs = flgs | (det_flags[flag_index[d], first:last] & det_mask)
+            local_sm, local_pix = dist.global_pixel_to_submap(pix)
+            local_sm = np.asarray(local_sm, dtype=np.int64).copy()
+            local_pix = np.asarray(local_pix, dtype=np.int64).copy()
+            local_pix[flgs != 0] = -1
+            if hits:
+                h = hits_out.reshape(-1)
+                lt.cov_accum_diag_hits(nsub, nps, 1, local_sm, local_pix, h, False)
+            if invnpp:
+                w = np.ascontiguousarray(weights[weight_index[d], first:last].reshape(-1))
+                o = invnpp_out.reshape(-1)
+                lt.cov_accum_diag_invnpp(nsub, nps, nnz, local_sm, local_pix, w,
+                                         float(det_scale[d]), o, False)
+    c.add(global2local=g2l, pixel_index=pixel_index, pixels=pixels,
+          weight_index=weight_index,
+          weights=weights if invnpp else np.zeros((0, n_samp, nnz)),
+          flag_index=flag_index,
+          det_flags=det_flags if det_flags_on else np.zeros((0, n_samp), dtype=np.uint8),
+          shared_flags=shared_flags if shared_on else np.zeros(0, dtype=np.uint8),
+          det_scale=det_scale)
+    c.scalar("n_pix_submap", nps, np.int64)
+    c.scalar("nnz", nnz, np.int64)
+    c.scalar("det_flag_mask", det_mask, np.uint8)
+    c.scalar("shared_flag_mask", shared_mask, np.uint8)
+    c.add(**ivf)
+    c.add(hits_in=hits_in, hits_out=hits_out, invnpp_in=invnpp_in, invnpp_out=invnpp_out)
+    return c
+
+
+def cov_timestream_cases():
+    yield cov_timestream_case("iqu", 3, True, True, True, True, False,
+                              "4 detectors (rows permuted), IQU, detector and shared flags, "
+                              "hits and inverse covariance")
+    yield cov_timestream_case("iqu_invnpp_accumulate", 3, False, True, True, False, True,
+                              "inverse covariance alone into an existing map, detector flags "
+                              "only")
+    yield cov_timestream_case("hits_only", 1, True, False, False, True, True,
+                              "hit map alone (no weights) into an existing map, shared flags "
+                              "only")
+    yield cov_timestream_case("i_noflags", 1, True, True, False, False, False,
+                              "intensity only (nnz 1), no flags")
 
 
 def write_cases(outdir, cases, problems):
@@ -1849,6 +1956,8 @@ def main(argv):
         write_cases(argv[2], fused_cases(), problems)
     elif len(argv) == 3 and argv[1] == "--noise":
         write_cases(argv[2], noise_cases(), problems)
+    elif len(argv) == 3 and argv[1] == "--cov-timestream":
+        write_cases(argv[2], cov_timestream_cases(), problems)
     elif len(argv) == 2:
         outdir = argv[1]
         write_cases(outdir, all_cases(), problems)
@@ -1863,7 +1972,7 @@ def main(argv):
         else:
             merge_cases(pinned, outdir)
     else:
-        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams|--fused|--noise OUTDIR)")
+        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams|--fused|--noise|--cov-timestream OUTDIR)")
     for p in problems:
         print(f"WARNING: self-check failed: {p}", file=sys.stderr)
     return 1 if problems else 0

@@ -308,19 +308,15 @@ impl DeviceKernel for abi::ScanMapArgs {
                 err,
             },
         )?;
-        if let Some((det, s)) = call.read_error(err)? {
-            let pix: i64 = call.read(
-                pixels,
-                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
-            )?;
-            return Err(call.fault(
-                v.intervals,
-                det,
-                s,
-                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
-            ));
-        }
-        Ok(())
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
     }
 }
 
@@ -382,19 +378,15 @@ impl DeviceKernel for abi::BuildNoiseWeightedArgs {
                 err,
             },
         )?;
-        if let Some((det, s)) = call.read_error(err)? {
-            let pix: i64 = call.read(
-                pixels,
-                u64::from(v.pixel_index[det as usize] as u32) * v.n_samp as u64 + s,
-            )?;
-            return Err(call.fault(
-                v.intervals,
-                det,
-                s,
-                &pixel_fault(pix, &g2l_host, v.n_pix_submap),
-            ));
-        }
-        Ok(())
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
     }
 }
 
@@ -1341,5 +1333,75 @@ impl DeviceKernel for abi::SimNoiseArgs {
             )?;
         }
         Ok(())
+    }
+}
+
+impl DeviceKernel for abi::CovAccumTimestreamArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("cov_accum_timestream", v.n_det, v.n_samp)?;
+        let g2l = call.array("global2local", a.global2local, I64)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let weights = call.array("weights", a.weights, F64)?;
+        let det_flags = call.array("det_flags", a.det_flags, U8)?;
+        let shared = call.array("shared_flags", a.shared_flags, U8)?;
+        let hits = call.array("hits", a.hits, I64)?;
+        let invnpp = call.array("invnpp", a.invnpp, F64)?;
+        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
+        let iv = call.intervals(v.intervals)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let wi = call.small("weight_index", v.weight_index)?;
+        let fi = call.small("flag_index", v.flag_index)?;
+        let scale = call.small("det_scale", v.det_scale)?;
+        let err = call.error_buffer()?;
+        // Atomic accumulation: no two launches are needed for correctness.
+        call.launch_samples(
+            "toast_cov_accum_timestream",
+            v.n_det,
+            v.intervals,
+            false,
+            false,
+            |d0, d1, i0, i1| params::ToastCovAccumTimestream {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                nnz: v.nnz as i64,
+                pixel_index: pi,
+                weight_index: wi,
+                flag_index: fi,
+                det_scale: scale,
+                g2l,
+                n_global_submap: v.n_global_submap as i64,
+                n_pix_submap: v.n_pix_submap,
+                pixels,
+                weights,
+                det_flags,
+                use_det_flags: v.use_det_flags as i32,
+                det_mask: i32::from(a.det_flag_mask),
+                shared_flags: shared,
+                use_shared_flags: v.use_shared_flags as i32,
+                shared_mask: i32::from(a.shared_flag_mask),
+                hits,
+                use_hits: v.use_hits as i32,
+                invnpp,
+                use_invnpp: v.use_invnpp as i32,
+                err,
+            },
+        )?;
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
     }
 }

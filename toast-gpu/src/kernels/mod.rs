@@ -356,6 +356,30 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         Ok(())
     }
 
+    /// The pixel fault a per-sample map kernel (scan_map,
+    /// build_noise_weighted, cov_accum_timestream) recorded in `err`, if
+    /// any: the error naming the detector, the sample and why its pixel
+    /// (read back from `pixels`, rows `pixel_index` of `n_samp`) is not in
+    /// the map of `g2l` (the host copy of `global2local`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn map_pixel_fault(
+        &self,
+        err: Option<D::Buffer>,
+        pixels: Option<D::Buffer>,
+        pixel_index: &[i32],
+        n_samp: usize,
+        iv: &[SampleRange],
+        g2l: &[i64],
+        n_pix_submap: i64,
+    ) -> Result<(), PluginError> {
+        let Some((det, s)) = self.read_error(err)? else {
+            return Ok(());
+        };
+        let row = u64::from(pixel_index[det as usize] as u32);
+        let pix: i64 = self.read(pixels, row * n_samp as u64 + s)?;
+        Err(self.fault(iv, det, s, &pixel_fault(pix, g2l, n_pix_submap)))
+    }
+
     /// The error for a data-dependent fault at `(det, sample)`.
     pub(crate) fn fault(&self, iv: &[SampleRange], det: u64, samp: u64, what: &str) -> PluginError {
         let s = samp as i64;

@@ -40,8 +40,10 @@
 //! the pixels on the host, as TOAST does), so on a staging backend it lives
 //! in a device buffer that is created once and never transferred.
 
+mod cov;
 mod fused;
 
+pub use cov::{cov_accum_timestream, CovMaps};
 pub use fused::{
     compact_expand_pointing, compact_expand_window, fused_accumulate, fused_project,
     CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,

@@ -1,18 +1,19 @@
 //! Map-domain accumulations (TOAST's `mapmaker_utils`): the pixel
-//! distribution, the hit map and the inverse covariance (host only, as in
-//! TOAST), and the noise-weighted map (the `build_noise_weighted` kernel).
+//! distribution (a host scan of the pixels), the hit map and the inverse
+//! covariance (the `cov_accum_timestream` kernel; TOAST does them on the
+//! host), and the noise-weighted map (the `build_noise_weighted` kernel).
 
 use super::noise_weight::detector_weights;
 use super::util::select_detectors;
 use super::PixelsHealpix;
-use crate::exec::kernels::{self, view_intervals, KernelCall, PointingFields};
-use crate::pixels::covariance::{accum_hits, accum_inverse_covariance, block_size, DetSamples};
+use crate::exec::kernels::{self, view_intervals, CovMaps, KernelCall, PointingFields};
+use crate::pixels::covariance::block_size;
 use crate::pixels::{global_hit_submaps, PixelData, PixelDistribution};
 use std::sync::Arc;
 use toast_core::observation::defaults;
 use toast_core::{
-    comm_of, Category, Data, Element, ExecContext, Observation, OpError, Operator, PixelOutOfRange,
-    Requirements,
+    comm_of, Category, Data, Element, ExecContext, Meta, Observation, OpError, Operator,
+    PixelOutOfRange, Requirements,
 };
 
 /// Which samples and detectors a map-domain operator uses: a detector is
@@ -100,6 +101,40 @@ fn view_ranges(ob: &Observation, view: Option<&str>) -> Result<Vec<(usize, usize
         .iter()
         .map(|iv| (iv.first as usize, iv.last as usize))
         .collect())
+}
+
+/// Call `f` once per observation of `data` with a kernel call of
+/// `operator` over the detectors `det_mask` keeps (an observation without
+/// any is skipped) and the intervals of `view`: the loop of the map-domain
+/// accumulations, whose work is one kernel call per observation.
+fn per_observation(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    operator: &str,
+    det_mask: u8,
+    view: Option<&str>,
+    mut f: impl FnMut(
+        &mut ExecContext,
+        KernelCall<'_>,
+        &mut Observation,
+        &mut Meta,
+    ) -> Result<(), OpError>,
+) -> Result<(), OpError> {
+    let Data { obs, meta } = data;
+    for ob in obs.iter_mut() {
+        let dets = select_detectors(ctx, ob, det_mask);
+        if dets.is_empty() {
+            continue;
+        }
+        let intervals = view_intervals(ob, view)?;
+        let call = KernelCall {
+            operator,
+            detectors: &dets,
+            intervals: &intervals,
+        };
+        f(ctx, call, ob, meta)?;
+    }
+    Ok(())
 }
 
 /// Get or create a map at `key` on `dist` (the distribution at `dist_key`)
@@ -227,8 +262,9 @@ impl Operator for BuildPixelDistribution {
     }
 }
 
-/// Accumulate the hit map (TOAST's `BuildHitMap`; host only): one hit per
-/// unflagged sample with a valid pixel. Accumulates into an existing map.
+/// Accumulate the hit map (TOAST's `BuildHitMap`, the
+/// `cov_accum_timestream` kernel): one hit per unflagged sample with a valid
+/// pixel. Accumulates into an existing map.
 #[derive(Debug, Clone)]
 pub struct BuildHitMap {
     name: String,
@@ -282,36 +318,44 @@ impl Operator for BuildHitMap {
     fn provides(&self) -> Requirements {
         Requirements::new().global(&self.hits)
     }
-    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
-        ensure_map::<i64>(data, &self.hits, &self.pixel_dist, &dist, 1)?;
-        let Data { obs, meta } = data;
-        let hits = meta.object_mut::<PixelData<i64>>(&self.hits)?;
-        for ob in obs.iter() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let ranges = view_ranges(ob, self.view.as_deref())?;
-            let field = ob.detdata.get(&self.pixels)?;
-            field.check::<i64>(&[])?;
-            for d in &dets {
-                let cut = self.flags.sample_cut(ob, d)?;
-                let det = DetSamples {
-                    observation: ob.name(),
-                    detector: d,
-                    pixels: field.row_of::<i64>(d)?,
-                    ranges: &ranges,
-                };
-                accum_hits(&dist, hits.data_mut(), det, |s| cut[s])?;
-            }
-        }
-        Ok(())
+        ensure_map::<i64>(data, &self.hits, &self.pixel_dist, &dist, 1)
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        self.prepare_outputs(data)?;
+        let (pixels, pixel_dist) = (&self.pixels, &self.pixel_dist);
+        let flags = &self.flags;
+        let hits = CovMaps::Hits(&self.hits);
+        per_observation(
+            data,
+            ctx,
+            &self.name,
+            flags.det_mask,
+            self.view.as_deref(),
+            |ctx, call, ob, meta| {
+                kernels::cov_accum_timestream(
+                    ctx,
+                    call,
+                    ob,
+                    meta,
+                    hits,
+                    pixels,
+                    pixel_dist,
+                    flags.det(),
+                    flags.shared(),
+                )
+            },
+        )
     }
 }
 
 /// Accumulate the inverse pixel covariance `Σ w_det p pᵀ` (TOAST's
-/// `BuildInverseCovariance`; host only), packed upper triangle per pixel.
+/// `BuildInverseCovariance`, the `cov_accum_timestream` kernel), packed
+/// upper triangle per pixel.
 #[derive(Debug, Clone)]
 pub struct BuildInverseCovariance {
     name: String,
@@ -403,7 +447,10 @@ impl Operator for BuildInverseCovariance {
     fn provides(&self) -> Requirements {
         Requirements::new().global(&self.inverse_covariance)
     }
-    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
         ensure_map::<f64>(
@@ -412,40 +459,39 @@ impl Operator for BuildInverseCovariance {
             &self.pixel_dist,
             &dist,
             block_size(nnz),
-        )?;
-        let Data { obs, meta } = data;
-        let invcov = meta.object_mut::<PixelData<f64>>(&self.inverse_covariance)?;
-        for ob in obs.iter() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let detweights = detector_weights(ob, &self.noise_model, &dets)?;
-            let ranges = view_ranges(ob, self.view.as_deref())?;
-            let pix = ob.detdata.get(&self.pixels)?;
-            pix.check::<i64>(&[])?;
-            let wts = ob.detdata.get(&self.weights)?;
-            wts.check::<f64>(&[nnz])?;
-            for (d, &w) in dets.iter().zip(&detweights) {
-                let cut = self.flags.sample_cut(ob, d)?;
-                let det = DetSamples {
-                    observation: ob.name(),
-                    detector: d,
-                    pixels: pix.row_of::<i64>(d)?,
-                    ranges: &ranges,
+        )
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        self.prepare_outputs(data)?;
+        let (pixels, weights, pixel_dist) = (&self.pixels, &self.weights, &self.pixel_dist);
+        let (flags, noise_model) = (&self.flags, &self.noise_model);
+        let map = &self.inverse_covariance;
+        per_observation(
+            data,
+            ctx,
+            &self.name,
+            flags.det_mask,
+            self.view.as_deref(),
+            |ctx, call, ob, meta| {
+                let det_scale = detector_weights(ob, noise_model, call.detectors)?;
+                let maps = CovMaps::InverseCovariance {
+                    map,
+                    weights,
+                    det_scale: &det_scale,
                 };
-                accum_inverse_covariance(
-                    &dist,
-                    invcov.data_mut(),
-                    nnz,
-                    det,
-                    wts.row_of::<f64>(d)?,
-                    w,
-                    |s| cut[s],
-                )?;
-            }
-        }
-        Ok(())
+                kernels::cov_accum_timestream(
+                    ctx,
+                    call,
+                    ob,
+                    meta,
+                    maps,
+                    pixels,
+                    pixel_dist,
+                    flags.det(),
+                    flags.shared(),
+                )
+            },
+        )
     }
 }
 
@@ -536,32 +582,29 @@ impl Operator for BuildNoiseWeighted {
             weights: &self.weights,
             pixel_dist: &self.pixel_dist,
         };
-        let Data { obs, meta } = data;
-        for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let det_scale = detector_weights(ob, &self.noise_model, &dets)?;
-            let intervals = view_intervals(ob, self.view.as_deref())?;
-            let call = KernelCall {
-                operator: &self.name,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::build_noise_weighted(
-                ctx,
-                call,
-                ob,
-                meta,
-                &self.zmap,
-                pointing,
-                &self.det_data,
-                self.flags.det(),
-                self.flags.shared(),
-                &det_scale,
-            )?;
-        }
-        Ok(())
+        let (flags, noise_model) = (&self.flags, &self.noise_model);
+        let (zmap, det_data) = (&self.zmap, &self.det_data);
+        per_observation(
+            data,
+            ctx,
+            &self.name,
+            flags.det_mask,
+            self.view.as_deref(),
+            |ctx, call, ob, meta| {
+                let det_scale = detector_weights(ob, noise_model, call.detectors)?;
+                kernels::build_noise_weighted(
+                    ctx,
+                    call,
+                    ob,
+                    meta,
+                    zmap,
+                    pointing,
+                    det_data,
+                    flags.det(),
+                    flags.shared(),
+                    &det_scale,
+                )
+            },
+        )
     }
 }

@@ -6,8 +6,11 @@
 //! implements [`toast_core::Operator`] with exact `requires()`/`provides()`.
 //! The kernel-backed ones (`supports_accel() == true`) run through
 //! [`crate::exec::kernels`], so they work unchanged on any backend and on staged
-//! data; the host-only ones are those TOAST runs on the host
-//! (`BuildHitMap`, `BuildInverseCovariance`, the pixel distribution).
+//! data; the host-only one is the pixel distribution (a scan of the
+//! pixels). `BuildHitMap` and `BuildInverseCovariance`, which TOAST runs on
+//! the host, are kernel-backed here (`cov_accum_timestream`, a kernel of our
+//! own), so a device run accumulates the hits and the inverse covariance on
+//! the device and copies the two maps back once.
 //!
 //! Differences from TOAST's composition, on purpose:
 //!

@@ -1,6 +1,8 @@
-//! The pixel-domain white-noise covariance: accumulation of hits and of the
-//! inverse covariance, per-pixel inversion with a condition-number cut, and
-//! application to a noise-weighted map.
+//! The pixel-domain white-noise covariance: per-pixel inversion with a
+//! condition-number cut, and application to a noise-weighted map. (The
+//! hits and the inverse covariance are accumulated by the
+//! `cov_accum_timestream` kernel, called by `ops::BuildHitMap` and
+//! `ops::BuildInverseCovariance`.)
 //!
 //! The inverse covariance of a pixel is the symmetric `nnz × nnz` matrix
 //! `Σ_samples w_det · p pᵀ` (`p` the Stokes weights of the sample, `w_det`
@@ -24,15 +26,13 @@
 //! makes the map-maker's 25 applications cost a pass over the map alone.
 //!
 //! Every pixel is independent, so the inversion and the application run in
-//! parallel over pixels and give the same bits for any thread count. The
-//! accumulation helpers are sequential (detector, interval, sample order),
-//! so their sums are deterministic too.
+//! parallel over pixels and give the same bits for any thread count.
 
-use crate::pixels::{PixelData, PixelDistribution};
+use crate::pixels::PixelData;
 use rayon::prelude::*;
 use std::sync::Arc;
 use toast_accel::math::cov_apply_pixel;
-use toast_core::{OpError, PixelOutOfRange};
+use toast_core::OpError;
 
 /// Values per pixel of a packed symmetric `nnz × nnz` matrix.
 pub fn block_size(nnz: usize) -> usize {
@@ -42,111 +42,6 @@ pub fn block_size(nnz: usize) -> usize {
 /// The `nnz` of a packed matrix with `block` values per pixel, if any.
 pub fn nnz_of_block(block: usize) -> Option<usize> {
     (1..=16).find(|&n| block_size(n) == block)
-}
-
-/// A pixel outside the local submaps met while accumulating.
-fn pixel_error(
-    what: &str,
-    observation: &str,
-    detector: &str,
-    sample: usize,
-    pix: i64,
-    dist: &PixelDistribution,
-) -> OpError {
-    PixelOutOfRange {
-        what: what.to_string(),
-        observation: observation.to_string(),
-        detector: detector.to_string(),
-        sample,
-        pixel: pix,
-        limit: format!(
-            "is not in a local submap of the pixel distribution ({} pixels, {} of {} submaps \
-             local); was the distribution built from this pointing?",
-            dist.n_pix(),
-            dist.n_local_submap(),
-            dist.n_submap()
-        ),
-    }
-    .into()
-}
-
-/// Where one detector's samples come from, for the accumulation helpers.
-#[derive(Debug, Clone, Copy)]
-pub struct DetSamples<'a> {
-    /// Observation name (for errors).
-    pub observation: &'a str,
-    /// Detector name (for errors).
-    pub detector: &'a str,
-    /// The detector's pixels (one per sample).
-    pub pixels: &'a [i64],
-    /// Sample ranges to use, `[first, last)`.
-    pub ranges: &'a [(usize, usize)],
-}
-
-/// Add one hit per unflagged sample with a valid pixel (TOAST's
-/// `cov_accum_diag_hits`). `flagged(s)` tells whether sample `s` is cut.
-pub fn accum_hits(
-    dist: &PixelDistribution,
-    hits: &mut [i64],
-    det: DetSamples<'_>,
-    flagged: impl Fn(usize) -> bool,
-) -> Result<(), OpError> {
-    for &(first, last) in det.ranges {
-        for s in first..last {
-            let pix = det.pixels[s];
-            if pix < 0 || flagged(s) {
-                continue;
-            }
-            let i = dist.local_index(pix).ok_or_else(|| {
-                pixel_error("hit map", det.observation, det.detector, s, pix, dist)
-            })?;
-            hits[i] += 1;
-        }
-    }
-    Ok(())
-}
-
-/// Add `detweight · p pᵀ` (upper triangle) for each unflagged sample with a
-/// valid pixel (TOAST's `cov_accum_diag_invnpp`). `weights` holds `nnz`
-/// values per sample.
-pub fn accum_inverse_covariance(
-    dist: &PixelDistribution,
-    invcov: &mut [f64],
-    nnz: usize,
-    det: DetSamples<'_>,
-    weights: &[f64],
-    detweight: f64,
-    flagged: impl Fn(usize) -> bool,
-) -> Result<(), OpError> {
-    let block = block_size(nnz);
-    for &(first, last) in det.ranges {
-        for s in first..last {
-            let pix = det.pixels[s];
-            if pix < 0 || flagged(s) {
-                continue;
-            }
-            let i = dist.local_index(pix).ok_or_else(|| {
-                pixel_error(
-                    "inverse covariance",
-                    det.observation,
-                    det.detector,
-                    s,
-                    pix,
-                    dist,
-                )
-            })?;
-            let w = &weights[s * nnz..(s + 1) * nnz];
-            let out = &mut invcov[i * block..(i + 1) * block];
-            let mut off = 0;
-            for j in 0..nnz {
-                for k in j..nnz {
-                    out[off] += detweight * w[j] * w[k];
-                    off += 1;
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Unpack a packed symmetric block into a full row-major matrix.
@@ -383,6 +278,7 @@ fn apply_pixel(m: &mut [f64], c: &[f64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pixels::PixelDistribution;
 
     fn dist() -> Arc<PixelDistribution> {
         Arc::new(PixelDistribution::new(8, 2, &[1]).unwrap())
@@ -505,43 +401,5 @@ mod tests {
         let rcond = invert_covariance(&mut cov, 0.5).unwrap();
         assert_eq!(cov.data(), &[0.25, 0.0, 0.0, 0.0]);
         assert_eq!(rcond.data(), &[1.0; 4]);
-    }
-
-    #[test]
-    fn accumulation_skips_flags_and_negative_pixels() {
-        let d = dist();
-        let mut hits = vec![0i64; 4];
-        let mut inv = vec![0.0f64; 4 * 3];
-        let pixels = [4, 5, -1, 4, 7, 4];
-        let weights: Vec<f64> = (0..12).map(|i| i as f64).collect();
-        let det = DetSamples {
-            observation: "o",
-            detector: "d",
-            pixels: &pixels,
-            ranges: &[(0, 2), (3, 6)],
-        };
-        accum_hits(&d, &mut hits, det, |s| s == 4).unwrap();
-        assert_eq!(hits, vec![3, 1, 0, 0]);
-        accum_inverse_covariance(&d, &mut inv, 2, det, &weights, 2.0, |s| s == 4).unwrap();
-        // Pixel 4 (local 0): samples 0 (w 0,1) and 3 (w 6,7), and 5 (10,11).
-        assert_eq!(
-            &inv[0..3],
-            &[
-                2.0 * (36.0 + 100.0),
-                2.0 * (42.0 + 110.0),
-                2.0 * (1.0 + 49.0 + 121.0)
-            ]
-        );
-        let bad = [0i64];
-        let det = DetSamples {
-            pixels: &bad,
-            ranges: &[(0, 1)],
-            ..det
-        };
-        let e = accum_hits(&d, &mut hits, det, |_| false)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("pixel 0 is not in a local submap"), "{e}");
-        assert!(e.contains("observation 'o', detector 'd', sample 0"), "{e}");
     }
 }

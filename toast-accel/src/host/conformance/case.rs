@@ -942,6 +942,65 @@ impl CovAccumDiagHitsCase {
     }
 }
 
+/// A `cov_accum_timestream` case (FORMAT.md section 19): TOAST's
+/// `BuildHitMap` and `BuildInverseCovariance` on one observation. An output
+/// with no elements (`hits_in`/`invnpp_in` of shape `[0, ..]`) is absent
+/// from the call, as are `weights` then (a hits-only case), `det_flags`
+/// without rows and `shared_flags` without samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovAccumTimestreamCase {
+    pub global2local: Arr<i64>,
+    pub n_pix_submap: i64,
+    pub nnz: i64,
+    pub pixel_index: Arr<i32>,
+    pub pixels: Arr<i64>,
+    pub weight_index: Arr<i32>,
+    pub weights: Arr<f64>,
+    pub flag_index: Arr<i32>,
+    pub det_flags: Arr<u8>,
+    pub det_flag_mask: u8,
+    pub shared_flags: Arr<u8>,
+    pub shared_flag_mask: u8,
+    pub det_scale: Arr<f64>,
+    pub intervals: Vec<SampleRange>,
+    pub hits_in: Arr<i64>,
+    pub hits_out: Arr<i64>,
+    pub invnpp_in: Arr<f64>,
+    pub invnpp_out: Arr<f64>,
+}
+
+impl CovAccumTimestreamCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (hits_in, hits_out) = f.in_out("hits_in", "hits_out", 2)?;
+        let (invnpp_in, invnpp_out) = f.in_out("invnpp_in", "invnpp_out", 3)?;
+        let c = CovAccumTimestreamCase {
+            global2local: f.arr("global2local", Some(1))?,
+            n_pix_submap: f.scalar("n_pix_submap")?,
+            nnz: f.scalar("nnz")?,
+            pixel_index: f.arr("pixel_index", Some(1))?,
+            pixels: f.arr("pixels", Some(2))?,
+            weight_index: f.arr("weight_index", Some(1))?,
+            weights: f.arr("weights", Some(3))?,
+            flag_index: f.arr("flag_index", Some(1))?,
+            det_flags: f.arr("det_flags", Some(2))?,
+            det_flag_mask: f.scalar("det_flag_mask")?,
+            shared_flags: f.arr("shared_flags", Some(1))?,
+            shared_flag_mask: f.scalar("shared_flag_mask")?,
+            det_scale: f.arr("det_scale", Some(1))?,
+            intervals: f.intervals()?,
+            hits_in,
+            hits_out,
+            invnpp_in,
+            invnpp_out,
+        };
+        let n_det = c.pixel_index.data.len();
+        f.need("weight_index", &c.weight_index, n_det, PER_DET)?;
+        f.need("flag_index", &c.flag_index, n_det, PER_DET)?;
+        f.need("det_scale", &c.det_scale, n_det, PER_DET)?;
+        Ok(c)
+    }
+}
+
 /// A `cov_apply_diag` case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CovApplyDiagCase {

@@ -254,7 +254,7 @@ impl Comparison {
         match self {
             Comparison::Exact => "exact (bit for bit; NaN matches NaN)".to_string(),
             Comparison::Tolerant => format!(
-                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap / cov_accum_diag_invnpp within {ACCUM_RTOL:e} x max|want|, same NaN/inf pattern; all other outputs exact)"
+                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap / cov_accum_diag_invnpp / cov_accum_timestream invnpp within {ACCUM_RTOL:e} x max|want|, same NaN/inf pattern; all other outputs exact)"
             ),
         }
     }

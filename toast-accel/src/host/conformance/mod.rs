@@ -69,10 +69,11 @@ mod run;
 
 pub use case::{
     kernel_of, load_case, AmpAxpbyCase, AmpDotCase, Arr, BuildNoiseWeightedCase, Case, CaseError,
-    CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase,
-    FilterPoly2dCase, FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedPassFields,
-    FusedProjectCase, MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase,
-    ScanMapCase, SimNoiseCase, StokesWeightsICase, StokesWeightsIquCase,
+    CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase,
+    CovAccumTimestreamCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase,
+    FusedAccumulateCase, FusedCase, FusedPassFields, FusedProjectCase, MapData, NoiseWeightCase,
+    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase, StokesWeightsICase,
+    StokesWeightsIquCase,
     TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
     TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };

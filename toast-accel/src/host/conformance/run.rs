@@ -12,9 +12,9 @@
 
 use super::case::{
     AmpAxpbyCase, AmpDotCase, BuildNoiseWeightedCase, Case, CompactExpandPointingCase,
-    CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovApplyDiagCase, FilterPoly2dCase,
-    FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedProjectCase, MapData,
-    NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase,
+    CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovAccumTimestreamCase, CovApplyDiagCase,
+    FilterPoly2dCase, FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedProjectCase,
+    MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase,
     StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
     TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase,
 };
@@ -725,6 +725,57 @@ impl CovAccumDiagInvnppCase {
             &c.invnpp_out.data,
             ACCUM_RTOL,
         )]))
+    }
+}
+
+impl CovAccumTimestreamCase {
+    /// `cov_accum_timestream`: the hit map (exact on every backend) and the
+    /// inverse covariance (device atomics sum a pixel's samples in any
+    /// order: [`ACCUM_RTOL`] in tolerant mode).
+    pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let n_samp = dim(&c.pixels.shape, 1);
+        let use_invnpp = !c.invnpp_in.data.is_empty();
+        let mut hits = c.hits_in.data.clone();
+        let mut invnpp = c.invnpp_in.data.clone();
+        {
+            let g = stage_in(b, &c.global2local.data, "global2local")?;
+            let p = stage_in(b, &c.pixels.data, "pixels")?;
+            let w = stage_in(b, if use_invnpp { &c.weights.data } else { &[] }, "weights")?;
+            let df = stage_in(b, &c.det_flags.data, "det_flags")?;
+            let sf = stage_in(b, if_len(&c.shared_flags.data, n_samp), "shared_flags")?;
+            let h = stage_out(b, &mut hits, "hits")?;
+            let o = stage_out(b, &mut invnpp, "invnpp")?;
+            let args = abi::CovAccumTimestreamArgs {
+                n_det: c.pixel_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                nnz: c.nnz as u64,
+                pixel_index: c.pixel_index.data.as_ptr(),
+                weight_index: c.weight_index.data.as_ptr(),
+                flag_index: c.flag_index.data.as_ptr(),
+                det_scale: c.det_scale.data.as_ptr(),
+                intervals: ivs(&c.intervals),
+                global2local: g.abi(),
+                n_pix_submap: c.n_pix_submap,
+                pixels: p.abi(),
+                weights: w.abi(),
+                det_flags: df.abi(),
+                shared_flags: sf.abi(),
+                hits: h.abi(),
+                invnpp: o.abi(),
+                det_flag_mask: c.det_flag_mask,
+                shared_flag_mask: c.shared_flag_mask,
+                reserved: [0; 6],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![h, o, g, p, w, df, sf])?;
+        }
+        Ok(verdict([
+            compare("hits", &hits, &c.hits_out.data),
+            cmp.float("invnpp", &invnpp, &c.invnpp_out.data, ACCUM_RTOL),
+        ]))
     }
 }
 
