@@ -123,6 +123,9 @@ struct Entry {
     /// The device buffer; `None` for an empty host buffer.
     handle: Option<u64>,
     name: String,
+    /// Copies of this buffer so far: host to device, device to host.
+    h2d: u64,
+    d2h: u64,
 }
 
 /// Calls and bytes of one kind of transfer.
@@ -139,11 +142,25 @@ impl Moved {
     }
 }
 
-/// Bytes moved, per direction, for one buffer name.
+/// Bytes moved, per direction, for one buffer name (TOAST names a
+/// buffer by its key: `signal` for every observation's signal, `flags` for
+/// both the shared and the detector flags).
 #[derive(Debug, Default, Clone, Copy)]
 struct Crossings {
     h2d: Moved,
     d2h: Moved,
+    /// Device buffers created under this name.
+    buffers: u64,
+    /// The most copies one of those buffers made, each way.
+    max_h2d_per_buffer: u64,
+    max_d2h_per_buffer: u64,
+}
+
+/// A copy direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    H2d,
+    D2h,
 }
 
 #[derive(Debug, Default)]
@@ -262,12 +279,15 @@ impl Present {
         st.used += b.nbytes;
         st.peak = st.peak.max(st.used);
         st.ops.entry("create").or_default().add(b.nbytes);
+        st.by_name.entry(name.to_string()).or_default().buffers += 1;
         st.entries.insert(
             b.addr,
             Entry {
                 nbytes: b.nbytes,
                 handle,
                 name: name.to_string(),
+                h2d: 0,
+                d2h: 0,
             },
         );
         Ok(())
@@ -289,6 +309,34 @@ impl Present {
         }
     }
 
+    /// Count one copy of the present buffer `b` under `name`.
+    fn crossed(st: &mut State, b: HostBlock, name: &str, way: Way) {
+        let Some(e) = st.entries.get_mut(&b.addr) else {
+            return;
+        };
+        let n = match way {
+            Way::H2d => {
+                e.h2d += 1;
+                e.h2d
+            }
+            Way::D2h => {
+                e.d2h += 1;
+                e.d2h
+            }
+        };
+        let c = st.by_name.entry(name.to_string()).or_default();
+        match way {
+            Way::H2d => {
+                c.h2d.add(b.nbytes);
+                c.max_h2d_per_buffer = c.max_h2d_per_buffer.max(n);
+            }
+            Way::D2h => {
+                c.d2h.add(b.nbytes);
+                c.max_d2h_per_buffer = c.max_d2h_per_buffer.max(n);
+            }
+        }
+    }
+
     /// `accel_data_update_device`: host to device.
     pub fn update_device(&self, b: HostBlock, name: &str) -> PyResult<()> {
         let mut st = self.state();
@@ -301,11 +349,7 @@ impl Present {
             self.backend.copy_to_device(h, 0, src).map_err(mem_err)?;
         }
         st.ops.entry("update_device").or_default().add(b.nbytes);
-        st.by_name
-            .entry(name.to_string())
-            .or_default()
-            .h2d
-            .add(b.nbytes);
+        Self::crossed(&mut st, b, name, Way::H2d);
         Ok(())
     }
 
@@ -328,11 +372,7 @@ impl Present {
             self.backend.copy_to_host(h, 0, dst).map_err(mem_err)?;
         }
         st.ops.entry("update_host").or_default().add(b.nbytes);
-        st.by_name
-            .entry(name.to_string())
-            .or_default()
-            .d2h
-            .add(b.nbytes);
+        Self::crossed(&mut st, b, name, Way::D2h);
         Ok(())
     }
 
@@ -422,7 +462,8 @@ impl Present {
     }
 
     /// `{"ops": {op: {calls, bytes}}, "by_name": {name: {h2d_calls,
-    /// h2d_bytes, d2h_calls, d2h_bytes}}, "kernel_staging": {...},
+    /// h2d_bytes, d2h_calls, d2h_bytes, buffers, max_h2d_per_buffer,
+    /// max_d2h_per_buffer}}, "kernel_staging": {...},
     /// "h2d_bytes", "d2h_bytes", "device_bytes", "peak_device_bytes",
     /// "buffers"}`.
     pub fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -446,6 +487,9 @@ impl Present {
             d.set_item("h2d_bytes", c.h2d.bytes)?;
             d.set_item("d2h_calls", c.d2h.calls)?;
             d.set_item("d2h_bytes", c.d2h.bytes)?;
+            d.set_item("buffers", c.buffers)?;
+            d.set_item("max_h2d_per_buffer", c.max_h2d_per_buffer)?;
+            d.set_item("max_d2h_per_buffer", c.max_d2h_per_buffer)?;
             names.set_item(name, d)?;
         }
         out.set_item("by_name", names)?;
@@ -481,6 +525,10 @@ impl Present {
         st.kernel_h2d = Moved::default();
         st.kernel_d2h = Moved::default();
         st.peak = st.used;
+        for e in st.entries.values_mut() {
+            e.h2d = 0;
+            e.d2h = 0;
+        }
     }
 }
 

@@ -250,9 +250,11 @@ def test_accel_kernel_runs_on_device_data_only(accel_cpu):
     accel_data_delete(det_data, "signal")
     s = toast_rs.stats()["noise_weight"]
     assert s["accel_calls"] == 1 and s["toast_calls"] == 0
-    assert toast_rs.accel_stats()["by_name"]["signal"] == {
+    moved = toast_rs.accel_stats()["by_name"]["signal"]
+    assert moved == {
         "h2d_calls": 1, "h2d_bytes": det_data.nbytes, "d2h_calls": 1,
-        "d2h_bytes": det_data.nbytes}
+        "d2h_bytes": det_data.nbytes, "buffers": 1, "max_h2d_per_buffer": 1,
+        "max_d2h_per_buffer": 1}
 
 
 def test_accel_memory_limit(monkeypatch):
