@@ -13,11 +13,10 @@
 #                  template_periodic take 8 and 6 minutes on this machine;
 #                  `-- ops_mapmaker` runs them, or no `--` list with
 #                  run_toast_tests.py --accel runs every accel module)
-#   accel:cuda-emu the CUDA plugin on the emulated driver (toast-gpu-emu's
-#                  libcuda.so.1 first on LD_LIBRARY_PATH, NVRTC as
-#                  scripts/gpu-compilers.sh finds it; as scripts/emulated-gpu.sh
-#                  does), a smaller subset (the emulator runs each launch's
-#                  blocks one after another)
+#   accel:cuda-emu the same on the CUDA plugin and the emulated driver
+#                  (toast-gpu-emu's libcuda.so.1 first on LD_LIBRARY_PATH,
+#                  NVRTC as scripts/gpu-compilers.sh finds it; as
+#                  scripts/emulated-gpu.sh does)
 # TOAST_RS_PY_VENV: the venv to use (default ~/.cache/toast-ci/py-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +43,6 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do backends+=("$1"); shift; done
 
 accel_modules=(accelerator ops_pointing_detector ops_pixels_healpix ops_pointing_healpix
   ops_mapmaker_utils template_offset)
-accel_emu_modules=(accelerator ops_pointing_detector ops_pointing_healpix template_offset)
 
 # The emulated CUDA driver, as scripts/emulated-gpu.sh sets it up.
 emulated_cuda() {
@@ -62,7 +60,7 @@ for b in "${backends[@]}"; do
   case "$b" in
     accel:cuda-emu)
       emulated_cuda
-      if [ $# -gt 0 ]; then mods=("$@"); else mods=("${accel_emu_modules[@]}"); fi
+      if [ $# -gt 0 ]; then mods=("$@"); else mods=("${accel_modules[@]}"); fi
       LD_LIBRARY_PATH="$emu_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         "$venv/bin/python" python/tests/run_toast_tests.py --backend cuda --accel "${mods[@]}"
       ;;
