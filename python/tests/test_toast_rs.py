@@ -326,3 +326,50 @@ def test_accel_operator_on_device_data(accel_cpu):
     assert s["accel_calls"] == s["calls"] > 0
     close_data(data)
     assert toast_rs.accel_stats()["buffers"] == 0
+
+
+def _mapmaker_map(accel: bool):
+    import astropy.units as u
+
+    from toast import ops
+    from toast.observation import default_values as defaults
+    from toast.templates import Offset
+    from toast.tests.helpers import close_data, create_satellite_data
+
+    data = create_satellite_data(None, obs_time=5 * u.minute)
+    ops.DefaultNoiseModel().apply(data)
+    ops.SimNoise().apply(data)
+    detpointing = ops.PointingDetectorSimple()
+    pixels = ops.PixelsHealpix(nside=16, detector_pointing=detpointing)
+    weights = ops.StokesWeights(mode="IQU", hwp_angle=defaults.hwp_angle,
+                                detector_pointing=detpointing)
+    binner = ops.BinMap(pixel_dist="pixel_dist", pixel_pointing=pixels, stokes_weights=weights,
+                        noise_model="noise_model")
+    tmpl = Offset(times=defaults.times, noise_model="noise_model", step_time=10 * u.second,
+                  use_noise_prior=False)
+    mm = ops.MapMaker(name="mm", det_data=defaults.det_data, binning=binner,
+                      template_matrix=ops.TemplateMatrix(templates=[tmpl]),
+                      solve_rcond_threshold=1e-2, map_rcond_threshold=1e-2, write_hits=False,
+                      write_map=False, write_cov=False, write_rcond=False,
+                      keep_final_products=True, output_dir=".")
+    toast_rs.install("cpu", accel=accel)
+    try:
+        mm.apply(data)
+        out = np.array(data["mm_map"].data)
+        accel_calls = toast_rs.stats()["offset_project_signal"]["accel_calls"]
+    finally:
+        toast_rs.uninstall()
+    close_data(data)
+    return out, accel_calls
+
+
+def test_accel_mapmaker_hybrid_pipelines_equal_host(tmp_path, monkeypatch):
+    # TOAST's MapMaker mixes device and host operators (hybrid pipelines);
+    # TOAST 3.0.6's ops.Copy left a stale device copy there (mended while
+    # installed, toast_rs/accel.py), which made the solve run on zeros.
+    monkeypatch.chdir(tmp_path)
+    host, _ = _mapmaker_map(False)
+    dev, calls = _mapmaker_map(True)
+    assert calls > 0  # the template ran on device data
+    assert np.any(host)
+    np.testing.assert_array_equal(dev, host)

@@ -30,6 +30,11 @@ without it.
   ``accel_exists()`` (which reads ``_is_view`` and ``_raw``) before either
   is set (and ``__del__`` after ``clear()`` dropped ``_raw``), so no
   accelerator build of 3.0.6 could create detector data without this.
+* ``ops.Copy._exec`` pushes its output to the device when the output field
+  is in use there: TOAST 3.0.6's Copy runs on the host in hybrid pipelines
+  and writes the host copy of a field whose device copy stays marked as the
+  current one (zeroed by ``change_detectors``), so TOAST's MapMaker solved
+  on zeros in every accelerator build of 3.0.6.
 * The registry kernels (all 14 of TOAST 3.0.6's are ours) called with
   ``use_accel=True`` run on the device buffers: see ``python/src/lib.rs``.
 
@@ -321,6 +326,29 @@ def enable(runtime: Any, reinstall: Any) -> None:
 
     _accel_exists.__doc__ = toast_exists.__doc__
     _set(DetectorData, "_accel_exists", _accel_exists)
+
+    # TOAST 3.0.6 bug met by any accelerator build, in hybrid pipelines (the
+    # MapMaker's): ops.Copy runs on the host and writes its output field's
+    # host copy, but when that field is present and in use on the device
+    # (change_detectors() keeps the in-use flag and zeroes both copies) it
+    # leaves the flag, so the next device operator reads the zeroed device
+    # copy. Copy writes every detector of the field (it resizes the field to
+    # them), so the host copy is the whole current field: push it.
+    from toast.ops.copy import Copy
+
+    toast_copy = Copy._exec
+
+    def _exec(self, data, *args, **kwargs):
+        toast_copy(self, data, *args, **kwargs)
+        for _, out_key in self.detdata or ():
+            for ob in data.obs:
+                dd = ob.detdata
+                if out_key in dd and dd.accel_exists(out_key) and dd.accel_in_use(out_key):
+                    dd.accel_used(out_key, False)
+                    dd.accel_update_device(out_key)
+
+    _exec.__doc__ = toast_copy.__doc__
+    _set(Copy, "_exec", _exec)
 
 
 def patched_modules() -> List[str]:
