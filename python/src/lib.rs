@@ -21,9 +21,13 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+mod accel;
+use accel::{Present, Resolved};
 use std::time::Instant;
 use toast_accel::abi::{self, Kernel, SampleRange, SampleRanges};
 use toast_accel::host::{
@@ -99,6 +103,40 @@ struct Call<'a, 'py> {
     backend: &'a Backend,
     /// Byte ranges of the arrays taken so far: (start, end, name, output).
     ranges: Vec<(usize, usize, &'static str, bool)>,
+    /// `use_accel=True`: the present table the device arrays resolve from.
+    accel: Option<&'a Present>,
+    /// Bytes this call staged for itself (host to device, device to host)
+    /// on a `use_accel=True` call.
+    staged: Cell<(u64, u64)>,
+}
+
+/// A kernel's array argument: a host array (passed through, or staged for
+/// the call), or the device buffer of a present host array.
+#[derive(Debug)]
+enum Arg<'a> {
+    Host(ArrayArg<'a>),
+    Device(abi::Array),
+}
+
+impl Arg<'_> {
+    /// The absent array.
+    const ABSENT: Arg<'static> = Arg::Device(abi::Array::ABSENT);
+
+    fn abi(&self) -> abi::Array {
+        match self {
+            Arg::Host(a) => a.abi(),
+            Arg::Device(a) => *a,
+        }
+    }
+
+    /// Copy a staged output back and release its buffer; a device buffer
+    /// stays where it is.
+    fn finish(self) -> Result<(), AccelError> {
+        match self {
+            Arg::Host(a) => a.finish(),
+            Arg::Device(_) => Ok(()),
+        }
+    }
 }
 
 fn type_err(kernel: &str, arg: &str, what: impl std::fmt::Display) -> PyErr {
@@ -442,22 +480,69 @@ impl<'a, 'py> Call<'a, 'py> {
         Ok(v.host())
     }
 
-    fn stage<'v>(&self, v: &'v View<'py>) -> PyResult<ArrayArg<'v>>
+    /// An array the kernel reads or writes on the device: on a
+    /// `use_accel=True` call, the device buffer of the present host array
+    /// (an error naming the kernel and the array when it is not present);
+    /// otherwise the host array, staged for the call by a device backend.
+    fn stage<'v>(&self, v: &'v View<'py>) -> PyResult<Arg<'v>>
     where
         'a: 'v,
     {
-        stage(self.backend, v).map_err(accel_err)
+        let Some(present) = self.accel else {
+            return Ok(Arg::Host(stage(self.backend, v).map_err(accel_err)?));
+        };
+        if v.len == 0 {
+            return Ok(Arg::ABSENT);
+        }
+        match present.resolve(v.ptr, v.bytes() as u64, v.len as u64) {
+            Resolved::Device(a) => Ok(Arg::Device(a)),
+            Resolved::Missing => Err(PyRuntimeError::new_err(format!(
+                "toast_rs {} (use_accel=True): argument `{}` (host {:#x}, {} bytes) is not \
+                 present on the device; stage it first (Data.accel_create / \
+                 accel_update_device, or accel_data_create / accel_data_update_device)",
+                self.kernel,
+                v.name,
+                v.ptr,
+                v.bytes()
+            ))),
+            Resolved::Interior { offset, name } => Err(PyRuntimeError::new_err(format!(
+                "toast_rs {} (use_accel=True): argument `{}` (host {:#x}) starts {offset} \
+                 bytes into the present buffer '{name}'; a kernel takes whole device \
+                 buffers, so pass the array that was staged",
+                self.kernel, v.name, v.ptr
+            ))),
+        }
     }
+
+    /// An array TOAST maps to the device for each call even on
+    /// `use_accel=True` calls (`global2local`, `hit_submaps`), or builds on
+    /// the host for each call (`offset_project_signal`'s `flag_data`):
+    /// staged for the call, its bytes counted as the kernel's own staging.
+    /// Not being present, the host array is the only copy, so this is
+    /// correct; every other device array must be present.
+    fn stage_per_call<'v>(&self, v: &'v View<'py>) -> PyResult<Arg<'v>>
+    where
+        'a: 'v,
+    {
+        let a = stage(self.backend, v).map_err(accel_err)?;
+        if self.accel.is_some() && !self.backend.host_addressable() {
+            let (h2d, d2h) = self.staged.get();
+            let out = if v.output { v.bytes() as u64 } else { 0 };
+            self.staged.set((h2d + v.bytes() as u64, d2h + out));
+        }
+        Ok(Arg::Host(a))
+    }
+
     /// An array TOAST uses only when its length is `n` (shared flags, HWP
     /// angles): absent otherwise, as TOAST's kernels treat it.
-    fn stage_if<'v>(&self, v: &'v View<'py>, used: bool) -> PyResult<ArrayArg<'v>>
+    fn stage_if<'v>(&self, v: &'v View<'py>, used: bool) -> PyResult<Arg<'v>>
     where
         'a: 'v,
     {
         if used {
             self.stage(v)
         } else {
-            ArrayArg::input::<u8>(self.backend, &[], v.name).map_err(accel_err)
+            Ok(Arg::ABSENT)
         }
     }
 }
@@ -508,13 +593,17 @@ fn ranges(v: &[SampleRange]) -> SampleRanges {
 fn run<A: toast_accel::host::KernelArgs>(
     b: &Backend,
     args: &A,
-    arrays: Vec<ArrayArg<'_>>,
+    arrays: Vec<Arg<'_>>,
 ) -> PyResult<()> {
-    // SAFETY: every `Array` in `args` comes from an `ArrayArg` in `arrays`
-    // (a live host buffer of the declared length, or this backend's staged
-    // copy of one), every host pointer from a checked `View` alive for the
-    // call with the length the struct declares for it (n_det, n_view), and
-    // outputs overlap nothing else (`Call::claim`).
+    // SAFETY: every `Array` in `args` comes from an `Arg` in `arrays`: an
+    // `ArrayArg` (a live host buffer of the declared length, or this
+    // backend's staged copy of one), or the device buffer of a present host
+    // array at least as large as the argument (`Present::resolve`), which
+    // lives until `accel_data_delete`; every host pointer comes from a
+    // checked `View` alive for the call with the length the struct declares
+    // for it (n_det, n_view), and outputs overlap nothing else
+    // (`Call::claim`; two distinct present host buffers have distinct
+    // device buffers).
     unsafe { b.launch(args) }.map_err(accel_err)?;
     for a in arrays {
         a.finish().map_err(accel_err)?;
@@ -578,7 +667,7 @@ fn pixels_healpix(c: &mut Call<'_, '_>) -> PyResult<()> {
         c.stage(&quats)?,
         c.stage_if(&shared, shared.len == n_samp)?,
         c.stage(&pixels)?,
-        c.stage(&hits)?,
+        c.stage_per_call(&hits)?,
     );
     let args = abi::PixelsHealpixArgs {
         n_det: n_det as u64,
@@ -770,15 +859,23 @@ fn scan_map(c: &mut Call<'_, '_>) -> PyResult<()> {
         I64 => abi::DTYPE_I64,
         _ => abi::DTYPE_I32,
     };
-    let unhit = nonlocal_as_unhit(&g2l, n_pix_submap, &pixels, &pixel_index, &ivs);
+    // On a `use_accel=True` call the host pixels may be stale (the device
+    // copy is the current one): the kernel reports a non-local pixel there.
+    let unhit = if c.accel.is_none() {
+        nonlocal_as_unhit(&g2l, n_pix_submap, &pixels, &pixel_index, &ivs)
+    } else {
+        None
+    };
     let (g, m, w, d) = (
-        c.stage(&g2l)?,
+        c.stage_per_call(&g2l)?,
         c.stage(&mapdata)?,
         c.stage(&weights)?,
         c.stage(&det_data)?,
     );
     let p = match &unhit {
-        Some(copy) => ArrayArg::input::<i64>(c.backend, copy, pixels.name).map_err(accel_err)?,
+        Some(copy) => {
+            Arg::Host(ArrayArg::input::<i64>(c.backend, copy, pixels.name).map_err(accel_err)?)
+        }
         None => c.stage(&pixels)?,
     };
     let args = abi::ScanMapArgs {
@@ -838,7 +935,7 @@ fn build_noise_weighted(c: &mut Call<'_, '_>) -> PyResult<()> {
     }
     let n_pix_submap = zmap.shape[1] as i64;
     let (g, p, w, d, f, sf, z) = (
-        c.stage(&g2l)?,
+        c.stage_per_call(&g2l)?,
         c.stage(&pixels)?,
         c.stage(&weights)?,
         c.stage(&det_data)?,
@@ -953,9 +1050,12 @@ fn offset_project_signal(c: &mut Call<'_, '_>) -> PyResult<()> {
         (None, 0)
     };
     let flag_index = flag_index.max(-1);
+    // TOAST builds flag_data per call on the host (a copy of the detector
+    // flags with the view mask or-ed in: templates/offset/offset.py), so it
+    // is never present: staged for the call, as global2local is.
     let fd = match &flag_data {
-        Some(v) => c.stage(v)?,
-        None => ArrayArg::input::<u8>(c.backend, &[], "flag_data").map_err(accel_err)?,
+        Some(v) => c.stage_per_call(v)?,
+        None => Arg::ABSENT,
     };
     let (d, a, f) = (
         c.stage(&det_data)?,
@@ -1163,7 +1263,7 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         | Kernel::CompactExpandPointing
         | Kernel::FusedAccumulate
         | Kernel::FusedProject
-        | Kernel::SimNoise => return None,
+        | Kernel::SimNoise
         | Kernel::CovAccumTimestream => return None,
     })
 }
@@ -1197,6 +1297,8 @@ fn entry(toast_name: &str) -> PyResult<(usize, &'static KernelEntry)> {
 #[derive(Debug, Default, Clone, Copy)]
 struct Use {
     calls: u64,
+    /// Of which `use_accel=True` calls on device-resident arrays.
+    accel_calls: u64,
     seconds: f64,
 }
 
@@ -1204,13 +1306,32 @@ struct Use {
 #[pyclass(module = "toast_rs._native", frozen)]
 #[derive(Debug)]
 struct Runtime {
-    /// Keeps the plugins loaded.
-    _registry: Arc<Registry>,
     /// Per row of [`KERNELS`]: the backend that runs it.
     backends: Vec<Arc<Backend>>,
     /// Per row of [`KERNELS`]: why it does not run where asked, if so.
     fallbacks: Vec<Vec<(String, String)>>,
     uses: Mutex<Vec<Use>>,
+    /// TOAST's accelerator contract (`install(..., accel=True)`): the
+    /// present table on the one backend that runs every kernel.
+    present: Option<Present>,
+    /// Keeps the plugins loaded; declared last so that the present table's
+    /// buffers are freed while their plugin is still loaded.
+    _registry: Arc<Registry>,
+}
+
+impl Runtime {
+    fn present(&self) -> PyResult<&Present> {
+        self.present.as_ref().ok_or_else(|| {
+            PyRuntimeError::new_err(
+                "toast_rs: accelerator support is off (toast_rs.install(..., accel=True) turns it on)",
+            )
+        })
+    }
+}
+
+/// A host buffer of an `accel_data_*` call, named for errors.
+fn block(data: &Bound<'_, PyAny>, op: &str, name: &str) -> PyResult<accel::HostBlock> {
+    accel::host_block(data, &format!("accel_data_{op}('{name}')"))
 }
 
 #[pymethods]
@@ -1219,14 +1340,18 @@ impl Runtime {
     /// `dispatch` (TOAST kernel name → backend) overriding it per kernel.
     /// A backend named but not found or unavailable is an error (with the
     /// reason); one lacking a kernel falls back to `cpu` for it, as the
-    /// `[dispatch]` configuration does.
+    /// `[dispatch]` configuration does. `options` is handed to `backend`'s
+    /// `init` (`device=N`). With `accel`, every kernel must run on
+    /// `backend` (its device buffers are the present table's).
     #[new]
-    #[pyo3(signature = (backend, dispatch, backend_path, fallback_dirs))]
+    #[pyo3(signature = (backend, dispatch, backend_path, fallback_dirs, accel=false, options=None))]
     fn new(
         backend: &str,
         dispatch: BTreeMap<String, String>,
         backend_path: Vec<PathBuf>,
         fallback_dirs: Vec<PathBuf>,
+        accel: bool,
+        options: Option<String>,
     ) -> PyResult<Self> {
         let mut policy = DispatchPolicy::new().with_run(backend);
         for (name, b) in &dispatch {
@@ -1246,6 +1371,9 @@ impl Runtime {
         // After the explicit paths and TOAST_BACKEND_PATH, before the
         // system directories: the package's own and the build tree's.
         opts.system_dirs.splice(0..0, fallback_dirs);
+        if let Some(o) = &options {
+            opts = opts.with_backend_options(backend, o);
+        }
         let registry = Arc::new(Registry::discover(&opts));
         // Every backend named must be usable.
         let mut named: Vec<&str> = vec![backend];
@@ -1264,39 +1392,79 @@ impl Runtime {
             backends.push(r.backend);
             fallbacks.push(r.fallbacks);
         }
+        let present = if accel {
+            let main = registry.get(backend).map_err(accel_err)?;
+            let elsewhere: Vec<String> = KERNELS
+                .iter()
+                .zip(&backends)
+                .filter(|(_, b)| !Arc::ptr_eq(b, &main))
+                .map(|(e, b)| format!("{} on {}", e.toast_name, b.name()))
+                .collect();
+            if !elsewhere.is_empty() {
+                return Err(PyValueError::new_err(format!(
+                    "toast_rs.install(accel=True): every kernel must run on `{backend}`, whose \
+                     device buffers TOAST's data live in; {}",
+                    elsewhere.join(", ")
+                )));
+            }
+            Some(Present::new(main))
+        } else {
+            None
+        };
         Ok(Runtime {
-            _registry: registry,
             backends,
             fallbacks,
             uses: Mutex::new(vec![Use::default(); KERNELS.len()]),
+            present,
+            _registry: registry,
         })
     }
 
-    /// Run TOAST kernel `name` with TOAST's positional arguments.
-    fn call(&self, name: &str, args: &Bound<'_, PyTuple>) -> PyResult<()> {
+    /// Run TOAST kernel `name` with TOAST's positional arguments. With
+    /// `use_accel`, the device arrays are the present table's.
+    #[pyo3(signature = (name, args, use_accel=false))]
+    fn call(&self, name: &str, args: &Bound<'_, PyTuple>, use_accel: bool) -> PyResult<()> {
         let (row, e) = entry(name)?;
+        let accel = if use_accel {
+            Some(self.present.as_ref().ok_or_else(|| {
+                PyRuntimeError::new_err(format!(
+                    "toast_rs {name}: called with use_accel=True, but toast_rs was installed \
+                     without accel=True (no device data to run on)"
+                ))
+            })?)
+        } else {
+            None
+        };
         let start = Instant::now();
         let mut c = Call {
             kernel: e.toast_name,
             args,
             backend: &self.backends[row],
             ranges: Vec::new(),
+            accel,
+            staged: Cell::new((0, 0)),
         };
         (e.adapt)(&mut c)?;
+        if let Some(p) = accel {
+            let (h2d, d2h) = c.staged.get();
+            p.count_kernel_staging(h2d, d2h);
+        }
         let seconds = start.elapsed().as_secs_f64();
         let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
         uses[row].calls += 1;
+        uses[row].accel_calls += u64::from(use_accel);
         uses[row].seconds += seconds;
         Ok(())
     }
 
-    /// `{kernel: {"calls", "seconds", "backend", "fallbacks"}}`.
+    /// `{kernel: {"calls", "accel_calls", "seconds", "backend", "fallbacks"}}`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         let uses = self.uses.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (i, e) in KERNELS.iter().enumerate() {
             let d = PyDict::new(py);
             d.set_item("calls", uses[i].calls)?;
+            d.set_item("accel_calls", uses[i].accel_calls)?;
             d.set_item("seconds", uses[i].seconds)?;
             d.set_item("backend", self.backends[i].name())?;
             let fb = PyList::empty(py);
@@ -1313,6 +1481,96 @@ impl Runtime {
     fn reset_stats(&self) {
         let mut uses = self.uses.lock().unwrap_or_else(|p| p.into_inner());
         uses.iter_mut().for_each(|u| *u = Use::default());
+        if let Some(p) = &self.present {
+            p.reset_stats();
+        }
+    }
+
+    /// Whether this runtime fills TOAST's accelerator contract.
+    fn accel(&self) -> bool {
+        self.present.is_some()
+    }
+
+    /// The backend's transfer counts since it was loaded: allocations,
+    /// frees, copies and bytes each way, resets.
+    fn transfers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let b = match &self.present {
+            Some(p) => Arc::clone(p.backend()),
+            None => Arc::clone(&self.backends[0]),
+        };
+        let t = b.stats().snapshot();
+        let d = PyDict::new(py);
+        d.set_item("allocs", t.allocs)?;
+        d.set_item("alloc_bytes", t.alloc_bytes)?;
+        d.set_item("frees", t.frees)?;
+        d.set_item("h2d_calls", t.h2d_calls)?;
+        d.set_item("h2d_bytes", t.h2d_bytes)?;
+        d.set_item("d2h_calls", t.d2h_calls)?;
+        d.set_item("d2h_bytes", t.d2h_bytes)?;
+        d.set_item("resets", t.resets)?;
+        Ok(d)
+    }
+
+    /// `accel_data_present(data, name)`.
+    fn accel_present(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+        self.present()?.present(block(data, "present", name)?, name)
+    }
+
+    /// `accel_data_create(data, name)`: a device buffer of the same size.
+    fn accel_create(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        self.present()?.create(block(data, "create", name)?, name)
+    }
+
+    /// `accel_data_reset(data, name)`: zero the device copy.
+    fn accel_reset(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        self.present()?.reset(block(data, "reset", name)?, name)
+    }
+
+    /// `accel_data_update_device(data, name)`: host to device.
+    fn accel_update_device(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        self.present()?
+            .update_device(block(data, "update_device", name)?, name)
+    }
+
+    /// `accel_data_update_host(data, name)`: device to host.
+    fn accel_update_host(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        self.present()?
+            .update_host(block(data, "update_host", name)?, name)
+    }
+
+    /// `accel_data_delete(data, name)`: free the device copy.
+    fn accel_delete(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        self.present()?.delete(block(data, "delete", name)?, name)
+    }
+
+    /// The present table: `[(host address, bytes, name)]`.
+    fn accel_table(&self) -> PyResult<Vec<(usize, u64, String)>> {
+        Ok(self.present()?.table())
+    }
+
+    /// Free every device buffer of the present table.
+    fn accel_clear(&self) -> PyResult<()> {
+        self.present()?.clear()
+    }
+
+    /// Whether the present table is empty.
+    fn accel_empty(&self) -> PyResult<bool> {
+        Ok(self.present()?.is_empty())
+    }
+
+    /// Limit the device bytes this process may hold (`None`: no limit);
+    /// `how` says where the limit came from, for the error.
+    #[pyo3(signature = (limit, how=None))]
+    fn accel_set_limit(&self, limit: Option<u64>, how: Option<String>) -> PyResult<()> {
+        self.present()?
+            .set_limit(limit.map(|l| (l, how.unwrap_or_else(|| "set by the caller".into()))));
+        Ok(())
+    }
+
+    /// Bytes moved per TOAST staging operation and buffer name (see
+    /// `accel::Present::stats`).
+    fn accel_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.present()?.stats(py)
     }
 }
 

@@ -148,3 +148,228 @@ def test_scan_map_nonlocal_submap_is_unhit(cpu):
     )
     np.testing.assert_array_equal(det_data, [[0.5, 0.5, 3.5, 12.5, 0.5, 30.5]])
     assert toast_rs.stats()["scan_map"]["calls"] == 1
+
+
+# ---------------------------------------------------------------------------
+# install(..., accel=True): toast-rs as TOAST's accelerator (cpu plugin:
+# separate "device" allocations, so host and device copies are distinct).
+
+
+@pytest.fixture
+def accel_cpu():
+    toast_rs.install("cpu", accel=True)
+    yield
+    toast_rs.uninstall()
+
+
+def test_accel_enables_toast_layer_and_uninstall_restores():
+    import sys
+
+    import toast.accelerator as pkg
+    import toast.accelerator.accel as acc
+    from toast.accelerator import accel_enabled
+
+    before = {n: getattr(m, "use_accel_omp", None) for n, m in sys.modules.items()
+              if n.startswith("toast") and m is not None}
+    toast_rs.install("cpu", accel=True)
+    try:
+        assert accel_enabled() and acc.use_accel_omp and pkg.use_accel_omp
+        # Every toast module that copied the flag sees it.
+        for n, m in sys.modules.items():
+            if n.startswith("toast.") and m is not None and hasattr(m, "use_accel_omp"):
+                assert m.use_accel_omp is True, n
+        assert "toast.observation_data" in toast_rs._accel.patched_modules()
+        assert toast_rs.accel_stats()["device"]["device"] == 0
+    finally:
+        toast_rs.uninstall()
+    assert not accel_enabled()
+    after = {n: getattr(m, "use_accel_omp", None) for n, m in sys.modules.items()
+             if n in before}
+    assert after == before
+
+
+def test_accel_data_roundtrip_is_a_separate_copy(accel_cpu):
+    from toast.accelerator import (accel_data_create, accel_data_delete, accel_data_present,
+                                   accel_data_reset, accel_data_update_device,
+                                   accel_data_update_host)
+    from toast.utils import AlignedF64
+
+    for host in (np.arange(10, dtype=np.float32), AlignedF64.zeros(7)):
+        view = np.asarray(memoryview(host))
+        view[:] = np.arange(len(view))
+        assert not accel_data_present(host, "x")
+        accel_data_create(host, "x")
+        accel_data_update_device(host, "x")
+        assert accel_data_present(host, "x")
+        view[:] = -1  # the device copy keeps the old values
+        accel_data_update_host(host, "x")
+        np.testing.assert_array_equal(view, np.arange(len(view)))
+        accel_data_reset(host, "x")
+        accel_data_update_host(host, "x")
+        assert not view.any()
+        accel_data_delete(host, "x")
+        assert not accel_data_present(host, "x")
+    s = toast_rs.accel_stats()
+    assert s["ops"]["update_device"]["calls"] == 2
+    assert s["ops"]["update_device"]["bytes"] == 40 + 56
+    assert s["by_name"]["x"]["d2h_calls"] == 4
+    assert s["buffers"] == 0 and s["device_bytes"] == 0
+
+
+def test_accel_errors_name_the_buffer(accel_cpu):
+    from toast.accelerator import accel_data_create, accel_data_present, accel_data_update_host
+
+    a = np.ones(4)
+    with pytest.raises(RuntimeError, match="'a'.*not present"):
+        accel_data_update_host(a, "a")
+    accel_data_create(a, "a")
+    with pytest.raises(RuntimeError, match="already present"):
+        accel_data_create(a, "again")
+    with pytest.raises(RuntimeError, match="32 bytes, not 16"):
+        accel_data_present(a[:2], "a")
+
+
+def test_accel_kernel_runs_on_device_data_only(accel_cpu):
+    from toast.accelerator import (accel_data_create, accel_data_delete,
+                                   accel_data_update_device, accel_data_update_host)
+
+    det_data, index, iv, weights = noise_weight_args()
+    expected = det_data.copy()
+    registry["noise_weight"]["dispatch"](expected, index, iv, weights)
+    dispatch = registry["noise_weight"]["dispatch"]
+    # Not present: the error names the kernel and the array.
+    with pytest.raises(RuntimeError, match="noise_weight.*`det_data`.*not present"):
+        dispatch(det_data, index, iv, weights, use_accel=True)
+    start = det_data.copy()
+    accel_data_create(det_data, "signal")
+    accel_data_update_device(det_data, "signal")
+    dispatch(det_data, index, iv, weights, impl=ImplementationType.COMPILED, use_accel=True)
+    np.testing.assert_array_equal(det_data, start)  # the host copy is untouched
+    accel_data_update_host(det_data, "signal")
+    np.testing.assert_array_equal(det_data, expected)
+    accel_data_delete(det_data, "signal")
+    s = toast_rs.stats()["noise_weight"]
+    assert s["accel_calls"] == 1 and s["toast_calls"] == 0
+    moved = toast_rs.accel_stats()["by_name"]["signal"]
+    assert moved == {
+        "h2d_calls": 1, "h2d_bytes": det_data.nbytes, "d2h_calls": 1,
+        "d2h_bytes": det_data.nbytes, "buffers": 1, "max_h2d_per_buffer": 1,
+        "max_d2h_per_buffer": 1}
+
+
+def test_accel_memory_limit(monkeypatch):
+    from toast.accelerator import accel_data_create
+
+    monkeypatch.setenv("TOAST_GPU_MEM_GB", str(1000 / 2**30))  # 1000 bytes
+    toast_rs.install("cpu", accel=True)
+    try:
+        accel_data_create(np.ones(100), "small")  # 800 bytes
+        with pytest.raises(RuntimeError, match="memory limit.*'big'.*TOAST_GPU_MEM_GB"):
+            accel_data_create(np.ones(50), "big")
+    finally:
+        toast_rs.uninstall()
+
+
+def test_accel_device_assignment(monkeypatch):
+    from toast_rs import accel
+
+    monkeypatch.setenv("TOAST_RS_DEVICES", "2")
+    monkeypatch.delenv("TOAST_RS_DEVICE", raising=False)
+    # TOAST's rule: 4 ranks on 2 devices -> 0, 0, 1, 1; 3 on 2 -> 0, 0, 1.
+    assert [accel.assign_device("cuda", 4, r)["device"] for r in range(4)] == [0, 0, 1, 1]
+    assert [accel.assign_device("cuda", 3, r)["sharing"] for r in range(3)] == [2, 2, 1]
+    monkeypatch.setenv("TOAST_RS_DEVICE", "1")
+    assert accel.assign_device("cuda", 4, 0)["device"] == 1
+    assert accel.plugin_options("cuda", 1) == "device=1"
+    assert accel.plugin_options("opencl", 1) == "device=0:1"
+    with pytest.raises(ValueError, match="node rank 4 of 4"):
+        accel.assign_device("cuda", 4, 4)
+
+
+def test_accel_no_dispatch():
+    with pytest.raises(ValueError, match="dispatch is not supported with accel"):
+        toast_rs.install("cpu", accel=True, scan_map="cpu")
+    assert not toast_rs.installed()
+
+
+def test_accel_operator_on_device_data(accel_cpu):
+    # toast.tests.accelerator's operator test, with data that are not zero
+    # (TOAST's own runs on a zero signal, which any result passes).
+    from toast import ops
+    from toast.tests.helpers import close_data, create_satellite_data
+
+    data = create_satellite_data(None)
+    rng = np.random.default_rng(1)
+    for ob in data.obs:
+        ob.detdata["signal"][:] = rng.normal(size=ob.detdata["signal"].data.shape)
+    ops.Copy(detdata=[("signal", "original")]).apply(data)
+    weight = ops.NoiseWeight(noise_model=ops.DefaultNoiseModel().noise_model, det_data="signal")
+    ops.DefaultNoiseModel().apply(data)
+    cpu = []
+    toast_rs.uninstall()
+    try:
+        weight.apply(data)
+        cpu = [ob.detdata["signal"].data.copy() for ob in data.obs]
+        for ob in data.obs:
+            ob.detdata["signal"][:] = ob.detdata["original"][:]
+            ob.detdata["signal"].update_units(ob.detdata["original"].units)
+    finally:
+        toast_rs.install("cpu", accel=True)
+    pipe = ops.Pipeline(operators=[weight])
+    pipe.apply(data)  # stages signal, runs noise_weight on the device copy
+    # The weights did act (TOAST's sim flags every detector of some observations).
+    assert any(not np.array_equal(ref, ob.detdata["original"].data)
+               for ob, ref in zip(data.obs, cpu))
+    for ob, ref in zip(data.obs, cpu):
+        np.testing.assert_array_equal(ob.detdata["signal"].data, ref)
+    s = toast_rs.stats()["noise_weight"]
+    assert s["accel_calls"] == s["calls"] > 0
+    close_data(data)
+    assert toast_rs.accel_stats()["buffers"] == 0
+
+
+def _mapmaker_map(accel: bool):
+    import astropy.units as u
+
+    from toast import ops
+    from toast.observation import default_values as defaults
+    from toast.templates import Offset
+    from toast.tests.helpers import close_data, create_satellite_data
+
+    data = create_satellite_data(None, obs_time=5 * u.minute)
+    ops.DefaultNoiseModel().apply(data)
+    ops.SimNoise().apply(data)
+    detpointing = ops.PointingDetectorSimple()
+    pixels = ops.PixelsHealpix(nside=16, detector_pointing=detpointing)
+    weights = ops.StokesWeights(mode="IQU", hwp_angle=defaults.hwp_angle,
+                                detector_pointing=detpointing)
+    binner = ops.BinMap(pixel_dist="pixel_dist", pixel_pointing=pixels, stokes_weights=weights,
+                        noise_model="noise_model")
+    tmpl = Offset(times=defaults.times, noise_model="noise_model", step_time=10 * u.second,
+                  use_noise_prior=False)
+    mm = ops.MapMaker(name="mm", det_data=defaults.det_data, binning=binner,
+                      template_matrix=ops.TemplateMatrix(templates=[tmpl]),
+                      solve_rcond_threshold=1e-2, map_rcond_threshold=1e-2, write_hits=False,
+                      write_map=False, write_cov=False, write_rcond=False,
+                      keep_final_products=True, output_dir=".")
+    toast_rs.install("cpu", accel=accel)
+    try:
+        mm.apply(data)
+        out = np.array(data["mm_map"].data)
+        accel_calls = toast_rs.stats()["offset_project_signal"]["accel_calls"]
+    finally:
+        toast_rs.uninstall()
+    close_data(data)
+    return out, accel_calls
+
+
+def test_accel_mapmaker_hybrid_pipelines_equal_host(tmp_path, monkeypatch):
+    # TOAST's MapMaker mixes device and host operators (hybrid pipelines);
+    # TOAST 3.0.6's ops.Copy left a stale device copy there (mended while
+    # installed, toast_rs/accel.py), which made the solve run on zeros.
+    monkeypatch.chdir(tmp_path)
+    host, _ = _mapmaker_map(False)
+    dev, calls = _mapmaker_map(True)
+    assert calls > 0  # the template ran on device data
+    assert np.any(host)
+    np.testing.assert_array_equal(dev, host)

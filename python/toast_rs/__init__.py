@@ -9,17 +9,23 @@ looks its kernel up in the registry at each call, so an existing pipeline runs
 on our backends without a change. ``toast_rs.uninstall()`` puts TOAST's
 implementations back.
 
-``use_accel``: TOAST passes ``use_accel=True`` only when its own accelerator
-layer (an OpenMP-target build, or JAX) has moved the operator's data to *its*
-device; the arrays the kernel receives then stand for device memory that only
-TOAST's compiled kernels can address. Such calls go to TOAST's own
-implementation, unchanged (counted as ``toast_calls`` in :func:`stats`).
-With ``use_accel`` false (always, with the PyPI wheel, which has no
-accelerator support) the data are host numpy arrays: the CPU plugin reads
-them in place, and a device backend (opencl, cuda, hip) copies them to its
-device for the call and copies the outputs back, as toast-rs does for a
-kernel call on unstaged data. TOAST's data movement stays TOAST's; ours is
-per call.
+``accel`` (``install(backend, accel=True)``, or ``TOAST_RS_ACCEL=1``):
+toast-rs becomes TOAST's accelerator. ``accel_enabled()`` is True, TOAST's
+``accel_data_*`` calls (and so ``Data.accel_create`` / ``accel_update_device``
+/ ``accel_update_host`` and its pipelines' staging) fill a present table of
+device buffers of the backend's plugin, and the registry kernels called with
+``use_accel=True`` run on those device buffers with no per-call staging
+(counted as ``accel_calls``; bytes moved in :func:`accel_stats`). See
+:mod:`toast_rs.accel` for how TOAST's layer is patched, device selection and
+the memory limit.
+
+Without ``accel`` (the default): TOAST's ``use_accel`` is always false with
+the PyPI wheel, which has no accelerator support, and the data are host
+numpy arrays: the CPU plugin reads them in place, and a device backend
+(opencl, cuda, hip) copies them to its device for the call and copies the
+outputs back. A ``use_accel=True`` call (TOAST's own accelerator layer, in a
+build that has one) goes to TOAST's implementation, unchanged (counted as
+``toast_calls`` in :func:`stats`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 from . import _native
+from . import accel as _accel
 
 __version__ = "0.1.0"
 
@@ -40,6 +47,8 @@ KERNELS = tuple(_native.kernels())
 
 _lock = threading.Lock()
 _runtime: Optional[Any] = None
+# The arguments of the install in effect (to re-open on another device).
+_install_args: Dict[str, Any] = {}
 # name -> {ImplementationType: TOAST's function}, for uninstall.
 _saved: Dict[str, Dict[Any, Callable[..., Any]]] = {}
 # Calls that stayed TOAST's (kernels we lack, use_accel=True): name -> [calls, seconds].
@@ -100,8 +109,10 @@ def _ours(name: str, runtime: Any, toast_fn: Callable[..., Any]) -> Callable[...
     except (TypeError, ValueError):
         sig = None
 
+    on_device = runtime.accel()
+
     def kernel(*args: Any, use_accel: bool = False, **kwargs: Any) -> None:
-        if use_accel:
+        if use_accel and not on_device:
             # Data on TOAST's own accelerator: only its kernels can run there.
             return _count_toast(name, toast_fn, *args, use_accel=use_accel, **kwargs)
         if kwargs:
@@ -110,7 +121,7 @@ def _ours(name: str, runtime: Any, toast_fn: Callable[..., Any]) -> Callable[...
             args = sig.bind(*args, **kwargs).args
         if prepare is not None:
             args = prepare(args)
-        call(name, args)
+        call(name, args, bool(use_accel))
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_toast_rs"
     kernel.__doc__ = toast_fn.__doc__
@@ -126,10 +137,21 @@ def _counted(name: str, toast_fn: Callable[..., Any]) -> Callable[..., Any]:
     return kernel
 
 
+def _env_flag(name: str) -> bool:
+    v = os.environ.get(name, "").strip().lower()
+    if v in ("", "0", "no", "false", "off"):
+        return False
+    if v in ("1", "yes", "true", "on"):
+        return True
+    raise ValueError(f"toast_rs: {name}={os.environ[name]!r}: expected 1/yes/true or 0/no/false")
+
+
 def install(
     backend: str = "cpu",
     *,
     backend_path: Union[None, str, os.PathLike, Iterable] = None,
+    accel: Optional[bool] = None,
+    device: Optional[int] = None,
     **dispatch: str,
 ) -> Dict[str, str]:
     """Run TOAST's kernels on toast-rs backends.
@@ -140,8 +162,15 @@ def install(
         backend_path: plugin files or directories searched first (then
             ``TOAST_BACKEND_PATH``, this package's ``backends/``, the build
             tree's ``target/release``, the system directories).
+        accel: be TOAST's accelerator (:mod:`toast_rs.accel`): ``accel_enabled()``
+            is True, ``accel_data_*`` keep device buffers of ``backend``, and
+            ``use_accel=True`` kernel calls run on them. ``None`` (default):
+            the ``TOAST_RS_ACCEL`` environment variable (1/yes/true).
+        device: with ``accel``, the device index to open (default: TOAST's
+            rule from the node-local rank; ``TOAST_RS_DEVICE`` overrides it).
         **dispatch: per-kernel backends by TOAST registry name, as in the
             ``[dispatch]`` configuration: ``install("cpu", scan_map="opencl")``.
+            Not with ``accel`` (every kernel must run where the data are).
 
     Returns:
         TOAST registry name -> backend that runs it ("toast" for the kernels
@@ -153,9 +182,27 @@ def install(
             message says why).
     """
     global _runtime
+    if accel is None:
+        accel = _env_flag("TOAST_RS_ACCEL")
     registry, impl = _toast_registry()
     explicit, fallback = _search_dirs(backend_path)
-    runtime = _native.Runtime(backend, dict(dispatch), explicit, fallback)
+    options = None
+    placed: Dict[str, Any] = {}
+    if accel:
+        if dispatch:
+            raise ValueError(
+                "toast_rs.install(accel=True): per-kernel dispatch is not supported with "
+                f"accel ({', '.join(sorted(dispatch))}): every kernel runs on {backend!r}, "
+                "where TOAST's device data are"
+            )
+        node_procs, node_rank = _accel.node_layout()
+        placed = _accel.assign_device(backend, node_procs, node_rank, device)
+        options = _accel.plugin_options(backend, placed["device"])
+    runtime = _native.Runtime(backend, dict(dispatch), explicit, fallback, bool(accel), options)
+    if accel:
+        limit, how = _accel.memory_limit(_accel.env_mem_gb(), placed["sharing"],
+                                         "TOAST_GPU_MEM_GB")
+        runtime.accel_set_limit(limit, how)
     try:
         from toast.timing import function_timer
     except ImportError:  # pragma: no cover - TOAST always has it
@@ -182,17 +229,32 @@ def install(
             chosen[name] = stats[name]["backend"] if name in KERNELS else "toast"
         _runtime = runtime
         _toast_uses.clear()
+        _install_args.clear()
+        _install_args.update(backend=backend, backend_path=backend_path, accel=bool(accel))
+        if accel:
+            _accel._device.clear()
+            _accel._device.update(placed, backend=backend)
+
+            def reinstall(dev: int) -> None:
+                install(backend, backend_path=backend_path, accel=True, device=dev)
+
+            _accel.enable(runtime, reinstall)
     return chosen
 
 
 def _restore(registry) -> None:
+    _accel.disable()
+    if _runtime is not None and _runtime.accel():
+        _runtime.accel_clear()
     for name, impls in _saved.items():
         registry[name].update(impls)
     _saved.clear()
 
 
 def uninstall() -> None:
-    """Put TOAST's own kernel implementations back (a no-op if not installed)."""
+    """Put TOAST's own kernel implementations (and, after ``accel=True``, its
+    accelerator layer) back; frees the device buffers. A no-op if not
+    installed."""
     global _runtime
     with _lock:
         if _runtime is None:
@@ -211,7 +273,9 @@ def stats() -> Dict[str, Dict[str, Any]]:
     """Kernel use since :func:`install`, keyed by TOAST registry name.
 
     Each value has ``calls`` and ``seconds`` (our calls, including the
-    argument checks and any device copies), ``backend`` (the toast-rs backend
+    argument checks and any device copies), ``accel_calls`` (of those, the
+    ``use_accel=True`` calls that ran on device-resident data, with
+    ``accel=True``), ``backend`` (the toast-rs backend
     that runs it, or ``"toast"`` for a kernel toast-rs does not implement),
     ``ours`` (whether toast-rs implements it), ``toast_calls`` and
     ``toast_seconds`` (calls that ran TOAST's implementation: its kernels we
@@ -226,12 +290,35 @@ def stats() -> Dict[str, Dict[str, Any]]:
         out[name] = s
     for name in _saved:
         if name not in out:
-            out[name] = {"calls": 0, "seconds": 0.0, "backend": "toast", "ours": False, "fallbacks": []}
+            out[name] = {"calls": 0, "accel_calls": 0, "seconds": 0.0, "backend": "toast",
+                         "ours": False, "fallbacks": []}
     for name, s in out.items():
         calls, seconds = _toast_uses.get(name, (0, 0.0))
         s["toast_calls"] = calls
         s["toast_seconds"] = seconds
     return dict(sorted(out.items()))
+
+
+def accel_stats() -> Dict[str, Any]:
+    """Data movement since :func:`install` with ``accel=True`` (else ``{}``).
+
+    ``ops``: per TOAST staging operation (``create``, ``update_device``,
+    ``update_host``, ``reset``, ``delete``) its ``calls`` and ``bytes``;
+    ``by_name``: per buffer name TOAST gave (``<obs>_<field>`` style names
+    for detector data) ``h2d_calls``, ``h2d_bytes``, ``d2h_calls``,
+    ``d2h_bytes``; ``kernel_staging``: the small arrays TOAST maps per kernel
+    call (``global2local``, ``hit_submaps``), ``h2d`` and ``d2h``;
+    ``h2d_bytes`` / ``d2h_bytes``: totals each way; ``device_bytes``,
+    ``peak_device_bytes``, ``buffers``: the table now; ``limit_bytes`` and
+    ``limit``: the memory limit; ``device``: the device and how it was
+    chosen; ``transfers``: the plugin's own counts (allocs, copies, bytes).
+    """
+    if _runtime is None or not _runtime.accel():
+        return {}
+    s = dict(_runtime.accel_stats())
+    s["device"] = dict(_accel._device)
+    s["transfers"] = dict(_runtime.transfers())
+    return s
 
 
 def reset_stats() -> None:
@@ -244,12 +331,28 @@ def reset_stats() -> None:
 def format_stats(s: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
     """:func:`stats` as a table."""
     s = stats() if s is None else s
-    lines = [f"{'kernel':<28} {'backend':<8} {'calls':>8} {'seconds':>10} {'toast calls':>12}"]
+    lines = [f"{'kernel':<28} {'backend':<8} {'calls':>8} {'accel':>8} {'seconds':>10} "
+             f"{'toast calls':>12}"]
     for name, u in s.items():
         lines.append(
-            f"{name:<28} {u['backend']:<8} {u['calls']:>8} {u['seconds']:>10.4f} {u['toast_calls']:>12}"
+            f"{name:<28} {u['backend']:<8} {u['calls']:>8} {u.get('accel_calls', 0):>8} "
+            f"{u['seconds']:>10.4f} {u['toast_calls']:>12}"
         )
+    a = accel_stats()
+    if a:
+        lines.append(
+            f"device data ({a['device'].get('backend')} device {a['device'].get('device')}): "
+            f"{a['h2d_bytes']} bytes to the device, {a['d2h_bytes']} bytes back; "
+            f"peak {a['peak_device_bytes']} bytes"
+        )
+        for op, m in a["ops"].items():
+            lines.append(f"  {op:<14} {m['calls']:>8} calls {m['bytes']:>14} bytes")
+        for way in ("h2d", "d2h"):
+            m = a["kernel_staging"][way]
+            if m["calls"]:
+                lines.append(f"  kernel {way:<7} {m['calls']:>8} calls {m['bytes']:>14} bytes")
     return "\n".join(lines)
 
 
-__all__ = ["KERNELS", "install", "uninstall", "installed", "stats", "reset_stats", "format_stats"]
+__all__ = ["KERNELS", "install", "uninstall", "installed", "stats", "accel_stats", "reset_stats",
+           "format_stats"]
