@@ -7,8 +7,12 @@
  * map-maker's fused kernels are at the end, with their own notes).  It is
  * compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
- * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
- * atomic_min_u64.
+ * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64,
+ * atomic_min_u64, and for kernels whose threads cooperate within a block
+ * (one block per fit: the polynomial filters) LID0, LSIZE0, GRP0..GRP2,
+ * BLOCK_SHARED(type, name, n) (an array shared by the block, declared at a
+ * kernel's top level), SHARED (the qualifier of a pointer to one) and
+ * BLOCK_BARRIER() (every thread of the block must reach it).
  *
  * Launch shape (TOAST's offload layout).  Per-sample kernels run on a 3-D
  * grid: dimension 0 is the sample offset inside an interval (0 up to the
