@@ -485,5 +485,7 @@ mod tests {
                 .barrier
         );
         assert!(!find("toast_pointing_detector").unwrap().barrier);
+        assert!(find("toast_filter_polynomial").unwrap().barrier);
+        assert!(find("toast_filter_poly2d").unwrap().barrier);
     }
 }
