@@ -101,11 +101,17 @@ fn main() {
         for (i, p) in k.params.iter().enumerate() {
             let _ = writeln!(r, "    pub(crate) {}: {},", p.name, field_type(k, i).0);
         }
+        assert!(
+            ks.iter().all(|x| x.barrier == k.barrier),
+            "the kernels of {} differ in their use of block barriers",
+            camel(f)
+        );
         let _ = writeln!(
             r,
-            "}}\n\nimpl<B> LaunchParams<B> for {}<B> {{\n    const KERNELS: &'static [&'static str] = &[{}];\n\n    fn params(self) -> Vec<Param<B>> {{\n        vec![",
+            "}}\n\nimpl<B> LaunchParams<B> for {}<B> {{\n    const KERNELS: &'static [&'static str] = &[{}];\n    const COOPERATIVE: bool = {};\n\n    fn params(self) -> Vec<Param<B>> {{\n        vec![",
             camel(f),
-            names.join(", ")
+            names.join(", "),
+            k.barrier
         );
         for (i, p) in k.params.iter().enumerate() {
             let _ = writeln!(
@@ -117,5 +123,18 @@ fn main() {
         }
         r.push_str("        ]\n    }\n}\n");
     }
+    // The block size of the one-block-per-fit kernels, from its one
+    // definition in the source (their block-shared arrays are that large).
+    let source = std::fs::read_to_string(device.join("kernels.h")).expect("read kernels.h");
+    let fit_threads: u32 = source
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("#define TOAST_FIT_THREADS "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("kernels.h defines TOAST_FIT_THREADS as a number");
+    let _ = writeln!(
+        r,
+        "\n/// Threads per block of the kernels that run one block per fit\n\
+         /// (`TOAST_FIT_THREADS` in kernels.h).\npub(crate) const FIT_THREADS: u32 = {fit_threads};"
+    );
     std::fs::write(out.join("launch_params.rs"), r).expect("write the launch parameters");
 }

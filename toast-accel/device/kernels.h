@@ -7,8 +7,12 @@
  * map-maker's fused kernels are at the end, with their own notes).  It is
  * compiled after one of prelude_{cuda,hip,opencl}.h, which defines
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
- * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64 and
- * atomic_min_u64.
+ * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64,
+ * atomic_min_u64, and for kernels whose threads cooperate within a block
+ * (one block per fit: the polynomial filters) LID0, LSIZE0, GRP0..GRP2,
+ * BLOCK_SHARED(type, name, n) (an array shared by the block, declared at a
+ * kernel's top level), SHARED (the qualifier of a pointer to one) and
+ * BLOCK_BARRIER() (every thread of the block must reach it).
  *
  * Launch shape (TOAST's offload layout).  Per-sample kernels run on a 3-D
  * grid: dimension 0 is the sample offset inside an interval (0 up to the
@@ -968,63 +972,125 @@ KERNEL void toast_cov_accum_diag_invnpp(i64 nsamp, i64 nsub, i64 nsubpix, i64 nn
     }
 }
 
-/* ---- small symmetric solves for the polynomial filters ----------------- */
+/* ---- the polynomial filters: one block per fit ------------------------- */
 
-/* A fit has as many templates as the host allows (toast_accel::check::
- * MAX_POLY_TEMPLATES), so its matrices cannot live in private memory: each
- * work item has a slice of a global workspace that the host allocates for
- * the launch (toast-gpu's kernels::entries), holding element e of the item
- * at ws[e * s].  The host chooses the layout: s = 1 (each item's slice
- * contiguous, best for a CPU's caches) or s = the items of the launch (the
- * slices interleaved, so that the items of a warp read consecutive
- * addresses).  The slice is laid out a (n * n), v (n * n), then the vectors
- * of the kernel (n each). */
+/* Both filters run one block (work-group) per fit: its threads load the
+ * samples (or detectors) of the fit together, build the normal matrix
+ * cooperatively and solve it together; fits are batched over the grid (the
+ * signals and scans of filter_polynomial, the sample runs and groups of
+ * filter_poly2D).  A fit has up to toast_accel::check::MAX_POLY_TEMPLATES
+ * templates, too many for shared memory: the matrix, its eigenvectors and
+ * the vectors live in the block's slice of a global workspace that the host
+ * allocates for the launch (toast-gpu's kernels::entries), element e of the
+ * slice at ws[e * s]: s = 1 (contiguous) or the slices of the launch
+ * (interleaved; plugin option `workspace`).  The slice is a (n * n),
+ * v (n * n), then the vectors of the kernel (n each).  The small arrays the
+ * threads exchange (partial sums, the current rotation) are block-shared.
+ * Blocks have at most TOAST_FIT_THREADS threads (the host launches that
+ * many); the kernels work for any block size up to it. */
+#define TOAST_FIT_THREADS 128
+/* Templates per tile of filter_polynomial's normal matrix: each thread
+ * keeps TILE x TILE partial sums in registers. */
+#define TOAST_FIT_TILE 8
 #define TOAST_JACOBI_MAX_SWEEPS 64
 
+/* Sum each of the `rows` rows of red (row r: red[r * LSIZE0 + t], one value
+ * per thread t) over the block's threads into red[r * LSIZE0], by a tree of
+ * fixed shape: with h the halves of the power of two at or above LSIZE0,
+ * thread t < h adds element t + h (when it exists).  The result depends on
+ * the block size only.  Every thread of the block must call it (it ends
+ * with a barrier, after which element 0 of each row is visible to all). */
+DEVICE_FN void toast_block_sum_rows(SHARED double *red, int rows) {
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
+    i64 h = 1;
+    while (h < nt) {
+        h *= 2;
+    }
+    for (h /= 2; h > 0; h /= 2) {
+        if (t < h && t + h < nt) {
+            for (int r = 0; r < rows; r++) {
+                red[r * nt + t] += red[r * nt + t + h];
+            }
+        }
+        BLOCK_BARRIER();
+    }
+}
+
 /* Diagonalise the symmetric n x n row-major a (a[(r * n + c) * s]) by the
- * cyclic Jacobi method: the eigenvalues end on the diagonal of a, the
- * eigenvectors in the columns of v (v[(k * n + i) * s]).  The same
- * operations, in the same order, as backend-cpu's polyfilter::jacobi_eigen
- * (+ - * / sqrt fabs and comparisons only, all exact or correctly rounded),
- * so the CPU and every device give the same bits. */
+ * cyclic Jacobi method, the block together: the eigenvalues end on the
+ * diagonal of a, the eigenvectors in the columns of v (v[(k * n + i) * s]).
+ * The same operations, in the same order, as backend-cpu's
+ * polyfilter::jacobi_eigen (+ - * / sqrt fabs and comparisons only, all
+ * exact or correctly rounded), so the CPU and every device give the same
+ * bits: thread 0 decides each rotation (p, q) and updates the four
+ * elements of rows and columns p and q that only it touches, then the
+ * block applies it to the other rows k (each element updated by one thread
+ * from values no other thread writes in that rotation), two barriers per
+ * pair.  rot (12 values, block-shared) carries the rotation (alternating
+ * between two slots) and the sweep's "rotated" flag.  Every thread of the
+ * block must call it. */
 #define TOAST_A(r, c) a[((i64)(r) * n + (c)) * s]
 #define TOAST_V(r, c) v[((i64)(r) * n + (c)) * s]
-DEVICE_FN void toast_jacobi_eigen(int n, GLOBAL double *a, GLOBAL double *v, i64 s) {
-    for (int r = 0; r < n; r++) {
-        for (int c = 0; c < n; c++) {
-            TOAST_V(r, c) = r == c ? 1.0 : 0.0;
-        }
+DEVICE_FN void toast_jacobi_eigen_block(int n, GLOBAL double *a, GLOBAL double *v, i64 s,
+                                        SHARED double *rot) {
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
+    for (i64 e = t; e < (i64)n * n; e += nt) {
+        v[e * s] = e / n == e % n ? 1.0 : 0.0;
     }
+    BLOCK_BARRIER();
+    /* The pairs (p, q), p < q, in row order, as one loop (one barrier
+     * loop for OpenCL implementations that turn work-items into loops). */
+    const i64 npair = (i64)n * (n - 1) / 2;
     for (int sweep = 0; sweep < TOAST_JACOBI_MAX_SWEEPS; sweep++) {
-        int rotated = 0;
-        for (int p = 0; p < n; p++) {
-            for (int q = p + 1; q < n; q++) {
+        if (t == 0) {
+            rot[8] = 0.0;
+        }
+        int p = 0;
+        int q = 1;
+        for (i64 pair = 0; pair < npair; pair++) {
+            SHARED double *r = rot + 4 * (pair & 1);
+            if (t == 0) {
+                double act = 0.0;
                 const double apq = TOAST_A(p, q);
-                if (apq == 0.0) {
-                    continue;
-                }
-                const double app = TOAST_A(p, p);
-                const double aqq = TOAST_A(q, q);
-                const double g = 100.0 * fabs(apq);
-                if (fabs(app) + g == fabs(app) && fabs(aqq) + g == fabs(aqq)) {
-                    TOAST_A(p, q) = 0.0;
-                    TOAST_A(q, p) = 0.0;
-                    continue;
-                }
-                const double h = aqq - app;
-                double t;
-                if (fabs(h) + g == fabs(h)) {
-                    t = apq / h;
-                } else {
-                    const double theta = 0.5 * h / apq;
-                    t = 1.0 / (fabs(theta) + sqrt(1.0 + theta * theta));
-                    if (theta < 0.0) {
-                        t = -t;
+                if (apq != 0.0) {
+                    const double app = TOAST_A(p, p);
+                    const double aqq = TOAST_A(q, q);
+                    const double g = 100.0 * fabs(apq);
+                    if (fabs(app) + g == fabs(app) && fabs(aqq) + g == fabs(aqq)) {
+                        TOAST_A(p, q) = 0.0;
+                        TOAST_A(q, p) = 0.0;
+                    } else {
+                        const double h = aqq - app;
+                        double tn;
+                        if (fabs(h) + g == fabs(h)) {
+                            tn = apq / h;
+                        } else {
+                            const double theta = 0.5 * h / apq;
+                            tn = 1.0 / (fabs(theta) + sqrt(1.0 + theta * theta));
+                            if (theta < 0.0) {
+                                tn = -tn;
+                            }
+                        }
+                        const double c = 1.0 / sqrt(1.0 + tn * tn);
+                        r[1] = c;
+                        r[2] = tn * c;
+                        TOAST_A(p, p) = app - tn * apq;
+                        TOAST_A(q, q) = aqq + tn * apq;
+                        TOAST_A(p, q) = 0.0;
+                        TOAST_A(q, p) = 0.0;
+                        act = 1.0;
+                        rot[8] = 1.0;
                     }
                 }
-                const double c = 1.0 / sqrt(1.0 + t * t);
-                const double sn = t * c;
-                for (int k = 0; k < n; k++) {
+                r[0] = act;
+            }
+            BLOCK_BARRIER();
+            if (r[0] != 0.0) {
+                const double c = r[1];
+                const double sn = r[2];
+                for (i64 k = t; k < n; k += nt) {
                     if (k == p || k == q) {
                         continue;
                     }
@@ -1037,31 +1103,39 @@ DEVICE_FN void toast_jacobi_eigen(int n, GLOBAL double *a, GLOBAL double *v, i64
                     TOAST_A(k, q) = nkq;
                     TOAST_A(q, k) = nkq;
                 }
-                TOAST_A(p, p) = app - t * apq;
-                TOAST_A(q, q) = aqq + t * apq;
-                TOAST_A(p, q) = 0.0;
-                TOAST_A(q, p) = 0.0;
-                for (int k = 0; k < n; k++) {
+                for (i64 k = t; k < n; k += nt) {
                     const double vkp = TOAST_V(k, p);
                     const double vkq = TOAST_V(k, q);
                     TOAST_V(k, p) = c * vkp - sn * vkq;
                     TOAST_V(k, q) = sn * vkp + c * vkq;
                 }
-                rotated = 1;
+            }
+            BLOCK_BARRIER();
+            q++;
+            if (q == n) {
+                p++;
+                q = p + 1;
             }
         }
+        BLOCK_BARRIER();
+        const int rotated = rot[8] != 0.0;
+        BLOCK_BARRIER();
         if (!rotated) {
             break;
         }
     }
 }
 
-/* b <- pinv(A) b from toast_jacobi_eigen's a and v, keeping the eigenvalues
- * whose magnitude exceeds max(rcond * largest magnitude, DBL_MIN), as LAPACK
- * dgelss keeps singular values; w is scratch of n; all of stride s.
- * (polyfilter::pinv_apply) */
-DEVICE_FN void toast_pinv_apply(int n, GLOBAL const double *a, GLOBAL const double *v, i64 s,
-                                double rcond, GLOBAL double *b, GLOBAL double *w) {
+/* b <- pinv(A) b from toast_jacobi_eigen_block's a and v, keeping the
+ * eigenvalues whose magnitude exceeds max(rcond * largest magnitude,
+ * DBL_MIN), as LAPACK dgelss keeps singular values; w is scratch of n; all
+ * of stride s.  Each element is one thread's sum in index order, as in
+ * polyfilter::pinv_apply.  Every thread of the block must call it (it ends
+ * with a barrier). */
+DEVICE_FN void toast_pinv_apply_block(int n, GLOBAL const double *a, GLOBAL const double *v,
+                                      i64 s, double rcond, GLOBAL double *b, GLOBAL double *w) {
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
     double smax = 0.0;
     for (int i = 0; i < n; i++) {
         const double d = fabs(TOAST_A(i, i));
@@ -1073,7 +1147,7 @@ DEVICE_FN void toast_pinv_apply(int n, GLOBAL const double *a, GLOBAL const doub
     if (thr < 2.2250738585072014e-308) {
         thr = 2.2250738585072014e-308;
     }
-    for (int i = 0; i < n; i++) {
+    for (i64 i = t; i < n; i += nt) {
         double x = 0.0;
         for (int k = 0; k < n; k++) {
             x += TOAST_V(k, i) * b[k * s];
@@ -1081,57 +1155,67 @@ DEVICE_FN void toast_pinv_apply(int n, GLOBAL const double *a, GLOBAL const doub
         const double l = TOAST_A(i, i);
         w[i * s] = fabs(l) > thr ? x / l : 0.0;
     }
-    for (int k = 0; k < n; k++) {
+    BLOCK_BARRIER();
+    for (i64 k = t; k < n; k += nt) {
         double x = 0.0;
         for (int i = 0; i < n; i++) {
             x += TOAST_V(k, i) * w[i * s];
         }
         b[k * s] = x;
     }
+    BLOCK_BARRIER();
 }
 #undef TOAST_A
 #undef TOAST_V
 
-/* P_0..P_{n-1} at x by TOAST's recurrence (polyfilter::legendre), into
- * p[k * s]. */
-DEVICE_FN void toast_legendre(double x, int n, GLOBAL double *p, i64 s) {
-    if (n > 0) {
-        p[0] = 1.0;
+/* P_k(x) from P_{k-1} and P_{k-2} by TOAST's recurrence
+ * (polyfilter::legendre): P_0 = 1, P_1 = x. */
+DEVICE_FN double toast_legendre_next(int k, double x, double pm1, double pm2) {
+    if (k == 0) {
+        return 1.0;
     }
-    if (n > 1) {
-        p[s] = x;
+    if (k == 1) {
+        return x;
     }
-    for (int k = 2; k < n; k++) {
-        const double orderinv = 1.0 / (double)k;
-        p[k * s] = ((double)(2 * k - 1) * x * p[(k - 1) * s] - (double)(k - 1) * p[(k - 2) * s]) *
-                   orderinv;
-    }
+    const double orderinv = 1.0 / (double)k;
+    return ((double)(2 * k - 1) * x * pm1 - (double)(k - 1) * pm2) * orderinv;
 }
 
 /* ---- 13. filter_polynomial --------------------------------------------- */
 
-/* 2-D grid: dimension 0 the signal k0 + GID0 < k_end (row signal_index[k]
- * of signals, n_samp per row), dimension 1 the scan iv0 + GID1 < iv_end.
- * scans holds TOAST's (start, stop) pairs, stop exclusive, clamped here as
- * TOAST does (start < 0 -> 0; stop < 0 or > n_samp -> n_samp; stop < start
- * skips).  One thread fits its signal on its scan: the Legendre normal
- * matrix of the good samples (flags == 0) and the right-hand side in sample
- * order, the pseudo-inverse solve with rcond DBL_EPSILON, then the
- * subtraction from every sample of the scan, flagged or not.  A scan with
- * no good sample is left alone; norder = min(order + 1, good samples).
- * Scans that overlap must be launched one at a time, in order (the second
- * fits what the first left).  Work item GID0 + GID1 * (k_end - k0) owns the
- * workspace slice at work + slot * item_step, of stride elem_step and
- * 2 (order + 1)^2 + 3 (order + 1) elements (a, v, p, amp, w). */
+/* Grid of blocks: dimension 0 the signal k0 + GRP0 < k_end (row
+ * signal_index[k] of signals, n_samp per row), dimension 1 the scan
+ * iv0 + GRP1 < iv_end; one block fits its signal on its scan.  scans holds
+ * TOAST's (start, stop) pairs, stop exclusive, clamped here as TOAST does
+ * (start < 0 -> 0; stop < 0 or > n_samp -> n_samp; stop < start skips).
+ * Thread t takes samples t, t + LSIZE0, ... of the scan (consecutive
+ * threads, consecutive samples).  The good samples (flags == 0) are
+ * counted; norder = min(order + 1, good samples), a scan with none is left
+ * alone.  The Legendre normal matrix G and the right-hand side R (the
+ * signal as column norder) are built tile by tile (TOAST_FIT_TILE x
+ * TOAST_FIT_TILE entries, each thread's partial sums in registers, the
+ * Legendre values by the recurrence), each entry the block's tree sum
+ * (toast_block_sum_rows) of the threads' sums in sample order: not the
+ * CPU's sequential order, so the result differs from the CPU's in the last
+ * bits (within the tolerance against TOAST, FORMAT.md section 13), the same
+ * on every device for the same block size.  Then the pseudo-inverse solve
+ * with rcond DBL_EPSILON by the block, and the subtraction from every sample
+ * of the scan, flagged or not.  Scans that overlap must be launched one at
+ * a time, in order (the second fits what the first left).  Block
+ * GRP0 + GRP1 * (k_end - k0) owns the workspace slice at
+ * work + slot * item_step, of stride elem_step and
+ * 2 (order + 1)^2 + 3 (order + 1) elements (a, v, amp, w, unused). */
 KERNEL void toast_filter_polynomial(i64 k0, i64 k_end, i64 iv0, i64 iv_end, i64 n_samp, i64 order,
                                     GLOBAL const i64 *RESTRICT scans,
                                     GLOBAL const u8 *RESTRICT flags,
                                     GLOBAL const i32 *RESTRICT signal_index,
                                     GLOBAL double *RESTRICT signals,
                                     GLOBAL double *RESTRICT work, i64 item_step, i64 elem_step) {
-    const i64 k = k0 + GID0;
-    const i64 iv = iv0 + GID1;
-    if (k >= k_end || iv >= iv_end || order < 0) {
+    BLOCK_SHARED(double, red, TOAST_FIT_TILE * TOAST_FIT_THREADS);
+    BLOCK_SHARED(double, rot, 12);
+    const i64 k = k0 + GRP0;
+    const i64 iv = iv0 + GRP1;
+    if (k >= k_end || iv >= iv_end || order < 0 || LSIZE0 > TOAST_FIT_THREADS) {
         return;
     }
     i64 start = scans[2 * iv];
@@ -1145,62 +1229,120 @@ KERNEL void toast_filter_polynomial(i64 k0, i64 k_end, i64 iv0, i64 iv_end, i64 
     if (stop < start) {
         return;
     }
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
     const i64 len = stop - start;
     GLOBAL const u8 *f = flags + start;
-    i64 ngood = 0;
-    for (i64 i = 0; i < len; i++) {
+    i64 c = 0;
+    for (i64 i = t; i < len; i += nt) {
         if (f[i] == 0) {
-            ngood++;
+            c++;
         }
     }
+    red[t] = (double)c;
+    BLOCK_BARRIER();
+    toast_block_sum_rows(red, 1);
+    const i64 ngood = (i64)red[0];
+    BLOCK_BARRIER();
     if (ngood == 0) {
         return;
     }
     const int n = (int)(order >= ngood ? ngood : order + 1);
     const i64 s = elem_step;
     const i64 m = order + 1;
-    GLOBAL double *a = work + ((i64)GID0 + (i64)GID1 * (k_end - k0)) * item_step;
+    GLOBAL double *a = work + ((i64)GRP0 + (i64)GRP1 * (k_end - k0)) * item_step;
     GLOBAL double *v = a + m * m * s;
-    GLOBAL double *p = v + m * m * s;
-    GLOBAL double *amp = p + m * s;
+    GLOBAL double *amp = v + m * m * s;
     GLOBAL double *w = amp + m * s;
-    for (i64 j = 0; j < (i64)n * n; j++) {
-        a[j * s] = 0.0;
-    }
-    for (int j = 0; j < n; j++) {
-        amp[j * s] = 0.0;
-    }
     const double dx = 2.0 / (double)len;
     const double xstart = 0.5 * dx - 1.0;
     GLOBAL double *sig = signals + (i64)signal_index[k] * n_samp + start;
-    for (i64 i = 0; i < len; i++) {
-        if (f[i] != 0) {
-            continue;
-        }
-        toast_legendre(xstart + (double)i * dx, n, p, s);
-        for (int j = 0; j < n; j++) {
-            const double pj = p[j * s];
-            for (int l = j; l < n; l++) {
-                a[((i64)j * n + l) * s] += pj * p[l * s];
+    /* Row tiles over the templates, column tiles over the templates and
+     * the signal (column n); only tiles on or above the diagonal. */
+    const int nrt = (n + TOAST_FIT_TILE - 1) / TOAST_FIT_TILE;
+    const int nct = (n + TOAST_FIT_TILE) / TOAST_FIT_TILE;
+    for (int jt = 0; jt < nrt; jt++) {
+        for (int lt = jt; lt < nct; lt++) {
+            const int j0 = jt * TOAST_FIT_TILE;
+            const int l0 = lt * TOAST_FIT_TILE;
+            const int kmax = l0 + TOAST_FIT_TILE < n ? l0 + TOAST_FIT_TILE : n;
+            double acc[TOAST_FIT_TILE * TOAST_FIT_TILE];
+            for (int e = 0; e < TOAST_FIT_TILE * TOAST_FIT_TILE; e++) {
+                acc[e] = 0.0;
+            }
+            for (i64 i = t; i < len; i += nt) {
+                if (f[i] != 0) {
+                    continue;
+                }
+                const double x = xstart + (double)i * dx;
+                double pj[TOAST_FIT_TILE];
+                double pl[TOAST_FIT_TILE];
+                for (int e = 0; e < TOAST_FIT_TILE; e++) {
+                    pj[e] = 0.0;
+                    pl[e] = 0.0;
+                }
+                double pm1 = 0.0;
+                double pm2 = 0.0;
+                for (int q = 0; q < kmax; q++) {
+                    const double pk = toast_legendre_next(q, x, pm1, pm2);
+                    for (int e = 0; e < TOAST_FIT_TILE; e++) {
+                        if (q == j0 + e) {
+                            pj[e] = pk;
+                        }
+                        if (q == l0 + e) {
+                            pl[e] = pk;
+                        }
+                    }
+                    pm2 = pm1;
+                    pm1 = pk;
+                }
+                const double sv = sig[i];
+                for (int e = 0; e < TOAST_FIT_TILE; e++) {
+                    if (n == l0 + e) {
+                        pl[e] = sv;
+                    }
+                }
+                for (int jj = 0; jj < TOAST_FIT_TILE; jj++) {
+                    for (int ll = 0; ll < TOAST_FIT_TILE; ll++) {
+                        acc[jj * TOAST_FIT_TILE + ll] += pj[jj] * pl[ll];
+                    }
+                }
+            }
+            for (int jj = 0; jj < TOAST_FIT_TILE; jj++) {
+                const int j = j0 + jj;
+                for (int ll = 0; ll < TOAST_FIT_TILE; ll++) {
+                    red[ll * nt + t] = acc[jj * TOAST_FIT_TILE + ll];
+                }
+                BLOCK_BARRIER();
+                toast_block_sum_rows(red, TOAST_FIT_TILE);
+                if (t == 0 && j < n) {
+                    for (int ll = 0; ll < TOAST_FIT_TILE; ll++) {
+                        const int l = l0 + ll;
+                        const double sum = red[ll * nt];
+                        if (l == n) {
+                            amp[j * s] = sum;
+                        } else if (l >= j && l < n) {
+                            a[((i64)j * n + l) * s] = sum;
+                            a[((i64)l * n + j) * s] = sum;
+                        }
+                    }
+                }
+                BLOCK_BARRIER();
             }
         }
-        const double sv = sig[i];
-        for (int j = 0; j < n; j++) {
-            amp[j * s] += p[j * s] * sv;
-        }
     }
-    for (int j = 0; j < n; j++) {
-        for (int l = 0; l < j; l++) {
-            a[((i64)j * n + l) * s] = a[((i64)l * n + j) * s];
-        }
-    }
-    toast_jacobi_eigen(n, a, v, s);
-    toast_pinv_apply(n, a, v, s, 2.220446049250313e-16, amp, w);
-    for (i64 i = 0; i < len; i++) {
-        toast_legendre(xstart + (double)i * dx, n, p, s);
+    toast_jacobi_eigen_block(n, a, v, s, rot);
+    toast_pinv_apply_block(n, a, v, s, 2.220446049250313e-16, amp, w);
+    for (i64 i = t; i < len; i += nt) {
+        const double x = xstart + (double)i * dx;
         double sv = sig[i];
-        for (int j = 0; j < n; j++) {
-            sv -= amp[j * s] * p[j * s];
+        double pm1 = 0.0;
+        double pm2 = 0.0;
+        for (int q = 0; q < n; q++) {
+            const double pk = toast_legendre_next(q, x, pm1, pm2);
+            sv -= amp[q * s] * pk;
+            pm2 = pm1;
+            pm1 = pk;
         }
         sig[i] = sv;
     }
@@ -1208,60 +1350,76 @@ KERNEL void toast_filter_polynomial(i64 k0, i64 k_end, i64 iv0, i64 iv_end, i64 
 
 /* ---- 14. filter_poly2D ------------------------------------------------- */
 
-/* 2-D grid: dimension 0 the sample s0 + GID0 < s_end, dimension 1 the group
- * g0 + GID1 < g_end.  One thread builds TOAST's masked normal matrix and
- * right-hand side over the detectors of its group (det_groups[d] == igroup;
- * masks[isamp, d] == 0 weights a detector by 0.0, so a NaN signal there
- * still poisons the fit as in TOAST), solves with rcond 1e-6 and writes
- * coeff[isamp, igroup, 0..n_mode].  The host has checked every group is
- * below n_group.  Work item GID0 + GID1 * (s_end - s0) owns the workspace
- * slice at work + slot * item_step, of stride elem_step and
- * 2 n_mode^2 + 2 n_mode elements (a, v, rhs, w). */
+/* Grid of blocks: dimension 0 the sample s0 + GRP0 < s_end, dimension 1
+ * the group g0 + GRP1 < g_end; one block fits one (sample, group).  It
+ * builds TOAST's masked normal matrix over the detectors of its group
+ * (det_groups[d] == igroup; masks[isamp, d] == 0 weights a detector by 0.0,
+ * so a NaN signal there still poisons the fit as in TOAST) and the
+ * right-hand side, solves with rcond 1e-6 and writes
+ * coeff[isamp, igroup, 0..n_mode].  Thread t owns matrix elements t,
+ * t + LSIZE0, ... and modes t, t + LSIZE0, ..., each summed over the
+ * detectors in index order, (t_i t_j) m, exactly as the CPU; the solve is
+ * the block's (toast_jacobi_eigen_block, toast_pinv_apply_block): the same
+ * bits as the CPU's.  (The CPU also keeps a group's decomposition while its
+ * mask is unchanged; a block per run of samples doing the same put barriers
+ * under a data-dependent branch, which PoCL 3.1 miscompiled: heap
+ * corruption.)  The host has checked every group is below n_group.  Block
+ * GRP0 + GRP1 * (s_end - s0) owns the workspace slice at
+ * work + slot * item_step, of stride elem_step and 2 n_mode^2 + 2 n_mode
+ * elements (a, v, rhs, w). */
 KERNEL void toast_filter_poly2d(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det, i64 n_group,
                                 i64 n_mode, GLOBAL const i32 *RESTRICT det_groups,
                                 GLOBAL const double *RESTRICT templates,
                                 GLOBAL const double *RESTRICT signals,
                                 GLOBAL const u8 *RESTRICT masks, GLOBAL double *RESTRICT coeff,
                                 GLOBAL double *RESTRICT work, i64 item_step, i64 elem_step) {
-    const i64 isamp = s0 + GID0;
-    const i64 igroup = g0 + GID1;
+    BLOCK_SHARED(double, rot, 12);
+    const i64 isamp = s0 + GRP0;
+    const i64 igroup = g0 + GRP1;
     if (isamp >= s_end || igroup >= g_end || n_mode < 1) {
         return;
     }
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
     const int n = (int)n_mode;
     const i64 s = elem_step;
-    GLOBAL double *a = work + ((i64)GID0 + (i64)GID1 * (s_end - s0)) * item_step;
+    GLOBAL double *a = work + ((i64)GRP0 + (i64)GRP1 * (s_end - s0)) * item_step;
     GLOBAL double *v = a + n_mode * n_mode * s;
     GLOBAL double *rhs = v + n_mode * n_mode * s;
     GLOBAL double *w = rhs + n_mode * s;
-    for (i64 j = 0; j < n_mode * n_mode; j++) {
-        a[j * s] = 0.0;
-    }
-    for (int j = 0; j < n; j++) {
-        rhs[j * s] = 0.0;
+    for (i64 e = t; e < n_mode * n_mode; e += nt) {
+        a[e * s] = 0.0;
     }
     for (i64 d = 0; d < n_det; d++) {
         if ((i64)det_groups[d] != igroup) {
             continue;
         }
         const double det_mask = masks[isamp * n_det + d] == 0 ? 0.0 : 1.0;
-        const double det_sig = signals[isamp * n_det + d];
-        GLOBAL const double *t = templates + d * n_mode;
-        for (int im = 0; im < n; im++) {
-            rhs[im * s] += t[im] * det_sig * det_mask;
-            for (int jm = im; jm < n; jm++) {
-                const double val = t[im] * t[jm] * det_mask;
-                a[((i64)im * n + jm) * s] += val;
-                if (jm > im) {
-                    a[((i64)jm * n + im) * s] += val;
-                }
-            }
+        GLOBAL const double *tp = templates + d * n_mode;
+        for (i64 e = t; e < n_mode * n_mode; e += nt) {
+            const i64 r = e / n_mode;
+            const i64 c = e % n_mode;
+            const i64 lo = r < c ? r : c;
+            const i64 hi = r < c ? c : r;
+            a[e * s] += tp[lo] * tp[hi] * det_mask;
         }
     }
-    toast_jacobi_eigen(n, a, v, s);
-    toast_pinv_apply(n, a, v, s, 1e-6, rhs, w);
+    for (i64 im = t; im < n_mode; im += nt) {
+        double x = 0.0;
+        for (i64 d = 0; d < n_det; d++) {
+            if ((i64)det_groups[d] != igroup) {
+                continue;
+            }
+            const double det_mask = masks[isamp * n_det + d] == 0 ? 0.0 : 1.0;
+            x += templates[d * n_mode + im] * signals[isamp * n_det + d] * det_mask;
+        }
+        rhs[im * s] = x;
+    }
+    BLOCK_BARRIER();
+    toast_jacobi_eigen_block(n, a, v, s, rot);
+    toast_pinv_apply_block(n, a, v, s, 1e-6, rhs, w);
     GLOBAL double *out = coeff + (isamp * n_group + igroup) * n_mode;
-    for (int j = 0; j < n; j++) {
+    for (i64 j = t; j < n_mode; j += nt) {
         out[j] = rhs[j * s];
     }
 }

@@ -20,6 +20,21 @@ typedef unsigned char u8;
 #define GID1 ((i64)blockIdx.y * (i64)blockDim.y + (i64)threadIdx.y)
 #define GID2 ((i64)blockIdx.z * (i64)blockDim.z + (i64)threadIdx.z)
 
+/* Block-level cooperation (kernels that run one block per fit): the thread
+ * index inside the block and the block size along dimension 0, the block
+ * index along each dimension, an array shared by the threads of a block
+ * (declared at the top level of a kernel), the address-space qualifier of a
+ * pointer to one (SHARED), and the barrier that also makes the block's
+ * global-memory writes visible to the block. */
+#define LID0 ((i64)threadIdx.x)
+#define LSIZE0 ((i64)blockDim.x)
+#define GRP0 ((i64)blockIdx.x)
+#define GRP1 ((i64)blockIdx.y)
+#define GRP2 ((i64)blockIdx.z)
+#define SHARED
+#define BLOCK_SHARED(type, name, n) __shared__ type name[n]
+#define BLOCK_BARRIER() __syncthreads()
+
 DEVICE_FN void atomic_add_f64(double *p, double v) { atomicAdd(p, v); }
 
 DEVICE_FN void atomic_min_u64(u64 *p, u64 v) { atomicMin(p, v); }

@@ -40,6 +40,46 @@ extern _Thread_local i64 toast_host_gid[3];
 #define GID1 (toast_host_gid[1])
 #define GID2 (toast_host_gid[2])
 
+/* Block-level cooperation.  toast_host_block holds the thread index inside
+ * its block along dimension 0, the block size along dimension 0 and the
+ * block index along dimensions 0, 1, 2, set by the launch loop with the
+ * grid indices.  A kernel that calls BLOCK_BARRIER (directly or through a
+ * function; the emulator's build script follows the calls) runs each thread
+ * of a block on its own fiber (toast-gpu-emu's kernels::fibers): the barrier
+ * suspends the thread until every thread of the block has reached it.  All
+ * the fibers of a block run on one host thread, so an array shared by the
+ * block is a static thread-local array (one per host thread, which runs one
+ * block at a time).  The empty asm statements with a memory clobber keep
+ * the compiler from carrying a shared value across the barrier in a
+ * register; the thread's indices are saved and restored around it, since
+ * the other threads of the block overwrite them while it waits. */
+extern _Thread_local i64 toast_host_block[5];
+#define LID0 (toast_host_block[0])
+#define LSIZE0 (toast_host_block[1])
+#define GRP0 (toast_host_block[2])
+#define GRP1 (toast_host_block[3])
+#define GRP2 (toast_host_block[4])
+#define SHARED
+#define BLOCK_SHARED(type, name, n) static _Thread_local type name[n]
+
+/* Suspends the calling thread's fiber until its block's other threads have
+ * reached a barrier too: set by toast-gpu-emu (Rust) before the first
+ * launch of such a kernel. */
+extern void (*toast_emu_barrier)(void);
+
+DEVICE_FN void toast_host_barrier(void) {
+    i64 gid[3];
+    i64 blk[5];
+    __builtin_memcpy(gid, toast_host_gid, sizeof gid);
+    __builtin_memcpy(blk, toast_host_block, sizeof blk);
+    __asm__ __volatile__("" ::: "memory");
+    toast_emu_barrier();
+    __asm__ __volatile__("" ::: "memory");
+    __builtin_memcpy(toast_host_gid, gid, sizeof gid);
+    __builtin_memcpy(toast_host_block, blk, sizeof blk);
+}
+#define BLOCK_BARRIER() toast_host_barrier()
+
 /* *p += v, atomically: a compare-and-swap loop on the 64-bit pattern. */
 DEVICE_FN void atomic_add_f64(double *p, double v) {
     u64 *ip = (u64 *)p;

@@ -27,6 +27,21 @@ typedef uchar u8;
 #define GID1 ((i64)get_global_id(1))
 #define GID2 ((i64)get_global_id(2))
 
+/* Block-level cooperation (kernels that run one work-group per fit): the
+ * work-item index inside the group and the group size along dimension 0,
+ * the group index along each dimension, an array shared by the work-items
+ * of a group (__local, declared at the top level of a kernel), the
+ * address-space qualifier of a pointer to one (SHARED), and the barrier,
+ * fencing both local and global memory (the group's workspace). */
+#define LID0 ((i64)get_local_id(0))
+#define LSIZE0 ((i64)get_local_size(0))
+#define GRP0 ((i64)get_group_id(0))
+#define GRP1 ((i64)get_group_id(1))
+#define GRP2 ((i64)get_group_id(2))
+#define SHARED __local
+#define BLOCK_SHARED(type, name, n) __local type name[n]
+#define BLOCK_BARRIER() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
+
 /* *p += v, atomically: a compare-and-swap loop on the 64-bit pattern. */
 DEVICE_FN void atomic_add_f64(GLOBAL double *p, double v) {
     volatile GLOBAL ulong *ip = (volatile GLOBAL ulong *)p;

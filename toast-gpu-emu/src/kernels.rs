@@ -4,7 +4,7 @@
 //! `kernels.h` (see the crate documentation), so it always lists exactly
 //! the kernels the GPU plugins compile with NVRTC and hiprtc.
 
-use crate::{heap, EmuError};
+use crate::{fibers, heap, EmuError};
 use std::ffi::c_void;
 
 /// How a kernel parameter is passed (its C type, as `kernels.h` declares it).
@@ -38,6 +38,11 @@ pub struct Kernel {
     /// Its parameters, in order.
     pub params: &'static [ParamKind],
     run: Run,
+    /// Runs one thread of one block (a fiber's work).
+    thread: fibers::Thread,
+    /// Whether the kernel reaches a block barrier: its blocks run with each
+    /// thread on a fiber ([`fibers`]).
+    pub barrier: bool,
 }
 
 include!(concat!(env!("OUT_DIR"), "/kernel_table.rs"));
@@ -147,32 +152,58 @@ impl Kernel {
         }
         let blocks = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
         let workers = (workers.max(1) as u64).min(blocks);
-        let run = self.run;
+        let (run, thread, barrier) = (self.run, self.thread, self.barrier);
         let params = Params(params);
         // Blocks `b0..b1` on the calling thread.
-        let range = move |b0: u64, b1: u64| {
+        let range = move |b0: u64, b1: u64| -> Result<(), EmuError> {
             let p = params;
-            // SAFETY: the launcher reads one value per parameter through
-            // `params` (checked non-null above; typed by the caller's
-            // contract) and runs the kernel, whose memory accesses are the
-            // caller's contract; `grid` and `block` are three-element
-            // arrays.
-            unsafe { run(p.0, grid.as_ptr(), block.as_ptr(), b0, b1) }
+            if !barrier {
+                // SAFETY: the launcher reads one value per parameter through
+                // `params` (checked non-null above; typed by the caller's
+                // contract) and runs the kernel, whose memory accesses are
+                // the caller's contract; `grid` and `block` are
+                // three-element arrays.
+                unsafe { run(p.0, grid.as_ptr(), block.as_ptr(), b0, b1) };
+                return Ok(());
+            }
+            let mut first_error = None;
+            for b in b0..b1 {
+                // SAFETY: as above, one block at a time, each thread on a
+                // fiber.
+                let r = unsafe { fibers::run_block(name, thread, p.0, grid, block, b) };
+                if let Err(m) = r {
+                    first_error.get_or_insert(m);
+                }
+            }
+            first_error.map_or(Ok(()), |m| Err(EmuError::LaunchFailed(m)))
         };
         if workers <= 1 {
-            range(0, blocks);
+            range(0, blocks)
         } else {
             // Contiguous runs of blocks, one per worker; all joined before
             // returning, so the launch is complete (and `params` still
             // borrowed) when it returns.
             std::thread::scope(|s| {
-                for w in 0..workers {
-                    let (b0, b1) = (blocks * w / workers, blocks * (w + 1) / workers);
-                    s.spawn(move || range(b0, b1));
+                let handles: Vec<_> = (0..workers)
+                    .map(|w| {
+                        let (b0, b1) = (blocks * w / workers, blocks * (w + 1) / workers);
+                        s.spawn(move || range(b0, b1))
+                    })
+                    .collect();
+                let mut result = Ok(());
+                for h in handles {
+                    let r = h.join().unwrap_or_else(|_| {
+                        Err(EmuError::Internal(format!(
+                            "{name}: a launch worker panicked"
+                        )))
+                    });
+                    if result.is_ok() {
+                        result = r;
+                    }
                 }
-            });
+                result
+            })
         }
-        Ok(())
     }
 }
 
@@ -197,6 +228,14 @@ pub fn threads() -> usize {
             .unwrap_or(1)
             .min(256)
     })
+}
+
+/// The crate's test kernels (`src/test_kernels.h`): block-shared memory
+/// and barriers.
+#[cfg(test)]
+mod test_table {
+    use super::*;
+    include!(concat!(env!("OUT_DIR"), "/test_kernel_table.rs"));
 }
 
 #[cfg(test)]
@@ -294,5 +333,159 @@ mod tests {
         for b in [var, inp, out, flags] {
             heap::free(b).unwrap();
         }
+    }
+
+    /// Device buffers of `n` doubles each, freed on drop.
+    struct Bufs(Vec<u64>);
+    impl Drop for Bufs {
+        fn drop(&mut self) {
+            for &b in &self.0 {
+                let _ = heap::free(b);
+            }
+        }
+    }
+
+    fn upload(v: &[f64]) -> u64 {
+        let b = heap::alloc((v.len() * 8) as u64).unwrap();
+        // SAFETY: `v` holds the bytes copied.
+        unsafe { heap::copy_to_device(b, v.as_ptr() as *const u8, (v.len() * 8) as u64) }.unwrap();
+        b
+    }
+
+    fn download(b: u64, n: usize) -> Vec<f64> {
+        let mut v = vec![0f64; n];
+        // SAFETY: `v` holds n doubles; `b` at least as many.
+        unsafe { heap::copy_to_host(v.as_mut_ptr() as *mut u8, b, (n * 8) as u64) }.unwrap();
+        v
+    }
+
+    fn test_kernel(name: &str) -> &'static Kernel {
+        test_table::TEST_KERNELS
+            .iter()
+            .find(|k| k.name == name)
+            .unwrap()
+    }
+
+    fn slots(s: &mut [u64]) -> Vec<*mut c_void> {
+        s.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect()
+    }
+
+    #[test]
+    fn a_barrier_orders_block_shared_memory_and_without_it_the_result_is_wrong() {
+        let k = test_kernel("toast_test_block_reverse");
+        assert!(k.barrier, "the build script saw the barrier");
+        let n = 300usize;
+        let block = 64u32;
+        let x: Vec<f64> = (0..n).map(|i| i as f64 + 0.5).collect();
+        let bufs = Bufs(vec![upload(&x), upload(&vec![0.0; n])]);
+        let want: Vec<f64> = (0..n)
+            .map(|i| {
+                let (b, t) = (i / 64, i % 64);
+                let j = b * 64 + 63 - t;
+                if j < n {
+                    x[j]
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        let grid = [n.div_ceil(64) as u32, 1, 1];
+        for workers in [1, 2] {
+            let mut s = [n as u64, bufs.0[0], bufs.0[1], 1];
+            let p = slots(&mut s);
+            // SAFETY: one slot per parameter with the kernel's types; the
+            // buffers hold n doubles and the kernel guards i < n.
+            unsafe { k.launch_on(grid, [block, 1, 1], p.as_ptr(), &LIMITS, workers) }.unwrap();
+            assert_eq!(download(bufs.0[1], n), want, "{workers} workers");
+            // The same kernel without its barrier: each thread runs to the
+            // end before the next starts, and the first half of every block
+            // reads slots not yet written (this block's) or stale.
+            heap::fill(bufs.0[1], 0, (n * 8) as u64).unwrap();
+            let mut s = [n as u64, bufs.0[0], bufs.0[1], 0];
+            let p = slots(&mut s);
+            // SAFETY: as above.
+            unsafe { k.launch_on(grid, [block, 1, 1], p.as_ptr(), &LIMITS, workers) }.unwrap();
+            let got = download(bufs.0[1], n);
+            let wrong = (0..n).filter(|&i| got[i] != want[i]).count();
+            assert!(wrong >= n / 2 - 64, "{workers} workers: only {wrong} wrong");
+        }
+    }
+
+    #[test]
+    fn a_tree_reduction_through_a_helper_sums_each_block_in_a_fixed_order() {
+        let k = test_kernel("toast_test_block_sum");
+        assert!(k.barrier, "the barrier is seen through the helper");
+        let n = 1000usize;
+        let x: Vec<f64> = (0..n).map(|i| (i as f64).sqrt()).collect();
+        for block in [100u32, 128, 256] {
+            let nb = n.div_ceil(block as usize);
+            let bufs = Bufs(vec![upload(&x), upload(&vec![0.0; nb])]);
+            // The tree's order, on the host: pad to the block, fold halves.
+            let want: Vec<f64> = (0..nb)
+                .map(|b| {
+                    let mut v: Vec<f64> = (0..block as usize)
+                        .map(|t| x.get(b * block as usize + t).copied().unwrap_or(0.0))
+                        .collect();
+                    let mut h = (block as usize).next_power_of_two() / 2;
+                    while h > 0 {
+                        for t in 0..h {
+                            if t + h < v.len() {
+                                v[t] += v[t + h];
+                            }
+                        }
+                        h /= 2;
+                    }
+                    v[0]
+                })
+                .collect();
+            for workers in [1, 3] {
+                let mut s = [n as u64, bufs.0[0], bufs.0[1]];
+                let p = slots(&mut s);
+                // SAFETY: one slot per parameter; x holds n doubles, sums nb.
+                unsafe {
+                    k.launch_on(
+                        [nb as u32, 1, 1],
+                        [block, 1, 1],
+                        p.as_ptr(),
+                        &LIMITS,
+                        workers,
+                    )
+                }
+                .unwrap();
+                assert_eq!(
+                    download(bufs.0[1], nb),
+                    want,
+                    "block {block}, {workers} workers"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn threads_of_a_block_that_reach_different_barriers_fail_the_launch() {
+        let k = test_kernel("toast_test_block_diverge");
+        let bufs = Bufs(vec![upload(&[0.0; 64])]);
+        let mut s = [bufs.0[0]];
+        let p = slots(&mut s);
+        // SAFETY: one slot; the buffer holds 2 blocks of 32.
+        let e = unsafe { k.launch_on([2, 1, 1], [32, 1, 1], p.as_ptr(), &LIMITS, 1) }.unwrap_err();
+        assert!(
+            matches!(&e, EmuError::LaunchFailed(m) if m.contains("31 of its 32 threads waited")),
+            "{e:?}"
+        );
+        // The waiting threads were released: the block ran to its end.
+        assert_eq!(download(bufs.0[0], 64)[33], 1.0);
+    }
+
+    #[test]
+    fn only_kernels_that_reach_a_barrier_run_on_fibers() {
+        assert!(
+            !find("toast_template_offset_apply_diag_precond")
+                .unwrap()
+                .barrier
+        );
+        assert!(!find("toast_pointing_detector").unwrap().barrier);
+        assert!(find("toast_filter_polynomial").unwrap().barrier);
+        assert!(find("toast_filter_poly2d").unwrap().barrier);
     }
 }

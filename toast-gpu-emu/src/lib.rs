@@ -53,12 +53,20 @@
 //!   instead: the atomics (real `__atomic` compare-and-swap loops) contend,
 //!   sums lose their order as on a device, and two blocks writing the same
 //!   element (a launch-planning bug) become visible; threads within a block
-//!   still run one after another. Either way there are no warps: no
+//!   still run one after another. A kernel that reaches a block barrier
+//!   (`BLOCK_BARRIER`, the polynomial filters' one-block-per-fit kernels)
+//!   runs each thread of a block on its own fiber (the `fibers` module:
+//!   `corosensei` coroutines), in thread order up to the barrier, round
+//!   after round, so the barrier and block-shared arrays work as on a
+//!   device; threads of one block that reach different barriers fail the
+//!   launch (`LAUNCH_FAILED`) with a message naming the block. Either way there are no warps: no
 //!   lock-step execution, no divergence cost, no warp intrinsics (the
 //!   kernels use none), and a race the device's scheduling would expose may
 //!   go unseen.
-//! - **Memory.** No shared memory (a launch asking for dynamic shared memory
-//!   is `NOT_SUPPORTED`; the kernels use none), no memory model beyond
+//! - **Memory.** Block-shared arrays (`BLOCK_SHARED`, static size) are
+//!   thread-local arrays of the host thread running the block; dynamic
+//!   shared memory is `NOT_SUPPORTED` (the kernels use none); no memory
+//!   model beyond
 //!   sequential execution. Pointer arguments are checked to lie in a live
 //!   allocation, but accesses inside a kernel are not bounds-checked: an
 //!   out-of-bounds access reads or writes host memory (a device would fault
@@ -113,6 +121,7 @@
 
 pub mod api;
 pub mod faults;
+mod fibers;
 pub mod heap;
 pub mod image;
 pub mod kernels;
@@ -150,6 +159,9 @@ pub enum EmuError {
     Internal(String),
     /// A device fault injected by `TOAST_EMU_FAIL` ([`faults`]).
     Injected(String),
+    /// A kernel that misbehaved as a device cannot report otherwise (the
+    /// threads of a block reaching different barriers): a launch failure.
+    LaunchFailed(String),
 }
 
 impl EmuError {
@@ -168,7 +180,8 @@ impl EmuError {
             | EmuError::InvalidContext(m)
             | EmuError::NotSupported(m)
             | EmuError::Internal(m)
-            | EmuError::Injected(m) => m,
+            | EmuError::Injected(m)
+            | EmuError::LaunchFailed(m) => m,
         }
     }
 }

@@ -19,10 +19,22 @@ pub const MARKER: &str = "__toast_host_kernel__";
 /// Panics with the reason when the source cannot be read: a build script
 /// stops there.
 pub fn scan(device: &Path, out_dir: &Path) -> Vec<Kernel> {
-    let scan = out_dir.join("toast_kernel_scan.c");
+    scan_header(device, &device.join("kernels.h"), out_dir)
+}
+
+/// The kernels of `header` (a file written like `kernels.h`, included
+/// after `prelude_host.h` from `device`), as [`scan`] reads them.
+pub fn scan_header(device: &Path, header: &Path, out_dir: &Path) -> Vec<Kernel> {
+    let stem = header
+        .file_stem()
+        .map_or("kernels".into(), |s| s.to_string_lossy().into_owned());
+    let scan = out_dir.join(format!("toast_kernel_scan_{stem}.c"));
     std::fs::write(
         &scan,
-        "#include \"prelude_host.h\"\n#include \"kernels.h\"\n",
+        format!(
+            "#include \"prelude_host.h\"\n#include \"{}\"\n",
+            header.display()
+        ),
     )
     .expect("write the scan source");
     let expanded = cc::Build::new()
@@ -32,11 +44,7 @@ pub fn scan(device: &Path, out_dir: &Path) -> Vec<Kernel> {
         .file(&scan)
         .expand();
     let found = kernels(&String::from_utf8_lossy(&expanded));
-    assert!(
-        !found.is_empty(),
-        "no KERNEL found in {}",
-        device.join("kernels.h").display()
-    );
+    assert!(!found.is_empty(), "no KERNEL found in {}", header.display());
     found
 }
 
@@ -85,6 +93,80 @@ pub struct Kernel {
     pub name: String,
     /// Its parameters, in order.
     pub params: Vec<Param>,
+    /// Whether it reaches a block barrier (`BLOCK_BARRIER`, which calls
+    /// [`BARRIER_CALL`] on the host), directly or through the functions it
+    /// calls: the emulator runs such a kernel's threads on fibers.
+    pub barrier: bool,
+}
+
+/// The function the host prelude's `BLOCK_BARRIER` calls.
+pub const BARRIER_CALL: &str = "toast_emu_barrier";
+
+/// The functions of the preprocessed source that reach [`BARRIER_CALL`],
+/// following calls: every `NAME ( ... ) {` at file scope is a function
+/// definition, its body the tokens up to the matching `}`, and a function
+/// reaches the barrier when its body names the barrier call or a function
+/// that reaches it (calls through pointers do not exist in the device
+/// source).
+fn barrier_functions(t: &[String]) -> std::collections::HashSet<String> {
+    use std::collections::{HashMap, HashSet};
+    let mut bodies: HashMap<String, HashSet<String>> = HashMap::new();
+    let (mut i, mut depth) = (0, 0usize);
+    while i < t.len() {
+        match t[i].as_str() {
+            "{" => depth += 1,
+            "}" => depth = depth.saturating_sub(1),
+            "(" if depth == 0 && i > 0 => {
+                // A parenthesised list at file scope: a definition when a
+                // `{` follows its closing `)`.
+                let name = t[i - 1].clone();
+                let (mut j, mut d) = (i + 1, 1usize);
+                while j < t.len() && d > 0 {
+                    match t[j].as_str() {
+                        "(" => d += 1,
+                        ")" => d -= 1,
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                if t.get(j).map(String::as_str) == Some("{") {
+                    let (mut k, mut d) = (j + 1, 1usize);
+                    let mut names = HashSet::new();
+                    while k < t.len() && d > 0 {
+                        match t[k].as_str() {
+                            "{" => d += 1,
+                            "}" => d -= 1,
+                            tok => {
+                                names.insert(tok.to_string());
+                            }
+                        }
+                        k += 1;
+                    }
+                    bodies.entry(name).or_default().extend(names);
+                    i = k;
+                    continue;
+                }
+                i = j;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut reach: HashSet<String> = HashSet::new();
+    loop {
+        let before = reach.len();
+        for (f, names) in &bodies {
+            if !reach.contains(f)
+                && (names.contains(BARRIER_CALL) || names.iter().any(|n| reach.contains(n)))
+            {
+                reach.insert(f.clone());
+            }
+        }
+        if reach.len() == before {
+            return reach;
+        }
+    }
 }
 
 /// Tokens of preprocessed C: identifiers/numbers, and single punctuation
@@ -163,6 +245,7 @@ fn param(tokens: &[String], kernel: &str) -> Param {
 /// Every `MARKER void NAME ( ... )` in the preprocessed source.
 pub fn kernels(preprocessed: &str) -> Vec<Kernel> {
     let t = tokens(preprocessed);
+    let barrier = barrier_functions(&t);
     let mut out = Vec::new();
     let mut i = 0;
     while i < t.len() {
@@ -205,7 +288,12 @@ pub fn kernels(preprocessed: &str) -> Vec<Kernel> {
             params.push(cur);
         }
         let params = params.iter().map(|p| param(p, &name)).collect();
-        out.push(Kernel { name, params });
+        let barrier = barrier.contains(&name);
+        out.push(Kernel {
+            name,
+            params,
+            barrier,
+        });
         i = j;
     }
     out
@@ -221,10 +309,16 @@ mod tests {
             "# 1 \"kernels.h\"\nstatic double helper(double x) {{ return x; }}\n\
              {MARKER} void toast_k(long long a, const int * restrict idx,\n\
              double s, u8 m_unused_name_, float f) {{ }}\n\
-             {MARKER} void toast_none(void) {{ }}\n"
+             {MARKER} void toast_none(void) {{ }}\n\
+             static void sync_(void) {{ {BARRIER_CALL}(); }}\n\
+             static void reduce_(double *r) {{ if (r) {{ sync_(); }} }}\n\
+             {MARKER} void toast_block(double *r) {{ {{ reduce_(r); }} }}\n"
         );
         let ks = kernels(&src);
-        assert_eq!(ks.len(), 2);
+        assert_eq!(ks.len(), 3);
+        // Only the kernel that calls the barrier, two calls down, runs on fibers.
+        let b: Vec<bool> = ks.iter().map(|k| k.barrier).collect();
+        assert_eq!(b, [false, false, true]);
         assert_eq!(ks[0].name, "toast_k");
         let got: Vec<(&str, Kind)> = ks[0]
             .params

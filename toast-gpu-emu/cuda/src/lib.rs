@@ -130,7 +130,7 @@ fn code(e: &EmuError) -> CuResult {
         EmuError::InvalidContext(_) => CUDA_ERROR_INVALID_CONTEXT,
         EmuError::NotSupported(_) => CUDA_ERROR_NOT_SUPPORTED,
         EmuError::Internal(_) => CUDA_ERROR_UNKNOWN,
-        EmuError::Injected(_) => CUDA_ERROR_LAUNCH_FAILED,
+        EmuError::Injected(_) | EmuError::LaunchFailed(_) => CUDA_ERROR_LAUNCH_FAILED,
     }
 }
 

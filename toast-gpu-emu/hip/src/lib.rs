@@ -132,7 +132,7 @@ fn code(e: &EmuError) -> HipError {
         EmuError::InvalidContext(_) => HIP_ERROR_INVALID_CONTEXT,
         EmuError::NotSupported(_) => HIP_ERROR_NOT_SUPPORTED,
         EmuError::Internal(_) => HIP_ERROR_UNKNOWN,
-        EmuError::Injected(_) => HIP_ERROR_LAUNCH_FAILURE,
+        EmuError::Injected(_) | EmuError::LaunchFailed(_) => HIP_ERROR_LAUNCH_FAILURE,
     }
 }
 

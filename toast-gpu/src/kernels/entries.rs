@@ -792,7 +792,7 @@ impl DeviceKernel for abi::FilterPolynomialArgs {
                     item_step: w.item_step,
                     elem_step: w.elem_step,
                 };
-                call.launch("toast_filter_polynomial", (k1 - k0) as u64, j1 - j0, 1, p)?;
+                call.launch_blocks("toast_filter_polynomial", (k1 - k0) as u64, j1 - j0, 1, p)?;
             }
         }
         Ok(())
@@ -837,7 +837,7 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
                 item_step: w.item_step,
                 elem_step: w.elem_step,
             };
-            call.launch("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, p)?;
+            call.launch_blocks("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, p)?;
         }
         Ok(())
     }

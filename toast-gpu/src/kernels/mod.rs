@@ -285,16 +285,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         nz: usize,
         params: L,
     ) -> Result<(), PluginError> {
-        if !L::KERNELS.contains(&name) {
-            return Err(PluginError::new(
-                abi::ERR_INTERNAL,
-                format!(
-                    "{}: launch of {name} with the parameters of {:?}",
-                    self.kernel,
-                    L::KERNELS
-                ),
-            ));
-        }
+        self.check_kernel::<L>(name, false)?;
         if dim0 == 0 || ny == 0 || nz == 0 {
             return Ok(());
         }
@@ -305,10 +296,68 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 self.kernel
             ))
         })?;
+        self.launch_grid(name, gx, ny, nz, BLOCK, params)
+    }
+
+    /// Launch the cooperative kernel `name` (one block per work item, its
+    /// threads sharing memory and barriers) on `gx` x `ny` x `nz` blocks of
+    /// [`params::FIT_THREADS`] threads, and wait for it.
+    pub(crate) fn launch_blocks<L: LaunchParams<D::Buffer>>(
+        &self,
+        name: &'static str,
+        gx: u64,
+        ny: usize,
+        nz: usize,
+        params: L,
+    ) -> Result<(), PluginError> {
+        self.check_kernel::<L>(name, true)?;
+        if gx == 0 || ny == 0 || nz == 0 {
+            return Ok(());
+        }
+        let gx = u32::try_from(gx).map_err(|_| {
+            PluginError::invalid(format!(
+                "{}: {gx} blocks exceed the grid limit",
+                self.kernel
+            ))
+        })?;
+        self.launch_grid(name, gx, ny, nz, params::FIT_THREADS, params)
+    }
+
+    /// `name` is one of the kernels `L` launches, and cooperative or not as
+    /// the launch shape assumes.
+    fn check_kernel<L: LaunchParams<D::Buffer>>(
+        &self,
+        name: &'static str,
+        cooperative: bool,
+    ) -> Result<(), PluginError> {
+        if !L::KERNELS.contains(&name) || L::COOPERATIVE != cooperative {
+            return Err(PluginError::new(
+                abi::ERR_INTERNAL,
+                format!(
+                    "{}: launch of {name} with the parameters of {:?} (cooperative: {}) as \
+                     cooperative: {cooperative}",
+                    self.kernel,
+                    L::KERNELS,
+                    L::COOPERATIVE
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn launch_grid<L: LaunchParams<D::Buffer>>(
+        &self,
+        name: &'static str,
+        gx: u32,
+        ny: usize,
+        nz: usize,
+        threads: u32,
+        params: L,
+    ) -> Result<(), PluginError> {
         let f = self.c.function(name)?;
         let grid = Grid {
             blocks: (gx, ny as u32, nz as u32),
-            threads: BLOCK,
+            threads,
         };
         let params = params.params();
         // SAFETY: `params` follow the prototype of `name` in kernels.h (laid

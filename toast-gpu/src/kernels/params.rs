@@ -12,6 +12,10 @@ pub(crate) trait LaunchParams<B> {
     /// The kernels these parameters launch (several for kernels generated
     /// per map type).
     const KERNELS: &'static [&'static str];
+    /// Whether the kernels' threads cooperate within a block (they reach a
+    /// block barrier): launched one block per work item
+    /// ([`KernelLaunch::launch_blocks`](super::KernelLaunch::launch_blocks)).
+    const COOPERATIVE: bool;
 
     /// The parameters in the prototype's order.
     fn params(self) -> Vec<Param<B>>;
