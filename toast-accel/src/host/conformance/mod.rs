@@ -73,8 +73,7 @@ pub use case::{
     CovAccumTimestreamCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase,
     FusedAccumulateCase, FusedCase, FusedPassFields, FusedProjectCase, MapData, NoiseWeightCase,
     PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase, StokesWeightsICase,
-    StokesWeightsIquCase,
-    TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
+    StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
     TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{
