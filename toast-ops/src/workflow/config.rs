@@ -143,8 +143,11 @@ pub const SECTIONS: [&str; 11] = [
 /// take. The simulation's pointing and the map-maker's share
 /// `det_pointing`, `pixels` and `weights`; `ScanMap` scans the input sky,
 /// `scan_map` the map-maker's binned map (in the solver's left-hand side);
-/// the binning passes accumulate under `{pass}_build_zmap`.
-pub const DISPATCH_OPERATORS: [&str; 10] = [
+/// the binning passes accumulate under `{pass}_build_zmap`, the hits and
+/// inverse covariance under `CovarianceAndHits_{hits,invcov}`
+/// (`cov_accum_timestream`); `sim_noise` makes the noise and `mapmaker`
+/// runs the fused passes.
+pub const DISPATCH_OPERATORS: [&str; 14] = [
     "det_pointing",
     "pixels",
     "weights",
@@ -155,6 +158,10 @@ pub const DISPATCH_OPERATORS: [&str; 10] = [
     "solver_binning_build_zmap",
     "binmap_build_zmap",
     "binner_final_build_zmap",
+    "CovarianceAndHits_hits",
+    "CovarianceAndHits_invcov",
+    "sim_noise",
+    "mapmaker",
 ];
 
 /// Keys the workflow fixes: an operator trait that the workflow sets itself
