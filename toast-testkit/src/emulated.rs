@@ -51,7 +51,12 @@ pub fn library_path(backend: &str) -> Result<PathBuf, String> {
 
 /// A directory holding the emulator of `backend` under the vendor's names
 /// (symbolic links, in a scratch directory of this process), or why not.
+/// Safe to call from concurrent tests: made once per process and backend
+/// (a link already pointing at the emulator is kept, never replaced while
+/// another test's process may be loading it).
 pub fn library_dir(backend: &str) -> Result<PathBuf, String> {
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _made = MADE.lock().unwrap_or_else(|e| e.into_inner());
     let lib = library_path(backend)?;
     let (_, names) = library(backend)?;
     let dir = std::env::temp_dir().join(format!(
@@ -61,6 +66,9 @@ pub fn library_dir(backend: &str) -> Result<PathBuf, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for n in names {
         let link = dir.join(n);
+        if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
+            continue;
+        }
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&lib, &link).map_err(|e| format!("{}: {e}", link.display()))?;
     }
