@@ -319,21 +319,25 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         if self.error_word.is_none() {
             self.error_word = self.c.try_error_word();
         }
-        let Some(word) = self.error_word.as_mut() else {
+        if self.error_word.is_none() {
             return self.scratch_upload("error", &[ds::NO_ERROR]).map(Some);
-        };
+        }
         let c = self.c;
-        let handle = match word.handle {
-            Some(h) => h,
-            None => {
-                let h = c.memory.alloc(&c.driver, 8, "error word")?;
-                word.handle = Some(h);
-                word.dirty = true;
-                h
-            }
+        let (handle, dirty) = {
+            let word = self.error_word.as_mut().expect("checked above");
+            let handle = match word.handle {
+                Some(h) => h,
+                None => {
+                    let h = c.memory.alloc(&c.driver, 8, "error word")?;
+                    word.handle = Some(h);
+                    word.dirty = true;
+                    h
+                }
+            };
+            (handle, word.dirty)
         };
         let (buf, offset) = c.memory.range(self.kernel, handle, 0, 8)?;
-        if word.dirty {
+        if dirty {
             self.settle_for_host()?;
             // SAFETY: the context's live 8-byte error word; no launch of
             // this call uses it yet and earlier calls have finished.
@@ -344,7 +348,9 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         }
         // Dirty until a read finds it clean: a call that fails between its
         // launch and its read leaves the next call to reset it.
-        word.dirty = true;
+        if let Some(word) = self.error_word.as_mut() {
+            word.dirty = true;
+        }
         Ok(Some(buf))
     }
 
