@@ -424,10 +424,14 @@ impl MapMaker {
             Vec::new()
         };
         let closed = close_scope(data, ctx, scope, &outputs);
-        let removed = data.remove_detdata(&stale);
+        // In a caller's scope (this run joined it), what the map-maker drops
+        // from the host it drops from the device too.
+        let stale_items = stale.iter().fold(Requirements::new(), |r, f| r.detdata(f));
+        let removed = movement::forget(data, ctx, &stale_items)
+            .and_then(|_| Ok(data.remove_detdata(&stale)?));
         self.set_transient(false);
         self.solve_pointing.set_compact(None);
-        let cleanup = self.cleanup(data, &keys);
+        let cleanup = self.cleanup(data, ctx, &keys);
         let mut res = result?;
         closed?;
         removed?;
@@ -516,7 +520,7 @@ impl MapMaker {
         // free them before the final products (host runs; a device scope
         // keeps its buffers until it closes, so there `cleanup` does it).
         if host_run {
-            self.free_solver(data, keys)?;
+            self.free_solver(data, ctx, keys)?;
         }
 
         // 5f, 5g: hits, covariance and the binned map of the raw signal.

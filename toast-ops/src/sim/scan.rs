@@ -1,6 +1,6 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
-use crate::exec::movement::{close_scope, open_scope};
+use crate::exec::movement::{close_scope, forget, open_scope};
 use crate::exec::pipeline::{mirror_on_host, pipeline_backend, run_operators, OpRef, RunOptions};
 use crate::io::fits::{
     read_healpix_map, units, HealpixHeader, HealpixMap, MapField, Ordering, UNSEEN,
@@ -430,7 +430,7 @@ impl Operator for ScanHealpixMap {
         let r = self.scan(data, ctx, scope.accel);
         let outputs = Requirements::new().detdata(&self.config.det_data);
         let closed = close_scope(data, ctx, scope, &outputs);
-        let dropped = self.drop_pointing(data);
+        let dropped = self.drop_pointing(data, ctx);
         r?;
         closed?;
         dropped
@@ -440,7 +440,9 @@ impl Operator for ScanHealpixMap {
 impl ScanHealpixMap {
     /// Drop the pointing fields at the end: all of them, or only the
     /// quaternions with `keep_pointing` (unless transient).
-    fn drop_pointing(&self, data: &mut Data) -> Result<(), OpError> {
+    /// Their device copies go too, in a caller's scope that outlives the
+    /// scan (in the scan's own they are gone with it).
+    fn drop_pointing(&self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let keep = self.keep_pointing && !self.transient_pointing;
         let quats = self.pointing.det_pointing.config.quats.as_str();
         let fields = if keep {
@@ -452,6 +454,10 @@ impl ScanHealpixMap {
                 self.pointing.weights_field(),
             ]
         };
+        let dropped = fields
+            .iter()
+            .fold(Requirements::new(), |r, &f| r.detdata(f));
+        forget(data, ctx, &dropped)?;
         Ok(data.remove_detdata(&fields)?)
     }
 
@@ -553,8 +559,12 @@ impl ScanHealpixMap {
             run_operators("ScanHealpixMap.scan", &mut ops, data, ctx, &self.options)
         };
         self.pointing.set_transient(false);
+        // The sky's device copy is freed now (the noise made next, and a
+        // caller's scope that outlives the scan, need its memory).
+        let forgotten = forget(data, ctx, &Requirements::new().global(&map_key));
         data.meta.remove(&map_key);
         r?;
+        forgotten?;
         match self.noise.as_mut() {
             Some(noise) => run_operators(
                 "ScanHealpixMap.noise",
