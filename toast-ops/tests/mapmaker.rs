@@ -948,6 +948,9 @@ fn device_setup_moves_no_pointing_and_a_bounded_number_of_bytes() {
         let n_obs = data.obs.len() as u64;
         assert_eq!(rep.copies("detdata.signal"), (n_obs, 0));
         assert!(data.obs.iter().all(|ob| !ob.detdata.contains("signal")));
+        // Nor are the weights: made on the device only for a caller that
+        // discards the detector data, no stale host field is left.
+        assert!(data.obs.iter().all(|ob| !ob.detdata.contains("weights")));
         // Setup: the timestream and the solver's work timestream (8 bytes
         // a detector sample each), the solver flags (1), the boresight and
         // shared flags (33 bytes a sample), the solver's covariance (6

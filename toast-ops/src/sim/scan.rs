@@ -430,7 +430,7 @@ impl Operator for ScanHealpixMap {
         let r = self.scan(data, ctx, scope.accel);
         let outputs = Requirements::new().detdata(&self.config.det_data);
         let closed = close_scope(data, ctx, scope, &outputs);
-        let dropped = self.drop_pointing(data, ctx);
+        let dropped = self.drop_pointing(data, ctx, scope.accel);
         r?;
         closed?;
         dropped
@@ -442,10 +442,19 @@ impl ScanHealpixMap {
     /// quaternions with `keep_pointing` (unless transient).
     /// Their device copies go too, in a caller's scope that outlives the
     /// scan (in the scan's own they are gone with it).
-    fn drop_pointing(&self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+    /// On a device (`accel`) the kept pointing is the pixels only: the
+    /// host never computed the weights (see [`ScanHealpixMap::scan`]).
+    fn drop_pointing(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        accel: bool,
+    ) -> Result<(), OpError> {
         let keep = self.keep_pointing && !self.transient_pointing;
         let quats = self.pointing.det_pointing.config.quats.as_str();
-        let fields = if keep {
+        let fields = if keep && accel {
+            vec![quats, self.pointing.weights_field()]
+        } else if keep {
             vec![quats]
         } else {
             vec![
@@ -504,12 +513,14 @@ impl ScanHealpixMap {
         }
         if accel {
             // Whole host fields: the device steps size their arguments from
-            // them (the quaternions, which none reads, stay per set).
-            let keep = self.keep_pointing && !transient;
+            // them (the quaternions, which none reads, stay per set). The
+            // host's own copy is the quaternions and pixels: the pixel
+            // distribution (and the map-maker's host steps) read the
+            // pixels; no host step reads the weights, which stay on the
+            // device (24 bytes a detector sample of host memory and a
+            // host pass saved).
             let mut ops = self.pointing.operators();
-            if !keep {
-                ops.truncate(2);
-            }
+            ops.truncate(2);
             ops.push(&mut build);
             let host = "ScanHealpixMap.pointing_host";
             mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
