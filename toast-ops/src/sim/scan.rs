@@ -364,6 +364,13 @@ pub struct ScanHealpixMap {
     /// pointing configuration (`MapMaker::reuse_pointing`) instead of
     /// expanding them twice. Ignored with `transient_pointing`.
     pub keep_pointing: bool,
+    /// With `keep_pointing` on a device, keep the Stokes weights too (the
+    /// default). Off (the satellite workflow, whose device map-maker reads
+    /// no host weights, `MapMaker::discard_timestream`), the host never
+    /// makes them: it expands quaternions and pixels only, the pixel
+    /// distribution's input (24 bytes a detector sample of host memory and
+    /// a host pass saved). Host runs keep both regardless.
+    pub keep_weights: bool,
     /// `SimNoise`, run in this operator's device scope after the scan: on
     /// a device the noise is made there (the `sim_noise` kernel) and added
     /// to the timestream there, which comes back once, with the noise (the
@@ -395,6 +402,7 @@ impl ScanHealpixMap {
             options: RunOptions::default(),
             transient_pointing: false,
             keep_pointing: false,
+            keep_weights: true,
             noise: None,
         })
     }
@@ -442,8 +450,8 @@ impl ScanHealpixMap {
     /// quaternions with `keep_pointing` (unless transient).
     /// Their device copies go too, in a caller's scope that outlives the
     /// scan (in the scan's own they are gone with it).
-    /// On a device (`accel`) the kept pointing is the pixels only: the
-    /// host never computed the weights (see [`ScanHealpixMap::scan`]).
+    /// On a device (`accel`) without `keep_weights` the kept pointing is
+    /// the pixels only: the host never computed the weights.
     fn drop_pointing(
         &self,
         data: &mut Data,
@@ -452,7 +460,7 @@ impl ScanHealpixMap {
     ) -> Result<(), OpError> {
         let keep = self.keep_pointing && !self.transient_pointing;
         let quats = self.pointing.det_pointing.config.quats.as_str();
-        let fields = if keep && accel {
+        let fields = if keep && accel && !self.keep_weights {
             vec![quats, self.pointing.weights_field()]
         } else if keep {
             vec![quats]
@@ -514,13 +522,14 @@ impl ScanHealpixMap {
         if accel {
             // Whole host fields: the device steps size their arguments from
             // them (the quaternions, which none reads, stay per set). The
-            // host's own copy is the quaternions and pixels: the pixel
-            // distribution (and the map-maker's host steps) read the
-            // pixels; no host step reads the weights, which stay on the
-            // device (24 bytes a detector sample of host memory and a
-            // host pass saved).
+            // host's own copy is the quaternions and pixels (the pixel
+            // distribution reads the pixels), and the weights only when
+            // they are kept for the caller (`keep_weights`).
+            let keep = self.keep_pointing && self.keep_weights && !transient;
             let mut ops = self.pointing.operators();
-            ops.truncate(2);
+            if !keep {
+                ops.truncate(2);
+            }
             ops.push(&mut build);
             let host = "ScanHealpixMap.pointing_host";
             mirror_on_host(host, &mut ops, data, ctx, &self.options)?;

@@ -922,6 +922,9 @@ impl SatelliteJob {
                 let kept = plan.host_pointing_kept();
                 op.transient_pointing = !kept;
                 op.keep_pointing = kept && cfg.mapmaker.enabled;
+                // The map-maker discards the detector data: on a device it
+                // reads no host weights.
+                op.keep_weights = false;
                 // On a device the noise is simulated in the scan's scope, where
                 // the timestream is: it comes back once, with the noise.
                 if noise_on_device {
