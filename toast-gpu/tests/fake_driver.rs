@@ -302,7 +302,7 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
     assert_eq!(
         last_error(),
-        "fake backend: unknown option `colour` (known: device, memory, workspace)"
+        "fake backend: unknown option `colour` (known: device, memory, workspace, workspace_bytes)"
     );
     let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
