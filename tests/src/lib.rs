@@ -3,7 +3,7 @@
 //! instantiated per backend ([`conformance_suite!`]).
 
 use std::sync::Arc;
-use toast_accel::abi::Kernel;
+use toast_accel::abi::{self, Kernel};
 use toast_accel::host::conformance::{kernel_of, run_dir, CaseOutcome, Comparison};
 use toast_accel::host::{AccelError, Backend};
 use toast_testkit::plugins::{load, skip_unless_required};
