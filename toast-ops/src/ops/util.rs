@@ -249,7 +249,7 @@ impl Operator for CopyDetData {
         }
         if on_host {
             let name = format!("{} (host copy)", self.name);
-            let this = self.clone();
+            let this = &*self;
             crate::exec::movement::with_host_step(
                 data,
                 ctx,
