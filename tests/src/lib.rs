@@ -3,7 +3,7 @@
 //! instantiated per backend ([`conformance_suite!`]).
 
 use std::sync::Arc;
-use toast_accel::abi::Kernel;
+use toast_accel::abi::{self, Kernel};
 use toast_accel::host::conformance::{kernel_of, run_dir, CaseOutcome, Comparison};
 use toast_accel::host::{AccelError, Backend};
 use toast_testkit::plugins::{load, skip_unless_required};
@@ -108,4 +108,120 @@ macro_rules! conformance_suite {
             );
         }
     };
+}
+
+/// The `filter_poly2D` workload of [`assert_poly2d_bursts_match_cpu`]:
+/// samples, detectors (two groups, one detector in none), modes.
+const BURSTS: (usize, usize, usize) = (700, 7, 6);
+
+/// The device option that cuts [`assert_poly2d_bursts_match_cpu`]'s grid
+/// into launches of 2 x 37 (sample, group) points: a workspace of 74
+/// slices of 2 * 6^2 + 6 + 1 doubles (toast-gpu, kernels.h section 14).
+pub const POLY2D_SMALL_CHUNKS: &str = "workspace_bytes=46768";
+
+/// `filter_poly2D` on `device` gives the CPU plugin's bits, on a workload
+/// whose masks change in bursts: runs of unchanged masks of every length
+/// (some longer than the device's 256-sample runs between forced
+/// decompositions, some of one sample), a group that goes fully masked, a
+/// NaN signal under a zero mask, and, with `device` initialised with
+/// [`POLY2D_SMALL_CHUNKS`], launch chunks that begin inside runs. The
+/// device decomposes only where a group's mask changes (and at chunk
+/// starts); every other sample reuses its head's decomposition.
+pub fn assert_poly2d_bursts_match_cpu(device: &Backend) {
+    use toast_accel::host::stage::ArrayArg;
+    let (n_samp, n_det, n_mode) = BURSTS;
+    let n_group = 2usize;
+    let det_groups: Vec<i32> = vec![0, 1, 0, 1, -1, 0, 1];
+    // x^i y^j, i + j <= 2, of the detectors' positions.
+    let mut templates = Vec::with_capacity(n_det * n_mode);
+    for d in 0..n_det {
+        let (x, y) = (0.3 * d as f64 - 0.9, 0.17 * (d * d) as f64 - 1.1);
+        templates.extend([1.0, x, y, x * x, x * y, y * y]);
+    }
+    // A mask that changes at the ends of bursts of varying lengths.
+    let mut masks = vec![1u8; n_samp * n_det];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut s = 0usize;
+    let mut burst = 0usize;
+    while s < n_samp {
+        let len = match burst % 5 {
+            0 => 300,
+            1 => 1,
+            2 => 37,
+            _ => 1 + (next() % 60) as usize,
+        };
+        let bad = next();
+        for i in s..(s + len).min(n_samp) {
+            for d in 0..n_det {
+                // Burst 3 masks all of group 0; otherwise a few detectors.
+                let off = if burst % 5 == 3 {
+                    det_groups[d] == 0
+                } else {
+                    (bad >> d) & 3 == 0
+                };
+                masks[i * n_det + d] = if off { 0 } else { 1 + ((i / 3 + d) % 2) as u8 };
+            }
+        }
+        s += len;
+        burst += 1;
+    }
+    let mut signals: Vec<f64> = (0..n_samp * n_det)
+        .map(|i| ((i * 7919) % 1009) as f64 * 0.013 - 6.0)
+        .collect();
+    // A NaN under a zero mask, in a group with a good detector there.
+    let group_good =
+        |i: usize, g: i32| (0..n_det).any(|d| det_groups[d] == g && masks[i * n_det + d] != 0);
+    let nan = (0..n_samp * n_det)
+        .find(|&k| masks[k] == 0 && det_groups[k % n_det] == 1 && group_good(k / n_det, 1))
+        .expect("a masked detector beside a good one");
+    signals[nan] = f64::NAN;
+    let run = |b: &Backend| -> Vec<f64> {
+        let mut coeff = vec![-1.0f64; n_samp * n_group * n_mode];
+        let sg = ArrayArg::input(b, &signals, "signals").expect("stage signals");
+        let mk = ArrayArg::input(b, &masks, "masks").expect("stage masks");
+        let cf = ArrayArg::output(b, &mut coeff, "coeff").expect("stage coeff");
+        let args = abi::FilterPoly2dArgs {
+            n_samp: n_samp as u64,
+            n_det: n_det as u64,
+            n_group: n_group as u64,
+            n_mode: n_mode as u64,
+            det_groups: det_groups.as_ptr(),
+            templates: templates.as_ptr(),
+            signals: sg.abi(),
+            masks: mk.abi(),
+            coeff: cf.abi(),
+        };
+        // SAFETY: det_groups has n_det elements, templates n_det * n_mode,
+        // signals and masks n_samp * n_det, coeff n_samp * n_group * n_mode;
+        // coeff is the only output and no array aliases another.
+        unsafe { b.launch(&args) }.unwrap_or_else(|e| panic!("[{}] filter_poly2D: {e}", b.name()));
+        for a in [cf, sg, mk] {
+            a.finish().expect("finish a staged array");
+        }
+        coeff
+    };
+    let cpu = Arc::new(load("cpu")).init("").expect("the cpu backend");
+    let want = run(&cpu);
+    let got = run(device);
+    assert!(
+        want.iter().any(|x| x.is_nan()),
+        "the NaN signal reaches a fit"
+    );
+    assert!(want.contains(&0.0), "a fully masked group fits 0");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits(),
+            "[{}] coeff[{}, {}, {}] = {g:e}, the cpu's {w:e}",
+            device.name(),
+            i / (n_group * n_mode),
+            i / n_mode % n_group,
+            i % n_mode
+        );
+    }
 }

@@ -33,8 +33,14 @@ use toast_tests::assert_all_cases_pass;
 /// In the parent: run `test` again on the emulated `backend` and require
 /// it to pass. In the child: the conformance suite.
 fn conformance(test: &str, backend: &str) {
+    in_child(test, backend, suite);
+}
+
+/// In the parent: run `test` again on the emulated `backend` and require
+/// it to pass. In the child: `body(backend)`.
+fn in_child(test: &str, backend: &str, body: fn(&str)) {
     if std::env::var(CHILD).is_ok_and(|b| b == backend) {
-        return suite(backend);
+        return body(backend);
     }
     match rerun_self(test, backend, Duration::from_secs(600)) {
         Ok(out) => {
@@ -90,4 +96,37 @@ macro_rules! emulated_conformance {
 emulated_conformance! {
     all_cases_pass_on_emulated_cuda => "cuda",
     all_cases_pass_on_emulated_hip => "hip",
+}
+
+/// `filter_poly2D` on the emulated `backend`, launched in chunks of 37
+/// samples: the CPU's bits where masks change in bursts (the device
+/// decomposes only at mask changes and chunk starts), in both workspace
+/// layouts.
+fn poly2d_bursts(backend: &str) {
+    for options in [
+        toast_tests::POLY2D_SMALL_CHUNKS.to_string(),
+        format!("{};workspace=interleaved", toast_tests::POLY2D_SMALL_CHUNKS),
+        String::new(),
+    ] {
+        let b = match Arc::new(load(backend)).init(&options) {
+            Ok(b) => b,
+            Err(e) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {e}")),
+        };
+        toast_tests::assert_poly2d_bursts_match_cpu(&b);
+    }
+    println!("emulated {backend}: filter_poly2D in bursts and small chunks: the cpu's bits");
+}
+
+macro_rules! emulated_poly2d {
+    ($($test:ident => $backend:literal),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            in_child(stringify!($test), $backend, poly2d_bursts);
+        }
+    )*};
+}
+
+emulated_poly2d! {
+    poly2d_bursts_match_the_cpu_on_emulated_cuda => "cuda",
+    poly2d_bursts_match_the_cpu_on_emulated_hip => "hip",
 }

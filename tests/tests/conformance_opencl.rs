@@ -30,6 +30,23 @@ conformance_suite!(
                 FilterPolynomial, FilterPoly2d, CovAccumTimestream],
 );
 
+/// `filter_poly2D` on PoCL, launched in chunks of 37 samples (and whole):
+/// the CPU's bits where masks change in bursts (the device decomposes only
+/// at mask changes and chunk starts), in both workspace layouts.
+#[test]
+fn poly2d_bursts_match_the_cpu_in_small_chunks() {
+    for options in [
+        toast_tests::POLY2D_SMALL_CHUNKS.to_string(),
+        format!("{};workspace=interleaved", toast_tests::POLY2D_SMALL_CHUNKS),
+        String::new(),
+    ] {
+        let Some(b) = backend_or_skip("opencl", &options, "TOAST_REQUIRE_OPENCL") else {
+            return;
+        };
+        toast_tests::assert_poly2d_bursts_match_cpu(&b);
+    }
+}
+
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {

@@ -1006,17 +1006,19 @@ KERNEL void toast_cov_accum_diag_invnpp(i64 nsamp, i64 nsub, i64 nsubpix, i64 nn
 
 /* ---- the polynomial filters: one block per fit ------------------------- */
 
-/* Both filters run one block (work-group) per fit: its threads load the
- * samples (or detectors) of the fit together, build the normal matrix
- * cooperatively and solve it together; fits are batched over the grid (the
- * signals and scans of filter_polynomial, the sample runs and groups of
- * filter_poly2D).  A fit has up to toast_accel::check::MAX_POLY_TEMPLATES
+/* Both filters decompose with one block (work-group) per matrix: its
+ * threads load the samples (or detectors) of the fit together, build the
+ * normal matrix cooperatively and diagonalise it together; fits are batched
+ * over the grid (the signals and scans of filter_polynomial, which also
+ * solves in the block; the (sample, group) heads of filter_poly2D, whose
+ * solves are a thread's each, section 14).  A fit has up to toast_accel::check::MAX_POLY_TEMPLATES
  * templates, too many for shared memory: the matrix, its eigenvectors and
  * the vectors live in the block's slice of a global workspace that the host
  * allocates for the launch (toast-gpu's kernels::entries), element e of the
  * slice at ws[e * s]: s = 1 (contiguous) or the slices of the launch
  * (interleaved; plugin option `workspace`).  The slice is a (n * n),
- * v (n * n), then the vectors of the kernel (n each).  The small arrays the
+ * v (n * n), then the vectors of the kernel (n each; filter_poly2D also a
+ * head mark).  The small arrays the
  * threads exchange (partial sums, the current rotation) are block-shared.
  * Blocks have at most TOAST_FIT_THREADS threads (the host launches that
  * many); the kernels work for any block size up to it. */
@@ -1382,43 +1384,95 @@ KERNEL void toast_filter_polynomial(i64 k0, i64 k_end, i64 iv0, i64 iv_end, i64 
 
 /* ---- 14. filter_poly2D ------------------------------------------------- */
 
+/* Three launches per chunk of the (sample, group) grid (samples
+ * s0 <= isamp < s_end, groups g0 <= igroup < g_end), as the CPU computes:
+ * the normal matrix of a sample and group depends only on the templates and
+ * on which of the group's detectors (det_groups[d] == igroup) are good
+ * (masks[isamp, d] != 0; a mask weighs by exactly 0.0 or 1.0), so it is
+ * decomposed only at the group's "heads", where that set changes, and every
+ * sample of a run reuses its head's eigenvalues and eigenvectors: the same
+ * bits as decomposing again, and the same bits as the CPU (which keeps a
+ * group's decomposition while its mask is unchanged).
+ *   1. toast_filter_poly2d_heads, a thread per (sample, group), marks the
+ *      heads: the chunk's first sample (a chunk never reads another chunk's
+ *      workspace), every TOAST_POLY2D_RUN-th sample after it (so that a
+ *      sample finds its head within TOAST_POLY2D_RUN steps: O(n) in all,
+ *      however long a mask stays unchanged), and a sample whose group mask
+ *      differs from the previous sample's.
+ *   2. toast_filter_poly2d, a block per (sample, group), returns at once
+ *      (the whole block, before any barrier) unless its sample is a head;
+ *      a head's block builds TOAST's masked normal matrix (thread t owns
+ *      elements t, t + LSIZE0, ..., each summed over the members in index
+ *      order, (t_i t_j) m, exactly as the CPU) and diagonalises it
+ *      (toast_jacobi_eigen_block).
+ *   3. toast_filter_poly2d_solve, a thread per (sample, group), walks back
+ *      to its head, builds the right-hand side in TOAST's order,
+ *      (t_i s) m over the members in index order (a masked detector weighs
+ *      0.0, so a NaN signal there still poisons the fit as in TOAST),
+ *      directly in coeff[isamp, igroup, 0..n_mode], and applies the
+ *      pseudo-inverse (rcond 1e-6) with its head's a and v in place: the
+ *      operations of polyfilter::pinv_apply in its order.
+ * (Barriers stay out of data-dependent branches inside a block: PoCL 3.1
+ * miscompiled a block walking a run of samples with its barriers under the
+ * run's branches: heap corruption.  Step 2's return is the whole block's,
+ * from one value all its threads read.)  The host has checked every group
+ * is below n_group.  Grid point (isamp, igroup) owns the workspace slice
+ * toast_poly2d_slot at work + slot * item_step, of stride elem_step and
+ * 2 n_mode^2 + n_mode + 1 elements: a, v (a head's decomposition), w (the
+ * solve's scratch), and the head mark (1.0 at a head, else 0.0). */
+#define TOAST_POLY2D_RUN 256
+
+DEVICE_FN GLOBAL double *toast_poly2d_slot(GLOBAL double *work, i64 item_step, i64 s0, i64 s_end,
+                                           i64 g0, i64 isamp, i64 igroup) {
+    return work + ((isamp - s0) + (igroup - g0) * (s_end - s0)) * item_step;
+}
+
+/* Grid: dimension 0 the sample s0 + GID0 < s_end, dimension 1 the group
+ * g0 + GID1 < g_end.  Writes the head mark of the grid point's slice. */
+KERNEL void toast_filter_poly2d_heads(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det,
+                                      i64 n_mode, GLOBAL const i32 *RESTRICT det_groups,
+                                      GLOBAL const u8 *RESTRICT masks,
+                                      GLOBAL double *RESTRICT work, i64 item_step,
+                                      i64 elem_step) {
+    const i64 isamp = s0 + GID0;
+    const i64 igroup = g0 + GID1;
+    if (isamp >= s_end || igroup >= g_end || n_mode < 1) {
+        return;
+    }
+    int head = isamp == s0 || (isamp - s0) % TOAST_POLY2D_RUN == 0;
+    for (i64 d = 0; d < n_det && !head; d++) {
+        if ((i64)det_groups[d] == igroup &&
+            (masks[isamp * n_det + d] != 0) != (masks[(isamp - 1) * n_det + d] != 0)) {
+            head = 1;
+        }
+    }
+    GLOBAL double *slot = toast_poly2d_slot(work, item_step, s0, s_end, g0, isamp, igroup);
+    slot[(2 * n_mode * n_mode + n_mode) * elem_step] = head ? 1.0 : 0.0;
+}
+
 /* Grid of blocks: dimension 0 the sample s0 + GRP0 < s_end, dimension 1
- * the group g0 + GRP1 < g_end; one block fits one (sample, group).  It
- * builds TOAST's masked normal matrix over the detectors of its group
- * (det_groups[d] == igroup; masks[isamp, d] == 0 weights a detector by 0.0,
- * so a NaN signal there still poisons the fit as in TOAST) and the
- * right-hand side, solves with rcond 1e-6 and writes
- * coeff[isamp, igroup, 0..n_mode].  Thread t owns matrix elements t,
- * t + LSIZE0, ... and modes t, t + LSIZE0, ..., each summed over the
- * detectors in index order, (t_i t_j) m, exactly as the CPU; the solve is
- * the block's (toast_jacobi_eigen_block, toast_pinv_apply_block): the same
- * bits as the CPU's.  (The CPU also keeps a group's decomposition while its
- * mask is unchanged; a block per run of samples doing the same put barriers
- * under a data-dependent branch, which PoCL 3.1 miscompiled: heap
- * corruption.)  The host has checked every group is below n_group.  Block
- * GRP0 + GRP1 * (s_end - s0) owns the workspace slice at
- * work + slot * item_step, of stride elem_step and 2 n_mode^2 + 2 n_mode
- * elements (a, v, rhs, w). */
-KERNEL void toast_filter_poly2d(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det, i64 n_group,
-                                i64 n_mode, GLOBAL const i32 *RESTRICT det_groups,
+ * the group g0 + GRP1 < g_end; a head's block decomposes its matrix into
+ * the a and v of its slice (see above). */
+KERNEL void toast_filter_poly2d(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det, i64 n_mode,
+                                GLOBAL const i32 *RESTRICT det_groups,
                                 GLOBAL const double *RESTRICT templates,
-                                GLOBAL const double *RESTRICT signals,
-                                GLOBAL const u8 *RESTRICT masks, GLOBAL double *RESTRICT coeff,
-                                GLOBAL double *RESTRICT work, i64 item_step, i64 elem_step) {
+                                GLOBAL const u8 *RESTRICT masks, GLOBAL double *RESTRICT work,
+                                i64 item_step, i64 elem_step) {
     BLOCK_SHARED(double, rot, 12);
     const i64 isamp = s0 + GRP0;
     const i64 igroup = g0 + GRP1;
     if (isamp >= s_end || igroup >= g_end || n_mode < 1) {
         return;
     }
+    const i64 s = elem_step;
+    GLOBAL double *a = toast_poly2d_slot(work, item_step, s0, s_end, g0, isamp, igroup);
+    if (a[(2 * n_mode * n_mode + n_mode) * s] == 0.0) {
+        return;
+    }
     const i64 t = LID0;
     const i64 nt = LSIZE0;
     const int n = (int)n_mode;
-    const i64 s = elem_step;
-    GLOBAL double *a = work + ((i64)GRP0 + (i64)GRP1 * (s_end - s0)) * item_step;
     GLOBAL double *v = a + n_mode * n_mode * s;
-    GLOBAL double *rhs = v + n_mode * n_mode * s;
-    GLOBAL double *w = rhs + n_mode * s;
     for (i64 e = t; e < n_mode * n_mode; e += nt) {
         a[e * s] = 0.0;
     }
@@ -1436,23 +1490,83 @@ KERNEL void toast_filter_poly2d(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det,
             a[e * s] += tp[lo] * tp[hi] * det_mask;
         }
     }
-    for (i64 im = t; im < n_mode; im += nt) {
-        double x = 0.0;
-        for (i64 d = 0; d < n_det; d++) {
-            if ((i64)det_groups[d] != igroup) {
-                continue;
-            }
-            const double det_mask = masks[isamp * n_det + d] == 0 ? 0.0 : 1.0;
-            x += templates[d * n_mode + im] * signals[isamp * n_det + d] * det_mask;
-        }
-        rhs[im * s] = x;
-    }
     BLOCK_BARRIER();
     toast_jacobi_eigen_block(n, a, v, s, rot);
-    toast_pinv_apply_block(n, a, v, s, 1e-6, rhs, w);
-    GLOBAL double *out = coeff + (isamp * n_group + igroup) * n_mode;
-    for (i64 j = t; j < n_mode; j += nt) {
-        out[j] = rhs[j * s];
+}
+
+/* Grid: dimension 0 the sample s0 + GID0 < s_end, dimension 1 the group
+ * g0 + GID1 < g_end.  The right-hand side and the pseudo-inverse solve of
+ * the grid point with its head's decomposition (see above): b is the
+ * point's row of coeff (stride 1), w its slice's (stride elem_step), and
+ * the thresholds and sums those of toast_pinv_apply_block, one thread
+ * doing every element in index order. */
+KERNEL void toast_filter_poly2d_solve(i64 s0, i64 s_end, i64 g0, i64 g_end, i64 n_det,
+                                      i64 n_group, i64 n_mode,
+                                      GLOBAL const i32 *RESTRICT det_groups,
+                                      GLOBAL const double *RESTRICT templates,
+                                      GLOBAL const double *RESTRICT signals,
+                                      GLOBAL const u8 *RESTRICT masks,
+                                      GLOBAL double *RESTRICT coeff,
+                                      GLOBAL double *RESTRICT work, i64 item_step,
+                                      i64 elem_step) {
+    const i64 isamp = s0 + GID0;
+    const i64 igroup = g0 + GID1;
+    if (isamp >= s_end || igroup >= g_end || n_mode < 1) {
+        return;
+    }
+    const i64 s = elem_step;
+    const i64 mark = (2 * n_mode * n_mode + n_mode) * s;
+    /* The chunk's first sample is a head, and one at least every
+     * TOAST_POLY2D_RUN samples after it. */
+    i64 head = isamp;
+    while (toast_poly2d_slot(work, item_step, s0, s_end, g0, head, igroup)[mark] == 0.0) {
+        head--;
+    }
+    GLOBAL const double *a = toast_poly2d_slot(work, item_step, s0, s_end, g0, head, igroup);
+    GLOBAL const double *v = a + n_mode * n_mode * s;
+    GLOBAL double *w =
+        toast_poly2d_slot(work, item_step, s0, s_end, g0, isamp, igroup) + 2 * n_mode * n_mode * s;
+    GLOBAL double *b = coeff + (isamp * n_group + igroup) * n_mode;
+    for (i64 im = 0; im < n_mode; im++) {
+        b[im] = 0.0;
+    }
+    for (i64 d = 0; d < n_det; d++) {
+        if ((i64)det_groups[d] != igroup) {
+            continue;
+        }
+        const double det_mask = masks[isamp * n_det + d] == 0 ? 0.0 : 1.0;
+        const double det_sig = signals[isamp * n_det + d];
+        GLOBAL const double *tp = templates + d * n_mode;
+        for (i64 im = 0; im < n_mode; im++) {
+            b[im] += tp[im] * det_sig * det_mask;
+        }
+    }
+    const i64 n = n_mode;
+    double smax = 0.0;
+    for (i64 i = 0; i < n; i++) {
+        const double d = fabs(a[(i * n + i) * s]);
+        if (d > smax) {
+            smax = d;
+        }
+    }
+    double thr = 1e-6 * smax;
+    if (thr < 2.2250738585072014e-308) {
+        thr = 2.2250738585072014e-308;
+    }
+    for (i64 i = 0; i < n; i++) {
+        double x = 0.0;
+        for (i64 k = 0; k < n; k++) {
+            x += v[(k * n + i) * s] * b[k];
+        }
+        const double l = a[(i * n + i) * s];
+        w[i * s] = fabs(l) > thr ? x / l : 0.0;
+    }
+    for (i64 k = 0; k < n; k++) {
+        double x = 0.0;
+        for (i64 i = 0; i < n; i++) {
+            x += v[(k * n + i) * s] * w[i * s];
+        }
+        b[k] = x;
     }
 }
 

@@ -186,7 +186,8 @@ macro_rules! toast_kernels {
                 args: FilterPoly2dArgs = toast_filter_poly2d_args,
                 check: check_filter_poly2d -> $crate::check::FilterPoly2d<'a>,
                 arrays: [signals: In, masks: In, coeff: Out],
-                device: ["toast_filter_poly2d"],
+                device: ["toast_filter_poly2d_heads", "toast_filter_poly2d",
+                         "toast_filter_poly2d_solve"],
                 case: FilterPoly2dCase,
             }
             cov_apply_diag => CovApplyDiag {
@@ -445,7 +446,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 31);
+        assert_eq!(names.len(), 33);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

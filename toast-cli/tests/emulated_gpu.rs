@@ -20,8 +20,13 @@ use toast_testkit::process::{run_with_deadline, scratch, text};
 const SETTINGS: &[&str] = &["--quiet", "--no-plot", "--set", "pixels.nside=128"];
 
 fn toast_cli(args: &[&str], lib_dir: Option<&Path>) -> (bool, String) {
+    toast_cli_env(args, lib_dir, &[])
+}
+
+fn toast_cli_env(args: &[&str], lib_dir: Option<&Path>, env: &[(&str, &str)]) -> (bool, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
     c.args(args);
+    c.envs(env.iter().copied());
     if let Some(d) = lib_dir {
         c.env("LD_LIBRARY_PATH", ld_library_path(d));
     }
@@ -82,8 +87,11 @@ fn run_gives_the_cpu_maps(backend: &str) {
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(SETTINGS);
-    let (ok, log) = toast_cli(&args, Some(&dir));
+    // The data movement's debug log: each device scope's per-buffer table.
+    let movement_log = [("RUST_LOG", "toast_ops::exec::movement=debug")];
+    let (ok, log) = toast_cli_env(&args, Some(&dir), &movement_log);
     assert!(ok, "{backend} run: {log}");
+    one_device_scope_keeps_the_timestreams(backend, &log);
 
     let hits = compare_maps(
         &out.join("mapmaker_hits.fits"),
@@ -120,13 +128,13 @@ fn run_gives_the_cpu_maps(backend: &str) {
             "{backend}: no {k} timed on {backend} in timing.csv:\n{csv}"
         );
     }
-    // The host expands its own pointing for its passes (pixel
-    // distribution, solver flags, covariance) rather than copying the
-    // device's back: only the pointing kernels run on the CPU too.
+    // The host expands its own pixels for its passes (pixel distribution,
+    // rcond mask) rather than copying the device's back: only the
+    // quaternion and pixel kernels run on the CPU too; no host step reads
+    // the weights, which are made on the device only.
     let host_pointing = [
         "det_pointing.pointing_detector[cpu]",
         "pixels.pixels_healpix[cpu]",
-        "weights.stokes_weights_IQU[cpu]",
     ];
     let fell_back: Vec<&str> = csv
         .lines()
@@ -137,6 +145,32 @@ fn run_gives_the_cpu_maps(backend: &str) {
         fell_back.is_empty(),
         "{backend}: kernels fell back to the CPU: {fell_back:?}\n{csv}"
     );
+}
+
+/// One device scope from the sky scan to the maps: the timestream the scan
+/// and the noise make on the device is the map-maker's input there, and
+/// its work copy is made there: neither crosses the bus in either
+/// direction (columns of the scope's table: h2d calls, bytes, seconds, d2h
+/// calls, bytes, seconds, resets, allocs).
+fn one_device_scope_keeps_the_timestreams(backend: &str, log: &str) {
+    let scopes = log.matches("closed a device scope").count();
+    assert_eq!(
+        scopes, 1,
+        "{backend}: {scopes} device scopes, not 1:\n{log}"
+    );
+    for buffer in ["detdata.signal", "detdata.mapmaker_temp"] {
+        let row: Vec<&str> = log
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(buffer))
+            .unwrap_or_else(|| panic!("{backend}: no {buffer} in the scope's table:\n{log}"))
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            (row[1], row[4]),
+            ("0", "0"),
+            "{backend}: {buffer} crossed the bus (h2d, d2h calls): {row:?}"
+        );
+    }
 }
 
 #[test]

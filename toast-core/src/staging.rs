@@ -289,6 +289,13 @@ impl Stager {
         }
     }
 
+    /// Forget `item`: its device buffers are being freed without a copy
+    /// back (its owner is done with it). Returns where it was (`None`: not
+    /// on the device).
+    pub fn forget(&mut self, item: &Item) -> Option<Residence> {
+        self.on_device.remove(item)
+    }
+
     /// Copy back the `outputs` that are newest on the device, and delete
     /// every device buffer. The stager is empty afterwards.
     pub fn finish(&mut self, outputs: &Requirements) -> FinalStaging {

@@ -487,5 +487,7 @@ mod tests {
         assert!(!find("toast_pointing_detector").unwrap().barrier);
         assert!(find("toast_filter_polynomial").unwrap().barrier);
         assert!(find("toast_filter_poly2d").unwrap().barrier);
+        assert!(!find("toast_filter_poly2d_heads").unwrap().barrier);
+        assert!(!find("toast_filter_poly2d_solve").unwrap().barrier);
     }
 }

@@ -54,6 +54,20 @@ impl WorkspaceLayout {
     }
 }
 
+/// The value of the option `workspace_bytes=`: a positive number of bytes.
+fn parse_workspace_bytes(v: &str) -> Result<u64, PluginError> {
+    match v.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(PluginError::new(
+            abi::ERR_INVALID_ARGUMENT,
+            format!(
+                "option workspace_bytes: `{}` is not a positive number of bytes",
+                v.trim()
+            ),
+        )),
+    }
+}
+
 /// The backend context of one `init`: a [`Driver`] and what every backend
 /// keeps beside it. The `ctx` pointer `init` hands the host is a boxed
 /// `Context<D>`; `shutdown` drops it, which releases every buffer.
@@ -65,6 +79,11 @@ pub struct Context<D: Driver> {
     /// How the polynomial filters lay out their workspace (option
     /// `workspace=`).
     pub(crate) workspace: WorkspaceLayout,
+    /// The most bytes of workspace one kernel launch of the polynomial
+    /// filters uses (option `workspace_bytes=`, default
+    /// `WORKSPACE_MAX_BYTES`; a smaller value cuts the grid into more
+    /// launches, as a device with less memory would: tests use it).
+    pub(crate) workspace_bytes: u64,
     /// The kernels of the compiled module, built on first use.
     module: Mutex<Option<HashMap<&'static str, D::Kernel>>>,
     /// The device copies of recent calls' small read-only arguments.
@@ -126,7 +145,8 @@ impl<D: Driver> Context<D> {
     /// ([`crate::driver::DeviceChoice`]), else the driver's default;
     /// `memory=GiB` sets the device memory budget (else `TOAST_GPU_MEM_GB`,
     /// else the default: [`crate::memory::Budget`]);
-    /// `workspace=contiguous|interleaved` sets [`WorkspaceLayout`]; any
+    /// `workspace=contiguous|interleaved` sets [`WorkspaceLayout`];
+    /// `workspace_bytes=N` the workspace limit of one launch; any
     /// other option is refused (`ERR_INVALID_ARGUMENT`).
     ///
     /// # Safety
@@ -138,6 +158,7 @@ impl<D: Driver> Context<D> {
         let mut named: Option<D::DeviceId> = None;
         let mut budget: Option<Budget> = None;
         let mut workspace = WorkspaceLayout::default();
+        let mut workspace_bytes = crate::kernels::WORKSPACE_MAX_BYTES;
         if let Ok(v) = std::env::var(D::DEVICE_ENV) {
             if !v.trim().is_empty() {
                 named = Some(D::parse_device(
@@ -161,11 +182,13 @@ impl<D: Driver> Context<D> {
                         Some(Budget::parse_gib(v, "option memory=").map_err(PluginError::invalid)?)
                 }
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
+                "workspace_bytes" => workspace_bytes = parse_workspace_bytes(v)?,
                 other => {
                     return Err(PluginError::new(
                         abi::ERR_INVALID_ARGUMENT,
                         format!(
-                        "{} backend: unknown option `{other}` (known: device, memory, workspace)",
+                        "{} backend: unknown option `{other}` (known: device, memory, workspace, \
+                         workspace_bytes)",
                         D::NAME
                     ),
                     ))
@@ -188,6 +211,7 @@ impl<D: Driver> Context<D> {
             memory: Memory::new(D::NAME, D::HANDLE_TAG, driver.total_memory() / 4, budget),
             driver,
             workspace,
+            workspace_bytes,
             module: Mutex::new(None),
             small: Mutex::new(SmallCache::default()),
             error_word: Mutex::new(ErrorWord::default()),

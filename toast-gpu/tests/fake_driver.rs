@@ -350,7 +350,7 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
     assert_eq!(
         last_error(),
-        "fake backend: unknown option `colour` (known: device, memory, workspace)"
+        "fake backend: unknown option `colour` (known: device, memory, workspace, workspace_bytes)"
     );
     let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
@@ -397,9 +397,18 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
         last_error(),
         "option workspace: `diagonal` is not `contiguous` or `interleaved`"
     );
+    for (opt, bad) in [(c"workspace_bytes=0", "0"), (c"workspace_bytes=1e6", "1e6")] {
+        let (st, _) = init_with(opt, &UNREAD_LOG);
+        assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            last_error(),
+            format!("option workspace_bytes: `{bad}` is not a positive number of bytes")
+        );
+    }
     for opt in [
         c"workspace=interleaved",
         c"workspace = contiguous; device=0",
+        c"workspace_bytes=4096;workspace=interleaved",
     ] {
         let (st, ctx) = init_with(opt, &UNREAD_LOG);
         assert_eq!(st, abi::OK, "{opt:?}: {}", last_error());

@@ -506,6 +506,47 @@ fn run_on_setup(
     (data, res, ctx)
 }
 
+/// A detector cut by the binner's `det_mask` in every observation: on a
+/// device the solver's work copy of the timestream (`CopyDetData`) cannot
+/// be one whole-field copy, so it is made by the host as a host step of the
+/// device scope; the maps must still be the CPU's, bit for bit.
+#[test]
+fn a_cut_detector_sends_the_work_copy_to_the_host_with_the_same_maps() {
+    let run = |policy: &str| {
+        let reg = registry(2);
+        let mut ctx = context(&reg, policy);
+        let mut data = {
+            let mut cpu = context(&reg, "");
+            sky_data(&Scan::default(), &mut cpu)
+        };
+        add_offsets(&mut data, 300, 1.5);
+        for ob in &mut data.obs {
+            let first = ob.local_detectors()[0].clone();
+            ob.set_det_flags(&first, defaults::DET_MASK_NONSCIENCE)
+                .unwrap();
+        }
+        let mut s = setup(30.0, true);
+        s.mapmaker.keep_solver_products = true;
+        let res = MapMaker::new(s).unwrap().run(&mut data, &mut ctx).unwrap();
+        (data, res, ctx)
+    };
+    let (cpu_data, cpu_res, _) = run("");
+    let (dev_data, dev_res, ctx) = run("run=fakedev");
+    assert_eq!(cpu_res, dev_res);
+    assert_same_maps(&cpu_data, &dev_data, &cpu_res);
+    // The host copy's input came back and its output went up, as a host
+    // step: nothing unstaged.
+    let unstaged = movement::ledger(&ctx)
+        .map(|l| l.unstaged.clone())
+        .unwrap_or_default();
+    assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
+    // The host made the work copy: it went up (a whole-field device copy
+    // moves nothing).
+    let rep = movement::ledger(&ctx).unwrap();
+    let temp = format!("detdata.{}_temp", setup(30.0, true).name);
+    assert!(rep.copies(&temp).0 > 0, "{temp}: {:?}", rep.copies(&temp));
+}
+
 #[test]
 fn pointing_recomputed_per_batch_gives_the_kept_pointing_maps() {
     // Host runs without `full_pointing` recompute the pointing in every
@@ -948,6 +989,9 @@ fn device_setup_moves_no_pointing_and_a_bounded_number_of_bytes() {
         let n_obs = data.obs.len() as u64;
         assert_eq!(rep.copies("detdata.signal"), (n_obs, 0));
         assert!(data.obs.iter().all(|ob| !ob.detdata.contains("signal")));
+        // Nor are the weights: made on the device only for a caller that
+        // discards the detector data, no stale host field is left.
+        assert!(data.obs.iter().all(|ob| !ob.detdata.contains("weights")));
         // Setup: the timestream and the solver's work timestream (8 bytes
         // a detector sample each), the solver flags (1), the boresight and
         // shared flags (33 bytes a sample), the solver's covariance (6

@@ -816,21 +816,57 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
         let coeff = call.array("coeff", a.coeff, F64)?;
         let groups = call.small("det_groups", v.det_groups)?;
         let templates = call.small("templates", v.templates)?;
+        // Per (sample, group) of a launch: a head's decomposition (a, v),
+        // the solve's scratch w and the head mark (kernels.h, section 14).
         // The validator bounds the modes (check::MAX_POLY_TEMPLATES).
-        let item_len = poly_item_len(v.n_mode as u64, 2);
+        let item_len = poly_item_len(v.n_mode as u64, 1) + 1;
         let ws = call.workspace(item_len, (v.n_samp as u64).saturating_mul(v.n_group as u64))?;
+        // Each chunk marks its own heads (its first sample among them) and
+        // decomposes at them: no chunk reads another's workspace.
         for ((s0, s1), (g0, g1)) in
             grid_chunks(v.n_samp, v.n_group, super::MAX_GRID_YZ, ws.per_launch)
         {
             let w = ws.params(((s1 - s0) * (g1 - g0)) as u64);
-            let p = params::ToastFilterPoly2d {
-                s0: s0 as i64,
-                s_end: s1 as i64,
-                g0: g0 as i64,
-                g_end: g1 as i64,
-                n_det: v.n_det as i64,
+            let (ns, ng) = ((s1 - s0) as u64, g1 - g0);
+            let (s0, s_end, g0, g_end) = (s0 as i64, s1 as i64, g0 as i64, g1 as i64);
+            let (n_det, n_mode) = (v.n_det as i64, v.n_mode as i64);
+            let heads = params::ToastFilterPoly2dHeads {
+                s0,
+                s_end,
+                g0,
+                g_end,
+                n_det,
+                n_mode,
+                det_groups: groups,
+                masks,
+                work: w.work,
+                item_step: w.item_step,
+                elem_step: w.elem_step,
+            };
+            call.launch("toast_filter_poly2d_heads", ns, ng, 1, heads)?;
+            let decompose = params::ToastFilterPoly2d {
+                s0,
+                s_end,
+                g0,
+                g_end,
+                n_det,
+                n_mode,
+                det_groups: groups,
+                templates,
+                masks,
+                work: w.work,
+                item_step: w.item_step,
+                elem_step: w.elem_step,
+            };
+            call.launch_blocks("toast_filter_poly2d", ns, ng, 1, decompose)?;
+            let solve = params::ToastFilterPoly2dSolve {
+                s0,
+                s_end,
+                g0,
+                g_end,
+                n_det,
                 n_group: v.n_group as i64,
-                n_mode: v.n_mode as i64,
+                n_mode,
                 det_groups: groups,
                 templates,
                 signals,
@@ -840,7 +876,7 @@ impl DeviceKernel for abi::FilterPoly2dArgs {
                 item_step: w.item_step,
                 elem_step: w.elem_step,
             };
-            call.launch_blocks("toast_filter_poly2d", (s1 - s0) as u64, g1 - g0, 1, p)?;
+            call.launch("toast_filter_poly2d_solve", ns, ng, 1, solve)?;
         }
         Ok(())
     }

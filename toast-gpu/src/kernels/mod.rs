@@ -17,13 +17,19 @@
 //! dimensions 1 and 2 are cut into chunks of at most 65535 (the hardware
 //! limit) with the source's `det0`/`iv0` arguments.
 //!
-//! The polynomial filters run one fit per thread (`filter_polynomial`: per
-//! signal and scan; `filter_poly2D`: per sample and group), each in its own
-//! slice of a global workspace (`KernelLaunch::workspace`), since a fit of
-//! up to 1024 templates does not fit in a thread's private memory. The
-//! workspace is at most `WORKSPACE_MAX_BYTES`, 256 MiB (less on a device with a
-//! smaller largest allocation or under 2 GiB of memory), and the grid is cut
-//! into launches whose threads' slices fit in it (`grid_chunks`).
+//! The polynomial filters solve their fits in slices of a global workspace
+//! (`KernelLaunch::workspace`), since a fit of up to 1024 templates does
+//! not fit in a block's shared memory. `filter_polynomial` runs one block
+//! per fit (signal and scan). `filter_poly2D` runs three launches per chunk
+//! of its (sample, group) grid (`kernels.h`, section 14): a thread per point
+//! marks where a group's mask changes (the chunk's first sample is always
+//! such a head), a block per head builds and decomposes the normal matrix,
+//! and a thread per point solves with its head's decomposition: the CPU's
+//! algorithm, and its bits. The workspace is at most `WORKSPACE_MAX_BYTES`,
+//! 256 MiB (less on a device with a smaller largest allocation or under 2
+//! GiB of memory; the plugin option `workspace_bytes=N` sets another limit),
+//! and the grid is cut into launches whose points' slices fit in it
+//! (`grid_chunks`).
 //!
 //! The small per-detector arrays and the intervals, which the kernels only
 //! read, are looked up by their bytes in the context's cache of device
@@ -263,9 +269,14 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         items: u64,
     ) -> Result<Workspace<D::Buffer>, PluginError> {
         let d = &self.c.driver;
-        let per_launch =
-            workspace_items(self.kernel, item_len, d.max_allocation(), d.total_memory())?
-                .min(items.max(1));
+        let per_launch = workspace_items(
+            self.kernel,
+            item_len,
+            self.c.workspace_bytes,
+            d.max_allocation(),
+            d.total_memory(),
+        )?
+        .min(items.max(1));
         let (buf, _) = self.scratch_buffer("workspace", per_launch * item_len * 8)?;
         Ok(Workspace {
             buf,
@@ -621,31 +632,32 @@ fn kernel_failed(name: &str, e: PluginError) -> PluginError {
     PluginError::new(e.status, format!("kernel {name}: {}", e.message))
 }
 
-/// The most bytes of workspace a kernel call allocates (less when the
-/// device's largest allocation or an eighth of its memory is less).
-const WORKSPACE_MAX_BYTES: u64 = 256 << 20;
+/// The most bytes of workspace a kernel call allocates by default (less
+/// when the device's largest allocation or an eighth of its memory is
+/// less; the option `workspace_bytes=` sets another limit).
+pub(crate) const WORKSPACE_MAX_BYTES: u64 = 256 << 20;
 
 /// How many work items of `item_len` doubles one launch of `kernel` may
-/// have: as many as fit in the workspace budget (the least of
-/// [`WORKSPACE_MAX_BYTES`], the device's largest allocation
-/// `max_allocation` and an eighth of its `total_memory`); an error naming
-/// the sizes when not even one does.
+/// have: as many as fit in the workspace budget (the least of `limit`,
+/// [`WORKSPACE_MAX_BYTES`] unless the option `workspace_bytes=` says
+/// otherwise, the device's largest allocation `max_allocation` and an
+/// eighth of its `total_memory`); an error naming the sizes when not even
+/// one does.
 pub(crate) fn workspace_items(
     kernel: &str,
     item_len: u64,
+    limit: u64,
     max_allocation: u64,
     total_memory: u64,
 ) -> Result<u64, PluginError> {
-    let budget = WORKSPACE_MAX_BYTES
-        .min(max_allocation)
-        .min(total_memory / 8);
+    let budget = limit.min(max_allocation).min(total_memory / 8);
     let item_bytes = item_len.saturating_mul(8).max(1);
     match budget / item_bytes {
         0 => Err(PluginError::new(
             abi::ERR_OUT_OF_MEMORY,
             format!(
                 "{kernel}: one fit needs {item_bytes} bytes of device workspace, more than the \
-                 {budget} a launch may use (the least of {WORKSPACE_MAX_BYTES} bytes, the \
+                 {budget} a launch may use (the least of {limit} bytes, the \
                  device's largest allocation, {max_allocation}, and an eighth of its memory, {})",
                 total_memory / 8
             ),
@@ -809,12 +821,18 @@ mod tests {
         // 64 modes: 2 * 64^2 + 2 * 64 doubles = 66560 bytes per item.
         let item = 2 * 64 * 64 + 2 * 64;
         assert_eq!(
-            workspace_items("k", item, u64::MAX, 64 << 30).unwrap(),
+            workspace_items("k", item, WORKSPACE_MAX_BYTES, u64::MAX, 64 << 30).unwrap(),
             (256 << 20) / 66560
         );
-        assert_eq!(workspace_items("k", item, 1 << 20, 64 << 30).unwrap(), 15);
-        assert_eq!(workspace_items("k", item, u64::MAX, 1 << 20).unwrap(), 1);
-        let e = workspace_items("k", item, 60_000, 64 << 30).unwrap_err();
+        assert_eq!(
+            workspace_items("k", item, WORKSPACE_MAX_BYTES, 1 << 20, 64 << 30).unwrap(),
+            15
+        );
+        assert_eq!(
+            workspace_items("k", item, WORKSPACE_MAX_BYTES, u64::MAX, 1 << 20).unwrap(),
+            1
+        );
+        let e = workspace_items("k", item, WORKSPACE_MAX_BYTES, 60_000, 64 << 30).unwrap_err();
         assert_eq!(e.status, abi::ERR_OUT_OF_MEMORY);
         assert!(
             e.message

@@ -1248,6 +1248,50 @@ pub fn amp_axpby(
     })
 }
 
+/// A whole float64 detdata field of `ob` copied into `output`, a field of
+/// the same rows and samples, by `amp_axpby` (`y ← 1·x` with `β = 0`, which
+/// does not read `y`: an exact copy, signed zeros and NaNs included): the
+/// device-to-device copy of a work timestream, where the data live.
+pub fn copy_detdata(
+    ctx: &mut ExecContext,
+    operator: &str,
+    ob: &mut Observation,
+    meta: &mut Meta,
+    (input, output): (&str, &str),
+) -> Result<(), OpError> {
+    let n = {
+        let (src, dst) = (ob.detdata.get(input)?, ob.detdata.get(output)?);
+        if src.dtype() != DType::F64 || dst.dtype() != DType::F64 || src.shape() != dst.shape() {
+            return Err(OpError::InvalidData {
+                what: format!(
+                    "observation '{}': copy of detdata '{input}' into '{output}' on a device: \
+                     both must be float64 fields of the same shape",
+                    ob.name()
+                ),
+            });
+        }
+        src.as_bytes().len() / 8
+    };
+    let specs = vec![
+        Spec::input(Source::DetData(input), 8),
+        Spec::output(Source::DetData(output), 8),
+    ];
+    launch(
+        ctx,
+        operator,
+        &[],
+        Target { ob: Some(ob), meta },
+        specs,
+        |a| abi::AmpAxpbyArgs {
+            n: n as i64,
+            alpha: 1.0,
+            beta: 0.0,
+            x: a[0],
+            y: a[1],
+        },
+    )
+}
+
 /// `template_offset_apply_diag_precond`: `out = flags == 0 ? in · var : 0`,
 /// on global `HostArray`s of equal length.
 pub fn offset_apply_diag_precond(

@@ -290,13 +290,15 @@ impl MapMaker {
         Ok(mm)
     }
 
-    /// With `on`, the caller reads no detector timestream after the run
-    /// (the satellite workflow drops them before writing the maps): a
-    /// device run does not copy the cleaned timestream back (the size of
-    /// the timestream, the largest copy back after the solve) and instead
-    /// removes the host fields whose newest copy was on the device (`det_data`
-    /// when cleaned in place, `{name}_cleaned`), so no stale copy is left
-    /// behind. Host runs are unchanged. Off by default (TOAST's map-maker
+    /// With `on`, the caller reads no detector timestream nor Stokes
+    /// weights after the run (the satellite workflow drops them before
+    /// writing the maps): a device run does not copy the cleaned timestream
+    /// back (the size of the timestream, the largest copy back after the
+    /// solve) and instead removes the host fields whose newest copy was on
+    /// the device (`det_data` when cleaned in place, `{name}_cleaned`), so
+    /// no stale copy is left behind; and the host never makes the weights
+    /// (24 bytes a detector sample of host memory and a host pass), whose
+    /// field is removed at the end too. Host runs are unchanged. Off by default (TOAST's map-maker
     /// leaves the cleaned timestream in the data).
     pub fn discard_timestream(&mut self, on: bool) {
         self.discard_timestream = on;
@@ -415,19 +417,30 @@ impl MapMaker {
         } else {
             timestreams.clone()
         };
+        // A discarding caller reads no weights either: made on the device
+        // only (`expand_solve_pointing`), they are removed, not copied back.
+        let weights = self.solve_pointing.weights_field().to_string();
         if self.plan.keeps_pointing() {
-            outputs.extend(&self.solve_pointing.provides());
+            if discard {
+                outputs = outputs.detdata(self.solve_pointing.pixels_field());
+            } else {
+                outputs.extend(&self.solve_pointing.provides());
+            }
         }
         let stale = if discard {
-            device_newer(ctx, &timestreams)
+            device_newer(ctx, &timestreams.clone().detdata(&weights))
         } else {
             Vec::new()
         };
         let closed = close_scope(data, ctx, scope, &outputs);
-        let removed = data.remove_detdata(&stale);
+        // In a caller's scope (this run joined it), what the map-maker drops
+        // from the host it drops from the device too.
+        let stale_items = stale.iter().fold(Requirements::new(), |r, f| r.detdata(f));
+        let removed = movement::forget(data, ctx, &stale_items)
+            .and_then(|_| Ok(data.remove_detdata(&stale)?));
         self.set_transient(false);
         self.solve_pointing.set_compact(None);
-        let cleanup = self.cleanup(data, &keys);
+        let cleanup = self.cleanup(data, ctx, &keys);
         let mut res = result?;
         closed?;
         removed?;
@@ -516,7 +529,7 @@ impl MapMaker {
         // free them before the final products (host runs; a device scope
         // keeps its buffers until it closes, so there `cleanup` does it).
         if host_run {
-            self.free_solver(data, keys)?;
+            self.free_solver(data, ctx, keys)?;
         }
 
         // 5f, 5g: hits, covariance and the binned map of the raw signal.
@@ -576,14 +589,22 @@ impl MapMaker {
         };
         let staged = movement::scope_open(ctx);
         let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
+        // On a device whose caller discards the detector data the host
+        // holds (and reuses) the pixels only: no host step reads the
+        // weights (binning, covariance and templates are kernels on the
+        // device copies; a kernel a dispatch override sends to the CPU
+        // gets the device's copy, a download the ledger counts), and the
+        // run leaves none behind ([`MapMaker::discard_timestream`]).
+        let host_weights = !(staged && self.discard_timestream);
         let reuse = self.reuse_pointing
             && have(self.solve_pointing.pixels_field())
-            && have(self.solve_pointing.weights_field());
+            && (!host_weights || have(self.solve_pointing.weights_field()));
         if reuse && !staged {
             return Ok(());
         }
         self.solve_pointing.det_pointing.transient = drop_quats;
         let provides = self.solve_pointing.provides();
+        let host_pixels = Requirements::new().detdata(self.solve_pointing.pixels_field());
         let r = {
             let mut ops = self.solve_pointing.operators();
             if !staged {
@@ -593,9 +614,19 @@ impl MapMaker {
                 // caller handed over, or its own, recomputed from the
                 // boresight; either way none crosses the bus.
                 let all = RunOptions::default();
+                let host_copies = if host_weights {
+                    &provides
+                } else {
+                    &host_pixels
+                };
                 match run_operators("pointing", &mut ops, data, ctx, &all) {
-                    Ok(()) if reuse => mark_host_copies(data, ctx, &provides),
-                    Ok(()) => mirror_on_host("pointing_host", &mut ops, data, ctx, &opts),
+                    Ok(()) if reuse => mark_host_copies(data, ctx, host_copies),
+                    Ok(()) => {
+                        if !host_weights {
+                            ops.truncate(2);
+                        }
+                        mirror_on_host("pointing_host", &mut ops, data, ctx, &opts)
+                    }
                     Err(e) => Err(e),
                 }
             }

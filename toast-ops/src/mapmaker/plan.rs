@@ -72,9 +72,10 @@ pub enum ExecutionPlan {
     /// On a device (a backend that is not host-addressable): one staging
     /// scope for the run, the pointing expanded there and kept.
     DeviceKept {
-        /// The host passes (pixel distribution, solver flags, hits and
-        /// covariance) read a host copy the caller kept (the sky scan's,
-        /// with `binner.full_pointing`); else the host expands its own.
+        /// The host passes (pixel distribution, rcond mask) read a host
+        /// copy of the pixels the caller kept (the sky scan's, with
+        /// `binner.full_pointing`); else the host expands its own. The
+        /// weights are never made on the host: no host pass reads them.
         host_copy_kept: bool,
     },
     /// On a device: one device scope, the pointing recomputed there in
@@ -182,7 +183,7 @@ impl Plan {
             let plan = if binner.full_pointing {
                 why.push(
                     "binner.full_pointing = true: the pointing expanded on the device from the \
-                     boresight and kept there; the host passes read the copy the sky scan kept"
+                     boresight and kept there; the host passes read the pixels the sky scan kept"
                         .into(),
                 );
                 ExecutionPlan::DeviceKept {

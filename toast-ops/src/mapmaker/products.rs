@@ -10,7 +10,7 @@ use crate::ops::CopyDetData;
 use crate::templates::offset::OffsetAddToSignal;
 use crate::templates::OffsetTemplate;
 use std::sync::Arc;
-use toast_core::{Data, ExecContext, OpError, Operator};
+use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
 
 /// How the PCG solve ended, and the products it left in `data.meta`.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -152,14 +152,25 @@ impl MapMaker {
 
     /// Free the solver's work timestream, flags and map-domain products
     /// (those not kept by `keep_solver_products`/`write_solver_products`).
-    pub(super) fn free_solver(&self, data: &mut Data, keys: &Keys) -> Result<(), OpError> {
+    pub(super) fn free_solver(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
         let (detdata, global) = self.solver_products(keys);
-        remove_products(data, &detdata, &global)
+        remove_products(data, ctx, &detdata, &global)
     }
 
     /// Remove temporaries and (unless kept) solver products, the pointing
     /// this run made and (unless `save_cleaned`) the cleaned timestream.
-    pub(super) fn cleanup(&self, data: &mut Data, keys: &Keys) -> Result<(), OpError> {
+    /// (In a caller's scope their device copies are freed as well.)
+    pub(super) fn cleanup(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
         let (mut detdata, mut global) = self.solver_products(keys);
         // Pointing this run made: the quaternions always go, the pixels and
         // weights unless they are kept (`full_pointing`).
@@ -180,7 +191,7 @@ impl MapMaker {
                 format!("{}_offset_var", "baselines"),
             ]);
         }
-        remove_products(data, &detdata, &global)
+        remove_products(data, ctx, &detdata, &global)
     }
 
     /// 5h: subtract `F x` from the timestream, into `target` (copied from the
@@ -226,8 +237,20 @@ impl MapMaker {
 }
 
 /// Removes the `detdata` fields from every observation that has them and
-/// the `global` keys from `data.meta`.
-fn remove_products(data: &mut Data, detdata: &[String], global: &[String]) -> Result<(), OpError> {
+/// the `global` keys from `data.meta`, and their device copies from the
+/// open device scope, if any (the map-maker's own scope is closed by then;
+/// a caller's that it joined lives on).
+fn remove_products(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    detdata: &[String],
+    global: &[String],
+) -> Result<(), OpError> {
+    let dropped = detdata
+        .iter()
+        .fold(Requirements::new(), |r, f| r.detdata(f));
+    let dropped = global.iter().fold(dropped, |r, g| r.global(g));
+    crate::exec::movement::forget(data, ctx, &dropped)?;
     data.remove_detdata(detdata)?;
     for g in global {
         data.meta.remove(g);

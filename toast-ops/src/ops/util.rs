@@ -158,7 +158,10 @@ impl PointingOps {
 
 /// Copy detdata field `input` into `output` for the selected detectors
 /// (TOAST's `Copy` operator), creating `output` like `input` if needed.
-/// Host only.
+/// On a device (an accelerated step) the copy is made there, one kernel
+/// call per observation (`exec::kernels::copy_detdata`) where the pass
+/// selects every row of a float64 input and the output has the same rows;
+/// otherwise the host copies, as a host step of the device scope.
 #[derive(Debug, Clone)]
 pub struct CopyDetData {
     /// Instance name.
@@ -186,7 +189,83 @@ impl Operator for CopyDetData {
     fn provides(&self) -> Requirements {
         Requirements::new().detdata(&self.output)
     }
+    /// On a device (an accelerated step) the work copy is made there.
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    /// On a device: the output, if absent, like the input (its rows, type
+    /// and shape), so that the step's device buffer exists before it runs.
+    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            if ob.detdata.contains(&self.output) || !ob.detdata.contains(&self.input) {
+                continue;
+            }
+            let (dtype, shape, dets) = {
+                let f = ob.detdata.get(&self.input)?;
+                (f.dtype(), f.sample_shape().to_vec(), f.detectors().to_vec())
+            };
+            ob.detdata
+                .create(&self.output, dtype, &shape, Some(&dets))?;
+        }
+        Ok(())
+    }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        if !ctx.use_accel {
+            return self.exec_on_host(data, ctx);
+        }
+        // Where the pass selects every row of a float64 input and the
+        // output has the same rows, one copy of the whole field on the
+        // device; elsewhere the host's copy, as a host step of the scope
+        // (the input comes back, the output goes up: correct, not fast).
+        let mut on_host = false;
+        let Data { obs, meta, .. } = data;
+        for ob in obs.iter_mut() {
+            let dets = select_detectors(ctx, ob, self.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let whole = {
+                let (src, dst) = (ob.detdata.get(&self.input)?, ob.detdata.get(&self.output)?);
+                src.dtype() == DType::F64
+                    && src.detectors() == dst.detectors()
+                    && src.shape() == dst.shape()
+                    && dst.dtype() == DType::F64
+                    && dets.len() == src.n_det()
+                    && dets.iter().all(|d| src.row_index(d).is_some())
+            };
+            if !whole {
+                on_host = true;
+                continue;
+            }
+            let units = ob.detdata.get(&self.input)?.units().to_string();
+            crate::exec::kernels::copy_detdata(
+                ctx,
+                &self.name,
+                ob,
+                meta,
+                (&self.input, &self.output),
+            )?;
+            ob.detdata.get_mut(&self.output)?.set_units(units);
+        }
+        if on_host {
+            let name = format!("{} (host copy)", self.name);
+            let this = &*self;
+            crate::exec::movement::with_host_step(
+                data,
+                ctx,
+                &name,
+                self.requires(),
+                self.provides(),
+                |data, ctx| this.exec_on_host(data, ctx),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl CopyDetData {
+    /// The copy on the host, row by row, of the selected detectors.
+    fn exec_on_host(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
             let dets = select_detectors(ctx, ob, self.det_mask);
             if dets.is_empty() {

@@ -48,7 +48,11 @@
 //! timestream comes back. On a device the workflow runs `SimNoise` in the
 //! same scope ([`ScanHealpixMap::noise`]): the `sim_noise` kernel makes the
 //! noise on the device and adds it there, so the timestream comes back once,
-//! with the noise, and the noise itself never crosses the bus.
+//! with the noise, and the noise itself never crosses the bus. Inside a
+//! caller's scope (the workflow's, from the scan to the maps) it does not
+//! come back at all: the scan frees its input map and pointing on the
+//! device ([`crate::exec::movement::forget`]) and leaves the timestream
+//! there for the map-maker.
 //!
 //! The input sky is an [`InputSky`]: read from a HEALPix FITS file
 //! ([`InputSky::from_file`], any ordering; the file's `ORDERING` header is

@@ -1,6 +1,6 @@
 //! `ScanHealpixMap`: scan an input I/Q/U sky into the timestream.
 
-use crate::exec::movement::{close_scope, open_scope};
+use crate::exec::movement::{close_scope, forget, open_scope};
 use crate::exec::pipeline::{mirror_on_host, pipeline_backend, run_operators, OpRef, RunOptions};
 use crate::io::fits::{
     read_healpix_map, units, HealpixHeader, HealpixMap, MapField, Ordering, UNSEEN,
@@ -364,6 +364,13 @@ pub struct ScanHealpixMap {
     /// pointing configuration (`MapMaker::reuse_pointing`) instead of
     /// expanding them twice. Ignored with `transient_pointing`.
     pub keep_pointing: bool,
+    /// With `keep_pointing` on a device, keep the Stokes weights too (the
+    /// default). Off (the satellite workflow, whose device map-maker reads
+    /// no host weights, `MapMaker::discard_timestream`), the host never
+    /// makes them: it expands quaternions and pixels only, the pixel
+    /// distribution's input (24 bytes a detector sample of host memory and
+    /// a host pass saved). Host runs keep both regardless.
+    pub keep_weights: bool,
     /// `SimNoise`, run in this operator's device scope after the scan: on
     /// a device the noise is made there (the `sim_noise` kernel) and added
     /// to the timestream there, which comes back once, with the noise (the
@@ -395,6 +402,7 @@ impl ScanHealpixMap {
             options: RunOptions::default(),
             transient_pointing: false,
             keep_pointing: false,
+            keep_weights: true,
             noise: None,
         })
     }
@@ -430,7 +438,7 @@ impl Operator for ScanHealpixMap {
         let r = self.scan(data, ctx, scope.accel);
         let outputs = Requirements::new().detdata(&self.config.det_data);
         let closed = close_scope(data, ctx, scope, &outputs);
-        let dropped = self.drop_pointing(data);
+        let dropped = self.drop_pointing(data, ctx, scope.accel);
         r?;
         closed?;
         dropped
@@ -440,10 +448,21 @@ impl Operator for ScanHealpixMap {
 impl ScanHealpixMap {
     /// Drop the pointing fields at the end: all of them, or only the
     /// quaternions with `keep_pointing` (unless transient).
-    fn drop_pointing(&self, data: &mut Data) -> Result<(), OpError> {
+    /// Their device copies go too, in a caller's scope that outlives the
+    /// scan (in the scan's own they are gone with it).
+    /// On a device (`accel`) without `keep_weights` the kept pointing is
+    /// the pixels only: the host never computed the weights.
+    fn drop_pointing(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        accel: bool,
+    ) -> Result<(), OpError> {
         let keep = self.keep_pointing && !self.transient_pointing;
         let quats = self.pointing.det_pointing.config.quats.as_str();
-        let fields = if keep {
+        let fields = if keep && accel && !self.keep_weights {
+            vec![quats, self.pointing.weights_field()]
+        } else if keep {
             vec![quats]
         } else {
             vec![
@@ -452,6 +471,10 @@ impl ScanHealpixMap {
                 self.pointing.weights_field(),
             ]
         };
+        let dropped = fields
+            .iter()
+            .fold(Requirements::new(), |r, &f| r.detdata(f));
+        forget(data, ctx, &dropped)?;
         Ok(data.remove_detdata(&fields)?)
     }
 
@@ -498,8 +521,11 @@ impl ScanHealpixMap {
         }
         if accel {
             // Whole host fields: the device steps size their arguments from
-            // them (the quaternions, which none reads, stay per set).
-            let keep = self.keep_pointing && !transient;
+            // them (the quaternions, which none reads, stay per set). The
+            // host's own copy is the quaternions and pixels (the pixel
+            // distribution reads the pixels), and the weights only when
+            // they are kept for the caller (`keep_weights`).
+            let keep = self.keep_pointing && self.keep_weights && !transient;
             let mut ops = self.pointing.operators();
             if !keep {
                 ops.truncate(2);
@@ -553,8 +579,12 @@ impl ScanHealpixMap {
             run_operators("ScanHealpixMap.scan", &mut ops, data, ctx, &self.options)
         };
         self.pointing.set_transient(false);
+        // The sky's device copy is freed now (the noise made next, and a
+        // caller's scope that outlives the scan, need its memory).
+        let forgotten = forget(data, ctx, &Requirements::new().global(&map_key));
         data.meta.remove(&map_key);
         r?;
+        forgotten?;
         match self.noise.as_mut() {
             Some(noise) => run_operators(
                 "ScanHealpixMap.noise",

@@ -24,7 +24,8 @@ use super::presets::{self, gib, Sizing};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
 use crate::exec::movement::bus::{BusBytes, CgTransfers};
-use crate::exec::pipeline::{pipeline_backend_in, DetectorSets, RunOptions};
+use crate::exec::movement::{close_scope, open_scope};
+use crate::exec::pipeline::{pipeline_backend, pipeline_backend_in, DetectorSets, RunOptions};
 use crate::io::fits;
 use crate::mapmaker::{Plan, PlanFacts};
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
@@ -42,7 +43,9 @@ use std::time::Instant;
 use toast_accel::budget::Budget;
 use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
 use toast_core::num::compact;
-use toast_core::{comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp};
+use toast_core::{
+    comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp, Requirements,
+};
 
 /// The benchmark focal plane's sample rate (Hz).
 const SAMPLE_RATE: f64 = 100.0;
@@ -856,81 +859,110 @@ impl SatelliteJob {
         let scan_cfg = cfg.scan_map.clone();
         // What the map-maker solves: named if its solve diverges.
         let mut sky_input = "no sky (scan_map.enabled = false)".to_string();
-        run_phase(phases, 2, &mut ctx, |ctx| {
-            if !scan_cfg.enabled {
-                return Ok(());
-            }
-            let err = WorkflowError::phase("ScanHealpixMap");
-            let sky = match &self.sky_file {
-                Some(p) => InputSky::from_file_on(p, &*comm_of(ctx)).map_err(&err)?,
-                None => InputSky::synthetic_on(
-                    &SkyConfig {
-                        nside: cfg.pixels.nside,
-                        seed: scan_cfg.seed,
-                        fwhm_arcmin: scan_cfg.fwhm_arcmin,
-                        toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
-                        ..SkyConfig::default()
-                    },
-                    &*comm_of(ctx),
-                )
-                .map_err(&err)?,
-            };
-            sky_input = describe_sky(&sky, &scan_cfg);
-            let pointing = PointingOps::new(
-                PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
-                PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
-                    .map_err(&err)?,
-                StokesWeights::new("weights", cfg.weights.clone(), cfg.det_pointing.clone()),
-            );
-            let mut op =
-                ScanHealpixMap::new("scan_map", scan_cfg.clone(), pointing, sky).map_err(&err)?;
-            op.options = RunOptions {
-                detector_sets: DetectorSets::Sets(detsets.clone()),
-                ..RunOptions::default()
-            };
-            // Where the map-maker's plan keeps a full host copy of its
-            // pointing, the scan keeps its pixels and weights: they are the
-            // map-maker's (same configuration), so it reuses them instead
-            // of expanding them again. Else it keeps none.
-            let kept = plan.host_pointing_kept();
-            op.transient_pointing = !kept;
-            op.keep_pointing = kept && cfg.mapmaker.enabled;
-            // On a device the noise is simulated in the scan's scope, where
-            // the timestream is: it comes back once, with the noise.
-            if noise_on_device {
-                op.noise = Some(SimNoise::new("sim_noise", cfg.sim_noise.clone()));
-            }
-            op.apply(&mut data, ctx).map_err(&err)
-        })?;
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
-        run_phase(phases, 3, &mut ctx, |ctx| {
-            if noise_on_device {
-                tracing::info!("SimNoise: ran in ScanHealpixMap's device scope");
-                return Ok(());
-            }
-            noise
-                .apply(&mut data, ctx)
-                .map_err(WorkflowError::phase("SimNoise"))
-        })?;
         let mut mm =
             MapMaker::new(mapmaker_setup(cfg)).map_err(WorkflowError::phase("MapMaker"))?;
         mm.reuse_pointing(scan_cfg.enabled);
         // The timestreams are dropped before the maps are written.
         mm.discard_timestream(true);
+        // On a device, one device scope from the sky scan to the maps: the
+        // timestream the scan (and SimNoise, in its scope) leaves on the
+        // device is the map-maker's input there, never copied back and up
+        // again; each step frees the device copies it is done with
+        // (`movement::forget`), and nothing is copied back at the end (the
+        // maps come back as the map-maker's products).
         let enabled = cfg.mapmaker.enabled;
-        let res = run_phase(phases, 4, &mut ctx, |ctx| {
-            if !enabled {
-                tracing::info!("MapMaker: skipped (mapmaker.enabled = false)");
-                return Ok(None);
-            }
-            mm.run(&mut data, ctx).map(Some).map_err(|e| match e {
-                e @ OpError::Numerical { .. } => WorkflowError::Diverged {
-                    input: sky_input.clone(),
-                    source: Box::new(e),
-                },
-                e => WorkflowError::phase("MapMaker")(e),
+        let one_scope = noise_on_device && enabled;
+        let outer = if one_scope {
+            let backend = ctx
+                .extensions
+                .get::<Dispatcher>()
+                .and_then(|d| pipeline_backend(d, None));
+            Some(open_scope(&mut ctx, backend.as_ref()))
+        } else {
+            None
+        };
+        let scanned_and_solved = (|| {
+            run_phase(phases, 2, &mut ctx, |ctx| {
+                if !scan_cfg.enabled {
+                    return Ok(());
+                }
+                let err = WorkflowError::phase("ScanHealpixMap");
+                let sky = match &self.sky_file {
+                    Some(p) => InputSky::from_file_on(p, &*comm_of(ctx)).map_err(&err)?,
+                    None => InputSky::synthetic_on(
+                        &SkyConfig {
+                            nside: cfg.pixels.nside,
+                            seed: scan_cfg.seed,
+                            fwhm_arcmin: scan_cfg.fwhm_arcmin,
+                            toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
+                            ..SkyConfig::default()
+                        },
+                        &*comm_of(ctx),
+                    )
+                    .map_err(&err)?,
+                };
+                sky_input = describe_sky(&sky, &scan_cfg);
+                let pointing = PointingOps::new(
+                    PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
+                    PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
+                        .map_err(&err)?,
+                    StokesWeights::new("weights", cfg.weights.clone(), cfg.det_pointing.clone()),
+                );
+                let mut op = ScanHealpixMap::new("scan_map", scan_cfg.clone(), pointing, sky)
+                    .map_err(&err)?;
+                op.options = RunOptions {
+                    detector_sets: DetectorSets::Sets(detsets.clone()),
+                    ..RunOptions::default()
+                };
+                // Where the map-maker's plan keeps a full host copy of its
+                // pointing, the scan keeps its pixels and weights: they are the
+                // map-maker's (same configuration), so it reuses them instead
+                // of expanding them again. Else it keeps none.
+                let kept = plan.host_pointing_kept();
+                op.transient_pointing = !kept;
+                op.keep_pointing = kept && cfg.mapmaker.enabled;
+                // The map-maker discards the detector data: on a device it
+                // reads no host weights.
+                op.keep_weights = false;
+                // On a device the noise is simulated in the scan's scope, where
+                // the timestream is: it comes back once, with the noise.
+                if noise_on_device {
+                    op.noise = Some(SimNoise::new("sim_noise", cfg.sim_noise.clone()));
+                }
+                op.apply(&mut data, ctx).map_err(&err)
+            })?;
+            run_phase(phases, 3, &mut ctx, |ctx| {
+                if noise_on_device {
+                    tracing::info!("SimNoise: ran in ScanHealpixMap's device scope");
+                    return Ok(());
+                }
+                noise
+                    .apply(&mut data, ctx)
+                    .map_err(WorkflowError::phase("SimNoise"))
+            })?;
+            run_phase(phases, 4, &mut ctx, |ctx| {
+                if !enabled {
+                    tracing::info!("MapMaker: skipped (mapmaker.enabled = false)");
+                    return Ok(None);
+                }
+                mm.run(&mut data, ctx).map(Some).map_err(|e| match e {
+                    e @ OpError::Numerical { .. } => WorkflowError::Diverged {
+                        input: sky_input.clone(),
+                        source: Box::new(e),
+                    },
+                    e => WorkflowError::phase("MapMaker")(e),
+                })
             })
-        })?;
+        })();
+        let closed = match outer {
+            Some(scope) => close_scope(&mut data, &mut ctx, scope, &Requirements::new()).map_err(
+                WorkflowError::phase("the device scope of ScanHealpixMap and MapMaker"),
+            ),
+            None => Ok(None),
+        };
+        let res = scanned_and_solved?;
+        closed?;
         // The plan the map-maker took (one function of the same facts as
         // the workflow's: a difference is a bug).
         let taken = res.as_ref().map(|_| mm.plan().clone());

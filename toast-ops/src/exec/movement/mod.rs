@@ -32,7 +32,11 @@
 //! every device buffer is freed. A pipeline run inside an open scope (a
 //! nested pipeline, or a step of the map-maker, which opens one scope for
 //! its whole solve) joins it instead of opening its own, so data stays on
-//! the device across pipelines.
+//! the device across pipelines: the satellite workflow opens one for the
+//! sky scan and the map-maker together, so the timestream made on the
+//! device is solved there. A step done with some of the scope's data frees
+//! its device copies without copying them back ([`forget`]): the scan its
+//! input map and pointing, the map-maker its work fields.
 //!
 //! Around each step the plan of [`Stager::stage`] is applied to the real
 //! buffers ([`stage_step`], [`finish_step`]): create and upload what an
@@ -326,6 +330,38 @@ pub fn close_scope(
     }
 }
 
+/// Free the device copies of `items` in the open scope, if any, without
+/// copying them back, and forget them: for data whose owner is done with
+/// it while a caller's scope lives on (the sky scan's pointing and input
+/// map, once the scan is over, in a scope that carries its timestream on
+/// to the map-maker). Call it while the host still holds the items (their
+/// buffers are found from the host's fields). Returns the bytes freed.
+pub fn forget(data: &Data, ctx: &mut ExecContext, items: &Requirements) -> Result<u64, OpError> {
+    let Some(s) = ctx
+        .extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.as_mut())
+    else {
+        return Ok(0);
+    };
+    let before = s.buffers.report().current_bytes;
+    for it in items.items() {
+        if s.stager.forget(&it).is_none() {
+            continue;
+        }
+        for key in keys(data, &it) {
+            if s.buffers.is_present(&key) {
+                s.buffers.delete(&key)?;
+            }
+        }
+    }
+    let freed = before - s.buffers.report().current_bytes;
+    if freed > 0 {
+        tracing::debug!("freed {freed} bytes of device copies no step reads again");
+    }
+    Ok(freed)
+}
+
 /// Take the open scope out of `ctx` (so that what runs next stages
 /// nothing); give it back with [`restore_scope`].
 pub fn set_scope_aside(ctx: &mut ExecContext) -> Option<DeviceScope> {
@@ -439,6 +475,13 @@ fn apply_before(
         }
     }
     for it in &plan.update_host {
+        tracing::debug!(
+            "step {} ({}): copying {:?} {} back (a host step reads it)",
+            plan.step,
+            plan.name,
+            it.category,
+            it.name
+        );
         download(data, bufs, it)?;
     }
     Ok(())
