@@ -136,5 +136,15 @@ fn main() {
         "\n/// Threads per block of the kernels that run one block per fit\n\
          /// (`TOAST_FIT_THREADS` in kernels.h).\npub(crate) const FIT_THREADS: u32 = {fit_threads};"
     );
+    let project_threads: u32 = source
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("#define TOAST_PROJECT_THREADS "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("kernels.h defines TOAST_PROJECT_THREADS as a number");
+    let _ = writeln!(
+        r,
+        "\n/// Threads per block of template_offset_project_signal, one block per\n\
+         /// amplitude (`TOAST_PROJECT_THREADS` in kernels.h).\npub(crate) const PROJECT_THREADS: u32 = {project_threads};"
+    );
     std::fs::write(out.join("launch_params.rs"), r).expect("write the launch parameters");
 }

@@ -9,7 +9,8 @@
  * KERNEL, GLOBAL, RESTRICT, DEVICE_FN, the integer types i64/u64/i32/u8,
  * I64_MIN, the grid indices GID0..GID2, atomic_add_f64, atomic_add_i64,
  * atomic_min_u64, and for kernels whose threads cooperate within a block
- * (one block per fit: the polynomial filters) LID0, LSIZE0, GRP0..GRP2,
+ * (one block per fit: the polynomial filters; one per amplitude:
+ * template_offset_project_signal) LID0, LSIZE0, GRP0..GRP2,
  * BLOCK_SHARED(type, name, n) (an array shared by the block, declared at a
  * kernel's top level), SHARED (the qualifier of a pointer to one) and
  * BLOCK_BARRIER() (every thread of the block must reach it).
@@ -44,8 +45,8 @@
  * everywhere).  build_noise_weighted
  * accumulates with atomics, so its summation order (and the last bits of
  * zmap) is not deterministic; every other kernel writes each output element
- * from one thread, template_offset_project_signal summing each amplitude's
- * samples in sample order as the CPU does.
+ * from one thread (template_offset_project_signal: one block per amplitude,
+ * its threads' partial sums added in a fixed tree, thread 0 writing).
  *
  * Data-dependent errors (a pixel beyond the map or in a non-local submap, a
  * quaternion with no valid pixel) are never written out of bounds: the
@@ -833,9 +834,20 @@ KERNEL void toast_template_offset_add_to_signal(
 
 /* ---- 9. template_offset_project_signal --------------------------------- */
 
-/* One thread per amplitude: dimension 0 is the amplitude inside the view
- * (up to the largest n_amp of a view); it sums its samples in sample order
- * into the existing value, deterministic and equal to the CPU's. */
+/* One block (of TOAST_PROJECT_THREADS threads) per amplitude: block GRP0 is
+ * the amplitude inside the view (up to the largest n_amp of a view), GRP1
+ * the interval, GRP2 the detector.  Thread t sums the amplitude's samples
+ * s0 + t, s0 + t + LSIZE0, ... in that order; the threads' sums are added in
+ * block-shared memory by a tree of fixed shape (halves of the power of two
+ * at or above LSIZE0, as toast_block_sum_rows), and thread 0 adds the total
+ * to the existing value.  Deterministic for a block size, and every thread
+ * reads consecutive samples with its neighbours (one amplitude may be a
+ * whole observation); not the CPU's sample order: the amplitudes differ
+ * from TOAST's by rounding (FORMAT.md section 9: rtol ~ 1e-15 x
+ * step_length, the conformance runner's tolerant mode).  Every thread of a
+ * block reaches the barriers: a block with nothing to do adds zeros and
+ * writes nothing. */
+#define TOAST_PROJECT_THREADS 128
 KERNEL void toast_template_offset_project_signal(
     TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,
     GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
@@ -843,40 +855,60 @@ KERNEL void toast_template_offset_project_signal(
     GLOBAL const i64 *RESTRICT view_offset, GLOBAL const double *RESTRICT det_data,
     GLOBAL const u8 *RESTRICT flag_data, i32 flag_mask, GLOBAL double *RESTRICT amplitudes,
     GLOBAL const u8 *RESTRICT amplitude_flags) {
-    const i64 det = det0 + GID2;
-    const i64 iv = iv0 + GID1;
-    if (det >= det_end || iv >= iv_end) {
-        return;
-    }
-    const i64 first = intervals[2 * iv];
-    const i64 last = intervals[2 * iv + 1];
-    const i64 k = GID0;
-    const i64 s0 = first + k * step_length;
-    if (s0 >= last) {
-        return;
-    }
-    const i64 amp = amp_offset[det] + view_offset[iv] + k;
-    if (amplitude_flags[amp] != 0) {
-        return;
-    }
-    i64 s1 = s0 + step_length;
-    if (s1 > last) {
-        s1 = last;
-    }
-    const i64 drow = (i64)data_index[det] * n_samp;
-    const i32 fi = flag_index[det];
-    double x = amplitudes[amp];
-    if (fi >= 0) {
-        const i64 frow = (i64)fi * n_samp;
-        for (i64 s = s0; s < s1; s++) {
-            x += (flag_data[frow + s] & flag_mask) == 0 ? det_data[drow + s] : 0.0;
-        }
-    } else {
-        for (i64 s = s0; s < s1; s++) {
-            x += det_data[drow + s];
+    BLOCK_SHARED(double, red, TOAST_PROJECT_THREADS);
+    const i64 det = det0 + GRP2;
+    const i64 iv = iv0 + GRP1;
+    const i64 k = GRP0;
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
+    int active = det < det_end && iv < iv_end;
+    i64 s0 = 0;
+    i64 s1 = 0;
+    i64 amp = 0;
+    if (active) {
+        const i64 first = intervals[2 * iv];
+        const i64 last = intervals[2 * iv + 1];
+        s0 = first + k * step_length;
+        active = s0 < last;
+        if (active) {
+            amp = amp_offset[det] + view_offset[iv] + k;
+            active = amplitude_flags[amp] == 0;
+            s1 = s0 + step_length;
+            if (s1 > last) {
+                s1 = last;
+            }
         }
     }
-    amplitudes[amp] = x;
+    double x = 0.0;
+    if (active) {
+        const i64 drow = (i64)data_index[det] * n_samp;
+        const i32 fi = flag_index[det];
+        if (fi >= 0) {
+            const i64 frow = (i64)fi * n_samp;
+            for (i64 s = s0 + t; s < s1; s += nt) {
+                x += (flag_data[frow + s] & flag_mask) == 0 ? det_data[drow + s] : 0.0;
+            }
+        } else {
+            for (i64 s = s0 + t; s < s1; s += nt) {
+                x += det_data[drow + s];
+            }
+        }
+    }
+    red[t] = x;
+    BLOCK_BARRIER();
+    i64 h = 1;
+    while (h < nt) {
+        h *= 2;
+    }
+    for (h /= 2; h > 0; h /= 2) {
+        if (t < h && t + h < nt) {
+            red[t] += red[t + h];
+        }
+        BLOCK_BARRIER();
+    }
+    if (active && t == 0) {
+        amplitudes[amp] += red[0];
+    }
 }
 
 /* ---- 10. template_offset_apply_diag_precond ---------------------------- */

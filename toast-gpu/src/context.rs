@@ -88,6 +88,22 @@ pub struct Context<D: Driver> {
     module: Mutex<Option<HashMap<&'static str, D::Kernel>>>,
     /// The device copies of recent calls' small read-only arguments.
     small: Mutex<SmallCache>,
+    /// The persistent error word of the kernels with data-dependent faults
+    /// (`KernelLaunch::error_buffer`), held by one call at a time.
+    error_word: Mutex<ErrorWord>,
+}
+
+/// The context's persistent error word: an 8-byte pool buffer, allocated by
+/// the first call that needs one and kept until shutdown, that the kernels
+/// with data-dependent faults record their smallest error key in.
+#[derive(Debug, Default)]
+pub(crate) struct ErrorWord {
+    /// Its pool handle, once allocated.
+    pub(crate) handle: Option<u64>,
+    /// Whether it may hold something other than `NO_ERROR` (a fresh word,
+    /// a key a call read, or a call that launched with it and did not read
+    /// it back): the next call resets it before its launch.
+    pub(crate) dirty: bool,
 }
 
 /// The log callback and the options of the host API at `host`.
@@ -198,6 +214,7 @@ impl<D: Driver> Context<D> {
             workspace_bytes,
             module: Mutex::new(None),
             small: Mutex::new(SmallCache::default()),
+            error_word: Mutex::new(ErrorWord::default()),
         };
         ctx.log(
             abi::LOG_DEBUG,
@@ -221,6 +238,23 @@ impl<D: Driver> Context<D> {
         self.small
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The persistent error word, for one call, unless a call on another
+    /// thread holds it now (that call's launches and read are between
+    /// them: the word is not shared between concurrent calls).
+    pub(crate) fn try_error_word(&self) -> Option<std::sync::MutexGuard<'_, ErrorWord>> {
+        match self.error_word.try_lock() {
+            Ok(g) => Some(g),
+            // A call that panicked while holding it: its state is a handle
+            // and a flag; `dirty` makes the next call reset the word.
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let mut g = p.into_inner();
+                g.dirty = true;
+                Some(g)
+            }
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// The kernel `name` of the device module, compiling (or loading from

@@ -30,11 +30,16 @@ use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 ///
 /// # Synchronisation
 ///
-/// Copies and fills return once they are complete (host memory is only
-/// borrowed for the call). [`launch`](Self::launch) may return as soon as
-/// the kernel is queued: the generic code calls
-/// [`synchronize`](Self::synchronize) after every launch, so that a fault is
-/// reported by the call that caused it.
+/// Every operation is queued in order on one stream (queue) of the
+/// device. Copies and fills return once they are complete (host memory is
+/// only borrowed for the call), and so after every kernel queued before
+/// them: a download sees the results of every earlier launch, and its
+/// failure may be an earlier launch's. [`launch`](Self::launch) may return
+/// as soon as the kernel is queued: the generic code calls
+/// [`synchronize`](Self::synchronize) once per kernel call, after its last
+/// launch (or reads device data, which waits the same), so that a fault is
+/// reported by the call that caused it, naming its kernel
+/// ([`crate::kernels`], "One synchronisation per call").
 pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     /// The backend's name: the plugin's name and the prefix of its messages.
     const NAME: &'static str;

@@ -35,7 +35,10 @@
 //!   tagged counters, never device addresses), held within the budget.
 //! - [`kernels`]: every table kernel's validation (`toast_accel::check`),
 //!   argument marshalling and launch planning (how a call is split into
-//!   launches so that no two threads of one launch write the same element).
+//!   launches so that no two threads of one launch write the same element);
+//!   a call's launches are queued and waited for once, at its end or its
+//!   first read of device data, and the kernels' error word is one
+//!   persistent word per context, read at that point.
 //! - `small_cache`: the device copies of recent calls' small read-only
 //!   arguments, keyed by their bytes, so that a repeated call neither
 //!   allocates nor uploads them.

@@ -29,11 +29,46 @@ struct Fake {
     launches: Mutex<Vec<Launch>>,
     /// Uploads made (calls of `upload`).
     uploads: Mutex<u64>,
+    /// Every driver call, by kind.
+    counts: Mutex<Counts>,
+    /// Whether `synchronize` fails (a device fault surfacing there).
+    fail_sync: Mutex<bool>,
+}
+
+/// Driver calls of each kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    alloc: u64,
+    free: u64,
+    upload: u64,
+    download: u64,
+    zero: u64,
+    launch: u64,
+    sync: u64,
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        Counts {
+            alloc: self.alloc - o.alloc,
+            free: self.free - o.free,
+            upload: self.upload - o.upload,
+            download: self.download - o.download,
+            zero: self.zero - o.zero,
+            launch: self.launch - o.launch,
+            sync: self.sync - o.sync,
+        }
+    }
 }
 
 const LIMIT: u64 = 1 << 30;
 
 impl Fake {
+    fn count(&self, f: impl FnOnce(&mut Counts)) {
+        f(&mut self.counts.lock().unwrap());
+    }
+
     fn with<R>(&self, buf: u64, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
         let mut g = self.buffers.lock().unwrap();
         f(g.1.get_mut(&buf).expect("a live fake buffer"))
@@ -118,6 +153,7 @@ impl Driver for Fake {
         if bytes > LIMIT {
             return Err(AllocError::OutOfMemory("fake: out of memory".into()));
         }
+        self.count(|c| c.alloc += 1);
         let mut g = self.buffers.lock().unwrap();
         g.0 += 1;
         let id = g.0;
@@ -127,29 +163,40 @@ impl Driver for Fake {
     }
 
     unsafe fn free(&self, buf: u64) {
+        self.count(|c| c.free += 1);
         assert!(self.buffers.lock().unwrap().1.remove(&buf).is_some());
     }
 
     unsafe fn upload(&self, buf: u64, offset: u64, src: &[u8]) -> Result<(), PluginError> {
         *self.uploads.lock().unwrap() += 1;
+        self.count(|c| c.upload += 1);
         let o = offset as usize;
         self.with(buf, |v| v[o..o + src.len()].copy_from_slice(src));
         Ok(())
     }
 
     unsafe fn download(&self, buf: u64, offset: u64, dst: &mut [u8]) -> Result<(), PluginError> {
+        self.count(|c| c.download += 1);
         let o = offset as usize;
         self.with(buf, |v| dst.copy_from_slice(&v[o..o + dst.len()]));
         Ok(())
     }
 
     unsafe fn zero(&self, buf: u64, offset: u64, bytes: u64) -> Result<(), PluginError> {
+        self.count(|c| c.zero += 1);
         let (o, n) = (offset as usize, bytes as usize);
         self.with(buf, |v| v[o..o + n].fill(0));
         Ok(())
     }
 
     fn synchronize(&self) -> Result<(), PluginError> {
+        self.count(|c| c.sync += 1);
+        if *self.fail_sync.lock().unwrap() {
+            return Err(PluginError::new(
+                abi::ERR_DEVICE,
+                "fake: cuStreamSynchronize: an illegal memory access was encountered",
+            ));
+        }
         Ok(())
     }
 
@@ -178,6 +225,7 @@ impl Driver for Fake {
         grid: Grid,
         params: &[Param<u64>],
     ) -> Result<(), PluginError> {
+        self.count(|c| c.launch += 1);
         self.launches.lock().unwrap().push(Launch {
             name: name.to_string(),
             grid,
@@ -609,4 +657,73 @@ fn repeated_small_arguments_are_uploaded_once() {
         .map(|(i, v)| v * scale[i / n_samp as usize])
         .collect();
     assert_eq!(out, want);
+}
+
+#[test]
+fn a_call_synchronizes_once_and_repeated_calls_allocate_and_upload_nothing() {
+    let (n_rows, n_samp) = (3u64, 10u64);
+    let ctx = init();
+    let t = table();
+    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
+    let h = det_data_on_device(ctx, &data);
+    let counts = || *fake(ctx).counts.lock().unwrap();
+    let iv = [
+        SampleRange { first: 0, last: 4 },
+        SampleRange { first: 6, last: 10 },
+    ];
+    let weights = [2.0, 3.0, 5.0];
+    // One noise_weight call over `data_index`; the driver calls it made.
+    let call = |data_index: &[i32]| -> Counts {
+        let before = counts();
+        let args = noise_weight_args(n_samp, data_index, &weights, &iv, (h, n_rows));
+        // SAFETY: live context; the arrays have the lengths given.
+        let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+        assert_eq!(status, abi::OK, "{}", last_error());
+        counts() - before
+    };
+    // Two detectors share a row: three launches, one synchronize.
+    let first = call(&[0, 1, 0]);
+    assert_eq!((first.launch, first.sync), (3, 1), "{first:?}");
+    assert_eq!(
+        call(&[0, 1, 0]),
+        Counts {
+            launch: 3,
+            sync: 1,
+            ..Counts::default()
+        }
+    );
+    // TOAST's pattern: one call per detector, again and again. After the
+    // first round, each call is one launch and one synchronize: no
+    // allocation, fill, upload, download or free.
+    for d in 0..3 {
+        call(&[d]);
+    }
+    for _ in 0..2 {
+        for d in 0..3 {
+            assert_eq!(
+                call(&[d]),
+                Counts {
+                    launch: 1,
+                    sync: 1,
+                    ..Counts::default()
+                }
+            );
+        }
+    }
+    // A device fault surfacing at the call's synchronize names the kernel.
+    *fake(ctx).fail_sync.lock().unwrap() = true;
+    let args = noise_weight_args(n_samp, &[0, 1, 0], &weights, &iv, (h, n_rows));
+    // SAFETY: live context; the arrays have the lengths given.
+    let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+    assert_eq!(status, abi::ERR_DEVICE);
+    let e = last_error();
+    assert!(
+        e.contains(
+            "kernel toast_noise_weight: fake: cuStreamSynchronize: an illegal memory access"
+        ),
+        "{e}"
+    );
+    *fake(ctx).fail_sync.lock().unwrap() = false;
+    // SAFETY: a live context, shut down once.
+    unsafe { t.shutdown.unwrap()(ctx) };
 }

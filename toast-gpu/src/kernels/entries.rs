@@ -52,7 +52,9 @@ pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
                 "{kernel}: output array `{out}` is the same buffer as `{other}`"
             )));
         }
-        A::launch(&mut KernelLaunch::new(c, kernel), &v, a)
+        let mut call = KernelLaunch::new(c, kernel);
+        A::launch(&mut call, &v, a)?;
+        call.finish()
     })
 }
 
@@ -490,8 +492,9 @@ impl DeviceKernel for abi::TemplateOffsetProjectArgs {
         let name = "toast_template_offset_project_signal";
         for (d0, d1) in super::ranges(v.n_det, split_det) {
             for (i0, i1) in super::ranges(v.intervals.len(), false) {
-                call.launch(
+                call.launch_blocks_of(
                     name,
+                    params::PROJECT_THREADS,
                     max_amp,
                     i1 - i0,
                     d1 - d0,

@@ -35,8 +35,61 @@
 //! read, are looked up by their bytes in the context's cache of device
 //! copies (`small_cache`): a call repeating an earlier call's arrays (TOAST
 //! calls the same kernels per detector in every solver iteration) neither
-//! allocates nor uploads them. The error word and the workspace are pool
-//! buffers of the call, returned to the pool after it.
+//! allocates nor uploads them. The workspace is a pool buffer of the call,
+//! returned to the pool after it.
+//!
+//! `template_offset_project_signal` runs one block of
+//! `TOAST_PROJECT_THREADS` (128) threads per amplitude (× interval ×
+//! detector), the threads strided over the amplitude's samples and their
+//! sums added by a fixed-shape tree in block-shared memory: one amplitude
+//! may be a whole observation. Its amplitudes differ from the CPU's
+//! sequential sums by rounding (the conformance runner's tolerant mode:
+//! within 1e-15 × step_length of the largest amplitude, FORMAT.md
+//! section 9).
+//!
+//! # One synchronisation per call
+//!
+//! A launch is queued, not waited for ([`KernelLaunch::launch_grid`]): a
+//! call with several launches (detectors or intervals split, grid chunks,
+//! workspace chunks) waits once, at its end (`KernelLaunch::finish`, from
+//! the entry), or earlier where the host must read device data (the error
+//! word, a pixel to word a fault, `global2local`), where the download
+//! itself is the wait. This is sound because a driver queues everything
+//! in order on one stream or queue and a copy returns once done
+//! ([`Driver`]'s "Synchronisation"): a read sees every launch before it.
+//! A failure seen while waiting names the last kernel launched
+//! (`kernel toast_…: <driver message>`); before any host-side driver
+//! operation of the call (an upload on a cache miss, a pool allocation or
+//! fill) the call's pending launches are waited for first, so that their
+//! failure is not reported as the copy's; a call that fails between a
+//! launch and its end waits (ignoring the result) before its buffers go
+//! back to the pool.
+//!
+//! The wait is not deferred past the call, to the host's next
+//! synchronisation point, although stream order would make the outputs
+//! visible to a following `copy_to_host`: the ABI reports a failure as the
+//! status of the call that raised it (the host's operators stop at the
+//! failing kernel, a fallback backend takes over on a refusal), the fault
+//! messages read the call's own inputs back (the quaternion, the pixel),
+//! which the host may overwrite or free as soon as the call returns, and a
+//! host may `free` a buffer (or another thread call into the context) right
+//! after a call. Deferring would need every entry point to settle pending
+//! launches first and carry the failing call's name to whichever call sees
+//! the failure; one wait per call keeps the contract at the cost of one
+//! `synchronize` (a few microseconds) per call.
+//!
+//! # The error word
+//!
+//! The kernels with data-dependent faults record the smallest error key in
+//! one 8-byte word (`error_buffer`): the context's persistent word
+//! (`Context::try_error_word`), allocated by the first call that needs it
+//! and kept, not a new buffer per call. It holds `NO_ERROR` between calls:
+//! a call that reads it back clean leaves it so; a call that found a key,
+//! or that launched with it and failed before reading it, leaves it
+//! "dirty", and the next call resets it (one upload) before its launch. A
+//! call therefore costs no allocation, fill or upload for it, and one
+//! download at its one synchronisation point. A call on another thread
+//! while the word is held gets a pool buffer of its own, as before.
 //!
 //! # Refusals before launch
 //!
@@ -52,10 +105,12 @@
 pub(crate) mod entries;
 pub(crate) mod params;
 
-use crate::context::{Context, WorkspaceLayout};
+use crate::context::{Context, ErrorWord, WorkspaceLayout};
 use crate::driver::{Driver, Grid};
 use crate::small_cache::Lookup;
 use params::LaunchParams;
+use std::cell::Cell;
+use std::sync::MutexGuard;
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::check;
 use toast_accel::device_source as ds;
@@ -74,10 +129,22 @@ pub(crate) struct KernelLaunch<'c, D: Driver> {
     kernel: &'static str,
     scratch: Vec<u64>,
     held: Vec<u64>,
+    /// The last kernel launched and not yet waited for (see "One
+    /// synchronisation per call" in the module docs).
+    unsynced: Cell<Option<&'static str>>,
+    /// The context's error word, held by this call (`None`: not used, or
+    /// held by a call on another thread, and this call has its own).
+    error_word: Option<MutexGuard<'c, ErrorWord>>,
 }
 
 impl<D: Driver> Drop for KernelLaunch<'_, D> {
     fn drop(&mut self) {
+        // A call that failed between a launch and its end: wait for the
+        // device before its buffers go back to the pool (or the driver),
+        // as the driver's `free` requires. The call reports its own error.
+        if self.unsynced.take().is_some() {
+            let _ = self.c.driver.synchronize();
+        }
         if !self.held.is_empty() {
             let mut cache = self.c.small_cache();
             for h in self.held.drain(..) {
@@ -97,12 +164,33 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             kernel,
             scratch: Vec::new(),
             held: Vec::new(),
+            unsynced: Cell::new(None),
+            error_word: None,
+        }
+    }
+
+    /// Wait for the kernels this call launched (one `synchronize`, none
+    /// when nothing is pending); a device failure names the last kernel
+    /// launched. The entry calls it once the call's launches are all
+    /// queued; reads of device data in between wait through
+    /// [`read_into`](Self::read_into).
+    pub(crate) fn finish(&self) -> Result<(), PluginError> {
+        match self.unsynced.take() {
+            Some(name) => self
+                .c
+                .driver
+                .synchronize()
+                .map_err(|e| kernel_failed(name, e)),
+            None => Ok(()),
         }
     }
 
     /// A pool buffer of `len` bytes for the call (`len` > 0), returned to
     /// the pool when the call ends; its device buffer and offset.
     fn scratch_buffer(&mut self, name: &str, len: u64) -> Result<(D::Buffer, u64), PluginError> {
+        // The pool may fill (or free) device memory: after this call's
+        // launches, so that their failure is reported as theirs.
+        self.settle_for_host()?;
         let h = self
             .c
             .memory
@@ -131,6 +219,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 h
             }
             Lookup::Miss => {
+                // (`scratch_buffer` waits for this call's launches first.)
                 let (buf, offset) = self.scratch_buffer(name, bytes.len() as u64)?;
                 // SAFETY: `buf` is the live buffer just allocated,
                 // range-checked for the bytes at `offset`.
@@ -231,19 +320,70 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         self.small("intervals", &flat)
     }
 
-    /// A one-element error buffer holding `NO_ERROR` (the kernel writes it:
-    /// never from the cache).
+    /// A one-element error buffer holding `NO_ERROR` for the kernels to
+    /// record a data-dependent fault in (never from the small cache: the
+    /// kernel writes it). The context's persistent error word when no other
+    /// call holds it (no allocation, fill or upload; reset only after a
+    /// call that may have left a key in it), else a pool buffer of this
+    /// call (what a call on another thread gets meanwhile).
     pub(crate) fn error_buffer(&mut self) -> Result<Option<D::Buffer>, PluginError> {
-        self.scratch_upload("error", &[ds::NO_ERROR]).map(Some)
+        if self.error_word.is_none() {
+            self.error_word = self.c.try_error_word();
+        }
+        if self.error_word.is_none() {
+            return self.scratch_upload("error", &[ds::NO_ERROR]).map(Some);
+        }
+        let c = self.c;
+        let (handle, dirty) = {
+            let word = self.error_word.as_mut().expect("checked above");
+            let handle = match word.handle {
+                Some(h) => h,
+                None => {
+                    let h = c.memory.alloc(&c.driver, 8, "error word")?;
+                    word.handle = Some(h);
+                    word.dirty = true;
+                    h
+                }
+            };
+            (handle, word.dirty)
+        };
+        let (buf, offset) = c.memory.range(self.kernel, handle, 0, 8)?;
+        if dirty {
+            self.settle_for_host()?;
+            // SAFETY: the context's live 8-byte error word; no launch of
+            // this call uses it yet and earlier calls have finished.
+            unsafe {
+                c.driver
+                    .upload(buf, offset, bytemuck::bytes_of(&ds::NO_ERROR))?
+            };
+        }
+        // Dirty until a read finds it clean: a call that fails between its
+        // launch and its read leaves the next call to reset it.
+        if let Some(word) = self.error_word.as_mut() {
+            word.dirty = true;
+        }
+        Ok(Some(buf))
     }
 
-    /// The `(detector, sample)` recorded in an error buffer, if any.
+    /// The `(detector, sample)` recorded in an error buffer, if any (the
+    /// read waits for this call's kernels: it is the call's one
+    /// synchronisation point).
     pub(crate) fn read_error(
-        &self,
+        &mut self,
         err: Option<D::Buffer>,
     ) -> Result<Option<(u64, u64)>, PluginError> {
         let key: u64 = self.read(err, 0)?;
+        if let Some(word) = self.error_word.as_mut() {
+            word.dirty = key != ds::NO_ERROR;
+        }
         Ok(ds::decode_error_key(key))
+    }
+
+    /// Before a host-side driver operation that synchronises the device
+    /// (an upload, a download), wait for this call's launched kernels, so
+    /// that a failure of theirs is reported as theirs.
+    fn settle_for_host(&self) -> Result<(), PluginError> {
+        self.finish()
     }
 
     /// Read elements `index..index + out.len()` of a device array that the
@@ -264,6 +404,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             )
         })?;
         let offset = index * std::mem::size_of::<T>() as u64;
+        // The download is queued after this call's launches and returns once
+        // done (the driver's contract): it is the wait for them, and its
+        // failure is theirs when any is pending.
+        let pending = self.unsynced.take();
         // SAFETY: a live buffer of this call holding the elements read (the
         // caller's contract, from the validated argument lengths).
         unsafe {
@@ -271,6 +415,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 .driver
                 .download(buf, offset, bytemuck::cast_slice_mut(out))
         }
+        .map_err(|e| match pending {
+            Some(name) => kernel_failed(name, e),
+            None => e,
+        })
     }
 
     /// Read one element of a device array.
@@ -285,7 +433,8 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     }
 
     /// Launch the kernel `name` once on a grid of `dim0` threads along
-    /// dimension 0 and `ny`, `nz` along 1 and 2, and wait for it. `params`
+    /// dimension 0 and `ny`, `nz` along 1 and 2 (queued: the call waits
+    /// once, at its end or its first read of device data). `params`
     /// are the kernel's by name ([`params`]); `name` must be one of the
     /// kernels they launch.
     pub(crate) fn launch<L: LaunchParams<D::Buffer>>(
@@ -312,10 +461,24 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
 
     /// Launch the cooperative kernel `name` (one block per work item, its
     /// threads sharing memory and barriers) on `gx` x `ny` x `nz` blocks of
-    /// [`params::FIT_THREADS`] threads, and wait for it.
+    /// [`params::FIT_THREADS`] threads (queued, as [`launch`](Self::launch)).
     pub(crate) fn launch_blocks<L: LaunchParams<D::Buffer>>(
         &self,
         name: &'static str,
+        gx: u64,
+        ny: usize,
+        nz: usize,
+        params: L,
+    ) -> Result<(), PluginError> {
+        self.launch_blocks_of(name, params::FIT_THREADS, gx, ny, nz, params)
+    }
+
+    /// [`launch_blocks`](Self::launch_blocks) with `threads` threads per
+    /// block (the size the kernel's block-shared arrays are declared for).
+    pub(crate) fn launch_blocks_of<L: LaunchParams<D::Buffer>>(
+        &self,
+        name: &'static str,
+        threads: u32,
         gx: u64,
         ny: usize,
         nz: usize,
@@ -331,7 +494,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 self.kernel
             ))
         })?;
-        self.launch_grid(name, gx, ny, nz, params::FIT_THREADS, params)
+        self.launch_grid(name, gx, ny, nz, threads, params)
     }
 
     /// `name` is one of the kernels `L` launches, and cooperative or not as
@@ -374,13 +537,23 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         // SAFETY: `params` follow the prototype of `name` in kernels.h (laid
         // out by the struct generated from it, and `name` is one of the
         // kernels it was generated for); every buffer among them is a live
-        // pool buffer checked to be large enough; we wait for the kernel
-        // below, before any of them can be freed.
-        unsafe { self.c.driver.launch(name, f, grid, &params)? };
-        self.c
-            .driver
-            .synchronize()
-            .map_err(|e| PluginError::new(e.status, format!("kernel {name}: {}", e.message)))
+        // pool buffer checked to be large enough; the call waits for the
+        // kernel (`finish`, a read, or `Drop`) before any of them can be
+        // freed.
+        let queued = unsafe { self.c.driver.launch(name, f, grid, &params) };
+        // Pending from now on, even when the launch reports a failure: an
+        // earlier launch of the call may still run.
+        let earlier = self.unsynced.replace(Some(name));
+        queued.map_err(|e| match earlier {
+            Some(prev) => PluginError::new(
+                e.status,
+                format!(
+                    "kernel {name} (after {prev} of the same call): {}",
+                    e.message
+                ),
+            ),
+            None => kernel_failed(name, e),
+        })
     }
 
     /// Launch a per-sample kernel over `n_det` detectors and `iv`, split as
@@ -423,7 +596,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     /// the map of `g2l` (the host copy of `global2local`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn map_pixel_fault(
-        &self,
+        &mut self,
         err: Option<D::Buffer>,
         pixels: Option<D::Buffer>,
         pixel_index: &[i32],
@@ -452,6 +625,11 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             self.kernel
         ))
     }
+}
+
+/// A device failure seen while waiting for the kernel `name`, naming it.
+fn kernel_failed(name: &str, e: PluginError) -> PluginError {
+    PluginError::new(e.status, format!("kernel {name}: {}", e.message))
 }
 
 /// The most bytes of workspace a kernel call allocates by default (less
