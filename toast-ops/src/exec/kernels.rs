@@ -36,9 +36,10 @@
 //! One code path serves every backend; nothing here knows backend names.
 //!
 //! The operator-owned `hit_submaps` array of `pixels_healpix` is *scratch*:
-//! its contents are never read back (the pixel distribution is built from
-//! the pixels on the host, as TOAST does), so on a staging backend it lives
-//! in a device buffer that is created once and never transferred.
+//! on a staging backend it lives in a device buffer of the operator's,
+//! created zeroed at its first call in the scope, never transferred by a
+//! call; the operator reads it back once, when it is asked for the pixel
+//! distribution ([`crate::exec::movement::take_scratch`]).
 
 mod cov;
 mod fused;
@@ -162,7 +163,7 @@ impl<'a> Spec<'a> {
             Source::DetData(n) => Some(BufferKey::new(observation, Category::DetData, n)),
             Source::Shared(n) => Some(BufferKey::new(observation, Category::Shared, n)),
             Source::Global(n) => Some(BufferKey::global(n)),
-            Source::Scratch(_, n) => Some(BufferKey::global(format!("scratch/{n}"))),
+            Source::Scratch(_, n) => Some(crate::exec::movement::scratch_key(n)),
         }
     }
     fn is_scratch(&self) -> bool {
@@ -582,8 +583,11 @@ pub struct HealpixParams {
 }
 
 /// `pixels_healpix`: pixel numbers from detector quaternions; `-1` on
-/// samples with `shared_flags & mask`. `hit_submaps` (one byte per submap) is
-/// scratch: its host contents are updated only on a host-addressable backend.
+/// samples with `shared_flags & mask`. `hit_submaps` (one byte per submap,
+/// set to 1 where a sample falls) is scratch named `hits_name`: its host
+/// contents are updated by a host-addressable backend (or a call without a
+/// device scope), else the scope's device copy accumulates them
+/// ([`crate::exec::movement::take_scratch`] reads it).
 #[allow(clippy::too_many_arguments)]
 pub fn pixels_healpix(
     ctx: &mut ExecContext,
@@ -595,17 +599,17 @@ pub fn pixels_healpix(
     pixels: &str,
     params: HealpixParams,
     hit_submaps: &mut [u8],
+    hits_name: &str,
 ) -> Result<(), OpError> {
     let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
     let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
     let (flags, mask) = shared_flags(ob, shared_flag)?;
     let n_samp = ob.n_samples() as u64;
-    let scratch_name = format!("hit_submaps_{}", hit_submaps.len());
     let specs = vec![
         Spec::input(Source::DetData(quats), 8),
         Spec::input(flags, 1),
         Spec::output(Source::DetData(pixels), 8),
-        Spec::output(Source::Scratch(hit_submaps, &scratch_name), 1),
+        Spec::output(Source::Scratch(hit_submaps, hits_name), 1),
     ];
     launch(
         ctx,

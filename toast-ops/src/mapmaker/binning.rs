@@ -7,6 +7,7 @@
 use super::fused::{Fused, Input};
 use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
+use crate::exec::movement;
 use crate::exec::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
@@ -51,17 +52,52 @@ impl MapMaker {
         .pixels
         .clone();
         let mut build = BuildPixelDistribution::new(op_name, key, &pixels);
-        // One pass over all detectors: the builder reduces over the job
-        // after each pass, and processes may hold different numbers of
-        // detector batches.
-        self.run_with_pointing(
-            data,
-            ctx,
-            "BuildPixelDistribution",
-            expand,
-            final_pointing,
-            vec![&mut build],
-        )?;
+        if movement::scope_open(ctx) {
+            // On a device: from the submaps the device's pixels hit, a
+            // byte a submap (the pixels never come back): those its pixel
+            // operator recorded when it expanded the kept pointing just
+            // before, else recorded now.
+            let pointing = if final_pointing {
+                self.final_ops_mut()
+            } else {
+                &mut self.solve_pointing
+            };
+            let kept = match pointing.pixels.take_hit_submaps(ctx)? {
+                Some(hit) if !expand => Some(hit),
+                _ => None,
+            };
+            let hit = match kept {
+                Some(hit) => hit,
+                None => {
+                    let mut ops = pointing.operators();
+                    if !expand {
+                        ops.truncate(2);
+                    }
+                    run_operators(
+                        "BuildPixelDistribution",
+                        &mut ops,
+                        data,
+                        ctx,
+                        &RunOptions::default(),
+                    )?;
+                    let n = pointing.pixels.n_submap() as usize;
+                    pointing.pixels.take_hit_submaps(ctx)?.unwrap_or(vec![0; n])
+                }
+            };
+            build.from_hit_submaps(data, ctx, &hit)?;
+        } else {
+            // One pass over all detectors: the builder reduces over the job
+            // after each pass, and processes may hold different numbers of
+            // detector batches.
+            self.run_with_pointing(
+                data,
+                ctx,
+                "BuildPixelDistribution",
+                expand,
+                final_pointing,
+                vec![&mut build],
+            )?;
+        }
         if self.plan.transient_pointing() {
             self.drop_pointing(data)?;
         }

@@ -249,6 +249,41 @@ impl Operator for BuildPixelDistribution {
                 }
             }
         }
+        self.publish(data, ctx)
+    }
+}
+
+impl BuildPixelDistribution {
+    /// The distribution of the submaps `hit` (a byte a submap, as
+    /// [`PixelsHealpix::take_hit_submaps`] gives them) and those already
+    /// seen, without reading the pixels: what a device run does, whose
+    /// pixels are on the device (the kernel recorded the hit submaps there;
+    /// the same set the host pass finds, since both mark the submap of
+    /// every sample with a pixel, in the same view and detectors).
+    pub fn from_hit_submaps(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        hit: &[u8],
+    ) -> Result<(), OpError> {
+        if hit.len() != self.hit.len() {
+            return Err(OpError::State {
+                what: format!(
+                    "{}: {} hit submaps given for a pixelization of {}",
+                    self.name,
+                    hit.len(),
+                    self.hit.len()
+                ),
+            });
+        }
+        for (h, &g) in self.hit.iter_mut().zip(hit) {
+            *h |= u8::from(g != 0);
+        }
+        self.publish(data, ctx)
+    }
+
+    /// Reduce the hit set over the job and store the distribution.
+    fn publish(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         // The job-wide hit set: what the map reductions run over.
         let comm = comm_of(ctx);
         let (global, shared) = global_hit_submaps(&*comm, &self.hit)?;

@@ -1,11 +1,19 @@
 //! HEALPix pixel numbers from detector quaternions (TOAST's `PixelsHealpix`).
+//!
+//! Like TOAST's operator it also records which submaps its samples hit
+//! (the kernel's `hit_submaps`): [`PixelsHealpix::take_hit_submaps`] gives
+//! them back, from the device when the kernel ran there, so a device run
+//! builds its pixel distribution without the pixels on the host
+//! ([`crate::ops::BuildPixelDistribution::from_hit_submaps`]).
 
 use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
 use crate::exec::kernels::{self, view_intervals, HealpixParams, KernelCall};
+use crate::exec::movement;
 use crate::math::healpix::Nside;
 use crate::pixels::{check_submap, PixelDistribution};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 use toast_core::observation::defaults;
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
 
@@ -56,8 +64,18 @@ pub struct PixelsHealpix {
     pub transient: bool,
     n_pix_submap: i64,
     n_submap: i64,
+    /// The submaps hit since the last [`PixelsHealpix::take_hit_submaps`]
+    /// (host copy), and the name of the kernel scratch holding them (one
+    /// per operator built, so two operators of one device scope never
+    /// share a device copy; a clone shares its original's).
     hit_submaps: Vec<u8>,
+    hits_name: String,
+    /// Whether a kernel call recorded hits since the last take.
+    hits_recorded: bool,
 }
+
+/// Numbers the operators' hit-submap scratch names.
+static NEXT_HITS: AtomicU64 = AtomicU64::new(0);
 
 impl PixelsHealpix {
     /// An operator; checks `nside` and `nside_submap`.
@@ -73,6 +91,11 @@ impl PixelsHealpix {
             n_pix_submap: config.nside_submap.npix() as i64,
             n_submap,
             hit_submaps: vec![0; n_submap as usize],
+            hits_name: format!(
+                "pixels_healpix/{}/hit_submaps",
+                NEXT_HITS.fetch_add(1, Ordering::Relaxed)
+            ),
+            hits_recorded: false,
             transient: false,
             config,
             detector_pointing,
@@ -100,6 +123,17 @@ impl PixelsHealpix {
             .view
             .as_deref()
             .or(self.detector_pointing.view.as_deref())
+    }
+
+    /// The submaps (a byte each, 1 where hit) that the samples of this
+    /// operator's calls since the last take fell in: the host copy OR the
+    /// open device scope's (read back once, a byte a submap, and freed);
+    /// `None` when no call was made since. Both start again from zeros.
+    pub fn take_hit_submaps(&mut self, ctx: &mut ExecContext) -> Result<Option<Vec<u8>>, OpError> {
+        let mut hit = std::mem::replace(&mut self.hit_submaps, vec![0; self.n_submap as usize]);
+        movement::take_scratch(ctx, &self.hits_name, &mut hit)?;
+        let recorded = std::mem::take(&mut self.hits_recorded);
+        Ok(recorded.then_some(hit))
     }
 
     /// A distribution of this pixelization that stores the given submaps.
@@ -184,7 +218,9 @@ impl Operator for PixelsHealpix {
                 &self.config.pixels,
                 params,
                 &mut self.hit_submaps,
+                &self.hits_name,
             )?;
+            self.hits_recorded = true;
         }
         Ok(())
     }

@@ -500,10 +500,11 @@ impl ScanHealpixMap {
             && fresh(self.pointing.weights_field());
         let fresh_quats = fresh(&quats);
         // On a device the pointing is expanded there in whole fields, once,
-        // and the scan reads it there. The host builds the pixel
-        // distribution from its own pixels (and keeps its own weights for
-        // the map-maker with `keep_pointing`): recomputed from the boresight
-        // rather than copied back, so no pointing crosses the bus.
+        // and the scan reads it there; the pixel distribution is built from
+        // the submaps the device's pixels hit (a byte a submap comes back).
+        // The host has pointing of its own only for a caller that keeps it
+        // (`keep_pointing`): recomputed from the boresight rather than
+        // copied back, so no pointing crosses the bus.
         self.pointing.set_transient(transient && !accel);
         self.pointing.det_pointing.transient = fresh_quats;
         {
@@ -520,19 +521,22 @@ impl ScanHealpixMap {
             )?;
         }
         if accel {
-            // Whole host fields: the device steps size their arguments from
-            // them (the quaternions, which none reads, stay per set). The
-            // host's own copy is the quaternions and pixels (the pixel
-            // distribution reads the pixels), and the weights only when
-            // they are kept for the caller (`keep_weights`).
-            let keep = self.keep_pointing && self.keep_weights && !transient;
-            let mut ops = self.pointing.operators();
-            if !keep {
-                ops.truncate(2);
+            let hit = self.pointing.pixels.take_hit_submaps(ctx)?;
+            let none = vec![0; self.pointing.pixels.n_submap() as usize];
+            build.from_hit_submaps(data, ctx, hit.as_deref().unwrap_or(&none))?;
+            // The caller's host copy: whole fields (the device steps size
+            // their arguments from them; the quaternions, which none
+            // reads, stay per set), the quaternions and pixels, and the
+            // weights only when they are kept for the caller
+            // (`keep_weights`).
+            if self.keep_pointing && !transient {
+                let mut ops = self.pointing.operators();
+                if !self.keep_weights {
+                    ops.truncate(2);
+                }
+                let host = "ScanHealpixMap.pointing_host";
+                mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
             }
-            ops.push(&mut build);
-            let host = "ScanHealpixMap.pointing_host";
-            mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
         }
         let dist = data
             .meta

@@ -337,11 +337,7 @@ pub fn close_scope(
 /// to the map-maker). Call it while the host still holds the items (their
 /// buffers are found from the host's fields). Returns the bytes freed.
 pub fn forget(data: &Data, ctx: &mut ExecContext, items: &Requirements) -> Result<u64, OpError> {
-    let Some(s) = ctx
-        .extensions
-        .get_mut::<DataMovement>()
-        .and_then(|m| m.scope.as_mut())
-    else {
+    let Some(s) = scope_mut(ctx) else {
         return Ok(0);
     };
     let before = s.buffers.report().current_bytes;
@@ -360,6 +356,42 @@ pub fn forget(data: &Data, ctx: &mut ExecContext, items: &Requirements) -> Resul
         tracing::debug!("freed {freed} bytes of device copies no step reads again");
     }
     Ok(freed)
+}
+
+/// The device key of operator scratch memory named `name` (what a kernel
+/// argument `Source::Scratch` of that name lives in on a staging backend).
+pub fn scratch_key(name: &str) -> BufferKey {
+    BufferKey::global(format!("scratch/{name}"))
+}
+
+/// OR the open scope's device copy of the operator scratch `name` (if a
+/// kernel made one) into `host`, then free it, so the next call starts
+/// from zeros: how an operator reads back what its kernels accumulated on
+/// the device (the hit submaps of `pixels_healpix`, a byte a submap).
+/// Returns whether there was a device copy. A planned copy (the bus
+/// counters see it), not an unstaged one.
+pub fn take_scratch(ctx: &mut ExecContext, name: &str, host: &mut [u8]) -> Result<bool, OpError> {
+    let Some(s) = scope_mut(ctx) else {
+        return Ok(false);
+    };
+    let key = scratch_key(name);
+    if !s.buffers.is_present(&key) {
+        return Ok(false);
+    }
+    let mut device = vec![0u8; host.len()];
+    s.buffers.update_host(&key, &mut device)?;
+    for (h, d) in host.iter_mut().zip(&device) {
+        *h |= d;
+    }
+    s.buffers.delete(&key)?;
+    Ok(true)
+}
+
+/// The open device scope of `ctx`, if any.
+fn scope_mut(ctx: &mut ExecContext) -> Option<&mut DeviceScope> {
+    ctx.extensions
+        .get_mut::<DataMovement>()
+        .and_then(|m| m.scope.as_mut())
 }
 
 /// Take the open scope out of `ctx` (so that what runs next stages
@@ -514,11 +546,7 @@ pub fn stage_step(
     ctx: &mut ExecContext,
     spec: &StepSpec,
 ) -> Result<Option<StepStaging>, OpError> {
-    let Some(s) = ctx
-        .extensions
-        .get_mut::<DataMovement>()
-        .and_then(|m| m.scope.as_mut())
-    else {
+    let Some(s) = scope_mut(ctx) else {
         return Ok(None);
     };
     let plan = s.stager.stage(s.steps, spec);
@@ -533,10 +561,7 @@ pub fn finish_step(
     ctx: &mut ExecContext,
     plan: Option<&StepStaging>,
 ) -> Result<(), OpError> {
-    let scope = ctx
-        .extensions
-        .get_mut::<DataMovement>()
-        .and_then(|m| m.scope.as_mut());
+    let scope = scope_mut(ctx);
     if let (Some(plan), Some(s)) = (plan, scope) {
         apply_after(data, &mut s.buffers, plan)?;
     }
@@ -574,11 +599,7 @@ pub fn mark_host_copies(
     ctx: &mut ExecContext,
     items: &Requirements,
 ) -> Result<(), OpError> {
-    let Some(s) = ctx
-        .extensions
-        .get_mut::<DataMovement>()
-        .and_then(|m| m.scope.as_mut())
-    else {
+    let Some(s) = scope_mut(ctx) else {
         return Ok(());
     };
     let held: Vec<(Item, Vec<BufferKey>)> = items
@@ -606,11 +627,7 @@ pub fn mark_host_copies(
 /// Zero the device copy of `key` in place if the open scope holds one
 /// (an accelerated operator resetting its outputs); returns whether it did.
 pub fn reset_on_device(ctx: &mut ExecContext, key: &BufferKey) -> Result<bool, OpError> {
-    let Some(s) = ctx
-        .extensions
-        .get_mut::<DataMovement>()
-        .and_then(|m| m.scope.as_mut())
-    else {
+    let Some(s) = scope_mut(ctx) else {
         return Ok(false);
     };
     if !s.buffers.is_present(key) {
