@@ -211,9 +211,26 @@ pub struct OffsetInit<'a> {
 
 impl OffsetTemplate {
     /// Lay out the amplitudes of the detectors `ctx` selects in every
-    /// observation, flag the poorly sampled ones and compute the variances;
-    /// store the flags and variances in `data.meta`.
+    /// observation, flag the poorly sampled ones and compute the variances
+    /// from the flags on the host; store the flags and variances in
+    /// `data.meta`.
     pub fn initialize(
+        name: impl Into<String>,
+        config: OffsetConfig,
+        data: &mut Data,
+        ctx: &ExecContext,
+        init: OffsetInit<'_>,
+    ) -> Result<Self, OpError> {
+        let mut t = Self::lay_out(name, config, data, ctx, init)?;
+        let good = t.good_samples_on_host(data, init.det_flags)?;
+        t.flag_and_weigh(data, &good)?;
+        Ok(t)
+    }
+
+    /// Lay out the amplitudes of the detectors `ctx` selects in every
+    /// observation (none flagged yet: zero flags and variances stored in
+    /// `data.meta`); [`OffsetTemplate::flag_and_weigh`] completes it.
+    pub fn lay_out(
         name: impl Into<String>,
         config: OffsetConfig,
         data: &mut Data,
@@ -295,55 +312,6 @@ impl OffsetTemplate {
             lay.amp_offset = lay.dets.iter().map(|d| starts[&(i, d.clone())]).collect();
         }
         let n_amp = offset as usize;
-
-        // Flags and variances, in amplitude order.
-        let mut flags = vec![0u8; n_amp];
-        let mut var = vec![0.0f64; n_amp];
-        for (i, lay) in layout.iter().enumerate() {
-            let ob = &data.obs[i];
-            let weights = match &config.noise_model {
-                Some(key) => detector_weights(ob, key, &lay.dets)?,
-                None => vec![1.0; lay.dets.len()],
-            };
-            for ((d, &start), &w) in lay.dets.iter().zip(&lay.amp_offset).zip(&weights) {
-                let dflags = match init.det_flags {
-                    Some((field, _)) => Some(ob.detdata.get(field)?.row_of::<u8>(d)?),
-                    None => None,
-                };
-                let mask = init.det_flags.map_or(0, |(_, m)| m);
-                let mut amp = start as usize;
-                for (iv, &n) in lay.intervals.iter().zip(&lay.n_amp_views) {
-                    let first = iv.first as usize;
-                    let view_len = (iv.last - iv.first) as usize;
-                    let step = lay.step_length as usize;
-                    let mut voff = 0usize;
-                    for k in 0..n as usize {
-                        let amplen = if k + 1 == n as usize {
-                            view_len - voff
-                        } else {
-                            step
-                        };
-                        if w <= 0.0 {
-                            flags[amp] = 1;
-                        } else {
-                            let span = first + voff..first + voff + amplen;
-                            let n_bad = span
-                                .filter(|&s| dflags.is_some_and(|f| f[s] & mask != 0))
-                                .count();
-                            let n_good = amplen - n_bad;
-                            if n_good as f64 / amplen as f64 <= config.good_fraction {
-                                flags[amp] = 1;
-                            } else {
-                                var[amp] = 1.0 / (w * n_good as f64);
-                            }
-                        }
-                        voff += step;
-                        amp += 1;
-                    }
-                }
-            }
-        }
-        let n_flagged = flags.iter().filter(|&&f| f != 0).count();
         let t = OffsetTemplate {
             name,
             config,
@@ -351,19 +319,113 @@ impl OffsetTemplate {
             layout,
             all_dets,
             n_amp,
-            n_flagged,
+            n_flagged: 0,
         };
         data.meta
-            .set_object(t.flags_key(), HostArray { values: flags });
-        data.meta.set_object(t.var_key(), HostArray { values: var });
+            .set_object(t.flags_key(), HostArray::<u8>::zeros(n_amp));
+        data.meta
+            .set_object(t.var_key(), HostArray::<f64>::zeros(n_amp));
+        Ok(t)
+    }
+
+    /// The number of samples of each amplitude's span, in amplitude order.
+    pub fn span_lengths(&self) -> Vec<i64> {
+        let mut len = vec![0i64; self.n_amp];
+        for lay in &self.layout {
+            for &start in &lay.amp_offset {
+                let mut amp = start as usize;
+                for (iv, &n) in lay.intervals.iter().zip(&lay.n_amp_views) {
+                    let view_len = iv.last - iv.first;
+                    for k in 0..n {
+                        len[amp] = (view_len - k * lay.step_length).min(lay.step_length);
+                        amp += 1;
+                    }
+                }
+            }
+        }
+        len
+    }
+
+    /// The good samples of each amplitude's span, in amplitude order,
+    /// counted on the host: those whose flags (`(field, mask)`) have no bit
+    /// of the mask (all of them without flags).
+    pub fn good_samples_on_host(
+        &self,
+        data: &Data,
+        det_flags: Option<(&str, u8)>,
+    ) -> Result<Vec<i64>, OpError> {
+        let mut good = self.span_lengths();
+        let Some((field, mask)) = det_flags else {
+            return Ok(good);
+        };
+        for (lay, ob) in self.layout.iter().zip(&data.obs) {
+            for (d, &start) in lay.dets.iter().zip(&lay.amp_offset) {
+                let f = ob.detdata.get(field)?.row_of::<u8>(d)?;
+                let mut amp = start as usize;
+                for (iv, &n) in lay.intervals.iter().zip(&lay.n_amp_views) {
+                    for k in 0..n {
+                        let first = iv.first + k * lay.step_length;
+                        let last = (first + lay.step_length).min(iv.last);
+                        let bad = f[first as usize..last as usize]
+                            .iter()
+                            .filter(|&&x| x & mask != 0)
+                            .count();
+                        good[amp] -= bad as i64;
+                        amp += 1;
+                    }
+                }
+            }
+        }
+        Ok(good)
+    }
+
+    /// Flag the poorly sampled amplitudes and compute the variances from
+    /// the good samples of each span (`good`, in amplitude order; see the
+    /// module documentation); store them in `data.meta`.
+    pub fn flag_and_weigh(&mut self, data: &mut Data, good: &[i64]) -> Result<(), OpError> {
+        if good.len() != self.n_amp {
+            return Err(OpError::State {
+                what: format!(
+                    "offset template '{}': {} good-sample counts for {} amplitudes",
+                    self.name,
+                    good.len(),
+                    self.n_amp
+                ),
+            });
+        }
+        let span = self.span_lengths();
+        let mut flags = vec![0u8; self.n_amp];
+        let mut var = vec![0.0f64; self.n_amp];
+        for (lay, ob) in self.layout.iter().zip(&data.obs) {
+            let weights = match &self.config.noise_model {
+                Some(key) => detector_weights(ob, key, &lay.dets)?,
+                None => vec![1.0; lay.dets.len()],
+            };
+            for (&start, &w) in lay.amp_offset.iter().zip(&weights) {
+                let n: i64 = lay.n_amp_views.iter().sum();
+                for amp in start as usize..(start + n) as usize {
+                    let n_good = good[amp];
+                    if w <= 0.0 || n_good as f64 / span[amp] as f64 <= self.config.good_fraction {
+                        flags[amp] = 1;
+                    } else {
+                        var[amp] = 1.0 / (w * n_good as f64);
+                    }
+                }
+            }
+        }
+        self.n_flagged = flags.iter().filter(|&&f| f != 0).count();
+        data.meta
+            .set_object(self.flags_key(), HostArray { values: flags });
+        data.meta
+            .set_object(self.var_key(), HostArray { values: var });
         tracing::debug!(
             "offset template '{}': {} amplitudes ({} flagged) for {} detectors",
-            t.name,
-            t.n_amp,
-            t.n_flagged,
-            t.all_dets.len()
+            self.name,
+            self.n_amp,
+            self.n_flagged,
+            self.all_dets.len()
         );
-        Ok(t)
+        Ok(())
     }
 
     /// Instance name.
