@@ -1264,7 +1264,8 @@ fn toast_entry(kernel: Kernel) -> Option<(&'static str, Adapter)> {
         | Kernel::FusedAccumulate
         | Kernel::FusedProject
         | Kernel::SimNoise
-        | Kernel::CovAccumTimestream => return None,
+        | Kernel::CovAccumTimestream
+        | Kernel::SolverFlags => return None,
     })
 }
 

@@ -2287,3 +2287,82 @@ KERNEL void toast_cov_accum_timestream(
         }
     }
 }
+
+/* ---- solver_flags (ABI minor 6; integer work) ---------------------------- */
+
+/* The destriping solver's sample flags (TOAST's SolveAmplitudes solver
+ * flags and ScanMask), OR-ed into flags.  Two launches on one stream:
+ * toast_solver_flags_gaps ORs cut_bit into the samples outside every
+ * interval (the host hands it those ranges, `gaps`, on the per-sample
+ * grid); toast_solver_flags walks the intervals, each thread `chunk`
+ * samples strided by the grid's width `stride` (consecutive threads read
+ * consecutive samples), and adds its cut and total samples to counts with
+ * one integer atomic each (exact in any order).  Overlapping intervals may
+ * OR the same byte from two threads: both store the same value.  A pixel
+ * beyond the map records its key in err; a pixel in a submap that is not
+ * local adds nothing (TOAST's ScanMask reads no such pixel). */
+KERNEL void toast_solver_flags_gaps(TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT gaps,
+                                    GLOBAL const i32 *RESTRICT out_index,
+                                    GLOBAL u8 *RESTRICT flags, i32 cut_bit) {
+    TOAST_SAMPLE_GRID(gaps)
+    const i64 o = (i64)out_index[det] * n_samp + s;
+    flags[o] = (u8)(flags[o] | cut_bit);
+}
+
+KERNEL void toast_solver_flags(
+    TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i64 chunk, i64 stride,
+    GLOBAL const i32 *RESTRICT flag_index, GLOBAL const i32 *RESTRICT pixel_index,
+    GLOBAL const i32 *RESTRICT out_index, GLOBAL const i64 *RESTRICT g2l, i64 n_global_submap,
+    i64 n_pix_submap, GLOBAL const u8 *RESTRICT det_flags, i32 use_det_flags, i32 det_mask,
+    GLOBAL const u8 *RESTRICT shared_flags, i32 use_shared_flags, i32 shared_mask,
+    GLOBAL const i64 *RESTRICT pixels, GLOBAL const u8 *RESTRICT pixel_mask, i32 use_mask,
+    GLOBAL u8 *RESTRICT flags, GLOBAL i64 *RESTRICT counts, i32 cut_bit, i32 mask_bit,
+    GLOBAL u64 *RESTRICT err) {
+    const i64 det = det0 + GID2;
+    const i64 iv = iv0 + GID1;
+    /* The grid may be rounded up past its width: those threads would
+     * repeat other threads' samples. */
+    if (det >= det_end || iv >= iv_end || GID0 >= stride) {
+        return;
+    }
+    const i64 first = intervals[2 * iv];
+    const i64 last = intervals[2 * iv + 1];
+    const i64 fo = use_det_flags ? (i64)flag_index[det] * n_samp : 0;
+    const i64 po = use_mask ? (i64)pixel_index[det] * n_samp : 0;
+    const i64 oo = (i64)out_index[det] * n_samp;
+    i64 cut = 0;
+    i64 total = 0;
+    for (i64 k = 0; k < chunk; k++) {
+        const i64 s = first + GID0 + k * stride;
+        if (s >= last) {
+            break;
+        }
+        i32 v = 0;
+        if ((use_det_flags && (det_flags[fo + s] & det_mask) != 0) ||
+            (use_shared_flags && (shared_flags[s] & shared_mask) != 0)) {
+            v |= cut_bit;
+        }
+        if (use_mask) {
+            const i64 p = pixels[po + s];
+            if (p >= 0) {
+                const i64 sm = p / n_pix_submap;
+                if (sm >= n_global_submap) {
+                    atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+                    break;
+                }
+                const i64 ls = g2l[sm];
+                if (ls >= 0 && pixel_mask[ls * n_pix_submap + p % n_pix_submap] != 0) {
+                    v |= mask_bit;
+                }
+            }
+        }
+        const u8 f = (u8)(flags[oo + s] | v);
+        flags[oo + s] = f;
+        cut += (f != 0) ? 1 : 0;
+        total += 1;
+    }
+    if (total > 0) {
+        atomic_add_i64(&counts[0], cut);
+        atomic_add_i64(&counts[1], total);
+    }
+}

@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 5u
+#define TOAST_BACKEND_ABI_MINOR 6u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -595,6 +595,43 @@ typedef struct toast_cov_accum_timestream_args {
     uint8_t reserved[6];
 } toast_cov_accum_timestream_args;
 
+/* solver_flags (ABI minor 6; toast-rs's own kernel: the destriping solver's
+ * sample flags, TOAST's SolveAmplitudes solver flags and ScanMask).  For
+ * every detector i and sample s of [0, n_samp), with r = out_index[i]:
+ *   s outside every interval: flags[r, s] |= cut_bit
+ *   s in an interval (each interval on its own):
+ *     v = cut_bit if det_flags[flag_index[i], s] & det_flag_mask (det_flags
+ *         present) or shared_flags[s] & shared_flag_mask (present), else 0;
+ *     with pixel_mask present, p = pixels[pixel_index[i], s]: p < 0 adds
+ *         nothing, p beyond the n_global_submap submaps is a pixel error (as
+ *         in scan_map), a submap with global2local -1 adds nothing, else
+ *         v |= mask_bit where pixel_mask[local pixel of p] != 0;
+ *     flags[r, s] |= v; counts[0] += (flags[r, s] != 0); counts[1] += 1.
+ * Integer work: every backend gives the same bytes.  At least one of
+ * cut_bit and mask_bit is non-zero; pixels and global2local are present
+ * exactly when pixel_mask is. */
+typedef struct toast_solver_flags_args {
+    uint64_t n_det;
+    uint64_t n_samp;
+    const int32_t *flag_index;  /* host [n_det]; read only when det_flags is present */
+    const int32_t *pixel_index; /* host [n_det]; read only when pixel_mask is present */
+    const int32_t *out_index;   /* host [n_det] */
+    toast_intervals intervals;
+    toast_array global2local; /* i64 [n_global_submap] (in), with pixel_mask */
+    int64_t n_pix_submap;
+    toast_array det_flags;    /* u8 [n_flag_rows, n_samp] (in), or absent */
+    toast_array shared_flags; /* u8 [n_samp] (in), or absent */
+    toast_array pixels;       /* i64 [n_rows, n_samp] (in), with pixel_mask */
+    toast_array pixel_mask;   /* u8 [n_local_submap, n_pix_submap] (in), or absent */
+    toast_array flags;        /* u8 [n_out_rows, n_samp] (in/out) */
+    toast_array counts;       /* i64 [2] (in/out) */
+    uint8_t det_flag_mask;
+    uint8_t shared_flag_mask;
+    uint8_t cut_bit;
+    uint8_t mask_bit;
+    uint8_t reserved[4];
+} toast_solver_flags_args;
+
 /* ---- the function table -------------------------------------------------
  * Entries may be NULL: memory entries only for host-addressable backends,
  * kernel entries for kernels the backend does not implement.  `ctx` is the
@@ -649,6 +686,7 @@ typedef struct toast_backend_table {
     toast_status (*fused_project)(void *ctx, const toast_fused_project_args *a);
     toast_status (*sim_noise)(void *ctx, const toast_sim_noise_args *a);
     toast_status (*cov_accum_timestream)(void *ctx, const toast_cov_accum_timestream_args *a);
+    toast_status (*solver_flags)(void *ctx, const toast_solver_flags_args *a);
 } toast_backend_table;
 
 /* Backend capabilities (header.flags). */

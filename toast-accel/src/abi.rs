@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 5;
+pub const ABI_MINOR: u32 = 6;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -509,6 +509,34 @@ pub struct CovAccumTimestreamArgs {
     pub det_flag_mask: u8,
     pub shared_flag_mask: u8,
     pub reserved: [u8; 6],
+}
+
+/// `solver_flags` (ABI minor 6): the destriping solver's sample flags
+/// (TOAST's solver flags of `SolveAmplitudes` and its `ScanMask` of
+/// poorly conditioned pixels), OR-ed into `flags`, with the view's cut and
+/// total samples added to `counts` (the C header documents the rules).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SolverFlagsArgs {
+    pub n_det: u64,
+    pub n_samp: u64,
+    pub flag_index: *const i32,
+    pub pixel_index: *const i32,
+    pub out_index: *const i32,
+    pub intervals: SampleRanges,
+    pub global2local: Array,
+    pub n_pix_submap: i64,
+    pub det_flags: Array,
+    pub shared_flags: Array,
+    pub pixels: Array,
+    pub pixel_mask: Array,
+    pub flags: Array,
+    pub counts: Array,
+    pub det_flag_mask: u8,
+    pub shared_flag_mask: u8,
+    pub cut_bit: u8,
+    pub mask_bit: u8,
+    pub reserved: [u8; 4],
 }
 
 pub type InitFn = unsafe extern "C" fn(host: *const HostApi, ctx: *mut *mut c_void) -> Status;

@@ -32,9 +32,11 @@
 use crate::abi::{self, SampleRange, SampleRanges};
 
 mod cov;
+mod flags;
 mod fused;
 mod noise;
 pub use cov::{check_cov_accum_timestream, CovAccumTimestream};
+pub use flags::{check_solver_flags, view_gaps, SolverFlags};
 pub use fused::{
     check_compact_expand_pointing, check_fused_accumulate, check_fused_project,
     CompactExpandPointing, Fused, FusedPointing, FusedValues,
@@ -249,6 +251,37 @@ fn sample_rows(
     let n_rows = rows(kernel, arg, len, row_len, shape)?;
     index_rows(kernel, index_arg, index, n_rows, arg)?;
     Ok(n_rows)
+}
+
+/// The row of `det_flags` (of `len` elements, rows of `n_samp`) of each of
+/// the `n_det` detectors, from `flag_index`; none when `det_flags` is
+/// absent (`len` 0: the index is not read).
+///
+/// # Safety
+/// With `len > 0`, `flag_index` must point to `n_det` host i32s.
+unsafe fn det_flag_rows<'a>(
+    kernel: &'static str,
+    len: u64,
+    flag_index: *const i32,
+    n_det: u64,
+    n_samp: u64,
+) -> Result<&'a [i32], ArgError> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: forwarded contract (det_flags present).
+    let fi = unsafe { host(kernel, "flag_index", flag_index, n_det)? };
+    sample_rows(
+        kernel,
+        "det_flags",
+        len,
+        n_samp,
+        1,
+        "[n_flag_rows, n_samp]",
+        "flag_index",
+        fi,
+    )?;
+    Ok(fi)
 }
 
 /// A host array of `n` elements that must be present (non-null) when `n > 0`.
@@ -776,24 +809,9 @@ pub unsafe fn check_build_noise_weighted<'a>(
     )?;
     let use_shared_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
     let use_det_flags = a.det_flags.len != 0;
-    let flag_index = if use_det_flags {
-        // SAFETY: the caller guarantees `a.flag_index` points to n_det host i32s when
-        // det_flags is present (header: read only then), and this branch runs only then.
-        let fi = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
-        sample_rows(
-            K,
-            "det_flags",
-            a.det_flags.len,
-            a.n_samp,
-            1,
-            "[n_flag_rows, n_samp]",
-            "flag_index",
-            fi,
-        )?;
-        fi
-    } else {
-        &[]
-    };
+    // SAFETY: the caller guarantees `a.flag_index` points to n_det host
+    // i32s when det_flags is present (header: read only then).
+    let flag_index = unsafe { det_flag_rows(K, a.det_flags.len, a.flag_index, a.n_det, a.n_samp)? };
     Ok(BuildNoiseWeighted {
         n_det: a.n_det as usize,
         n_samp: a.n_samp as usize,

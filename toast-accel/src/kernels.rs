@@ -263,6 +263,15 @@ macro_rules! toast_kernels {
                 device: ["toast_cov_accum_timestream"],
                 case: CovAccumTimestreamCase,
             }
+            solver_flags => SolverFlags {
+                name: "solver_flags",
+                args: SolverFlagsArgs = toast_solver_flags_args,
+                check: check_solver_flags -> $crate::check::SolverFlags<'a>,
+                arrays: [global2local: In, det_flags: In, shared_flags: In, pixels: In,
+                         pixel_mask: In, flags: Out, counts: Out],
+                device: ["toast_solver_flags_gaps", "toast_solver_flags"],
+                case: SolverFlagsCase,
+            }
         }
     };
 }
@@ -436,7 +445,7 @@ mod tests {
 
     #[test]
     fn the_table_is_consistent() {
-        assert_eq!(Kernel::ALL.len(), 22);
+        assert_eq!(Kernel::ALL.len(), 23);
         for (i, k) in Kernel::ALL.iter().enumerate() {
             assert_eq!(Kernel::from_name(k.name()), Some(*k));
             assert_eq!(*k as usize, i, "variants in table order");
@@ -446,7 +455,7 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 33);
+        assert_eq!(names.len(), 35);
         assert_eq!(names[4], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()

@@ -134,6 +134,11 @@ fn rust_side() -> BTreeMap<String, Layout> {
             global2local, n_pix_submap, pixels, weights, det_flags, shared_flags, hits, invnpp,
             det_flag_mask, shared_flag_mask, reserved,
         },
+        toast_solver_flags_args => SolverFlagsArgs {
+            n_det, n_samp, flag_index, pixel_index, out_index, intervals, global2local,
+            n_pix_submap, det_flags, shared_flags, pixels, pixel_mask, flags, counts,
+            det_flag_mask, shared_flag_mask, cut_bit, mask_bit, reserved,
+        },
         toast_backend_table => BackendTable {
             init, shutdown, last_error, device_count, device_info, alloc, free, copy_to_device,
             copy_to_host, reset, synchronize,

@@ -128,29 +128,28 @@ fn run_gives_the_cpu_maps(backend: &str) {
             "{backend}: no {k} timed on {backend} in timing.csv:\n{csv}"
         );
     }
-    // The host expands its own pixels for its passes (pixel distribution,
-    // rcond mask) rather than copying the device's back: only the
-    // quaternion and pixel kernels run on the CPU too; no host step reads
-    // the weights, which are made on the device only.
-    let host_pointing = [
-        "det_pointing.pointing_detector[cpu]",
-        "pixels.pixels_healpix[cpu]",
-    ];
-    let fell_back: Vec<&str> = csv
+    // No kernel runs on the CPU: no pass reads pointing on the host (the
+    // pixel distribution comes from the device's hit submaps, the solver
+    // flags and rcond mask are a kernel), so the host expands none.
+    let on_cpu: Vec<&str> = csv
         .lines()
         .filter_map(|l| l.split(',').next())
-        .filter(|t| t.contains("[cpu]") && !host_pointing.contains(t))
+        .filter(|t| t.contains("[cpu]"))
         .collect();
     assert!(
-        fell_back.is_empty(),
-        "{backend}: kernels fell back to the CPU: {fell_back:?}\n{csv}"
+        on_cpu.is_empty(),
+        "{backend}: kernels ran on the CPU: {on_cpu:?}\n{csv}"
+    );
+    assert!(
+        csv.contains(&format!(".solver_flags[{backend}]")),
+        "{backend}: no solver_flags timed on {backend} in timing.csv:\n{csv}"
     );
 }
 
 /// One device scope from the sky scan to the maps: the timestream the scan
-/// and the noise make on the device is the map-maker's input there, and
-/// its work copy is made there: neither crosses the bus in either
-/// direction (columns of the scope's table: h2d calls, bytes, seconds, d2h
+/// and the noise make on the device is the map-maker's input there, its
+/// work copy, the pointing and the solver flags are made there: none
+/// crosses the bus in either direction (columns of the scope's table: h2d calls, bytes, seconds, d2h
 /// calls, bytes, seconds, resets, allocs).
 fn one_device_scope_keeps_the_timestreams(backend: &str, log: &str) {
     let scopes = log.matches("closed a device scope").count();
@@ -158,7 +157,14 @@ fn one_device_scope_keeps_the_timestreams(backend: &str, log: &str) {
         scopes, 1,
         "{backend}: {scopes} device scopes, not 1:\n{log}"
     );
-    for buffer in ["detdata.signal", "detdata.mapmaker_temp"] {
+    for buffer in [
+        "detdata.signal",
+        "detdata.mapmaker_temp",
+        "detdata.pixels",
+        "detdata.weights",
+        "detdata.quats",
+        "detdata.mapmaker_solve_flags",
+    ] {
         let row: Vec<&str> = log
             .lines()
             .find(|l| l.split_whitespace().next() == Some(buffer))

@@ -13,6 +13,7 @@ pub(crate) mod pcg;
 pub(crate) mod pointing;
 pub(crate) mod polyfilter;
 pub(crate) mod scan_map;
+pub(crate) mod solver_flags;
 pub(crate) mod stokes;
 pub(crate) mod template_offset;
 #[cfg(test)]
@@ -91,6 +92,7 @@ cpu_kernel! {
     FusedProjectArgs => |v, a| fused::run_project(v, a);
     SimNoiseArgs => |v, a| noise::run(v, a);
     CovAccumTimestreamArgs => |v, a| cov_timestream::run(v, a);
+    SolverFlagsArgs => |v, a| solver_flags::run(v, a);
 }
 
 /// Turn a data-dependent fault into the plugin error the host sees.

@@ -1111,6 +1111,7 @@ def all_cases():
     yield from fused_cases()
     yield from noise_cases()
     yield from cov_timestream_cases()
+    yield from solver_flags_cases()
 
 
 # ---------------------------------------------------------------------------
@@ -1912,6 +1913,120 @@ def cov_timestream_cases():
                               "intensity only (nnz 1), no flags")
 
 
+# 20. solver_flags (ABI minor 6; not a TOAST registry kernel): the
+# destriping solver's sample flags.  The reference replays TOAST 3.0.6's
+# MapMaker: _prepare_flagging_ob (per view of the solve: 1 where the
+# shared flags & shared_flag_mask or the detector flags & det_flag_mask are
+# non-zero), then ScanMask with det_flags_value 4 and the rcond mask
+# (PixelData of uint8, 1 in the poorly conditioned pixels) through TOAST's
+# own PixelDistribution.global_pixel_to_submap, and _count_cut_data's
+# counts.  Departures of ours, all outside what the solve reads: samples
+# outside the view get cut_bit (TOAST leaves them 0; no pass reads them),
+# and a sample whose pixel is negative or in a submap that is not local
+# gets no mask bit (TOAST's numpy would read index -1 of the mask there).
+# Flags are OR-ed into flags_in; counts are added to counts_in.  Exact.
+
+FLAG_SPANS = [(0, 150), (100, 260), (400, 400), (420, 700)]
+
+
+def solver_flags_case(name, det_on, shared_on, mask_on, accumulate, description):
+    from toast.pixels import PixelDistribution
+
+    c = Case("solver_flags", name,
+             "MapMaker._prepare_flagging_ob, ScanMask, _count_cut_data", description)
+    rng = rng_for(c.file)
+    n_det, n_samp, nside, nps = 3, 800, 4, 12
+    n_pix = 12 * nside * nside
+    n_submap = n_pix // nps
+    pixels = rng.integers(0, n_pix, size=(n_det + 1, n_samp)).astype(np.int64)
+    pixels[rng.random((n_det + 1, n_samp)) < 0.05] = -1
+    local = np.array([s for s in range(n_submap) if s % 3 != 1], dtype=np.int64)
+    rng.shuffle(local)
+    dist = PixelDistribution(n_pix=n_pix, n_submap=n_submap, local_submaps=local)
+    nsub = dist.n_local_submap
+    g2l = np.ascontiguousarray(np.array(dist.global_submap_to_local, dtype=np.int64))
+    pixel_mask = (rng.random((nsub, nps)) < 0.3).astype(np.uint8)
+    det_flags = np.zeros((n_det + 1, n_samp), dtype=np.uint8)
+    for bit, p in ((1, 0.06), (8, 0.1)):  # bit 8 is not in the mask
+        det_flags[rng.random((n_det + 1, n_samp)) < p] |= bit
+    shared_flags = np.zeros(n_samp, dtype=np.uint8)
+    shared_flags[rng.random(n_samp) < 0.05] |= 1  # not in the mask
+    shared_flags[rng.random(n_samp) < 0.07] |= 2
+    flag_index = np.array([3, 0, 2], dtype=np.int32)
+    pixel_index = np.array([1, 3, 0], dtype=np.int32)
+    out_index = np.array([2, 0, 3], dtype=np.int32)  # row 1 untouched
+    det_mask, shared_mask = (1 if det_on else 0), (2 if shared_on else 0)
+    cut_bit, mask_bit = (0 if mask_on else 1), (4 if mask_on else 0)
+    iv, ivf = make_intervals(FLAG_SPANS)
+    flags_in = np.zeros((n_det + 1, n_samp), dtype=np.uint8)
+    counts_in = np.zeros(2, dtype=np.int64)
+    if accumulate:
+        flags_in[rng.random(flags_in.shape) < 0.1] |= 16
+        counts_in[:] = [5, 17]
+    flags = flags_in.copy()
+    counts = counts_in.copy()
+    inside = np.zeros(n_samp, dtype=bool)
+    for first, last in FLAG_SPANS:
+        inside[first:last] = True
+    for d in range(n_det):
+        row = flags[out_index[d]]
+        row[~inside] |= cut_bit
+        for first, last in FLAG_SPANS:
+            n = last - first
+            # _prepare_flagging_ob, per view.
+            start = np.zeros(n, dtype=np.uint8)
+            if shared_on:
+                start[:] = np.where((shared_flags[first:last] & shared_mask) > 0, 1, 0)
+            if det_on:
+                start |= np.where((det_flags[flag_index[d], first:last] & det_mask) > 0,
+                                  1, 0).astype(np.uint8)
+            v = np.where(start != 0, cut_bit, 0).astype(np.uint8)
+            if mask_on:
+                # ScanMask on TOAST's distribution (only pixels >= 0 in a
+                # local submap: see above).
+                pix = pixels[pixel_index[d], first:last]
+                local_sm, local_pix = dist.global_pixel_to_submap(pix)
+                local_sm = np.asarray(local_sm, dtype=np.int64)
+                local_pix = np.asarray(local_pix, dtype=np.int64)
+                ok = (pix >= 0) & (local_sm >= 0)
+                masked = np.zeros(n, dtype=bool)
+                masked[ok] = (pixel_mask[local_sm[ok], local_pix[ok]] & 1) != 0
+                v[masked] |= mask_bit
+            row[first:last] |= v
+            # _count_cut_data, per view.
+            counts[0] += np.count_nonzero(row[first:last])
+            counts[1] += n
+    c.add(global2local=g2l if mask_on else np.zeros(0, dtype=np.int64),
+          flag_index=flag_index if det_on else np.zeros(0, dtype=np.int32),
+          det_flags=det_flags if det_on else np.zeros((0, n_samp), dtype=np.uint8),
+          shared_flags=shared_flags if shared_on else np.zeros(0, dtype=np.uint8),
+          pixel_index=pixel_index if mask_on else np.zeros(0, dtype=np.int32),
+          pixels=pixels if mask_on else np.zeros((0, n_samp), dtype=np.int64),
+          pixel_mask=pixel_mask.reshape(-1) if mask_on else np.zeros(0, dtype=np.uint8),
+          out_index=out_index)
+    c.scalar("n_pix_submap", nps, np.int64)
+    c.scalar("det_flag_mask", det_mask, np.uint8)
+    c.scalar("shared_flag_mask", shared_mask, np.uint8)
+    c.scalar("cut_bit", cut_bit, np.uint8)
+    c.scalar("mask_bit", mask_bit, np.uint8)
+    c.add(**ivf)
+    c.add(flags_in=flags_in, flags_out=flags, counts_in=counts_in, counts_out=counts)
+    return c
+
+
+def solver_flags_cases():
+    yield solver_flags_case("selection", True, True, False, False,
+                            "5a: detector and shared flags, overlapping views and a gap, "
+                            "rows permuted (one untouched)")
+    yield solver_flags_case("selection_det_only", True, False, False, True,
+                            "5a into existing flags and counts, detector flags only")
+    yield solver_flags_case("selection_none", False, False, False, False,
+                            "5a with no flags: only the samples outside the view")
+    yield solver_flags_case("rcond_mask", False, False, True, True,
+                            "5c: the rcond mask scanned (a third of the submaps not local, "
+                            "negative pixels) into existing flags")
+
+
 def write_cases(outdir, cases, problems):
     os.makedirs(outdir, exist_ok=True)
     entries = []
@@ -1958,6 +2073,8 @@ def main(argv):
         write_cases(argv[2], noise_cases(), problems)
     elif len(argv) == 3 and argv[1] == "--cov-timestream":
         write_cases(argv[2], cov_timestream_cases(), problems)
+    elif len(argv) == 3 and argv[1] == "--solver-flags":
+        write_cases(argv[2], solver_flags_cases(), problems)
     elif len(argv) == 2:
         outdir = argv[1]
         write_cases(outdir, all_cases(), problems)
@@ -1972,7 +2089,7 @@ def main(argv):
         else:
             merge_cases(pinned, outdir)
     else:
-        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams|--fused|--noise|--cov-timestream OUTDIR)")
+        sys.exit("usage: generate_cases.py OUTDIR  (or: generate_cases.py --pinned|--seams|--fused|--noise|--cov-timestream|--solver-flags OUTDIR)")
     for p in problems:
         print(f"WARNING: self-check failed: {p}", file=sys.stderr)
     return 1 if problems else 0

@@ -7,7 +7,7 @@
 //! absent without it (a hits-only call takes no weights); when both maps
 //! are present they hold the same number of local submaps.
 
-use super::{host, intervals, local_submaps, optional_len, sample_rows, ArgError};
+use super::{det_flag_rows, host, intervals, local_submaps, optional_len, sample_rows, ArgError};
 use crate::abi::{self, SampleRange};
 
 /// The largest `nnz` of a call with `invnpp` (as `cov_accum_diag_invnpp`).
@@ -143,25 +143,9 @@ pub unsafe fn check_cov_accum_timestream<'a>(
     };
     let use_shared_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
     let use_det_flags = a.det_flags.len != 0;
-    let flag_index = if use_det_flags {
-        // SAFETY: the caller guarantees `a.flag_index` points to n_det host
-        // i32s when det_flags is present (header: read only then), and this
-        // branch runs only then.
-        let fi = unsafe { host(K, "flag_index", a.flag_index, a.n_det)? };
-        sample_rows(
-            K,
-            "det_flags",
-            a.det_flags.len,
-            a.n_samp,
-            1,
-            "[n_flag_rows, n_samp]",
-            "flag_index",
-            fi,
-        )?;
-        fi
-    } else {
-        &[]
-    };
+    // SAFETY: the caller guarantees `a.flag_index` points to n_det host
+    // i32s when det_flags is present (header: read only then).
+    let flag_index = unsafe { det_flag_rows(K, a.det_flags.len, a.flag_index, a.n_det, a.n_samp)? };
     Ok(CovAccumTimestream {
         n_det: a.n_det as usize,
         n_samp: a.n_samp as usize,

@@ -1444,3 +1444,106 @@ impl DeviceKernel for abi::CovAccumTimestreamArgs {
         )
     }
 }
+
+// ---- the solver flags (ABI minor 6) ---------------------------------------
+
+/// Samples each thread of `toast_solver_flags` takes (one pair of count
+/// atomics per thread).
+const SOLVER_FLAGS_CHUNK: u64 = 64;
+
+impl DeviceKernel for abi::SolverFlagsArgs {
+    fn launch<D: Driver>(
+        call: &mut KernelLaunch<'_, D>,
+        v: &Self::Valid<'_>,
+        a: &Self,
+    ) -> Result<(), PluginError> {
+        check_key_range("solver_flags", v.n_det, v.n_samp)?;
+        let g2l = call.array("global2local", a.global2local, I64)?;
+        let det_flags = call.array("det_flags", a.det_flags, U8)?;
+        let shared = call.array("shared_flags", a.shared_flags, U8)?;
+        let pixels = call.array("pixels", a.pixels, I64)?;
+        let mask = call.array("pixel_mask", a.pixel_mask, U8)?;
+        let flags = call.array("flags", a.flags, U8)?;
+        let counts = call.array("counts", a.counts, I64)?;
+        let g2l_host = if v.use_mask {
+            call.global2local(g2l, v.n_global_submap, v.n_local_submap)?
+        } else {
+            Vec::new()
+        };
+        let oi = call.small("out_index", v.out_index)?;
+        let cut_bit = i32::from(a.cut_bit);
+        if cut_bit != 0 && !v.gaps.is_empty() {
+            let gaps = call.intervals(&v.gaps)?;
+            call.launch_samples(
+                "toast_solver_flags_gaps",
+                v.n_det,
+                &v.gaps,
+                false,
+                false,
+                |d0, d1, i0, i1| params::ToastSolverFlagsGaps {
+                    det0: d0,
+                    det_end: d1,
+                    iv0: i0,
+                    iv_end: i1,
+                    n_samp: v.n_samp as i64,
+                    gaps,
+                    out_index: oi,
+                    flags,
+                    cut_bit,
+                },
+            )?;
+        }
+        if v.intervals.is_empty() {
+            return Ok(());
+        }
+        let iv = call.intervals(v.intervals)?;
+        let fi = call.small("flag_index", v.flag_index)?;
+        let pi = call.small("pixel_index", v.pixel_index)?;
+        let err = call.error_buffer()?;
+        call.launch_sample_chunks(
+            "toast_solver_flags",
+            v.n_det,
+            v.intervals,
+            SOLVER_FLAGS_CHUNK,
+            |d0, d1, i0, i1, stride| params::ToastSolverFlags {
+                det0: d0,
+                det_end: d1,
+                iv0: i0,
+                iv_end: i1,
+                n_samp: v.n_samp as i64,
+                intervals: iv,
+                chunk: SOLVER_FLAGS_CHUNK as i64,
+                stride,
+                flag_index: fi,
+                pixel_index: pi,
+                out_index: oi,
+                g2l,
+                n_global_submap: v.n_global_submap as i64,
+                n_pix_submap: v.n_pix_submap,
+                det_flags,
+                use_det_flags: v.use_det_flags as i32,
+                det_mask: i32::from(a.det_flag_mask),
+                shared_flags: shared,
+                use_shared_flags: v.use_shared_flags as i32,
+                shared_mask: i32::from(a.shared_flag_mask),
+                pixels,
+                pixel_mask: mask,
+                use_mask: v.use_mask as i32,
+                flags,
+                counts,
+                cut_bit,
+                mask_bit: i32::from(a.mask_bit),
+                err,
+            },
+        )?;
+        call.map_pixel_fault(
+            err,
+            pixels,
+            v.pixel_index,
+            v.n_samp,
+            v.intervals,
+            &g2l_host,
+            v.n_pix_submap,
+        )
+    }
+}

@@ -589,6 +589,41 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         Ok(())
     }
 
+    /// [`launch_samples`](Self::launch_samples) for a kernel whose threads
+    /// take `chunk` samples each, strided by the grid's width along
+    /// dimension 0: `params(det0, det_end, iv0, iv_end, stride)`, with
+    /// `stride` that width (`ceil(longest interval / chunk)`).
+    pub(crate) fn launch_sample_chunks<L: LaunchParams<D::Buffer>>(
+        &self,
+        name: &'static str,
+        n_det: usize,
+        iv: &[SampleRange],
+        chunk: u64,
+        params: impl Fn(i64, i64, i64, i64, i64) -> L,
+    ) -> Result<(), PluginError> {
+        let width = |r: std::ops::Range<usize>| {
+            iv[r]
+                .iter()
+                .map(|i| (i.last - i.first).max(0) as u64)
+                .max()
+                .unwrap_or(0)
+                .div_ceil(chunk.max(1))
+        };
+        for (d0, d1) in ranges(n_det, false) {
+            for (i0, i1) in ranges(iv.len(), false) {
+                let w = width(i0..i1);
+                self.launch(
+                    name,
+                    w,
+                    i1 - i0,
+                    d1 - d0,
+                    params(d0 as i64, d1 as i64, i0 as i64, i1 as i64, w as i64),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// The pixel fault a per-sample map kernel (scan_map,
     /// build_noise_weighted, cov_accum_timestream) recorded in `err`, if
     /// any: the error naming the detector, the sample and why its pixel

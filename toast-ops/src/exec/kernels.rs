@@ -43,12 +43,14 @@
 
 mod cov;
 mod fused;
+mod solver_flags;
 
 pub use cov::{cov_accum_timestream, CovMaps};
 pub use fused::{
     compact_expand_pointing, compact_expand_window, fused_accumulate, fused_project,
     CompactPointing, FusedInput, FusedMap, FusedOffsets, FusedPointing,
 };
+pub use solver_flags::{solver_flags, SolverFlagPass};
 
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use crate::exec::movement::{CallSync, DataMovement};
@@ -569,6 +571,16 @@ pub fn pointing_detector(
             quats: a[2],
         },
     )
+}
+
+/// A host index array's pointer, null when it is empty (an index the
+/// kernel reads only with an absent optional array).
+fn ptr_or_null(v: &[i32]) -> *const i32 {
+    if v.is_empty() {
+        std::ptr::null()
+    } else {
+        v.as_ptr()
+    }
 }
 
 /// HEALPix parameters of `pixels_healpix`.

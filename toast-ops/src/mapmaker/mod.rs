@@ -75,14 +75,19 @@
 //! device scope for the whole run (see [`crate::exec::movement`]): the
 //! timestream, flags and boresight are uploaded once, and per CG iteration
 //! only the dot products' partial sums cross the bus (see `vectors`).
-//! Pointing never crosses it. With `full_pointing` the device expands its
-//! copy from the boresight and the host passes (solver flags, hits and
-//! covariance, rcond mask) read a host copy that the host expands itself
-//! ([`crate::exec::pipeline::mirror_on_host`]) or that the caller handed
-//! over ([`MapMaker::reuse_pointing`]), declared equal to the device's, so
-//! neither is copied (32 bytes a detector sample each way saved). Without
-//! `full_pointing` a device run recomputes it in every pass as before, and
-//! the host passes copy the pixels and weights back.
+//! Pointing never crosses it, and no pass reads pointing on the host: the
+//! pixel distribution is built from the submaps the device's pixels hit
+//! (a byte a submap comes back), the hits and covariance are accumulated
+//! by `cov_accum_timestream`, the solver flags and the rcond mask are the
+//! `solver_flags` kernel (`flags`; the mask map, a byte a local pixel, is
+//! made on the host from the rcond map and goes up, two counts come back).
+//! With `full_pointing` the device expands its copy from the boresight
+//! once; a caller that reads the pointing afterwards gets a host copy
+//! that the host expands itself ([`crate::exec::pipeline::mirror_on_host`])
+//! or the one it handed over ([`MapMaker::reuse_pointing`]), declared
+//! equal to the device's, so neither is copied (32 bytes a detector sample
+//! each way saved); a caller that discards the detector data gets none.
+//! Without `full_pointing` a device run recomputes it in every pass.
 //!
 //! The final hits, covariance and rcond are the solver's when nothing
 //! differs (`share_solver_covariance`): one pass instead of two. A caller
@@ -178,6 +183,7 @@
 mod binning;
 mod config;
 mod confine;
+mod flags;
 mod fused;
 mod plan;
 mod products;
@@ -290,15 +296,15 @@ impl MapMaker {
         Ok(mm)
     }
 
-    /// With `on`, the caller reads no detector timestream nor Stokes
-    /// weights after the run (the satellite workflow drops them before
+    /// With `on`, the caller reads no detector timestream nor pointing
+    /// after the run (the satellite workflow drops them before
     /// writing the maps): a device run does not copy the cleaned timestream
     /// back (the size of the timestream, the largest copy back after the
     /// solve) and instead removes the host fields whose newest copy was on
-    /// the device (`det_data` when cleaned in place, `{name}_cleaned`), so
-    /// no stale copy is left behind; and the host never makes the weights
-    /// (24 bytes a detector sample of host memory and a host pass), whose
-    /// field is removed at the end too. Host runs are unchanged. Off by default (TOAST's map-maker
+    /// the device (`det_data` when cleaned in place, `{name}_cleaned`, the
+    /// pointing), so no stale copy is left behind; and the host never makes
+    /// pointing of its own (32 bytes a detector sample of host memory and
+    /// a host pass). Host runs are unchanged. Off by default (TOAST's map-maker
     /// leaves the cleaned timestream in the data).
     pub fn discard_timestream(&mut self, on: bool) {
         self.discard_timestream = on;
@@ -417,18 +423,15 @@ impl MapMaker {
         } else {
             timestreams.clone()
         };
-        // A discarding caller reads no weights either: made on the device
-        // only (`expand_solve_pointing`), they are removed, not copied back.
-        let weights = self.solve_pointing.weights_field().to_string();
-        if self.plan.keeps_pointing() {
-            if discard {
-                outputs = outputs.detdata(self.solve_pointing.pixels_field());
-            } else {
-                outputs.extend(&self.solve_pointing.provides());
-            }
+        // A discarding caller reads no pointing either: made on the device
+        // only (`expand_solve_pointing`), it is removed, not copied back.
+        if self.plan.keeps_pointing() && !discard {
+            outputs.extend(&self.solve_pointing.provides());
         }
         let stale = if discard {
-            device_newer(ctx, &timestreams.clone().detdata(&weights))
+            let mut dropped = timestreams.clone();
+            dropped.extend(&self.solve_pointing.provides());
+            device_newer(ctx, &dropped)
         } else {
             Vec::new()
         };
@@ -589,44 +592,34 @@ impl MapMaker {
         };
         let staged = movement::scope_open(ctx);
         let have = |f: &str| data.obs.iter().all(|ob| ob.detdata.contains(f));
-        // On a device whose caller discards the detector data the host
-        // holds (and reuses) the pixels only: no host step reads the
-        // weights (binning, covariance and templates are kernels on the
-        // device copies; a kernel a dispatch override sends to the CPU
-        // gets the device's copy, a download the ledger counts), and the
-        // run leaves none behind ([`MapMaker::discard_timestream`]).
-        let host_weights = !(staged && self.discard_timestream);
+        // On a device no host step reads pointing (binning, covariance,
+        // solver flags and templates are kernels on the device copies; a
+        // kernel a dispatch override sends to the CPU gets the device's
+        // copy, a download the ledger counts), so the host has pointing
+        // only for a caller that reads it afterwards: none when the caller
+        // discards the detector data ([`MapMaker::discard_timestream`]).
+        let host_copy = !(staged && self.discard_timestream);
         let reuse = self.reuse_pointing
             && have(self.solve_pointing.pixels_field())
-            && (!host_weights || have(self.solve_pointing.weights_field()));
+            && have(self.solve_pointing.weights_field());
         if reuse && !staged {
             return Ok(());
         }
         self.solve_pointing.det_pointing.transient = drop_quats;
         let provides = self.solve_pointing.provides();
-        let host_pixels = Requirements::new().detdata(self.solve_pointing.pixels_field());
         let r = {
             let mut ops = self.solve_pointing.operators();
             if !staged {
                 run_operators("pointing", &mut ops, data, ctx, &opts)
             } else {
-                // The device's copy, whole, then the host's: the one the
-                // caller handed over, or its own, recomputed from the
+                // The device's copy, whole, then the host's for the caller:
+                // the one it handed over, or its own, recomputed from the
                 // boresight; either way none crosses the bus.
                 let all = RunOptions::default();
-                let host_copies = if host_weights {
-                    &provides
-                } else {
-                    &host_pixels
-                };
                 match run_operators("pointing", &mut ops, data, ctx, &all) {
-                    Ok(()) if reuse => mark_host_copies(data, ctx, host_copies),
-                    Ok(()) => {
-                        if !host_weights {
-                            ops.truncate(2);
-                        }
-                        mirror_on_host("pointing_host", &mut ops, data, ctx, &opts)
-                    }
+                    Ok(()) if !host_copy => Ok(()),
+                    Ok(()) if reuse => mark_host_copies(data, ctx, &provides),
+                    Ok(()) => mirror_on_host("pointing_host", &mut ops, data, ctx, &opts),
                     Err(e) => Err(e),
                 }
             }

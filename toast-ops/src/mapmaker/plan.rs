@@ -70,16 +70,12 @@ pub enum ExecutionPlan {
     /// On the host, the pointing recomputed by the kernels in every pass.
     HostBatched,
     /// On a device (a backend that is not host-addressable): one staging
-    /// scope for the run, the pointing expanded there and kept.
-    DeviceKept {
-        /// The host passes (pixel distribution, rcond mask) read a host
-        /// copy of the pixels the caller kept (the sky scan's, with
-        /// `binner.full_pointing`); else the host expands its own. The
-        /// weights are never made on the host: no host pass reads them.
-        host_copy_kept: bool,
-    },
+    /// scope for the run, the pointing expanded there and kept. No pass
+    /// reads pointing on the host (the pixel distribution is built from
+    /// the device's hit submaps, the solver flags are a kernel).
+    DeviceKept,
     /// On a device: one device scope, the pointing recomputed there in
-    /// every pass (the host passes copy its pixels and weights back).
+    /// every pass.
     DeviceRecomputed,
 }
 
@@ -183,21 +179,17 @@ impl Plan {
             let plan = if binner.full_pointing {
                 why.push(
                     "binner.full_pointing = true: the pointing expanded on the device from the \
-                     boresight and kept there; the host passes read the pixels the sky scan kept"
+                     boresight and kept there"
                         .into(),
                 );
-                ExecutionPlan::DeviceKept {
-                    host_copy_kept: true,
-                }
+                ExecutionPlan::DeviceKept
             } else if binner.compact_pointing {
                 why.push(
                     "binner.compact_pointing is a host form: the device keeps the full \
-                     pointing, expanded from the boresight; the host passes expand their own"
+                     pointing, expanded from the boresight"
                         .into(),
                 );
-                ExecutionPlan::DeviceKept {
-                    host_copy_kept: false,
-                }
+                ExecutionPlan::DeviceKept
             } else {
                 why.push(
                     "binner.full_pointing and binner.compact_pointing are false: the pointing \
@@ -291,7 +283,7 @@ impl Plan {
     pub fn host(&self) -> bool {
         !matches!(
             self.plan,
-            ExecutionPlan::DeviceKept { .. } | ExecutionPlan::DeviceRecomputed
+            ExecutionPlan::DeviceKept | ExecutionPlan::DeviceRecomputed
         )
     }
 
@@ -300,20 +292,15 @@ impl Plan {
     pub fn keeps_pointing(&self) -> bool {
         matches!(
             self.plan,
-            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. }
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept
         )
     }
 
     /// The host keeps a full copy of the solver's pointing for the map-maker
-    /// (the sky scan keeps its own for it).
+    /// (the sky scan keeps its own for it): a host run's kept pointing. A
+    /// device run reads none on the host.
     pub fn host_pointing_kept(&self) -> bool {
-        matches!(
-            self.plan,
-            ExecutionPlan::HostKept { .. }
-                | ExecutionPlan::DeviceKept {
-                    host_copy_kept: true
-                }
-        )
+        matches!(self.plan, ExecutionPlan::HostKept { .. })
     }
 
     /// The pixels are kept in compact form.
@@ -368,7 +355,7 @@ impl fmt::Display for ExecutionPlan {
             ExecutionPlan::HostKept { passes: p } => write!(f, "host-kept-{}", passes(p)),
             ExecutionPlan::HostCompact { passes: p } => write!(f, "host-compact-{}", passes(p)),
             ExecutionPlan::HostBatched => f.write_str("host-batched"),
-            ExecutionPlan::DeviceKept { .. } => f.write_str("device-kept"),
+            ExecutionPlan::DeviceKept => f.write_str("device-kept"),
             ExecutionPlan::DeviceRecomputed => f.write_str("device-recomputed"),
         }
     }
@@ -432,13 +419,11 @@ mod tests {
             let p = Plan::choose(&binner(full, compact), &dev);
             let want = match (full, compact) {
                 (false, false) => ExecutionPlan::DeviceRecomputed,
-                _ => ExecutionPlan::DeviceKept {
-                    host_copy_kept: full,
-                },
+                _ => ExecutionPlan::DeviceKept,
             };
             assert_eq!(p.plan, want);
             assert_eq!(p.keeps_pointing(), full || compact);
-            assert_eq!(p.host_pointing_kept(), full);
+            assert!(!p.host_pointing_kept());
             assert!(!p.host() && !p.transient_pointing() && !p.work_batches());
             assert_eq!(p.fused(), None);
         }

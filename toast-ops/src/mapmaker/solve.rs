@@ -5,18 +5,18 @@
 //! the left-hand side once (`SolverLHS`).
 
 use super::binning::CovKeys;
+use super::flags::{SolverFlagBits, SolverFlagsStep};
 use super::products::{Keys, MapMakerResult};
 use super::vectors::{VectorOp, VectorStep};
 use super::{timed, MapMaker};
 use crate::exec::global_data::HostArray;
-use crate::exec::kernels::{amp_dot_blocks, view_intervals};
+use crate::exec::kernels::amp_dot_blocks;
 use crate::exec::movement::bus::{BusBytes, CgTransfers};
-use crate::exec::movement::with_host_step;
+use crate::exec::movement::{self, forget, with_host_step};
 use crate::exec::pipeline::{detector_passes, run_operators, DetectorSets, OpRef, RunOptions};
 use crate::ops::binning::{bin_map, BinPass};
 use crate::ops::{
-    select_detectors, CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, ResetData,
-    ScanMap, ScanMapConfig,
+    CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, ResetData, ScanMap, ScanMapConfig,
 };
 use crate::pixels::PixelData;
 use crate::templates::offset::{
@@ -24,9 +24,7 @@ use crate::templates::offset::{
 };
 use crate::templates::OffsetTemplate;
 use std::sync::Arc;
-use toast_core::{
-    comm_of, Category, DType, Data, ExecContext, OpError, Operator, ReduceOp, Requirements,
-};
+use toast_core::{comm_of, DType, Data, ExecContext, OpError, Operator, ReduceOp, Requirements};
 
 /// Timer frame of the CG dot-product reductions.
 pub const DOT_TIMER: &str = "allreduce_dot";
@@ -118,6 +116,24 @@ fn gdot(
     Ok(v[0])
 }
 
+/// The global key of the solver flags' counts (a `HostArray<i64>` of 2).
+fn flag_counts_key(keys: &Keys) -> String {
+    format!("{}_counts", keys.solve_flags)
+}
+
+/// Free the device copies of the global items `keys` (without copying them
+/// back) and remove them.
+fn drop_globals(data: &mut Data, ctx: &mut ExecContext, keys: &[&str]) -> Result<(), OpError> {
+    let items = keys
+        .iter()
+        .fold(Requirements::new(), |r, k| r.global(k.to_string()));
+    forget(data, ctx, &items)?;
+    for k in keys {
+        data.meta.remove(k);
+    }
+    Ok(())
+}
+
 impl MapMaker {
     /// 5a-5e. Returns the template and the solved amplitudes, or `None` when
     /// there is nothing to solve.
@@ -191,67 +207,50 @@ impl MapMaker {
     }
 
     /// 5a: the solver flags (`{name}_solve_flags`): bit 1 where the binner's
-    /// flags cut the sample or the sample lies outside the pointing's view.
+    /// flags cut the sample or the sample lies outside the pointing's view
+    /// (the `solver_flags` kernel, where the run's data is).
     fn solver_flags(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
         keys: &Keys,
     ) -> Result<(), OpError> {
-        let binner = self.setup.binner.clone();
-        let view = self.solve_pointing.view().map(str::to_string);
-        let flags0 = binner.flags();
-        let mut req = Requirements::new();
-        if let Some((f, _)) = flags0.det() {
-            req.add(Category::DetData, f);
-        }
-        if let Some((f, _)) = flags0.shared() {
-            req.add(Category::Shared, f);
-        }
+        // The kernel ORs into the field: a stale one (a caller's, or an
+        // earlier run's) goes first, so it starts from zeros.
         let sf = keys.solve_flags.clone();
-        with_host_step(
+        forget(data, ctx, &Requirements::new().detdata(&sf))?;
+        data.remove_detdata(&[&sf])?;
+        let binner = &self.setup.binner;
+        let flags0 = binner.flags();
+        let owned = |f: Option<(&str, u8)>| f.map(|(n, m)| (n.to_string(), m));
+        let mut step = SolverFlagsStep {
+            name: "solver_flags".into(),
+            bits: SolverFlagBits::Selection {
+                det_flags: owned(flags0.det()),
+                shared_flags: owned(flags0.shared()),
+            },
+            det_mask: binner.det_mask,
+            view: self.solve_pointing.view().map(str::to_string),
+            flags: keys.solve_flags.clone(),
+            counts: flag_counts_key(keys),
+        };
+        let r = run_operators(
+            "solver_flags",
+            &mut [&mut step as OpRef<'_>],
             data,
             ctx,
-            "solver_flags",
-            req,
-            Requirements::new().detdata(&sf),
-            |data, ctx| {
-                for ob in &mut data.obs {
-                    let dets = select_detectors(ctx, ob, binner.det_mask);
-                    ob.detdata.create(&sf, DType::U8, &[], None)?;
-                    if dets.is_empty() {
-                        continue;
-                    }
-                    let ranges = view_intervals(ob, view.as_deref())?;
-                    // One detector at a time, writing only the bytes that
-                    // change: the field is created zeroed and untouched,
-                    // and its pages of all-zero flags (nearly all, when
-                    // nothing is cut) then never become resident.
-                    let mut want = vec![1u8; ob.n_samples()];
-                    for d in &dets {
-                        let cut = flags0.sample_cut(ob, d)?;
-                        want.fill(1);
-                        for iv in &ranges {
-                            for s in iv.first as usize..iv.last as usize {
-                                want[s] = u8::from(cut[s]);
-                            }
-                        }
-                        let row = ob.detdata.get_mut(&sf)?.row_of_mut::<u8>(d)?;
-                        for (r, &w) in row.iter_mut().zip(&want) {
-                            if *r != w {
-                                *r = w;
-                            }
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )
+            &RunOptions::default(),
+        );
+        // 5a's counts are not reported (5c's are, of the final flags).
+        let dropped = drop_globals(data, ctx, &[&step.counts]);
+        r?;
+        dropped
     }
 
     /// 5c: bit 4 of the solver flags on every sample in a pixel whose
-    /// solver rcond is below `solve_rcond_threshold` (TOAST's `ScanMask`);
-    /// counts the samples the solver flags cut.
+    /// solver rcond is below `solve_rcond_threshold` (TOAST's `ScanMask`;
+    /// the `solver_flags` kernel with the mask of those pixels, made on the
+    /// host from the rcond map); counts the samples the solver flags cut.
     fn rcond_mask(
         &mut self,
         data: &mut Data,
@@ -259,28 +258,50 @@ impl MapMaker {
         keys: &Keys,
         res: &mut MapMakerResult,
     ) -> Result<(), OpError> {
-        // Per detector batch with transient pointing, else one pass.
-        let passes = detector_passes(data, ctx, &self.pointing_sets(data));
-        let saved = ctx.detectors.clone();
-        let (mut cut, mut total) = (0u64, 0u64);
-        let mut failed = None;
-        for sel in passes {
-            ctx.detectors = sel;
-            match self.rcond_mask_pass(data, ctx, keys) {
-                Ok((c, t)) => {
-                    cut += c;
-                    total += t;
+        let threshold = self.setup.mapmaker.solve_rcond_threshold;
+        let mask_key = format!("{}_mask", keys.solve_rcond);
+        let rcond_key = keys.solve_rcond.clone();
+        let mask = with_host_step(
+            data,
+            ctx,
+            "rcond_mask_map",
+            Requirements::new().global(&rcond_key),
+            Requirements::new(),
+            |data, _| {
+                let rcond = data.meta.object::<PixelData<f64>>(&rcond_key)?;
+                let mut mask = PixelData::<u8>::try_new(
+                    Arc::clone(rcond.distribution()),
+                    1,
+                    "the solver's rcond mask",
+                )?;
+                let nv = rcond.n_value().max(1);
+                for (m, r) in mask
+                    .data_mut()
+                    .iter_mut()
+                    .zip(rcond.data().chunks_exact(nv))
+                {
+                    *m = u8::from(r[0] < threshold);
                 }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        ctx.detectors = saved;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+                Ok(mask)
+            },
+        )?;
+        data.meta.set_object(&mask_key, mask);
+        let mut step = SolverFlagsStep {
+            name: "solver_flags".into(),
+            bits: SolverFlagBits::RcondMask {
+                pixels: self.solve_pointing.pixels_field().to_string(),
+                pixel_dist: self.setup.binner.pixel_dist.clone(),
+                mask: mask_key.clone(),
+            },
+            det_mask: self.setup.binner.det_mask,
+            view: self.solve_pointing.view().map(str::to_string),
+            flags: keys.solve_flags.clone(),
+            counts: flag_counts_key(keys),
+        };
+        let counts = self.rcond_mask_passes(data, ctx, &mut step);
+        let dropped = drop_globals(data, ctx, &[&step.counts, &mask_key]);
+        let (cut, total) = counts?;
+        dropped?;
         res.solver_cut_samples = cut;
         res.solver_total_samples = total;
         if total > 0 {
@@ -293,73 +314,46 @@ impl MapMaker {
         Ok(())
     }
 
-    /// [`MapMaker::rcond_mask`] for the detectors `ctx` selects: their
-    /// pixels (recomputed unless kept), then the mask; returns the cut and
-    /// total samples.
-    fn rcond_mask_pass(
+    /// [`MapMaker::rcond_mask`]'s kernel passes: per detector batch with
+    /// transient pointing (each batch's pixels recomputed first), else
+    /// one; returns the cut and total samples.
+    fn rcond_mask_passes(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
-        keys: &Keys,
+        step: &mut SolverFlagsStep,
     ) -> Result<(u64, u64), OpError> {
-        let binner = self.setup.binner.clone();
-        let view = self.solve_pointing.view().map(str::to_string);
-        if !self.plan.keeps_pointing() {
-            let mut ops = self.solve_pointing.operators();
-            ops.truncate(2);
-            run_operators(
-                "rcond_mask_pointing",
-                &mut ops,
-                data,
-                ctx,
-                &RunOptions::default(),
-            )?;
+        let passes = detector_passes(data, ctx, &self.pointing_sets(data));
+        let saved = ctx.detectors.clone();
+        let mut failed = None;
+        for sel in passes {
+            ctx.detectors = sel;
+            let mut ops: Vec<OpRef<'_>> = Vec::new();
+            if !self.plan.keeps_pointing() {
+                ops = self.solve_pointing.operators();
+                ops.truncate(2);
+            }
+            ops.push(step);
+            let r = run_operators("rcond_mask", &mut ops, data, ctx, &RunOptions::default());
+            if let Err(e) = r {
+                failed = Some(e);
+                break;
+            }
         }
-        let pix_field = self.solve_pointing.pixels_field().to_string();
-        let sf = keys.solve_flags.clone();
-        let rcond_key = keys.solve_rcond.clone();
-        let threshold = self.setup.mapmaker.solve_rcond_threshold;
+        ctx.detectors = saved;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let counts = step.counts.clone();
         with_host_step(
             data,
             ctx,
-            "rcond_mask",
-            Requirements::new()
-                .detdata(&pix_field)
-                .detdata(&sf)
-                .global(&rcond_key),
-            Requirements::new().detdata(&sf),
-            |data, ctx| {
-                let Data { obs, meta } = data;
-                let rcond = meta.object::<PixelData<f64>>(&rcond_key)?;
-                let (mut cut, mut total) = (0u64, 0u64);
-                for ob in obs.iter_mut() {
-                    let dets = select_detectors(ctx, ob, binner.det_mask);
-                    if dets.is_empty() {
-                        continue;
-                    }
-                    let ranges = view_intervals(ob, view.as_deref())?;
-                    let [pix, flags] = ob
-                        .detdata
-                        .get_disjoint_mut([pix_field.as_str(), sf.as_str()])?;
-                    for d in &dets {
-                        let p = pix.row_of::<i64>(d)?;
-                        let f = flags.row_of_mut::<u8>(d)?;
-                        for iv in &ranges {
-                            for s in iv.first as usize..iv.last as usize {
-                                if p[s] >= 0 {
-                                    if let Some(r) = rcond.pixel(p[s]) {
-                                        if r[0] < threshold {
-                                            f[s] |= 4;
-                                        }
-                                    }
-                                }
-                                total += 1;
-                                cut += u64::from(f[s] != 0);
-                            }
-                        }
-                    }
-                }
-                Ok((cut, total))
+            "rcond_mask_counts",
+            Requirements::new().global(&counts),
+            Requirements::new(),
+            |data, _| {
+                let c = &data.meta.object::<HostArray<i64>>(&counts)?.values;
+                Ok((c[0] as u64, c[1] as u64))
             },
         )
     }
@@ -375,18 +369,23 @@ impl MapMaker {
         res: &mut MapMakerResult,
     ) -> Result<Option<Arc<OffsetTemplate>>, OpError> {
         let view = self.solve_pointing.view().map(str::to_string);
-        let tmpl = OffsetTemplate::initialize(
-            "baselines",
-            self.setup.baselines.clone(),
-            data,
-            ctx,
-            OffsetInit {
-                det_data: &self.setup.mapmaker.det_data,
-                det_mask: self.setup.binner.det_mask,
-                det_flags: Some((&keys.solve_flags, 255)),
-                view: view.as_deref(),
-            },
-        )?;
+        let init = OffsetInit {
+            det_data: &self.setup.mapmaker.det_data,
+            det_mask: self.setup.binner.det_mask,
+            det_flags: Some((&keys.solve_flags, 255)),
+            view: view.as_deref(),
+        };
+        let config = self.setup.baselines.clone();
+        let tmpl = if movement::scope_open(ctx) {
+            // On a device the good samples are counted where the solver
+            // flags are: no flag crosses the bus.
+            let mut t = OffsetTemplate::lay_out("baselines", config, data, ctx, init)?;
+            let good = self.good_samples_on_device(data, ctx, &t, keys)?;
+            t.flag_and_weigh(data, &good)?;
+            t
+        } else {
+            OffsetTemplate::initialize("baselines", config, data, ctx, init)?
+        };
         // Job-wide counts (every process must take the same branch below).
         let mut counts = [tmpl.n_amplitudes() as i64, tmpl.n_flagged() as i64];
         comm_of(ctx)
@@ -416,6 +415,84 @@ impl MapMaker {
             data.meta.set_object(k, tmpl.zeros());
         }
         Ok(Some(tmpl))
+    }
+
+    /// The good samples of each amplitude's span of `tmpl` (just laid out,
+    /// nothing flagged), counted on the device where the solver flags are:
+    /// `Fᵀ` over the unflagged samples of `F 1`, a timestream of ones on
+    /// the template's spans (the template's own kernels; sums of ones,
+    /// exact in any order). The amplitudes' worth of counts comes back;
+    /// the work field (8 bytes a sample, on the device) is freed.
+    fn good_samples_on_device(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &OffsetTemplate,
+        keys: &Keys,
+    ) -> Result<Vec<i64>, OpError> {
+        let t = Arc::new(tmpl.clone());
+        let n = t.n_amplitudes();
+        let ones = format!("{}_good_ones", self.setup.name);
+        let good = format!("{}_good", self.setup.name);
+        let field = format!("{}_good_temp", self.setup.name);
+        data.meta.set_object(
+            &ones,
+            HostArray {
+                values: vec![1.0f64; n],
+            },
+        );
+        data.meta.set_object(&good, HostArray::<f64>::zeros(n));
+        for ob in &mut data.obs {
+            ob.detdata.create(&field, DType::F64, &[], None)?;
+        }
+        let mut add = OffsetAddToSignal {
+            name: "template_matrix".into(),
+            template: Arc::clone(&t),
+            amplitudes: ones.clone(),
+            det_data: field.clone(),
+        };
+        let mut project = OffsetProjectSignal {
+            name: "template_matrix".into(),
+            template: Arc::clone(&t),
+            det_data: field.clone(),
+            det_flags: Some((keys.solve_flags.clone(), 255)),
+            amplitudes: good.clone(),
+        };
+        let counted = run_operators(
+            "good_samples",
+            &mut [&mut add as OpRef<'_>, &mut project],
+            data,
+            ctx,
+            &RunOptions::default(),
+        )
+        .and_then(|()| {
+            with_host_step(
+                data,
+                ctx,
+                "good_samples",
+                Requirements::new().global(&good),
+                Requirements::new(),
+                |data, _| {
+                    let v = &data.meta.object::<HostArray<f64>>(&good)?.values;
+                    Ok(v.iter().map(|&x| x as i64).collect::<Vec<i64>>())
+                },
+            )
+        });
+        // The template's zero flags and variances go too: the host's are
+        // replaced by the counts' (`flag_and_weigh`).
+        let dropped = forget(
+            data,
+            ctx,
+            &Requirements::new()
+                .detdata(&field)
+                .global(t.flags_key())
+                .global(t.var_key()),
+        )
+        .and_then(|_| Ok(data.remove_detdata(&[&field])?))
+        .and_then(|()| drop_globals(data, ctx, &[&ones, &good]));
+        let counted = counted?;
+        dropped?;
+        Ok(counted)
     }
 
     /// 5d, second half: the right-hand side `b = Fᵀ N⁻¹ (d - P m)` with `m`

@@ -145,9 +145,11 @@ pub const SECTIONS: [&str; 11] = [
 /// `scan_map` the map-maker's binned map (in the solver's left-hand side);
 /// the binning passes accumulate under `{pass}_build_zmap`, the hits and
 /// inverse covariance under `CovarianceAndHits_{hits,invcov}`
-/// (`cov_accum_timestream`); `sim_noise` makes the noise and `mapmaker`
-/// runs the fused passes.
-pub const DISPATCH_OPERATORS: [&str; 14] = [
+/// (`cov_accum_timestream`); `sim_noise` makes the noise, `mapmaker`
+/// runs the fused passes and `solver_flags` the solver flags and rcond
+/// mask (the offset template's good-sample counts of a device run are
+/// `template_matrix`'s).
+pub const DISPATCH_OPERATORS: [&str; 15] = [
     "det_pointing",
     "pixels",
     "weights",
@@ -162,6 +164,7 @@ pub const DISPATCH_OPERATORS: [&str; 14] = [
     "CovarianceAndHits_invcov",
     "sim_noise",
     "mapmaker",
+    "solver_flags",
 ];
 
 /// Keys the workflow fixes: an operator trait that the workflow sets itself

@@ -1001,6 +1001,69 @@ impl CovAccumTimestreamCase {
     }
 }
 
+/// A `solver_flags` case (FORMAT.md section 20): the destriping solver's
+/// flags (TOAST's `SolveAmplitudes` solver flags, then its `ScanMask` of
+/// the poorly conditioned pixels) OR-ed into `flags_in`, with the counts.
+/// `det_flags` without rows and `shared_flags` without samples are absent
+/// from the call, as are `pixels`, `pixel_index` and `global2local` when
+/// `pixel_mask` is empty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SolverFlagsCase {
+    pub global2local: Arr<i64>,
+    pub n_pix_submap: i64,
+    pub flag_index: Arr<i32>,
+    pub det_flags: Arr<u8>,
+    pub det_flag_mask: u8,
+    pub shared_flags: Arr<u8>,
+    pub shared_flag_mask: u8,
+    pub pixel_index: Arr<i32>,
+    pub pixels: Arr<i64>,
+    pub pixel_mask: Arr<u8>,
+    pub out_index: Arr<i32>,
+    pub cut_bit: u8,
+    pub mask_bit: u8,
+    pub intervals: Vec<SampleRange>,
+    pub flags_in: Arr<u8>,
+    pub flags_out: Arr<u8>,
+    pub counts_in: Arr<i64>,
+    pub counts_out: Arr<i64>,
+}
+
+impl SolverFlagsCase {
+    pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
+        let (flags_in, flags_out) = f.in_out("flags_in", "flags_out", 2)?;
+        let (counts_in, counts_out) = f.in_out("counts_in", "counts_out", 1)?;
+        let c = SolverFlagsCase {
+            global2local: f.arr("global2local", Some(1))?,
+            n_pix_submap: f.scalar("n_pix_submap")?,
+            flag_index: f.arr("flag_index", Some(1))?,
+            det_flags: f.arr("det_flags", Some(2))?,
+            det_flag_mask: f.scalar("det_flag_mask")?,
+            shared_flags: f.arr("shared_flags", Some(1))?,
+            shared_flag_mask: f.scalar("shared_flag_mask")?,
+            pixel_index: f.arr("pixel_index", Some(1))?,
+            pixels: f.arr("pixels", Some(2))?,
+            pixel_mask: f.arr("pixel_mask", Some(1))?,
+            out_index: f.arr("out_index", Some(1))?,
+            cut_bit: f.scalar("cut_bit")?,
+            mask_bit: f.scalar("mask_bit")?,
+            intervals: f.intervals()?,
+            flags_in,
+            flags_out,
+            counts_in,
+            counts_out,
+        };
+        let n_det = c.out_index.data.len();
+        if !c.det_flags.data.is_empty() {
+            f.need("flag_index", &c.flag_index, n_det, PER_DET)?;
+        }
+        if !c.pixel_mask.data.is_empty() {
+            f.need("pixel_index", &c.pixel_index, n_det, PER_DET)?;
+        }
+        Ok(c)
+    }
+}
+
 /// A `cov_apply_diag` case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CovApplyDiagCase {

@@ -72,9 +72,9 @@ pub use case::{
     CompactExpandPointingCase, CovAccumDiagHitsCase, CovAccumDiagInvnppCase,
     CovAccumTimestreamCase, CovApplyDiagCase, FilterPoly2dCase, FilterPolynomialCase,
     FusedAccumulateCase, FusedCase, FusedPassFields, FusedProjectCase, MapData, NoiseWeightCase,
-    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase, StokesWeightsICase,
-    StokesWeightsIquCase, TemplateOffsetAddToSignalCase, TemplateOffsetApplyDiagPrecondCase,
-    TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
+    PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase, SolverFlagsCase,
+    StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
+    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
 };
 pub use compare::{
     CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL, NOISE_RTOL, POLY2D_RTOL,

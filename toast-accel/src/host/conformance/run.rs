@@ -15,7 +15,7 @@ use super::case::{
     CovAccumDiagHitsCase, CovAccumDiagInvnppCase, CovAccumTimestreamCase, CovApplyDiagCase,
     FilterPoly2dCase, FilterPolynomialCase, FusedAccumulateCase, FusedCase, FusedProjectCase,
     MapData, NoiseWeightCase, PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase,
-    StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
+    SolverFlagsCase, StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
     TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase,
 };
 use super::compare::{
@@ -782,6 +782,66 @@ impl CovAccumTimestreamCase {
         Ok(verdict([
             compare("hits", &hits, &c.hits_out.data),
             cmp.float("invnpp", &invnpp, &c.invnpp_out.data, ACCUM_RTOL),
+        ]))
+    }
+}
+
+impl SolverFlagsCase {
+    /// `solver_flags`: integer work, the same bytes on every backend.
+    pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let c = self;
+        let n_samp = dim(&c.flags_in.shape, 1);
+        let use_mask = !c.pixel_mask.data.is_empty();
+        let mut flags = c.flags_in.data.clone();
+        let mut counts = c.counts_in.data.clone();
+        let or_none = |v: &[i32]| {
+            if v.is_empty() {
+                std::ptr::null()
+            } else {
+                v.as_ptr()
+            }
+        };
+        {
+            let g = stage_in(
+                b,
+                if use_mask { &c.global2local.data } else { &[] },
+                "global2local",
+            )?;
+            let df = stage_in(b, &c.det_flags.data, "det_flags")?;
+            let sf = stage_in(b, if_len(&c.shared_flags.data, n_samp), "shared_flags")?;
+            let p = stage_in(b, if use_mask { &c.pixels.data } else { &[] }, "pixels")?;
+            let m = stage_in(b, &c.pixel_mask.data, "pixel_mask")?;
+            let o = stage_out(b, &mut flags, "flags")?;
+            let n = stage_out(b, &mut counts, "counts")?;
+            let args = abi::SolverFlagsArgs {
+                n_det: c.out_index.data.len() as u64,
+                n_samp: n_samp as u64,
+                flag_index: or_none(&c.flag_index.data),
+                pixel_index: or_none(&c.pixel_index.data),
+                out_index: c.out_index.data.as_ptr(),
+                intervals: ivs(&c.intervals),
+                global2local: g.abi(),
+                n_pix_submap: c.n_pix_submap,
+                det_flags: df.abi(),
+                shared_flags: sf.abi(),
+                pixels: p.abi(),
+                pixel_mask: m.abi(),
+                flags: o.abi(),
+                counts: n.abi(),
+                det_flag_mask: c.det_flag_mask,
+                shared_flag_mask: c.shared_flag_mask,
+                cut_bit: c.cut_bit,
+                mask_bit: c.mask_bit,
+                reserved: [0; 4],
+            };
+            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+            // case or staged buffers, per-detector lengths checked by `load`.
+            unsafe { launch(b, &args)? };
+            finish(vec![o, n, g, df, sf, p, m])?;
+        }
+        Ok(verdict([
+            compare("flags", &flags, &c.flags_out.data),
+            compare("counts", &counts, &c.counts_out.data),
         ]))
     }
 }

@@ -6,7 +6,8 @@
 //! needs them.
 
 use super::{
-    check_len, dist_for_map, launch, map_info, rows, shared_flags, KernelCall, Source, Spec, Target,
+    check_len, dist_for_map, launch, map_info, ptr_or_null, rows, shared_flags, KernelCall, Source,
+    Spec, Target,
 };
 use crate::pixels::covariance::block_size;
 use toast_accel::abi;
@@ -106,13 +107,6 @@ pub fn cov_accum_timestream(
         hits,
         invnpp,
     ];
-    let ptr_or_null = |v: &[i32]| {
-        if v.is_empty() {
-            std::ptr::null()
-        } else {
-            v.as_ptr()
-        }
-    };
     launch(
         ctx,
         call.operator,
