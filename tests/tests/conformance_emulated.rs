@@ -63,11 +63,13 @@ fn suite(backend: &str) {
         "{backend} is not on the emulated driver: device `{}`",
         dev.name
     );
-    // Exactly, but for stokes_weights_IQU and the filters: the emulator
-    // runs the device source with the host's libm, but stokes_weights_IQU
-    // uses the source's own correctly rounded atan2/sin/cos (an ulp from
-    // glibc's where glibc errs above half an ulp), and the filters are within
-    // their tolerance of TOAST's LAPACK on every backend.
+    // Exactly, but for stokes_weights_IQU, the filters and the offset
+    // projection: the emulator runs the device source with the host's libm,
+    // but stokes_weights_IQU uses the source's own correctly rounded
+    // atan2/sin/cos (an ulp from glibc's where glibc errs above half an
+    // ulp), the filters are within their tolerance of TOAST's LAPACK on
+    // every backend, and template_offset_project_signal sums an amplitude's
+    // samples by a block's fixed-shape tree (rounding, AMP_RTOL).
     assert_all_cases_pass(
         &b,
         Comparison::Tolerant,
@@ -75,6 +77,7 @@ fn suite(backend: &str) {
             Kernel::StokesWeightsIqu,
             Kernel::FilterPolynomial,
             Kernel::FilterPoly2d,
+            Kernel::TemplateOffsetProjectSignal,
         ],
     );
     println!(

@@ -18,7 +18,8 @@ use toast_tests::{backend_or_skip, conformance_suite};
 conformance_suite!(
     all_cases_pass_on_opencl: backend = "opencl", options = "", require = "TOAST_REQUIRE_OPENCL",
     comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp,
-                FilterPolynomial, FilterPoly2d, CovAccumTimestream],
+                FilterPolynomial, FilterPoly2d, CovAccumTimestream,
+                TemplateOffsetProjectSignal],
 );
 
 // The polynomial filters' workspace interleaved, as for a GPU (the default,
@@ -27,7 +28,8 @@ conformance_suite!(
     all_cases_pass_on_opencl_interleaved_workspace: backend = "opencl",
     options = "workspace=interleaved", require = "TOAST_REQUIRE_OPENCL",
     comparison = Tolerant, tolerant = [StokesWeightsIqu, BuildNoiseWeighted, CovAccumDiagInvnpp,
-                FilterPolynomial, FilterPoly2d, CovAccumTimestream],
+                FilterPolynomial, FilterPoly2d, CovAccumTimestream,
+                TemplateOffsetProjectSignal],
 );
 
 /// `filter_poly2D` on PoCL, launched in chunks of 37 samples (and whole):
