@@ -174,14 +174,8 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::test_arrays::{arr, arr_mut};
     use toast_accel::abi::{Array, SampleRange, SampleRanges};
-
-    fn arr<T>(v: &[T]) -> Array {
-        Array {
-            ptr: v.as_ptr() as u64,
-            len: v.len() as u64,
-        }
-    }
 
     /// The arguments, sent into a test pool's closure.
     struct Sent(CovAccumTimestreamArgs);
@@ -200,13 +194,6 @@ mod tests {
                 run(&v, &a.0).unwrap();
             }
         });
-    }
-
-    fn arr_mut<T>(v: &mut [T]) -> Array {
-        Array {
-            ptr: v.as_mut_ptr() as u64,
-            len: v.len() as u64,
-        }
     }
 
     /// The host loops this kernel replaced: detector by detector, sample by

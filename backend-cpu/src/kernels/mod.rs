@@ -17,6 +17,8 @@ pub(crate) mod solver_flags;
 pub(crate) mod stokes;
 pub(crate) mod template_offset;
 #[cfg(test)]
+pub(crate) mod test_arrays;
+#[cfg(test)]
 pub(crate) mod test_cases;
 pub(crate) mod weight;
 
