@@ -1504,6 +1504,7 @@ impl DeviceKernel for abi::SolverFlagsArgs {
             "toast_solver_flags",
             v.n_det,
             v.intervals,
+            (false, false),
             SOLVER_FLAGS_CHUNK,
             |d0, d1, i0, i1, stride| params::ToastSolverFlags {
                 det0: d0,

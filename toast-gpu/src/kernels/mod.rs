@@ -568,36 +568,24 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         split_iv: bool,
         params: impl Fn(i64, i64, i64, i64) -> L,
     ) -> Result<(), PluginError> {
-        let len = |r: std::ops::Range<usize>| {
-            iv[r]
-                .iter()
-                .map(|i| (i.last - i.first).max(0) as u64)
-                .max()
-                .unwrap_or(0)
-        };
-        for (d0, d1) in ranges(n_det, split_det) {
-            for (i0, i1) in ranges(iv.len(), split_iv) {
-                self.launch(
-                    name,
-                    len(i0..i1),
-                    i1 - i0,
-                    d1 - d0,
-                    params(d0 as i64, d1 as i64, i0 as i64, i1 as i64),
-                )?;
-            }
-        }
-        Ok(())
+        let split = (split_det, split_iv);
+        self.launch_sample_chunks(name, n_det, iv, split, 1, |d0, d1, i0, i1, _| {
+            params(d0, d1, i0, i1)
+        })
     }
 
     /// [`launch_samples`](Self::launch_samples) for a kernel whose threads
     /// take `chunk` samples each, strided by the grid's width along
     /// dimension 0: `params(det0, det_end, iv0, iv_end, stride)`, with
-    /// `stride` that width (`ceil(longest interval / chunk)`).
+    /// `stride` that width (`ceil(longest interval / chunk)`; the longest
+    /// interval itself for `chunk` 1, one thread a sample). `split` says
+    /// whether detectors and intervals get a launch each.
     pub(crate) fn launch_sample_chunks<L: LaunchParams<D::Buffer>>(
         &self,
         name: &'static str,
         n_det: usize,
         iv: &[SampleRange],
+        (split_det, split_iv): (bool, bool),
         chunk: u64,
         params: impl Fn(i64, i64, i64, i64, i64) -> L,
     ) -> Result<(), PluginError> {
@@ -609,8 +597,8 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 .unwrap_or(0)
                 .div_ceil(chunk.max(1))
         };
-        for (d0, d1) in ranges(n_det, false) {
-            for (i0, i1) in ranges(iv.len(), false) {
+        for (d0, d1) in ranges(n_det, split_det) {
+            for (i0, i1) in ranges(iv.len(), split_iv) {
                 let w = width(i0..i1);
                 self.launch(
                     name,
