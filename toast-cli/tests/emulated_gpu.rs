@@ -92,7 +92,13 @@ fn run_gives_the_cpu_maps(backend: &str) {
     let (ok, log) = toast_cli_env(&args, Some(&dir), &movement_log);
     assert!(ok, "{backend} run: {log}");
     one_device_scope_keeps_the_timestreams(backend, &log);
+    maps_are_the_cpus(backend, &out, cpu);
+    kernels_ran_on(backend, &out);
+}
 
+/// The hits of the run in `out` equal those in `cpu`, its maps to float32
+/// rounding.
+fn maps_are_the_cpus(backend: &str, out: &Path, cpu: &Path) {
     let hits = compare_maps(
         &out.join("mapmaker_hits.fits"),
         &cpu.join("mapmaker_hits.fits"),
@@ -109,6 +115,11 @@ fn run_gives_the_cpu_maps(backend: &str) {
             "{backend}: {f} differs from the CPU's beyond float32 rounding: {rel:?}"
         );
     }
+}
+
+/// Every pipeline kernel of the run in `out` ran on `backend`, none on the
+/// CPU (`timing.csv`).
+fn kernels_ran_on(backend: &str, out: &Path) {
     let csv = std::fs::read_to_string(out.join("timing.csv")).unwrap();
     for k in [
         "pointing_detector",
@@ -336,17 +347,31 @@ fn node_local_ranks_spread_over_two_emulated_hip_devices() {
     ranks_spread_over_the_devices("hip");
 }
 
-#[test]
-fn a_run_past_the_device_memory_budget_fails_naming_it() {
-    let backend = "cuda";
+/// The emulated driver's directory when `backend` is usable on it; else
+/// the test is skipped with the reason (`None`), or fails where the
+/// emulators are required.
+fn usable_emulated(backend: &str) -> Option<PathBuf> {
     let dir = match library_dir(backend) {
         Ok(d) => d,
-        Err(why) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {why}")),
+        Err(why) => {
+            skip_unless_required(REQUIRE, format!("emulated {backend}: {why}"));
+            return None;
+        }
     };
     let list = backends_with(&dir, &[], &[]);
     if let Some(reason) = unavailable(&list, backend) {
-        return skip_unless_required(REQUIRE, format!("emulated {backend}: {reason}"));
+        skip_unless_required(REQUIRE, format!("emulated {backend}: {reason}"));
+        return None;
     }
+    Some(dir)
+}
+
+#[test]
+fn a_run_past_the_device_memory_budget_fails_naming_it() {
+    let backend = "cuda";
+    let Some(dir) = usable_emulated(backend) else {
+        return;
+    };
     let out = scratch("toast-cli-emulated", "budget").join("out");
     let run = |extra: &[&str]| {
         let mut args = vec![
@@ -404,4 +429,65 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
         "{}",
         text(&o)
     );
+}
+
+/// A device memory budget too small for the kept pointing (tiny with 4
+/// detectors would need 0.13 GiB; the budget is 0.1 GiB): the workflow
+/// recomputes the pointing on the device per batch of 2 detectors
+/// (`device-recomputed`), the dry run says why, the device peak stays
+/// within the budget, nothing per sample crosses the bus, every kernel runs
+/// on the device, and the maps are the CPU's.
+#[test]
+fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
+    let backend = "cuda";
+    let Some(dir) = usable_emulated(backend) else {
+        return;
+    };
+    const BUDGET: &str = "cuda:memory=0.1";
+    const BUDGET_BYTES: u64 = 107_374_182;
+    let cpu = scratch("toast-cli-emulated", "batches-cpu").join("out");
+    let out = scratch("toast-cli-emulated", "batches").join("out");
+    fn with<'a>(first: &[&'a str]) -> Vec<&'a str> {
+        let mut args = first.to_vec();
+        args.extend_from_slice(&["--n-det", "4"]);
+        args.extend_from_slice(SETTINGS);
+        args
+    }
+    let (ok, log) = toast_cli(
+        &with(&[
+            "run",
+            "--backend",
+            "cpu",
+            "--out-dir",
+            cpu.to_str().unwrap(),
+        ]),
+        None,
+    );
+    assert!(ok, "cpu run: {log}");
+    let device = ["run", "--backend", backend, "--backend-options", BUDGET];
+    let (ok, log) = toast_cli(&with(&[&device[..], &["--dry-run"]].concat()), Some(&dir));
+    assert!(ok, "dry run: {log}");
+    for want in [
+        "map-maker plan: device-recomputed (2 detectors a batch)",
+        "because the plan device-kept would need 0.13 GiB of device memory on backend cuda, \
+         over its budget of 0.100 GiB",
+    ] {
+        assert!(log.contains(want), "dry run: no `{want}` in\n{log}");
+    }
+    let movement_log = [("RUST_LOG", "toast_ops::exec::movement=debug")];
+    let run = [&device[..], &["--out-dir", out.to_str().unwrap()]].concat();
+    let (ok, log) = toast_cli_env(&with(&run), Some(&dir), &movement_log);
+    assert!(ok, "{backend} run within {BUDGET}: {log}");
+    one_device_scope_keeps_the_timestreams(backend, &log);
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["execution_plan"]["name"], "device-recomputed");
+    assert_eq!(stats["execution_plan"]["batch"], 2);
+    let peak = stats["device_peak_staged_bytes"].as_u64().unwrap();
+    assert!(
+        peak > 0 && peak <= BUDGET_BYTES,
+        "device peak {peak} bytes, budget {BUDGET_BYTES}"
+    );
+    maps_are_the_cpus(backend, &out, &cpu);
+    kernels_ran_on(backend, &out);
 }

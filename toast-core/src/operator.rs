@@ -518,9 +518,13 @@ pub trait Operator {
     /// not exist yet (idempotent). A pipeline calls this before `exec` of an
     /// accelerated operator so that it can size the device mirrors of the
     /// outputs (see [`crate::staging`]); TOAST's operators do the same with
-    /// `detdata.ensure` inside `exec`. The default does nothing, which is
-    /// right for operators that only run on the host.
-    fn prepare_outputs(&self, _data: &mut Data) -> Result<(), OpError> {
+    /// `detdata.ensure` inside `exec`. An operator with *transient*
+    /// outputs (fields that hold only the detectors of the current pass,
+    /// e.g. pointing expanded per detector batch) sizes them to the
+    /// detectors `ctx` selects, so the device mirror is one batch's too.
+    /// The default does nothing, which is right for operators that only
+    /// run on the host.
+    fn prepare_outputs(&self, _data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         Ok(())
     }
 

@@ -16,7 +16,11 @@
 //! `hipMalloc`/`hipFree`) synchronise the device and cost tens of
 //! microseconds; TOAST's OpenMP-offload port needed a pool for the same
 //! reason. A request is rounded up to a size class (at least 256 bytes,
-//! then powers of two up to 64 MiB, then multiples of 2 MiB) and served
+//! then powers of two up to 1 MiB, then multiples of 1 MiB: at most 1 MiB
+//! above the request beyond it, so that the budget holds the buffers a run
+//! sizes to it, not up to twice them as power-of-two classes of tens of
+//! MiB did; a run's large buffers repeat their sizes, so they are still
+//! reused) and served
 //! from the free list of that class when one is there. `free` returns the
 //! block to its list rather than to the driver while the cached total stays
 //! under a cap (a quarter of device memory); above it the block is released.
@@ -145,8 +149,8 @@ pub struct Memory<B> {
 /// The size class of a request of `bytes`.
 pub fn size_class(bytes: u64) -> u64 {
     const MIN: u64 = 256;
-    const POW2_MAX: u64 = 64 << 20;
-    const STEP: u64 = 2 << 20;
+    const POW2_MAX: u64 = 1 << 20;
+    const STEP: u64 = 1 << 20;
     if bytes <= MIN {
         MIN
     } else if bytes <= POW2_MAX {
@@ -491,8 +495,11 @@ mod tests {
     fn classes() {
         assert_eq!(size_class(0), 256);
         assert_eq!(size_class(257), 512);
-        assert_eq!(size_class(64 << 20), 64 << 20);
-        assert_eq!(size_class((64 << 20) + 1), (66 << 20));
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), 2 << 20);
+        assert_eq!(size_class((3 << 20) + 1), 4 << 20);
+        assert_eq!(size_class(34_560_000), 33 << 20);
+        assert_eq!(size_class((64 << 20) + 1), (65 << 20));
     }
 
     #[test]

@@ -372,7 +372,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         n_det: args.n_det,
         n_obs: args.n_obs,
     };
-    let job = SatelliteJob::new(&args.case, configuration(args)?, overrides)?;
+    let mut job = SatelliteJob::new(&args.case, configuration(args)?, overrides)?;
     let s = job.sizing;
     let mut sim = job.simulation()?;
     let (n_procs, ppn) = match args.dry_run.as_deref() {
@@ -380,6 +380,12 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         _ => (comm.size(), procs_per_node(comm.size())),
     };
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
+    // A device plan that does not fit its device memory budget becomes one
+    // that does (pointing recomputed per detector batch), before any work.
+    let fitted = job.fit_device_budget(&plan, &sim, &registry)?;
+    if let (Some(why), true) = (&fitted, root && args.dry_run.is_none()) {
+        tracing::info!("map-maker plan: {why}");
+    }
     let execution = job.execution_plan(&registry);
     let predicted = job.predicted_memory();
     // A device plan: its predicted device peak against its backend's budget.
@@ -424,6 +430,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn, job.pointing())?;
             crate::outln!("map-maker plan: {execution}")?;
+            if let Some(why) = &fitted {
+                crate::outln!("  because {why}")?;
+            }
             for why in &execution.why {
                 crate::outln!("  because {why}")?;
             }

@@ -224,7 +224,7 @@ fn run_step(
 ) -> Result<(), OpError> {
     let spec = StepSpec::from_operator(op, accel);
     if spec.accel {
-        op.prepare_outputs(data)?;
+        op.prepare_outputs(data, ctx)?;
     }
     let plan = stage_step(data, ctx, &spec)?;
     ctx.use_accel = spec.accel;

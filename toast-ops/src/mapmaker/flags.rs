@@ -103,7 +103,7 @@ impl Operator for SolverFlagsStep {
         true
     }
 
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         if matches!(self.bits, SolverFlagBits::Selection { .. }) {
             for ob in &mut data.obs {
                 ob.detdata.create(&self.flags, DType::U8, &[], None)?;
@@ -117,7 +117,7 @@ impl Operator for SolverFlagsStep {
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        self.prepare_outputs(data)?;
+        self.prepare_outputs(data, ctx)?;
         let pass = match &self.bits {
             SolverFlagBits::Selection {
                 det_flags,

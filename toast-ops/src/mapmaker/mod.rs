@@ -87,7 +87,14 @@
 //! or the one it handed over ([`MapMaker::reuse_pointing`]), declared
 //! equal to the device's, so neither is copied (32 bytes a detector sample
 //! each way saved); a caller that discards the detector data gets none.
-//! Without `full_pointing` a device run recomputes it in every pass.
+//! Without `full_pointing` a device run recomputes it in every pass, per
+//! batch of `binner.pointing_batch` detectors (`device-recomputed`): the
+//! pointing fields are transient on the device too, and so is the
+//! left-hand side's work timestream, so the device holds the timestream,
+//! the flags, the right-hand side's whole work copy (the copy kernel has
+//! no row selection), the boresight, the maps and one batch (18 bytes a
+//! detector sample and 64 a batch sample, against 82 kept): what a small
+//! device memory budget runs with.
 //!
 //! The final hits, covariance and rcond are the solver's when nothing
 //! differs (`share_solver_covariance`): one pass instead of two. A caller
@@ -157,8 +164,9 @@
 //! A staged run asked for it
 //! keeps the pointing (`full_pointing`). The pixel distribution, when the map-maker builds it,
 //! is built in one pass (its builder reduces over the job after each pass,
-//! and processes may hold different numbers of batches). Staged (device)
-//! runs keep the earlier behaviour: one pass, full fields.
+//! and processes may hold different numbers of batches). Device runs of
+//! `device-kept` keep one pass over full fields; `device-recomputed` runs
+//! the batches as the host does (see "Data movement").
 //!
 //! # Files
 //!

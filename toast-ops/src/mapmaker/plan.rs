@@ -12,7 +12,7 @@
 //! | [`ExecutionPlan::HostCompact`] | the pixel kept as i32; weights rebuilt from the boresight | fused, weights rebuilt block by block in cache | 4 |
 //! | [`ExecutionPlan::HostBatched`] | recomputed by the kernels in every pass, `batch` detectors at a time (TOAST's way) | unfused, per batch | about 0 kept, 64 per batch sample |
 //! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | the kernels on device fields, one device scope | 32 on the device |
-//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass | the kernels on device fields, one device scope | 64 on the device |
+//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | the kernels on device fields, one device scope; the work timestream per batch in the left-hand side | 64 per batch sample on the device (all detectors' with `batch = 0`) |
 //!
 //! The inputs are what the configuration asks for (`binner.full_pointing`,
 //! `binner.compact_pointing`, `binner.pointing_batch`), what the backend is
@@ -75,7 +75,12 @@ pub enum ExecutionPlan {
     /// the device's hit submaps, the solver flags are a kernel).
     DeviceKept,
     /// On a device: one device scope, the pointing recomputed there in
-    /// every pass.
+    /// every pass, per batch of [`Plan::batch`] detectors (all at once
+    /// with 0): the device holds one batch's pointing, and in the
+    /// solver's left-hand side one batch's work timestream, so its
+    /// resident set is the timestream, the flags, the boresight, the maps
+    /// and the amplitudes, plus one batch (what a small device memory
+    /// budget asks for: the satellite workflow chooses it then).
     DeviceRecomputed,
 }
 
@@ -191,11 +196,16 @@ impl Plan {
                 );
                 ExecutionPlan::DeviceKept
             } else {
-                why.push(
-                    "binner.full_pointing and binner.compact_pointing are false: the pointing \
-                     recomputed on the device in every pass"
-                        .into(),
-                );
+                why.push(match binner.pointing_batch {
+                    0 => "binner.full_pointing and binner.compact_pointing are false: the \
+                          pointing recomputed on the device in every pass, all detectors at once"
+                        .to_string(),
+                    n => format!(
+                        "binner.full_pointing and binner.compact_pointing are false: the \
+                         pointing recomputed on the device in every pass, {n} detectors at a \
+                         time (binner.pointing_batch)"
+                    ),
+                });
                 ExecutionPlan::DeviceRecomputed
             };
             return Plan {
@@ -308,17 +318,28 @@ impl Plan {
         matches!(self.plan, ExecutionPlan::HostCompact { .. })
     }
 
-    /// Host passes recompute (or rebuild) the pointing per detector batch,
-    /// each batch's fields replacing the previous one's.
+    /// Passes recompute (or rebuild) the pointing per detector batch, each
+    /// batch's fields replacing the previous one's (on a device, their
+    /// device copies too).
     pub fn transient_pointing(&self) -> bool {
-        matches!(
-            self.plan,
-            ExecutionPlan::HostCompact { .. } | ExecutionPlan::HostBatched
-        )
+        match self.plan {
+            ExecutionPlan::HostCompact { .. } | ExecutionPlan::HostBatched => true,
+            ExecutionPlan::DeviceRecomputed => self.batch > 0,
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept => false,
+        }
     }
 
-    /// The solver's work timestream exists for one detector batch at a time.
+    /// The solver's work timestream exists for one detector batch at a
+    /// time in the left-hand side (made there from the amplitudes).
     pub fn work_batches(&self) -> bool {
+        self.batch > 0 && (self.host() || self.plan == ExecutionPlan::DeviceRecomputed)
+    }
+
+    /// The right-hand side's work copy of the timestream is made per
+    /// detector batch too: on the host only, since a device copies whole
+    /// fields (the copy kernel has no row selection), so a device's
+    /// right-hand side holds one whole work timestream.
+    pub fn work_copy_batches(&self) -> bool {
         self.host() && self.batch > 0
     }
 
@@ -364,7 +385,12 @@ impl fmt::Display for ExecutionPlan {
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.plan)?;
-        if self.host() && !matches!(self.plan, ExecutionPlan::HostKept { .. }) {
+        let batched = match self.plan {
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept => false,
+            ExecutionPlan::DeviceRecomputed => true,
+            _ => self.host(),
+        };
+        if batched {
             match self.batch {
                 0 => f.write_str(" (all detectors at once)")?,
                 n => write!(f, " ({n} detectors a batch)")?,
@@ -424,9 +450,27 @@ mod tests {
             assert_eq!(p.plan, want);
             assert_eq!(p.keeps_pointing(), full || compact);
             assert!(!p.host_pointing_kept());
-            assert!(!p.host() && !p.transient_pointing() && !p.work_batches());
+            assert!(!p.host() && !p.work_copy_batches());
+            // Recomputed pointing is per batch (`pointing_batch` = 8 by
+            // default), and so is the left-hand side's work timestream.
+            assert_eq!(p.transient_pointing(), !(full || compact));
+            assert_eq!(p.work_batches(), !(full || compact));
             assert_eq!(p.fused(), None);
         }
+        let all = BinnerConfig {
+            pointing_batch: 0,
+            ..binner(false, false)
+        };
+        let p = Plan::choose(&all, &dev);
+        assert_eq!(p.plan, ExecutionPlan::DeviceRecomputed);
+        assert!(!p.transient_pointing() && !p.work_batches());
+        assert_eq!(p.to_string(), "device-recomputed (all detectors at once)");
+        let p = Plan::choose(&binner(false, false), &dev);
+        assert_eq!(p.to_string(), "device-recomputed (8 detectors a batch)");
+        assert!(
+            p.why.iter().any(|w| w.contains("8 detectors at a time")),
+            "{p:?}"
+        );
     }
 
     #[test]

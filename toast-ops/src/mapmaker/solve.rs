@@ -534,9 +534,16 @@ impl MapMaker {
             input: mm.det_data.clone(),
             output: keys.temp.clone(),
             det_mask: binner.det_mask,
-            transient: self.plan.work_batches(),
+            transient: self.plan.work_copy_batches(),
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
+        if self.plan.work_batches() && !self.plan.work_copy_batches() {
+            // A device copies whole fields: the work copy first, for every
+            // detector, then the batches' pointing and projection.
+            let all = RunOptions::default();
+            run_operators("SolverRHS", &mut [&mut copy], data, ctx, &all)?;
+            return self.run_projection(data, ctx, "SolverRHS", Vec::new(), !full, &mut tail);
+        }
         self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
     }
 

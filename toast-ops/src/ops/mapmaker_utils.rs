@@ -356,12 +356,12 @@ impl Operator for BuildHitMap {
     fn supports_accel(&self) -> bool {
         true
     }
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         ensure_map::<i64>(data, &self.hits, &self.pixel_dist, &dist, 1)
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        self.prepare_outputs(data)?;
+        self.prepare_outputs(data, ctx)?;
         let (pixels, pixel_dist) = (&self.pixels, &self.pixel_dist);
         let flags = &self.flags;
         let hits = CovMaps::Hits(&self.hits);
@@ -485,7 +485,7 @@ impl Operator for BuildInverseCovariance {
     fn supports_accel(&self) -> bool {
         true
     }
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
         ensure_map::<f64>(
@@ -497,7 +497,7 @@ impl Operator for BuildInverseCovariance {
         )
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        self.prepare_outputs(data)?;
+        self.prepare_outputs(data, ctx)?;
         let (pixels, weights, pixel_dist) = (&self.pixels, &self.weights, &self.pixel_dist);
         let (flags, noise_model) = (&self.flags, &self.noise_model);
         let map = &self.inverse_covariance;
@@ -605,13 +605,13 @@ impl Operator for BuildNoiseWeighted {
     fn supports_accel(&self) -> bool {
         true
     }
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         let dist = crate::pixels::get_distribution(data, &self.pixel_dist)?;
         let nnz = weights_nnz(data, &self.weights)?;
         ensure_map::<f64>(data, &self.zmap, &self.pixel_dist, &dist, nnz)
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        self.prepare_outputs(data)?;
+        self.prepare_outputs(data, ctx)?;
         let pointing = PointingFields {
             pixels: &self.pixels,
             weights: &self.weights,

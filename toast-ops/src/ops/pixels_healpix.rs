@@ -59,8 +59,9 @@ pub struct PixelsHealpix {
     pub config: PixelsHealpixConfig,
     /// The detector pointing it reads.
     pub detector_pointing: PointingDetectorConfig,
-    /// Host runs only: each `exec` replaces the pixel field by one holding
-    /// only the current pass's detectors (see [`super::pointing_field`]).
+    /// Each `exec` replaces the pixel field by one holding only the current
+    /// pass's detectors (see [`super::pointing_field`]; on a device its
+    /// mirror is one pass's too).
     pub transient: bool,
     n_pix_submap: i64,
     n_submap: i64,
@@ -171,10 +172,15 @@ impl Operator for PixelsHealpix {
         true
     }
 
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
-            ob.detdata
-                .create(&self.config.pixels, DType::I64, &[], None)?;
+            if self.transient {
+                let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+                pointing_field(ob, &self.config.pixels, DType::I64, &[], &dets, true)?;
+            } else {
+                ob.detdata
+                    .create(&self.config.pixels, DType::I64, &[], None)?;
+            }
         }
         Ok(())
     }
@@ -183,7 +189,7 @@ impl Operator for PixelsHealpix {
         if !self.config.enabled {
             return Ok(());
         }
-        let transient = self.transient && !ctx.use_accel;
+        let transient = self.transient;
         let params = HealpixParams {
             nside: self.config.nside.into(),
             n_pix_submap: self.n_pix_submap,

@@ -48,8 +48,8 @@ pub struct PointingDetector {
     name: String,
     /// The configuration.
     pub config: PointingDetectorConfig,
-    /// Host runs only: each `exec` replaces the quaternion field by one that
-    /// holds only the detectors of the current pass, so a pipeline run per
+    /// Each `exec` replaces the quaternion field by one that holds only the
+    /// detectors of the current pass (on a device its mirror too), so a pipeline run per
     /// detector set never holds the quaternions of all detectors at once
     /// (the consumers read them by detector name). Off by default; set by
     /// callers that drop the quaternions after the pixels and weights.
@@ -98,10 +98,15 @@ impl Operator for PointingDetector {
         true
     }
 
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
-            ob.detdata
-                .create(&self.config.quats, DType::F64, &[4], None)?;
+            if self.transient {
+                let dets = select_detectors(ctx, ob, self.config.det_mask);
+                pointing_field(ob, &self.config.quats, DType::F64, &[4], &dets, true)?;
+            } else {
+                ob.detdata
+                    .create(&self.config.quats, DType::F64, &[4], None)?;
+            }
         }
         Ok(())
     }
@@ -110,8 +115,9 @@ impl Operator for PointingDetector {
         if !self.config.enabled {
             return Ok(());
         }
-        // On staged (device) runs the field must exist for every detector.
-        let transient = self.transient && !ctx.use_accel;
+        // Transient on a device too: `prepare_outputs` sized the field
+        // (and so its device mirror) to this pass's detectors.
+        let transient = self.transient;
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let dets = select_detectors(ctx, ob, self.config.det_mask);

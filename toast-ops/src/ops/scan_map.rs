@@ -105,7 +105,7 @@ impl Operator for ScanMap {
     /// an existing one may hold only some detectors (a transient work
     /// timestream of a detector set, see [`super::ResetData::transient`]),
     /// whose rows are then read by name.
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
             if !ob.detdata.contains(&self.config.det_data) {
                 ob.detdata
@@ -119,7 +119,7 @@ impl Operator for ScanMap {
         if !self.config.enabled {
             return Ok(());
         }
-        self.prepare_outputs(data)?;
+        self.prepare_outputs(data, ctx)?;
         let c = &self.config;
         let mode = ScanMode {
             zero: c.zero,

@@ -71,9 +71,9 @@ pub struct StokesWeights {
     pub config: StokesWeightsConfig,
     /// The detector pointing it reads.
     pub detector_pointing: PointingDetectorConfig,
-    /// Host runs only: each `exec` replaces the weights field by one
-    /// holding only the current pass's detectors (see
-    /// [`super::pointing_field`]).
+    /// Each `exec` replaces the weights field by one holding only the
+    /// current pass's detectors (see [`super::pointing_field`]; on a device
+    /// its mirror is one pass's too).
     pub transient: bool,
 }
 
@@ -124,11 +124,16 @@ impl Operator for StokesWeights {
         true
     }
 
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         let nnz = self.config.mode.nnz();
         for ob in &mut data.obs {
-            ob.detdata
-                .create(&self.config.weights, DType::F64, &[nnz], None)?;
+            if self.transient {
+                let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+                pointing_field(ob, &self.config.weights, DType::F64, &[nnz], &dets, true)?;
+            } else {
+                ob.detdata
+                    .create(&self.config.weights, DType::F64, &[nnz], None)?;
+            }
         }
         Ok(())
     }
@@ -137,7 +142,7 @@ impl Operator for StokesWeights {
         if !self.config.enabled {
             return Ok(());
         }
-        let transient = self.transient && !ctx.use_accel;
+        let transient = self.transient;
         let nnz = self.config.mode.nnz();
         let view = self.view().map(str::to_string);
         let Data { obs, meta } = data;

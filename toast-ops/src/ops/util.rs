@@ -195,7 +195,7 @@ impl Operator for CopyDetData {
     }
     /// On a device: the output, if absent, like the input (its rows, type
     /// and shape), so that the step's device buffer exists before it runs.
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
             if ob.detdata.contains(&self.output) || !ob.detdata.contains(&self.input) {
                 continue;
@@ -322,9 +322,10 @@ impl CopyDetData {
 /// an item staged on the device is zeroed there in place (TOAST's
 /// `accel_reset`), with no transfer; otherwise the host copy is zeroed.
 /// Missing detdata fields are created as f64 scalars per sample; global
-/// items must exist. With `transient` (host steps only), each detdata field
-/// is instead replaced by a zeroed one holding only the selected detectors
-/// (see [`pointing_field`]): a work timestream of one detector set.
+/// items must exist. With `transient`, each detdata field is instead
+/// replaced by a zeroed one holding only the selected detectors (see
+/// [`pointing_field`]; on a device its mirror is sized to it): a work
+/// timestream of one detector set.
 #[derive(Debug, Clone, Default)]
 pub struct ResetData {
     /// Instance name.
@@ -334,7 +335,7 @@ pub struct ResetData {
     /// Global items (maps, amplitude vectors).
     pub global: Vec<String>,
     /// Replace the detdata fields by zeroed ones of the selected detectors
-    /// only (host steps).
+    /// only.
     pub transient: bool,
 }
 
@@ -358,12 +359,16 @@ impl Operator for ResetData {
     fn supports_accel(&self) -> bool {
         true
     }
-    fn prepare_outputs(&self, data: &mut Data) -> Result<(), OpError> {
+    fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
+            let dets = ctx.selected_detectors(ob.local_detectors());
             for f in &self.detdata {
-                // A transient field is made per detector set by `exec`.
                 if !self.transient {
                     ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
+                } else if pointing_field(ob, f, DType::F64, &[], &dets, true)? {
+                    // A field of the selected detectors, zeroed (a reused
+                    // one holds the previous set's values).
+                    ob.detdata.get_mut(f)?.fill_zero();
                 }
             }
         }
@@ -379,23 +384,14 @@ impl Operator for ResetData {
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let use_accel = ctx.use_accel;
-        let transient = self.transient && !use_accel;
-        if transient {
-            // New zeroed fields of the selected detectors; the global items
-            // are zeroed below.
-            for ob in &mut data.obs {
-                let dets = ctx.selected_detectors(ob.local_detectors());
-                for f in &self.detdata {
-                    if pointing_field(ob, f, DType::F64, &[], &dets, true)? {
-                        ob.detdata.get_mut(f)?.fill_zero();
-                    }
-                }
-            }
-        }
-        self.prepare_outputs(data)?;
+        // Transient host fields are new and zeroed by `prepare_outputs`
+        // (of the selected detectors); on a device their mirrors, sized to
+        // them, are zeroed below like whole fields.
+        let fresh_on_host = self.transient && !use_accel;
+        self.prepare_outputs(data, ctx)?;
         let mut keys: Vec<BufferKey> = Vec::new();
         for ob in &data.obs {
-            for f in self.detdata.iter().filter(|_| !transient) {
+            for f in self.detdata.iter().filter(|_| !fresh_on_host) {
                 keys.push(BufferKey::new(ob.name(), Category::DetData, f.clone()));
             }
         }

@@ -354,10 +354,11 @@ pub struct ScanHealpixMap {
     sky: Option<InputSky>,
     /// Detector sets for the pointing passes.
     pub options: RunOptions,
-    /// Host runs: keep no pointing for all detectors. The pixels and
-    /// weights too (not only the quaternions) hold one detector set at a
-    /// time, and the scan recomputes them per set (one more pointing
-    /// expansion, 32 bytes a detector sample less at the scan's peak).
+    /// Keep no pointing for all detectors: the pixels and weights too (not
+    /// only the quaternions) hold one detector set at a time, and the scan
+    /// recomputes them per set (one more pointing expansion, 32 bytes a
+    /// detector sample less at the scan's peak; on a device, 64 bytes of
+    /// device memory, what a small device budget needs).
     pub transient_pointing: bool,
     /// Leave the pixels and weights on the host at the end (the quaternions
     /// are dropped): the caller hands them to a map-maker with the same
@@ -499,13 +500,15 @@ impl ScanHealpixMap {
             && fresh(self.pointing.pixels_field())
             && fresh(self.pointing.weights_field());
         let fresh_quats = fresh(&quats);
-        // On a device the pointing is expanded there in whole fields, once,
-        // and the scan reads it there; the pixel distribution is built from
-        // the submaps the device's pixels hit (a byte a submap comes back).
+        // On a device the pointing is expanded there, in whole fields once
+        // or, when transient, per detector set like the host's (the device
+        // copies one set's too); the scan reads it there, and the pixel
+        // distribution is built from the submaps the device's pixels hit
+        // (a byte a submap comes back).
         // The host has pointing of its own only for a caller that keeps it
         // (`keep_pointing`): recomputed from the boresight rather than
         // copied back, so no pointing crosses the bus.
-        self.pointing.set_transient(transient && !accel);
+        self.pointing.set_transient(transient);
         self.pointing.det_pointing.transient = fresh_quats;
         {
             let mut ops = self.pointing.operators();
@@ -575,8 +578,8 @@ impl ScanHealpixMap {
         )?;
         let r = {
             let mut ops: Vec<OpRef<'_>> = Vec::new();
-            // On a device the whole fields are resident.
-            if transient && !accel {
+            // Transient pointing is expanded again, set by set, for the scan.
+            if transient {
                 ops.extend(self.pointing.operators());
             }
             ops.push(&mut scan);
@@ -589,6 +592,12 @@ impl ScanHealpixMap {
         data.meta.remove(&map_key);
         r?;
         forgotten?;
+        // Transient pointing (the last set's) is not read again: freed
+        // before the noise, whose workspace needs the room on a device
+        // sized to a small budget.
+        if transient {
+            self.drop_pointing(data, ctx, accel)?;
+        }
         match self.noise.as_mut() {
             Some(noise) => run_operators(
                 "ScanHealpixMap.noise",

@@ -114,6 +114,20 @@
 //! run that would not fit its device memory budget. The sky scan's scope
 //! (72 B per detector sample and the input map) is smaller.
 //!
+//! `device-recomputed` with a batch of `b` detectors
+//! ([`DevicePointing::Batched`]) holds per detector sample
+//! [`DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT`] = 18 B (`signal` 8, the
+//! right-hand side's whole work copy 8, detector and solver flags 1 each)
+//! and per time sample of each batch detector
+//! [`DEVICE_BYTES_PER_BATCH_SAMPLE`] = 64 B (quaternions 32, pixels 8, IQU
+//! weights 24; the left-hand side's work timestream is a batch's too, in
+//! place of the right-hand side's). Measured: tiny with batches of 4,
+//! 517 017 428 bytes; the model with the measured local pixels, 517.7 MB.
+//! The sky scan then expands its pointing per batch too (its scope: the
+//! timestream, the input map and one batch). The satellite workflow
+//! chooses it, with the largest batch that fits, when the kept pointing
+//! does not fit the budget (`SatelliteJob::fit_device_budget`).
+//!
 //! # Pointing by case
 //!
 //! The workflow keeps the pointing ([`keeps_pointing`]) for `tiny`, where
@@ -269,16 +283,77 @@ pub const DEVICE_BYTES_PER_DET_SAMPLE: f64 = 82.0;
 /// See the module documentation.
 pub const DEVICE_BYTES_PER_TIME_SAMPLE: f64 = 33.0;
 
+/// See the module documentation.
+pub const DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT: f64 = 18.0;
+/// See the module documentation.
+pub const DEVICE_BYTES_PER_BATCH_SAMPLE: f64 = 64.0;
+
 /// Device bytes per local pixel of `nnz` Stokes values (see the module
 /// documentation): three maps of `nnz` values and the covariance.
 pub fn device_bytes_per_local_pixel(nnz: u64) -> f64 {
     (8 * (3 * nnz + nnz * (nnz + 1) / 2)) as f64
 }
 
+/// How a device plan holds the pointing, for its device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevicePointing {
+    /// Every detector's, expanded once and kept (`device-kept`, or
+    /// `device-recomputed` all at once).
+    Kept,
+    /// One batch of this many detectors at a time (`device-recomputed`).
+    Batched(u64),
+}
+
+/// The device memory of one process on a device plan (see the module
+/// documentation): what does not depend on the pointing batch, and what
+/// each batch detector adds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceMemory {
+    /// Bytes with the pointing kept ([`DevicePointing::Kept`]).
+    pub kept: f64,
+    /// Bytes of a batched plan besides its batch.
+    pub resident: f64,
+    /// Bytes each detector of a batch adds.
+    pub per_batch_detector: f64,
+}
+
+impl DeviceMemory {
+    /// The model for one process holding `det_samples` detector samples of
+    /// `n_obs` observations with `time_samples` time samples in all.
+    pub fn of(det_samples: f64, time_samples: f64, n_obs: u64, nside: u64, nnz: u64) -> Self {
+        let npix = 12.0 * (nside as f64) * (nside as f64);
+        let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0);
+        let fixed = DEVICE_BYTES_PER_TIME_SAMPLE * time_samples
+            + device_bytes_per_local_pixel(nnz) * local_pix;
+        DeviceMemory {
+            kept: fixed + DEVICE_BYTES_PER_DET_SAMPLE * det_samples,
+            resident: fixed + DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * det_samples,
+            per_batch_detector: DEVICE_BYTES_PER_BATCH_SAMPLE * time_samples,
+        }
+    }
+
+    /// The predicted peak with `pointing`.
+    pub fn peak(&self, pointing: DevicePointing) -> f64 {
+        match pointing {
+            DevicePointing::Kept => self.kept,
+            DevicePointing::Batched(b) => self.resident + self.per_batch_detector * b as f64,
+        }
+    }
+
+    /// The most detectors a batch may hold within `budget` bytes (0: not
+    /// even one).
+    pub fn largest_batch(&self, budget: f64) -> u64 {
+        if budget < self.resident + self.per_batch_detector {
+            return 0;
+        }
+        ((budget - self.resident) / self.per_batch_detector.max(1.0)).floor() as u64
+    }
+}
+
 /// Predicted peak of the staged device buffers of one process holding
 /// `det_samples` detector samples of `n_obs` observations with
-/// `time_samples` time samples in all, on a device plan (see the module
-/// documentation).
+/// `time_samples` time samples in all, on a device plan with the pointing
+/// kept (see the module documentation and [`DeviceMemory`]).
 pub fn predicted_device_memory(
     det_samples: f64,
     time_samples: f64,
@@ -286,11 +361,7 @@ pub fn predicted_device_memory(
     nside: u64,
     nnz: u64,
 ) -> f64 {
-    let npix = 12.0 * (nside as f64) * (nside as f64);
-    let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0);
-    DEVICE_BYTES_PER_DET_SAMPLE * det_samples
-        + DEVICE_BYTES_PER_TIME_SAMPLE * time_samples
-        + device_bytes_per_local_pixel(nnz) * local_pix
+    DeviceMemory::of(det_samples, time_samples, n_obs, nside, nnz).peak(DevicePointing::Kept)
 }
 
 /// Predicted peak memory in bytes (see the module documentation).
@@ -434,6 +505,23 @@ mod tests {
         );
         assert_eq!(device_bytes_per_local_pixel(3), 120.0);
         assert_eq!(device_bytes_per_local_pixel(1), 32.0);
+        // tiny on --backend opencl with the pointing recomputed 4
+        // detectors a batch: 517 017 428 bytes, of which 2 798 592 local
+        // pixels (the rcond mask's bytes) x 120.
+        let m = DeviceMemory::of(s.samples() as f64, 360_000.0, 1, 1024, 3);
+        let model = DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * 4_320_000.0
+            + DEVICE_BYTES_PER_TIME_SAMPLE * 360_000.0
+            + device_bytes_per_local_pixel(3) * 2_798_592.0
+            + m.per_batch_detector * 4.0;
+        let measured = 517_017_428.0;
+        assert!(
+            (model - measured).abs() < 0.01 * measured,
+            "model {model}, measured {measured}"
+        );
+        // The largest batch within a budget, and none below one detector.
+        let b = m.largest_batch(m.peak(DevicePointing::Batched(5)) + 1.0);
+        assert_eq!(b, 5);
+        assert_eq!(m.largest_batch(m.resident), 0);
     }
 
     #[test]

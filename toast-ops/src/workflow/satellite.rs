@@ -621,6 +621,35 @@ impl SatelliteJob {
         worst
     }
 
+    /// The device memory model of each process of `plan` (`sim` as
+    /// [`SatelliteJob::plan`] left it), with its number of detectors: one
+    /// per group's observations and rank's detector sets.
+    fn device_memory_models(
+        &self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+    ) -> Vec<(presets::DeviceMemory, u64)> {
+        let samples = sim.obs_samples().unwrap_or_default();
+        let sets = sim.detector_sets();
+        let nnz = self.config.weights.mode.nnz() as u64;
+        let mut models = Vec::new();
+        for obs in &plan.group_obs {
+            let time: u64 = samples.get(obs.clone()).map_or(0, |v| v.iter().sum());
+            for r in &plan.rank_detsets {
+                let n_det: u64 = sets[r.clone()].iter().map(|v| v.len() as u64).sum();
+                let model = presets::DeviceMemory::of(
+                    (n_det * time) as f64,
+                    time as f64,
+                    obs.len() as u64,
+                    self.nside(),
+                    nnz,
+                );
+                models.push((model, n_det));
+            }
+        }
+        models
+    }
+
     /// Predicted peak of the staged device buffers of the largest process of
     /// `plan` on a device execution plan (`None` on a host plan; see
     /// `presets`, "Device memory estimate").
@@ -633,24 +662,71 @@ impl SatelliteJob {
         if execution.host() {
             return None;
         }
-        let samples = sim.obs_samples().unwrap_or_default();
-        let sets = sim.detector_sets();
-        let nnz = self.config.weights.mode.nnz() as u64;
-        let mut worst = 0.0f64;
-        for obs in &plan.group_obs {
-            let time: u64 = samples.get(obs.clone()).map_or(0, |v| v.iter().sum());
-            for r in &plan.rank_detsets {
-                let n_det: u64 = sets[r.clone()].iter().map(|v| v.len() as u64).sum();
-                worst = worst.max(presets::predicted_device_memory(
-                    (n_det * time) as f64,
-                    time as f64,
-                    obs.len() as u64,
-                    self.nside(),
-                    nnz,
-                ));
-            }
+        let pointing = |n_det: u64| match (execution.transient_pointing(), execution.batch) {
+            (true, b) if b > 0 => presets::DevicePointing::Batched((b as u64).min(n_det)),
+            _ => presets::DevicePointing::Kept,
+        };
+        let peaks = self.device_memory_models(plan, sim).into_iter();
+        Some(peaks.fold(0.0, |worst, (m, n_det)| worst.max(m.peak(pointing(n_det)))))
+    }
+
+    /// Where the map-maker's plan on a device does not fit the device
+    /// memory budget of its backend, the plan that does: the pointing
+    /// recomputed on the device per batch of the most detectors that fit
+    /// (`binner.full_pointing` and `binner.compact_pointing` off,
+    /// `binner.pointing_batch` set; the sky scan follows the map-maker's
+    /// batches). This is the one place where the budget chooses the plan;
+    /// call it after [`SatelliteJob::plan`] and before
+    /// [`SatelliteJob::execution_plan`]. Returns why, or `None` when
+    /// nothing changed (a host plan, no budget known, or the plan fits). A
+    /// budget too small for even one detector a batch leaves batches of
+    /// one, which [`SatelliteJob::check_device_memory`] then refuses,
+    /// naming the budget.
+    pub fn fit_device_budget(
+        &mut self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+        registry: &Registry,
+    ) -> Result<Option<String>, WorkflowError> {
+        let execution = self.execution_plan(registry);
+        let Some(predicted) = self.predicted_device_memory(plan, sim, &execution) else {
+            return Ok(None);
+        };
+        let Some((name, budget)) = self.device_budget(registry)? else {
+            return Ok(None);
+        };
+        let bytes = budget.bytes as f64;
+        if predicted <= bytes {
+            return Ok(None);
         }
-        Some(worst)
+        // The batch is sized to 90% of the budget: the local pixels are an
+        // estimate (within a few percent of the measured ones on xsmall).
+        let models = self.device_memory_models(plan, sim);
+        let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
+        let fits = models
+            .iter()
+            .map(|(m, _)| m.largest_batch(DEVICE_BUDGET_FILL * bytes))
+            .min()
+            .unwrap_or(0);
+        let batch = fits.clamp(1, most.max(1));
+        let binner = &mut self.config.binner;
+        binner.full_pointing = false;
+        binner.compact_pointing = false;
+        binner.pointing_batch = batch as usize;
+        let need = gib(predicted);
+        Ok(Some(if fits == 0 {
+            format!(
+                "the plan {execution} would need {need} of device memory on backend {name}, over \
+                 its budget of {budget}, and so would the pointing recomputed one detector at a \
+                 time"
+            )
+        } else {
+            format!(
+                "the plan {execution} would need {need} of device memory on backend {name}, over \
+                 its budget of {budget}: the pointing is recomputed on the device, {batch} \
+                 detector(s) a batch"
+            )
+        }))
     }
 
     /// The device memory budget of the pipeline backend of `registry`, as
@@ -920,7 +996,18 @@ impl SatelliteJob {
                 // map-maker's (same configuration), so it reuses them instead
                 // of expanding them again. Else it keeps none.
                 let kept = plan.host_pointing_kept();
-                op.transient_pointing = !kept;
+                // On a device the scan's pointing is transient where the
+                // map-maker's is (a batched plan, for a small device memory
+                // budget), in the map-maker's batches; else whole fields.
+                op.transient_pointing = if plan.host() {
+                    !kept
+                } else {
+                    plan.transient_pointing()
+                };
+                if !plan.host() && plan.transient_pointing() {
+                    op.options.detector_sets =
+                        DetectorSets::Sets(merge_sets(&detsets, plan.batch.max(1)));
+                }
                 op.keep_pointing = kept && cfg.mapmaker.enabled;
                 // The map-maker discards the detector data: on a device it
                 // reads no host weights.
@@ -1080,6 +1167,23 @@ impl SatelliteJob {
         };
         Ok(Some(SatelliteRun { stats, timers }))
     }
+}
+
+/// The fraction of a device memory budget that
+/// [`SatelliteJob::fit_device_budget`] sizes the detector batches to.
+const DEVICE_BUDGET_FILL: f64 = 0.9;
+
+/// Consecutive detector sets of `sets` merged into sets of at most `batch`
+/// detectors (a set larger than `batch` stays whole), in order.
+fn merge_sets(sets: &[Vec<String>], batch: usize) -> Vec<Vec<String>> {
+    let mut merged: Vec<Vec<String>> = Vec::new();
+    for set in sets {
+        match merged.last_mut() {
+            Some(last) if last.len() + set.len() <= batch => last.extend(set.iter().cloned()),
+            _ => merged.push(set.clone()),
+        }
+    }
+    merged
 }
 
 /// A timer misuse, reported as the workflow's own failure.
@@ -1425,6 +1529,20 @@ mod tests {
             Err(WorkflowError::BadSize { option, .. }) => option,
             other => panic!("expected BadSize, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn detector_sets_merge_into_batches_in_order() {
+        let sets: Vec<Vec<String>> = (0..5)
+            .map(|p| vec![format!("{p}A"), format!("{p}B")])
+            .collect();
+        let merged = merge_sets(&sets, 4);
+        assert_eq!(merged.len(), 3);
+        assert_eq!(merged[0], ["0A", "0B", "1A", "1B"]);
+        assert_eq!(merged[2], ["4A", "4B"]);
+        assert_eq!(merged.concat(), sets.concat());
+        // A set larger than the batch stays whole.
+        assert_eq!(merge_sets(&sets, 1), sets);
     }
 
     #[test]

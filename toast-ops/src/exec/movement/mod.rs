@@ -43,7 +43,10 @@
 //! accelerated operator requires and is not yet (validly) on the device,
 //! create and zero its new outputs, copy back what a host operator reads or
 //! writes, then mark what the step wrote. Observation fields become one
-//! buffer per observation; global items (maps, the pixel distribution's
+//! buffer per observation, of the host field's size: a *transient* field
+//! (one detector batch's rows, [`crate::ops::pointing_field`]) remade with
+//! another size gets a new buffer of that size (`resize_replaced`), so the
+//! device holds one batch's pointing as the host does; global items (maps, the pixel distribution's
 //! `global2local`, template amplitudes) one buffer each (see
 //! [`super::global_data`]); metadata and interval lists have no device form
 //! (intervals are host arguments of every kernel) and are skipped. The
@@ -551,8 +554,38 @@ pub fn stage_step(
     };
     let plan = s.stager.stage(s.steps, spec);
     s.steps += 1;
+    resize_replaced(data, &mut s.buffers, spec)?;
     apply_before(data, &mut s.buffers, &plan)?;
     Ok(Some(plan))
+}
+
+/// Give every observation field a step reads or writes a device buffer of
+/// its host size: a *transient* field (one detector batch's rows, replaced
+/// by the next batch's; see [`crate::ops::pointing_field`]) may have been
+/// remade with fewer rows (the last batch) or more (a whole field after
+/// batches, or the reverse). Its device copy is then another field's, so
+/// it is freed and a buffer of the new size allocated in its place
+/// (contents undefined, as a new output's): the step that makes a
+/// transient field writes it before any step reads it, as on the host.
+fn resize_replaced(data: &Data, bufs: &mut DeviceBuffers, spec: &StepSpec) -> Result<(), OpError> {
+    let items = spec
+        .requires
+        .items()
+        .into_iter()
+        .chain(spec.provides.items());
+    for it in items.filter(|it| it.category == Category::DetData) {
+        for key in keys(data, &it) {
+            if !bufs.is_present(&key) {
+                continue;
+            }
+            let n = host_bytes(data, &key)?.len() as u64;
+            if bufs.handle(&key)?.bytes != n {
+                bufs.delete(&key)?;
+                bufs.create(&key, n)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Mark what a step staged by [`stage_step`] wrote.
