@@ -581,3 +581,102 @@ impl Offsets for Option<OffsetPlan> {
         })
     }
 }
+
+/// The solver's right-hand side projection `Fᵀ N⁻¹ (d - P m)` of a
+/// timestream `d` as a pipeline step (`fused_project` with kept pointing,
+/// one call per observation for the pass's detectors): on a device with
+/// the pointing recomputed per detector batch, it reads the batch's rows
+/// of the whole timestream (its row index) and the batch's transient
+/// pointing, so no work copy of the timestream exists (8 bytes a detector
+/// sample of device memory saved). The amplitudes it writes are the pass's
+/// detectors' (reset once, before the batches, by the caller).
+pub(super) struct ProjectTimestream {
+    /// The map-maker's name (the kernel calls' operator, for dispatch).
+    pub operator: String,
+    /// The timestream `d`.
+    pub det_data: String,
+    /// The pass's pixels and IQU weights.
+    pub pixels: String,
+    /// See `pixels`.
+    pub weights: String,
+    /// The solver flags (every bit cuts).
+    pub solve_flags: String,
+    /// The solver's map `m` and its pixel distribution.
+    pub map: String,
+    /// See `map`.
+    pub pixel_dist: String,
+    /// The noise model of the detector weights.
+    pub noise_model: String,
+    /// Detector flag bits that exclude a detector.
+    pub det_mask: u8,
+    /// The pointing's view.
+    pub view: Option<String>,
+    /// The offset template.
+    pub template: Arc<OffsetTemplate>,
+    /// The output amplitudes.
+    pub amplitudes: String,
+}
+
+impl toast_core::Operator for ProjectTimestream {
+    fn name(&self) -> &str {
+        "fused_projection"
+    }
+    fn requires(&self) -> toast_core::Requirements {
+        toast_core::Requirements::new()
+            .detdata(&self.det_data)
+            .detdata(&self.pixels)
+            .detdata(&self.weights)
+            .detdata(&self.solve_flags)
+            .global(&self.map)
+            .global(&self.pixel_dist)
+            .global(self.template.flags_key())
+            .global(&self.amplitudes)
+    }
+    fn provides(&self) -> toast_core::Requirements {
+        toast_core::Requirements::new().global(&self.amplitudes)
+    }
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let flags_key = self.template.flags_key();
+        let map = FusedMap {
+            map: &self.map,
+            pixel_dist: &self.pixel_dist,
+        };
+        let pointing = FusedPointing::Kept {
+            pixels: &self.pixels,
+            weights: &self.weights,
+        };
+        let Data { obs, meta } = data;
+        for (i, ob) in obs.iter_mut().enumerate() {
+            let dets = select_detectors(ctx, ob, self.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let scales = detector_weights(ob, &self.noise_model, &dets)?;
+            let intervals = view_intervals(ob, self.view.as_deref())?;
+            let layout = OffsetPlan::of(Some(&self.template), ob, i, &dets)?;
+            let Some(offsets) = layout.offsets(Some(&flags_key)) else {
+                continue;
+            };
+            let call = KernelCall {
+                operator: &self.operator,
+                detectors: &dets,
+                intervals: &intervals,
+            };
+            kernels::fused_project(
+                ctx,
+                call,
+                ob,
+                meta,
+                (&pointing, FusedInput::Timestream(&self.det_data), offsets),
+                Some((self.solve_flags.as_str(), u8::MAX)),
+                &scales,
+                map,
+                &self.amplitudes,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -90,11 +90,12 @@
 //! Without `full_pointing` a device run recomputes it in every pass, per
 //! batch of `binner.pointing_batch` detectors (`device-recomputed`): the
 //! pointing fields are transient on the device too, and so is the
-//! left-hand side's work timestream, so the device holds the timestream,
-//! the flags, the right-hand side's whole work copy (the copy kernel has
-//! no row selection), the boresight, the maps and one batch (18 bytes a
-//! detector sample and 64 a batch sample, against 82 kept): what a small
-//! device memory budget runs with.
+//! left-hand side's work timestream; the right-hand side makes no work
+//! copy (the copy kernel has no row selection): `fused_project` reads
+//! each batch's rows of the timestream (`fused::ProjectTimestream`). The
+//! device holds the timestream, the flags, the boresight, the maps and
+//! one batch (10 bytes a detector sample and 72 a batch sample, against
+//! 82 kept): what a small device memory budget runs with.
 //!
 //! The final hits, covariance and rcond are the solver's when nothing
 //! differs (`share_solver_covariance`): one pass instead of two. A caller

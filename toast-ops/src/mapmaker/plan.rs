@@ -12,7 +12,7 @@
 //! | [`ExecutionPlan::HostCompact`] | the pixel kept as i32; weights rebuilt from the boresight | fused, weights rebuilt block by block in cache | 4 |
 //! | [`ExecutionPlan::HostBatched`] | recomputed by the kernels in every pass, `batch` detectors at a time (TOAST's way) | unfused, per batch | about 0 kept, 64 per batch sample |
 //! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | the kernels on device fields, one device scope | 32 on the device |
-//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | the kernels on device fields, one device scope; the work timestream per batch in the left-hand side | 64 per batch sample on the device (all detectors' with `batch = 0`) |
+//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | the kernels on device fields, one device scope; the left-hand side's work timestream per batch, the right-hand side by `fused_project` on the batch's rows | 64 per batch sample on the device (all detectors' with `batch = 0`) |
 //!
 //! The inputs are what the configuration asks for (`binner.full_pointing`,
 //! `binner.compact_pointing`, `binner.pointing_batch`), what the backend is
@@ -76,8 +76,9 @@ pub enum ExecutionPlan {
     DeviceKept,
     /// On a device: one device scope, the pointing recomputed there in
     /// every pass, per batch of [`Plan::batch`] detectors (all at once
-    /// with 0): the device holds one batch's pointing, and in the
-    /// solver's left-hand side one batch's work timestream, so its
+    /// with 0): the device holds one batch's pointing and work timestream
+    /// (the right-hand side needs none: `fused_project` reads the
+    /// timestream's rows), so its
     /// resident set is the timestream, the flags, the boresight, the maps
     /// and the amplitudes, plus one batch (what a small device memory
     /// budget asks for: the satellite workflow chooses it then).
@@ -336,9 +337,10 @@ impl Plan {
     }
 
     /// The right-hand side's work copy of the timestream is made per
-    /// detector batch too: on the host only, since a device copies whole
-    /// fields (the copy kernel has no row selection), so a device's
-    /// right-hand side holds one whole work timestream.
+    /// detector batch too: on the host only. A device copies whole fields
+    /// only (the copy kernel has no row selection), so a device's batched
+    /// right-hand side makes no copy: `fused_project` reads each batch's
+    /// rows of the timestream (`fused::ProjectTimestream`).
     pub fn work_copy_batches(&self) -> bool {
         self.host() && self.batch > 0
     }

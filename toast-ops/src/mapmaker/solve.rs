@@ -6,6 +6,7 @@
 
 use super::binning::CovKeys;
 use super::flags::{SolverFlagBits, SolverFlagsStep};
+use super::fused::ProjectTimestream;
 use super::products::{Keys, MapMakerResult};
 use super::vectors::{VectorOp, VectorStep};
 use super::{timed, MapMaker};
@@ -538,10 +539,26 @@ impl MapMaker {
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         if self.plan.work_batches() && !self.plan.work_copy_batches() {
-            // A device copies whole fields: the work copy first, for every
-            // detector, then the batches' pointing and projection.
-            let all = RunOptions::default();
-            run_operators("SolverRHS", &mut [&mut copy], data, ctx, &all)?;
+            // A device copies whole fields only: instead of a work copy,
+            // each batch's pointing, then `fused_project` reading the
+            // batch's rows of the timestream (after the amplitudes' reset,
+            // once).
+            let project = ProjectTimestream {
+                operator: self.setup.name.clone(),
+                det_data: mm.det_data.clone(),
+                pixels: self.solve_pointing.pixels_field().to_string(),
+                weights: self.solve_pointing.weights_field().to_string(),
+                solve_flags: keys.solve_flags.clone(),
+                map: keys.solve_bin.clone(),
+                pixel_dist: binner.pixel_dist.clone(),
+                noise_model: binner.noise_model.clone(),
+                det_mask: binner.det_mask,
+                view: self.solve_pointing.view().map(str::to_string),
+                template: Arc::clone(tmpl),
+                amplitudes: keys.rhs.clone(),
+            };
+            tail.truncate(1);
+            tail.push(Box::new(project));
             return self.run_projection(data, ctx, "SolverRHS", Vec::new(), !full, &mut tail);
         }
         self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)

@@ -703,11 +703,12 @@ impl SatelliteJob {
         // estimate (within a few percent of the measured ones on xsmall).
         let models = self.device_memory_models(plan, sim);
         let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
-        let fits = models
-            .iter()
-            .map(|(m, _)| m.largest_batch(DEVICE_BUDGET_FILL * bytes))
-            .min()
-            .unwrap_or(0);
+        let largest = |budget: f64| {
+            let batches = models.iter().map(|(m, _)| m.largest_batch(budget));
+            batches.min().unwrap_or(0)
+        };
+        // One detector a batch where only the whole budget holds it.
+        let fits = largest(DEVICE_BUDGET_FILL * bytes).max(largest(bytes).min(1));
         let batch = fits.clamp(1, most.max(1));
         let binner = &mut self.config.binner;
         binner.full_pointing = false;
