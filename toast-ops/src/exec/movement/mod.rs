@@ -565,7 +565,8 @@ pub fn stage_step(
 /// remade with fewer rows (the last batch) or more (a whole field after
 /// batches, or the reverse). Its device copy is then another field's, so
 /// it is freed and a buffer of the new size allocated in its place
-/// (contents undefined, as a new output's): the step that makes a
+/// (zeroed where the new host field is zeros, else undefined, as a new
+/// output's): the step that makes a
 /// transient field writes it before any step reads it, as on the host.
 fn resize_replaced(data: &Data, bufs: &mut DeviceBuffers, spec: &StepSpec) -> Result<(), OpError> {
     let items = spec
@@ -578,10 +579,18 @@ fn resize_replaced(data: &Data, bufs: &mut DeviceBuffers, spec: &StepSpec) -> Re
             if !bufs.is_present(&key) {
                 continue;
             }
-            let n = host_bytes(data, &key)?.len() as u64;
+            let host = host_bytes(data, &key)?;
+            let n = host.len() as u64;
             if bufs.handle(&key)?.bytes != n {
                 bufs.delete(&key)?;
                 bufs.create(&key, n)?;
+                // A remade field is zeros on the host (new, or reset): a
+                // memset makes the copies equal, so no kernel call uploads
+                // it as unstaged data.
+                if all_zero(host) {
+                    bufs.reset(&key)?;
+                    bufs.mark_in_sync(&key)?;
+                }
             }
         }
     }
