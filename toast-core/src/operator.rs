@@ -521,7 +521,8 @@ pub trait Operator {
     /// `detdata.ensure` inside `exec`. An operator with *transient*
     /// outputs (fields that hold only the detectors of the current pass,
     /// e.g. pointing expanded per detector batch) sizes them to the
-    /// detectors `ctx` selects, so the device mirror is one batch's too.
+    /// detectors `ctx` selects, so the device mirror is one batch's too
+    /// (`ctx.use_accel` is set when a pipeline calls it for a device step).
     /// The default does nothing, which is right for operators that only
     /// run on the host.
     fn prepare_outputs(&self, _data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {

@@ -224,7 +224,11 @@ fn run_step(
 ) -> Result<(), OpError> {
     let spec = StepSpec::from_operator(op, accel);
     if spec.accel {
-        op.prepare_outputs(data, ctx)?;
+        // `use_accel` tells it the outputs are made for a device step.
+        ctx.use_accel = true;
+        let r = op.prepare_outputs(data, ctx);
+        ctx.use_accel = false;
+        r?;
     }
     let plan = stage_step(data, ctx, &spec)?;
     ctx.use_accel = spec.accel;

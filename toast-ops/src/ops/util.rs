@@ -365,9 +365,12 @@ impl Operator for ResetData {
             for f in &self.detdata {
                 if !self.transient {
                     ob.detdata.create(f, toast_core::DType::F64, &[], None)?;
-                } else if pointing_field(ob, f, DType::F64, &[], &dets, true)? {
+                } else if pointing_field(ob, f, DType::F64, &[], &dets, true)? && !ctx.use_accel {
                     // A field of the selected detectors, zeroed (a reused
-                    // one holds the previous set's values).
+                    // one holds the previous set's values). On a device
+                    // step the device copy is zeroed instead (`exec`); the
+                    // host copy is never written there, so it stays zeros
+                    // and its pages untouched (no host memory per batch).
                     ob.detdata.get_mut(f)?.fill_zero();
                 }
             }
