@@ -460,49 +460,93 @@ impl MapMaker {
             .object_mut::<HostArray<f64>>(output)?
             .values
             .fill(0.0);
-        let map = FusedMap {
-            map: pass.binned,
-            pixel_dist: &pass.config.pixel_dist,
-        };
-        let flags_key = tmpl.flags_key();
-        let view = self.solve_pointing.view();
-        let Data { obs, meta } = data;
-        for (i, ob) in obs.iter_mut().enumerate() {
-            let dets = select_detectors(ctx, ob, pass.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let scales = detector_weights(ob, &pass.config.noise_model, &dets)?;
-            let intervals = view_intervals(ob, view)?;
-            let layout = OffsetPlan::of(Some(tmpl), ob, i, &dets)?;
-            let Some(offsets) = layout.offsets(Some(&flags_key)) else {
-                continue;
-            };
-            let pointing = self.fused_pointing(ob, fused)?;
-            let value = match input {
+        let projection = Projection {
+            operator: &self.setup.name,
+            det_mask: pass.flags.det_mask,
+            noise_model: &pass.config.noise_model,
+            view: self.solve_pointing.view(),
+            template: tmpl,
+            input: match input {
                 Input::Timestream(f) => FusedInput::Timestream(f),
                 Input::Amplitudes(k) => FusedInput::Amplitudes(k),
-            };
-            let call = KernelCall {
-                operator: &self.setup.name,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::fused_project(
-                ctx,
-                call,
-                ob,
-                meta,
-                (&pointing, value, offsets),
-                Some((keys.solve_flags.as_str(), u8::MAX)),
-                &scales,
-                map,
-                output,
-            )?;
-        }
-        Ok(())
+            },
+            solve_flags: &keys.solve_flags,
+            map: FusedMap {
+                map: pass.binned,
+                pixel_dist: &pass.config.pixel_dist,
+            },
+            output,
+        };
+        project_observations(data, ctx, &projection, |ob| self.fused_pointing(ob, fused))
     }
+}
 
+/// What one fused projection pass reads and writes.
+struct Projection<'a> {
+    /// The kernel calls' operator (for dispatch).
+    operator: &'a str,
+    /// Detector flag bits that exclude a detector.
+    det_mask: u8,
+    /// The noise model of the detector weights.
+    noise_model: &'a str,
+    /// The pointing's view.
+    view: Option<&'a str>,
+    /// The offset template.
+    template: &'a OffsetTemplate,
+    /// The timestream `t` (or `F a`).
+    input: FusedInput<'a>,
+    /// The solver flags (every bit cuts).
+    solve_flags: &'a str,
+    /// The solver's map `m`.
+    map: FusedMap<'a>,
+    /// The amplitudes written.
+    output: &'a str,
+}
+
+/// `Fᵀ N⁻¹ (t - P m)` of the selected detectors into `p.output`: one
+/// `fused_project` call per observation, reading `pointing(ob)`. The
+/// amplitudes of other detectors are left as they are.
+fn project_observations<'a>(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    p: &Projection<'a>,
+    pointing: impl Fn(&Observation) -> Result<FusedPointing<'a>, OpError>,
+) -> Result<(), OpError> {
+    let flags_key = p.template.flags_key();
+    let Data { obs, meta } = data;
+    for (i, ob) in obs.iter_mut().enumerate() {
+        let dets = select_detectors(ctx, ob, p.det_mask);
+        if dets.is_empty() {
+            continue;
+        }
+        let scales = detector_weights(ob, p.noise_model, &dets)?;
+        let intervals = view_intervals(ob, p.view)?;
+        let layout = OffsetPlan::of(Some(p.template), ob, i, &dets)?;
+        let Some(offsets) = layout.offsets(Some(&flags_key)) else {
+            continue;
+        };
+        let pointing = pointing(ob)?;
+        let call = KernelCall {
+            operator: p.operator,
+            detectors: &dets,
+            intervals: &intervals,
+        };
+        kernels::fused_project(
+            ctx,
+            call,
+            ob,
+            meta,
+            (&pointing, p.input, offsets),
+            Some((p.solve_flags, u8::MAX)),
+            &scales,
+            p.map,
+            p.output,
+        )?;
+    }
+    Ok(())
+}
+
+impl MapMaker {
     /// The global keys of a pass's input amplitudes and of the template's
     /// amplitude flags, when the pass has a template.
     fn fused_amplitudes(
@@ -639,44 +683,24 @@ impl toast_core::Operator for ProjectTimestream {
         true
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        let flags_key = self.template.flags_key();
-        let map = FusedMap {
-            map: &self.map,
-            pixel_dist: &self.pixel_dist,
+        let projection = Projection {
+            operator: &self.operator,
+            det_mask: self.det_mask,
+            noise_model: &self.noise_model,
+            view: self.view.as_deref(),
+            template: &self.template,
+            input: FusedInput::Timestream(&self.det_data),
+            solve_flags: &self.solve_flags,
+            map: FusedMap {
+                map: &self.map,
+                pixel_dist: &self.pixel_dist,
+            },
+            output: &self.amplitudes,
         };
         let pointing = FusedPointing::Kept {
             pixels: &self.pixels,
             weights: &self.weights,
         };
-        let Data { obs, meta } = data;
-        for (i, ob) in obs.iter_mut().enumerate() {
-            let dets = select_detectors(ctx, ob, self.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let scales = detector_weights(ob, &self.noise_model, &dets)?;
-            let intervals = view_intervals(ob, self.view.as_deref())?;
-            let layout = OffsetPlan::of(Some(&self.template), ob, i, &dets)?;
-            let Some(offsets) = layout.offsets(Some(&flags_key)) else {
-                continue;
-            };
-            let call = KernelCall {
-                operator: &self.operator,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::fused_project(
-                ctx,
-                call,
-                ob,
-                meta,
-                (&pointing, FusedInput::Timestream(&self.det_data), offsets),
-                Some((self.solve_flags.as_str(), u8::MAX)),
-                &scales,
-                map,
-                &self.amplitudes,
-            )?;
-        }
-        Ok(())
+        project_observations(data, ctx, &projection, |_| Ok(pointing))
     }
 }

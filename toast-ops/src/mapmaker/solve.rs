@@ -529,15 +529,6 @@ impl MapMaker {
             Some(&mut self.solve_pointing)
         };
         bin_map(data, ctx, pass, pointing, Vec::new(), &sets)?;
-        // The work copy of the timestream, per detector batch on the host.
-        let mut copy = CopyDetData {
-            name: "copy_rhs".into(),
-            input: mm.det_data.clone(),
-            output: keys.temp.clone(),
-            det_mask: binner.det_mask,
-            transient: self.plan.work_copy_batches(),
-        };
-        let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         if self.plan.work_batches() && !self.plan.work_copy_batches() {
             // A device copies whole fields only: instead of a work copy,
             // each batch's pointing, then `fused_project` reading the
@@ -557,10 +548,21 @@ impl MapMaker {
                 template: Arc::clone(tmpl),
                 amplitudes: keys.rhs.clone(),
             };
-            tail.truncate(1);
-            tail.push(Box::new(project));
+            let mut tail: Vec<Box<dyn Operator>> = vec![
+                Box::new(amplitude_reset("reset_rhs", &keys.rhs)),
+                Box::new(project),
+            ];
             return self.run_projection(data, ctx, "SolverRHS", Vec::new(), !full, &mut tail);
         }
+        // The work copy of the timestream, per detector batch on the host.
+        let mut copy = CopyDetData {
+            name: "copy_rhs".into(),
+            input: mm.det_data.clone(),
+            output: keys.temp.clone(),
+            det_mask: binner.det_mask,
+            transient: self.plan.work_copy_batches(),
+        };
+        let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
     }
 
@@ -616,12 +618,7 @@ impl MapMaker {
         reset_name: &str,
         amplitudes: &str,
     ) -> Result<Vec<Box<dyn Operator>>, OpError> {
-        let reset = ResetData {
-            name: reset_name.into(),
-            detdata: Vec::new(),
-            global: vec![amplitudes.to_string()],
-            transient: false,
-        };
+        let reset = amplitude_reset(reset_name, amplitudes);
         let binner = &self.setup.binner;
         let view = self.solve_pointing.view().map(str::to_string);
         let scan = ScanMap::new(
@@ -780,12 +777,7 @@ impl MapMaker {
         let p = keys.dot_partials.as_str();
         // x = 0 where it lives (zeroed on the device, not uploaded); r = b -
         // A·0 = b exactly.
-        let mut zero_x = ResetData {
-            name: "reset_solution".into(),
-            detdata: Vec::new(),
-            global: vec![x.to_string()],
-            transient: false,
-        };
+        let mut zero_x = amplitude_reset("reset_solution", x);
         run_operators(
             "pcg_init",
             &mut [&mut zero_x],
@@ -894,5 +886,16 @@ impl MapMaker {
             );
         }
         read_amps(data, ctx, "read_solution", x)
+    }
+}
+
+/// The step (`name`) that zeroes the global amplitude vector `amplitudes`
+/// where it lives.
+fn amplitude_reset(name: &str, amplitudes: &str) -> ResetData {
+    ResetData {
+        name: name.into(),
+        detdata: Vec::new(),
+        global: vec![amplitudes.to_string()],
+        transient: false,
     }
 }

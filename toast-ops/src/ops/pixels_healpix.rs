@@ -15,7 +15,9 @@ use crate::pixels::{check_submap, PixelDistribution};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use toast_core::observation::defaults;
-use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{
+    Category, DType, Data, ExecContext, Observation, OpError, Operator, Requirements,
+};
 
 /// Configuration of [`PixelsHealpix`] (TOAST trait names and defaults).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -148,6 +150,28 @@ impl PixelsHealpix {
     }
 }
 
+impl PixelsHealpix {
+    /// The detectors of `ob` this pass processes, with the pixels field made
+    /// for them: whole, or only theirs when transient
+    /// ([`super::pointing_field`]; on a device its mirror is sized to it).
+    fn output_field(
+        &self,
+        ob: &mut Observation,
+        ctx: &ExecContext,
+    ) -> Result<Vec<String>, OpError> {
+        let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+        pointing_field(
+            ob,
+            &self.config.pixels,
+            DType::I64,
+            &[],
+            &dets,
+            self.transient,
+        )?;
+        Ok(dets)
+    }
+}
+
 impl Operator for PixelsHealpix {
     fn name(&self) -> &str {
         &self.name
@@ -174,13 +198,7 @@ impl Operator for PixelsHealpix {
 
     fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
-            if self.transient {
-                let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
-                pointing_field(ob, &self.config.pixels, DType::I64, &[], &dets, true)?;
-            } else {
-                ob.detdata
-                    .create(&self.config.pixels, DType::I64, &[], None)?;
-            }
+            self.output_field(ob, ctx)?;
         }
         Ok(())
     }
@@ -189,7 +207,6 @@ impl Operator for PixelsHealpix {
         if !self.config.enabled {
             return Ok(());
         }
-        let transient = self.transient;
         let params = HealpixParams {
             nside: self.config.nside.into(),
             n_pix_submap: self.n_pix_submap,
@@ -203,8 +220,7 @@ impl Operator for PixelsHealpix {
         let view = self.view().map(str::to_string);
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
-            pointing_field(ob, &self.config.pixels, DType::I64, &[], &dets, transient)?;
+            let dets = self.output_field(ob, ctx)?;
             if dets.is_empty() {
                 continue;
             }

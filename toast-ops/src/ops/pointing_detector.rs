@@ -4,7 +4,7 @@ use super::util::{pointing_field, select_detectors};
 use crate::exec::kernels::{self, view_intervals, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
-use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{DType, Data, ExecContext, Observation, OpError, Operator, Requirements};
 
 /// Configuration of [`PointingDetector`] (TOAST trait names and defaults).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -74,6 +74,28 @@ impl PointingDetector {
     }
 }
 
+impl PointingDetector {
+    /// The detectors of `ob` this pass processes, with the quaternions field made
+    /// for them: whole, or only theirs when transient
+    /// ([`super::pointing_field`]; on a device its mirror is sized to it).
+    fn output_field(
+        &self,
+        ob: &mut Observation,
+        ctx: &ExecContext,
+    ) -> Result<Vec<String>, OpError> {
+        let dets = select_detectors(ctx, ob, self.config.det_mask);
+        pointing_field(
+            ob,
+            &self.config.quats,
+            DType::F64,
+            &[4],
+            &dets,
+            self.transient,
+        )?;
+        Ok(dets)
+    }
+}
+
 impl Operator for PointingDetector {
     fn name(&self) -> &str {
         &self.name
@@ -100,13 +122,7 @@ impl Operator for PointingDetector {
 
     fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
         for ob in &mut data.obs {
-            if self.transient {
-                let dets = select_detectors(ctx, ob, self.config.det_mask);
-                pointing_field(ob, &self.config.quats, DType::F64, &[4], &dets, true)?;
-            } else {
-                ob.detdata
-                    .create(&self.config.quats, DType::F64, &[4], None)?;
-            }
+            self.output_field(ob, ctx)?;
         }
         Ok(())
     }
@@ -115,13 +131,9 @@ impl Operator for PointingDetector {
         if !self.config.enabled {
             return Ok(());
         }
-        // Transient on a device too: `prepare_outputs` sized the field
-        // (and so its device mirror) to this pass's detectors.
-        let transient = self.transient;
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.config.det_mask);
-            pointing_field(ob, &self.config.quats, DType::F64, &[4], &dets, transient)?;
+            let dets = self.output_field(ob, ctx)?;
             if dets.is_empty() {
                 continue;
             }

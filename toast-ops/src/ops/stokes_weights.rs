@@ -5,7 +5,9 @@ use super::PointingDetectorConfig;
 use crate::exec::kernels::{self, view_intervals, IquParams, KernelCall};
 use serde::{Deserialize, Serialize};
 use toast_core::observation::defaults;
-use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{
+    Category, DType, Data, ExecContext, Observation, OpError, Operator, Requirements,
+};
 
 /// Which Stokes parameters a detector's samples are weighted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -100,6 +102,29 @@ impl StokesWeights {
     }
 }
 
+impl StokesWeights {
+    /// The detectors of `ob` this pass processes, with the weights field made
+    /// for them: whole, or only theirs when transient
+    /// ([`super::pointing_field`]; on a device its mirror is sized to it).
+    fn output_field(
+        &self,
+        ob: &mut Observation,
+        ctx: &ExecContext,
+    ) -> Result<Vec<String>, OpError> {
+        let nnz = self.config.mode.nnz();
+        let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
+        pointing_field(
+            ob,
+            &self.config.weights,
+            DType::F64,
+            &[nnz],
+            &dets,
+            self.transient,
+        )?;
+        Ok(dets)
+    }
+}
+
 impl Operator for StokesWeights {
     fn name(&self) -> &str {
         &self.name
@@ -125,15 +150,8 @@ impl Operator for StokesWeights {
     }
 
     fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
-        let nnz = self.config.mode.nnz();
         for ob in &mut data.obs {
-            if self.transient {
-                let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
-                pointing_field(ob, &self.config.weights, DType::F64, &[nnz], &dets, true)?;
-            } else {
-                ob.detdata
-                    .create(&self.config.weights, DType::F64, &[nnz], None)?;
-            }
+            self.output_field(ob, ctx)?;
         }
         Ok(())
     }
@@ -142,20 +160,10 @@ impl Operator for StokesWeights {
         if !self.config.enabled {
             return Ok(());
         }
-        let transient = self.transient;
-        let nnz = self.config.mode.nnz();
         let view = self.view().map(str::to_string);
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
-            pointing_field(
-                ob,
-                &self.config.weights,
-                DType::F64,
-                &[nnz],
-                &dets,
-                transient,
-            )?;
+            let dets = self.output_field(ob, ctx)?;
             if dets.is_empty() {
                 continue;
             }
