@@ -432,9 +432,9 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
 }
 
 /// A device memory budget too small for the kept pointing (tiny with 6
-/// detectors would need 0.18 GiB; the budget is 0.15 GiB): the workflow
+/// detectors would need 0.17 GiB; the budget is 0.15 GiB): the workflow
 /// recomputes the pointing on the device per batch of 4 detectors
-/// (`device-recomputed`; the scan's sets of 4 and 2 detectors and the
+/// (`device-recomputed-fused`; the scan's sets of 4 and 2 detectors and the
 /// map-maker's batches of 3 remake the transient fields with new sizes),
 /// the dry run says why, the device peak stays within the budget, nothing
 /// per sample crosses the bus (no kernel call copies unstaged data either),
@@ -470,8 +470,8 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
     let (ok, log) = toast_cli(&with(&[&device[..], &["--dry-run"]].concat()), Some(&dir));
     assert!(ok, "dry run: {log}");
     for want in [
-        "map-maker plan: device-recomputed (4 detectors a batch)",
-        "because the plan device-kept would need 0.18 GiB of device memory on backend cuda, \
+        "map-maker plan: device-recomputed-fused (4 detectors a batch)",
+        "because the plan device-kept-fused would need 0.17 GiB of device memory on backend cuda, \
          over its budget of 0.150 GiB",
     ] {
         assert!(log.contains(want), "dry run: no `{want}` in\n{log}");
@@ -488,6 +488,7 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
     let stats: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
     assert_eq!(stats["execution_plan"]["name"], "device-recomputed");
+    assert_eq!(stats["execution_plan"]["passes"], "fused");
     assert_eq!(stats["execution_plan"]["batch"], 4);
     let peak = stats["device_peak_staged_bytes"].as_u64().unwrap();
     assert!(

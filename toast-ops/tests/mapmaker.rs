@@ -506,21 +506,24 @@ fn run_on_setup(
     (data, res, ctx)
 }
 
-/// A detector cut by the binner's `det_mask` in every observation: on a
-/// device with all detectors at once (`pointing_batch = 0`) the solver's
-/// work copy of the timestream (`CopyDetData`) cannot be one whole-field
-/// copy, so it is made by the host as a host step of the device scope; in
-/// batches (the default 8) the right-hand side makes no copy at all
-/// (`fused_project` on each batch's rows). The maps must still be the
-/// CPU's, bit for bit.
+/// A detector cut by the binner's `det_mask` in every observation. With
+/// the unfused device passes (the fused kernels sent to the host, so the
+/// plan is `device-recomputed-unfused`) the solver's work copy of the
+/// timestream (`CopyDetData`) cannot be one whole-field copy (all
+/// detectors at once, `pointing_batch = 0`) or a copy of a batch's rows
+/// (batches of 8): it is made by the host as a host step of the device
+/// scope. With the fused device passes no copy exists. The maps must be
+/// the CPU's, bit for bit, in all four runs.
 #[test]
 fn a_cut_detector_sends_the_work_copy_to_the_host_with_the_same_maps() {
     for batch in [0, 8] {
-        cut_detector_run(batch);
+        for fused in [true, false] {
+            cut_detector_run(batch, fused);
+        }
     }
 }
 
-fn cut_detector_run(batch: usize) {
+fn cut_detector_run(batch: usize, fused: bool) {
     let run = |policy: &str| {
         let reg = registry(2);
         let mut ctx = context(&reg, policy);
@@ -537,12 +540,19 @@ fn cut_detector_run(batch: usize) {
         let mut s = setup(30.0, true);
         s.mapmaker.keep_solver_products = true;
         s.binner.pointing_batch = batch;
-        let res = MapMaker::new(s).unwrap().run(&mut data, &mut ctx).unwrap();
-        (data, res, ctx)
+        let mut mm = MapMaker::new(s).unwrap();
+        let res = mm.run(&mut data, &mut ctx).unwrap();
+        (data, res, ctx, mm.plan().clone())
     };
-    let (cpu_data, cpu_res, _) = run("");
-    let (dev_data, dev_res, ctx) = run("run=fakedev");
+    let (cpu_data, cpu_res, _, _) = run("");
+    let policy = if fused {
+        "run=fakedev"
+    } else {
+        "run=fakedev,kernel.fused_project=cpu"
+    };
+    let (dev_data, dev_res, ctx, plan) = run(policy);
     assert_eq!(cpu_res, dev_res);
+    assert!(!plan.host() && plan.device_fused() == fused, "{plan}");
     assert_same_maps(&cpu_data, &dev_data, &cpu_res);
     // The host copy's input came back and its output went up, as a host
     // step: nothing unstaged.
@@ -550,15 +560,15 @@ fn cut_detector_run(batch: usize) {
         .map(|l| l.unstaged.clone())
         .unwrap_or_default();
     assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
-    // All at once, the host made the work copy: it went up (a whole-field
-    // device copy moves nothing). In batches nothing went up.
+    // Unfused, the host made the work copy: it went up. Fused, there is
+    // none.
     let rep = movement::ledger(&ctx).unwrap();
     let temp = format!("detdata.{}_temp", setup(30.0, true).name);
     let up = rep.copies(&temp).0;
     assert_eq!(
         up > 0,
-        batch == 0,
-        "batch {batch}, {temp}: {:?}",
+        !fused,
+        "batch {batch}, fused {fused}, {temp}: {:?}",
         rep.copies(&temp)
     );
 }
@@ -672,8 +682,13 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
     ] {
         assert_eq!(reports.copies(f), (0, 0), "{f} crossed the bus");
     }
-    // The temporary timestream never crosses the bus after its one upload.
-    assert!(reports.copies("detdata.mapmaker_temp").1 == 0);
+    // The solver's sides are the fused kernels on the device: no work
+    // timestream exists, so none crosses the bus.
+    assert_eq!(reports.copies("detdata.mapmaker_temp"), (0, 0));
+    assert!(!dev_data
+        .obs
+        .iter()
+        .any(|ob| ob.detdata.contains("mapmaker_temp")));
     // The solve is device-resident: the solver's binned map never crosses
     // (its covariance goes up once), nor does any amplitude vector during
     // the CG iterations: per iteration nothing goes up and only the dot
@@ -727,10 +742,9 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
     assert_eq!(reg_stats.allocs, reg_stats.frees);
     // And the kernels ran there.
     let timers: Vec<&str> = ctx.timers.names().collect();
-    assert!(
-        timers.iter().any(|t| t.contains("scan_map[fakedev]")),
-        "{timers:?}"
-    );
+    for k in ["fused_accumulate[fakedev]", "fused_project[fakedev]"] {
+        assert!(timers.iter().any(|t| t.contains(k)), "{k}: {timers:?}");
+    }
     assert!(!timers.iter().any(|t| t.contains("[cpu]")), "{timers:?}");
 }
 
@@ -770,8 +784,10 @@ fn device_backend_with_cached_pointing() {
 #[test]
 fn kernel_override_to_the_host_keeps_staged_data_consistent() {
     let (cpu_data, cpu_res, _) = run_on("");
+    // The fused kernels on the host: the device plan's passes are the
+    // unfused kernels, two of which run on the host.
     let (dev_data, dev_res, ctx) =
-        run_on("run=fakedev,kernel.scan_map=cpu,kernel.noise_weight=cpu");
+        run_on("run=fakedev,kernel.fused_project=cpu,kernel.scan_map=cpu,kernel.noise_weight=cpu");
     assert_eq!(cpu_res, dev_res);
     assert_same_maps(&cpu_data, &dev_data, &cpu_res);
     let unstaged = movement::ledger(&ctx)

@@ -49,8 +49,18 @@
 //! separate final pixelization, a backend whose fused kernels run where
 //! the unfused ones would (a plugin without them: the unfused passes) and,
 //! for the solver, a template whose views are the pointing's (the
-//! satellite workflow's); otherwise (a device run, recomputed pointing,
+//! satellite workflow's); otherwise (recomputed host pointing,
 //! [`MapMaker::fused_passes`] off) the unfused passes run.
+//!
+//! On a device (`device-kept-fused`, `device-recomputed-fused`) the
+//! solver's sides run the same two kernels as pipeline steps
+//! ([`AccumulateStep`], [`ProjectStep`]), staged like every other kernel:
+//! they read the kept pointing or, per batch, the pointing the pass's
+//! steps just recomputed, and the timestream's rows of the pass's
+//! detectors (the right-hand side) or `F a` of the amplitudes (the
+//! left-hand side). No work timestream exists on the device. No
+//! detector's weights count as finite there (they are not on the host),
+//! so no sample is skipped: the same sums.
 
 use super::products::Keys;
 use super::{timed, MapMaker};
@@ -60,8 +70,8 @@ use crate::exec::kernels::{
     KernelCall, OffsetLayout,
 };
 use crate::exec::pipeline::DetectorSets;
-use crate::ops::binning::{finish_bin_map, prepare_bin_map, BinPass};
-use crate::ops::{detector_weights, select_detectors};
+use crate::ops::binning::{bin_map_with, finish_bin_map, prepare_bin_map, BinPass};
+use crate::ops::{detector_weights, select_detectors, FlagSelection};
 use crate::pixels::PixelData;
 use crate::templates::OffsetTemplate;
 use std::collections::HashMap;
@@ -112,19 +122,40 @@ impl MapMaker {
                     .all(|ob| fields.iter().all(|f| ob.detdata.contains(f)))
             }
         };
-        if !ready {
+        if !ready || !self.template_views_match(data, tmpl)? {
             return Ok(None);
         }
+        Ok(Some(form))
+    }
+
+    /// Whether the fused device steps apply to this solver pass: the
+    /// run's plan has them ([`super::Plan::device_fused`]) and the
+    /// template's views are the pointing's.
+    pub(super) fn device_fused_applies(
+        &self,
+        data: &Data,
+        tmpl: &OffsetTemplate,
+    ) -> Result<bool, OpError> {
+        Ok(self.plan.device_fused() && self.template_views_match(data, Some(tmpl))?)
+    }
+
+    /// The template (if any) has the pointing's view in every observation:
+    /// the fused kernels walk one set of intervals for both.
+    fn template_views_match(
+        &self,
+        data: &Data,
+        tmpl: Option<&OffsetTemplate>,
+    ) -> Result<bool, OpError> {
         let view = self.solve_pointing.view();
         if let Some(tmpl) = tmpl {
             for (i, ob) in data.obs.iter().enumerate() {
                 let lay = tmpl.obs_amplitudes(ob, i)?;
                 if view_intervals(ob, view)? != lay.intervals {
-                    return Ok(None);
+                    return Ok(false);
                 }
             }
         }
-        Ok(Some(form))
+        Ok(true)
     }
 
     /// The compact pointing's expansion settings (the fused passes rebuild
@@ -626,54 +657,275 @@ impl Offsets for Option<OffsetPlan> {
     }
 }
 
-/// The solver's right-hand side projection `Fᵀ N⁻¹ (d - P m)` of a
-/// timestream `d` as a pipeline step (`fused_project` with kept pointing,
-/// one call per observation for the pass's detectors): on a device with
-/// the pointing recomputed per detector batch, it reads the batch's rows
-/// of the whole timestream (its row index) and the batch's transient
-/// pointing, so no work copy of the timestream exists (8 bytes a detector
-/// sample of device memory saved). The amplitudes it writes are the pass's
-/// detectors' (reset once, before the batches, by the caller).
-pub(super) struct ProjectTimestream {
+/// What a fused device step reads per sample besides the pointing (the
+/// owned form of [`Input`]).
+#[derive(Debug, Clone)]
+pub(super) enum StepInput {
+    /// The timestream field (the right-hand side).
+    Timestream(String),
+    /// `F a` of the amplitudes at this global key (the left-hand side).
+    Amplitudes(String),
+}
+
+impl StepInput {
+    fn fused(&self) -> FusedInput<'_> {
+        match self {
+            StepInput::Timestream(f) => FusedInput::Timestream(f),
+            StepInput::Amplitudes(k) => FusedInput::Amplitudes(k),
+        }
+    }
+
+    fn require(&self, r: toast_core::Requirements) -> toast_core::Requirements {
+        match self {
+            StepInput::Timestream(f) => r.detdata(f),
+            StepInput::Amplitudes(k) => r.global(k),
+        }
+    }
+}
+
+/// What both fused device steps of a solver pass read: the kept (or this
+/// batch's transient) pointing, the solver's map, the detector weights and
+/// the offset template.
+#[derive(Debug, Clone)]
+pub(super) struct DevicePass {
     /// The map-maker's name (the kernel calls' operator, for dispatch).
     pub operator: String,
-    /// The timestream `d`.
-    pub det_data: String,
     /// The pass's pixels and IQU weights.
     pub pixels: String,
     /// See `pixels`.
     pub weights: String,
-    /// The solver flags (every bit cuts).
-    pub solve_flags: String,
-    /// The solver's map `m` and its pixel distribution.
+    /// The solver's map and its pixel distribution.
     pub map: String,
     /// See `map`.
     pub pixel_dist: String,
     /// The noise model of the detector weights.
     pub noise_model: String,
-    /// Detector flag bits that exclude a detector.
-    pub det_mask: u8,
     /// The pointing's view.
     pub view: Option<String>,
     /// The offset template.
     pub template: Arc<OffsetTemplate>,
+}
+
+impl DevicePass {
+    fn requires(&self) -> toast_core::Requirements {
+        toast_core::Requirements::new()
+            .detdata(&self.pixels)
+            .detdata(&self.weights)
+            .global(&self.map)
+            .global(&self.pixel_dist)
+            .global(self.template.flags_key())
+    }
+
+    fn map(&self) -> FusedMap<'_> {
+        FusedMap {
+            map: &self.map,
+            pixel_dist: &self.pixel_dist,
+        }
+    }
+
+    fn pointing(&self) -> FusedPointing<'_> {
+        FusedPointing::Kept {
+            pixels: &self.pixels,
+            weights: &self.weights,
+        }
+    }
+}
+
+impl MapMaker {
+    /// The solver's fused device pass (see [`DevicePass`]).
+    pub(super) fn device_pass(&self, tmpl: &Arc<OffsetTemplate>, keys: &Keys) -> DevicePass {
+        let binner = &self.setup.binner;
+        DevicePass {
+            operator: self.setup.name.clone(),
+            pixels: self.solve_pointing.pixels_field().to_string(),
+            weights: self.solve_pointing.weights_field().to_string(),
+            map: keys.solve_bin.clone(),
+            pixel_dist: binner.pixel_dist.clone(),
+            noise_model: binner.noise_model.clone(),
+            view: self.solve_pointing.view().map(str::to_string),
+            template: Arc::clone(tmpl),
+        }
+    }
+
+    /// `q = A d` (TOAST's `SolverLHS`) on a device with the fused kernels
+    /// as pipeline steps: `F d` rebuilt from the amplitudes and binned
+    /// into the solver's map ([`AccumulateStep`], after the pass's pointing
+    /// when it is recomputed), the sum over the job and the covariance,
+    /// then `Fᵀ N⁻¹ (F d - P m)` into `keys.lhs_out` ([`ProjectStep`]). No
+    /// work timestream exists; per batch, the pointing and one kernel call
+    /// per observation in each half.
+    pub(super) fn lhs_device(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        tmpl: &Arc<OffsetTemplate>,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        let binner = self.setup.binner.clone();
+        let device = self.device_pass(tmpl, keys);
+        let pass = self.solver_pass(&binner, keys, &keys.temp);
+        let mut accumulate = AccumulateStep {
+            pass: device.clone(),
+            input: StepInput::Amplitudes(keys.lhs_in.clone()),
+            flags: pass.flags.clone(),
+        };
+        let sets = self.work_sets(data);
+        let pointing = if self.plan.keeps_pointing() {
+            None
+        } else {
+            Some(&mut self.solve_pointing)
+        };
+        bin_map_with(
+            data,
+            ctx,
+            pass,
+            pointing,
+            Vec::new(),
+            &sets,
+            Some(&mut accumulate),
+        )?;
+        let input = StepInput::Amplitudes(keys.lhs_in.clone());
+        let output = ("reset_lhs_out", keys.lhs_out.as_str());
+        self.project_device(
+            data,
+            ctx,
+            (device, keys),
+            ("SolverLHS", input, output),
+            false,
+        )
+    }
+
+    /// The projection `Fᵀ N⁻¹ (t - P m)` of `input` into the amplitudes
+    /// `output` on a device, as the pipeline `name`: the amplitudes' reset
+    /// (operator `output.0`), then per pass (or batch) the pointing when it
+    /// is recomputed (or `expand`) and a [`ProjectStep`].
+    pub(super) fn project_device(
+        &mut self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        (pass, keys): (DevicePass, &Keys),
+        (name, input, output): (&str, StepInput, (&str, &str)),
+        expand: bool,
+    ) -> Result<(), OpError> {
+        let project = ProjectStep {
+            pass,
+            input,
+            solve_flags: keys.solve_flags.clone(),
+            det_mask: self.setup.binner.det_mask,
+            amplitudes: output.1.to_string(),
+        };
+        let mut tail: Vec<Box<dyn toast_core::Operator>> = vec![
+            Box::new(super::solve::amplitude_reset(output.0, output.1)),
+            Box::new(project),
+        ];
+        self.run_projection(data, ctx, name, Vec::new(), expand, &mut tail)
+    }
+}
+
+/// A solver pass's accumulation `Pᵀ N⁻¹ t` into the solver's map as a
+/// pipeline step (`fused_accumulate` with kept pointing, one call per
+/// observation for the pass's detectors): on a device, `t` is `F a`
+/// rebuilt from the amplitudes inside the kernel (the left-hand side), so
+/// no work timestream exists. The map is reset before the first batch by
+/// the caller ([`crate::ops::binning::bin_map_with`]). No detector's
+/// weights count as finite (they are on the device): no sample is
+/// skipped, the same sums.
+pub(super) struct AccumulateStep {
+    /// The pass.
+    pub pass: DevicePass,
+    /// The samples' values.
+    pub input: StepInput,
+    /// Which samples to bin.
+    pub flags: FlagSelection,
+}
+
+impl toast_core::Operator for AccumulateStep {
+    fn name(&self) -> &str {
+        "fused_accumulate"
+    }
+    fn requires(&self) -> toast_core::Requirements {
+        let mut r = self.input.require(self.pass.requires());
+        if let Some((f, _)) = self.flags.det() {
+            r = r.detdata(f);
+        }
+        if let Some((f, _)) = self.flags.shared() {
+            r = r.shared(f);
+        }
+        r
+    }
+    fn provides(&self) -> toast_core::Requirements {
+        toast_core::Requirements::new().global(&self.pass.map)
+    }
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let p = &self.pass;
+        let flags_key = p.template.flags_key();
+        let Data { obs, meta } = data;
+        for (i, ob) in obs.iter_mut().enumerate() {
+            let dets = select_detectors(ctx, ob, self.flags.det_mask);
+            if dets.is_empty() {
+                continue;
+            }
+            let scales = detector_weights(ob, &p.noise_model, &dets)?;
+            let finite = vec![0u8; dets.len()];
+            let intervals = view_intervals(ob, p.view.as_deref())?;
+            let layout = OffsetPlan::of(Some(&p.template), ob, i, &dets)?;
+            let call = KernelCall {
+                operator: &p.operator,
+                detectors: &dets,
+                intervals: &intervals,
+            };
+            kernels::fused_accumulate(
+                ctx,
+                call,
+                ob,
+                meta,
+                (
+                    &p.pointing(),
+                    self.input.fused(),
+                    layout.offsets(Some(&flags_key)),
+                ),
+                (self.flags.det(), self.flags.shared()),
+                (&scales, &finite),
+                p.map(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A solver pass's projection `Fᵀ N⁻¹ (t - P m)` as a pipeline step
+/// (`fused_project` with kept pointing, one call per observation for the
+/// pass's detectors): on a device, `t` is the timestream's rows of the
+/// pass's detectors (the right-hand side, through the kernel's row index)
+/// or `F a` rebuilt from the amplitudes (the left-hand side), with the
+/// kept pointing or the batch's transient one, so no work timestream
+/// exists (8 bytes a detector sample of device memory saved). The
+/// amplitudes it writes are the pass's detectors' (reset once, before the
+/// batches, by the caller).
+pub(super) struct ProjectStep {
+    /// The pass.
+    pub pass: DevicePass,
+    /// The samples' values `t`.
+    pub input: StepInput,
+    /// The solver flags (every bit cuts).
+    pub solve_flags: String,
+    /// Detector flag bits that exclude a detector.
+    pub det_mask: u8,
     /// The output amplitudes.
     pub amplitudes: String,
 }
 
-impl toast_core::Operator for ProjectTimestream {
+impl toast_core::Operator for ProjectStep {
     fn name(&self) -> &str {
         "fused_projection"
     }
     fn requires(&self) -> toast_core::Requirements {
-        toast_core::Requirements::new()
-            .detdata(&self.det_data)
-            .detdata(&self.pixels)
-            .detdata(&self.weights)
+        self.input
+            .require(self.pass.requires())
             .detdata(&self.solve_flags)
-            .global(&self.map)
-            .global(&self.pixel_dist)
-            .global(self.template.flags_key())
             .global(&self.amplitudes)
     }
     fn provides(&self) -> toast_core::Requirements {
@@ -683,24 +935,19 @@ impl toast_core::Operator for ProjectTimestream {
         true
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
+        let p = &self.pass;
         let projection = Projection {
-            operator: &self.operator,
+            operator: &p.operator,
             det_mask: self.det_mask,
-            noise_model: &self.noise_model,
-            view: self.view.as_deref(),
-            template: &self.template,
-            input: FusedInput::Timestream(&self.det_data),
+            noise_model: &p.noise_model,
+            view: p.view.as_deref(),
+            template: &p.template,
+            input: self.input.fused(),
             solve_flags: &self.solve_flags,
-            map: FusedMap {
-                map: &self.map,
-                pixel_dist: &self.pixel_dist,
-            },
+            map: p.map(),
             output: &self.amplitudes,
         };
-        let pointing = FusedPointing::Kept {
-            pixels: &self.pixels,
-            weights: &self.weights,
-        };
+        let pointing = p.pointing();
         project_observations(data, ctx, &projection, |_| Ok(pointing))
     }
 }

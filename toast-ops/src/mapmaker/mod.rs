@@ -89,13 +89,16 @@
 //! each way saved); a caller that discards the detector data gets none.
 //! Without `full_pointing` a device run recomputes it in every pass, per
 //! batch of `binner.pointing_batch` detectors (`device-recomputed`): the
-//! pointing fields are transient on the device too, and so is the
-//! left-hand side's work timestream; the right-hand side makes no work
-//! copy (the copy kernel has no row selection): `fused_project` reads
-//! each batch's rows of the timestream (`fused::ProjectTimestream`). The
-//! device holds the timestream, the flags, the boresight, the maps and
-//! one batch (10 bytes a detector sample and 72 a batch sample, against
-//! 82 kept): what a small device memory budget runs with.
+//! pointing fields are transient on the device too. On both device plans
+//! the solver's passes are the fused kernels as pipeline steps
+//! (`fused::AccumulateStep`, `fused::ProjectStep`): the right-hand side
+//! reads the timestream's rows of the pass (or batch) and the left-hand
+//! side rebuilds `F a` from the amplitudes inside the kernels, so no work
+//! timestream exists on the device (with a plugin that lacks the fused
+//! kernels, the unfused passes make one, per batch when batched). The
+//! batched device holds the timestream, the flags, the boresight, the maps
+//! and one batch (10 bytes a detector sample and 64 a batch sample,
+//! against 74 kept): what a small device memory budget runs with.
 //!
 //! The final hits, covariance and rcond are the solver's when nothing
 //! differs (`share_solver_covariance`): one pass instead of two. A caller

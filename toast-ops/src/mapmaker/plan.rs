@@ -11,8 +11,17 @@
 //! | [`ExecutionPlan::HostKept`] | expanded once by the kernels, kept (i64 pixel, 3 f64 weights) | fused on the kept fields | 32 |
 //! | [`ExecutionPlan::HostCompact`] | the pixel kept as i32; weights rebuilt from the boresight | fused, weights rebuilt block by block in cache | 4 |
 //! | [`ExecutionPlan::HostBatched`] | recomputed by the kernels in every pass, `batch` detectors at a time (TOAST's way) | unfused, per batch | about 0 kept, 64 per batch sample |
-//! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | the kernels on device fields, one device scope | 32 on the device |
-//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | the kernels on device fields, one device scope; the left-hand side's work timestream per batch, the right-hand side by `fused_project` on the batch's rows | 64 per batch sample on the device (all detectors' with `batch = 0`) |
+//! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | fused on the device fields, one device scope | 32 on the device |
+//! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | fused on each batch's device fields, one device scope | 64 per batch sample on the device (all detectors' with `batch = 0`) |
+//!
+//! On a device the fused passes are pipeline steps (`fused::AccumulateStep`,
+//! `fused::ProjectStep`) staged like the other kernels: the right-hand side
+//! reads the timestream's rows and the left-hand side rebuilds `F a` from
+//! the amplitudes inside the kernels, so no work timestream exists on the
+//! device (8 bytes a detector sample) and each pass is one kernel call per
+//! observation (and batch) instead of four to six. Unfused (a plugin
+//! without the fused kernels, or the blockers below), they run the kernels
+//! one after the other on a work timestream, per batch with a batch.
 //!
 //! The inputs are what the configuration asks for (`binner.full_pointing`,
 //! `binner.compact_pointing`, `binner.pointing_batch`), what the backend is
@@ -73,16 +82,21 @@ pub enum ExecutionPlan {
     /// scope for the run, the pointing expanded there and kept. No pass
     /// reads pointing on the host (the pixel distribution is built from
     /// the device's hit submaps, the solver flags are a kernel).
-    DeviceKept,
+    DeviceKept {
+        /// The solver passes.
+        passes: Passes,
+    },
     /// On a device: one device scope, the pointing recomputed there in
     /// every pass, per batch of [`Plan::batch`] detectors (all at once
-    /// with 0): the device holds one batch's pointing and work timestream
-    /// (the right-hand side needs none: `fused_project` reads the
-    /// timestream's rows), so its
-    /// resident set is the timestream, the flags, the boresight, the maps
-    /// and the amplitudes, plus one batch (what a small device memory
-    /// budget asks for: the satellite workflow chooses it then).
-    DeviceRecomputed,
+    /// with 0): the device holds one batch's pointing (and, unfused, its
+    /// work timestream), so its resident set is the timestream, the flags,
+    /// the boresight, the maps and the amplitudes, plus one batch (what a
+    /// small device memory budget asks for: the satellite workflow chooses
+    /// it then).
+    DeviceRecomputed {
+        /// The solver passes.
+        passes: Passes,
+    },
 }
 
 /// The facts of a run that decide its plan besides the configuration
@@ -178,48 +192,6 @@ impl Plan {
     /// documentation).
     pub fn choose(binner: &BinnerConfig, facts: &PlanFacts) -> Plan {
         let mut why = Vec::new();
-        if let Some((name, false)) = &facts.backend {
-            why.push(format!(
-                "backend {name} is a device (not host-addressable): one device scope for the run"
-            ));
-            let plan = if binner.full_pointing {
-                why.push(
-                    "binner.full_pointing = true: the pointing expanded on the device from the \
-                     boresight and kept there"
-                        .into(),
-                );
-                ExecutionPlan::DeviceKept
-            } else if binner.compact_pointing {
-                why.push(
-                    "binner.compact_pointing is a host form: the device keeps the full \
-                     pointing, expanded from the boresight"
-                        .into(),
-                );
-                ExecutionPlan::DeviceKept
-            } else {
-                why.push(match binner.pointing_batch {
-                    0 => "binner.full_pointing and binner.compact_pointing are false: the \
-                          pointing recomputed on the device in every pass, all detectors at once"
-                        .to_string(),
-                    n => format!(
-                        "binner.full_pointing and binner.compact_pointing are false: the \
-                         pointing recomputed on the device in every pass, {n} detectors at a \
-                         time (binner.pointing_batch)"
-                    ),
-                });
-                ExecutionPlan::DeviceRecomputed
-            };
-            return Plan {
-                plan,
-                batch: binner.pointing_batch,
-                why,
-            };
-        }
-        let host = match &facts.backend {
-            Some((name, _)) => format!("backend {name} addresses host memory"),
-            None => "no device backend".to_string(),
-        };
-        why.push(host);
         let passes = |why: &mut Vec<String>| {
             let blocker = if !facts.fused_allowed {
                 Some("fused passes turned off by the caller")
@@ -243,6 +215,54 @@ impl Plan {
                 None => Passes::Fused,
             }
         };
+        if let Some((name, false)) = &facts.backend {
+            why.push(format!(
+                "backend {name} is a device (not host-addressable): one device scope for the run"
+            ));
+            let plan = if binner.full_pointing {
+                why.push(
+                    "binner.full_pointing = true: the pointing expanded on the device from the \
+                     boresight and kept there"
+                        .into(),
+                );
+                ExecutionPlan::DeviceKept {
+                    passes: passes(&mut why),
+                }
+            } else if binner.compact_pointing {
+                why.push(
+                    "binner.compact_pointing is a host form: the device keeps the full \
+                     pointing, expanded from the boresight"
+                        .into(),
+                );
+                ExecutionPlan::DeviceKept {
+                    passes: passes(&mut why),
+                }
+            } else {
+                why.push(match binner.pointing_batch {
+                    0 => "binner.full_pointing and binner.compact_pointing are false: the \
+                          pointing recomputed on the device in every pass, all detectors at once"
+                        .to_string(),
+                    n => format!(
+                        "binner.full_pointing and binner.compact_pointing are false: the \
+                         pointing recomputed on the device in every pass, {n} detectors at a \
+                         time (binner.pointing_batch)"
+                    ),
+                });
+                ExecutionPlan::DeviceRecomputed {
+                    passes: passes(&mut why),
+                }
+            };
+            return Plan {
+                plan,
+                batch: binner.pointing_batch,
+                why,
+            };
+        }
+        let host = match &facts.backend {
+            Some((name, _)) => format!("backend {name} addresses host memory"),
+            None => "no device backend".to_string(),
+        };
+        why.push(host);
         let plan = if binner.full_pointing {
             why.push("binner.full_pointing = true: pointing expanded once and kept".into());
             ExecutionPlan::HostKept {
@@ -294,7 +314,7 @@ impl Plan {
     pub fn host(&self) -> bool {
         !matches!(
             self.plan,
-            ExecutionPlan::DeviceKept | ExecutionPlan::DeviceRecomputed
+            ExecutionPlan::DeviceKept { .. } | ExecutionPlan::DeviceRecomputed { .. }
         )
     }
 
@@ -303,7 +323,7 @@ impl Plan {
     pub fn keeps_pointing(&self) -> bool {
         matches!(
             self.plan,
-            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. }
         )
     }
 
@@ -325,24 +345,39 @@ impl Plan {
     pub fn transient_pointing(&self) -> bool {
         match self.plan {
             ExecutionPlan::HostCompact { .. } | ExecutionPlan::HostBatched => true,
-            ExecutionPlan::DeviceRecomputed => self.batch > 0,
-            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept => false,
+            ExecutionPlan::DeviceRecomputed { .. } => self.batch > 0,
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. } => false,
         }
     }
 
-    /// The solver's work timestream exists for one detector batch at a
-    /// time in the left-hand side (made there from the amplitudes).
+    /// The unfused solver passes' work timestream exists for one detector
+    /// batch at a time (made from the amplitudes in the left-hand side, a
+    /// copy of the timestream in the right-hand side; on a device the copy
+    /// of a batch's rows goes through the host, as the copy kernel has no
+    /// row selection).
     pub fn work_batches(&self) -> bool {
-        self.batch > 0 && (self.host() || self.plan == ExecutionPlan::DeviceRecomputed)
+        self.batch > 0
+            && matches!(
+                self.plan,
+                ExecutionPlan::HostKept { .. }
+                    | ExecutionPlan::HostCompact { .. }
+                    | ExecutionPlan::HostBatched
+                    | ExecutionPlan::DeviceRecomputed { .. }
+            )
     }
 
-    /// The right-hand side's work copy of the timestream is made per
-    /// detector batch too: on the host only. A device copies whole fields
-    /// only (the copy kernel has no row selection), so a device's batched
-    /// right-hand side makes no copy: `fused_project` reads each batch's
-    /// rows of the timestream (`fused::ProjectTimestream`).
-    pub fn work_copy_batches(&self) -> bool {
-        self.host() && self.batch > 0
+    /// The solver's passes are the fused kernels as device pipeline steps
+    /// (`fused::AccumulateStep`, `fused::ProjectStep`): no work timestream
+    /// on the device.
+    pub fn device_fused(&self) -> bool {
+        matches!(
+            self.plan,
+            ExecutionPlan::DeviceKept {
+                passes: Passes::Fused
+            } | ExecutionPlan::DeviceRecomputed {
+                passes: Passes::Fused
+            }
+        )
     }
 
     /// The fused passes run, and on which pointing.
@@ -378,8 +413,10 @@ impl fmt::Display for ExecutionPlan {
             ExecutionPlan::HostKept { passes: p } => write!(f, "host-kept-{}", passes(p)),
             ExecutionPlan::HostCompact { passes: p } => write!(f, "host-compact-{}", passes(p)),
             ExecutionPlan::HostBatched => f.write_str("host-batched"),
-            ExecutionPlan::DeviceKept => f.write_str("device-kept"),
-            ExecutionPlan::DeviceRecomputed => f.write_str("device-recomputed"),
+            ExecutionPlan::DeviceKept { passes: p } => write!(f, "device-kept-{}", passes(p)),
+            ExecutionPlan::DeviceRecomputed { passes: p } => {
+                write!(f, "device-recomputed-{}", passes(p))
+            }
         }
     }
 }
@@ -388,8 +425,8 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.plan)?;
         let batched = match self.plan {
-            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept => false,
-            ExecutionPlan::DeviceRecomputed => true,
+            ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. } => false,
+            ExecutionPlan::DeviceRecomputed { .. } => true,
             _ => self.host(),
         };
         if batched {
@@ -443,20 +480,21 @@ mod tests {
         // A device keeps the full pointing where a host form asked for it
         // to be kept.
         let dev = facts(Some(("opencl", false)));
+        let fused = Passes::Fused;
         for (full, compact) in [(true, false), (false, true), (false, false)] {
             let p = Plan::choose(&binner(full, compact), &dev);
             let want = match (full, compact) {
-                (false, false) => ExecutionPlan::DeviceRecomputed,
-                _ => ExecutionPlan::DeviceKept,
+                (false, false) => ExecutionPlan::DeviceRecomputed { passes: fused },
+                _ => ExecutionPlan::DeviceKept { passes: fused },
             };
             assert_eq!(p.plan, want);
             assert_eq!(p.keeps_pointing(), full || compact);
-            assert!(!p.host_pointing_kept());
-            assert!(!p.host() && !p.work_copy_batches());
+            assert!(!p.host_pointing_kept() && !p.host());
             // Recomputed pointing is per batch (`pointing_batch` = 8 by
-            // default), and so is the left-hand side's work timestream.
+            // default); the fused device passes make no work timestream.
             assert_eq!(p.transient_pointing(), !(full || compact));
             assert_eq!(p.work_batches(), !(full || compact));
+            assert!(p.device_fused());
             assert_eq!(p.fused(), None);
         }
         let all = BinnerConfig {
@@ -464,15 +502,29 @@ mod tests {
             ..binner(false, false)
         };
         let p = Plan::choose(&all, &dev);
-        assert_eq!(p.plan, ExecutionPlan::DeviceRecomputed);
+        assert_eq!(p.plan, ExecutionPlan::DeviceRecomputed { passes: fused });
         assert!(!p.transient_pointing() && !p.work_batches());
-        assert_eq!(p.to_string(), "device-recomputed (all detectors at once)");
+        assert_eq!(
+            p.to_string(),
+            "device-recomputed-fused (all detectors at once)"
+        );
         let p = Plan::choose(&binner(false, false), &dev);
-        assert_eq!(p.to_string(), "device-recomputed (8 detectors a batch)");
+        assert_eq!(
+            p.to_string(),
+            "device-recomputed-fused (8 detectors a batch)"
+        );
         assert!(
             p.why.iter().any(|w| w.contains("8 detectors at a time")),
             "{p:?}"
         );
+        // A device plugin without the fused kernels: the unfused passes,
+        // with their work timestream.
+        let mut f = dev.clone();
+        f.fused_kernels = false;
+        let p = Plan::choose(&binner(true, false), &f);
+        assert_eq!(p.to_string(), "device-kept-unfused");
+        assert!(!p.device_fused() && !p.work_batches());
+        assert!(p.why.iter().any(|w| w.contains("fused kernels")), "{p:?}");
     }
 
     #[test]

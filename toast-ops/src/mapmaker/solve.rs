@@ -6,7 +6,7 @@
 
 use super::binning::CovKeys;
 use super::flags::{SolverFlagBits, SolverFlagsStep};
-use super::fused::ProjectTimestream;
+use super::fused::StepInput;
 use super::products::{Keys, MapMakerResult};
 use super::vectors::{VectorOp, VectorStep};
 use super::{timed, MapMaker};
@@ -529,38 +529,23 @@ impl MapMaker {
             Some(&mut self.solve_pointing)
         };
         bin_map(data, ctx, pass, pointing, Vec::new(), &sets)?;
-        if self.plan.work_batches() && !self.plan.work_copy_batches() {
-            // A device copies whole fields only: instead of a work copy,
-            // each batch's pointing, then `fused_project` reading the
-            // batch's rows of the timestream (after the amplitudes' reset,
-            // once).
-            let project = ProjectTimestream {
-                operator: self.setup.name.clone(),
-                det_data: mm.det_data.clone(),
-                pixels: self.solve_pointing.pixels_field().to_string(),
-                weights: self.solve_pointing.weights_field().to_string(),
-                solve_flags: keys.solve_flags.clone(),
-                map: keys.solve_bin.clone(),
-                pixel_dist: binner.pixel_dist.clone(),
-                noise_model: binner.noise_model.clone(),
-                det_mask: binner.det_mask,
-                view: self.solve_pointing.view().map(str::to_string),
-                template: Arc::clone(tmpl),
-                amplitudes: keys.rhs.clone(),
-            };
-            let mut tail: Vec<Box<dyn Operator>> = vec![
-                Box::new(amplitude_reset("reset_rhs", &keys.rhs)),
-                Box::new(project),
-            ];
-            return self.run_projection(data, ctx, "SolverRHS", Vec::new(), !full, &mut tail);
+        if self.device_fused_applies(data, tmpl)? {
+            // On a device, no work copy: `fused_project` reads the pass's
+            // (or batch's) rows of the timestream.
+            let input = StepInput::Timestream(mm.det_data.clone());
+            let pass = (self.device_pass(tmpl, keys), keys);
+            let output = ("reset_rhs", keys.rhs.as_str());
+            return self.project_device(data, ctx, pass, ("SolverRHS", input, output), !full);
         }
-        // The work copy of the timestream, per detector batch on the host.
+        // The work copy of the timestream, per detector batch when batched
+        // (on a device through the host: the copy kernel has no row
+        // selection).
         let mut copy = CopyDetData {
             name: "copy_rhs".into(),
             input: mm.det_data.clone(),
             output: keys.temp.clone(),
             det_mask: binner.det_mask,
-            transient: self.plan.work_copy_batches(),
+            transient: self.plan.work_batches(),
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
         self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
@@ -572,7 +557,7 @@ impl MapMaker {
     /// amplitude reset runs first over all detectors, then `head` and the
     /// rest once per batch (re-expanding the batch's pointing when it is
     /// transient).
-    fn run_projection(
+    pub(super) fn run_projection(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
@@ -673,6 +658,9 @@ impl MapMaker {
     ) -> Result<(), OpError> {
         if let Some(fused) = self.fused_applies(data, Some(tmpl))? {
             return self.lhs_fused(data, ctx, (tmpl, fused), keys);
+        }
+        if self.device_fused_applies(data, tmpl)? {
+            return self.lhs_device(data, ctx, tmpl, keys);
         }
         let binner = self.setup.binner.clone();
         let full = self.plan.keeps_pointing();
@@ -891,7 +879,7 @@ impl MapMaker {
 
 /// The step (`name`) that zeroes the global amplitude vector `amplitudes`
 /// where it lives.
-fn amplitude_reset(name: &str, amplitudes: &str) -> ResetData {
+pub(super) fn amplitude_reset(name: &str, amplitudes: &str) -> ResetData {
     ResetData {
         name: name.into(),
         detdata: Vec::new(),

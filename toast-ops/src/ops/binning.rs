@@ -161,6 +161,22 @@ pub(crate) fn bin_map(
     pre: Vec<OpRef<'_>>,
     sets: &DetectorSets,
 ) -> Result<(), OpError> {
+    bin_map_with(data, ctx, pass, pointing, pre, sets, None)
+}
+
+/// [`bin_map`] with the accumulation step `accumulate` in place of the
+/// noise-weighted accumulation of `pass.det_data` (`None`: that one), for
+/// a step that accumulates into `pass.binned` from another source (the
+/// map-maker's fused device step, which rebuilds `F a` from amplitudes).
+pub(crate) fn bin_map_with(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    pass: BinPass<'_>,
+    pointing: Option<&mut PointingOps>,
+    pre: Vec<OpRef<'_>>,
+    sets: &DetectorSets,
+    accumulate: Option<OpRef<'_>>,
+) -> Result<(), OpError> {
     let cfg = pass.config;
     prepare_bin_map(data, &pass)?;
 
@@ -202,7 +218,10 @@ pub(crate) fn bin_map(
     if let Some(p) = pointing {
         ops.extend(p.operators());
     }
-    ops.push(&mut accum);
+    match accumulate {
+        Some(step) => ops.push(step),
+        None => ops.push(&mut accum),
+    }
     let opts = RunOptions {
         detector_sets: sets.clone(),
         ..RunOptions::default()

@@ -94,12 +94,12 @@
 //!
 //! On a device backend the largest device scope is the map-maker's, whose
 //! staged buffers all live until it closes (the peak is their sum). From
-//! the buffers of `tiny` on `--backend opencl` (`device-kept`):
+//! the buffers of `tiny` on `--backend opencl` (`device-kept-fused`):
 //!
-//! * per detector sample [`DEVICE_BYTES_PER_DET_SAMPLE`] = 82 B: `signal` 8,
-//!   the solver's work timestream 8, detector flags 1, solver flags 1,
-//!   pixels 8, IQU weights 24 and the quaternions 32 they are expanded from
-//!   (`device-recomputed` holds the same fields, refilled in every pass);
+//! * per detector sample [`DEVICE_BYTES_PER_DET_SAMPLE`] = 74 B: `signal` 8,
+//!   detector flags 1, solver flags 1, pixels 8, IQU weights 24 and the
+//!   quaternions 32 they are expanded from (`device-recomputed` with all
+//!   detectors at once holds the same fields, refilled in every pass);
 //! * per time sample [`DEVICE_BYTES_PER_TIME_SAMPLE`] = 33 B: the boresight
 //!   32 and the shared flags 1;
 //! * per local pixel 8 bytes per value of the binned map, the destriped map
@@ -110,21 +110,26 @@
 //!   passes), the local pixels estimated as for the host
 //!   ([`SUBMAP_FRACTION_PER_OBS`]).
 //!
-//! Measured: tiny 701 988 692 bytes (`device_peak_staged_bytes`, opencl);
-//! predicted 849 303 821 (+21%: the local pixels are overestimated, as for
-//! the host), an estimate on the safe side for refusing, before any work, a
-//! run that would not fit its device memory budget. The sky scan's scope
-//! (72 B per detector sample and the input map) is smaller.
+//! The fused device passes (the default: `device-kept-fused`,
+//! `device-recomputed-fused`) make no work timestream; the unfused ones (a
+//! plugin without the fused kernels) add [`DEVICE_BYTES_WORK_TIMESTREAM`] =
+//! 8 B per detector sample (kept) or per sample of each batch detector
+//! (batched): the `work_timestream` argument of [`DeviceMemory::of`].
+//!
+//! Measured: tiny 689 817 428 bytes (`device_peak_staged_bytes`, opencl,
+//! fused); predicted 814 743 821 (+18%: the local pixels are overestimated, as
+//! for the host), an estimate on the safe side for refusing, before any
+//! work, a run that would not fit its device memory budget. The sky
+//! scan's scope (72 B per detector sample and the input map) is smaller.
 //!
 //! `device-recomputed` with a batch of `b` detectors
 //! ([`DevicePointing::Batched`]) holds per detector sample
 //! [`DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT`] = 10 B (`signal` 8, detector
-//! and solver flags 1 each; the right-hand side reads the signal's rows,
-//! no work copy) and per time sample of each batch detector
-//! [`DEVICE_BYTES_PER_BATCH_SAMPLE`] = 72 B (quaternions 32, pixels 8, IQU
-//! weights 24, the left-hand side's work timestream 8). Measured: tiny
-//! with batches of 4 (opencl), 517 021 524 bytes; the model with the
-//! measured local pixels (2 798 592), 517.0 MB.
+//! and solver flags 1 each) and per time sample of each batch detector
+//! [`DEVICE_BYTES_PER_BATCH_SAMPLE`] = 64 B (quaternions 32, pixels 8, IQU
+//! weights 24). Measured: tiny with batches of 4 (opencl, fused),
+//! 505 501 524 bytes (517 021 524 with the unfused left-hand side); the
+//! model with the measured local pixels (2 798 592), 505.46 MB.
 //! The sky scan then expands its pointing per batch too (its scope: the
 //! timestream, the input map and one batch). The satellite workflow
 //! chooses it, with the largest batch that fits, when the kept pointing
@@ -281,14 +286,16 @@ pub fn names() -> String {
 }
 
 /// See the module documentation.
-pub const DEVICE_BYTES_PER_DET_SAMPLE: f64 = 82.0;
+pub const DEVICE_BYTES_PER_DET_SAMPLE: f64 = 74.0;
 /// See the module documentation.
 pub const DEVICE_BYTES_PER_TIME_SAMPLE: f64 = 33.0;
 
 /// See the module documentation.
 pub const DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT: f64 = 10.0;
 /// See the module documentation.
-pub const DEVICE_BYTES_PER_BATCH_SAMPLE: f64 = 72.0;
+pub const DEVICE_BYTES_PER_BATCH_SAMPLE: f64 = 64.0;
+/// See the module documentation.
+pub const DEVICE_BYTES_WORK_TIMESTREAM: f64 = 8.0;
 
 /// Device bytes per local pixel of `nnz` Stokes values (see the module
 /// documentation): three maps of `nnz` values, the covariance and the
@@ -322,16 +329,28 @@ pub struct DeviceMemory {
 
 impl DeviceMemory {
     /// The model for one process holding `det_samples` detector samples of
-    /// `n_obs` observations with `time_samples` time samples in all.
-    pub fn of(det_samples: f64, time_samples: f64, n_obs: u64, nside: u64, nnz: u64) -> Self {
+    /// `n_obs` observations with `time_samples` time samples in all, with
+    /// the unfused passes' `work_timestream` or not.
+    pub fn of(
+        det_samples: f64,
+        time_samples: f64,
+        n_obs: u64,
+        (nside, nnz): (u64, u64),
+        work_timestream: bool,
+    ) -> Self {
         let npix = 12.0 * (nside as f64) * (nside as f64);
         let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0);
         let fixed = DEVICE_BYTES_PER_TIME_SAMPLE * time_samples
             + device_bytes_per_local_pixel(nnz) * local_pix;
+        let work = if work_timestream {
+            DEVICE_BYTES_WORK_TIMESTREAM
+        } else {
+            0.0
+        };
         DeviceMemory {
-            kept: fixed + DEVICE_BYTES_PER_DET_SAMPLE * det_samples,
+            kept: fixed + (DEVICE_BYTES_PER_DET_SAMPLE + work) * det_samples,
             resident: fixed + DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * det_samples,
-            per_batch_detector: DEVICE_BYTES_PER_BATCH_SAMPLE * time_samples,
+            per_batch_detector: (DEVICE_BYTES_PER_BATCH_SAMPLE + work) * time_samples,
         }
     }
 
@@ -351,20 +370,6 @@ impl DeviceMemory {
         }
         ((budget - self.resident) / self.per_batch_detector.max(1.0)).floor() as u64
     }
-}
-
-/// Predicted peak of the staged device buffers of one process holding
-/// `det_samples` detector samples of `n_obs` observations with
-/// `time_samples` time samples in all, on a device plan with the pointing
-/// kept (see the module documentation and [`DeviceMemory`]).
-pub fn predicted_device_memory(
-    det_samples: f64,
-    time_samples: f64,
-    n_obs: u64,
-    nside: u64,
-    nnz: u64,
-) -> f64 {
-    DeviceMemory::of(det_samples, time_samples, n_obs, nside, nnz).peak(DevicePointing::Kept)
 }
 
 /// Predicted peak memory in bytes (see the module documentation).
@@ -492,33 +497,44 @@ mod tests {
 
     #[test]
     fn device_estimate_is_above_the_measured_device_peak_and_close() {
-        // tiny on --backend opencl (device-kept): device_peak_staged_bytes.
-        let measured = 701_988_692.0;
+        // tiny on --backend opencl (device-kept-fused):
+        // device_peak_staged_bytes.
+        let measured = 689_817_428.0;
         let s = preset("tiny").unwrap();
-        let p = predicted_device_memory(
-            s.samples() as f64,
-            (s.n_obs * s.samples_per_obs) as f64,
-            s.n_obs,
-            1024,
-            3,
-        );
+        let model = |work_timestream| {
+            DeviceMemory::of(
+                s.samples() as f64,
+                (s.n_obs * s.samples_per_obs) as f64,
+                s.n_obs,
+                (1024, 3),
+                work_timestream,
+            )
+        };
+        let p = model(false).peak(DevicePointing::Kept);
         assert!(
             p >= measured && p <= 1.25 * measured,
             "predicted {p}, measured {measured}"
         );
+        // The unfused passes' work timestream: 8 bytes a detector sample.
+        let unfused = model(true);
+        assert_eq!(unfused.kept - p, 8.0 * s.samples() as f64);
+        assert_eq!(
+            unfused.per_batch_detector - model(false).per_batch_detector,
+            8.0 * 360_000.0
+        );
         assert_eq!(device_bytes_per_local_pixel(3), 128.0);
         assert_eq!(device_bytes_per_local_pixel(1), 40.0);
         // tiny on --backend opencl with the pointing recomputed 4
-        // detectors a batch: 517 021 524 bytes, with 2 798 592 local
-        // pixels (the rcond mask's bytes).
-        let m = DeviceMemory::of(s.samples() as f64, 360_000.0, 1, 1024, 3);
+        // detectors a batch (fused): 505 501 524 bytes, with 2 798 592
+        // local pixels (the rcond mask's bytes).
+        let m = model(false);
         let model = DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * 4_320_000.0
             + DEVICE_BYTES_PER_TIME_SAMPLE * 360_000.0
             + device_bytes_per_local_pixel(3) * 2_798_592.0
             + m.per_batch_detector * 4.0;
-        let measured = 517_021_524.0;
+        let measured = 505_501_524.0;
         assert!(
-            (model - measured).abs() < 0.01 * measured,
+            (model - measured).abs() < 0.001 * measured,
             "model {model}, measured {measured}"
         );
         // The largest batch within a budget, and none below one detector.

@@ -622,12 +622,14 @@ impl SatelliteJob {
     }
 
     /// The device memory model of each process of `plan` (`sim` as
-    /// [`SatelliteJob::plan`] left it), with its number of detectors: one
-    /// per group's observations and rank's detector sets.
+    /// [`SatelliteJob::plan`] left it) on the device plan `execution`
+    /// (whose unfused passes make a work timestream), with its number of
+    /// detectors: one per group's observations and rank's detector sets.
     fn device_memory_models(
         &self,
         plan: &JobDistribution,
         sim: &SimSatellite,
+        execution: &Plan,
     ) -> Vec<(presets::DeviceMemory, u64)> {
         let samples = sim.obs_samples().unwrap_or_default();
         let sets = sim.detector_sets();
@@ -641,8 +643,8 @@ impl SatelliteJob {
                     (n_det * time) as f64,
                     time as f64,
                     obs.len() as u64,
-                    self.nside(),
-                    nnz,
+                    (self.nside(), nnz),
+                    !execution.device_fused(),
                 );
                 models.push((model, n_det));
             }
@@ -666,7 +668,7 @@ impl SatelliteJob {
             (true, b) if b > 0 => presets::DevicePointing::Batched((b as u64).min(n_det)),
             _ => presets::DevicePointing::Kept,
         };
-        let peaks = self.device_memory_models(plan, sim).into_iter();
+        let peaks = self.device_memory_models(plan, sim, execution).into_iter();
         Some(peaks.fold(0.0, |worst, (m, n_det)| worst.max(m.peak(pointing(n_det)))))
     }
 
@@ -701,7 +703,7 @@ impl SatelliteJob {
         }
         // The batch is sized to 90% of the budget: the local pixels are an
         // estimate (within a few percent of the measured ones on xsmall).
-        let models = self.device_memory_models(plan, sim);
+        let models = self.device_memory_models(plan, sim, &execution);
         let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
         let largest = |budget: f64| {
             let batches = models.iter().map(|(m, _)| m.largest_batch(budget));
