@@ -266,6 +266,10 @@ pub struct TransferReport {
     pub current_bytes: u64,
     /// Most bytes allocated at once.
     pub peak_bytes: u64,
+    /// What made up the peak: the live buffers' bytes per name
+    /// ([`BufferKey::stat_name`], summed over the observations) when
+    /// `peak_bytes` was reached.
+    pub peak_buffers: BTreeMap<String, u64>,
 }
 
 impl TransferReport {
@@ -310,7 +314,13 @@ impl fmt::Display for TransferReport {
             f,
             "device memory: {} bytes now, {} bytes peak",
             self.current_bytes, self.peak_bytes
-        )
+        )?;
+        let mut at_peak: Vec<_> = self.peak_buffers.iter().collect();
+        at_peak.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (name, bytes) in at_peak {
+            write!(f, "\n  at peak: {name:<32} {bytes:>14}")?;
+        }
+        Ok(())
     }
 }
 
@@ -473,7 +483,14 @@ impl DeviceBuffers {
         c.allocs += 1;
         c.alloc_bytes += bytes;
         self.report.current_bytes += bytes;
-        self.report.peak_bytes = self.report.peak_bytes.max(self.report.current_bytes);
+        if self.report.current_bytes > self.report.peak_bytes {
+            self.report.peak_bytes = self.report.current_bytes;
+            let mut at_peak = BTreeMap::new();
+            for (k, e) in &self.entries {
+                *at_peak.entry(k.stat_name()).or_insert(0) += e.bytes;
+            }
+            self.report.peak_buffers = at_peak;
+        }
         Ok(DeviceView { handle, bytes })
     }
 
@@ -1331,16 +1348,27 @@ mod tests {
         assert_eq!(r.per_buffer["global.zmap"].resets, 1);
         assert_eq!(r.current_bytes, 240);
         assert_eq!(r.peak_bytes, 240);
+        let at_peak = BTreeMap::from([
+            ("detdata.signal".to_string(), 200),
+            ("global.zmap".to_string(), 40),
+        ]);
+        assert_eq!(r.peak_buffers, at_peak);
         b.delete_all().unwrap();
         assert!(b.present_keys().is_empty());
+        // A smaller set of buffers later leaves the peak's composition.
+        let k = BufferKey::global("small");
+        b.create(&k, 8).unwrap();
+        b.delete(&k).unwrap();
         let r = b.report();
         assert_eq!(r.current_bytes, 0);
         assert_eq!(r.peak_bytes, 240);
-        assert_eq!(r.totals().frees, 3);
+        assert_eq!(r.peak_buffers, at_peak);
+        assert_eq!(r.totals().frees, 4);
         let text = r.to_string();
         assert!(text.contains("detdata.signal"));
         assert!(text.contains("total"));
         assert!(text.contains("240 bytes peak"));
+        assert!(text.contains("at peak: detdata.signal"), "{text}");
         assert_eq!(g.to_string(), "'global/zmap'");
     }
 

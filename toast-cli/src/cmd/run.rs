@@ -617,6 +617,23 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             "device peak:    {} staged at once (one device scope, largest over the processes)",
             human_bytes(st.device_peak_staged_bytes)
         )?;
+        // Process 0's peak by buffer, the largest first.
+        let mut at_peak: Vec<_> = st.device_peak_staged_buffers.iter().collect();
+        at_peak.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let parts: Vec<String> = at_peak
+            .iter()
+            .take(8)
+            .map(|(name, &bytes)| format!("{name} {}", human_bytes(bytes)))
+            .collect();
+        if !parts.is_empty() {
+            let more = at_peak.len().saturating_sub(parts.len());
+            let rest = if more > 0 {
+                format!(", {more} more")
+            } else {
+                String::new()
+            };
+            crate::outln!("  made of:      {}{rest} (process 0)", parts.join(", "))?;
+        }
     }
     crate::outln!("outputs in:     {}", dir.display())?;
     Ok(())

@@ -481,6 +481,12 @@ pub struct RunStats {
     /// scratch are not in it; they are within the plugin's device memory
     /// budget (`--backend-options NAME:memory=GiB`).
     pub device_peak_staged_bytes: u64,
+    /// What made up process 0's device peak: its live staged buffers'
+    /// bytes per name (`detdata.signal`, `global.mapmaker_solve_cov`, ...,
+    /// summed over the observations) at that moment; empty on a
+    /// host-addressable backend.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub device_peak_staged_buffers: BTreeMap<String, u64>,
     /// Which backend ran each kernel: calls and seconds.
     #[serde(skip)]
     pub kernels: KernelLog,
@@ -1090,8 +1096,10 @@ impl SatelliteJob {
             .map_err(|e| WorkflowError::gather("gathering timers", e))?;
         let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
         let mut walls = [wall];
-        let mut device_peak =
-            [crate::exec::movement::ledger(&ctx).map_or(0, |l| l.peak_staged_bytes()) as i64];
+        let ledger = crate::exec::movement::ledger(&ctx);
+        let mut device_peak = [ledger.map_or(0, |l| l.peak_staged_bytes()) as i64];
+        let device_peak_staged_buffers =
+            ledger.map(|l| l.peak_staged_buffers()).unwrap_or_default();
         comm.allreduce_f64(&mut peaks[..1], ReduceOp::Max)
             .and_then(|_| comm.allreduce_f64(&mut peaks[1..], ReduceOp::Sum))
             .and_then(|_| comm.allreduce_f64(&mut walls, ReduceOp::Max))
@@ -1166,6 +1174,7 @@ impl SatelliteJob {
             transfers,
             transfer_phases,
             device_peak_staged_bytes: device_peak[0].max(0) as u64,
+            device_peak_staged_buffers,
             kernels,
         };
         Ok(Some(SatelliteRun { stats, timers }))

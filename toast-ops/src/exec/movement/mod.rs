@@ -191,6 +191,16 @@ impl TransferLedger {
         self.scopes.iter().map(|r| r.peak_bytes).max().unwrap_or(0)
     }
 
+    /// What made up [`TransferLedger::peak_staged_bytes`]: the live
+    /// buffers' bytes per name at that scope's peak.
+    pub fn peak_staged_buffers(&self) -> BTreeMap<String, u64> {
+        self.scopes
+            .iter()
+            .max_by_key(|r| r.peak_bytes)
+            .map(|r| r.peak_buffers.clone())
+            .unwrap_or_default()
+    }
+
     fn count_unstaged(&mut self, name: &str, up: bool, bytes: u64, kernel: Kernel) {
         tracing::debug!(
             "kernel {kernel}: unstaged {} of {name} ({bytes} bytes)",
