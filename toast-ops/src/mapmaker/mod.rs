@@ -98,7 +98,8 @@
 //! kernels, the unfused passes make one, per batch when batched). The
 //! batched device holds the timestream, the flags, the boresight, the maps
 //! and one batch (10 bytes a detector sample and 64 a batch sample,
-//! against 74 kept): what a small device memory budget runs with.
+//! against 42 kept, the quaternions freed once the pointing is
+//! expanded): what a small device memory budget runs with.
 //!
 //! The final hits, covariance and rcond are the solver's when nothing
 //! differs (`share_solver_covariance`): one pass instead of two. A caller
@@ -537,6 +538,11 @@ impl MapMaker {
             None
         };
 
+        // On a device, the solver's maps leave the device before the final
+        // passes (the host holds what they read of them).
+        if !host_run {
+            self.free_solver_maps_on_device(data, ctx, keys)?;
+        }
         // 5f's hits, covariance and rcond are 5b's when nothing differs.
         let shared_cov = self.share_solver_covariance(data, keys)?;
 
@@ -589,7 +595,7 @@ impl MapMaker {
     /// have their own pixelization: they are expanded per detector batch,
     /// each pass replacing the previous batch's (host runs, see
     /// `PointingDetector::transient`), and the last batch is freed (32 bytes
-    /// a sample). A staged device copy stays until the scope closes.
+    /// a sample); on a device, expanded whole, its device copy is freed too.
     fn expand_solve_pointing(
         &mut self,
         data: &mut Data,
@@ -639,6 +645,10 @@ impl MapMaker {
         self.solve_pointing.det_pointing.transient = false;
         r?;
         if drop_quats {
+            // Gone from the device too: on a device the quaternions were
+            // expanded whole, and no later step reads them (32 bytes a
+            // detector sample of device memory).
+            movement::forget(data, ctx, &Requirements::new().detdata(&quats))?;
             data.remove_detdata(&[&quats])?;
         }
         Ok(())

@@ -5,6 +5,7 @@
 
 use super::MapMaker;
 use crate::exec::global_data::HostArray;
+use crate::exec::movement;
 use crate::exec::pipeline::{run_operators, OpRef, RunOptions};
 use crate::ops::CopyDetData;
 use crate::templates::offset::OffsetAddToSignal;
@@ -162,6 +163,33 @@ impl MapMaker {
         remove_products(data, ctx, &detdata, &global)
     }
 
+    /// On a device, once the solve is over: free the device copies of the
+    /// solver's map-domain products (unless they are kept, to come back at
+    /// the end): its binned map (dead) and its covariance, whose host copy
+    /// the final passes read (inverted on the host; a newer device copy
+    /// would come back first). 48 bytes a local pixel for the IQU
+    /// covariance and 24 for the map, before the final passes bin theirs.
+    pub(super) fn free_solver_maps_on_device(
+        &self,
+        data: &mut Data,
+        ctx: &mut ExecContext,
+        keys: &Keys,
+    ) -> Result<(), OpError> {
+        if self.keeps_solver_products() {
+            return Ok(());
+        }
+        let globals = |ks: &[&String]| {
+            ks.iter()
+                .filter(|k| data.meta.contains(k))
+                .fold(Requirements::new(), |r, k| r.global(k.to_string()))
+        };
+        let read = globals(&[&keys.solve_cov, &keys.solve_rcond]);
+        let dead = globals(&[&keys.solve_bin]);
+        movement::release(data, ctx, &read)?;
+        movement::forget(data, ctx, &dead)?;
+        Ok(())
+    }
+
     /// Remove temporaries and (unless kept) solver products, the pointing
     /// this run made and (unless `save_cleaned`) the cleaned timestream.
     /// (In a caller's scope their device copies are freed as well.)
@@ -250,7 +278,7 @@ fn remove_products(
         .iter()
         .fold(Requirements::new(), |r, f| r.detdata(f));
     let dropped = global.iter().fold(dropped, |r, g| r.global(g));
-    crate::exec::movement::forget(data, ctx, &dropped)?;
+    movement::forget(data, ctx, &dropped)?;
     data.remove_detdata(detdata)?;
     for g in global {
         data.meta.remove(g);

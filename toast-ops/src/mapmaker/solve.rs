@@ -172,6 +172,9 @@ impl MapMaker {
             )
         })?;
 
+        // The hits came back once; no device step reads them again.
+        movement::release(data, ctx, &Requirements::new().global(&keys.solve_hits))?;
+
         // 5c: flag samples in poorly conditioned pixels (bit 4).
         self.rcond_mask(data, ctx, keys, res)?;
 

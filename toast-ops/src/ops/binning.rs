@@ -4,7 +4,7 @@
 use super::mapmaker_utils::{ensure_map, BuildNoiseWeighted, FlagSelection};
 use super::util::{PointingOps, ResetData};
 use crate::exec::kernels;
-use crate::exec::movement::with_host_step;
+use crate::exec::movement::{self, with_host_step};
 use crate::exec::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
 use crate::pixels::covariance::{apply_covariance, nnz_of_block};
 use crate::pixels::{get_distribution, sync_maps, PixelData, PixelDistribution, SYNC_TIMER};
@@ -318,7 +318,12 @@ pub(crate) fn finish_bin_map(
         let (req, prov) = (apply.requires(), apply.provides());
         with_host_step(data, ctx, "apply_covariance", req, prov, |data, _| {
             apply.on_host(data)
-        })
+        })?;
+        // The map is the host's now; in a device scope its device copy is
+        // stale and no device step reads it: freed rather than kept until
+        // the scope closes (8 bytes a local pixel and Stokes value).
+        movement::forget(data, ctx, &Requirements::new().global(pass.binned))?;
+        Ok(())
     }
 }
 

@@ -422,6 +422,21 @@ pub fn restore_scope(ctx: &mut ExecContext, scope: Option<DeviceScope>) {
     }
 }
 
+/// Hand `items` to the host alone: in the open scope (if any), copy back
+/// their device-newer copies, then free their device buffers ([`forget`]).
+/// For data the device is done with but the host reads on (a map-maker's
+/// hits and inverted covariance once its solve is over). Returns the bytes
+/// freed.
+pub fn release(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    items: &Requirements,
+) -> Result<u64, OpError> {
+    let none = Requirements::new();
+    with_host_step(data, ctx, "release", items.clone(), none, |_, _| Ok(()))?;
+    forget(data, ctx, items)
+}
+
 /// The buffer keys of an item: one per observation holding the field, or the
 /// global key when the global item has a device form; none for metadata and
 /// interval lists.
