@@ -630,11 +630,13 @@ impl MapMaker {
             if !staged {
                 run_operators("pointing", &mut ops, data, ctx, &opts)
             } else {
-                // The device's copy, whole, then the host's for the caller:
-                // the one it handed over, or its own, recomputed from the
-                // boresight; either way none crosses the bus.
-                let all = RunOptions::default();
-                match run_operators("pointing", &mut ops, data, ctx, &all) {
+                // The device's copy, whole (the quaternions per detector
+                // set when nobody reads them again, as on the host: 32
+                // bytes a detector sample never all on the device), then
+                // the host's for the caller: the one it handed over, or its
+                // own, recomputed from the boresight; either way none
+                // crosses the bus.
+                match run_operators("pointing", &mut ops, data, ctx, &opts) {
                     Ok(()) if !host_copy => Ok(()),
                     Ok(()) if reuse => mark_host_copies(data, ctx, &provides),
                     Ok(()) => mirror_on_host("pointing_host", &mut ops, data, ctx, &opts),

@@ -25,7 +25,7 @@ use crate::templates::offset::{
 };
 use crate::templates::OffsetTemplate;
 use std::sync::Arc;
-use toast_core::{comm_of, DType, Data, ExecContext, OpError, Operator, ReduceOp, Requirements};
+use toast_core::{comm_of, Data, ExecContext, OpError, Operator, ReduceOp, Requirements};
 
 /// Timer frame of the CG dot-product reductions.
 pub const DOT_TIMER: &str = "allreduce_dot";
@@ -425,8 +425,9 @@ impl MapMaker {
     /// nothing flagged), counted on the device where the solver flags are:
     /// `Fᵀ` over the unflagged samples of `F 1`, a timestream of ones on
     /// the template's spans (the template's own kernels; sums of ones,
-    /// exact in any order). The amplitudes' worth of counts comes back;
-    /// the work field (8 bytes a sample, on the device) is freed.
+    /// exact in any order). The amplitudes' worth of counts comes back.
+    /// The work field holds one detector batch (`binner.pointing_batch`) at
+    /// a time, 8 bytes a sample of a batch detector, and is freed.
     fn good_samples_on_device(
         &mut self,
         data: &mut Data,
@@ -446,9 +447,12 @@ impl MapMaker {
             },
         );
         data.meta.set_object(&good, HostArray::<f64>::zeros(n));
-        for ob in &mut data.obs {
-            ob.detdata.create(&field, DType::F64, &[], None)?;
-        }
+        let mut zero = ResetData {
+            name: "reset_good".into(),
+            detdata: vec![field.clone()],
+            global: Vec::new(),
+            transient: true,
+        };
         let mut add = OffsetAddToSignal {
             name: "template_matrix".into(),
             template: Arc::clone(&t),
@@ -462,12 +466,16 @@ impl MapMaker {
             det_flags: Some((keys.solve_flags.clone(), 255)),
             amplitudes: good.clone(),
         };
+        let batches = RunOptions {
+            detector_sets: self.batched_sets(data, true),
+            ..RunOptions::default()
+        };
         let counted = run_operators(
             "good_samples",
-            &mut [&mut add as OpRef<'_>, &mut project],
+            &mut [&mut zero as OpRef<'_>, &mut add, &mut project],
             data,
             ctx,
-            &RunOptions::default(),
+            &batches,
         )
         .and_then(|()| {
             with_host_step(
