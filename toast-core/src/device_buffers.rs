@@ -337,6 +337,9 @@ pub struct DeviceBuffers {
     device: Arc<dyn DeviceMemory>,
     entries: HashMap<BufferKey, Entry>,
     report: TransferReport,
+    /// The live bytes per buffer name (kept up to date by `create` and
+    /// `delete`, so a new peak's composition is a copy of it).
+    live_by_name: BTreeMap<String, u64>,
 }
 
 impl fmt::Debug for DeviceBuffers {
@@ -356,6 +359,7 @@ impl DeviceBuffers {
             device,
             entries: HashMap::new(),
             report: TransferReport::default(),
+            live_by_name: BTreeMap::new(),
         }
     }
 
@@ -483,13 +487,15 @@ impl DeviceBuffers {
         c.allocs += 1;
         c.alloc_bytes += bytes;
         self.report.current_bytes += bytes;
+        *self.live_by_name.entry(key.stat_name()).or_insert(0) += bytes;
         if self.report.current_bytes > self.report.peak_bytes {
             self.report.peak_bytes = self.report.current_bytes;
-            let mut at_peak = BTreeMap::new();
-            for (k, e) in &self.entries {
-                *at_peak.entry(k.stat_name()).or_insert(0) += e.bytes;
-            }
-            self.report.peak_buffers = at_peak;
+            self.report.peak_buffers = self
+                .live_by_name
+                .iter()
+                .filter(|(_, &b)| b > 0)
+                .map(|(n, &b)| (n.clone(), b))
+                .collect();
         }
         Ok(DeviceView { handle, bytes })
     }
@@ -690,6 +696,9 @@ impl DeviceBuffers {
             },
         );
         self.report.current_bytes -= e.bytes;
+        if let Some(live) = self.live_by_name.get_mut(&key.stat_name()) {
+            *live -= e.bytes;
+        }
         self.counts(key).frees += 1;
         Ok(())
     }
@@ -1355,7 +1364,8 @@ mod tests {
         assert_eq!(r.peak_buffers, at_peak);
         b.delete_all().unwrap();
         assert!(b.present_keys().is_empty());
-        // A smaller set of buffers later leaves the peak's composition.
+        // A smaller set of buffers later leaves the peak's composition; a
+        // new peak lists only the live buffers (not the freed ones).
         let k = BufferKey::global("small");
         b.create(&k, 8).unwrap();
         b.delete(&k).unwrap();
@@ -1369,6 +1379,14 @@ mod tests {
         assert!(text.contains("total"));
         assert!(text.contains("240 bytes peak"));
         assert!(text.contains("at peak: detdata.signal"), "{text}");
+        let big = BufferKey::global("big");
+        b.create(&big, 300).unwrap();
+        let r = b.report();
+        assert_eq!(r.peak_bytes, 300);
+        assert_eq!(
+            r.peak_buffers,
+            BTreeMap::from([("global.big".to_string(), 300)])
+        );
         assert_eq!(g.to_string(), "'global/zmap'");
     }
 

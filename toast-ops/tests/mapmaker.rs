@@ -509,11 +509,12 @@ fn run_on_setup(
 /// A detector cut by the binner's `det_mask` in every observation. With
 /// the unfused device passes (the fused kernels sent to the host, so the
 /// plan is `device-recomputed-unfused`) the solver's work copy of the
-/// timestream (`CopyDetData`) cannot be one whole-field copy (all
-/// detectors at once, `pointing_batch = 0`) or a copy of a batch's rows
-/// (batches of 8): it is made by the host as a host step of the device
-/// scope. With the fused device passes no copy exists. The maps must be
-/// the CPU's, bit for bit, in all four runs.
+/// timestream (`CopyDetData`, one copy before the batches, all detectors
+/// at once with `pointing_batch = 0` or batches of 8) cannot be one
+/// whole-field copy on the device (a detector is cut): it is made by the
+/// host as a host step of the device scope, and goes up once. With the
+/// fused device passes no copy exists. The maps must be the CPU's, bit for
+/// bit, in all four runs.
 #[test]
 fn a_cut_detector_sends_the_work_copy_to_the_host_with_the_same_maps() {
     for batch in [0, 8] {
@@ -560,14 +561,15 @@ fn cut_detector_run(batch: usize, fused: bool) {
         .map(|l| l.unstaged.clone())
         .unwrap_or_default();
     assert_eq!(unstaged.total_calls(), 0, "{unstaged:?}");
-    // Unfused, the host made the work copy: it went up. Fused, there is
-    // none.
+    // Unfused, the host made the work copy: it went up once per
+    // observation (not once per batch). Fused, there is none.
     let rep = movement::ledger(&ctx).unwrap();
     let temp = format!("detdata.{}_temp", setup(30.0, true).name);
     let up = rep.copies(&temp).0;
+    let want = if fused { 0 } else { dev_data.obs.len() as u64 };
     assert_eq!(
-        up > 0,
-        !fused,
+        up,
+        want,
         "batch {batch}, fused {fused}, {temp}: {:?}",
         rep.copies(&temp)
     );

@@ -351,9 +351,9 @@ impl Plan {
     }
 
     /// The unfused solver passes' work timestream exists for one detector
-    /// batch at a time (made from the amplitudes in the left-hand side, a
-    /// copy of the timestream in the right-hand side; on a device the copy
-    /// of a batch's rows goes through the host, as the copy kernel has no
+    /// batch at a time (made from the amplitudes in the left-hand side, and
+    /// on the host a copy of the timestream in the right-hand side; a
+    /// device copies the whole timestream once, as the copy kernel has no
     /// row selection).
     pub fn work_batches(&self) -> bool {
         self.batch > 0

@@ -548,18 +548,27 @@ impl MapMaker {
             let output = ("reset_rhs", keys.rhs.as_str());
             return self.project_device(data, ctx, pass, ("SolverRHS", input, output), !full);
         }
-        // The work copy of the timestream, per detector batch when batched
-        // (on a device through the host: the copy kernel has no row
-        // selection).
+        // The work copy of the timestream: on the host per detector batch
+        // when batched; on a device one whole-field copy before the batches
+        // (the copy kernel has no row selection: a batch's copy would go
+        // through the host and send the whole field up again).
+        let host = self.plan.host();
         let mut copy = CopyDetData {
             name: "copy_rhs".into(),
             input: mm.det_data.clone(),
             output: keys.temp.clone(),
             det_mask: binner.det_mask,
-            transient: self.plan.work_batches(),
+            transient: host && self.plan.work_batches(),
+        };
+        let head: Vec<OpRef<'_>> = if host {
+            vec![&mut copy]
+        } else {
+            let all = RunOptions::default();
+            run_operators("SolverRHS", &mut [&mut copy as OpRef<'_>], data, ctx, &all)?;
+            Vec::new()
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
-        self.run_projection(data, ctx, "SolverRHS", vec![&mut copy], !full, &mut tail)
+        self.run_projection(data, ctx, "SolverRHS", head, !full, &mut tail)
     }
 
     /// Run `head`, the solver's pointing operators (when `expand`) and the

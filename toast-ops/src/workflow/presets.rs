@@ -117,8 +117,9 @@
 //! The fused device passes (the default: `device-kept-fused`,
 //! `device-recomputed-fused`) make no work timestream; the unfused ones (a
 //! plugin without the fused kernels) add [`DEVICE_BYTES_WORK_TIMESTREAM`] =
-//! 8 B per detector sample (kept) or per sample of each batch detector
-//! (batched): the `work_timestream` argument of [`DeviceMemory::of`].
+//! 8 B per detector sample (the right-hand side's whole copy) and, batched,
+//! per sample of each batch detector (the left-hand side's): the
+//! `work_timestream` argument of [`DeviceMemory::of`].
 //!
 //! Measured: tiny 394 856 180 bytes (`device_peak_staged_bytes`, opencl,
 //! fused: 72 B a local pixel at the peak); predicted 495 309 888 (+25%: the
@@ -353,7 +354,7 @@ impl DeviceMemory {
         };
         DeviceMemory {
             kept: fixed + (DEVICE_BYTES_PER_DET_SAMPLE + work) * det_samples,
-            resident: fixed + DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * det_samples,
+            resident: fixed + (DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT + work) * det_samples,
             per_batch_detector: (DEVICE_BYTES_PER_BATCH_SAMPLE + work) * time_samples,
         }
     }
@@ -519,9 +520,14 @@ mod tests {
             p >= measured && p <= 1.3 * measured,
             "predicted {p}, measured {measured}"
         );
-        // The unfused passes' work timestream: 8 bytes a detector sample.
+        // The unfused passes' work timestream: 8 bytes a detector sample,
+        // and 8 a batch sample.
         let unfused = model(true);
         assert_eq!(unfused.kept - p, 8.0 * s.samples() as f64);
+        assert_eq!(
+            unfused.resident - model(false).resident,
+            8.0 * s.samples() as f64
+        );
         assert_eq!(
             unfused.per_batch_detector - model(false).per_batch_detector,
             8.0 * 360_000.0

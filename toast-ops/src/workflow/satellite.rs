@@ -27,7 +27,7 @@ use crate::exec::movement::bus::{BusBytes, CgTransfers};
 use crate::exec::movement::{close_scope, open_scope};
 use crate::exec::pipeline::{pipeline_backend, pipeline_backend_in, DetectorSets, RunOptions};
 use crate::io::fits;
-use crate::mapmaker::{Plan, PlanFacts};
+use crate::mapmaker::{ExecutionPlan, Plan, PlanFacts};
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
 use crate::sim::sky::SkyConfig;
@@ -670,8 +670,13 @@ impl SatelliteJob {
         if execution.host() {
             return None;
         }
-        let pointing = |n_det: u64| match (execution.transient_pointing(), execution.batch) {
-            (true, b) if b > 0 => presets::DevicePointing::Batched((b as u64).min(n_det)),
+        // Recomputed pointing all at once holds every detector's batch
+        // fields (the quaternions too, refilled in every pass).
+        let pointing = |n_det: u64| match (&execution.plan, execution.batch) {
+            (ExecutionPlan::DeviceRecomputed { .. }, 0) => presets::DevicePointing::Batched(n_det),
+            (ExecutionPlan::DeviceRecomputed { .. }, b) => {
+                presets::DevicePointing::Batched((b as u64).min(n_det))
+            }
             _ => presets::DevicePointing::Kept,
         };
         let peaks = self.device_memory_models(plan, sim, execution).into_iter();
