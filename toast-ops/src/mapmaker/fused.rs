@@ -93,6 +93,16 @@ pub(super) enum Input<'k> {
     Timestream(&'k str),
 }
 
+impl<'k> Input<'k> {
+    /// The kernels' form of the value.
+    fn fused(self) -> FusedInput<'k> {
+        match self {
+            Input::Timestream(f) => FusedInput::Timestream(f),
+            Input::Amplitudes(k) => FusedInput::Amplitudes(k),
+        }
+    }
+}
+
 /// The pointing the fused passes read, as the run's plan says (see
 /// [`MapMaker::fused_applies`]): compact (weights rebuilt) or kept.
 pub(super) use super::plan::FusedForm as Fused;
@@ -422,52 +432,30 @@ impl MapMaker {
             });
         }
         data.meta.object_mut::<PixelData<f64>>(pass.binned)?.reset();
-        let set_list: Vec<Option<&Vec<String>>> = match sets {
-            DetectorSets::Sets(s) => s.iter().map(Some).collect(),
+        let set_list: Vec<Option<&[String]>> = match sets {
+            DetectorSets::Sets(s) => s.iter().map(|s| Some(s.as_slice())).collect(),
             _ => vec![None],
         };
-        let map = FusedMap {
-            map: pass.binned,
-            pixel_dist: &pass.config.pixel_dist,
+        let accumulation = Accumulation {
+            operator: &self.setup.name,
+            flags: &pass.flags,
+            noise_model: &pass.config.noise_model,
+            view: self.solve_pointing.view(),
+            template: tmpl,
+            input: input.fused(),
+            map: FusedMap {
+                map: pass.binned,
+                pixel_dist: &pass.config.pixel_dist,
+            },
         };
-        let (amplitudes, flags_key) = self.fused_amplitudes(tmpl, input);
-        let view = self.solve_pointing.view();
         for set in set_list {
-            let Data { obs, meta } = &mut *data;
-            for (i, ob) in obs.iter_mut().enumerate() {
-                let dets: Vec<String> = select_detectors(ctx, ob, pass.flags.det_mask)
-                    .into_iter()
-                    .filter(|d| set.is_none_or(|s| s.iter().any(|x| x == d)))
-                    .collect();
-                if dets.is_empty() {
-                    continue;
-                }
-                let scales = detector_weights(ob, &pass.config.noise_model, &dets)?;
-                let finite = self.finite_of(ob, &dets);
-                let intervals = view_intervals(ob, view)?;
-                let layout = OffsetPlan::of(tmpl, ob, i, &dets)?;
-                let pointing = self.fused_pointing(ob, fused)?;
-                let value = match (input, &amplitudes) {
-                    (Input::Timestream(f), _) => FusedInput::Timestream(f),
-                    (Input::Amplitudes(_), Some(k)) => FusedInput::Amplitudes(k),
-                    (Input::Amplitudes(k), None) => FusedInput::Amplitudes(k),
-                };
-                let call = KernelCall {
-                    operator: &self.setup.name,
-                    detectors: &dets,
-                    intervals: &intervals,
-                };
-                kernels::fused_accumulate(
-                    ctx,
-                    call,
-                    ob,
-                    meta,
-                    (&pointing, value, layout.offsets(flags_key.as_deref())),
-                    (pass.flags.det(), pass.flags.shared()),
-                    (&scales, &finite),
-                    map,
-                )?;
-            }
+            accumulate_observations(
+                data,
+                ctx,
+                (&accumulation, set),
+                |ob| self.fused_pointing(ob, fused),
+                |ob, dets| self.finite_of(ob, dets),
+            )?;
         }
         finish_bin_map(data, ctx, pass)
     }
@@ -497,10 +485,7 @@ impl MapMaker {
             noise_model: &pass.config.noise_model,
             view: self.solve_pointing.view(),
             template: tmpl,
-            input: match input {
-                Input::Timestream(f) => FusedInput::Timestream(f),
-                Input::Amplitudes(k) => FusedInput::Amplitudes(k),
-            },
+            input: input.fused(),
             solve_flags: &keys.solve_flags,
             map: FusedMap {
                 map: pass.binned,
@@ -510,6 +495,70 @@ impl MapMaker {
         };
         project_observations(data, ctx, &projection, |ob| self.fused_pointing(ob, fused))
     }
+}
+
+/// What one fused accumulation pass reads and writes.
+struct Accumulation<'a> {
+    /// The kernel calls' operator (for dispatch).
+    operator: &'a str,
+    /// Which detectors and samples to bin.
+    flags: &'a FlagSelection,
+    /// The noise model of the detector weights.
+    noise_model: &'a str,
+    /// The pointing's view.
+    view: Option<&'a str>,
+    /// The offset template, if any (its layout and amplitude flags, for
+    /// `F a`).
+    template: Option<&'a OffsetTemplate>,
+    /// The timestream `t` (or `F a`).
+    input: FusedInput<'a>,
+    /// The noise-weighted map accumulated into.
+    map: FusedMap<'a>,
+}
+
+/// `Pᵀ N⁻¹ t` of the selected detectors (of `set` too, when given) into
+/// `a.map`: one `fused_accumulate` call per observation, reading
+/// `pointing(ob)`, with the detectors' finite-weights flags
+/// `finite(ob, dets)`.
+fn accumulate_observations<'a>(
+    data: &mut Data,
+    ctx: &mut ExecContext,
+    (a, set): (&Accumulation<'a>, Option<&[String]>),
+    pointing: impl Fn(&Observation) -> Result<FusedPointing<'a>, OpError>,
+    finite: impl Fn(&Observation, &[String]) -> Vec<u8>,
+) -> Result<(), OpError> {
+    let flags_key = a.template.map(OffsetTemplate::flags_key);
+    let Data { obs, meta } = data;
+    for (i, ob) in obs.iter_mut().enumerate() {
+        let dets: Vec<String> = select_detectors(ctx, ob, a.flags.det_mask)
+            .into_iter()
+            .filter(|d| set.is_none_or(|s| s.contains(d)))
+            .collect();
+        if dets.is_empty() {
+            continue;
+        }
+        let scales = detector_weights(ob, a.noise_model, &dets)?;
+        let finite = finite(ob, &dets);
+        let intervals = view_intervals(ob, a.view)?;
+        let layout = OffsetPlan::of(a.template, ob, i, &dets)?;
+        let pointing = pointing(ob)?;
+        let call = KernelCall {
+            operator: a.operator,
+            detectors: &dets,
+            intervals: &intervals,
+        };
+        kernels::fused_accumulate(
+            ctx,
+            call,
+            ob,
+            meta,
+            (&pointing, a.input, layout.offsets(flags_key.as_deref())),
+            (a.flags.det(), a.flags.shared()),
+            (&scales, &finite),
+            a.map,
+        )?;
+    }
+    Ok(())
 }
 
 /// What one fused projection pass reads and writes.
@@ -578,20 +627,6 @@ fn project_observations<'a>(
 }
 
 impl MapMaker {
-    /// The global keys of a pass's input amplitudes and of the template's
-    /// amplitude flags, when the pass has a template.
-    fn fused_amplitudes(
-        &self,
-        tmpl: Option<&OffsetTemplate>,
-        input: Input<'_>,
-    ) -> (Option<String>, Option<String>) {
-        let amps = match input {
-            Input::Amplitudes(k) => Some(k.to_string()),
-            Input::Timestream(_) => None,
-        };
-        (amps, tmpl.map(OffsetTemplate::flags_key))
-    }
-
     /// Per detector of `ob`, whether its weights are finite (see
     /// [`MapMaker::ensure_weights_finite`]).
     fn finite_of(&self, ob: &Observation, dets: &[String]) -> Vec<u8> {
@@ -861,38 +896,18 @@ impl toast_core::Operator for AccumulateStep {
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let p = &self.pass;
-        let flags_key = p.template.flags_key();
-        let Data { obs, meta } = data;
-        for (i, ob) in obs.iter_mut().enumerate() {
-            let dets = select_detectors(ctx, ob, self.flags.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            let scales = detector_weights(ob, &p.noise_model, &dets)?;
-            let finite = vec![0u8; dets.len()];
-            let intervals = view_intervals(ob, p.view.as_deref())?;
-            let layout = OffsetPlan::of(Some(&p.template), ob, i, &dets)?;
-            let call = KernelCall {
-                operator: &p.operator,
-                detectors: &dets,
-                intervals: &intervals,
-            };
-            kernels::fused_accumulate(
-                ctx,
-                call,
-                ob,
-                meta,
-                (
-                    &p.pointing(),
-                    self.input.fused(),
-                    layout.offsets(Some(&flags_key)),
-                ),
-                (self.flags.det(), self.flags.shared()),
-                (&scales, &finite),
-                p.map(),
-            )?;
-        }
-        Ok(())
+        let accumulation = Accumulation {
+            operator: &p.operator,
+            flags: &self.flags,
+            noise_model: &p.noise_model,
+            view: p.view.as_deref(),
+            template: Some(&p.template),
+            input: self.input.fused(),
+            map: p.map(),
+        };
+        let pointing = p.pointing();
+        let finite = |_: &Observation, dets: &[String]| vec![0u8; dets.len()];
+        accumulate_observations(data, ctx, (&accumulation, None), |_| Ok(pointing), finite)
     }
 }
 
