@@ -595,7 +595,9 @@ impl MapMaker {
     /// have their own pixelization: they are expanded per detector batch,
     /// each pass replacing the previous batch's (host runs, see
     /// `PointingDetector::transient`), and the last batch is freed (32 bytes
-    /// a sample); on a device, expanded whole, its device copy is freed too.
+    /// a sample); on a device, where they are expanded per batch too (all
+    /// at once with `binner.pointing_batch = 0`), the last batch's device
+    /// copy is freed as well.
     fn expand_solve_pointing(
         &mut self,
         data: &mut Data,
@@ -647,9 +649,8 @@ impl MapMaker {
         self.solve_pointing.det_pointing.transient = false;
         r?;
         if drop_quats {
-            // Gone from the device too: on a device the quaternions were
-            // expanded whole, and no later step reads them (32 bytes a
-            // detector sample of device memory).
+            // Gone from the device too: no later step reads the last
+            // batch's quaternions (32 bytes a sample of a batch detector).
             movement::forget(data, ctx, &Requirements::new().detdata(&quats))?;
             data.remove_detdata(&[&quats])?;
         }
