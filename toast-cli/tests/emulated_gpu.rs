@@ -476,6 +476,8 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
     let (ok, log) = toast_cli(&with(&[&device[..], &["--dry-run"]].concat()), Some(&dir));
     assert!(ok, "dry run: {log}");
     for want in [
+        // The device's pixel grid (nside 128: 128² submaps of 12 pixels).
+        "because pixels.nside_submap = 1 on a device (not given): 16384 submaps of 12 pixels",
         "map-maker plan: device-recomputed-fused (3 detectors a batch)",
         "because the plan device-kept-fused would need 0.13 GiB of device memory on backend cuda, \
          over its budget of 0.120 GiB",

@@ -380,11 +380,15 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         _ => (comm.size(), procs_per_node(comm.size())),
     };
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
-    // A device plan that does not fit its device memory budget becomes one
+    // A device plan gets the device's pixel grid (unless the user set
+    // one), and one that does not fit its device memory budget becomes one
     // that does (pointing recomputed per detector batch), before any work.
+    let grid = job.fit_device_pixels(&registry);
     let fitted = job.fit_device_budget(&plan, &sim, &registry)?;
-    if let (Some(why), true) = (&fitted, root && args.dry_run.is_none()) {
-        tracing::info!("map-maker plan: {why}");
+    for why in grid.iter().chain(&fitted) {
+        if root && args.dry_run.is_none() {
+            tracing::info!("map-maker plan: {why}");
+        }
     }
     let execution = job.execution_plan(&registry);
     let predicted = job.predicted_memory();
@@ -430,7 +434,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn, job.pointing())?;
             crate::outln!("map-maker plan: {execution}")?;
-            if let Some(why) = &fitted {
+            for why in grid.iter().chain(&fitted) {
                 crate::outln!("  because {why}")?;
             }
             for why in &execution.why {

@@ -46,7 +46,9 @@
 //! benchmark and are kept because they are real: the flag masks (the
 //! simulation sets no flag), `binner.full_pointing`, `compact_pointing`,
 //! `pointing_batch` and
-//! `pixels.nside_submap` (memory and distribution, not values; with several
+//! `pixels.nside_submap` (memory and distribution, not values; when not
+//! given, TOAST's 16 on the host and a finer grid on a device, chosen by
+//! the job; with several
 //! observations, recomputed pointing sums the maps batch by batch, so they
 //! agree with the kept pointing's to rounding), the data
 //! keys (`det_pointing.quats`, `binner.pixel_dist`: names).
@@ -409,13 +411,25 @@ pub struct SatelliteConfig {
     pub table: Table,
 }
 
+impl SatelliteConfig {
+    /// Whether `section.key` was given (by the workflow's defaults, the
+    /// `--config` file or `--set`), rather than left to the operator's
+    /// default or the job's choice.
+    pub fn given(&self, section: &str, key: &str) -> bool {
+        matches!(self.table.get(section), Some(Value::Table(t)) if t.contains_key(key))
+    }
+}
+
 /// The workflow's defaults for `case` (TOAST's benchmark settings: nside
-/// 1024 NEST with 16-nside submaps, IQU weights, rcond threshold 1e-3 or
-/// 1e-6 for tiny, the map-maker's outputs, cleaned timestream in place).
+/// 1024 NEST, IQU weights, rcond threshold 1e-3 or 1e-6 for tiny, the
+/// map-maker's outputs, cleaned timestream in place). `pixels.nside_submap`
+/// is not among them: given, it is the user's; else the job chooses it
+/// (TOAST's 16 on the host, a finer grid on a device:
+/// [`crate::workflow::SatelliteJob::fit_device_pixels`]).
 pub fn workflow_defaults(case: &str) -> Table {
     let rcond = if case == "tiny" { 1.0e-6 } else { 1.0e-3 };
     let full_pointing = crate::workflow::presets::keeps_pointing(case);
-    let values: [(&str, &str, Value); 26] = [
+    let values: [(&str, &str, Value); 25] = [
         ("sim_satellite", "prec_angle", 65.0.into()),
         ("sim_satellite", "spin_angle", 30.0.into()),
         ("sim_satellite", "prec_period", 50.0.into()),
@@ -423,7 +437,6 @@ pub fn workflow_defaults(case: &str) -> Table {
         ("scan_map", "file", "".into()),
         ("sim_noise", "realization", 0.into()),
         ("pixels", "nside", 1024.into()),
-        ("pixels", "nside_submap", 16.into()),
         ("pixels", "nest", true.into()),
         ("weights", "mode", "IQU".into()),
         ("binner", "pixel_dist", "pixel_dist".into()),

@@ -111,8 +111,21 @@
 //!   for IQU ([`device_bytes_per_local_pixel`]). The hits go back to the
 //!   host once accumulated, the solver's maps once the solve is over, and a
 //!   final map once binned (its covariance is applied on the host), so the
-//!   final passes hold one map at a time. The local pixels are estimated as
-//!   for the host ([`SUBMAP_FRACTION_PER_OBS`]).
+//!   final passes hold one map at a time. The local pixels are those of
+//!   the hit submaps, so they depend on the grid (`pixels.nside_submap`,
+//!   [`DeviceGrid`]): a device allocates every pixel of every local
+//!   submap, where the host never touches the pages that hold no hit
+//!   pixel. A device run that does not set `pixels.nside_submap` gets the
+//!   grid of [`DEVICE_SUBMAPS_A_SIDE`]² submaps ([`device_nside_submap`]:
+//!   2 for nside 1024, submaps of 48 pixels instead of TOAST's 3072), which
+//!   follow the scan's footprint: tiny 946 080 local pixels instead of
+//!   2 798 592, xsmall 2 595 168 instead of 3 879 936 (measured), the maps
+//!   unchanged. On that grid the estimate is
+//!   [`FINE_PIXEL_FRACTION_PER_OBS`] of the sky per observation (xsmall's
+//!   measured fraction is 0.206; tiny's narrower focal plane 0.075), else
+//!   [`SUBMAP_FRACTION_PER_OBS`], as for the host. The grid's tables add
+//!   [`DEVICE_BYTES_PER_SUBMAP`] = 9 B a submap (`global2local`, i64, and
+//!   the pixel kernel's hit-submap bytes).
 //!
 //! The fused device passes (the default: `device-kept-fused`,
 //! `device-recomputed-fused`) make no work timestream; the unfused ones (a
@@ -121,11 +134,14 @@
 //! per sample of each batch detector (the left-hand side's): the
 //! `work_timestream` argument of [`DeviceMemory::of`].
 //!
-//! Measured: tiny 394 856 180 bytes (`device_peak_staged_bytes`, opencl,
-//! fused: 72 B a local pixel at the peak); predicted 495 309 888 (+25%: the
-//! local pixels are overestimated, as for the host), an estimate on the
-//! safe side for refusing, before any work, a run that would not fit its
-//! device memory budget. The sky
+//! Measured: tiny 394 856 180 bytes on TOAST's grid
+//! (`device_peak_staged_bytes`, opencl, fused: 72 B a local pixel at the
+//! peak); predicted 495 309 888 (+25%: the local pixels are overestimated,
+//! as for the host), an estimate on the safe side for refusing, before any
+//! work, a run that would not fit its device memory budget. On the device
+//! grid (the default): 263 797 748 bytes (the bus 0.08 GiB up and 0.09 GiB
+//! down instead of 0.20 and 0.27), predicted 408 MB (+55%: tiny's footprint
+//! is narrower than xsmall's, whose fraction the model takes). The sky
 //! scan's scope (72 B per detector sample and the input map) is smaller.
 //!
 //! `device-recomputed` with a batch of `b` detectors
@@ -203,6 +219,12 @@ pub const BYTES_PER_OUTPUT_LOCAL_PIXEL: f64 = 56.0;
 pub const BYTES_PER_SKY_PIXEL_OUT: f64 = 9.0;
 /// See the module documentation.
 pub const SUBMAP_FRACTION_PER_OBS: f64 = 0.30;
+/// See the module documentation.
+pub const FINE_PIXEL_FRACTION_PER_OBS: f64 = 0.21;
+/// See the module documentation.
+pub const DEVICE_SUBMAPS_A_SIDE: u64 = 512;
+/// See the module documentation.
+pub const DEVICE_BYTES_PER_SUBMAP: f64 = 9.0;
 /// See the module documentation.
 pub const BASE_BYTES: f64 = 60.0e6;
 
@@ -309,6 +331,53 @@ pub fn device_bytes_per_local_pixel(nnz: u64) -> f64 {
     (8 * (nnz + nnz * (nnz + 1) / 2 + 1)) as f64
 }
 
+/// The pixel grid of a device run, for its device memory: the map
+/// resolution, the submaps' (`pixels.nside_submap`) and the Stokes values
+/// per pixel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceGrid {
+    /// `pixels.nside`.
+    pub nside: u64,
+    /// `pixels.nside_submap`.
+    pub nside_submap: u64,
+    /// Stokes values per pixel (3 for IQU).
+    pub nnz: u64,
+}
+
+impl DeviceGrid {
+    /// Submaps: `(nside / nside_submap)²`.
+    pub fn n_submap(&self) -> f64 {
+        let r = (self.nside / self.nside_submap.max(1)) as f64;
+        r * r
+    }
+
+    /// The estimated local pixels of `n_obs` observations (see the module
+    /// documentation): the fraction of the sky their submaps cover,
+    /// [`FINE_PIXEL_FRACTION_PER_OBS`] per observation on a grid of at
+    /// least [`DEVICE_SUBMAPS_A_SIDE`]² submaps, else
+    /// [`SUBMAP_FRACTION_PER_OBS`], at most the whole sky.
+    pub fn local_pixels(&self, n_obs: u64) -> f64 {
+        let npix = 12.0 * (self.nside as f64) * (self.nside as f64);
+        let fine = DEVICE_SUBMAPS_A_SIDE * DEVICE_SUBMAPS_A_SIDE;
+        let fraction = if self.n_submap() >= fine as f64 {
+            FINE_PIXEL_FRACTION_PER_OBS
+        } else {
+            SUBMAP_FRACTION_PER_OBS
+        };
+        npix * (fraction * n_obs as f64).min(1.0)
+    }
+}
+
+/// `pixels.nside_submap` of a device run that does not set it: the grid
+/// of [`DEVICE_SUBMAPS_A_SIDE`]² submaps (2 for nside 1024: submaps of
+/// 48 pixels), at least 1 and at most TOAST's 16 (see the module
+/// documentation).
+pub fn device_nside_submap(nside: u64) -> u64 {
+    (nside / DEVICE_SUBMAPS_A_SIDE)
+        .clamp(1, 16)
+        .min(nside.max(1))
+}
+
 /// How a device plan holds the pointing, for its device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DevicePointing {
@@ -334,19 +403,19 @@ pub struct DeviceMemory {
 
 impl DeviceMemory {
     /// The model for one process holding `det_samples` detector samples of
-    /// `n_obs` observations with `time_samples` time samples in all, with
-    /// the unfused passes' `work_timestream` or not.
+    /// `n_obs` observations with `time_samples` time samples in all, on
+    /// the pixel grid `grid`, with the unfused passes' `work_timestream`
+    /// or not.
     pub fn of(
         det_samples: f64,
         time_samples: f64,
         n_obs: u64,
-        (nside, nnz): (u64, u64),
+        grid: DeviceGrid,
         work_timestream: bool,
     ) -> Self {
-        let npix = 12.0 * (nside as f64) * (nside as f64);
-        let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0);
         let fixed = DEVICE_BYTES_PER_TIME_SAMPLE * time_samples
-            + device_bytes_per_local_pixel(nnz) * local_pix;
+            + device_bytes_per_local_pixel(grid.nnz) * grid.local_pixels(n_obs)
+            + DEVICE_BYTES_PER_SUBMAP * grid.n_submap();
         let work = if work_timestream {
             DEVICE_BYTES_WORK_TIMESTREAM
         } else {
@@ -511,7 +580,11 @@ mod tests {
                 s.samples() as f64,
                 (s.n_obs * s.samples_per_obs) as f64,
                 s.n_obs,
-                (1024, 3),
+                DeviceGrid {
+                    nside: 1024,
+                    nside_submap: 16,
+                    nnz: 3,
+                },
                 work_timestream,
             )
         };
@@ -552,6 +625,57 @@ mod tests {
         let b = m.largest_batch(m.peak(DevicePointing::Batched(5)) + 1.0);
         assert_eq!(b, 5);
         assert_eq!(m.largest_batch(m.resident), 0);
+    }
+
+    #[test]
+    fn a_device_grid_follows_the_footprint_and_the_model_counts_it() {
+        // 512² submaps from nside 512 on, never coarser than TOAST's 16.
+        for (nside, nss) in [(8, 1), (128, 1), (512, 1), (1024, 2), (4096, 8), (8192, 16)] {
+            assert_eq!(device_nside_submap(nside), nss, "nside {nside}");
+        }
+        assert_eq!(device_nside_submap(1 << 14), 16);
+        let grid = |nside_submap| DeviceGrid {
+            nside: 1024,
+            nside_submap,
+            nnz: 3,
+        };
+        assert_eq!(grid(2).n_submap(), 262_144.0);
+        assert_eq!(grid(16).n_submap(), 4096.0);
+        let npix = 12.0 * 1024.0 * 1024.0;
+        assert_eq!(grid(2).local_pixels(1), FINE_PIXEL_FRACTION_PER_OBS * npix);
+        assert_eq!(grid(16).local_pixels(1), SUBMAP_FRACTION_PER_OBS * npix);
+        assert_eq!(grid(2).local_pixels(100), npix);
+        // tiny on --backend opencl (device-kept-fused) on the device grid:
+        // 263 797 748 bytes (946 080 local pixels), against 394 856 180 on
+        // TOAST's; the model stays above the measured peak.
+        let s = preset("tiny").unwrap();
+        let model = |g| {
+            DeviceMemory::of(
+                s.samples() as f64,
+                (s.n_obs * s.samples_per_obs) as f64,
+                s.n_obs,
+                g,
+                false,
+            )
+            .peak(DevicePointing::Kept)
+        };
+        let (fine, coarse) = (model(grid(2)), model(grid(16)));
+        assert!(fine >= 263_797_748.0 && fine < coarse, "{fine} {coarse}");
+        // The grid's tables: 9 bytes a submap.
+        let nnz1 = |nside_submap| {
+            DeviceMemory::of(
+                0.0,
+                0.0,
+                0,
+                DeviceGrid {
+                    nnz: 1,
+                    ..grid(nside_submap)
+                },
+                false,
+            )
+            .kept
+        };
+        assert_eq!(nnz1(2), DEVICE_BYTES_PER_SUBMAP * 262_144.0);
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::exec::movement::{close_scope, open_scope};
 use crate::exec::pipeline::{pipeline_backend, pipeline_backend_in, DetectorSets, RunOptions};
 use crate::io::fits;
 use crate::mapmaker::{ExecutionPlan, Plan, PlanFacts};
+use crate::math::healpix::Nside;
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
 use crate::sim::sky::SkyConfig;
@@ -649,7 +650,11 @@ impl SatelliteJob {
                     (n_det * time) as f64,
                     time as f64,
                     obs.len() as u64,
-                    (self.nside(), nnz),
+                    presets::DeviceGrid {
+                        nside: self.nside(),
+                        nside_submap: self.config.pixels.nside_submap.get(),
+                        nnz,
+                    },
                     !execution.device_fused(),
                 );
                 models.push((model, n_det));
@@ -681,6 +686,38 @@ impl SatelliteJob {
         };
         let peaks = self.device_memory_models(plan, sim, execution).into_iter();
         Some(peaks.fold(0.0, |worst, (m, n_det)| worst.max(m.peak(pointing(n_det)))))
+    }
+
+    /// On a device plan, the pixel grid of a job that does not set
+    /// `pixels.nside_submap`: [`presets::device_nside_submap`] (2 for nside
+    /// 1024) instead of TOAST's 16. A device allocates every pixel of every
+    /// local submap, and the maps of the solve live there whole: submaps of
+    /// 48 pixels follow the scan's footprint where TOAST's 3072 cover whole
+    /// patches around it (tiny: 0.95 M local pixels instead of 2.80 M;
+    /// xsmall: 2.60 M instead of 3.88 M), with the same values (each
+    /// pixel's sums do not depend on the submap it is in; the outputs are
+    /// full-sky maps). The host keeps TOAST's grid: its pages that hold no
+    /// hit pixel are never touched. Call it after [`SatelliteJob::plan`]
+    /// and before [`SatelliteJob::fit_device_budget`], whose model counts
+    /// the grid. Returns why, or `None` when nothing changed.
+    pub fn fit_device_pixels(&mut self, registry: &Registry) -> Option<String> {
+        if self.execution_plan(registry).host() || self.config.given("pixels", "nside_submap") {
+            return None;
+        }
+        let nside = self.nside();
+        let was = self.config.pixels.nside_submap.get();
+        let fine = presets::device_nside_submap(nside);
+        if fine >= was {
+            return None;
+        }
+        self.config.pixels.nside_submap = Nside::new(fine).ok()?;
+        let n_submap = (nside / fine) * (nside / fine);
+        Some(format!(
+            "pixels.nside_submap = {fine} on a device (not given): {n_submap} submaps of {} \
+             pixels follow the scan's footprint, and the device holds only the submaps it hits \
+             (the host's TOAST grid is {was}; the maps do not depend on it)",
+            12 * fine * fine
+        ))
     }
 
     /// Where the map-maker's plan on a device does not fit the device
