@@ -447,14 +447,54 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
 /// either), every kernel runs on the device, and the maps are the CPU's.
 #[test]
 fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
+    budget_run(
+        "batches",
+        ("cuda:memory=0.12", 128_849_018),
+        &[
+            // The device's pixel grid (nside 128: 128² submaps of 12 pixels).
+            "because pixels.nside_submap = 1 on a device (not given): 16384 submaps of 12 pixels",
+            "map-maker plan: device-recomputed-fused (3 detectors a batch)",
+            "because the plan device-kept-fused would need 0.13 GiB of device memory on backend \
+             cuda, over its budget of 0.120 GiB",
+        ],
+        (3, "resident"),
+    );
+}
+
+/// A budget too small for even one detector a batch beside the whole
+/// detector data (0.06 GiB; 8 detectors' timestream and flags are 29 MB):
+/// the detector data are streamed, one detector a batch, each pass staging
+/// its rows (the scan's pairs cut to the batch), the device peak within the
+/// budget, and the maps the CPU's.
+#[test]
+fn a_budget_below_the_detector_data_streams_them_with_the_cpu_maps() {
+    budget_run(
+        "streamed",
+        ("cuda:memory=0.06", 64_424_509),
+        &[
+            "map-maker plan: device-recomputed-fused (1 detectors a batch, detector data \
+             streamed)",
+            "and one detector a batch beside the whole detector data would too",
+            "because binner.stream_detector_data = true",
+        ],
+        (1, "streamed"),
+    );
+}
+
+/// A run of tiny with 8 detectors on emulated cuda within `budget` (the
+/// option and its bytes): the dry run says `want`, the run takes
+/// `device-recomputed-fused` with batches of `batch` detectors and its
+/// detector data `data` (`resident`, `streamed`), its device peak is within
+/// the budget, no kernel call copies unstaged data, every kernel runs on
+/// the device, and the maps are the CPU's.
+fn budget_run(name: &str, budget: (&str, u64), want: &[&str], (batch, data): (u64, &str)) {
     let backend = "cuda";
     let Some(dir) = usable_emulated(backend) else {
         return;
     };
-    const BUDGET: &str = "cuda:memory=0.12";
-    const BUDGET_BYTES: u64 = 128_849_018;
-    let cpu = scratch("toast-cli-emulated", "batches-cpu").join("out");
-    let out = scratch("toast-cli-emulated", "batches").join("out");
+    let (option, budget_bytes) = budget;
+    let cpu = scratch("toast-cli-emulated", &format!("{name}-cpu")).join("out");
+    let out = scratch("toast-cli-emulated", name).join("out");
     fn with<'a>(first: &[&'a str]) -> Vec<&'a str> {
         let mut args = first.to_vec();
         args.extend_from_slice(&["--n-det", "8"]);
@@ -472,23 +512,19 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
         None,
     );
     assert!(ok, "cpu run: {log}");
-    let device = ["run", "--backend", backend, "--backend-options", BUDGET];
+    let device = ["run", "--backend", backend, "--backend-options", option];
     let (ok, log) = toast_cli(&with(&[&device[..], &["--dry-run"]].concat()), Some(&dir));
     assert!(ok, "dry run: {log}");
-    for want in [
-        // The device's pixel grid (nside 128: 128² submaps of 12 pixels).
-        "because pixels.nside_submap = 1 on a device (not given): 16384 submaps of 12 pixels",
-        "map-maker plan: device-recomputed-fused (3 detectors a batch)",
-        "because the plan device-kept-fused would need 0.13 GiB of device memory on backend cuda, \
-         over its budget of 0.120 GiB",
-    ] {
-        assert!(log.contains(want), "dry run: no `{want}` in\n{log}");
+    for w in want {
+        assert!(log.contains(w), "dry run: no `{w}` in\n{log}");
     }
     let movement_log = [("RUST_LOG", "toast_ops::exec::movement=debug")];
     let run = [&device[..], &["--out-dir", out.to_str().unwrap()]].concat();
     let (ok, log) = toast_cli_env(&with(&run), Some(&dir), &movement_log);
-    assert!(ok, "{backend} run within {BUDGET}: {log}");
-    one_device_scope_keeps_the_timestreams(backend, &log);
+    assert!(ok, "{backend} run within {option}: {log}");
+    if data == "resident" {
+        one_device_scope_keeps_the_timestreams(backend, &log);
+    }
     assert!(
         !log.contains("unstaged"),
         "{backend}: a kernel call copied unstaged data:\n{log}"
@@ -497,11 +533,22 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
         serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
     assert_eq!(stats["execution_plan"]["name"], "device-recomputed");
     assert_eq!(stats["execution_plan"]["passes"], "fused");
-    assert_eq!(stats["execution_plan"]["batch"], 3);
+    assert_eq!(stats["execution_plan"]["batch"], batch);
+    assert_eq!(stats["execution_plan"]["data"], data);
     let peak = stats["device_peak_staged_bytes"].as_u64().unwrap();
     assert!(
-        peak > 0 && peak <= BUDGET_BYTES,
-        "device peak {peak} bytes, budget {BUDGET_BYTES}"
+        peak > 0 && peak <= budget_bytes,
+        "device peak {peak} bytes, budget {budget_bytes}"
+    );
+    // The timestream on the device at the peak: every detector's, or one
+    // batch's rows when streamed (360 000 samples of f64 a detector).
+    let signal = stats["device_peak_staged_buffers"]["detdata.signal"]
+        .as_u64()
+        .unwrap_or(0);
+    let most = if data == "streamed" { batch } else { 8 };
+    assert!(
+        signal <= most * 360_000 * 8,
+        "{signal} bytes of timestream at the device peak"
     );
     maps_are_the_cpus(backend, &out, &cpu);
     kernels_ran_on(backend, &out);

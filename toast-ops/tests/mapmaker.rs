@@ -750,6 +750,90 @@ fn device_backend_gives_the_same_maps_with_data_staged_once() {
     assert!(!timers.iter().any(|t| t.contains("[cpu]")), "{timers:?}");
 }
 
+/// The detector data streamed through the device
+/// (`binner.stream_detector_data`, the pointing recomputed in batches of
+/// 2 of the 6 detectors): each pass stages its batch's rows of the
+/// timestream and flags (the rows the device wrote go back to the host
+/// before the next batch's come up), the device never holds more than a
+/// batch of them per observation, no kernel call copies unstaged data, and
+/// the maps, the solver's products and the cleaned timestream are those
+/// of the same plan with the detector data resident, bit for bit.
+///
+/// The same holds for the unfused passes (the fused kernels sent to the
+/// host: the work copy of the timestream is made per batch on the device)
+/// with the cleaned timestream in its own field (a copy per batch).
+#[test]
+fn streamed_detector_data_give_the_resident_maps_holding_one_batch() {
+    streamed_run("run=fakedev", true);
+    streamed_run("run=fakedev,kernel.fused_project=cpu", false);
+}
+
+fn streamed_run(policy: &str, in_place: bool) {
+    let scan = Scan::default();
+    let run = |stream: bool| {
+        run_on_setup(policy, 30.0, &scan, |s| {
+            s.binner.full_pointing = false;
+            s.binner.pointing_batch = 2;
+            s.binner.stream_detector_data = stream;
+            s.mapmaker.overwrite_cleaned = in_place;
+        })
+    };
+    let (resident, resident_res, resident_ctx) = run(false);
+    let (streamed, streamed_res, ctx) = run(true);
+    assert_eq!(resident_res, streamed_res);
+    assert_same_maps(&resident, &streamed, &resident_res);
+    let cleaned = resident_res.cleaned.clone().unwrap_or_default();
+    assert_eq!(cleaned.is_empty(), in_place, "{cleaned}");
+    for (a, b) in resident.obs.iter().zip(&streamed.obs) {
+        if in_place {
+            break;
+        }
+        let f = |ob: &toast_core::Observation| {
+            let v = ob.detdata.get(&cleaned).unwrap().data::<f64>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        assert!(f(a) == f(b), "{cleaned} differs");
+    }
+    let ledger = movement::ledger(&ctx).expect("a device scope ran");
+    assert_eq!(ledger.unstaged.total_calls(), 0, "{:?}", ledger.unstaged);
+    let (_, _, allocs, frees) = ledger.totals();
+    assert_eq!(allocs, frees, "every device buffer freed");
+    let row = scan.n_samples as u64;
+    let (n_obs, n_det) = (scan.n_obs as u64, 2 * scan.n_pairs as u64);
+    let at_peak = |ctx: &ExecContext, name: &str| {
+        let peak = movement::ledger(ctx).unwrap().peak_staged_buffers();
+        peak.get(name).copied().unwrap_or(0)
+    };
+    // f64 timestream, u8 detector and solver flags.
+    for (name, bytes) in [
+        ("detdata.signal", 8),
+        ("detdata.flags", 1),
+        ("detdata.mapmaker_solve_flags", 1),
+    ] {
+        let whole = n_obs * n_det * row * bytes;
+        let held = at_peak(&ctx, name);
+        assert!(
+            held <= n_obs * 2 * row * bytes && held < whole,
+            "{name}: {held} bytes on the device at the peak, a batch is {}",
+            n_obs * 2 * row * bytes
+        );
+    }
+    let peak = |c: &ExecContext| movement::ledger(c).unwrap().peak_staged_bytes();
+    assert!(peak(&ctx) < peak(&resident_ctx));
+    // The timestream crosses per batch: up for every pass that reads it,
+    // down where the device wrote it (the cleaned timestream).
+    let (up, down) = ledger.copies("detdata.signal");
+    let (up0, down0) = movement::ledger(&resident_ctx)
+        .unwrap()
+        .copies("detdata.signal");
+    assert!(up > up0, "{up} vs {up0}");
+    // Cleaned in place batch by batch: each batch's rows come down once.
+    if in_place {
+        let batches = n_obs * n_det.div_ceil(2);
+        assert_eq!((down0, down), (n_obs, batches));
+    }
+}
+
 #[test]
 fn device_backend_with_cached_pointing() {
     let (cpu_data, cpu_res, _) = run_on_with("", true);

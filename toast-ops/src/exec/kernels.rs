@@ -55,6 +55,7 @@ pub use solver_flags::{solver_flags, SolverFlagPass};
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use crate::exec::movement::{CallSync, DataMovement};
 use crate::pixels::{PixelData, PixelDistribution};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::abi::{self, Kernel};
@@ -295,11 +296,30 @@ fn launch<A: KernelArgs>(
     }
 
     let host_addressable = backend.host_addressable();
+    // The rows of each detdata argument a streamed scope's device buffer
+    // holds (see `movement::window`): the copies below move those rows,
+    // and a device step's call sees them as the whole field (`rows`).
+    let windows: Vec<Option<Range<usize>>> = specs
+        .iter()
+        .map(|s| match (&s.source, s.key(&observation)) {
+            (Source::DetData(_), Some(k)) => DataMovement::for_call(ctx).window(&k),
+            _ => None,
+        })
+        .map(|w| w.map(|w| w.bytes()))
+        .collect();
+    let seen: Vec<Option<Range<usize>>> = windows
+        .iter()
+        .map(|w| w.clone().filter(|_| ctx.use_accel))
+        .collect();
     let movement = DataMovement::for_call(ctx);
     let staged = movement.staged_on(&backend);
 
     // Keep the staged copies truthful (see the module documentation).
-    for s in specs.iter_mut().filter(|s| !s.is_scratch()) {
+    for (s, w) in specs
+        .iter_mut()
+        .zip(&windows)
+        .filter(|(s, _)| !s.is_scratch())
+    {
         let Some(key) = s.key(&observation) else {
             continue;
         };
@@ -307,10 +327,12 @@ fn launch<A: KernelArgs>(
         match sync {
             CallSync::None => {}
             CallSync::Upload => {
-                movement.upload_for_call(kernel, &key, target.bytes(&s.source)?)?;
+                let b = target.bytes(&s.source)?;
+                movement.upload_for_call(kernel, &key, within(b, w)?)?;
             }
             CallSync::Download => {
-                movement.download_for_call(kernel, &key, target.bytes_mut(&mut s.source)?)?;
+                let b = target.bytes_mut(&mut s.source)?;
+                movement.download_for_call(kernel, &key, within_mut(b, w)?)?;
             }
         }
     }
@@ -319,12 +341,12 @@ fn launch<A: KernelArgs>(
     // loop, and `target` is borrowed mutably for the whole call, so nothing
     // else can move or reallocate them before the kernel returns.
     let mut host: Vec<(*mut u8, usize)> = Vec::with_capacity(specs.len());
-    for s in specs.iter_mut() {
+    for (s, w) in specs.iter_mut().zip(&seen) {
         if s.output {
-            let b = target.bytes_mut(&mut s.source)?;
+            let b = within_mut(target.bytes_mut(&mut s.source)?, w)?;
             host.push((b.as_mut_ptr(), b.len()));
         } else {
-            let b = target.bytes(&s.source)?;
+            let b = within(target.bytes(&s.source)?, w)?;
             host.push((b.as_ptr() as *mut u8, b.len()));
         }
     }
@@ -430,6 +452,34 @@ fn launch<A: KernelArgs>(
     Ok(())
 }
 
+/// The bytes of `b` in `window` (all of them without one); a window past
+/// the field's end (a field remade since it was staged) is an error.
+fn within<'b>(b: &'b [u8], window: &Option<Range<usize>>) -> Result<&'b [u8], OpError> {
+    match window {
+        Some(r) => b.get(r.clone()).ok_or_else(|| stale_window(r, b.len())),
+        None => Ok(b),
+    }
+}
+
+/// [`within`], mutably.
+fn within_mut<'b>(b: &'b mut [u8], window: &Option<Range<usize>>) -> Result<&'b mut [u8], OpError> {
+    let n = b.len();
+    match window {
+        Some(r) => b.get_mut(r.clone()).ok_or_else(|| stale_window(r, n)),
+        None => Ok(b),
+    }
+}
+
+fn stale_window(r: &Range<usize>, n: usize) -> OpError {
+    OpError::InvalidData {
+        what: format!(
+            "a device window of bytes {}..{} of a field of {n} bytes: the field was remade \
+             since its window was staged",
+            r.start, r.end
+        ),
+    }
+}
+
 /// What every per-detector kernel call needs: the calling operator, the
 /// detectors (rows are looked up by name in each field), and the sample
 /// intervals, `[first, last)`.
@@ -477,8 +527,12 @@ pub fn view_intervals(
 }
 
 /// Rows of `dets` in the detdata field `field` (checked for type and
-/// per-sample shape).
+/// per-sample shape), as the call sees the field: counted from the first
+/// row of its device window in a device step of a streamed scope
+/// ([`crate::exec::movement::window`]; a detector outside it is an error),
+/// else from the field's first row.
 fn rows<T: Element>(
+    ctx: &ExecContext,
     ob: &Observation,
     field: &str,
     shape: &[usize],
@@ -486,15 +540,21 @@ fn rows<T: Element>(
 ) -> Result<Vec<i32>, OpError> {
     let f = ob.detdata.get(field)?;
     f.check::<T>(shape)?;
+    let window = crate::exec::movement::step_window(ctx, ob.name(), field);
     dets.iter()
         .map(|d| {
-            f.row_index(d).map(|r| r as i32).ok_or_else(|| {
+            let r = f.row_index(d).ok_or_else(|| {
                 OpError::Data(toast_core::DataError::MissingDetector {
                     observation: ob.name().to_string(),
                     where_: format!("detdata '{field}'"),
                     detector: d.clone(),
                 })
-            })
+            })?;
+            let r = match &window {
+                Some(w) => crate::exec::movement::window::row_in(w, r, ob.name(), field, d)?,
+                None => r,
+            };
+            Ok(r as i32)
         })
         .collect()
 }
@@ -540,7 +600,7 @@ pub fn pointing_detector(
     quats: &str,
 ) -> Result<(), OpError> {
     check_shared::<f64>(ob, boresight, &[4])?;
-    let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
+    let quat_index = rows::<f64>(ctx, ob, quats, &[4], call.detectors)?;
     let mut fp = Vec::with_capacity(4 * call.detectors.len());
     for d in call.detectors {
         fp.extend_from_slice(&ob.detector(d)?.quat);
@@ -613,8 +673,8 @@ pub fn pixels_healpix(
     hit_submaps: &mut [u8],
     hits_name: &str,
 ) -> Result<(), OpError> {
-    let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
-    let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
+    let quat_index = rows::<f64>(ctx, ob, quats, &[4], call.detectors)?;
+    let pixel_index = rows::<i64>(ctx, ob, pixels, &[], call.detectors)?;
     let (flags, mask) = shared_flags(ob, shared_flag)?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![
@@ -657,7 +717,7 @@ pub fn stokes_weights_i(
     weights: &str,
     cal: &[f64],
 ) -> Result<(), OpError> {
-    let weight_index = rows::<f64>(ob, weights, &[1], call.detectors)?;
+    let weight_index = rows::<f64>(ctx, ob, weights, &[1], call.detectors)?;
     check_len("cal", cal.len(), call.detectors.len())?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![Spec::output(Source::DetData(weights), 8)];
@@ -714,8 +774,8 @@ pub fn stokes_weights_iqu(
     hwp_angle: Option<&str>,
     params: IquParams<'_>,
 ) -> Result<(), OpError> {
-    let quat_index = rows::<f64>(ob, quats, &[4], call.detectors)?;
-    let weight_index = rows::<f64>(ob, weights, &[3], call.detectors)?;
+    let quat_index = rows::<f64>(ctx, ob, quats, &[4], call.detectors)?;
+    let weight_index = rows::<f64>(ctx, ob, weights, &[3], call.detectors)?;
     let n = call.detectors.len();
     check_len("epsilon", params.epsilon.len(), n)?;
     check_len("gamma", params.gamma.len(), n)?;
@@ -830,9 +890,9 @@ pub fn scan_map(
 ) -> Result<(), OpError> {
     let (dtype, nnz, map_dist) = map_info(meta, map_key)?;
     let dist = dist_for_map(meta, pointing.pixel_dist, map_key, &map_dist)?;
-    let pixel_index = rows::<i64>(ob, pointing.pixels, &[], call.detectors)?;
-    let weight_index = rows::<f64>(ob, pointing.weights, &[nnz], call.detectors)?;
-    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let pixel_index = rows::<i64>(ctx, ob, pointing.pixels, &[], call.detectors)?;
+    let weight_index = rows::<f64>(ctx, ob, pointing.weights, &[nnz], call.detectors)?;
+    let data_index = rows::<f64>(ctx, ob, det_data, &[], call.detectors)?;
     let n_samp = ob.n_samples() as u64;
     let map_elem = match dtype {
         abi::DTYPE_F64 | abi::DTYPE_I64 => 8,
@@ -900,14 +960,14 @@ pub fn build_noise_weighted(
     }
     let dist = dist_for_map(meta, pointing.pixel_dist, zmap_key, &map_dist)?;
     check_len("det_scale", det_scale.len(), call.detectors.len())?;
-    let pixel_index = rows::<i64>(ob, pointing.pixels, &[], call.detectors)?;
-    let weight_index = rows::<f64>(ob, pointing.weights, &[nnz], call.detectors)?;
-    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let pixel_index = rows::<i64>(ctx, ob, pointing.pixels, &[], call.detectors)?;
+    let weight_index = rows::<f64>(ctx, ob, pointing.weights, &[nnz], call.detectors)?;
+    let data_index = rows::<f64>(ctx, ob, det_data, &[], call.detectors)?;
     let (dflags, dmask, flag_index) = match det_flags {
         Some((name, mask)) if mask != 0 => (
             Source::DetData(name),
             mask,
-            rows::<u8>(ob, name, &[], call.detectors)?,
+            rows::<u8>(ctx, ob, name, &[], call.detectors)?,
         ),
         _ => (Source::Absent, 0, vec![-1; call.detectors.len()]),
     };
@@ -967,7 +1027,7 @@ pub fn noise_weight(
         detector_weights.len(),
         call.detectors.len(),
     )?;
-    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let data_index = rows::<f64>(ctx, ob, det_data, &[], call.detectors)?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![Spec::output(Source::DetData(det_data), 8)];
     launch(
@@ -1022,7 +1082,7 @@ pub fn sim_noise(
     check_len("keys", streams.keys.len(), 2 * detectors.len())?;
     let n_amp = streams.fft_len / 2 + 1;
     let n_filter = streams.amplitudes.len() as u64 / n_amp.max(1);
-    let data_index = rows::<f64>(ob, det_data, &[], detectors)?;
+    let data_index = rows::<f64>(ctx, ob, det_data, &[], detectors)?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![Spec::output(Source::DetData(det_data), 8)];
     launch(
@@ -1090,7 +1150,7 @@ pub fn offset_add_to_signal(
     det_data: &str,
 ) -> Result<(), OpError> {
     check_len("amp_offset", layout.amp_offset.len(), call.detectors.len())?;
-    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let data_index = rows::<f64>(ctx, ob, det_data, &[], call.detectors)?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![
         Spec::input(Source::Global(amps.amplitudes), 8),
@@ -1130,12 +1190,12 @@ pub fn offset_project_signal(
     amps: AmplitudeKeys<'_>,
 ) -> Result<(), OpError> {
     check_len("amp_offset", layout.amp_offset.len(), call.detectors.len())?;
-    let data_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let data_index = rows::<f64>(ctx, ob, det_data, &[], call.detectors)?;
     let (flags, mask, flag_index) = match det_flags {
         Some((name, mask)) => (
             Source::DetData(name),
             mask,
-            rows::<u8>(ob, name, &[], call.detectors)?,
+            rows::<u8>(ctx, ob, name, &[], call.detectors)?,
         ),
         None => (Source::Absent, 0, vec![-1; call.detectors.len()]),
     };
@@ -1286,7 +1346,28 @@ pub fn copy_detdata(
                 ),
             });
         }
-        src.as_bytes().len() / 8
+        // In a streamed scope a device step copies the rows both windows
+        // hold (the same rows of fields of the same detectors).
+        let window = |f: &str| crate::exec::movement::step_window(ctx, ob.name(), f);
+        match (window(input), window(output)) {
+            (None, None) => src.as_bytes().len() / 8,
+            (Some(a), Some(b)) if (a.first, a.rows) == (b.first, b.rows) => a.bytes().len() / 8,
+            (a, b) => {
+                let rows = |w: Option<crate::exec::movement::window::RowWindow>| match w {
+                    Some(w) => format!("rows {}..{}", w.first, w.first + w.rows),
+                    None => "every row".to_string(),
+                };
+                return Err(OpError::InvalidData {
+                    what: format!(
+                        "observation '{}': copy of detdata '{input}' ({}) into '{output}' ({}) \
+                         on a device: the device holds different rows of the two fields",
+                        ob.name(),
+                        rows(a),
+                        rows(b)
+                    ),
+                });
+            }
+        }
     };
     let specs = vec![
         Spec::input(Source::DetData(input), 8),
@@ -1469,7 +1550,7 @@ pub fn filter_polynomial(
     flags: &str,
     det_data: &str,
 ) -> Result<(), OpError> {
-    let signal_index = rows::<f64>(ob, det_data, &[], call.detectors)?;
+    let signal_index = rows::<f64>(ctx, ob, det_data, &[], call.detectors)?;
     check_shared::<u8>(ob, flags, &[])?;
     let n_samp = ob.n_samples() as u64;
     let starts: Vec<i64> = call.intervals.iter().map(|i| i.first).collect();

@@ -56,7 +56,12 @@ impl MapMaker {
             // On a device: from the submaps the device's pixels hit, a
             // byte a submap (the pixels never come back): those its pixel
             // operator recorded when it expanded the kept pointing just
-            // before, else recorded now.
+            // before, else recorded now (per batch, as every pass that
+            // recomputes pointing).
+            let opts = RunOptions {
+                detector_sets: self.pointing_sets(data),
+                ..RunOptions::default()
+            };
             let pointing = if final_pointing {
                 self.final_ops_mut()
             } else {
@@ -73,13 +78,7 @@ impl MapMaker {
                     if !expand {
                         ops.truncate(2);
                     }
-                    run_operators(
-                        "BuildPixelDistribution",
-                        &mut ops,
-                        data,
-                        ctx,
-                        &RunOptions::default(),
-                    )?;
+                    run_operators("BuildPixelDistribution", &mut ops, data, ctx, &opts)?;
                     let n = pointing.pixels.n_submap() as usize;
                     pointing.pixels.take_hit_submaps(ctx)?.unwrap_or(vec![0; n])
                 }

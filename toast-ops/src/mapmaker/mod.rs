@@ -204,7 +204,7 @@ mod solve;
 mod vectors;
 
 pub use config::{MapMakerConfig, MapMakerSetup};
-pub use plan::{ExecutionPlan, FusedForm, Passes, Plan, PlanFacts};
+pub use plan::{DetectorData, ExecutionPlan, FusedForm, Passes, Plan, PlanFacts};
 pub use products::MapMakerResult;
 pub use solve::DOT_TIMER;
 
@@ -422,11 +422,16 @@ impl MapMaker {
             self.plan,
             self.plan.why
         );
+        // A streamed plan stages each pass's rows of the detector data (the
+        // scope's setting, restored for a caller's scope afterwards).
+        let streamed = movement::streams_detector_data(ctx);
+        movement::stream_detector_data(ctx, self.plan.streams_detector_data());
         let keys = Keys::new(&self.setup.name);
         let name = self.setup.name.clone();
         let result = timed(data, ctx, &name, |data, ctx| {
             self.run_scoped(data, ctx, &keys)
         });
+        movement::stream_detector_data(ctx, streamed);
         let timestreams = Requirements::new()
             .detdata(&self.setup.mapmaker.det_data)
             .detdata(&keys.cleaned);
@@ -740,7 +745,7 @@ impl MapMaker {
     /// as one pass's), else all at once. A pass over batches runs its
     /// global resets first, over all detectors (see
     /// [`crate::ops::binning`]'s `bin_map`).
-    fn pointing_sets(&self, data: &Data) -> DetectorSets {
+    pub(super) fn pointing_sets(&self, data: &Data) -> DetectorSets {
         self.batched_sets(data, self.plan.transient_pointing())
     }
 
@@ -758,7 +763,7 @@ impl MapMaker {
 
     /// The local detectors in [`batches`] of `binner.pointing_batch` when
     /// `on` and the batch is not 0, else all at once.
-    fn batched_sets(&self, data: &Data, on: bool) -> DetectorSets {
+    pub(super) fn batched_sets(&self, data: &Data, on: bool) -> DetectorSets {
         let batch = self.setup.binner.pointing_batch;
         if !on || batch == 0 {
             return DetectorSets::All;

@@ -14,6 +14,16 @@
 //! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | fused on the device fields, one device scope | 32 on the device |
 //! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | fused on each batch's device fields, one device scope | 64 per batch sample on the device (all detectors' with `batch = 0`) |
 //!
+//! `device-recomputed` may also stream the detector data
+//! ([`DetectorData::Streamed`], `binner.stream_detector_data`): the host
+//! holds the timestream and flags whole and each pass stages its batch's
+//! rows ([`crate::exec::movement::window`]), so the device holds the maps,
+//! the boresight and one batch whatever the length of the timestream, for
+//! a bus cost of each batch's rows in every pass that reads them (the
+//! solver flags in every iteration, 1 byte a sample per pass). Every pass
+//! then runs per batch, the solver flags, the template's set-up and the
+//! cleaning included.
+//!
 //! On a device the fused passes are pipeline steps (`fused::AccumulateStep`,
 //! `fused::ProjectStep`) staged like the other kernels: the right-hand side
 //! reads the timestream's rows and the left-hand side rebuilds `F a` from
@@ -60,6 +70,17 @@ pub enum Passes {
     Unfused,
 }
 
+/// Where a device plan's detector data (timestream and flags) live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DetectorData {
+    /// Whole on the device for the whole scope.
+    Resident,
+    /// On the host, each batch's rows staged for the passes over it
+    /// ([`crate::exec::movement::window`], `binner.stream_detector_data`).
+    Streamed,
+}
+
 /// Where the map-maker's pointing lives during a run (see the module
 /// documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -96,6 +117,8 @@ pub enum ExecutionPlan {
     DeviceRecomputed {
         /// The solver passes.
         passes: Passes,
+        /// Where the detector data live.
+        data: DetectorData,
     },
 }
 
@@ -248,8 +271,28 @@ impl Plan {
                          time (binner.pointing_batch)"
                     ),
                 });
+                let data = match (binner.stream_detector_data, binner.pointing_batch) {
+                    (false, _) => DetectorData::Resident,
+                    (true, 0) => {
+                        why.push(
+                            "binner.stream_detector_data does not apply to all detectors at once \
+                             (binner.pointing_batch = 0): the detector data stay on the device"
+                                .into(),
+                        );
+                        DetectorData::Resident
+                    }
+                    (true, _) => {
+                        why.push(
+                            "binner.stream_detector_data = true: the host holds the detector \
+                             data, each pass stages its batch's rows on the device"
+                                .into(),
+                        );
+                        DetectorData::Streamed
+                    }
+                };
                 ExecutionPlan::DeviceRecomputed {
                     passes: passes(&mut why),
+                    data,
                 }
             };
             return Plan {
@@ -334,6 +377,18 @@ impl Plan {
         matches!(self.plan, ExecutionPlan::HostKept { .. })
     }
 
+    /// The detector data are streamed through the device one batch at a
+    /// time ([`DetectorData::Streamed`]).
+    pub fn streams_detector_data(&self) -> bool {
+        matches!(
+            self.plan,
+            ExecutionPlan::DeviceRecomputed {
+                data: DetectorData::Streamed,
+                ..
+            }
+        )
+    }
+
     /// The pixels are kept in compact form.
     pub fn compact(&self) -> bool {
         matches!(self.plan, ExecutionPlan::HostCompact { .. })
@@ -375,7 +430,8 @@ impl Plan {
             ExecutionPlan::DeviceKept {
                 passes: Passes::Fused
             } | ExecutionPlan::DeviceRecomputed {
-                passes: Passes::Fused
+                passes: Passes::Fused,
+                ..
             }
         )
     }
@@ -414,7 +470,7 @@ impl fmt::Display for ExecutionPlan {
             ExecutionPlan::HostCompact { passes: p } => write!(f, "host-compact-{}", passes(p)),
             ExecutionPlan::HostBatched => f.write_str("host-batched"),
             ExecutionPlan::DeviceKept { passes: p } => write!(f, "device-kept-{}", passes(p)),
-            ExecutionPlan::DeviceRecomputed { passes: p } => {
+            ExecutionPlan::DeviceRecomputed { passes: p, .. } => {
                 write!(f, "device-recomputed-{}", passes(p))
             }
         }
@@ -430,9 +486,14 @@ impl fmt::Display for Plan {
             _ => self.host(),
         };
         if batched {
+            let streamed = if self.streams_detector_data() {
+                ", detector data streamed"
+            } else {
+                ""
+            };
             match self.batch {
-                0 => f.write_str(" (all detectors at once)")?,
-                n => write!(f, " ({n} detectors a batch)")?,
+                0 => write!(f, " (all detectors at once{streamed})")?,
+                n => write!(f, " ({n} detectors a batch{streamed})")?,
             }
         }
         Ok(())
@@ -484,7 +545,10 @@ mod tests {
         for (full, compact) in [(true, false), (false, true), (false, false)] {
             let p = Plan::choose(&binner(full, compact), &dev);
             let want = match (full, compact) {
-                (false, false) => ExecutionPlan::DeviceRecomputed { passes: fused },
+                (false, false) => ExecutionPlan::DeviceRecomputed {
+                    passes: fused,
+                    data: DetectorData::Resident,
+                },
                 _ => ExecutionPlan::DeviceKept { passes: fused },
             };
             assert_eq!(p.plan, want);
@@ -502,7 +566,13 @@ mod tests {
             ..binner(false, false)
         };
         let p = Plan::choose(&all, &dev);
-        assert_eq!(p.plan, ExecutionPlan::DeviceRecomputed { passes: fused });
+        assert_eq!(
+            p.plan,
+            ExecutionPlan::DeviceRecomputed {
+                passes: fused,
+                data: DetectorData::Resident
+            }
+        );
         assert!(!p.transient_pointing() && !p.work_batches());
         assert_eq!(
             p.to_string(),
@@ -517,6 +587,47 @@ mod tests {
             p.why.iter().any(|w| w.contains("8 detectors at a time")),
             "{p:?}"
         );
+        // The detector data streamed: batches only.
+        let streamed = BinnerConfig {
+            stream_detector_data: true,
+            pointing_batch: 3,
+            ..binner(false, false)
+        };
+        let p = Plan::choose(&streamed, &dev);
+        assert_eq!(
+            p.plan,
+            ExecutionPlan::DeviceRecomputed {
+                passes: fused,
+                data: DetectorData::Streamed
+            }
+        );
+        assert!(p.streams_detector_data() && p.transient_pointing());
+        assert_eq!(
+            p.to_string(),
+            "device-recomputed-fused (3 detectors a batch, detector data streamed)"
+        );
+        let json = serde_json::to_value(&p).expect("a plan serializes");
+        assert_eq!(json["data"], "streamed");
+        let p = Plan::choose(
+            &BinnerConfig {
+                pointing_batch: 0,
+                ..streamed.clone()
+            },
+            &dev,
+        );
+        assert!(!p.streams_detector_data());
+        assert!(p.why.iter().any(|w| w.contains("does not apply")), "{p:?}");
+        // Kept pointing, or the host: nothing to stream.
+        for (b, f) in [
+            (binner(true, false), &dev),
+            (binner(false, false), &facts(Some(("cpu", true)))),
+        ] {
+            let b = BinnerConfig {
+                stream_detector_data: true,
+                ..b
+            };
+            assert!(!Plan::choose(&b, f).streams_detector_data());
+        }
         // A device plugin without the fused kernels: the unfused passes,
         // with their work timestream.
         let mut f = dev.clone();

@@ -254,13 +254,13 @@ impl MapMaker {
             det_data: target.to_string(),
         }));
         let mut refs: Vec<OpRef<'_>> = ops.iter_mut().map(|o| o.as_mut() as OpRef<'_>).collect();
-        run_operators(
-            "ApplyAmplitudes",
-            &mut refs,
-            data,
-            ctx,
-            &RunOptions::default(),
-        )
+        // Per batch when the detector data are streamed (per detector
+        // either way).
+        let opts = RunOptions {
+            detector_sets: self.batched_sets(data, self.plan.streams_detector_data()),
+            ..RunOptions::default()
+        };
+        run_operators("ApplyAmplitudes", &mut refs, data, ctx, &opts)
     }
 }
 

@@ -238,12 +238,18 @@ impl MapMaker {
             flags: keys.solve_flags.clone(),
             counts: flag_counts_key(keys),
         };
+        // Per batch when the detector data are streamed (the kernel is per
+        // detector: the same flags either way).
+        let opts = RunOptions {
+            detector_sets: self.batched_sets(data, self.plan.streams_detector_data()),
+            ..RunOptions::default()
+        };
         let r = run_operators(
             "solver_flags",
             &mut [&mut step as OpRef<'_>],
             data,
             ctx,
-            &RunOptions::default(),
+            &opts,
         );
         // 5a's counts are not reported (5c's are, of the final flags).
         let dropped = drop_globals(data, ctx, &[&step.counts]);
@@ -551,7 +557,9 @@ impl MapMaker {
         // The work copy of the timestream: on the host per detector batch
         // when batched; on a device one whole-field copy before the batches
         // (the copy kernel has no row selection: a batch's copy would go
-        // through the host and send the whole field up again).
+        // through the host and send the whole field up again), or, with the
+        // detector data streamed, per batch on the device (a batch's rows
+        // are what it holds of both fields).
         let host = self.plan.host();
         let mut copy = CopyDetData {
             name: "copy_rhs".into(),
@@ -560,7 +568,7 @@ impl MapMaker {
             det_mask: binner.det_mask,
             transient: host && self.plan.work_batches(),
         };
-        let head: Vec<OpRef<'_>> = if host {
+        let head: Vec<OpRef<'_>> = if host || self.plan.streams_detector_data() {
             vec![&mut copy]
         } else {
             let all = RunOptions::default();

@@ -71,6 +71,17 @@ pub struct BinnerConfig {
     /// Off here (TOAST's default); the satellite workflow turns it on from
     /// `xsmall` on.
     pub compact_pointing: bool,
+    /// On a device, with the pointing recomputed in batches (neither
+    /// `full_pointing` nor `compact_pointing`, a `pointing_batch` above 0):
+    /// stream the detector data, each pass staging one batch's rows of the
+    /// timestream and flags while the host holds them whole
+    /// ([`crate::exec::movement::window`]), so the device holds the maps,
+    /// the boresight and one batch whatever the length of the timestream,
+    /// for a bus cost of the batch's rows in every pass that reads them.
+    /// Off by default; the satellite workflow turns it on when its device
+    /// memory budget holds not even one batch beside the whole detector
+    /// data. No effect on the host.
+    pub stream_detector_data: bool,
 }
 
 impl Default for BinnerConfig {
@@ -92,6 +103,7 @@ impl Default for BinnerConfig {
             full_pointing: false,
             pointing_batch: 8,
             compact_pointing: false,
+            stream_detector_data: false,
         }
     }
 }

@@ -215,8 +215,10 @@ impl Operator for CopyDetData {
         }
         // Where the pass selects every row of a float64 input and the
         // output has the same rows, one copy of the whole field on the
-        // device; elsewhere the host's copy, as a host step of the scope
-        // (the input comes back, the output goes up: correct, not fast).
+        // device (in a streamed scope, of the rows the device holds, when
+        // they are the selected ones); elsewhere the host's copy, as a host
+        // step of the scope (the input comes back, the output goes up:
+        // correct, not fast).
         let mut on_host = false;
         let Data { obs, meta, .. } = data;
         for ob in obs.iter_mut() {
@@ -226,12 +228,18 @@ impl Operator for CopyDetData {
             }
             let whole = {
                 let (src, dst) = (ob.detdata.get(&self.input)?, ob.detdata.get(&self.output)?);
+                let rows = match crate::exec::movement::step_window(ctx, ob.name(), &self.input) {
+                    Some(w) => w.first..w.first + w.rows,
+                    None => 0..src.n_det(),
+                };
                 src.dtype() == DType::F64
                     && src.detectors() == dst.detectors()
                     && src.shape() == dst.shape()
                     && dst.dtype() == DType::F64
-                    && dets.len() == src.n_det()
-                    && dets.iter().all(|d| src.row_index(d).is_some())
+                    && dets.len() == rows.len()
+                    && dets
+                        .iter()
+                        .all(|d| src.row_index(d).is_some_and(|r| rows.contains(&r)))
             };
             if !whole {
                 on_host = true;

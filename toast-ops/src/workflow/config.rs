@@ -45,7 +45,7 @@
 //! `weights.mode` must be `IQU`. Some traits change no map of the
 //! benchmark and are kept because they are real: the flag masks (the
 //! simulation sets no flag), `binner.full_pointing`, `compact_pointing`,
-//! `pointing_batch` and
+//! `pointing_batch`, `stream_detector_data` and
 //! `pixels.nside_submap` (memory and distribution, not values; when not
 //! given, TOAST's 16 on the host and a finer grid on a device, chosen by
 //! the job; with several

@@ -119,10 +119,11 @@
 //!   grid of [`DEVICE_SUBMAPS_A_SIDE`]² submaps ([`device_nside_submap`]:
 //!   2 for nside 1024, submaps of 48 pixels instead of TOAST's 3072), which
 //!   follow the scan's footprint: tiny 946 080 local pixels instead of
-//!   2 798 592, xsmall 2 595 168 instead of 3 879 936 (measured), the maps
-//!   unchanged. On that grid the estimate is
-//!   [`FINE_PIXEL_FRACTION_PER_OBS`] of the sky per observation (xsmall's
-//!   measured fraction is 0.206; tiny's narrower focal plane 0.075), else
+//!   2 798 592, xsmall 2 595 168 instead of 3 879 936, small 2 741 856
+//!   (measured), the maps unchanged. On that grid the estimate is
+//!   [`FINE_PIXEL_FRACTION_PER_OBS`] of the sky per observation (small's
+//!   measured fraction is 0.218, xsmall's 0.206; tiny's narrower focal
+//!   plane 0.075), else
 //!   [`SUBMAP_FRACTION_PER_OBS`], as for the host. The grid's tables add
 //!   [`DEVICE_BYTES_PER_SUBMAP`] = 9 B a submap (`global2local`, i64, and
 //!   the pixel kernel's hit-submap bytes).
@@ -140,8 +141,8 @@
 //! as for the host), an estimate on the safe side for refusing, before any
 //! work, a run that would not fit its device memory budget. On the device
 //! grid (the default): 263 797 748 bytes (the bus 0.08 GiB up and 0.09 GiB
-//! down instead of 0.20 and 0.27), predicted 408 MB (+55%: tiny's footprint
-//! is narrower than xsmall's, whose fraction the model takes). The sky
+//! down instead of 0.20 and 0.27), predicted 0.39 GiB (+58%: tiny's
+//! footprint is narrower than small's, whose fraction the model takes). The sky
 //! scan's scope (72 B per detector sample and the input map) is smaller.
 //!
 //! `device-recomputed` with a batch of `b` detectors
@@ -156,6 +157,20 @@
 //! timestream, the input map and one batch). The satellite workflow
 //! chooses it, with the largest batch that fits, when the kept pointing
 //! does not fit the budget (`SatelliteJob::fit_device_budget`).
+//!
+//! With the detector data streamed as well (`binner.stream_detector_data`,
+//! [`DevicePointing::Streamed`]) nothing is held per detector sample: each
+//! batch detector adds its pointing (64 B a time sample) and
+//! [`DEVICE_BYTES_PER_DET_SAMPLE_STREAMED`] = 18 B of detector data
+//! (`signal` 8, detector and solver flags 1 each, and the offset
+//! template's good-sample work field 8, which lives beside them while the
+//! template is set up), so the device holds the time samples, the pixels
+//! and one batch ([`DeviceMemory::fixed`]) whatever the number of
+//! detectors. The workflow chooses it when not even one detector a batch
+//! fits beside the whole detector data. Measured: xsmall in a budget of
+//! 256 MiB (opencl, batches of one detector): 230 873 536 bytes, the
+//! solve's maps 186.9 MB of them (2 595 168 local pixels at 72 B);
+//! predicted 0.24 GiB.
 //!
 //! # Pointing by case
 //!
@@ -220,7 +235,7 @@ pub const BYTES_PER_SKY_PIXEL_OUT: f64 = 9.0;
 /// See the module documentation.
 pub const SUBMAP_FRACTION_PER_OBS: f64 = 0.30;
 /// See the module documentation.
-pub const FINE_PIXEL_FRACTION_PER_OBS: f64 = 0.21;
+pub const FINE_PIXEL_FRACTION_PER_OBS: f64 = 0.22;
 /// See the module documentation.
 pub const DEVICE_SUBMAPS_A_SIDE: u64 = 512;
 /// See the module documentation.
@@ -323,6 +338,8 @@ pub const DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT: f64 = 10.0;
 /// See the module documentation.
 pub const DEVICE_BYTES_PER_BATCH_SAMPLE: f64 = 64.0;
 /// See the module documentation.
+pub const DEVICE_BYTES_PER_DET_SAMPLE_STREAMED: f64 = 18.0;
+/// See the module documentation.
 pub const DEVICE_BYTES_WORK_TIMESTREAM: f64 = 8.0;
 
 /// Device bytes per local pixel of `nnz` Stokes values (see the module
@@ -386,6 +403,9 @@ pub enum DevicePointing {
     Kept,
     /// One batch of this many detectors at a time (`device-recomputed`).
     Batched(u64),
+    /// One batch of this many detectors at a time, with their detector
+    /// data (`device-recomputed`, detector data streamed).
+    Streamed(u64),
 }
 
 /// The device memory of one process on a device plan (see the module
@@ -399,6 +419,12 @@ pub struct DeviceMemory {
     pub resident: f64,
     /// Bytes each detector of a batch adds.
     pub per_batch_detector: f64,
+    /// Bytes with no detector data at all (the time samples, the pixels
+    /// and the grid's tables): a streamed plan's besides its batch.
+    pub fixed: f64,
+    /// Bytes of one detector's data (`signal` and flags) beside its
+    /// pointing in a streamed batch.
+    pub per_detector_data: f64,
 }
 
 impl DeviceMemory {
@@ -425,6 +451,8 @@ impl DeviceMemory {
             kept: fixed + (DEVICE_BYTES_PER_DET_SAMPLE + work) * det_samples,
             resident: fixed + (DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT + work) * det_samples,
             per_batch_detector: (DEVICE_BYTES_PER_BATCH_SAMPLE + work) * time_samples,
+            fixed,
+            per_detector_data: DEVICE_BYTES_PER_DET_SAMPLE_STREAMED * time_samples,
         }
     }
 
@@ -433,16 +461,32 @@ impl DeviceMemory {
         match pointing {
             DevicePointing::Kept => self.kept,
             DevicePointing::Batched(b) => self.resident + self.per_batch_detector * b as f64,
+            DevicePointing::Streamed(b) => {
+                self.fixed + (self.per_batch_detector + self.per_detector_data) * b as f64
+            }
         }
     }
 
     /// The most detectors a batch may hold within `budget` bytes (0: not
     /// even one).
     pub fn largest_batch(&self, budget: f64) -> u64 {
-        if budget < self.resident + self.per_batch_detector {
+        Self::most(budget - self.resident, self.per_batch_detector)
+    }
+
+    /// The most detectors a streamed batch may hold within `budget` bytes
+    /// (0: not even one).
+    pub fn largest_streamed_batch(&self, budget: f64) -> u64 {
+        Self::most(
+            budget - self.fixed,
+            self.per_batch_detector + self.per_detector_data,
+        )
+    }
+
+    fn most(room: f64, each: f64) -> u64 {
+        if room < each {
             return 0;
         }
-        ((budget - self.resident) / self.per_batch_detector.max(1.0)).floor() as u64
+        (room / each.max(1.0)).floor() as u64
     }
 }
 
@@ -625,6 +669,19 @@ mod tests {
         let b = m.largest_batch(m.peak(DevicePointing::Batched(5)) + 1.0);
         assert_eq!(b, 5);
         assert_eq!(m.largest_batch(m.resident), 0);
+        // Streamed: no detector data besides the batch's (its pointing,
+        // timestream, flags and the template's good-sample field).
+        assert_eq!(m.resident - m.fixed, 10.0 * s.samples() as f64);
+        assert_eq!(
+            m.peak(DevicePointing::Streamed(2)),
+            m.fixed + 2.0 * (64.0 + 18.0) * 360_000.0
+        );
+        assert_eq!(
+            m.largest_streamed_batch(m.peak(DevicePointing::Streamed(3)) + 1.0),
+            3
+        );
+        assert_eq!(m.largest_streamed_batch(m.fixed), 0);
+        assert!(m.peak(DevicePointing::Streamed(4)) < m.peak(DevicePointing::Batched(4)));
     }
 
     #[test]

@@ -677,8 +677,12 @@ impl SatelliteJob {
         }
         // Recomputed pointing all at once holds every detector's batch
         // fields (the quaternions too, refilled in every pass).
+        let streamed = execution.streams_detector_data();
         let pointing = |n_det: u64| match (&execution.plan, execution.batch) {
             (ExecutionPlan::DeviceRecomputed { .. }, 0) => presets::DevicePointing::Batched(n_det),
+            (ExecutionPlan::DeviceRecomputed { .. }, b) if streamed => {
+                presets::DevicePointing::Streamed((b as u64).min(n_det))
+            }
             (ExecutionPlan::DeviceRecomputed { .. }, b) => {
                 presets::DevicePointing::Batched((b as u64).min(n_det))
             }
@@ -725,13 +729,16 @@ impl SatelliteJob {
     /// recomputed on the device per batch of the most detectors that fit
     /// (`binner.full_pointing` and `binner.compact_pointing` off,
     /// `binner.pointing_batch` set; the sky scan follows the map-maker's
-    /// batches). This is the one place where the budget chooses the plan;
-    /// call it after [`SatelliteJob::plan`] and before
+    /// batches), and, where not even one detector a batch fits beside the
+    /// whole detector data, with the detector data streamed
+    /// (`binner.stream_detector_data`: the device holds one batch's rows).
+    /// This is the one place where the budget chooses the plan; call it
+    /// after [`SatelliteJob::plan`] and before
     /// [`SatelliteJob::execution_plan`]. Returns why, or `None` when
     /// nothing changed (a host plan, no budget known, or the plan fits). A
-    /// budget too small for even one detector a batch leaves batches of
-    /// one, which [`SatelliteJob::check_device_memory`] then refuses,
-    /// naming the budget.
+    /// budget too small for even one streamed detector a batch leaves
+    /// batches of one, which [`SatelliteJob::check_device_memory`] then
+    /// refuses, naming the budget.
     pub fn fit_device_budget(
         &mut self,
         plan: &JobDistribution,
@@ -753,30 +760,46 @@ impl SatelliteJob {
         // estimate (within a few percent of the measured ones on xsmall).
         let models = self.device_memory_models(plan, sim, &execution);
         let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
-        let largest = |budget: f64| {
-            let batches = models.iter().map(|(m, _)| m.largest_batch(budget));
+        let largest = |budget: f64, streamed: bool| {
+            let batches = models.iter().map(|(m, _)| match streamed {
+                false => m.largest_batch(budget),
+                true => m.largest_streamed_batch(budget),
+            });
             batches.min().unwrap_or(0)
         };
-        // One detector a batch where only the whole budget holds it.
-        let fits = largest(DEVICE_BUDGET_FILL * bytes).max(largest(bytes).min(1));
+        // One detector a batch where only the whole budget holds it; the
+        // detector data streamed where not even that fits beside them.
+        let fits = |streamed| {
+            largest(DEVICE_BUDGET_FILL * bytes, streamed).max(largest(bytes, streamed).min(1))
+        };
+        let (fits, streamed) = match fits(false) {
+            0 => (fits(true), true),
+            n => (n, false),
+        };
         let batch = fits.clamp(1, most.max(1));
         let binner = &mut self.config.binner;
         binner.full_pointing = false;
         binner.compact_pointing = false;
         binner.pointing_batch = batch as usize;
+        binner.stream_detector_data = streamed;
         let need = gib(predicted);
-        Ok(Some(if fits == 0 {
-            format!(
+        Ok(Some(match (fits, streamed) {
+            (0, _) => format!(
                 "the plan {execution} would need {need} of device memory on backend {name}, over \
                  its budget of {budget}, and so would the pointing recomputed one detector at a \
-                 time"
-            )
-        } else {
-            format!(
+                 time with the detector data streamed"
+            ),
+            (_, false) => format!(
                 "the plan {execution} would need {need} of device memory on backend {name}, over \
                  its budget of {budget}: the pointing is recomputed on the device, {batch} \
                  detector(s) a batch"
-            )
+            ),
+            (_, true) => format!(
+                "the plan {execution} would need {need} of device memory on backend {name}, over \
+                 its budget of {budget}, and one detector a batch beside the whole detector data \
+                 would too: the pointing is recomputed on the device and the detector data \
+                 streamed, {batch} detector(s) a batch"
+            ),
         }))
     }
 
@@ -1005,7 +1028,12 @@ impl SatelliteJob {
                 .extensions
                 .get::<Dispatcher>()
                 .and_then(|d| pipeline_backend(d, None));
-            Some(open_scope(&mut ctx, backend.as_ref()))
+            let scope = open_scope(&mut ctx, backend.as_ref());
+            // A streamed plan from the scan on: the scan and the noise
+            // write their batches' rows, which go back to the host's
+            // timestream as the next batch's come up.
+            crate::exec::movement::stream_detector_data(&mut ctx, plan.streams_detector_data());
+            Some(scope)
         } else {
             None
         };
@@ -1228,13 +1256,17 @@ impl SatelliteJob {
 const DEVICE_BUDGET_FILL: f64 = 0.9;
 
 /// Consecutive detector sets of `sets` merged into sets of at most `batch`
-/// detectors (a set larger than `batch` stays whole), in order.
+/// detectors, in order; a set larger than `batch` is cut into pieces of
+/// `batch` (the scan and the noise are per detector), so the scan's
+/// batches are never larger than the map-maker's, which the device
+/// memory model counts.
 fn merge_sets(sets: &[Vec<String>], batch: usize) -> Vec<Vec<String>> {
+    let batch = batch.max(1);
     let mut merged: Vec<Vec<String>> = Vec::new();
-    for set in sets {
+    for piece in sets.iter().flat_map(|s| s.chunks(batch)) {
         match merged.last_mut() {
-            Some(last) if last.len() + set.len() <= batch => last.extend(set.iter().cloned()),
-            _ => merged.push(set.clone()),
+            Some(last) if last.len() + piece.len() <= batch => last.extend_from_slice(piece),
+            _ => merged.push(piece.to_vec()),
         }
     }
     merged
@@ -1595,8 +1627,16 @@ mod tests {
         assert_eq!(merged[0], ["0A", "0B", "1A", "1B"]);
         assert_eq!(merged[2], ["4A", "4B"]);
         assert_eq!(merged.concat(), sets.concat());
-        // A set larger than the batch stays whole.
-        assert_eq!(merge_sets(&sets, 1), sets);
+        // A set larger than the batch is cut into batches.
+        let singles = merge_sets(&sets, 1);
+        assert_eq!(singles.len(), 10);
+        assert!(singles.iter().all(|s| s.len() == 1));
+        assert_eq!(singles.concat(), sets.concat());
+        let threes = merge_sets(&sets, 3);
+        assert_eq!(
+            threes.iter().map(Vec::len).collect::<Vec<_>>(),
+            [2, 2, 2, 2, 2]
+        );
     }
 
     #[test]

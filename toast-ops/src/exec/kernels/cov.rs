@@ -61,7 +61,7 @@ pub fn cov_accum_timestream(
         });
     }
     let dist = dist_for_map(meta, pixel_dist, key, &map_dist)?;
-    let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
+    let pixel_index = rows::<i64>(ctx, ob, pixels, &[], call.detectors)?;
     let (nnz, weights, weight_index, det_scale) = match maps {
         CovMaps::Hits(_) => (1, Source::Absent, Vec::new(), &[][..]),
         CovMaps::InverseCovariance {
@@ -74,7 +74,7 @@ pub fn cov_accum_timestream(
                     key: key.to_string(),
                     problem: format!("{n_value} values per pixel is not a packed symmetric matrix"),
                 })?;
-            let wi = rows::<f64>(ob, weights, &[nnz], call.detectors)?;
+            let wi = rows::<f64>(ctx, ob, weights, &[nnz], call.detectors)?;
             (nnz, Source::DetData(weights), wi, det_scale)
         }
     };
@@ -82,7 +82,7 @@ pub fn cov_accum_timestream(
         Some((name, mask)) if mask != 0 => (
             Source::DetData(name),
             mask,
-            rows::<u8>(ob, name, &[], call.detectors)?,
+            rows::<u8>(ctx, ob, name, &[], call.detectors)?,
         ),
         _ => (Source::Absent, 0, Vec::new()),
     };

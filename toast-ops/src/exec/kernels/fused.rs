@@ -96,6 +96,7 @@ struct PointingArgs {
 }
 
 fn pointing_args<'a>(
+    ctx: &toast_core::ExecContext,
     ob: &Observation,
     pointing: &FusedPointing<'a>,
     dets: &[String],
@@ -113,7 +114,7 @@ fn pointing_args<'a>(
             };
             (
                 PointingArgs {
-                    pixel_index: rows::<i32>(ob, c.compact, &[], dets)?,
+                    pixel_index: rows::<i32>(ctx, ob, c.compact, &[], dets)?,
                     weight_index: Vec::new(),
                     params: Some(WeightParams::of(ob, dets)?),
                     flag_mask: pmask,
@@ -131,8 +132,8 @@ fn pointing_args<'a>(
         }
         FusedPointing::Kept { pixels, weights } => (
             PointingArgs {
-                pixel_index: rows::<i64>(ob, pixels, &[], dets)?,
-                weight_index: rows::<f64>(ob, weights, &[3], dets)?,
+                pixel_index: rows::<i64>(ctx, ob, pixels, &[], dets)?,
+                weight_index: rows::<f64>(ctx, ob, weights, &[3], dets)?,
                 params: None,
                 flag_mask: 0,
                 iau: 0,
@@ -193,8 +194,8 @@ pub fn compact_expand_pointing(
     weights: &str,
     nnz: usize,
 ) -> Result<(), OpError> {
-    let pixel_index = rows::<i64>(ob, pixels, &[], call.detectors)?;
-    let weight_index = rows::<f64>(ob, weights, &[nnz], call.detectors)?;
+    let pixel_index = rows::<i64>(ctx, ob, pixels, &[], call.detectors)?;
+    let weight_index = rows::<f64>(ctx, ob, weights, &[nnz], call.detectors)?;
     let n_samp = ob.n_samples();
     let out = [
         Spec::output(Source::DetData(pixels), 8),
@@ -257,7 +258,7 @@ fn expand(
     (nnz, out_first, out_n_samp): (usize, usize, usize),
 ) -> Result<(), OpError> {
     let (p, [c, b, f, h, _, _]) =
-        pointing_args(ob, &FusedPointing::Compact(compact), call.detectors)?;
+        pointing_args(ctx, ob, &FusedPointing::Compact(compact), call.detectors)?;
     let n_samp = ob.n_samples() as u64;
     let [po, wo] = out;
     let specs = vec![c, b, f, h, po, wo];
@@ -317,13 +318,14 @@ fn iqu_map(meta: &Meta, m: FusedMap<'_>) -> Result<i64, OpError> {
 /// The value source of a fused call: the data index and the timestream
 /// and amplitude sources.
 fn input_args<'a>(
+    ctx: &toast_core::ExecContext,
     ob: &Observation,
     input: FusedInput<'a>,
     dets: &[String],
 ) -> Result<(Vec<i32>, Source<'a>, Source<'a>), OpError> {
     Ok(match input {
         FusedInput::Timestream(f) => (
-            rows::<f64>(ob, f, &[], dets)?,
+            rows::<f64>(ctx, ob, f, &[], dets)?,
             Source::DetData(f),
             Source::Absent,
         ),
@@ -350,9 +352,9 @@ pub fn fused_accumulate(
     check_len("det_scale", det_scale.len(), n_det)?;
     check_len("finite", finite.len(), n_det)?;
     let n_pix_submap = iqu_map(meta, zmap)?;
-    let (p, [c, b, f, h, px, w]) = pointing_args(ob, pointing, call.detectors)?;
-    let (data_index, signal, amps) = input_args(ob, input, call.detectors)?;
-    let (dflags, dmask, flag_index) = det_flag_args(ob, det_flags, call.detectors)?;
+    let (p, [c, b, f, h, px, w]) = pointing_args(ctx, ob, pointing, call.detectors)?;
+    let (data_index, signal, amps) = input_args(ctx, ob, input, call.detectors)?;
+    let (dflags, dmask, flag_index) = det_flag_args(ctx, ob, det_flags, call.detectors)?;
     let (sflags, smask) = shared_flags(ob, shared)?;
     let (layout, amp_flags) = match (input, offsets) {
         (FusedInput::Amplitudes(_), Some(o)) => {
@@ -438,6 +440,7 @@ fn no_layout(key: &str) -> OpError {
 
 /// The detector flags of a fused call: source, mask and rows (-1: none).
 fn det_flag_args<'a>(
+    ctx: &toast_core::ExecContext,
     ob: &Observation,
     det_flags: Option<(&'a str, u8)>,
     dets: &[String],
@@ -446,7 +449,7 @@ fn det_flag_args<'a>(
         Some((name, mask)) if mask != 0 => (
             Source::DetData(name),
             mask,
-            rows::<u8>(ob, name, &[], dets)?,
+            rows::<u8>(ctx, ob, name, &[], dets)?,
         ),
         _ => (Source::Absent, 0, vec![-1; dets.len()]),
     })
@@ -471,9 +474,9 @@ pub fn fused_project(
     check_len("det_scale", det_scale.len(), n_det)?;
     check_len("amp_offset", offsets.layout.amp_offset.len(), n_det)?;
     let n_pix_submap = iqu_map(meta, map)?;
-    let (p, [c, b, f, h, px, w]) = pointing_args(ob, pointing, call.detectors)?;
-    let (data_index, signal, amps) = input_args(ob, input, call.detectors)?;
-    let (dflags, dmask, flag_index) = det_flag_args(ob, det_flags, call.detectors)?;
+    let (p, [c, b, f, h, px, w]) = pointing_args(ctx, ob, pointing, call.detectors)?;
+    let (data_index, signal, amps) = input_args(ctx, ob, input, call.detectors)?;
+    let (dflags, dmask, flag_index) = det_flag_args(ctx, ob, det_flags, call.detectors)?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![
         Spec::input(Source::Global(map.pixel_dist), 8),

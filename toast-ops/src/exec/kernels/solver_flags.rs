@@ -63,7 +63,7 @@ pub fn solver_flags(
             problem: format!("the solver flag counts hold {n} values, not 2"),
         });
     }
-    let out_index = rows::<u8>(ob, flags, &[], call.detectors)?;
+    let out_index = rows::<u8>(ctx, ob, flags, &[], call.detectors)?;
     let none = || (Source::Absent, 0u8, Vec::new());
     let (dflags, dmask, flag_index) = match pass {
         SolverFlagPass::Selection {
@@ -72,7 +72,7 @@ pub fn solver_flags(
         } if mask != 0 => (
             Source::DetData(name),
             mask,
-            rows::<u8>(ob, name, &[], call.detectors)?,
+            rows::<u8>(ctx, ob, name, &[], call.detectors)?,
         ),
         _ => none(),
     };
@@ -103,7 +103,7 @@ pub fn solver_flags(
                 Source::Global(pixel_dist),
                 Source::DetData(pixels),
                 Source::Global(mask),
-                rows::<i64>(ob, pixels, &[], call.detectors)?,
+                rows::<i64>(ctx, ob, pixels, &[], call.detectors)?,
                 dist.n_pix_submap(),
             )
         }

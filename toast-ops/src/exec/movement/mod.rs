@@ -53,6 +53,11 @@
 //! actual state of each buffer is checked before acting, so it stays
 //! correct when a kernel override sent a call to another backend.
 //!
+//! A scope may *stream* its detector data ([`stream_detector_data`], a
+//! map-maker plan's choice): each device step's detdata buffers then hold
+//! only the rows of its pass's detectors, moved as the passes move
+//! ([`window`]), so no device buffer ever holds a whole timestream.
+//!
 //! A first upload of an all-zero host block (a fresh timestream, unset
 //! flags) is a device memset instead of a copy; the buffer is then in sync.
 //!
@@ -77,6 +82,7 @@
 //! neither a host step nor the end of the scope copies them back.
 
 pub mod bus;
+pub mod window;
 
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
 use std::collections::BTreeMap;
@@ -88,6 +94,7 @@ use toast_core::{
     BufferKey, BufferState, Category, Data, DeviceBuffers, DeviceView, ExecContext, Item, OpError,
     Requirements, Stager, TransferReport,
 };
+use window::RowWindow;
 
 /// The owner of data movement (an [`ExecContext`] extension, created on
 /// first use): the open device scope and the run's transfer ledger.
@@ -103,6 +110,10 @@ pub struct DeviceScope {
     buffers: DeviceBuffers,
     stager: Stager,
     steps: usize,
+    /// Whether the detdata buffers hold one pass's rows ([`window`]).
+    streamed: bool,
+    /// The rows each windowed detdata buffer holds (absent: every row).
+    windows: BTreeMap<BufferKey, RowWindow>,
 }
 
 impl DeviceScope {
@@ -299,6 +310,8 @@ pub fn open_scope(ctx: &mut ExecContext, backend: Option<&Arc<Backend>>) -> Scop
         buffers: DeviceBuffers::new(device),
         stager: Stager::new(),
         steps: 0,
+        streamed: false,
+        windows: BTreeMap::new(),
     });
     tracing::debug!("opened a device scope on backend {}", backend.name());
     Scope {
@@ -326,7 +339,7 @@ pub fn close_scope(
     let fin = s.stager.finish(outputs);
     let mut first_err: Option<OpError> = None;
     for it in &fin.update_host {
-        if let Err(e) = download(data, &mut s.buffers, it) {
+        if let Err(e) = download(data, &mut s.buffers, &s.windows, it) {
             first_err.get_or_insert(e);
         }
     }
@@ -362,6 +375,7 @@ pub fn forget(data: &Data, ctx: &mut ExecContext, items: &Requirements) -> Resul
             if s.buffers.is_present(&key) {
                 s.buffers.delete(&key)?;
             }
+            s.windows.remove(&key);
         }
     }
     let freed = before - s.buffers.report().current_bytes;
@@ -455,34 +469,82 @@ fn keys(data: &Data, it: &Item) -> Vec<BufferKey> {
     }
 }
 
-fn host_bytes<'a>(data: &'a Data, key: &BufferKey) -> Result<&'a [u8], OpError> {
-    match key.category {
-        Category::Global => global_bytes(&data.meta, &key.field).ok_or_else(|| OpError::Global {
-            key: key.field.clone(),
-            problem: "has no device form".into(),
-        }),
-        c => Ok(data.get(&key.observation)?.field_bytes(c, &key.field)?),
-    }
+/// The host bytes the device buffer of `key` mirrors: the whole field or
+/// item, or a windowed field's window ([`window`]).
+fn host_bytes<'a>(data: &'a Data, windows: &Windows, key: &BufferKey) -> Result<&'a [u8], OpError> {
+    let all = match key.category {
+        Category::Global => {
+            global_bytes(&data.meta, &key.field).ok_or_else(|| OpError::Global {
+                key: key.field.clone(),
+                problem: "has no device form".into(),
+            })?
+        }
+        c => data.get(&key.observation)?.field_bytes(c, &key.field)?,
+    };
+    windowed(all, windows.get(key), key)
 }
 
-fn host_bytes_mut<'a>(data: &'a mut Data, key: &BufferKey) -> Result<&'a mut [u8], OpError> {
-    match key.category {
+fn host_bytes_mut<'a>(
+    data: &'a mut Data,
+    windows: &Windows,
+    key: &BufferKey,
+) -> Result<&'a mut [u8], OpError> {
+    let all = match key.category {
         Category::Global => {
             global_bytes_mut(&mut data.meta, &key.field).ok_or_else(|| OpError::Global {
                 key: key.field.clone(),
                 problem: "cannot be copied back from a device".into(),
-            })
+            })?
         }
-        c => Ok(data
+        c => data
             .get_mut(&key.observation)?
-            .field_bytes_mut(c, &key.field)?),
+            .field_bytes_mut(c, &key.field)?,
+    };
+    let range = window_range(all.len(), windows.get(key), key)?;
+    Ok(&mut all[range])
+}
+
+/// The windows of a scope's detdata buffers.
+type Windows = BTreeMap<BufferKey, RowWindow>;
+
+/// The bytes of `all` that `window` holds (all of them without one).
+fn windowed<'a>(
+    all: &'a [u8],
+    window: Option<&RowWindow>,
+    key: &BufferKey,
+) -> Result<&'a [u8], OpError> {
+    let range = window_range(all.len(), window, key)?;
+    Ok(&all[range])
+}
+
+fn window_range(
+    len: usize,
+    window: Option<&RowWindow>,
+    key: &BufferKey,
+) -> Result<std::ops::Range<usize>, OpError> {
+    match window {
+        None => Ok(0..len),
+        Some(w) if w.bytes().end <= len && w.field_rows * w.row_bytes == len => Ok(w.bytes()),
+        Some(w) => Err(OpError::InvalidData {
+            what: format!(
+                "the device rows {}..{} of {key} no longer match its host field ({len} bytes): \
+                 the field was remade while its window was staged",
+                w.first,
+                w.first + w.rows
+            ),
+        }),
     }
 }
 
-fn download(data: &mut Data, bufs: &mut DeviceBuffers, it: &Item) -> Result<(), OpError> {
+fn download(
+    data: &mut Data,
+    bufs: &mut DeviceBuffers,
+    windows: &Windows,
+    it: &Item,
+) -> Result<(), OpError> {
     for key in keys(data, it) {
         if bufs.state(&key) == BufferState::DeviceNewer {
-            let dst = host_bytes_mut(data, &key)?;
+            let dst = host_bytes_mut(data, windows, &key)?;
             bufs.update_host(&key, dst)?;
         }
     }
@@ -500,12 +562,13 @@ fn all_zero(b: &[u8]) -> bool {
 fn apply_before(
     data: &mut Data,
     bufs: &mut DeviceBuffers,
+    windows: &Windows,
     plan: &StepStaging,
 ) -> Result<(), OpError> {
     for it in &plan.create {
         for key in keys(data, it) {
             if !bufs.is_present(&key) {
-                let n = host_bytes(data, &key)?.len() as u64;
+                let n = host_bytes(data, windows, &key)?.len() as u64;
                 bufs.create(&key, n)?;
             }
         }
@@ -515,12 +578,12 @@ fn apply_before(
             match bufs.state(&key) {
                 // A first upload of zeros (a fresh field: the timestream
                 // before the scan, unset flags) is a device memset.
-                BufferState::Allocated if all_zero(host_bytes(data, &key)?) => {
+                BufferState::Allocated if all_zero(host_bytes(data, windows, &key)?) => {
                     bufs.reset(&key)?;
                     bufs.mark_in_sync(&key)?;
                 }
                 BufferState::Allocated | BufferState::HostNewer => {
-                    let src = host_bytes(data, &key)?;
+                    let src = host_bytes(data, windows, &key)?;
                     bufs.update_device(&key, src)?;
                 }
                 _ => {}
@@ -542,7 +605,7 @@ fn apply_before(
             it.category,
             it.name
         );
-        download(data, bufs, it)?;
+        download(data, bufs, windows, it)?;
     }
     Ok(())
 }
@@ -574,13 +637,17 @@ pub fn stage_step(
     ctx: &mut ExecContext,
     spec: &StepSpec,
 ) -> Result<Option<StepStaging>, OpError> {
+    let detectors = ctx.detectors.clone();
     let Some(s) = scope_mut(ctx) else {
         return Ok(None);
     };
     let plan = s.stager.stage(s.steps, spec);
     s.steps += 1;
-    resize_replaced(data, &mut s.buffers, spec)?;
-    apply_before(data, &mut s.buffers, &plan)?;
+    if s.streamed && spec.accel {
+        move_windows(data, s, spec, detectors.as_deref(), &plan)?;
+    }
+    resize_replaced(data, &mut s.buffers, &s.windows, spec)?;
+    apply_before(data, &mut s.buffers, &s.windows, &plan)?;
     Ok(Some(plan))
 }
 
@@ -593,18 +660,18 @@ pub fn stage_step(
 /// (zeroed where the new host field is zeros, else undefined, as a new
 /// output's): the step that makes a
 /// transient field writes it before any step reads it, as on the host.
-fn resize_replaced(data: &Data, bufs: &mut DeviceBuffers, spec: &StepSpec) -> Result<(), OpError> {
-    let items = spec
-        .requires
-        .items()
-        .into_iter()
-        .chain(spec.provides.items());
-    for it in items.filter(|it| it.category == Category::DetData) {
+fn resize_replaced(
+    data: &Data,
+    bufs: &mut DeviceBuffers,
+    windows: &Windows,
+    spec: &StepSpec,
+) -> Result<(), OpError> {
+    for it in detdata_items(spec) {
         for key in keys(data, &it) {
             if !bufs.is_present(&key) {
                 continue;
             }
-            let host = host_bytes(data, &key)?;
+            let host = host_bytes(data, windows, &key)?;
             let n = host.len() as u64;
             if bufs.handle(&key)?.bytes != n {
                 bufs.delete(&key)?;
@@ -617,6 +684,102 @@ fn resize_replaced(data: &Data, bufs: &mut DeviceBuffers, spec: &StepSpec) -> Re
                     bufs.mark_in_sync(&key)?;
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The detdata items step `spec` reads or writes.
+fn detdata_items(spec: &StepSpec) -> impl Iterator<Item = Item> {
+    let items = spec.requires.items().into_iter();
+    items
+        .chain(spec.provides.items())
+        .filter(|it| it.category == Category::DetData)
+}
+
+/// Stream the detector data of the open scope (if any) from now on, or
+/// stop: each device step's detdata buffers hold the rows of its pass's
+/// detectors only ([`window`]). Returns whether a scope is open.
+pub fn stream_detector_data(ctx: &mut ExecContext, on: bool) -> bool {
+    match scope_mut(ctx) {
+        Some(s) => {
+            s.streamed = on;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Whether the open scope streams its detector data.
+pub fn streams_detector_data(ctx: &ExecContext) -> bool {
+    of(ctx)
+        .and_then(|m| m.scope.as_ref())
+        .is_some_and(|s| s.streamed)
+}
+
+/// The rows of `observation`'s detdata field `field` that a kernel call of
+/// the current step sees as the whole field: its window in a device step of
+/// a streamed scope ([`window`]), else `None` (every row; a host step reads
+/// the host's whole field).
+pub fn step_window(ctx: &ExecContext, observation: &str, field: &str) -> Option<RowWindow> {
+    if !ctx.use_accel {
+        return None;
+    }
+    let key = BufferKey::new(observation, Category::DetData, field);
+    of(ctx).and_then(|m| m.scope.as_ref()?.windows.get(&key).copied())
+}
+
+/// Move the window of every detdata field device step `spec` reads or
+/// writes to the rows of `detectors` (the pass's set; `None`: all rows),
+/// see [`window`]: the rows the device wrote go back to the host first
+/// (unless the host field was remade since: a transient field's old rows
+/// are dead), and the new window's buffer is filled from the host (a
+/// memset where the rows are zeros), or zeroed where the plan makes the
+/// field a new output.
+fn move_windows(
+    data: &mut Data,
+    s: &mut DeviceScope,
+    spec: &StepSpec,
+    detectors: Option<&[String]>,
+    plan: &StepStaging,
+) -> Result<(), OpError> {
+    let mut moves = Vec::new();
+    for it in detdata_items(spec) {
+        for ob in data.obs.iter().filter(|ob| ob.detdata.contains(&it.name)) {
+            if let Some(want) = RowWindow::of_detectors(ob, &it.name, detectors)? {
+                let key = BufferKey::new(ob.name(), Category::DetData, it.name.clone());
+                moves.push((it.clone(), key, want));
+            }
+        }
+    }
+    for (it, key, want) in moves {
+        let present = s.buffers.is_present(&key);
+        let held = s
+            .windows
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| RowWindow::whole(want.field_rows, want.row_bytes));
+        if present && held == want {
+            continue;
+        }
+        if present {
+            let same_field = held.field_rows == want.field_rows;
+            if same_field && s.buffers.state(&key) == BufferState::DeviceNewer {
+                let dst = host_bytes_mut(data, &s.windows, &key)?;
+                s.buffers.update_host(&key, dst)?;
+            }
+            s.buffers.delete(&key)?;
+        }
+        s.windows.insert(key.clone(), want);
+        let src = host_bytes(data, &s.windows, &key)?;
+        s.buffers.create(&key, src.len() as u64)?;
+        if plan.reset.contains(&it) {
+            s.buffers.reset(&key)?;
+        } else if all_zero(src) {
+            s.buffers.reset(&key)?;
+            s.buffers.mark_in_sync(&key)?;
+        } else {
+            s.buffers.update_device(&key, src)?;
         }
     }
     Ok(())
@@ -718,6 +881,14 @@ impl DataMovement {
     /// The movement owner of `ctx` for a kernel call (created if missing).
     pub(crate) fn for_call(ctx: &mut ExecContext) -> &mut DataMovement {
         of_mut(ctx)
+    }
+
+    /// The rows the open scope's device buffer of `key` holds, when it is
+    /// a window of its field ([`window`]); `None`: every row, or no scope.
+    pub(crate) fn window(&self, key: &BufferKey) -> Option<RowWindow> {
+        self.scope
+            .as_ref()
+            .and_then(|s| s.windows.get(key).copied())
     }
 
     /// Whether a call on `backend` reads the open scope's device copies.
