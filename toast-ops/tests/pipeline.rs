@@ -404,3 +404,61 @@ fn standalone_covariance_and_binning_reproduce_the_sky() {
 fn nside(n: i64) -> toast_ops::math::healpix::Nside {
     toast_ops::math::healpix::Nside::try_from(n).unwrap()
 }
+
+/// A streamed device scope ([`movement::stream_detector_data`]): each
+/// device step's detdata buffers hold the rows of its pass's detectors.
+/// A pass with none of the data's detectors holds no row (not the whole
+/// field), one detector a pass holds one row a observation, and the
+/// timestream is the CPU's bit for bit; turning streaming off in the same
+/// scope gives the next pass over all detectors whole fields again.
+#[test]
+fn a_streamed_scope_holds_one_pass_of_rows_with_the_cpu_timestream() {
+    let reg = registry(2);
+    let dets = data(2).all_local_detectors(0);
+    let mut sets = vec![vec!["no-such-detector".to_string()]];
+    sets.extend(dets.iter().map(|d| vec![d.clone()]));
+    let passes = |then_whole: bool| -> Vec<DetectorSets> {
+        let mut v = vec![DetectorSets::Sets(sets.clone())];
+        if then_whole {
+            v.push(DetectorSets::All);
+        }
+        v
+    };
+    let run = |policy: &str, then_whole: bool| {
+        let mut ctx = context(&reg, policy);
+        let mut d = data(2);
+        let backend = ctx
+            .ext::<toast_accel::host::Dispatcher>()
+            .ok()
+            .and_then(|disp| toast_ops::exec::pipeline::pipeline_backend(disp, None));
+        let scope = movement::open_scope(&mut ctx, backend.as_ref());
+        for (i, sets) in passes(then_whole).into_iter().enumerate() {
+            movement::stream_detector_data(&mut ctx, i == 0);
+            scan_pipeline(sets).apply(&mut d, &mut ctx).unwrap();
+        }
+        let keep = Requirements::new().detdata(defaults::DET_DATA);
+        movement::close_scope(&mut d, &mut ctx, scope, &keep).unwrap();
+        (d, ctx)
+    };
+    for then_whole in [false, true] {
+        let (cpu, _) = run("", then_whole);
+        let (dev, ctx) = run("run=fakedev", then_whole);
+        assert_eq!(
+            signal_bits(&cpu),
+            signal_bits(&dev),
+            "then whole: {then_whole}"
+        );
+        let ledger = movement::ledger(&ctx).unwrap();
+        assert_eq!(ledger.unstaged.total_calls(), 0, "{:?}", ledger.unstaged);
+        let (_, _, allocs, frees) = ledger.totals();
+        assert_eq!(allocs, frees);
+        let signal = ledger.peak_staged_buffers()["detdata.signal"];
+        let row = 3000 * 8;
+        let whole = 2 * dets.len() as u64 * row;
+        if then_whole {
+            assert_eq!(signal, whole, "whole fields after streaming");
+        } else {
+            assert_eq!(signal, 2 * row, "one row a observation at the peak");
+        }
+    }
+}

@@ -53,9 +53,9 @@ pub use fused::{
 pub use solver_flags::{solver_flags, SolverFlagPass};
 
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
+use crate::exec::movement::window::RowWindow;
 use crate::exec::movement::{CallSync, DataMovement};
 use crate::pixels::{PixelData, PixelDistribution};
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::abi::{self, Kernel};
@@ -299,17 +299,16 @@ fn launch<A: KernelArgs>(
     // The rows of each detdata argument a streamed scope's device buffer
     // holds (see `movement::window`): the copies below move those rows,
     // and a device step's call sees them as the whole field (`rows`).
-    let windows: Vec<Option<Range<usize>>> = specs
+    let windows: Vec<Option<RowWindow>> = specs
         .iter()
         .map(|s| match (&s.source, s.key(&observation)) {
             (Source::DetData(_), Some(k)) => DataMovement::for_call(ctx).window(&k),
             _ => None,
         })
-        .map(|w| w.map(|w| w.bytes()))
         .collect();
-    let seen: Vec<Option<Range<usize>>> = windows
+    let seen: Vec<Option<RowWindow>> = windows
         .iter()
-        .map(|w| w.clone().filter(|_| ctx.use_accel))
+        .map(|w| w.filter(|_| ctx.use_accel))
         .collect();
     let movement = DataMovement::for_call(ctx);
     let staged = movement.staged_on(&backend);
@@ -452,30 +451,40 @@ fn launch<A: KernelArgs>(
     Ok(())
 }
 
-/// The bytes of `b` in `window` (all of them without one); a window past
-/// the field's end (a field remade since it was staged) is an error.
-fn within<'b>(b: &'b [u8], window: &Option<Range<usize>>) -> Result<&'b [u8], OpError> {
+/// The bytes of `b` in `window` (all of them without one); a window of a
+/// field remade since it was staged is an error.
+fn within<'b>(b: &'b [u8], window: &Option<RowWindow>) -> Result<&'b [u8], OpError> {
     match window {
-        Some(r) => b.get(r.clone()).ok_or_else(|| stale_window(r, b.len())),
+        Some(w) => {
+            let r = w
+                .range_in(b.len())
+                .ok_or_else(|| stale_window(w, b.len()))?;
+            Ok(&b[r])
+        }
         None => Ok(b),
     }
 }
 
 /// [`within`], mutably.
-fn within_mut<'b>(b: &'b mut [u8], window: &Option<Range<usize>>) -> Result<&'b mut [u8], OpError> {
-    let n = b.len();
+fn within_mut<'b>(b: &'b mut [u8], window: &Option<RowWindow>) -> Result<&'b mut [u8], OpError> {
     match window {
-        Some(r) => b.get_mut(r.clone()).ok_or_else(|| stale_window(r, n)),
+        Some(w) => {
+            let r = w
+                .range_in(b.len())
+                .ok_or_else(|| stale_window(w, b.len()))?;
+            Ok(&mut b[r])
+        }
         None => Ok(b),
     }
 }
 
-fn stale_window(r: &Range<usize>, n: usize) -> OpError {
+fn stale_window(w: &RowWindow, n: usize) -> OpError {
     OpError::InvalidData {
         what: format!(
-            "a device window of bytes {}..{} of a field of {n} bytes: the field was remade \
+            "a device window of rows {}..{} of a field of {n} bytes: the field was remade \
              since its window was staged",
-            r.start, r.end
+            w.first,
+            w.first + w.rows
         ),
     }
 }
@@ -1353,7 +1362,7 @@ pub fn copy_detdata(
             (None, None) => src.as_bytes().len() / 8,
             (Some(a), Some(b)) if (a.first, a.rows) == (b.first, b.rows) => a.bytes().len() / 8,
             (a, b) => {
-                let rows = |w: Option<crate::exec::movement::window::RowWindow>| match w {
+                let rows = |w: Option<RowWindow>| match w {
                     Some(w) => format!("rows {}..{}", w.first, w.first + w.rows),
                     None => "every row".to_string(),
                 };

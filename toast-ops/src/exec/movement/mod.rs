@@ -524,7 +524,7 @@ fn window_range(
 ) -> Result<std::ops::Range<usize>, OpError> {
     match window {
         None => Ok(0..len),
-        Some(w) if w.bytes().end <= len && w.field_rows * w.row_bytes == len => Ok(w.bytes()),
+        Some(w) if w.range_in(len).is_some() => Ok(w.bytes()),
         Some(w) => Err(OpError::InvalidData {
             what: format!(
                 "the device rows {}..{} of {key} no longer match its host field ({len} bytes): \
@@ -643,8 +643,16 @@ pub fn stage_step(
     };
     let plan = s.stager.stage(s.steps, spec);
     s.steps += 1;
-    if s.streamed && spec.accel {
-        move_windows(data, s, spec, detectors.as_deref(), &plan)?;
+    // Streamed, a device step's buffers hold its pass's rows; after a
+    // streamed part of the scope (a streamed map-maker in a caller's scope
+    // that is not), whole fields again.
+    if spec.accel && (s.streamed || !s.windows.is_empty()) {
+        let rows = if s.streamed {
+            detectors.as_deref()
+        } else {
+            None
+        };
+        move_windows(data, s, spec, rows, &plan)?;
     }
     resize_replaced(data, &mut s.buffers, &s.windows, spec)?;
     apply_before(data, &mut s.buffers, &s.windows, &plan)?;
@@ -763,7 +771,11 @@ fn move_windows(
             continue;
         }
         if present {
-            let same_field = held.field_rows == want.field_rows;
+            // The rows the device holds belong to this host field (not to a
+            // field remade since with another size: dead rows).
+            let bytes = s.buffers.handle(&key)?.bytes;
+            let same_field =
+                held.field_rows == want.field_rows && bytes == held.bytes().len() as u64;
             if same_field && s.buffers.state(&key) == BufferState::DeviceNewer {
                 let dst = host_bytes_mut(data, &s.windows, &key)?;
                 s.buffers.update_host(&key, dst)?;

@@ -46,8 +46,9 @@ impl RowWindow {
 
     /// The window of `ob`'s detdata field `field` that holds the rows of
     /// `detectors` (every row with `None`; the rows from the first to the
-    /// last of them, so a set that is not contiguous still fits), or `None`
-    /// when the field holds none of them.
+    /// last of them, so a set that is not contiguous still fits; no row
+    /// when the field holds none of them, as on a process that holds none
+    /// of a pass's detectors), or `None` for a field of no rows.
     pub fn of_detectors(
         ob: &Observation,
         field: &str,
@@ -64,7 +65,12 @@ impl RowWindow {
             Some(dets) => {
                 let mut rows = dets.iter().filter_map(|d| f.row_index(d));
                 let Some(r) = rows.next() else {
-                    return Ok(None);
+                    return Ok(Some(RowWindow {
+                        first: 0,
+                        rows: 0,
+                        row_bytes,
+                        field_rows: n,
+                    }));
                 };
                 rows.fold((r, r), |(lo, hi), r| (lo.min(r), hi.max(r)))
             }
@@ -75,6 +81,13 @@ impl RowWindow {
             row_bytes,
             field_rows: n,
         }))
+    }
+
+    /// The window's bytes in a host field of `len` bytes, or `None` when
+    /// the field is no longer the one the window was cut from (remade with
+    /// another size since).
+    pub fn range_in(&self, len: usize) -> Option<Range<usize>> {
+        (self.field_rows * self.row_bytes == len && self.bytes().end <= len).then(|| self.bytes())
     }
 
     /// The window of every row of a field of `n_rows` rows of `row_bytes`.
