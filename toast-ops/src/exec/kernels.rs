@@ -53,7 +53,7 @@ pub use fused::{
 pub use solver_flags::{solver_flags, SolverFlagPass};
 
 use crate::exec::global_data::{global_bytes, global_bytes_mut};
-use crate::exec::movement::window::RowWindow;
+use crate::exec::movement::window::{host_range, RowWindow};
 use crate::exec::movement::{CallSync, DataMovement};
 use crate::pixels::{PixelData, PixelDistribution};
 use std::sync::Arc;
@@ -327,11 +327,13 @@ fn launch<A: KernelArgs>(
             CallSync::None => {}
             CallSync::Upload => {
                 let b = target.bytes(&s.source)?;
-                movement.upload_for_call(kernel, &key, within(b, w)?)?;
+                let r = host_range(w.as_ref(), b.len(), &key)?;
+                movement.upload_for_call(kernel, &key, &b[r])?;
             }
             CallSync::Download => {
                 let b = target.bytes_mut(&mut s.source)?;
-                movement.download_for_call(kernel, &key, within_mut(b, w)?)?;
+                let r = host_range(w.as_ref(), b.len(), &key)?;
+                movement.download_for_call(kernel, &key, &mut b[r])?;
             }
         }
     }
@@ -341,11 +343,18 @@ fn launch<A: KernelArgs>(
     // else can move or reallocate them before the kernel returns.
     let mut host: Vec<(*mut u8, usize)> = Vec::with_capacity(specs.len());
     for (s, w) in specs.iter_mut().zip(&seen) {
+        // Named only when windowed (the one case that can fail).
+        let what = w.and_then(|_| s.key(&observation));
+        let what = what.map(|k| k.to_string()).unwrap_or_default();
         if s.output {
-            let b = within_mut(target.bytes_mut(&mut s.source)?, w)?;
+            let b = target.bytes_mut(&mut s.source)?;
+            let r = host_range(w.as_ref(), b.len(), &what)?;
+            let b = &mut b[r];
             host.push((b.as_mut_ptr(), b.len()));
         } else {
-            let b = within(target.bytes(&s.source)?, w)?;
+            let b = target.bytes(&s.source)?;
+            let r = host_range(w.as_ref(), b.len(), &what)?;
+            let b = &b[r];
             host.push((b.as_ptr() as *mut u8, b.len()));
         }
     }
@@ -449,44 +458,6 @@ fn launch<A: KernelArgs>(
         .collect();
     movement.after_call(&outputs, staged)?;
     Ok(())
-}
-
-/// The bytes of `b` in `window` (all of them without one); a window of a
-/// field remade since it was staged is an error.
-fn within<'b>(b: &'b [u8], window: &Option<RowWindow>) -> Result<&'b [u8], OpError> {
-    match window {
-        Some(w) => {
-            let r = w
-                .range_in(b.len())
-                .ok_or_else(|| stale_window(w, b.len()))?;
-            Ok(&b[r])
-        }
-        None => Ok(b),
-    }
-}
-
-/// [`within`], mutably.
-fn within_mut<'b>(b: &'b mut [u8], window: &Option<RowWindow>) -> Result<&'b mut [u8], OpError> {
-    match window {
-        Some(w) => {
-            let r = w
-                .range_in(b.len())
-                .ok_or_else(|| stale_window(w, b.len()))?;
-            Ok(&mut b[r])
-        }
-        None => Ok(b),
-    }
-}
-
-fn stale_window(w: &RowWindow, n: usize) -> OpError {
-    OpError::InvalidData {
-        what: format!(
-            "a device window of rows {}..{} of a field of {n} bytes: the field was remade \
-             since its window was staged",
-            w.first,
-            w.first + w.rows
-        ),
-    }
 }
 
 /// What every per-detector kernel call needs: the calling operator, the

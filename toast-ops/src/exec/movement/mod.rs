@@ -481,7 +481,8 @@ fn host_bytes<'a>(data: &'a Data, windows: &Windows, key: &BufferKey) -> Result<
         }
         c => data.get(&key.observation)?.field_bytes(c, &key.field)?,
     };
-    windowed(all, windows.get(key), key)
+    let range = window::host_range(windows.get(key), all.len(), key)?;
+    Ok(&all[range])
 }
 
 fn host_bytes_mut<'a>(
@@ -500,41 +501,12 @@ fn host_bytes_mut<'a>(
             .get_mut(&key.observation)?
             .field_bytes_mut(c, &key.field)?,
     };
-    let range = window_range(all.len(), windows.get(key), key)?;
+    let range = window::host_range(windows.get(key), all.len(), key)?;
     Ok(&mut all[range])
 }
 
 /// The windows of a scope's detdata buffers.
 type Windows = BTreeMap<BufferKey, RowWindow>;
-
-/// The bytes of `all` that `window` holds (all of them without one).
-fn windowed<'a>(
-    all: &'a [u8],
-    window: Option<&RowWindow>,
-    key: &BufferKey,
-) -> Result<&'a [u8], OpError> {
-    let range = window_range(all.len(), window, key)?;
-    Ok(&all[range])
-}
-
-fn window_range(
-    len: usize,
-    window: Option<&RowWindow>,
-    key: &BufferKey,
-) -> Result<std::ops::Range<usize>, OpError> {
-    match window {
-        None => Ok(0..len),
-        Some(w) if w.range_in(len).is_some() => Ok(w.bytes()),
-        Some(w) => Err(OpError::InvalidData {
-            what: format!(
-                "the device rows {}..{} of {key} no longer match its host field ({len} bytes): \
-                 the field was remade while its window was staged",
-                w.first,
-                w.first + w.rows
-            ),
-        }),
-    }
-}
 
 fn download(
     data: &mut Data,

@@ -101,6 +101,27 @@ impl RowWindow {
     }
 }
 
+/// The bytes of a host field of `len` bytes that a device buffer mirrors:
+/// `window`'s, or all of them without one. A window of a field remade
+/// since it was cut (another size) is an error naming `what`.
+pub fn host_range(
+    window: Option<&RowWindow>,
+    len: usize,
+    what: &dyn std::fmt::Display,
+) -> Result<Range<usize>, OpError> {
+    match window {
+        None => Ok(0..len),
+        Some(w) => w.range_in(len).ok_or_else(|| OpError::InvalidData {
+            what: format!(
+                "the device rows {}..{} of {what} no longer match its host field ({len} bytes): \
+                 the field was remade while its window was staged",
+                w.first,
+                w.first + w.rows
+            ),
+        }),
+    }
+}
+
 /// The row of `absolute` counted from the window's first, or an error
 /// naming the field when the window does not hold it.
 pub fn row_in(
