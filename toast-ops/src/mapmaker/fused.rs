@@ -530,35 +530,72 @@ fn accumulate_observations<'a>(
     let flags_key = a.template.map(OffsetTemplate::flags_key);
     let Data { obs, meta } = data;
     for (i, ob) in obs.iter_mut().enumerate() {
-        let dets: Vec<String> = select_detectors(ctx, ob, a.flags.det_mask)
-            .into_iter()
-            .filter(|d| set.is_none_or(|s| s.contains(d)))
-            .collect();
-        if dets.is_empty() {
+        let selection = (a.flags.det_mask, set);
+        let pass = (a.noise_model, a.view, a.template);
+        let Some(c) = ObservationCall::of(ctx, ob, i, selection, pass)? else {
             continue;
-        }
-        let scales = detector_weights(ob, a.noise_model, &dets)?;
-        let finite = finite(ob, &dets);
-        let intervals = view_intervals(ob, a.view)?;
-        let layout = OffsetPlan::of(a.template, ob, i, &dets)?;
-        let pointing = pointing(ob)?;
-        let call = KernelCall {
-            operator: a.operator,
-            detectors: &dets,
-            intervals: &intervals,
         };
+        let finite = finite(ob, &c.dets);
+        let pointing = pointing(ob)?;
         kernels::fused_accumulate(
             ctx,
-            call,
+            c.call(a.operator),
             ob,
             meta,
-            (&pointing, a.input, layout.offsets(flags_key.as_deref())),
+            (&pointing, a.input, c.layout.offsets(flags_key.as_deref())),
             (a.flags.det(), a.flags.shared()),
-            (&scales, &finite),
+            (&c.scales, &finite),
             a.map,
         )?;
     }
     Ok(())
+}
+
+/// What a fused call of one observation needs besides its pointing and
+/// values: the selected detectors, their noise weights, the view's
+/// intervals and the offset layout.
+struct ObservationCall {
+    dets: Vec<String>,
+    scales: Vec<f64>,
+    intervals: Vec<SampleRange>,
+    layout: Option<OffsetPlan>,
+}
+
+impl ObservationCall {
+    /// The call of observation `i`, `ob`, for the detectors `ctx` selects
+    /// minus those `det_mask` cuts (of `set` too, when given), with the
+    /// weights of `noise_model`, `view`'s intervals and `template`'s
+    /// layout; `None` when no detector is left.
+    fn of(
+        ctx: &ExecContext,
+        ob: &Observation,
+        i: usize,
+        (det_mask, set): (u8, Option<&[String]>),
+        (noise_model, view, template): (&str, Option<&str>, Option<&OffsetTemplate>),
+    ) -> Result<Option<Self>, OpError> {
+        let dets: Vec<String> = select_detectors(ctx, ob, det_mask)
+            .into_iter()
+            .filter(|d| set.is_none_or(|s| s.contains(d)))
+            .collect();
+        if dets.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ObservationCall {
+            scales: detector_weights(ob, noise_model, &dets)?,
+            intervals: view_intervals(ob, view)?,
+            layout: OffsetPlan::of(template, ob, i, &dets)?,
+            dets,
+        }))
+    }
+
+    /// The kernel call of `operator`.
+    fn call<'c>(&'c self, operator: &'c str) -> KernelCall<'c> {
+        KernelCall {
+            operator,
+            detectors: &self.dets,
+            intervals: &self.intervals,
+        }
+    }
 }
 
 /// What one fused projection pass reads and writes.
@@ -595,30 +632,22 @@ fn project_observations<'a>(
     let flags_key = p.template.flags_key();
     let Data { obs, meta } = data;
     for (i, ob) in obs.iter_mut().enumerate() {
-        let dets = select_detectors(ctx, ob, p.det_mask);
-        if dets.is_empty() {
+        let pass = (p.noise_model, p.view, Some(p.template));
+        let Some(c) = ObservationCall::of(ctx, ob, i, (p.det_mask, None), pass)? else {
             continue;
-        }
-        let scales = detector_weights(ob, p.noise_model, &dets)?;
-        let intervals = view_intervals(ob, p.view)?;
-        let layout = OffsetPlan::of(Some(p.template), ob, i, &dets)?;
-        let Some(offsets) = layout.offsets(Some(&flags_key)) else {
+        };
+        let Some(offsets) = c.layout.offsets(Some(&flags_key)) else {
             continue;
         };
         let pointing = pointing(ob)?;
-        let call = KernelCall {
-            operator: p.operator,
-            detectors: &dets,
-            intervals: &intervals,
-        };
         kernels::fused_project(
             ctx,
-            call,
+            c.call(p.operator),
             ob,
             meta,
             (&pointing, p.input, offsets),
             Some((p.solve_flags, u8::MAX)),
-            &scales,
+            &c.scales,
             p.map,
             p.output,
         )?;
