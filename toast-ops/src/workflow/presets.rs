@@ -613,25 +613,30 @@ mod tests {
         );
     }
 
+    /// The device model of one process running `tiny` on `grid`.
+    fn tiny_device_model(grid: DeviceGrid, work_timestream: bool) -> DeviceMemory {
+        let s = preset("tiny").unwrap();
+        DeviceMemory::of(
+            s.samples() as f64,
+            (s.n_obs * s.samples_per_obs) as f64,
+            s.n_obs,
+            grid,
+            work_timestream,
+        )
+    }
+
     #[test]
     fn device_estimate_is_above_the_measured_device_peak_and_close() {
         // tiny on --backend opencl (device-kept-fused):
         // device_peak_staged_bytes.
         let measured = 394_856_180.0;
         let s = preset("tiny").unwrap();
-        let model = |work_timestream| {
-            DeviceMemory::of(
-                s.samples() as f64,
-                (s.n_obs * s.samples_per_obs) as f64,
-                s.n_obs,
-                DeviceGrid {
-                    nside: 1024,
-                    nside_submap: 16,
-                    nnz: 3,
-                },
-                work_timestream,
-            )
+        let toast_grid = DeviceGrid {
+            nside: 1024,
+            nside_submap: 16,
+            nnz: 3,
         };
+        let model = |work_timestream| tiny_device_model(toast_grid, work_timestream);
         let p = model(false).peak(DevicePointing::Kept);
         assert!(
             p >= measured && p <= 1.3 * measured,
@@ -705,17 +710,7 @@ mod tests {
         // tiny on --backend opencl (device-kept-fused) on the device grid:
         // 263 797 748 bytes (946 080 local pixels), against 394 856 180 on
         // TOAST's; the model stays above the measured peak.
-        let s = preset("tiny").unwrap();
-        let model = |g| {
-            DeviceMemory::of(
-                s.samples() as f64,
-                (s.n_obs * s.samples_per_obs) as f64,
-                s.n_obs,
-                g,
-                false,
-            )
-            .peak(DevicePointing::Kept)
-        };
+        let model = |g| tiny_device_model(g, false).peak(DevicePointing::Kept);
         let (fine, coarse) = (model(grid(2)), model(grid(16)));
         assert!(fine >= 263_797_748.0 && fine < coarse, "{fine} {coarse}");
         // The grid's tables: 9 bytes a submap.
