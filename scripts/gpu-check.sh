@@ -29,6 +29,16 @@
 # TOAST_EMU_THREADS=2; tiny with 4 detectors; `bench kernels --tiny`;
 # xsmall, memcheck and the 1000-detector bench skipped (the report says so).
 #
+# With --scale, steps 2-8 are replaced by the end-to-end sizes of issue #24's
+# acceptance, on the first GPU backend against the CPU (all cores), each
+# with its wall time, device peak and host peak: xsmall (GPU at least 5x the
+# CPU), small within a 16 GiB device budget (10x), and medium on the GPU
+# alone (under two minutes on one 80 GB GPU; the CPU would take far
+# longer). A CPU run cut at its limit gives a lower bound of the ratio.
+# Give it the time: GPU_CHECK_BUDGET=540. With --emulated too, the same
+# steps run on tiny shapes (4, 8 and 2 detectors, the middle one in a
+# 0.1 GiB budget), which checks the steps, not the speed.
+#
 # It needs only the release binaries, the plugins and the reference cases:
 # no cargo, no Python, no network. It finds them in one of two layouts:
 #   * a bundle (scripts/gpu-bundle.sh DIR, the folder copied to a GPU
@@ -52,10 +62,12 @@ set -uo pipefail
 
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 emulated=0
+scale=0
 outdir=
 while [ $# -gt 0 ]; do
   case "$1" in
     --emulated) emulated=1 ;;
+    --scale) scale=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
@@ -317,6 +329,66 @@ if [ -z "$gpus" ]; then
   exit 3
 fi
 gpu=${gpus%% *} # the one the runs and benchmarks use
+
+# --scale: #24's sizes instead of steps 2-8.
+wall_of() { sed -n 's/^wall time: *\([0-9.]*\) s.*/\1/p' "$1" | head -n 1; }
+device_peak_of() { sed -n 's/^device peak: *\([^(]*\) staged.*/\1/p' "$1" | head -n 1; }
+host_peak_of() { sed -n 's/^peak memory: *\([0-9.]* GiB\).*/\1/p' "$1" | head -n 1; }
+plan_of() { sed -n 's/.*map-maker plan \([^;]*\);.*/\1/p' "$1" | head -n 1; }
+# scale_case LABEL CPU_SECS GPU_SECS WANT -- RUN-ARGS...: the case on the CPU
+# (skipped with CPU_SECS 0) and on $gpu, and a row of the scale table: the
+# wall times, their ratio, the peaks and what #24 asks for (WANT).
+scale_case() {
+  local label=$1 cpu_secs=$2 gpu_secs=$3 want=$4
+  shift 5
+  local cpu_log="$logs/scale_${label}_cpu.txt" gpu_log="$logs/scale_${label}_$gpu.txt"
+  local cpu_wall=- ratio=-
+  if [ "$cpu_secs" != 0 ]; then
+    local s e
+    s=$(date +%s.%N)
+    step "scale $label cpu ($threads threads)" "$cpu_secs" "$cpu_log" run_summary -- \
+      "$cli" run --backend cpu --threads "$threads" --no-plot --quiet --out-dir "$work/scale_cpu" "$@"
+    case $? in
+      0) cpu_wall="$(wall_of "$cpu_log") s" ;;
+      124 | 137) e=$(date +%s.%N); cpu_wall="> $(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.0f", e - s }') s (cut)" ;;
+    esac
+    rm -rf "$work/scale_cpu"
+  fi
+  step "scale $label $gpu" "$gpu_secs" "$gpu_log" run_summary -- \
+    "$cli" run --backend "$gpu" --threads "$threads" --no-plot --quiet --out-dir "$work/scale_gpu" "$@"
+  local gpu_wall
+  gpu_wall="$(wall_of "$gpu_log")"
+  rm -rf "$work/scale_gpu"
+  if [ -n "$gpu_wall" ] && [ "$cpu_wall" != - ]; then
+    ratio="$(awk -v c="${cpu_wall#> }" -v g="$gpu_wall" 'BEGIN { c += 0; if (g > 0) printf "%.1fx", c / g }')"
+    case "$cpu_wall" in ">"*) ratio="> $ratio" ;; esac
+  fi
+  echo "| $label | $* | $(plan_of "$gpu_log") | $cpu_wall | ${gpu_wall:+$gpu_wall s} | $ratio | $(device_peak_of "$gpu_log") | $(host_peak_of "$gpu_log") | $want |" >>"$work/scale.rows"
+  {
+    echo "## Scale (issue #24): $gpu vs cpu ($threads threads)"
+    echo
+    [ "$emulated" = 1 ] && echo "Emulated: tiny shapes on the host CPU; the numbers check the steps, not the speed." && echo
+    echo "| case | arguments | $gpu plan | cpu wall | $gpu wall | cpu/$gpu | device peak | host peak ($gpu run) | asked |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    cat "$work/scale.rows"
+  } >"$work/section.1.scale.md"
+}
+if [ "$scale" = 1 ]; then
+  : >"$work/scale.rows"
+  if [ "$emulated" = 1 ]; then
+    scale_case xsmall 120 120 "5x" -- --case tiny --n-det 4 --set pixels.nside=128
+    scale_case small 120 240 "10x, in 16 GiB" -- --case tiny --n-det 8 --set pixels.nside=128 --backend-options "$gpu:memory=0.1"
+    scale_case medium 0 120 "under 120 s" -- --case tiny --n-det 2 --set pixels.nside=128
+  else
+    scale_case xsmall 120 90 "5x" -- --case xsmall
+    scale_case small 150 120 "10x, in 16 GiB" -- --case small --backend-options "$gpu:memory=16"
+    scale_case medium 0 200 "under 120 s" -- --case medium
+  fi
+  if [ "$failed" = 0 ]; then report_status="complete (--scale): every step that ran passed"; else report_status="complete (--scale): some steps FAILED"; fi
+  write_report
+  echo "gpu-check.sh: $report_status; report: $outdir/gpu-check.md" >&2
+  exit "$failed"
+fi
 
 # 2. verify on each GPU backend
 for b in $gpus; do

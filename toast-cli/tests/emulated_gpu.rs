@@ -15,7 +15,9 @@ use std::time::Duration;
 use toast_testkit::emulated::{ld_library_path, library_dir, REQUIRE};
 use toast_testkit::maps::compare_maps;
 use toast_testkit::plugins::skip_unless_required;
-use toast_testkit::process::{run_with_deadline, scratch, text};
+use toast_testkit::process::{
+    run_sampling_memory, run_with_deadline, scratch, text, SampledMemory,
+};
 
 const SETTINGS: &[&str] = &["--quiet", "--no-plot", "--set", "pixels.nside=128"];
 
@@ -24,14 +26,19 @@ fn toast_cli(args: &[&str], lib_dir: Option<&Path>) -> (bool, String) {
 }
 
 fn toast_cli_env(args: &[&str], lib_dir: Option<&Path>, env: &[(&str, &str)]) -> (bool, String) {
+    let c = toast_cli_command(args, lib_dir, env);
+    let o = run_with_deadline(c, Duration::from_secs(600), &format!("toast-cli {args:?}"));
+    (o.status.success(), text(&o))
+}
+
+fn toast_cli_command(args: &[&str], lib_dir: Option<&Path>, env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
     c.args(args);
     c.envs(env.iter().copied());
     if let Some(d) = lib_dir {
         c.env("LD_LIBRARY_PATH", ld_library_path(d));
     }
-    let o = run_with_deadline(c, Duration::from_secs(600), &format!("toast-cli {args:?}"));
-    (o.status.success(), text(&o))
+    c
 }
 
 /// The reference: the same run on the CPU, once per test binary.
@@ -89,11 +96,47 @@ fn run_gives_the_cpu_maps(backend: &str) {
     args.extend_from_slice(SETTINGS);
     // The data movement's debug log: each device scope's per-buffer table.
     let movement_log = [("RUST_LOG", "toast_ops::exec::movement=debug")];
-    let (ok, log) = toast_cli_env(&args, Some(&dir), &movement_log);
-    assert!(ok, "{backend} run: {log}");
+    let c = toast_cli_command(&args, Some(&dir), &movement_log);
+    let (o, host) = run_sampling_memory(c, Duration::from_secs(600), &format!("{backend} run"));
+    let log = text(&o);
+    assert!(o.status.success(), "{backend} run: {log}");
     one_device_scope_keeps_the_timestreams(backend, &log);
     maps_are_the_cpus(backend, &out, cpu);
     kernels_ran_on(backend, &out);
+    host_memory_below_the_cpu_run(backend, host, &out, cpu);
+}
+
+/// The host memory of the device run in `out` (its resident memory outside
+/// the emulated device's shared mappings, sampled while it ran: `host`) is
+/// below the peak of the CPU run in `cpu` (`peak_memory_bytes`, VmHWM),
+/// and within 10% of what the run predicted for its host
+/// (`predicted_memory_bytes`: on a device plan the host holds no detector
+/// sample, `presets::HostRole::BesideDevice`).
+fn host_memory_below_the_cpu_run(backend: &str, host: SampledMemory, out: &Path, cpu: &Path) {
+    let stats = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap()
+    };
+    let cpu_peak = stats(cpu)["peak_memory_bytes"].as_f64().unwrap();
+    let predicted = stats(out)["predicted_memory_bytes"].as_f64().unwrap();
+    let measured = host.outside_shmem as f64;
+    println!(
+        "{backend}: host memory {measured} bytes (sampled {} times; with the emulated device's {} \
+         bytes), predicted {predicted}; the CPU run's peak {cpu_peak}",
+        host.samples, host.rss
+    );
+    if host.samples == 0 {
+        return; // not Linux: nothing to read
+    }
+    assert!(
+        measured < cpu_peak,
+        "{backend}: the device run's host memory {measured} bytes is not below the CPU run's \
+         {cpu_peak}"
+    );
+    assert!(
+        measured <= 1.1 * predicted,
+        "{backend}: the device run's host memory {measured} bytes exceeds its prediction \
+         {predicted} by more than 10%"
+    );
 }
 
 /// The hits of the run in `out` equal those in `cpu`, its maps to float32

@@ -9,9 +9,15 @@
 //! [`total_memory`] bytes (16 GiB, or `TOAST_EMU_MEMORY`); an allocation
 //! beyond what is left is out of memory. New allocations are filled with [`FILL`], so a plugin that reads
 //! memory it never wrote gets garbage, as on a device, not zeros.
+//!
+//! Each allocation is its own shared anonymous mapping (`mmap` with
+//! `MAP_SHARED | MAP_ANONYMOUS`; page-aligned, so more than [`ALIGN`]),
+//! not a heap block: the kernel counts its pages as shared memory
+//! (`RssShmem` in `/proc/PID/status`), apart from the process's own
+//! (`RssAnon`), so a test can tell the host memory of a device run from
+//! the emulated device's, which on a real GPU is not host memory at all.
 
 use crate::EmuError;
-use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -36,7 +42,8 @@ pub const FILL: u8 = 0xA5;
 
 #[derive(Debug)]
 struct Block {
-    layout: Layout,
+    /// Bytes mapped.
+    size: usize,
 }
 
 #[derive(Debug, Default)]
@@ -65,7 +72,7 @@ impl Table {
                 "{what}: {addr:#x} is not device memory"
             )));
         };
-        let size = b.layout.size() as u64;
+        let size = b.size as u64;
         if addr >= start + size {
             return Err(EmuError::InvalidPointer(format!(
                 "{what}: {addr:#x} is not inside a live allocation"
@@ -90,21 +97,37 @@ pub fn alloc(bytes: u64) -> Result<u64, EmuError> {
             total.saturating_sub(t.used)
         )));
     }
-    let layout = usize::try_from(bytes)
+    let size = usize::try_from(bytes)
         .ok()
-        .and_then(|b| Layout::from_size_align(b.max(1), ALIGN).ok())
-        .ok_or_else(|| EmuError::OutOfMemory(format!("{bytes} bytes requested")))?;
-    // SAFETY: the layout has a non-zero size.
-    let p = unsafe { std::alloc::alloc(layout) };
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| EmuError::OutOfMemory(format!("{bytes} bytes requested")))?
+        .max(1);
+    // SAFETY: a new anonymous mapping at an address the kernel chooses
+    // (no existing memory is affected); `size` > 0.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    let p = if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p.cast::<u8>()
+    };
     if p.is_null() {
         return Err(EmuError::OutOfMemory(format!(
             "the host could not allocate {bytes} bytes"
         )));
     }
-    // SAFETY: `p` was just allocated with `layout.size()` bytes.
-    unsafe { std::ptr::write_bytes(p, FILL, layout.size()) };
-    t.used += layout.size() as u64;
-    t.blocks.insert(p as u64, Block { layout });
+    // SAFETY: `p` was just mapped with `size` writable bytes.
+    unsafe { std::ptr::write_bytes(p, FILL, size) };
+    t.used += size as u64;
+    t.blocks.insert(p as u64, Block { size });
     Ok(p as u64)
 }
 
@@ -116,10 +139,10 @@ pub fn free(addr: u64) -> Result<(), EmuError> {
             "free of {addr:#x}, which is not the start of a live allocation"
         ))
     })?;
-    t.used -= b.layout.size() as u64;
-    // SAFETY: `addr` was returned by `alloc` with this layout and is removed
-    // from the table, so it is released once.
-    unsafe { std::alloc::dealloc(addr as *mut u8, b.layout) };
+    t.used -= b.size as u64;
+    // SAFETY: `addr` is the start of a mapping of `b.size` bytes made by
+    // `alloc` and is removed from the table, so it is unmapped once.
+    unsafe { libc::munmap(addr as *mut libc::c_void, b.size) };
     Ok(())
 }
 

@@ -96,7 +96,78 @@ pub fn run_with_deadline(cmd: Command, limit: Duration, what: &str) -> Output {
 }
 
 /// [`run_with_deadline`] with standard output going to `stdout`.
-pub fn run_to(mut cmd: Command, stdout: &StdoutTo, limit: Duration, what: &str) -> Output {
+pub fn run_to(cmd: Command, stdout: &StdoutTo, limit: Duration, what: &str) -> Output {
+    run_polling(
+        cmd,
+        stdout,
+        limit,
+        what,
+        Duration::from_millis(20),
+        &mut |_| {},
+    )
+}
+
+/// The peaks of a process's resident memory, sampled from
+/// `/proc/PID/status` while it runs ([`run_sampling_memory`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SampledMemory {
+    /// The largest `VmRSS` seen, in bytes.
+    pub rss: u64,
+    /// The largest `RssAnon + RssFile` seen, in bytes: the resident memory
+    /// outside shared memory, which leaves out the emulated device's
+    /// (`toast_gpu_emu::heap` maps it shared).
+    pub outside_shmem: u64,
+    /// Samples read.
+    pub samples: u64,
+}
+
+impl SampledMemory {
+    fn sample(&mut self, pid: u32) {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return;
+        };
+        let kb = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        };
+        let (Some(rss), Some(anon), Some(file)) = (kb("VmRSS:"), kb("RssAnon:"), kb("RssFile:"))
+        else {
+            return; // exited between the poll and the read
+        };
+        self.rss = self.rss.max(rss * 1024);
+        self.outside_shmem = self.outside_shmem.max((anon + file) * 1024);
+        self.samples += 1;
+    }
+}
+
+/// [`run_with_deadline`], reading the process's resident memory every 5
+/// ms while it runs (Linux only: no samples elsewhere). A peak held for
+/// less than that may be missed: the sampled peaks are lower bounds.
+pub fn run_sampling_memory(cmd: Command, limit: Duration, what: &str) -> (Output, SampledMemory) {
+    let mut peaks = SampledMemory::default();
+    let out = run_polling(
+        cmd,
+        &StdoutTo::Captured,
+        limit,
+        what,
+        Duration::from_millis(5),
+        &mut |pid| peaks.sample(pid),
+    );
+    (out, peaks)
+}
+
+/// Run `cmd`, calling `on_poll` with its process id every `poll` while it
+/// runs (see [`run_with_deadline`]).
+fn run_polling(
+    mut cmd: Command,
+    stdout: &StdoutTo,
+    limit: Duration,
+    what: &str,
+    poll: Duration,
+    on_poll: &mut dyn FnMut(u32),
+) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(stdout.stdio())
@@ -107,6 +178,7 @@ pub fn run_to(mut cmd: Command, stdout: &StdoutTo, limit: Duration, what: &str) 
     let stderr = drain(child.stderr.take());
     let start = Instant::now();
     let status = loop {
+        on_poll(child.id());
         if let Some(status) = child.try_wait().expect("wait for the child") {
             break status;
         }
@@ -119,7 +191,7 @@ pub fn run_to(mut cmd: Command, stdout: &StdoutTo, limit: Duration, what: &str) 
             let _ = child.wait();
             panic!("{what}: hung (still running after {limit:?}; killed)");
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(poll);
     };
     Output {
         status,
@@ -174,6 +246,22 @@ mod tests {
         let msg = hang.expect_err("a hang must fail");
         let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(msg.contains("sleep: hung"), "{msg}");
+    }
+
+    #[test]
+    fn sampled_memory_sees_a_process_s_own_pages() {
+        // A shell holding a 40 MB string for a moment.
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "x=$(head -c 40000000 /dev/zero | tr '\\0' a); sleep 0.5; echo ${#x}",
+        ]);
+        let (o, peaks) = run_sampling_memory(c, Duration::from_secs(30), "sh");
+        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(text(&o).trim(), "40000000");
+        assert!(peaks.samples > 0, "{peaks:?}");
+        assert!(peaks.outside_shmem >= 40_000_000, "{peaks:?}");
+        assert!(peaks.rss >= peaks.outside_shmem, "{peaks:?}");
     }
 
     #[test]

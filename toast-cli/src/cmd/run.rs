@@ -391,14 +391,14 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         }
     }
     let execution = job.execution_plan(&registry);
-    let predicted = job.predicted_memory();
+    let predicted = job.predicted_memory(&execution);
     // A device plan: its predicted device peak against its backend's budget.
     let device = match job.predicted_device_memory(&plan, &sim, &execution) {
         Some(p) => job.device_budget(&registry)?.map(|(name, b)| (p, name, b)),
         None => None,
     };
     if args.dry_run.is_none() && !args.ignore_memory_check {
-        job.check_memory_on(&*comm, &plan, &sim, ppn)?;
+        job.check_memory_on(&*comm, &plan, &sim, &execution, ppn)?;
         if let Some((p, name, budget)) = &device {
             job.check_device_memory(*p, name, *budget, &execution)?;
         }
@@ -432,7 +432,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     }
     if args.dry_run.is_some() {
         if root {
-            print_plan(&plan, &sim, s, job.nside(), ppn, job.pointing())?;
+            print_plan(&plan, &sim, s, job.nside(), ppn, job.host_role(&execution))?;
             crate::outln!("map-maker plan: {execution}")?;
             for why in grid.iter().chain(&fitted) {
                 crate::outln!("  because {why}")?;
@@ -441,7 +441,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
                 crate::outln!("  because {why}")?;
             }
             if let Some(a) = presets::memory_bound() {
-                let fits = job.check_memory(&a, job.predicted_process_memory(&plan, &sim), ppn);
+                let per_process = job.predicted_process_memory(&plan, &sim, &execution);
+                let fits = job.check_memory(&a, per_process, ppn);
                 crate::outln!(
                     "available memory: {} (bounded by {}); {}",
                     gib(a.bytes),
@@ -671,15 +672,14 @@ fn procs_per_node(size: usize) -> usize {
 }
 
 /// The distribution of a (possibly hypothetical) job and the predicted
-/// memory of each process.
-/// How the map-maker holds the pointing, in words.
+/// memory of each process, whose host holds what `role` says.
 fn print_plan(
     plan: &JobDistribution,
     sim: &SimSatellite,
     s: Sizing,
     nside: u64,
     ppn: usize,
-    pointing: presets::Pointing,
+    role: presets::HostRole,
 ) -> Result<()> {
     let samples = sim.obs_samples().unwrap_or_default();
     let sets = sim.detector_sets();
@@ -728,7 +728,7 @@ fn print_plan(
                     time as f64,
                     n_obs,
                     nside,
-                    pointing,
+                    role,
                 )
             })
             .collect();

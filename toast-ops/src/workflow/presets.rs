@@ -90,6 +90,40 @@
 //! small (default, compact pointing with the fused passes) 6 281 292 kB
 //! (+3%; 380.8 s, exact hits).
 //!
+//! # Host memory of a device run
+//!
+//! On a device plan ([`HostRole::BesideDevice`]) the device scopes hold
+//! every per-sample field: the host creates the detector data's fields
+//! but never touches their pages (untouched zero pages are not resident),
+//! and expands no pointing. Its peak is the base, the time samples, and
+//! the largest of:
+//!
+//! * the sky, as on the host (the scan's scope uploads it);
+//! * the products on the device's pixel grid ([`DeviceGrid::local_pixels`],
+//!   the distribution the device's hit submaps give): the hits and
+//!   covariance downloaded for the 3x3 inversion, and the outputs
+//!   ([`BYTES_PER_LOCAL_PIXEL`], [`BYTES_PER_OUTPUT_LOCAL_PIXEL`] and
+//!   [`BYTES_PER_SKY_PIXEL_OUT`], as on the host);
+//! * the run-time compiler at the start, when the compiled device code is
+//!   not in the disk cache ([`HOST_BYTES_DEVICE_COMPILER`] = 200 MB:
+//!   measured on the emulated drivers, hiprtc 247 964 kB and NVRTC
+//!   194 104 kB of resident memory in all, with the cache off);
+//! * with the detector data streamed, the signal and both flags on the host
+//!   ([`BYTES_PER_DET_SAMPLE`] = 10 B a detector sample; the scan's
+//!   timestream too, [`BYTES_PER_DET_SAMPLE_IO`]).
+//!
+//! So a resident device plan's host memory does not grow with the
+//! detector samples. Measured as the resident memory outside the emulated
+//! device's shared mappings (`toast-gpu-emu`'s heap), sampled while the
+//! run ran (`--backend cuda` on the emulator, the synthetic sky): tiny
+//! 324 104 kB (predicted 0.41 GiB; the CPU run 486 092 kB), xsmall
+//! 386 456 kB at its outputs (predicted 0.41 GiB; the CPU run
+//! 1 005 256 kB). small is predicted at 0.41 GiB against the CPU's 6.17
+//! GiB. `toast-cli run --dry-run` prints this prediction for a device
+//! run, the run's `stats.json` keeps it (`predicted_memory_bytes`), and
+//! the memory check holds the run to it. `auto` still sizes the case by
+//! the host plan's model: the backend is not known when it chooses.
+//!
 //! # Device memory estimate (device plans)
 //!
 //! On a device backend the largest device scope is the map-maker's, whose
@@ -242,6 +276,9 @@ pub const DEVICE_SUBMAPS_A_SIDE: u64 = 512;
 pub const DEVICE_BYTES_PER_SUBMAP: f64 = 9.0;
 /// See the module documentation.
 pub const BASE_BYTES: f64 = 60.0e6;
+
+/// See the module documentation.
+pub const HOST_BYTES_DEVICE_COMPILER: f64 = 200.0e6;
 
 /// How the map-maker holds the pointing (`binner.full_pointing`,
 /// `compact_pointing` and `pointing_batch`), for the memory estimate.
@@ -490,15 +527,38 @@ impl DeviceMemory {
     }
 }
 
-/// Predicted peak memory in bytes (see the module documentation).
-pub fn predicted_memory(s: Sizing, nside: u64, pointing: Pointing) -> f64 {
+/// Predicted peak memory in bytes of one process running the whole job
+/// `s` with the map-maker's work where `role` says (see the module
+/// documentation).
+pub fn predicted_memory(s: Sizing, nside: u64, role: HostRole) -> f64 {
     predicted_process_memory(
         s.samples() as f64,
         (s.n_obs * s.samples_per_obs) as f64,
         s.n_obs,
         nside,
-        pointing,
+        role,
     )
+}
+
+/// Where a run's per-sample work is, for the host's memory: on the host
+/// (the map-maker holding the pointing as [`Pointing`] says) or on a
+/// device (see "Host memory of a device run" in the module
+/// documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostRole {
+    /// A host plan: the host holds the detector data and the map-maker's
+    /// pointing.
+    MapMaker(Pointing),
+    /// A device plan: the device scopes hold the per-sample data; the host
+    /// holds the time samples, the sky, the products on the device's pixel
+    /// grid `grid` and, with `streamed`, the detector data, which each pass
+    /// stages a batch at a time.
+    BesideDevice {
+        /// The device's pixel grid, on which the products are distributed.
+        grid: DeviceGrid,
+        /// The detector data live on the host (`binner.stream_detector_data`).
+        streamed: bool,
+    },
 }
 
 /// Predicted peak memory of one process holding `det_samples` detector
@@ -511,44 +571,69 @@ pub fn predicted_process_memory(
     time_samples: f64,
     n_obs: u64,
     nside: u64,
-    pointing: Pointing,
+    role: HostRole,
 ) -> f64 {
     let npix = 12.0 * (nside as f64) * (nside as f64);
-    let local_pix = npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0);
-    let n_det = if time_samples > 0.0 {
-        det_samples / time_samples
-    } else {
-        0.0
+    let (local_pix, per_sample, per_io_sample, batch, compile) = match role {
+        HostRole::MapMaker(pointing) => {
+            let n_det = if time_samples > 0.0 {
+                det_samples / time_samples
+            } else {
+                0.0
+            };
+            let batch_dets = match pointing.batch {
+                0 => n_det,
+                b => n_det.min(b as f64),
+            };
+            let (per_sample, per_io_sample, per_batch_sample) = if pointing.full {
+                (
+                    BYTES_PER_DET_SAMPLE_KEPT,
+                    BYTES_PER_DET_SAMPLE_IO + BYTES_PER_KEPT_POINTING,
+                    BYTES_PER_BATCH_SAMPLE_KEPT,
+                )
+            } else if pointing.compact {
+                (
+                    BYTES_PER_DET_SAMPLE_COMPACT,
+                    BYTES_PER_DET_SAMPLE_IO,
+                    BYTES_PER_BATCH_SAMPLE_COMPACT,
+                )
+            } else {
+                (
+                    BYTES_PER_DET_SAMPLE,
+                    BYTES_PER_DET_SAMPLE_IO,
+                    BYTES_PER_BATCH_SAMPLE,
+                )
+            };
+            (
+                npix * (SUBMAP_FRACTION_PER_OBS * n_obs as f64).min(1.0),
+                per_sample,
+                per_io_sample,
+                per_batch_sample * batch_dets * time_samples,
+                0.0,
+            )
+        }
+        HostRole::BesideDevice { grid, streamed } => {
+            let (per_sample, per_io_sample) = if streamed {
+                (BYTES_PER_DET_SAMPLE, BYTES_PER_DET_SAMPLE_IO)
+            } else {
+                (0.0, 0.0)
+            };
+            let local = grid.local_pixels(n_obs);
+            (
+                local,
+                per_sample,
+                per_io_sample,
+                0.0,
+                HOST_BYTES_DEVICE_COMPILER,
+            )
+        }
     };
-    let batch_dets = match pointing.batch {
-        0 => n_det,
-        b => n_det.min(b as f64),
-    };
-    let (per_sample, per_io_sample, per_batch_sample) = if pointing.full {
-        (
-            BYTES_PER_DET_SAMPLE_KEPT,
-            BYTES_PER_DET_SAMPLE_IO + BYTES_PER_KEPT_POINTING,
-            BYTES_PER_BATCH_SAMPLE_KEPT,
-        )
-    } else if pointing.compact {
-        (
-            BYTES_PER_DET_SAMPLE_COMPACT,
-            BYTES_PER_DET_SAMPLE_IO,
-            BYTES_PER_BATCH_SAMPLE_COMPACT,
-        )
-    } else {
-        (
-            BYTES_PER_DET_SAMPLE,
-            BYTES_PER_DET_SAMPLE_IO,
-            BYTES_PER_BATCH_SAMPLE,
-        )
-    };
-    let batch = per_batch_sample * batch_dets * time_samples;
     let mapmaking = per_sample * det_samples + BYTES_PER_LOCAL_PIXEL * local_pix + batch;
     let sky = (BYTES_PER_SKY_PIXEL_SCAN * npix)
         .max(BYTES_PER_SKY_PIXEL_HELD * npix + per_io_sample * det_samples);
     let outputs = BYTES_PER_OUTPUT_LOCAL_PIXEL * local_pix + BYTES_PER_SKY_PIXEL_OUT * npix;
-    BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + mapmaking.max(sky).max(outputs)
+    let phases = mapmaking.max(sky).max(outputs).max(compile);
+    BASE_BYTES + BYTES_PER_TIME_SAMPLE * time_samples + phases
 }
 
 /// `bytes` as GiB with two decimals, as the workflow's messages print
@@ -562,13 +647,13 @@ pub fn gib(bytes: f64) -> String {
     }
 }
 
-/// `auto`: the largest preset whose predicted memory with `pointing` is
-/// at most 80% of `available` bytes (tiny if none fits).
+/// `auto`: the largest preset whose predicted memory with `pointing` on
+/// the host is at most 80% of `available` bytes (tiny if none fits).
 pub fn auto(available: f64, nside: u64, pointing: Pointing) -> (&'static str, Sizing) {
     let mut best = ("tiny", select_distribution(PRESETS[0].1));
     for (name, cap) in PRESETS {
         let s = select_distribution(cap);
-        if predicted_memory(s, nside, pointing) <= 0.8 * available {
+        if predicted_memory(s, nside, HostRole::MapMaker(pointing)) <= 0.8 * available {
             best = (name, s);
         }
     }
@@ -606,7 +691,7 @@ mod tests {
     }
 
     fn check_measured_with(case: &str, pointing: Pointing, measured: f64) {
-        let p = predicted_memory(preset(case).unwrap(), 1024, pointing);
+        let p = predicted_memory(preset(case).unwrap(), 1024, HostRole::MapMaker(pointing));
         assert!(
             (measured * 0.9..measured * 1.1).contains(&p),
             "{case}: predicted {p}, measured {measured}"
@@ -767,38 +852,38 @@ mod tests {
         let kept = predicted_memory(
             s,
             1024,
-            Pointing {
+            HostRole::MapMaker(Pointing {
                 full: true,
                 compact: false,
                 batch: 8,
-            },
+            }),
         );
         let recomputed = predicted_memory(
             s,
             1024,
-            Pointing {
+            HostRole::MapMaker(Pointing {
                 full: false,
                 compact: false,
                 batch: 8,
-            },
+            }),
         );
         let all_at_once = predicted_memory(
             s,
             1024,
-            Pointing {
+            HostRole::MapMaker(Pointing {
                 full: false,
                 compact: false,
                 batch: 0,
-            },
+            }),
         );
         let compact = predicted_memory(
             s,
             1024,
-            Pointing {
+            HostRole::MapMaker(Pointing {
                 full: false,
                 compact: true,
                 batch: 8,
-            },
+            }),
         );
         assert!(
             recomputed < compact && compact < kept,
@@ -810,12 +895,54 @@ mod tests {
         assert!(Pointing::default_for("xsmall").compact && !Pointing::default_for("tiny").compact);
     }
 
+    /// A device plan's host holds no detector sample (unless the detector
+    /// data are streamed): its prediction is that of the time samples, the
+    /// sky and the products on the device grid, below the host plan's of
+    /// the same case; measured (resident memory outside the emulated
+    /// device's, sampled every 50 ms; `--backend cuda` on the emulator,
+    /// the synthetic sky): tiny 324 104 kB, xsmall 386 456 kB (its
+    /// outputs), where the CPU runs peak at 486 092 kB and 1 005 256 kB.
+    #[test]
+    fn a_device_run_s_host_holds_no_detector_sample() {
+        let grid = DeviceGrid {
+            nside: 1024,
+            nside_submap: device_nside_submap(1024),
+            nnz: 3,
+        };
+        let device = |streamed| HostRole::BesideDevice { grid, streamed };
+        for (case, measured) in [("tiny", 324_104e3), ("xsmall", 386_456e3)] {
+            let s = preset(case).unwrap();
+            let p = predicted_memory(s, 1024, device(false));
+            assert!(
+                (measured..1.4 * measured).contains(&p),
+                "{case}: predicted {p}, measured {measured}"
+            );
+            let host = predicted_memory(s, 1024, HostRole::MapMaker(Pointing::default_for(case)));
+            assert!(p < host, "{case}: {p} on a device, {host} on the host");
+        }
+        // No term per detector sample: small and tiny differ by nothing.
+        let resident = |case| predicted_memory(preset(case).unwrap(), 1024, device(false));
+        assert_eq!(resident("small"), resident("tiny"));
+        // Streamed, the host holds the signal and both flags (10 B a
+        // sample), which outweigh the sky and the products on medium.
+        let medium = preset("medium").unwrap();
+        let streamed = predicted_memory(medium, 1024, device(true));
+        let data = BYTES_PER_DET_SAMPLE * medium.samples() as f64;
+        assert!((data..1.05 * data).contains(&streamed), "{streamed} {data}");
+        let host = predicted_memory(
+            medium,
+            1024,
+            HostRole::MapMaker(Pointing::default_for("medium")),
+        );
+        assert!(streamed < host, "{streamed} {host}");
+    }
+
     #[test]
     fn auto_picks_the_largest_that_fits() {
         let lean = Pointing::default_for("auto");
-        let tiny = predicted_memory(preset("tiny").unwrap(), 1024, lean);
-        let xs = predicted_memory(preset("xsmall").unwrap(), 1024, lean);
-        let small = predicted_memory(preset("small").unwrap(), 1024, lean);
+        let tiny = predicted_memory(preset("tiny").unwrap(), 1024, HostRole::MapMaker(lean));
+        let xs = predicted_memory(preset("xsmall").unwrap(), 1024, HostRole::MapMaker(lean));
+        let small = predicted_memory(preset("small").unwrap(), 1024, HostRole::MapMaker(lean));
         assert!(tiny < xs && xs < small);
         assert_eq!(auto(xs / 0.8 + 1.0, 1024, lean).0, "xsmall");
         assert_eq!(auto(xs / 0.8 - 1.0, 1024, lean).0, "tiny");

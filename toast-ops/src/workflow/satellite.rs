@@ -587,14 +587,39 @@ impl SatelliteJob {
         self.config.pixels.nside.get()
     }
 
-    /// Predicted peak memory of one process running the whole job.
-    pub fn predicted_memory(&self) -> f64 {
-        presets::predicted_memory(self.sizing, self.nside(), self.pointing())
+    /// Predicted peak memory of one process running the whole job on
+    /// `execution`.
+    pub fn predicted_memory(&self, execution: &Plan) -> f64 {
+        presets::predicted_memory(self.sizing, self.nside(), self.host_role(execution))
     }
 
     /// How the map-maker holds the pointing, for the memory estimate.
     pub fn pointing(&self) -> presets::Pointing {
         pointing_of(&self.config)
+    }
+
+    /// What the host holds on `execution`, for the memory estimate: the
+    /// map-maker's data and pointing on a host plan; on a device plan the
+    /// time samples, the sky and the products on the device's grid, and
+    /// the detector data only where they are streamed.
+    pub fn host_role(&self, execution: &Plan) -> presets::HostRole {
+        if execution.host() {
+            presets::HostRole::MapMaker(self.pointing())
+        } else {
+            presets::HostRole::BesideDevice {
+                grid: self.device_grid(),
+                streamed: execution.streams_detector_data(),
+            }
+        }
+    }
+
+    /// The pixel grid of a device run, for its memory models.
+    fn device_grid(&self) -> presets::DeviceGrid {
+        presets::DeviceGrid {
+            nside: self.nside(),
+            nside_submap: self.config.pixels.nside_submap.get(),
+            nnz: self.config.weights.mode.nnz() as u64,
+        }
     }
 
     /// The map-maker's execution plan for a run with the backends of
@@ -605,9 +630,15 @@ impl SatelliteJob {
     }
 
     /// Predicted peak memory of the largest process of `plan` (`sim` as
-    /// [`SatelliteJob::plan`] left it); [`SatelliteJob::predicted_memory`]
-    /// for one process.
-    pub fn predicted_process_memory(&self, plan: &JobDistribution, sim: &SimSatellite) -> f64 {
+    /// [`SatelliteJob::plan`] left it) on `execution`;
+    /// [`SatelliteJob::predicted_memory`] for one process.
+    pub fn predicted_process_memory(
+        &self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+        execution: &Plan,
+    ) -> f64 {
+        let role = self.host_role(execution);
         let samples = sim.obs_samples().unwrap_or_default();
         let sets = sim.detector_sets();
         let mut worst = 0.0f64;
@@ -620,7 +651,7 @@ impl SatelliteJob {
                     time as f64,
                     obs.len() as u64,
                     self.nside(),
-                    self.pointing(),
+                    role,
                 );
                 worst = worst.max(m);
             }
@@ -640,7 +671,7 @@ impl SatelliteJob {
     ) -> Vec<(presets::DeviceMemory, u64)> {
         let samples = sim.obs_samples().unwrap_or_default();
         let sets = sim.detector_sets();
-        let nnz = self.config.weights.mode.nnz() as u64;
+        let grid = self.device_grid();
         let mut models = Vec::new();
         for obs in &plan.group_obs {
             let time: u64 = samples.get(obs.clone()).map_or(0, |v| v.iter().sum());
@@ -650,11 +681,7 @@ impl SatelliteJob {
                     (n_det * time) as f64,
                     time as f64,
                     obs.len() as u64,
-                    presets::DeviceGrid {
-                        nside: self.nside(),
-                        nside_submap: self.config.pixels.nside_submap.get(),
-                        nnz,
-                    },
+                    grid,
                     !execution.device_fused(),
                 );
                 models.push((model, n_det));
@@ -897,6 +924,7 @@ impl SatelliteJob {
         comm: &dyn Comm,
         plan: &JobDistribution,
         sim: &SimSatellite,
+        execution: &Plan,
         processes_per_node: usize,
     ) -> Result<(), WorkflowError> {
         let own = presets::memory_bound();
@@ -913,7 +941,7 @@ impl SatelliteJob {
                 source: "the memory bound of another process".into(),
             },
         };
-        let per_process = self.predicted_process_memory(plan, sim);
+        let per_process = self.predicted_process_memory(plan, sim, execution);
         self.check_memory(&bound, per_process, processes_per_node)
     }
 
@@ -1233,7 +1261,7 @@ impl SatelliteJob {
             wall_time_s: walls[0],
             peak_memory_bytes: peaks[0],
             bytes_per_det_sample_at_peak: peaks[1] / (s.samples().max(1) as f64),
-            predicted_memory_bytes: self.predicted_memory(),
+            predicted_memory_bytes: self.predicted_memory(&plan),
             n_det: s.n_det,
             n_obs: s.n_obs,
             samples: s.samples(),
@@ -1697,8 +1725,13 @@ mod tests {
         let j = job(&[], 2).unwrap();
         let mut sim = j.simulation().unwrap();
         let plan = j.plan(&mut sim, 1, 1, None).unwrap();
-        let per = j.predicted_process_memory(&plan, &sim);
-        assert!((per - j.predicted_memory()).abs() <= 1e-6 * per, "{per}");
+        let execution = j.execution_plan(&Registry::new());
+        assert!(execution.host());
+        let per = j.predicted_process_memory(&plan, &sim, &execution);
+        assert!(
+            (per - j.predicted_memory(&execution)).abs() <= 1e-6 * per,
+            "{per}"
+        );
         let avail = |bytes: f64| presets::MemoryBound {
             bytes,
             source: "MemAvailable".into(),
@@ -1712,7 +1745,7 @@ mod tests {
         assert!(msg.contains("MemAvailable"), "{msg}");
         assert!(j.check_memory(&avail(1.5 * per), per, 2).is_err());
         assert!(j
-            .check_memory_on(&toast_core::SerialComm, &plan, &sim, 1)
+            .check_memory_on(&toast_core::SerialComm, &plan, &sim, &execution, 1)
             .is_ok());
     }
 }
