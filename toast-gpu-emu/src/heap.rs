@@ -10,14 +10,17 @@
 //! beyond what is left is out of memory. New allocations are filled with [`FILL`], so a plugin that reads
 //! memory it never wrote gets garbage, as on a device, not zeros.
 //!
-//! Each allocation is its own shared anonymous mapping (`mmap` with
-//! `MAP_SHARED | MAP_ANONYMOUS`; page-aligned, so more than [`ALIGN`]),
-//! not a heap block: the kernel counts its pages as shared memory
-//! (`RssShmem` in `/proc/PID/status`), apart from the process's own
-//! (`RssAnon`), so a test can tell the host memory of a device run from
-//! the emulated device's, which on a real GPU is not host memory at all.
+//! Each allocation of [`SHARED_MAPPING_MIN`] bytes or more is its own
+//! shared anonymous mapping (`mmap` with `MAP_SHARED | MAP_ANONYMOUS`;
+//! page-aligned, so more than [`ALIGN`]), not a heap block: the kernel
+//! counts its pages as shared memory (`RssShmem` in `/proc/PID/status`),
+//! apart from the process's own (`RssAnon`), so a test can tell the host
+//! memory of a device run from the emulated device's, which on a real GPU
+//! is not host memory at all. Smaller ones (the kernels' argument arrays)
+//! stay heap blocks.
 
 use crate::EmuError;
+use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -37,14 +40,27 @@ pub fn total_memory() -> u64 {
 /// The alignment of every allocation.
 pub const ALIGN: usize = 256;
 
+/// Allocations of at least this many bytes are shared mappings (see the
+/// module documentation): 64 KiB.
+pub const SHARED_MAPPING_MIN: usize = 64 << 10;
+
 /// The byte every new allocation is filled with.
 pub const FILL: u8 = 0xA5;
 
 #[derive(Debug)]
 struct Block {
-    /// Bytes mapped.
+    /// The first byte (the device address).
+    start: *mut u8,
+    /// Bytes allocated.
     size: usize,
+    /// A shared mapping (else a heap block).
+    mapped: bool,
 }
+
+// SAFETY: a block is plain memory owned by the table; the pointer is only
+// an address, dereferenced under the table's lock or by kernels the API
+// orders.
+unsafe impl Send for Block {}
 
 #[derive(Debug, Default)]
 struct Table {
@@ -102,33 +118,74 @@ pub fn alloc(bytes: u64) -> Result<u64, EmuError> {
         .filter(|&b| b <= isize::MAX as usize)
         .ok_or_else(|| EmuError::OutOfMemory(format!("{bytes} bytes requested")))?
         .max(1);
-    // SAFETY: a new anonymous mapping at an address the kernel chooses
-    // (no existing memory is affected); `size` > 0.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    let p = if p == libc::MAP_FAILED {
-        std::ptr::null_mut()
-    } else {
-        p.cast::<u8>()
-    };
-    if p.is_null() {
-        return Err(EmuError::OutOfMemory(format!(
-            "the host could not allocate {bytes} bytes"
-        )));
-    }
-    // SAFETY: `p` was just mapped with `size` writable bytes.
+    let block = Block::new(size).ok_or_else(|| {
+        EmuError::OutOfMemory(format!("the host could not allocate {bytes} bytes"))
+    })?;
+    let p = block.start;
+    // SAFETY: `p` is a new allocation of `size` writable bytes.
     unsafe { std::ptr::write_bytes(p, FILL, size) };
     t.used += size as u64;
-    t.blocks.insert(p as u64, Block { size });
+    t.blocks.insert(p as u64, block);
     Ok(p as u64)
+}
+
+impl Block {
+    /// A new block of `size` (> 0) bytes, or `None` when the host has no
+    /// memory for it: a shared anonymous mapping from
+    /// [`SHARED_MAPPING_MIN`] bytes on (see the module documentation), a
+    /// heap block below (a mapping per small buffer would count against
+    /// the kernel's limit on mappings, `vm.max_map_count`).
+    fn new(size: usize) -> Option<Block> {
+        if size < SHARED_MAPPING_MIN {
+            let layout = Layout::from_size_align(size, ALIGN).ok()?;
+            // SAFETY: the layout has a non-zero size.
+            let p = unsafe { std::alloc::alloc(layout) };
+            return (!p.is_null()).then_some(Block {
+                start: p,
+                size,
+                mapped: false,
+            });
+        }
+        // SAFETY: a new anonymous mapping at an address the kernel chooses
+        // (no existing memory is affected); `size` > 0.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(Block {
+            start: p.cast(),
+            size,
+            mapped: true,
+        })
+    }
+
+    /// Give the block back to the host.
+    ///
+    /// # Safety
+    /// The block came from [`Block::new`] and is released once; nothing
+    /// uses its memory any more.
+    unsafe fn release(self) {
+        if self.mapped {
+            // SAFETY: `start` is a mapping of `size` bytes made by `new`,
+            // unmapped once (the caller's contract).
+            unsafe { libc::munmap(self.start.cast(), self.size) };
+        } else {
+            // SAFETY: `start` was allocated by `new` with this layout (which
+            // it checked), freed once (the caller's contract).
+            unsafe {
+                std::alloc::dealloc(
+                    self.start,
+                    Layout::from_size_align_unchecked(self.size, ALIGN),
+                )
+            };
+        }
+    }
 }
 
 /// Release the allocation that starts at `addr`.
@@ -140,9 +197,10 @@ pub fn free(addr: u64) -> Result<(), EmuError> {
         ))
     })?;
     t.used -= b.size as u64;
-    // SAFETY: `addr` is the start of a mapping of `b.size` bytes made by
-    // `alloc` and is removed from the table, so it is unmapped once.
-    unsafe { libc::munmap(addr as *mut libc::c_void, b.size) };
+    // SAFETY: the block was made by `alloc` and is removed from the table,
+    // so it is released once; the API's contract is that no queued work
+    // uses it.
+    unsafe { b.release() };
     Ok(())
 }
 
