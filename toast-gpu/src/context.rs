@@ -1,6 +1,7 @@
 //! What `init` creates and every call receives as `ctx`: the driver, the
 //! host's log callback, the buffer table and the compiled module.
 
+use crate::checked_tables::CheckedTables;
 use crate::driver::{node_local_rank, DeviceChoice, Driver};
 use crate::memory::{Budget, Memory};
 use crate::small_cache::SmallCache;
@@ -91,6 +92,8 @@ pub struct Context<D: Driver> {
     /// The persistent error word of the kernels with data-dependent faults
     /// (`KernelLaunch::error_buffer`), held by one call at a time.
     error_word: Mutex<ErrorWord>,
+    /// The `global2local` tables read back and checked (`checked_tables`).
+    checked: Mutex<CheckedTables>,
 }
 
 /// The context's persistent error word: an 8-byte pool buffer, allocated by
@@ -215,6 +218,7 @@ impl<D: Driver> Context<D> {
             module: Mutex::new(None),
             small: Mutex::new(SmallCache::default()),
             error_word: Mutex::new(ErrorWord::default()),
+            checked: Mutex::new(CheckedTables::default()),
         };
         ctx.log(
             abi::LOG_DEBUG,
@@ -238,6 +242,20 @@ impl<D: Driver> Context<D> {
         self.small
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The `global2local` tables read back and checked, locked.
+    pub(crate) fn checked_tables(&self) -> std::sync::MutexGuard<'_, CheckedTables> {
+        // Each change is one map operation: nothing is left half-made.
+        self.checked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The buffer `handle` may be written (a copy to it, a reset, its
+    /// release, a kernel's output): a table read back from it is stale.
+    pub(crate) fn written(&self, handle: u64) {
+        self.checked_tables().written(handle);
     }
 
     /// The persistent error word, for one call, unless a call on another

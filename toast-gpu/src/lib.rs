@@ -42,6 +42,9 @@
 //! - `small_cache`: the device copies of recent calls' small read-only
 //!   arguments, keyed by their bytes, so that a repeated call neither
 //!   allocates nor uploads them.
+//! - `checked_tables`: the global-to-local submap tables the map kernels
+//!   read back and check, kept by buffer until it is written, so that a
+//!   repeated call neither downloads nor checks its table again.
 //! - [`plugin`]: the ABI's function table and header, and the lifecycle and
 //!   memory entry points (`init`, `shutdown`, `device_info`, `alloc`,
 //!   `copy_to_device`, …), which turn results into status codes and never
@@ -81,6 +84,7 @@
 //! buffer caps the pool's size classes) and the free memory of
 //! [`Driver::mem_info`] (0, "unknown", where the API cannot tell).
 
+mod checked_tables;
 pub mod context;
 pub mod driver;
 pub mod kernels;

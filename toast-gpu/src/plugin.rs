@@ -193,6 +193,7 @@ unsafe extern "C" fn free<D: Driver>(ctx: *mut c_void, handle: u64) -> Status {
     guard(|| {
         // SAFETY: ABI contract on ctx.
         let c = unsafe { ctx_ref::<D>(ctx)? };
+        c.written(handle);
         c.memory.free(&c.driver, handle)
     })
 }
@@ -214,6 +215,7 @@ unsafe extern "C" fn copy_to_device<D: Driver>(
         if bytes == 0 {
             return Ok(());
         }
+        c.written(handle);
         // SAFETY: non-null, and `bytes` readable bytes at `src` by the ABI
         // contract; `bytes` fits the buffer, so it fits a slice.
         let src = unsafe { std::slice::from_raw_parts(src as *const u8, bytes as usize) };
@@ -260,6 +262,7 @@ unsafe extern "C" fn reset<D: Driver>(
         if bytes == 0 {
             return Ok(());
         }
+        c.written(handle);
         // SAFETY: `buf` is live and range-checked for `bytes` at `offset`.
         unsafe { c.driver.zero(buf, offset, bytes) }
     })

@@ -12,10 +12,11 @@ use super::{
 use crate::context::ctx_ref;
 use crate::driver::Driver;
 use std::ffi::c_void;
+use std::sync::Arc;
 use toast_accel::abi::{self, Status};
 use toast_accel::check;
 use toast_accel::device_source as ds;
-use toast_accel::kernels::{aliased_output, KernelArgs};
+use toast_accel::kernels::{aliased_output, ArrayDir, KernelArgs};
 use toast_accel::plugin_support::{guard, kernel_args, PluginError};
 
 /// One kernel on a device: resolve the array handles, upload the small
@@ -51,6 +52,12 @@ pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
             return Err(PluginError::invalid(format!(
                 "{kernel}: output array `{out}` is the same buffer as `{other}`"
             )));
+        }
+        // What the call may write is no longer what a check read back.
+        for (_, dir, array) in a.arrays() {
+            if dir != ArrayDir::In && array.len > 0 {
+                c.written(array.ptr);
+            }
         }
         let mut call = KernelLaunch::new(c, kernel);
         A::launch(&mut call, &v, a)?;
@@ -265,7 +272,8 @@ impl DeviceKernel for abi::ScanMapArgs {
         let pixels = call.array("pixels", a.pixels, I64)?;
         let weights = call.array("weights", a.weights, F64)?;
         let det_data = call.array("det_data", a.det_data, F64)?;
-        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
+        let g2l_host =
+            call.global2local(a.global2local, g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -336,7 +344,8 @@ impl DeviceKernel for abi::BuildNoiseWeightedArgs {
         let det_flags = call.array("det_flags", a.det_flags, U8)?;
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
         let zmap = call.array("zmap", a.zmap, F64)?;
-        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
+        let g2l_host =
+            call.global2local(a.global2local, g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -910,7 +919,7 @@ struct FusedBuffers<B> {
     det_data: Option<B>,
     det_flags: Option<B>,
     /// `global2local` on the host (for a fault's message).
-    g2l_host: Vec<i64>,
+    g2l_host: Arc<[i64]>,
     n_global_submap: usize,
 }
 
@@ -1020,7 +1029,12 @@ impl<B: Copy> FusedBuffers<B> {
             det_scale: call.small("det_scale", v.det_scale)?,
             amp_offset: call.small("amp_offset", v.values.amp_offset)?,
             view_offset: call.small("view_offset", &v.values.view_offset)?,
-            g2l_host: call.global2local(global2local, n_global_submap, v.n_local_submap)?,
+            g2l_host: call.global2local(
+                a.global2local,
+                global2local,
+                n_global_submap,
+                v.n_local_submap,
+            )?,
             global2local,
             compact: call.array("compact", a.compact, I32)?,
             boresight: call.array("boresight", a.boresight, F64)?,
@@ -1389,7 +1403,8 @@ impl DeviceKernel for abi::CovAccumTimestreamArgs {
         let shared = call.array("shared_flags", a.shared_flags, U8)?;
         let hits = call.array("hits", a.hits, I64)?;
         let invnpp = call.array("invnpp", a.invnpp, F64)?;
-        let g2l_host = call.global2local(g2l, v.n_global_submap, v.n_local_submap)?;
+        let g2l_host =
+            call.global2local(a.global2local, g2l, v.n_global_submap, v.n_local_submap)?;
         let iv = call.intervals(v.intervals)?;
         let pi = call.small("pixel_index", v.pixel_index)?;
         let wi = call.small("weight_index", v.weight_index)?;
@@ -1466,9 +1481,9 @@ impl DeviceKernel for abi::SolverFlagsArgs {
         let flags = call.array("flags", a.flags, U8)?;
         let counts = call.array("counts", a.counts, I64)?;
         let g2l_host = if v.use_mask {
-            call.global2local(g2l, v.n_global_submap, v.n_local_submap)?
+            call.global2local(a.global2local, g2l, v.n_global_submap, v.n_local_submap)?
         } else {
-            Vec::new()
+            Arc::from([])
         };
         let oi = call.small("out_index", v.out_index)?;
         let cut_bit = i32::from(a.cut_bit);

@@ -53,7 +53,8 @@
 //! call with several launches (detectors or intervals split, grid chunks,
 //! workspace chunks) waits once, at its end (`KernelLaunch::finish`, from
 //! the entry), or earlier where the host must read device data (the error
-//! word, a pixel to word a fault, `global2local`), where the download
+//! word, a pixel to word a fault, a `global2local` table not read back
+//! since its buffer was written: `checked_tables`), where the download
 //! itself is the wait. This is sound because a driver queues everything
 //! in order on one stream or queue and a copy returns once done
 //! ([`Driver`]'s "Synchronisation"): a read sees every launch before it.
@@ -110,7 +111,7 @@ use crate::driver::{Driver, Grid};
 use crate::small_cache::Lookup;
 use params::LaunchParams;
 use std::cell::Cell;
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::check;
 use toast_accel::device_source as ds;
@@ -296,19 +297,35 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         self.c.memory.array(self.kernel, arg, a, elem)
     }
 
-    /// Download `global2local` (`n` entries) and check its entries against
-    /// `n_local` submaps (the kernels index the map with them unchecked);
-    /// the host copy, for messages.
+    /// The entries of `global2local` (the array `a`, in `buf`, `n`
+    /// entries), checked against `n_local` submaps (the kernels index the
+    /// map with them unchecked): read back and checked once per buffer
+    /// until it is written (`checked_tables`); the host copy, for messages.
     pub(crate) fn global2local(
         &self,
+        a: abi::Array,
         buf: Option<D::Buffer>,
         n: usize,
         n_local: usize,
-    ) -> Result<Vec<i64>, PluginError> {
-        let mut g2l = vec![0i64; n];
-        self.read_into(buf, 0, &mut g2l)?;
-        check::global2local(self.kernel, &g2l, n_local as u64)?;
-        Ok(g2l)
+    ) -> Result<Arc<[i64]>, PluginError> {
+        let n_local = n_local as u64;
+        let found = self.c.checked_tables().find(a.ptr, n, n_local);
+        let entries = match found {
+            Some(f) if f.checked => return Ok(f.entries),
+            Some(f) => f.entries,
+            None => {
+                let mut g2l = vec![0i64; n];
+                self.read_into(buf, 0, &mut g2l)?;
+                Arc::from(g2l)
+            }
+        };
+        check::global2local(self.kernel, &entries, n_local)?;
+        if n > 0 {
+            self.c
+                .checked_tables()
+                .insert(a.ptr, Arc::clone(&entries), n_local);
+        }
+        Ok(entries)
     }
 
     /// The intervals as `(first, last)` pairs on the device.
