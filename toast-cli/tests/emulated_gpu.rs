@@ -481,7 +481,8 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
 }
 
 /// A device memory budget too small for the kept pointing (tiny with 8
-/// detectors would need 0.13 GiB; the budget is 0.12 GiB): the workflow
+/// detectors would need 0.21 GiB while it expands it; the budget is 0.12
+/// GiB): the workflow
 /// recomputes the pointing on the device per batch of 3 detectors
 /// (`device-recomputed-fused`; the scan's sets of 2 detectors and the
 /// map-maker's batches of 3, 3 and 2 remake the transient fields with new
@@ -497,11 +498,54 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
             // The device's pixel grid (nside 128: 128² submaps of 12 pixels).
             "because pixels.nside_submap = 1 on a device (not given): 16384 submaps of 12 pixels",
             "map-maker plan: device-recomputed-fused (3 detectors a batch)",
-            "because the plan device-kept-fused would need 0.13 GiB of device memory on backend \
+            "because the plan device-kept-fused would need 0.21 GiB of device memory on backend \
              cuda, over its budget of 0.120 GiB",
         ],
         (3, "resident"),
     );
+}
+
+/// Whatever the budget, a run either fits it or is refused before any work
+/// (exit 2, naming its prediction): never out of device memory part way.
+/// Tiny with 4 detectors at nside 128, whose small maps leave the peak to
+/// the pointing's expansion (the quaternions beside the pixels and
+/// weights) and to the noise's FFT workspace, which the device model once
+/// left out: budgets of 0.08 to 0.13 GiB passed the check and then ran out
+/// in `ScanMap` or `sim_noise`.
+#[test]
+fn every_budget_fits_or_is_refused_before_any_work() {
+    let backend = "cuda";
+    let Some(dir) = usable_emulated(backend) else {
+        return;
+    };
+    for gib in [
+        "0.04", "0.06", "0.08", "0.10", "0.11", "0.12", "0.13", "0.15",
+    ] {
+        let out = scratch("toast-cli-emulated", &format!("budget-{gib}")).join("out");
+        let option = format!("{backend}:memory={gib}");
+        let mut args = vec!["run", "--backend", backend, "--backend-options", &option];
+        args.extend_from_slice(&["--n-det", "4", "--out-dir", out.to_str().unwrap()]);
+        args.extend_from_slice(SETTINGS);
+        let c = toast_cli_command(&args, Some(&dir), &[]);
+        let o = run_with_deadline(c, Duration::from_secs(600), &format!("budget {gib}"));
+        let log = text(&o);
+        assert!(!log.contains("out of memory"), "budget {gib} GiB: {log}");
+        match o.status.code() {
+            Some(0) => {
+                let stats: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(out.join("stats.json")).unwrap())
+                        .unwrap();
+                let peak = stats["device_peak_staged_bytes"].as_f64().unwrap();
+                let budget = gib.parse::<f64>().unwrap() * (1u64 << 30) as f64;
+                assert!(peak <= budget, "budget {gib} GiB: device peak {peak}");
+            }
+            Some(2) => assert!(
+                log.contains("predicted device memory") && !out.exists(),
+                "budget {gib} GiB: refused, but not before any work: {log}"
+            ),
+            other => panic!("budget {gib} GiB: exit {other:?}: {log}"),
+        }
+    }
 }
 
 /// A budget too small for even one detector a batch beside the whole

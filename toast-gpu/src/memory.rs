@@ -193,6 +193,14 @@ impl<B: Copy> Memory<B> {
         self.lock().peak_held
     }
 
+    /// The budget's bytes that no live block holds (cached blocks are
+    /// released for a request that needs their room).
+    pub fn room(&self) -> u64 {
+        self.budget
+            .bytes
+            .saturating_sub(self.lock().live_class_bytes)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<B>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -270,6 +270,9 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         items: u64,
     ) -> Result<Workspace<D::Buffer>, PluginError> {
         let d = &self.c.driver;
+        // Within the budget's room as well (less a size class's rounding):
+        // fewer items a launch rather than out of memory, down to one.
+        let room_items = self.c.memory.room().saturating_sub(1 << 20) / (item_len * 8).max(1);
         let per_launch = workspace_items(
             self.kernel,
             item_len,
@@ -277,7 +280,8 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             d.max_allocation(),
             d.total_memory(),
         )?
-        .min(items.max(1));
+        .min(items.max(1))
+        .min(room_items.max(1));
         let (buf, _) = self.scratch_buffer("workspace", per_launch * item_len * 8)?;
         Ok(Workspace {
             buf,

@@ -540,6 +540,13 @@ impl ScanHealpixMap {
                 let host = "ScanHealpixMap.pointing_host";
                 mirror_on_host(host, &mut ops, data, ctx, &self.options)?;
             }
+            // Whole-field quaternions are read by nothing after the pixels
+            // and weights: their device copy (32 B a detector sample, as
+            // much as the pixels and weights together) is freed before the
+            // scan and the noise, whose workspace needs the room.
+            if !transient {
+                forget(data, ctx, &Requirements::new().detdata(&quats))?;
+            }
         }
         let dist = data
             .meta

@@ -162,6 +162,29 @@
 //!   [`DEVICE_BYTES_PER_SUBMAP`] = 9 B a submap (`global2local`, i64, and
 //!   the pixel kernel's hit-submap bytes).
 //!
+//! ## Transients
+//!
+//! Two phases before the solve's maps exist can hold more, and the peak is
+//! the largest phase:
+//!
+//! * the kept pointing's expansion: the quaternions of every detector
+//!   beside the pixels, weights and timestream they make,
+//!   [`DEVICE_BYTES_PER_DET_SAMPLE_EXPANDING`] = 73 B a detector sample
+//!   (quaternions 32, pixels 8, weights 24, `signal` 8, flags 1; the scan
+//!   frees its quaternions' device copy once they are expanded);
+//! * the noise simulation's FFT workspace: the twiddle table and at least
+//!   one detector's stream, [`DEVICE_NOISE_BYTES_PER_FFT_POINT`] = 24 B a
+//!   point of [`noise_fft_len`] (2^20 for an hour at 100 Hz: 25 MB), beside
+//!   the time samples and the detector data (with the kept pointing, its
+//!   pixels and weights; a batched plan's transient pointing is dropped
+//!   first), before any map ([`DeviceMemory::noise`]). The kernel fits more
+//!   detectors a launch only in the budget's room (`toast-gpu`'s
+//!   `workspace`), so it never needs more.
+//!
+//! They matter for small maps (nside 128: a 4-detector tiny run peaked at
+//! the expansion, 1.6x the solve's model) and not at nside 1024, where the
+//! solve's maps outweigh them.
+//!
 //! The fused device passes (the default: `device-kept-fused`,
 //! `device-recomputed-fused`) make no work timestream; the unfused ones (a
 //! plugin without the fused kernels) add [`DEVICE_BYTES_WORK_TIMESTREAM`] =
@@ -378,6 +401,17 @@ pub const DEVICE_BYTES_PER_BATCH_SAMPLE: f64 = 64.0;
 pub const DEVICE_BYTES_PER_DET_SAMPLE_STREAMED: f64 = 18.0;
 /// See the module documentation.
 pub const DEVICE_BYTES_WORK_TIMESTREAM: f64 = 8.0;
+/// See the module documentation.
+pub const DEVICE_BYTES_PER_DET_SAMPLE_EXPANDING: f64 = 73.0;
+/// See the module documentation.
+pub const DEVICE_NOISE_BYTES_PER_FFT_POINT: f64 = 24.0;
+
+/// The FFT length of the noise simulation of `n_samples` samples: the
+/// smallest power of two above twice them (TOAST's oversampling of 2,
+/// `sim::noise::NoiseFilter`).
+pub fn noise_fft_len(n_samples: u64) -> u64 {
+    (2 * n_samples + 1).next_power_of_two()
+}
 
 /// Device bytes per local pixel of `nnz` Stokes values (see the module
 /// documentation): a map of `nnz` values, the covariance and the hits.
@@ -450,7 +484,8 @@ pub enum DevicePointing {
 /// each batch detector adds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceMemory {
-    /// Bytes with the pointing kept ([`DevicePointing::Kept`]).
+    /// Bytes with the pointing kept ([`DevicePointing::Kept`]), the
+    /// largest of its phases.
     pub kept: f64,
     /// Bytes of a batched plan besides its batch.
     pub resident: f64,
@@ -462,6 +497,12 @@ pub struct DeviceMemory {
     /// Bytes of one detector's data (`signal` and flags) beside its
     /// pointing in a streamed batch.
     pub per_detector_data: f64,
+    /// The noise simulation's phase besides the detector data: the time
+    /// samples and the FFT workspace (see "Transients"; no map, no
+    /// transient pointing).
+    pub noise: f64,
+    /// The detector data a batched plan holds in that phase.
+    pub resident_data: f64,
 }
 
 impl DeviceMemory {
@@ -476,37 +517,52 @@ impl DeviceMemory {
         grid: DeviceGrid,
         work_timestream: bool,
     ) -> Self {
-        let fixed = DEVICE_BYTES_PER_TIME_SAMPLE * time_samples
+        let time = DEVICE_BYTES_PER_TIME_SAMPLE * time_samples;
+        let fixed = time
             + device_bytes_per_local_pixel(grid.nnz) * grid.local_pixels(n_obs)
             + DEVICE_BYTES_PER_SUBMAP * grid.n_submap();
+        // The scan's noise, before any map (see "Transients").
+        let per_obs = (time_samples / n_obs.max(1) as f64).ceil() as u64;
+        let noise = time + DEVICE_NOISE_BYTES_PER_FFT_POINT * noise_fft_len(per_obs) as f64;
         let work = if work_timestream {
             DEVICE_BYTES_WORK_TIMESTREAM
         } else {
             0.0
         };
+        let kept = (fixed + (DEVICE_BYTES_PER_DET_SAMPLE + work) * det_samples)
+            .max(time + DEVICE_BYTES_PER_DET_SAMPLE_EXPANDING * det_samples)
+            .max(noise + DEVICE_BYTES_PER_DET_SAMPLE * det_samples);
         DeviceMemory {
-            kept: fixed + (DEVICE_BYTES_PER_DET_SAMPLE + work) * det_samples,
+            kept,
             resident: fixed + (DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT + work) * det_samples,
             per_batch_detector: (DEVICE_BYTES_PER_BATCH_SAMPLE + work) * time_samples,
             fixed,
             per_detector_data: DEVICE_BYTES_PER_DET_SAMPLE_STREAMED * time_samples,
+            noise,
+            resident_data: DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * det_samples,
         }
     }
 
-    /// The predicted peak with `pointing`.
+    /// The predicted peak with `pointing`: the largest of its phases.
     pub fn peak(&self, pointing: DevicePointing) -> f64 {
         match pointing {
             DevicePointing::Kept => self.kept,
-            DevicePointing::Batched(b) => self.resident + self.per_batch_detector * b as f64,
+            DevicePointing::Batched(b) => (self.resident + self.per_batch_detector * b as f64)
+                .max(self.noise + self.resident_data),
             DevicePointing::Streamed(b) => {
-                self.fixed + (self.per_batch_detector + self.per_detector_data) * b as f64
+                let b = b as f64;
+                (self.fixed + (self.per_batch_detector + self.per_detector_data) * b)
+                    .max(self.noise + self.per_detector_data * b)
             }
         }
     }
 
     /// The most detectors a batch may hold within `budget` bytes (0: not
-    /// even one).
+    /// even one, or not the noise's phase).
     pub fn largest_batch(&self, budget: f64) -> u64 {
+        if self.noise + self.resident_data > budget {
+            return 0;
+        }
         Self::most(budget - self.resident, self.per_batch_detector)
     }
 
@@ -517,6 +573,7 @@ impl DeviceMemory {
             budget - self.fixed,
             self.per_batch_detector + self.per_detector_data,
         )
+        .min(Self::most(budget - self.noise, self.per_detector_data))
     }
 
     fn most(room: f64, each: f64) -> u64 {
