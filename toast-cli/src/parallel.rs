@@ -2,7 +2,10 @@
 //! injection.
 //!
 //! Without the `mpi` cargo feature the world is one process
-//! ([`toast_core::SerialComm`]). With it, [`init`] initialises MPI (see `mpi_comm.rs`)
+//! ([`toast_core::SerialComm`]), and a process a launcher started as one of
+//! several (`mpirun -n 2`, `srun -n 2`: `launched_world_size`) is refused:
+//! each would run the whole job alone and write the same outputs. With the
+//! feature, [`init`] initialises MPI (see `mpi_comm.rs`)
 //! and returns the MPI world; a binary built with the feature and started
 //! without `mpirun` is a one-rank MPI job (MPI's singleton mode).
 //!
@@ -30,8 +33,27 @@ pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
     }
     #[cfg(not(feature = "mpi"))]
     {
+        if let Some((n, var)) = launched_world_size().filter(|&(n, _)| n > 1) {
+            anyhow::bail!(
+                "this process is one of {n} a launcher started ({var}={n}), but this toast-cli \
+                 was built without MPI: each process would run the whole job alone and write \
+                 the same outputs; build it with MPI (cargo build --release -p toast-cli \
+                 --features mpi) or run one process"
+            );
+        }
         Ok(Arc::new(toast_core::SerialComm))
     }
+}
+
+/// The number of processes a launcher started this one among, and the
+/// variable that says it: Open MPI's `OMPI_COMM_WORLD_SIZE`, Hydra's and
+/// PMI's `PMI_SIZE`, Slurm's `SLURM_STEP_NUM_TASKS` (set by `srun` for its
+/// step, not by an allocation alone).
+#[cfg(not(feature = "mpi"))]
+fn launched_world_size() -> Option<(usize, &'static str)> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+        .into_iter()
+        .find_map(|k| Some((std::env::var(k).ok()?.trim().parse::<usize>().ok()?, k)))
 }
 
 /// Processes of this job on this node, from the launcher's environment

@@ -655,3 +655,32 @@ fn tiny_maps_match_toast() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A build without MPI started as one of several processes (`mpirun -n 2`,
+/// `srun -n 2`: the launcher's world size in the environment) refuses to
+/// run, naming the variable and the `mpi` feature, before any output: each
+/// process would otherwise run the whole job and write the same files.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_serial_build_started_as_several_processes_refuses() {
+    for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"] {
+        let out = scratch(&format!("launched-{var}")).join("out");
+        let mut c = bin();
+        c.args(["run", "--quiet", "--out-dir", out.to_str().unwrap()])
+            .env(var, "2");
+        let o = process::run_with_deadline(c, std::time::Duration::from_secs(60), var);
+        let log = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{var}: {log}");
+        assert!(
+            log.contains(&format!("one of 2 a launcher started ({var}=2)"))
+                && log.contains("--features mpi"),
+            "{var}: {log}"
+        );
+        assert!(!out.exists(), "{var}: no output directory");
+        // One process (a launcher's world of 1) runs as before.
+        let mut c = bin();
+        c.args(["run", "--dry-run"]).env(var, "1");
+        let o = process::run_with_deadline(c, std::time::Duration::from_secs(60), var);
+        assert!(o.status.success(), "{var}=1: {}", text(&o));
+    }
+}
