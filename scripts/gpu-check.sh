@@ -34,10 +34,11 @@
 # with its wall time, device peak and host peak: xsmall (GPU at least 5x the
 # CPU), small within a 16 GiB device budget (10x), and medium on the GPU
 # alone (under two minutes on one 80 GB GPU; the CPU would take far
-# longer). A CPU run cut at its limit gives a lower bound of the ratio.
+# longer). A CPU run cut at its limit gives a lower bound of the ratio (and
+# is not a failure).
 # A warm-up run first compiles the device code into the kernel cache, so
 # the timed runs load it (its own time is what a first run adds).
-# Give it the time: GPU_CHECK_BUDGET=540. With --emulated too, the same
+# Give it the time: GPU_CHECK_BUDGET=600. With --emulated too, the same
 # steps run on tiny shapes (4, 8 and 2 detectors, the middle one in a
 # 0.1 GiB budget), which checks the steps, not the speed.
 #
@@ -336,7 +337,7 @@ gpu=${gpus%% *} # the one the runs and benchmarks use
 wall_of() { sed -n 's/^wall time: *\([0-9.]*\) s.*/\1/p' "$1" | head -n 1; }
 device_peak_of() { sed -n 's/^device peak: *\([^(]*\) staged.*/\1/p' "$1" | head -n 1; }
 host_peak_of() { sed -n 's/^peak memory: *\([0-9.]* GiB\).*/\1/p' "$1" | head -n 1; }
-plan_of() { sed -n 's/.*map-maker plan \([^;]*\);.*/\1/p' "$1" | head -n 1; }
+plan_of() { sed -n 's/^case .*; map-maker plan \([^;]*\);.*/\1/p' "$1" | head -n 1; }
 # scale_case LABEL CPU_SECS GPU_SECS WANT -- RUN-ARGS...: the case on the CPU
 # (skipped with CPU_SECS 0) and on $gpu, and a row of the scale table: the
 # wall times, their ratio, the peaks and what #24 asks for (WANT).
@@ -346,13 +347,14 @@ scale_case() {
   local cpu_log="$logs/scale_${label}_cpu.txt" gpu_log="$logs/scale_${label}_$gpu.txt"
   local cpu_wall=- ratio=-
   if [ "$cpu_secs" != 0 ]; then
-    local s e
+    local s e was=$failed
     s=$(date +%s.%N)
     step "scale $label cpu ($threads threads)" "$cpu_secs" "$cpu_log" run_summary -- \
       "$cli" run --backend cpu --threads "$threads" --no-plot --quiet --out-dir "$work/scale_cpu" "$@"
     case $? in
       0) cpu_wall="$(wall_of "$cpu_log") s" ;;
-      124 | 137) e=$(date +%s.%N); cpu_wall="> $(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.0f", e - s }') s (cut)" ;;
+      # A CPU reference cut at its limit is a lower bound, not a failure.
+      124 | 137) e=$(date +%s.%N); failed=$was; cpu_wall="> $(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.0f", e - s }') s (cut)" ;;
     esac
     rm -rf "$work/scale_cpu"
   fi
@@ -380,7 +382,7 @@ if [ "$scale" = 1 ]; then
   # The device code compiled into the (fresh) kernel cache first, so that
   # the timed runs load it as a user's second run does; this step's time
   # is the first run's extra.
-  step "scale warm-up: $gpu compiles its device code" 180 "$logs/scale_warmup.txt" run_summary -- \
+  step "scale warm-up: $gpu compiles its device code" 120 "$logs/scale_warmup.txt" run_summary -- \
     "$cli" run --case tiny --n-det 2 --set pixels.nside=128 --backend "$gpu" --no-plot --quiet --out-dir "$work/scale_warmup"
   rm -rf "$work/scale_warmup"
   if [ "$emulated" = 1 ]; then
@@ -388,9 +390,9 @@ if [ "$scale" = 1 ]; then
     scale_case small 120 240 "10x, in 16 GiB" -- --case tiny --n-det 8 --set pixels.nside=128 --backend-options "$gpu:memory=0.1"
     scale_case medium 0 120 "under 120 s" -- --case tiny --n-det 2 --set pixels.nside=128
   else
-    scale_case xsmall 120 90 "5x" -- --case xsmall
-    scale_case small 150 120 "10x, in 16 GiB" -- --case small --backend-options "$gpu:memory=16"
-    scale_case medium 0 200 "under 120 s" -- --case medium
+    scale_case xsmall 60 60 "5x" -- --case xsmall
+    scale_case small 120 90 "10x, in 16 GiB" -- --case small --backend-options "$gpu:memory=16"
+    scale_case medium 0 150 "under 120 s" -- --case medium
   fi
   if [ "$failed" = 0 ]; then report_status="complete (--scale): every step that ran passed"; else report_status="complete (--scale): some steps FAILED"; fi
   write_report

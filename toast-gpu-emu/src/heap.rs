@@ -321,5 +321,19 @@ mod tests {
         free(a).unwrap();
         assert!(matches!(free(a), Err(EmuError::InvalidPointer(_))));
         assert!(matches!(alloc(1 << 62), Err(EmuError::OutOfMemory(_))));
+        // A large allocation is a shared mapping, checked the same way.
+        let n = SHARED_MAPPING_MIN as u64 + 1000;
+        let big = alloc(n).unwrap();
+        assert!(table().blocks[&big].mapped);
+        fill(big, 7, n).unwrap();
+        // SAFETY: `back` is a 16-byte host buffer; the range is inside `big`.
+        unsafe { copy_to_host(back.as_mut_ptr(), big + n - 16, 16).unwrap() };
+        assert_eq!(back, [7; 16]);
+        assert!(matches!(
+            fill(big, 0, n + 1),
+            Err(EmuError::InvalidValue(_))
+        ));
+        free(big).unwrap();
+        assert!(!contains(big));
     }
 }

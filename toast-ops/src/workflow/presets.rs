@@ -181,9 +181,12 @@
 //!   detectors a launch only in the budget's room (`toast-gpu`'s
 //!   `workspace`), so it never needs more.
 //!
-//! They matter for small maps (nside 128: a 4-detector tiny run peaked at
-//! the expansion, 1.6x the solve's model) and not at nside 1024, where the
-//! solve's maps outweigh them.
+//! The expansion outweighs the solve wherever 31 B a detector sample
+//! outweigh the maps: at nside 128 (a 4-detector tiny run peaked there,
+//! 1.6x the solve's model), and from about 7e6 detector samples at nside
+//! 1024. It is conservative where the expansion runs per detector set:
+//! xsmall's kept plan is predicted at 3.39 GiB against 2.1 GiB of staged
+//! buffers measured.
 //!
 //! The fused device passes (the default: `device-kept-fused`,
 //! `device-recomputed-fused`) make no work timestream; the unfused ones (a
@@ -608,13 +611,14 @@ pub enum HostRole {
     MapMaker(Pointing),
     /// A device plan: the device scopes hold the per-sample data; the host
     /// holds the time samples, the sky, the products on the device's pixel
-    /// grid `grid` and, with `streamed`, the detector data, which each pass
-    /// stages a batch at a time.
+    /// grid `grid` and, with `detector_data`, the detector data (streamed a
+    /// batch at a time, or copied back by a run without one device scope).
     BesideDevice {
         /// The device's pixel grid, on which the products are distributed.
         grid: DeviceGrid,
-        /// The detector data live on the host (`binner.stream_detector_data`).
-        streamed: bool,
+        /// The detector data live on the host (`binner.stream_detector_data`,
+        /// or the map-maker or the scan off).
+        detector_data: bool,
     },
 }
 
@@ -669,8 +673,11 @@ pub fn predicted_process_memory(
                 0.0,
             )
         }
-        HostRole::BesideDevice { grid, streamed } => {
-            let (per_sample, per_io_sample) = if streamed {
+        HostRole::BesideDevice {
+            grid,
+            detector_data,
+        } => {
+            let (per_sample, per_io_sample) = if detector_data {
                 (BYTES_PER_DET_SAMPLE, BYTES_PER_DET_SAMPLE_IO)
             } else {
                 (0.0, 0.0)
@@ -956,7 +963,7 @@ mod tests {
     /// data are streamed): its prediction is that of the time samples, the
     /// sky and the products on the device grid, below the host plan's of
     /// the same case; measured (resident memory outside the emulated
-    /// device's, sampled every 50 ms; `--backend cuda` on the emulator,
+    /// device's, sampled every 20-50 ms by a script; `--backend cuda` on the emulator,
     /// the synthetic sky): tiny 324 104 kB, xsmall 386 456 kB (its
     /// outputs), where the CPU runs peak at 486 092 kB and 1 005 256 kB.
     #[test]
@@ -966,8 +973,12 @@ mod tests {
             nside_submap: device_nside_submap(1024),
             nnz: 3,
         };
-        let device = |streamed| HostRole::BesideDevice { grid, streamed };
-        for (case, measured) in [("tiny", 324_104e3), ("xsmall", 386_456e3)] {
+        let device = |detector_data| HostRole::BesideDevice {
+            grid,
+            detector_data,
+        };
+        let kib = 1024.0;
+        for (case, measured) in [("tiny", 324_104.0 * kib), ("xsmall", 386_456.0 * kib)] {
             let s = preset(case).unwrap();
             let p = predicted_memory(s, 1024, device(false));
             assert!(

@@ -601,14 +601,19 @@ impl SatelliteJob {
     /// What the host holds on `execution`, for the memory estimate: the
     /// map-maker's data and pointing on a host plan; on a device plan the
     /// time samples, the sky and the products on the device's grid, and
-    /// the detector data only where they are streamed.
+    /// the detector data only where they are streamed or come back.
     pub fn host_role(&self, execution: &Plan) -> presets::HostRole {
         if execution.host() {
             presets::HostRole::MapMaker(self.pointing())
         } else {
+            // Without one device scope from the scan to the maps (the
+            // map-maker or the scan off) the timestream comes back.
+            let cfg = &self.config;
             presets::HostRole::BesideDevice {
                 grid: self.device_grid(),
-                streamed: execution.streams_detector_data(),
+                detector_data: execution.streams_detector_data()
+                    || !cfg.mapmaker.enabled
+                    || !cfg.scan_map.enabled,
             }
         }
     }
