@@ -51,21 +51,25 @@ pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
 /// step, not by an allocation alone).
 #[cfg(not(feature = "mpi"))]
 fn launched_world_size() -> Option<(usize, &'static str)> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
-        .into_iter()
-        .find_map(|k| Some((std::env::var(k).ok()?.trim().parse::<usize>().ok()?, k)))
+    launcher_count(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"])
+}
+
+/// The first of the launcher's variables `vars` that holds a count, with
+/// its name.
+fn launcher_count(vars: &[&'static str]) -> Option<(usize, &'static str)> {
+    vars.iter()
+        .find_map(|&k| Some((std::env::var(k).ok()?.trim().parse::<usize>().ok()?, k)))
 }
 
 /// Processes of this job on this node, from the launcher's environment
 /// (Open MPI, MPICH/Hydra, PMI), if it says.
 pub fn local_size() -> Option<usize> {
-    [
+    launcher_count(&[
         "OMPI_COMM_WORLD_LOCAL_SIZE",
         "MPI_LOCALNRANKS",
         "PMI_LOCAL_SIZE",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+    ])
+    .map(|(n, _)| n)
     .filter(|&n| n > 0)
 }
 

@@ -434,8 +434,7 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
         ];
         args.extend_from_slice(SETTINGS);
         args.extend_from_slice(extra);
-        let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
-        c.args(&args).env("LD_LIBRARY_PATH", ld_library_path(&dir));
+        let c = toast_cli_command(&args, Some(&dir), &[]);
         run_with_deadline(c, Duration::from_secs(600), "toast-cli run (budget)")
     };
     // Refused before any work: the predicted device memory passes it.
@@ -464,10 +463,7 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
         "no outputs from a failed run"
     );
     // A budget that is not a number is refused when the backend starts.
-    let mut c = Command::new(env!("CARGO_BIN_EXE_toast-cli"));
-    c.args(["backends"])
-        .env("LD_LIBRARY_PATH", ld_library_path(&dir))
-        .env("TOAST_GPU_MEM_GB", "lots");
+    let c = toast_cli_command(&["backends"], Some(&dir), &[("TOAST_GPU_MEM_GB", "lots")]);
     let o = run_with_deadline(
         c,
         Duration::from_secs(120),
