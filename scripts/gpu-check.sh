@@ -335,7 +335,14 @@ gpu=${gpus%% *} # the one the runs and benchmarks use
 
 # --scale: #24's sizes instead of steps 2-8.
 wall_of() { sed -n 's/^wall time: *\([0-9.]*\) s.*/\1/p' "$1" | head -n 1; }
-device_peak_of() { sed -n 's/^device peak: *\([^(]*\) staged.*/\1/p' "$1" | head -n 1; }
+# The device peak: what the plugin's allocator held at most (buffers, kernel
+# scratch, caches), and the staged buffers' part of it.
+device_peak_of() {
+  local held staged
+  held=$(sed -n 's/^device memory: *\(.*\) at most.*/\1/p' "$1" | head -n 1)
+  staged=$(sed -n 's/^device peak: *\([^(]*\) staged.*/\1/p' "$1" | head -n 1)
+  echo "${held:-?} held (${staged:-?} staged)"
+}
 host_peak_of() { sed -n 's/^peak memory: *\([0-9.]* GiB\).*/\1/p' "$1" | head -n 1; }
 plan_of() { sed -n 's/^case .*; map-maker plan \([^;]*\);.*/\1/p' "$1" | head -n 1; }
 # scale_case LABEL CPU_SECS GPU_SECS WANT -- RUN-ARGS...: the case on the CPU
@@ -372,7 +379,7 @@ scale_case() {
     echo "## Scale (issue #24): $gpu vs cpu ($threads threads)"
     echo
     [ "$emulated" = 1 ] && echo "Emulated: tiny shapes on the host CPU; the numbers check the steps, not the speed." && echo
-    echo "| case | arguments | $gpu plan | cpu wall | $gpu wall | cpu/$gpu | device peak | host peak ($gpu run) | asked |"
+    echo "| case | arguments | $gpu plan | cpu wall | $gpu wall | cpu/$gpu | device peak: held (staged) | host peak ($gpu run) | asked |"
     echo "|---|---|---|---|---|---|---|---|---|"
     cat "$work/scale.rows"
   } >"$work/section.1.scale.md"

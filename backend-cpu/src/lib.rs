@@ -242,7 +242,7 @@ unsafe extern "C" fn device_info(
             total_memory: 0,
             free_memory: 0,
             compute_units: c.threads() as u32,
-            reserved: 0,
+            peak_held_mib: 0,
         };
         for (d, &b) in out.name.iter_mut().zip(name.as_bytes().iter().take(127)) {
             *d = b as c_char;

@@ -165,7 +165,7 @@ fn device_count_and_info() {
         total_memory: 0,
         free_memory: 0,
         compute_units: 0,
-        reserved: 0,
+        peak_held_mib: 0,
     };
     assert_eq!(
         // SAFETY: valid ctx and out pointer.

@@ -154,6 +154,12 @@ static toast_status tt_device_count(void *ctx, uint32_t *count) {
     return ok();
 }
 
+/* Bytes of the live buffers (below), and the most they reached, under the
+ * table's lock: device_info's peak_held_mib. */
+static uint64_t live_bytes, peak_bytes;
+static void lock_table(void);
+static void unlock_table(void);
+
 static toast_status tt_device_info(void *ctx, uint32_t index, toast_device_info *info) {
     (void)ctx;
     if (info == NULL) {
@@ -172,6 +178,11 @@ static toast_status tt_device_info(void *ctx, uint32_t index, toast_device_info 
     info->total_memory = 1ULL << 30; /* nominal */
     info->free_memory = 1ULL << 30;
     info->compute_units = 1;
+    /* Written by the minor-3 build too, where the field was `reserved`:
+     * the host reads it only from a plugin of minor 7 or later. */
+    lock_table();
+    info->peak_held_mib = (uint32_t)((peak_bytes + (1u << 20) - 1u) >> 20);
+    unlock_table();
     return ok();
 }
 
@@ -256,6 +267,10 @@ static toast_status tt_alloc(void *ctx, uint64_t bytes, const char *name, uint64
             slots[i].ptr = p;
             slots[i].bytes = bytes;
             slots[i].gen++;
+            live_bytes += bytes;
+            if (live_bytes > peak_bytes) {
+                peak_bytes = live_bytes;
+            }
             *handle = make_handle(i, slots[i].gen);
             unlock_table();
             return ok();
@@ -279,6 +294,7 @@ static toast_status tt_free(void *ctx, uint64_t handle) {
                     (ull)handle, TOAST_TEST_NAME);
     }
     p = s->ptr;
+    live_bytes -= s->bytes;
     s->used = 0;
     s->ptr = NULL;
     s->bytes = 0;

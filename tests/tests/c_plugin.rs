@@ -472,6 +472,11 @@ fn a_minor_3_plugin_has_no_fused_kernels_and_dispatch_falls_back() {
     let want = case.expected();
     case.run(&r.backend).unwrap();
     assert_eq!(case.det_data, want);
+    // Before minor 7 device_info's last field was `reserved`: the host
+    // does not read an allocator peak from it (this plugin writes one).
+    let h = r.backend.alloc(16, "scratch").unwrap();
+    assert_eq!(r.backend.device_info(0).unwrap().peak_held_bytes, None);
+    r.backend.free(h).unwrap();
     // The fused kernels fall back along the chain: to ctest here (which
     // lacks them too), then to `cpu`, which this registry does not have.
     let d = Dispatcher::new(
@@ -524,6 +529,9 @@ fn device_memory_plugin_is_staged() {
     assert_eq!((s.allocs, s.frees), (1, 1));
     assert_eq!((s.h2d_calls, s.h2d_bytes), (1, bytes));
     assert_eq!((s.d2h_calls, s.d2h_bytes), (1, bytes));
+    // The plugin's allocator peak (ABI minor 7): the one buffer, in MiB
+    // rounded up.
+    assert_eq!(b.device_info(0).unwrap().peak_held_bytes, Some(1 << 20));
 
     // Handles are checked: foreign, freed and out-of-range uses are errors.
     let h = b.alloc(16, "scratch").unwrap();

@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 6u
+#define TOAST_BACKEND_ABI_MINOR 7u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -118,7 +118,10 @@ typedef struct toast_device_info {
     uint64_t total_memory; /* bytes, 0 if unknown */
     uint64_t free_memory;  /* bytes, 0 if unknown */
     uint32_t compute_units;
-    uint32_t reserved;
+    /* ABI minor 7 (before: reserved, 0): the most device memory the
+     * backend's allocator has held at once since init (buffers, kernel
+     * scratch, caches), in MiB rounded up; 0 if unknown or not tracked. */
+    uint32_t peak_held_mib;
 } toast_device_info;
 
 /* ---- kernel arguments ---------------------------------------------------

@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 6;
+pub const ABI_MINOR: u32 = 7;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -101,7 +101,11 @@ pub struct DeviceInfo {
     pub total_memory: u64,
     pub free_memory: u64,
     pub compute_units: u32,
-    pub reserved: u32,
+    /// The most device memory the backend's allocator has held at once
+    /// since `init` (its buffers, kernel scratch and caches), in MiB rounded
+    /// up; 0 when unknown or not tracked (a host-addressable backend, a
+    /// plugin built before ABI minor 7, where this field was `reserved`).
+    pub peak_held_mib: u32,
 }
 
 #[repr(C)]

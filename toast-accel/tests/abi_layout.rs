@@ -51,7 +51,7 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_array => Array { ptr, len },
         toast_interval => SampleRange { first, last },
         toast_intervals => SampleRanges { ptr, len },
-        toast_device_info => DeviceInfo { name, total_memory, free_memory, compute_units, reserved },
+        toast_device_info => DeviceInfo { name, total_memory, free_memory, compute_units, peak_held_mib },
         toast_pointing_detector_args => PointingDetectorArgs {
             n_det, n_samp, quat_index, focalplane, intervals, boresight, shared_flags,
             shared_flag_mask, reserved, quats,

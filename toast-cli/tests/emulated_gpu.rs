@@ -527,10 +527,23 @@ fn every_budget_fits_or_is_refused_before_any_work() {
         let log = text(&o);
         assert!(!log.contains("out of memory"), "budget {gib} GiB: {log}");
         match o.status.code() {
-            Some(0) => assert!(
-                out.join("mapmaker_map.fits").exists(),
-                "budget {gib} GiB: {log}"
-            ),
+            Some(0) => {
+                assert!(
+                    out.join("mapmaker_map.fits").exists(),
+                    "budget {gib} GiB: {log}"
+                );
+                // The plugin's allocator stayed within it (its peak in MiB
+                // rounded up).
+                let stats: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap())
+                        .unwrap();
+                let budget = (gib.parse::<f64>().unwrap() * (1u64 << 30) as f64) as u64;
+                let held = stats["device_peak_bytes"].as_u64().unwrap();
+                assert!(
+                    held > 0 && held <= budget.next_multiple_of(1 << 20),
+                    "budget {gib} GiB: the allocator held {held} bytes"
+                );
+            }
             Some(2) => assert!(
                 log.contains("predicted device memory") && !out.exists(),
                 "budget {gib} GiB: refused, but not before any work: {log}"
@@ -618,6 +631,14 @@ fn budget_run(name: &str, budget: (&str, u64), want: &[&str], (batch, data): (u6
     assert!(
         peak > 0 && peak <= budget_bytes,
         "device peak {peak} bytes, budget {budget_bytes}"
+    );
+    // What the plugin's allocator held at most (the staged buffers, the
+    // kernels' scratch and the caches; in MiB rounded up): within the
+    // budget too.
+    let held = stats["device_peak_bytes"].as_u64().unwrap();
+    assert!(
+        held >= peak && held <= budget_bytes.next_multiple_of(1 << 20),
+        "allocator peak {held} bytes, staged {peak}, budget {budget_bytes}"
     );
     // The timestream on the device at the peak: every detector's, or one
     // batch's rows when streamed (360 000 samples of f64 a detector).

@@ -159,7 +159,11 @@ unsafe extern "C" fn device_info<D: Driver>(
             total_memory: total,
             free_memory: free,
             compute_units: c.driver.compute_units(),
-            reserved: 0,
+            peak_held_mib: c
+                .memory
+                .peak_held()
+                .div_ceil(1 << 20)
+                .min(u64::from(u32::MAX)) as u32,
         };
         for (d, &b) in out.name.iter_mut().zip(name.as_bytes().iter().take(127)) {
             *d = b as c_char;

@@ -384,6 +384,31 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     let name = unsafe { CStr::from_ptr(info.name.as_ptr()) };
     assert_eq!(name.to_str().unwrap(), "Fake device (fake1)");
     assert_eq!((info.compute_units, info.total_memory), (4, LIMIT));
+    // The allocator's peak (ABI minor 7): nothing yet; then the size class
+    // of one buffer, in MiB rounded up, the same after it is freed and its
+    // cached block is reused by a request of the same size.
+    assert_eq!(info.peak_held_mib, 0);
+    let peak_after = |bytes: u64| {
+        let mut h = 0u64;
+        let mut info = std::mem::MaybeUninit::<abi::DeviceInfo>::uninit();
+        // SAFETY: live context; valid out pointers; the buffer is freed once.
+        unsafe {
+            assert_eq!(
+                table().alloc.unwrap()(ctx, bytes, c"buf".as_ptr(), &mut h),
+                abi::OK
+            );
+            assert_eq!(table().free.unwrap()(ctx, h), abi::OK);
+            assert_eq!(
+                table().device_info.unwrap()(ctx, 0, info.as_mut_ptr()),
+                abi::OK
+            );
+            info.assume_init().peak_held_mib
+        }
+    };
+    let class = toast_gpu::memory::size_class(3 << 20 | 1);
+    assert!(class > 3 << 20);
+    assert_eq!(peak_after(3 << 20 | 1), class.div_ceil(1 << 20) as u32);
+    assert_eq!(peak_after(3 << 20 | 1), class.div_ceil(1 << 20) as u32);
     // SAFETY: a live context, shut down once.
     unsafe { table().shutdown.unwrap()(ctx) };
 

@@ -538,7 +538,7 @@ impl Backend {
             total_memory: 0,
             free_memory: 0,
             compute_units: 0,
-            reserved: 0,
+            peak_held_mib: 0,
         };
         // SAFETY: valid context and out pointer.
         let s = unsafe { f(self.ctx, index, &mut info) };
@@ -555,6 +555,9 @@ impl Backend {
             total_memory: info.total_memory,
             free_memory: info.free_memory,
             compute_units: info.compute_units,
+            // Before minor 7 the field was `reserved`: not read.
+            peak_held_bytes: (self.plugin.abi_minor >= 7 && info.peak_held_mib > 0)
+                .then(|| u64::from(info.peak_held_mib) << 20),
         })
     }
 
@@ -661,6 +664,11 @@ pub struct DeviceSummary {
     pub total_memory: u64,
     pub free_memory: u64,
     pub compute_units: u32,
+    /// The most device memory the backend's allocator has held at once
+    /// since `init` (buffers, kernel scratch, caches), in bytes, rounded up
+    /// to a MiB: the measured device peak. `None` when the plugin does not
+    /// tell (host-addressable, or built before ABI minor 7).
+    pub peak_held_bytes: Option<u64>,
 }
 
 impl toast_core::device::DeviceMemory for Backend {

@@ -236,7 +236,7 @@ mod tests {
                 total_memory: 3 << 30,
                 free_memory: 0,
                 compute_units: 7,
-                reserved: 0,
+                peak_held_mib: 0,
             }
         };
         abi::OK

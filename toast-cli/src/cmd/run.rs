@@ -617,6 +617,13 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
             human_bytes(ph.total.total_bytes())
         )?;
     }
+    if let Some(held) = st.device_peak_bytes {
+        crate::outln!(
+            "device memory:  {} at most, held by the backend's allocator (buffers, kernel \
+             scratch, caches; largest over the processes)",
+            human_bytes(held)
+        )?;
+    }
     if st.device_peak_staged_bytes > 0 {
         crate::outln!(
             "device peak:    {} staged at once (one device scope, largest over the processes)",

@@ -482,6 +482,14 @@ pub struct RunStats {
     /// scratch are not in it; they are within the plugin's device memory
     /// budget (`--backend-options NAME:memory=GiB`).
     pub device_peak_staged_bytes: u64,
+    /// The device memory the backend's allocator held at once at most
+    /// (every buffer, the kernels' scratch and the small-argument cache;
+    /// the plugin's measurement, in bytes rounded up to a MiB), the
+    /// largest over the processes; within the device memory budget. Absent
+    /// on a host-addressable backend, or with a plugin that does not tell
+    /// (built before ABI minor 7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_peak_bytes: Option<u64>,
     /// What made up process 0's device peak: its live staged buffers'
     /// bytes per name (`detdata.signal`, `global.mapmaker_solve_cov`, ...,
     /// summed over the observations) at that moment; empty on a
@@ -1200,7 +1208,22 @@ impl SatelliteJob {
         let mut peaks = [presets::peak_rss().unwrap_or(0.0); 2];
         let mut walls = [wall];
         let ledger = crate::exec::movement::ledger(&ctx);
-        let mut device_peak = [ledger.map_or(0, |l| l.peak_staged_bytes()) as i64];
+        let kernels = ctx
+            .ext::<Dispatcher>()
+            .map(|d| d.kernel_log())
+            .unwrap_or_default();
+        // The device peak the plugins measured: their allocators'
+        // high-water marks since init (every buffer, kernel scratch and
+        // cache), the largest over the backends that ran a kernel here.
+        let held = kernels
+            .values()
+            .flat_map(|b| b.keys())
+            .filter_map(|n| registry.get(n).ok()?.device_info(0).ok()?.peak_held_bytes)
+            .max();
+        let mut device_peak = [
+            ledger.map_or(0, |l| l.peak_staged_bytes()) as i64,
+            held.unwrap_or(0) as i64,
+        ];
         let device_peak_staged_buffers =
             ledger.map(|l| l.peak_staged_buffers()).unwrap_or_default();
         comm.allreduce_f64(&mut peaks[..1], ReduceOp::Max)
@@ -1218,10 +1241,6 @@ impl SatelliteJob {
             BusBytes::now(&ctx),
             ctx.extensions.get::<CgTransfers>(),
         );
-        let kernels = ctx
-            .ext::<Dispatcher>()
-            .map(|d| d.kernel_log())
-            .unwrap_or_default();
         let transfers = kernels
             .values()
             .flat_map(|b| b.keys())
@@ -1277,6 +1296,7 @@ impl SatelliteJob {
             transfers,
             transfer_phases,
             device_peak_staged_bytes: device_peak[0].max(0) as u64,
+            device_peak_bytes: held.map(|_| device_peak[1].max(0) as u64),
             device_peak_staged_buffers,
             kernels,
         };
