@@ -431,6 +431,11 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         )?;
     }
     if args.dry_run.is_some() {
+        // Whether the same command without `--dry-run` would be refused
+        // (exit 2): a device budget the prediction exceeds, or this node's
+        // memory (unless the plan is for other nodes, `--dry-run P,PPN`).
+        let mut refused = None;
+        let this_node = args.dry_run.as_deref() == Some("");
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn, job.host_role(&execution))?;
             crate::outln!("map-maker plan: {execution}")?;
@@ -447,24 +452,37 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
                     "available memory: {} (bounded by {}); {}",
                     gib(a.bytes),
                     a.source,
-                    match fits {
+                    match &fits {
                         Ok(()) => "the processes of a node fit".to_string(),
                         Err(e) => format!("does not fit: {e}"),
                     }
                 )?;
+                if fits.is_err() && this_node {
+                    refused = Some("this node's memory");
+                }
             }
             if let Some((p, name, budget)) = &device {
                 let fits = job.check_device_memory(*p, name, *budget, &execution);
                 crate::outln!(
                     "predicted device memory: {} per process on backend {name} (budget {budget}); {}",
                     gib(*p),
-                    match fits {
+                    match &fits {
                         Ok(()) => "fits".to_string(),
                         Err(e) => format!("does not fit: {e}"),
                     }
                 )?;
+                if fits.is_err() {
+                    refused = Some("the device memory budget");
+                }
             }
             crate::outln!("expected total hits: {}", s.samples())?;
+        }
+        if let Some(what) = refused.filter(|_| !args.ignore_memory_check) {
+            crate::outln!(
+                "the run would be refused: it does not fit {what} (exit status 2; \
+                 --ignore-memory-check runs it anyway)"
+            )?;
+            return Ok(2);
         }
         return Ok(0);
     }
