@@ -345,6 +345,21 @@ device_peak_of() {
 }
 host_peak_of() { sed -n 's/^peak memory: *\([0-9.]* GiB\).*/\1/p' "$1" | head -n 1; }
 plan_of() { sed -n 's/^case .*; map-maker plan \([^;]*\);.*/\1/p' "$1" | head -n 1; }
+# kernel_secs_of TIMING_CSV BACKEND: the seconds the run spent in kernel
+# calls on BACKEND (its `label.kernel[BACKEND]` timers, the slowest
+# process's): the rest of the wall time is the host's.
+kernel_secs_of() {
+  [ -f "$1" ] || return 0
+  awk -F, -v b="[$2]" 'index($1, b) { s += $6 } END { printf "%.2f s", s }' "$1"
+}
+# keep_run DIR NAME: the run's timing.csv and stats.json into the logs.
+keep_run() {
+  local f
+  for f in timing.csv stats.json; do
+    [ -f "$1/$f" ] && cp "$1/$f" "$logs/$2_$f"
+  done
+  return 0
+}
 # scale_case LABEL CPU_SECS GPU_SECS WANT -- RUN-ARGS...: the case on the CPU
 # (skipped with CPU_SECS 0) and on $gpu, and a row of the scale table: the
 # wall times, their ratio, the peaks and what #24 asks for (WANT).
@@ -358,7 +373,9 @@ scale_case() {
     s=$(date +%s.%N)
     step "scale $label cpu ($threads threads)" "$cpu_secs" "$cpu_log" run_summary -- \
       "$cli" run --backend cpu --threads "$threads" --no-plot --quiet --out-dir "$work/scale_cpu" "$@"
-    case $? in
+    local st=$?
+    keep_run "$work/scale_cpu" "scale_${label}_cpu"
+    case $st in
       0) cpu_wall="$(wall_of "$cpu_log") s" ;;
       # A CPU reference cut at its limit is a lower bound, not a failure.
       124 | 137) e=$(date +%s.%N); failed=$was; cpu_wall="> $(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.0f", e - s }') s (cut)" ;;
@@ -367,20 +384,24 @@ scale_case() {
   fi
   step "scale $label $gpu" "$gpu_secs" "$gpu_log" run_summary -- \
     "$cli" run --backend "$gpu" --threads "$threads" --no-plot --quiet --out-dir "$work/scale_gpu" "$@"
-  local gpu_wall
+  local gpu_wall gpu_kernels
   gpu_wall="$(wall_of "$gpu_log")"
+  keep_run "$work/scale_gpu" "scale_${label}_$gpu"
+  gpu_kernels="$(kernel_secs_of "$logs/scale_${label}_${gpu}_timing.csv" "$gpu")"
   rm -rf "$work/scale_gpu"
   if [ -n "$gpu_wall" ] && [ "$cpu_wall" != - ]; then
     ratio="$(awk -v c="${cpu_wall#> }" -v g="$gpu_wall" 'BEGIN { c += 0; if (g > 0) printf "%.1fx", c / g }')"
     case "$cpu_wall" in ">"*) ratio="> $ratio" ;; esac
   fi
-  echo "| $label | $* | $(plan_of "$gpu_log") | $cpu_wall | ${gpu_wall:+$gpu_wall s} | $ratio | $(device_peak_of "$gpu_log") | $(host_peak_of "$gpu_log") | $want |" >>"$work/scale.rows"
+  echo "| $label | $* | $(plan_of "$gpu_log") | $cpu_wall | ${gpu_wall:+$gpu_wall s} | ${gpu_kernels:--} | $ratio | $(device_peak_of "$gpu_log") | $(host_peak_of "$gpu_log") | $want |" >>"$work/scale.rows"
   {
     echo "## Scale (issue #24): $gpu vs cpu ($threads threads)"
     echo
     [ "$emulated" = 1 ] && echo "Emulated: tiny shapes on the host CPU; the numbers check the steps, not the speed." && echo
-    echo "| case | arguments | $gpu plan | cpu wall | $gpu wall | cpu/$gpu | device peak: held (staged) | host peak ($gpu run) | asked |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "Each run's timing.csv and stats.json are in logs/ (scale_CASE_BACKEND_*); the kernel calls' column sums its \`[$gpu]\` timers, the rest of the wall time is host work (the phases of timing.csv)."
+    echo
+    echo "| case | arguments | $gpu plan | cpu wall | $gpu wall | of it in $gpu kernel calls | cpu/$gpu | device peak: held (staged) | host peak ($gpu run) | asked |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/scale.rows"
   } >"$work/section.1.scale.md"
 }
@@ -441,7 +462,7 @@ run_case() {
     if [ $? = 0 ] && [ $cpu_ok = 0 ]; then
       step "compare $c cpu vs $b" 60 "$logs/compare_${c}_$b.txt" compare_summary -- \
         "$cli" compare "$work/${c}_cpu" "$work/${c}_$b"
-      cp "$work/${c}_$b/timing.csv" "$logs/run_${c}_${b}_timing.csv" 2>/dev/null
+      keep_run "$work/${c}_$b" "run_${c}_$b"
       {
         echo "## $c: cpu vs $b (\`toast-cli compare\`)"
         echo
@@ -454,7 +475,7 @@ run_case() {
     fi
     rm -rf "$work/${c}_$b"
   done
-  cp "$work/${c}_cpu/timing.csv" "$logs/run_${c}_cpu_timing.csv" 2>/dev/null
+  keep_run "$work/${c}_cpu" "run_${c}_cpu"
   rm -rf "$work/${c}_cpu"
 }
 if [ "$emulated" = 1 ]; then
