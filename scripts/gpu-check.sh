@@ -31,7 +31,9 @@
 #
 # With --scale, steps 2-8 are replaced by the end-to-end sizes of issue #24's
 # acceptance, on the first GPU backend against the CPU (all cores), each
-# with its wall time, device peak and host peak: xsmall (GPU at least 5x the
+# with its wall time, the part of it in GPU kernel calls, the device peak
+# (what the plugin's allocator held, and the staged buffers' part) and the
+# host peak, each run's timing.csv and stats.json kept in logs/: xsmall (GPU at least 5x the
 # CPU), small within a 16 GiB device budget (10x), and medium on the GPU
 # alone (under two minutes on one 80 GB GPU; the CPU would take far
 # longer). A CPU run cut at its limit gives a lower bound of the ratio (and
@@ -346,16 +348,19 @@ device_peak_of() {
 host_peak_of() { sed -n 's/^peak memory: *\([0-9.]* GiB\).*/\1/p' "$1" | head -n 1; }
 plan_of() { sed -n 's/^case .*; map-maker plan \([^;]*\);.*/\1/p' "$1" | head -n 1; }
 # kernel_secs_of TIMING_CSV BACKEND: the seconds the run spent in kernel
-# calls on BACKEND (its `label.kernel[BACKEND]` timers, the slowest
-# process's): the rest of the wall time is the host's.
+# calls on BACKEND (the sum of its `label.kernel[BACKEND]` timers, each
+# timer's largest over the processes): the rest of the wall time is the
+# host's.
 kernel_secs_of() {
   [ -f "$1" ] || return 0
   awk -F, -v b="[$2]" 'index($1, b) { s += $6 } END { printf "%.2f s", s }' "$1"
 }
-# keep_run DIR NAME: the run's timing.csv and stats.json into the logs.
+# keep_run DIR NAME: the run's timing.csv and stats.json into the logs
+# (none, not an earlier run's, when the run wrote none).
 keep_run() {
   local f
   for f in timing.csv stats.json; do
+    rm -f "$logs/$2_$f"
     [ -f "$1/$f" ] && cp "$1/$f" "$logs/$2_$f"
   done
   return 0

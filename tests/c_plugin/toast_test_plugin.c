@@ -154,8 +154,9 @@ static toast_status tt_device_count(void *ctx, uint32_t *count) {
     return ok();
 }
 
-/* Bytes of the live buffers (below), and the most they reached, under the
- * table's lock: device_info's peak_held_mib. */
+/* Bytes of the live buffers (below), and the most they reached since the
+ * library was loaded (one count for all its contexts, as its handle table
+ * is), under the table's lock: device_info's peak_held_mib. */
 static uint64_t live_bytes, peak_bytes;
 static void lock_table(void);
 static void unlock_table(void);

@@ -81,9 +81,11 @@ pub struct RunArgs {
     /// Override the case's number of observations.
     #[arg(long = "n-obs")]
     pub n_obs: Option<u64>,
-    /// Print the distribution, sample count and predicted memory, and exit.
-    /// With `P,PPN`: the plan for P processes with PPN per node (as
-    /// `mpirun -n P` would run it), computed without MPI.
+    /// Print the distribution, sample count and predicted memory, and exit:
+    /// 2 where the run would be refused (this node's memory, a device
+    /// budget; `--ignore-memory-check` runs it anyway), else 0. With
+    /// `P,PPN`: the plan for P processes with PPN per node (as `mpirun -n P`
+    /// would run it), computed without MPI, refused only by a device budget.
     #[arg(long = "dry-run", value_name = "P,PPN", num_args = 0..=1, default_missing_value = "")]
     pub dry_run: Option<String>,
     /// Processes per group (TOAST's `--group_size`): observations are
@@ -431,11 +433,22 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         )?;
     }
     if args.dry_run.is_some() {
-        // Whether the same command without `--dry-run` would be refused
-        // (exit 2): a device budget the prediction exceeds, or this node's
-        // memory (unless the plan is for other nodes, `--dry-run P,PPN`).
-        let mut refused = None;
+        // The checks the run makes, on every process (the host's takes the
+        // smallest memory bound of them): whether the same command without
+        // `--dry-run` would be refused (exit 2), by this node's memory
+        // (unless the plan is for other nodes, `--dry-run P,PPN`) or by a
+        // device budget.
         let this_node = args.dry_run.as_deref() == Some("");
+        let host_fit = job.check_memory_on(&*comm, &plan, &sim, &execution, ppn);
+        let device_fit = device
+            .as_ref()
+            .map(|(p, name, budget)| job.check_device_memory(*p, name, *budget, &execution));
+        let mut refused = [
+            i64::from(this_node && host_fit.is_err()),
+            i64::from(matches!(device_fit, Some(Err(_)))),
+        ];
+        comm.allreduce_i64(&mut refused, toast_core::ReduceOp::Max)
+            .map_err(|e| anyhow::anyhow!("dry run: gathering the memory checks: {e}"))?;
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn, job.host_role(&execution))?;
             crate::outln!("map-maker plan: {execution}")?;
@@ -446,42 +459,44 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
                 crate::outln!("  because {why}")?;
             }
             if let Some(a) = presets::memory_bound() {
-                let per_process = job.predicted_process_memory(&plan, &sim, &execution);
-                let fits = job.check_memory(&a, per_process, ppn);
                 crate::outln!(
                     "available memory: {} (bounded by {}); {}",
                     gib(a.bytes),
                     a.source,
-                    match &fits {
+                    match &host_fit {
                         Ok(()) => "the processes of a node fit".to_string(),
                         Err(e) => format!("does not fit: {e}"),
                     }
                 )?;
-                if fits.is_err() && this_node {
-                    refused = Some("this node's memory");
-                }
             }
-            if let Some((p, name, budget)) = &device {
-                let fits = job.check_device_memory(*p, name, *budget, &execution);
+            if let (Some((p, name, budget)), Some(fit)) = (&device, &device_fit) {
                 crate::outln!(
                     "predicted device memory: {} per process on backend {name} (budget {budget}); {}",
                     gib(*p),
-                    match &fits {
+                    match fit {
                         Ok(()) => "fits".to_string(),
                         Err(e) => format!("does not fit: {e}"),
                     }
                 )?;
-                if fits.is_err() {
-                    refused = Some("the device memory budget");
-                }
             }
             crate::outln!("expected total hits: {}", s.samples())?;
         }
-        if let Some(what) = refused.filter(|_| !args.ignore_memory_check) {
-            crate::outln!(
-                "the run would be refused: it does not fit {what} (exit status 2; \
-                 --ignore-memory-check runs it anyway)"
-            )?;
+        let what: Vec<&str> = [
+            (refused[0] > 0, "this node's memory"),
+            (refused[1] > 0, "the device memory budget"),
+        ]
+        .iter()
+        .filter(|(r, _)| *r)
+        .map(|(_, w)| *w)
+        .collect();
+        if !what.is_empty() && !args.ignore_memory_check {
+            if root {
+                crate::outln!(
+                    "the run would be refused: it does not fit {} (exit status 2; \
+                     --ignore-memory-check runs it anyway)",
+                    what.join(" nor ")
+                )?;
+            }
             return Ok(2);
         }
         return Ok(0);

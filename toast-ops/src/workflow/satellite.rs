@@ -485,9 +485,9 @@ pub struct RunStats {
     /// The device memory the backend's allocator held at once at most
     /// (every buffer, the kernels' scratch and the small-argument cache;
     /// the plugin's measurement, in bytes rounded up to a MiB), the
-    /// largest over the processes; within the device memory budget. Absent
-    /// on a host-addressable backend, or with a plugin that does not tell
-    /// (built before ABI minor 7).
+    /// largest over the processes; within the device memory budget (to the
+    /// MiB it is rounded up to). Absent on a host-addressable backend, or
+    /// with a plugin that does not tell (built before ABI minor 7).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_peak_bytes: Option<u64>,
     /// What made up process 0's device peak: its live staged buffers'
@@ -1296,7 +1296,8 @@ impl SatelliteJob {
             transfers,
             transfer_phases,
             device_peak_staged_bytes: device_peak[0].max(0) as u64,
-            device_peak_bytes: held.map(|_| device_peak[1].max(0) as u64),
+            // Absent where no process's plugin told (0: not told).
+            device_peak_bytes: (device_peak[1] > 0).then_some(device_peak[1] as u64),
             device_peak_staged_buffers,
             kernels,
         };
