@@ -448,6 +448,18 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
         "{log}"
     );
     assert!(!out.exists(), "refused before it made its output directory");
+    // The dry run answers the same: exit 2 after the plan, naming the budget.
+    let o = run(&["--dry-run"]);
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("budget 0.010 GiB = 10737418 bytes (option memory=)); does not fit")
+            && log.contains(
+                "the run would be refused: it does not fit the device memory budget (exit status 2"
+            ),
+        "{log}"
+    );
+    assert!(!out.exists(), "a dry run makes no output directory");
     // Run anyway: the plugin refuses the allocation that would pass it.
     let o = run(&["--ignore-memory-check"]);
     let log = text(&o);
