@@ -4,7 +4,10 @@
 //! Without the `mpi` cargo feature the world is one process
 //! ([`toast_core::SerialComm`]), and a process a launcher started as one of
 //! several (`mpirun -n 2`, `srun -n 2`: `launched_world_size`) is refused:
-//! each would run the whole job alone and write the same outputs. With the
+//! each would run the whole job alone and write the same outputs. Runs
+//! launched together on purpose, each its own job (a task farm: `srun -n
+//! 8 sh -c 'toast-cli run --out-dir out_$SLURM_PROCID ...'`), say so with
+//! [`INDEPENDENT_RUNS_ENV`]` = 1`. With the
 //! feature, [`init`] initialises MPI (see `mpi_comm.rs`)
 //! and returns the MPI world; a binary built with the feature and started
 //! without `mpirun` is a one-rank MPI job (MPI's singleton mode).
@@ -33,17 +36,24 @@ pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        if let Some((n, var)) = launched_world_size().filter(|&(n, _)| n > 1) {
+        let independent = std::env::var(INDEPENDENT_RUNS_ENV).is_ok_and(|v| v.trim() == "1");
+        if let Some((n, var)) = launched_world_size().filter(|&(n, _)| n > 1 && !independent) {
             anyhow::bail!(
                 "this process is one of {n} a launcher started ({var}={n}), but this toast-cli \
                  was built without MPI: each process would run the whole job alone and write \
                  the same outputs; build it with MPI (cargo build --release -p toast-cli \
-                 --features mpi) or run one process"
+                 --features mpi) or run one process (or, for independent runs with an \
+                 --out-dir each, set {INDEPENDENT_RUNS_ENV}=1)"
             );
         }
         Ok(Arc::new(toast_core::SerialComm))
     }
 }
+
+/// The environment variable that declares the processes a launcher
+/// started to be independent runs, each its own job (`1`): a build without
+/// MPI then runs each as one process instead of refusing.
+pub const INDEPENDENT_RUNS_ENV: &str = "TOAST_INDEPENDENT_RUNS";
 
 /// The number of processes a launcher started this one among, and the
 /// variable that says it: Open MPI's `OMPI_COMM_WORLD_SIZE`, Hydra's and

@@ -713,5 +713,15 @@ fn a_serial_build_started_as_several_processes_refuses() {
         c.args(["run", "--dry-run"]);
         let o = process::run_with_deadline(c, std::time::Duration::from_secs(60), var);
         assert!(o.status.success(), "{var}=1: {}", text(&o));
+        // Independent runs, declared so (a task farm), run each alone; any
+        // other value of the variable does not declare it.
+        for (value, runs) in [("1", true), ("yes", false)] {
+            let mut c = launched(var, "2");
+            c.env("TOAST_INDEPENDENT_RUNS", value);
+            c.args(["run", "--dry-run"]);
+            let o = process::run_with_deadline(c, std::time::Duration::from_secs(60), var);
+            let code = if runs { 0 } else { 2 };
+            assert_eq!(o.status.code(), Some(code), "{var}, {value}: {}", text(&o));
+        }
     }
 }
