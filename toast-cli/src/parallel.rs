@@ -7,7 +7,7 @@
 //! each would run the whole job alone and write the same outputs. Runs
 //! launched together on purpose, each its own job (a task farm: `srun -n
 //! 8 sh -c 'toast-cli run --out-dir out_$SLURM_PROCID ...'`), say so with
-//! [`INDEPENDENT_RUNS_ENV`]` = 1`. With the
+//! `TOAST_INDEPENDENT_RUNS=1`. With the
 //! feature, [`init`] initialises MPI (see `mpi_comm.rs`)
 //! and returns the MPI world; a binary built with the feature and started
 //! without `mpirun` is a one-rank MPI job (MPI's singleton mode).
@@ -52,8 +52,10 @@ pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
 
 /// The environment variable that declares the processes a launcher
 /// started to be independent runs, each its own job (`1`): a build without
-/// MPI then runs each as one process instead of refusing.
-pub const INDEPENDENT_RUNS_ENV: &str = "TOAST_INDEPENDENT_RUNS";
+/// MPI then runs each as one process instead of refusing. (An MPI build
+/// runs them as one job.)
+#[cfg(not(feature = "mpi"))]
+const INDEPENDENT_RUNS_ENV: &str = "TOAST_INDEPENDENT_RUNS";
 
 /// The number of processes a launcher started this one among, and the
 /// variable that says it: Open MPI's `OMPI_COMM_WORLD_SIZE`, Hydra's and
