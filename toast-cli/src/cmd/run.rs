@@ -399,11 +399,21 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         Some(p) => job.device_budget(&registry)?.map(|(name, b)| (p, name, b)),
         None => None,
     };
+    // The run's memory checks, made on every process (the host's takes the
+    // smallest memory bound of them): this node's memory, and the device
+    // budget on a device plan. A run is refused by a failing one; the dry
+    // run reports them.
+    let memory_checks = || {
+        let host = job.check_memory_on(&*comm, &plan, &sim, &execution, ppn);
+        let device = device
+            .as_ref()
+            .map(|(p, name, budget)| job.check_device_memory(*p, name, *budget, &execution));
+        (host, device)
+    };
     if args.dry_run.is_none() && !args.ignore_memory_check {
-        job.check_memory_on(&*comm, &plan, &sim, &execution, ppn)?;
-        if let Some((p, name, budget)) = &device {
-            job.check_device_memory(*p, name, *budget, &execution)?;
-        }
+        let (host, device) = memory_checks();
+        host?;
+        device.transpose()?;
     }
     // Only a job that passed every check creates its output directories.
     let maps_dir = maps_dir(&args.out_dir, &job.config.mapmaker.output_dir);
@@ -433,16 +443,11 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         )?;
     }
     if args.dry_run.is_some() {
-        // The checks the run makes, on every process (the host's takes the
-        // smallest memory bound of them): whether the same command without
-        // `--dry-run` would be refused (exit 2), by this node's memory
-        // (unless the plan is for other nodes, `--dry-run P,PPN`) or by a
-        // device budget.
+        // Whether the same command without `--dry-run` would be refused
+        // (exit 2): by this node's memory (unless the plan is for other
+        // nodes, `--dry-run P,PPN`) or by a device budget.
         let this_node = args.dry_run.as_deref() == Some("");
-        let host_fit = job.check_memory_on(&*comm, &plan, &sim, &execution, ppn);
-        let device_fit = device
-            .as_ref()
-            .map(|(p, name, budget)| job.check_device_memory(*p, name, *budget, &execution));
+        let (host_fit, device_fit) = memory_checks();
         let mut refused = [
             i64::from(this_node && host_fit.is_err()),
             i64::from(matches!(device_fit, Some(Err(_)))),

@@ -37,7 +37,7 @@ use crate::sim::{
 };
 use crate::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -1212,12 +1212,13 @@ impl SatelliteJob {
             .ext::<Dispatcher>()
             .map(|d| d.kernel_log())
             .unwrap_or_default();
+        // The backends that ran a kernel here, once each.
+        let ran: BTreeSet<&String> = kernels.values().flat_map(|b| b.keys()).collect();
         // The device peak the plugins measured: their allocators'
         // high-water marks since init (every buffer, kernel scratch and
-        // cache), the largest over the backends that ran a kernel here.
-        let held = kernels
-            .values()
-            .flat_map(|b| b.keys())
+        // cache), the largest over those backends.
+        let held = ran
+            .iter()
             .filter_map(|n| registry.get(n).ok()?.device_info(0).ok()?.peak_held_bytes)
             .max();
         let mut device_peak = [
@@ -1241,9 +1242,8 @@ impl SatelliteJob {
             BusBytes::now(&ctx),
             ctx.extensions.get::<CgTransfers>(),
         );
-        let transfers = kernels
-            .values()
-            .flat_map(|b| b.keys())
+        let transfers = ran
+            .into_iter()
             .filter_map(|n| {
                 registry
                     .get(n)
