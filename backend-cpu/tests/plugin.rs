@@ -574,7 +574,8 @@ fn pixels_healpix_non_finite_quaternion_is_an_error() {
         n_pix_submap: 16,
         shared_flag_mask: 0,
         nest: 1,
-        reserved: [0; 6],
+        pixels_i32: 0,
+        reserved: [0; 5],
     };
     // SAFETY: every pointer is a live vector of the declared length.
     let st = unsafe { table().pixels_healpix.unwrap()(c.0, &a) };
@@ -777,7 +778,8 @@ fn run_all(threads: usize, w: &Workload) -> Vec<Vec<u64>> {
         n_pix_submap: 256,
         shared_flag_mask: 1,
         nest: 0,
-        reserved: [0; 6],
+        pixels_i32: 0,
+        reserved: [0; 5],
     };
     assert_eq!(
         // SAFETY: `w.rows` (n_det = 4) and the intervals are live host arrays; kernel arrays

@@ -683,7 +683,8 @@ fn pixels_healpix(c: &mut Call<'_, '_>) -> PyResult<()> {
         n_pix_submap,
         shared_flag_mask: mask,
         nest: u8::from(nest),
-        reserved: [0; 6],
+        pixels_i32: 0,
+        reserved: [0; 5],
     };
     run(c.backend, &args, vec![p, h, q, sf])
 }

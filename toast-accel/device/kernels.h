@@ -627,38 +627,43 @@ KERNEL void toast_pointing_detector(TOAST_GRID_ARGS, i64 n_samp,
     quats[o + 3] = -p[0] * q0 - p[1] * q1 - p[2] * q2 + p[3] * q3;
 }
 
-/* ---- 2. pixels_healpix ------------------------------------------------- */
+/* ---- 2. pixels_healpix (one kernel per pixel type) --------------------- */
 
-KERNEL void toast_pixels_healpix(TOAST_GRID_ARGS, i64 n_samp,
-                                 GLOBAL const i64 *RESTRICT intervals,
-                                 GLOBAL const i32 *RESTRICT quat_index,
-                                 GLOBAL const i32 *RESTRICT pixel_index,
-                                 GLOBAL const double *RESTRICT quats,
-                                 GLOBAL const u8 *RESTRICT shared_flags, i32 use_flags, i32 mask,
-                                 GLOBAL i64 *RESTRICT pixels, GLOBAL u8 *RESTRICT hit_submaps,
-                                 i64 nside, i64 factor, i64 n_pix_submap, i32 nest,
-                                 GLOBAL u64 *RESTRICT err) {
-    TOAST_SAMPLE_GRID(intervals)
-    const i64 po = (i64)pixel_index[det] * n_samp + s;
-    if (use_flags && (shared_flags[s] & mask) != 0) {
-        pixels[po] = -1;
-        return;
+/* toast_pixels_healpix_i64 writes TOAST's i64 pixels; toast_pixels_healpix_i32
+ * the compact pointing's (ABI minor 8, pixels_i32 = 1), where the host has
+ * checked that 12 nside^2 fits an i32: the same pixel, narrowed exactly. */
+#define TOAST_PIXELS_HEALPIX(NAME, PIXT)                                                       \
+    KERNEL void NAME(TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,       \
+                     GLOBAL const i32 *RESTRICT quat_index,                                    \
+                     GLOBAL const i32 *RESTRICT pixel_index,                                   \
+                     GLOBAL const double *RESTRICT quats,                                      \
+                     GLOBAL const u8 *RESTRICT shared_flags, i32 use_flags, i32 mask,          \
+                     GLOBAL PIXT *RESTRICT pixels, GLOBAL u8 *RESTRICT hit_submaps, i64 nside, \
+                     i64 factor, i64 n_pix_submap, i32 nest, GLOBAL u64 *RESTRICT err) {       \
+        TOAST_SAMPLE_GRID(intervals)                                                           \
+        const i64 po = (i64)pixel_index[det] * n_samp + s;                                     \
+        if (use_flags && (shared_flags[s] & mask) != 0) {                                      \
+            pixels[po] = (PIXT)-1;                                                             \
+            return;                                                                            \
+        }                                                                                      \
+        const i64 qo = 4 * ((i64)quat_index[det] * n_samp + s);                                \
+        double q[4];                                                                           \
+        q[0] = quats[qo];                                                                      \
+        q[1] = quats[qo + 1];                                                                  \
+        q[2] = quats[qo + 2];                                                                  \
+        q[3] = quats[qo + 3];                                                                  \
+        i64 pix = 0;                                                                           \
+        if (!toast_hpix_pixel(q, nside, factor, nest, &pix)) {                                 \
+            atomic_min_u64(err, TOAST_ERR_KEY(det, s));                                        \
+            return;                                                                            \
+        }                                                                                      \
+        pixels[po] = (PIXT)pix;                                                                \
+        /* Benign race: every writer stores 1. */                                              \
+        hit_submaps[pix / n_pix_submap] = 1;                                                   \
     }
-    const i64 qo = 4 * ((i64)quat_index[det] * n_samp + s);
-    double q[4];
-    q[0] = quats[qo];
-    q[1] = quats[qo + 1];
-    q[2] = quats[qo + 2];
-    q[3] = quats[qo + 3];
-    i64 pix = 0;
-    if (!toast_hpix_pixel(q, nside, factor, nest, &pix)) {
-        atomic_min_u64(err, TOAST_ERR_KEY(det, s));
-        return;
-    }
-    pixels[po] = pix;
-    /* Benign race: every writer stores 1. */
-    hit_submaps[pix / n_pix_submap] = 1;
-}
+
+TOAST_PIXELS_HEALPIX(toast_pixels_healpix_i64, i64)
+TOAST_PIXELS_HEALPIX(toast_pixels_healpix_i32, i32)
 
 /* ---- 3. stokes_weights_I ----------------------------------------------- */
 

@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 7u
+#define TOAST_BACKEND_ABI_MINOR 8u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -145,7 +145,11 @@ typedef struct toast_pointing_detector_args {
 
 /* HEALPix pixel of each detector direction.  nside must be a power of two
  * (TOAST loops forever otherwise; here it is an error).  Flagged samples get
- * pixel -1 and no hit.  hit_submaps[pix / n_pix_submap] is set to 1. */
+ * pixel -1 and no hit.  hit_submaps[pix / n_pix_submap] is set to 1.
+ * ABI minor 8: with pixels_i32 = 1 the pixels are written as i32 (the
+ * map-maker's compact pointing, 4 bytes a sample); 12 nside^2 must then fit
+ * an i32 (nside <= 8192), else the call is refused.  The host sets it only
+ * for a plugin of minor 8 or later (an older one reads it as reserved). */
 typedef struct toast_pixels_healpix_args {
     uint64_t n_det;
     uint64_t n_samp;
@@ -154,13 +158,14 @@ typedef struct toast_pixels_healpix_args {
     toast_intervals intervals;
     toast_array quats;        /* f64 [n_rows, n_samp, 4] (in) */
     toast_array shared_flags; /* u8 [n_samp] (in), or absent */
-    toast_array pixels;       /* i64 [n_rows, n_samp] (out) */
+    toast_array pixels;       /* i64 (i32 with pixels_i32) [n_rows, n_samp] (out) */
     toast_array hit_submaps;  /* u8 [n_submap] (in/out); n_submap*n_pix_submap >= 12 nside^2 */
     int64_t nside;
     int64_t n_pix_submap;
     uint8_t shared_flag_mask;
-    uint8_t nest; /* 1 NESTED, 0 RING */
-    uint8_t reserved[6];
+    uint8_t nest;       /* 1 NESTED, 0 RING */
+    uint8_t pixels_i32; /* ABI minor 8 (before: reserved, 0): 1 = pixels is i32 */
+    uint8_t reserved[5];
 } toast_pixels_healpix_args;
 
 /* weights[weight_index[i], s] = cal[i] */

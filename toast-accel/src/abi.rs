@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 7;
+pub const ABI_MINOR: u32 = 8;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -139,7 +139,10 @@ pub struct PixelsHealpixArgs {
     pub n_pix_submap: i64,
     pub shared_flag_mask: u8,
     pub nest: u8,
-    pub reserved: [u8; 6],
+    /// ABI minor 8 (before: reserved, 0): 1 when `pixels` is i32 (the
+    /// compact pointing); set only for a plugin of minor 8 or later.
+    pub pixels_i32: u8,
+    pub reserved: [u8; 5],
 }
 
 #[repr(C)]

@@ -455,6 +455,8 @@ pub struct PixelsHealpix<'a> {
     pub npix: i64,
     /// Length of `hit_submaps`.
     pub n_submap: usize,
+    /// The pixels are i32 (ABI minor 8, the compact pointing), else i64.
+    pub pixels_i32: bool,
 }
 
 /// Check the arguments of `pixels_healpix`.
@@ -500,6 +502,27 @@ pub unsafe fn check_pixels_healpix<'a>(
             ),
         ));
     }
+    let pixels_i32 = match a.pixels_i32 {
+        0 => false,
+        1 if npix <= i64::from(i32::MAX) => true,
+        1 => {
+            return Err(ArgError::new(
+                K,
+                "pixels_i32",
+                format!(
+                    "i32 pixels cannot hold the 12 nside^2 = {npix} pixels of nside {}",
+                    a.nside
+                ),
+            ))
+        }
+        v => {
+            return Err(ArgError::new(
+                K,
+                "pixels_i32",
+                format!("pixels_i32 = {v} is neither 0 (i64 pixels) nor 1 (i32 pixels)"),
+            ))
+        }
+    };
     let use_flags = optional_len(K, "shared_flags", a.shared_flags.len, a.n_samp, "n_samp")?;
     sample_rows(
         K,
@@ -531,6 +554,7 @@ pub unsafe fn check_pixels_healpix<'a>(
         factor,
         npix,
         n_submap: a.hit_submaps.len as usize,
+        pixels_i32,
     })
 }
 
@@ -1761,6 +1785,7 @@ mod tests {
         hits: Vec<u8>,
         nside: i64,
         nps: i64,
+        i32_out: u8,
     }
     impl Ph {
         fn new() -> Self {
@@ -1773,6 +1798,7 @@ mod tests {
                 hits: vec![0; 12],
                 nside: 4,
                 nps: 16,
+                i32_out: 0,
             }
         }
         fn check(&self) -> Result<PixelsHealpix<'_>, ArgError> {
@@ -1790,7 +1816,8 @@ mod tests {
                 n_pix_submap: self.nps,
                 shared_flag_mask: 0,
                 nest: 1,
-                reserved: [0; 6],
+                pixels_i32: self.i32_out,
+                reserved: [0; 5],
             };
             // SAFETY: all pointers come from live vectors of the declared lengths.
             unsafe { check_pixels_healpix(&a) }
@@ -1802,6 +1829,26 @@ mod tests {
         let f = Ph::new();
         let v = f.check().unwrap();
         assert_eq!((v.factor, v.npix, v.n_submap), (2, 192, 12));
+    }
+
+    #[test]
+    fn i32_pixels_need_a_pixelization_that_fits() {
+        let mut p = Ph::new();
+        p.i32_out = 1;
+        assert!(p.check().unwrap().pixels_i32);
+        // nside 16384: 3.2e9 pixels, beyond i32 (the hit submaps cover them).
+        p.nside = 1 << 14;
+        p.nps = 12 << 20;
+        p.hits = vec![0; 256];
+        expect_err(
+            p.check(),
+            "pixels_i32",
+            "cannot hold the 12 nside^2 = 3221225472",
+        );
+        p.nside = 1 << 13;
+        assert!(p.check().unwrap().pixels_i32);
+        p.i32_out = 2;
+        expect_err(p.check(), "pixels_i32", "pixels_i32 = 2");
     }
 
     #[test]

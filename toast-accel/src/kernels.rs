@@ -88,7 +88,7 @@ macro_rules! toast_kernels {
                 args: PixelsHealpixArgs = toast_pixels_healpix_args,
                 check: check_pixels_healpix -> $crate::check::PixelsHealpix<'a>,
                 arrays: [quats: In, shared_flags: In, pixels: Out, hit_submaps: Out],
-                device: ["toast_pixels_healpix"],
+                device: ["toast_pixels_healpix_i64", "toast_pixels_healpix_i32"],
                 case: PixelsHealpixCase,
             }
             stokes_weights_i => StokesWeightsI {
@@ -438,7 +438,8 @@ mod tests {
             n_pix_submap: 1,
             shared_flag_mask: 0,
             nest: 0,
-            reserved: [0; 6],
+            pixels_i32: 0,
+            reserved: [0; 5],
         };
         assert_eq!(aliased_output(&p), Some(("pixels", "hit_submaps")));
     }
@@ -455,8 +456,8 @@ mod tests {
             "toast_pointing_detector_args"
         );
         let names: Vec<&str> = crate::device_source::KERNEL_NAMES.to_vec();
-        assert_eq!(names.len(), 35);
-        assert_eq!(names[4], "toast_scan_map_f64");
+        assert_eq!(names.len(), 36);
+        assert_eq!(names[5], "toast_scan_map_f64");
         assert!(Kernel::ALL
             .iter()
             .all(|k| !k.in_table(&BackendTable::EMPTY)));

@@ -58,7 +58,7 @@ fn rust_side() -> BTreeMap<String, Layout> {
         },
         toast_pixels_healpix_args => PixelsHealpixArgs {
             n_det, n_samp, quat_index, pixel_index, intervals, quats, shared_flags, pixels,
-            hit_submaps, nside, n_pix_submap, shared_flag_mask, nest, reserved,
+            hit_submaps, nside, n_pix_submap, shared_flag_mask, nest, pixels_i32, reserved,
         },
         toast_stokes_weights_i_args => StokesWeightsIArgs {
             n_det, n_samp, weight_index, cal, intervals, weights,

@@ -509,7 +509,37 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
             "because the plan device-kept-fused would need 0.21 GiB of device memory on backend \
              cuda, over its budget of 0.120 GiB",
         ],
-        (3, "resident"),
+        ("device-recomputed", 3, "resident"),
+        &[],
+    );
+}
+
+/// Compact pointing on a device (`device-compact-fused`, ABI minor 8: the
+/// `pixels_healpix` kernel writes the pixels as i32 on the device, 4 bytes
+/// a detector sample kept; the fused passes rebuild the weights from the
+/// boresight inside their kernels) in a budget too small for its default
+/// batches of 8: the workflow keeps it, in batches of 2 for the passes that
+/// read pointing fields, with the same guarantees as the recomputed plan
+/// (within the budget, nothing per sample on the bus, every kernel on the
+/// device, the CPU's maps).
+#[test]
+fn compact_pointing_on_a_device_runs_in_its_budget_with_the_cpu_maps() {
+    budget_run(
+        "compact",
+        ("cuda:memory=0.12", 128_849_018),
+        &[
+            "map-maker plan: device-compact-fused (2 detectors a batch)",
+            "because the plan device-compact-fused (8 detectors a batch) would need 0.22 GiB of \
+             device memory on backend cuda, over its budget of 0.120 GiB",
+            "because binner.compact_pointing = true: pixels kept on the device as i32",
+        ],
+        ("device-compact", 2, "resident"),
+        &[
+            "--set",
+            "binner.full_pointing=false",
+            "--set",
+            "binner.compact_pointing=true",
+        ],
     );
 }
 
@@ -581,17 +611,25 @@ fn a_budget_below_the_detector_data_streams_them_with_the_cpu_maps() {
             "and one detector a batch beside the whole detector data would too",
             "because binner.stream_detector_data = true",
         ],
-        (1, "streamed"),
+        ("device-recomputed", 1, "streamed"),
+        &[],
     );
 }
 
-/// A run of tiny with 8 detectors on emulated cuda within `budget` (the
-/// option and its bytes): the dry run says `want`, the run takes
-/// `device-recomputed-fused` with batches of `batch` detectors and its
-/// detector data `data` (`resident`, `streamed`), its device peak is within
-/// the budget, no kernel call copies unstaged data, every kernel runs on
-/// the device, and the maps are the CPU's.
-fn budget_run(name: &str, budget: (&str, u64), want: &[&str], (batch, data): (u64, &str)) {
+/// A run of tiny with 8 detectors (and the settings `extra`, on the CPU
+/// too) on emulated cuda within `budget` (the option and its bytes): the
+/// dry run says `want`, the run takes `plan` (fused) with batches of
+/// `batch` detectors and its detector data `data` (`resident`,
+/// `streamed`), its device peak is within the budget, no kernel call
+/// copies unstaged data, every kernel runs on the device, and the maps are
+/// the CPU's.
+fn budget_run(
+    name: &str,
+    budget: (&str, u64),
+    want: &[&str],
+    (plan, batch, data): (&str, u64, &str),
+    extra: &[&str],
+) {
     let backend = "cuda";
     let Some(dir) = usable_emulated(backend) else {
         return;
@@ -599,32 +637,39 @@ fn budget_run(name: &str, budget: (&str, u64), want: &[&str], (batch, data): (u6
     let (option, budget_bytes) = budget;
     let cpu = scratch("toast-cli-emulated", &format!("{name}-cpu")).join("out");
     let out = scratch("toast-cli-emulated", name).join("out");
-    fn with<'a>(first: &[&'a str]) -> Vec<&'a str> {
+    fn with<'a>(first: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
         let mut args = first.to_vec();
         args.extend_from_slice(&["--n-det", "8"]);
         args.extend_from_slice(SETTINGS);
+        args.extend_from_slice(extra);
         args
     }
     let (ok, log) = toast_cli(
-        &with(&[
-            "run",
-            "--backend",
-            "cpu",
-            "--out-dir",
-            cpu.to_str().unwrap(),
-        ]),
+        &with(
+            &[
+                "run",
+                "--backend",
+                "cpu",
+                "--out-dir",
+                cpu.to_str().unwrap(),
+            ],
+            extra,
+        ),
         None,
     );
     assert!(ok, "cpu run: {log}");
     let device = ["run", "--backend", backend, "--backend-options", option];
-    let (ok, log) = toast_cli(&with(&[&device[..], &["--dry-run"]].concat()), Some(&dir));
+    let (ok, log) = toast_cli(
+        &with(&[&device[..], &["--dry-run"]].concat(), extra),
+        Some(&dir),
+    );
     assert!(ok, "dry run: {log}");
     for w in want {
         assert!(log.contains(w), "dry run: no `{w}` in\n{log}");
     }
     let movement_log = [("RUST_LOG", "toast_ops::exec::movement=debug")];
     let run = [&device[..], &["--out-dir", out.to_str().unwrap()]].concat();
-    let (ok, log) = toast_cli_env(&with(&run), Some(&dir), &movement_log);
+    let (ok, log) = toast_cli_env(&with(&run, extra), Some(&dir), &movement_log);
     assert!(ok, "{backend} run within {option}: {log}");
     if data == "resident" {
         one_device_scope_keeps_the_timestreams(backend, &log);
@@ -635,10 +680,12 @@ fn budget_run(name: &str, budget: (&str, u64), want: &[&str], (batch, data): (u6
     );
     let stats: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("stats.json")).unwrap()).unwrap();
-    assert_eq!(stats["execution_plan"]["name"], "device-recomputed");
+    assert_eq!(stats["execution_plan"]["name"], plan);
     assert_eq!(stats["execution_plan"]["passes"], "fused");
     assert_eq!(stats["execution_plan"]["batch"], batch);
-    assert_eq!(stats["execution_plan"]["data"], data);
+    // Only a recomputed plan may stream its detector data.
+    let recorded = &stats["execution_plan"]["data"];
+    assert!(recorded == data || (recorded.is_null() && data == "resident"));
     let peak = stats["device_peak_staged_bytes"].as_u64().unwrap();
     assert!(
         peak > 0 && peak <= budget_bytes,

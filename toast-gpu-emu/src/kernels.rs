@@ -253,7 +253,8 @@ mod tests {
         let names: Vec<&str> = all().iter().map(|k| k.name).collect();
         for n in [
             "toast_pointing_detector",
-            "toast_pixels_healpix",
+            "toast_pixels_healpix_i64",
+            "toast_pixels_healpix_i32",
             "toast_scan_map_f32",
             "toast_template_offset_apply_diag_precond",
         ] {

@@ -359,10 +359,50 @@ impl Hpix {
 /// `a` has passed `check_pixels_healpix` (giving `v`) and its arrays are
 /// host memory of the stated lengths.
 pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result<(), PluginError> {
+    if v.pixels_i32 {
+        // SAFETY: the caller's contract, with `pixels` of i32 (checked flag).
+        unsafe { run_into::<i32>(v, a) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { run_into::<i64>(v, a) }
+    }
+}
+
+/// An element type of the `pixels` output: i64 (TOAST's), or i32 (the
+/// compact pointing, `pixels_i32`; the validator checked that every pixel
+/// of the nside fits).
+trait PixelOut: Copy + Send + Sync + 'static {
+    /// A valid pixel in `[-1, 12 nside²)`.
+    fn of(p: i64) -> Self;
+}
+
+impl PixelOut for i64 {
+    #[inline(always)]
+    fn of(p: i64) -> Self {
+        p
+    }
+}
+
+impl PixelOut for i32 {
+    #[inline(always)]
+    fn of(p: i64) -> Self {
+        // In range: 12 nside² <= i32::MAX (checked), and p < 12 nside².
+        p as i32
+    }
+}
+
+/// [`run`] with pixels of `P`.
+///
+/// # Safety
+/// As [`run`], with `a.pixels` an array of `P`.
+unsafe fn run_into<P: PixelOut>(
+    v: &PixelsHealpix<'_>,
+    a: &PixelsHealpixArgs,
+) -> Result<(), PluginError> {
     arrays::check_disjoint(
         K,
         &[
-            Arg::new::<i64>("pixels", a.pixels),
+            Arg::new::<P>("pixels", a.pixels),
             Arg::new::<u8>("hit_submaps", a.hit_submaps),
         ],
         &[
@@ -375,7 +415,7 @@ pub(crate) unsafe fn run(v: &PixelsHealpix<'_>, a: &PixelsHealpixArgs) -> Result
         (
             arrays::input::<f64>(K, "quats", a.quats)?,
             arrays::input::<u8>(K, "shared_flags", a.shared_flags)?,
-            arrays::output::<i64>(K, "pixels", a.pixels)?,
+            arrays::output::<P>(K, "pixels", a.pixels)?,
             arrays::output::<u8>(K, "hit_submaps", a.hit_submaps)?,
         )
     };
@@ -441,7 +481,12 @@ impl Stretch<'_> {
     /// not used), and their submaps marked hit; on a sample whose pixel is
     /// invalid, its index and what was computed (`None`: a direction that
     /// is not finite). Computed [`BLOCK`] samples at a time.
-    fn run(&self, q: &[f64], flags: &[u8], out: &mut [i64]) -> Result<(), (usize, Option<i64>)> {
+    fn run<P: PixelOut>(
+        &self,
+        q: &[f64],
+        flags: &[u8],
+        out: &mut [P],
+    ) -> Result<(), (usize, Option<i64>)> {
         let mut pix = [0i64; BLOCK];
         let mut finite = [false; BLOCK];
         for (b, (ob, qb)) in out.chunks_mut(BLOCK).zip(q.chunks(4 * BLOCK)).enumerate() {
@@ -458,14 +503,14 @@ impl Stretch<'_> {
             for (l, p) in ob.iter_mut().enumerate() {
                 let k = b * BLOCK + l;
                 if self.use_flags && flags[k] & self.mask != 0 {
-                    *p = -1;
+                    *p = P::of(-1);
                     continue;
                 }
                 let px = pix[l];
                 if !(finite[l] && (0..self.hp.npix).contains(&px)) {
                     return Err((k, finite[l].then_some(px)));
                 }
-                *p = px;
+                *p = P::of(px);
                 let sub = match self.nps_shift {
                     Some(sh) => px >> sh,
                     None => px / self.nps,

@@ -443,6 +443,12 @@ impl Backend {
     pub fn supports(&self, k: Kernel) -> bool {
         k.in_table(&self.plugin.table)
     }
+    /// Whether `pixels_healpix` can write i32 pixels (`pixels_i32`, the
+    /// compact pointing): a plugin of ABI minor 8 or later. An older one
+    /// reads the field as reserved and would write i64s.
+    pub fn writes_i32_pixels(&self) -> bool {
+        self.plugin.abi_minor >= 8
+    }
     pub fn stats(&self) -> &TransferStats {
         &self.stats
     }

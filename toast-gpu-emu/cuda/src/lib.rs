@@ -638,7 +638,7 @@ mod tests {
                 CUDA_SUCCESS
             );
             assert_eq!(
-                cuModuleGetFunction(&mut f, m, c"toast_pixels_healpix".as_ptr()),
+                cuModuleGetFunction(&mut f, m, c"toast_pixels_healpix_i64".as_ptr()),
                 CUDA_ERROR_NOT_FOUND
             );
             let bad = std::ptr::null_mut();

@@ -118,7 +118,17 @@ impl DeviceKernel for abi::PixelsHealpixArgs {
         check_key_range("pixels_healpix", v.n_det, v.n_samp)?;
         let quats = call.array("quats", a.quats, F64)?;
         let flags = call.array("shared_flags", a.shared_flags, U8)?;
-        let pixels = call.array("pixels", a.pixels, I64)?;
+        let (kernel, pixels) = if v.pixels_i32 {
+            (
+                "toast_pixels_healpix_i32",
+                call.array("pixels", a.pixels, I32)?,
+            )
+        } else {
+            (
+                "toast_pixels_healpix_i64",
+                call.array("pixels", a.pixels, I64)?,
+            )
+        };
         let hits = call.array("hit_submaps", a.hit_submaps, U8)?;
         let iv = call.intervals(v.intervals)?;
         let qi = call.small("quat_index", v.quat_index)?;
@@ -127,7 +137,7 @@ impl DeviceKernel for abi::PixelsHealpixArgs {
         let split_det = has_duplicates(v.pixel_index);
         let split_iv = intervals_overlap(v.intervals);
         call.launch_samples(
-            "toast_pixels_healpix",
+            kernel,
             v.n_det,
             v.intervals,
             split_det,

@@ -640,6 +640,11 @@ pub struct HealpixParams {
 /// contents are updated by a host-addressable backend (or a call without a
 /// device scope), else the scope's device copy accumulates them
 /// ([`crate::exec::movement::take_scratch`] reads it).
+///
+/// An i32 `pixels` field gets the compact pointing's pixels (ABI minor 8's
+/// `pixels_i32`: the same pixels, 4 bytes a sample); the backend the call
+/// resolves to must write them ([`toast_accel::host::Backend::writes_i32_pixels`]),
+/// else the call is refused before it is made.
 #[allow(clippy::too_many_arguments)]
 pub fn pixels_healpix(
     ctx: &mut ExecContext,
@@ -654,13 +659,38 @@ pub fn pixels_healpix(
     hits_name: &str,
 ) -> Result<(), OpError> {
     let quat_index = rows::<f64>(ctx, ob, quats, &[4], call.detectors)?;
-    let pixel_index = rows::<i64>(ctx, ob, pixels, &[], call.detectors)?;
+    let pixels_i32 = ob.detdata.get(pixels)?.dtype() == DType::I32;
+    let pixel_index = if pixels_i32 {
+        let resolved = ctx
+            .ext::<Dispatcher>()?
+            .resolve(abi::Kernel::PixelsHealpix, Some(call.operator))
+            .map_err(|e| OpError::KernelCall {
+                operator: call.operator.to_string(),
+                kernel: abi::Kernel::PixelsHealpix.to_string(),
+                problem: e.to_string(),
+            })?;
+        if !resolved.backend.writes_i32_pixels() {
+            return Err(OpError::KernelCall {
+                operator: call.operator.to_string(),
+                kernel: abi::Kernel::PixelsHealpix.to_string(),
+                problem: format!(
+                    "backend {} (ABI minor {}) cannot write i32 pixels into `{pixels}` (the \
+                     compact pointing needs a plugin of ABI minor 8 or later)",
+                    resolved.backend.name(),
+                    resolved.backend.plugin().abi_minor
+                ),
+            });
+        }
+        rows::<i32>(ctx, ob, pixels, &[], call.detectors)?
+    } else {
+        rows::<i64>(ctx, ob, pixels, &[], call.detectors)?
+    };
     let (flags, mask) = shared_flags(ob, shared_flag)?;
     let n_samp = ob.n_samples() as u64;
     let specs = vec![
         Spec::input(Source::DetData(quats), 8),
         Spec::input(flags, 1),
-        Spec::output(Source::DetData(pixels), 8),
+        Spec::output(Source::DetData(pixels), if pixels_i32 { 4 } else { 8 }),
         Spec::output(Source::Scratch(hit_submaps, hits_name), 1),
     ];
     launch(
@@ -683,7 +713,8 @@ pub fn pixels_healpix(
             n_pix_submap: params.n_pix_submap,
             shared_flag_mask: mask,
             nest: u8::from(params.nest),
-            reserved: [0; 6],
+            pixels_i32: u8::from(pixels_i32),
+            reserved: [0; 5],
         },
     )
 }

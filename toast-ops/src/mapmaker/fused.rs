@@ -52,11 +52,13 @@
 //! satellite workflow's); otherwise (recomputed host pointing,
 //! [`MapMaker::fused_passes`] off) the unfused passes run.
 //!
-//! On a device (`device-kept-fused`, `device-recomputed-fused`) the
+//! On a device (`device-kept-fused`, `device-recomputed-fused`,
+//! `device-compact-fused`) the
 //! solver's sides run the same two kernels as pipeline steps
 //! ([`AccumulateStep`], [`ProjectStep`]), staged like every other kernel:
-//! they read the kept pointing or, per batch, the pointing the pass's
-//! steps just recomputed, and the timestream's rows of the pass's
+//! they read the kept pointing, or, per batch, the pointing the pass's
+//! steps just recomputed, or the compact pixels and the boresight (the
+//! weights rebuilt in the kernels), and the timestream's rows of the pass's
 //! detectors (the right-hand side) or `F a` of the amplitudes (the
 //! left-hand side). No work timestream exists on the device. No
 //! detector's weights count as finite there (they are not on the host),
@@ -189,24 +191,7 @@ impl MapMaker {
         fused: Fused,
     ) -> Result<FusedPointing<'a>, OpError> {
         Ok(match fused {
-            Fused::Compact => {
-                let c = self.compact_ops()?;
-                let dp = &c.det_pointing;
-                FusedPointing::Compact(CompactPointing {
-                    compact: &c.compact,
-                    boresight: &dp.boresight,
-                    shared_flags: match (&dp.shared_flags, dp.shared_flag_mask) {
-                        (Some(f), m) if m != 0 => Some((f.as_str(), m)),
-                        _ => None,
-                    },
-                    hwp: c
-                        .weights
-                        .hwp_angle
-                        .as_deref()
-                        .filter(|h| ob.shared.contains(h)),
-                    iau: c.weights.iau,
-                })
-            }
+            Fused::Compact => FusedPointing::Compact(compact_pointing(self.compact_ops()?, ob)),
             Fused::Kept => FusedPointing::Kept {
                 pixels: self.solve_pointing.pixels_field(),
                 weights: self.solve_pointing.weights_field(),
@@ -754,6 +739,10 @@ impl StepInput {
 pub(super) struct DevicePass {
     /// The map-maker's name (the kernel calls' operator, for dispatch).
     pub operator: String,
+    /// With compact pointing (`device-compact`), its expansion settings:
+    /// the kernels read the compact pixels and rebuild the weights from
+    /// the boresight (`pixels` and `weights` are then not read).
+    pub compact: Option<crate::ops::ExpandCompactPointing>,
     /// The pass's pixels and IQU weights.
     pub pixels: String,
     /// See `pixels`.
@@ -772,9 +761,13 @@ pub(super) struct DevicePass {
 
 impl DevicePass {
     fn requires(&self) -> toast_core::Requirements {
-        toast_core::Requirements::new()
-            .detdata(&self.pixels)
-            .detdata(&self.weights)
+        let pointing = match &self.compact {
+            Some(c) => toast_core::Operator::requires(c),
+            None => toast_core::Requirements::new()
+                .detdata(&self.pixels)
+                .detdata(&self.weights),
+        };
+        pointing
             .global(&self.map)
             .global(&self.pixel_dist)
             .global(self.template.flags_key())
@@ -787,11 +780,38 @@ impl DevicePass {
         }
     }
 
-    fn pointing(&self) -> FusedPointing<'_> {
-        FusedPointing::Kept {
-            pixels: &self.pixels,
-            weights: &self.weights,
+    /// The pointing the kernels read in `ob`.
+    fn pointing(&self, ob: &Observation) -> FusedPointing<'_> {
+        match &self.compact {
+            Some(c) => FusedPointing::Compact(compact_pointing(c, ob)),
+            None => FusedPointing::Kept {
+                pixels: &self.pixels,
+                weights: &self.weights,
+            },
         }
+    }
+}
+
+/// The compact pointing of `c` as the fused kernels read it in `ob` (its
+/// HWP angle where the observation has one).
+fn compact_pointing<'a>(
+    c: &'a crate::ops::ExpandCompactPointing,
+    ob: &Observation,
+) -> CompactPointing<'a> {
+    let dp = &c.det_pointing;
+    CompactPointing {
+        compact: &c.compact,
+        boresight: &dp.boresight,
+        shared_flags: match (&dp.shared_flags, dp.shared_flag_mask) {
+            (Some(f), m) if m != 0 => Some((f.as_str(), m)),
+            _ => None,
+        },
+        hwp: c
+            .weights
+            .hwp_angle
+            .as_deref()
+            .filter(|h| ob.shared.contains(h)),
+        iau: c.weights.iau,
     }
 }
 
@@ -799,8 +819,13 @@ impl MapMaker {
     /// The solver's fused device pass (see [`DevicePass`]).
     pub(super) fn device_pass(&self, tmpl: &Arc<OffsetTemplate>, keys: &Keys) -> DevicePass {
         let binner = &self.setup.binner;
+        let compact = match self.plan.device_fused_form() {
+            Fused::Compact => self.solve_pointing.compact.clone(),
+            Fused::Kept => None,
+        };
         DevicePass {
             operator: self.setup.name.clone(),
+            compact,
             pixels: self.solve_pointing.pixels_field().to_string(),
             weights: self.solve_pointing.weights_field().to_string(),
             map: keys.solve_bin.clone(),
@@ -834,7 +859,9 @@ impl MapMaker {
             flags: pass.flags.clone(),
         };
         let sets = self.work_sets(data);
-        let pointing = if self.plan.keeps_pointing() {
+        // Kept pointing, or compact (rebuilt inside the kernels): no
+        // pointing step; else the batch's, recomputed before the step.
+        let pointing = if self.plan.keeps_pointing() || self.plan.compact() {
             None
         } else {
             Some(&mut self.solve_pointing)
@@ -882,7 +909,8 @@ impl MapMaker {
             Box::new(super::solve::amplitude_reset(output.0, output.1)),
             Box::new(project),
         ];
-        self.run_projection(data, ctx, name, Vec::new(), expand, &mut tail)
+        let rebuilt = self.plan.device_fused_form() == Fused::Compact;
+        self.run_projection(data, ctx, name, Vec::new(), (expand, rebuilt), &mut tail)
     }
 }
 
@@ -934,9 +962,14 @@ impl toast_core::Operator for AccumulateStep {
             input: self.input.fused(),
             map: p.map(),
         };
-        let pointing = p.pointing();
         let finite = |_: &Observation, dets: &[String]| vec![0u8; dets.len()];
-        accumulate_observations(data, ctx, (&accumulation, None), |_| Ok(pointing), finite)
+        accumulate_observations(
+            data,
+            ctx,
+            (&accumulation, None),
+            |ob| Ok(p.pointing(ob)),
+            finite,
+        )
     }
 }
 
@@ -991,7 +1024,6 @@ impl toast_core::Operator for ProjectStep {
             map: p.map(),
             output: &self.amplitudes,
         };
-        let pointing = p.pointing();
-        project_observations(data, ctx, &projection, |_| Ok(pointing))
+        project_observations(data, ctx, &projection, |ob| Ok(p.pointing(ob)))
     }
 }

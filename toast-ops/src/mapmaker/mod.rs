@@ -148,9 +148,10 @@
 //! run in the same order as one pass's, so the maps are bit-identical to
 //! those of the kept pointing; with several, a batch visits every
 //! observation before the next batch (as TOAST's detector sets do), so they
-//! agree to rounding. With `binner.compact_pointing` (host runs, `12
-//! nside²` within i32), the first pass narrows each batch's pixels into
-//! `{name}_compact_pixels` (i32, 4 bytes a sample, kept to the end) and
+//! agree to rounding. With `binner.compact_pointing` (`12 nside²` within
+//! i32; on the host and, as `device-compact`, on a device), the first pass
+//! has the `pixels_healpix` kernel write each batch's pixels as i32 into
+//! `{name}_compact_pixels` (4 bytes a sample, kept to the end) and
 //! every later pass rebuilds the batch's pixels from them and its weights
 //! from the boresight ([`crate::ops::ExpandCompactPointing`]: exact
 //! pixels, so exact hits; weights within a few ulp of the kernel's, so
@@ -170,8 +171,10 @@
 //! keeps the pointing (`full_pointing`). The pixel distribution, when the map-maker builds it,
 //! is built in one pass (its builder reduces over the job after each pass,
 //! and processes may hold different numbers of batches). Device runs of
-//! `device-kept` keep one pass over full fields; `device-recomputed` runs
-//! the batches as the host does (see "Data movement").
+//! `device-kept` keep one pass over full fields; `device-recomputed` and
+//! `device-compact` run the batches as the host does (see "Data
+//! movement"); `device-compact`'s fused device steps read the compact
+//! pixels and the boresight, so its solver passes run no pointing step.
 //!
 //! # Files
 //!
@@ -204,7 +207,9 @@ mod solve;
 mod vectors;
 
 pub use config::{MapMakerConfig, MapMakerSetup};
-pub use plan::{DetectorData, ExecutionPlan, FusedForm, Passes, Plan, PlanFacts};
+pub use plan::{
+    DetectorData, ExecutionPlan, FusedForm, KernelFacts, Passes, Plan, PlanFacts, PIXELS_OPERATOR,
+};
 pub use products::MapMakerResult;
 pub use solve::DOT_TIMER;
 
@@ -213,9 +218,7 @@ use crate::exec::movement::{self, close_scope, mark_host_copies, open_scope};
 use crate::exec::pipeline::{
     mirror_on_host, pipeline_backend, run_operators, DetectorSets, RunOptions,
 };
-use crate::ops::{
-    BinnerConfig, CompactPixels, PixelsHealpix, PointingDetector, PointingOps, StokesWeights,
-};
+use crate::ops::{BinnerConfig, PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use products::Keys;
 use toast_accel::host::Dispatcher;
 use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements, Residence};
@@ -305,7 +308,13 @@ impl MapMaker {
             fused_allowed: true,
             weights_finite: None,
         };
-        mm.plan = Plan::choose(&mm.setup.binner, &mm.plan_facts(None, false));
+        // Until a run finds its backends: the host, unfused, with the CPU
+        // plugin's pixels kernel (which writes i32 pixels).
+        let kernels = KernelFacts {
+            fused: false,
+            i32_pixels: true,
+        };
+        mm.plan = Plan::choose(&mm.setup.binner, &mm.plan_facts(None, kernels));
         Ok(mm)
     }
 
@@ -349,13 +358,13 @@ impl MapMaker {
     /// The facts of a run that decide its [`Plan`] besides the
     /// configuration: the pipeline's backend (`None`: the host) and what
     /// this map-maker's setup and the data say.
-    pub fn plan_facts(&self, backend: Option<(String, bool)>, fused_kernels: bool) -> PlanFacts {
+    pub fn plan_facts(&self, backend: Option<(String, bool)>, kernels: KernelFacts) -> PlanFacts {
         PlanFacts::of_setup(
             &self.setup,
             backend,
             !self.preexisting.is_empty(),
             self.fused_allowed,
-            fused_kernels,
+            kernels,
         )
     }
 
@@ -402,18 +411,14 @@ impl MapMaker {
         let scope = open_scope(ctx, backend.as_ref());
         // The one decision of how this run holds the pointing.
         let staged = movement::scope_open(ctx);
-        let fused_kernels = match ctx.extensions.get::<Dispatcher>() {
-            Some(d) => PlanFacts::fused_kernels_run_with_unfused(
-                d.registry(),
-                d.policy(),
-                &self.setup.name,
-            )
-            .map_err(|e| OpError::Config(format!("{}: dispatch: {e}", self.setup.name)))?,
-            None => false,
+        let kernels = match ctx.extensions.get::<Dispatcher>() {
+            Some(d) => KernelFacts::of(d.registry(), d.policy(), &self.setup.name)
+                .map_err(|e| OpError::Config(format!("{}: dispatch: {e}", self.setup.name)))?,
+            None => KernelFacts::default(),
         };
         let facts = self.plan_facts(
             backend.as_ref().map(|b| (b.name().to_string(), !staged)),
-            fused_kernels,
+            kernels,
         );
         self.plan = Plan::choose(&self.setup.binner, &facts);
         tracing::debug!(
@@ -503,15 +508,17 @@ impl MapMaker {
         // Found again for this run's pointing (see `fused`).
         self.weights_finite = None;
 
-        // Pixel distribution of the solve.
+        // Pixel distribution of the solve (on a device with compact
+        // pointing, from the submaps the compact pass just hit).
         let pixel_dist = self.setup.binner.pixel_dist.clone();
+        let hits_recorded = compact && !host_run;
         self.ensure_pixel_dist(
             data,
             ctx,
             "pixel_dist",
             &pixel_dist,
             mm.reset_pix_dist,
-            !full,
+            !full && !hits_recorded,
             false,
         )?;
         // The pixels the samples reach, for the maps of this distribution
@@ -697,9 +704,12 @@ impl MapMaker {
     }
 
     /// The compact pixels of the solver's pixelization, once: the
-    /// quaternions and pixels of each batch of `binner.pointing_batch`
-    /// detectors (the pointing kernels, transient fields) narrowed into
-    /// [`MapMaker::compact_field`]; the batch fields are then dropped.
+    /// quaternions of each batch of `binner.pointing_batch` detectors (a
+    /// transient field) and their pixels, which `pixels_healpix` writes as
+    /// i32 straight into [`MapMaker::compact_field`] (ABI minor 8: no i64
+    /// field); the quaternions are then dropped. On a device both live
+    /// there, and the kernel records the submaps hit for the pixel
+    /// distribution.
     fn compact_solve_pixels(
         &mut self,
         data: &mut Data,
@@ -709,25 +719,27 @@ impl MapMaker {
             detector_sets: self.batched_sets(data, true),
             ..RunOptions::default()
         };
-        let mut compact = CompactPixels {
-            name: "compact_pixels".into(),
-            pixels: self.solve_pointing.pixels_field().to_string(),
-            compact: self.compact_field(),
-            det_mask: self.setup.det_pointing.det_mask,
-        };
+        let compact = self.compact_field();
         let p = &mut self.solve_pointing;
+        let wide = std::mem::replace(&mut p.pixels.config.pixels, compact);
+        p.pixels.compact = true;
         p.det_pointing.transient = true;
-        p.pixels.transient = true;
         let r = run_operators(
             "pointing",
-            &mut [&mut p.det_pointing, &mut p.pixels, &mut compact],
+            &mut [&mut p.det_pointing, &mut p.pixels],
             data,
             ctx,
             &opts,
         );
         p.det_pointing.transient = false;
-        p.pixels.transient = false;
+        p.pixels.compact = false;
+        p.pixels.config.pixels = wide;
         r?;
+        // The last batch's quaternions, on the device too.
+        let quats = self.setup.det_pointing.quats.clone();
+        if !self.preexisting.contains(&quats) {
+            movement::forget(data, ctx, &Requirements::new().detdata(&quats))?;
+        }
         self.drop_pointing(data)
     }
 

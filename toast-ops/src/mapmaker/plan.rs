@@ -12,6 +12,7 @@
 //! | [`ExecutionPlan::HostCompact`] | the pixel kept as i32; weights rebuilt from the boresight | fused, weights rebuilt block by block in cache | 4 |
 //! | [`ExecutionPlan::HostBatched`] | recomputed by the kernels in every pass, `batch` detectors at a time (TOAST's way) | unfused, per batch | about 0 kept, 64 per batch sample |
 //! | [`ExecutionPlan::DeviceKept`] | expanded on the device from the boresight and kept there | fused on the device fields, one device scope | 32 on the device |
+//! | [`ExecutionPlan::DeviceCompact`] | the pixel kept on the device as i32 (the kernel writes it so); weights rebuilt from the boresight | fused on the device, weights rebuilt inside the kernels, one device scope | 4 on the device, 32 per batch sample of the unfused passes |
 //! | [`ExecutionPlan::DeviceRecomputed`] | recomputed on the device in every pass, `batch` detectors at a time | fused on each batch's device fields, one device scope | 64 per batch sample on the device (all detectors' with `batch = 0`) |
 //!
 //! `device-recomputed` may also stream the detector data
@@ -35,9 +36,15 @@
 //!
 //! The inputs are what the configuration asks for (`binner.full_pointing`,
 //! `binner.compact_pointing`, `binner.pointing_batch`), what the backend is
-//! (host-addressable or a device), and facts of the case (the pixelization
-//! fits an i32, IQU weights, a separate final pixelization, pointing fields
-//! handed over by the caller). [`Plan::choose`] is a pure function of them,
+//! (host-addressable or a device), what its kernels can do ([`KernelFacts`]:
+//! the fused kernels, `pixels_healpix` writing i32 pixels) and facts of the
+//! case (the pixelization fits an i32, IQU weights, a separate final
+//! pixelization, pointing fields handed over by the caller). Compact
+//! pointing means the same on the host and on a device: the
+//! `pixels_healpix` kernel writes each pixel once as an i32 (ABI minor 8),
+//! kept to the end of the run, and every later pass rebuilds the weights
+//! from the boresight (inside the fused kernels, or per batch by
+//! `compact_expand_pointing` for the passes that read fields). [`Plan::choose`] is a pure function of them,
 //! so `toast-cli run --dry-run` shows the plan a run will take (the
 //! workflow calls it with the configuration's facts) and the map-maker
 //! takes the same decision at the start of its run; `stats.json` records
@@ -120,6 +127,50 @@ pub enum ExecutionPlan {
         /// Where the detector data live.
         data: DetectorData,
     },
+    /// On a device: one device scope, the pixels kept there in compact
+    /// form (i32, written so by `pixels_healpix`) and the weights rebuilt
+    /// from the boresight: inside the fused kernels, or per batch of
+    /// [`Plan::batch`] detectors by `compact_expand_pointing` for the
+    /// passes that read pointing fields (the covariance, the solver flags,
+    /// the template's set-up). The resident set is the detector data, the
+    /// boresight, the maps, the amplitudes and 4 bytes a detector sample.
+    DeviceCompact {
+        /// The solver passes.
+        passes: Passes,
+    },
+}
+
+/// What the kernels of the map-maker can do where dispatch sends them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelFacts {
+    /// The fused kernels run where the unfused ones do
+    /// ([`PlanFacts::fused_kernels_run_with_unfused`]): else a plugin lacks
+    /// them, or a dispatch setting sends them elsewhere.
+    pub fused: bool,
+    /// The solver's `pixels_healpix` (operator [`PIXELS_OPERATOR`]) runs on
+    /// a plugin that writes i32 pixels (ABI minor 8,
+    /// `Backend::writes_i32_pixels`): what compact pointing needs.
+    pub i32_pixels: bool,
+}
+
+/// The name of the map-maker's solver pixel operator (dispatch settings
+/// for its `pixels_healpix` name it).
+pub const PIXELS_OPERATOR: &str = "pixels";
+
+impl KernelFacts {
+    /// The facts of the map-maker `operator`'s kernels in `registry` under
+    /// `policy`.
+    pub fn of(
+        registry: &Registry,
+        policy: &DispatchPolicy,
+        operator: &str,
+    ) -> Result<KernelFacts, AccelError> {
+        let pixels = policy.resolve(registry, Kernel::PixelsHealpix, Some(PIXELS_OPERATOR))?;
+        Ok(KernelFacts {
+            fused: PlanFacts::fused_kernels_run_with_unfused(registry, policy, operator)?,
+            i32_pixels: pixels.backend.writes_i32_pixels(),
+        })
+    }
 }
 
 /// The facts of a run that decide its plan besides the configuration
@@ -141,10 +192,8 @@ pub struct PlanFacts {
     /// The caller allows fused passes ([`super::MapMaker::fused_passes`],
     /// on by default).
     pub fused_allowed: bool,
-    /// The fused kernels run where the unfused ones do
-    /// ([`PlanFacts::fused_kernels_run_with_unfused`]): else a plugin lacks
-    /// them, or a dispatch setting sends them elsewhere.
-    pub fused_kernels: bool,
+    /// What the kernels can do where dispatch sends them.
+    pub kernels: KernelFacts,
 }
 
 impl PlanFacts {
@@ -156,7 +205,7 @@ impl PlanFacts {
         backend: Option<(String, bool)>,
         pointing_given: bool,
         fused_allowed: bool,
-        fused_kernels: bool,
+        kernels: KernelFacts,
     ) -> PlanFacts {
         PlanFacts {
             backend,
@@ -165,7 +214,7 @@ impl PlanFacts {
             final_pixelization: setup.pixels_final.as_ref().is_some_and(|p| p.enabled),
             pointing_given,
             fused_allowed,
-            fused_kernels,
+            kernels,
         }
     }
 
@@ -222,7 +271,7 @@ impl Plan {
                 Some("the fused passes need IQU weights")
             } else if facts.final_pixelization {
                 Some("the final maps have their own pixelization")
-            } else if !facts.fused_kernels {
+            } else if !facts.kernels.fused {
                 Some(
                     "the fused kernels do not run where the unfused ones do (a plugin without \
                      them, or a dispatch setting)",
@@ -238,6 +287,21 @@ impl Plan {
                 None => Passes::Fused,
             }
         };
+        // Compact pointing applies where the pixels fit an i32, the run
+        // makes its own pointing, and the kernel writes i32 pixels.
+        let compact_blocker = if facts.npix > i32::MAX as u64 {
+            Some(format!("{} pixels do not fit an i32", facts.npix))
+        } else if facts.pointing_given {
+            Some("pointing fields were handed over and are used as they are".to_string())
+        } else if !facts.kernels.i32_pixels {
+            Some(
+                "the pixels_healpix kernel runs on a plugin that does not write i32 pixels \
+                 (before ABI minor 8)"
+                    .to_string(),
+            )
+        } else {
+            None
+        };
         if let Some((name, false)) = &facts.backend {
             why.push(format!(
                 "backend {name} is a device (not host-addressable): one device scope for the run"
@@ -251,16 +315,26 @@ impl Plan {
                 ExecutionPlan::DeviceKept {
                     passes: passes(&mut why),
                 }
-            } else if binner.compact_pointing {
+            } else if let (true, None) = (binner.compact_pointing, &compact_blocker) {
                 why.push(
-                    "binner.compact_pointing is a host form: the device keeps the full \
-                     pointing, expanded from the boresight"
+                    "binner.compact_pointing = true: pixels kept on the device as i32, weights \
+                     rebuilt from the boresight"
                         .into(),
                 );
-                ExecutionPlan::DeviceKept {
+                if binner.stream_detector_data {
+                    why.push(
+                        "binner.stream_detector_data applies to recomputed pointing only: the \
+                         detector data stay on the device"
+                            .into(),
+                    );
+                }
+                ExecutionPlan::DeviceCompact {
                     passes: passes(&mut why),
                 }
             } else {
+                if let (true, Some(b)) = (binner.compact_pointing, &compact_blocker) {
+                    why.push(format!("binner.compact_pointing does not apply ({b})"));
+                }
                 why.push(match binner.pointing_batch {
                     0 => "binner.full_pointing and binner.compact_pointing are false: the \
                           pointing recomputed on the device in every pass, all detectors at once"
@@ -312,14 +386,7 @@ impl Plan {
                 passes: passes(&mut why),
             }
         } else if binner.compact_pointing {
-            let blocker = if facts.npix > i32::MAX as u64 {
-                Some(format!("{} pixels do not fit an i32", facts.npix))
-            } else if facts.pointing_given {
-                Some("pointing fields were handed over and are used as they are".to_string())
-            } else {
-                None
-            };
-            match blocker {
+            match compact_blocker {
                 Some(b) => {
                     why.push(format!(
                         "binner.compact_pointing does not apply ({b}): pointing recomputed in \
@@ -357,7 +424,9 @@ impl Plan {
     pub fn host(&self) -> bool {
         !matches!(
             self.plan,
-            ExecutionPlan::DeviceKept { .. } | ExecutionPlan::DeviceRecomputed { .. }
+            ExecutionPlan::DeviceKept { .. }
+                | ExecutionPlan::DeviceRecomputed { .. }
+                | ExecutionPlan::DeviceCompact { .. }
         )
     }
 
@@ -389,9 +458,12 @@ impl Plan {
         )
     }
 
-    /// The pixels are kept in compact form.
+    /// The pixels are kept in compact form (on the host or the device).
     pub fn compact(&self) -> bool {
-        matches!(self.plan, ExecutionPlan::HostCompact { .. })
+        matches!(
+            self.plan,
+            ExecutionPlan::HostCompact { .. } | ExecutionPlan::DeviceCompact { .. }
+        )
     }
 
     /// Passes recompute (or rebuild) the pointing per detector batch, each
@@ -400,7 +472,9 @@ impl Plan {
     pub fn transient_pointing(&self) -> bool {
         match self.plan {
             ExecutionPlan::HostCompact { .. } | ExecutionPlan::HostBatched => true,
-            ExecutionPlan::DeviceRecomputed { .. } => self.batch > 0,
+            ExecutionPlan::DeviceRecomputed { .. } | ExecutionPlan::DeviceCompact { .. } => {
+                self.batch > 0
+            }
             ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. } => false,
         }
     }
@@ -418,6 +492,7 @@ impl Plan {
                     | ExecutionPlan::HostCompact { .. }
                     | ExecutionPlan::HostBatched
                     | ExecutionPlan::DeviceRecomputed { .. }
+                    | ExecutionPlan::DeviceCompact { .. }
             )
     }
 
@@ -432,8 +507,20 @@ impl Plan {
             } | ExecutionPlan::DeviceRecomputed {
                 passes: Passes::Fused,
                 ..
+            } | ExecutionPlan::DeviceCompact {
+                passes: Passes::Fused
             }
         )
+    }
+
+    /// The pointing the fused device steps read: the compact form (the
+    /// compact pixels and the boresight) or the pointing fields (kept, or
+    /// the batch's just recomputed).
+    pub fn device_fused_form(&self) -> FusedForm {
+        match self.plan {
+            ExecutionPlan::DeviceCompact { .. } => FusedForm::Compact,
+            _ => FusedForm::Kept,
+        }
     }
 
     /// The fused passes run, and on which pointing.
@@ -473,6 +560,9 @@ impl fmt::Display for ExecutionPlan {
             ExecutionPlan::DeviceRecomputed { passes: p, .. } => {
                 write!(f, "device-recomputed-{}", passes(p))
             }
+            ExecutionPlan::DeviceCompact { passes: p } => {
+                write!(f, "device-compact-{}", passes(p))
+            }
         }
     }
 }
@@ -482,7 +572,7 @@ impl fmt::Display for Plan {
         write!(f, "{}", self.plan)?;
         let batched = match self.plan {
             ExecutionPlan::HostKept { .. } | ExecutionPlan::DeviceKept { .. } => false,
-            ExecutionPlan::DeviceRecomputed { .. } => true,
+            ExecutionPlan::DeviceRecomputed { .. } | ExecutionPlan::DeviceCompact { .. } => true,
             _ => self.host(),
         };
         if batched {
@@ -512,7 +602,10 @@ mod tests {
             final_pixelization: false,
             pointing_given: false,
             fused_allowed: true,
-            fused_kernels: true,
+            kernels: KernelFacts {
+                fused: true,
+                i32_pixels: true,
+            },
         }
     }
 
@@ -538,8 +631,7 @@ mod tests {
         let p = Plan::choose(&binner(false, false), &cpu);
         assert_eq!(p.plan, ExecutionPlan::HostBatched);
         assert_eq!(p.fused(), None);
-        // A device keeps the full pointing where a host form asked for it
-        // to be kept.
+        // A device: each configuration has its device form.
         let dev = facts(Some(("opencl", false)));
         let fused = Passes::Fused;
         for (full, compact) in [(true, false), (false, true), (false, false)] {
@@ -549,18 +641,42 @@ mod tests {
                     passes: fused,
                     data: DetectorData::Resident,
                 },
+                (false, true) => ExecutionPlan::DeviceCompact { passes: fused },
                 _ => ExecutionPlan::DeviceKept { passes: fused },
             };
             assert_eq!(p.plan, want);
-            assert_eq!(p.keeps_pointing(), full || compact);
+            assert_eq!(p.keeps_pointing(), full);
+            assert_eq!(p.compact(), compact);
             assert!(!p.host_pointing_kept() && !p.host());
-            // Recomputed pointing is per batch (`pointing_batch` = 8 by
-            // default); the fused device passes make no work timestream.
-            assert_eq!(p.transient_pointing(), !(full || compact));
-            assert_eq!(p.work_batches(), !(full || compact));
+            // Recomputed (or rebuilt) pointing is per batch
+            // (`pointing_batch` = 8 by default); the fused device passes
+            // make no work timestream.
+            assert_eq!(p.transient_pointing(), !full);
+            assert_eq!(p.work_batches(), !full);
             assert!(p.device_fused());
             assert_eq!(p.fused(), None);
+            let form = if compact {
+                FusedForm::Compact
+            } else {
+                FusedForm::Kept
+            };
+            assert_eq!(p.device_fused_form(), form);
         }
+        let p = Plan::choose(&binner(false, true), &dev);
+        assert_eq!(p.to_string(), "device-compact-fused (8 detectors a batch)");
+        // Where the kernel cannot write i32 pixels (a plugin before ABI
+        // minor 8), compact pointing does not apply: recomputed on a
+        // device, TOAST's way on the host.
+        let mut old = dev.clone();
+        old.kernels.i32_pixels = false;
+        let p = Plan::choose(&binner(false, true), &old);
+        assert!(matches!(p.plan, ExecutionPlan::DeviceRecomputed { .. }));
+        assert!(p.why.iter().any(|w| w.contains("ABI minor 8")), "{p:?}");
+        let mut old = facts(Some(("cpu", true)));
+        old.kernels.i32_pixels = false;
+        let p = Plan::choose(&binner(false, true), &old);
+        assert_eq!(p.plan, ExecutionPlan::HostBatched);
+        assert!(p.why.iter().any(|w| w.contains("ABI minor 8")), "{p:?}");
         let all = BinnerConfig {
             pointing_batch: 0,
             ..binner(false, false)
@@ -631,7 +747,7 @@ mod tests {
         // A device plugin without the fused kernels: the unfused passes,
         // with their work timestream.
         let mut f = dev.clone();
-        f.fused_kernels = false;
+        f.kernels.fused = false;
         let p = Plan::choose(&binner(true, false), &f);
         assert_eq!(p.to_string(), "device-kept-unfused");
         assert!(!p.device_fused() && !p.work_batches());
@@ -662,7 +778,7 @@ mod tests {
             "{p:?}"
         );
         let mut f = facts(None);
-        f.fused_kernels = false;
+        f.kernels.fused = false;
         let p = Plan::choose(&binner(false, true), &f);
         assert_eq!(
             p.plan,

@@ -576,7 +576,7 @@ impl MapMaker {
             Vec::new()
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_rhs", &keys.rhs)?;
-        self.run_projection(data, ctx, "SolverRHS", head, !full, &mut tail)
+        self.run_projection(data, ctx, "SolverRHS", head, (!full, false), &mut tail)
     }
 
     /// Run `head`, the solver's pointing operators (when `expand`) and the
@@ -584,14 +584,15 @@ impl MapMaker {
     /// `name`. With detector batches ([`MapMaker::work_sets`]), the tail's
     /// amplitude reset runs first over all detectors, then `head` and the
     /// rest once per batch (re-expanding the batch's pointing when it is
-    /// transient).
+    /// transient, unless the tail's kernels rebuild it themselves: the
+    /// fused device steps of compact pointing, `rebuilt`).
     pub(super) fn run_projection(
         &mut self,
         data: &mut Data,
         ctx: &mut ExecContext,
         name: &str,
         head: Vec<OpRef<'_>>,
-        expand: bool,
+        (expand, rebuilt): (bool, bool),
         tail: &mut [Box<dyn Operator>],
     ) -> Result<(), OpError> {
         let sets = self.work_sets(data);
@@ -608,7 +609,7 @@ impl MapMaker {
         } else {
             tail
         };
-        if expand || (batched && self.plan.transient_pointing()) {
+        if !rebuilt && (expand || (batched && self.plan.transient_pointing())) {
             ops.extend(self.solve_pointing.operators());
         }
         for op in rest.iter_mut() {
@@ -737,7 +738,7 @@ impl MapMaker {
             Vec::new()
         };
         let mut tail = self.projection_ops(tmpl, keys, "reset_lhs_out", &keys.lhs_out)?;
-        self.run_projection(data, ctx, "SolverLHS", head, false, &mut tail)
+        self.run_projection(data, ctx, "SolverLHS", head, (false, false), &mut tail)
     }
 
     /// `s = M⁻¹ r` with the offset template's diagonal preconditioner

@@ -46,7 +46,7 @@ pub use noise_weight::{
     WhiteNoiseWeights,
 };
 pub use pixels_healpix::{PixelsHealpix, PixelsHealpixConfig};
-pub use pointing_compact::{CompactPixels, ExpandCompactPointing};
+pub use pointing_compact::ExpandCompactPointing;
 pub use pointing_detector::{PointingDetector, PointingDetectorConfig};
 pub use scan_map::{ScanMap, ScanMapConfig};
 pub use stokes_weights::{StokesMode, StokesWeights, StokesWeightsConfig};

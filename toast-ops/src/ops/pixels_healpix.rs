@@ -65,6 +65,10 @@ pub struct PixelsHealpix {
     /// pass's detectors (see [`super::pointing_field`]; on a device its
     /// mirror is one pass's too).
     pub transient: bool,
+    /// Write the pixels as i32 (the map-maker's compact pointing, 4 bytes
+    /// a sample; ABI minor 8's `pixels_i32`) instead of TOAST's i64: the
+    /// same pixel numbers, for a pixelization whose `12 nside²` fits.
+    pub compact: bool,
     n_pix_submap: i64,
     n_submap: i64,
     /// The submaps hit since the last [`PixelsHealpix::take_hit_submaps`]
@@ -100,6 +104,7 @@ impl PixelsHealpix {
             ),
             hits_recorded: false,
             transient: false,
+            compact: false,
             config,
             detector_pointing,
         })
@@ -160,14 +165,8 @@ impl PixelsHealpix {
         ctx: &ExecContext,
     ) -> Result<Vec<String>, OpError> {
         let dets = select_detectors(ctx, ob, self.detector_pointing.det_mask);
-        pointing_field(
-            ob,
-            &self.config.pixels,
-            DType::I64,
-            &[],
-            &dets,
-            self.transient,
-        )?;
+        let dtype = if self.compact { DType::I32 } else { DType::I64 };
+        pointing_field(ob, &self.config.pixels, dtype, &[], &dets, self.transient)?;
         Ok(dets)
     }
 }

@@ -4,7 +4,8 @@
 //! The expanded pointing of a sample is 32 bytes (an i64 HEALPix pixel and
 //! three f64 IQU weights). In compact form the map-maker keeps only a
 //! 4-byte pixel (i32, exactly TOAST's pixel: it is computed once by the
-//! `pixels_healpix` kernel and narrowed, [`CompactPixels`]) and, in every
+//! `pixels_healpix` kernel, which writes it as an i32,
+//! [`super::PixelsHealpix::compact`]) and, in every
 //! pass that reads pointing, [`ExpandCompactPointing`] rebuilds one
 //! detector batch's pixels and weights with the backends'
 //! `compact_expand_pointing` kernel: the pixels by widening, the weights
@@ -22,67 +23,6 @@ use super::util::{pointing_field, select_detectors};
 use super::PointingDetectorConfig;
 use crate::exec::kernels::{self, view_intervals, CompactPointing, KernelCall};
 use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
-
-/// Narrow the pixels of the selected detectors into the i32 field
-/// `compact` (made for every local detector when missing). A pixel beyond
-/// `i32` is an error naming it (the map-maker uses compact pointing only
-/// where `12 nside²` fits).
-#[derive(Debug, Clone)]
-pub struct CompactPixels {
-    /// Instance name.
-    pub name: String,
-    /// The i64 pixel field.
-    pub pixels: String,
-    /// The i32 output field.
-    pub compact: String,
-    /// Detector flag bits that exclude a detector.
-    pub det_mask: u8,
-}
-
-impl Operator for CompactPixels {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn requires(&self) -> Requirements {
-        Requirements::new().detdata(&self.pixels)
-    }
-    fn provides(&self) -> Requirements {
-        Requirements::new().detdata(&self.compact)
-    }
-    fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
-        for ob in &mut data.obs {
-            let dets = select_detectors(ctx, ob, self.det_mask);
-            if dets.is_empty() {
-                continue;
-            }
-            if !ob.detdata.contains(&self.compact) {
-                ob.detdata.create(&self.compact, DType::I32, &[], None)?;
-            }
-            let name = ob.name().to_string();
-            let [pix, out] = ob
-                .detdata
-                .get_disjoint_mut([self.pixels.as_str(), self.compact.as_str()])?;
-            for d in &dets {
-                let p = pix.row_of::<i64>(d)?;
-                let o = out.row_of_mut::<i32>(d)?;
-                for (s, (o, &p)) in o.iter_mut().zip(p).enumerate() {
-                    *o = i32::try_from(p).map_err(|_| -> OpError {
-                        toast_core::PixelOutOfRange {
-                            what: "compact pixels".into(),
-                            observation: name.clone(),
-                            detector: d.clone(),
-                            sample: s,
-                            pixel: p,
-                            limit: "does not fit the compact pointing's 32-bit pixels".into(),
-                        }
-                        .into()
-                    })?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Rebuild the selected detectors' pixels (i64) and Stokes weights from
 /// the compact pixels and the boresight (see the module documentation),
@@ -109,6 +49,20 @@ impl ExpandCompactPointing {
             .as_deref()
             .or(self.det_pointing.view.as_deref())
     }
+
+    /// The pass's detectors of `ob`, with the batch's pixel and weight
+    /// fields made for them.
+    fn output_fields(
+        &self,
+        ob: &mut toast_core::Observation,
+        ctx: &ExecContext,
+    ) -> Result<Vec<String>, OpError> {
+        let nnz = self.weights.mode.nnz();
+        let dets = select_detectors(ctx, ob, self.det_pointing.det_mask);
+        pointing_field(ob, &self.pixels.pixels, DType::I64, &[], &dets, true)?;
+        pointing_field(ob, &self.weights.weights, DType::F64, &[nnz], &dets, true)?;
+        Ok(dets)
+    }
 }
 
 impl Operator for ExpandCompactPointing {
@@ -132,6 +86,15 @@ impl Operator for ExpandCompactPointing {
             .detdata(&self.pixels.pixels)
             .detdata(&self.weights.weights)
     }
+    fn supports_accel(&self) -> bool {
+        true
+    }
+    fn prepare_outputs(&self, data: &mut Data, ctx: &ExecContext) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            self.output_fields(ob, ctx)?;
+        }
+        Ok(())
+    }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         let nnz = self.weights.mode.nnz();
         let view = self.view().map(str::to_string);
@@ -142,9 +105,7 @@ impl Operator for ExpandCompactPointing {
         };
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
-            let dets = select_detectors(ctx, ob, dp.det_mask);
-            pointing_field(ob, &self.pixels.pixels, DType::I64, &[], &dets, true)?;
-            pointing_field(ob, &self.weights.weights, DType::F64, &[nnz], &dets, true)?;
+            let dets = self.output_fields(ob, ctx)?;
             if dets.is_empty() {
                 continue;
             }

@@ -86,10 +86,10 @@ impl PointingOps {
     }
 
     /// Rebuild the pixels and weights from the i32 field `compact` (the
-    /// pixels of these operators, narrowed by
-    /// [`super::CompactPixels`]) instead of running the three operators
-    /// (`Some`), or stop (`None`). Host runs over detector batches only:
-    /// the rebuilt fields hold one batch.
+    /// pixels of these operators, written as i32 by the pixel operator,
+    /// [`super::PixelsHealpix::compact`]) instead of running the three
+    /// operators (`Some`), or stop (`None`). The rebuilt fields hold one
+    /// detector batch (transient; on a device, their device copies too).
     pub fn set_compact(&mut self, compact: Option<&str>) {
         self.compact = compact.map(|c| ExpandCompactPointing {
             name: format!("{}_compact", self.weights.name()),

@@ -221,6 +221,18 @@
 //! chooses it, with the largest batch that fits, when the kept pointing
 //! does not fit the budget (`SatelliteJob::fit_device_budget`).
 //!
+//! `device-compact` ([`DevicePointing::Compact`], `binner.compact_pointing`
+//! on a device) holds what `device-recomputed` does plus the compact pixels,
+//! [`DEVICE_BYTES_COMPACT_PIXEL`] = 4 B per detector sample (the
+//! `pixels_healpix` kernel writes them as i32 once, ABI minor 8), and per
+//! batch the pointing fields of the passes that read them (the
+//! quaternions while the compact pixels are made, then pixels and weights
+//! rebuilt by `compact_expand_pointing`: at most 32 B a batch sample, counted
+//! at 64). The fused solver passes rebuild the weights inside their kernels,
+//! so no pass recomputes the pointing kernels. The satellite workflow keeps
+//! it, with the largest batch that fits, before it falls back to
+//! recomputed pointing.
+//!
 //! With the detector data streamed as well (`binner.stream_detector_data`,
 //! [`DevicePointing::Streamed`]) nothing is held per detector sample: each
 //! batch detector adds its pointing (64 B a time sample) and
@@ -410,6 +422,8 @@ pub const DEVICE_BYTES_WORK_TIMESTREAM: f64 = 8.0;
 /// See the module documentation.
 pub const DEVICE_BYTES_PER_DET_SAMPLE_EXPANDING: f64 = 73.0;
 /// See the module documentation.
+pub const DEVICE_BYTES_COMPACT_PIXEL: f64 = 4.0;
+/// See the module documentation.
 pub const DEVICE_NOISE_BYTES_PER_FFT_POINT: f64 = 24.0;
 
 /// The FFT length of the noise simulation of `n_samples` samples: the
@@ -483,6 +497,10 @@ pub enum DevicePointing {
     /// One batch of this many detectors at a time, with their detector
     /// data (`device-recomputed`, detector data streamed).
     Streamed(u64),
+    /// The compact pixels of every detector kept (4 B a detector sample),
+    /// and one batch of this many detectors' pointing fields at a time
+    /// for the passes that read them (`device-compact`).
+    Compact(u64),
 }
 
 /// The device memory of one process on a device plan (see the module
@@ -509,6 +527,8 @@ pub struct DeviceMemory {
     pub noise: f64,
     /// The detector data a batched plan holds in that phase.
     pub resident_data: f64,
+    /// The compact pixels of every detector (`device-compact`).
+    pub compact_pixels: f64,
 }
 
 impl DeviceMemory {
@@ -546,6 +566,7 @@ impl DeviceMemory {
             per_detector_data: DEVICE_BYTES_PER_DET_SAMPLE_STREAMED * time_samples,
             noise,
             resident_data: DEVICE_BYTES_PER_DET_SAMPLE_RESIDENT * det_samples,
+            compact_pixels: DEVICE_BYTES_COMPACT_PIXEL * det_samples,
         }
     }
 
@@ -555,6 +576,10 @@ impl DeviceMemory {
             DevicePointing::Kept => self.kept,
             DevicePointing::Batched(b) => (self.resident + self.per_batch_detector * b as f64)
                 .max(self.noise + self.resident_data),
+            DevicePointing::Compact(b) => {
+                (self.resident + self.compact_pixels + self.per_batch_detector * b as f64)
+                    .max(self.noise + self.resident_data)
+            }
             DevicePointing::Streamed(b) => {
                 let b = b as f64;
                 (self.fixed + (self.per_batch_detector + self.per_detector_data) * b)
@@ -570,6 +595,18 @@ impl DeviceMemory {
             return 0;
         }
         Self::most(budget - self.resident, self.per_batch_detector)
+    }
+
+    /// The most detectors a batch of the compact plan may hold within
+    /// `budget` bytes (0: not even one, or not the noise's phase).
+    pub fn largest_compact_batch(&self, budget: f64) -> u64 {
+        if self.noise + self.resident_data > budget {
+            return 0;
+        }
+        Self::most(
+            budget - self.resident - self.compact_pixels,
+            self.per_batch_detector,
+        )
     }
 
     /// The most detectors a streamed batch may hold within `budget` bytes

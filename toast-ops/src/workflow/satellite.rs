@@ -27,7 +27,7 @@ use crate::exec::movement::bus::{BusBytes, CgTransfers};
 use crate::exec::movement::{close_scope, open_scope};
 use crate::exec::pipeline::{pipeline_backend, pipeline_backend_in, DetectorSets, RunOptions};
 use crate::io::fits;
-use crate::mapmaker::{ExecutionPlan, Plan, PlanFacts};
+use crate::mapmaker::{ExecutionPlan, KernelFacts, Plan, PlanFacts};
 use crate::math::healpix::Nside;
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
@@ -726,6 +726,10 @@ impl SatelliteJob {
             (ExecutionPlan::DeviceRecomputed { .. }, b) => {
                 presets::DevicePointing::Batched((b as u64).min(n_det))
             }
+            (ExecutionPlan::DeviceCompact { .. }, 0) => presets::DevicePointing::Compact(n_det),
+            (ExecutionPlan::DeviceCompact { .. }, b) => {
+                presets::DevicePointing::Compact((b as u64).min(n_det))
+            }
             _ => presets::DevicePointing::Kept,
         };
         let peaks = self.device_memory_models(plan, sim, execution).into_iter();
@@ -812,6 +816,25 @@ impl SatelliteJob {
         let fits = |streamed| {
             largest(DEVICE_BUDGET_FILL * bytes, streamed).max(largest(bytes, streamed).min(1))
         };
+        // Compact pointing keeps 4 B a detector sample: where it fits with
+        // batches of at least one detector, it stays, in the largest.
+        if execution.compact() {
+            let compact = models
+                .iter()
+                .map(|(m, _)| m.largest_compact_batch(DEVICE_BUDGET_FILL * bytes))
+                .min()
+                .unwrap_or(0);
+            if compact > 0 {
+                let batch = compact.min(most.max(1));
+                self.config.binner.pointing_batch = batch as usize;
+                return Ok(Some(format!(
+                    "the plan {execution} would need {} of device memory on backend {name}, \
+                     over its budget of {budget}: the compact pointing's passes run {batch} \
+                     detector(s) a batch",
+                    gib(predicted)
+                )));
+            }
+        }
         let (fits, streamed) = match fits(false) {
             0 => (fits(true), true),
             n => (n, false),
@@ -1386,9 +1409,8 @@ fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) 
         .map(|b| (b.name().to_string(), b.host_addressable()));
     let setup = mapmaker_setup(cfg);
     // A dispatch error here is the run's to report (it names the setting).
-    let fused_kernels =
-        PlanFacts::fused_kernels_run_with_unfused(registry, policy, &setup.name).unwrap_or(false);
-    let facts = PlanFacts::of_setup(&setup, backend, false, true, fused_kernels);
+    let kernels = KernelFacts::of(registry, policy, &setup.name).unwrap_or_default();
+    let facts = PlanFacts::of_setup(&setup, backend, false, true, kernels);
     Plan::choose(&cfg.binner, &facts)
 }
 

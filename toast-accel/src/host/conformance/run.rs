@@ -188,8 +188,49 @@ impl PointingDetectorCase {
 }
 
 impl PixelsHealpixCase {
-    /// `pixels_healpix`: pixel indices and hit submaps.
+    /// `pixels_healpix`: pixel indices and hit submaps; then, where the
+    /// plugin and the nside allow it, the same call with i32 pixels (the
+    /// compact pointing, ABI minor 8), which must give the same pixels.
     pub(super) fn run(&self, b: &Backend, _cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
+        let mut pixels = self.pixels_in.data.clone();
+        let mut hits = self.hit_submaps_in.data.clone();
+        self.call(b, &mut pixels, &mut hits, 0)?;
+        let mut checks = vec![
+            compare("pixels", &pixels, &self.pixels_out.data),
+            compare("hit_submaps", &hits, &self.hit_submaps_out.data),
+        ];
+        let npix = 12 * (self.nside as i128) * (self.nside as i128);
+        let narrow: Option<Vec<i32>> = self
+            .pixels_in
+            .data
+            .iter()
+            .map(|&p| i32::try_from(p).ok())
+            .collect();
+        if let (true, true, Some(mut pixels32)) =
+            (b.writes_i32_pixels(), npix <= i128::from(i32::MAX), narrow)
+        {
+            let mut hits = self.hit_submaps_in.data.clone();
+            self.call(b, &mut pixels32, &mut hits, 1)?;
+            let widened: Vec<i64> = pixels32.iter().map(|&p| i64::from(p)).collect();
+            checks.push(compare("pixels (i32)", &widened, &self.pixels_out.data));
+            checks.push(compare(
+                "hit_submaps (i32 pixels)",
+                &hits,
+                &self.hit_submaps_out.data,
+            ));
+        }
+        Ok(verdict(checks))
+    }
+
+    /// One `pixels_healpix` call of this case into `pixels` (i64, or i32
+    /// with `pixels_i32` = 1) and `hits`.
+    fn call<P: AbiElement>(
+        &self,
+        b: &Backend,
+        pixels: &mut [P],
+        hits: &mut [u8],
+        pixels_i32: u8,
+    ) -> Result<(), CaseOutcome> {
         let PixelsHealpixCase {
             quat_index,
             quats,
@@ -197,47 +238,39 @@ impl PixelsHealpixCase {
             shared_flag_mask,
             pixel_index,
             pixels_in,
-            pixels_out,
-            hit_submaps_in,
-            hit_submaps_out,
             n_pix_submap,
             nside,
             nest,
             intervals,
+            ..
         } = self;
         let n_samp = dim(&pixels_in.shape, 1);
-        let mut pixels = pixels_in.data.clone();
-        let mut hits = hit_submaps_in.data.clone();
-        {
-            let q = stage_in(b, &quats.data, "quats")?;
-            let fl = stage_in(b, if_len(&shared_flags.data, n_samp), "shared_flags")?;
-            let p = stage_out(b, &mut pixels, "pixels")?;
-            let h = stage_out(b, &mut hits, "hit_submaps")?;
-            let args = abi::PixelsHealpixArgs {
-                n_det: quat_index.data.len() as u64,
-                n_samp: n_samp as u64,
-                quat_index: quat_index.data.as_ptr(),
-                pixel_index: pixel_index.data.as_ptr(),
-                intervals: ivs(intervals),
-                quats: q.abi(),
-                shared_flags: fl.abi(),
-                pixels: p.abi(),
-                hit_submaps: h.abi(),
-                nside: *nside,
-                n_pix_submap: *n_pix_submap,
-                shared_flag_mask: *shared_flag_mask,
-                nest: *nest,
-                reserved: [0; 6],
-            };
-            // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
-            // case or staged buffers, per-detector lengths checked by `load`.
-            unsafe { launch(b, &args)? };
-            finish(vec![p, h, q, fl])?;
-        }
-        Ok(verdict([
-            compare("pixels", &pixels, &pixels_out.data),
-            compare("hit_submaps", &hits, &hit_submaps_out.data),
-        ]))
+        let q = stage_in(b, &quats.data, "quats")?;
+        let fl = stage_in(b, if_len(&shared_flags.data, n_samp), "shared_flags")?;
+        let p = stage_out(b, pixels, "pixels")?;
+        let h = stage_out(b, hits, "hit_submaps")?;
+        let args = abi::PixelsHealpixArgs {
+            n_det: quat_index.data.len() as u64,
+            n_samp: n_samp as u64,
+            quat_index: quat_index.data.as_ptr(),
+            pixel_index: pixel_index.data.as_ptr(),
+            intervals: ivs(intervals),
+            quats: q.abi(),
+            shared_flags: fl.abi(),
+            pixels: p.abi(),
+            hit_submaps: h.abi(),
+            nside: *nside,
+            n_pix_submap: *n_pix_submap,
+            shared_flag_mask: *shared_flag_mask,
+            nest: *nest,
+            pixels_i32,
+            reserved: [0; 5],
+        };
+        // SAFETY: as in `PointingDetectorCase::run`: live arrays of this
+        // case or staged buffers, per-detector lengths checked by `load`;
+        // `pixels` is of i32 exactly when `pixels_i32` is 1 (the callers).
+        unsafe { launch(b, &args)? };
+        finish(vec![p, h, q, fl])
     }
 }
 

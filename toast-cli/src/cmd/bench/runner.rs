@@ -423,7 +423,8 @@ impl Bench<'_, '_> {
             n_pix_submap: w.n_pix_submap,
             shared_flag_mask: 1,
             nest: 0,
-            reserved: [0; 6],
+            pixels_i32: 0,
+            reserved: [0; 5],
         };
         // SAFETY: as for pointing_detector; pixels and hit_submaps are
         // outputs of this call only.
