@@ -418,12 +418,19 @@ if [ "$scale" = 1 ]; then
   step "scale warm-up: $gpu compiles its device code" 120 "$logs/scale_warmup.txt" run_summary -- \
     "$cli" run --case tiny --n-det 2 --set pixels.nside=128 --backend "$gpu" --no-plot --quiet --out-dir "$work/scale_warmup"
   rm -rf "$work/scale_warmup"
+  # Each size runs its default plan (compact pointing from xsmall on, kept
+  # for tiny); one more row runs xsmall's shape with the other form of
+  # kept pointing, for the kept-against-compact comparison on the device.
+  compact=(--set binner.full_pointing=false --set binner.compact_pointing=true)
+  kept=(--set binner.full_pointing=true --set binner.compact_pointing=false)
   if [ "$emulated" = 1 ]; then
     scale_case xsmall 120 120 "5x" -- --case tiny --n-det 4 --set pixels.nside=128
+    scale_case xsmall-compact 0 120 "(the plan column)" -- --case tiny --n-det 4 --set pixels.nside=128 "${compact[@]}"
     scale_case small 120 240 "10x, in 16 GiB" -- --case tiny --n-det 8 --set pixels.nside=128 --backend-options "$gpu:memory=0.1"
     scale_case medium 0 120 "under 120 s" -- --case tiny --n-det 2 --set pixels.nside=128
   else
     scale_case xsmall 60 60 "5x" -- --case xsmall
+    scale_case xsmall-kept 0 60 "(the plan column)" -- --case xsmall "${kept[@]}"
     scale_case small 120 90 "10x, in 16 GiB" -- --case small --backend-options "$gpu:memory=16"
     scale_case medium 0 150 "under 120 s" -- --case medium
   fi

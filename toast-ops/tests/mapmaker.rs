@@ -506,6 +506,62 @@ fn run_on_setup(
     (data, res, ctx)
 }
 
+/// Compact pointing on a device (`device-compact`; the fake device runs
+/// the CPU plugin's kernels behind device handles, so the sums are the
+/// host's): `pixels_healpix` writes the compact pixels as i32 on the device
+/// (ABI minor 8), the fused steps rebuild the weights from the boresight,
+/// and, with the fused kernels sent to the host (`device-compact-unfused`),
+/// `compact_expand_pointing` rebuilds each batch's fields on the device.
+/// Both give the host's compact run's hits, and its maps to rounding; the
+/// run leaves no pointing field behind.
+#[test]
+fn compact_pointing_on_a_device_gives_the_host_maps() {
+    let run = |policy: &str| {
+        let reg = registry(2);
+        let mut ctx = context(&reg, policy);
+        let mut data = {
+            let mut cpu = context(&reg, "");
+            sky_data(&Scan::default(), &mut cpu)
+        };
+        add_offsets(&mut data, 300, 1.5);
+        let mut s = setup(30.0, true);
+        s.binner.full_pointing = false;
+        s.binner.compact_pointing = true;
+        s.binner.pointing_batch = 3;
+        let mut mm = MapMaker::new(s).unwrap();
+        let res = mm.run(&mut data, &mut ctx).unwrap();
+        (data, res, mm.plan().clone())
+    };
+    let (host, host_res, plan) = run("");
+    assert_eq!(plan.to_string(), "host-compact-fused (3 detectors a batch)");
+    for (policy, want) in [
+        ("run=fakedev", "device-compact-fused (3 detectors a batch)"),
+        (
+            "run=fakedev,kernel.fused_project=cpu",
+            "device-compact-unfused (3 detectors a batch)",
+        ),
+    ] {
+        let (dev, res, plan) = run(policy);
+        assert_eq!(plan.to_string(), want, "{policy}");
+        let (h0, h1) = (
+            host.meta.object::<PixelData<i64>>(&host_res.hits).unwrap(),
+            dev.meta.object::<PixelData<i64>>(&res.hits).unwrap(),
+        );
+        assert_eq!(h0.data(), h1.data(), "{policy}: hits");
+        assert_maps_close(&host, &dev, &host_res);
+        for ob in &dev.obs {
+            for f in [
+                defaults::QUATS,
+                defaults::PIXELS,
+                defaults::WEIGHTS,
+                "mapmaker_compact_pixels",
+            ] {
+                assert!(!ob.detdata.contains(f), "{policy}: {f} left");
+            }
+        }
+    }
+}
+
 /// A detector cut by the binner's `det_mask` in every observation. With
 /// the unfused device passes (the fused kernels sent to the host, so the
 /// plan is `device-recomputed-unfused`) the solver's work copy of the
