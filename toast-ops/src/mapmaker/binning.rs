@@ -74,7 +74,15 @@ impl MapMaker {
             let hit = match kept {
                 Some(hit) => hit,
                 None => {
-                    let mut ops = pointing.operators();
+                    // Compact pointing's operator rebuilds fields from the
+                    // compact pixels and records no hits: the pixel kernel
+                    // runs for them (a distribution of the solver's
+                    // pixelization under another key, the final binner's).
+                    let mut ops: Vec<OpRef<'_>> = if pointing.compact.is_some() {
+                        vec![&mut pointing.det_pointing, &mut pointing.pixels]
+                    } else {
+                        pointing.operators()
+                    };
                     if !expand {
                         ops.truncate(2);
                     }

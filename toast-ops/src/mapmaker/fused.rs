@@ -858,10 +858,17 @@ impl MapMaker {
             input: StepInput::Amplitudes(keys.lhs_in.clone()),
             flags: pass.flags.clone(),
         };
-        let sets = self.work_sets(data);
         // Kept pointing, or compact (rebuilt inside the kernels): no
-        // pointing step; else the batch's, recomputed before the step.
-        let pointing = if self.plan.keeps_pointing() || self.plan.compact() {
+        // pointing step, and with compact pointing nothing is made per
+        // batch, so one kernel call per observation for all detectors;
+        // else the batch's pointing, recomputed before the step.
+        let compact = self.plan.device_fused_form() == Fused::Compact;
+        let sets = if compact {
+            DetectorSets::All
+        } else {
+            self.work_sets(data)
+        };
+        let pointing = if self.plan.keeps_pointing() || compact {
             None
         } else {
             Some(&mut self.solve_pointing)

@@ -721,6 +721,9 @@ impl MapMaker {
         };
         let compact = self.compact_field();
         let p = &mut self.solve_pointing;
+        // The hits this pass records are the pixel distribution's: none
+        // left over from an earlier run may join them.
+        p.pixels.take_hit_submaps(ctx)?;
         let wide = std::mem::replace(&mut p.pixels.config.pixels, compact);
         p.pixels.compact = true;
         p.det_pointing.transient = true;

@@ -315,7 +315,18 @@ impl Plan {
                 ExecutionPlan::DeviceKept {
                     passes: passes(&mut why),
                 }
-            } else if let (true, None) = (binner.compact_pointing, &compact_blocker) {
+            } else if let (true, Some(b)) = (binner.compact_pointing, &compact_blocker) {
+                // As before compact pointing ran on a device: the full
+                // pointing kept (the budget's fitter may still turn it into
+                // batches).
+                why.push(format!(
+                    "binner.compact_pointing does not apply ({b}): the pointing expanded on the \
+                     device from the boresight and kept there"
+                ));
+                ExecutionPlan::DeviceKept {
+                    passes: passes(&mut why),
+                }
+            } else if binner.compact_pointing {
                 why.push(
                     "binner.compact_pointing = true: pixels kept on the device as i32, weights \
                      rebuilt from the boresight"
@@ -332,9 +343,6 @@ impl Plan {
                     passes: passes(&mut why),
                 }
             } else {
-                if let (true, Some(b)) = (binner.compact_pointing, &compact_blocker) {
-                    why.push(format!("binner.compact_pointing does not apply ({b})"));
-                }
                 why.push(match binner.pointing_batch {
                     0 => "binner.full_pointing and binner.compact_pointing are false: the \
                           pointing recomputed on the device in every pass, all detectors at once"
@@ -665,12 +673,12 @@ mod tests {
         let p = Plan::choose(&binner(false, true), &dev);
         assert_eq!(p.to_string(), "device-compact-fused (8 detectors a batch)");
         // Where the kernel cannot write i32 pixels (a plugin before ABI
-        // minor 8), compact pointing does not apply: recomputed on a
-        // device, TOAST's way on the host.
+        // minor 8), compact pointing does not apply: kept on a device (as
+        // before device-compact existed), TOAST's way on the host.
         let mut old = dev.clone();
         old.kernels.i32_pixels = false;
         let p = Plan::choose(&binner(false, true), &old);
-        assert!(matches!(p.plan, ExecutionPlan::DeviceRecomputed { .. }));
+        assert_eq!(p.plan, ExecutionPlan::DeviceKept { passes: fused });
         assert!(p.why.iter().any(|w| w.contains("ABI minor 8")), "{p:?}");
         let mut old = facts(Some(("cpu", true)));
         old.kernels.i32_pixels = false;

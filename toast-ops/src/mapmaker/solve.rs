@@ -584,8 +584,9 @@ impl MapMaker {
     /// `name`. With detector batches ([`MapMaker::work_sets`]), the tail's
     /// amplitude reset runs first over all detectors, then `head` and the
     /// rest once per batch (re-expanding the batch's pointing when it is
-    /// transient, unless the tail's kernels rebuild it themselves: the
-    /// fused device steps of compact pointing, `rebuilt`).
+    /// transient), unless the tail's kernels rebuild the pointing
+    /// themselves (`rebuilt`: the fused device steps of compact pointing,
+    /// which then run once for all detectors).
     pub(super) fn run_projection(
         &mut self,
         data: &mut Data,
@@ -595,7 +596,13 @@ impl MapMaker {
         (expand, rebuilt): (bool, bool),
         tail: &mut [Box<dyn Operator>],
     ) -> Result<(), OpError> {
-        let sets = self.work_sets(data);
+        // The fused steps of compact pointing make nothing per batch: one
+        // call per observation for all detectors.
+        let sets = if rebuilt {
+            DetectorSets::All
+        } else {
+            self.work_sets(data)
+        };
         let mut ops = head;
         let batched = sets != DetectorSets::All;
         let rest = if batched {

@@ -1,5 +1,5 @@
-//! Compact pointing for the map-maker's host passes
-//! (`binner.compact_pointing`).
+//! Compact pointing for the map-maker's passes, on the host and on a
+//! device (`binner.compact_pointing`).
 //!
 //! The expanded pointing of a sample is 32 bytes (an i64 HEALPix pixel and
 //! three f64 IQU weights). In compact form the map-maker keeps only a
@@ -26,8 +26,9 @@ use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirem
 
 /// Rebuild the selected detectors' pixels (i64) and Stokes weights from
 /// the compact pixels and the boresight (see the module documentation),
-/// into fields that hold only those detectors (host runs over detector
-/// batches, as [`pointing_field`]'s `transient`).
+/// into fields that hold only those detectors (passes over detector
+/// batches, as [`pointing_field`]'s `transient`; on a device, a device
+/// step whose fields are the batch's there too).
 #[derive(Debug, Clone)]
 pub struct ExpandCompactPointing {
     /// Instance name.

@@ -63,7 +63,8 @@ pub struct PointingOps {
     pub pixels: PixelsHealpix,
     /// Stokes weights.
     pub weights: StokesWeights,
-    /// With compact pointing (host map-maker passes): the one operator
+    /// With compact pointing (the map-maker's passes that read pointing
+    /// fields, on the host or a device): the one operator
     /// that rebuilds a detector batch's pixels and weights from the
     /// compact pixels, run instead of the three (see
     /// [`PointingOps::set_compact`]).

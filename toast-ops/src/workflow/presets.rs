@@ -41,7 +41,8 @@
 //!   batch's [`BYTES_PER_BATCH_SAMPLE`] = 72 B (recomputed: quaternions,
 //!   pixels, weights, work timestream), [`BYTES_PER_BATCH_SAMPLE_COMPACT`]
 //!   = 40 B (pixels, weights and work timestream; the first pass's
-//!   quaternions and pixels are as many) or [`BYTES_PER_BATCH_SAMPLE_KEPT`]
+//!   quaternions are as many, its pixels written as i32 straight into the
+//!   compact field) or [`BYTES_PER_BATCH_SAMPLE_KEPT`]
 //!   = 8 B (the work timestream) per sample of each batch detector. With
 //!   the map-maker's fused passes (the host default with compact or kept
 //!   pointing) the solver makes no work timestream; the terms are left as
@@ -192,7 +193,7 @@
 //! buffers measured.
 //!
 //! The fused device passes (the default: `device-kept-fused`,
-//! `device-recomputed-fused`) make no work timestream; the unfused ones (a
+//! `device-compact-fused`, `device-recomputed-fused`) make no work timestream; the unfused ones (a
 //! plugin without the fused kernels) add [`DEVICE_BYTES_WORK_TIMESTREAM`] =
 //! 8 B per detector sample (the right-hand side's whole copy) and, batched,
 //! per sample of each batch detector (the left-hand side's): the
@@ -878,6 +879,21 @@ mod tests {
         );
         assert_eq!(m.largest_streamed_batch(m.fixed), 0);
         assert!(m.peak(DevicePointing::Streamed(4)) < m.peak(DevicePointing::Batched(4)));
+        // Compact: the recomputed plan's batch beside 4 B a detector sample
+        // of compact pixels; its largest batch within a budget, and none
+        // where the compact pixels alone do not fit beside the rest.
+        assert_eq!(
+            m.peak(DevicePointing::Compact(3)),
+            m.peak(DevicePointing::Batched(3)) + 4.0 * s.samples() as f64
+        );
+        let b = m.largest_compact_batch(m.peak(DevicePointing::Compact(5)) + 1.0);
+        assert_eq!(b, 5);
+        assert_eq!(m.largest_compact_batch(m.resident + m.compact_pixels), 0);
+        assert_eq!(
+            m.largest_compact_batch(m.peak(DevicePointing::Batched(1))),
+            0,
+            "a budget that holds one recomputed batch holds no compact one"
+        );
     }
 
     #[test]

@@ -769,7 +769,9 @@ impl SatelliteJob {
     }
 
     /// Where the map-maker's plan on a device does not fit the device
-    /// memory budget of its backend, the plan that does: the pointing
+    /// memory budget of its backend, the plan that does: a compact plan
+    /// kept with the most detectors a batch that fit (`binner.pointing_batch`
+    /// set), where one does; else the pointing
     /// recomputed on the device per batch of the most detectors that fit
     /// (`binner.full_pointing` and `binner.compact_pointing` off,
     /// `binner.pointing_batch` set; the sky scan follows the map-maker's
