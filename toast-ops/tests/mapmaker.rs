@@ -8,6 +8,7 @@ use toast_ops::exec::global_data::HostArray;
 use toast_ops::exec::kernels::AMP_DOT_DEVICE_BLOCKS;
 use toast_ops::exec::movement;
 use toast_ops::exec::movement::bus::CgTransfers;
+use toast_ops::mapmaker::Plan;
 use toast_ops::math::healpix::Nside;
 use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
 use toast_ops::templates::OffsetConfig;
@@ -489,6 +490,17 @@ fn run_on_setup(
     scan: &Scan,
     f: impl FnOnce(&mut MapMakerSetup),
 ) -> (Data, MapMakerResult, ExecContext) {
+    let (data, res, ctx, _) = run_on_setup_planned(policy, step_time, scan, f);
+    (data, res, ctx)
+}
+
+/// [`run_on_setup`], with the plan the run took.
+fn run_on_setup_planned(
+    policy: &str,
+    step_time: f64,
+    scan: &Scan,
+    f: impl FnOnce(&mut MapMakerSetup),
+) -> (Data, MapMakerResult, ExecContext, Plan) {
     let reg = registry(2);
     let mut ctx = context(&reg, policy);
     let mut data = {
@@ -503,7 +515,7 @@ fn run_on_setup(
     f(&mut s);
     let mut mm = MapMaker::new(s).unwrap();
     let res = mm.run(&mut data, &mut ctx).unwrap();
-    (data, res, ctx)
+    (data, res, ctx, mm.plan().clone())
 }
 
 /// Compact pointing on a device (`device-compact`; the fake device runs
@@ -517,20 +529,12 @@ fn run_on_setup(
 #[test]
 fn compact_pointing_on_a_device_gives_the_host_maps() {
     let run = |policy: &str| {
-        let reg = registry(2);
-        let mut ctx = context(&reg, policy);
-        let mut data = {
-            let mut cpu = context(&reg, "");
-            sky_data(&Scan::default(), &mut cpu)
-        };
-        add_offsets(&mut data, 300, 1.5);
-        let mut s = setup(30.0, true);
-        s.binner.full_pointing = false;
-        s.binner.compact_pointing = true;
-        s.binner.pointing_batch = 3;
-        let mut mm = MapMaker::new(s).unwrap();
-        let res = mm.run(&mut data, &mut ctx).unwrap();
-        (data, res, mm.plan().clone())
+        let (data, res, _, plan) = run_on_setup_planned(policy, 30.0, &Scan::default(), |s| {
+            s.binner.full_pointing = false;
+            s.binner.compact_pointing = true;
+            s.binner.pointing_batch = 3;
+        });
+        (data, res, plan)
     };
     let (host, host_res, plan) = run("");
     assert_eq!(plan.to_string(), "host-compact-fused (3 detectors a batch)");

@@ -285,8 +285,11 @@ impl MapMaker {
         let det_pointing = PointingDetector::new("det_pointing", setup.det_pointing.clone());
         let weights =
             StokesWeights::new("weights", setup.weights.clone(), setup.det_pointing.clone());
-        let pixels =
-            PixelsHealpix::new("pixels", setup.pixels.clone(), setup.det_pointing.clone())?;
+        let pixels = PixelsHealpix::new(
+            PIXELS_OPERATOR,
+            setup.pixels.clone(),
+            setup.det_pointing.clone(),
+        )?;
         let solve_pointing = PointingOps::new(det_pointing.clone(), pixels, weights.clone());
         let final_pointing = match setup.pixels_final.as_ref().filter(|p| p.enabled) {
             Some(p) => Some(PointingOps::new(

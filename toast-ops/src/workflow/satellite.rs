@@ -718,19 +718,20 @@ impl SatelliteJob {
         // Recomputed pointing all at once holds every detector's batch
         // fields (the quaternions too, refilled in every pass).
         let streamed = execution.streams_detector_data();
-        let pointing = |n_det: u64| match (&execution.plan, execution.batch) {
-            (ExecutionPlan::DeviceRecomputed { .. }, 0) => presets::DevicePointing::Batched(n_det),
-            (ExecutionPlan::DeviceRecomputed { .. }, b) if streamed => {
-                presets::DevicePointing::Streamed((b as u64).min(n_det))
+        // A batch of 0 is every detector at once (never streamed).
+        let pointing = |n_det: u64| {
+            let batch = match execution.batch {
+                0 => n_det,
+                b => (b as u64).min(n_det),
+            };
+            match &execution.plan {
+                ExecutionPlan::DeviceRecomputed { .. } if streamed => {
+                    presets::DevicePointing::Streamed(batch)
+                }
+                ExecutionPlan::DeviceRecomputed { .. } => presets::DevicePointing::Batched(batch),
+                ExecutionPlan::DeviceCompact { .. } => presets::DevicePointing::Compact(batch),
+                _ => presets::DevicePointing::Kept,
             }
-            (ExecutionPlan::DeviceRecomputed { .. }, b) => {
-                presets::DevicePointing::Batched((b as u64).min(n_det))
-            }
-            (ExecutionPlan::DeviceCompact { .. }, 0) => presets::DevicePointing::Compact(n_det),
-            (ExecutionPlan::DeviceCompact { .. }, b) => {
-                presets::DevicePointing::Compact((b as u64).min(n_det))
-            }
-            _ => presets::DevicePointing::Kept,
         };
         let peaks = self.device_memory_models(plan, sim, execution).into_iter();
         Some(peaks.fold(0.0, |worst, (m, n_det)| worst.max(m.peak(pointing(n_det)))))
