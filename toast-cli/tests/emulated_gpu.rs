@@ -488,8 +488,9 @@ fn a_run_past_the_device_memory_budget_fails_naming_it() {
     );
 }
 
-/// A device memory budget too small for the kept pointing (tiny with 8
-/// detectors would need 0.21 GiB while it expands it; the budget is 0.12
+/// A device memory budget too small for the recomputed pointing of all
+/// detectors at once (tiny with 8 detectors, `binner.full_pointing` and
+/// `binner.compact_pointing` off, would need 0.21 GiB; the budget is 0.12
 /// GiB): the workflow
 /// recomputes the pointing on the device per batch of 3 detectors
 /// (`device-recomputed-fused`; the scan's sets of 2 detectors and the
@@ -506,11 +507,17 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
             // The device's pixel grid (nside 128: 128² submaps of 12 pixels).
             "because pixels.nside_submap = 1 on a device (not given): 16384 submaps of 12 pixels",
             "map-maker plan: device-recomputed-fused (3 detectors a batch)",
-            "because the plan device-kept-fused would need 0.21 GiB of device memory on backend \
-             cuda, over its budget of 0.120 GiB",
+            "because the plan device-recomputed-fused (8 detectors a batch) would need 0.21 GiB \
+             of device memory on backend cuda, over its budget of 0.120 GiB = 128849018 bytes \
+             (option memory=): the pointing is recomputed on the device, 3 detector(s) a batch",
         ],
         ("device-recomputed", 3, "resident"),
-        &[],
+        &[
+            "--set",
+            "binner.full_pointing=false",
+            "--set",
+            "binner.compact_pointing=false",
+        ],
     );
 }
 
@@ -521,7 +528,9 @@ fn a_small_device_budget_runs_in_detector_batches_with_the_cpu_maps() {
 /// batches of 8: the workflow keeps it, in batches of 2 for the passes that
 /// read pointing fields, with the same guarantees as the recomputed plan
 /// (within the budget, nothing per sample on the bus, every kernel on the
-/// device, the CPU's maps).
+/// device, the CPU's maps). Tiny's default, kept pointing, over the same
+/// budget becomes this plan too: compact pointing is the least
+/// recomputation that fits.
 #[test]
 fn compact_pointing_on_a_device_runs_in_its_budget_with_the_cpu_maps() {
     budget_run(
@@ -541,6 +550,31 @@ fn compact_pointing_on_a_device_runs_in_its_budget_with_the_cpu_maps() {
             "binner.compact_pointing=true",
         ],
     );
+    let Some(dir) = usable_emulated("cuda") else {
+        return;
+    };
+    let mut kept = vec![
+        "run",
+        "--backend",
+        "cuda",
+        "--backend-options",
+        "cuda:memory=0.12",
+    ];
+    kept.extend_from_slice(&["--n-det", "8", "--dry-run"]);
+    kept.extend_from_slice(SETTINGS);
+    let (ok, log) = toast_cli(&kept, Some(&dir));
+    assert!(ok, "dry run: {log}");
+    for w in [
+        "map-maker plan: device-compact-fused (2 detectors a batch)",
+        "because the plan device-kept-fused would need 0.21 GiB of device memory on backend \
+         cuda, over its budget of 0.120 GiB = 128849018 bytes (option memory=): the pixels are \
+         kept compact on the device (i32), the passes run 2 detector(s) a batch",
+    ] {
+        assert!(
+            log.contains(w),
+            "kept pointing's dry run: no `{w}` in\n{log}"
+        );
+    }
 }
 
 /// Whatever the budget, a run either fits it or is refused before any work

@@ -219,8 +219,9 @@
 //! solve's 72 B, the model gives 348.74 MB.
 //! The sky scan then expands its pointing per batch too (its scope: the
 //! timestream, the input map and one batch). The satellite workflow
-//! chooses it, with the largest batch that fits, when the kept pointing
-//! does not fit the budget (`SatelliteJob::fit_device_budget`).
+//! chooses it, with the largest batch that fits, when neither the kept
+//! pointing nor the compact pointing (below) fits the budget
+//! (`SatelliteJob::fit_device_budget`).
 //!
 //! `device-compact` ([`DevicePointing::Compact`], `binner.compact_pointing`
 //! on a device) holds what `device-recomputed` does plus the compact pixels,
@@ -230,9 +231,10 @@
 //! quaternions while the compact pixels are made, then pixels and weights
 //! rebuilt by `compact_expand_pointing`: at most 32 B a batch sample, counted
 //! at 64). The fused solver passes rebuild the weights inside their kernels,
-//! so no pass recomputes the pointing kernels. The satellite workflow keeps
-//! it, with the largest batch that fits, before it falls back to
-//! recomputed pointing.
+//! so no pass recomputes the pointing kernels. Over the budget, the
+//! satellite workflow keeps it (or turns kept pointing into it, where the
+//! pixels fit an i32 and the plugin writes them), with the largest batch
+//! that fits, before it falls back to recomputed pointing.
 //!
 //! With the detector data streamed as well (`binner.stream_detector_data`,
 //! [`DevicePointing::Streamed`]) nothing is held per detector sample: each

@@ -770,8 +770,10 @@ impl SatelliteJob {
     }
 
     /// Where the map-maker's plan on a device does not fit the device
-    /// memory budget of its backend, the plan that does: a compact plan
-    /// kept with the most detectors a batch that fit (`binner.pointing_batch`
+    /// memory budget of its backend, the plan that does, with the least
+    /// recomputation: a compact plan, or a kept one where compact pointing
+    /// applies, keeps its pixels compact (`binner.compact_pointing` on)
+    /// with the most detectors a batch that fit (`binner.pointing_batch`
     /// set), where one does; else the pointing
     /// recomputed on the device per batch of the most detectors that fit
     /// (`binner.full_pointing` and `binner.compact_pointing` off,
@@ -819,24 +821,22 @@ impl SatelliteJob {
         let fits = |streamed| {
             largest(DEVICE_BUDGET_FILL * bytes, streamed).max(largest(bytes, streamed).min(1))
         };
-        // Compact pointing keeps 4 B a detector sample: where it fits with
-        // batches of at least one detector, it stays, in the largest.
-        if execution.compact() {
-            let compact = models
-                .iter()
-                .map(|(m, _)| m.largest_compact_batch(DEVICE_BUDGET_FILL * bytes))
-                .min()
-                .unwrap_or(0);
-            if compact > 0 {
-                let batch = compact.min(most.max(1));
-                self.config.binner.pointing_batch = batch as usize;
-                return Ok(Some(format!(
-                    "the plan {execution} would need {} of device memory on backend {name}, \
-                     over its budget of {budget}: the compact pointing's passes run {batch} \
-                     detector(s) a batch",
-                    gib(predicted)
-                )));
-            }
+        // The least recomputation that fits: compact pointing keeps 4 B a
+        // detector sample and rebuilds the weights inside the fused passes,
+        // where recomputed pointing runs the pointing kernels in every pass.
+        // A compact plan, or a kept one where compact pointing applies,
+        // keeps (or becomes) compact with the largest batch that fits.
+        if let Some(batch) = self.fit_compact(plan, sim, registry, &execution, bytes) {
+            let binner = &mut self.config.binner;
+            binner.full_pointing = false;
+            binner.compact_pointing = true;
+            binner.pointing_batch = batch as usize;
+            return Ok(Some(format!(
+                "the plan {execution} would need {} of device memory on backend {name}, over \
+                 its budget of {budget}: the pixels are kept compact on the device (i32), the \
+                 passes run {batch} detector(s) a batch",
+                gib(predicted)
+            )));
         }
         let (fits, streamed) = match fits(false) {
             0 => (fits(true), true),
@@ -867,6 +867,42 @@ impl SatelliteJob {
                  streamed, {batch} detector(s) a batch"
             ),
         }))
+    }
+
+    /// The batch of compact pointing that fits `bytes` of device memory
+    /// for `execution` (a device plan over its budget): `None` where no
+    /// batch of one detector fits, or where `execution` neither is compact
+    /// nor keeps its pointing, or compact pointing does not apply to it
+    /// ([`Plan::choose`] keeps the pointing then, and says why: too many
+    /// pixels for an i32, pointing handed over, a plugin before ABI minor
+    /// 8). Recomputed pointing stays recomputed: it was asked for.
+    fn fit_compact(
+        &self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+        registry: &Registry,
+        execution: &Plan,
+        bytes: f64,
+    ) -> Option<u64> {
+        let compact = if execution.compact() {
+            execution.clone()
+        } else if execution.keeps_pointing() {
+            let mut config = self.config.clone();
+            config.binner.full_pointing = false;
+            config.binner.compact_pointing = true;
+            let trial = plan_of(&config, registry, &config.dispatch);
+            trial.compact().then_some(trial)?
+        } else {
+            return None;
+        };
+        let models = self.device_memory_models(plan, sim, &compact);
+        let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
+        let batch = models
+            .iter()
+            .map(|(m, _)| m.largest_compact_batch(DEVICE_BUDGET_FILL * bytes))
+            .min()
+            .unwrap_or(0);
+        (batch > 0).then(|| batch.min(most.max(1)))
     }
 
     /// The device memory budget of the pipeline backend of `registry`, as
