@@ -2,6 +2,7 @@
 //! a non-host-addressable test device.
 
 use std::sync::Arc;
+use toast_accel::host::Registry;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
 use toast_ops::exec::global_data::HostArray;
@@ -10,10 +11,12 @@ use toast_ops::exec::movement;
 use toast_ops::exec::movement::bus::CgTransfers;
 use toast_ops::mapmaker::Plan;
 use toast_ops::math::healpix::Nside;
-use toast_ops::ops::{PixelsHealpixConfig, StokesMode, StokesWeightsConfig};
+use toast_ops::ops::{
+    PixelsHealpix, PixelsHealpixConfig, PointingDetector, StokesMode, StokesWeightsConfig,
+};
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerResult, MapMakerSetup, PixelData};
-use toast_testkit::plugins::{context, registry};
+use toast_testkit::plugins::{context, registry, registry_with_fakedev_minor_7};
 use toast_testkit::scan::{add_offsets, hash01, make_data, make_sky, scan_sky, Scan};
 
 const NSIDE: i64 = 16;
@@ -501,10 +504,20 @@ fn run_on_setup_planned(
     scan: &Scan,
     f: impl FnOnce(&mut MapMakerSetup),
 ) -> (Data, MapMakerResult, ExecContext, Plan) {
-    let reg = registry(2);
-    let mut ctx = context(&reg, policy);
+    run_on_registry_planned(&registry(2), policy, step_time, scan, f)
+}
+
+/// [`run_on_setup_planned`] with the backends of `reg`.
+fn run_on_registry_planned(
+    reg: &Arc<Registry>,
+    policy: &str,
+    step_time: f64,
+    scan: &Scan,
+    f: impl FnOnce(&mut MapMakerSetup),
+) -> (Data, MapMakerResult, ExecContext, Plan) {
+    let mut ctx = context(reg, policy);
     let mut data = {
-        let mut cpu = context(&reg, "");
+        let mut cpu = context(reg, "");
         sky_data(scan, &mut cpu)
     };
     add_offsets(&mut data, 300, 1.5);
@@ -562,6 +575,73 @@ fn compact_pointing_on_a_device_gives_the_host_maps() {
             ] {
                 assert!(!ob.detdata.contains(f), "{policy}: {f} left");
             }
+        }
+    }
+}
+
+/// A plugin built before ABI minor 8 (`fakedev7`: the fake device under a
+/// header of minor 7, whose `pixels_healpix` reads `pixels_i32` as reserved
+/// and would write i64s) is never asked for i32 pixels: compact pointing
+/// does not apply on it, the plan keeps the full pointing on the device
+/// and says why, and the maps are the host's compact run's. Asked directly,
+/// its `pixels_healpix` call for an i32 field is refused before it is
+/// made, naming the backend, its minor and minor 8, and writes nothing.
+#[test]
+fn a_plugin_before_minor_8_keeps_full_pointing_and_is_never_asked_for_i32_pixels() {
+    let reg = registry_with_fakedev_minor_7(2);
+    let compact = |s: &mut MapMakerSetup| {
+        s.binner.full_pointing = false;
+        s.binner.compact_pointing = true;
+        s.binner.pointing_batch = 3;
+    };
+    let (host, host_res, _, plan) =
+        run_on_registry_planned(&reg, "", 30.0, &Scan::default(), compact);
+    assert_eq!(plan.to_string(), "host-compact-fused (3 detectors a batch)");
+    let (dev, res, _, plan) =
+        run_on_registry_planned(&reg, "run=fakedev7", 30.0, &Scan::default(), compact);
+    assert_eq!(plan.to_string(), "device-kept-fused");
+    assert!(
+        plan.why.iter().any(|w| w.contains(
+            "binner.compact_pointing does not apply (the pixels_healpix kernel runs on a plugin \
+             that does not write i32 pixels (before ABI minor 8))"
+        )),
+        "{:?}",
+        plan.why
+    );
+    let (h0, h1) = (
+        host.meta.object::<PixelData<i64>>(&host_res.hits).unwrap(),
+        dev.meta.object::<PixelData<i64>>(&res.hits).unwrap(),
+    );
+    assert_eq!(h0.data(), h1.data(), "hits");
+    assert_maps_close(&host, &dev, &host_res);
+
+    // The operator asked for i32 pixels on it directly.
+    let mut data = {
+        let mut cpu = context(&reg, "");
+        sky_data(&Scan::default(), &mut cpu)
+    };
+    let mut ctx = context(&reg, "run=fakedev7");
+    let s = setup(30.0, false);
+    let mut det = PointingDetector::new("det_pointing", s.det_pointing.clone());
+    det.exec(&mut data, &mut ctx).unwrap();
+    let mut pixels =
+        PixelsHealpix::new("pixels", s.pixels.clone(), s.det_pointing.clone()).unwrap();
+    pixels.compact = true;
+    let err = pixels.exec(&mut data, &mut ctx).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "backend fakedev7 (ABI minor 7) cannot write i32 pixels into `pixels` (the compact \
+             pointing needs a plugin of ABI minor 8 or later)"
+        ),
+        "{err}"
+    );
+    for ob in &data.obs {
+        if let Ok(f) = ob.detdata.get(&s.pixels.pixels) {
+            let written = ob
+                .local_detectors()
+                .iter()
+                .any(|d| f.row_of::<i32>(d).is_ok_and(|r| r.iter().any(|&p| p != 0)));
+            assert!(!written, "pixels written by a refused call");
         }
     }
 }

@@ -274,6 +274,17 @@ static FAKE_HEADER: BackendHeader = BackendHeader {
     table: &FAKE_TABLE,
 };
 
+/// `fakedev7`: the same device (the same table) under a header of ABI
+/// minor 7, as a plugin built before minor 8 says: the host must not ask
+/// its `pixels_healpix` for i32 pixels (`pixels_i32` was `reserved[0]`
+/// then, and such a plugin writes i64s whatever it holds).
+static FAKE_HEADER_MINOR_7: BackendHeader = BackendHeader {
+    abi_minor: 7,
+    name: c"fakedev7".as_ptr(),
+    description: c"test device of ABI minor 7: handles, CPU kernels".as_ptr(),
+    ..FAKE_HEADER
+};
+
 /// The entry point of `fakedev`, as a plugin's `toast_backend_entry`: its
 /// static, complete header. Register it with
 /// [`Registry::register_entry`](toast_accel::host::Registry::register_entry)
@@ -281,4 +292,10 @@ static FAKE_HEADER: BackendHeader = BackendHeader {
 /// to the CPU plugin (e.g. `threads=2`).
 pub extern "C" fn entry() -> *const BackendHeader {
     &FAKE_HEADER
+}
+
+/// The entry point of `fakedev7` (ABI minor 7), as [`entry`]
+/// ([`crate::plugins::registry_with_fakedev_minor_7`]).
+pub extern "C" fn entry_abi_minor_7() -> *const BackendHeader {
+    &FAKE_HEADER_MINOR_7
 }

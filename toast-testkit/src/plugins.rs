@@ -5,6 +5,7 @@
 use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::Arc;
+use toast_accel::abi::EntryFn;
 use toast_accel::host::discovery::plugin_file_name;
 use toast_accel::host::{DispatchPolicy, Dispatcher, Plugin, Registry};
 use toast_core::ExecContext;
@@ -13,12 +14,35 @@ use toast_core::ExecContext;
 /// its rlib entry point as `builtin:cpu`, and [`fakedev`](crate::fakedev)
 /// (forwarding to a CPU plugin context with the same thread count).
 pub fn registry(threads: usize) -> Arc<Registry> {
+    registry_with_fake_device(threads, FakeDevice::Current)
+}
+
+/// A registry with the CPU plugin (`threads` rayon threads) and
+/// [`fakedev7`](crate::fakedev::entry_abi_minor_7): the fake device under a
+/// header of ABI minor 7, a plugin built before i32 pixels.
+pub fn registry_with_fakedev_minor_7(threads: usize) -> Arc<Registry> {
+    registry_with_fake_device(threads, FakeDevice::AbiMinor7)
+}
+
+/// Which header the fake device registers under.
+enum FakeDevice {
+    /// `fakedev`, of the host's ABI minor.
+    Current,
+    /// `fakedev7`, of ABI minor 7.
+    AbiMinor7,
+}
+
+fn registry_with_fake_device(threads: usize, device: FakeDevice) -> Arc<Registry> {
     let mut r = registry_with_cpu(threads);
     let opts = format!("threads={threads}");
-    // SAFETY: `fakedev::entry` returns a pointer to its static, complete
-    // header, whose table lives for the whole program.
-    unsafe { r.register_entry(crate::fakedev::entry, "builtin:fakedev", &opts) }
-        .expect("register fakedev");
+    let (entry, label): (EntryFn, _) = match device {
+        FakeDevice::Current => (crate::fakedev::entry, "builtin:fakedev"),
+        FakeDevice::AbiMinor7 => (crate::fakedev::entry_abi_minor_7, "builtin:fakedev7"),
+    };
+    // SAFETY: both fake device entry points return a pointer to a static,
+    // complete header, whose table lives for the whole program.
+    unsafe { r.register_entry(entry, label, &opts) }
+        .unwrap_or_else(|e| panic!("register {label}: {e}"));
     Arc::new(r)
 }
 
