@@ -34,6 +34,8 @@ struct Gpu {
     /// `gfxNNN`.
     arch: String,
     total_memory: u64,
+    /// Multiprocessors (compute units); 0 where the runtime does not say.
+    compute_units: u32,
     /// Transfers and kernels go to this one stream, in order.
     stream: *mut c_void,
 }
@@ -110,6 +112,7 @@ impl Gpu {
             name: String::new(),
             arch: String::new(),
             total_memory: 0,
+            compute_units: 0,
             stream: std::ptr::null_mut(),
         };
         gpu.bind()?;
@@ -136,6 +139,7 @@ impl Gpu {
         gpu.name = name;
         gpu.arch = arch;
         gpu.total_memory = total as u64;
+        gpu.compute_units = gpu.hip.multiprocessors(ordinal);
         gpu.stream = stream;
         Ok(gpu)
     }
@@ -239,10 +243,10 @@ impl Driver for HipDriver {
         }
     }
 
-    /// Not read on HIP (the layout of `hipDeviceProp_t` differs between
-    /// ROCm versions), so reported as 0 ("unknown", as the ABI allows).
+    /// `hipDeviceAttributeMultiprocessorCount` (`hipDeviceGetAttribute`,
+    /// not `hipDeviceProp_t`, whose layout differs between ROCm versions).
     fn compute_units(&self) -> u32 {
-        0
+        self.gpu.compute_units
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {

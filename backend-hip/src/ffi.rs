@@ -16,6 +16,16 @@ pub(crate) const HIP_ERROR_NO_DEVICE: HipError = 100;
 pub(crate) const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 pub(crate) const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+/// `hipDeviceAttributeMultiprocessorCount`: its position in
+/// `hipDeviceAttribute_t` (counted from `hipDeviceAttributeCudaCompatibleBegin
+/// = 0`), 63 in the headers of ROCm 5.x and 6.x alike (their enumerations
+/// list the same 64 attributes before it, in the same order). ROCm 4.x
+/// numbered the enumeration otherwise: it is read only from a runtime of
+/// [`HIP_VERSION_5`] or later.
+pub(crate) const HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
+/// `HIP_VERSION` of ROCm 5.0 (`major * 10000000 + minor * 100000 + patch`),
+/// as `hipRuntimeGetVersion` reports it.
+pub(crate) const HIP_VERSION_5: c_int = 50_000_000;
 
 /// The HIP runtime library names tried, in order.
 pub const HIP_NAMES: &[&str] = &["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"];
@@ -30,6 +40,10 @@ pub(crate) struct Hip {
     pub(crate) set_device: unsafe extern "C" fn(c_int) -> HipError,
     pub(crate) get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> HipError,
     pub(crate) device_total_mem: unsafe extern "C" fn(*mut usize, c_int) -> HipError,
+    /// `hipRuntimeGetVersion(int* version)`.
+    pub(crate) runtime_get_version: unsafe extern "C" fn(*mut c_int) -> HipError,
+    /// `hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attr, int device)`.
+    pub(crate) device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipError,
     pub(crate) mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
     pub(crate) malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub(crate) free: unsafe extern "C" fn(*mut c_void) -> HipError,
@@ -94,6 +108,8 @@ impl Hip {
             set_device: sym(&lib, o, "hipSetDevice")?,
             get_device_properties: props,
             device_total_mem: sym(&lib, o, "hipDeviceTotalMem")?,
+            runtime_get_version: sym(&lib, o, "hipRuntimeGetVersion")?,
+            device_get_attribute: sym(&lib, o, "hipDeviceGetAttribute")?,
             mem_get_info: sym(&lib, o, "hipMemGetInfo")?,
             malloc: sym(&lib, o, "hipMalloc")?,
             free: sym(&lib, o, "hipFree")?,
@@ -119,6 +135,34 @@ impl Hip {
         } else {
             // SAFETY: non-null, NUL-terminated, static.
             format!("{} ({e})", unsafe { CStr::from_ptr(p) }.to_string_lossy())
+        }
+    }
+
+    /// The multiprocessors (compute units) of device `ordinal`, from a
+    /// runtime of ROCm 5 or later (whose attribute numbering is known); 0,
+    /// "unknown" as the ABI allows, where the runtime is older or does not
+    /// answer: the figure is informational (`device_info`), not a reason to
+    /// fail.
+    pub(crate) fn multiprocessors(&self, ordinal: c_int) -> u32 {
+        let mut version: c_int = 0;
+        // SAFETY: valid out pointer.
+        let r = unsafe { (self.runtime_get_version)(&mut version) };
+        if r != HIP_SUCCESS || version < HIP_VERSION_5 {
+            return 0;
+        }
+        let mut units: c_int = 0;
+        // SAFETY: valid out pointer; an attribute of the runtime's
+        // enumeration (ROCm 5 or later), a device index the caller checked.
+        let r = unsafe {
+            (self.device_get_attribute)(
+                &mut units,
+                HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                ordinal,
+            )
+        };
+        match r {
+            HIP_SUCCESS => u32::try_from(units).unwrap_or(0),
+            _ => 0,
         }
     }
 

@@ -15,6 +15,7 @@
 //! time, which breaks every build on a machine without ROCm. Instead [`ffi`]
 //! declares the few HIP functions used (`hipInit`, `hipGetDeviceCount`,
 //! `hipSetDevice`, `hipGetDeviceProperties`, `hipDeviceTotalMem`,
+//! `hipRuntimeGetVersion`, `hipDeviceGetAttribute`,
 //! `hipMemGetInfo`, `hipMalloc`/`hipFree`, `hipMemcpyAsync`,
 //! `hipMemsetAsync`, `hipStreamCreate`/`hipStreamSynchronize`,
 //! `hipModuleLoadData`, `hipModuleGetFunction`, `hipModuleLaunchKernel`) and

@@ -63,6 +63,10 @@ fn suite(backend: &str) {
         "{backend} is not on the emulated driver: device `{}`",
         dev.name
     );
+    // The emulated device has the host's CPUs as its compute units, read
+    // as a GPU's are (CUDA's multiprocessor attribute, HIP's too).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(1024));
+    assert_eq!(dev.compute_units as usize, cpus, "{backend}: compute units");
     // Exactly, but for stokes_weights_IQU, the filters and the offset
     // projection: the emulator runs the device source with the host's libm,
     // but stokes_weights_IQU uses the source's own correctly rounded

@@ -279,6 +279,46 @@ pub unsafe extern "C" fn hipGetDeviceProperties(prop: *mut HipDeviceProp, dev: c
     })
 }
 
+/// `hipRuntimeGetVersion`: ROCm 5.2's `HIP_VERSION` (the structures
+/// emulated are ROCm 5.x's).
+///
+/// # Safety
+/// `version` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn hipRuntimeGetVersion(version: *mut c_int) -> HipError {
+    // SAFETY: the caller's contract.
+    api("hipRuntimeGetVersion", || unsafe {
+        put(version, 50_221_153)
+    })
+}
+
+/// `hipDeviceGetAttribute`: the multiprocessor count (attribute 63,
+/// `hipDeviceAttributeMultiprocessorCount`); any other attribute is
+/// `hipErrorInvalidValue`, not emulated.
+///
+/// # Safety
+/// `value` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn hipDeviceGetAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    dev: c_int,
+) -> HipError {
+    api("hipDeviceGetAttribute", || {
+        device(dev)?;
+        let v = match attr {
+            63 => toast_gpu_emu::compute_units(),
+            _ => {
+                return Err(EmuError::InvalidValue(format!(
+                    "device attribute {attr} is not emulated"
+                )))
+            }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { put(value, v) }
+    })
+}
+
 /// `hipDeviceTotalMem`.
 ///
 /// # Safety
