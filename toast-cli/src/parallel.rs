@@ -85,6 +85,27 @@ pub fn local_size() -> Option<usize> {
     .filter(|&n| n > 0)
 }
 
+/// The independent runs (`TOAST_INDEPENDENT_RUNS=1`, a task farm) that
+/// share this node with this one, itself included: the launcher's
+/// node-local count ([`local_size`]), at most the runs it started. Each
+/// run is a job of one process, but the node's memory holds all of them,
+/// so the memory check counts them all. `None` for a process that is not
+/// one of several declared independent runs, or where the launcher does
+/// not say how many share the node (each run then checks its memory
+/// alone).
+pub fn independent_runs_on_node() -> Option<usize> {
+    #[cfg(feature = "mpi")]
+    {
+        None
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let independent = std::env::var(INDEPENDENT_RUNS_ENV).is_ok_and(|v| v.trim() == "1");
+        let (launched, _) = launched_world_size().filter(|&(n, _)| n > 1 && independent)?;
+        local_size().map(|n| n.min(launched))
+    }
+}
+
 /// Threads per process when `--threads` is not given and several
 /// processes share the node: the cores divided among them (at least 1),
 /// so that `mpirun -n 4` on a 16-core node runs 4 × 4 threads rather than

@@ -682,6 +682,8 @@ fn tiny_maps_match_toast() {
 /// `srun -n 2`: the launcher's world size in the environment) refuses to
 /// run, naming the variable and the `mpi` feature, before any output: each
 /// process would otherwise run the whole job and write the same files.
+/// Declared independent (`TOAST_INDEPENDENT_RUNS=1`), each runs alone, and
+/// the memory check counts the runs that share the node.
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn a_serial_build_started_as_several_processes_refuses() {
@@ -724,4 +726,18 @@ fn a_serial_build_started_as_several_processes_refuses() {
             assert_eq!(o.status.code(), Some(code), "{var}, {value}: {}", text(&o));
         }
     }
+    // Independent runs share their node's memory: the memory check counts
+    // the runs the launcher put on this node (100 000 runs of tiny do not
+    // fit any node), and the dry run says so (exit 2).
+    let mut c = launched("OMPI_COMM_WORLD_SIZE", "100000");
+    c.env("TOAST_INDEPENDENT_RUNS", "1");
+    c.env("OMPI_COMM_WORLD_LOCAL_SIZE", "100000");
+    c.args(["run", "--dry-run"]);
+    let o = process::run_with_deadline(c, std::time::Duration::from_secs(60), "farm");
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("(100000 process(es) of") && log.contains("on this node) exceeds"),
+        "{log}"
+    );
 }

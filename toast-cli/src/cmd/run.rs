@@ -403,8 +403,11 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     // smallest memory bound of them): this node's memory, and the device
     // budget on a device plan. A run is refused by a failing one; the dry
     // run reports them.
+    // Independent runs a launcher started on one node (a task farm) share
+    // its memory: the check counts them as processes of the node.
+    let memory_ppn = parallel::independent_runs_on_node().unwrap_or(ppn);
     let memory_checks = || {
-        let host = job.check_memory_on(&*comm, &plan, &sim, &execution, ppn);
+        let host = job.check_memory_on(&*comm, &plan, &sim, &execution, memory_ppn);
         let device = device
             .as_ref()
             .map(|(p, name, budget)| job.check_device_memory(*p, name, *budget, &execution));
