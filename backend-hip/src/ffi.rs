@@ -19,7 +19,7 @@ pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `hipDeviceAttributeMultiprocessorCount`: its position in
 /// `hipDeviceAttribute_t` (counted from `hipDeviceAttributeCudaCompatibleBegin
 /// = 0`), 63 in the headers of ROCm 5.x and 6.x alike (their enumerations
-/// list the same 64 attributes before it, in the same order). ROCm 4.x
+/// list the same 63 attributes (values 0 to 62) before it, in the same order). ROCm 4.x
 /// numbered the enumeration otherwise: it is read only from a runtime of
 /// [`HIP_VERSION_5`] or later.
 pub(crate) const HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
