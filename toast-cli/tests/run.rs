@@ -737,7 +737,21 @@ fn a_serial_build_started_as_several_processes_refuses() {
     let log = text(&o);
     assert_eq!(o.status.code(), Some(2), "{log}");
     assert!(
-        log.contains("(100000 process(es) of") && log.contains("on this node) exceeds"),
+        log.contains("independent runs on this node: 100000")
+            && log.contains("(100000 process(es) of")
+            && log.contains("on this node) exceeds"),
+        "{log}"
+    );
+    // A dry run for other nodes (`--dry-run P,PPN`) names its own count.
+    c = launched("OMPI_COMM_WORLD_SIZE", "100000");
+    c.env("TOAST_INDEPENDENT_RUNS", "1");
+    c.env("OMPI_COMM_WORLD_LOCAL_SIZE", "100000");
+    c.args(["run", "--dry-run", "6,2"]);
+    let o = process::run_with_deadline(c, std::time::Duration::from_secs(60), "farm P,PPN");
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        !log.contains("100000") && log.contains("2 per node"),
         "{log}"
     );
 }

@@ -16,7 +16,9 @@ use toast_ops::ops::{
 };
 use toast_ops::templates::OffsetConfig;
 use toast_ops::{MapMaker, MapMakerResult, MapMakerSetup, PixelData};
-use toast_testkit::plugins::{context, registry, registry_with_fakedev_minor_7};
+use toast_testkit::plugins::{
+    context, registry, registry_with_fake_device, registry_with_fakedev_minor_7, FakeDevice,
+};
 use toast_testkit::scan::{add_offsets, hash01, make_data, make_sky, scan_sky, Scan};
 
 const NSIDE: i64 = 16;
@@ -635,14 +637,82 @@ fn a_plugin_before_minor_8_keeps_full_pointing_and_is_never_asked_for_i32_pixels
         ),
         "{err}"
     );
-    for ob in &data.obs {
-        if let Ok(f) = ob.detdata.get(&s.pixels.pixels) {
-            let written = ob
-                .local_detectors()
-                .iter()
-                .any(|d| f.row_of::<i32>(d).is_ok_and(|r| r.iter().any(|&p| p != 0)));
-            assert!(!written, "pixels written by a refused call");
+    // Nothing was written: the observations after the refused one have no
+    // pixel field, and the field the operator made for the refused call
+    // (i32, zeroed) holds no pixel.
+    let made: Vec<bool> = data
+        .obs
+        .iter()
+        .map(|ob| ob.detdata.contains(&s.pixels.pixels))
+        .collect();
+    assert!(made[0], "the refused call's field");
+    assert!(made[1..].iter().all(|&m| !m), "{made:?}");
+    for ob in data.obs.iter().take(1) {
+        let f = ob.detdata.get(&s.pixels.pixels).unwrap();
+        assert_eq!(f.dtype(), toast_core::DType::I32);
+        for d in ob.local_detectors() {
+            let row = f.row_of::<i32>(d).unwrap();
+            assert!(
+                row.iter().all(|&p| p == 0),
+                "{d}: written by a refused call"
+            );
         }
+    }
+}
+
+/// Over its device memory budget, tiny's kept pointing becomes compact
+/// where compact pointing applies (`fakedev`, ABI minor 8) and recomputed
+/// where it does not (`fakedev7`: the plugin cannot write i32 pixels): the
+/// budget fitter's one decision (`SatelliteJob::fit_device_budget`), with
+/// the largest batch that fits (8 detectors at nside 128 in 0.12 GiB).
+#[test]
+fn over_its_budget_kept_pointing_becomes_compact_where_compact_applies() {
+    use toast_ops::workflow::{config, SatelliteJob, SizeOverrides};
+    for (device, name, want, how) in [
+        (
+            FakeDevice::Current,
+            "fakedev",
+            "device-compact-fused (2 detectors a batch)",
+            "the pixels are kept compact on the device (i32), the passes run 2 detector(s) a \
+             batch",
+        ),
+        (
+            FakeDevice::AbiMinor7,
+            "fakedev7",
+            "device-recomputed-fused (3 detectors a batch)",
+            "the pointing is recomputed on the device, 3 detector(s) a batch",
+        ),
+    ] {
+        let reg = registry_with_fake_device(1, device, ";memory=0.12");
+        let mut table = config::workflow_defaults("tiny");
+        config::apply_set(&mut table, "pixels.nside=128").unwrap();
+        let mut cfg = config::build(table).unwrap();
+        cfg.dispatch.set_run(name).unwrap();
+        let overrides = SizeOverrides {
+            n_det: Some(8),
+            n_obs: None,
+        };
+        let mut job = SatelliteJob::new("tiny", cfg, overrides).unwrap();
+        let mut sim = job.simulation().unwrap();
+        let plan = job.plan(&mut sim, 1, 1, None).unwrap();
+        assert_eq!(job.execution_plan(&reg).to_string(), "device-kept-fused");
+        job.fit_device_pixels(&reg);
+        let why = job.fit_device_budget(&plan, &sim, &reg).unwrap();
+        let why = why.unwrap_or_else(|| panic!("{name}: the plan was not fitted"));
+        assert!(
+            why.starts_with(
+                "the plan device-kept-fused would need 0.21 GiB of device memory on \
+                 backend"
+            ) && why.ends_with(how),
+            "{name}: {why}"
+        );
+        let fitted = job.execution_plan(&reg);
+        assert_eq!(fitted.to_string(), want, "{name}");
+        let predicted = job.predicted_device_memory(&plan, &sim, &fitted).unwrap();
+        assert!(
+            predicted <= 0.12 * (1u64 << 30) as f64,
+            "{name}: {predicted}"
+        );
     }
 }
 

@@ -5,11 +5,13 @@
 //! that memory and forward to the CPU plugin (linked in as an rlib). It
 //! stands in for a GPU: a kernel given a host address instead of a handle
 //! fails ("not a handle of this device"), so a test passes only if every
-//! array was staged or copied, and the results are the CPU plugin's.
+//! array was staged or copied, and the results are the CPU plugin's. Its
+//! `init` takes the CPU plugin's options and, as the GPU plugins do,
+//! `memory=GiB`: a budget the host's fitter reads, not enforced here.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use toast_accel::abi::{self, Array, BackendHeader, BackendTable, HostApi, Status};
@@ -49,12 +51,43 @@ unsafe fn fctx<'a>(ctx: *mut c_void) -> &'a FakeCtx {
     unsafe { &*(ctx as *const FakeCtx) }
 }
 
+/// The `init` options without `memory=`: the device memory budget, which
+/// the host reads from the options as it does for a GPU plugin (the budget
+/// fitter), is not enforced by the fake device, and the CPU plugin it
+/// forwards to knows no such option.
+fn cpu_options(options: &str) -> CString {
+    let kept: Vec<&str> = options
+        .split(';')
+        .filter(|item| {
+            item.split_once('=')
+                .is_none_or(|(k, _)| k.trim() != "memory")
+        })
+        .collect();
+    CString::new(kept.join(";")).unwrap_or_default()
+}
+
 unsafe extern "C" fn fake_init(host: *const HostApi, ctx: *mut *mut c_void) -> Status {
     clear();
-    let mut cpu = std::ptr::null_mut();
+    if host.is_null() {
+        return fail(abi::ERR_INVALID_ARGUMENT, "init: null host API".into());
+    }
     // SAFETY: `host` is the host's API table, valid for the call as the ABI
-    // requires of `init`, and `cpu` is a live local out pointer.
-    let s = unsafe { cpu_table().init.expect("cpu init")(host, &mut cpu) };
+    // requires of `init`; `options` is null or NUL-terminated.
+    let mut api = unsafe { *host };
+    let options = match api.options.is_null() {
+        true => String::new(),
+        // SAFETY: non-null, NUL-terminated (ABI contract), valid for the call.
+        false => unsafe { CStr::from_ptr(api.options) }
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let options = cpu_options(&options);
+    api.options = options.as_ptr();
+    let mut cpu = std::ptr::null_mut();
+    // SAFETY: `api` is the host's API table with the options replaced by a
+    // string that lives through the call, and `cpu` is a live local out
+    // pointer.
+    let s = unsafe { cpu_table().init.expect("cpu init")(&api, &mut cpu) };
     if s != abi::OK {
         return fail(s, "cpu init failed".into());
     }

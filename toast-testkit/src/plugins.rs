@@ -14,27 +14,35 @@ use toast_core::ExecContext;
 /// its rlib entry point as `builtin:cpu`, and [`fakedev`](crate::fakedev)
 /// (forwarding to a CPU plugin context with the same thread count).
 pub fn registry(threads: usize) -> Arc<Registry> {
-    registry_with_fake_device(threads, FakeDevice::Current)
+    registry_with_fake_device(threads, FakeDevice::Current, "")
 }
 
 /// A registry with the CPU plugin (`threads` rayon threads) and
 /// [`fakedev7`](crate::fakedev::entry_abi_minor_7): the fake device under a
 /// header of ABI minor 7, a plugin built before i32 pixels.
 pub fn registry_with_fakedev_minor_7(threads: usize) -> Arc<Registry> {
-    registry_with_fake_device(threads, FakeDevice::AbiMinor7)
+    registry_with_fake_device(threads, FakeDevice::AbiMinor7, "")
 }
 
 /// Which header the fake device registers under.
-enum FakeDevice {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeDevice {
     /// `fakedev`, of the host's ABI minor.
     Current,
     /// `fakedev7`, of ABI minor 7.
     AbiMinor7,
 }
 
-fn registry_with_fake_device(threads: usize, device: FakeDevice) -> Arc<Registry> {
+/// A registry with the CPU plugin (`threads` rayon threads) and the fake
+/// `device`, initialised with `threads={threads}` and `options` (e.g.
+/// `;memory=0.12`, a device memory budget for the host's fitter).
+pub fn registry_with_fake_device(
+    threads: usize,
+    device: FakeDevice,
+    options: &str,
+) -> Arc<Registry> {
     let mut r = registry_with_cpu(threads);
-    let opts = format!("threads={threads}");
+    let opts = format!("threads={threads}{options}");
     let (entry, label): (EntryFn, _) = match device {
         FakeDevice::Current => (crate::fakedev::entry, "builtin:fakedev"),
         FakeDevice::AbiMinor7 => (crate::fakedev::entry_abi_minor_7, "builtin:fakedev7"),

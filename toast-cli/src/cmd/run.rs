@@ -384,7 +384,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
     // A device plan gets the device's pixel grid (unless the user set
     // one), and one that does not fit its device memory budget becomes one
-    // that does (pointing recomputed per detector batch), before any work.
+    // that does (pixels kept compact, else pointing recomputed, per
+    // detector batch), before any work.
     let grid = job.fit_device_pixels(&registry);
     let fitted = job.fit_device_budget(&plan, &sim, &registry)?;
     for why in grid.iter().chain(&fitted) {
@@ -404,8 +405,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     // budget on a device plan. A run is refused by a failing one; the dry
     // run reports them.
     // Independent runs a launcher started on one node (a task farm) share
-    // its memory: the check counts them as processes of the node.
-    let memory_ppn = parallel::independent_runs_on_node().unwrap_or(ppn);
+    // its memory: the check counts them as processes of the node (not in a
+    // dry run for other nodes, `--dry-run P,PPN`, which names its own).
+    let farm = match args.dry_run.as_deref() {
+        None | Some("") => parallel::independent_runs_on_node(),
+        Some(_) => None,
+    };
+    let memory_ppn = farm.unwrap_or(ppn);
     let memory_checks = || {
         let host = job.check_memory_on(&*comm, &plan, &sim, &execution, memory_ppn);
         let device = device
@@ -459,6 +465,12 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             .map_err(|e| anyhow::anyhow!("dry run: gathering the memory checks: {e}"))?;
         if root {
             print_plan(&plan, &sim, s, job.nside(), ppn, job.host_role(&execution))?;
+            if let Some(n) = farm {
+                crate::outln!(
+                    "independent runs on this node: {n} (TOAST_INDEPENDENT_RUNS=1; the \
+                     launcher's node-local count): the memory check counts them all"
+                )?;
+            }
             crate::outln!("map-maker plan: {execution}")?;
             for why in grid.iter().chain(&fitted) {
                 crate::outln!("  because {why}")?;

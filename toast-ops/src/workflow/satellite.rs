@@ -875,7 +875,10 @@ impl SatelliteJob {
     /// nor keeps its pointing, or compact pointing does not apply to it
     /// ([`Plan::choose`] keeps the pointing then, and says why: too many
     /// pixels for an i32, pointing handed over, a plugin before ABI minor
-    /// 8). Recomputed pointing stays recomputed: it was asked for.
+    /// 8). Recomputed pointing (`full_pointing` and `compact_pointing` both
+    /// false) stays recomputed: it was asked for. `compact_pointing` alone
+    /// chooses nothing while `full_pointing` is on (kept pointing wins in
+    /// [`Plan::choose`]), so a kept plan becomes compact whatever it says.
     fn fit_compact(
         &self,
         plan: &JobDistribution,
@@ -897,9 +900,14 @@ impl SatelliteJob {
         };
         let models = self.device_memory_models(plan, sim, &compact);
         let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
+        // As the recomputed batches: sized to 90% of the budget, or one
+        // detector where only the whole budget holds it.
         let batch = models
             .iter()
-            .map(|(m, _)| m.largest_compact_batch(DEVICE_BUDGET_FILL * bytes))
+            .map(|(m, _)| {
+                m.largest_compact_batch(DEVICE_BUDGET_FILL * bytes)
+                    .max(m.largest_compact_batch(bytes).min(1))
+            })
             .min()
             .unwrap_or(0);
         (batch > 0).then(|| batch.min(most.max(1)))
