@@ -36,7 +36,7 @@ pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let independent = std::env::var(INDEPENDENT_RUNS_ENV).is_ok_and(|v| v.trim() == "1");
+        let independent = independent_runs_declared();
         if let Some((n, var)) = launched_world_size().filter(|&(n, _)| n > 1 && !independent) {
             anyhow::bail!(
                 "this process is one of {n} a launcher started ({var}={n}), but this toast-cli \
@@ -56,6 +56,13 @@ pub fn init() -> anyhow::Result<Arc<dyn Comm>> {
 /// runs them as one job.)
 #[cfg(not(feature = "mpi"))]
 const INDEPENDENT_RUNS_ENV: &str = "TOAST_INDEPENDENT_RUNS";
+
+/// Whether [`INDEPENDENT_RUNS_ENV`] declares this process one of several
+/// independent runs (its value is `1`; any other value does not).
+#[cfg(not(feature = "mpi"))]
+fn independent_runs_declared() -> bool {
+    std::env::var(INDEPENDENT_RUNS_ENV).is_ok_and(|v| v.trim() == "1")
+}
 
 /// The number of processes a launcher started this one among, and the
 /// variable that says it: Open MPI's `OMPI_COMM_WORLD_SIZE`, Hydra's and
@@ -100,8 +107,8 @@ pub fn independent_runs_on_node() -> Option<usize> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let independent = std::env::var(INDEPENDENT_RUNS_ENV).is_ok_and(|v| v.trim() == "1");
-        let (launched, _) = launched_world_size().filter(|&(n, _)| n > 1 && independent)?;
+        let (launched, _) =
+            launched_world_size().filter(|&(n, _)| n > 1 && independent_runs_declared())?;
         local_size().map(|n| n.min(launched))
     }
 }

@@ -805,22 +805,6 @@ impl SatelliteJob {
         if predicted <= bytes {
             return Ok(None);
         }
-        // The batch is sized to 90% of the budget: the local pixels are an
-        // estimate (within a few percent of the measured ones on xsmall).
-        let models = self.device_memory_models(plan, sim, &execution);
-        let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
-        let largest = |budget: f64, streamed: bool| {
-            let batches = models.iter().map(|(m, _)| match streamed {
-                false => m.largest_batch(budget),
-                true => m.largest_streamed_batch(budget),
-            });
-            batches.min().unwrap_or(0)
-        };
-        // One detector a batch where only the whole budget holds it; the
-        // detector data streamed where not even that fits beside them.
-        let fits = |streamed| {
-            largest(DEVICE_BUDGET_FILL * bytes, streamed).max(largest(bytes, streamed).min(1))
-        };
         // The least recomputation that fits: compact pointing keeps 4 B a
         // detector sample and rebuilds the weights inside the fused passes,
         // where recomputed pointing runs the pointing kernels in every pass.
@@ -838,6 +822,18 @@ impl SatelliteJob {
                 gib(predicted)
             )));
         }
+        let models = self.device_memory_models(plan, sim, &execution);
+        let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
+        let largest = |budget: f64, streamed: bool| {
+            let batches = models.iter().map(|(m, _)| match streamed {
+                false => m.largest_batch(budget),
+                true => m.largest_streamed_batch(budget),
+            });
+            batches.min().unwrap_or(0)
+        };
+        // The detector data streamed where not even one detector a batch
+        // fits beside them.
+        let fits = |streamed| batch_within(bytes, |b| largest(b, streamed));
         let (fits, streamed) = match fits(false) {
             0 => (fits(true), true),
             n => (n, false),
@@ -900,14 +896,9 @@ impl SatelliteJob {
         };
         let models = self.device_memory_models(plan, sim, &compact);
         let most = models.iter().map(|&(_, n)| n).max().unwrap_or(1);
-        // As the recomputed batches: sized to 90% of the budget, or one
-        // detector where only the whole budget holds it.
         let batch = models
             .iter()
-            .map(|(m, _)| {
-                m.largest_compact_batch(DEVICE_BUDGET_FILL * bytes)
-                    .max(m.largest_compact_batch(bytes).min(1))
-            })
+            .map(|(m, _)| batch_within(bytes, |b| m.largest_compact_batch(b)))
             .min()
             .unwrap_or(0);
         (batch > 0).then(|| batch.min(most.max(1)))
@@ -1714,6 +1705,15 @@ fn describe_sky(sky: &InputSky, cfg: &crate::sim::ScanHealpixMapConfig) -> Strin
         format!("sky map {}", sky.source)
     };
     format!("{what}, largest |value| {peak:e} K")
+}
+
+/// The detectors a batch that fit a device budget of `bytes`, given the
+/// most that fit a number of bytes (`largest`): sized to 90% of the budget
+/// ([`DEVICE_BUDGET_FILL`]: the local pixels are an estimate, within a few
+/// percent of the measured ones on xsmall), or one detector where only the
+/// whole budget holds it; 0 where not even that fits.
+fn batch_within(bytes: f64, largest: impl Fn(f64) -> u64) -> u64 {
+    largest(DEVICE_BUDGET_FILL * bytes).max(largest(bytes).min(1))
 }
 
 #[cfg(test)]
