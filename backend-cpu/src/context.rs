@@ -13,6 +13,9 @@ pub(crate) struct CpuContext {
     pool: Option<rayon::ThreadPool>,
     log: LogFn,
     log_user: *mut c_void,
+    /// The host's ABI minor (0 without a host API): `device_info` writes
+    /// only the fields its struct has.
+    pub(crate) host_abi_minor: u32,
     pub(crate) registry: Registry,
 }
 
@@ -26,12 +29,14 @@ impl CpuContext {
         let mut log: LogFn = None;
         let mut log_user = std::ptr::null_mut();
         let mut options = String::new();
+        let mut host_abi_minor = 0;
         if !host.is_null() {
             // SAFETY: non-null; the host passes a valid struct. Read the size first.
             let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
             if size >= std::mem::size_of::<HostApi>() {
                 // SAFETY: the whole struct is present.
                 let h = unsafe { &*host };
+                host_abi_minor = h.abi_minor;
                 log = h.log;
                 log_user = h.log_user;
                 if !h.options.is_null() {
@@ -77,6 +82,7 @@ impl CpuContext {
         };
         let ctx = CpuContext {
             pool,
+            host_abi_minor,
             log,
             log_user,
             registry: Registry::default(),

@@ -243,13 +243,17 @@ unsafe extern "C" fn device_info(
             free_memory: 0,
             compute_units: c.threads() as u32,
             peak_held_mib: 0,
+            // The kernels run on the host's arrays.
+            memory_kind: abi::DEVICE_MEMORY_HOST,
+            reserved: 0,
         };
         for (d, &b) in out.name.iter_mut().zip(name.as_bytes().iter().take(127)) {
             *d = b as c_char;
         }
         (out.total_memory, out.free_memory) = context::meminfo();
-        // SAFETY: non-null out pointer from the host.
-        unsafe { *info = out };
+        // SAFETY: non-null out pointer from the host, to the struct of the
+        // host's minor (the ABI contract), of which this writes no more.
+        unsafe { out.write_for_host(info, c.host_abi_minor) };
         Ok(())
     })
 }

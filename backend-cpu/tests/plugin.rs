@@ -38,10 +38,15 @@ struct PluginInstance(*mut c_void);
 
 impl PluginInstance {
     fn new(options: &str) -> Result<PluginInstance, (i32, String)> {
+        PluginInstance::from_host(options, abi::ABI_MINOR)
+    }
+
+    /// `init` from a host of ABI minor `host_minor`.
+    fn from_host(options: &str, host_minor: u32) -> Result<PluginInstance, (i32, String)> {
         let opts = CString::new(options).unwrap();
         let api = abi::HostApi {
             size: std::mem::size_of::<abi::HostApi>() as u32,
-            abi_minor: abi::ABI_MINOR,
+            abi_minor: host_minor,
             log: Some(log_cb),
             log_user: std::ptr::null_mut(),
             options: opts.as_ptr(),
@@ -160,19 +165,31 @@ fn device_count_and_info() {
     // SAFETY: valid ctx and out pointer.
     assert_eq!(unsafe { t.device_count.unwrap()(c.0, &mut n) }, abi::OK);
     assert_eq!(n, 1);
-    let mut info = abi::DeviceInfo {
-        name: [0; 128],
-        total_memory: 0,
-        free_memory: 0,
-        compute_units: 0,
-        peak_held_mib: 0,
-    };
+    let mut info = abi::DeviceInfo::ZERO;
     assert_eq!(
         // SAFETY: valid ctx and out pointer.
         unsafe { t.device_info.unwrap()(c.0, 0, &mut info) },
         abi::OK
     );
     assert_eq!(info.compute_units, 3);
+    assert_eq!(info.memory_kind, abi::DEVICE_MEMORY_HOST);
+    // A host of minor 8 has no memory kind (ABI minor 9): its struct ends
+    // before it, and nothing is written there.
+    let old = PluginInstance::from_host("threads=2", 8).unwrap();
+    let mut canary = abi::DeviceInfo {
+        memory_kind: 0xAAAA_AAAA,
+        reserved: 0xAAAA_AAAA,
+        ..abi::DeviceInfo::ZERO
+    };
+    assert_eq!(
+        // SAFETY: valid ctx and out pointer.
+        unsafe { t.device_info.unwrap()(old.0, 0, &mut canary) },
+        abi::OK
+    );
+    assert_eq!(
+        (canary.compute_units, canary.memory_kind, canary.reserved),
+        (2, 0xAAAA_AAAA, 0xAAAA_AAAA)
+    );
     assert!(info.name[0] != 0);
     assert!(info.total_memory > 0 && info.free_memory <= info.total_memory);
     assert_eq!(

@@ -9,7 +9,9 @@ use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::nvrtc::Nvrtc;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
-use toast_gpu::{ordinal_of, AllocError, DeviceChoice, Driver, Grid, Param, ParamSlots};
+use toast_gpu::{
+    ordinal_of, AllocError, DeviceChoice, DeviceMemoryKind, Driver, Grid, Param, ParamSlots,
+};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)
@@ -57,6 +59,8 @@ pub(crate) struct CudaDriver {
     arch: String,
     total_memory: u64,
     compute_units: u32,
+    /// Whose memory its allocations take (`CU_DEVICE_ATTRIBUTE_INTEGRATED`).
+    memory: DeviceMemoryKind,
     cu_ctx: sys::CUcontext,
     /// Transfers and kernels go to this one stream, in order.
     stream: sys::CUstream,
@@ -102,6 +106,13 @@ impl CudaDriver {
             .map_err(|e| driver("cuDeviceGetAttribute", e))?;
         let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| driver("cuDeviceGetAttribute", e))?;
+        // An integrated GPU (Jetson, GB10) allocates from the host's
+        // memory; a failed query leaves it unknown (informational).
+        let memory = match attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED) {
+            Ok(1) => DeviceMemoryKind::Host,
+            Ok(0) => DeviceMemoryKind::Own,
+            _ => DeviceMemoryKind::Unknown,
+        };
         // SAFETY: valid device.
         let total =
             unsafe { cu::device::total_mem(dev) }.map_err(|e| driver("cuDeviceTotalMem", e))?;
@@ -119,6 +130,7 @@ impl CudaDriver {
             arch: format!("sm_{major}{minor}"),
             total_memory: total as u64,
             compute_units: sms.max(0) as u32,
+            memory,
             cu_ctx,
             stream,
             nvrtc,
@@ -184,6 +196,10 @@ impl Driver for CudaDriver {
     /// Streaming multiprocessors.
     fn compute_units(&self) -> u32 {
         self.compute_units
+    }
+
+    fn memory_kind(&self) -> DeviceMemoryKind {
+        self.memory
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {

@@ -8,7 +8,9 @@ use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::hiprtc::Hiprtc;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
-use toast_gpu::{ordinal_of, AllocError, DeviceChoice, Driver, Grid, Param, ParamSlots};
+use toast_gpu::{
+    ordinal_of, AllocError, DeviceChoice, DeviceMemoryKind, Driver, Grid, Param, ParamSlots,
+};
 
 fn unavailable(msg: impl Into<String>) -> PluginError {
     PluginError::new(abi::ERR_UNAVAILABLE, msg)
@@ -36,6 +38,8 @@ struct Gpu {
     total_memory: u64,
     /// Multiprocessors (compute units); 0 where the runtime does not say.
     compute_units: u32,
+    /// Whose memory its allocations take (`hipDeviceAttributeIntegrated`).
+    memory: DeviceMemoryKind,
     /// Transfers and kernels go to this one stream, in order.
     stream: *mut c_void,
 }
@@ -113,6 +117,7 @@ impl Gpu {
             arch: String::new(),
             total_memory: 0,
             compute_units: 0,
+            memory: DeviceMemoryKind::Unknown,
             stream: std::ptr::null_mut(),
         };
         gpu.bind()?;
@@ -140,6 +145,7 @@ impl Gpu {
         gpu.arch = arch;
         gpu.total_memory = total as u64;
         gpu.compute_units = gpu.hip.multiprocessors(ordinal);
+        gpu.memory = gpu.hip.memory_kind(ordinal);
         gpu.stream = stream;
         Ok(gpu)
     }
@@ -247,6 +253,11 @@ impl Driver for HipDriver {
     /// not `hipDeviceProp_t`, whose layout differs between ROCm versions).
     fn compute_units(&self) -> u32 {
         self.gpu.compute_units
+    }
+
+    /// `hipDeviceAttributeIntegrated`.
+    fn memory_kind(&self) -> DeviceMemoryKind {
+        self.gpu.memory
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {

@@ -8,6 +8,7 @@
 //! and the architecture is the first `gfx…` string in the structure.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use toast_gpu::DeviceMemoryKind;
 
 pub(crate) type HipError = c_int;
 pub(crate) const HIP_SUCCESS: HipError = 0;
@@ -23,6 +24,10 @@ pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// numbered the enumeration otherwise: it is read only from a runtime of
 /// [`HIP_VERSION_5`] or later.
 pub(crate) const HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
+/// `hipDeviceAttributeIntegrated` ("Device is integrated GPU": an APU such
+/// as the MI300A, whose allocations take the host's memory): 16, counted
+/// as [`HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`] is, among those 63.
+pub(crate) const HIP_DEVICE_ATTRIBUTE_INTEGRATED: c_int = 16;
 /// `HIP_VERSION` of ROCm 5.0 (`major * 10000000 + minor * 100000 + patch`),
 /// as `hipRuntimeGetVersion` reports it.
 pub(crate) const HIP_VERSION_5: c_int = 50_000_000;
@@ -138,31 +143,40 @@ impl Hip {
         }
     }
 
-    /// The multiprocessors (compute units) of device `ordinal`, from a
-    /// runtime of ROCm 5 or later (whose attribute numbering is known); 0,
-    /// "unknown" as the ABI allows, where the runtime is older or does not
-    /// answer: the figure is informational (`device_info`), not a reason to
-    /// fail.
-    pub(crate) fn multiprocessors(&self, ordinal: c_int) -> u32 {
+    /// The attribute `attribute` (a `hipDeviceAttribute_t` value, as this
+    /// crate's constants number them) of device `ordinal`, from a runtime
+    /// of ROCm 5 or later (whose attribute numbering is known); `None`
+    /// where the runtime is older or does not answer. The attributes read
+    /// are informational (`device_info`), not a reason to fail.
+    pub(crate) fn attribute(&self, ordinal: c_int, attribute: c_int) -> Option<c_int> {
         let mut version: c_int = 0;
         // SAFETY: valid out pointer.
         let r = unsafe { (self.runtime_get_version)(&mut version) };
         if r != HIP_SUCCESS || version < HIP_VERSION_5 {
-            return 0;
+            return None;
         }
-        let mut units: c_int = 0;
+        let mut value: c_int = 0;
         // SAFETY: valid out pointer; an attribute of the runtime's
         // enumeration (ROCm 5 or later), a device index the caller checked.
-        let r = unsafe {
-            (self.device_get_attribute)(
-                &mut units,
-                HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                ordinal,
-            )
-        };
-        match r {
-            HIP_SUCCESS => u32::try_from(units).unwrap_or(0),
-            _ => 0,
+        let r = unsafe { (self.device_get_attribute)(&mut value, attribute, ordinal) };
+        (r == HIP_SUCCESS).then_some(value)
+    }
+
+    /// The multiprocessors (compute units) of device `ordinal`; 0,
+    /// "unknown" as the ABI allows, where the runtime does not say.
+    pub(crate) fn multiprocessors(&self, ordinal: c_int) -> u32 {
+        self.attribute(ordinal, HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .and_then(|units| u32::try_from(units).ok())
+            .unwrap_or(0)
+    }
+
+    /// Whose memory device `ordinal`'s allocations take: the host's on an
+    /// integrated GPU (an APU); unknown where the runtime does not say.
+    pub(crate) fn memory_kind(&self, ordinal: c_int) -> DeviceMemoryKind {
+        match self.attribute(ordinal, HIP_DEVICE_ATTRIBUTE_INTEGRATED) {
+            Some(1) => DeviceMemoryKind::Host,
+            Some(0) => DeviceMemoryKind::Own,
+            _ => DeviceMemoryKind::Unknown,
         }
     }
 

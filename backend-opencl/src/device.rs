@@ -5,7 +5,7 @@
 
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
-use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL};
+use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU};
 use opencl3::error_codes::ClError;
 use opencl3::kernel::Kernel;
 use opencl3::platform::get_platforms;
@@ -17,6 +17,7 @@ use toast_accel::abi;
 use toast_accel::device_source::fnv1a;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::CompileError;
+use toast_gpu::DeviceMemoryKind;
 
 /// An OpenCL error code as text: its name and number.
 pub(crate) fn cl_error(code: i32) -> String {
@@ -124,6 +125,8 @@ pub(crate) struct Device {
     pub(crate) global_mem: u64,
     pub(crate) max_alloc: u64,
     pub(crate) compute_units: u32,
+    /// Whose memory its allocations take: [`memory_kind`].
+    pub(crate) memory: DeviceMemoryKind,
     /// `CL_DEVICE_MAX_WORK_ITEM_SIZES[0]`.
     max_items0: usize,
     id: cl_device_id,
@@ -171,6 +174,20 @@ fn unsuitable(d: &ClDevice) -> Option<String> {
         .filter(|e| !ext.split_whitespace().any(|x| x == *e))
         .collect();
     (!missing.is_empty()).then(|| format!("it lacks {}", missing.join(" and ")))
+}
+
+/// Whose memory `d`'s allocations take: the host's for a CPU device (PoCL)
+/// and for a device that shares the host's memory
+/// (`CL_DEVICE_HOST_UNIFIED_MEMORY`: integrated GPUs; deprecated in OpenCL
+/// 2.0 but still answered), its own otherwise; unknown where the device
+/// answers neither query.
+fn memory_kind(d: &ClDevice) -> DeviceMemoryKind {
+    let cpu = d.dev_type().map(|t| t & CL_DEVICE_TYPE_CPU != 0);
+    match (cpu, d.host_unified_memory()) {
+        (Ok(true), _) | (_, Ok(true)) => DeviceMemoryKind::Host,
+        (Ok(false), Ok(false)) => DeviceMemoryKind::Own,
+        _ => DeviceMemoryKind::Unknown,
+    }
 }
 
 /// Devices opened so far, by (platform index, device index): the OpenCL
@@ -261,6 +278,7 @@ pub(crate) fn open(
         global_mem: d.global_mem_size().unwrap_or(0),
         max_alloc: d.max_mem_alloc_size().unwrap_or(u64::MAX),
         compute_units: d.max_compute_units().unwrap_or(0),
+        memory: memory_kind(d),
         max_items0: d
             .max_work_item_sizes()
             .ok()

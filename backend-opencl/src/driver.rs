@@ -11,7 +11,7 @@ use toast_accel::abi;
 use toast_accel::device_source::{fnv1a, Target};
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
-use toast_gpu::{AllocError, DeviceChoice, Driver, Grid, Param};
+use toast_gpu::{AllocError, DeviceChoice, DeviceMemoryKind, Driver, Grid, Param};
 
 /// A device allocation: an OpenCL buffer object. Kernels receive the object
 /// itself (`clSetKernelArg`), never an address.
@@ -169,6 +169,10 @@ impl Driver for OpenClDriver {
 
     fn compute_units(&self) -> u32 {
         self.dev.compute_units
+    }
+
+    fn memory_kind(&self) -> DeviceMemoryKind {
+        self.dev.memory
     }
 
     fn alloc(&self, bytes: u64) -> Result<Mem, AllocError> {

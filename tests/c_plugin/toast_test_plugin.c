@@ -83,6 +83,7 @@ static const char *tt_last_error(void) { return last_error_buf; }
 typedef struct tt_ctx {
     toast_log_fn log;
     void *log_user;
+    uint32_t host_minor; /* the host's ABI minor: device_info writes its struct only */
 } tt_ctx;
 
 static void tt_log(const tt_ctx *c, int32_t level, const char *fmt, ...) {
@@ -121,6 +122,7 @@ static toast_status tt_init(const toast_host_api *host, void **ctx) {
         c->log = host->log;
         c->log_user = host->log_user;
         abi_minor = host->abi_minor;
+        c->host_minor = abi_minor;
         options = host->options != NULL ? host->options : "";
     }
 #ifdef TOAST_TEST_UNAVAILABLE
@@ -162,7 +164,10 @@ static void lock_table(void);
 static void unlock_table(void);
 
 static toast_status tt_device_info(void *ctx, uint32_t index, toast_device_info *info) {
-    (void)ctx;
+    const tt_ctx *c = (const tt_ctx *)ctx;
+    if (c == NULL) {
+        return fail(TOAST_ERR_INVALID_ARGUMENT, "device_info: null context");
+    }
     if (info == NULL) {
         return fail(TOAST_ERR_INVALID_ARGUMENT, "device_info: null info pointer");
     }
@@ -170,7 +175,16 @@ static toast_status tt_device_info(void *ctx, uint32_t index, toast_device_info 
         return fail(TOAST_ERR_INVALID_ARGUMENT, "device_info: index %u, but there is 1 device",
                     (unsigned)index);
     }
-    memset(info, 0, sizeof *info);
+    /* The host's struct, as large as its minor says (ABI minor 9 grew it);
+     * the minor-3 build knows only its own, smaller struct. */
+#ifdef TOAST_TEST_ABI_MINOR_3
+    memset(info, 0, offsetof(toast_device_info, memory_kind));
+#else
+    memset(info, 0, TOAST_DEVICE_INFO_SIZE(c->host_minor));
+    if (c->host_minor >= 9u) {
+        info->memory_kind = TOAST_DEVICE_MEMORY_HOST; /* malloc'd buffers */
+    }
+#endif
 #ifdef TOAST_TEST_FULL_DEVICE_NAME
     memset(info->name, 'd', sizeof info->name);
 #else

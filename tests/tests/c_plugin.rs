@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use toast_accel::abi::{self, Kernel};
+use toast_accel::abi::{self, DeviceMemoryKind, Kernel};
 use toast_accel::host::discovery::plugin_file_name;
 use toast_accel::host::{
     AccelError, ArrayArg, Backend, DiscoveryOptions, DispatchLevel, DispatchPolicy, Dispatcher,
@@ -229,6 +229,35 @@ fn c_plugin_is_discovered_and_describes_itself() {
     assert_eq!(dev.name, "ctest test device (host memory)");
     assert_eq!(dev.total_memory, 1 << 30);
     assert_eq!(dev.compute_units, 1);
+    assert_eq!(dev.memory, DeviceMemoryKind::Host);
+    // From a host of minor 8 (whose struct ends before the memory kind of
+    // minor 9), the plugin writes nothing past that host's struct.
+    let init = p.table.init.unwrap();
+    let info = p.table.device_info.unwrap();
+    let old_host = abi::HostApi {
+        size: std::mem::size_of::<abi::HostApi>() as u32,
+        abi_minor: 8,
+        log: None,
+        log_user: std::ptr::null_mut(),
+        options: std::ptr::null(),
+    };
+    let mut ctx = std::ptr::null_mut();
+    let mut canary = abi::DeviceInfo {
+        memory_kind: 0xAAAA_AAAA,
+        reserved: 0xAAAA_AAAA,
+        ..abi::DeviceInfo::ZERO
+    };
+    // SAFETY: a complete host API and valid out pointers; the context is
+    // the plugin's own (freed by `shutdown`, called once).
+    unsafe {
+        assert_eq!(init(&old_host, &mut ctx), abi::OK);
+        assert_eq!(info(ctx, 0, &mut canary), abi::OK);
+        p.table.shutdown.unwrap()(ctx);
+    }
+    assert_eq!(
+        (canary.compute_units, canary.memory_kind, canary.reserved),
+        (1, 0xAAAA_AAAA, 0xAAAA_AAAA)
+    );
     // The plugin's own error, with its message, for a bad device index.
     match b.device_info(3) {
         Err(AccelError::Memory { kind, message, .. }) => {
@@ -476,6 +505,11 @@ fn a_minor_3_plugin_has_no_fused_kernels_and_dispatch_falls_back() {
     // does not read an allocator peak from it (this plugin writes one).
     let h = r.backend.alloc(16, "scratch").unwrap();
     assert_eq!(r.backend.device_info(0).unwrap().peak_held_bytes, None);
+    // Nor a memory kind (ABI minor 9).
+    assert_eq!(
+        r.backend.device_info(0).unwrap().memory,
+        DeviceMemoryKind::Unknown
+    );
     r.backend.free(h).unwrap();
     // The fused kernels fall back along the chain: to ctest here (which
     // lacks them too), then to `cpu`, which this registry does not have.

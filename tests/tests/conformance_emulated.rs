@@ -67,6 +67,13 @@ fn suite(backend: &str) {
     // as a GPU's are (CUDA's multiprocessor attribute, HIP's too).
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(1024));
     assert_eq!(dev.compute_units as usize, cpus, "{backend}: compute units");
+    // Its memory is the host's, read as an integrated GPU's is (CUDA's
+    // integrated attribute, HIP's too: ABI minor 9).
+    assert_eq!(
+        dev.memory,
+        toast_accel::abi::DeviceMemoryKind::Host,
+        "{backend}: memory kind"
+    );
     // Exactly, but for stokes_weights_IQU, the filters and the offset
     // projection: the emulator runs the device source with the host's libm,
     // but stokes_weights_IQU uses the source's own correctly rounded

@@ -55,6 +55,23 @@ fn opencl() -> Option<Backend> {
     backend_or_skip("opencl", "", "TOAST_REQUIRE_OPENCL")
 }
 
+/// Whose memory the device's allocations take (ABI minor 9): a CPU device
+/// (PoCL, which CI runs) is in the host's memory; any device answers one
+/// of the two queries behind it (its type, `CL_DEVICE_HOST_UNIFIED_MEMORY`).
+#[test]
+fn the_device_says_whose_memory_it_allocates() {
+    let Some(b) = opencl() else { return };
+    let dev = b.device_info(0).unwrap();
+    let want = match dev.name.contains("Portable Computing Language") {
+        true => Some(abi::DeviceMemoryKind::Host),
+        false => None,
+    };
+    assert_ne!(dev.memory, abi::DeviceMemoryKind::Unknown, "{}", dev.name);
+    if let Some(want) = want {
+        assert_eq!(dev.memory, want, "{}", dev.name);
+    }
+}
+
 #[test]
 fn foreign_freed_and_huge_buffers_are_refused_cleanly() {
     let Some(b) = opencl() else { return };

@@ -57,7 +57,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 8u
+#define TOAST_BACKEND_ABI_MINOR 9u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -122,7 +122,22 @@ typedef struct toast_device_info {
      * backend's allocator has held at once since init (buffers, kernel
      * scratch, caches), in MiB rounded up; 0 if unknown or not tracked. */
     uint32_t peak_held_mib;
+    /* ABI minor 9: whose memory the device's allocations take
+     * (TOAST_DEVICE_MEMORY_*; the host counts the host's in its memory
+     * check). These two fields exist only in a host of minor 9 or later:
+     * write them only when toast_host_api.abi_minor >= 9, and never more
+     * than TOAST_DEVICE_INFO_SIZE(host abi_minor) bytes of `info` (no
+     * memset of sizeof *info into an older host's struct). */
+    uint32_t memory_kind;
+    uint32_t reserved; /* 0 */
 } toast_device_info;
+
+#define TOAST_DEVICE_MEMORY_UNKNOWN 0u /* not told: treated as the device's own */
+#define TOAST_DEVICE_MEMORY_OWN 1u     /* its own memory (a discrete GPU) */
+#define TOAST_DEVICE_MEMORY_HOST 2u    /* the host's (CPU device, integrated GPU, APU, emulator) */
+/* The bytes of the toast_device_info of a host of ABI minor `m`. */
+#define TOAST_DEVICE_INFO_SIZE(m) \
+    ((m) >= 9u ? sizeof(toast_device_info) : offsetof(toast_device_info, memory_kind))
 
 /* ---- kernel arguments ---------------------------------------------------
  * Arrays marked "host" are plain host pointers of the stated length.

@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 8;
+pub const ABI_MINOR: u32 = 9;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -106,6 +106,115 @@ pub struct DeviceInfo {
     /// up; 0 when unknown or not tracked (a host-addressable backend, a
     /// plugin built before ABI minor 7, where this field was `reserved`).
     pub peak_held_mib: u32,
+    /// ABI minor 9: whose memory the device's allocations take
+    /// (`DEVICE_MEMORY_*`). Present only in a host of minor 9 or later:
+    /// a plugin writes it only for such a host
+    /// ([`DeviceInfo::write_for_host`]).
+    pub memory_kind: u32,
+    /// ABI minor 9: 0.
+    pub reserved: u32,
+}
+
+/// `memory_kind`: not known (a plugin before minor 9 leaves 0).
+pub const DEVICE_MEMORY_UNKNOWN: u32 = 0;
+/// `memory_kind`: the device has its own memory; its allocations take none
+/// of the host's (a discrete GPU).
+pub const DEVICE_MEMORY_OWN: u32 = 1;
+/// `memory_kind`: the device's allocations take the host's memory (a CPU
+/// device, an integrated GPU or APU, an emulated device).
+pub const DEVICE_MEMORY_HOST: u32 = 2;
+
+impl DeviceInfo {
+    /// The struct with every field zero (memory kind unknown).
+    pub const ZERO: DeviceInfo = DeviceInfo {
+        name: [0; 128],
+        total_memory: 0,
+        free_memory: 0,
+        compute_units: 0,
+        peak_held_mib: 0,
+        memory_kind: DEVICE_MEMORY_UNKNOWN,
+        reserved: 0,
+    };
+
+    /// The bytes of the `toast_device_info` a host of ABI minor
+    /// `host_minor` has (C: `TOAST_DEVICE_INFO_SIZE`): the struct ended at
+    /// `peak_held_mib` before minor 9.
+    pub const fn size_for_host(host_minor: u32) -> usize {
+        if host_minor >= 9 {
+            std::mem::size_of::<DeviceInfo>()
+        } else {
+            std::mem::offset_of!(DeviceInfo, memory_kind)
+        }
+    }
+
+    /// Write `self` into the host's struct at `dst`: only the bytes a host
+    /// of ABI minor `host_minor` has ([`DeviceInfo::size_for_host`]), as a
+    /// plugin of a newer minor must under an older host.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `DeviceInfo::size_for_host(host_minor)`
+    /// bytes (the host's struct).
+    pub unsafe fn write_for_host(&self, dst: *mut DeviceInfo, host_minor: u32) {
+        let n = DeviceInfo::size_for_host(host_minor);
+        // SAFETY: `self` is a whole struct (n bytes readable); the caller
+        // guarantees `n` writable bytes at `dst`; a host's struct and a
+        // plugin's stack value never overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self as *const DeviceInfo as *const u8, dst as *mut u8, n)
+        };
+    }
+}
+
+/// Whose memory a device's allocations take (`toast_device_info`'s
+/// `memory_kind`, ABI minor 9): the host counts a device run's device
+/// memory in its host memory check where it is the host's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceMemoryKind {
+    /// Not told (a plugin before minor 9, or one that cannot know):
+    /// treated as the device's own.
+    #[default]
+    Unknown,
+    /// The device's own memory (a discrete GPU).
+    Own,
+    /// The host's memory (a CPU device, an integrated GPU or APU, an
+    /// emulated device).
+    Host,
+}
+
+impl DeviceMemoryKind {
+    /// The ABI value (`DEVICE_MEMORY_*`).
+    pub const fn to_abi(self) -> u32 {
+        match self {
+            DeviceMemoryKind::Unknown => DEVICE_MEMORY_UNKNOWN,
+            DeviceMemoryKind::Own => DEVICE_MEMORY_OWN,
+            DeviceMemoryKind::Host => DEVICE_MEMORY_HOST,
+        }
+    }
+
+    /// The kind of an ABI value; a value this host does not know is
+    /// [`DeviceMemoryKind::Unknown`].
+    pub const fn from_abi(v: u32) -> DeviceMemoryKind {
+        match v {
+            DEVICE_MEMORY_OWN => DeviceMemoryKind::Own,
+            DEVICE_MEMORY_HOST => DeviceMemoryKind::Host,
+            _ => DeviceMemoryKind::Unknown,
+        }
+    }
+
+    /// Whether the device's allocations take the host's memory.
+    pub const fn is_host(self) -> bool {
+        matches!(self, DeviceMemoryKind::Host)
+    }
+}
+
+impl std::fmt::Display for DeviceMemoryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceMemoryKind::Unknown => "unknown",
+            DeviceMemoryKind::Own => "its own",
+            DeviceMemoryKind::Host => "the host's",
+        })
+    }
 }
 
 #[repr(C)]

@@ -51,7 +51,9 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_array => Array { ptr, len },
         toast_interval => SampleRange { first, last },
         toast_intervals => SampleRanges { ptr, len },
-        toast_device_info => DeviceInfo { name, total_memory, free_memory, compute_units, peak_held_mib },
+        toast_device_info => DeviceInfo {
+            name, total_memory, free_memory, compute_units, peak_held_mib, memory_kind, reserved,
+        },
         toast_pointing_detector_args => PointingDetectorArgs {
             n_det, n_samp, quat_index, focalplane, intervals, boresight, shared_flags,
             shared_flag_mask, reserved, quats,
@@ -184,14 +186,30 @@ fn rust_constants() -> BTreeMap<String, String> {
         ("TOAST_DTYPE_I64", n(DTYPE_I64.into())),
         ("TOAST_DTYPE_I32", n(DTYPE_I32.into())),
         (
+            "TOAST_DEVICE_MEMORY_UNKNOWN",
+            n(DEVICE_MEMORY_UNKNOWN.into()),
+        ),
+        ("TOAST_DEVICE_MEMORY_OWN", n(DEVICE_MEMORY_OWN.into())),
+        ("TOAST_DEVICE_MEMORY_HOST", n(DEVICE_MEMORY_HOST.into())),
+        (
             "TOAST_BACKEND_FLAG_HOST_ADDRESSABLE",
             n(FLAG_HOST_ADDRESSABLE.into()),
         ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(DEVICE_INFO_SIZE_MINORS.map(|m| {
+        (
+            format!("TOAST_DEVICE_INFO_SIZE({m})"),
+            DeviceInfo::size_for_host(m).to_string(),
+        )
+    }))
     .collect()
 }
+
+/// Host minors at which `TOAST_DEVICE_INFO_SIZE` and
+/// `DeviceInfo::size_for_host` are compared (before, at and after minor 9).
+const DEVICE_INFO_SIZE_MINORS: [u32; 4] = [0, 8, 9, 10];
 
 /// Scalar typedefs of the header whose size the Rust side fixes.
 fn rust_typedef_sizes() -> BTreeMap<String, usize> {
@@ -270,7 +288,8 @@ fn header_structs(src: &str) -> Vec<(String, Vec<String>)> {
     out
 }
 
-/// Every `#define TOAST_* value` of the header: name and whether it is a string.
+/// Every `#define TOAST_* value` of the header: name and whether it is a
+/// string (function-like macros, `TOAST_X(m)`, are not constants).
 fn header_constants(src: &str) -> Vec<(String, bool)> {
     src.lines()
         .filter_map(|l| l.trim().strip_prefix("#define "))
@@ -278,7 +297,7 @@ fn header_constants(src: &str) -> Vec<(String, bool)> {
             let mut parts = d.trim().splitn(2, char::is_whitespace);
             let name = parts.next()?;
             let value = parts.next()?.trim();
-            (name.starts_with("TOAST_") && !value.is_empty())
+            (name.starts_with("TOAST_") && !name.contains('(') && !value.is_empty())
                 .then(|| (name.to_string(), value.starts_with('"')))
         })
         .collect()
@@ -361,6 +380,12 @@ fn rust_abi_matches_the_c_header() {
     }
     for t in rust_typedef_sizes().keys() {
         c.push_str(&format!("  printf(\"typedef {t} %zu\\n\", sizeof({t}));\n"));
+    }
+    // The function-like macro, at the minors of `rust_constants`.
+    for m in DEVICE_INFO_SIZE_MINORS {
+        c.push_str(&format!(
+            "  printf(\"const TOAST_DEVICE_INFO_SIZE({m}) %zu\\n\", TOAST_DEVICE_INFO_SIZE({m}u));\n"
+        ));
     }
     c.push_str("  return 0;\n}\n");
     let output = compile_and_run(&c);

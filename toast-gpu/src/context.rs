@@ -75,6 +75,9 @@ fn parse_workspace_bytes(v: &str) -> Result<u64, PluginError> {
 #[derive(Debug)]
 pub struct Context<D: Driver> {
     log: HostLog,
+    /// The host's ABI minor (`HostApi::abi_minor`; 0 without a host API):
+    /// `device_info` writes only the fields its struct has.
+    pub(crate) host_abi_minor: u32,
     pub(crate) driver: D,
     pub(crate) memory: Memory<D::Buffer>,
     /// How the polynomial filters lay out their workspace (option
@@ -109,23 +112,27 @@ pub(crate) struct ErrorWord {
     pub(crate) dirty: bool,
 }
 
-/// The log callback and the options of the host API at `host`.
+/// The log callback, the options and the ABI minor of the host API at
+/// `host` (minor 0 without one: the device information written is then
+/// the oldest struct's).
 ///
 /// # Safety
 /// `host` is null or points to a `HostApi` of at least `host.size` bytes
 /// whose `options` is null or NUL-terminated.
-unsafe fn read_host(host: *const HostApi) -> (HostLog, String) {
+unsafe fn read_host(host: *const HostApi) -> (HostLog, String, u32) {
     let mut log = HostLog {
         log: None,
         user: std::ptr::null_mut(),
     };
     let mut options = String::new();
+    let mut minor = 0;
     if !host.is_null() {
         // SAFETY: non-null; the host passes a valid struct. Read the size first.
         let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
         if size >= std::mem::size_of::<HostApi>() {
             // SAFETY: the whole struct is present.
             let h = unsafe { &*host };
+            minor = h.abi_minor;
             log = HostLog {
                 log: h.log,
                 user: h.log_user,
@@ -138,7 +145,7 @@ unsafe fn read_host(host: *const HostApi) -> (HostLog, String) {
             }
         }
     }
-    (log, options)
+    (log, options, minor)
 }
 
 impl<D: Driver> Context<D> {
@@ -157,7 +164,7 @@ impl<D: Driver> Context<D> {
     /// bytes whose `options` is null or NUL-terminated.
     pub unsafe fn new(host: *const HostApi) -> Result<Self, PluginError> {
         // SAFETY: the caller's contract.
-        let (log, options) = unsafe { read_host(host) };
+        let (log, options, host_abi_minor) = unsafe { read_host(host) };
         let mut named: Option<D::DeviceId> = None;
         let mut budget: Option<Budget> = None;
         let mut workspace = WorkspaceLayout::default();
@@ -211,6 +218,7 @@ impl<D: Driver> Context<D> {
         });
         let ctx = Context {
             log,
+            host_abi_minor,
             memory: Memory::new(D::NAME, D::HANDLE_TAG, driver.total_memory() / 4, budget),
             driver,
             workspace,

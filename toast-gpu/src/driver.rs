@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::fmt;
+pub use toast_accel::abi::DeviceMemoryKind;
 use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::{CacheKey, CompileError, Compiled};
@@ -104,6 +105,10 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     }
     /// Compute units (SMs, CUs) for `device_info`; 0 when unknown.
     fn compute_units(&self) -> u32;
+    /// Whose memory the device's allocations take, for `device_info` (ABI
+    /// minor 9): the host counts a device in host memory (a CPU device, an
+    /// integrated GPU or APU, an emulator) in its host memory check.
+    fn memory_kind(&self) -> DeviceMemoryKind;
 
     /// Allocate `bytes` bytes of device memory (contents unspecified, unless
     /// [`ZEROES_ON_ALLOC`](Self::ZEROES_ON_ALLOC)).

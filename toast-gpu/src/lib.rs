@@ -95,8 +95,8 @@ mod small_cache;
 pub use context::Context;
 pub use driver::NODE_LOCAL_RANK_VARS;
 pub use driver::{
-    node_local_rank, ordinal_of, parse_ordinal, AllocError, DeviceChoice, Driver, Grid, Param,
-    ParamSlots,
+    node_local_rank, ordinal_of, parse_ordinal, AllocError, DeviceChoice, DeviceMemoryKind, Driver,
+    Grid, Param, ParamSlots,
 };
 pub use memory::Budget;
 

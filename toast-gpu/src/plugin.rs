@@ -164,12 +164,15 @@ unsafe extern "C" fn device_info<D: Driver>(
                 .peak_held()
                 .div_ceil(1 << 20)
                 .min(u64::from(u32::MAX)) as u32,
+            memory_kind: c.driver.memory_kind().to_abi(),
+            reserved: 0,
         };
         for (d, &b) in out.name.iter_mut().zip(name.as_bytes().iter().take(127)) {
             *d = b as c_char;
         }
-        // SAFETY: non-null out pointer from the host.
-        unsafe { *info = out };
+        // SAFETY: non-null out pointer from the host, to the struct of the
+        // host's minor (the ABI contract), of which this writes no more.
+        unsafe { out.write_for_host(info, c.host_abi_minor) };
         Ok(())
     })
 }

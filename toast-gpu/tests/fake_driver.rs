@@ -12,7 +12,7 @@ use toast_accel::abi::{self, BackendTable, HostApi, NoiseWeightArgs, SampleRange
 use toast_accel::device_source::Target;
 use toast_accel::plugin_support::PluginError;
 use toast_accel::rtc::{CompileError, Compiled};
-use toast_gpu::{AllocError, Context, Driver, Grid, Param};
+use toast_gpu::{AllocError, Context, DeviceMemoryKind, Driver, Grid, Param};
 
 /// One recorded launch.
 #[derive(Debug, Clone)]
@@ -147,6 +147,11 @@ impl Driver for Fake {
 
     fn compute_units(&self) -> u32 {
         4
+    }
+
+    fn memory_kind(&self) -> DeviceMemoryKind {
+        // Its buffers are host vectors.
+        DeviceMemoryKind::Host
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {
@@ -306,9 +311,18 @@ unsafe extern "C" fn collect_log(user: *mut c_void, _level: i32, msg: *const c_c
 
 /// `init` with `options`, collecting the log into `log`.
 fn init_with(options: &CStr, log: &'static Mutex<Vec<String>>) -> (abi::Status, *mut c_void) {
+    init_from_host(options, log, abi::ABI_MINOR)
+}
+
+/// `init` with `options` from a host of ABI minor `host_minor`.
+fn init_from_host(
+    options: &CStr,
+    log: &'static Mutex<Vec<String>>,
+    host_minor: u32,
+) -> (abi::Status, *mut c_void) {
     let host = HostApi {
         size: std::mem::size_of::<HostApi>() as u32,
-        abi_minor: abi::ABI_MINOR,
+        abi_minor: host_minor,
         log: Some(collect_log),
         log_user: log as *const Mutex<Vec<String>> as *mut c_void,
         options: options.as_ptr(),
@@ -346,6 +360,36 @@ fn header_and_probe() {
     assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
     assert!(table().template_offset_apply_diag_precond.is_some());
     assert_eq!(unavailable_reason(), None);
+}
+
+/// `device_info` (ABI minor 9 grew the struct) writes the memory kind for
+/// a host of minor 9, and no byte past the struct of a host of minor 8.
+#[test]
+fn device_info_writes_only_the_struct_of_the_hosts_minor() {
+    for (minor, kind, reserved) in [
+        (abi::ABI_MINOR, abi::DEVICE_MEMORY_HOST, 0),
+        (8, 0xAAAA_AAAA, 0xAAAA_AAAA),
+    ] {
+        let (st, ctx) = init_from_host(c"", &UNREAD_LOG, minor);
+        assert_eq!(st, abi::OK, "init: {}", last_error());
+        let mut info = abi::DeviceInfo {
+            memory_kind: 0xAAAA_AAAA,
+            reserved: 0xAAAA_AAAA,
+            ..abi::DeviceInfo::ZERO
+        };
+        // SAFETY: live context, shut down once; a whole struct.
+        unsafe {
+            assert_eq!(table().device_info.unwrap()(ctx, 0, &mut info), abi::OK);
+            table().shutdown.unwrap()(ctx);
+        }
+        assert_eq!(
+            (info.memory_kind, info.reserved, info.compute_units),
+            (kind, reserved, 4),
+            "host of minor {minor}"
+        );
+    }
+    assert_eq!(abi::DeviceInfo::size_for_host(8), 152);
+    assert_eq!(abi::DeviceInfo::size_for_host(abi::ABI_MINOR), 160);
 }
 
 #[test]

@@ -716,6 +716,85 @@ fn over_its_budget_kept_pointing_becomes_compact_where_compact_applies() {
     }
 }
 
+/// A device whose allocations take the host's memory (`fakedev`, whose
+/// `device_info` says so from ABI minor 9) shares the node's memory bound
+/// with its host: without a configured budget it gets 90% of what the
+/// host's prediction leaves (here 0.15 GiB, so tiny's kept plan at 0.21
+/// GiB becomes compact), and the memory check counts its peak. The same
+/// device under a header of minor 7 (`fakedev7`, which cannot say) keeps
+/// the default budget, 90% of the free memory, and is not counted.
+#[test]
+fn a_device_in_the_host_memory_shares_the_node_memory_with_the_host() {
+    use toast_ops::workflow::{config, presets::MemoryBound, SatelliteJob, SizeOverrides};
+    let gib = (1u64 << 30) as f64;
+    for (device, name, shared) in [
+        (FakeDevice::Current, "fakedev", true),
+        (FakeDevice::AbiMinor7, "fakedev7", false),
+    ] {
+        let reg = registry_with_fake_device(1, device, "");
+        let mut table = config::workflow_defaults("tiny");
+        config::apply_set(&mut table, "pixels.nside=128").unwrap();
+        let mut cfg = config::build(table).unwrap();
+        cfg.dispatch.set_run(name).unwrap();
+        let overrides = SizeOverrides {
+            n_det: Some(8),
+            n_obs: None,
+        };
+        let mut job = SatelliteJob::new("tiny", cfg, overrides).unwrap();
+        let mut sim = job.simulation().unwrap();
+        let plan = job.plan(&mut sim, 1, 1, None).unwrap();
+        job.fit_device_pixels(&reg);
+        let kept = job.execution_plan(&reg);
+        assert_eq!(kept.to_string(), "device-kept-fused");
+        let host = job.predicted_process_memory(&plan, &sim, &kept);
+        // Two processes on the node, each with its share of the bound.
+        job.processes_on_node = 2;
+        let bound = 2.0 * (host + 0.15 / 0.9 * gib);
+        assert!(job.set_memory_bound(Some(MemoryBound {
+            bytes: bound,
+            source: "the test's bound".into(),
+        })));
+        assert_eq!(job.device_in_host_memory(&reg).is_some(), shared, "{name}");
+        let (_, budget) = job.device_budget(&plan, &sim, &reg).unwrap().unwrap();
+        let why = job.fit_device_budget(&plan, &sim, &reg).unwrap();
+        let fitted = job.execution_plan(&reg);
+        let device = job.predicted_device_memory(&plan, &sim, &fitted).unwrap();
+        let (on_host, counted) = job.predicted_host_memory(&plan, &sim, &fitted, &reg);
+        if shared {
+            assert!(
+                (budget.bytes as f64 - 0.15 * gib).abs() < 1e-6 * gib,
+                "{budget}"
+            );
+            assert!(budget.source.contains("host's memory"), "{budget}");
+            let why = why.unwrap_or_else(|| panic!("{name}: the plan was not fitted"));
+            assert!(why.contains(budget.source), "{why}");
+            assert_eq!(
+                fitted.to_string(),
+                "device-compact-fused (3 detectors a batch)"
+            );
+            assert_eq!(counted, Some((name.to_string(), device)));
+            assert_eq!(on_host, host + device);
+        } else {
+            assert!(budget.source.starts_with("the default, 90%"), "{budget}");
+            assert_eq!((why, fitted.to_string()), (None, kept.to_string()));
+            assert_eq!((on_host, counted), (host, None));
+        }
+        // The check: the two processes' host and device peaks fit the bound.
+        job.check_memory_on(&toast_core::SerialComm, &plan, &sim, &fitted, &reg)
+            .unwrap();
+        // And a bound that holds the hosts' peaks but not the devices' too
+        // is refused where the device's memory is the host's.
+        let tight = MemoryBound {
+            bytes: 2.0 * (host + 0.5 * device),
+            source: "a tight bound".into(),
+        };
+        let (per, dev) = job.predicted_host_memory(&plan, &sim, &fitted, &reg);
+        let dev = dev.as_ref().map(|(n, b)| (n.as_str(), *b));
+        let checked = job.check_memory(&tight, per, dev, 2);
+        assert_eq!(checked.is_err(), shared, "{name}: {checked:?}");
+    }
+}
+
 /// A detector cut by the binner's `det_mask` in every observation. With
 /// the unfused device passes (the fused kernels sent to the host, so the
 /// plan is `device-recomputed-unfused`) the solver's work copy of the

@@ -7,7 +7,9 @@
 //! fails ("not a handle of this device"), so a test passes only if every
 //! array was staged or copied, and the results are the CPU plugin's. Its
 //! `init` takes the CPU plugin's options and, as the GPU plugins do,
-//! `memory=GiB`: a budget the host's fitter reads, not enforced here.
+//! `memory=GiB`: a budget the host's fitter reads, not enforced here. Its
+//! `device_info` is the CPU plugin's: the host's memory, and (ABI minor 9)
+//! a device whose allocations take the host's memory, as the fake's do.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -280,12 +282,24 @@ unsafe extern "C" fn forward<A: KernelArgs>(ctx: *mut c_void, a: *const A) -> St
     unsafe { A::entry(cpu_table()).expect("cpu kernel")(c.cpu, &args) }
 }
 
+unsafe extern "C" fn fake_device_info(
+    ctx: *mut c_void,
+    index: u32,
+    info: *mut abi::DeviceInfo,
+) -> Status {
+    clear();
+    // SAFETY: `ctx` came from `fake_init` (ABI contract); the CPU plugin's
+    // context was made by the same `init` call, from the host's API (so it
+    // writes the host's struct only), and `info` is the host's out pointer.
+    unsafe { cpu_table().device_info.expect("cpu device_info")(fctx(ctx).cpu, index, info) }
+}
+
 static FAKE_TABLE: BackendTable = toast_accel::backend_table! {
     init: Some(fake_init),
     shutdown: Some(fake_shutdown),
     last_error: Some(fake_last_error),
     device_count: Some(fake_device_count),
-    device_info: None,
+    device_info: Some(fake_device_info),
     alloc: Some(fake_alloc),
     free: Some(fake_free),
     copy_to_device: Some(fake_to_device),

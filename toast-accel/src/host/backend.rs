@@ -1,7 +1,7 @@
 //! Loading one plugin file and initialising a backend from it.
 
 use super::error::{AccelError, LoadError, StatusKind};
-use crate::abi::{self, BackendHeader, BackendTable, EntryFn, Kernel};
+use crate::abi::{self, BackendHeader, BackendTable, DeviceMemoryKind, EntryFn, Kernel};
 pub use crate::kernels::KernelArgs;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -539,14 +539,11 @@ impl Backend {
         let Some(f) = self.plugin.table.device_info else {
             return Err(self.mem_unsupported("device_info"));
         };
-        let mut info = abi::DeviceInfo {
-            name: [0; 128],
-            total_memory: 0,
-            free_memory: 0,
-            compute_units: 0,
-            peak_held_mib: 0,
-        };
-        // SAFETY: valid context and out pointer.
+        // Zeroed: a plugin of an older minor writes only the fields it
+        // knows, and leaves the memory kind unknown.
+        let mut info = abi::DeviceInfo::ZERO;
+        // SAFETY: valid context and out pointer to the whole struct of
+        // this host's minor.
         let s = unsafe { f(self.ctx, index, &mut info) };
         self.mem_status("device_info", s)?;
         // The name is a fixed array: read up to its first NUL, or all of it
@@ -564,6 +561,11 @@ impl Backend {
             // Before minor 7 the field was `reserved`: not read.
             peak_held_bytes: (self.plugin.abi_minor >= 7 && info.peak_held_mib > 0)
                 .then(|| u64::from(info.peak_held_mib) << 20),
+            // Before minor 9 the struct ended above: not read.
+            memory: match self.plugin.abi_minor >= 9 {
+                true => DeviceMemoryKind::from_abi(info.memory_kind),
+                false => DeviceMemoryKind::Unknown,
+            },
         })
     }
 
@@ -675,6 +677,9 @@ pub struct DeviceSummary {
     /// to a MiB: the measured device peak. `None` when the plugin does not
     /// tell (host-addressable, or built before ABI minor 7).
     pub peak_held_bytes: Option<u64>,
+    /// Whose memory the device's allocations take (ABI minor 9; unknown
+    /// from an older plugin).
+    pub memory: DeviceMemoryKind,
 }
 
 impl toast_core::device::DeviceMemory for Backend {

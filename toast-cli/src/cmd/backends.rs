@@ -10,7 +10,7 @@
 
 use anyhow::Context;
 use std::io::{self, Write};
-use toast_accel::abi::Kernel;
+use toast_accel::abi::{DeviceMemoryKind, Kernel};
 use toast_accel::host::registry::PluginEntry;
 use toast_accel::host::Registry;
 
@@ -133,10 +133,15 @@ fn entry(e: &PluginEntry, out: &mut dyn Write) -> io::Result<()> {
                         match b.device_info(i) {
                             Ok(d) => writeln!(
                                 out,
-                                "    [{i}] {}: memory {} total, {} free; {} compute unit(s)",
+                                "    [{i}] {}: memory {} total, {} free{}; {} compute unit(s)",
                                 d.name,
                                 bytes(d.total_memory),
                                 bytes(d.free_memory),
+                                match d.memory {
+                                    DeviceMemoryKind::Host => " (the host's memory)",
+                                    DeviceMemoryKind::Own => " (its own memory)",
+                                    DeviceMemoryKind::Unknown => "",
+                                },
                                 d.compute_units
                             )?,
                             Err(err) => writeln!(out, "    [{i}] cannot describe: {err}")?,
@@ -237,6 +242,8 @@ mod tests {
                 free_memory: 0,
                 compute_units: 7,
                 peak_held_mib: 0,
+                memory_kind: abi::DEVICE_MEMORY_OWN,
+                reserved: 0,
             }
         };
         abi::OK
@@ -305,7 +312,8 @@ mod tests {
             "  options:   threads=2",
             "  status:    available",
             "  devices:   1",
-            "    [0] Test Device: memory 3.0 GiB total, unknown free; 7 compute unit(s)",
+            "    [0] Test Device: memory 3.0 GiB total, unknown free (its own memory); 7 compute \
+             unit(s)",
             kernels_line.as_str(),
             missing_line.as_str(),
             "  memory:    device buffers",

@@ -382,6 +382,14 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         _ => (comm.size(), procs_per_node(comm.size())),
     };
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
+    // Independent runs a launcher started on one node (a task farm) share
+    // its memory: the checks count them as processes of the node (not in a
+    // dry run for other nodes, `--dry-run P,PPN`, which names its own).
+    let farm = match args.dry_run.as_deref() {
+        None | Some("") => parallel::independent_runs_on_node(),
+        Some(_) => None,
+    };
+    job.processes_on_node = farm.unwrap_or(ppn);
     // A device plan gets the device's pixel grid (unless the user set
     // one), and one that does not fit its device memory budget becomes one
     // that does (pixels kept compact, else pointing recomputed, per
@@ -397,23 +405,17 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let predicted = job.predicted_memory(&execution);
     // A device plan: its predicted device peak against its backend's budget.
     let device = match job.predicted_device_memory(&plan, &sim, &execution) {
-        Some(p) => job.device_budget(&registry)?.map(|(name, b)| (p, name, b)),
+        Some(p) => job
+            .device_budget(&plan, &sim, &registry)?
+            .map(|(name, b)| (p, name, b)),
         None => None,
     };
     // The run's memory checks, made on every process (the host's takes the
     // smallest memory bound of them): this node's memory, and the device
     // budget on a device plan. A run is refused by a failing one; the dry
     // run reports them.
-    // Independent runs a launcher started on one node (a task farm) share
-    // its memory: the check counts them as processes of the node (not in a
-    // dry run for other nodes, `--dry-run P,PPN`, which names its own).
-    let farm = match args.dry_run.as_deref() {
-        None | Some("") => parallel::independent_runs_on_node(),
-        Some(_) => None,
-    };
-    let memory_ppn = farm.unwrap_or(ppn);
     let memory_checks = || {
-        let host = job.check_memory_on(&*comm, &plan, &sim, &execution, memory_ppn);
+        let host = job.check_memory_on(&*comm, &plan, &sim, &execution, &registry);
         let device = device
             .as_ref()
             .map(|(p, name, budget)| job.check_device_memory(*p, name, *budget, &execution));
@@ -478,7 +480,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             for why in &execution.why {
                 crate::outln!("  because {why}")?;
             }
-            if let Some(a) = presets::memory_bound() {
+            if let Some(a) = job.memory_bound() {
                 crate::outln!(
                     "available memory: {} (bounded by {}); {}",
                     gib(a.bytes),
@@ -490,8 +492,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
                 )?;
             }
             if let (Some((p, name, budget)), Some(fit)) = (&device, &device_fit) {
+                let shared = match job.device_in_host_memory(&registry) {
+                    Some(_) => " in the host's memory (counted in this node's too)",
+                    None => "",
+                };
                 crate::outln!(
-                    "predicted device memory: {} per process on backend {name} (budget {budget}); {}",
+                    "predicted device memory: {} per process on backend {name}{shared} (budget \
+                     {budget}); {}",
                     gib(*p),
                     match fit {
                         Ok(()) => "fits".to_string(),

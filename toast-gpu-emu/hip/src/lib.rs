@@ -292,7 +292,9 @@ pub unsafe extern "C" fn hipRuntimeGetVersion(version: *mut c_int) -> HipError {
     })
 }
 
-/// `hipDeviceGetAttribute`: the multiprocessor count (attribute 63,
+/// `hipDeviceGetAttribute`: integrated (attribute 16,
+/// `hipDeviceAttributeIntegrated`: 1, its memory is the host's) and the
+/// multiprocessor count (attribute 63,
 /// `hipDeviceAttributeMultiprocessorCount`); any other attribute is
 /// `hipErrorInvalidValue`, not emulated.
 ///
@@ -307,6 +309,7 @@ pub unsafe extern "C" fn hipDeviceGetAttribute(
     api("hipDeviceGetAttribute", || {
         device(dev)?;
         let v = match attr {
+            16 => 1,
             63 => toast_gpu_emu::compute_units(),
             _ => {
                 return Err(EmuError::InvalidValue(format!(

@@ -171,16 +171,19 @@ pub enum WorkflowError {
     /// The predicted peak memory of the processes on one node exceeds the
     /// memory available there ([`SatelliteJob::check_memory`]).
     #[error(
-        "predicted peak memory {} ({processes} process(es) of {} on this node) exceeds the \
+        "predicted peak memory {} ({processes} process(es) of {}{} on this node) exceeds the \
          available memory {}, bounded by {bound}; reduce the case, --n-det, --n-obs or \
          pixels.nside, or pass --ignore-memory-check to run anyway",
-        gib(*predicted), gib(*per_process), gib(*available)
+        gib(*predicted), gib(*per_process), device_share(device), gib(*available)
     )]
     Memory {
         /// Predicted bytes of all the processes on the node.
         predicted: f64,
         /// Predicted bytes of the largest process.
         per_process: f64,
+        /// Of them, the backend and the device peak of a device in the
+        /// host's memory.
+        device: Option<(String, f64)>,
         /// Processes on the node.
         processes: usize,
         /// Available bytes.
@@ -208,6 +211,17 @@ pub enum WorkflowError {
         /// The budget, with where it came from.
         budget: toast_accel::budget::Budget,
     },
+}
+
+/// The words of [`WorkflowError::Memory`] for a device in the host's memory.
+fn device_share(device: &Option<(String, f64)>) -> String {
+    match device {
+        Some((name, bytes)) => format!(
+            ", with the {} of backend {name}'s device, whose memory is the host's",
+            gib(*bytes)
+        ),
+        None => String::new(),
+    }
 }
 
 impl WorkflowError {
@@ -246,6 +260,14 @@ pub struct SatelliteJob {
     pub config: SatelliteConfig,
     /// The input sky map, when one is configured (`scan_map.file`).
     pub sky_file: Option<PathBuf>,
+    /// The processes (or a task farm's independent runs) that share this
+    /// node's memory, 1 unless the front-end sets it before
+    /// [`SatelliteJob::fit_device_budget`]: the host memory check counts
+    /// them all, and a device in the host's memory gets this process's
+    /// share of what they leave ([`SatelliteJob::device_budget`]).
+    pub processes_on_node: usize,
+    /// This node's memory bound, read once ([`SatelliteJob::memory_bound`]).
+    memory_bound: std::sync::OnceLock<Option<presets::MemoryBound>>,
 }
 
 /// An error of the front-end's [`Phases`] or [`ProductSink`], whatever its
@@ -587,6 +609,8 @@ impl SatelliteJob {
             sizing,
             config,
             sky_file,
+            processes_on_node: 1,
+            memory_bound: std::sync::OnceLock::new(),
         })
     }
 
@@ -798,7 +822,7 @@ impl SatelliteJob {
         let Some(predicted) = self.predicted_device_memory(plan, sim, &execution) else {
             return Ok(None);
         };
-        let Some((name, budget)) = self.device_budget(registry)? else {
+        let Some((name, budget)) = self.device_budget(plan, sim, registry)? else {
             return Ok(None);
         };
         let bytes = budget.bytes as f64;
@@ -908,9 +932,18 @@ impl SatelliteJob {
     /// its plugin takes it (`toast_accel::budget`: the option `memory=`,
     /// else `TOAST_GPU_MEM_GB`, else 90% of the free memory of its device);
     /// `None` for a host-addressable backend, or when the figure cannot be
-    /// known (no device information).
+    /// known (no device information). A device in the host's memory
+    /// ([`SatelliteJob::device_in_host_memory`]) without a configured budget
+    /// gets at most 90% of this process's share of the node's memory bound
+    /// (over [`SatelliteJob::processes_on_node`]) less the host's own
+    /// predicted peak on the plan of `plan` and `sim`
+    /// ([`SatelliteJob::predicted_process_memory`]): its allocations and
+    /// the host's come from the same memory, and the host memory check
+    /// counts both.
     pub fn device_budget(
         &self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
         registry: &Registry,
     ) -> Result<Option<(String, Budget)>, WorkflowError> {
         let Some(backend) = pipeline_backend_in(registry, &self.config.dispatch, None) else {
@@ -934,10 +967,57 @@ impl SatelliteJob {
         if let Some(b) = configured {
             return Ok(Some((name, b)));
         }
-        Ok(backend
-            .device_info(0)
-            .ok()
-            .map(|d| (name, Budget::default_for(d.free_memory, d.total_memory))))
+        let Ok(device) = backend.device_info(0) else {
+            return Ok(None);
+        };
+        let default = Budget::default_for(device.free_memory, device.total_memory);
+        let bound = self.memory_bound().filter(|_| device.memory.is_host());
+        let Some(bound) = bound else {
+            return Ok(Some((name, default)));
+        };
+        let host = self.predicted_process_memory(plan, sim, &self.execution_plan(registry));
+        let share = bound.bytes / self.processes_on_node.max(1) as f64;
+        let room = (0.9 * (share - host)).max(0.0) as u64;
+        Ok(Some((
+            name,
+            match room < default.bytes {
+                true => Budget {
+                    bytes: room,
+                    source: "the default of a device in the host's memory, 90% of this \
+                             process's share of the node's memory less the host's predicted peak",
+                },
+                false => default,
+            },
+        )))
+    }
+
+    /// This node's memory bound ([`presets::memory_bound`]: `MemAvailable`,
+    /// the rlimits, the cgroup), read on the first call and kept for the
+    /// job: the budget of a device in the host's memory and the host
+    /// memory check take the same figure (the free memory moves while the
+    /// plugins start and the job plans).
+    pub fn memory_bound(&self) -> Option<presets::MemoryBound> {
+        self.memory_bound.get_or_init(presets::memory_bound).clone()
+    }
+
+    /// Set the node's memory bound [`SatelliteJob::memory_bound`] gives,
+    /// instead of reading it (a front-end that knows it better, or a test);
+    /// `false` where it was read or set already (it stays).
+    pub fn set_memory_bound(&self, bound: Option<presets::MemoryBound>) -> bool {
+        self.memory_bound.set(bound).is_ok()
+    }
+
+    /// The name of the pipeline backend of `registry` where its device's
+    /// allocations take the host's memory (its plugin says so, ABI minor 9:
+    /// a CPU device such as PoCL's, an integrated GPU or APU, an emulated
+    /// device); `None` otherwise (a host-addressable backend, whose
+    /// arrays are the host's own and counted as such, a device with its
+    /// own memory, or one that does not say).
+    pub fn device_in_host_memory(&self, registry: &Registry) -> Option<String> {
+        let backend = pipeline_backend_in(registry, &self.config.dispatch, None)?;
+        let shared =
+            !backend.host_addressable() && backend.device_info(0).is_ok_and(|d| d.memory.is_host());
+        shared.then(|| backend.name().to_string())
     }
 
     /// Refuse, before any work, a device run whose predicted device peak
@@ -963,16 +1043,19 @@ impl SatelliteJob {
     }
 
     /// Refuse a job whose `processes` processes of `per_process` predicted
-    /// bytes each (see [`SatelliteJob::predicted_process_memory`]) would
-    /// not fit in `available` (the tightest of the node's `MemAvailable`,
-    /// the rlimits and the cgroup's limit: [`presets::memory_bound`]): a run
-    /// that does not fit is killed by the kernel, or aborts on a failed
-    /// allocation, after doing most of its work. The front-end skips this
-    /// check when asked to (`toast-cli run --ignore-memory-check`).
+    /// bytes each (see [`SatelliteJob::predicted_process_memory`]; with
+    /// `device`, the backend and the predicted device peak of a device in
+    /// the host's memory, included in `per_process`) would not fit in
+    /// `available` (the tightest of the node's `MemAvailable`, the rlimits
+    /// and the cgroup's limit: [`presets::memory_bound`]): a run that does
+    /// not fit is killed by the kernel, or aborts on a failed allocation,
+    /// after doing most of its work. The front-end skips this check when
+    /// asked to (`toast-cli run --ignore-memory-check`).
     pub fn check_memory(
         &self,
         available: &presets::MemoryBound,
         per_process: f64,
+        device: Option<(&str, f64)>,
         processes: usize,
     ) -> Result<(), WorkflowError> {
         let predicted = per_process * processes.max(1) as f64;
@@ -980,6 +1063,7 @@ impl SatelliteJob {
             return Err(WorkflowError::Memory {
                 predicted,
                 per_process,
+                device: device.map(|(name, bytes)| (name.to_string(), bytes)),
                 processes: processes.max(1),
                 available: available.bytes,
                 bound: available.source.clone(),
@@ -988,20 +1072,44 @@ impl SatelliteJob {
         Ok(())
     }
 
+    /// The predicted peak of the largest process of `plan` on `execution`
+    /// in the host's memory: its own
+    /// ([`SatelliteJob::predicted_process_memory`]) and, for a device in
+    /// the host's memory ([`SatelliteJob::device_in_host_memory`]), its
+    /// device's ([`SatelliteJob::predicted_device_memory`]), which comes
+    /// back as the backend and its bytes.
+    pub fn predicted_host_memory(
+        &self,
+        plan: &JobDistribution,
+        sim: &SimSatellite,
+        execution: &Plan,
+        registry: &Registry,
+    ) -> (f64, Option<(String, f64)>) {
+        let own = self.predicted_process_memory(plan, sim, execution);
+        let device = self.device_in_host_memory(registry).and_then(|name| {
+            self.predicted_device_memory(plan, sim, execution)
+                .map(|bytes| (name, bytes))
+        });
+        (own + device.as_ref().map_or(0.0, |d| d.1), device)
+    }
+
     /// [`SatelliteJob::check_memory`] on every process of `comm`, with
-    /// `processes_per_node` processes sharing a node's memory bound; all
-    /// processes take the same decision (the smallest bound of them, named
-    /// as this process's when it is its own). Nothing is checked when some
-    /// process can read no bound.
+    /// [`SatelliteJob::processes_on_node`] processes sharing a node's
+    /// memory bound, each predicted by
+    /// [`SatelliteJob::predicted_host_memory`] (the device's peak counted
+    /// where its memory is the host's); all processes take the same
+    /// decision (the smallest bound of them, named as this process's when
+    /// it is its own). Nothing is checked when some process can read no
+    /// bound.
     pub fn check_memory_on(
         &self,
         comm: &dyn Comm,
         plan: &JobDistribution,
         sim: &SimSatellite,
         execution: &Plan,
-        processes_per_node: usize,
+        registry: &Registry,
     ) -> Result<(), WorkflowError> {
-        let own = presets::memory_bound();
+        let own = self.memory_bound();
         let mut avail = [own.as_ref().map_or(-1.0, |b| b.bytes)];
         comm.allreduce_f64(&mut avail, ReduceOp::Min)
             .map_err(|e| WorkflowError::gather("memory check", e))?;
@@ -1015,8 +1123,9 @@ impl SatelliteJob {
                 source: "the memory bound of another process".into(),
             },
         };
-        let per_process = self.predicted_process_memory(plan, sim, execution);
-        self.check_memory(&bound, per_process, processes_per_node)
+        let (per_process, device) = self.predicted_host_memory(plan, sim, execution, registry);
+        let device = device.as_ref().map(|(name, bytes)| (name.as_str(), *bytes));
+        self.check_memory(&bound, per_process, device, self.processes_on_node)
     }
 
     /// The focal plane and the simulation operator, which fix the
@@ -1831,16 +1940,31 @@ mod tests {
             bytes,
             source: "MemAvailable".into(),
         };
-        assert!(j.check_memory(&avail(per), per, 1).is_ok());
-        assert!(j.check_memory(&avail(2.0 * per), per, 2).is_ok());
-        let e = j.check_memory(&avail(per - 1.0), per, 1).unwrap_err();
+        assert!(j.check_memory(&avail(per), per, None, 1).is_ok());
+        assert!(j.check_memory(&avail(2.0 * per), per, None, 2).is_ok());
+        let e = j.check_memory(&avail(per - 1.0), per, None, 1).unwrap_err();
         assert!(matches!(e, WorkflowError::Memory { .. }));
         let msg = e.to_string();
         assert!(msg.contains("--ignore-memory-check"), "{msg}");
         assert!(msg.contains("MemAvailable"), "{msg}");
-        assert!(j.check_memory(&avail(1.5 * per), per, 2).is_err());
+        assert!(!msg.contains("device"), "{msg}");
+        assert!(j.check_memory(&avail(1.5 * per), per, None, 2).is_err());
+        let e = j
+            .check_memory(&avail(per - 1.0), per, Some(("opencl", 0.25 * per)), 1)
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("device, whose memory is the host's") && msg.contains("backend opencl"),
+            "{msg}"
+        );
         assert!(j
-            .check_memory_on(&toast_core::SerialComm, &plan, &sim, &execution, 1)
+            .check_memory_on(
+                &toast_core::SerialComm,
+                &plan,
+                &sim,
+                &execution,
+                &Registry::new()
+            )
             .is_ok());
     }
 }
