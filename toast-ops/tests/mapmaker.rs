@@ -667,7 +667,6 @@ fn a_plugin_before_minor_8_keeps_full_pointing_and_is_never_asked_for_i32_pixels
 /// the largest batch that fits (8 detectors at nside 128 in 0.12 GiB).
 #[test]
 fn over_its_budget_kept_pointing_becomes_compact_where_compact_applies() {
-    use toast_ops::workflow::{config, SatelliteJob, SizeOverrides};
     for (device, name, want, how) in [
         (
             FakeDevice::Current,
@@ -684,19 +683,7 @@ fn over_its_budget_kept_pointing_becomes_compact_where_compact_applies() {
         ),
     ] {
         let reg = registry_with_fake_device(1, device, ";memory=0.12");
-        let mut table = config::workflow_defaults("tiny");
-        config::apply_set(&mut table, "pixels.nside=128").unwrap();
-        let mut cfg = config::build(table).unwrap();
-        cfg.dispatch.set_run(name).unwrap();
-        let overrides = SizeOverrides {
-            n_det: Some(8),
-            n_obs: None,
-        };
-        let mut job = SatelliteJob::new("tiny", cfg, overrides).unwrap();
-        let mut sim = job.simulation().unwrap();
-        let plan = job.plan(&mut sim, 1, 1, None).unwrap();
-        assert_eq!(job.execution_plan(&reg).to_string(), "device-kept-fused");
-        job.fit_device_pixels(&reg);
+        let (mut job, sim, plan) = tiny_8_detectors_nside_128_on(name, &reg);
         let why = job.fit_device_budget(&plan, &sim, &reg).unwrap();
         let why = why.unwrap_or_else(|| panic!("{name}: the plan was not fitted"));
         assert!(
@@ -716,6 +703,34 @@ fn over_its_budget_kept_pointing_becomes_compact_where_compact_applies() {
     }
 }
 
+/// The job of tiny with 8 detectors at nside 128 (one process), run on the
+/// backend `name` of `reg`, with the device's pixel grid: its plan, kept
+/// pointing on a device, is the budget fitter's to change.
+fn tiny_8_detectors_nside_128_on(
+    name: &str,
+    reg: &Registry,
+) -> (
+    toast_ops::workflow::SatelliteJob,
+    toast_ops::sim::SimSatellite,
+    toast_ops::dist::JobDistribution,
+) {
+    use toast_ops::workflow::{config, SatelliteJob, SizeOverrides};
+    let mut table = config::workflow_defaults("tiny");
+    config::apply_set(&mut table, "pixels.nside=128").unwrap();
+    let mut cfg = config::build(table).unwrap();
+    cfg.dispatch.set_run(name).unwrap();
+    let overrides = SizeOverrides {
+        n_det: Some(8),
+        n_obs: None,
+    };
+    let mut job = SatelliteJob::new("tiny", cfg, overrides).unwrap();
+    let mut sim = job.simulation().unwrap();
+    let plan = job.plan(&mut sim, 1, 1, None).unwrap();
+    assert_eq!(job.execution_plan(reg).to_string(), "device-kept-fused");
+    job.fit_device_pixels(reg);
+    (job, sim, plan)
+}
+
 /// A device whose allocations take the host's memory (`fakedev`, whose
 /// `device_info` says so from ABI minor 9) shares the node's memory bound
 /// with its host: without a configured budget it gets 90% of what the
@@ -725,27 +740,15 @@ fn over_its_budget_kept_pointing_becomes_compact_where_compact_applies() {
 /// the default budget, 90% of the free memory, and is not counted.
 #[test]
 fn a_device_in_the_host_memory_shares_the_node_memory_with_the_host() {
-    use toast_ops::workflow::{config, presets::MemoryBound, SatelliteJob, SizeOverrides};
+    use toast_ops::workflow::presets::MemoryBound;
     let gib = (1u64 << 30) as f64;
     for (device, name, shared) in [
         (FakeDevice::Current, "fakedev", true),
         (FakeDevice::AbiMinor7, "fakedev7", false),
     ] {
         let reg = registry_with_fake_device(1, device, "");
-        let mut table = config::workflow_defaults("tiny");
-        config::apply_set(&mut table, "pixels.nside=128").unwrap();
-        let mut cfg = config::build(table).unwrap();
-        cfg.dispatch.set_run(name).unwrap();
-        let overrides = SizeOverrides {
-            n_det: Some(8),
-            n_obs: None,
-        };
-        let mut job = SatelliteJob::new("tiny", cfg, overrides).unwrap();
-        let mut sim = job.simulation().unwrap();
-        let plan = job.plan(&mut sim, 1, 1, None).unwrap();
-        job.fit_device_pixels(&reg);
+        let (mut job, sim, plan) = tiny_8_detectors_nside_128_on(name, &reg);
         let kept = job.execution_plan(&reg);
-        assert_eq!(kept.to_string(), "device-kept-fused");
         let host = job.predicted_process_memory(&plan, &sim, &kept);
         // Two processes on the node, each with its share of the bound.
         job.processes_on_node = 2;
