@@ -730,6 +730,15 @@ fn budget_run(
         peak > 0 && peak <= budget_bytes,
         "device peak {peak} bytes, budget {budget_bytes}"
     );
+    // The model's prediction, checked against the budget before the run,
+    // holds what was staged.
+    let predicted = stats["predicted_device_memory_bytes"].as_f64().unwrap();
+    assert!(
+        peak as f64 <= predicted && predicted <= budget_bytes as f64,
+        "device peak {peak} bytes, predicted {predicted}, budget {budget_bytes}"
+    );
+    // The emulated device's memory is the host's (ABI minor 9).
+    assert_eq!(stats["device_in_host_memory"], backend, "{backend}");
     // What the plugin's allocator held at most (the staged buffers, the
     // kernels' scratch and the caches; in MiB rounded up): within the
     // budget too.

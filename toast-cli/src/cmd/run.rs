@@ -599,8 +599,13 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
         )?;
     }
     crate::outln!("samples/s:      {:.4e}", s.samples() as f64 / wall)?;
+    // A device in the host's memory: its predicted peak is the host's too.
+    let with_device = match (&st.device_in_host_memory, st.predicted_device_memory_bytes) {
+        (Some(name), Some(d)) => format!(" and {} of backend {name}'s device in it", gib(d)),
+        _ => String::new(),
+    };
     crate::outln!(
-        "peak memory:    {} (predicted {}; {:.1} bytes per detector sample){}",
+        "peak memory:    {} (predicted {}{with_device}; {:.1} bytes per detector sample){}",
         gib(st.peak_memory_bytes),
         gib(st.predicted_memory_bytes),
         st.bytes_per_det_sample_at_peak,
@@ -686,8 +691,12 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
     }
     if st.device_peak_staged_bytes > 0 {
         crate::outln!(
-            "device peak:    {} staged at once (one device scope, largest over the processes)",
-            human_bytes(st.device_peak_staged_bytes)
+            "device peak:    {} staged at once (one device scope, largest over the processes){}",
+            human_bytes(st.device_peak_staged_bytes),
+            match st.predicted_device_memory_bytes {
+                Some(p) => format!("; predicted {}", human_bytes(p as u64)),
+                None => String::new(),
+            }
         )?;
         // Process 0's peak by buffer, the largest first.
         let mut at_peak: Vec<_> = st.device_peak_staged_buffers.iter().collect();

@@ -512,6 +512,18 @@ pub struct RunStats {
     /// with a plugin that does not tell (built before ABI minor 7).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_peak_bytes: Option<u64>,
+    /// The device peak the run predicted for its largest process
+    /// ([`SatelliteJob::predicted_device_memory`], against which its
+    /// budget was checked): to set beside `device_peak_staged_bytes`.
+    /// Absent on a host plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_device_memory_bytes: Option<f64>,
+    /// The backend whose device allocates from the host's memory
+    /// ([`SatelliteJob::device_in_host_memory`]): the host's peak then
+    /// holds the device's too, beside `predicted_memory_bytes`. Absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_in_host_memory: Option<String>,
     /// What made up process 0's device peak: its live staged buffers'
     /// bytes per name (`detdata.signal`, `global.mapmaker_solve_cov`, ...,
     /// summed over the observations) at that moment; empty on a
@@ -1197,6 +1209,12 @@ impl SatelliteJob {
         // The map-maker's plan, chosen before any work: the sky scan keeps
         // the pointing for it or not.
         let plan = plan_of(cfg, &registry, dispatcher.policy());
+        // What was predicted for the device, for the statistics.
+        let predicted_device_memory_bytes = sim
+            .plan(comm.size())
+            .ok()
+            .and_then(|dist| self.predicted_device_memory(&dist, &sim, &plan));
+        let device_in_host_memory = self.device_in_host_memory(&registry);
         // A device pipeline backend: SimNoise runs in the scan's scope.
         let noise_on_device = scan_enabled_on_device(cfg, &registry, dispatcher.policy());
         let mut ctx = ExecContext::new();
@@ -1466,6 +1484,8 @@ impl SatelliteJob {
             transfers,
             transfer_phases,
             device_peak_staged_bytes: device_peak[0].max(0) as u64,
+            predicted_device_memory_bytes,
+            device_in_host_memory,
             // Absent where no process's plugin told (0: not told).
             device_peak_bytes: (device_peak[1] > 0).then_some(device_peak[1] as u64),
             device_peak_staged_buffers,
