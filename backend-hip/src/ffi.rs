@@ -24,9 +24,10 @@ pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// numbered the enumeration otherwise: it is read only from a runtime of
 /// [`HIP_VERSION_5`] or later.
 pub(crate) const HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
-/// `hipDeviceAttributeIntegrated` ("Device is integrated GPU": an APU such
-/// as the MI300A, whose allocations take the host's memory): 16, counted
-/// as [`HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`] is, among those 63.
+/// `hipDeviceAttributeIntegrated` ("Device is integrated GPU": an APU,
+/// whose allocations take the host's memory): 16, its position in the same
+/// enumeration, one of the 63 attributes before the multiprocessor count
+/// (ROCm 5 and later alike).
 pub(crate) const HIP_DEVICE_ATTRIBUTE_INTEGRATED: c_int = 16;
 /// `HIP_VERSION` of ROCm 5.0 (`major * 10000000 + minor * 100000 + patch`),
 /// as `hipRuntimeGetVersion` reports it.

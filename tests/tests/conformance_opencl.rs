@@ -66,9 +66,14 @@ fn the_device_says_whose_memory_it_allocates() {
         true => Some(abi::DeviceMemoryKind::Host),
         false => None,
     };
-    assert_ne!(dev.memory, abi::DeviceMemoryKind::Unknown, "{}", dev.name);
+    assert_ne!(
+        dev.memory_kind,
+        abi::DeviceMemoryKind::Unknown,
+        "{}",
+        dev.name
+    );
     if let Some(want) = want {
-        assert_eq!(dev.memory, want, "{}", dev.name);
+        assert_eq!(dev.memory_kind, want, "{}", dev.name);
     }
 }
 

@@ -23,7 +23,12 @@
  *   - device buffers are opaque 64-bit handles created by the plugin's
  *     `alloc` and owned by it; a handle from another plugin, or one already
  *     freed, must be refused with TOAST_ERR_INVALID_HANDLE, never crash;
- *   - plugins are never unloaded.
+ *   - plugins are never unloaded;
+ *   - a struct the plugin fills for the host (toast_device_info) is the
+ *     host's, as large as the host's ABI minor (toast_host_api.abi_minor;
+ *     minor 0 without a host API, or with one shorter than this header's)
+ *     makes it: write only those bytes (TOAST_DEVICE_INFO_SIZE), never
+ *     sizeof of this header's struct.
  *
  * Arrays.  A kernel sees its large (per-sample) arrays as toast_array: a
  * `ptr` and a length in ELEMENTS.  For a backend whose header sets
@@ -134,7 +139,7 @@ typedef struct toast_device_info {
 
 #define TOAST_DEVICE_MEMORY_UNKNOWN 0u /* not told: treated as the device's own */
 #define TOAST_DEVICE_MEMORY_OWN 1u     /* its own memory (a discrete GPU) */
-#define TOAST_DEVICE_MEMORY_HOST 2u    /* the host's (CPU device, integrated GPU, APU, emulator) */
+#define TOAST_DEVICE_MEMORY_HOST 2u    /* the host's (CPU device, integrated GPU, APU) */
 /* The bytes of the toast_device_info of a host of ABI minor `m`. */
 #define TOAST_DEVICE_INFO_SIZE(m) \
     ((m) >= 9u ? sizeof(toast_device_info) : offsetof(toast_device_info, memory_kind))

@@ -121,7 +121,7 @@ pub const DEVICE_MEMORY_UNKNOWN: u32 = 0;
 /// of the host's (a discrete GPU).
 pub const DEVICE_MEMORY_OWN: u32 = 1;
 /// `memory_kind`: the device's allocations take the host's memory (a CPU
-/// device, an integrated GPU or APU, an emulated device).
+/// device, an integrated GPU or APU).
 pub const DEVICE_MEMORY_HOST: u32 = 2;
 
 impl DeviceInfo {
@@ -153,12 +153,11 @@ impl DeviceInfo {
     ///
     /// # Safety
     /// `dst` is valid for writes of `DeviceInfo::size_for_host(host_minor)`
-    /// bytes (the host's struct).
+    /// bytes (the host's struct) and does not overlap `self`.
     pub unsafe fn write_for_host(&self, dst: *mut DeviceInfo, host_minor: u32) {
         let n = DeviceInfo::size_for_host(host_minor);
         // SAFETY: `self` is a whole struct (n bytes readable); the caller
-        // guarantees `n` writable bytes at `dst`; a host's struct and a
-        // plugin's stack value never overlap.
+        // guarantees `n` writable bytes at `dst`, apart from `self`.
         unsafe {
             std::ptr::copy_nonoverlapping(self as *const DeviceInfo as *const u8, dst as *mut u8, n)
         };
@@ -176,8 +175,7 @@ pub enum DeviceMemoryKind {
     Unknown,
     /// The device's own memory (a discrete GPU).
     Own,
-    /// The host's memory (a CPU device, an integrated GPU or APU, an
-    /// emulated device).
+    /// The host's memory (a CPU device, an integrated GPU or APU).
     Host,
 }
 

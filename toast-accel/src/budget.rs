@@ -5,7 +5,11 @@
 //! One figure, from the first of: the plugin option `memory=GiB`, TOAST's
 //! `TOAST_GPU_MEM_GB`, else the default, 90% of the device memory free when
 //! the backend starts (of the total where the API cannot tell the free
-//! memory, as OpenCL cannot).
+//! memory, as OpenCL cannot). For a device in the host's memory (ABI minor
+//! 9's `memory_kind`) the host plans within less than that default, what
+//! its own peak leaves of a process's share of the node's memory
+//! (`toast-ops`' `SatelliteJob::device_budget`): a planning figure, which
+//! the plugin's pool does not enforce.
 
 /// The most device memory a backend's pool may hold, and where the figure
 /// came from (for messages).

@@ -738,8 +738,9 @@ fn a_serial_build_started_as_several_processes_refuses() {
     assert_eq!(o.status.code(), Some(2), "{log}");
     assert!(
         log.contains("independent runs on this node: 100000")
-            && log.contains("(100000 process(es) of")
-            && log.contains("on this node) exceeds"),
+            && log.contains("exceeds the available memory of a process")
+            && log.contains("(100000 process(es) on this node)")
+            && log.contains("shared by 100000 processes"),
         "{log}"
     );
     // A dry run for other nodes (`--dry-run P,PPN`) names its own count.

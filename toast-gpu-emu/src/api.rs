@@ -32,6 +32,15 @@ pub fn device_count() -> c_int {
         .unwrap_or(1)
 }
 
+/// Whether the emulated device says it is integrated (its memory the
+/// host's, as an APU's): `TOAST_EMU_INTEGRATED=1`. By default it emulates a
+/// discrete GPU (0), whose memory the host counts apart from its own, as
+/// the tests of device runs measure it (outside the emulated heap).
+pub fn integrated() -> c_int {
+    let set = std::env::var("TOAST_EMU_INTEGRATED").is_ok_and(|v| v.trim() == "1");
+    c_int::from(set)
+}
+
 /// Device `dev` exists (`0 <= dev < device_count()`).
 pub fn device(dev: c_int) -> Result<(), EmuError> {
     let n = device_count();

@@ -113,6 +113,9 @@
 //! - `TOAST_EMU_DEVICES=N` (1 to 16) reports N devices, named `… #k`, that
 //!   share the one heap: enough to show which device a process chose (the
 //!   plugins spread the ranks of a node over its devices).
+//! - `TOAST_EMU_INTEGRATED=1` makes the device say it is integrated (its
+//!   memory the host's, as an APU's: CUDA's `CU_DEVICE_ATTRIBUTE_INTEGRATED`,
+//!   HIP's `hipDeviceAttributeIntegrated`); by default it is a discrete GPU.
 //!
 //! A malformed value is reported on standard error once and ignored.
 //!

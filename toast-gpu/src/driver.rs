@@ -107,7 +107,7 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     fn compute_units(&self) -> u32;
     /// Whose memory the device's allocations take, for `device_info` (ABI
     /// minor 9): the host counts a device in host memory (a CPU device, an
-    /// integrated GPU or APU, an emulator) in its host memory check.
+    /// integrated GPU or APU) in its host memory check.
     fn memory_kind(&self) -> DeviceMemoryKind;
 
     /// Allocate `bytes` bytes of device memory (contents unspecified, unless

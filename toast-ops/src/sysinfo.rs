@@ -16,6 +16,10 @@ pub struct MemoryBound {
     /// `RLIMIT_DATA (ulimit -d)` or the cgroup's `memory.max` /
     /// `memory.limit_in_bytes` with its directory.
     pub source: String,
+    /// Whether it bounds this process alone (an rlimit, or a share:
+    /// [`process_share`]) rather than every process of the node (its
+    /// `MemAvailable`) or of a cgroup (its limit), which they share.
+    pub per_process: bool,
 }
 
 /// The tightest bound on the memory this process can still take: the
@@ -27,12 +31,43 @@ pub struct MemoryBound {
 /// less `memory.usage_in_bytes`). Batch systems bound jobs by rlimits and
 /// cgroups, not by what the node has free. `None` when none can be read.
 pub fn memory_bound() -> Option<MemoryBound> {
+    memory_bounds()
+        .into_iter()
+        .min_by(|a, b| a.bytes.total_cmp(&b.bytes))
+}
+
+/// This process's share of the memory where `processes` processes of the
+/// node share it (a job's ranks on the node, a task farm's runs): each
+/// bound of `bounds` that the processes share (`MemAvailable`, a
+/// cgroup's limit) divided among them, each that bounds a process alone
+/// (an rlimit) whole; the tightest, `per_process`. `None` without bounds.
+pub fn process_share(bounds: &[MemoryBound], processes: usize) -> Option<MemoryBound> {
+    let n = processes.max(1);
+    bounds
+        .iter()
+        .map(|b| match (b.per_process, n) {
+            (true, _) | (false, 1) => MemoryBound {
+                per_process: true,
+                ..b.clone()
+            },
+            (false, n) => MemoryBound {
+                bytes: b.bytes / n as f64,
+                source: format!("{}, shared by {n} processes", b.source),
+                per_process: true,
+            },
+        })
+        .min_by(|a, b| a.bytes.total_cmp(&b.bytes))
+}
+
+/// Every bound [`memory_bound`] takes the tightest of.
+pub fn memory_bounds() -> Vec<MemoryBound> {
     let read = |p: &str| std::fs::read_to_string(p).ok();
     let mut bounds = Vec::new();
     if let Some(a) = mem_available() {
         bounds.push(MemoryBound {
             bytes: a,
             source: "MemAvailable".into(),
+            per_process: false,
         });
     }
     if let (Some(limits), Some(status)) = (read("/proc/self/limits"), read("/proc/self/status")) {
@@ -45,8 +80,6 @@ pub fn memory_bound() -> Option<MemoryBound> {
         ));
     }
     bounds
-        .into_iter()
-        .min_by(|a, b| a.bytes.total_cmp(&b.bytes))
 }
 
 /// The soft limit of the `/proc/self/limits` line starting `name`, in
@@ -69,6 +102,7 @@ fn rlimit_bounds(limits: &str, status: &str) -> Vec<MemoryBound> {
             out.push(MemoryBound {
                 bytes: (limit - used).max(0.0),
                 source: format!("{source} of {limit:.0} bytes, {used:.0} in use"),
+                per_process: true,
             });
         }
     }
@@ -120,6 +154,7 @@ fn cgroup_bounds(cgroups: &str, root: &std::path::Path) -> Vec<MemoryBound> {
                         "the cgroup's {limit_file} ({}) of {limit:.0} bytes, {used:.0} in use",
                         d.display()
                     ),
+                    per_process: false,
                 });
             }
             if !dir.pop() {
@@ -195,6 +230,34 @@ mod tests {
         assert_eq!(b[0].bytes, 1000.0);
         assert!(b[0].source.contains("memory.limit_in_bytes"));
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_share_divides_the_shared_bounds_only() {
+        let bound = |bytes: f64, source: &str, per_process| MemoryBound {
+            bytes,
+            source: source.into(),
+            per_process,
+        };
+        let bounds = [
+            bound(8e9, "MemAvailable", false),
+            bound(3e9, "RLIMIT_AS (ulimit -v)", true),
+        ];
+        // One process: the tightest as it is.
+        let one = process_share(&bounds, 1).unwrap();
+        assert_eq!(
+            (one.bytes, one.source.as_str()),
+            (3e9, "RLIMIT_AS (ulimit -v)")
+        );
+        // Four: the node's memory a quarter each, under the rlimit.
+        let four = process_share(&bounds, 4).unwrap();
+        assert_eq!(
+            (four.bytes, four.source.as_str(), four.per_process),
+            (2e9, "MemAvailable, shared by 4 processes", true)
+        );
+        // Two: the rlimit, which each process has whole, is the tighter.
+        assert_eq!(process_share(&bounds, 2).unwrap().bytes, 3e9);
+        assert_eq!(process_share(&[], 2), None);
     }
 
     #[test]

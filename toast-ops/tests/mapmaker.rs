@@ -732,10 +732,11 @@ fn tiny_8_detectors_nside_128_on(
 }
 
 /// A device whose allocations take the host's memory (`fakedev`, whose
-/// `device_info` says so from ABI minor 9) shares the node's memory bound
-/// with its host: without a configured budget it gets 90% of what the
-/// host's prediction leaves (here 0.15 GiB, so tiny's kept plan at 0.21
-/// GiB becomes compact), and the memory check counts its peak. The same
+/// `device_info` says so from ABI minor 9) shares its process's share of
+/// the node's memory with its host: without a configured budget it gets
+/// 90% of what the host's prediction leaves of it (here 0.15 GiB, so
+/// tiny's kept plan at 0.21 GiB becomes compact), and the memory check
+/// counts its peak. The same
 /// device under a header of minor 7 (`fakedev7`, which cannot say) keeps
 /// the default budget, 90% of the free memory, and is not counted.
 #[test]
@@ -750,19 +751,19 @@ fn a_device_in_the_host_memory_shares_the_node_memory_with_the_host() {
         let (mut job, sim, plan) = tiny_8_detectors_nside_128_on(name, &reg);
         let kept = job.execution_plan(&reg);
         let host = job.predicted_process_memory(&plan, &sim, &kept);
-        // Two processes on the node, each with its share of the bound.
+        // Two processes on the node; this one's share of the memory.
         job.processes_on_node = 2;
-        let bound = 2.0 * (host + 0.15 / 0.9 * gib);
         assert!(job.set_memory_bound(Some(MemoryBound {
-            bytes: bound,
-            source: "the test's bound".into(),
+            bytes: host + 0.15 / 0.9 * gib,
+            source: "the test's share".into(),
+            per_process: true,
         })));
         assert_eq!(job.device_in_host_memory(&reg).is_some(), shared, "{name}");
         let (_, budget) = job.device_budget(&plan, &sim, &reg).unwrap().unwrap();
         let why = job.fit_device_budget(&plan, &sim, &reg).unwrap();
         let fitted = job.execution_plan(&reg);
         let device = job.predicted_device_memory(&plan, &sim, &fitted).unwrap();
-        let (on_host, counted) = job.predicted_host_memory(&plan, &sim, &fitted, &reg);
+        let (own, counted) = job.predicted_host_memory(&plan, &sim, &fitted, &reg);
         if shared {
             assert!(
                 (budget.bytes as f64 - 0.15 * gib).abs() < 1e-6 * gib,
@@ -775,25 +776,25 @@ fn a_device_in_the_host_memory_shares_the_node_memory_with_the_host() {
                 fitted.to_string(),
                 "device-compact-fused (3 detectors a batch)"
             );
-            assert_eq!(counted, Some((name.to_string(), device)));
-            assert_eq!(on_host, host + device);
+            assert_eq!((own, counted), (host, Some((name.to_string(), device))));
         } else {
             assert!(budget.source.starts_with("the default, 90%"), "{budget}");
             assert_eq!((why, fitted.to_string()), (None, kept.to_string()));
-            assert_eq!((on_host, counted), (host, None));
+            assert_eq!((own, counted), (host, None));
         }
         // The check: the two processes' host and device peaks fit the bound.
         job.check_memory_on(&toast_core::SerialComm, &plan, &sim, &fitted, &reg)
             .unwrap();
-        // And a bound that holds the hosts' peaks but not the devices' too
+        // And a share that holds the host's peak but not the device's too
         // is refused where the device's memory is the host's.
         let tight = MemoryBound {
-            bytes: 2.0 * (host + 0.5 * device),
-            source: "a tight bound".into(),
+            bytes: host + 0.5 * device,
+            source: "a tight share".into(),
+            per_process: true,
         };
-        let (per, dev) = job.predicted_host_memory(&plan, &sim, &fitted, &reg);
+        let (host_part, dev) = job.predicted_host_memory(&plan, &sim, &fitted, &reg);
         let dev = dev.as_ref().map(|(n, b)| (n.as_str(), *b));
-        let checked = job.check_memory(&tight, per, dev, 2);
+        let checked = job.check_memory(&tight, host_part, dev);
         assert_eq!(checked.is_err(), shared, "{name}: {checked:?}");
     }
 }

@@ -562,7 +562,7 @@ impl Backend {
             peak_held_bytes: (self.plugin.abi_minor >= 7 && info.peak_held_mib > 0)
                 .then(|| u64::from(info.peak_held_mib) << 20),
             // Before minor 9 the struct ended above: not read.
-            memory: match self.plugin.abi_minor >= 9 {
+            memory_kind: match self.plugin.abi_minor >= 9 {
                 true => DeviceMemoryKind::from_abi(info.memory_kind),
                 false => DeviceMemoryKind::Unknown,
             },
@@ -679,7 +679,7 @@ pub struct DeviceSummary {
     pub peak_held_bytes: Option<u64>,
     /// Whose memory the device's allocations take (ABI minor 9; unknown
     /// from an older plugin).
-    pub memory: DeviceMemoryKind,
+    pub memory_kind: DeviceMemoryKind,
 }
 
 impl toast_core::device::DeviceMemory for Backend {

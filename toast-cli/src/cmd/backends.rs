@@ -137,10 +137,9 @@ fn entry(e: &PluginEntry, out: &mut dyn Write) -> io::Result<()> {
                                 d.name,
                                 bytes(d.total_memory),
                                 bytes(d.free_memory),
-                                match d.memory {
-                                    DeviceMemoryKind::Host => " (the host's memory)",
-                                    DeviceMemoryKind::Own => " (its own memory)",
-                                    DeviceMemoryKind::Unknown => "",
+                                match d.memory_kind {
+                                    DeviceMemoryKind::Unknown => String::new(),
+                                    kind => format!(" ({kind} memory)"),
                                 },
                                 d.compute_units
                             )?,

@@ -390,6 +390,15 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         Some(_) => None,
     };
     job.processes_on_node = farm.unwrap_or(ppn);
+    // The memory a process may take: agreed by the processes (a
+    // collective), or unknown for a plan of other nodes, whose device
+    // budget is then the plain default.
+    match args.dry_run.as_deref() {
+        None | Some("") => job.share_memory_bound(&*comm)?,
+        Some(_) => {
+            job.set_memory_bound(None);
+        }
+    }
     // A device plan gets the device's pixel grid (unless the user set
     // one), and one that does not fit its device memory budget becomes one
     // that does (pixels kept compact, else pointing recomputed, per
@@ -434,11 +443,22 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             check_out_dir(&maps_dir).context("mapmaker.output_dir")?;
         }
     }
+    // A device in the host's memory adds its peak to the host's.
+    let shared = job.device_in_host_memory(&registry);
+    let in_host_memory = match (&device, &shared) {
+        (Some((p, name, _)), Some(_)) => {
+            format!(
+                ", and {} of backend {name}'s device in the host's memory",
+                gib(*p)
+            )
+        }
+        _ => String::new(),
+    };
     if root {
         crate::outln!(
             "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
              {} process(es) in {} group(s) of {}, {} thread(s) each; map-maker plan {}; \
-             predicted peak memory {} (one process)",
+             predicted peak memory {} (one process{})",
             job.case,
             s.n_det,
             s.n_det / 2,
@@ -450,7 +470,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             plan.group_size,
             rayon::current_num_threads(),
             execution,
-            gib(predicted)
+            gib(predicted),
+            in_host_memory
         )?;
     }
     if args.dry_run.is_some() {
@@ -480,9 +501,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             for why in &execution.why {
                 crate::outln!("  because {why}")?;
             }
-            if let Some(a) = job.memory_bound() {
+            if let Some(a) = job.memory_bound().filter(|_| this_node) {
                 crate::outln!(
-                    "available memory: {} (bounded by {}); {}",
+                    "available memory: {} a process (bounded by {}); {}",
                     gib(a.bytes),
                     a.source,
                     match &host_fit {
@@ -492,8 +513,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
                 )?;
             }
             if let (Some((p, name, budget)), Some(fit)) = (&device, &device_fit) {
-                let shared = match job.device_in_host_memory(&registry) {
-                    Some(_) => " in the host's memory (counted in this node's too)",
+                let shared = match shared {
+                    Some(_) => " in the host's memory (counted in the host's check too)",
                     None => "",
                 };
                 crate::outln!(

@@ -261,7 +261,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CuD
 }
 
 /// `cuDeviceGetAttribute`: the launch limits, warp size, SM count (the
-/// host's CPUs), integrated (1: its memory is the host's) and compute
+/// host's CPUs), integrated (`TOAST_EMU_INTEGRATED`) and compute
 /// capability; other attributes are `CUDA_ERROR_NOT_SUPPORTED`.
 ///
 /// # Safety
@@ -281,7 +281,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             5..=7 => LIMITS.max_grid[(attrib - 5) as usize] as c_int,
             10 => 32,
             16 => toast_gpu_emu::compute_units(),
-            18 => 1,
+            18 => toast_gpu_emu::api::integrated(),
             75 => COMPUTE_CAPABILITY.0,
             76 => COMPUTE_CAPABILITY.1,
             _ => {
@@ -619,7 +619,7 @@ mod tests {
             assert_eq!(cuDeviceGetAttribute(&mut v, 75, 0), CUDA_SUCCESS);
             assert_eq!(v, 8);
             assert_eq!(cuDeviceGetAttribute(&mut v, 18, 0), CUDA_SUCCESS);
-            assert_eq!(v, 1);
+            assert_eq!(v, toast_gpu_emu::api::integrated());
             assert_eq!(
                 cuDeviceGetAttribute(&mut v, 9999, 0),
                 CUDA_ERROR_NOT_SUPPORTED

@@ -293,7 +293,7 @@ pub unsafe extern "C" fn hipRuntimeGetVersion(version: *mut c_int) -> HipError {
 }
 
 /// `hipDeviceGetAttribute`: integrated (attribute 16,
-/// `hipDeviceAttributeIntegrated`: 1, its memory is the host's) and the
+/// `hipDeviceAttributeIntegrated`: `TOAST_EMU_INTEGRATED`) and the
 /// multiprocessor count (attribute 63,
 /// `hipDeviceAttributeMultiprocessorCount`); any other attribute is
 /// `hipErrorInvalidValue`, not emulated.
@@ -309,7 +309,7 @@ pub unsafe extern "C" fn hipDeviceGetAttribute(
     api("hipDeviceGetAttribute", || {
         device(dev)?;
         let v = match attr {
-            16 => 1,
+            16 => toast_gpu_emu::api::integrated(),
             63 => toast_gpu_emu::compute_units(),
             _ => {
                 return Err(EmuError::InvalidValue(format!(

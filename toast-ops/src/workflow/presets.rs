@@ -262,7 +262,9 @@
 //! TOAST's recomputation by the kernels (10 B, slowest).
 
 /// The machine's memory, read where the lower layers need it too.
-pub use crate::sysinfo::{mem_available, mem_total, memory_bound, peak_rss, MemoryBound};
+pub use crate::sysinfo::{
+    mem_available, mem_total, memory_bound, memory_bounds, peak_rss, process_share, MemoryBound,
+};
 
 /// Samples per detector in one 1-hour observation at 100 Hz.
 pub const SAMPLES_PER_OBS: u64 = 360_000;

@@ -168,25 +168,24 @@ pub enum WorkflowError {
     /// A collective across the processes, or gathering a result, failed.
     #[error("{what}: {reason}")]
     Gather { what: String, reason: String },
-    /// The predicted peak memory of the processes on one node exceeds the
-    /// memory available there ([`SatelliteJob::check_memory`]).
+    /// The predicted peak memory of a process exceeds its share of the
+    /// memory available on its node ([`SatelliteJob::check_memory`]).
     #[error(
-        "predicted peak memory {} ({processes} process(es) of {}{} on this node) exceeds the \
-         available memory {}, bounded by {bound}; reduce the case, --n-det, --n-obs or \
-         pixels.nside, or pass --ignore-memory-check to run anyway",
-        gib(*predicted), gib(*per_process), device_share(device), gib(*available)
+        "predicted peak memory {} of a process{} exceeds the available memory of a process, \
+         {} ({processes} process(es) on this node), bounded by {bound}; reduce the case, \
+         --n-det, --n-obs or pixels.nside, or pass --ignore-memory-check to run anyway",
+        gib(*predicted), device_share(device), gib(*available)
     )]
     Memory {
-        /// Predicted bytes of all the processes on the node.
+        /// Predicted bytes of the largest process, its device's included
+        /// where that is in the host's memory.
         predicted: f64,
-        /// Predicted bytes of the largest process.
-        per_process: f64,
         /// Of them, the backend and the device peak of a device in the
         /// host's memory.
         device: Option<(String, f64)>,
         /// Processes on the node.
         processes: usize,
-        /// Available bytes.
+        /// Available bytes for a process (its share).
         available: f64,
         /// What bounds them (`sysinfo::MemoryBound::source`).
         bound: String,
@@ -217,7 +216,7 @@ pub enum WorkflowError {
 fn device_share(device: &Option<(String, f64)>) -> String {
     match device {
         Some((name, bytes)) => format!(
-            ", with the {} of backend {name}'s device, whose memory is the host's",
+            " (with {} for backend {name}'s device, whose memory is the host's)",
             gib(*bytes)
         ),
         None => String::new(),
@@ -868,10 +867,12 @@ impl SatelliteJob {
             batches.min().unwrap_or(0)
         };
         // The detector data streamed where not even one detector a batch
-        // fits beside them.
+        // fits beside them, unless the device's memory is the host's:
+        // streamed, they would take the same memory on the host.
         let fits = |streamed| batch_within(bytes, |b| largest(b, streamed));
+        let in_host = self.device_in_host_memory(registry).is_some();
         let (fits, streamed) = match fits(false) {
-            0 => (fits(true), true),
+            0 if !in_host => (fits(true), true),
             n => (n, false),
         };
         let batch = fits.clamp(1, most.max(1));
@@ -882,6 +883,11 @@ impl SatelliteJob {
         binner.stream_detector_data = streamed;
         let need = gib(predicted);
         Ok(Some(match (fits, streamed) {
+            (0, _) if in_host => format!(
+                "the plan {execution} would need {need} of device memory on backend {name}, over \
+                 its budget of {budget}, and so would the pointing recomputed one detector at a \
+                 time (the detector data are not streamed: the device's memory is the host's)"
+            ),
             (0, _) => format!(
                 "the plan {execution} would need {need} of device memory on backend {name}, over \
                  its budget of {budget}, and so would the pointing recomputed one detector at a \
@@ -940,18 +946,20 @@ impl SatelliteJob {
         (batch > 0).then(|| batch.min(most.max(1)))
     }
 
-    /// The device memory budget of the pipeline backend of `registry`, as
-    /// its plugin takes it (`toast_accel::budget`: the option `memory=`,
-    /// else `TOAST_GPU_MEM_GB`, else 90% of the free memory of its device);
-    /// `None` for a host-addressable backend, or when the figure cannot be
-    /// known (no device information). A device in the host's memory
-    /// ([`SatelliteJob::device_in_host_memory`]) without a configured budget
-    /// gets at most 90% of this process's share of the node's memory bound
-    /// (over [`SatelliteJob::processes_on_node`]) less the host's own
-    /// predicted peak on the plan of `plan` and `sim`
-    /// ([`SatelliteJob::predicted_process_memory`]): its allocations and
-    /// the host's come from the same memory, and the host memory check
-    /// counts both.
+    /// The device memory budget of the pipeline backend of `registry`: the
+    /// one its plugin holds its pool within (`toast_accel::budget`: the
+    /// option `memory=`, else `TOAST_GPU_MEM_GB`, else 90% of the free
+    /// memory of its device); `None` for a host-addressable backend, or
+    /// when the figure cannot be known (no device information). A device
+    /// in the host's memory ([`SatelliteJob::device_in_host_memory`])
+    /// without a configured budget is planned within less, where this
+    /// process's share of the node's memory is known
+    /// ([`SatelliteJob::memory_bound`]): 90% of what the host's own
+    /// predicted peak on the plan of `plan` and `sim` leaves of it
+    /// ([`SatelliteJob::predicted_process_memory`]), as its allocations and
+    /// the host's come from the same memory and the host memory check
+    /// counts both. Where the host's peak alone leaves nothing, the plain
+    /// default stands and the host memory check refuses the run.
     pub fn device_budget(
         &self,
         plan: &JobDistribution,
@@ -983,59 +991,97 @@ impl SatelliteJob {
             return Ok(None);
         };
         let default = Budget::default_for(device.free_memory, device.total_memory);
-        let bound = self.memory_bound().filter(|_| device.memory.is_host());
-        let Some(bound) = bound else {
+        let share = self.memory_bound().filter(|_| device.memory_kind.is_host());
+        let Some(share) = share else {
             return Ok(Some((name, default)));
         };
         let host = self.predicted_process_memory(plan, sim, &self.execution_plan(registry));
-        let share = bound.bytes / self.processes_on_node.max(1) as f64;
-        let room = (0.9 * (share - host)).max(0.0) as u64;
+        let room = (0.9 * (share.bytes - host)).max(0.0) as u64;
         Ok(Some((
             name,
-            match room < default.bytes {
+            match room > 0 && room < default.bytes {
                 true => Budget {
                     bytes: room,
-                    source: "the default of a device in the host's memory, 90% of this \
-                             process's share of the node's memory less the host's predicted peak",
+                    source: "the default of a device in the host's memory, 90% of what the \
+                             host's predicted peak leaves of a process's share of the node's \
+                             memory",
                 },
                 false => default,
             },
         )))
     }
 
-    /// This node's memory bound ([`presets::memory_bound`]: `MemAvailable`,
-    /// the rlimits, the cgroup), read on the first call and kept for the
-    /// job: the budget of a device in the host's memory and the host
-    /// memory check take the same figure (the free memory moves while the
-    /// plugins start and the job plans).
+    /// This process's share of its node's memory ([`presets::process_share`]
+    /// of [`presets::memory_bounds`]: `MemAvailable` and the cgroups'
+    /// limits over [`SatelliteJob::processes_on_node`], the rlimits whole),
+    /// read on the first call (or agreed by
+    /// [`SatelliteJob::share_memory_bound`], or set by
+    /// [`SatelliteJob::set_memory_bound`]) and kept for the job: the budget
+    /// of a device in the host's memory and the host memory check take the
+    /// same figure (the free memory moves while the plugins start and the
+    /// job plans). `None` where none can be read.
     pub fn memory_bound(&self) -> Option<presets::MemoryBound> {
-        self.memory_bound.get_or_init(presets::memory_bound).clone()
+        self.memory_bound
+            .get_or_init(|| {
+                presets::process_share(&presets::memory_bounds(), self.processes_on_node)
+            })
+            .clone()
     }
 
-    /// Set the node's memory bound [`SatelliteJob::memory_bound`] gives,
-    /// instead of reading it (a front-end that knows it better, or a test);
-    /// `false` where it was read or set already (it stays).
+    /// Set the bound [`SatelliteJob::memory_bound`] gives (a process's
+    /// share, or `None`: unknown, as for a plan of other nodes), instead of
+    /// reading it; `false` where it was read or set already (it stays).
     pub fn set_memory_bound(&self, bound: Option<presets::MemoryBound>) -> bool {
         self.memory_bound.set(bound).is_ok()
     }
 
+    /// Agree on [`SatelliteJob::memory_bound`] over the processes of
+    /// `comm` (a collective; call it on every process before the budget
+    /// and the checks, with [`SatelliteJob::processes_on_node`] set): the
+    /// smallest share of them, named as this process's when it is its own,
+    /// `None` when some process can read none. Nothing changes where the
+    /// bound was read or set already.
+    pub fn share_memory_bound(&self, comm: &dyn Comm) -> Result<(), WorkflowError> {
+        if self.memory_bound.get().is_some() {
+            return Ok(());
+        }
+        let own = presets::process_share(&presets::memory_bounds(), self.processes_on_node);
+        let mut avail = [own.as_ref().map_or(-1.0, |b| b.bytes)];
+        comm.allreduce_f64(&mut avail, ReduceOp::Min)
+            .map_err(|e| WorkflowError::gather("memory check", e))?;
+        let agreed = match own {
+            _ if avail[0] < 0.0 => None,
+            Some(b) if b.bytes == avail[0] => Some(b),
+            _ => Some(presets::MemoryBound {
+                bytes: avail[0],
+                source: "the memory bound of another process".into(),
+                per_process: true,
+            }),
+        };
+        self.set_memory_bound(agreed);
+        Ok(())
+    }
+
     /// The name of the pipeline backend of `registry` where its device's
     /// allocations take the host's memory (its plugin says so, ABI minor 9:
-    /// a CPU device such as PoCL's, an integrated GPU or APU, an emulated
-    /// device); `None` otherwise (a host-addressable backend, whose
+    /// a CPU device such as PoCL's, an integrated GPU or APU, one emulated
+    /// with `TOAST_EMU_INTEGRATED=1`); `None` otherwise (a host-addressable backend, whose
     /// arrays are the host's own and counted as such, a device with its
     /// own memory, or one that does not say).
     pub fn device_in_host_memory(&self, registry: &Registry) -> Option<String> {
         let backend = pipeline_backend_in(registry, &self.config.dispatch, None)?;
-        let shared =
-            !backend.host_addressable() && backend.device_info(0).is_ok_and(|d| d.memory.is_host());
+        let shared = !backend.host_addressable()
+            && backend
+                .device_info(0)
+                .is_ok_and(|d| d.memory_kind.is_host());
         shared.then(|| backend.name().to_string())
     }
 
     /// Refuse, before any work, a device run whose predicted device peak
     /// (`predicted`, [`SatelliteJob::predicted_device_memory`]) passes the
-    /// budget of its backend: its plugin would refuse an allocation part
-    /// way through.
+    /// budget of its backend ([`SatelliteJob::device_budget`]): its plugin
+    /// would refuse an allocation part way through, or, for a device in
+    /// the host's memory, its pool would take what the host needs.
     pub fn check_device_memory(
         &self,
         predicted: f64,
@@ -1054,29 +1100,28 @@ impl SatelliteJob {
         Ok(())
     }
 
-    /// Refuse a job whose `processes` processes of `per_process` predicted
-    /// bytes each (see [`SatelliteJob::predicted_process_memory`]; with
-    /// `device`, the backend and the predicted device peak of a device in
-    /// the host's memory, included in `per_process`) would not fit in
-    /// `available` (the tightest of the node's `MemAvailable`, the rlimits
-    /// and the cgroup's limit: [`presets::memory_bound`]): a run that does
-    /// not fit is killed by the kernel, or aborts on a failed allocation,
-    /// after doing most of its work. The front-end skips this check when
-    /// asked to (`toast-cli run --ignore-memory-check`).
+    /// Refuse a job whose largest process's predicted peak, `host` bytes
+    /// of its own (see [`SatelliteJob::predicted_process_memory`]) and,
+    /// with `device`, the backend and the predicted device peak of a
+    /// device in the host's memory, would not fit in `available`, a
+    /// process's share of its node's memory ([`SatelliteJob::memory_bound`]:
+    /// of the node's `MemAvailable` and the cgroups' limits, the rlimits
+    /// whole): a run that does not fit is killed by the kernel, or aborts
+    /// on a failed allocation, after doing most of its work. The front-end
+    /// skips this check when asked to (`toast-cli run
+    /// --ignore-memory-check`).
     pub fn check_memory(
         &self,
         available: &presets::MemoryBound,
-        per_process: f64,
+        host: f64,
         device: Option<(&str, f64)>,
-        processes: usize,
     ) -> Result<(), WorkflowError> {
-        let predicted = per_process * processes.max(1) as f64;
+        let predicted = host + device.map_or(0.0, |(_, bytes)| bytes);
         if predicted > available.bytes {
             return Err(WorkflowError::Memory {
                 predicted,
-                per_process,
                 device: device.map(|(name, bytes)| (name.to_string(), bytes)),
-                processes: processes.max(1),
+                processes: self.processes_on_node.max(1),
                 available: available.bytes,
                 bound: available.source.clone(),
             });
@@ -1087,9 +1132,8 @@ impl SatelliteJob {
     /// The predicted peak of the largest process of `plan` on `execution`
     /// in the host's memory: its own
     /// ([`SatelliteJob::predicted_process_memory`]) and, for a device in
-    /// the host's memory ([`SatelliteJob::device_in_host_memory`]), its
-    /// device's ([`SatelliteJob::predicted_device_memory`]), which comes
-    /// back as the backend and its bytes.
+    /// the host's memory ([`SatelliteJob::device_in_host_memory`]), the
+    /// backend and its device's ([`SatelliteJob::predicted_device_memory`]).
     pub fn predicted_host_memory(
         &self,
         plan: &JobDistribution,
@@ -1102,17 +1146,15 @@ impl SatelliteJob {
             self.predicted_device_memory(plan, sim, execution)
                 .map(|bytes| (name, bytes))
         });
-        (own + device.as_ref().map_or(0.0, |d| d.1), device)
+        (own, device)
     }
 
-    /// [`SatelliteJob::check_memory`] on every process of `comm`, with
-    /// [`SatelliteJob::processes_on_node`] processes sharing a node's
-    /// memory bound, each predicted by
-    /// [`SatelliteJob::predicted_host_memory`] (the device's peak counted
-    /// where its memory is the host's); all processes take the same
-    /// decision (the smallest bound of them, named as this process's when
-    /// it is its own). Nothing is checked when some process can read no
-    /// bound.
+    /// [`SatelliteJob::check_memory`] on every process of `comm` against
+    /// the share they agree on ([`SatelliteJob::share_memory_bound`]),
+    /// each predicted by [`SatelliteJob::predicted_host_memory`] (the
+    /// device's peak counted where its memory is the host's): all
+    /// processes take the same decision. Nothing is checked when some
+    /// process can read no bound.
     pub fn check_memory_on(
         &self,
         comm: &dyn Comm,
@@ -1121,23 +1163,13 @@ impl SatelliteJob {
         execution: &Plan,
         registry: &Registry,
     ) -> Result<(), WorkflowError> {
-        let own = self.memory_bound();
-        let mut avail = [own.as_ref().map_or(-1.0, |b| b.bytes)];
-        comm.allreduce_f64(&mut avail, ReduceOp::Min)
-            .map_err(|e| WorkflowError::gather("memory check", e))?;
-        if avail[0] < 0.0 {
+        self.share_memory_bound(comm)?;
+        let Some(bound) = self.memory_bound() else {
             return Ok(());
-        }
-        let bound = match own {
-            Some(b) if b.bytes == avail[0] => b,
-            _ => presets::MemoryBound {
-                bytes: avail[0],
-                source: "the memory bound of another process".into(),
-            },
         };
-        let (per_process, device) = self.predicted_host_memory(plan, sim, execution, registry);
+        let (host, device) = self.predicted_host_memory(plan, sim, execution, registry);
         let device = device.as_ref().map(|(name, bytes)| (name.as_str(), *bytes));
-        self.check_memory(&bound, per_process, device, self.processes_on_node)
+        self.check_memory(&bound, host, device)
     }
 
     /// The focal plane and the simulation operator, which fix the
@@ -1959,22 +1991,25 @@ mod tests {
         let avail = |bytes: f64| presets::MemoryBound {
             bytes,
             source: "MemAvailable".into(),
+            per_process: true,
         };
-        assert!(j.check_memory(&avail(per), per, None, 1).is_ok());
-        assert!(j.check_memory(&avail(2.0 * per), per, None, 2).is_ok());
-        let e = j.check_memory(&avail(per - 1.0), per, None, 1).unwrap_err();
+        assert!(j.check_memory(&avail(per), per, None).is_ok());
+        let e = j.check_memory(&avail(per - 1.0), per, None).unwrap_err();
         assert!(matches!(e, WorkflowError::Memory { .. }));
         let msg = e.to_string();
         assert!(msg.contains("--ignore-memory-check"), "{msg}");
         assert!(msg.contains("MemAvailable"), "{msg}");
         assert!(!msg.contains("device"), "{msg}");
-        assert!(j.check_memory(&avail(1.5 * per), per, None, 2).is_err());
+        // A device in the host's memory: its peak counts, and is named.
+        assert!(j
+            .check_memory(&avail(per), 0.75 * per, Some(("opencl", 0.25 * per)))
+            .is_ok());
         let e = j
-            .check_memory(&avail(per - 1.0), per, Some(("opencl", 0.25 * per)), 1)
+            .check_memory(&avail(per), 0.75 * per, Some(("opencl", 0.5 * per)))
             .unwrap_err();
         let msg = e.to_string();
         assert!(
-            msg.contains("device, whose memory is the host's") && msg.contains("backend opencl"),
+            msg.contains("backend opencl's device, whose memory is the host's"),
             "{msg}"
         );
         assert!(j
