@@ -392,7 +392,10 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     job.processes_on_node = farm.unwrap_or(ppn);
     // The memory a process may take: agreed by the processes (a
     // collective), or unknown for a plan of other nodes, whose device
-    // budget is then the plain default.
+    // budget is then the plain default. Read once the pipeline backend has
+    // started (asking its device starts it), as its start takes host
+    // memory (a CUDA context).
+    let shared = job.device_in_host_memory(&registry);
     match args.dry_run.as_deref() {
         None | Some("") => job.share_memory_bound(&*comm)?,
         Some(_) => {
@@ -444,7 +447,6 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         }
     }
     // A device in the host's memory adds its peak to the host's.
-    let shared = job.device_in_host_memory(&registry);
     let in_host_memory = match (&device, &shared) {
         (Some((p, name, _)), Some(_)) => {
             format!(
