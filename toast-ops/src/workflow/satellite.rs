@@ -5,8 +5,10 @@
 //! ([`SatelliteJob::new`]: case, sizes, configuration, the sky map's
 //! header); [`SatelliteJob::simulation`] and [`SatelliteJob::plan`] give
 //! the distribution without running anything (what `--dry-run` prints);
-//! [`SatelliteJob::check_memory_on`] refuses a plan whose predicted memory
-//! does not fit the node's `MemAvailable`;
+//! [`SatelliteJob::check_memory_on`] refuses a plan whose largest
+//! process's predicted memory (its device's too, where that is in the
+//! host's memory) does not fit its share of the node's memory
+//! ([`SatelliteJob::share_memory_bound`]);
 //! [`SatelliteJob::run`] runs the phases, each timed under its TOAST name,
 //! and returns a [`SatelliteRun`]:
 //!
@@ -815,8 +817,9 @@ impl SatelliteJob {
     /// `binner.pointing_batch` set; the sky scan follows the map-maker's
     /// batches), and, where not even one detector a batch fits beside the
     /// whole detector data, with the detector data streamed
-    /// (`binner.stream_detector_data`: the device holds one batch's rows).
-    /// This is the one place where the budget chooses the plan; call it
+    /// (`binner.stream_detector_data`: the device holds one batch's rows),
+    /// unless the device's memory is the host's, where streaming saves
+    /// nothing. This is the one place where the budget chooses the plan; call it
     /// after [`SatelliteJob::plan`] and before
     /// [`SatelliteJob::execution_plan`]. Returns why, or `None` when
     /// nothing changed (a host plan, no budget known, or the plan fits). A
