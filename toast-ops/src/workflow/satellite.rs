@@ -1025,10 +1025,14 @@ impl SatelliteJob {
     /// job plans). `None` where none can be read.
     pub fn memory_bound(&self) -> Option<presets::MemoryBound> {
         self.memory_bound
-            .get_or_init(|| {
-                presets::process_share(&presets::memory_bounds(), self.processes_on_node)
-            })
+            .get_or_init(|| self.read_memory_share())
             .clone()
+    }
+
+    /// This process's share of its node's memory as it reads now, of
+    /// [`SatelliteJob::processes_on_node`] processes.
+    fn read_memory_share(&self) -> Option<presets::MemoryBound> {
+        presets::process_share(&presets::memory_bounds(), self.processes_on_node)
     }
 
     /// Set the bound [`SatelliteJob::memory_bound`] gives (a process's
@@ -1048,7 +1052,7 @@ impl SatelliteJob {
         if self.memory_bound.get().is_some() {
             return Ok(());
         }
-        let own = presets::process_share(&presets::memory_bounds(), self.processes_on_node);
+        let own = self.read_memory_share();
         let mut avail = [own.as_ref().map_or(-1.0, |b| b.bytes)];
         comm.allreduce_f64(&mut avail, ReduceOp::Min)
             .map_err(|e| WorkflowError::gather("memory check", e))?;
