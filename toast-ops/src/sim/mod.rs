@@ -60,7 +60,12 @@
 //! `fake_input_sky_nside1024.fits` — RING data labelled NESTED — gives the
 //! same scrambled sky TOAST scans), or synthesised
 //! ([`InputSky::synthetic`], correctly NEST-ordered unless
-//! `toast_ring_as_nest` is asked for).
+//! `toast_ring_as_nest` is asked for). The synthesis can be started early
+//! on a background thread ([`SkySynthesis`]) and handed to the scan as a
+//! [`SkySource`]: the scan waits for it only once its pointing and pixel
+//! distribution are done, so on a device the host synthesises while the
+//! device expands the pointing (the satellite workflow starts it with the
+//! run).
 
 mod model;
 pub mod noise;
@@ -72,4 +77,7 @@ pub use model::{
     AnalyticNoiseModel, DefaultNoiseModel, DefaultNoiseModelConfig, SimNoise, SimNoiseConfig,
 };
 pub use satellite::{core_focalplane, SimSatellite, SimSatelliteConfig, SESSION_UID};
-pub use scan::{check_sky_units, InputSky, ScanHealpixMap, ScanHealpixMapConfig};
+pub use scan::{
+    check_sky_units, InputSky, ScanHealpixMap, ScanHealpixMapConfig, ScannedSky, SkySource,
+    SkySynthesis,
+};

@@ -8,7 +8,10 @@ use crate::io::fits::{
 use crate::math::healpix::Healpix;
 use crate::ops::{BuildPixelDistribution, PointingOps, ScanMap, ScanMapConfig};
 use crate::pixels::{PixelData, PixelDistribution};
-use crate::sim::sky::{synthesize_sky_on, SkyConfig, SkyError};
+use crate::sim::sky::{
+    assemble_sky, synthesize_sky_on, synthesize_sky_part, SkyConfig, SkyError, SkyMaps,
+};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -165,7 +168,13 @@ impl InputSky {
     /// [`InputSky::synthetic`] with the synthesis shared by the processes of
     /// `comm` (the same sky, bit for bit, on every process).
     pub fn synthetic_on(cfg: &SkyConfig, comm: &dyn toast_core::Comm) -> Result<Self, OpError> {
-        let s = synthesize_sky_on(cfg, comm).map_err(|e| match e {
+        Self::from_synthesis(cfg, synthesize_sky_on(cfg, comm))
+    }
+
+    /// The input sky of a synthesis of `cfg` (its error as the operator's),
+    /// refused where a value is not finite.
+    fn from_synthesis(cfg: &SkyConfig, s: Result<SkyMaps, SkyError>) -> Result<Self, OpError> {
+        let s = s.map_err(|e| match e {
             SkyError::Comm(message) => OpError::Comm {
                 what: "synthetic sky".into(),
                 source: toast_core::CommError::new("sky synthesis", message),
@@ -189,6 +198,194 @@ impl InputSky {
             source: "synthetic".into(),
         })
     }
+}
+
+/// What the background thread of a [`SkySynthesis`] hands back: this
+/// process's part of the sky, and the seconds it took.
+type SkyPart = (Result<SkyMaps, SkyError>, f64);
+
+/// The synthetic sky ([`InputSky::synthetic_on`]), synthesised on a
+/// background thread while the run does other work, and taken when the
+/// scan needs it ([`SkySynthesis::finish`]).
+///
+/// The satellite workflow starts it before `SimSatellite`. The synthesis
+/// is O(pixels) host work, the same for every case at nside 1024 (about a
+/// third of tiny's CPU run on 2 cores); on a device run the host would
+/// otherwise do it alone, in the scan, while the device waits. Started
+/// early, it overlaps the simulation, the noise model and the device's
+/// pointing expansion.
+///
+/// * The thread computes only this process's part of the rings
+///   ([`synthesize_sky_part`]), which touches no communicator; `finish`
+///   joins it and runs the collectives (whether every process's part
+///   succeeded, then the assembling allreduce) on the caller's thread, so
+///   no collective ever runs beside another.
+/// * Its parallel loops run on rayon's global pool, beside the caller's.
+/// * The memory is the sky's, which the run holds during the scan anyway
+///   (3 float32 full-sky maps, beside the time samples: the model's sky
+///   term), plus the a_ℓm.
+/// * Where no thread can be started, `finish` synthesises on the caller's
+///   thread, as [`InputSky::synthetic_on`] does.
+/// * Dropping an unfinished one (the run failed before its scan) waits for
+///   the thread: no synthesis outlives its run.
+#[derive(Debug)]
+pub struct SkySynthesis {
+    cfg: SkyConfig,
+    /// `(index, count)`: the part of the rings this process synthesises.
+    part: (usize, usize),
+    thread: Option<std::thread::JoinHandle<SkyPart>>,
+}
+
+impl SkySynthesis {
+    /// Start synthesising this process's part of `cfg`'s sky; `comm` is
+    /// the communicator [`SkySynthesis::finish`] will be given (only its
+    /// rank and size are read here).
+    pub fn start(cfg: SkyConfig, comm: &dyn toast_core::Comm) -> Self {
+        let part = (comm.rank(), comm.size());
+        let job = cfg.clone();
+        let thread = std::thread::Builder::new()
+            .name("sky synthesis".into())
+            .spawn(move || synthesize_part_timed(&job, part))
+            .map_err(|e| {
+                tracing::warn!("sky synthesis: no background thread ({e}); it runs in the scan")
+            })
+            .ok();
+        SkySynthesis { cfg, part, thread }
+    }
+
+    /// The configuration being synthesised.
+    pub fn config(&self) -> &SkyConfig {
+        &self.cfg
+    }
+
+    /// Wait for the part, agree with the other processes of `comm` that
+    /// every part succeeded, assemble the whole sky: a collective of every
+    /// process of `comm`. Also gives the seconds the synthesis itself took
+    /// (on its thread; the caller's wait is at most that).
+    pub fn finish(mut self, comm: &dyn toast_core::Comm) -> Result<(InputSky, f64), OpError> {
+        let (part, seconds) = match self.thread.take() {
+            Some(t) => t.join().unwrap_or_else(|panic| {
+                let why = toast_accel::plugin_support::panic_message(&*panic);
+                let e = SkyError::Config(format!("the background synthesis panicked: {why}"));
+                (Err(e), 0.0)
+            }),
+            None => synthesize_part_timed(&self.cfg, self.part),
+        };
+        // A part that failed on one process only (a panic) must not leave
+        // the others in the assembling allreduce.
+        let mut ok = [f64::from(u8::from(part.is_ok()))];
+        if comm.size() > 1 {
+            comm.allreduce_f64(&mut ok, toast_core::ReduceOp::Min)
+                .map_err(|source| OpError::Comm {
+                    what: "synthetic sky: whether every process synthesised its part".into(),
+                    source,
+                })?;
+        }
+        let whole = match part {
+            Ok(_) if ok[0] == 0.0 => Err(SkyError::Config(
+                "the synthesis failed on another process".into(),
+            )),
+            Ok(p) => assemble_sky(p, comm),
+            Err(e) => Err(e),
+        };
+        Ok((InputSky::from_synthesis(&self.cfg, whole)?, seconds))
+    }
+}
+
+impl Drop for SkySynthesis {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            // Its result is not wanted; a panic in it was already reported
+            // by the panic hook.
+            let _ = t.join();
+        }
+    }
+}
+
+/// Where [`ScanHealpixMap`] gets its sky: a map at hand, or a synthesis
+/// under way ([`SkySynthesis`]), which the scan waits for only when it
+/// needs the sky: after its pointing and its pixel distribution, so that
+/// on a device the host synthesises while the device expands the pointing.
+#[derive(Debug)]
+pub enum SkySource {
+    /// A sky already in memory (a file's, or synthesised).
+    Map(InputSky),
+    /// The synthetic sky, being synthesised.
+    Synthesis(SkySynthesis),
+}
+
+impl From<InputSky> for SkySource {
+    fn from(sky: InputSky) -> Self {
+        SkySource::Map(sky)
+    }
+}
+
+impl From<SkySynthesis> for SkySource {
+    fn from(s: SkySynthesis) -> Self {
+        SkySource::Synthesis(s)
+    }
+}
+
+impl SkySource {
+    /// The sky's resolution.
+    pub fn nside(&self) -> u64 {
+        match self {
+            SkySource::Map(m) => m.nside,
+            SkySource::Synthesis(s) => s.config().nside.get(),
+        }
+    }
+
+    /// Where it comes from (a path or "synthetic"), as [`InputSky::source`].
+    pub fn source(&self) -> &str {
+        match self {
+            SkySource::Map(m) => &m.source,
+            SkySource::Synthesis(_) => "synthetic",
+        }
+    }
+
+    /// The sky (waiting for a synthesis: a collective of `comm`'s
+    /// processes, see [`SkySynthesis::finish`]), and the seconds a
+    /// synthesis took on its own thread.
+    pub fn take(self, comm: &dyn toast_core::Comm) -> Result<(InputSky, Option<f64>), OpError> {
+        match self {
+            SkySource::Map(m) => Ok((m, None)),
+            SkySource::Synthesis(s) => s.finish(comm).map(|(m, t)| (m, Some(t))),
+        }
+    }
+}
+
+/// What [`ScanHealpixMap`] scanned, for a caller's messages and timers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScannedSky {
+    /// Where the sky came from (a path or "synthetic").
+    pub source: String,
+    /// Its largest |value| over the whole sky (K).
+    pub largest_abs: f32,
+    /// The seconds a background synthesis took on its own thread.
+    pub synthesis_seconds: Option<f64>,
+}
+
+impl ScannedSky {
+    /// What `sky` is, with the seconds of the synthesis that made it.
+    pub(crate) fn of(sky: &InputSky, synthesis_seconds: Option<f64>) -> Self {
+        let largest_abs = sky
+            .maps
+            .par_iter()
+            .map(|m| m.iter().fold(0.0f32, |a, x| a.max(x.abs())))
+            .reduce(|| 0.0, f32::max);
+        ScannedSky {
+            source: sky.source.clone(),
+            largest_abs,
+            synthesis_seconds,
+        }
+    }
+}
+
+/// [`synthesize_sky_part`] and its wall seconds.
+fn synthesize_part_timed(cfg: &SkyConfig, (index, count): (usize, usize)) -> SkyPart {
+    let t0 = std::time::Instant::now();
+    let part = synthesize_sky_part(cfg, index, count);
+    (part, t0.elapsed().as_secs_f64())
 }
 
 /// The Stokes components of an input sky, in column order.
@@ -351,7 +548,9 @@ pub struct ScanHealpixMap {
     /// The configuration.
     pub config: ScanHealpixMapConfig,
     pointing: PointingOps,
-    sky: Option<InputSky>,
+    sky: Option<SkySource>,
+    /// What the first `exec` scanned (`None` before it, or when disabled).
+    pub scanned: Option<ScannedSky>,
     /// Detector sets for the pointing passes.
     pub options: RunOptions,
     /// Keep no pointing for all detectors: the pixels and weights too (not
@@ -381,18 +580,21 @@ pub struct ScanHealpixMap {
 }
 
 impl ScanHealpixMap {
-    /// The operator; `sky` must have the pointing's nside.
+    /// The operator; `sky` (an [`InputSky`] or a [`SkySynthesis`]) must
+    /// have the pointing's nside.
     pub fn new(
         name: impl Into<String>,
         config: ScanHealpixMapConfig,
         pointing: PointingOps,
-        sky: InputSky,
+        sky: impl Into<SkySource>,
     ) -> Result<Self, OpError> {
+        let sky = sky.into();
         let nside = pointing.pixels.config.nside;
-        if sky.nside != nside.get() {
+        if sky.nside() != nside.get() {
             return Err(OpError::Config(format!(
                 "scan_map: the sky map {} has nside {} but pixels.nside is {nside}",
-                sky.source, sky.nside
+                sky.source(),
+                sky.nside()
             )));
         }
         Ok(ScanHealpixMap {
@@ -400,6 +602,7 @@ impl ScanHealpixMap {
             config,
             pointing,
             sky: Some(sky),
+            scanned: None,
             options: RunOptions::default(),
             transient_pointing: false,
             keep_pointing: false,
@@ -552,6 +755,14 @@ impl ScanHealpixMap {
             .meta
             .object::<Arc<PixelDistribution>>(&cfg.pixel_dist)?
             .clone();
+        // The sky, now that it is needed: a synthesis started before the
+        // operator ran its pointing beside it.
+        const WAIT: &str = "ScanHealpixMap.sky";
+        ctx.timers.enter(WAIT)?;
+        let taken = sky.take(&*toast_core::comm_of(ctx));
+        ctx.timers.exit(WAIT)?;
+        let (sky, synthesis_seconds) = taken?;
+        self.scanned = Some(ScannedSky::of(&sky, synthesis_seconds));
         // The sky on the hit submaps only (TOAST's `PixelData.read`).
         let mut map = PixelData::<f64>::try_new(Arc::clone(&dist), 3, "the sky map to scan")?;
         map.set_units("K");
@@ -713,5 +924,122 @@ mod tests {
         let e = InputSky::synthetic(&cfg).unwrap_err().to_string();
         assert!(e.contains("beam FWHM 1e308 arcmin"), "{e}");
         assert!(e.contains("180 degrees"), "{e}");
+    }
+
+    fn small_sky(fwhm_arcmin: f64) -> SkyConfig {
+        SkyConfig {
+            nside: crate::math::healpix::Nside::try_from(32).unwrap(),
+            fwhm_arcmin,
+            ..SkyConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_background_synthesis_gives_the_synthetic_sky_or_its_error() {
+        use toast_core::SerialComm;
+        let cfg = small_sky(60.0);
+        let source = SkySource::from(SkySynthesis::start(cfg.clone(), &SerialComm));
+        assert_eq!((source.nside(), source.source()), (32, "synthetic"));
+        let (sky, seconds) = source.take(&SerialComm).unwrap();
+        assert_eq!(sky, InputSky::synthetic(&cfg).unwrap());
+        assert!(seconds.is_some_and(|s| s >= 0.0), "{seconds:?}");
+        let scanned = ScannedSky::of(&sky, seconds);
+        let peak = sky
+            .maps
+            .iter()
+            .flatten()
+            .fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(peak > 0.0);
+        assert_eq!(scanned.largest_abs, peak);
+        // The error is the inline synthesis's, given by `finish`.
+        let bad = small_sky(1e308);
+        let e = SkySynthesis::start(bad.clone(), &SerialComm)
+            .finish(&SerialComm)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            InputSky::synthetic(&bad).unwrap_err().to_string()
+        );
+        // One never finished is waited for when dropped (no thread left).
+        drop(SkySynthesis::start(cfg, &SerialComm));
+    }
+
+    /// Process 0 of two, whose partner's synthesis failed: its `Min`
+    /// gives 0; any other collective is an error (the assembly must not
+    /// start).
+    #[derive(Debug)]
+    struct PartnerFailed;
+
+    impl toast_core::Comm for PartnerFailed {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            2
+        }
+        fn describe(&self) -> String {
+            "partner failed".into()
+        }
+        fn barrier(&self) -> Result<(), toast_core::CommError> {
+            Ok(())
+        }
+        fn allreduce_f64(
+            &self,
+            buf: &mut [f64],
+            op: toast_core::ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            match op {
+                toast_core::ReduceOp::Min => {
+                    buf.fill(0.0);
+                    Ok(())
+                }
+                _ => Err(toast_core::CommError::new("allreduce", "not expected")),
+            }
+        }
+        fn allreduce_i64(
+            &self,
+            _: &mut [i64],
+            _: toast_core::ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            Err(toast_core::CommError::new("allreduce", "not expected"))
+        }
+        fn reduce_f64(
+            &self,
+            _: usize,
+            _: &mut [f64],
+            _: toast_core::ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            Err(toast_core::CommError::new("reduce", "not expected"))
+        }
+        fn reduce_i64(
+            &self,
+            _: usize,
+            _: &mut [i64],
+            _: toast_core::ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            Err(toast_core::CommError::new("reduce", "not expected"))
+        }
+        fn gather_bytes(
+            &self,
+            _: usize,
+            _: &[u8],
+        ) -> Result<Option<Vec<Vec<u8>>>, toast_core::CommError> {
+            Err(toast_core::CommError::new("gather", "not expected"))
+        }
+        fn broadcast_bytes(&self, _: usize, _: &mut Vec<u8>) -> Result<(), toast_core::CommError> {
+            Err(toast_core::CommError::new("broadcast", "not expected"))
+        }
+        fn abort(&self, code: i32) -> ! {
+            std::process::exit(code)
+        }
+    }
+
+    #[test]
+    fn a_synthesis_that_failed_on_another_process_fails_on_every_process() {
+        let e = SkySynthesis::start(small_sky(60.0), &PartnerFailed)
+            .finish(&PartnerFailed)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("failed on another process"), "{e}");
     }
 }

@@ -366,12 +366,24 @@ pub fn synthesize_sky(cfg: &SkyConfig) -> Result<SkyMaps, SkyError> {
 }
 
 /// [`synthesize_sky`] shared by the processes of `comm`: each synthesises
-/// its part of the rings ([`sht::alm2map_iqu_as`]) and an allreduce
-/// assembles the whole sky on every process, bit for bit the one-process
-/// sky (every pixel comes from exactly one process).
+/// its part of the rings ([`synthesize_sky_part`]) and an allreduce
+/// assembles the whole sky on every process ([`assemble_sky`]), bit for
+/// bit the one-process sky (every pixel comes from exactly one process).
 pub fn synthesize_sky_on(
     cfg: &SkyConfig,
     comm: &dyn toast_core::Comm,
+) -> Result<SkyMaps, SkyError> {
+    assemble_sky(synthesize_sky_part(cfg, comm.rank(), comm.size())?, comm)
+}
+
+/// Part `index` of `count` of the sky: the rings [`sht::alm2map_iqu_as`]
+/// gives that part, every other pixel zero. It touches no communicator, so
+/// it may run on any thread (the workflow's background synthesis,
+/// [`crate::sim::SkySynthesis`]); [`assemble_sky`] then sums the parts.
+pub fn synthesize_sky_part(
+    cfg: &SkyConfig,
+    index: usize,
+    count: usize,
 ) -> Result<SkyMaps, SkyError> {
     let tr = sky_truncation(cfg)?;
     let spectra = benchmark_spectra(cfg.nside)?;
@@ -387,15 +399,7 @@ pub fn synthesize_sky_on(
     } else {
         MapOrder::Nest
     };
-    let (index, count) = (comm.rank(), comm.size());
-    let [mut i, mut q, mut u] =
-        sht::alm2map_iqu_as::<f32>(cfg.nside.get(), &t, &e, &b, order, index, count)?;
-    if count > 1 {
-        for m in [&mut i, &mut q, &mut u] {
-            allreduce_part_map(comm, m)
-                .map_err(|e| SkyError::Comm(format!("assembling the sky across processes: {e}")))?;
-        }
-    }
+    let [i, q, u] = sht::alm2map_iqu_as::<f32>(cfg.nside.get(), &t, &e, &b, order, index, count)?;
     Ok(SkyMaps {
         nside: cfg.nside.get(),
         i,
@@ -403,6 +407,18 @@ pub fn synthesize_sky_on(
         u,
         truncation: tr,
     })
+}
+
+/// The whole sky from each process's part ([`synthesize_sky_part`] with
+/// `comm`'s rank and size): a collective of every process of `comm`.
+pub fn assemble_sky(mut part: SkyMaps, comm: &dyn toast_core::Comm) -> Result<SkyMaps, SkyError> {
+    if comm.size() > 1 {
+        for m in [&mut part.i, &mut part.q, &mut part.u] {
+            allreduce_part_map(comm, m)
+                .map_err(|e| SkyError::Comm(format!("assembling the sky across processes: {e}")))?;
+        }
+    }
+    Ok(part)
 }
 
 /// Sums the processes' parts of a map (each pixel non-zero on at most one

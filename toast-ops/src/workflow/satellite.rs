@@ -15,6 +15,11 @@
 //! `SimSatellite` → `DefaultNoiseModel` → `ScanHealpixMap` → `SimNoise` →
 //! `MapMaker` → `write outputs`.
 //!
+//! The synthetic sky is synthesised on a background thread from the run's
+//! start ([`crate::sim::SkySynthesis`]) and waited for by the scan after its
+//! pointing (`ScanHealpixMap.sky` in `timing.csv`; the synthesis's own
+//! seconds are `sky synthesis (background)`, beside the phases).
+//!
 //! The front-end supplies two things: a [`Phases`] observer (progress
 //! display, fault injection for tests) and a [`ProductSink`], to which
 //! rank 0 hands the gathered maps inside the `write outputs` phase, so the
@@ -35,7 +40,8 @@ use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
 use crate::sim::sky::SkyConfig;
 use crate::sim::{
-    core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, SimNoise, SimSatellite,
+    core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, ScannedSky, SimNoise,
+    SimSatellite, SkySource, SkySynthesis,
 };
 use crate::{MapMaker, MapMakerConfig, MapMakerResult, MapMakerSetup};
 use serde::Serialize;
@@ -1262,6 +1268,24 @@ impl SatelliteJob {
         ctx.timers.enter(timer_root).map_err(timer_error)?;
         let bus_start = BusBytes::now(&ctx);
 
+        // The synthetic sky is made in the background from here, beside
+        // the simulation, the noise model and the device's pointing (see
+        // `SkySynthesis`); the scan waits for it. Its own seconds are
+        // recorded under the root, as `sky synthesis (background)`.
+        let scan_cfg = cfg.scan_map.clone();
+        let sky_timer = ctx.timers.path_name("sky synthesis (background)");
+        let mut synthesis = (scan_cfg.enabled && self.sky_file.is_none()).then(|| {
+            SkySynthesis::start(
+                SkyConfig {
+                    nside: cfg.pixels.nside,
+                    seed: scan_cfg.seed,
+                    fwhm_arcmin: scan_cfg.fwhm_arcmin,
+                    toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
+                    ..SkyConfig::default()
+                },
+                &*comm,
+            )
+        });
         let detsets = sim.detector_sets();
         let mut data = Data::new();
         run_phase(phases, 0, &mut ctx, |ctx| {
@@ -1274,7 +1298,6 @@ impl SatelliteJob {
                 .apply(&mut data, ctx)
                 .map_err(WorkflowError::phase("DefaultNoiseModel"))
         })?;
-        let scan_cfg = cfg.scan_map.clone();
         // What the map-maker solves: named if its solve diverges.
         let mut sky_input = "no sky (scan_map.enabled = false)".to_string();
         let mut noise = SimNoise::new("sim_noise", cfg.sim_noise.clone());
@@ -1311,21 +1334,19 @@ impl SatelliteJob {
                     return Ok(());
                 }
                 let err = WorkflowError::phase("ScanHealpixMap");
-                let sky = match &self.sky_file {
-                    Some(p) => InputSky::from_file_on(p, &*comm_of(ctx)).map_err(&err)?,
-                    None => InputSky::synthetic_on(
-                        &SkyConfig {
-                            nside: cfg.pixels.nside,
-                            seed: scan_cfg.seed,
-                            fwhm_arcmin: scan_cfg.fwhm_arcmin,
-                            toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
-                            ..SkyConfig::default()
-                        },
-                        &*comm_of(ctx),
-                    )
-                    .map_err(&err)?,
+                // A file is read now; the synthesis, started with the run,
+                // is waited for by the scan when it needs the sky.
+                let sky: SkySource = match (&self.sky_file, synthesis.take()) {
+                    (Some(p), _) => InputSky::from_file_on(p, &*comm_of(ctx))
+                        .map_err(&err)?
+                        .into(),
+                    (None, Some(pending)) => pending.into(),
+                    (None, None) => {
+                        return Err(err(OpError::State {
+                            what: "scan_map: the synthetic sky was not started".into(),
+                        }))
+                    }
                 };
-                sky_input = describe_sky(&sky, &scan_cfg);
                 let pointing = PointingOps::new(
                     PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
                     PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
@@ -1364,7 +1385,14 @@ impl SatelliteJob {
                 if noise_on_device {
                     op.noise = Some(SimNoise::new("sim_noise", cfg.sim_noise.clone()));
                 }
-                op.apply(&mut data, ctx).map_err(&err)
+                let scanned = op.apply(&mut data, ctx).map_err(&err);
+                if let Some(sky) = &op.scanned {
+                    sky_input = describe_sky(sky, &scan_cfg);
+                    if let Some(seconds) = sky.synthesis_seconds {
+                        ctx.timers.record(&sky_timer, seconds, 1);
+                    }
+                }
+                scanned
             })?;
             run_phase(phases, 3, &mut ctx, |ctx| {
                 if noise_on_device {
@@ -1858,12 +1886,8 @@ fn drop_detector_data(data: &mut Data) {
 
 /// The sky a run scans, as a solve that diverges names it: the file or the
 /// synthetic sky's settings, and its largest absolute value.
-fn describe_sky(sky: &InputSky, cfg: &crate::sim::ScanHealpixMapConfig) -> String {
-    let peak = sky
-        .maps
-        .iter()
-        .flatten()
-        .fold(0.0f32, |m, x| m.max(x.abs()));
+fn describe_sky(sky: &ScannedSky, cfg: &crate::sim::ScanHealpixMapConfig) -> String {
+    let peak = sky.largest_abs;
     let what = if sky.source == "synthetic" {
         format!(
             "the synthetic sky (scan_map.seed = {}, fwhm_arcmin = {})",
@@ -1963,7 +1987,7 @@ mod tests {
         };
         let cfg = crate::sim::ScanHealpixMapConfig::default();
         let e = WorkflowError::Diverged {
-            input: describe_sky(&sky, &cfg),
+            input: describe_sky(&ScannedSky::of(&sky, None), &cfg),
             source: Box::new(OpError::Numerical {
                 what: "mapmaker: PCG residual is not finite (NaN) at iteration 0".into(),
             }),
@@ -1980,7 +2004,8 @@ mod tests {
             source: "synthetic".into(),
             ..sky
         };
-        assert!(describe_sky(&synthetic, &cfg).starts_with("the synthetic sky (scan_map.seed = "));
+        assert!(describe_sky(&ScannedSky::of(&synthetic, None), &cfg)
+            .starts_with("the synthetic sky (scan_map.seed = "));
     }
 
     #[test]
