@@ -1,9 +1,8 @@
 //! The backend context: thread pool, host logging, buffer registry.
 
 use crate::memory::Registry;
-use std::ffi::{c_char, c_void, CStr};
-use toast_accel::abi::{self, HostApi, LogFn};
-use toast_accel::plugin_support::PluginError;
+use toast_accel::abi::{self, HostApi};
+use toast_accel::plugin_support::{HostLog, HostSettings, PluginError};
 
 /// What `init` creates and every call receives as `ctx`.
 #[derive(Debug)]
@@ -11,8 +10,7 @@ pub(crate) struct CpuContext {
     /// A dedicated pool when a thread count was asked for; otherwise the
     /// rayon global pool is used.
     pool: Option<rayon::ThreadPool>,
-    log: LogFn,
-    log_user: *mut c_void,
+    log: HostLog,
     /// The host's ABI minor (0 without a host API): `device_info` writes
     /// only the fields its struct has.
     pub(crate) host_abi_minor: u32,
@@ -26,27 +24,12 @@ impl CpuContext {
     /// `host` is null or points to a `HostApi` of at least `host.size`
     /// bytes whose `options` is null or NUL-terminated.
     pub(crate) unsafe fn new(host: *const HostApi) -> Result<CpuContext, PluginError> {
-        let mut log: LogFn = None;
-        let mut log_user = std::ptr::null_mut();
-        let mut options = String::new();
-        let mut host_abi_minor = 0;
-        if !host.is_null() {
-            // SAFETY: non-null; the host passes a valid struct. Read the size first.
-            let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
-            if size >= std::mem::size_of::<HostApi>() {
-                // SAFETY: the whole struct is present.
-                let h = unsafe { &*host };
-                host_abi_minor = h.abi_minor;
-                log = h.log;
-                log_user = h.log_user;
-                if !h.options.is_null() {
-                    // SAFETY: NUL-terminated by the ABI.
-                    options = unsafe { CStr::from_ptr(h.options) }
-                        .to_string_lossy()
-                        .into_owned();
-                }
-            }
-        }
+        // SAFETY: the caller's contract.
+        let HostSettings {
+            log,
+            options,
+            abi_minor: host_abi_minor,
+        } = unsafe { HostSettings::read(host) };
         let mut threads: Option<usize> = None;
         if let Ok(v) = std::env::var("TOAST_CPU_THREADS") {
             if !v.trim().is_empty() {
@@ -84,7 +67,6 @@ impl CpuContext {
             pool,
             host_abi_minor,
             log,
-            log_user,
             registry: Registry::default(),
         };
         ctx.log(
@@ -127,18 +109,7 @@ impl CpuContext {
 
     /// Send a message to the host's log callback, if any.
     pub(crate) fn log(&self, level: i32, msg: &str) {
-        if let Some(f) = self.log {
-            // SAFETY: the host's callback takes `len` bytes at `msg` and the
-            // user pointer it gave us.
-            unsafe {
-                f(
-                    self.log_user,
-                    level,
-                    msg.as_ptr() as *const c_char,
-                    msg.len(),
-                )
-            };
-        }
+        self.log.log(level, msg);
     }
 }
 

@@ -1,10 +1,96 @@
-//! Helpers for plugins written in Rust: the thread-local last error, and the
+//! Helpers for plugins written in Rust: what `init` reads of the host API
+//! ([`HostSettings`], [`HostLog`]), the thread-local last error, and the
 //! guard that turns a Rust result (or a panic) into a status code so that
 //! nothing unwinds across the C boundary.
 
-use crate::abi::{self, Status};
+use crate::abi::{self, HostApi, LogFn, Status};
 use std::cell::RefCell;
-use std::ffi::{c_char, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
+
+/// The host's log callback and its user pointer (none without a host API).
+#[derive(Debug)]
+pub struct HostLog {
+    log: LogFn,
+    user: *mut c_void,
+}
+
+// SAFETY: `user` is the host's pointer, which the ABI lets any thread pass
+// back to its callback; the callback itself is a plain function pointer.
+unsafe impl Send for HostLog {}
+// SAFETY: as for `Send`: the ABI allows the callback from any thread, and
+// a `HostLog` is never mutated after `init`.
+unsafe impl Sync for HostLog {}
+
+impl HostLog {
+    /// No callback: messages are dropped.
+    pub fn none() -> Self {
+        HostLog {
+            log: None,
+            user: std::ptr::null_mut(),
+        }
+    }
+
+    /// Hand `msg` at `level` (`abi::LOG_*`) to the host's callback, if any.
+    pub fn log(&self, level: i32, msg: &str) {
+        if let Some(f) = self.log {
+            // SAFETY: the host's callback takes `len` bytes at `msg` and the
+            // user pointer it gave us.
+            unsafe { f(self.user, level, msg.as_ptr() as *const c_char, msg.len()) };
+        }
+    }
+}
+
+/// What a plugin's `init` reads of the host API: one parser for every Rust
+/// plugin, so each reads the same fields under the same size rule.
+#[derive(Debug)]
+pub struct HostSettings {
+    /// The log callback.
+    pub log: HostLog,
+    /// The options string (`key=value;...`), empty without one.
+    pub options: String,
+    /// The host's ABI minor: 0 without a host API, or with one shorter
+    /// than this crate's struct (the device information a plugin writes
+    /// is then the oldest struct's, `DeviceInfo::write_for_host`).
+    pub abi_minor: u32,
+}
+
+impl HostSettings {
+    /// Read the host API at `host`: its fields only where the struct the
+    /// host declares (`size`) holds all of this crate's; else the
+    /// settings of no host API.
+    ///
+    /// # Safety
+    /// `host` is null or points to a `HostApi` of at least `host.size`
+    /// bytes whose `options` is null or NUL-terminated.
+    pub unsafe fn read(host: *const HostApi) -> Self {
+        let mut settings = HostSettings {
+            log: HostLog::none(),
+            options: String::new(),
+            abi_minor: 0,
+        };
+        if host.is_null() {
+            return settings;
+        }
+        // SAFETY: non-null; the host passes a valid struct. Read the size first.
+        let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
+        if size >= std::mem::size_of::<HostApi>() {
+            // SAFETY: the whole struct is present.
+            let h = unsafe { &*host };
+            settings.abi_minor = h.abi_minor;
+            settings.log = HostLog {
+                log: h.log,
+                user: h.log_user,
+            };
+            if !h.options.is_null() {
+                // SAFETY: NUL-terminated by the caller's contract.
+                settings.options = unsafe { CStr::from_ptr(h.options) }
+                    .to_string_lossy()
+                    .into_owned();
+            }
+        }
+        settings
+    }
+}
 
 /// An error a plugin returns from a call: a status code and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,26 +6,12 @@ use crate::driver::{node_local_rank, DeviceChoice, Driver};
 use crate::memory::{Budget, Memory};
 use crate::small_cache::SmallCache;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_void;
 use std::sync::Mutex;
-use toast_accel::abi::{self, HostApi, LogFn};
+use toast_accel::abi::{self, HostApi};
 use toast_accel::device_source as ds;
-use toast_accel::plugin_support::PluginError;
+use toast_accel::plugin_support::{HostLog, HostSettings, PluginError};
 use toast_accel::rtc;
-
-/// The host's log callback and its user pointer.
-#[derive(Debug)]
-struct HostLog {
-    log: LogFn,
-    user: *mut c_void,
-}
-
-// SAFETY: `user` is the host's pointer, which the ABI lets any thread pass
-// back to its callback; the callback itself is a plain function pointer.
-unsafe impl Send for HostLog {}
-// SAFETY: as for `Send`: the ABI allows the callback from any thread, and
-// `HostLog` is never mutated after `init`.
-unsafe impl Sync for HostLog {}
 
 /// Where work item `t` of a launch of the polynomial filters keeps element
 /// `e` of its workspace slice (`kernels.h`, "small symmetric solves").
@@ -112,42 +98,6 @@ pub(crate) struct ErrorWord {
     pub(crate) dirty: bool,
 }
 
-/// The log callback, the options and the ABI minor of the host API at
-/// `host` (minor 0 without one: the device information written is then
-/// the oldest struct's).
-///
-/// # Safety
-/// `host` is null or points to a `HostApi` of at least `host.size` bytes
-/// whose `options` is null or NUL-terminated.
-unsafe fn read_host(host: *const HostApi) -> (HostLog, String, u32) {
-    let mut log = HostLog {
-        log: None,
-        user: std::ptr::null_mut(),
-    };
-    let mut options = String::new();
-    let mut minor = 0;
-    if !host.is_null() {
-        // SAFETY: non-null; the host passes a valid struct. Read the size first.
-        let size = unsafe { std::ptr::addr_of!((*host).size).read() } as usize;
-        if size >= std::mem::size_of::<HostApi>() {
-            // SAFETY: the whole struct is present.
-            let h = unsafe { &*host };
-            minor = h.abi_minor;
-            log = HostLog {
-                log: h.log,
-                user: h.log_user,
-            };
-            if !h.options.is_null() {
-                // SAFETY: NUL-terminated by the ABI.
-                options = unsafe { CStr::from_ptr(h.options) }
-                    .to_string_lossy()
-                    .into_owned();
-            }
-        }
-    }
-    (log, options, minor)
-}
-
 impl<D: Driver> Context<D> {
     /// Read the host API and the options, open the device and build the
     /// context. The device is the one the option `device=…` names, else
@@ -164,7 +114,11 @@ impl<D: Driver> Context<D> {
     /// bytes whose `options` is null or NUL-terminated.
     pub unsafe fn new(host: *const HostApi) -> Result<Self, PluginError> {
         // SAFETY: the caller's contract.
-        let (log, options, host_abi_minor) = unsafe { read_host(host) };
+        let HostSettings {
+            log,
+            options,
+            abi_minor: host_abi_minor,
+        } = unsafe { HostSettings::read(host) };
         let mut named: Option<D::DeviceId> = None;
         let mut budget: Option<Budget> = None;
         let mut workspace = WorkspaceLayout::default();
@@ -367,18 +321,7 @@ impl<D: Driver> Context<D> {
 
     /// Send a message to the host's log callback, if any.
     pub fn log(&self, level: i32, msg: &str) {
-        if let Some(f) = self.log.log {
-            // SAFETY: the host's callback takes `len` bytes at `msg` and the
-            // user pointer it gave us.
-            unsafe {
-                f(
-                    self.log.user,
-                    level,
-                    msg.as_ptr() as *const c_char,
-                    msg.len(),
-                )
-            };
-        }
+        self.log.log(level, msg);
     }
 }
 
