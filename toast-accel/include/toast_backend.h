@@ -84,7 +84,9 @@ typedef int32_t toast_status;
 #define TOAST_LOG_INFO 3
 #define TOAST_LOG_DEBUG 4
 #define TOAST_LOG_TRACE 5
-/* `msg` is UTF-8, `len` bytes, not necessarily NUL-terminated. */
+/* `msg` is UTF-8, `len` bytes, not necessarily NUL-terminated.  The host's
+ * callback may be called from any thread, concurrently, with the `log_user`
+ * it gave. */
 typedef void (*toast_log_fn)(void *user, int32_t level, const char *msg, size_t len);
 
 /* What the host hands to `init`.  `size` is sizeof(toast_host_api) as the

@@ -15,10 +15,11 @@ pub struct HostLog {
 }
 
 // SAFETY: `user` is the host's pointer, which the ABI lets any thread pass
-// back to its callback; the callback itself is a plain function pointer.
+// back to its callback (`toast_log_fn` in the header: from any thread,
+// concurrently); the callback itself is a plain function pointer.
 unsafe impl Send for HostLog {}
-// SAFETY: as for `Send`: the ABI allows the callback from any thread, and
-// a `HostLog` is never mutated after `init`.
+// SAFETY: as for `Send`: the ABI allows the callback from any thread,
+// concurrently, and a `HostLog` is never mutated after `init`.
 unsafe impl Sync for HostLog {}
 
 impl HostLog {

@@ -70,6 +70,7 @@
 //!   bit for bit).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -95,6 +96,9 @@ pub enum ShtError {
     /// Inconsistent a_ℓm arrays.
     #[error("invalid a_lm: {0}")]
     BadAlm(String),
+    /// The caller's cancel flag was set ([`alm2map_iqu_as`]).
+    #[error("the synthesis was cancelled")]
+    Cancelled,
 }
 
 /// Spherical-harmonic coefficients `a_ℓm`, `0 ≤ m ≤ ℓ ≤ lmax`, in healpy's layout.
@@ -304,7 +308,15 @@ pub fn alm2map(
     t: Option<&Alm>,
     pol: Option<(&Alm, &Alm)>,
 ) -> Result<SynthesisMaps, ShtError> {
-    let [t, q, u] = synthesize::<f64>(nside, t, pol, MapOrder::Ring, Kernel::detect(), (0, 1))?;
+    let [t, q, u] = synthesize::<f64>(
+        nside,
+        t,
+        pol,
+        MapOrder::Ring,
+        Kernel::detect(),
+        (0, 1),
+        &AtomicBool::new(false),
+    )?;
     Ok(SynthesisMaps { t, q, u })
 }
 
@@ -321,7 +333,16 @@ pub fn alm2map_iqu_part(
     index: usize,
     count: usize,
 ) -> Result<[Vec<f64>; 3], ShtError> {
-    alm2map_iqu_as(nside, t, e, b, MapOrder::Ring, index, count)
+    alm2map_iqu_as(
+        nside,
+        t,
+        e,
+        b,
+        MapOrder::Ring,
+        index,
+        count,
+        &AtomicBool::new(false),
+    )
 }
 
 /// Pixel order of the maps written by [`alm2map_iqu_as`].
@@ -359,6 +380,10 @@ impl MapValue for f32 {
 /// values as converting [`alm2map_iqu_part`]'s maps (RING → NEST, `as T`),
 /// without the full-sky `f64` RING maps (for an `f32` NEST sky a third of the
 /// memory, and no reordering pass). `(index, count) = (0, 1)` is the whole sky.
+/// It stops early, with [`ShtError::Cancelled`], once `cancel` is set: each
+/// block of rings checks it before its work, so the synthesis ends within
+/// one block of the flag (a background synthesis whose run has failed).
+#[allow(clippy::too_many_arguments)]
 pub fn alm2map_iqu_as<T: MapValue>(
     nside: u64,
     t: &Alm,
@@ -367,6 +392,7 @@ pub fn alm2map_iqu_as<T: MapValue>(
     order: MapOrder,
     index: usize,
     count: usize,
+    cancel: &AtomicBool,
 ) -> Result<[Vec<T>; 3], ShtError> {
     if count == 0 || index >= count {
         return Err(ShtError::BadAlm(format!(
@@ -380,6 +406,7 @@ pub fn alm2map_iqu_as<T: MapValue>(
         order,
         Kernel::detect(),
         (index, count),
+        cancel,
     )?;
     Ok([
         t.expect("requested"),
@@ -455,7 +482,7 @@ impl<T: MapValue> MapWriter<T> {
 /// The synthesis behind every public entry point: maps `[T, Q, U]` (each
 /// present when requested) of `T` values in `order`, for part `part.0` of
 /// `part.1` of the ring-pair blocks (the other pixels zero), with an explicit
-/// kernel choice.
+/// kernel choice; [`ShtError::Cancelled`] once `cancel` is set.
 fn synthesize<T: MapValue>(
     nside: u64,
     t: Option<&Alm>,
@@ -463,6 +490,7 @@ fn synthesize<T: MapValue>(
     order: MapOrder,
     kernel: Kernel,
     part: (usize, usize),
+    cancel: &AtomicBool,
 ) -> Result<[Option<Vec<T>>; 3], ShtError> {
     let hp = Healpix::new(nside)?;
     if let Some((e, b)) = pol {
@@ -541,9 +569,14 @@ fn synthesize<T: MapValue>(
         .enumerate()
         .filter(|(i, _)| i % part.1 == part.0)
         .for_each_init(RingScratch::default, |scratch, (_, block)| {
-            synthesize_block(&ctx, block, &out, scratch)
+            if !cancel.load(Ordering::Relaxed) {
+                synthesize_block(&ctx, block, &out, scratch)
+            }
         });
     // `out` (its pointers) is not used past the loop above.
+    if cancel.load(Ordering::Relaxed) {
+        return Err(ShtError::Cancelled);
+    }
     Ok(maps)
 }
 
@@ -1152,7 +1185,16 @@ mod tests {
                 simd,
                 skip_zero: true,
             };
-            synthesize::<f64>(16, Some(&alm[0]), pol, MapOrder::Ring, kernel, (0, 1)).unwrap()
+            synthesize::<f64>(
+                16,
+                Some(&alm[0]),
+                pol,
+                MapOrder::Ring,
+                kernel,
+                (0, 1),
+                &AtomicBool::new(false),
+            )
+            .unwrap()
         };
         let [st, sq, su] = run(Simd::detect());
         let [pt, pq, pu] = run(Simd::Portable);
@@ -1199,8 +1241,28 @@ mod tests {
         }
         let [t, e, b] = &alm;
         let ring = alm2map_iqu(nside, t, e, b).unwrap();
-        let nest = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, 0, 1).unwrap();
-        let ring32 = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Ring, 0, 1).unwrap();
+        let nest = alm2map_iqu_as::<f32>(
+            nside,
+            t,
+            e,
+            b,
+            MapOrder::Nest,
+            0,
+            1,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        let ring32 = alm2map_iqu_as::<f32>(
+            nside,
+            t,
+            e,
+            b,
+            MapOrder::Ring,
+            0,
+            1,
+            &AtomicBool::new(false),
+        )
+        .unwrap();
         let hp = Healpix::new(nside).unwrap();
         for c in 0..3 {
             for p in 0..hp.npix() {
@@ -1217,7 +1279,17 @@ mod tests {
             vec![0.0; nest[0].len()],
         ];
         for index in 0..3 {
-            let part = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, index, 3).unwrap();
+            let part = alm2map_iqu_as::<f32>(
+                nside,
+                t,
+                e,
+                b,
+                MapOrder::Nest,
+                index,
+                3,
+                &AtomicBool::new(false),
+            )
+            .unwrap();
             for (s, p) in sum.iter_mut().zip(&part) {
                 for (x, y) in s.iter_mut().zip(p) {
                     *x += y;
@@ -1227,7 +1299,17 @@ mod tests {
         for (s, n) in sum.iter().zip(&nest) {
             assert_eq!(s, n);
         }
-        assert!(alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, 3, 3).is_err());
+        assert!(alm2map_iqu_as::<f32>(
+            nside,
+            t,
+            e,
+            b,
+            MapOrder::Nest,
+            3,
+            3,
+            &AtomicBool::new(false)
+        )
+        .is_err());
         // Skipping the zero B rows gives the bits of the full sums.
         for (fma, pol) in [
             (Simd::Portable, (e, b)),
@@ -1239,7 +1321,16 @@ mod tests {
                     simd: fma,
                     skip_zero,
                 };
-                synthesize::<f64>(nside, None, Some(pol), MapOrder::Ring, kernel, (0, 1)).unwrap()
+                synthesize::<f64>(
+                    nside,
+                    None,
+                    Some(pol),
+                    MapOrder::Ring,
+                    kernel,
+                    (0, 1),
+                    &AtomicBool::new(false),
+                )
+                .unwrap()
             };
             let (skip, full) = (run(true), run(false));
             for (x, y) in skip.iter().zip(&full) {

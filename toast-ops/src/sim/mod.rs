@@ -64,8 +64,8 @@
 //! on a background thread ([`SkySynthesis`]) and handed to the scan as a
 //! [`SkySource`]: the scan waits for it only once its pointing and pixel
 //! distribution are done, so on a device the host synthesises while the
-//! device expands the pointing (the satellite workflow starts it with the
-//! run).
+//! device expands the pointing (the satellite workflow starts it with a
+//! device run).
 
 mod model;
 pub mod noise;

@@ -14,6 +14,7 @@ use crate::sim::sky::{
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::atomic::{self, AtomicBool};
 use std::sync::Arc;
 use toast_accel::host::Dispatcher;
 use toast_core::observation::defaults;
@@ -179,6 +180,9 @@ impl InputSky {
                 what: "synthetic sky".into(),
                 source: toast_core::CommError::new("sky synthesis", message),
             },
+            SkyError::Internal(m) => OpError::State {
+                what: format!("synthetic sky: {m}"),
+            },
             e => OpError::Config(format!("synthetic sky: {e}")),
         })?;
         for (k, m) in [&s.i, &s.q, &s.u].into_iter().enumerate() {
@@ -208,49 +212,76 @@ type SkyPart = (Result<SkyMaps, SkyError>, f64);
 /// background thread while the run does other work, and taken when the
 /// scan needs it ([`SkySynthesis::finish`]).
 ///
-/// The satellite workflow starts it before `SimSatellite`. The synthesis
-/// is O(pixels) host work, the same for every case at nside 1024 (about a
-/// third of tiny's CPU run on 2 cores); on a device run the host would
-/// otherwise do it alone, in the scan, while the device waits. Started
-/// early, it overlaps the simulation, the noise model and the device's
-/// pointing expansion.
+/// The synthesis is host work, the same for every case at nside 1024 (its
+/// Legendre sums, O(nside·lmax²), dominate: about a third of tiny's CPU
+/// run on 2 cores). On a device run the host would do it alone, in the
+/// scan, while the device waits; the satellite workflow starts it with
+/// such a run, so that it overlaps the simulation's serial work, the
+/// backend's start and the device's pointing. A host run, whose cores are
+/// all busy anyway, synthesises in its scan ([`InputSky::synthetic_on`]).
 ///
 /// * The thread computes only this process's part of the rings
 ///   ([`synthesize_sky_part`]), which touches no communicator; `finish`
 ///   joins it and runs the collectives (whether every process's part
 ///   succeeded, then the assembling allreduce) on the caller's thread, so
 ///   no collective ever runs beside another.
-/// * Its parallel loops run on rayon's global pool, beside the caller's.
-/// * The memory is the sky's, which the run holds during the scan anyway
-///   (3 float32 full-sky maps, beside the time samples: the model's sky
-///   term), plus the a_ℓm.
+/// * Its parallel loops run on a pool of its own, of as many threads as
+///   the caller's: rayon's workers take their own and stolen jobs before
+///   those submitted from outside the pool, so on the caller's pool the
+///   caller's parallel loops would wait for the synthesis's. On its own
+///   pool the system shares the cores between the two. Where no pool can
+///   be built, it runs on the global pool.
+/// * The memory is the sky's (3 float32 full-sky maps, which the run holds
+///   through the scan anyway, here also during the simulation) and its
+///   a_ℓm.
 /// * Where no thread can be started, `finish` synthesises on the caller's
 ///   thread, as [`InputSky::synthetic_on`] does.
-/// * Dropping an unfinished one (the run failed before its scan) waits for
+/// * Dropping an unfinished one (the run failed before its scan) cancels
+///   the synthesis, which stops within one block of rings, and waits for
 ///   the thread: no synthesis outlives its run.
 #[derive(Debug)]
 pub struct SkySynthesis {
     cfg: SkyConfig,
-    /// `(index, count)`: the part of the rings this process synthesises.
+    /// `(rank, size)` of the communicator given to `start`: this
+    /// process's part of the rings, and the communicator `finish` needs.
     part: (usize, usize),
     thread: Option<std::thread::JoinHandle<SkyPart>>,
+    /// Set by `drop` to stop an unwanted synthesis.
+    cancel: Arc<AtomicBool>,
 }
 
 impl SkySynthesis {
     /// Start synthesising this process's part of `cfg`'s sky; `comm` is
-    /// the communicator [`SkySynthesis::finish`] will be given (only its
+    /// the communicator [`SkySynthesis::finish`] must be given (only its
     /// rank and size are read here).
     pub fn start(cfg: SkyConfig, comm: &dyn toast_core::Comm) -> Self {
         let part = (comm.rank(), comm.size());
-        let job = cfg.clone();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let threads = rayon::current_num_threads();
+        let (job, stop) = (cfg.clone(), Arc::clone(&cancel));
         let thread = std::thread::Builder::new()
             .name("sky synthesis".into())
-            .spawn(move || synthesize_part_timed(&job, part))
+            .spawn(move || {
+                let synthesize = || synthesize_part_timed(&job, part, &stop);
+                match rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("sky-synthesis-{i}"))
+                    .build()
+                {
+                    Ok(pool) => pool.install(synthesize),
+                    Err(_) => synthesize(),
+                }
+            })
             .map_err(|e| {
                 tracing::warn!("sky synthesis: no background thread ({e}); it runs in the scan")
             })
             .ok();
-        SkySynthesis { cfg, part, thread }
+        SkySynthesis {
+            cfg,
+            part,
+            thread,
+            cancel,
+        }
     }
 
     /// The configuration being synthesised.
@@ -260,16 +291,28 @@ impl SkySynthesis {
 
     /// Wait for the part, agree with the other processes of `comm` that
     /// every part succeeded, assemble the whole sky: a collective of every
-    /// process of `comm`. Also gives the seconds the synthesis itself took
+    /// process of `comm`, which must have the rank and size of the one
+    /// given to `start`. Also gives the seconds the synthesis itself took
     /// (on its thread; the caller's wait is at most that).
     pub fn finish(mut self, comm: &dyn toast_core::Comm) -> Result<(InputSky, f64), OpError> {
+        if (comm.rank(), comm.size()) != self.part {
+            return Err(OpError::State {
+                what: format!(
+                    "synthetic sky: started for process {} of {}, finished on process {} of {}                      (the same communicator must start and finish it)",
+                    self.part.0,
+                    self.part.1,
+                    comm.rank(),
+                    comm.size()
+                ),
+            });
+        }
         let (part, seconds) = match self.thread.take() {
             Some(t) => t.join().unwrap_or_else(|panic| {
                 let why = toast_accel::plugin_support::panic_message(&*panic);
-                let e = SkyError::Config(format!("the background synthesis panicked: {why}"));
+                let e = SkyError::Internal(format!("the background synthesis panicked: {why}"));
                 (Err(e), 0.0)
             }),
-            None => synthesize_part_timed(&self.cfg, self.part),
+            None => synthesize_part_timed(&self.cfg, self.part, &self.cancel),
         };
         // A part that failed on one process only (a panic) must not leave
         // the others in the assembling allreduce.
@@ -282,7 +325,7 @@ impl SkySynthesis {
                 })?;
         }
         let whole = match part {
-            Ok(_) if ok[0] == 0.0 => Err(SkyError::Config(
+            Ok(_) if ok[0] == 0.0 => Err(SkyError::Internal(
                 "the synthesis failed on another process".into(),
             )),
             Ok(p) => assemble_sky(p, comm),
@@ -295,8 +338,9 @@ impl SkySynthesis {
 impl Drop for SkySynthesis {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            // Its result is not wanted; a panic in it was already reported
-            // by the panic hook.
+            // Its result is not wanted: stop it, and wait for the thread (a
+            // panic in it was already reported by the panic hook).
+            self.cancel.store(true, atomic::Ordering::Relaxed);
             let _ = t.join();
         }
     }
@@ -382,9 +426,13 @@ impl ScannedSky {
 }
 
 /// [`synthesize_sky_part`] and its wall seconds.
-fn synthesize_part_timed(cfg: &SkyConfig, (index, count): (usize, usize)) -> SkyPart {
+fn synthesize_part_timed(
+    cfg: &SkyConfig,
+    (index, count): (usize, usize),
+    cancel: &AtomicBool,
+) -> SkyPart {
     let t0 = std::time::Instant::now();
-    let part = synthesize_sky_part(cfg, index, count);
+    let part = synthesize_sky_part(cfg, index, count, cancel);
     (part, t0.elapsed().as_secs_f64())
 }
 
@@ -1041,5 +1089,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("failed on another process"), "{e}");
+        // Finished on another communicator than it was started for.
+        let e = SkySynthesis::start(small_sky(60.0), &PartnerFailed)
+            .finish(&toast_core::SerialComm)
+            .unwrap_err();
+        assert!(matches!(e, OpError::State { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("started for process 0 of 2, finished on process 0 of 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_cancelled_synthesis_stops_with_its_error() {
+        let cancel = AtomicBool::new(true);
+        let e = synthesize_sky_part(&small_sky(60.0), 0, 1, &cancel).unwrap_err();
+        assert_eq!(e.to_string(), "the synthesis was cancelled");
     }
 }

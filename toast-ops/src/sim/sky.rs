@@ -70,6 +70,10 @@ pub enum SkyError {
     /// A collective across the processes failed.
     #[error("{0}")]
     Comm(String),
+    /// A failure of the synthesis itself, not of its configuration (a
+    /// panic on its thread, a failure on another process).
+    #[error("{0}")]
+    Internal(String),
 }
 
 // =====================================================================
@@ -318,8 +322,10 @@ pub struct SkyMaps {
 /// the sky to its monopole, and the beam window underflows to NaN).
 pub const MAX_FWHM_ARCMIN: f64 = 10800.0;
 
-/// Band limits for `cfg` (see [`SkyTruncation`]).
-pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
+/// Refuse settings no synthesis can use (the beam's width, `rel_tol`), in
+/// O(1): what a job checks before any work, whatever its nside (the band
+/// limits themselves take O(nside) memory, [`sky_truncation`]).
+pub fn check_sky_config(cfg: &SkyConfig) -> Result<(), SkyError> {
     // A beam wider than the sphere (180 degrees) smooths the sky to its mean.
     if !(0.0..=MAX_FWHM_ARCMIN).contains(&cfg.fwhm_arcmin) {
         return Err(SkyError::Config(format!(
@@ -333,6 +339,12 @@ pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
             cfg.rel_tol
         )));
     }
+    Ok(())
+}
+
+/// Band limits for `cfg` (see [`SkyTruncation`]).
+pub fn sky_truncation(cfg: &SkyConfig) -> Result<SkyTruncation, SkyError> {
+    check_sky_config(cfg)?;
     let spectra = benchmark_spectra(cfg.nside)?;
     let lmax_full = spectra.lmax();
     let (bt, bp) = gauss_beam((cfg.fwhm_arcmin / 60.0).to_radians(), lmax_full);
@@ -373,17 +385,24 @@ pub fn synthesize_sky_on(
     cfg: &SkyConfig,
     comm: &dyn toast_core::Comm,
 ) -> Result<SkyMaps, SkyError> {
-    assemble_sky(synthesize_sky_part(cfg, comm.rank(), comm.size())?, comm)
+    let never = std::sync::atomic::AtomicBool::new(false);
+    assemble_sky(
+        synthesize_sky_part(cfg, comm.rank(), comm.size(), &never)?,
+        comm,
+    )
 }
 
 /// Part `index` of `count` of the sky: the rings [`sht::alm2map_iqu_as`]
 /// gives that part, every other pixel zero. It touches no communicator, so
 /// it may run on any thread (the workflow's background synthesis,
 /// [`crate::sim::SkySynthesis`]); [`assemble_sky`] then sums the parts.
+/// Setting `cancel` stops it within one block of rings
+/// ([`sht::alm2map_iqu_as`]).
 pub fn synthesize_sky_part(
     cfg: &SkyConfig,
     index: usize,
     count: usize,
+    cancel: &std::sync::atomic::AtomicBool,
 ) -> Result<SkyMaps, SkyError> {
     let tr = sky_truncation(cfg)?;
     let spectra = benchmark_spectra(cfg.nside)?;
@@ -399,7 +418,8 @@ pub fn synthesize_sky_part(
     } else {
         MapOrder::Nest
     };
-    let [i, q, u] = sht::alm2map_iqu_as::<f32>(cfg.nside.get(), &t, &e, &b, order, index, count)?;
+    let [i, q, u] =
+        sht::alm2map_iqu_as::<f32>(cfg.nside.get(), &t, &e, &b, order, index, count, cancel)?;
     Ok(SkyMaps {
         nside: cfg.nside.get(),
         i,

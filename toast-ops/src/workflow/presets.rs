@@ -69,12 +69,11 @@
 //!   the sky (3×f32, [`BYTES_PER_SKY_PIXEL_HELD`] = 12 B) beside the
 //!   timestream of the scan: [`BYTES_PER_DET_SAMPLE_IO`] = 9 B (signal and
 //!   flags), or 41 B with `full_pointing` (the scan then keeps its
-//!   pointing between its two passes). The synthetic sky is made on a
-//!   background thread from the run's start (`SkySynthesis`); the sky is
-//!   held through the scan's pointing either way, so what the synthesis
-//!   adds beside the simulation and the pointing is its a_ℓm and buffers
-//!   (about 25 MB at nside 1024; xsmall's CPU run peaked at 0.97 GiB,
-//!   against 0.95 GiB with the synthesis at the scan's start);
+//!   pointing between its two passes). A device run makes the synthetic
+//!   sky on a background thread from its start (`SkySynthesis`), so the
+//!   sky and its a_ℓm (about 25 MB at nside 1024) are also held during the
+//!   simulation, which holds less than the scan; a host run makes it at
+//!   the scan's start;
 //! * **the outputs**: the map-maker's products are moved (one process) or
 //!   gathered out of the data after the detector data are dropped, and the
 //!   maps are written from their submaps without full-sky copies

@@ -15,10 +15,12 @@
 //! `SimSatellite` → `DefaultNoiseModel` → `ScanHealpixMap` → `SimNoise` →
 //! `MapMaker` → `write outputs`.
 //!
-//! The synthetic sky is synthesised on a background thread from the run's
-//! start ([`crate::sim::SkySynthesis`]) and waited for by the scan after its
-//! pointing (`ScanHealpixMap.sky` in `timing.csv`; the synthesis's own
-//! seconds are `sky synthesis (background)`, beside the phases).
+//! On a device run the synthetic sky is synthesised on a background thread
+//! from the run's start ([`crate::sim::SkySynthesis`]) and waited for by the
+//! scan after its pointing (`ScanHealpixMap.sky` in `timing.csv`: the wait
+//! and the assembly; the synthesis's own seconds are `sky synthesis
+//! (background)`, beside the phases). A host run synthesises it in its
+//! scan. Its settings are checked by [`SatelliteJob::new`].
 //!
 //! The front-end supplies two things: a [`Phases`] observer (progress
 //! display, fault injection for tests) and a [`ProductSink`], to which
@@ -26,7 +28,7 @@
 //! file layout is the front-end's while the time it takes is in the run's
 //! timers.
 
-use super::config::SatelliteConfig;
+use super::config::{ConfigError, SatelliteConfig};
 use super::presets::{self, gib, Sizing};
 use crate::astro::focalplane::benchmark_focalplane;
 use crate::dist::{default_group_size, JobDistribution};
@@ -38,7 +40,7 @@ use crate::mapmaker::{ExecutionPlan, KernelFacts, Plan, PlanFacts};
 use crate::math::healpix::Nside;
 use crate::ops::{PixelsHealpix, PointingDetector, PointingOps, StokesWeights};
 use crate::pixels::{gather_map, PixelData, PixelDistribution, SYNC_TIMER};
-use crate::sim::sky::SkyConfig;
+use crate::sim::sky::{check_sky_config, SkyConfig};
 use crate::sim::{
     core_focalplane, DefaultNoiseModel, InputSky, ScanHealpixMap, ScannedSky, SimNoise,
     SimSatellite, SkySource, SkySynthesis,
@@ -622,6 +624,13 @@ impl SatelliteJob {
                     });
                 }
             }
+        } else if config.scan_map.enabled {
+            // The synthetic sky's settings, before any work: its synthesis
+            // may start with the run, and would fail only at the scan.
+            check_sky_config(&sky_config(&config)).map_err(|e| ConfigError::Section {
+                section: "scan_map".into(),
+                reason: e.to_string(),
+            })?;
         }
         Ok(SatelliteJob {
             case,
@@ -1268,24 +1277,15 @@ impl SatelliteJob {
         ctx.timers.enter(timer_root).map_err(timer_error)?;
         let bus_start = BusBytes::now(&ctx);
 
-        // The synthetic sky is made in the background from here, beside
-        // the simulation, the noise model and the device's pointing (see
-        // `SkySynthesis`); the scan waits for it. Its own seconds are
-        // recorded under the root, as `sky synthesis (background)`.
+        // On a device run the synthetic sky is made in the background from
+        // here, beside the simulation, the noise model and the device's
+        // pointing (see `SkySynthesis`); the scan waits for it. Its own
+        // seconds are recorded under the root, as `sky synthesis
+        // (background)`. A host run synthesises it in its scan.
         let scan_cfg = cfg.scan_map.clone();
         let sky_timer = ctx.timers.path_name("sky synthesis (background)");
-        let mut synthesis = (scan_cfg.enabled && self.sky_file.is_none()).then(|| {
-            SkySynthesis::start(
-                SkyConfig {
-                    nside: cfg.pixels.nside,
-                    seed: scan_cfg.seed,
-                    fwhm_arcmin: scan_cfg.fwhm_arcmin,
-                    toast_ring_as_nest: scan_cfg.toast_ring_as_nest,
-                    ..SkyConfig::default()
-                },
-                &*comm,
-            )
-        });
+        let background = scan_cfg.enabled && self.sky_file.is_none() && noise_on_device;
+        let mut synthesis = background.then(|| SkySynthesis::start(sky_config(cfg), &*comm));
         let detsets = sim.detector_sets();
         let mut data = Data::new();
         run_phase(phases, 0, &mut ctx, |ctx| {
@@ -1334,18 +1334,17 @@ impl SatelliteJob {
                     return Ok(());
                 }
                 let err = WorkflowError::phase("ScanHealpixMap");
-                // A file is read now; the synthesis, started with the run,
-                // is waited for by the scan when it needs the sky.
+                // A file is read now, and so is the synthetic sky made on
+                // a host run; on a device run the scan waits for the
+                // synthesis started with the run when it needs the sky.
                 let sky: SkySource = match (&self.sky_file, synthesis.take()) {
                     (Some(p), _) => InputSky::from_file_on(p, &*comm_of(ctx))
                         .map_err(&err)?
                         .into(),
                     (None, Some(pending)) => pending.into(),
-                    (None, None) => {
-                        return Err(err(OpError::State {
-                            what: "scan_map: the synthetic sky was not started".into(),
-                        }))
-                    }
+                    (None, None) => InputSky::synthetic_on(&sky_config(cfg), &*comm_of(ctx))
+                        .map_err(&err)?
+                        .into(),
                 };
                 let pointing = PointingOps::new(
                     PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
@@ -1881,6 +1880,17 @@ fn drop_detector_data(data: &mut Data) {
             // Present: the name was just listed.
             let _ = ob.detdata.remove(&n);
         }
+    }
+}
+
+/// The synthetic sky of `cfg` (`scan_map`'s settings at `pixels.nside`).
+fn sky_config(cfg: &SatelliteConfig) -> SkyConfig {
+    SkyConfig {
+        nside: cfg.pixels.nside,
+        seed: cfg.scan_map.seed,
+        fwhm_arcmin: cfg.scan_map.fwhm_arcmin,
+        toast_ring_as_nest: cfg.scan_map.toast_ring_as_nest,
+        ..SkyConfig::default()
     }
 }
 
