@@ -298,7 +298,8 @@ impl SkySynthesis {
         if (comm.rank(), comm.size()) != self.part {
             return Err(OpError::State {
                 what: format!(
-                    "synthetic sky: started for process {} of {}, finished on process {} of {}                      (the same communicator must start and finish it)",
+                    "synthetic sky: started for process {} of {}, finished on process {} of {} \
+                     (the same communicator must start and finish it)",
                     self.part.0,
                     self.part.1,
                     comm.rank(),
@@ -1096,7 +1097,7 @@ mod tests {
         assert!(matches!(e, OpError::State { .. }), "{e:?}");
         assert!(
             e.to_string()
-                .contains("started for process 0 of 2, finished on process 0 of 1"),
+                .contains("started for process 0 of 2, finished on process 0 of 1 (the same"),
             "{e}"
         );
     }
