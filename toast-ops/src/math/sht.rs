@@ -315,7 +315,7 @@ pub fn alm2map(
         MapOrder::Ring,
         Kernel::detect(),
         (0, 1),
-        &AtomicBool::new(false),
+        None,
     )?;
     Ok(SynthesisMaps { t, q, u })
 }
@@ -333,16 +333,7 @@ pub fn alm2map_iqu_part(
     index: usize,
     count: usize,
 ) -> Result<[Vec<f64>; 3], ShtError> {
-    alm2map_iqu_as(
-        nside,
-        t,
-        e,
-        b,
-        MapOrder::Ring,
-        index,
-        count,
-        &AtomicBool::new(false),
-    )
+    alm2map_iqu_as(nside, t, e, b, MapOrder::Ring, index, count, None)
 }
 
 /// Pixel order of the maps written by [`alm2map_iqu_as`].
@@ -380,7 +371,7 @@ impl MapValue for f32 {
 /// values as converting [`alm2map_iqu_part`]'s maps (RING → NEST, `as T`),
 /// without the full-sky `f64` RING maps (for an `f32` NEST sky a third of the
 /// memory, and no reordering pass). `(index, count) = (0, 1)` is the whole sky.
-/// It stops early, with [`ShtError::Cancelled`], once `cancel` is set: each
+/// It stops early, with [`ShtError::Cancelled`], once `cancel` (if any) is set: each
 /// block of rings checks it before its work, so the synthesis ends within
 /// one block of the flag (a background synthesis whose run has failed).
 #[allow(clippy::too_many_arguments)]
@@ -392,7 +383,7 @@ pub fn alm2map_iqu_as<T: MapValue>(
     order: MapOrder,
     index: usize,
     count: usize,
-    cancel: &AtomicBool,
+    cancel: Option<&AtomicBool>,
 ) -> Result<[Vec<T>; 3], ShtError> {
     if count == 0 || index >= count {
         return Err(ShtError::BadAlm(format!(
@@ -482,7 +473,7 @@ impl<T: MapValue> MapWriter<T> {
 /// The synthesis behind every public entry point: maps `[T, Q, U]` (each
 /// present when requested) of `T` values in `order`, for part `part.0` of
 /// `part.1` of the ring-pair blocks (the other pixels zero), with an explicit
-/// kernel choice; [`ShtError::Cancelled`] once `cancel` is set.
+/// kernel choice; [`ShtError::Cancelled`] once `cancel` (if any) is set.
 fn synthesize<T: MapValue>(
     nside: u64,
     t: Option<&Alm>,
@@ -490,7 +481,7 @@ fn synthesize<T: MapValue>(
     order: MapOrder,
     kernel: Kernel,
     part: (usize, usize),
-    cancel: &AtomicBool,
+    cancel: Option<&AtomicBool>,
 ) -> Result<[Option<Vec<T>>; 3], ShtError> {
     let hp = Healpix::new(nside)?;
     if let Some((e, b)) = pol {
@@ -564,17 +555,18 @@ fn synthesize<T: MapValue>(
         order,
         hp,
     };
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     blocks
         .par_iter()
         .enumerate()
         .filter(|(i, _)| i % part.1 == part.0)
         .for_each_init(RingScratch::default, |scratch, (_, block)| {
-            if !cancel.load(Ordering::Relaxed) {
+            if !cancelled() {
                 synthesize_block(&ctx, block, &out, scratch)
             }
         });
     // `out` (its pointers) is not used past the loop above.
-    if cancel.load(Ordering::Relaxed) {
+    if cancelled() {
         return Err(ShtError::Cancelled);
     }
     Ok(maps)
@@ -1185,16 +1177,7 @@ mod tests {
                 simd,
                 skip_zero: true,
             };
-            synthesize::<f64>(
-                16,
-                Some(&alm[0]),
-                pol,
-                MapOrder::Ring,
-                kernel,
-                (0, 1),
-                &AtomicBool::new(false),
-            )
-            .unwrap()
+            synthesize::<f64>(16, Some(&alm[0]), pol, MapOrder::Ring, kernel, (0, 1), None).unwrap()
         };
         let [st, sq, su] = run(Simd::detect());
         let [pt, pq, pu] = run(Simd::Portable);
@@ -1241,28 +1224,8 @@ mod tests {
         }
         let [t, e, b] = &alm;
         let ring = alm2map_iqu(nside, t, e, b).unwrap();
-        let nest = alm2map_iqu_as::<f32>(
-            nside,
-            t,
-            e,
-            b,
-            MapOrder::Nest,
-            0,
-            1,
-            &AtomicBool::new(false),
-        )
-        .unwrap();
-        let ring32 = alm2map_iqu_as::<f32>(
-            nside,
-            t,
-            e,
-            b,
-            MapOrder::Ring,
-            0,
-            1,
-            &AtomicBool::new(false),
-        )
-        .unwrap();
+        let nest = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, 0, 1, None).unwrap();
+        let ring32 = alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Ring, 0, 1, None).unwrap();
         let hp = Healpix::new(nside).unwrap();
         for c in 0..3 {
             for p in 0..hp.npix() {
@@ -1279,17 +1242,8 @@ mod tests {
             vec![0.0; nest[0].len()],
         ];
         for index in 0..3 {
-            let part = alm2map_iqu_as::<f32>(
-                nside,
-                t,
-                e,
-                b,
-                MapOrder::Nest,
-                index,
-                3,
-                &AtomicBool::new(false),
-            )
-            .unwrap();
+            let part =
+                alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, index, 3, None).unwrap();
             for (s, p) in sum.iter_mut().zip(&part) {
                 for (x, y) in s.iter_mut().zip(p) {
                     *x += y;
@@ -1299,17 +1253,7 @@ mod tests {
         for (s, n) in sum.iter().zip(&nest) {
             assert_eq!(s, n);
         }
-        assert!(alm2map_iqu_as::<f32>(
-            nside,
-            t,
-            e,
-            b,
-            MapOrder::Nest,
-            3,
-            3,
-            &AtomicBool::new(false)
-        )
-        .is_err());
+        assert!(alm2map_iqu_as::<f32>(nside, t, e, b, MapOrder::Nest, 3, 3, None).is_err());
         // Skipping the zero B rows gives the bits of the full sums.
         for (fma, pol) in [
             (Simd::Portable, (e, b)),
@@ -1321,16 +1265,8 @@ mod tests {
                     simd: fma,
                     skip_zero,
                 };
-                synthesize::<f64>(
-                    nside,
-                    None,
-                    Some(pol),
-                    MapOrder::Ring,
-                    kernel,
-                    (0, 1),
-                    &AtomicBool::new(false),
-                )
-                .unwrap()
+                synthesize::<f64>(nside, None, Some(pol), MapOrder::Ring, kernel, (0, 1), None)
+                    .unwrap()
             };
             let (skip, full) = (run(true), run(false));
             for (x, y) in skip.iter().zip(&full) {

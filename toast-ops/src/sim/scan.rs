@@ -433,7 +433,7 @@ fn synthesize_part_timed(
     cancel: &AtomicBool,
 ) -> SkyPart {
     let t0 = std::time::Instant::now();
-    let part = synthesize_sky_part(cfg, index, count, cancel);
+    let part = synthesize_sky_part(cfg, index, count, Some(cancel));
     (part, t0.elapsed().as_secs_f64())
 }
 
@@ -1105,7 +1105,7 @@ mod tests {
     #[test]
     fn a_cancelled_synthesis_stops_with_its_error() {
         let cancel = AtomicBool::new(true);
-        let e = synthesize_sky_part(&small_sky(60.0), 0, 1, &cancel).unwrap_err();
+        let e = synthesize_sky_part(&small_sky(60.0), 0, 1, Some(&cancel)).unwrap_err();
         assert_eq!(e.to_string(), "the synthesis was cancelled");
     }
 }

@@ -385,9 +385,8 @@ pub fn synthesize_sky_on(
     cfg: &SkyConfig,
     comm: &dyn toast_core::Comm,
 ) -> Result<SkyMaps, SkyError> {
-    let never = std::sync::atomic::AtomicBool::new(false);
     assemble_sky(
-        synthesize_sky_part(cfg, comm.rank(), comm.size(), &never)?,
+        synthesize_sky_part(cfg, comm.rank(), comm.size(), None)?,
         comm,
     )
 }
@@ -396,13 +395,13 @@ pub fn synthesize_sky_on(
 /// gives that part, every other pixel zero. It touches no communicator, so
 /// it may run on any thread (the workflow's background synthesis,
 /// [`crate::sim::SkySynthesis`]); [`assemble_sky`] then sums the parts.
-/// Setting `cancel` stops it within one block of rings
+/// Setting `cancel` (if any) stops it within one block of rings
 /// ([`sht::alm2map_iqu_as`]).
 pub fn synthesize_sky_part(
     cfg: &SkyConfig,
     index: usize,
     count: usize,
-    cancel: &std::sync::atomic::AtomicBool,
+    cancel: Option<&std::sync::atomic::AtomicBool>,
 ) -> Result<SkyMaps, SkyError> {
     let tr = sky_truncation(cfg)?;
     let spectra = benchmark_spectra(cfg.nside)?;
