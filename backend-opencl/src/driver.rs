@@ -184,6 +184,17 @@ impl Driver for OpenClDriver {
         }
         let size = usize::try_from(bytes.max(1))
             .map_err(|_| AllocError::OutOfMemory("opencl: larger than the address space".into()))?;
+        // The new buffer's fill is waited for with `clFinish`, which reports
+        // the status of everything queued: what is queued before it is
+        // waited for first, so that an earlier command's failure (NVIDIA's
+        // driver reports a faulting kernel as CL_OUT_OF_RESOURCES) is a
+        // device error, not a lack of memory that the pool would retry.
+        cq::finish(self.dev.queue.get()).map_err(|e| {
+            AllocError::Failed(format!(
+                "opencl: clFinish before an allocation: a command queued earlier failed: {}",
+                cl_error(e)
+            ))
+        })?;
         // SAFETY: a plain device allocation: no host pointer, no host flags.
         let mem = unsafe {
             cl3::memory::create_buffer(

@@ -41,6 +41,18 @@ impl WorkspaceLayout {
     }
 }
 
+/// The value of the option `sync=`: whether every launch is waited for.
+fn parse_sync(v: &str) -> Result<bool, PluginError> {
+    match v.trim() {
+        "call" => Ok(false),
+        "launch" => Ok(true),
+        other => Err(PluginError::invalid(format!(
+            "option sync: `{other}` is not `call` (wait once per kernel call, the default) or \
+             `launch` (wait after every launch)"
+        ))),
+    }
+}
+
 /// The value of the option `workspace_bytes=`: a positive number of bytes.
 fn parse_workspace_bytes(v: &str) -> Result<u64, PluginError> {
     match v.trim().parse::<u64>() {
@@ -74,6 +86,11 @@ pub struct Context<D: Driver> {
     /// `WORKSPACE_MAX_BYTES`; a smaller value cuts the grid into more
     /// launches, as a device with less memory would: tests use it).
     pub(crate) workspace_bytes: u64,
+    /// Whether every launch is waited for at once (option `sync=launch`),
+    /// so that a device fault names its own kernel; else once per call
+    /// (`sync=call`, the default; see "One synchronisation per call" in
+    /// [`crate::kernels`]).
+    pub(crate) sync_each_launch: bool,
     /// The kernels of the compiled module, built on first use.
     module: Mutex<Option<HashMap<&'static str, D::Kernel>>>,
     /// The device copies of recent calls' small read-only arguments.
@@ -106,7 +123,9 @@ impl<D: Driver> Context<D> {
     /// `memory=GiB` sets the device memory budget (else `TOAST_GPU_MEM_GB`,
     /// else the default: [`crate::memory::Budget`]);
     /// `workspace=contiguous|interleaved` sets [`WorkspaceLayout`];
-    /// `workspace_bytes=N` the workspace limit of one launch; any
+    /// `workspace_bytes=N` the workspace limit of one launch;
+    /// `sync=call|launch` when launches are waited for (once per call, the
+    /// default, or after each launch, for debugging a device fault); any
     /// other option is refused (`ERR_INVALID_ARGUMENT`).
     ///
     /// # Safety
@@ -123,6 +142,7 @@ impl<D: Driver> Context<D> {
         let mut budget: Option<Budget> = None;
         let mut workspace = WorkspaceLayout::default();
         let mut workspace_bytes = crate::kernels::WORKSPACE_MAX_BYTES;
+        let mut sync_each_launch = false;
         if let Ok(v) = std::env::var(D::DEVICE_ENV) {
             if !v.trim().is_empty() {
                 named = Some(D::parse_device(
@@ -147,14 +167,15 @@ impl<D: Driver> Context<D> {
                 }
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
                 "workspace_bytes" => workspace_bytes = parse_workspace_bytes(v)?,
+                "sync" => sync_each_launch = parse_sync(v)?,
                 other => {
                     return Err(PluginError::new(
                         abi::ERR_INVALID_ARGUMENT,
                         format!(
-                        "{} backend: unknown option `{other}` (known: device, memory, workspace, \
-                         workspace_bytes)",
-                        D::NAME
-                    ),
+                            "{} backend: unknown option `{other}` (known: device, memory, sync, \
+                         workspace, workspace_bytes)",
+                            D::NAME
+                        ),
                     ))
                 }
             }
@@ -177,6 +198,7 @@ impl<D: Driver> Context<D> {
             driver,
             workspace,
             workspace_bytes,
+            sync_each_launch,
             module: Mutex::new(None),
             small: Mutex::new(SmallCache::default()),
             error_word: Mutex::new(ErrorWord::default()),

@@ -33,6 +33,9 @@ struct Fake {
     counts: Mutex<Counts>,
     /// Whether `synchronize` fails (a device fault surfacing there).
     fail_sync: Mutex<bool>,
+    /// Whether a launch after the first of a call is refused (a launch
+    /// failing for its own reason, an earlier one still queued).
+    fail_second_launch: Mutex<bool>,
 }
 
 /// Driver calls of each kind.
@@ -231,6 +234,14 @@ impl Driver for Fake {
         params: &[Param<u64>],
     ) -> Result<(), PluginError> {
         self.count(|c| c.launch += 1);
+        if *self.fail_second_launch.lock().unwrap()
+            && self.counts.lock().unwrap().launch.is_multiple_of(2)
+        {
+            return Err(PluginError::new(
+                abi::ERR_DEVICE,
+                "fake: cuLaunchKernel: too many resources requested for launch",
+            ));
+        }
         self.launches.lock().unwrap().push(Launch {
             name: name.to_string(),
             grid,
@@ -399,7 +410,7 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
     assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
     assert_eq!(
         last_error(),
-        "fake backend: unknown option `colour` (known: device, memory, workspace, workspace_bytes)"
+        "fake backend: unknown option `colour` (known: device, memory, sync, workspace, workspace_bytes)"
     );
     let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
@@ -803,6 +814,100 @@ fn a_call_synchronizes_once_and_repeated_calls_allocate_and_upload_nothing() {
         "{e}"
     );
     *fake(ctx).fail_sync.lock().unwrap() = false;
+    // SAFETY: a live context, shut down once.
+    unsafe { t.shutdown.unwrap()(ctx) };
+}
+
+/// With the option `sync=launch` every launch is waited for at once, so
+/// that a device fault names its own launch's kernel; a bad value is
+/// refused.
+#[test]
+fn sync_launch_waits_after_every_launch() {
+    let (st, _) = init_with(c"sync=sometimes", &UNREAD_LOG);
+    assert_eq!(st, abi::ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "option sync: `sometimes` is not `call` (wait once per kernel call, the default) or \
+         `launch` (wait after every launch)"
+    );
+    let (st, ctx) = init_with(c"sync=launch", &UNREAD_LOG);
+    assert_eq!(st, abi::OK, "init: {}", last_error());
+    let t = table();
+    let (n_rows, n_samp) = (3u64, 10u64);
+    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
+    let h = det_data_on_device(ctx, &data);
+    let counts = || *fake(ctx).counts.lock().unwrap();
+    let iv = [SampleRange { first: 0, last: 10 }];
+    let weights = [2.0, 3.0, 5.0];
+    // Two detectors share a row: three launches, each waited for.
+    let args = noise_weight_args(n_samp, &[0, 1, 0], &weights, &iv, (h, n_rows));
+    let before = counts();
+    // SAFETY: live context; the arrays have the lengths given.
+    let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+    assert_eq!(status, abi::OK, "{}", last_error());
+    let made = counts() - before;
+    assert_eq!((made.launch, made.sync), (3, 3), "{made:?}");
+    // A fault is reported at the first launch's wait, naming its kernel.
+    *fake(ctx).fail_sync.lock().unwrap() = true;
+    let before = counts();
+    // SAFETY: as above.
+    let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+    assert_eq!(status, abi::ERR_DEVICE);
+    let made = counts() - before;
+    assert_eq!((made.launch, made.sync), (1, 1), "{made:?}");
+    let e = last_error();
+    assert!(
+        e.starts_with("kernel toast_noise_weight: fake: cuStreamSynchronize"),
+        "{e}"
+    );
+    *fake(ctx).fail_sync.lock().unwrap() = false;
+    // SAFETY: a live context, shut down once.
+    unsafe { t.shutdown.unwrap()(ctx) };
+}
+
+/// A call whose second launch fails for its own reason reports that; a
+/// device fault of its first launch, seen when the call waits before
+/// returning its buffers, goes to the host's log naming the kernel.
+#[test]
+fn a_fault_behind_a_failed_launch_is_logged() {
+    static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let (st, ctx) = init_with(c"", &LOG);
+    assert_eq!(st, abi::OK, "init: {}", last_error());
+    let t = table();
+    let (n_rows, n_samp) = (3u64, 10u64);
+    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
+    let h = det_data_on_device(ctx, &data);
+    let iv = [SampleRange { first: 0, last: 10 }];
+    let weights = [2.0, 3.0, 5.0];
+    // Two detectors share a row: one launch per detector.
+    let args = noise_weight_args(n_samp, &[0, 1, 0], &weights, &iv, (h, n_rows));
+    let launched = fake(ctx).counts.lock().unwrap().launch;
+    assert!(
+        launched.is_multiple_of(2),
+        "the call's first launch is an odd one"
+    );
+    *fake(ctx).fail_second_launch.lock().unwrap() = true;
+    *fake(ctx).fail_sync.lock().unwrap() = true;
+    // SAFETY: live context; the arrays have the lengths given.
+    let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+    *fake(ctx).fail_second_launch.lock().unwrap() = false;
+    *fake(ctx).fail_sync.lock().unwrap() = false;
+    assert_eq!(status, abi::ERR_DEVICE);
+    let e = last_error();
+    assert!(
+        e.starts_with(
+            "kernel toast_noise_weight: fake: cuLaunchKernel: too many resources requested"
+        ),
+        "{e}"
+    );
+    let log = LOG.lock().unwrap().clone();
+    assert!(
+        log.iter().any(|m| m
+            == "noise_weight: a device fault after the call had failed: kernel \
+                toast_noise_weight: fake: cuStreamSynchronize: an illegal memory access was \
+                encountered"),
+        "{log:?}"
+    );
     // SAFETY: a live context, shut down once.
     unsafe { t.shutdown.unwrap()(ctx) };
 }

@@ -58,13 +58,20 @@
 //! itself is the wait. This is sound because a driver queues everything
 //! in order on one stream or queue and a copy returns once done
 //! ([`Driver`]'s "Synchronisation"): a read sees every launch before it.
-//! A failure seen while waiting names the last kernel launched
-//! (`kernel toast_…: <driver message>`); before any host-side driver
-//! operation of the call (an upload on a cache miss, a pool allocation or
-//! fill) the call's pending launches are waited for first, so that their
-//! failure is not reported as the copy's; a call that fails between a
-//! launch and its end waits (ignoring the result) before its buffers go
-//! back to the pool.
+//! A failure seen while waiting names the kernels launched since the last
+//! wait (`kernel toast_…: <driver message>` when there is one; with
+//! several, the last and the earlier ones, any of which may have faulted:
+//! a device reports a fault at the next wait, not at its launch). The
+//! backend option `sync=launch` waits after every launch instead, so that
+//! a fault names its own kernel (for debugging; one `synchronize` per
+//! launch). Before any host-side driver operation of the call (an upload
+//! on a cache miss, a pool allocation or fill, the error word's first
+//! allocation) the call's pending launches are waited for first, so that
+//! their failure is not reported as the copy's or as a lack of memory; a
+//! call that fails between a launch and its end waits before its buffers
+//! go back to the pool, and a fault seen there (the call already fails for
+//! its own reason) goes to the host's log at error level, naming the
+//! kernels, rather than being lost.
 //!
 //! The wait is not deferred past the call, to the host's next
 //! synchronisation point, although stream order would make the outputs
@@ -110,7 +117,7 @@ use crate::context::{Context, ErrorWord, WorkspaceLayout};
 use crate::driver::{Driver, Grid};
 use crate::small_cache::Lookup;
 use params::LaunchParams;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::sync::{Arc, MutexGuard};
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::check;
@@ -121,6 +128,10 @@ use toast_accel::plugin_support::PluginError;
 const BLOCK: u32 = 128;
 /// Largest grid extent along dimensions 1 and 2.
 const MAX_GRID_YZ: usize = 65535;
+/// Largest grid extent along dimension 0, in blocks: CUDA's and HIP's
+/// limit, 2^31 - 1 (OpenCL's global size, `blocks × threads` as a
+/// `size_t`, is larger).
+const MAX_GRID_X: u64 = i32::MAX as u64;
 
 /// A kernel call in progress: the context, the kernel's name, the
 /// scratch buffers to return to the pool afterwards and the entries of the
@@ -130,9 +141,10 @@ pub(crate) struct KernelLaunch<'c, D: Driver> {
     kernel: &'static str,
     scratch: Vec<u64>,
     held: Vec<u64>,
-    /// The last kernel launched and not yet waited for (see "One
-    /// synchronisation per call" in the module docs).
-    unsynced: Cell<Option<&'static str>>,
+    /// The kernels launched and not yet waited for, each once, in the
+    /// order of their first launch (see "One synchronisation per call" in
+    /// the module docs).
+    unsynced: RefCell<Vec<&'static str>>,
     /// The context's error word, held by this call (`None`: not used, or
     /// held by a call on another thread, and this call has its own).
     error_word: Option<MutexGuard<'c, ErrorWord>>,
@@ -142,9 +154,21 @@ impl<D: Driver> Drop for KernelLaunch<'_, D> {
     fn drop(&mut self) {
         // A call that failed between a launch and its end: wait for the
         // device before its buffers go back to the pool (or the driver),
-        // as the driver's `free` requires. The call reports its own error.
-        if self.unsynced.take().is_some() {
-            let _ = self.c.driver.synchronize();
+        // as the driver's `free` requires. The call reports its own error;
+        // a fault of its launches seen here goes to the host's log, or the
+        // next call would report it as its own with no trace of its kernel.
+        let pending = self.unsynced.take();
+        if !pending.is_empty() {
+            if let Err(e) = self.c.driver.synchronize() {
+                let e = kernels_failed(&pending, e);
+                self.c.log(
+                    abi::LOG_ERROR,
+                    &format!(
+                        "{}: a device fault after the call had failed: {}",
+                        self.kernel, e.message
+                    ),
+                );
+            }
         }
         if !self.held.is_empty() {
             let mut cache = self.c.small_cache();
@@ -165,25 +189,25 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             kernel,
             scratch: Vec::new(),
             held: Vec::new(),
-            unsynced: Cell::new(None),
+            unsynced: RefCell::new(Vec::new()),
             error_word: None,
         }
     }
 
     /// Wait for the kernels this call launched (one `synchronize`, none
-    /// when nothing is pending); a device failure names the last kernel
-    /// launched. The entry calls it once the call's launches are all
-    /// queued; reads of device data in between wait through
-    /// [`read_into`](Self::read_into).
+    /// when nothing is pending); a device failure names the kernels
+    /// launched since the last wait ([`kernels_failed`]). The entry calls it
+    /// once the call's launches are all queued; reads of device data in
+    /// between wait through [`read_into`](Self::read_into).
     pub(crate) fn finish(&self) -> Result<(), PluginError> {
-        match self.unsynced.take() {
-            Some(name) => self
-                .c
-                .driver
-                .synchronize()
-                .map_err(|e| kernel_failed(name, e)),
-            None => Ok(()),
+        let pending = self.unsynced.take();
+        if pending.is_empty() {
+            return Ok(());
         }
+        self.c
+            .driver
+            .synchronize()
+            .map_err(|e| kernels_failed(&pending, e))
     }
 
     /// A pool buffer of `len` bytes for the call (`len` > 0), returned to
@@ -355,6 +379,11 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             return self.scratch_upload("error", &[ds::NO_ERROR]).map(Some);
         }
         let c = self.c;
+        if self.error_word.as_ref().is_some_and(|w| w.handle.is_none()) {
+            // The first allocation fills the block: after this call's
+            // launches, so that their failure is reported as theirs.
+            self.settle_for_host()?;
+        }
         let (handle, dirty) = {
             let word = self.error_word.as_mut().expect("checked above");
             let handle = match word.handle {
@@ -436,9 +465,12 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 .driver
                 .download(buf, offset, bytemuck::cast_slice_mut(out))
         }
-        .map_err(|e| match pending {
-            Some(name) => kernel_failed(name, e),
-            None => e,
+        .map_err(|e| {
+            if pending.is_empty() {
+                e
+            } else {
+                kernels_failed(&pending, e)
+            }
         })
     }
 
@@ -471,9 +503,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             return Ok(());
         }
         let gx = dim0.div_ceil(u64::from(BLOCK));
-        let gx = u32::try_from(gx).map_err(|_| {
+        let gx = grid_x(gx).ok_or_else(|| {
             PluginError::invalid(format!(
-                "{}: {dim0} threads along the sample axis exceed the grid limit",
+                "{}: {dim0} threads along the sample axis exceed the grid limit \
+                 ({MAX_GRID_X} blocks of {BLOCK})",
                 self.kernel
             ))
         })?;
@@ -509,9 +542,9 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         if gx == 0 || ny == 0 || nz == 0 {
             return Ok(());
         }
-        let gx = u32::try_from(gx).map_err(|_| {
+        let gx = grid_x(gx).ok_or_else(|| {
             PluginError::invalid(format!(
-                "{}: {gx} blocks exceed the grid limit",
+                "{}: {gx} blocks exceed the grid limit ({MAX_GRID_X})",
                 self.kernel
             ))
         })?;
@@ -564,17 +597,32 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         let queued = unsafe { self.c.driver.launch(name, f, grid, &params) };
         // Pending from now on, even when the launch reports a failure: an
         // earlier launch of the call may still run.
-        let earlier = self.unsynced.replace(Some(name));
-        queued.map_err(|e| match earlier {
-            Some(prev) => PluginError::new(
-                e.status,
-                format!(
-                    "kernel {name} (after {prev} of the same call): {}",
-                    e.message
-                ),
-            ),
-            None => kernel_failed(name, e),
-        })
+        let earlier: Vec<&'static str> = {
+            let mut pending = self.unsynced.borrow_mut();
+            let earlier = pending.iter().copied().filter(|&k| k != name).collect();
+            if !pending.contains(&name) {
+                pending.push(name);
+            }
+            earlier
+        };
+        if let Err(e) = queued {
+            return Err(if earlier.is_empty() {
+                kernel_failed(name, e)
+            } else {
+                PluginError::new(
+                    e.status,
+                    format!(
+                        "kernel {name} (after {} of the same call): {}",
+                        earlier.join(", "),
+                        e.message
+                    ),
+                )
+            });
+        }
+        if self.c.sync_each_launch {
+            self.finish()?;
+        }
+        Ok(())
     }
 
     /// Launch a per-sample kernel over `n_det` detectors and `iv`, split as
@@ -674,6 +722,32 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
 /// A device failure seen while waiting for the kernel `name`, naming it.
 fn kernel_failed(name: &str, e: PluginError) -> PluginError {
     PluginError::new(e.status, format!("kernel {name}: {}", e.message))
+}
+
+/// A failure seen while waiting for `pending`, the kernels launched since
+/// the last wait (in the order of their first launch; not empty): with
+/// one, it is that kernel's; with several, any of them may have faulted (a
+/// device reports a fault at the next wait), so the message names the
+/// last and the earlier ones, and how to have the fault name its own.
+fn kernels_failed(pending: &[&str], e: PluginError) -> PluginError {
+    match pending {
+        [] | [_] => kernel_failed(pending.first().copied().unwrap_or("?"), e),
+        [earlier @ .., last] => PluginError::new(
+            e.status,
+            format!(
+                "kernel {last} or one launched before it in the same call ({}; the backend \
+                 option sync=launch waits after every launch, naming the one at fault): {}",
+                earlier.join(", "),
+                e.message
+            ),
+        ),
+    }
+}
+
+/// A grid's extent along dimension 0 (`blocks`), when within
+/// [`MAX_GRID_X`].
+fn grid_x(blocks: u64) -> Option<u32> {
+    (blocks <= MAX_GRID_X).then_some(blocks as u32)
 }
 
 /// The most bytes of workspace a kernel call allocates by default (less
@@ -846,6 +920,26 @@ pub(crate) fn blocks_overlap(amp_offset: &[i64], len: i64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_names_the_kernels_pending_at_the_wait() {
+        let fault = || PluginError::new(abi::ERR_DEVICE, "cuda: an illegal memory access");
+        assert_eq!(
+            kernels_failed(&["toast_a"], fault()).message,
+            "kernel toast_a: cuda: an illegal memory access"
+        );
+        let e = kernels_failed(&["toast_a", "toast_b", "toast_c"], fault());
+        assert_eq!(e.status, abi::ERR_DEVICE);
+        assert_eq!(
+            e.message,
+            "kernel toast_c or one launched before it in the same call (toast_a, toast_b; the \
+             backend option sync=launch waits after every launch, naming the one at fault): \
+             cuda: an illegal memory access"
+        );
+        assert_eq!(grid_x(MAX_GRID_X), Some(i32::MAX as u32));
+        assert_eq!(grid_x(MAX_GRID_X + 1), None);
+        assert_eq!(grid_x(u64::from(u32::MAX)), None);
+    }
 
     #[test]
     fn planning_helpers() {
