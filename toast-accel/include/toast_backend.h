@@ -24,6 +24,10 @@
  *     `alloc` and owned by it; a handle from another plugin, or one already
  *     freed, must be refused with TOAST_ERR_INVALID_HANDLE, never crash;
  *   - plugins are never unloaded;
+ *   - a context's entry points may be called from any thread, also
+ *     concurrently (not `shutdown`, which ends every call); a plugin whose
+ *     work is queued on a device (the toast-rs GPU plugins) runs one call
+ *     of a context at a time, so that each call's status is its own;
  *   - a struct the plugin fills for the host (toast_device_info) is the
  *     host's, as large as the host's ABI minor (toast_host_api.abi_minor;
  *     minor 0 without a host API, or with one shorter than this header's)

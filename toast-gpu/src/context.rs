@@ -100,6 +100,9 @@ pub struct Context<D: Driver> {
     error_word: Mutex<ErrorWord>,
     /// The `global2local` tables read back and checked (`checked_tables`).
     checked: Mutex<CheckedTables>,
+    /// Held by every call for its duration ([`ctx_ref`]): one call at a
+    /// time on the device's one stream (queue).
+    calls: Mutex<()>,
 }
 
 /// The context's persistent error word: an 8-byte pool buffer, allocated by
@@ -203,6 +206,7 @@ impl<D: Driver> Context<D> {
             small: Mutex::new(SmallCache::default()),
             error_word: Mutex::new(ErrorWord::default()),
             checked: Mutex::new(CheckedTables::default()),
+            calls: Mutex::new(()),
         };
         ctx.log(
             abi::LOG_DEBUG,
@@ -242,9 +246,9 @@ impl<D: Driver> Context<D> {
         self.checked_tables().written(handle);
     }
 
-    /// The persistent error word, for one call, unless a call on another
-    /// thread holds it now (that call's launches and read are between
-    /// them: the word is not shared between concurrent calls).
+    /// The persistent error word, for one call, unless another call holds
+    /// it now (the word is not shared between concurrent calls; calls are
+    /// serialised by [`ctx_ref`], so this is a second line of defence).
     pub(crate) fn try_error_word(&self) -> Option<std::sync::MutexGuard<'_, ErrorWord>> {
         match self.error_word.try_lock() {
             Ok(g) => Some(g),
@@ -356,19 +360,49 @@ impl<D: Driver> Drop for Context<D> {
     }
 }
 
-/// The context behind a `ctx` pointer, made current on this thread.
+/// The context of a call, held for the call ([`InCall`]): `ctx` as the
+/// `Context<D>` that `init` made, its device bound to the calling thread,
+/// and the context's call lock taken.
+///
+/// Every entry point goes through here once, so a context runs one call
+/// at a time, whatever threads the host calls from. All of a context's
+/// work goes to one stream (queue), where a device fault is seen by the
+/// next wait on it: with two calls interleaved, one call's wait would see
+/// (and report as its own) the other's fault, and a copy would wait for
+/// the other's kernels. Serialised, a fault is reported by the call that
+/// launched it (see "One synchronisation per call" in
+/// [`crate::kernels`]); the device ran the calls one after another on its
+/// one stream anyway.
 ///
 /// # Safety
-/// `ctx` is null or a pointer `init` returned and `shutdown` has not freed.
+/// `ctx` is null or a live context of this plugin (made by its `init`, not
+/// yet shut down).
 pub(crate) unsafe fn ctx_ref<'a, D: Driver>(
     ctx: *mut c_void,
-) -> Result<&'a Context<D>, PluginError> {
+) -> Result<InCall<'a, D>, PluginError> {
     if ctx.is_null() {
         return Err(PluginError::invalid("null backend context"));
     }
     // SAFETY: by the caller's contract, a live `Context<D>` made by `init`
     // (the table hands each plugin's contexts only to its own entries).
     let c = unsafe { &*(ctx as *const Context<D>) };
+    // A call that panicked while holding it (`guard` turned the panic into
+    // an error) left nothing half-done behind the lock: it guards no data.
+    let held = c.calls.lock().unwrap_or_else(|p| p.into_inner());
     c.driver.bind()?;
-    Ok(c)
+    Ok(InCall { c, _held: held })
+}
+
+/// A context for the duration of one call, its call lock held
+/// ([`ctx_ref`]); dereferences to the context.
+pub(crate) struct InCall<'a, D: Driver> {
+    c: &'a Context<D>,
+    _held: std::sync::MutexGuard<'a, ()>,
+}
+
+impl<D: Driver> std::ops::Deref for InCall<'_, D> {
+    type Target = Context<D>;
+    fn deref(&self) -> &Context<D> {
+        self.c
+    }
 }

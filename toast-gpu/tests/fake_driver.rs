@@ -36,6 +36,9 @@ struct Fake {
     /// Whether a launch after the first of a call is refused (a launch
     /// failing for its own reason, an earlier one still queued).
     fail_second_launch: Mutex<bool>,
+    /// Launches queued since the last `synchronize`, and the most a
+    /// `synchronize` has found queued.
+    queued: Mutex<(u64, u64)>,
 }
 
 /// Driver calls of each kind.
@@ -199,6 +202,11 @@ impl Driver for Fake {
 
     fn synchronize(&self) -> Result<(), PluginError> {
         self.count(|c| c.sync += 1);
+        {
+            let mut q = self.queued.lock().unwrap();
+            q.1 = q.1.max(q.0);
+            q.0 = 0;
+        }
         if *self.fail_sync.lock().unwrap() {
             return Err(PluginError::new(
                 abi::ERR_DEVICE,
@@ -234,6 +242,7 @@ impl Driver for Fake {
         params: &[Param<u64>],
     ) -> Result<(), PluginError> {
         self.count(|c| c.launch += 1);
+        self.queued.lock().unwrap().0 += 1;
         if *self.fail_second_launch.lock().unwrap()
             && self.counts.lock().unwrap().launch.is_multiple_of(2)
         {
@@ -908,6 +917,69 @@ fn a_fault_behind_a_failed_launch_is_logged() {
                 encountered"),
         "{log:?}"
     );
+    // SAFETY: a live context, shut down once.
+    unsafe { t.shutdown.unwrap()(ctx) };
+}
+
+/// Calls from several threads on one context run one at a time: each
+/// call's wait finds only its own launches queued (three here), so a fault
+/// would be reported by the call that launched it; every result is right.
+#[test]
+fn calls_from_several_threads_run_one_at_a_time() {
+    let ctx = init();
+    let t = table();
+    let (n_rows, n_samp) = (3u64, 10u64);
+    let iv = [SampleRange { first: 0, last: 10 }];
+    let weights = [2.0, 3.0, 5.0];
+    let threads = 4;
+    let rounds = 200;
+    // A buffer per thread, each thread weighting its own.
+    let data: Vec<f64> = (0..n_rows * n_samp).map(|i| i as f64 + 1.0).collect();
+    let buffers: Vec<u64> = (0..threads)
+        .map(|_| det_data_on_device(ctx, &data))
+        .collect();
+    let addr = ctx as usize;
+    std::thread::scope(|s| {
+        for &h in &buffers {
+            s.spawn(move || {
+                let ctx = addr as *mut c_void;
+                // Two detectors share a row: three launches a call.
+                let args = noise_weight_args(n_samp, &[0, 1, 0], &weights, &iv, (h, n_rows));
+                for _ in 0..rounds {
+                    // SAFETY: live context; the arrays have the lengths given.
+                    let status = unsafe { t.noise_weight.unwrap()(ctx, &args) };
+                    assert_eq!(status, abi::OK, "{}", last_error());
+                }
+            });
+        }
+    });
+    let (_, most) = *fake(ctx).queued.lock().unwrap();
+    assert_eq!(most, 3, "a wait found another call's launches queued");
+    // Every round: row 0 weighted by 2 (detector 0) then 5 (detector 2),
+    // row 1 by 3, in the order of the launches.
+    let mut want = data.clone();
+    for _ in 0..rounds {
+        for (det, row) in [(0, 0), (1, 1), (2, 0)] {
+            for v in &mut want[row * n_samp as usize..(row + 1) * n_samp as usize] {
+                *v *= weights[det];
+            }
+        }
+    }
+    for h in buffers {
+        let mut out = vec![0f64; data.len()];
+        // SAFETY: live context and buffer; `out` holds the buffer's bytes.
+        let status = unsafe {
+            t.copy_to_host.unwrap()(
+                ctx,
+                h,
+                0,
+                out.as_mut_ptr() as *mut c_void,
+                n_rows * n_samp * 8,
+            )
+        };
+        assert_eq!(status, abi::OK);
+        assert_eq!(out, want);
+    }
     // SAFETY: a live context, shut down once.
     unsafe { t.shutdown.unwrap()(ctx) };
 }

@@ -59,7 +59,7 @@ pub(crate) unsafe extern "C" fn entry<D: Driver, A: DeviceKernel>(
                 c.written(array.ptr);
             }
         }
-        let mut call = KernelLaunch::new(c, kernel);
+        let mut call = KernelLaunch::new(&c, kernel);
         A::launch(&mut call, &v, a)?;
         call.finish()
     })

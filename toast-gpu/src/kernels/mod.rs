@@ -84,7 +84,10 @@
 //! after a call. Deferring would need every entry point to settle pending
 //! launches first and carry the failing call's name to whichever call sees
 //! the failure; one wait per call keeps the contract at the cost of one
-//! `synchronize` (a few microseconds) per call.
+//! `synchronize` (a few microseconds) per call. The contract holds with
+//! several host threads too: a context runs one call at a time (its call
+//! lock, taken by every entry point: `context::ctx_ref`), so no call's wait
+//! sees another call's launches.
 //!
 //! # The error word
 //!
@@ -96,8 +99,9 @@
 //! or that launched with it and failed before reading it, leaves it
 //! "dirty", and the next call resets it (one upload) before its launch. A
 //! call therefore costs no allocation, fill or upload for it, and one
-//! download at its one synchronisation point. A call on another thread
-//! while the word is held gets a pool buffer of its own, as before.
+//! download at its one synchronisation point. Calls are serialised, so
+//! the word is free at a call's start; were it held, the call would get a
+//! pool buffer of its own.
 //!
 //! # Refusals before launch
 //!
