@@ -25,9 +25,10 @@
  *     freed, must be refused with TOAST_ERR_INVALID_HANDLE, never crash;
  *   - plugins are never unloaded;
  *   - a context's entry points may be called from any thread, also
- *     concurrently (not `shutdown`, which ends every call); a plugin whose
- *     work is queued on a device (the toast-rs GPU plugins) runs one call
- *     of a context at a time, so that each call's status is its own;
+ *     concurrently, except `shutdown`, which must not run beside any call
+ *     on that context nor be followed by one; a plugin whose work is
+ *     queued on a device (the toast-rs GPU plugins) runs one call of a
+ *     context at a time, so that each call's status is its own;
  *   - a struct the plugin fills for the host (toast_device_info) is the
  *     host's, as large as the host's ABI minor (toast_host_api.abi_minor;
  *     minor 0 without a host API, or with one shorter than this header's)
@@ -90,7 +91,8 @@ typedef int32_t toast_status;
 #define TOAST_LOG_TRACE 5
 /* `msg` is UTF-8, `len` bytes, not necessarily NUL-terminated.  The host's
  * callback may be called from any thread, concurrently, with the `log_user`
- * it gave. */
+ * it gave, also from inside a call; it must not call the plugin's entry
+ * points (a plugin may hold a lock of the context while it logs). */
 typedef void (*toast_log_fn)(void *user, int32_t level, const char *msg, size_t len);
 
 /* What the host hands to `init`.  `size` is sizeof(toast_host_api) as the

@@ -39,8 +39,10 @@ use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 /// as soon as the kernel is queued: the generic code calls
 /// [`synchronize`](Self::synchronize) once per kernel call, after its last
 /// launch (or reads device data, which waits the same), so that a fault is
-/// reported by the call that caused it, naming its kernel
-/// ([`crate::kernels`], "One synchronisation per call").
+/// reported by the call that caused it, naming the kernels it launched
+/// since its last wait ([`crate::kernels`], "One synchronisation per
+/// call"). A context runs one call at a time (`context::ctx_ref`), so no
+/// other call's work is on the stream meanwhile.
 pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     /// The backend's name: the plugin's name and the prefix of its messages.
     const NAME: &'static str;

@@ -132,10 +132,14 @@ use toast_accel::plugin_support::PluginError;
 const BLOCK: u32 = 128;
 /// Largest grid extent along dimensions 1 and 2.
 const MAX_GRID_YZ: usize = 65535;
-/// Largest grid extent along dimension 0, in blocks: CUDA's and HIP's
-/// limit, 2^31 - 1 (OpenCL's global size, `blocks × threads` as a
-/// `size_t`, is larger).
+/// Largest grid extent along dimension 0, in blocks: CUDA's limit,
+/// 2^31 - 1. HIP also bounds the threads along it (`blocks × threads`, a
+/// 32-bit count on AMD): [`MAX_GRID_X_THREADS`]. OpenCL's global size is a
+/// `size_t`: both are within it.
 const MAX_GRID_X: u64 = i32::MAX as u64;
+/// Largest number of threads along dimension 0 of a grid: HIP's limit on
+/// AMD, 2^32 - 1.
+const MAX_GRID_X_THREADS: u64 = u32::MAX as u64;
 
 /// A kernel call in progress: the context, the kernel's name, the
 /// scratch buffers to return to the pool afterwards and the entries of the
@@ -146,11 +150,12 @@ pub(crate) struct KernelLaunch<'c, D: Driver> {
     scratch: Vec<u64>,
     held: Vec<u64>,
     /// The kernels launched and not yet waited for, each once, in the
-    /// order of their first launch (see "One synchronisation per call" in
+    /// order of their last launch (see "One synchronisation per call" in
     /// the module docs).
     unsynced: RefCell<Vec<&'static str>>,
     /// The context's error word, held by this call (`None`: not used, or
-    /// held by a call on another thread, and this call has its own).
+    /// held by another call, and this call has its own: not while calls
+    /// are serialised, see `context::ctx_ref`).
     error_word: Option<MutexGuard<'c, ErrorWord>>,
 }
 
@@ -374,7 +379,8 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
     /// kernel writes it). The context's persistent error word when no other
     /// call holds it (no allocation, fill or upload; reset only after a
     /// call that may have left a key in it), else a pool buffer of this
-    /// call (what a call on another thread gets meanwhile).
+    /// call (were another call holding the word: not while calls are
+    /// serialised, see `context::ctx_ref`).
     pub(crate) fn error_buffer(&mut self) -> Result<Option<D::Buffer>, PluginError> {
         if self.error_word.is_none() {
             self.error_word = self.c.try_error_word();
@@ -507,10 +513,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
             return Ok(());
         }
         let gx = dim0.div_ceil(u64::from(BLOCK));
-        let gx = grid_x(gx).ok_or_else(|| {
+        let gx = grid_x(gx, BLOCK).ok_or_else(|| {
             PluginError::invalid(format!(
                 "{}: {dim0} threads along the sample axis exceed the grid limit \
-                 ({MAX_GRID_X} blocks of {BLOCK})",
+                 ({MAX_GRID_X} blocks, {MAX_GRID_X_THREADS} threads)",
                 self.kernel
             ))
         })?;
@@ -546,9 +552,10 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         if gx == 0 || ny == 0 || nz == 0 {
             return Ok(());
         }
-        let gx = grid_x(gx).ok_or_else(|| {
+        let gx = grid_x(gx, threads).ok_or_else(|| {
             PluginError::invalid(format!(
-                "{}: {gx} blocks exceed the grid limit ({MAX_GRID_X})",
+                "{}: {gx} blocks of {threads} threads exceed the grid limit ({MAX_GRID_X} \
+                 blocks, {MAX_GRID_X_THREADS} threads)",
                 self.kernel
             ))
         })?;
@@ -603,10 +610,9 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         // earlier launch of the call may still run.
         let earlier: Vec<&'static str> = {
             let mut pending = self.unsynced.borrow_mut();
-            let earlier = pending.iter().copied().filter(|&k| k != name).collect();
-            if !pending.contains(&name) {
-                pending.push(name);
-            }
+            pending.retain(|&k| k != name);
+            let earlier = pending.clone();
+            pending.push(name);
             earlier
         };
         if let Err(e) = queued {
@@ -729,7 +735,7 @@ fn kernel_failed(name: &str, e: PluginError) -> PluginError {
 }
 
 /// A failure seen while waiting for `pending`, the kernels launched since
-/// the last wait (in the order of their first launch; not empty): with
+/// the last wait (in the order of their last launch; not empty): with
 /// one, it is that kernel's; with several, any of them may have faulted (a
 /// device reports a fault at the next wait), so the message names the
 /// last and the earlier ones, and how to have the fault name its own.
@@ -748,10 +754,14 @@ fn kernels_failed(pending: &[&str], e: PluginError) -> PluginError {
     }
 }
 
-/// A grid's extent along dimension 0 (`blocks`), when within
-/// [`MAX_GRID_X`].
-fn grid_x(blocks: u64) -> Option<u32> {
-    (blocks <= MAX_GRID_X).then_some(blocks as u32)
+/// A grid's extent along dimension 0 (`blocks` of `threads`), when
+/// within [`MAX_GRID_X`] blocks and [`MAX_GRID_X_THREADS`] threads.
+fn grid_x(blocks: u64, threads: u32) -> Option<u32> {
+    let fits = blocks <= MAX_GRID_X
+        && blocks
+            .checked_mul(u64::from(threads))
+            .is_some_and(|t| t <= MAX_GRID_X_THREADS);
+    fits.then_some(blocks as u32)
 }
 
 /// The most bytes of workspace a kernel call allocates by default (less
@@ -940,9 +950,12 @@ mod tests {
              backend option sync=launch waits after every launch, naming the one at fault): \
              cuda: an illegal memory access"
         );
-        assert_eq!(grid_x(MAX_GRID_X), Some(i32::MAX as u32));
-        assert_eq!(grid_x(MAX_GRID_X + 1), None);
-        assert_eq!(grid_x(u64::from(u32::MAX)), None);
+        assert_eq!(grid_x(MAX_GRID_X, 1), Some(i32::MAX as u32));
+        assert_eq!(grid_x(MAX_GRID_X + 1, 1), None);
+        assert_eq!(grid_x(u64::from(u32::MAX), 1), None);
+        // HIP's bound on the threads: 2^25 blocks of 128 are one too many.
+        assert_eq!(grid_x((1 << 25) - 1, 128), Some((1 << 25) - 1));
+        assert_eq!(grid_x(1 << 25, 128), None);
     }
 
     #[test]
