@@ -246,21 +246,17 @@ impl<D: Driver> Context<D> {
         self.checked_tables().written(handle);
     }
 
-    /// The persistent error word, for one call, unless another call holds
-    /// it now (the word is not shared between concurrent calls; calls are
-    /// serialised by [`ctx_ref`], so this is a second line of defence).
-    pub(crate) fn try_error_word(&self) -> Option<std::sync::MutexGuard<'_, ErrorWord>> {
-        match self.error_word.try_lock() {
-            Ok(g) => Some(g),
+    /// The persistent error word, for one call. Calls are serialised
+    /// ([`ctx_ref`]) and a call takes it once, so it is free: the lock does
+    /// not wait.
+    pub(crate) fn error_word(&self) -> std::sync::MutexGuard<'_, ErrorWord> {
+        self.error_word.lock().unwrap_or_else(|p| {
             // A call that panicked while holding it: its state is a handle
             // and a flag; `dirty` makes the next call reset the word.
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                let mut g = p.into_inner();
-                g.dirty = true;
-                Some(g)
-            }
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+            let mut g = p.into_inner();
+            g.dirty = true;
+            g
+        })
     }
 
     /// The kernel `name` of the device module, compiling (or loading from

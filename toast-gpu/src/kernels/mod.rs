@@ -93,15 +93,14 @@
 //!
 //! The kernels with data-dependent faults record the smallest error key in
 //! one 8-byte word (`error_buffer`): the context's persistent word
-//! (`Context::try_error_word`), allocated by the first call that needs it
+//! (`Context::error_word`), allocated by the first call that needs it
 //! and kept, not a new buffer per call. It holds `NO_ERROR` between calls:
 //! a call that reads it back clean leaves it so; a call that found a key,
 //! or that launched with it and failed before reading it, leaves it
 //! "dirty", and the next call resets it (one upload) before its launch. A
 //! call therefore costs no allocation, fill or upload for it, and one
 //! download at its one synchronisation point. Calls are serialised, so
-//! the word is free at a call's start; were it held, the call would get a
-//! pool buffer of its own.
+//! the word is never shared between concurrent calls.
 //!
 //! # Refusals before launch
 //!
@@ -153,9 +152,7 @@ pub(crate) struct KernelLaunch<'c, D: Driver> {
     /// order of their last launch (see "One synchronisation per call" in
     /// the module docs).
     unsynced: RefCell<Vec<&'static str>>,
-    /// The context's error word, held by this call (`None`: not used, or
-    /// held by another call, and this call has its own: not while calls
-    /// are serialised, see `context::ctx_ref`).
+    /// The context's error word, held by this call once it uses it.
     error_word: Option<MutexGuard<'c, ErrorWord>>,
 }
 
@@ -278,21 +275,6 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         Ok(Some(buf))
     }
 
-    /// Upload a small host array the kernel writes into a pool buffer of
-    /// this call; its buffer.
-    fn scratch_upload<T: bytemuck::Pod>(
-        &mut self,
-        name: &str,
-        data: &[T],
-    ) -> Result<D::Buffer, PluginError> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let (buf, offset) = self.scratch_buffer(name, bytes.len() as u64)?;
-        // SAFETY: `buf` is the live buffer just allocated, range-checked for
-        // the bytes at `offset`.
-        unsafe { self.c.driver.upload(buf, offset, bytes)? };
-        Ok(buf)
-    }
-
     /// The workspace of a kernel whose work items each need `item_len`
     /// doubles (see [`Workspace`]), for `items` work items in all: room for
     /// as many of them as [`workspace_items`] allows per launch (at most
@@ -376,26 +358,23 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
 
     /// A one-element error buffer holding `NO_ERROR` for the kernels to
     /// record a data-dependent fault in (never from the small cache: the
-    /// kernel writes it). The context's persistent error word when no other
-    /// call holds it (no allocation, fill or upload; reset only after a
-    /// call that may have left a key in it), else a pool buffer of this
-    /// call (were another call holding the word: not while calls are
-    /// serialised, see `context::ctx_ref`).
+    /// kernel writes it): the context's persistent error word (no
+    /// allocation, fill or upload; reset only after a call that may have
+    /// left a key in it).
     pub(crate) fn error_buffer(&mut self) -> Result<Option<D::Buffer>, PluginError> {
-        if self.error_word.is_none() {
-            self.error_word = self.c.try_error_word();
-        }
-        if self.error_word.is_none() {
-            return self.scratch_upload("error", &[ds::NO_ERROR]).map(Some);
-        }
         let c = self.c;
-        if self.error_word.as_ref().is_some_and(|w| w.handle.is_none()) {
+        let first = self
+            .error_word
+            .get_or_insert_with(|| c.error_word())
+            .handle
+            .is_none();
+        if first {
             // The first allocation fills the block: after this call's
             // launches, so that their failure is reported as theirs.
             self.settle_for_host()?;
         }
         let (handle, dirty) = {
-            let word = self.error_word.as_mut().expect("checked above");
+            let word = self.error_word.as_mut().expect("taken above");
             let handle = match word.handle {
                 Some(h) => h,
                 None => {
@@ -608,14 +587,11 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
         let queued = unsafe { self.c.driver.launch(name, f, grid, &params) };
         // Pending from now on, even when the launch reports a failure: an
         // earlier launch of the call may still run.
-        let earlier: Vec<&'static str> = {
-            let mut pending = self.unsynced.borrow_mut();
-            pending.retain(|&k| k != name);
-            let earlier = pending.clone();
-            pending.push(name);
-            earlier
-        };
+        let mut pending = self.unsynced.borrow_mut();
+        pending.retain(|&k| k != name);
+        pending.push(name);
         if let Err(e) = queued {
+            let earlier = &pending[..pending.len() - 1];
             return Err(if earlier.is_empty() {
                 kernel_failed(name, e)
             } else {
@@ -629,6 +605,7 @@ impl<'c, D: Driver> KernelLaunch<'c, D> {
                 )
             });
         }
+        drop(pending);
         if self.c.sync_each_launch {
             self.finish()?;
         }
