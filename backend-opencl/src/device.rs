@@ -1,7 +1,8 @@
 //! The OpenCL device: which one (platform and device selection, the
-//! fp64 and 64-bit-atomics requirement), its context and queue, and the
-//! programs built on it. All of this is made once per device and process
-//! and shared by every backend context on that device.
+//! fp64 and 64-bit-atomics requirement), its context, and the programs
+//! built on it. All of this is made once per device and process and shared
+//! by every backend context on that device; each backend context makes its
+//! own queue on it ([`Device::new_queue`]).
 
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
@@ -114,7 +115,7 @@ struct Programs {
     built: Vec<Built>,
 }
 
-/// The selected device, its context and queue and what was built on it.
+/// The selected device, its context and what was built on it.
 #[derive(Debug)]
 pub(crate) struct Device {
     pub(crate) name: String,
@@ -131,7 +132,6 @@ pub(crate) struct Device {
     max_items0: usize,
     id: cl_device_id,
     pub(crate) context: Context,
-    pub(crate) queue: CommandQueue,
     programs: Mutex<Programs>,
     /// Serialises setting kernel arguments and enqueueing (kernel objects
     /// are shared by every backend context on the device).
@@ -191,8 +191,8 @@ fn memory_kind(d: &ClDevice) -> DeviceMemoryKind {
 }
 
 /// Devices opened so far, by (platform index, device index): the OpenCL
-/// context, queue and programs are made once per device and process and
-/// shared by every backend context (the lock also serialises opening).
+/// context and programs are made once per device and process and shared by
+/// every backend context (the lock also serialises opening).
 #[allow(clippy::type_complexity)]
 static OPENED: Mutex<Vec<((usize, usize), Arc<Device>)>> = Mutex::new(Vec::new());
 
@@ -265,10 +265,6 @@ pub(crate) fn open(
         )
     };
     let context = Context::from_device(d).map_err(|e| failed("context", e))?;
-    // SAFETY: the device belongs to the context just created; no queue
-    // properties are requested.
-    let queue =
-        unsafe { CommandQueue::create(&context, d.id(), 0) }.map_err(|e| failed("queue", e))?;
     let driver = d.driver_version().unwrap_or_default();
     let dev = Arc::new(Device {
         arch: format!("{pname}, driver {driver}"),
@@ -286,7 +282,6 @@ pub(crate) fn open(
             .unwrap_or(0),
         id: d.id(),
         context,
-        queue,
         programs: Mutex::new(Programs::default()),
         launch: Mutex::new(()),
     });
@@ -295,6 +290,26 @@ pub(crate) fn open(
 }
 
 impl Device {
+    /// A new in-order queue on the device, for one backend context: its
+    /// copies, fills and launches, and the `clFinish` that waits for them,
+    /// see only that context's commands, so a command that fails is
+    /// reported to the context that queued it (as a CUDA or HIP context has
+    /// its own stream).
+    pub(crate) fn new_queue(&self) -> Result<CommandQueue, PluginError> {
+        // SAFETY: `id` is the device of `context`; no queue properties are
+        // requested.
+        unsafe { CommandQueue::create(&self.context, self.id, 0) }.map_err(|e| {
+            PluginError::new(
+                abi::ERR_DEVICE,
+                format!(
+                    "opencl: cannot create an OpenCL queue on `{}`: {}",
+                    self.name,
+                    cl_error(e.0)
+                ),
+            )
+        })
+    }
+
     fn programs(&self) -> std::sync::MutexGuard<'_, Programs> {
         self.programs.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -1,8 +1,9 @@
 //! The OpenCL [`Driver`]: memory objects, blocking copies and fills on the
-//! device's in-order queue, the program, and launches.
+//! backend context's own in-order queue, the program, and launches.
 
 use crate::device::{self, cl_error, ClKernel, Device, Selector};
 use cl3::command_queue as cq;
+use opencl3::command_queue::CommandQueue;
 use opencl3::memory::CL_MEM_READ_WRITE;
 use opencl3::types::{cl_event, cl_mem, CL_BLOCKING};
 use std::ffi::c_void;
@@ -25,10 +26,12 @@ unsafe impl Send for Mem {}
 unsafe impl Sync for Mem {}
 
 /// The OpenCL device of one backend context (shared with the other
-/// contexts on the same device: see [`device`]).
+/// contexts on the same device: see [`device`]) and the context's own queue.
 #[derive(Debug)]
 pub struct OpenClDriver {
     dev: Arc<Device>,
+    /// Every command of this backend context, in order.
+    queue: CommandQueue,
 }
 
 fn device_error(what: &str, code: i32) -> PluginError {
@@ -81,7 +84,7 @@ impl OpenClDriver {
         // the one-byte pattern is copied during the call.
         let ev = unsafe {
             cq::enqueue_fill_buffer(
-                self.dev.queue.get(),
+                self.queue.get(),
                 buf,
                 &zero as *const u8 as *const c_void,
                 1,
@@ -92,7 +95,7 @@ impl OpenClDriver {
             )
         }?;
         release(ev);
-        cq::finish(self.dev.queue.get())
+        cq::finish(self.queue.get())
     }
 }
 
@@ -121,9 +124,9 @@ impl Driver for OpenClDriver {
             DeviceChoice::Named(s) => (s, None),
             DeviceChoice::NodeLocal { rank, .. } => (Selector::FirstSuitable, Some(rank)),
         };
-        Ok(OpenClDriver {
-            dev: device::open(&selector, node_local)?,
-        })
+        let dev = device::open(&selector, node_local)?;
+        let queue = dev.new_queue()?;
+        Ok(OpenClDriver { dev, queue })
     }
 
     fn summary(&self) -> String {
@@ -189,7 +192,7 @@ impl Driver for OpenClDriver {
         // waited for first, so that an earlier command's failure (NVIDIA's
         // driver reports a faulting kernel as CL_OUT_OF_RESOURCES) is a
         // device error, not a lack of memory that the pool would retry.
-        cq::finish(self.dev.queue.get()).map_err(|e| {
+        cq::finish(self.queue.get()).map_err(|e| {
             AllocError::Failed(format!(
                 "opencl: clFinish before an allocation: a command queued earlier failed: {}",
                 cl_error(e)
@@ -228,7 +231,7 @@ impl Driver for OpenClDriver {
         // the write is blocking, so `src` outlives it.
         let ev = unsafe {
             cq::enqueue_write_buffer(
-                self.dev.queue.get(),
+                self.queue.get(),
                 buf.0,
                 CL_BLOCKING,
                 offset as usize,
@@ -251,7 +254,7 @@ impl Driver for OpenClDriver {
         // SAFETY: as in `upload`, with `dst` a live, writable slice.
         let ev = unsafe {
             cq::enqueue_read_buffer(
-                self.dev.queue.get(),
+                self.queue.get(),
                 buf.0,
                 CL_BLOCKING,
                 offset as usize,
@@ -276,7 +279,7 @@ impl Driver for OpenClDriver {
     }
 
     fn synchronize(&self) -> Result<(), PluginError> {
-        cq::finish(self.dev.queue.get()).map_err(|e| device_error("clFinish", e))
+        cq::finish(self.queue.get()).map_err(|e| device_error("clFinish", e))
     }
 
     /// `opencl-<source hash>-<hash of device, platform, driver>.bin`;
@@ -364,7 +367,7 @@ impl Driver for OpenClDriver {
         // contract).
         let ev = unsafe {
             cq::enqueue_nd_range_kernel(
-                self.dev.queue.get(),
+                self.queue.get(),
                 kernel.raw,
                 3,
                 std::ptr::null(),

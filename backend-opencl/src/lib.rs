@@ -31,10 +31,13 @@
 //! `TOAST_OPENCL_DEVICE=SEL`: `SEL` is `P:D` (platform and device indices,
 //! as `clinfo -l` lists them) or a case-insensitive substring of the device
 //! name ([`device::Selector`]). Without a selector the first device with
-//! both extensions is used. The OpenCL context and queue are made once per
-//! device and process and shared by every backend context on that device,
-//! as are the programs built on it and their kernel objects (setting a
-//! kernel's arguments and enqueueing it happen under one lock per device).
+//! both extensions is used. The OpenCL context is made once per device and
+//! process and shared by every backend context on that device, as are the
+//! programs built on it and their kernel objects (setting a kernel's
+//! arguments and enqueueing it happen under one lock per device). Each
+//! backend context has its own in-order queue, as a CUDA or HIP context has
+//! its own stream: its waits see only its own commands, so a failed command
+//! is reported by the context that queued it.
 //!
 //! # Compilation and the disk cache
 //!
