@@ -387,3 +387,62 @@ impl Driver for OpenClDriver {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use toast_gpu::DeviceChoice;
+
+    /// Two drivers on the default device, or `None` (printing why) where
+    /// OpenCL is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
+    fn two_drivers() -> Option<(OpenClDriver, OpenClDriver)> {
+        match OpenClDriver::open(DeviceChoice::Default) {
+            Ok(a) => Some((a, OpenClDriver::open(DeviceChoice::Default).unwrap())),
+            Err(e)
+                if e.status == abi::ERR_UNAVAILABLE
+                    && std::env::var_os("TOAST_REQUIRE_OPENCL").is_none() =>
+            {
+                println!("SKIPPED: {}", e.message);
+                None
+            }
+            Err(e) => panic!("OpenCL required (TOAST_REQUIRE_OPENCL): {}", e.message),
+        }
+    }
+
+    /// A context's wait does not wait for another context's commands: with
+    /// context A's queue held by a marker on a user event that is not yet
+    /// complete, B's `synchronize` returns, and A's returns once the event
+    /// completes. With one queue per device (before each context had its
+    /// own), B's `clFinish` waited for A's marker, so a failed command of
+    /// A's would have been reported by B.
+    #[test]
+    fn a_context_waits_only_for_its_own_commands() {
+        let Some((a, b)) = two_drivers() else { return };
+        assert!(Arc::ptr_eq(&a.dev, &b.dev), "one device, shared");
+        let gate = cl3::event::create_user_event(a.dev.context.get()).unwrap();
+        // SAFETY: `gate` is a live event of the queue's context; the wait
+        // list holds that one event.
+        let marker = unsafe { cq::enqueue_marker_with_wait_list(a.queue.get(), 1, &gate) }.unwrap();
+        let (done, finished) = mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let r = b.synchronize();
+            let _ = done.send(());
+            r
+        });
+        // A hang detector, not a timing: B's wait returns at once or, with
+        // a shared queue, never before the gate opens below.
+        let b_returned = finished.recv_timeout(Duration::from_secs(60)).is_ok();
+        // Open the gate whatever happened, so that nothing is left waiting.
+        cl3::event::set_user_event_status(gate, cl3::event::CL_COMPLETE).unwrap();
+        waiter.join().unwrap().unwrap();
+        a.synchronize().unwrap();
+        release(marker);
+        release(gate);
+        assert!(
+            b_returned,
+            "context B's wait waited for context A's queued marker"
+        );
+    }
+}
