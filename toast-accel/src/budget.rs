@@ -12,21 +12,61 @@
 //! the plugin's pool does not enforce.
 
 /// The most device memory a backend's pool may hold, and where the figure
-/// came from (for messages).
+/// came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     /// Bytes.
     pub bytes: u64,
-    /// Where it came from: `option memory=`, `TOAST_GPU_MEM_GB`, or the
-    /// default.
-    pub source: &'static str,
+    /// Where it came from.
+    pub source: BudgetSource,
+}
+
+/// Where a [`Budget`] came from: set by the user, or a default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// The plugin option `memory=`.
+    Option,
+    /// TOAST's `TOAST_GPU_MEM_GB`.
+    Environment,
+    /// 90% of the device memory free when the backend starts.
+    DeviceDefault,
+    /// A device in the host's memory without a configured budget: 90% of
+    /// what the host's predicted peak leaves of a process's share of the
+    /// node's memory (`toast-ops`' `SatelliteJob::device_budget`).
+    HostShare,
+    /// No limit beyond the device's own.
+    Unlimited,
+}
+
+impl BudgetSource {
+    /// Set by the user (the option or the variable), not a default: the
+    /// run is held within it even where that costs host memory, as
+    /// streaming the detector data does on a device in the host's memory.
+    pub fn is_configured(self) -> bool {
+        matches!(self, BudgetSource::Option | BudgetSource::Environment)
+    }
+}
+
+impl std::fmt::Display for BudgetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BudgetSource::Option => "option memory=",
+            BudgetSource::Environment => "TOAST_GPU_MEM_GB",
+            BudgetSource::DeviceDefault => "the default, 90% of the device memory free at start",
+            BudgetSource::HostShare => {
+                "the default of a device in the host's memory, 90% of what the host's predicted \
+                 peak leaves of a process's share of the node's memory"
+            }
+            BudgetSource::Unlimited => "none",
+        })
+    }
 }
 
 impl Budget {
     /// No limit beyond the device's own.
     pub const UNLIMITED: Budget = Budget {
         bytes: u64::MAX,
-        source: "none",
+        source: BudgetSource::Unlimited,
     };
 
     /// The default: 90% of `free` device memory (of `total` when the free
@@ -35,13 +75,13 @@ impl Budget {
         let base = if free > 0 { free } else { total };
         Budget {
             bytes: base / 10 * 9,
-            source: "the default, 90% of the device memory free at start",
+            source: BudgetSource::DeviceDefault,
         }
     }
 
     /// `GiB` (a positive number, fractions allowed) as a budget from
     /// `source`.
-    pub fn parse_gib(text: &str, source: &'static str) -> Result<Budget, String> {
+    pub fn parse_gib(text: &str, source: BudgetSource) -> Result<Budget, String> {
         let gib = text
             .trim()
             .parse::<f64>()
@@ -86,8 +126,8 @@ impl Budget {
             .filter_map(|item| item.split_once('='))
             .rfind(|(k, _)| k.trim() == "memory");
         match (option, env.filter(|v| !v.trim().is_empty())) {
-            (Some((_, v)), _) => Budget::parse_gib(v, "option memory=").map(Some),
-            (None, Some(v)) => Budget::parse_gib(v, "TOAST_GPU_MEM_GB").map(Some),
+            (Some((_, v)), _) => Budget::parse_gib(v, BudgetSource::Option).map(Some),
+            (None, Some(v)) => Budget::parse_gib(v, BudgetSource::Environment).map(Some),
             (None, None) => Ok(None),
         }
     }
@@ -102,9 +142,10 @@ mod tests {
         let b = Budget::configured("device=1; memory=0.5", Some("8"))
             .unwrap()
             .unwrap();
-        assert_eq!((b.bytes, b.source), (1 << 29, "option memory="));
+        assert_eq!((b.bytes, b.source), (1 << 29, BudgetSource::Option));
         let b = Budget::configured("device=1", Some("8")).unwrap().unwrap();
-        assert_eq!((b.bytes, b.source), (8 << 30, "TOAST_GPU_MEM_GB"));
+        assert_eq!((b.bytes, b.source), (8 << 30, BudgetSource::Environment));
+        assert!(b.source.is_configured() && !BudgetSource::HostShare.is_configured());
         assert_eq!(Budget::configured("", None).unwrap(), None);
         assert_eq!(Budget::configured("", Some(" ")).unwrap(), None);
         assert!(Budget::configured("memory=lots", None)

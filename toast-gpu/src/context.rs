@@ -3,7 +3,7 @@
 
 use crate::checked_tables::CheckedTables;
 use crate::driver::{node_local_rank, DeviceChoice, Driver};
-use crate::memory::{Budget, Memory};
+use crate::memory::{Budget, BudgetSource, Memory};
 use crate::small_cache::SmallCache;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -156,8 +156,10 @@ impl<D: Driver> Context<D> {
         }
         if let Ok(v) = std::env::var("TOAST_GPU_MEM_GB") {
             if !v.trim().is_empty() {
-                budget =
-                    Some(Budget::parse_gib(&v, "TOAST_GPU_MEM_GB").map_err(PluginError::invalid)?);
+                budget = Some(
+                    Budget::parse_gib(&v, BudgetSource::Environment)
+                        .map_err(PluginError::invalid)?,
+                );
             }
         }
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -165,8 +167,9 @@ impl<D: Driver> Context<D> {
             match k.trim() {
                 "device" => named = Some(D::parse_device(v, "option device")?),
                 "memory" => {
-                    budget =
-                        Some(Budget::parse_gib(v, "option memory=").map_err(PluginError::invalid)?)
+                    budget = Some(
+                        Budget::parse_gib(v, BudgetSource::Option).map_err(PluginError::invalid)?,
+                    )
                 }
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
                 "workspace_bytes" => workspace_bytes = parse_workspace_bytes(v)?,

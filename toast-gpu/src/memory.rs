@@ -48,7 +48,7 @@ use crate::driver::{AllocError, Driver};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use toast_accel::abi;
-pub use toast_accel::budget::Budget;
+pub use toast_accel::budget::{Budget, BudgetSource};
 use toast_accel::plugin_support::PluginError;
 
 /// What an out-of-memory error adds: what lowers the need. The device
@@ -469,7 +469,7 @@ mod tests {
     #[test]
     fn the_budget_is_never_passed_and_its_refusal_names_it() {
         let d = fake(1 << 30);
-        let budget = Budget::parse_gib("0.001", "option memory=").unwrap();
+        let budget = Budget::parse_gib("0.001", BudgetSource::Option).unwrap();
         assert_eq!(budget.bytes, 1_073_741);
         let m = Memory::new("test", TAG, 1 << 30, budget);
         let a = m.alloc(&d, 512 << 10, "a").unwrap();
@@ -490,7 +490,10 @@ mod tests {
         assert!(m.peak_held() <= budget.bytes);
         m.free(&d, c).unwrap();
         for bad in ["0", "-1", "x", "inf", ""] {
-            assert!(Budget::parse_gib(bad, "TOAST_GPU_MEM_GB").is_err(), "{bad}");
+            assert!(
+                Budget::parse_gib(bad, BudgetSource::Environment).is_err(),
+                "{bad}"
+            );
         }
         assert_eq!(Budget::default_for(0, 10 << 30).bytes, 9 << 30);
         assert_eq!(

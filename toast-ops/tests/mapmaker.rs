@@ -2,6 +2,7 @@
 //! a non-host-addressable test device.
 
 use std::sync::Arc;
+use toast_accel::budget::BudgetSource;
 use toast_accel::host::Registry;
 use toast_core::observation::defaults;
 use toast_core::{check_requirements, Data, ExecContext, Operator};
@@ -769,16 +770,16 @@ fn a_device_in_the_host_memory_shares_the_node_memory_with_the_host() {
                 (budget.bytes as f64 - 0.15 * gib).abs() < 1e-6 * gib,
                 "{budget}"
             );
-            assert!(budget.source.contains("host's memory"), "{budget}");
+            assert_eq!(budget.source, BudgetSource::HostShare, "{budget}");
             let why = why.unwrap_or_else(|| panic!("{name}: the plan was not fitted"));
-            assert!(why.contains(budget.source), "{why}");
+            assert!(why.contains(&budget.source.to_string()), "{why}");
             assert_eq!(
                 fitted.to_string(),
                 "device-compact-fused (3 detectors a batch)"
             );
             assert_eq!((own, counted), (host, Some((name.to_string(), device))));
         } else {
-            assert!(budget.source.starts_with("the default, 90%"), "{budget}");
+            assert_eq!(budget.source, BudgetSource::DeviceDefault, "{budget}");
             assert_eq!((why, fitted.to_string()), (None, kept.to_string()));
             assert_eq!((own, counted), (host, None));
         }
@@ -1603,6 +1604,61 @@ fn fused_passes_are_the_unfused_ones_bit_for_bit() {
                     assert_eq!(h(&unfused, &res), h(&fused, &res), "{at}: hits");
                 }
             }
+        }
+    }
+}
+
+/// A device in the host's memory (`fakedev`) streams its detector data
+/// only to hold a budget the user set: under the default its share gives
+/// (0.02 GiB, under the 29 MB of 8 detectors' timestream and flags),
+/// streaming would only move them to the same memory, so the plan stays
+/// resident, says why, and is refused by the check; with `memory=0.06`
+/// (where a discrete device streams, `toast-cli`'s emulated tests) they
+/// are streamed, one detector a batch, within the budget.
+#[test]
+fn a_device_in_the_host_memory_streams_only_for_a_budget_the_user_set() {
+    use toast_ops::workflow::presets::MemoryBound;
+    let gib = (1u64 << 30) as f64;
+    for (options, source, want) in [
+        (
+            "",
+            BudgetSource::HostShare,
+            "device-recomputed-fused (1 detectors a batch)",
+        ),
+        (
+            ";memory=0.06",
+            BudgetSource::Option,
+            "device-recomputed-fused (1 detectors a batch, detector data streamed)",
+        ),
+    ] {
+        let reg = registry_with_fake_device(1, FakeDevice::Current, options);
+        let (mut job, sim, plan) = tiny_8_detectors_nside_128_on("fakedev", &reg);
+        let kept = job.execution_plan(&reg);
+        let host = job.predicted_process_memory(&plan, &sim, &kept);
+        assert!(job.set_memory_bound(Some(MemoryBound {
+            bytes: host + 0.02 / 0.9 * gib,
+            source: "the test's share".into(),
+            per_process: true,
+        })));
+        let (_, budget) = job.device_budget(&plan, &sim, &reg).unwrap().unwrap();
+        assert_eq!(budget.source, source, "{options}: {budget}");
+        let why = job.fit_device_budget(&plan, &sim, &reg).unwrap().unwrap();
+        let fitted = job.execution_plan(&reg);
+        assert_eq!(fitted.to_string(), want, "{options}: {why}");
+        let device = job.predicted_device_memory(&plan, &sim, &fitted).unwrap();
+        let fits = job.check_device_memory(device, "fakedev", budget, &fitted);
+        if source.is_configured() {
+            assert!(why.ends_with("streamed, 1 detector(s) a batch"), "{why}");
+            fits.unwrap();
+        } else {
+            assert!(
+                why.ends_with(
+                    "(the detector data are not streamed: the device's memory is the \
+                     host's, and the budget is its default)"
+                ),
+                "{why}"
+            );
+            assert!(fits.is_err(), "{why}");
         }
     }
 }

@@ -51,7 +51,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use toast_accel::budget::Budget;
+use toast_accel::budget::{Budget, BudgetSource};
 use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
 use toast_core::num::compact;
 use toast_core::{
@@ -832,9 +832,13 @@ impl SatelliteJob {
     /// `binner.pointing_batch` set; the sky scan follows the map-maker's
     /// batches), and, where not even one detector a batch fits beside the
     /// whole detector data, with the detector data streamed
-    /// (`binner.stream_detector_data`: the device holds one batch's rows),
-    /// unless the device's memory is the host's, where streaming saves
-    /// nothing. This is the one place where the budget chooses the plan; call it
+    /// (`binner.stream_detector_data`: the device holds one batch's rows).
+    /// On a device in the host's memory they are streamed only to hold a
+    /// budget the user set (`memory=`, `TOAST_GPU_MEM_GB`: an integrated
+    /// GPU's own limit, a test of the device plans on PoCL): streamed, they
+    /// take the same memory on the host, so under the default budget,
+    /// which the host's share already bounds, streaming would save nothing.
+    /// This is the one place where the budget chooses the plan; call it
     /// after [`SatelliteJob::plan`] and before
     /// [`SatelliteJob::execution_plan`]. Returns why, or `None` when
     /// nothing changed (a host plan, no budget known, or the plan fits). A
@@ -885,12 +889,14 @@ impl SatelliteJob {
             batches.min().unwrap_or(0)
         };
         // The detector data streamed where not even one detector a batch
-        // fits beside them, unless the device's memory is the host's:
-        // streamed, they would take the same memory on the host.
+        // fits beside them, unless the device's memory is the host's and
+        // the budget a default: streamed, they would take the same memory
+        // on the host, and the default is bounded by the host's share.
         let fits = |streamed| batch_within(bytes, |b| largest(b, streamed));
-        let in_host = self.device_in_host_memory(registry).is_some();
+        let may_stream =
+            budget.source.is_configured() || self.device_in_host_memory(registry).is_none();
         let (fits, streamed) = match fits(false) {
-            0 if !in_host => (fits(true), true),
+            0 if may_stream => (fits(true), true),
             n => (n, false),
         };
         let batch = fits.clamp(1, most.max(1));
@@ -901,10 +907,11 @@ impl SatelliteJob {
         binner.stream_detector_data = streamed;
         let need = gib(predicted);
         Ok(Some(match (fits, streamed) {
-            (0, _) if in_host => format!(
+            (0, _) if !may_stream => format!(
                 "the plan {execution} would need {need} of device memory on backend {name}, over \
                  its budget of {budget}, and so would the pointing recomputed one detector at a \
-                 time (the detector data are not streamed: the device's memory is the host's)"
+                 time (the detector data are not streamed: the device's memory is the host's, \
+                 and the budget is its default)"
             ),
             (0, _) => format!(
                 "the plan {execution} would need {need} of device memory on backend {name}, over \
@@ -1020,9 +1027,7 @@ impl SatelliteJob {
             match room > 0 && room < default.bytes {
                 true => Budget {
                     bytes: room,
-                    source: "the default of a device in the host's memory, 90% of what the \
-                             host's predicted peak leaves of a process's share of the node's \
-                             memory",
+                    source: BudgetSource::HostShare,
                 },
                 false => default,
             },
