@@ -28,14 +28,19 @@
 //!
 //! # Device, stream, options
 //!
-//! `init` opens device 0, or the one named by `TOAST_CUDA_DEVICE` or the
-//! plugin option `device=N` (the option wins), retains its primary context
-//! and creates one non-blocking stream. Transfers, memsets and kernels are
-//! issued on that stream in order; every entry point makes the context
-//! current on the calling thread first. Calls are synchronous at the ABI
-//! (host memory is only borrowed for the call): a copy or launch waits for
-//! the stream before returning, so a driver error is reported by the call
-//! that caused it.
+//! `init` opens the device named by the plugin option `device=N` or
+//! `TOAST_CUDA_DEVICE` (the option wins), else, in a process a launcher
+//! started (`mpirun`, `srun`, ...), device `node-local rank % devices`,
+//! else device 0; it retains the device's primary context and creates one
+//! non-blocking stream. Transfers, memsets and kernels are issued on that
+//! stream in order; every entry point makes the context current on the
+//! calling thread first, and a context runs one call at a time. Calls are
+//! synchronous at the ABI (host memory is only borrowed for the call): a
+//! copy waits for the stream before returning; a kernel call queues its
+//! launches and waits once, at its end or where it first reads a device
+//! value, so a device fault is reported by the call that caused it, naming
+//! the kernels it launched since its last wait (the option `sync=launch`
+//! waits after every launch instead, naming the one at fault).
 //!
 //! # Compilation and the disk cache
 //!
@@ -43,7 +48,8 @@
 //! with NVRTC for the device's `sm_XY`, with `-fmad=false` (no fused
 //! multiply-add: the arithmetic rounds as the CPU reference does) and
 //! `-default-device`, and loads the cubin. The cubin is cached in
-//! `$XDG_CACHE_HOME/toast-rs/` (else `~/.cache/toast-rs/`) as
+//! `$TOAST_CACHE_DIR`, else `$XDG_CACHE_HOME/toast-rs/` (else
+//! `~/.cache/toast-rs/`) as
 //! `cuda-<source hash>-<arch>-nvrtc<major>.<minor>.cubin`, so a later
 //! process, or another run after an upgrade of either, reuses or rebuilds it
 //! correctly (`TOAST_KERNEL_CACHE=0` disables the cache); an entry that is
@@ -67,7 +73,8 @@
 //!
 //! Each kernel first runs its `toast_accel::check::check_*` validator (the
 //! same as every Rust backend), then resolves its array handles and checks
-//! their buffers are large enough, uploads the small per-detector arrays,
+//! their buffers are large enough, uploads the small per-detector arrays
+//! (kept in a small-argument cache, so a repeated call uploads nothing),
 //! and launches the shared source's kernels on the grid it defines
 //! (sample-in-interval × interval × detector). Data-dependent faults are
 //! reported through the source's one-element error buffer and become

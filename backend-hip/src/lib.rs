@@ -29,12 +29,15 @@
 //!
 //! # Device, stream, options
 //!
-//! `init` opens device 0, or the one named by `TOAST_HIP_DEVICE` or the
-//! plugin option `device=N` (the option wins), reads its name and `gfx`
-//! architecture, and creates one stream; every entry point selects the
-//! device on the calling thread first. Copies, memsets and kernels go to
-//! that stream in order, and each call waits for it before returning (host
-//! memory is only borrowed for the call).
+//! `init` opens the device named by the plugin option `device=N` or
+//! `TOAST_HIP_DEVICE` (the option wins), else, in a process a launcher
+//! started, device `node-local rank % devices`, else device 0; it reads
+//! its name and `gfx` architecture, and creates one stream; every entry
+//! point selects the device on the calling thread first, and a context
+//! runs one call at a time. Copies, memsets and kernels go to that stream
+//! in order, and each call waits for it before returning (host memory is
+//! only borrowed for the call): a kernel call queues its launches and
+//! waits once, as in the CUDA backend (`sync=launch` waits after each).
 //!
 //! # Compilation and the disk cache
 //!
@@ -42,7 +45,8 @@
 //! hiprtc for the device's `gfxNNN` (`--offload-arch`, `-O3`,
 //! `-ffp-contract=off` so that no multiply-add is fused and the arithmetic
 //! rounds as the CPU reference does) and loads the code object. It is cached
-//! in `$XDG_CACHE_HOME/toast-rs/` (else `~/.cache/toast-rs/`) as
+//! in `$TOAST_CACHE_DIR`, else `$XDG_CACHE_HOME/toast-rs/` (else
+//! `~/.cache/toast-rs/`) as
 //! `hip-<source hash>-<arch>-hiprtc<major>.<minor>.co`
 //! (`TOAST_KERNEL_CACHE=0` disables the cache); a cut, damaged or foreign
 //! entry (see `toast_accel::rtc::CacheKey`) is discarded with a warning and
@@ -64,7 +68,7 @@
 //!
 //! As in the CUDA backend: each kernel runs its `toast_accel::check`
 //! validator, resolves and size-checks its array handles, uploads the small
-//! per-detector arrays, and launches the shared source's kernels on the grid
+//! per-detector arrays (cached between calls), and launches the shared source's kernels on the grid
 //! it defines; data-dependent faults come back through the source's error
 //! buffer as `ERR_INVALID_ARGUMENT` naming the detector and sample.
 

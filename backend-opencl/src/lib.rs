@@ -31,7 +31,8 @@
 //! `TOAST_OPENCL_DEVICE=SEL`: `SEL` is `P:D` (platform and device indices,
 //! as `clinfo -l` lists them) or a case-insensitive substring of the device
 //! name ([`device::Selector`]). Without a selector the first device with
-//! both extensions is used. The OpenCL context is made once per device and
+//! both extensions is used, or, in a process a launcher started, the
+//! suitable device `node-local rank % count`. The OpenCL context is made once per device and
 //! process and shared by every backend context on that device, as are the
 //! programs built on it and their kernel objects (setting a kernel's
 //! arguments and enqueueing it happen under one lock per device). Each

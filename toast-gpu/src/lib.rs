@@ -28,8 +28,10 @@
 //!   `rank % count`, [`DeviceChoice`]); `memory=GiB`, the device memory
 //!   budget, else `TOAST_GPU_MEM_GB`, else 90% of the free memory
 //!   ([`Budget`]); `workspace=contiguous|interleaved`, the layout of the
-//!   polynomial filters' workspace), the driver, the buffer table, and the
-//!   module,
+//!   polynomial filters' workspace, and `workspace_bytes=N`, the most of it
+//!   one launch uses; `sync=call|launch`, a wait per kernel call or per
+//!   launch), the driver, the buffer table, the call lock (a context runs
+//!   one call at a time), and the module,
 //!   compiled on the first kernel call or read from the disk cache.
 //! - [`memory`]: the size-class pool and the handle table (handles are
 //!   tagged counters, never device addresses), held within the budget.
@@ -60,7 +62,7 @@
 //!
 //! ```text
 //! toast_gpu::export_plugin!(
-//!     driver = context::CudaDriver,
+//!     driver = driver::CudaDriver,
 //!     name = "cuda",
 //!     description = "CUDA backend: the shared device kernels compiled with NVRTC at run time",
 //! );
