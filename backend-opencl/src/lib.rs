@@ -4,8 +4,9 @@
 //!
 //! This crate is the OpenCL [`toast_gpu::Driver`] and nothing else: which
 //! device ([`device`]: platform and device selection, the requirements, the
-//! context, queue and programs) and the raw operations on it ([`driver`]:
-//! buffers, copies, fills, compiling and loading the program, launches).
+//! OpenCL context and programs) and the raw operations on it ([`driver`]:
+//! the backend context's own queue, buffers, copies, fills, compiling and
+//! loading the program, launches).
 //! Everything else (the context the host holds, options, the disk cache of
 //! compiled code, the buffer pool and handle table, the kernels' validation,
 //! marshalling and launch planning, the C entry points) is `toast-gpu`'s

@@ -145,7 +145,16 @@ mod tests {
         assert_eq!((b.bytes, b.source), (1 << 29, BudgetSource::Option));
         let b = Budget::configured("device=1", Some("8")).unwrap().unwrap();
         assert_eq!((b.bytes, b.source), (8 << 30, BudgetSource::Environment));
-        assert!(b.source.is_configured() && !BudgetSource::HostShare.is_configured());
+        use BudgetSource::*;
+        for (source, set) in [
+            (Option, true),
+            (Environment, true),
+            (DeviceDefault, false),
+            (HostShare, false),
+            (Unlimited, false),
+        ] {
+            assert_eq!(source.is_configured(), set, "{source}");
+        }
         assert_eq!(Budget::configured("", None).unwrap(), None);
         assert_eq!(Budget::configured("", Some(" ")).unwrap(), None);
         assert!(Budget::configured("memory=lots", None)

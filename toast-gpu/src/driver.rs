@@ -31,8 +31,8 @@ use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 ///
 /// # Synchronisation
 ///
-/// Every operation is queued in order on one stream (queue) of the
-/// device. Copies and fills return once they are complete (host memory is
+/// Every operation is queued in order on the backend context's own stream
+/// (queue) on the device. Copies and fills return once they are complete (host memory is
 /// only borrowed for the call), and so after every kernel queued before
 /// them: a download sees the results of every earlier launch, and its
 /// failure may be an earlier launch's. [`launch`](Self::launch) may return
@@ -147,7 +147,8 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     /// `buf` is a live buffer of at least `offset + bytes` bytes.
     unsafe fn zero(&self, buf: Self::Buffer, offset: u64, bytes: u64) -> Result<(), PluginError>;
 
-    /// Wait for everything queued on the device.
+    /// Wait for everything this backend context queued (its stream or
+    /// queue; another context's work is not waited for).
     fn synchronize(&self) -> Result<(), PluginError>;
 
     /// Where the compiled code of the source whose hash is `source_hash`

@@ -207,7 +207,8 @@ pub enum WorkflowError {
         "predicted device memory {} of the map-maker's plan {plan} on backend {backend} exceeds \
          its device memory budget of {budget}; reduce the case, --n-det, --n-obs or \
          pixels.nside, run more processes, raise the budget (--backend-options \
-         {backend}:memory=GiB, or TOAST_GPU_MEM_GB), or run on the cpu backend",
+         {backend}:memory=GiB, or TOAST_GPU_MEM_GB; on a device in the host's memory, a budget \
+         set so also lets the detector data be streamed), or run on the cpu backend",
         gib(*predicted)
     )]
     DeviceMemory {
