@@ -519,6 +519,32 @@ fn every_probe() {
             Code(2),
             &["run = 1e300: expected a backend name"],
         ),
+        // A named backend that cannot start fails the dry run as it fails
+        // the run (it once planned the run on the cpu and said it fits):
+        // absent, or refusing its configuration (here a bad budget, or no
+        // OpenCL at all; either way it cannot start).
+        probe(
+            &["run", "--dry-run", "--backend", "nosuchbackend"],
+            Code(2),
+            &["run=nosuchbackend", "nosuchbackend"],
+        ),
+        probe(
+            &["run", "--dry-run", "--backend", "opencl"],
+            Code(2),
+            &["run=opencl: backend `opencl` could not be initialised"],
+        )
+        .env("TOAST_GPU_MEM_GB", "abc"),
+        probe(
+            &[
+                "run",
+                "--dry-run",
+                "--set",
+                "dispatch.kernel.scan_map=opencl",
+            ],
+            Code(2),
+            &["kernel.scan_map=opencl: backend `opencl` could not be initialised"],
+        )
+        .env("TOAST_GPU_MEM_GB", "abc"),
         probe(
             &[
                 "run",

@@ -375,6 +375,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         n_obs: args.n_obs,
     };
     let mut job = SatelliteJob::new(&args.case, configuration(args)?, overrides)?;
+    // A named backend that cannot start fails the dry run as it fails the
+    // run, before any plan is printed.
+    job.check_backends(&registry)?;
     let s = job.sizing;
     let mut sim = job.simulation()?;
     let (n_procs, ppn) = match args.dry_run.as_deref() {

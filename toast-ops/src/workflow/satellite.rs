@@ -1090,6 +1090,17 @@ impl SatelliteJob {
         Ok(())
     }
 
+    /// Refuse, before any planning, a configuration whose `dispatch`
+    /// settings (`--backend`, `run`, `pipeline`, `operator.*`, `kernel.*`)
+    /// name a backend that is absent or cannot start (a bad option, no
+    /// device): planning resolves the pipeline backend as dispatch does,
+    /// falling back to `cpu`, so without this check a dry run would plan
+    /// the named device's run on the host and say it fits, where the run
+    /// itself is refused ([`SatelliteJob::run`] checks the same).
+    pub fn check_backends(&self, registry: &Registry) -> Result<(), WorkflowError> {
+        check_named_backends(&self.config, registry)
+    }
+
     /// The name of the pipeline backend of `registry` where its device's
     /// allocations take the host's memory (its plugin says so, ABI minor 9:
     /// a CPU device such as PoCL's, an integrated GPU or APU, one emulated
@@ -1653,17 +1664,24 @@ fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) 
     Plan::choose(&cfg.binner, &facts)
 }
 
-/// The dispatcher of the configuration's `dispatch` settings. A backend
-/// asked for by name must be there and usable: fail before any work rather
-/// than silently running elsewhere. (Dispatch still falls back, per
-/// kernel, when a named backend lacks that one kernel.)
-fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, WorkflowError> {
+/// Every backend the configuration's `dispatch` settings name is there
+/// and starts ([`SatelliteJob::check_backends`]).
+fn check_named_backends(cfg: &SatelliteConfig, registry: &Registry) -> Result<(), WorkflowError> {
     for (key, name) in cfg.dispatch.named_backends() {
         registry.get(name).map_err(|e| WorkflowError::Dispatch {
             setting: format!("{key}={name}"),
             reason: e.to_string(),
         })?;
     }
+    Ok(())
+}
+
+/// The dispatcher of the configuration's `dispatch` settings. A backend
+/// asked for by name must be there and usable: fail before any work rather
+/// than silently running elsewhere. (Dispatch still falls back, per
+/// kernel, when a named backend lacks that one kernel.)
+fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, WorkflowError> {
+    check_named_backends(cfg, &registry)?;
     Ok(Dispatcher::new(Arc::new(registry), cfg.dispatch.clone()))
 }
 
