@@ -2,7 +2,7 @@
 //! fp64 and 64-bit-atomics requirement), its context, and the programs
 //! built on it. All of this is made once per device and process and shared
 //! by every backend context on that device; each backend context makes its
-//! own queue on it ([`Device::new_queue`]).
+//! own queue on it (`Device::new_queue`).
 
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;

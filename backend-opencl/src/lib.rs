@@ -33,10 +33,11 @@
 //! as `clinfo -l` lists them) or a case-insensitive substring of the device
 //! name ([`device::Selector`]). Without a selector the first device with
 //! both extensions is used, or, in a process a launcher started, the
-//! suitable device `node-local rank % count`. The OpenCL context is made once per device and
-//! process and shared by every backend context on that device, as are the
-//! programs built on it and their kernel objects (setting a kernel's
-//! arguments and enqueueing it happen under one lock per device). Each
+//! suitable device `node-local rank % count`. The OpenCL context is made
+//! once per device and process and shared by every backend context on that
+//! device, as are the programs built on it and their kernel objects
+//! (setting a kernel's arguments and enqueueing it happen under one lock
+//! per device). Each
 //! backend context has its own in-order queue, as a CUDA or HIP context has
 //! its own stream: its waits see only its own commands, so a failed command
 //! is reported by the context that queued it.

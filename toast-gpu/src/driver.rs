@@ -32,10 +32,10 @@ use toast_accel::rtc::{CacheKey, CompileError, Compiled};
 /// # Synchronisation
 ///
 /// Every operation is queued in order on the backend context's own stream
-/// (queue) on the device. Copies and fills return once they are complete (host memory is
-/// only borrowed for the call), and so after every kernel queued before
-/// them: a download sees the results of every earlier launch, and its
-/// failure may be an earlier launch's. [`launch`](Self::launch) may return
+/// (queue) on the device. Copies and fills return once they are complete
+/// (host memory is only borrowed for the call), and so after every kernel
+/// queued before them: a download sees the results of every earlier
+/// launch, and its failure may be an earlier launch's. [`launch`](Self::launch) may return
 /// as soon as the kernel is queued: the generic code calls
 /// [`synchronize`](Self::synchronize) once per kernel call, after its last
 /// launch (or reads device data, which waits the same), so that a fault is
