@@ -41,7 +41,7 @@ pub struct Kernel {
     /// Runs one thread of one block (a fiber's work).
     thread: fibers::Thread,
     /// Whether the kernel reaches a block barrier: its blocks run with each
-    /// thread on a fiber ([`fibers`]).
+    /// thread on a fiber (the private `fibers` module).
     pub barrier: bool,
 }
 

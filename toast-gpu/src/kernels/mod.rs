@@ -49,7 +49,7 @@
 //!
 //! # One synchronisation per call
 //!
-//! A launch is queued, not waited for ([`KernelLaunch::launch_grid`]): a
+//! A launch is queued, not waited for (`KernelLaunch::launch_grid`): a
 //! call with several launches (detectors or intervals split, grid chunks,
 //! workspace chunks) waits once, at its end (`KernelLaunch::finish`, from
 //! the entry), or earlier where the host must read device data (the error

@@ -28,7 +28,7 @@ use toast_core::OpError;
 /// The metadata key under which a pipeline registers (as an
 /// `Arc<PixelSupport>`) the support of the
 /// samples that use pixel distribution `dist_key`: the maps made for that
-/// distribution ([`crate::ops::mapmaker_utils::ensure_map`]) are then
+/// distribution (`mapmaker_utils::ensure_map`) are then
 /// prefaulted at those pixels ([`PixelData::prefault`]). Registering one
 /// changes no value, only which pages are committed first.
 ///

@@ -64,10 +64,10 @@
 //! # Kernel calls
 //!
 //! A kernel call on the scope's backend reads the staged copies
-//! ([`DataMovement::device_array`]); one elsewhere (the CPU, or a backend a
+//! (`DataMovement::device_array`); one elsewhere (the CPU, or a backend a
 //! kernel override chose) first gets the newest copy of each argument on
-//! its side ([`DataMovement::sync_for_call`]); outputs are then marked
-//! newest where the kernel wrote them ([`DataMovement::after_call`]). Copies
+//! its side (`DataMovement::sync_for_call`); outputs are then marked
+//! newest where the kernel wrote them (`DataMovement::after_call`). Copies
 //! made because data was not staged are counted per buffer in the ledger's
 //! [`UnstagedTransfers`] and logged at debug level: a well-staged pipeline
 //! makes none.
