@@ -120,10 +120,17 @@ impl Budget {
     /// separated by `;`: its `memory=`) or the value of `TOAST_GPU_MEM_GB`
     /// (`env`); `None` when neither sets one (the default applies, which
     /// needs the device's memory: [`Budget::default_for`]).
+    ///
+    /// The one reading of both, by the host (which plans and refuses runs
+    /// by it) and by `toast-gpu`'s plugins (whose pool holds it): the last
+    /// `memory` item wins, and a `memory` without a value is refused as a
+    /// value that is not a number is.
     pub fn configured(options: &str, env: Option<&str>) -> Result<Option<Budget>, String> {
         let option = options
             .split(';')
-            .filter_map(|item| item.split_once('='))
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| item.split_once('=').unwrap_or((item, "")))
             .rfind(|(k, _)| k.trim() == "memory");
         match (option, env.filter(|v| !v.trim().is_empty())) {
             (Some((_, v)), _) => Budget::parse_gib(v, BudgetSource::Option).map(Some),
@@ -160,6 +167,19 @@ mod tests {
         assert!(Budget::configured("memory=lots", None)
             .unwrap_err()
             .contains("option memory=: `lots` is not a device memory budget in GiB"));
+        // A bare `memory`, or an empty value, is refused, not skipped.
+        for bare in ["memory", "device=1; memory ;", "memory="] {
+            assert!(
+                Budget::configured(bare, Some("8"))
+                    .unwrap_err()
+                    .contains("option memory=: `` is not a device memory budget"),
+                "{bare}"
+            );
+        }
+        let b = Budget::configured("memory=1; memory=0.5", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.bytes, 1 << 29, "the last memory= wins");
         assert_eq!(
             Budget::default_for(0, 10 << 30).to_string(),
             "9.000 GiB = 9663676416 bytes (the default, 90% of the device memory free at start)"

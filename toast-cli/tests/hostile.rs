@@ -534,6 +534,20 @@ fn every_probe() {
             &["run=opencl: backend `opencl` could not be initialised"],
         )
         .env("TOAST_GPU_MEM_GB", "abc"),
+        // A `memory` option without a value: refused by the plugin and the
+        // host alike (one parser), not read as no budget.
+        probe(
+            &[
+                "run",
+                "--dry-run",
+                "--backend",
+                "opencl",
+                "--backend-options",
+                "opencl:memory",
+            ],
+            Code(2),
+            &["opencl:memory\": backend `opencl` could not be initialised"],
+        ),
         probe(
             &[
                 "run",

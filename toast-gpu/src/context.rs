@@ -3,7 +3,7 @@
 
 use crate::checked_tables::CheckedTables;
 use crate::driver::{node_local_rank, DeviceChoice, Driver};
-use crate::memory::{Budget, BudgetSource, Memory};
+use crate::memory::{Budget, Memory};
 use crate::small_cache::SmallCache;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -142,7 +142,6 @@ impl<D: Driver> Context<D> {
             abi_minor: host_abi_minor,
         } = unsafe { HostSettings::read(host) };
         let mut named: Option<D::DeviceId> = None;
-        let mut budget: Option<Budget> = None;
         let mut workspace = WorkspaceLayout::default();
         let mut workspace_bytes = crate::kernels::WORKSPACE_MAX_BYTES;
         let mut sync_each_launch = false;
@@ -154,23 +153,17 @@ impl<D: Driver> Context<D> {
                 )?);
             }
         }
-        if let Ok(v) = std::env::var("TOAST_GPU_MEM_GB") {
-            if !v.trim().is_empty() {
-                budget = Some(
-                    Budget::parse_gib(&v, BudgetSource::Environment)
-                        .map_err(PluginError::invalid)?,
-                );
-            }
-        }
+        // The budget is read by the one parser the host plans with
+        // (`toast_accel::budget::Budget::configured`), so the plugin holds
+        // the figure the host refused or accepted the run by.
+        let env = std::env::var("TOAST_GPU_MEM_GB").ok();
+        let budget = Budget::configured(&options, env.as_deref()).map_err(PluginError::invalid)?;
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
                 "device" => named = Some(D::parse_device(v, "option device")?),
-                "memory" => {
-                    budget = Some(
-                        Budget::parse_gib(v, BudgetSource::Option).map_err(PluginError::invalid)?,
-                    )
-                }
+                // Read above, with TOAST_GPU_MEM_GB.
+                "memory" => {}
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
                 "workspace_bytes" => workspace_bytes = parse_workspace_bytes(v)?,
                 "sync" => sync_each_launch = parse_sync(v)?,
