@@ -725,6 +725,8 @@ fn tiny_8_detectors_nside_128_on(
         n_obs: None,
     };
     let mut job = SatelliteJob::new("tiny", cfg, overrides).unwrap();
+    // The budgets are the test's: not a TOAST_GPU_MEM_GB of the shell.
+    job.gpu_mem_gb = None;
     let mut sim = job.simulation().unwrap();
     let plan = job.plan(&mut sim, 1, 1, None).unwrap();
     assert_eq!(job.execution_plan(reg).to_string(), "device-kept-fused");

@@ -278,6 +278,12 @@ pub struct SatelliteJob {
     pub processes_on_node: usize,
     /// This node's memory bound, read once ([`SatelliteJob::memory_bound`]).
     memory_bound: std::sync::OnceLock<Option<presets::MemoryBound>>,
+    /// TOAST's `TOAST_GPU_MEM_GB` as it was when the job was made (unset or
+    /// blank: `None`): the device memory budget where the backend's
+    /// `memory=` option sets none ([`SatelliteJob::device_budget`]). Read
+    /// once, so that planning does not read the environment; a library
+    /// caller or a test may set it.
+    pub gpu_mem_gb: Option<String>,
 }
 
 /// An error of the front-end's [`Phases`] or [`ProductSink`], whatever its
@@ -640,6 +646,9 @@ impl SatelliteJob {
             sky_file,
             processes_on_node: 1,
             memory_bound: std::sync::OnceLock::new(),
+            gpu_mem_gb: std::env::var("TOAST_GPU_MEM_GB")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
         })
     }
 
@@ -1003,13 +1012,13 @@ impl SatelliteJob {
             .entry(&name)
             .map(|e| e.options().to_string())
             .unwrap_or_default();
-        let env = std::env::var("TOAST_GPU_MEM_GB").ok();
-        let configured = Budget::configured(&options, env.as_deref()).map_err(|reason| {
-            WorkflowError::Dispatch {
-                setting: format!("backend {name}"),
-                reason,
-            }
-        })?;
+        let configured =
+            Budget::configured(&options, self.gpu_mem_gb.as_deref()).map_err(|reason| {
+                WorkflowError::Dispatch {
+                    setting: format!("backend {name}"),
+                    reason,
+                }
+            })?;
         if let Some(b) = configured {
             return Ok(Some((name, b)));
         }
