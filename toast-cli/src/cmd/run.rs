@@ -51,7 +51,8 @@ const TIMER_ROOT: &str = "toast-cli run";
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Workflow size: tiny, xsmall, small, medium, large, xlarge, heroic, or
-    /// auto (the largest whose predicted memory fits 80% of MemAvailable).
+    /// auto (the largest whose predicted memory fits 80% of the memory
+    /// available, the smallest pick of the job's processes).
     #[arg(long, default_value = "tiny")]
     pub case: String,
     /// Output directory.
@@ -374,7 +375,18 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         n_det: args.n_det,
         n_obs: args.n_obs,
     };
-    let mut job = SatelliteJob::new(&args.case, configuration(args)?, overrides)?;
+    // Independent runs a launcher started on one node (a task farm) share
+    // its memory: the checks count them as processes of the node (not in a
+    // dry run for other nodes, `--dry-run P,PPN`, which names its own).
+    let farm = match args.dry_run.as_deref() {
+        None | Some("") => parallel::independent_runs_on_node(),
+        Some(_) => None,
+    };
+    let config = configuration(args)?;
+    // `--case auto`: one preset for every process (a collective), within
+    // each one's share of its node where a task farm's runs share it.
+    let case = SatelliteJob::agreed_case(&args.case, &config, &*comm, farm.unwrap_or(1))?;
+    let mut job = SatelliteJob::new(&case, config, overrides)?;
     // A named backend that cannot start fails the dry run as it fails the
     // run, before any plan is printed.
     job.check_backends(&registry)?;
@@ -385,13 +397,6 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         _ => (comm.size(), procs_per_node(comm.size())),
     };
     let plan = job.plan(&mut sim, n_procs, ppn, args.group_size)?;
-    // Independent runs a launcher started on one node (a task farm) share
-    // its memory: the checks count them as processes of the node (not in a
-    // dry run for other nodes, `--dry-run P,PPN`, which names its own).
-    let farm = match args.dry_run.as_deref() {
-        None | Some("") => parallel::independent_runs_on_node(),
-        Some(_) => None,
-    };
     job.processes_on_node = farm.unwrap_or(ppn);
     // The memory a process may take: agreed by the processes (a
     // collective), or unknown for a plan of other nodes, whose device

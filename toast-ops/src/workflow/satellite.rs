@@ -569,7 +569,51 @@ pub struct SatelliteRun {
     pub timers: Vec<toast_core::TimerStats>,
 }
 
+/// `--case auto` where a process cannot read its memory.
+fn auto_unreadable() -> WorkflowError {
+    WorkflowError::BadSize {
+        option: "--case",
+        value: "auto".into(),
+        reason: "cannot read MemAvailable from /proc/meminfo".into(),
+    }
+}
+
 impl SatelliteJob {
+    /// The preset `--case auto` resolves to for a job of `config` in which
+    /// every process of `comm` takes part, the same on each: each takes
+    /// the largest preset whose predicted memory fits 80% of its own
+    /// memory bound (its share of the node's where `runs_on_node`
+    /// independent runs share it, [`presets::process_share`]), and all
+    /// take the smallest of their picks (a collective). Read apart, as
+    /// [`SatelliteJob::new`] reads it for one process, processes on nodes
+    /// with different free memory would run different cases of one job.
+    /// Any other `case` is returned as it is, with no collective.
+    pub fn agreed_case(
+        case: &str,
+        config: &SatelliteConfig,
+        comm: &dyn Comm,
+        runs_on_node: usize,
+    ) -> Result<String, WorkflowError> {
+        if case != "auto" {
+            return Ok(case.to_string());
+        }
+        let own = presets::process_share(&presets::memory_bounds(), runs_on_node).map(|b| {
+            let (name, _) = presets::auto(b.bytes, config.pixels.nside.get(), pointing_of(config));
+            presets::PRESETS
+                .iter()
+                .position(|(n, _)| *n == name)
+                .unwrap_or(0) as i64
+        });
+        let mut pick = [own.unwrap_or(-1)];
+        comm.allreduce_i64(&mut pick, ReduceOp::Min)
+            .map_err(|e| WorkflowError::gather("--case auto", e))?;
+        usize::try_from(pick[0])
+            .ok()
+            .and_then(|i| presets::PRESETS.get(i))
+            .map(|(name, _)| name.to_string())
+            .ok_or_else(auto_unreadable)
+    }
+
     /// Check a job: the case (`auto`: the largest preset whose predicted
     /// memory fits 80% of `MemAvailable`), the overrides, and the sky map's
     /// header against `pixels.nside`.
@@ -580,13 +624,7 @@ impl SatelliteJob {
     ) -> Result<Self, WorkflowError> {
         let nside = config.pixels.nside.get();
         let (case, mut sizing) = if case == "auto" {
-            let avail = presets::memory_bound()
-                .ok_or_else(|| WorkflowError::BadSize {
-                    option: "--case",
-                    value: "auto".into(),
-                    reason: "cannot read MemAvailable from /proc/meminfo".into(),
-                })?
-                .bytes;
+            let avail = presets::memory_bound().ok_or_else(auto_unreadable)?.bytes;
             let (n, s) = presets::auto(avail, nside, pointing_of(&config));
             (n.to_string(), s)
         } else {
@@ -1966,6 +2004,108 @@ mod tests {
             n_obs: None,
         };
         SatelliteJob::new("tiny", cfg, overrides)
+    }
+
+    /// This process, with another whose `--case auto` pick is `other`
+    /// (an index into the presets; -1: it cannot read its memory; `None`:
+    /// no collective is expected).
+    #[derive(Debug)]
+    struct BesideAnother {
+        other: Option<i64>,
+    }
+
+    impl Comm for BesideAnother {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            2
+        }
+        fn describe(&self) -> String {
+            "this process and another".into()
+        }
+        fn barrier(&self) -> Result<(), toast_core::CommError> {
+            Ok(())
+        }
+        fn allreduce_f64(&self, _: &mut [f64], _: ReduceOp) -> Result<(), toast_core::CommError> {
+            unreachable!("agreed_case reduces one integer")
+        }
+        fn allreduce_i64(
+            &self,
+            buf: &mut [i64],
+            op: ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            let other = self.other.expect("no collective expected");
+            assert_eq!((buf.len(), op), (1, ReduceOp::Min));
+            buf[0] = buf[0].min(other);
+            Ok(())
+        }
+        fn reduce_f64(
+            &self,
+            _: usize,
+            _: &mut [f64],
+            _: ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            unreachable!()
+        }
+        fn reduce_i64(
+            &self,
+            _: usize,
+            _: &mut [i64],
+            _: ReduceOp,
+        ) -> Result<(), toast_core::CommError> {
+            unreachable!()
+        }
+        fn gather_bytes(
+            &self,
+            _: usize,
+            _: &[u8],
+        ) -> Result<Option<Vec<Vec<u8>>>, toast_core::CommError> {
+            unreachable!()
+        }
+        fn broadcast_bytes(&self, _: usize, _: &mut Vec<u8>) -> Result<(), toast_core::CommError> {
+            unreachable!()
+        }
+        fn abort(&self, code: i32) -> ! {
+            panic!("abort({code})")
+        }
+    }
+
+    /// `--case auto` is one preset for every process: the smallest of
+    /// their picks (a process on a node with less free memory, or sharing
+    /// it with a task farm's runs, picks smaller), and an error on every
+    /// process when one cannot read its memory (not a process left
+    /// waiting in the collective).
+    #[test]
+    fn every_process_takes_the_smallest_auto_pick() {
+        let table = super::super::config::workflow_defaults("auto");
+        let cfg = super::super::config::build(table).unwrap();
+        let Some(own) = presets::memory_bound() else {
+            return; // No memory to read here: nothing to agree on.
+        };
+        let (alone, _) = presets::auto(own.bytes, cfg.pixels.nside.get(), pointing_of(&cfg));
+        let heroic = presets::PRESETS.len() as i64 - 1;
+        let agreed = |other: i64, runs: usize| {
+            SatelliteJob::agreed_case("auto", &cfg, &BesideAnother { other: Some(other) }, runs)
+        };
+        assert_eq!(agreed(heroic, 1).unwrap(), alone);
+        assert_eq!(agreed(0, 1).unwrap(), "tiny");
+        assert!(matches!(
+            agreed(-1, 1),
+            Err(WorkflowError::BadSize {
+                option: "--case",
+                ..
+            })
+        ));
+        // Sharing the node with a thousand runs leaves each too little for
+        // more than the smallest.
+        assert_eq!(agreed(heroic, 1000).unwrap(), "tiny");
+        // A named case needs no collective (the communicator refuses one).
+        let none = BesideAnother { other: None };
+        assert_eq!(
+            SatelliteJob::agreed_case("xsmall", &cfg, &none, 1).unwrap(),
+            "xsmall"
+        );
     }
 
     fn bad_option(r: Result<SatelliteJob, WorkflowError>) -> &'static str {
