@@ -11,7 +11,11 @@
 //!   (`EPIPE`, where SIGPIPE does not end the process first) is a quiet exit;
 //! * [`errln!`](crate::errln) writes one whole line to standard error and
 //!   ignores failures: it is where errors are reported, there is nowhere
-//!   left to report its own.
+//!   left to report its own;
+//! * the log ([`LogStderr`], `tracing`'s writer) likewise: a log line that
+//!   cannot be written is dropped and the run goes on (`tracing-subscriber`
+//!   reports a failed write with `eprintln!`, which panics on the same
+//!   failed standard error).
 
 use std::io::{self, Write};
 
@@ -62,6 +66,24 @@ macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::console::stderr(&(format!($($arg)*) + "\n"))
     };
+}
+
+/// Standard error for the log: each event in one piece, and a failure to
+/// write it ignored (reported as written), as [`errln!`](crate::errln)
+/// ignores one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogStderr;
+
+impl Write for LogStderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let _ = io::stderr().lock().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let _ = io::stderr().flush();
+        Ok(())
+    }
 }
 
 /// Write `text` on standard error in one piece; failures are ignored.

@@ -181,7 +181,7 @@ fn init_logging(verbose: u8) {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| console::LogStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

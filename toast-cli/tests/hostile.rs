@@ -1021,3 +1021,58 @@ fn bad_values_in_a_sky_map_are_named() {
     assert!(t.contains("180 degrees"), "{t}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A standard error that cannot be written (a log on a full disk) loses
+/// the log's lines, not the run: a debug log of a dry run, and a run whose
+/// solve warns (no iterations), end as they would with a working one, the
+/// plan printed and the outputs whole (each panicked, exit status 101,
+/// when `tracing-subscriber` reported the failed write with `eprintln!`).
+#[test]
+fn a_failing_standard_error_loses_the_log_not_the_run() {
+    let dir = process::scratch("toast-cli-hostile", "stderr-full");
+    let out = dir.join("out");
+    let small = [
+        "--n-det",
+        "2",
+        "--set",
+        "sim_satellite.obs_minutes=10",
+        "--set",
+        "pixels.nside=32",
+    ];
+    let dry: Vec<&str> = ["-v", "run", "--dry-run"]
+        .into_iter()
+        .chain(small)
+        .collect();
+    let warns: Vec<&str> = [
+        "run",
+        "--quiet",
+        "--no-plot",
+        "--set",
+        "mapmaker.iter_max=0",
+    ]
+    .into_iter()
+    .chain(small)
+    .chain(["--out-dir", out.to_str().unwrap()])
+    .collect();
+    for (args, says) in [(&dry, "case tiny: 2 detectors"), (&warns, "outputs in:")] {
+        // `timeout`: a hang is exit status 124, not a stuck test.
+        let o = Command::new("timeout")
+            .arg("120")
+            .arg(env!("CARGO_BIN_EXE_toast-cli"))
+            .args(args)
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/dev/full")
+                    .unwrap(),
+            )
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {stdout}");
+        assert!(stdout.contains(says), "{args:?}: {stdout}");
+    }
+    for product in ["mapmaker_map.fits", "mapmaker_hits.fits", "stats.json"] {
+        assert!(out.join(product).is_file(), "{product}");
+    }
+}
