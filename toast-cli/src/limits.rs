@@ -33,6 +33,32 @@ pub fn check_threads(option: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// `RAYON_NUM_THREADS`, which sizes every thread pool not given a count
+/// (the run's without `--threads`, the CPU plugin's without `threads=`),
+/// bounded as `--threads` is: rayon reads it as it is, so 100000 hung even
+/// a dry run (minutes of thread start-up), and a value that is not a count
+/// was silently ignored. Unset, empty or 0: rayon's default, a thread per
+/// core.
+pub fn check_rayon_threads() -> Result<()> {
+    const VAR: &str = "RAYON_NUM_THREADS";
+    let Some(v) = std::env::var_os(VAR) else {
+        return Ok(());
+    };
+    let text = v.to_string_lossy();
+    if text.is_empty() {
+        return Ok(());
+    }
+    // As rayon parses it: no sign, no spaces.
+    match text.parse::<usize>() {
+        Ok(0) => Ok(()),
+        Ok(n) => check_threads(VAR, n),
+        Err(_) => bail!(
+            "{VAR}={text:?}: not a thread count (a whole number; unset, empty or 0 for one \
+             thread per core)"
+        ),
+    }
+}
+
 /// The product of `factors`, or `None` when it overflows a `u128`.
 pub fn product(factors: &[u128]) -> Option<u128> {
     factors.iter().try_fold(1u128, |acc, &f| acc.checked_mul(f))

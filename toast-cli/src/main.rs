@@ -187,6 +187,7 @@ fn init_logging(verbose: u8) {
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
+    limits::check_rayon_threads()?;
     #[cfg(feature = "mpi")]
     if let Command::MpiCheck { bench_mib } = &cli.command {
         return cmd::mpi_check::main(*bench_mib);
