@@ -534,6 +534,29 @@ fn every_probe() {
             &["run=opencl: backend `opencl` could not be initialised"],
         )
         .env("TOAST_GPU_MEM_GB", "abc"),
+        // The default backend (cpu) that cannot start fails the dry run, as
+        // a named one does (it planned with no backend and exited 0).
+        probe(
+            &["run", "--dry-run"],
+            Code(2),
+            &["run (unset: the default backend, cpu)", "TOAST_CPU_THREADS"],
+        )
+        .env("TOAST_CPU_THREADS", "abc"),
+        // RAYON_NUM_THREADS sizes the pools not given a count: bounded as
+        // --threads is (100000 hung a dry run), and not ignored when it is
+        // not a count.
+        probe(
+            &["run", "--dry-run"],
+            Code(2),
+            &["RAYON_NUM_THREADS 100000: at most"],
+        )
+        .env("RAYON_NUM_THREADS", "100000"),
+        probe(
+            &["verify", "--backend", "cpu"],
+            Code(2),
+            &["RAYON_NUM_THREADS=\"four\": not a thread count"],
+        )
+        .env("RAYON_NUM_THREADS", "four"),
         // A `memory` option without a value: refused by the plugin and the
         // host alike (one parser), not read as no budget.
         probe(

@@ -52,7 +52,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::budget::{Budget, BudgetSource};
-use toast_accel::host::{DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot};
+use toast_accel::host::{
+    DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot, DEFAULT_BACKEND,
+};
 use toast_core::num::compact;
 use toast_core::{
     comm_of, Comm, CommHandle, Data, ExecContext, OpError, Operator, ReduceOp, Requirements,
@@ -1714,9 +1716,24 @@ fn plan_of(cfg: &SatelliteConfig, registry: &Registry, policy: &DispatchPolicy) 
 /// Every backend the configuration's `dispatch` settings name is there
 /// and starts ([`SatelliteJob::check_backends`]).
 fn check_named_backends(cfg: &SatelliteConfig, registry: &Registry) -> Result<(), WorkflowError> {
-    for (key, name) in cfg.dispatch.named_backends() {
+    let policy = &cfg.dispatch;
+    let named = policy
+        .named_backends()
+        .into_iter()
+        .map(|(key, name)| (format!("{key}={name}"), name));
+    // Where neither `run` nor `pipeline` names one, the pipeline's data
+    // live on the default backend: it must start too (a CPU plugin refusing
+    // `TOAST_CPU_THREADS=abc` once let the dry run plan without a backend
+    // and the run fail in its first kernel).
+    let default = (policy.run.is_none() && policy.pipeline.is_none()).then(|| {
+        (
+            format!("run (unset: the default backend, {DEFAULT_BACKEND})"),
+            DEFAULT_BACKEND,
+        )
+    });
+    for (setting, name) in named.chain(default) {
         registry.get(name).map_err(|e| WorkflowError::Dispatch {
-            setting: format!("{key}={name}"),
+            setting,
             reason: e.to_string(),
         })?;
     }
