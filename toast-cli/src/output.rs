@@ -18,6 +18,9 @@
 //! maps a previous run left in another maps directory are not taken for
 //! this run's.
 //!
+//! An output name taken by a directory is refused before the run's work
+//! ([`check_output_names`]), and again before the commit changes anything.
+//!
 //! A run that fails before the commit (a write error, a full disk, an
 //! injected fault) removes its temporaries and leaves the previous run's
 //! outputs untouched; one that fails during the commit also removes what it
@@ -105,6 +108,25 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
         Ok(d) => d.sync_all(),
         Err(_) => Ok(()),
     }
+}
+
+/// Refuse output names taken by a directory in `dir` (the run's files)
+/// or `maps_dir` (the maps): a file is neither renamed over a directory
+/// nor removed as a file, so the commit would fail there, after the run's
+/// work and with the previous run's `stats.json` already removed. Checked
+/// before the work ([`crate::cmd::run`]) and again before the commit
+/// changes anything.
+pub fn check_output_names(dir: &Path, maps_dir: &Path) -> Result<()> {
+    for name in OUTPUTS {
+        let path = if is_map(name) { maps_dir } else { dir }.join(name);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            return Err(anyhow!(
+                "{}: a directory, where the run puts its output {name}: move it away",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Remove `path` if it exists.
@@ -213,6 +235,7 @@ impl Staging {
     pub fn commit(mut self) -> Result<()> {
         let dir = self.dir.clone();
         let maps_dir = self.maps_dir.clone();
+        check_output_names(&dir, &maps_dir)?;
         let at = |name: &str| {
             if is_map(name) {
                 maps_dir.join(name)
@@ -358,6 +381,39 @@ mod tests {
         s.commit().unwrap();
         assert_eq!(names(&dir), ["mapmaker_hits.fits", "stats.json"]);
         assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A directory under an output's name (here `timing.csv`, or the
+    /// `mapmaker_map.png` a `--no-plot` run would remove) fails the commit
+    /// before it changes anything: the previous run stays whole.
+    #[test]
+    fn a_directory_under_an_output_name_fails_before_the_commit_changes_anything() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-obstacle-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_map.fits", b"old").unwrap();
+        s.write_bytes("stats.json", b"old").unwrap();
+        s.commit().unwrap();
+        for obstacle in ["timing.csv", "mapmaker_map.png"] {
+            std::fs::create_dir_all(dir.join(obstacle).join("x")).unwrap();
+            let e = check_output_names(&dir, &dir).unwrap_err();
+            assert!(
+                format!("{e:#}").contains(&format!("{obstacle}: a directory")),
+                "{e:#}"
+            );
+            let mut s = staging(&dir);
+            s.write_bytes("mapmaker_map.fits", b"new").unwrap();
+            s.write_bytes("timing.csv", b"new").unwrap();
+            s.write_bytes("stats.json", b"new").unwrap();
+            s.commit().unwrap_err();
+            let mut want = vec!["mapmaker_map.fits", obstacle, "stats.json"];
+            want.sort();
+            assert_eq!(names(&dir), want, "{obstacle}");
+            assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"old");
+            std::fs::remove_dir_all(dir.join(obstacle)).unwrap();
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -334,6 +334,11 @@ fn every_probe() {
     std::fs::write(&big_config, vec![b'#'; (1 << 20) + 1]).unwrap();
     let big_config = s(&big_config);
 
+    // An output name taken by a directory: refused before any work.
+    let obstacle = dir.join("obstacle");
+    std::fs::create_dir_all(obstacle.join("timing.csv").join("x")).unwrap();
+    let obstacle = s(&obstacle);
+
     let full = || StdoutTo::File("/dev/full".into());
     let at_most_threads = "at most";
     let probes = vec![
@@ -534,6 +539,19 @@ fn every_probe() {
             &["run=opencl: backend `opencl` could not be initialised"],
         )
         .env("TOAST_GPU_MEM_GB", "abc"),
+        probe(
+            &[
+                "run",
+                "--quiet",
+                "--no-plot",
+                "--n-det",
+                "2",
+                "--out-dir",
+                &obstacle,
+            ],
+            Code(2),
+            &["timing.csv: a directory, where the run puts its output timing.csv"],
+        ),
         // The default backend (cpu) that cannot start fails the dry run, as
         // a named one does (it planned with no backend and exited 0).
         probe(

@@ -453,6 +453,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         if job.config.mapmaker.enabled {
             check_out_dir(&maps_dir).context("mapmaker.output_dir")?;
         }
+        crate::output::check_output_names(&args.out_dir, &maps_dir)?;
     }
     // A device in the host's memory adds its peak to the host's.
     let in_host_memory = match (&device, &shared) {
