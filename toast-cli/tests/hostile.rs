@@ -552,6 +552,25 @@ fn every_probe() {
             Code(2),
             &["timing.csv: a directory, where the run puts its output timing.csv"],
         ),
+        // Dates that are not on the calendar (2027-02-30 ran as 03-02), or
+        // outside the ephemeris; observations of fewer than 2 samples
+        // (each passed the dry run and failed in the simulation, naming no
+        // setting).
+        probe(
+            &["run", "--dry-run", "--set", "sim_satellite.mission_start=2027-02-30"],
+            Code(2),
+            &["sim_satellite.mission_start: \"2027-02-30\" is not a date (month 2 of 2027 has 28 days)"],
+        ),
+        probe(
+            &["run", "--dry-run", "--set", "sim_satellite.mission_start=1-01-01"],
+            Code(2),
+            &["sim_satellite.mission_start: \"1-01-01\" is outside the years"],
+        ),
+        probe(
+            &["run", "--dry-run", "--set", "sim_satellite.obs_minutes=1e-4"],
+            Code(2),
+            &["sim_satellite.obs_minutes 0.0001: an observation holds 1 sample(s)"],
+        ),
         // The default backend (cpu) that cannot start fails the dry run, as
         // a named one does (it planned with no backend and exited 0).
         probe(

@@ -18,6 +18,11 @@ use toast_core::{
 /// Observation metadata key of the session UID (the noise key).
 pub const SESSION_UID: &str = "session_uid";
 
+/// The years a mission may start in: the Earth's ephemeris (ERFA `epv00`)
+/// covers 1900-01-01 12:00 to 2100-01-01 12:00 TT (its epoch ± 100
+/// Julian years), with a year's margin at each end for the mission itself.
+pub const EPHEMERIS_YEARS: std::ops::RangeInclusive<i64> = 1901..=2099;
+
 /// Configuration of [`SimSatellite`] (TOAST's `SimSatellite` traits, plus
 /// the schedule parameters of `toast_satellite_schedule`, which the
 /// benchmark hard-codes; angles in degrees, periods in minutes).
@@ -99,7 +104,8 @@ impl SimSatelliteConfig {
         Ok(())
     }
 
-    /// The mission start in microseconds since the Unix epoch.
+    /// The mission start in microseconds since the Unix epoch: a date of
+    /// the Gregorian calendar within [`EPHEMERIS_YEARS`].
     pub fn mission_start_us(&self) -> Result<i64, OpError> {
         let err = || {
             OpError::Config(format!(
@@ -115,10 +121,32 @@ impl SimSatelliteConfig {
             .iter()
             .map(|s| s.parse::<i64>().map_err(|_| err()))
             .collect::<Result<_, _>>()?;
-        if !(1..=12).contains(&n[1]) || !(1..=31).contains(&n[2]) {
-            return Err(err());
+        let (year, month, day) = (n[0], n[1], n[2]);
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+        let days = match month {
+            2 if leap => 29,
+            2 => 28,
+            4 | 6 | 9 | 11 => 30,
+            1..=12 => 31,
+            _ => return Err(err()),
+        };
+        if !(1..=days).contains(&day) {
+            return Err(OpError::Config(format!(
+                "sim_satellite.mission_start: {:?} is not a date (month {month} of {year} has \
+                 {days} days)",
+                self.mission_start
+            )));
         }
-        Ok(unix_us_from_civil(n[0], n[1], n[2], 0, 0, 0))
+        if !EPHEMERIS_YEARS.contains(&year) {
+            return Err(OpError::Config(format!(
+                "sim_satellite.mission_start: {:?} is outside the years of the Earth's \
+                 ephemeris (ERFA epv00), {} to {}",
+                self.mission_start,
+                EPHEMERIS_YEARS.start(),
+                EPHEMERIS_YEARS.end()
+            )));
+        }
+        Ok(unix_us_from_civil(year, month, day, 0, 0, 0))
     }
 }
 
@@ -341,5 +369,58 @@ impl Operator for SimSatellite {
             data.push(ob)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `mission_start` is a date of the calendar within the ephemeris's
+    /// years: 2027-02-30 (once taken as 2027-03-02) and year 1 (once an
+    /// ERFA range error mid-run, naming no setting) are refused by name.
+    #[test]
+    fn the_mission_starts_on_a_calendar_date_the_ephemeris_covers() {
+        let start = |date: &str| {
+            SimSatelliteConfig {
+                mission_start: date.into(),
+                ..Default::default()
+            }
+            .validate()
+            .map_err(|e| e.to_string())
+        };
+        for good in [
+            "2027-01-01",
+            "2028-02-29",
+            "2000-02-29",
+            "1901-01-01",
+            "2099-12-31",
+        ] {
+            start(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for (bad, says) in [
+            ("2027-02-30", "month 2 of 2027 has 28 days"),
+            ("2027-02-29", "month 2 of 2027 has 28 days"),
+            ("1900-02-29", "month 2 of 1900 has 28 days"),
+            ("2027-04-31", "month 4 of 2027 has 30 days"),
+            ("2027-04-00", "month 4 of 2027 has 30 days"),
+            ("2027-13-01", "is not a date YYYY-MM-DD"),
+            ("2027-1-1-1", "is not a date YYYY-MM-DD"),
+            (
+                "1-01-01",
+                "outside the years of the Earth's ephemeris (ERFA epv00), 1901 to 2099",
+            ),
+            ("99999-01-01", "outside the years"),
+        ] {
+            let e = start(bad).unwrap_err();
+            assert!(
+                e.contains("sim_satellite.mission_start") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(
+            SimSatelliteConfig::default().mission_start_us().unwrap(),
+            1_798_761_600_000_000
+        );
     }
 }

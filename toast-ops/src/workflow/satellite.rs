@@ -98,6 +98,18 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
             ),
         });
     }
+    if per_obs < 2.0 {
+        return Err(WorkflowError::BadSize {
+            option: "sim_satellite.obs_minutes",
+            value: compact(sat.obs_minutes),
+            reason: format!(
+                "an observation holds {} sample(s) at {SAMPLE_RATE} Hz; it needs at least 2 \
+                 (obs_minutes of {} or more)",
+                per_obs.max(0.0),
+                compact((1.0 / SAMPLE_RATE + 2e-6) / 60.0)
+            ),
+        });
+    }
     sizing.samples_per_obs = per_obs as u64;
     let mission_us = (sat.obs_minutes + sat.gap_minutes) * 60e6 * sizing.n_obs as f64;
     if mission_us > limit {
@@ -116,6 +128,24 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
                 compact(sat.obs_minutes + sat.gap_minutes)
             ),
         });
+    }
+    // The last observation ends within the Earth's ephemeris (ERFA epv00,
+    // to 2100-01-01 12:00 TT; the start's year is checked with the
+    // configuration).
+    let ephemeris_end_us = crate::astro::scan_strategy::unix_us_from_civil(2100, 1, 1, 0, 0, 0);
+    if let Ok(start_us) = sat.mission_start_us() {
+        if start_us as f64 + mission_us > ephemeris_end_us as f64 {
+            return Err(WorkflowError::BadSize {
+                option: "sim_satellite.mission_start",
+                value: sat.mission_start.clone(),
+                reason: format!(
+                    "its {} observation(s) of obs_minutes + gap_minutes = {} min end after \
+                     2100-01-01, where the Earth's ephemeris (ERFA epv00) ends",
+                    sizing.n_obs,
+                    compact(sat.obs_minutes + sat.gap_minutes)
+                ),
+            });
+        }
     }
     let step_time = config.baselines.step_time;
     let step = (step_time * SAMPLE_RATE).round_ties_even();
@@ -2164,6 +2194,25 @@ mod tests {
         assert!(job(&["baselines.step_time=1e6"], 2).is_ok());
         let j = job(&["sim_satellite.obs_minutes=1e12"], 2);
         assert_eq!(bad_option(j), "sim_satellite.obs_minutes");
+        // Fewer than 2 samples an observation (1e-300 gave 0, the dry run
+        // said so and the run failed in SimSatellite naming no setting).
+        for short in ["1e-300", "1e-4", "0.000166"] {
+            let e = job(&[&format!("sim_satellite.obs_minutes={short}")], 2)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("it needs at least 2"), "{short}: {e}");
+        }
+        assert!(job(&["sim_satellite.obs_minutes=0.00017"], 2).is_ok());
+        // A mission that runs past the ephemeris's end.
+        let j = job(
+            &[
+                "sim_satellite.mission_start=2099-12-31",
+                "sim_satellite.obs_minutes=2000",
+            ],
+            2,
+        );
+        assert_eq!(bad_option(j), "sim_satellite.mission_start");
         let j = job(&["sim_satellite.obs_minutes=1e300"], 2);
         assert_eq!(bad_option(j), "sim_satellite.obs_minutes");
         let j = job(&["sim_satellite.gap_minutes=1e10"], 2);
