@@ -571,6 +571,19 @@ fn every_probe() {
             Code(2),
             &["sim_satellite.obs_minutes 0.0001: an observation holds 1 sample(s)"],
         ),
+        // A --json file that cannot be written is refused before the
+        // benchmark (it failed after it, exit status 1), and a device or a
+        // directory is not replaced.
+        probe(
+            &["bench", "kernels", "--tiny", "--json", "/dev/full"],
+            Code(2),
+            &["--json /dev/full: not a regular file"],
+        ),
+        probe(
+            &["bench", "kernels", "--tiny", "--json", &s(&dir.join("none").join("x.json"))],
+            Code(2),
+            &["x.json: No such file or directory"],
+        ),
         // The default backend (cpu) that cannot start fails the dry run, as
         // a named one does (it planned with no backend and exited 0).
         probe(

@@ -11,7 +11,7 @@
 //! * `host_info.rs`: the machine's description (CPU, memory, load);
 //! * here: the command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use toast_accel::host::{Backend, DiscoveryOptions};
 
@@ -101,6 +101,9 @@ impl KernelsArgs {
         if self.repeats > MAX_REPEATS {
             anyhow::bail!("--repeats {}: at most {MAX_REPEATS}", self.repeats);
         }
+        if let Some(p) = &self.json {
+            check_json_path(p)?;
+        }
         let o = self.options(None);
         o.validate()?;
         let what = format!(
@@ -109,6 +112,32 @@ impl KernelsArgs {
         );
         crate::limits::check_memory(&what, o.host_bytes())
     }
+}
+
+/// The temporary `--json FILE` is written to before it is renamed into
+/// place (beside it, so the rename is within one file system).
+fn json_temporary(p: &Path) -> PathBuf {
+    let name = p
+        .file_name()
+        .map_or("report".into(), |n| n.to_string_lossy());
+    p.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// `--json FILE`, checked before the benchmark runs (its failure was a
+/// benchmark's minutes, then exit status 1): a regular file or none (not a
+/// directory, nor a device such as `/dev/full` that a rename would
+/// replace), in a directory where a file can be written.
+fn check_json_path(p: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(p) {
+        Ok(m) if !m.is_file() => {
+            anyhow::bail!("--json {}: not a regular file", p.display())
+        }
+        _ => {}
+    }
+    let tmp = json_temporary(p);
+    std::fs::write(&tmp, b"").map_err(|e| anyhow::anyhow!("--json {}: {e}", p.display()))?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
 }
 
 /// Add `threads=N` to the init options of backend `name`, after any given
@@ -155,7 +184,14 @@ pub fn cmd_kernels(
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report.to_json())
             .map_err(|e| anyhow::anyhow!("serialising the report: {e}"))?;
-        std::fs::write(p, text + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        // Whole or absent: written beside it, then renamed into place.
+        let tmp = json_temporary(p);
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, p))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                anyhow::anyhow!("{}: {e}", p.display())
+            })?;
         crate::outln!("wrote {}", p.display())?;
     }
     Ok(())
