@@ -134,6 +134,11 @@ fn input_that_cannot_be_compared_exits_2() {
     std::fs::create_dir_all(&empty).unwrap();
     std::fs::create_dir_all(&junk).unwrap();
     std::fs::write(junk.join("mapmaker_map.fits"), b"not a FITS file").unwrap();
+    // A directory under a map's name: not taken for a map missing there.
+    let odd = root.join("odd");
+    write_run(&odd, 0.0, 0);
+    std::fs::remove_file(odd.join("mapmaker_map.fits")).unwrap();
+    std::fs::create_dir_all(odd.join("mapmaker_map.fits")).unwrap();
 
     let missing = root.join("missing");
     for (args, words) in [
@@ -145,6 +150,10 @@ fn input_that_cannot_be_compared_exits_2() {
         (
             vec![path(&a), path(&junk)],
             vec!["comparing mapmaker_map.fits", "not a FITS file"],
+        ),
+        (
+            vec![path(&a), path(&odd)],
+            vec!["mapmaker_map.fits: not a regular file"],
         ),
         (
             vec![path(&a), path(&a), "--max-rel=-1"],

@@ -155,7 +155,9 @@ struct FileReport {
     differs: bool,
 }
 
-/// The `*.fits` names in `dir`.
+/// The `*.fits` names in `dir`; one that is not a regular file (a
+/// directory, a FIFO, a dangling link) is refused, not taken for a file
+/// missing on that side.
 fn fits_names(dir: &Path) -> Result<BTreeSet<String>> {
     let mut names = BTreeSet::new();
     let entries = std::fs::read_dir(dir)
@@ -163,9 +165,13 @@ fn fits_names(dir: &Path) -> Result<BTreeSet<String>> {
     for e in entries {
         let e = e.with_context(|| format!("cannot read directory {}", dir.display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".fits") && e.path().is_file() {
-            names.insert(name);
+        if !name.ends_with(".fits") {
+            continue;
         }
+        if !e.path().is_file() {
+            bail!("{}: not a regular file", e.path().display());
+        }
+        names.insert(name);
     }
     Ok(names)
 }
