@@ -481,6 +481,14 @@ pub fn merge(base: &mut Table, over: &Table) {
 }
 
 /// Apply one `--set section.key=value`.
+/// Whether `raw` is written as an integer: a sign at most, then digits
+/// (TOML's `_` separators allowed).
+fn is_integer_text(raw: &str) -> bool {
+    let digits = raw.strip_prefix(['+', '-']).unwrap_or(raw);
+    digits.chars().any(|c| c.is_ascii_digit())
+        && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
+}
+
 pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
     let (path, raw) = spec.split_once('=').ok_or_else(|| {
         set_err(
@@ -510,6 +518,19 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
     let raw = raw.trim();
     let value = match format!("v = {raw}").parse::<Table>() {
         Ok(mut t) => t.remove("v").expect("parsed key"),
+        // Digits that TOML refuses are an integer out of its range, not a
+        // string (which the setting then refused as "invalid type:
+        // string").
+        Err(_) if is_integer_text(raw) => {
+            return Err(set_err(
+                spec,
+                format!(
+                    "{raw} is outside the integers a setting holds ({} to {})",
+                    i64::MIN,
+                    i64::MAX
+                ),
+            ))
+        }
         Err(_) => Value::String(raw.to_string()),
     };
     let sec = table
@@ -789,6 +810,15 @@ mod tests {
         assert!(e.contains("[pixels]"), "{e}");
         let e = cfg(&["dispatch.kernel.nosuch=cpu"]).unwrap_err();
         assert!(e.contains("[dispatch]"), "{e}");
+        // An integer out of TOML's range is named so, not read as a string.
+        for big in ["18446744073709551616", "-9_223_372_036_854_775_809"] {
+            let e = cfg(&[&format!("scan_map.seed={big}")]).unwrap_err();
+            assert!(
+                e.contains(&format!("{big} is outside the integers a setting holds")),
+                "{e}"
+            );
+        }
+        assert!(!is_integer_text("1e3") && !is_integer_text("-") && is_integer_text("+1_0"));
     }
 
     #[test]
