@@ -61,8 +61,11 @@ pub struct KernelsArgs {
     #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
     pub rows: Vec<String>,
     /// Smoke test: the tiny workload (2 det x 2000 samples, nside 64, 1
-    /// repeat) instead of the sizes above.
-    #[arg(long)]
+    /// repeat) instead of the sizes above (which it cannot be given with).
+    #[arg(
+        long,
+        conflicts_with_all = ["n_det", "n_samp", "nside", "precond_n_amp", "repeats"]
+    )]
     pub tiny: bool,
 }
 
