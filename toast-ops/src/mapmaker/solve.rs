@@ -902,12 +902,21 @@ impl MapMaker {
             after,
         });
         if !res.converged && !res.stalled {
-            tracing::warn!(
-                "{}: PCG reached iter_max = {} without converging (relative residual {:e})",
-                self.setup.name,
-                mm.iter_max,
-                res.residuals.last().copied().unwrap_or(f64::NAN)
-            );
+            match res.residuals.last() {
+                Some(relative) => tracing::warn!(
+                    "{}: PCG reached iter_max = {} without converging (relative residual {:e})",
+                    self.setup.name,
+                    mm.iter_max,
+                    relative
+                ),
+                // iter_max = 0: no iteration, so no residual to give.
+                None => tracing::warn!(
+                    "{}: PCG reached iter_max = {} without an iteration: the offsets are the \
+                     starting guess",
+                    self.setup.name,
+                    mm.iter_max
+                ),
+            }
         }
         read_amps(data, ctx, "read_solution", x)
     }
