@@ -339,6 +339,11 @@ fn every_probe() {
     std::fs::create_dir_all(obstacle.join("timing.csv").join("x")).unwrap();
     let obstacle = s(&obstacle);
 
+    // An output directory that is a link to nowhere.
+    let dangling = dir.join("dangling");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+    let dangling = s(&dangling);
+
     let full = || StdoutTo::File("/dev/full".into());
     let at_most_threads = "at most";
     let probes = vec![
@@ -570,6 +575,11 @@ fn every_probe() {
             &["run", "--dry-run", "--set", "sim_satellite.obs_minutes=1e-4"],
             Code(2),
             &["sim_satellite.obs_minutes 0.0001: an observation holds 1 sample(s)"],
+        ),
+        probe(
+            &["run", "--quiet", "--no-plot", "--n-det", "2", "--out-dir", &dangling],
+            Code(2),
+            &["dangling: a symbolic link that leads to no directory"],
         ),
         // A --json file that cannot be written is refused before the
         // benchmark (it failed after it, exit status 1), and a device or a

@@ -197,6 +197,16 @@ fn maps_dir(out_dir: &Path, output_dir: &str) -> PathBuf {
 
 /// Check that the output directory can be created and written.
 fn check_out_dir(dir: &Path) -> Result<()> {
+    // A link that leads nowhere (dangling, or a loop): said so, where
+    // create_dir_all reports only "File exists".
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        if let Err(e) = std::fs::metadata(dir) {
+            bail!(
+                "output directory {}: a symbolic link that leads to no directory ({e})",
+                dir.display()
+            );
+        }
+    }
     std::fs::create_dir_all(dir)
         .with_context(|| format!("output directory {}: cannot create", dir.display()))?;
     let probe = dir.join(".toast-cli-write-test");
