@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use toast_core::meta::Value;
 use toast_core::observation::defaults;
-use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
 
 /// TOAST's `AnalyticNoise`: one 1/f model per detector.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -162,10 +162,23 @@ impl Operator for SimNoise {
     fn supports_accel(&self) -> bool {
         true
     }
+    /// Creates the timestream (zeros) where it is missing, as TOAST's
+    /// `SimNoise` does (`detdata.ensure`): the noise then stands alone in
+    /// it. An existing one is added to.
+    fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
+        for ob in &mut data.obs {
+            if !ob.detdata.contains(&self.config.det_data) {
+                ob.detdata
+                    .create(&self.config.det_data, DType::F64, &[], None)?;
+            }
+        }
+        Ok(())
+    }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         if !self.config.enabled {
             return Ok(());
         }
+        self.prepare_outputs(data, ctx)?;
         let cfg = &self.config;
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
