@@ -594,6 +594,18 @@ fn every_probe() {
             Code(2),
             &["x.json: No such file or directory"],
         ),
+        // A field name the workflow never makes fails the dry run (it failed
+        // the run after the simulation), naming the step's section.
+        probe(
+            &["run", "--dry-run", "--set", "mapmaker.det_data=qq"],
+            Code(2),
+            &["mapmaker: reads detdata `qq`, which no earlier step of the workflow provides"],
+        ),
+        probe(
+            &["run", "--dry-run", "--set", "pixels.view=x"],
+            Code(2),
+            &["pixels: reads intervals `x`"],
+        ),
         // The default backend (cpu) that cannot start fails the dry run, as
         // a named one does (it planned with no backend and exited 0).
         probe(

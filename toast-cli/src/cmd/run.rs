@@ -402,6 +402,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     job.check_backends(&registry)?;
     let s = job.sizing;
     let mut sim = job.simulation()?;
+    // Every field a step reads is made by an earlier step (a field name
+    // set to one the workflow never makes fails here, not mid-run).
+    job.check_wiring(&sim)?;
     let (n_procs, ppn) = match args.dry_run.as_deref() {
         Some(spec) if !spec.is_empty() => parse_procs(spec)?,
         _ => (comm.size(), procs_per_node(comm.size())),

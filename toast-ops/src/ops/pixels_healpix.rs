@@ -74,7 +74,9 @@ pub struct PixelsHealpix {
     /// The submaps hit since the last [`PixelsHealpix::take_hit_submaps`]
     /// (host copy), and the name of the kernel scratch holding them (one
     /// per operator built, so two operators of one device scope never
-    /// share a device copy; a clone shares its original's).
+    /// share a device copy; a clone shares its original's). Empty until a
+    /// kernel call needs it: an operator made only for its items
+    /// (`requires`, `provides`) allocates nothing, whatever its nside.
     hit_submaps: Vec<u8>,
     hits_name: String,
     /// Whether a kernel call recorded hits since the last take.
@@ -97,7 +99,7 @@ impl PixelsHealpix {
             name: name.into(),
             n_pix_submap: config.nside_submap.npix() as i64,
             n_submap,
-            hit_submaps: vec![0; n_submap as usize],
+            hit_submaps: Vec::new(),
             hits_name: format!(
                 "pixels_healpix/{}/hit_submaps",
                 NEXT_HITS.fetch_add(1, Ordering::Relaxed)
@@ -138,7 +140,8 @@ impl PixelsHealpix {
     /// open device scope's (read back once, a byte a submap, and freed);
     /// `None` when no call was made since. Both start again from zeros.
     pub fn take_hit_submaps(&mut self, ctx: &mut ExecContext) -> Result<Option<Vec<u8>>, OpError> {
-        let mut hit = std::mem::replace(&mut self.hit_submaps, vec![0; self.n_submap as usize]);
+        let mut hit = std::mem::take(&mut self.hit_submaps);
+        hit.resize(self.n_submap as usize, 0);
         movement::take_scratch(ctx, &self.hits_name, &mut hit)?;
         let recorded = std::mem::take(&mut self.hits_recorded);
         Ok(recorded.then_some(hit))
@@ -229,6 +232,7 @@ impl Operator for PixelsHealpix {
                 detectors: &dets,
                 intervals: &intervals,
             };
+            self.hit_submaps.resize(self.n_submap as usize, 0);
             kernels::pixels_healpix(
                 ctx,
                 call,

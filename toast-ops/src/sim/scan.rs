@@ -629,6 +629,20 @@ pub struct ScanHealpixMap {
 }
 
 impl ScanHealpixMap {
+    /// What the scan of `config` reads and provides besides its pointing's
+    /// items (`PointingOps::requires`): the timestream it adds to (created
+    /// where missing), and the pixel distribution it registers. The
+    /// workflow checks its steps' items with these before it makes the
+    /// operator (`SatelliteJob::check_wiring`).
+    pub fn items(config: &ScanHealpixMapConfig) -> (Requirements, Requirements) {
+        (
+            Requirements::new().detdata(&config.det_data),
+            Requirements::new()
+                .detdata(&config.det_data)
+                .global(&config.pixel_dist),
+        )
+    }
+
     /// The operator; `sky` (an [`InputSky`] or a [`SkySynthesis`]) must
     /// have the pointing's nside.
     pub fn new(
@@ -667,13 +681,11 @@ impl Operator for ScanHealpixMap {
     }
     fn requires(&self) -> Requirements {
         let mut r = self.pointing.requires();
-        r.add(toast_core::Category::DetData, self.config.det_data.clone());
+        r.extend(&Self::items(&self.config).0);
         r
     }
     fn provides(&self) -> Requirements {
-        Requirements::new()
-            .detdata(&self.config.det_data)
-            .global(&self.config.pixel_dist)
+        Self::items(&self.config).1
     }
     /// One device scope for the whole operator (see [`crate::sim`]'s
     /// "Data movement"): on a device the pointing is expanded there once

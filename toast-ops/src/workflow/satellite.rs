@@ -182,6 +182,22 @@ pub enum WorkflowError {
     /// The input sky map file.
     #[error("sky map {}: {reason}", path.display())]
     SkyMap { path: PathBuf, reason: String },
+    /// A step of the workflow reads an item that no earlier step provides
+    /// (a field name set to one the workflow does not make).
+    #[error(
+        "{step}: reads {category} `{name}`, which no earlier step of the workflow provides \
+         ({category} before it: {before})"
+    )]
+    Wiring {
+        /// The configuration section of the step.
+        step: String,
+        /// The kind of item.
+        category: toast_core::Category,
+        /// Its name.
+        name: String,
+        /// The items of that kind provided before the step, comma-separated.
+        before: String,
+    },
     /// A dispatch setting that names no usable backend.
     #[error("dispatch {setting}: {reason}")]
     Dispatch { setting: String, reason: String },
@@ -1169,6 +1185,94 @@ impl SatelliteJob {
         Ok(())
     }
 
+    /// Refuse, before any work, a configuration whose steps read an item
+    /// (a timestream, a shared field, an interval list, a noise model) that
+    /// no earlier step provides: a field name set to one the workflow
+    /// never makes (`mapmaker.det_data=qq`, `pixels.view=x`,
+    /// `det_pointing.boresight=zz`) passed the dry run and failed the run
+    /// part way, after the simulation. The steps are those of
+    /// [`SatelliteJob::run`], in its order, each under its configuration
+    /// section (the scan's pointing as `det_pointing`, `pixels`, `weights`).
+    /// The scan and the noise create the timestream they add to where it
+    /// is missing (as TOAST's do), so theirs may be new.
+    pub fn check_wiring(&self, sim: &SimSatellite) -> Result<(), WorkflowError> {
+        let cfg = &self.config;
+        let bad = |section: &str| {
+            let section = section.to_string();
+            move |e: OpError| {
+                WorkflowError::Config(ConfigError::Section {
+                    section,
+                    reason: e.to_string(),
+                })
+            }
+        };
+        // A step: its section, what it reads, what it provides, and what
+        // of what it reads it creates where missing.
+        let items = |section: &'static str, op: &dyn Operator| {
+            (section, op.requires(), op.provides(), Requirements::new())
+        };
+        let mut steps = vec![items(
+            "default_model",
+            &DefaultNoiseModel::new("default_model", cfg.default_model.clone()),
+        )];
+        if cfg.scan_map.enabled {
+            let pixels = PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
+                .map_err(bad("pixels"))?;
+            let (requires, provides) = ScanHealpixMap::items(&cfg.scan_map);
+            steps.extend([
+                items(
+                    "det_pointing",
+                    &PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
+                ),
+                items("pixels", &pixels),
+                items(
+                    "weights",
+                    &StokesWeights::new("weights", cfg.weights.clone(), cfg.det_pointing.clone()),
+                ),
+                (
+                    "scan_map",
+                    requires,
+                    provides,
+                    Requirements::new().detdata(&cfg.scan_map.det_data),
+                ),
+            ]);
+        }
+        if cfg.sim_noise.enabled {
+            let mut noise = items(
+                "sim_noise",
+                &SimNoise::new("sim_noise", cfg.sim_noise.clone()),
+            );
+            noise.3 = Requirements::new().detdata(&cfg.sim_noise.det_data);
+            steps.push(noise);
+        }
+        if cfg.mapmaker.enabled {
+            let mm = MapMaker::new(mapmaker_setup(cfg)).map_err(bad("mapmaker"))?;
+            steps.push(items("mapmaker", &mm));
+        }
+        let mut have = sim.provides();
+        for (section, requires, provides, creates) in steps {
+            for category in toast_core::Category::ALL {
+                let unmet = requires.get(category).iter().find(|name| {
+                    !have.contains(category, name) && !creates.contains(category, name)
+                });
+                if let Some(name) = unmet {
+                    let before = have.get(category);
+                    return Err(WorkflowError::Wiring {
+                        step: section.to_string(),
+                        category,
+                        name: name.clone(),
+                        before: match before.is_empty() {
+                            true => "none".into(),
+                            false => before.join(", "),
+                        },
+                    });
+                }
+            }
+            have.extend(&provides);
+        }
+        Ok(())
+    }
+
     /// Refuse, before any planning, a configuration whose `dispatch`
     /// settings (`--backend`, `run`, `pipeline`, `operator.*`, `kernel.*`)
     /// name a backend that is absent or cannot start (a bad option, no
@@ -1354,6 +1458,7 @@ impl SatelliteJob {
         let root = comm.rank() == 0;
         let group_size = sim.group_size;
         let t_start = Instant::now();
+        self.check_wiring(&sim)?;
         let dispatcher = dispatcher(cfg, registry)?;
         let registry = Arc::clone(dispatcher.registry());
         // The map-maker's plan, chosen before any work: the sky scan keeps
@@ -2051,6 +2156,59 @@ mod tests {
             n_obs: None,
         };
         SatelliteJob::new("tiny", cfg, overrides)
+    }
+
+    /// Every item a step reads is provided by an earlier step, or created
+    /// by the step itself where it does (the scan's and the noise's
+    /// timestreams): a field name the workflow never makes is refused
+    /// before any work, naming the step's section and the item.
+    #[test]
+    fn every_item_a_step_reads_is_made_before_it() {
+        let wiring = |sets: &[&str]| {
+            let j = job(sets, 2).unwrap();
+            let sim = j.simulation().unwrap();
+            j.check_wiring(&sim).map_err(|e| e.to_string())
+        };
+        for good in [
+            &[][..],
+            &["sim_noise.det_data=foo"],
+            &["scan_map.det_data=sky"],
+            &["sim_noise.det_data=foo", "mapmaker.det_data=foo"],
+            &[
+                "sim_noise.noise_model=x",
+                "default_model.noise_model=x",
+                "binner.noise_model=x",
+            ],
+            &["scan_map.enabled=false"],
+            &["mapmaker.enabled=false", "mapmaker.det_data=qq"],
+        ] {
+            wiring(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        }
+        for (bad, says) in [
+            (&["pixels.view=x"][..], "pixels: reads intervals `x`"),
+            (&["weights.view=vv"], "weights: reads intervals `vv`"),
+            (
+                &["det_pointing.boresight=zz"],
+                "det_pointing: reads shared `zz`",
+            ),
+            (&["sim_noise.noise_model=x"], "sim_noise: reads meta `x`"),
+            (
+                &["default_model.noise_model=y"],
+                "sim_noise: reads meta `noise_model`",
+            ),
+            (&["mapmaker.det_data=qq"], "mapmaker: reads detdata `qq`"),
+            (&["baselines.times=tt"], "mapmaker: reads shared `tt`"),
+            (
+                &["scan_map.enabled=false", "det_pointing.boresight=zz"],
+                "mapmaker: reads shared `zz`",
+            ),
+        ] {
+            let e = wiring(bad).unwrap_err();
+            assert!(
+                e.contains(says) && e.contains("which no earlier step of the workflow provides"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     /// This process, with another whose `--case auto` pick is `other`
