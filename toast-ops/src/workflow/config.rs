@@ -480,15 +480,20 @@ pub fn merge(base: &mut Table, over: &Table) {
     }
 }
 
-/// Apply one `--set section.key=value`.
-/// Whether `raw` is written as an integer: a sign at most, then digits
-/// (TOML's `_` separators allowed).
-fn is_integer_text(raw: &str) -> bool {
-    let digits = raw.strip_prefix(['+', '-']).unwrap_or(raw);
-    digits.chars().any(|c| c.is_ascii_digit())
-        && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
+/// Whether `raw` is an integer beyond TOML's (i64): a sign at most, then
+/// digits without a leading zero (TOML's `_` separators allowed), whose
+/// value no i64 holds. Other text TOML refuses (`007`, `1__0`) stays a
+/// string, as it was.
+fn is_out_of_range_integer(raw: &str) -> bool {
+    let unsigned = raw.strip_prefix(['+', '-']).unwrap_or(raw);
+    let digits: String = unsigned.chars().filter(|&c| c != '_').collect();
+    !digits.is_empty()
+        && digits.chars().all(|c| c.is_ascii_digit())
+        && !(digits.len() > 1 && digits.starts_with('0'))
+        && raw.replace('_', "").parse::<i64>().is_err()
 }
 
+/// Apply one `--set section.key=value`.
 pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
     let (path, raw) = spec.split_once('=').ok_or_else(|| {
         set_err(
@@ -521,7 +526,7 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
         // Digits that TOML refuses are an integer out of its range, not a
         // string (which the setting then refused as "invalid type:
         // string").
-        Err(_) if is_integer_text(raw) => {
+        Err(_) if is_out_of_range_integer(raw) => {
             return Err(set_err(
                 spec,
                 format!(
@@ -818,7 +823,13 @@ mod tests {
                 "{e}"
             );
         }
-        assert!(!is_integer_text("1e3") && !is_integer_text("-") && is_integer_text("+1_0"));
+        for text in ["1e3", "-", "007", "9223372036854775807", "1_0", "x1"] {
+            assert!(!is_out_of_range_integer(text), "{text}");
+        }
+        assert!(is_out_of_range_integer("+9_223_372_036_854_775_808"));
+        // Digits TOML refuses that are not out of range stay text.
+        let c = cfg(&["mapmaker.output_dir=007"]).unwrap();
+        assert_eq!(c.mapmaker.output_dir, "007");
     }
 
     #[test]
