@@ -581,6 +581,17 @@ fn every_probe() {
             Code(2),
             &["dangling: a symbolic link that leads to no directory"],
         ),
+        // The dry run refuses them too.
+        probe(
+            &["run", "--dry-run", "--out-dir", &dangling],
+            Code(2),
+            &["dangling: a symbolic link that leads to no directory"],
+        ),
+        probe(
+            &["run", "--dry-run", "--out-dir", &obstacle],
+            Code(2),
+            &["timing.csv: a directory, where the run puts its output timing.csv"],
+        ),
         // A --json file that cannot be written is refused before the
         // benchmark (it failed after it, exit status 1), and a device or a
         // directory is not replaced.

@@ -195,10 +195,10 @@ fn maps_dir(out_dir: &Path, output_dir: &str) -> PathBuf {
     }
 }
 
-/// Check that the output directory can be created and written.
-fn check_out_dir(dir: &Path) -> Result<()> {
-    // A link that leads nowhere (dangling, or a loop): said so, where
-    // create_dir_all reports only "File exists".
+/// Refuse an output directory that is a link to nowhere (dangling, or a
+/// loop), said so where `create_dir_all` reports only "File exists". Reads
+/// only: the dry run checks it too.
+fn check_out_link(dir: &Path) -> Result<()> {
     if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
         if let Err(e) = std::fs::metadata(dir) {
             bail!(
@@ -207,6 +207,12 @@ fn check_out_dir(dir: &Path) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Check that the output directory can be created and written.
+fn check_out_dir(dir: &Path) -> Result<()> {
+    check_out_link(dir)?;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("output directory {}: cannot create", dir.display()))?;
     let probe = dir.join(".toast-cli-write-test");
@@ -459,12 +465,21 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         host?;
         device.transpose()?;
     }
-    // Only a job that passed every check creates its output directories.
+    // Only a job that passed every check creates its output directories;
+    // a dry run makes the checks that only read (the run would fail them).
     let maps_dir = maps_dir(&args.out_dir, &job.config.mapmaker.output_dir);
-    if args.dry_run.is_none() && root {
-        check_out_dir(&args.out_dir)?;
-        if job.config.mapmaker.enabled {
-            check_out_dir(&maps_dir).context("mapmaker.output_dir")?;
+    if root {
+        match args.dry_run {
+            None => {
+                check_out_dir(&args.out_dir)?;
+                if job.config.mapmaker.enabled {
+                    check_out_dir(&maps_dir).context("mapmaker.output_dir")?;
+                }
+            }
+            Some(_) => {
+                check_out_link(&args.out_dir)?;
+                check_out_link(&maps_dir).context("mapmaker.output_dir")?;
+            }
         }
         crate::output::check_output_names(&args.out_dir, &maps_dir)?;
     }
