@@ -134,7 +134,9 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
     // configuration).
     let ephemeris_end_us = crate::astro::scan_strategy::unix_us_from_civil(2100, 1, 1, 0, 0, 0);
     if let Ok(start_us) = sat.mission_start_us() {
-        if start_us as f64 + mission_us > ephemeris_end_us as f64 {
+        // The last observation's end: the mission less its trailing gap.
+        let last_end_us = mission_us - sat.gap_minutes * 60e6;
+        if start_us as f64 + last_end_us > ephemeris_end_us as f64 {
             return Err(WorkflowError::BadSize {
                 option: "sim_satellite.mission_start",
                 value: sat.mission_start.clone(),
@@ -329,8 +331,10 @@ pub struct SatelliteJob {
     /// TOAST's `TOAST_GPU_MEM_GB` as it was when the job was made (unset or
     /// blank: `None`): the device memory budget where the backend's
     /// `memory=` option sets none ([`SatelliteJob::device_budget`]). Read
-    /// once, so that planning does not read the environment; a library
-    /// caller or a test may set it.
+    /// once, so that planning does not read the environment; a test may
+    /// set it. The plugins read the variable itself: a value set here that
+    /// differs plans by a budget their pools do not hold (give the budget
+    /// as the backend's `memory=` option to set both).
     pub gpu_mem_gb: Option<String>,
 }
 
@@ -635,7 +639,12 @@ impl SatelliteJob {
     /// take the smallest of their picks (a collective). Read apart, as
     /// [`SatelliteJob::new`] reads it for one process, processes on nodes
     /// with different free memory would run different cases of one job.
-    /// Any other `case` is returned as it is, with no collective.
+    /// The ranks of one MPI job on a node hold that job's data between
+    /// them, so each compares the job's prediction with its node's whole
+    /// bound (their copies of the maps are left to the memory check that
+    /// follows); a task farm's runs each hold a whole job, so each takes
+    /// its share. Any other `case` is returned as it is, with no
+    /// collective.
     pub fn agreed_case(
         case: &str,
         config: &SatelliteConfig,
@@ -2302,9 +2311,9 @@ mod tests {
                 ..
             })
         ));
-        // Sharing the node with a thousand runs leaves each too little for
-        // more than the smallest.
-        assert_eq!(agreed(heroic, 1000).unwrap(), "tiny");
+        // Sharing the node with 2^40 runs leaves each too little for more
+        // than the smallest (on any machine).
+        assert_eq!(agreed(heroic, 1 << 40).unwrap(), "tiny");
         // A named case needs no collective (the communicator refuses one).
         let none = BesideAnother { other: None };
         assert_eq!(
