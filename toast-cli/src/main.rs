@@ -273,7 +273,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let threads = cmd::bench::threads_option(opts.options_for(&args.backend));
             match cmd::bench::cmd_kernels(&b, args, threads) {
                 Ok(()) => Ok(0),
+                // Output failures are exit status 2, as elsewhere.
                 Err(e) if console::stdout_failure(&e).is_some() => Err(e),
+                Err(e) if e.downcast_ref::<cmd::bench::JsonWriteError>().is_some() => Err(e),
                 Err(e) => {
                     errln!("toast-cli bench kernels: {}", error_chain(&e));
                     Ok(1)

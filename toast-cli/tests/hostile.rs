@@ -596,9 +596,16 @@ fn every_probe() {
         // benchmark (it failed after it, exit status 1), and a device or a
         // directory is not replaced.
         probe(
+            &["bench", "kernels", "--tiny", "--json", &s(&dir)],
+            Code(2),
+            &["--json", "a directory"],
+        ),
+        // A device is written as it is (/dev/stdout works); one that fails
+        // is an output failure, exit status 2.
+        probe(
             &["bench", "kernels", "--tiny", "--json", "/dev/full"],
             Code(2),
-            &["--json /dev/full: not a regular file"],
+            &["--json /dev/full: No space left on device"],
         ),
         probe(
             &["bench", "kernels", "--tiny", "--json", &s(&dir.join("none").join("x.json"))],

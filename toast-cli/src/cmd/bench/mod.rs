@@ -117,29 +117,78 @@ impl KernelsArgs {
     }
 }
 
-/// The temporary `--json FILE` is written to before it is renamed into
-/// place (beside it, so the rename is within one file system).
-fn json_temporary(p: &Path) -> PathBuf {
-    let name = p
-        .file_name()
-        .map_or("report".into(), |n| n.to_string_lossy());
-    p.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+/// Where `--json FILE` goes. A regular file, or a new one, is written
+/// whole or not at all: to a temporary beside it, renamed into place (a
+/// link to one is followed, so the link stays). A FIFO or a character
+/// device (`/dev/stdout`, a pipe) is written as it is.
+#[derive(Debug)]
+enum JsonTarget {
+    /// Replaced through a temporary beside it.
+    Replace(PathBuf),
+    /// Written directly.
+    Stream(PathBuf),
+}
+
+impl JsonTarget {
+    /// The target of `p`, or why it cannot be one (a directory, a path
+    /// that cannot be read).
+    fn of(p: &Path) -> anyhow::Result<JsonTarget> {
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => anyhow::bail!("--json {}: a directory", p.display()),
+            Ok(m) if m.is_file() => Ok(JsonTarget::Replace(
+                std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()),
+            )),
+            Ok(_) => Ok(JsonTarget::Stream(p.to_path_buf())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(JsonTarget::Replace(p.to_path_buf()))
+            }
+            Err(e) => anyhow::bail!("--json {}: {e}", p.display()),
+        }
+    }
+
+    /// The temporary a replaced file is written to.
+    fn temporary(path: &Path) -> PathBuf {
+        let name = path
+            .file_name()
+            .map_or("report".into(), |n| n.to_string_lossy());
+        path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    }
+
+    /// Write `text` to it.
+    fn write(&self, text: &str) -> std::io::Result<()> {
+        match self {
+            JsonTarget::Stream(p) => std::fs::write(p, text),
+            JsonTarget::Replace(p) => {
+                let tmp = Self::temporary(p);
+                std::fs::write(&tmp, text)
+                    .and_then(|()| std::fs::rename(&tmp, p))
+                    .inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })
+            }
+        }
+    }
+}
+
+/// The `--json` report could not be written: an output failure (exit
+/// status 2), not a failed benchmark (1).
+#[derive(Debug, thiserror::Error)]
+#[error("--json {path}: {source}")]
+pub struct JsonWriteError {
+    path: String,
+    #[source]
+    source: std::io::Error,
 }
 
 /// `--json FILE`, checked before the benchmark runs (its failure was a
-/// benchmark's minutes, then exit status 1): a regular file or none (not a
-/// directory, nor a device such as `/dev/full` that a rename would
-/// replace), in a directory where a file can be written.
+/// benchmark's minutes, then exit status 1): not a directory, and where a
+/// file is replaced, in a directory where one can be written.
 fn check_json_path(p: &Path) -> anyhow::Result<()> {
-    match std::fs::metadata(p) {
-        Ok(m) if !m.is_file() => {
-            anyhow::bail!("--json {}: not a regular file", p.display())
-        }
-        _ => {}
+    if let JsonTarget::Replace(path) = JsonTarget::of(p)? {
+        let tmp = JsonTarget::temporary(&path);
+        std::fs::write(&tmp, b"").map_err(|e| anyhow::anyhow!("--json {}: {e}", p.display()))?;
+        let _ = std::fs::remove_file(&tmp);
     }
-    let tmp = json_temporary(p);
-    std::fs::write(&tmp, b"").map_err(|e| anyhow::anyhow!("--json {}: {e}", p.display()))?;
-    let _ = std::fs::remove_file(&tmp);
     Ok(())
 }
 
@@ -187,13 +236,11 @@ pub fn cmd_kernels(
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report.to_json())
             .map_err(|e| anyhow::anyhow!("serialising the report: {e}"))?;
-        // Whole or absent: written beside it, then renamed into place.
-        let tmp = json_temporary(p);
-        std::fs::write(&tmp, text + "\n")
-            .and_then(|()| std::fs::rename(&tmp, p))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                anyhow::anyhow!("{}: {e}", p.display())
+        JsonTarget::of(p)?
+            .write(&(text + "\n"))
+            .map_err(|source| JsonWriteError {
+                path: p.display().to_string(),
+                source,
             })?;
         crate::outln!("wrote {}", p.display())?;
     }
