@@ -51,5 +51,6 @@ pub use pointing_detector::{PointingDetector, PointingDetectorConfig};
 pub use scan_map::{ScanMap, ScanMapConfig};
 pub use stokes_weights::{StokesMode, StokesWeights, StokesWeightsConfig};
 pub use util::{
-    pointing_field, select_detectors, CopyDetData, DeleteDetData, PointingOps, ResetData,
+    ensure_timestream, pointing_field, select_detectors, CopyDetData, DeleteDetData, PointingOps,
+    ResetData,
 };

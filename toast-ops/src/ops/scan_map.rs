@@ -4,7 +4,7 @@ use super::util::select_detectors;
 use crate::exec::kernels::{self, view_intervals, KernelCall, PointingFields, ScanMode};
 use serde::Deserialize;
 use toast_core::observation::defaults;
-use toast_core::{Category, DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{Category, Data, ExecContext, OpError, Operator, Requirements};
 
 /// Configuration of [`ScanMap`] (TOAST trait names and defaults).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -106,13 +106,7 @@ impl Operator for ScanMap {
     /// timestream of a detector set, see [`super::ResetData::transient`]),
     /// whose rows are then read by name.
     fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
-        for ob in &mut data.obs {
-            if !ob.detdata.contains(&self.config.det_data) {
-                ob.detdata
-                    .create(&self.config.det_data, DType::F64, &[], None)?;
-            }
-        }
-        Ok(())
+        super::ensure_timestream(data, &self.config.det_data)
     }
 
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {

@@ -18,6 +18,19 @@ pub fn select_detectors(ctx: &ExecContext, ob: &Observation, det_mask: u8) -> Ve
         .collect()
 }
 
+/// Create the timestream `name` (f64, every local detector, zeros) in each
+/// observation that lacks it, as TOAST's `detdata.ensure` does for the
+/// operators that add to a timestream (`ScanMap`, `SimNoise`); an existing
+/// one is left as it is.
+pub fn ensure_timestream(data: &mut Data, name: &str) -> Result<(), OpError> {
+    for ob in &mut data.obs {
+        if !ob.detdata.contains(name) {
+            ob.detdata.create(name, DType::F64, &[], None)?;
+        }
+    }
+    Ok(())
+}
+
 /// The output field `name` of a pointing operator for the detectors `dets`
 /// of `ob`. With `transient` (host runs of a pipeline over detector sets),
 /// the field is replaced by one that holds only `dets`: each pass over a

@@ -3,13 +3,13 @@
 use super::satellite::SESSION_UID;
 use crate::astro::scan_strategy::rate_from_times;
 use crate::exec::kernels::{self, NoiseStreams};
-use crate::ops::{register_noise_model, DetectorWeights};
+use crate::ops::{ensure_timestream, register_noise_model, DetectorWeights};
 use crate::sim::noise::{AnalyticNoiseParams, NoiseFilter, NoiseKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use toast_core::meta::Value;
 use toast_core::observation::defaults;
-use toast_core::{DType, Data, ExecContext, OpError, Operator, Requirements};
+use toast_core::{Data, ExecContext, OpError, Operator, Requirements};
 
 /// TOAST's `AnalyticNoise`: one 1/f model per detector.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -166,13 +166,7 @@ impl Operator for SimNoise {
     /// `SimNoise` does (`detdata.ensure`): the noise then stands alone in
     /// it. An existing one is added to.
     fn prepare_outputs(&self, data: &mut Data, _ctx: &ExecContext) -> Result<(), OpError> {
-        for ob in &mut data.obs {
-            if !ob.detdata.contains(&self.config.det_data) {
-                ob.detdata
-                    .create(&self.config.det_data, DType::F64, &[], None)?;
-            }
-        }
-        Ok(())
+        ensure_timestream(data, &self.config.det_data)
     }
     fn exec(&mut self, data: &mut Data, ctx: &mut ExecContext) -> Result<(), OpError> {
         if !self.config.enabled {
