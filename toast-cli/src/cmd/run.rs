@@ -469,17 +469,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     // a dry run makes the checks that only read (the run would fail them).
     let maps_dir = maps_dir(&args.out_dir, &job.config.mapmaker.output_dir);
     if root {
-        match args.dry_run {
-            None => {
-                check_out_dir(&args.out_dir)?;
-                if job.config.mapmaker.enabled {
-                    check_out_dir(&maps_dir).context("mapmaker.output_dir")?;
-                }
-            }
-            Some(_) => {
-                check_out_link(&args.out_dir)?;
-                check_out_link(&maps_dir).context("mapmaker.output_dir")?;
-            }
+        let check = |dir: &Path| match args.dry_run {
+            None => check_out_dir(dir),
+            Some(_) => check_out_link(dir),
+        };
+        check(&args.out_dir)?;
+        if job.config.mapmaker.enabled {
+            check(&maps_dir).context("mapmaker.output_dir")?;
         }
         crate::output::check_output_names(&args.out_dir, &maps_dir)?;
     }
