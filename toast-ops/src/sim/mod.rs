@@ -76,7 +76,9 @@ pub mod sky;
 pub use model::{
     AnalyticNoiseModel, DefaultNoiseModel, DefaultNoiseModelConfig, SimNoise, SimNoiseConfig,
 };
-pub use satellite::{core_focalplane, SimSatellite, SimSatelliteConfig, SESSION_UID};
+pub use satellite::{
+    core_focalplane, SimSatellite, SimSatelliteConfig, EPHEMERIS_YEARS, SESSION_UID,
+};
 pub use scan::{
     check_sky_units, InputSky, ScanHealpixMap, ScanHealpixMapConfig, ScannedSky, SkySource,
     SkySynthesis,

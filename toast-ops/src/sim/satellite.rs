@@ -105,7 +105,7 @@ impl SimSatelliteConfig {
     }
 
     /// The mission start in microseconds since the Unix epoch: a date of
-    /// the Gregorian calendar within `EPHEMERIS_YEARS`, 1901 to 2099.
+    /// the Gregorian calendar within [`EPHEMERIS_YEARS`].
     pub fn mission_start_us(&self) -> Result<i64, OpError> {
         let err = || {
             OpError::Config(format!(

@@ -132,7 +132,8 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
     // The last observation ends within the Earth's ephemeris (ERFA epv00,
     // to 2100-01-01 12:00 TT; the start's year is checked with the
     // configuration).
-    let ephemeris_end_us = crate::astro::scan_strategy::unix_us_from_civil(2100, 1, 1, 0, 0, 0);
+    let end_year = crate::sim::EPHEMERIS_YEARS.end() + 1;
+    let ephemeris_end_us = crate::astro::scan_strategy::unix_us_from_civil(end_year, 1, 1, 0, 0, 0);
     if let Ok(start_us) = sat.mission_start_us() {
         // The last observation's end: the mission less its trailing gap.
         let last_end_us = mission_us - sat.gap_minutes * 60e6;
@@ -142,7 +143,7 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
                 value: sat.mission_start.clone(),
                 reason: format!(
                     "its {} observation(s) of obs_minutes + gap_minutes = {} min end after \
-                     2100-01-01, where the Earth's ephemeris (ERFA epv00) ends",
+                     {end_year}-01-01, where the Earth's ephemeris (ERFA epv00) ends",
                     sizing.n_obs,
                     compact(sat.obs_minutes + sat.gap_minutes)
                 ),
@@ -1216,13 +1217,14 @@ impl SatelliteJob {
             }
         };
         // A step: its section, what it reads, what it provides, and what
-        // of what it reads it creates where missing.
-        let items = |section: &'static str, op: &dyn Operator| {
-            (section, op.requires(), op.provides(), Requirements::new())
+        // of what it reads it creates where missing (`creates`).
+        let items = |section: &'static str, op: &dyn Operator, creates: Requirements| {
+            (section, op.requires(), op.provides(), creates)
         };
         let mut steps = vec![items(
             "default_model",
             &DefaultNoiseModel::new("default_model", cfg.default_model.clone()),
+            Requirements::new(),
         )];
         if cfg.scan_map.enabled {
             let pixels = PixelsHealpix::new("pixels", cfg.pixels.clone(), cfg.det_pointing.clone())
@@ -1232,11 +1234,13 @@ impl SatelliteJob {
                 items(
                     "det_pointing",
                     &PointingDetector::new("det_pointing", cfg.det_pointing.clone()),
+                    Requirements::new(),
                 ),
-                items("pixels", &pixels),
+                items("pixels", &pixels, Requirements::new()),
                 items(
                     "weights",
                     &StokesWeights::new("weights", cfg.weights.clone(), cfg.det_pointing.clone()),
+                    Requirements::new(),
                 ),
                 (
                     "scan_map",
@@ -1247,16 +1251,15 @@ impl SatelliteJob {
             ]);
         }
         if cfg.sim_noise.enabled {
-            let mut noise = items(
+            steps.push(items(
                 "sim_noise",
                 &SimNoise::new("sim_noise", cfg.sim_noise.clone()),
-            );
-            noise.3 = Requirements::new().detdata(&cfg.sim_noise.det_data);
-            steps.push(noise);
+                Requirements::new().detdata(&cfg.sim_noise.det_data),
+            ));
         }
         if cfg.mapmaker.enabled {
             let mm = MapMaker::new(mapmaker_setup(cfg)).map_err(bad("mapmaker"))?;
-            steps.push(items("mapmaker", &mm));
+            steps.push(items("mapmaker", &mm, Requirements::new()));
         }
         let mut have = sim.provides();
         for (section, requires, provides, creates) in steps {
