@@ -802,10 +802,7 @@ fn compact_pointing<'a>(
     CompactPointing {
         compact: &c.compact,
         boresight: &dp.boresight,
-        shared_flags: match (&dp.shared_flags, dp.shared_flag_mask) {
-            (Some(f), m) if m != 0 => Some((f.as_str(), m)),
-            _ => None,
-        },
+        shared_flags: dp.shared_flags_in_use(),
         hwp: c
             .weights
             .hwp_angle

@@ -841,12 +841,7 @@ impl Operator for MapMaker {
         r.add(Category::DetData, &self.setup.mapmaker.det_data);
         r.add(Category::Meta, &b.noise_model);
         for cfg in [b, self.final_binner()] {
-            if let Some(f) = &cfg.det_flags {
-                r.add(Category::DetData, f);
-            }
-            if let Some(f) = &cfg.shared_flags {
-                r.add(Category::Shared, f);
-            }
+            cfg.flags().add_requirements(&mut r);
             r.add(Category::Meta, &cfg.noise_model);
         }
         if let Some(nm) = &self.setup.baselines.noise_model {

@@ -429,12 +429,7 @@ impl Operator for BinMap {
         r.add(Category::Global, &c.covariance);
         r.add(Category::Meta, &c.noise_model);
         r.add(Category::DetData, &c.det_data);
-        if let Some(f) = &c.det_flags {
-            r.add(Category::DetData, f);
-        }
-        if let Some(f) = &c.shared_flags {
-            r.add(Category::Shared, f);
-        }
+        c.flags().add_requirements(&mut r);
         r
     }
     fn provides(&self) -> Requirements {

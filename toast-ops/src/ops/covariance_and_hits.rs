@@ -244,12 +244,7 @@ impl Operator for CovarianceAndHits {
     fn requires(&self) -> Requirements {
         let mut r = self.pointing.requires();
         r.add(Category::Meta, &self.config.noise_model);
-        if let Some(f) = &self.config.det_flags {
-            r.add(Category::DetData, f);
-        }
-        if let Some(f) = &self.config.shared_flags {
-            r.add(Category::Shared, f);
-        }
+        self.flags().add_requirements(&mut r);
         r
     }
     fn provides(&self) -> Requirements {

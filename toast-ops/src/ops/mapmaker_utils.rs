@@ -48,11 +48,13 @@ impl Default for FlagSelection {
 }
 
 impl FlagSelection {
-    fn add_requirements(&self, r: &mut Requirements) {
-        if let Some(f) = &self.det_flags {
+    /// Adds the flag fields this selection reads: those whose mask is not 0
+    /// ([`Self::det`], [`Self::shared`]).
+    pub(crate) fn add_requirements(&self, r: &mut Requirements) {
+        if let Some((f, _)) = self.det() {
             r.add(Category::DetData, f);
         }
-        if let Some(f) = &self.shared_flags {
+        if let Some((f, _)) = self.shared() {
             r.add(Category::Shared, f);
         }
     }

@@ -181,7 +181,7 @@ impl Operator for PixelsHealpix {
 
     fn requires(&self) -> Requirements {
         let mut r = Requirements::new().detdata(&self.detector_pointing.quats);
-        if let Some(f) = &self.detector_pointing.shared_flags {
+        if let Some((f, _)) = self.detector_pointing.shared_flags_in_use() {
             r.add(Category::Shared, f);
         }
         if let Some(v) = self.view() {
@@ -214,11 +214,7 @@ impl Operator for PixelsHealpix {
             n_pix_submap: self.n_pix_submap,
             nest: self.config.nest,
         };
-        let flags = self
-            .detector_pointing
-            .shared_flags
-            .as_deref()
-            .map(|f| (f, self.detector_pointing.shared_flag_mask));
+        let flags = self.detector_pointing.shared_flags_in_use();
         let view = self.view().map(str::to_string);
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {

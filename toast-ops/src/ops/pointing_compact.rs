@@ -74,7 +74,7 @@ impl Operator for ExpandCompactPointing {
         let mut r = Requirements::new()
             .detdata(&self.compact)
             .shared(&self.det_pointing.boresight);
-        if let Some(f) = &self.det_pointing.shared_flags {
+        if let Some((f, _)) = self.det_pointing.shared_flags_in_use() {
             r.add(Category::Shared, f);
         }
         if let Some(v) = self.view() {
@@ -100,10 +100,7 @@ impl Operator for ExpandCompactPointing {
         let nnz = self.weights.mode.nnz();
         let view = self.view().map(str::to_string);
         let dp = &self.det_pointing;
-        let shared_flags = match (&dp.shared_flags, dp.shared_flag_mask) {
-            (Some(f), m) if m != 0 => Some((f.as_str(), m)),
-            _ => None,
-        };
+        let shared_flags = dp.shared_flags_in_use();
         let Data { obs, meta } = data;
         for ob in obs.iter_mut() {
             let dets = self.output_fields(ob, ctx)?;

@@ -26,6 +26,20 @@ pub struct PointingDetectorConfig {
     pub quats: String,
 }
 
+impl PointingDetectorConfig {
+    /// The shared flags the pointing reads, with their mask: `None` when there is
+    /// no field or the mask is 0 (no bit can replace a sample's boresight, so the
+    /// field is neither read nor required). The one place the operators that
+    /// follow this configuration (pointing, pixels, compact pointing, the fused
+    /// passes) decide it.
+    pub fn shared_flags_in_use(&self) -> Option<(&str, u8)> {
+        self.shared_flags
+            .as_deref()
+            .filter(|_| self.shared_flag_mask != 0)
+            .map(|f| (f, self.shared_flag_mask))
+    }
+}
+
 impl Default for PointingDetectorConfig {
     fn default() -> Self {
         PointingDetectorConfig {
@@ -65,13 +79,6 @@ impl PointingDetector {
             transient: false,
         }
     }
-
-    fn flags(&self) -> Option<(&str, u8)> {
-        self.config
-            .shared_flags
-            .as_deref()
-            .map(|f| (f, self.config.shared_flag_mask))
-    }
 }
 
 impl PointingDetector {
@@ -103,7 +110,7 @@ impl Operator for PointingDetector {
 
     fn requires(&self) -> Requirements {
         let mut r = Requirements::new().shared(&self.config.boresight);
-        if let Some(f) = &self.config.shared_flags {
+        if let Some((f, _)) = self.config.shared_flags_in_use() {
             r.add(toast_core::Category::Shared, f);
         }
         if let Some(v) = &self.config.view {
@@ -149,7 +156,7 @@ impl Operator for PointingDetector {
                 ob,
                 meta,
                 &self.config.boresight,
-                self.flags(),
+                self.config.shared_flags_in_use(),
                 &self.config.quats,
             )?;
         }

@@ -2193,6 +2193,14 @@ mod tests {
             ],
             &["scan_map.enabled=false"],
             &["mapmaker.enabled=false", "mapmaker.det_data=qq"],
+            // A flag field under mask 0 is never read, so never required.
+            &[
+                "det_pointing.shared_flags=zz",
+                "det_pointing.shared_flag_mask=0",
+                "mapmaker.enabled=false",
+            ],
+            &["binner.shared_flags=zz", "binner.shared_flag_mask=0"],
+            &["binner.det_flags=zz", "binner.det_flag_mask=0"],
         ] {
             wiring(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
@@ -2209,6 +2217,11 @@ mod tests {
                 "sim_noise: reads meta `noise_model`",
             ),
             (&["mapmaker.det_data=qq"], "mapmaker: reads detdata `qq`"),
+            (
+                &["det_pointing.shared_flags=zz", "mapmaker.enabled=false"],
+                "det_pointing: reads shared `zz`",
+            ),
+            (&["binner.det_flags=zz"], "mapmaker: reads detdata `zz`"),
             (&["baselines.times=tt"], "mapmaker: reads shared `tt`"),
             (
                 &["scan_map.enabled=false", "det_pointing.boresight=zz"],
