@@ -114,6 +114,19 @@ fn maps_that_agree_exit_0_and_differences_exit_1() {
         text(&o)
     );
 
+    // NaN in the same pixel of both runs: two failed runs do not agree.
+    let (nan_a, nan_b) = (root.join("nan_a"), root.join("nan_b"));
+    write_run(&nan_a, f64::NAN, 0);
+    write_run(&nan_b, f64::NAN, 0);
+    let o = compare(&[path(&nan_a), path(&nan_b)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("mapmaker_map.fits TEMPERATURE: max rel 0.00e0, rms rel 0.00e0, 1 pixels NaN or infinite  DIFFER")
+            && out.contains("MAPS DIFFER: 1 of 2 files (mapmaker_map.fits)"),
+        "{out}"
+    );
+
     // A map on one side only.
     std::fs::remove_file(same.join("mapmaker_map.fits")).unwrap();
     let o = compare(&[path(&a), path(&same)]);

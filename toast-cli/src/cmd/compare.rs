@@ -9,10 +9,13 @@
 //! * any other column is within tolerance when its largest difference
 //!   relative to its largest value, `max|a-b| / max|a|`, is at most
 //!   `--max-rel`, and its RMS difference relative to its RMS,
-//!   `rms(a-b) / rms(a)`, at most `--rms-rel`. The `UNSEEN` pixels and the
-//!   non-finite values must sit in the same pixels of both; they are left
-//!   out of both ratios. A column that is zero in A is within tolerance
-//!   only when it is zero in B too.
+//!   `rms(a-b) / rms(a)`, at most `--rms-rel`. The `UNSEEN` pixels must
+//!   sit in the same pixels of both; they are left out of both ratios. A
+//!   non-finite value (NaN, infinite) on either side is a difference
+//!   wherever it is: a map that holds one is no result, and two runs that
+//!   both failed do not agree. A column that is zero in A is within
+//!   tolerance only when it is zero in B too; the line says when no pixel
+//!   of a column has a value on either side (all `UNSEEN`).
 //!
 //! A file present on one side only, a different resolution or a different
 //! set of columns is a difference. One line per column, then the verdict.
@@ -78,15 +81,20 @@ pub enum ColumnDiff {
         differing: usize,
     },
     /// A map column: the two ratios over the pixels both have a value in,
-    /// and the pixels where only one side is `UNSEEN` or non-finite.
+    /// the pixels where only one side is `UNSEEN`, and those non-finite on
+    /// either side.
     Map {
         /// `max|a-b| / max|a|` (0 when both are zero, infinite when only
         /// A is).
         max_rel: f64,
         /// `rms(a-b) / rms(a)` (likewise).
         rms_rel: f64,
-        /// Pixels `UNSEEN` or non-finite on one side only.
-        mismatched_blanks: usize,
+        /// Pixels `UNSEEN` on one side only.
+        mismatched_unseen: usize,
+        /// Pixels NaN or infinite on either side (each is a difference).
+        non_finite: usize,
+        /// Pixels with a value on both sides: those the ratios cover.
+        compared: usize,
     },
 }
 
@@ -98,8 +106,15 @@ impl ColumnDiff {
             ColumnDiff::Map {
                 max_rel,
                 rms_rel,
-                mismatched_blanks,
-            } => mismatched_blanks == 0 && max_rel <= tol.max_rel && rms_rel <= tol.rms_rel,
+                mismatched_unseen,
+                non_finite,
+                ..
+            } => {
+                mismatched_unseen == 0
+                    && non_finite == 0
+                    && max_rel <= tol.max_rel
+                    && rms_rel <= tol.rms_rel
+            }
         }
     }
 }
@@ -115,25 +130,24 @@ pub fn compare_hits(a: &[f64], b: &[f64]) -> ColumnDiff {
 
 /// Compare a map column of B with the same column of A (same length).
 pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
-    let blank = |v: f64| !v.is_finite() || v == UNSEEN;
     let (mut max_a, mut max_d, mut sum_a2, mut sum_d2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    let mut mismatched_blanks = 0;
+    let (mut mismatched_unseen, mut non_finite, mut compared) = (0, 0, 0);
     for (&x, &y) in a.iter().zip(b) {
-        match (blank(x), blank(y)) {
+        if !(x.is_finite() && y.is_finite()) {
+            non_finite += 1;
+            continue;
+        }
+        match (x == UNSEEN, y == UNSEEN) {
             (false, false) => {
                 let d = (x - y).abs();
                 max_a = max_a.max(x.abs());
                 max_d = max_d.max(d);
                 sum_a2 += x * x;
                 sum_d2 += d * d;
+                compared += 1;
             }
-            (true, true) => {
-                // Both blank: the same kind of blank, or a difference.
-                if x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()) {
-                    mismatched_blanks += 1;
-                }
-            }
-            _ => mismatched_blanks += 1,
+            (true, true) => {}
+            _ => mismatched_unseen += 1,
         }
     }
     let ratio = |d: f64, r: f64| match (d == 0.0, r == 0.0) {
@@ -144,7 +158,9 @@ pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
     ColumnDiff::Map {
         max_rel: ratio(max_d, max_a),
         rms_rel: ratio(sum_d2.sqrt(), sum_a2.sqrt()),
-        mismatched_blanks,
+        mismatched_unseen,
+        non_finite,
+        compared,
     }
 }
 
@@ -216,13 +232,19 @@ fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> 
             ColumnDiff::Map {
                 max_rel,
                 rms_rel,
-                mismatched_blanks,
+                mismatched_unseen,
+                non_finite,
+                compared,
             } => {
                 let mut s = format!("max rel {max_rel:.2e}, rms rel {rms_rel:.2e}");
-                if mismatched_blanks > 0 {
-                    s.push_str(&format!(
-                        ", {mismatched_blanks} pixels blank (UNSEEN or non-finite) on one side"
-                    ));
+                if mismatched_unseen > 0 {
+                    s.push_str(&format!(", {mismatched_unseen} pixels UNSEEN on one side"));
+                }
+                if non_finite > 0 {
+                    s.push_str(&format!(", {non_finite} pixels NaN or infinite"));
+                }
+                if compared == 0 && non_finite == 0 && mismatched_unseen == 0 {
+                    s.push_str(", no pixel has a value on either side (all UNSEEN)");
                 }
                 s
             }
@@ -341,25 +363,56 @@ mod tests {
     }
 
     #[test]
-    fn blanks_must_match_and_stay_out_of_the_ratios() {
-        let a = [UNSEEN, 1.0, f64::NAN];
+    fn unseen_must_match_and_stays_out_of_the_ratios() {
+        let a = [UNSEEN, 1.0, 2.0];
+        let d = compare_map(&a, &[UNSEEN, 1.0, 2.0]);
         assert_eq!(
-            compare_map(&a, &[UNSEEN, 1.0, f64::NAN]),
+            d,
             ColumnDiff::Map {
                 max_rel: 0.0,
                 rms_rel: 0.0,
-                mismatched_blanks: 0
+                mismatched_unseen: 0,
+                non_finite: 0,
+                compared: 2,
             }
         );
-        let d = compare_map(&a, &[0.0, 1.0, f64::INFINITY]);
+        assert!(d.within(TOL));
+        let d = compare_map(&a, &[0.0, 1.0, UNSEEN]);
         assert!(matches!(
             d,
             ColumnDiff::Map {
-                mismatched_blanks: 2,
+                mismatched_unseen: 2,
+                compared: 1,
                 ..
             }
         ));
         assert!(!d.within(TOL));
+        // Two empty maps agree, with nothing compared.
+        let d = compare_map(&[UNSEEN; 3], &[UNSEEN; 3]);
+        assert!(matches!(d, ColumnDiff::Map { compared: 0, .. }) && d.within(TOL));
+    }
+
+    /// A NaN or an infinity is a difference wherever it is, even in the
+    /// same pixel of both maps: two all-NaN maps (two failed runs) differ.
+    #[test]
+    fn non_finite_values_always_differ() {
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let d = compare_map(&[v, 1.0], &[v, 1.0]);
+            assert!(
+                matches!(
+                    d,
+                    ColumnDiff::Map {
+                        non_finite: 1,
+                        compared: 1,
+                        ..
+                    }
+                ) && !d.within(TOL),
+                "{v}: {d:?}"
+            );
+        }
+        let d = compare_map(&[f64::NAN; 4], &[f64::NAN; 4]);
+        assert!(matches!(d, ColumnDiff::Map { non_finite: 4, .. }) && !d.within(TOL));
+        assert!(!compare_map(&[1.0], &[f64::NAN]).within(TOL));
     }
 
     #[test]
