@@ -288,9 +288,9 @@ impl Staging {
             }
             return Err(e);
         }
-        remove_dead_temporaries(&dir);
+        remove_dead_temporaries(&dir, &OUTPUTS);
         if maps_dir != dir {
-            remove_dead_temporaries(&maps_dir);
+            remove_dead_temporaries(&maps_dir, &OUTPUTS);
         }
         Ok(())
     }
@@ -304,10 +304,50 @@ impl Drop for Staging {
     }
 }
 
-/// Remove the temporaries of outputs left by runs that were killed (their
-/// process no longer exists). Where process ids cannot be checked (no
-/// `/proc`), nothing is removed.
-fn remove_dead_temporaries(dir: &Path) {
+/// Replace the file at `path` by `bytes` whole or not at all: written to
+/// `.NAME.tmp-PID` beside it, synced, renamed into place (the temporary is
+/// removed on a failure), and the temporaries of `NAME` that killed
+/// processes left there removed. For single files outside a run's output
+/// directory (`bench --json`).
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(temp_name(&name, std::process::id()));
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| sync_file(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+    if let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        remove_dead_temporaries(dir, &[name.as_str()]);
+    }
+    Ok(())
+}
+
+/// Whether `path`'s directory takes a temporary for it (`.NAME.tmp-PID`
+/// written and removed): where [`replace_file`] could not write, this says
+/// so before the work that produces the bytes.
+pub fn check_replaceable(path: &Path) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(temp_name(&name, std::process::id()));
+    std::fs::write(&tmp, b"")?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// Remove the temporaries of outputs `names` left in `dir` by processes
+/// that were killed (their process no longer exists). Where process ids
+/// cannot be checked (no `/proc`), nothing is removed.
+fn remove_dead_temporaries(dir: &Path, names: &[&str]) {
     let proc = Path::new("/proc");
     if !proc.join("self").exists() {
         return;
@@ -318,7 +358,7 @@ fn remove_dead_temporaries(dir: &Path) {
     for entry in entries.flatten() {
         let file = entry.file_name();
         let Some(file) = file.to_str() else { continue };
-        let pid = OUTPUTS.iter().find_map(|name| {
+        let pid = names.iter().find_map(|name| {
             file.strip_prefix(&format!(".{name}.tmp-"))
                 .and_then(|pid| pid.parse::<u32>().ok())
         });
@@ -381,6 +421,32 @@ mod tests {
         s.commit().unwrap();
         assert_eq!(names(&dir), ["mapmaker_hits.fits", "stats.json"]);
         assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `replace_file` puts the whole file in place, leaves no temporary,
+    /// and removes the one a killed process left for the same name (only
+    /// that name's: another file's temporary is not its business).
+    #[test]
+    fn a_replaced_file_is_whole_and_cleans_dead_temporaries() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-replace-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.json");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::write(dir.join(temp_name("report.json", u32::MAX)), b"x").unwrap();
+        std::fs::write(dir.join(temp_name("other.json", u32::MAX)), b"x").unwrap();
+        check_replaceable(&path).unwrap();
+        replace_file(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(
+            names(&dir),
+            [temp_name("other.json", u32::MAX), "report.json".into()]
+        );
+        // A directory that cannot be written: refused up front, no change.
+        let missing = dir.join("no-such-dir").join("r.json");
+        assert!(check_replaceable(&missing).is_err());
+        assert!(replace_file(&missing, b"x").is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

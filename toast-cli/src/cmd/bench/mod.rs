@@ -118,9 +118,9 @@ impl KernelsArgs {
 }
 
 /// Where `--json FILE` goes. A regular file, or a new one, is written
-/// whole or not at all: to a temporary beside it, renamed into place (a
-/// link to one is followed, so the link stays). A FIFO or a character
-/// device (`/dev/stdout`, a pipe) is written as it is.
+/// whole or not at all ([`crate::output::replace_file`]: a temporary beside
+/// it, renamed into place; a link to one is followed, so the link stays). A
+/// FIFO or a character device (`/dev/stdout`, a pipe) is written as it is.
 #[derive(Debug)]
 enum JsonTarget {
     /// Replaced through a temporary beside it.
@@ -146,26 +146,11 @@ impl JsonTarget {
         }
     }
 
-    /// The temporary a replaced file is written to.
-    fn temporary(path: &Path) -> PathBuf {
-        let name = path
-            .file_name()
-            .map_or("report".into(), |n| n.to_string_lossy());
-        path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
-    }
-
     /// Write `text` to it.
     fn write(&self, text: &str) -> std::io::Result<()> {
         match self {
             JsonTarget::Stream(p) => std::fs::write(p, text),
-            JsonTarget::Replace(p) => {
-                let tmp = Self::temporary(p);
-                std::fs::write(&tmp, text)
-                    .and_then(|()| std::fs::rename(&tmp, p))
-                    .inspect_err(|_| {
-                        let _ = std::fs::remove_file(&tmp);
-                    })
-            }
+            JsonTarget::Replace(p) => crate::output::replace_file(p, text.as_bytes()),
         }
     }
 }
@@ -185,9 +170,8 @@ pub struct JsonWriteError {
 /// file is replaced, in a directory where one can be written.
 fn check_json_path(p: &Path) -> anyhow::Result<()> {
     if let JsonTarget::Replace(path) = JsonTarget::of(p)? {
-        let tmp = JsonTarget::temporary(&path);
-        std::fs::write(&tmp, b"").map_err(|e| anyhow::anyhow!("--json {}: {e}", p.display()))?;
-        let _ = std::fs::remove_file(&tmp);
+        crate::output::check_replaceable(&path)
+            .map_err(|e| anyhow::anyhow!("--json {}: {e}", p.display()))?;
     }
     Ok(())
 }
