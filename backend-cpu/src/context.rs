@@ -113,23 +113,14 @@ impl CpuContext {
     }
 }
 
-/// A pool may oversubscribe the cores this many times at most: ten
-/// thousand threads took minutes to start and only add overhead.
-const MAX_THREADS_PER_CORE: usize = 4;
-
 fn parse_threads(v: &str, what: &str) -> Result<usize, PluginError> {
     let n = v.trim().parse::<usize>().map_err(|_| {
         PluginError::invalid(format!(
             "{what}: `{v}` is not a thread count (a non-negative integer; 0 = all cores)"
         ))
     })?;
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let max = MAX_THREADS_PER_CORE * cores;
-    if n > max {
-        return Err(PluginError::invalid(format!(
-            "{what}: {n} threads; at most {max} ({MAX_THREADS_PER_CORE} x the {cores} core(s) \
-             available to this process)"
-        )));
+    if let Some(why) = toast_accel::threads::beyond_bound(n) {
+        return Err(PluginError::invalid(format!("{what}: {n} threads; {why}")));
     }
     Ok(n)
 }

@@ -102,6 +102,7 @@ pub mod math;
 pub mod plugin_support;
 #[cfg(feature = "rtc")]
 pub mod rtc;
+pub mod threads;
 
 #[cfg(feature = "host")]
 pub mod host;

@@ -7,28 +7,14 @@
 use anyhow::{bail, Result};
 use toast_ops::workflow::presets::{self, gib};
 
-/// Thread counts may oversubscribe the cores this many times at most: more
-/// only adds scheduling overhead (ten thousand threads ran for minutes).
-pub const MAX_THREADS_PER_CORE: usize = 4;
-
-/// The cores available to this process.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |c| c.get())
-}
-
-/// `option N` (a thread count): at least 1, at most
-/// [`MAX_THREADS_PER_CORE`] × the cores.
+/// `option N` (a thread count): at least 1, within the bound the CPU
+/// plugin applies too ([`toast_accel::threads::beyond_bound`]).
 pub fn check_threads(option: &str, n: usize) -> Result<()> {
     if n == 0 {
         bail!("{option} 0: must be at least 1");
     }
-    let cores = cores();
-    let max = MAX_THREADS_PER_CORE * cores;
-    if n > max {
-        bail!(
-            "{option} {n}: at most {max} ({MAX_THREADS_PER_CORE} x the {cores} core(s) \
-             available to this process)"
-        );
+    if let Some(why) = toast_accel::threads::beyond_bound(n) {
+        bail!("{option} {n}: {why}");
     }
     Ok(())
 }
