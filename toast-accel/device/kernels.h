@@ -1669,7 +1669,7 @@ KERNEL void toast_amp_axpby(i64 n, double alpha, double beta, GLOBAL const doubl
  * applies), and stokes_weights_IQU's atan2/cos/sin where it does not and
  * with a HWP.  fused_accumulate accumulates with atomics (as
  * build_noise_weighted); fused_project sums each amplitude's samples in
- * sample order in one thread (as template_offset_project_signal).  The two
+ * one block (as template_offset_project_signal).  The two
  * passes' parameters are the same up to det_mask (one marshalling prefix in
  * toast-gpu), then their own.
  * ====================================================================== */
@@ -1871,10 +1871,19 @@ KERNEL void toast_fused_accumulate(
     }
 }
 
-/* fused_project: one thread per amplitude (dimension 0: the amplitude in
- * the view, as template_offset_project_signal); out += the sum, in sample
- * order from 0.0, of (t - sum_k w_k m_k) * det_scale over the samples whose
- * flags are clear. */
+/* fused_project: one block (of TOAST_PROJECT_THREADS threads) per amplitude,
+ * as template_offset_project_signal: block GRP0 the amplitude inside the
+ * view, GRP1 the interval, GRP2 the detector.  out += the sum of
+ * (t - sum_k w_k m_k) * det_scale over the amplitude's samples whose flags
+ * are clear: thread t sums samples s0 + t, s0 + t + LSIZE0, ... in that
+ * order, and the threads' sums are added by the same fixed-shape tree
+ * (deterministic for a block size; the CPU's sample order only up to
+ * rounding, the conformance runner's tolerant mode).  An amplitude is often
+ * a whole observation (the default baseline is longer than one), so one
+ * thread per amplitude would walk hundreds of thousands of samples, each a
+ * rebuilt pointing and dependent loads, while the rest of the device idles.
+ * A pixel outside the local map records its key and stops that thread's
+ * sum; every thread reaches the barriers. */
 KERNEL void toast_fused_project(
     TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals, i32 compact_form,
     GLOBAL const i32 *RESTRICT pixel_index, GLOBAL const i32 *RESTRICT weight_index,
@@ -1891,60 +1900,77 @@ KERNEL void toast_fused_project(
     i32 use_det_flags, i32 det_mask, GLOBAL const double *RESTRICT mapdata,
     GLOBAL const double *RESTRICT amplitudes, GLOBAL const u8 *RESTRICT amplitude_flags,
     GLOBAL double *RESTRICT amplitudes_out, GLOBAL u64 *RESTRICT err) {
-    const i64 det = det0 + GID2;
-    const i64 iv = iv0 + GID1;
-    if (det >= det_end || iv >= iv_end) {
-        return;
-    }
-    const i64 a0 = amp_offset[det];
-    if (a0 < 0) {
-        return;
-    }
-    const i64 first = intervals[2 * iv];
-    const i64 last = intervals[2 * iv + 1];
-    const i64 k = GID0;
-    const i64 s0 = first + k * step_length;
-    if (s0 >= last) {
-        return;
-    }
-    const i64 amp = a0 + view_offset[iv] + k;
-    if (amplitude_flags[amp] != 0) {
-        return;
-    }
-    i64 s1 = s0 + step_length;
-    if (s1 > last) {
-        s1 = last;
-    }
-    const double x = use_data ? 0.0 : 0.0 + amplitudes[amp];
-    const double scale = det_scale[det];
-    const i32 fi = use_det_flags ? flag_index[det] : -1;
-    double acc = 0.0;
-    for (i64 s = s0; s < s1; s++) {
-        double t = use_data ? det_data[(i64)data_index[det] * n_samp + s] : x;
-        double w[3];
-        const i64 p = toast_fused_pointing(det, s, n_samp, compact_form, pixel_index,
-                                           weight_index, focalplane, epsilon, gamma, cal, compact,
-                                           boresight, pflags, use_pflags, pmask, hwp, use_hwp, iau,
-                                           pixels, weights, w);
-        if (p >= 0) {
-            i64 l = 0;
-            i64 sub = 0;
-            if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
-                atomic_min_u64(err, TOAST_ERR_KEY(det, s));
-                return;
+    BLOCK_SHARED(double, red, TOAST_PROJECT_THREADS);
+    const i64 det = det0 + GRP2;
+    const i64 iv = iv0 + GRP1;
+    const i64 k = GRP0;
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
+    int active = det < det_end && iv < iv_end;
+    i64 s0 = 0;
+    i64 s1 = 0;
+    i64 amp = 0;
+    if (active) {
+        const i64 a0 = amp_offset[det];
+        const i64 first = intervals[2 * iv];
+        const i64 last = intervals[2 * iv + 1];
+        s0 = first + k * step_length;
+        active = a0 >= 0 && s0 < last;
+        if (active) {
+            amp = a0 + view_offset[iv] + k;
+            active = amplitude_flags[amp] == 0;
+            s1 = s0 + step_length;
+            if (s1 > last) {
+                s1 = last;
             }
-            const i64 mo = 3 * (l * n_pix_submap + sub);
-            double val = 0.0;
-            for (i64 i = 0; i < 3; i++) {
-                val += w[i] * mapdata[mo + i];
-            }
-            t -= val;
         }
-        t *= scale;
-        const int good = fi < 0 || (det_flags[(i64)fi * n_samp + s] & det_mask) == 0;
-        acc += good ? t : 0.0;
     }
-    amplitudes_out[amp] += acc;
+    double acc = 0.0;
+    if (active) {
+        const double x = use_data ? 0.0 : 0.0 + amplitudes[amp];
+        const double scale = det_scale[det];
+        const i32 fi = use_det_flags ? flag_index[det] : -1;
+        for (i64 s = s0 + t; s < s1; s += nt) {
+            double v = use_data ? det_data[(i64)data_index[det] * n_samp + s] : x;
+            double w[3];
+            const i64 p = toast_fused_pointing(det, s, n_samp, compact_form, pixel_index,
+                                               weight_index, focalplane, epsilon, gamma, cal,
+                                               compact, boresight, pflags, use_pflags, pmask, hwp,
+                                               use_hwp, iau, pixels, weights, w);
+            if (p >= 0) {
+                i64 l = 0;
+                i64 sub = 0;
+                if (!toast_locate(g2l, n_global_submap, n_pix_submap, p, &l, &sub)) {
+                    atomic_min_u64(err, TOAST_ERR_KEY(det, s));
+                    break;
+                }
+                const i64 mo = 3 * (l * n_pix_submap + sub);
+                double val = 0.0;
+                for (i64 i = 0; i < 3; i++) {
+                    val += w[i] * mapdata[mo + i];
+                }
+                v -= val;
+            }
+            v *= scale;
+            const int good = fi < 0 || (det_flags[(i64)fi * n_samp + s] & det_mask) == 0;
+            acc += good ? v : 0.0;
+        }
+    }
+    red[t] = acc;
+    BLOCK_BARRIER();
+    i64 h = 1;
+    while (h < nt) {
+        h *= 2;
+    }
+    for (h /= 2; h > 0; h /= 2) {
+        if (t < h && t + h < nt) {
+            red[t] += red[t + h];
+        }
+        BLOCK_BARRIER();
+    }
+    if (active && t == 0) {
+        amplitudes_out[amp] += red[0];
+    }
 }
 
 /* ---- noise simulation: sim_noise (ABI minor 5) --------------------------

@@ -1225,7 +1225,14 @@ impl DeviceKernel for abi::FusedProjectArgs {
                     amplitudes_out: out,
                     err,
                 });
-                call.launch("toast_fused_project", max_amp, i1 - i0, d1 - d0, p)?;
+                call.launch_blocks_of(
+                    "toast_fused_project",
+                    params::PROJECT_THREADS,
+                    max_amp,
+                    i1 - i0,
+                    d1 - d0,
+                    p,
+                )?;
             }
         }
         match call.read_error(err)? {

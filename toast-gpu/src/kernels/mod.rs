@@ -38,14 +38,15 @@
 //! allocates nor uploads them. The workspace is a pool buffer of the call,
 //! returned to the pool after it.
 //!
-//! `template_offset_project_signal` runs one block of
+//! `template_offset_project_signal` and `fused_project` run one block of
 //! `TOAST_PROJECT_THREADS` (128) threads per amplitude (× interval ×
 //! detector), the threads strided over the amplitude's samples and their
 //! sums added by a fixed-shape tree in block-shared memory: one amplitude
-//! may be a whole observation. Its amplitudes differ from the CPU's
-//! sequential sums by rounding (the conformance runner's tolerant mode:
-//! within 1e-15 × step_length of the largest amplitude, FORMAT.md
-//! section 9).
+//! may be a whole observation (the satellite workflow's default baseline
+//! is longer than one). Their amplitudes differ from the CPU's sequential
+//! sums by rounding (the conformance runner's tolerant mode: within
+//! 1e-15 × step_length of the largest amplitude, FORMAT.md sections 9
+//! and 17).
 //!
 //! # One synchronisation per call
 //!

@@ -1354,7 +1354,9 @@ impl FusedAccumulateCase {
 
 impl FusedProjectCase {
     /// `fused_project`: the amplitudes of TOAST's unfused sequence (see
-    /// [`fused_compare`]).
+    /// [`fused_compare`]); the kept form in tolerant mode within
+    /// [`AMP_RTOL`] × `step_length`, as `template_offset_project_signal`'s
+    /// (a device sums an amplitude's samples by a tree).
     pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
         let c = &self.0;
         let Some(p) = &c.pass else {
@@ -1444,7 +1446,7 @@ impl FusedProjectCase {
             &out,
             &p.out_want.data,
             p.compact_form,
-            AMP_RTOL,
+            AMP_RTOL * p.step_length.max(1) as f64,
         )]))
     }
 }
