@@ -2041,7 +2041,7 @@ DEVICE_FN u64 toast_threefry2x64_w0(u64 c0, u64 c1, u64 k0, u64 k1) {
 DEVICE_FN double toast_erfinv(double x) {
     const double ab = fabs(x);
     if (ab >= 1.0) {
-        return x / 0.0; /* +-inf at +-1, as the CPU's erfinv */
+        return copysign(TOAST_INF_F64, x); /* +-inf at +-1, as the CPU's erfinv */
     }
     const double w = -log((1.0 - ab) * (1.0 + ab));
     double p;

@@ -16,6 +16,10 @@ typedef unsigned char u8;
 
 #define I64_MIN ((i64)(-9223372036854775807LL - 1LL))
 
+/* +infinity as a double, from its bits (a division by zero would do, but
+ * NVRTC warns of it). */
+#define TOAST_INF_F64 __longlong_as_double(0x7ff0000000000000LL)
+
 /* Global index along grid dimension 0 (sample), 1 (interval), 2 (detector). */
 #define GID0 ((i64)blockIdx.x * (i64)blockDim.x + (i64)threadIdx.x)
 #define GID1 ((i64)blockIdx.y * (i64)blockDim.y + (i64)threadIdx.y)

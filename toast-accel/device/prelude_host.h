@@ -32,6 +32,10 @@ typedef uint8_t u8;
 
 #define I64_MIN ((i64)(-9223372036854775807LL - 1LL))
 
+/* +infinity as a double, from its bits (a division by zero would do, but
+ * NVRTC warns of it). */
+#define TOAST_INF_F64 ((double)INFINITY)
+
 /* Global index of the thread being run, along grid dimension 0 (sample),
  * 1 (interval), 2 (detector): block index * block size + thread index,
  * set by the emulator's launch loop. */

@@ -22,6 +22,10 @@ typedef uchar u8;
 
 #define I64_MIN ((i64)(-9223372036854775807L - 1L))
 
+/* +infinity as a double, from its bits (a division by zero would do, but
+ * NVRTC warns of it). */
+#define TOAST_INF_F64 as_double(0x7ff0000000000000L)
+
 /* Global index along grid dimension 0 (sample), 1 (interval), 2 (detector). */
 #define GID0 ((i64)get_global_id(0))
 #define GID1 ((i64)get_global_id(1))
