@@ -839,6 +839,54 @@ KERNEL void toast_template_offset_add_to_signal(
 
 /* ---- 9. template_offset_project_signal --------------------------------- */
 
+/* Sum each of the `rows` rows of red (row r: red[r * LSIZE0 + t], one value
+ * per thread t) over the block's threads into red[r * LSIZE0], by a tree of
+ * fixed shape: with h the halves of the power of two at or above LSIZE0,
+ * thread t < h adds element t + h (when it exists).  The result depends on
+ * the block size only.  Every thread of the block must call it (it ends
+ * with a barrier, after which element 0 of each row is visible to all). */
+DEVICE_FN void toast_block_sum_rows(SHARED double *red, int rows) {
+    const i64 t = LID0;
+    const i64 nt = LSIZE0;
+    i64 h = 1;
+    while (h < nt) {
+        h *= 2;
+    }
+    for (h /= 2; h > 0; h /= 2) {
+        if (t < h && t + h < nt) {
+            for (int r = 0; r < rows; r++) {
+                red[r * nt + t] += red[r * nt + t + h];
+            }
+        }
+        BLOCK_BARRIER();
+    }
+}
+
+/* The samples [*s0, *s1) of amplitude k of detector det in interval iv, and
+ * its index *amp: 0 (nothing to sum) where the detector or interval is
+ * outside the launch, the detector has no amplitudes (a0 < 0), k is past
+ * the interval's end, or the amplitude is flagged. */
+DEVICE_FN int toast_amp_samples(i64 det, i64 det_end, i64 iv, i64 iv_end, i64 k,
+                                GLOBAL const i64 *RESTRICT intervals, i64 step_length, i64 a0,
+                                GLOBAL const i64 *RESTRICT view_offset,
+                                GLOBAL const u8 *RESTRICT amplitude_flags, i64 *s0, i64 *s1,
+                                i64 *amp) {
+    if (det >= det_end || iv >= iv_end || a0 < 0) {
+        return 0;
+    }
+    const i64 last = intervals[2 * iv + 1];
+    *s0 = intervals[2 * iv] + k * step_length;
+    if (*s0 >= last) {
+        return 0;
+    }
+    *amp = a0 + view_offset[iv] + k;
+    if (amplitude_flags[*amp] != 0) {
+        return 0;
+    }
+    *s1 = *s0 + step_length < last ? *s0 + step_length : last;
+    return 1;
+}
+
 /* One block (of TOAST_PROJECT_THREADS threads) per amplitude: block GRP0 is
  * the amplitude inside the view (up to the largest n_amp of a view), GRP1
  * the interval, GRP2 the detector.  Thread t sums the amplitude's samples
@@ -853,6 +901,24 @@ KERNEL void toast_template_offset_add_to_signal(
  * block reaches the barriers: a block with nothing to do adds zeros and
  * writes nothing. */
 #define TOAST_PROJECT_THREADS 128
+/* The prologue of a kernel of one block per amplitude (grid dimension 0 the
+ * amplitude in the view, 1 the interval, 2 the detector), over the kernel's
+ * parameters intervals, step_length, amp_offset, view_offset and
+ * amplitude_flags: the block-shared sums red, the detector det, interval
+ * iv, thread t of nt, and the amplitude's samples [s0, s1) and index amp
+ * where active (toast_amp_samples). */
+#define TOAST_AMP_BLOCK                                                                    \
+    BLOCK_SHARED(double, red, TOAST_PROJECT_THREADS);                                      \
+    const i64 det = det0 + GRP2;                                                           \
+    const i64 iv = iv0 + GRP1;                                                             \
+    const i64 t = LID0;                                                                    \
+    const i64 nt = LSIZE0;                                                                 \
+    i64 s0 = 0;                                                                            \
+    i64 s1 = 0;                                                                            \
+    i64 amp = 0;                                                                           \
+    const int active = toast_amp_samples(det, det_end, iv, iv_end, GRP0, intervals,       \
+                                         step_length, det < det_end ? amp_offset[det] : -1, \
+                                         view_offset, amplitude_flags, &s0, &s1, &amp);
 KERNEL void toast_template_offset_project_signal(
     TOAST_GRID_ARGS, i64 n_samp, GLOBAL const i64 *RESTRICT intervals,
     GLOBAL const i32 *RESTRICT data_index, GLOBAL const i32 *RESTRICT flag_index,
@@ -860,30 +926,7 @@ KERNEL void toast_template_offset_project_signal(
     GLOBAL const i64 *RESTRICT view_offset, GLOBAL const double *RESTRICT det_data,
     GLOBAL const u8 *RESTRICT flag_data, i32 flag_mask, GLOBAL double *RESTRICT amplitudes,
     GLOBAL const u8 *RESTRICT amplitude_flags) {
-    BLOCK_SHARED(double, red, TOAST_PROJECT_THREADS);
-    const i64 det = det0 + GRP2;
-    const i64 iv = iv0 + GRP1;
-    const i64 k = GRP0;
-    const i64 t = LID0;
-    const i64 nt = LSIZE0;
-    int active = det < det_end && iv < iv_end;
-    i64 s0 = 0;
-    i64 s1 = 0;
-    i64 amp = 0;
-    if (active) {
-        const i64 first = intervals[2 * iv];
-        const i64 last = intervals[2 * iv + 1];
-        s0 = first + k * step_length;
-        active = s0 < last;
-        if (active) {
-            amp = amp_offset[det] + view_offset[iv] + k;
-            active = amplitude_flags[amp] == 0;
-            s1 = s0 + step_length;
-            if (s1 > last) {
-                s1 = last;
-            }
-        }
-    }
+    TOAST_AMP_BLOCK
     double x = 0.0;
     if (active) {
         const i64 drow = (i64)data_index[det] * n_samp;
@@ -901,16 +944,7 @@ KERNEL void toast_template_offset_project_signal(
     }
     red[t] = x;
     BLOCK_BARRIER();
-    i64 h = 1;
-    while (h < nt) {
-        h *= 2;
-    }
-    for (h /= 2; h > 0; h /= 2) {
-        if (t < h && t + h < nt) {
-            red[t] += red[t + h];
-        }
-        BLOCK_BARRIER();
-    }
+    toast_block_sum_rows(red, 1);
     if (active && t == 0) {
         amplitudes[amp] += red[0];
     }
@@ -1032,29 +1066,6 @@ KERNEL void toast_cov_accum_diag_invnpp(i64 nsamp, i64 nsub, i64 nsubpix, i64 nn
  * keeps TILE x TILE partial sums in registers. */
 #define TOAST_FIT_TILE 8
 #define TOAST_JACOBI_MAX_SWEEPS 64
-
-/* Sum each of the `rows` rows of red (row r: red[r * LSIZE0 + t], one value
- * per thread t) over the block's threads into red[r * LSIZE0], by a tree of
- * fixed shape: with h the halves of the power of two at or above LSIZE0,
- * thread t < h adds element t + h (when it exists).  The result depends on
- * the block size only.  Every thread of the block must call it (it ends
- * with a barrier, after which element 0 of each row is visible to all). */
-DEVICE_FN void toast_block_sum_rows(SHARED double *red, int rows) {
-    const i64 t = LID0;
-    const i64 nt = LSIZE0;
-    i64 h = 1;
-    while (h < nt) {
-        h *= 2;
-    }
-    for (h /= 2; h > 0; h /= 2) {
-        if (t < h && t + h < nt) {
-            for (int r = 0; r < rows; r++) {
-                red[r * nt + t] += red[r * nt + t + h];
-            }
-        }
-        BLOCK_BARRIER();
-    }
-}
 
 /* Diagonalise the symmetric n x n row-major a (a[(r * n + c) * s]) by the
  * cyclic Jacobi method, the block together: the eigenvalues end on the
@@ -1900,31 +1911,7 @@ KERNEL void toast_fused_project(
     i32 use_det_flags, i32 det_mask, GLOBAL const double *RESTRICT mapdata,
     GLOBAL const double *RESTRICT amplitudes, GLOBAL const u8 *RESTRICT amplitude_flags,
     GLOBAL double *RESTRICT amplitudes_out, GLOBAL u64 *RESTRICT err) {
-    BLOCK_SHARED(double, red, TOAST_PROJECT_THREADS);
-    const i64 det = det0 + GRP2;
-    const i64 iv = iv0 + GRP1;
-    const i64 k = GRP0;
-    const i64 t = LID0;
-    const i64 nt = LSIZE0;
-    int active = det < det_end && iv < iv_end;
-    i64 s0 = 0;
-    i64 s1 = 0;
-    i64 amp = 0;
-    if (active) {
-        const i64 a0 = amp_offset[det];
-        const i64 first = intervals[2 * iv];
-        const i64 last = intervals[2 * iv + 1];
-        s0 = first + k * step_length;
-        active = a0 >= 0 && s0 < last;
-        if (active) {
-            amp = a0 + view_offset[iv] + k;
-            active = amplitude_flags[amp] == 0;
-            s1 = s0 + step_length;
-            if (s1 > last) {
-                s1 = last;
-            }
-        }
-    }
+    TOAST_AMP_BLOCK
     double acc = 0.0;
     if (active) {
         const double x = use_data ? 0.0 : 0.0 + amplitudes[amp];
@@ -1958,16 +1945,7 @@ KERNEL void toast_fused_project(
     }
     red[t] = acc;
     BLOCK_BARRIER();
-    i64 h = 1;
-    while (h < nt) {
-        h *= 2;
-    }
-    for (h /= 2; h > 0; h /= 2) {
-        if (t < h && t + h < nt) {
-            red[t] += red[t + h];
-        }
-        BLOCK_BARRIER();
-    }
+    toast_block_sum_rows(red, 1);
     if (active && t == 0) {
         amplitudes_out[amp] += red[0];
     }
