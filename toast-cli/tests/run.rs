@@ -204,11 +204,17 @@ fn same_maps_twice_and_with_one_or_two_threads() {
 fn same_maps_for_any_pointing_batch() {
     // The map-maker's pointing expansion per batch of 1 or 3 detectors, or
     // all at once, kept or recomputed in every pass (only one batch's
-    // pointing alive): bit-identical maps.
+    // pointing alive), and under other field names (kept pointing read by
+    // the names its operators were given, not the defaults):
+    // bit-identical maps.
     let dir = scratch("pointing_batch");
-    let go = |batch: &str, full: bool| {
-        let out = dir.join(format!("b{batch}-{full}"));
-        let o = run(&[
+    let go_with = |batch: &str, full: bool, renamed: bool| {
+        let out = dir.join(format!("b{batch}-{full}-{renamed}"));
+        let (batch, full) = (
+            format!("binner.pointing_batch={batch}"),
+            format!("binner.full_pointing={full}"),
+        );
+        let mut args = vec![
             "--quiet",
             "--no-plot",
             "--n-det",
@@ -226,14 +232,27 @@ fn same_maps_for_any_pointing_batch() {
             "--set",
             "mapmaker.map_rcond_threshold=1e-3",
             "--set",
-            &format!("binner.pointing_batch={batch}"),
+            &batch,
             "--set",
-            &format!("binner.full_pointing={full}"),
-        ]);
+            &full,
+        ];
+        if renamed {
+            args.extend([
+                "--set",
+                "pixels.pixels=px",
+                "--set",
+                "weights.weights=wt",
+                "--set",
+                "det_pointing.quats=qt",
+            ]);
+        }
+        let o = run(&args);
         assert!(o.status.success(), "{}", text(&o));
         out
     };
+    let go = |batch: &str, full: bool| go_with(batch, full, false);
     let all = go("0", true);
+    let renamed = [true, false].map(|full| (full, go_with("0", full, true)));
     let others = [
         ("1", true),
         ("3", true),
@@ -252,6 +271,12 @@ fn same_maps_for_any_pointing_batch() {
             assert!(
                 x == map_bytes(&out.join(f)),
                 "{f}: batch {b}, full_pointing {full} differs"
+            );
+        }
+        for (full, out) in &renamed {
+            assert!(
+                x == map_bytes(&out.join(f)),
+                "{f}: renamed fields, full_pointing {full} differs"
             );
         }
     }

@@ -9,7 +9,7 @@ use super::products::{Keys, MapMakerResult};
 use super::{timed, MapMaker};
 use crate::exec::movement;
 use crate::exec::pipeline::{run_operators, DetectorSets, OpRef, RunOptions};
-use crate::ops::binning::{bin_map, BinPass};
+use crate::ops::binning::{bin_map, BinPass, PassPointing};
 use crate::ops::covariance_and_hits::{covariance_and_hits, CovPass};
 use crate::ops::{BuildPixelDistribution, FlagSelection};
 use toast_core::{Data, ExecContext, OpError};
@@ -324,9 +324,9 @@ impl MapMaker {
             }
             let (pointing, sets) = if expand {
                 let sets = self.pointing_sets(data);
-                (Some(self.final_ops_mut()), sets)
+                (PassPointing::Run(self.final_ops_mut()), sets)
             } else {
-                (None, DetectorSets::All)
+                (PassPointing::Kept(self.final_ops()), DetectorSets::All)
             };
             bin_map(data, ctx, pass, pointing, Vec::new(), &sets)
         })

@@ -72,7 +72,7 @@ use crate::exec::kernels::{
     KernelCall, OffsetLayout,
 };
 use crate::exec::pipeline::DetectorSets;
-use crate::ops::binning::{bin_map_with, finish_bin_map, prepare_bin_map, BinPass};
+use crate::ops::binning::{bin_map_with, finish_bin_map, prepare_bin_map, BinPass, PassPointing};
 use crate::ops::{detector_weights, select_detectors, FlagSelection};
 use crate::pixels::PixelData;
 use crate::templates::OffsetTemplate;
@@ -866,9 +866,9 @@ impl MapMaker {
             self.work_sets(data)
         };
         let pointing = if self.plan.keeps_pointing() || compact {
-            None
+            PassPointing::Kept(&self.solve_pointing)
         } else {
-            Some(&mut self.solve_pointing)
+            PassPointing::Run(&mut self.solve_pointing)
         };
         bin_map_with(
             data,

@@ -15,7 +15,7 @@ use crate::exec::kernels::amp_dot_blocks;
 use crate::exec::movement::bus::{BusBytes, CgTransfers};
 use crate::exec::movement::{self, forget, with_host_step};
 use crate::exec::pipeline::{detector_passes, run_operators, DetectorSets, OpRef, RunOptions};
-use crate::ops::binning::{bin_map, BinPass};
+use crate::ops::binning::{bin_map, BinPass, PassPointing};
 use crate::ops::{
     CopyDetData, FlagSelection, NoiseWeight, NoiseWeightConfig, ResetData, ScanMap, ScanMapConfig,
 };
@@ -541,9 +541,9 @@ impl MapMaker {
         };
         let sets = self.work_sets(data);
         let pointing = if full {
-            None
+            PassPointing::Kept(&self.solve_pointing)
         } else {
-            Some(&mut self.solve_pointing)
+            PassPointing::Run(&mut self.solve_pointing)
         };
         bin_map(data, ctx, pass, pointing, Vec::new(), &sets)?;
         if self.device_fused_applies(data, tmpl)? {
@@ -730,9 +730,9 @@ impl MapMaker {
         };
         let sets = self.work_sets(data);
         let pointing = if full {
-            None
+            PassPointing::Kept(&self.solve_pointing)
         } else {
-            Some(&mut self.solve_pointing)
+            PassPointing::Run(&mut self.solve_pointing)
         };
         let pre: Vec<OpRef<'_>> = vec![&mut zero, &mut add];
         bin_map(data, ctx, pass, pointing, pre, &sets)?;

@@ -157,8 +157,18 @@ pub(crate) struct BinPass<'a> {
     pub covariance_on_device: bool,
 }
 
+/// The pointing a binning pass reads: made by operators the pass runs, or
+/// left by them earlier (kept pointing). Either way the field names are
+/// those operators' (`pixels.pixels`, `weights.weights`, their view).
+pub(crate) enum PassPointing<'a> {
+    /// Run these operators before the accumulation (per detector set).
+    Run(&'a mut PointingOps),
+    /// Read the pixels and weights these operators left.
+    Kept(&'a PointingOps),
+}
+
 /// Bin `det_data`: run `pre` (e.g. a template projection), the pointing
-/// operators (when given), and the noise-weighted accumulation as one
+/// operators (when they are to run), and the noise-weighted accumulation as one
 /// pipeline, sum the map over the processes (on the host), then apply the
 /// covariance (see [`BinPass::covariance_on_device`]). With detector `sets`
 /// other than `All`, the map reset runs first over all detectors and then
@@ -169,7 +179,7 @@ pub(crate) fn bin_map(
     data: &mut Data,
     ctx: &mut ExecContext,
     pass: BinPass<'_>,
-    pointing: Option<&mut PointingOps>,
+    pointing: PassPointing<'_>,
     pre: Vec<OpRef<'_>>,
     sets: &DetectorSets,
 ) -> Result<(), OpError> {
@@ -184,7 +194,7 @@ pub(crate) fn bin_map_with(
     data: &mut Data,
     ctx: &mut ExecContext,
     pass: BinPass<'_>,
-    pointing: Option<&mut PointingOps>,
+    pointing: PassPointing<'_>,
     pre: Vec<OpRef<'_>>,
     sets: &DetectorSets,
     accumulate: Option<OpRef<'_>>,
@@ -192,17 +202,20 @@ pub(crate) fn bin_map_with(
     let cfg = pass.config;
     prepare_bin_map(data, &pass)?;
 
-    let (pix_field, wts_field, view) = match &pointing {
-        Some(p) => (
+    let names = |p: &PointingOps| {
+        (
             p.pixels_field().to_string(),
             p.weights_field().to_string(),
             p.view().map(str::to_string),
-        ),
-        None => (
-            defaults::PIXELS.to_string(),
-            defaults::WEIGHTS.to_string(),
-            None,
-        ),
+        )
+    };
+    let (pix_field, wts_field, view) = match &pointing {
+        PassPointing::Run(p) => names(p),
+        PassPointing::Kept(p) => names(p),
+    };
+    let pointing = match pointing {
+        PassPointing::Run(p) => Some(p),
+        PassPointing::Kept(_) => None,
     };
     let mut reset = ResetData {
         name: format!("{}_reset", pass.name),
@@ -455,7 +468,7 @@ impl Operator for BinMap {
             data,
             ctx,
             pass,
-            Some(&mut self.pointing),
+            PassPointing::Run(&mut self.pointing),
             Vec::new(),
             &DetectorSets::All,
         )
