@@ -847,6 +847,9 @@ impl Operator for MapMaker {
         if let Some(nm) = &self.setup.baselines.noise_model {
             r.add(Category::Meta, nm);
         }
+        if let Some(v) = &self.setup.baselines.view {
+            r.add(Category::Intervals, v);
+        }
         r.add(Category::Shared, &self.setup.baselines.times);
         r
     }

@@ -2223,6 +2223,7 @@ mod tests {
             ),
             (&["binner.det_flags=zz"], "mapmaker: reads detdata `zz`"),
             (&["baselines.times=tt"], "mapmaker: reads shared `tt`"),
+            (&["baselines.view=vv"], "mapmaker: reads intervals `vv`"),
             (
                 &["scan_map.enabled=false", "det_pointing.boresight=zz"],
                 "mapmaker: reads shared `zz`",
