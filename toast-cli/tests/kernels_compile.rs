@@ -53,4 +53,26 @@ fn a_wrong_architecture_is_a_compile_failure_not_a_crash() {
         .expect("run toast-cli");
     // 1 (not an NVIDIA architecture) when NVRTC is present, 3 when it is not.
     assert!(matches!(out.status.code(), Some(1) | Some(3)), "{out:?}");
+    // An AMD target the installed hiprtc does not know, or a feature its
+    // processor lacks: Debian's comgr aborted the process on them
+    // (`munmap_chunk(): invalid pointer`, signal 6); now checked first.
+    for (arch, says) in [
+        (
+            "gfx9999",
+            "gfx9999 is not a processor this hiprtc can target",
+        ),
+        ("gfx1030:xnack+", "gfx1030 has no xnack feature"),
+        ("gfx90a:bogus+", "`bogus+` is not a target feature"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_toast-cli"))
+            .args(["kernels", "compile", "--target", "hip", "--arch", arch])
+            .output()
+            .expect("run toast-cli");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(1) => assert!(stderr.contains(says), "{arch}: {stderr}"),
+            Some(3) => println!("SKIPPED: hip {arch}: {}", stderr.trim()),
+            other => panic!("{arch}: exited {other:?}: {stderr}"),
+        }
+    }
 }

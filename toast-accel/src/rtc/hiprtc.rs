@@ -40,6 +40,104 @@ pub fn options(arch: &str) -> Vec<String> {
     o
 }
 
+/// The AMDGPU target features a target ID may name, each with the
+/// processors that have it (LLVM's AMDGPUUsage, "Processors"; the
+/// features are the same in every ROCm since 4.0).
+const TARGET_FEATURES: &[(&str, &[&str])] = &[
+    (
+        "sramecc",
+        &[
+            "gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950",
+        ],
+    ),
+    (
+        "xnack",
+        &[
+            "gfx801", "gfx810", "gfx900", "gfx902", "gfx904", "gfx906", "gfx908", "gfx909",
+            "gfx90a", "gfx90c", "gfx940", "gfx941", "gfx942", "gfx950", "gfx1010", "gfx1011",
+            "gfx1012", "gfx1013",
+        ],
+    ),
+];
+
+/// The comgr library names (hiprtc's code-object manager, which it has
+/// already loaded): ROCm 6.2 and later ship `.so.3`, earlier `.so.2`.
+const COMGR_NAMES: &[&str] = &["libamd_comgr.so.3", "libamd_comgr.so.2", "libamd_comgr.so"];
+
+/// The processors (`gfx90a`, ...) the installed compiler can target, from
+/// comgr's ISA list (`amd_comgr_get_isa_name`: `amdgcn-amd-amdhsa--gfx90a`);
+/// `None` where comgr cannot be opened or read.
+fn comgr_processors() -> Option<Vec<String>> {
+    type Count = unsafe extern "C" fn(*mut usize) -> c_int;
+    type Name = unsafe extern "C" fn(usize, *mut *const c_char) -> c_int;
+    let lib = COMGR_NAMES.iter().find_map(|n| {
+        // SAFETY: loading comgr runs its initialisers only, as hiprtc's
+        // own load of it did.
+        unsafe { libloading::Library::new(*n) }.ok()
+    })?;
+    let count: Count = sym(&lib, "comgr", "amd_comgr_get_isa_count").ok()?;
+    let name: Name = sym(&lib, "comgr", "amd_comgr_get_isa_name").ok()?;
+    let mut n = 0usize;
+    // SAFETY: writes one size_t.
+    if unsafe { count(&mut n) } != 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: `i` is below the count; comgr returns a static string.
+        if unsafe { name(i, &mut p) } != 0 || p.is_null() {
+            return None;
+        }
+        // SAFETY: a NUL-terminated string owned by comgr.
+        let isa = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+        let proc = isa.rsplit("--").next().unwrap_or(&isa);
+        out.push(proc.split(':').next().unwrap_or(proc).to_string());
+    }
+    // Never unloaded: hiprtc loads the same comgr to compile, and a comgr
+    // unloaded and loaded again registers LLVM's options twice (LLVM
+    // aborts).
+    std::mem::forget(lib);
+    Some(out)
+}
+
+/// Check target ID `arch` (a processor, then `:sramecc+`/`-`,
+/// `:xnack+`/`-`, each at most once) before it reaches hiprtc: the comgr of
+/// some ROCm releases (Debian's 5.2) aborts the process on a processor it
+/// does not know or a feature the processor lacks (`munmap_chunk(): invalid
+/// pointer`) instead of returning an error. `known`: the processors the
+/// installed compiler targets (`None`: unknown, not checked).
+pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> {
+    let mut parts = arch.split(':');
+    let proc = parts.next().unwrap_or("");
+    if let Some(known) = known {
+        if !known.iter().any(|k| k == proc) {
+            return Err(format!(
+                "{proc} is not a processor this hiprtc can target (it knows {})",
+                known.join(", ")
+            ));
+        }
+    }
+    let mut seen = Vec::new();
+    for f in parts {
+        let (name, sign) = f.split_at(f.len().saturating_sub(1));
+        let feature = TARGET_FEATURES.iter().find(|(n, _)| *n == name);
+        let Some((_, procs)) = feature.filter(|_| sign == "+" || sign == "-") else {
+            return Err(format!(
+                "`{f}` is not a target feature (sramecc+, sramecc-, xnack+ or xnack-)"
+            ));
+        };
+        if seen.contains(&name) {
+            return Err(format!("{name} is named twice"));
+        }
+        seen.push(name);
+        if !procs.contains(&proc) {
+            return Err(format!("{proc} has no {name} feature"));
+        }
+    }
+    Ok(())
+}
+
 /// A loaded hiprtc.
 #[derive(Debug)]
 pub struct Hiprtc {
@@ -132,6 +230,8 @@ impl Hiprtc {
                 "architecture `{arch}` is not an AMD one (gfxNNN, e.g. gfx90a)"
             )));
         }
+        check_target(arch, comgr_processors().as_deref())
+            .map_err(|e| fail(format!("architecture `{arch}`: {e}")))?;
         type Create = unsafe extern "C" fn(
             *mut RtcProgram,
             *const c_char,
@@ -241,5 +341,45 @@ impl Hiprtc {
         // SAFETY: `prog` is live and destroyed once.
         unsafe { destroy(&mut prog) };
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Target IDs are checked before hiprtc sees them: a processor the
+    /// installed compiler lacks, or a feature its processor lacks, aborted
+    /// the process inside Debian's comgr.
+    #[test]
+    fn target_ids_are_checked_before_hiprtc() {
+        let known: Vec<String> = ["gfx90a", "gfx1030"].map(String::from).to_vec();
+        let check = |a: &str| check_target(a, Some(&known));
+        for good in [
+            "gfx90a",
+            "gfx90a:xnack+",
+            "gfx90a:sramecc-:xnack+",
+            "gfx1030",
+        ] {
+            check(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for (bad, says) in [
+            (
+                "gfx942",
+                "gfx942 is not a processor this hiprtc can target (it knows gfx90a, gfx1030)",
+            ),
+            ("gfx1030:xnack+", "gfx1030 has no xnack feature"),
+            ("gfx1030:sramecc-", "gfx1030 has no sramecc feature"),
+            ("gfx90a:xnack", "`xnack` is not a target feature"),
+            ("gfx90a:bogus+", "`bogus+` is not a target feature"),
+            ("gfx90a::", "`` is not a target feature"),
+            ("gfx90a:xnack+:xnack-", "xnack is named twice"),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // Without comgr's list the processor is not checked; features are.
+        assert!(check_target("gfx942", None).is_ok());
+        assert!(check_target("gfx942:bogus+", None).is_err());
     }
 }
