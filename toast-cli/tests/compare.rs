@@ -153,6 +153,15 @@ fn input_that_cannot_be_compared_exits_2() {
     std::fs::remove_file(odd.join("mapmaker_map.fits")).unwrap();
     std::fs::create_dir_all(odd.join("mapmaker_map.fits")).unwrap();
 
+    // A run's stats.json that lists a map which is not there.
+    let lost = root.join("lost");
+    write_run(&lost, 0.0, 0);
+    std::fs::write(
+        lost.join("stats.json"),
+        r#"{"outputs": ["x/lost/gone/mapmaker_map.fits", "x/lost/stats.json"]}"#,
+    )
+    .unwrap();
+
     let missing = root.join("missing");
     for (args, words) in [
         (
@@ -172,6 +181,13 @@ fn input_that_cannot_be_compared_exits_2() {
             vec![path(&a), path(&a), "--max-rel=-1"],
             vec!["--max-rel -1"],
         ),
+        (
+            vec![path(&a), path(&lost)],
+            vec![
+                "stats.json: lists",
+                "gone/mapmaker_map.fits, which is not a regular file",
+            ],
+        ),
     ] {
         let o = compare(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -179,5 +195,35 @@ fn input_that_cannot_be_compared_exits_2() {
             assert!(text(&o).contains(w), "{args:?}: no {w:?} in {}", text(&o));
         }
     }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A run's directory holds the maps its stats.json lists, wherever its
+/// maps directory (`mapmaker.output_dir`) put them; maps an earlier run
+/// left beside them are not compared (a line counts them).
+#[test]
+fn a_runs_maps_are_those_its_stats_list() {
+    let root = process::scratch("toast-cli-compare", "stats");
+    let (a, b) = (root.join("a"), root.join("b"));
+    write_run(&a, 0.0, 0);
+    // An earlier run's maps in b, 1% off, and this run's in b/sub, the
+    // same as a's; stats.json names them under the directory as the run
+    // was given it (here `runs/b`).
+    write_run(&b, 1e-2, 0);
+    write_run(&b.join("sub"), 0.0, 0);
+    std::fs::write(
+        b.join("stats.json"),
+        r#"{"outputs": ["runs/b/sub/mapmaker_hits.fits", "runs/b/sub/mapmaker_map.fits",
+            "runs/b/timing.csv", "runs/b/stats.json"]}"#,
+    )
+    .unwrap();
+    let o = compare(&[path(&a), path(&b)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("2 *.fits not among its stats.json's outputs (an earlier run's) left out")
+            && out.contains("MAPS MATCH: 2 files, 4 columns"),
+        "{out}"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }

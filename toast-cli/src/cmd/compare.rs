@@ -1,8 +1,13 @@
 //! `toast-cli compare DIR_A DIR_B`: do two runs' maps agree?
 //!
-//! Every HEALPix FITS file (`*.fits`) of either directory (not recursive)
-//! is read with the project's own reader ([`toast_ops::io::fits`]) and
-//! compared with the file of the same name in the other, column by column:
+//! The maps of a directory are those its run lists: where it holds a
+//! `stats.json` of `toast-cli run`, the `*.fits` among its `outputs` (in the
+//! maps directory, `mapmaker.output_dir`, wherever that is), not a map a
+//! previous run left beside them (a line says how many were left out);
+//! elsewhere (TOAST's outputs, any directory) every `*.fits` in it, not
+//! recursive. Each is read with the project's own reader
+//! ([`toast_ops::io::fits`]) and compared with the map of the same name of
+//! the other directory, column by column:
 //!
 //! * a hits map (a file whose name contains `hits`) must be identical:
 //!   the line gives both totals and the number of pixels that differ;
@@ -26,7 +31,7 @@
 //! number).
 
 use anyhow::{bail, Context, Result};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use toast_ops::io::fits::{read_healpix_map, HealpixMap, UNSEEN};
 
@@ -171,11 +176,11 @@ struct FileReport {
     differs: bool,
 }
 
-/// The `*.fits` names in `dir`; one that is not a regular file (a
+/// The `*.fits` files in `dir`, by name; one that is not a regular file (a
 /// directory, a FIFO, a dangling link) is refused, not taken for a file
 /// missing on that side.
-fn fits_names(dir: &Path) -> Result<BTreeSet<String>> {
-    let mut names = BTreeSet::new();
+fn fits_in(dir: &Path) -> Result<BTreeMap<String, PathBuf>> {
+    let mut maps = BTreeMap::new();
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read directory {}", dir.display()))?;
     for e in entries {
@@ -187,9 +192,59 @@ fn fits_names(dir: &Path) -> Result<BTreeSet<String>> {
         if !e.path().is_file() {
             bail!("{}: not a regular file", e.path().display());
         }
-        names.insert(name);
+        maps.insert(name, e.path());
     }
-    Ok(names)
+    Ok(maps)
+}
+
+/// The maps of the run in `dir`, by name, and how many `*.fits` in `dir`
+/// were left out as not the run's (see the module docs). `stats.json`
+/// names its files under the output directory as the run was given it
+/// (its own entry, `GIVEN/stats.json`, says how): a path under it is read
+/// under `dir`, an absolute one (an absolute maps directory) as it is.
+fn run_maps(dir: &Path) -> Result<(BTreeMap<String, PathBuf>, usize)> {
+    let in_dir = fits_in(dir)?;
+    let stats = dir.join("stats.json");
+    if !stats.is_file() {
+        return Ok((in_dir, 0));
+    }
+    let bad = |why: &str| anyhow::anyhow!("{}: {why}", stats.display());
+    let text = std::fs::read_to_string(&stats)
+        .with_context(|| format!("cannot read {}", stats.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(&format!("not JSON: {e}")))?;
+    let Some(outputs) = value.get("outputs").and_then(|o| o.as_array()) else {
+        return Err(bad("no list of the run's files (`outputs`)"));
+    };
+    let outputs: Vec<&str> = outputs.iter().filter_map(|o| o.as_str()).collect();
+    let given = outputs
+        .iter()
+        .map(Path::new)
+        .find(|p| p.file_name().is_some_and(|n| n == "stats.json"))
+        .and_then(Path::parent)
+        .ok_or_else(|| bad("`outputs` does not list stats.json itself"))?;
+    let mut maps = BTreeMap::new();
+    for listed in outputs.iter().filter(|o| o.ends_with(".fits")) {
+        let p = Path::new(listed);
+        let path = match p.strip_prefix(given) {
+            Ok(rel) => dir.join(rel),
+            Err(_) if p.is_absolute() => p.to_path_buf(),
+            Err(_) => return Err(bad(&format!("lists {listed}, outside the run's directory"))),
+        };
+        if !path.is_file() {
+            return Err(bad(&format!(
+                "lists {}, which is not a regular file",
+                path.display()
+            )));
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        maps.insert(name.unwrap_or_default(), path);
+    }
+    let stale = in_dir
+        .iter()
+        .filter(|(name, path)| maps.get(*name) != Some(*path))
+        .count();
+    Ok((maps, stale))
 }
 
 fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> FileReport {
@@ -262,9 +317,9 @@ fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> 
 /// Returns the exit code (0 agree, 1 differ); errors are status 2.
 pub fn run(args: &CompareArgs) -> Result<i32> {
     let tol = args.tolerances()?;
-    let in_a = fits_names(&args.dir_a)?;
-    let in_b = fits_names(&args.dir_b)?;
-    let all: BTreeSet<&String> = in_a.union(&in_b).collect();
+    let (in_a, stale_a) = run_maps(&args.dir_a)?;
+    let (in_b, stale_b) = run_maps(&args.dir_b)?;
+    let all: BTreeSet<&String> = in_a.keys().chain(in_b.keys()).collect();
     if all.is_empty() {
         bail!(
             "no FITS file (*.fits) in {} or {}: nothing to compare",
@@ -279,24 +334,36 @@ pub fn run(args: &CompareArgs) -> Result<i32> {
         tol.max_rel,
         tol.rms_rel
     )?;
+    for (dir, stale) in [(&args.dir_a, stale_a), (&args.dir_b, stale_b)] {
+        if stale > 0 {
+            crate::outln!(
+                "{}: {stale} *.fits not among its stats.json's outputs (an earlier run's) left out",
+                dir.display()
+            )?;
+        }
+    }
     let (mut files, mut columns, mut differing) = (0usize, 0usize, Vec::new());
     for name in all {
         files += 1;
-        let side = |dir: &Path| dir.join(name);
-        let report = match (in_a.contains(name), in_b.contains(name)) {
-            (true, true) => {
-                let read = |p: PathBuf| {
-                    read_healpix_map(&p, None).with_context(|| format!("comparing {name}"))
+        let report = match (in_a.get(name), in_b.get(name)) {
+            (Some(pa), Some(pb)) => {
+                let read = |p: &PathBuf| {
+                    read_healpix_map(p, None).with_context(|| format!("comparing {name}"))
                 };
-                let a = read(side(&args.dir_a))?;
-                let b = read(side(&args.dir_b))?;
+                let a = read(pa)?;
+                let b = read(pb)?;
                 columns += a.fields.len();
                 compare_file(name, &a, &b, tol)
             }
             (a_has, _) => FileReport {
                 lines: vec![format!(
                     "{name}: only in {}  DIFFER",
-                    if a_has { &args.dir_a } else { &args.dir_b }.display()
+                    if a_has.is_some() {
+                        &args.dir_a
+                    } else {
+                        &args.dir_b
+                    }
+                    .display()
                 )],
                 differs: true,
             },
