@@ -150,6 +150,25 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
             });
         }
     }
+    // A rotation faster than two samples aliases: the scan is noise (and a
+    // subnormal period's rate overflowed to infinity, NaN pointing).
+    let nyquist_minutes = 2.0 / SAMPLE_RATE / 60.0;
+    for (option, period) in [
+        ("sim_satellite.spin_period", sat.spin_period),
+        ("sim_satellite.prec_period", sat.prec_period),
+    ] {
+        if period < nyquist_minutes {
+            return Err(WorkflowError::BadSize {
+                option,
+                value: compact(period),
+                reason: format!(
+                    "a rotation in less than two samples at {SAMPLE_RATE} Hz: the period must be \
+                     at least {} min",
+                    compact(nyquist_minutes)
+                ),
+            });
+        }
+    }
     let step_time = config.baselines.step_time;
     let step = (step_time * SAMPLE_RATE).round_ties_even();
     if !(step >= 1.0 && step <= limit) {
@@ -2408,6 +2427,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("sim_satellite.obs_minutes 1000000000000"), "{e}");
+        // A rotation in less than two samples (a subnormal period's rate
+        // overflowed to infinity: NaN pointing after the simulation).
+        for option in ["sim_satellite.spin_period", "sim_satellite.prec_period"] {
+            for fast in ["5e-324", "1e-300", "3e-4"] {
+                let j = job(&[&format!("{option}={fast}")], 2);
+                assert_eq!(bad_option(j), option, "{fast}");
+            }
+            assert!(job(&[&format!("{option}=3.4e-4")], 2).is_ok());
+        }
         assert!(job(&[], 2).is_ok());
     }
 
