@@ -326,6 +326,15 @@ pub const MAX_FWHM_ARCMIN: f64 = 10800.0;
 /// O(1): what a job checks before any work, whatever its nside (the band
 /// limits themselves take O(nside) memory, [`sky_truncation`]).
 pub fn check_sky_config(cfg: &SkyConfig) -> Result<(), SkyError> {
+    // Polarisation starts at ℓ = 2, and a map of nside 1 holds ℓ ≤ 1 only.
+    if cfg.nside.get() < 2 {
+        return Err(SkyError::Config(format!(
+            "nside {} holds multipoles up to {} only, and the synthetic sky's polarisation \
+             starts at 2: nside 2 or more, or an input sky map",
+            cfg.nside.get(),
+            3 * cfg.nside.get() - 2
+        )));
+    }
     // A beam wider than the sphere (180 degrees) smooths the sky to its mean.
     if !(0.0..=MAX_FWHM_ARCMIN).contains(&cfg.fwhm_arcmin) {
         return Err(SkyError::Config(format!(
@@ -491,6 +500,20 @@ mod tests {
         let (bt, bp) = gauss_beam((3.0f64 / 60.0).to_radians(), 10);
         assert_eq!(bt[0], 1.0);
         assert!(bp[0] > 1.0 && bp[2] < 1.0 + 1e-6);
+    }
+
+    /// nside 1 holds no ℓ = 2 for the polarisation: refused by the O(1)
+    /// check a job makes before any work (it failed in the synthesis);
+    /// nside 2 synthesises.
+    #[test]
+    fn nside_1_is_refused_up_front() {
+        let at = |n: u64| SkyConfig {
+            nside: Nside::new(n).unwrap(),
+            ..SkyConfig::default()
+        };
+        let e = check_sky_config(&at(1)).unwrap_err().to_string();
+        assert!(e.contains("nside 1 holds multipoles up to 1 only"), "{e}");
+        assert!(synthesize_sky(&at(2)).is_ok());
     }
 
     #[test]
