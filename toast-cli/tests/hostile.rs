@@ -1123,6 +1123,21 @@ fn bad_values_in_a_sky_map_are_named() {
         t.contains("2 value(s) are UNSEEN (I 2, Q 0, U 0): scanned as unobserved"),
         "{t}"
     );
+    // A map of one column (hits, I alone) is refused by the dry run too:
+    // the header says it before any work.
+    let hits = dir.join("hits.fits");
+    toast_ops::io::fits::write_hits_map(&hits, Ordering::Ring, &vec![1i64; npix], &[]).unwrap();
+    for dry in [&["--dry-run"][..], &[]] {
+        let mut extra = vec!["--sky-map", hits.to_str().unwrap()];
+        extra.extend(dry);
+        let o = small_run(&dir.join("out"), &extra, &[]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{dry:?}: {t}");
+        assert!(
+            t.contains("1 map column(s), need 3 (I, Q, U)"),
+            "{dry:?}: {t}"
+        );
+    }
     // A synthetic sky with a beam wider than the sky is refused.
     let o = small_run(
         &dir.join("out"),

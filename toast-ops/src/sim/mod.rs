@@ -80,6 +80,6 @@ pub use satellite::{
     core_focalplane, SimSatellite, SimSatelliteConfig, EPHEMERIS_YEARS, SESSION_UID,
 };
 pub use scan::{
-    check_sky_units, InputSky, ScanHealpixMap, ScanHealpixMapConfig, ScannedSky, SkySource,
+    check_sky_header, InputSky, ScanHealpixMap, ScanHealpixMapConfig, ScannedSky, SkySource,
     SkySynthesis,
 };

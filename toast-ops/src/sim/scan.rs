@@ -54,12 +54,7 @@ impl InputSky {
     /// unit that is not a temperature is refused, naming column and unit.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
         let mut m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
-        if m.fields.len() < 3 {
-            return Err(sky_map_err(
-                path,
-                format!("{} map column(s), need 3 (I, Q, U)", m.fields.len()),
-            ));
-        }
+        check_sky_columns(m.fields.len()).map_err(|reason| sky_map_err(path, reason))?;
         let (maps, unseen) = sky_values(&mut m).map_err(|reason| sky_map_err(path, reason))?;
         let n_unseen: usize = unseen.iter().sum();
         if n_unseen > 0 {
@@ -522,10 +517,20 @@ fn kelvin_scale(k: usize, name: &str, unit: Option<&str>, partial: bool) -> Resu
     })
 }
 
-/// Refuse a sky map whose I, Q, U columns (the first three) have a unit
-/// that cannot be converted to K, from its header alone: the check a job
-/// makes before any work, where [`InputSky::from_file`] makes it again.
-pub fn check_sky_units(header: &HealpixHeader) -> Result<(), String> {
+/// A sky map's map columns: I, Q, U are the first three.
+fn check_sky_columns(n: usize) -> Result<(), String> {
+    if n < 3 {
+        return Err(format!("{n} map column(s), need 3 (I, Q, U)"));
+    }
+    Ok(())
+}
+
+/// Refuse a sky map with fewer than three map columns, or whose I, Q, U
+/// columns (the first three) have a unit that cannot be converted to K,
+/// from its header alone: the check a job makes before any work, where
+/// [`InputSky::from_file`] makes it again.
+pub fn check_sky_header(header: &HealpixHeader) -> Result<(), String> {
+    check_sky_columns(header.columns.len())?;
     for (k, (name, unit)) in header.columns.iter().take(3).enumerate() {
         kelvin_scale(k, name, unit.as_deref(), header.partial)?;
     }

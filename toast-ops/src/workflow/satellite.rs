@@ -1916,8 +1916,8 @@ fn dispatcher(cfg: &SatelliteConfig, registry: Registry) -> Result<Dispatcher, W
 }
 
 /// The NSIDE of a HEALPix FITS file, checked as the reader checks it, without
-/// reading the data; its I, Q, U units must convert to K
-/// (`sim::check_sky_units`).
+/// reading the data; it must have I, Q, U columns whose units convert to K
+/// (`sim::check_sky_header`).
 fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
     let sky_map = |reason: String| WorkflowError::SkyMap {
         path: path.to_path_buf(),
@@ -1931,7 +1931,7 @@ fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
             .unwrap_or(&text);
         sky_map(reason.to_string())
     })?;
-    crate::sim::check_sky_units(&header).map_err(sky_map)?;
+    crate::sim::check_sky_header(&header).map_err(sky_map)?;
     Ok(header.nside)
 }
 
