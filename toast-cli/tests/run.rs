@@ -309,6 +309,13 @@ fn bad_input_is_reported_before_work() {
         "unknown section `nosuch`",
     );
     assert_fails(&["--set", "iter_max", "--out-dir", o], "section.key=value");
+    // rcond is at most 1: a larger threshold would cut every pixel.
+    for key in ["map_rcond_threshold", "solve_rcond_threshold"] {
+        assert_fails(
+            &["--set", &format!("mapmaker.{key}=2"), "--out-dir", o],
+            &format!("{key} = 2 must be between 0 and 1"),
+        );
+    }
     let missing = dir.join("missing.fits");
     assert_fails(
         &["--sky-map", missing.to_str().unwrap(), "--out-dir", o],

@@ -105,9 +105,12 @@ impl MapMakerConfig {
             ("solve_rcond_threshold", self.solve_rcond_threshold),
             ("map_rcond_threshold", self.map_rcond_threshold),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
+            // rcond (the smallest over the largest eigenvalue) is at most
+            // 1: a larger threshold cuts every pixel (an all-zero map).
+            if !(0.0..=1.0).contains(&v) {
                 return bad(format!(
-                    "{n} = {} must be a non-negative number",
+                    "{n} = {} must be between 0 and 1 (a pixel's rcond is at most 1: a larger \
+                     threshold cuts every pixel)",
                     Compact(v)
                 ));
             }
