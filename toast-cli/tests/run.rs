@@ -309,6 +309,29 @@ fn bad_input_is_reported_before_work() {
         "unknown section `nosuch`",
     );
     assert_fails(&["--set", "iter_max", "--out-dir", o], "section.key=value");
+    // Two options of one command line for one setting.
+    assert_fails(
+        &[
+            "--sky-map",
+            "a.fits",
+            "--set",
+            "scan_map.file=b.fits",
+            "--out-dir",
+            o,
+        ],
+        "--sky-map and --set scan_map.file=b.fits both set scan_map.file: give one",
+    );
+    assert_fails(
+        &[
+            "--backend",
+            "cpu",
+            "--set",
+            "dispatch.run=opencl",
+            "--out-dir",
+            o,
+        ],
+        "--backend and --set dispatch.run=opencl both set dispatch.run: give one",
+    );
     // rcond is at most 1: a larger threshold would cut every pixel.
     for key in ["map_rcond_threshold", "solve_rcond_threshold"] {
         assert_fails(

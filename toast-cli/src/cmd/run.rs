@@ -157,6 +157,21 @@ fn read_config_file(path: &Path) -> Result<toml::Table> {
 /// The configuration: the case's defaults < `--config` < `--set` <
 /// `--backend`, `--sky-map`.
 fn configuration(args: &RunArgs) -> Result<SatelliteConfig> {
+    // A flag overrides a configuration file, but two options of the same
+    // command line naming one setting leave no way to tell which was meant.
+    let set_on_line = |key: &str| {
+        args.set
+            .iter()
+            .find(|s| s.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+    };
+    for (flag, given, key) in [
+        ("--sky-map", args.sky_map.is_some(), "scan_map.file"),
+        ("--backend", args.backend.is_some(), "dispatch.run"),
+    ] {
+        if let Some(s) = set_on_line(key).filter(|_| given) {
+            bail!("{flag} and --set {s} both set {key}: give one");
+        }
+    }
     let mut table = config::workflow_defaults(&args.case);
     if let Some(p) = &args.config {
         config::merge(&mut table, &read_config_file(p)?);
