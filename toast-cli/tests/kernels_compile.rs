@@ -53,6 +53,17 @@ fn a_wrong_architecture_is_a_compile_failure_not_a_crash() {
         .expect("run toast-cli");
     // 1 (not an NVIDIA architecture) when NVRTC is present, 3 when it is not.
     assert!(matches!(out.status.code(), Some(1) | Some(3)), "{out:?}");
+    // OpenCL compiles for its runtime's device: an --arch would be ignored.
+    let out = Command::new(env!("CARGO_BIN_EXE_toast-cli"))
+        .args([
+            "kernels", "compile", "--target", "opencl", "--arch", "gfx900",
+        ])
+        .output()
+        .expect("run toast-cli");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--arch does not apply to --target opencl")
+    );
     // An AMD target the installed hiprtc does not know, or a feature its
     // processor lacks: Debian's comgr aborted the process on them
     // (`munmap_chunk(): invalid pointer`, signal 6); now checked first.

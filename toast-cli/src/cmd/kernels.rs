@@ -97,6 +97,12 @@ pub fn compile(args: &CompileArgs) -> anyhow::Result<Outcome> {
     if target == Target::OpenCl && args.output.is_some() {
         return Err(anyhow::anyhow!("--output is not supported for --target opencl (the runtime's binary is device-specific)"));
     }
+    if target == Target::OpenCl && args.arch.is_some() {
+        return Err(anyhow::anyhow!(
+            "--arch does not apply to --target opencl (the OpenCL runtime compiles for its own \
+             device; TOAST_OPENCL_DEVICE picks it)"
+        ));
+    }
     let source = ds::source(target);
     let hash = ds::source_hash(target);
     let arch = || {
