@@ -49,7 +49,8 @@ struct Cli {
     #[arg(long = "backend-path", value_name = "PATH", global = true)]
     backend_path: Vec<PathBuf>,
     /// Options passed to a backend's init, as NAME:KEY=VALUE[;KEY=VALUE]
-    /// (e.g. `cpu:threads=2`; repeatable).
+    /// (e.g. `cpu:threads=2`; repeatable: one backend's are joined, each
+    /// key at most once).
     #[arg(long = "backend-options", value_name = "NAME:OPTIONS", global = true)]
     backend_options: Vec<String>,
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
@@ -133,16 +134,53 @@ fn default_cases_dir() -> PathBuf {
     ))
 }
 
+/// The `--backend-options` of the command line, one per backend: those
+/// given for one backend in several options joined with `;` (in order).
+/// A key given twice for one backend is refused: the plugin would take the
+/// last one and drop the other without a word.
+fn backend_options(cli: &Cli) -> anyhow::Result<Vec<(String, String)>> {
+    let mut merged: Vec<(String, String)> = Vec::new();
+    for spec in &cli.backend_options {
+        let (name, options) = spec.split_once(':').ok_or_else(|| {
+            anyhow::anyhow!("--backend-options {spec:?}: expected NAME:OPTIONS, e.g. cpu:threads=2")
+        })?;
+        match merged
+            .iter_mut()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        {
+            Some((_, o)) => {
+                o.push(';');
+                o.push_str(options);
+            }
+            None => merged.push((name.to_string(), options.to_string())),
+        }
+    }
+    for (name, options) in &merged {
+        let mut keys: Vec<&str> = Vec::new();
+        for item in options.split(';') {
+            let key = item.split_once('=').map_or(item, |(k, _)| k).trim();
+            if key.is_empty() {
+                continue;
+            }
+            if keys.contains(&key) {
+                anyhow::bail!(
+                    "--backend-options {name}:{options}: `{key}` is given twice for backend \
+                     `{name}`; give it once"
+                );
+            }
+            keys.push(key);
+        }
+    }
+    Ok(merged)
+}
+
 fn discovery(cli: &Cli) -> anyhow::Result<DiscoveryOptions> {
     let mut opts = DiscoveryOptions {
         explicit: cli.backend_path.clone(),
         ..DiscoveryOptions::default()
     };
-    for spec in &cli.backend_options {
-        let (name, options) = spec.split_once(':').ok_or_else(|| {
-            anyhow::anyhow!("--backend-options {spec:?}: expected NAME:OPTIONS, e.g. cpu:threads=2")
-        })?;
-        opts = opts.with_backend_options(name, options);
+    for (name, options) in backend_options(cli)? {
+        opts = opts.with_backend_options(&name, &options);
     }
     Ok(opts)
 }
@@ -151,12 +189,10 @@ fn discovery(cli: &Cli) -> anyhow::Result<DiscoveryOptions> {
 /// initialise each backend given options, so that an option its plugin
 /// refuses is an error now (exit 2) rather than at its first kernel. A
 /// backend found but unavailable on this machine keeps its options unread.
-fn check_backend_options(specs: &[String], registry: &Registry) -> anyhow::Result<()> {
-    for spec in specs {
-        let Some((name, _)) = spec.split_once(':') else {
-            continue;
-        };
-        match registry.get(name) {
+fn check_backend_options(cli: &Cli, registry: &Registry) -> anyhow::Result<()> {
+    for (name, options) in backend_options(cli)? {
+        let spec = format!("{name}:{options}");
+        match registry.get(&name) {
             Ok(_) | Err(AccelError::Unavailable { .. }) => {}
             Err(AccelError::NotFound { .. }) => anyhow::bail!(
                 "--backend-options {spec:?}: no backend `{name}` was found (backends: {})",
@@ -223,7 +259,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
     }
     let registry = Registry::discover(&opts);
-    check_backend_options(&cli.backend_options, &registry)?;
+    check_backend_options(&cli, &registry)?;
     match &cli.command {
         Command::Run(args) => {
             let comm = parallel::init()?;

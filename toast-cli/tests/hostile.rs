@@ -413,6 +413,25 @@ fn every_probe() {
             Code(2),
             &["option threads: 100000 threads; at most"],
         ),
+        // One backend's options from several flags are one string: the
+        // failing option is quoted, and a key given twice is refused (the
+        // plugin kept the last and dropped the other).
+        probe(
+            &[
+                "--backend-options",
+                "cpu:threads=1",
+                "--backend-options",
+                "cpu:threads=100000",
+                "verify",
+            ],
+            Code(2),
+            &["`threads` is given twice for backend `cpu`"],
+        ),
+        probe(
+            &["--backend-options", "cpu:threads=1;nosuch=1", "verify"],
+            Code(2),
+            &["--backend-options \"cpu:threads=1;nosuch=1\"", "unknown option `nosuch`"],
+        ),
         probe(
             &["--backend-options", "cpu:threads=many", "verify"],
             Code(2),
