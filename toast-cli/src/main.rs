@@ -157,11 +157,7 @@ fn backend_options(cli: &Cli) -> anyhow::Result<Vec<(String, String)>> {
     }
     for (name, options) in &merged {
         let mut keys: Vec<&str> = Vec::new();
-        for item in options.split(';') {
-            let key = item.split_once('=').map_or(item, |(k, _)| k).trim();
-            if key.is_empty() {
-                continue;
-            }
+        for key in toast_accel::host::discovery::option_keys(options) {
             if keys.contains(&key) {
                 anyhow::bail!(
                     "--backend-options {name}:{options}: `{key}` is given twice for backend \
@@ -248,6 +244,22 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         return cmd::compare::run(args).map(code);
     }
     let mut opts = discovery(&cli)?;
+    // `--threads` sets the CPU plugin's `threads` too: both given, one
+    // would be dropped (run kept the option, bench the flag).
+    let threads_flag = match &cli.command {
+        Command::Run(args) => args.threads,
+        Command::Bench(BenchCommand::Kernels(a)) => a.threads,
+        _ => None,
+    };
+    if let Some(n) = threads_flag {
+        if opts.has_option("cpu", "threads") {
+            anyhow::bail!(
+                "--threads {n} and --backend-options cpu:{} both set the CPU plugin's threads: \
+                 give one",
+                opts.options_for("cpu")
+            );
+        }
+    }
     if let Command::Run(args) = &cli.command {
         // Without --threads, ranks sharing a node share its cores.
         if let Some(n) = args.threads.or_else(parallel::default_threads_per_rank) {

@@ -428,6 +428,19 @@ fn every_probe() {
             &["`threads` is given twice for backend `cpu`"],
         ),
         probe(
+            &[
+                "--backend-options",
+                "cpu:threads=1",
+                "bench",
+                "kernels",
+                "--tiny",
+                "--threads",
+                "2",
+            ],
+            Code(2),
+            &["--threads 2 and --backend-options cpu:threads=1 both set the CPU plugin's threads"],
+        ),
+        probe(
             &["--backend-options", "cpu:threads=1;nosuch=1", "verify"],
             Code(2),
             &["--backend-options \"cpu:threads=1;nosuch=1\"", "unknown option `nosuch`"],

@@ -172,6 +172,12 @@ impl DiscoveryOptions {
         self
     }
 
+    /// Whether backend `name`'s options string names `key`
+    /// ([`option_keys`]).
+    pub fn has_option(&self, name: &str, key: &str) -> bool {
+        option_keys(self.options_for(name)).any(|k| k == key)
+    }
+
     /// The options string for backend `name` (the last one given wins; `""`
     /// if none).
     pub fn options_for(&self, name: &str) -> &str {
@@ -371,6 +377,15 @@ pub fn discover_files(opts: &DiscoveryOptions) -> Discovery {
         });
     }
     out
+}
+
+/// The keys of a plugin options string `KEY=VALUE[;KEY=VALUE]`, in order
+/// (a bare `KEY` counts; empty items are skipped), as the plugins split it.
+pub fn option_keys(options: &str) -> impl Iterator<Item = &str> {
+    options
+        .split(';')
+        .map(|item| item.split_once('=').map_or(item, |(k, _)| k).trim())
+        .filter(|k| !k.is_empty())
 }
 
 #[cfg(test)]

@@ -114,16 +114,24 @@ pub struct RunArgs {
 /// every process, so an absurd `P` would loop for hours.
 const MAX_DRY_RUN_PROCS: usize = 1 << 24;
 
-/// `--threads N`: the global rayon pool and the CPU plugin's `threads`
-/// option (unless `--backend-options cpu:...` gave one).
+/// `--threads N` (or the default of a process sharing a node): the global
+/// rayon pool and the CPU plugin's `threads` option, unless
+/// `--backend-options cpu:threads=` gave one (beside an explicit
+/// `--threads` the CLI refuses it); other CPU options are kept.
 pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> Result<()> {
     crate::limits::check_threads("--threads", n)?;
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
         .with_context(|| format!("--threads {n}"))?;
-    if opts.options_for("cpu").is_empty() {
-        *opts = std::mem::take(opts).with_backend_options("cpu", &format!("threads={n}"));
+    if !opts.has_option("cpu", "threads") {
+        let cpu = opts.options_for("cpu");
+        let options = if cpu.is_empty() {
+            format!("threads={n}")
+        } else {
+            format!("{cpu};threads={n}")
+        };
+        *opts = std::mem::take(opts).with_backend_options("cpu", &options);
     }
     Ok(())
 }
