@@ -208,14 +208,27 @@ fn init_logging(verbose: u8) {
         1 => "debug",
         _ => "trace",
     };
+    // A RUST_LOG that is set but not a filter falls back to the default,
+    // said once the log is up (it was dropped without a word).
+    let given = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let (filter, refused) = match given.as_deref().map(tracing_subscriber::EnvFilter::try_new) {
+        Some(Ok(f)) => (f, None),
+        Some(Err(e)) => (tracing_subscriber::EnvFilter::new(default), Some(e)),
+        None => (tracing_subscriber::EnvFilter::new(default), None),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
-        )
+        .with_env_filter(filter)
         .with_writer(|| console::LogStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(e) = refused {
+        tracing::warn!(
+            "RUST_LOG={:?} is not a log filter ({e}): the log level is {default}",
+            given.unwrap_or_default()
+        );
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {

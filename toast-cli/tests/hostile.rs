@@ -679,6 +679,13 @@ fn every_probe() {
             &["RAYON_NUM_THREADS=\"four\": not a thread count"],
         )
         .env("RAYON_NUM_THREADS", "four"),
+        // A RUST_LOG that is no filter: the default level, said so.
+        probe(
+            &["run", "--dry-run"],
+            Code(0),
+            &["RUST_LOG=\"garbage===\" is not a log filter", "the log level is warn"],
+        )
+        .env("RUST_LOG", "garbage==="),
         // A `memory` option without a value: refused by the plugin and the
         // host alike (one parser), not read as no budget.
         probe(
