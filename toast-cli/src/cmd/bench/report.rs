@@ -248,15 +248,20 @@ impl BenchReport {
         }
         let _ = writeln!(s);
         let n = self.ratios(false).len();
-        let _ = write!(
-            s,
-            "geometric mean of TOAST/ours over {n} rows: {:.2} (vs TOAST 2 threads)",
-            self.geomean_ratio(false)
-        );
-        if one {
-            let _ = write!(s, ", {:.2} (vs TOAST 1 thread)", self.geomean_ratio(true));
+        if n == 0 {
+            // No row has a TOAST timing (a selection of our own rows only).
+            let _ = writeln!(s, "no row with a TOAST timing: no TOAST/ours ratio");
+        } else {
+            let _ = write!(
+                s,
+                "geometric mean of TOAST/ours over {n} rows: {:.2} (vs TOAST 2 threads)",
+                self.geomean_ratio(false)
+            );
+            if one {
+                let _ = write!(s, ", {:.2} (vs TOAST 1 thread)", self.geomean_ratio(true));
+            }
+            let _ = writeln!(s);
         }
-        let _ = writeln!(s);
         let bw = bandwidths(self);
         if !bw.is_empty() {
             let _ = writeln!(s, "achieved memory bandwidth of the streaming kernels:");
