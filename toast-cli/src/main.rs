@@ -362,7 +362,28 @@ pub(crate) fn error_chain(e: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line
+    bounded(line)
+}
+
+/// The most characters of an error line: messages quote what they refuse,
+/// and an input of megabytes (a `--set` key of 50000 parts, a TOML line of
+/// 800 kB) came back whole.
+const MAX_ERROR_CHARS: usize = 4000;
+
+/// `line` within [`MAX_ERROR_CHARS`]: its start and its end (where the
+/// cause usually is), the characters between them counted.
+fn bounded(line: String) -> String {
+    let n = line.chars().count();
+    if n <= MAX_ERROR_CHARS {
+        return line;
+    }
+    let (head, tail) = (MAX_ERROR_CHARS * 3 / 4, MAX_ERROR_CHARS / 4);
+    let start: String = line.chars().take(head).collect();
+    let end: String = line.chars().skip(n - tail).collect();
+    format!(
+        "{start} [... {} characters left out ...] {end}",
+        n - head - tail
+    )
 }
 
 fn code(c: i32) -> u8 {
@@ -458,5 +479,26 @@ mod tests {
         assert_eq!(error_chain(&e), "writing map.fits: phase: disk full");
         let plain: anyhow::Result<()> = Err(std::io::Error::other("gone")).context("reading");
         assert_eq!(error_chain(&plain.unwrap_err()), "reading: gone");
+    }
+
+    /// An error quoting a huge input keeps its start and end, within
+    /// MAX_ERROR_CHARS (multi-byte characters cut whole).
+    #[test]
+    fn a_huge_error_is_bounded() {
+        let huge = format!("--set {}: unknown section", "é.".repeat(50_000));
+        let e = anyhow::anyhow!(huge.clone());
+        let line = error_chain(&e);
+        assert!(
+            line.chars().count() < super::MAX_ERROR_CHARS + 100,
+            "{}",
+            line.len()
+        );
+        assert!(line.starts_with("--set é.é."), "{line}");
+        assert!(line.ends_with(".: unknown section"), "{line}");
+        let left_out = huge.chars().count() - super::MAX_ERROR_CHARS;
+        assert!(
+            line.contains(&format!("[... {left_out} characters left out ...]")),
+            "{line}"
+        );
     }
 }
