@@ -18,7 +18,29 @@ fn unavailable(msg: impl Into<String>) -> PluginError {
 }
 
 fn driver(what: &str, e: cu::DriverError) -> PluginError {
-    PluginError::new(abi::ERR_DEVICE, format!("cuda: {what}: {e:?}"))
+    use sys::cudaError_enum as E;
+    // A kernel fault leaves the context unusable: every later call of the
+    // process returns the same error (the CUDA programming guide's "sticky"
+    // errors), which would otherwise read as failures of their own.
+    let sticky = matches!(
+        e.0,
+        E::CUDA_ERROR_ILLEGAL_ADDRESS
+            | E::CUDA_ERROR_LAUNCH_TIMEOUT
+            | E::CUDA_ERROR_ASSERT
+            | E::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | E::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | E::CUDA_ERROR_MISALIGNED_ADDRESS
+            | E::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | E::CUDA_ERROR_INVALID_PC
+            | E::CUDA_ERROR_LAUNCH_FAILED
+    );
+    let after = if sticky {
+        " (a kernel fault: the CUDA context is unusable from here on, and every later call \
+         of this process fails with it; the plugin option sync=launch names the kernel)"
+    } else {
+        ""
+    };
+    PluginError::new(abi::ERR_DEVICE, format!("cuda: {what}: {e:?}{after}"))
 }
 
 /// Check that the driver and NVRTC can be loaded, with a plain `dlopen`,
