@@ -64,9 +64,15 @@ impl Gpu {
         if r == ffi::HIP_SUCCESS {
             Ok(())
         } else {
+            let after = if ffi::HIP_STICKY_ERRORS.contains(&r) {
+                " (a kernel fault: the device is unusable from here on, and every later call \
+                 of this process fails with it; the plugin option sync=launch names the kernel)"
+            } else {
+                ""
+            };
             Err(PluginError::new(
                 abi::ERR_DEVICE,
-                format!("hip: {what}: {}", self.hip.error_string(r)),
+                format!("hip: {what}: {}{after}", self.hip.error_string(r)),
             ))
         }
     }

@@ -15,6 +15,10 @@ pub(crate) const HIP_SUCCESS: HipError = 0;
 pub(crate) const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 pub(crate) const HIP_ERROR_NO_DEVICE: HipError = 100;
 pub(crate) const HIP_ERROR_INVALID_DEVICE: HipError = 101;
+/// The kernel faults after which the device is unusable for the process
+/// (hip_runtime_api.h: `hipErrorIllegalAddress`, `hipErrorLaunchTimeOut`,
+/// `hipErrorAssert`, `hipErrorLaunchFailure`), as CUDA's sticky errors.
+pub(crate) const HIP_STICKY_ERRORS: [HipError; 4] = [700, 702, 710, 719];
 pub(crate) const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `hipDeviceAttributeMultiprocessorCount`: its position in
