@@ -60,29 +60,61 @@ const TARGET_FEATURES: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// The comgr library names (hiprtc's code-object manager, which it has
-/// already loaded): ROCm 6.2 and later ship `.so.3`, earlier `.so.2`.
-const COMGR_NAMES: &[&str] = &["libamd_comgr.so.3", "libamd_comgr.so.2", "libamd_comgr.so"];
+/// The comgr library names (hiprtc's code-object manager): ROCm 6.2 and
+/// later ship `.so.3`, earlier `.so.2`.
+const COMGR_NAMES: &[&str] = &["libamd_comgr.so.2", "libamd_comgr.so.3", "libamd_comgr.so"];
 
-/// The processors (`gfx90a`, ...) the installed compiler can target, from
-/// comgr's ISA list (`amd_comgr_get_isa_name`: `amdgcn-amd-amdhsa--gfx90a`);
-/// `None` where comgr cannot be opened or read.
-fn comgr_processors() -> Option<Vec<String>> {
+/// The comgr hiprtc uses: the one already in the process, else the one in
+/// hiprtc's own directory (`hiprtc_file`: a path, or a bare name the loader
+/// found), else the first the loader finds. Never unloaded: hiprtc loads
+/// the same comgr to compile, and a comgr unloaded and loaded again
+/// registers LLVM's options twice (LLVM aborts).
+fn open_comgr(hiprtc_file: &str) -> Option<&'static libloading::Library> {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    // glibc's RTLD_NOLOAD (dlfcn.h; libloading does not export it).
+    const RTLD_NOLOAD: std::ffi::c_int = 4;
+    let dir = Path::new(hiprtc_file)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty());
+    let loaded = COMGR_NAMES.iter().find_map(|n| {
+        // SAFETY: RTLD_NOLOAD only returns a library already loaded: no
+        // initialiser runs.
+        unsafe { Library::open(Some(*n), RTLD_LAZY | RTLD_NOLOAD) }.ok()
+    });
+    let lib = loaded
+        .or_else(|| {
+            let dir = dir?;
+            COMGR_NAMES.iter().find_map(|n| {
+                // SAFETY: loading comgr runs its initialisers only, as
+                // hiprtc's own load of it does.
+                unsafe { Library::open(Some(dir.join(n)), RTLD_LAZY) }.ok()
+            })
+        })
+        .or_else(|| {
+            COMGR_NAMES.iter().find_map(|n| {
+                // SAFETY: as above.
+                unsafe { Library::open(Some(*n), RTLD_LAZY) }.ok()
+            })
+        })?;
+    Some(Box::leak(Box::new(libloading::Library::from(lib))))
+}
+
+/// The targets (`gfx90a`, `gfx90a:xnack+`, ...) the installed compiler can
+/// target, from comgr's ISA list (`amd_comgr_get_isa_name`:
+/// `amdgcn-amd-amdhsa--gfx90a`), without repeats; `None` where comgr cannot
+/// be opened or read.
+fn comgr_targets(hiprtc_file: &str) -> Option<Vec<String>> {
     type Count = unsafe extern "C" fn(*mut usize) -> c_int;
     type Name = unsafe extern "C" fn(usize, *mut *const c_char) -> c_int;
-    let lib = COMGR_NAMES.iter().find_map(|n| {
-        // SAFETY: loading comgr runs its initialisers only, as hiprtc's
-        // own load of it did.
-        unsafe { libloading::Library::new(*n) }.ok()
-    })?;
-    let count: Count = sym(&lib, "comgr", "amd_comgr_get_isa_count").ok()?;
-    let name: Name = sym(&lib, "comgr", "amd_comgr_get_isa_name").ok()?;
+    let lib = open_comgr(hiprtc_file)?;
+    let count: Count = sym(lib, "comgr", "amd_comgr_get_isa_count").ok()?;
+    let name: Name = sym(lib, "comgr", "amd_comgr_get_isa_name").ok()?;
     let mut n = 0usize;
     // SAFETY: writes one size_t.
     if unsafe { count(&mut n) } != 0 {
         return None;
     }
-    let mut out = Vec::with_capacity(n);
+    let mut out: Vec<String> = Vec::with_capacity(n);
     for i in 0..n {
         let mut p: *const c_char = std::ptr::null();
         // SAFETY: `i` is below the count; comgr returns a static string.
@@ -91,13 +123,11 @@ fn comgr_processors() -> Option<Vec<String>> {
         }
         // SAFETY: a NUL-terminated string owned by comgr.
         let isa = unsafe { CStr::from_ptr(p) }.to_string_lossy();
-        let proc = isa.rsplit("--").next().unwrap_or(&isa);
-        out.push(proc.split(':').next().unwrap_or(proc).to_string());
+        let target = isa.rsplit("--").next().unwrap_or(&isa).to_string();
+        if !out.contains(&target) {
+            out.push(target);
+        }
     }
-    // Never unloaded: hiprtc loads the same comgr to compile, and a comgr
-    // unloaded and loaded again registers LLVM's options twice (LLVM
-    // aborts).
-    std::mem::forget(lib);
     Some(out)
 }
 
@@ -105,24 +135,43 @@ fn comgr_processors() -> Option<Vec<String>> {
 /// `:xnack+`/`-`, each at most once) before it reaches hiprtc: the comgr of
 /// some ROCm releases (Debian's 5.2) aborts the process on a processor it
 /// does not know or a feature the processor lacks (`munmap_chunk(): invalid
-/// pointer`) instead of returning an error. `known`: the processors the
-/// installed compiler targets (`None`: unknown, not checked).
+/// pointer`) instead of returning an error. `known`: the targets the
+/// installed compiler lists ([`comgr_targets`]; `None`: unknown, the
+/// processor is not checked). A processor's features are those its listed
+/// targets name where they name any (newer comgr lists `gfx90a:xnack+`),
+/// else [`TARGET_FEATURES`]'.
 pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> {
     let mut parts = arch.split(':');
     let proc = parts.next().unwrap_or("");
+    let mut listed_features: Vec<&str> = Vec::new();
     if let Some(known) = known {
-        if !known.iter().any(|k| k == proc) {
+        let mut procs: Vec<&str> = Vec::new();
+        for t in known {
+            let mut it = t.split(':');
+            let p = it.next().unwrap_or("");
+            if !procs.contains(&p) {
+                procs.push(p);
+            }
+            if p == proc {
+                for f in it {
+                    let name = f.trim_end_matches(['+', '-']);
+                    if !listed_features.contains(&name) {
+                        listed_features.push(name);
+                    }
+                }
+            }
+        }
+        if !procs.contains(&proc) {
             return Err(format!(
                 "{proc} is not a processor this hiprtc can target (it knows {})",
-                known.join(", ")
+                procs.join(", ")
             ));
         }
     }
     let mut seen = Vec::new();
     for f in parts {
-        let (name, sign) = f.split_at(f.len().saturating_sub(1));
-        let feature = TARGET_FEATURES.iter().find(|(n, _)| *n == name);
-        let Some((_, procs)) = feature.filter(|_| sign == "+" || sign == "-") else {
+        let name = f.strip_suffix('+').or_else(|| f.strip_suffix('-'));
+        let Some(name) = name.filter(|n| TARGET_FEATURES.iter().any(|(k, _)| k == n)) else {
             return Err(format!(
                 "`{f}` is not a target feature (sramecc+, sramecc-, xnack+ or xnack-)"
             ));
@@ -131,7 +180,14 @@ pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> 
             return Err(format!("{name} is named twice"));
         }
         seen.push(name);
-        if !procs.contains(&proc) {
+        let has = if listed_features.is_empty() {
+            TARGET_FEATURES
+                .iter()
+                .any(|(k, procs)| *k == name && procs.contains(&proc))
+        } else {
+            listed_features.contains(&name)
+        };
+        if !has {
             return Err(format!("{proc} has no {name} feature"));
         }
     }
@@ -230,7 +286,7 @@ impl Hiprtc {
                 "architecture `{arch}` is not an AMD one (gfxNNN, e.g. gfx90a)"
             )));
         }
-        check_target(arch, comgr_processors().as_deref())
+        check_target(arch, comgr_targets(&self.origin).as_deref())
             .map_err(|e| fail(format!("architecture `{arch}`: {e}")))?;
         type Create = unsafe extern "C" fn(
             *mut RtcProgram,
@@ -381,5 +437,15 @@ mod tests {
         // Without comgr's list the processor is not checked; features are.
         assert!(check_target("gfx942", None).is_ok());
         assert!(check_target("gfx942:bogus+", None).is_err());
+        assert!(check_target("gfx90a:xnacké", None).is_err());
+        // A list that names features (newer comgr, generic targets): they
+        // decide, and each processor is named once in the message.
+        let listed: Vec<String> = ["gfx9-generic", "gfx9-generic:xnack-", "gfx9-generic:xnack+"]
+            .map(String::from)
+            .to_vec();
+        assert!(check_target("gfx9-generic:xnack+", Some(&listed)).is_ok());
+        assert!(check_target("gfx9-generic:sramecc+", Some(&listed)).is_err());
+        let e = check_target("gfx1", Some(&listed)).unwrap_err();
+        assert!(e.ends_with("(it knows gfx9-generic)"), "{e}");
     }
 }
