@@ -257,19 +257,20 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         return cmd::compare::run(args).map(code);
     }
     let mut opts = discovery(&cli)?;
-    // `--threads` sets the CPU plugin's `threads` too: both given, one
-    // would be dropped (run kept the option, bench the flag).
+    // `--threads` sets a plugin's `threads` too (run: the CPU plugin's;
+    // bench: the benchmarked backend's): both given, one would be dropped
+    // (run kept the option, bench the flag).
     let threads_flag = match &cli.command {
-        Command::Run(args) => args.threads,
-        Command::Bench(BenchCommand::Kernels(a)) => a.threads,
+        Command::Run(args) => args.threads.map(|n| (n, "cpu")),
+        Command::Bench(BenchCommand::Kernels(a)) => a.threads.map(|n| (n, a.backend.as_str())),
         _ => None,
     };
-    if let Some(n) = threads_flag {
-        if opts.has_option("cpu", "threads") {
+    if let Some((n, backend)) = threads_flag {
+        if opts.has_option(backend, "threads") {
             anyhow::bail!(
-                "--threads {n} and --backend-options cpu:{} both set the CPU plugin's threads: \
-                 give one",
-                opts.options_for("cpu")
+                "--threads {n} and --backend-options {backend}:{} both set the {backend} \
+                 plugin's threads: give one",
+                opts.options_for(backend)
             );
         }
     }

@@ -438,7 +438,7 @@ fn every_probe() {
                 "2",
             ],
             Code(2),
-            &["--threads 2 and --backend-options cpu:threads=1 both set the CPU plugin's threads"],
+            &["--threads 2 and --backend-options cpu:threads=1 both set the cpu plugin's threads"],
         ),
         probe(
             &["--backend-options", "cpu:threads=1;nosuch=1", "verify"],

@@ -240,9 +240,13 @@ fn run_maps(dir: &Path) -> Result<(BTreeMap<String, PathBuf>, usize)> {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         maps.insert(name.unwrap_or_default(), path);
     }
+    // The same file may be spelled two ways (an absolute maps directory
+    // that is the run's own): compared as canonical paths.
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let listed: Vec<PathBuf> = maps.values().map(|p| canonical(p)).collect();
     let stale = in_dir
-        .iter()
-        .filter(|(name, path)| maps.get(*name) != Some(*path))
+        .values()
+        .filter(|p| !listed.contains(&canonical(p)))
         .count();
     Ok((maps, stale))
 }

@@ -16,7 +16,7 @@
 //!   as in ROCm 5 and Debian's `libamdhip64-dev`); `--arch gfxNNN`.
 //! * `opencl`: the OpenCL runtime's compiler (e.g. PoCL) through the ICD
 //!   loader `libOpenCL.so.1`, for every device of the first platform that has
-//!   one (`--arch` is ignored).
+//!   one (`--arch` is refused: the runtime compiles for its own device).
 //!
 //! The command uses exactly the compile paths of the CUDA and HIP plugins
 //! (same options), checks that every kernel entry point is in the result,

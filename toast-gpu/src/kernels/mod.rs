@@ -767,8 +767,8 @@ pub(crate) fn workspace_items(
             abi::ERR_OUT_OF_MEMORY,
             format!(
                 "{kernel}: one fit needs {item_bytes} bytes of device workspace, more than the \
-                 {budget} a launch may use (the least of {limit} bytes, the plugin option \
-                 workspace_bytes or its default {WORKSPACE_MAX_BYTES}, the device's largest \
+                 {budget} a launch may use (the least of {limit} bytes (the plugin option \
+                 workspace_bytes; default {WORKSPACE_MAX_BYTES}), the device's largest \
                  allocation, {max_allocation}, and an eighth of its memory, {})",
                 total_memory / 8
             ),
