@@ -136,10 +136,10 @@ fn comgr_targets(hiprtc_file: &str) -> Option<Vec<String>> {
 /// some ROCm releases (Debian's 5.2) aborts the process on a processor it
 /// does not know or a feature the processor lacks (`munmap_chunk(): invalid
 /// pointer`) instead of returning an error. `known`: the targets the
-/// installed compiler lists ([`comgr_targets`]; `None`: unknown, the
+/// installed compiler lists (`comgr_targets`; `None`: unknown, the
 /// processor is not checked). A processor's features are those its listed
 /// targets name where they name any (newer comgr lists `gfx90a:xnack+`),
-/// else [`TARGET_FEATURES`]'.
+/// else `TARGET_FEATURES`'.
 pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> {
     let mut parts = arch.split(':');
     let proc = parts.next().unwrap_or("");
