@@ -322,12 +322,12 @@ impl MapMaker {
                 let input = Input::Timestream(pass.det_data);
                 return self.bin_fused(data, ctx, (&pass, &sets), (None, fused), input, &keys);
             }
-            let (pointing, sets) = if expand {
-                let sets = self.pointing_sets(data);
-                (PassPointing::Run(self.final_ops_mut()), sets)
+            let sets = if expand {
+                self.pointing_sets(data)
             } else {
-                (PassPointing::Kept(self.final_ops()), DetectorSets::All)
+                DetectorSets::All
             };
+            let pointing = PassPointing::of(self.final_ops_mut(), !expand);
             bin_map(data, ctx, pass, pointing, Vec::new(), &sets)
         })
     }

@@ -865,11 +865,8 @@ impl MapMaker {
         } else {
             self.work_sets(data)
         };
-        let pointing = if self.plan.keeps_pointing() || compact {
-            PassPointing::Kept(&self.solve_pointing)
-        } else {
-            PassPointing::Run(&mut self.solve_pointing)
-        };
+        let kept = self.plan.keeps_pointing() || compact;
+        let pointing = PassPointing::of(&mut self.solve_pointing, kept);
         bin_map_with(
             data,
             ctx,

@@ -540,11 +540,7 @@ impl MapMaker {
             covariance_on_device: true,
         };
         let sets = self.work_sets(data);
-        let pointing = if full {
-            PassPointing::Kept(&self.solve_pointing)
-        } else {
-            PassPointing::Run(&mut self.solve_pointing)
-        };
+        let pointing = PassPointing::of(&mut self.solve_pointing, full);
         bin_map(data, ctx, pass, pointing, Vec::new(), &sets)?;
         if self.device_fused_applies(data, tmpl)? {
             // On a device, no work copy: `fused_project` reads the pass's
@@ -729,11 +725,7 @@ impl MapMaker {
             covariance_on_device: true,
         };
         let sets = self.work_sets(data);
-        let pointing = if full {
-            PassPointing::Kept(&self.solve_pointing)
-        } else {
-            PassPointing::Run(&mut self.solve_pointing)
-        };
+        let pointing = PassPointing::of(&mut self.solve_pointing, full);
         let pre: Vec<OpRef<'_>> = vec![&mut zero, &mut add];
         bin_map(data, ctx, pass, pointing, pre, &sets)?;
         // Z, N⁻¹, Fᵀ on the same timestream, rebuilt per batch when batched

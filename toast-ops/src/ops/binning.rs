@@ -167,6 +167,33 @@ pub(crate) enum PassPointing<'a> {
     Kept(&'a PointingOps),
 }
 
+impl<'a> PassPointing<'a> {
+    /// The pointing of `ops`: kept (`kept`) or run by the pass.
+    pub(crate) fn of(ops: &'a mut PointingOps, kept: bool) -> Self {
+        if kept {
+            PassPointing::Kept(ops)
+        } else {
+            PassPointing::Run(ops)
+        }
+    }
+
+    /// The operators that make (or made) the pointing.
+    fn ops(&self) -> &PointingOps {
+        match self {
+            PassPointing::Run(p) => p,
+            PassPointing::Kept(p) => p,
+        }
+    }
+
+    /// The operators the pass runs, if it runs them.
+    fn into_run(self) -> Option<&'a mut PointingOps> {
+        match self {
+            PassPointing::Run(p) => Some(p),
+            PassPointing::Kept(_) => None,
+        }
+    }
+}
+
 /// Bin `det_data`: run `pre` (e.g. a template projection), the pointing
 /// operators (when they are to run), and the noise-weighted accumulation as one
 /// pipeline, sum the map over the processes (on the host), then apply the
@@ -202,21 +229,13 @@ pub(crate) fn bin_map_with(
     let cfg = pass.config;
     prepare_bin_map(data, &pass)?;
 
-    let names = |p: &PointingOps| {
-        (
-            p.pixels_field().to_string(),
-            p.weights_field().to_string(),
-            p.view().map(str::to_string),
-        )
-    };
-    let (pix_field, wts_field, view) = match &pointing {
-        PassPointing::Run(p) => names(p),
-        PassPointing::Kept(p) => names(p),
-    };
-    let pointing = match pointing {
-        PassPointing::Run(p) => Some(p),
-        PassPointing::Kept(_) => None,
-    };
+    let ops = pointing.ops();
+    let (pix_field, wts_field, view) = (
+        ops.pixels_field().to_string(),
+        ops.weights_field().to_string(),
+        ops.view().map(str::to_string),
+    );
+    let pointing = pointing.into_run();
     let mut reset = ResetData {
         name: format!("{}_reset", pass.name),
         detdata: Vec::new(),
