@@ -304,16 +304,23 @@ impl Drop for Staging {
     }
 }
 
+/// The name of the file at `path` and this process's temporary for it
+/// beside it (`.NAME.tmp-PID`).
+fn temporary_beside(path: &Path) -> (String, PathBuf) {
+    let name = path
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(temp_name(&name, std::process::id()));
+    (name, tmp)
+}
+
 /// Replace the file at `path` by `bytes` whole or not at all: written to
 /// `.NAME.tmp-PID` beside it, synced, renamed into place (the temporary is
 /// removed on a failure), and the temporaries of `NAME` that killed
 /// processes left there removed. For single files outside a run's output
 /// directory (`bench --json`).
 pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(temp_name(&name, std::process::id()));
+    let (name, tmp) = temporary_beside(path);
     std::fs::write(&tmp, bytes)
         .and_then(|()| sync_file(&tmp))
         .and_then(|()| std::fs::rename(&tmp, path))
@@ -335,10 +342,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// written and removed): where [`replace_file`] could not write, this says
 /// so before the work that produces the bytes.
 pub fn check_replaceable(path: &Path) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(temp_name(&name, std::process::id()));
+    let (_, tmp) = temporary_beside(path);
     std::fs::write(&tmp, b"")?;
     let _ = std::fs::remove_file(&tmp);
     Ok(())
