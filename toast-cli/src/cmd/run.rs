@@ -125,13 +125,7 @@ pub fn set_threads(n: usize, opts: &mut toast_accel::host::DiscoveryOptions) -> 
         .build_global()
         .with_context(|| format!("--threads {n}"))?;
     if !opts.has_option("cpu", "threads") {
-        let cpu = opts.options_for("cpu");
-        let options = if cpu.is_empty() {
-            format!("threads={n}")
-        } else {
-            format!("{cpu};threads={n}")
-        };
-        *opts = std::mem::take(opts).with_backend_options("cpu", &options);
+        *opts = crate::cmd::bench::with_threads(std::mem::take(opts), "cpu", Some(n));
     }
     Ok(())
 }
