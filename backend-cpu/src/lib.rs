@@ -246,6 +246,8 @@ unsafe extern "C" fn device_info(
             // The kernels run on the host's arrays.
             memory_kind: abi::DEVICE_MEMORY_HOST,
             reserved: 0,
+            // The host itself: no device shared by processes to tell apart.
+            uuid: [0; 16],
         };
         for (d, &b) in out.name.iter_mut().zip(name.as_bytes().iter().take(127)) {
             *d = b as c_char;

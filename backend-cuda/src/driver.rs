@@ -83,6 +83,9 @@ pub(crate) struct CudaDriver {
     compute_units: u32,
     /// Whose memory its allocations take (`CU_DEVICE_ATTRIBUTE_INTEGRATED`).
     memory: DeviceMemoryKind,
+    /// `cuDeviceGetUuid_v2`, the same whatever `CUDA_VISIBLE_DEVICES`
+    /// makes its ordinal (`None` where the driver cannot tell).
+    uuid: Option<[u8; 16]>,
     cu_ctx: sys::CUcontext,
     /// Transfers and kernels go to this one stream, in order.
     stream: sys::CUstream,
@@ -135,6 +138,15 @@ impl CudaDriver {
             Ok(0) => DeviceMemoryKind::Own,
             _ => DeviceMemoryKind::Unknown,
         };
+        let mut id = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: valid device and out pointer. The identity only counts
+        // the processes that share the device, so a driver that cannot
+        // tell leaves it unknown rather than failing the start.
+        let uuid = unsafe { sys::cuDeviceGetUuid_v2(&mut id, dev) }
+            .result()
+            .ok()
+            .map(|()| id.bytes.map(|b| b as u8))
+            .filter(|u| *u != [0; 16]);
         // SAFETY: valid device.
         let total =
             unsafe { cu::device::total_mem(dev) }.map_err(|e| driver("cuDeviceTotalMem", e))?;
@@ -153,6 +165,7 @@ impl CudaDriver {
             total_memory: total as u64,
             compute_units: sms.max(0) as u32,
             memory,
+            uuid,
             cu_ctx,
             stream,
             nvrtc,
@@ -222,6 +235,10 @@ impl Driver for CudaDriver {
 
     fn memory_kind(&self) -> DeviceMemoryKind {
         self.memory
+    }
+
+    fn uuid(&self) -> Option<[u8; 16]> {
+        self.uuid
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {

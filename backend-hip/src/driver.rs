@@ -40,6 +40,8 @@ struct Gpu {
     compute_units: u32,
     /// Whose memory its allocations take (`hipDeviceAttributeIntegrated`).
     memory: DeviceMemoryKind,
+    /// `hipDeviceGetUuid` (`None` where the runtime cannot tell).
+    uuid: Option<[u8; 16]>,
     /// Transfers and kernels go to this one stream, in order.
     stream: *mut c_void,
 }
@@ -124,6 +126,7 @@ impl Gpu {
             total_memory: 0,
             compute_units: 0,
             memory: DeviceMemoryKind::Unknown,
+            uuid: None,
             stream: std::ptr::null_mut(),
         };
         gpu.bind()?;
@@ -152,6 +155,7 @@ impl Gpu {
         gpu.total_memory = total as u64;
         gpu.compute_units = gpu.hip.multiprocessors(ordinal);
         gpu.memory = gpu.hip.memory_kind(ordinal);
+        gpu.uuid = gpu.hip.uuid(ordinal);
         gpu.stream = stream;
         Ok(gpu)
     }
@@ -264,6 +268,10 @@ impl Driver for HipDriver {
     /// `hipDeviceAttributeIntegrated`.
     fn memory_kind(&self) -> DeviceMemoryKind {
         self.gpu.memory
+    }
+
+    fn uuid(&self) -> Option<[u8; 16]> {
+        self.gpu.uuid
     }
 
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {

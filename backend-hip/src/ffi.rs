@@ -55,6 +55,9 @@ pub(crate) struct Hip {
     /// `hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attr, int device)`.
     pub(crate) device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipError,
     pub(crate) mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
+    /// `hipDeviceGetUuid(hipUUID* uuid, hipDevice_t device)` (ROCm 5.2 and
+    /// later; `None` in an older runtime).
+    pub(crate) device_get_uuid: Option<unsafe extern "C" fn(*mut [u8; 16], c_int) -> HipError>,
     pub(crate) malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub(crate) free: unsafe extern "C" fn(*mut c_void) -> HipError,
     pub(crate) memcpy_async:
@@ -121,6 +124,7 @@ impl Hip {
             runtime_get_version: sym(&lib, o, "hipRuntimeGetVersion")?,
             device_get_attribute: sym(&lib, o, "hipDeviceGetAttribute")?,
             mem_get_info: sym(&lib, o, "hipMemGetInfo")?,
+            device_get_uuid: sym(&lib, o, "hipDeviceGetUuid").ok(),
             malloc: sym(&lib, o, "hipMalloc")?,
             free: sym(&lib, o, "hipFree")?,
             memcpy_async: sym(&lib, o, "hipMemcpyAsync")?,
@@ -183,6 +187,19 @@ impl Hip {
             Some(0) => DeviceMemoryKind::Own,
             _ => DeviceMemoryKind::Unknown,
         }
+    }
+
+    /// The UUID of device `ordinal`, the same whatever
+    /// `HIP_VISIBLE_DEVICES` makes its ordinal; `None` where the runtime
+    /// cannot tell (informational: it counts the processes that share the
+    /// device).
+    pub(crate) fn uuid(&self, ordinal: c_int) -> Option<[u8; 16]> {
+        let get = self.device_get_uuid?;
+        let mut id = [0u8; 16];
+        // SAFETY: a 16-byte out buffer (`hipUUID`); a device index the
+        // caller checked.
+        let r = unsafe { get(&mut id, ordinal) };
+        (r == HIP_SUCCESS && id != [0; 16]).then_some(id)
     }
 
     /// Name and `gfx` architecture of device `ordinal`.

@@ -16,7 +16,7 @@
 //! declares the few HIP functions used (`hipInit`, `hipGetDeviceCount`,
 //! `hipSetDevice`, `hipGetDeviceProperties`, `hipDeviceTotalMem`,
 //! `hipRuntimeGetVersion`, `hipDeviceGetAttribute`,
-//! `hipMemGetInfo`, `hipMalloc`/`hipFree`, `hipMemcpyAsync`,
+//! `hipMemGetInfo`, `hipDeviceGetUuid` (optional), `hipMalloc`/`hipFree`, `hipMemcpyAsync`,
 //! `hipMemsetAsync`, `hipStreamCreate`/`hipStreamSynchronize`,
 //! `hipModuleLoadData`, `hipModuleGetFunction`, `hipModuleLaunchKernel`) and
 //! the hiprtc ones, and loads them with `libloading` at run time. ROCm 5.x

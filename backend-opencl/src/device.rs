@@ -128,6 +128,8 @@ pub(crate) struct Device {
     pub(crate) compute_units: u32,
     /// Whose memory its allocations take: [`memory_kind`].
     pub(crate) memory: DeviceMemoryKind,
+    /// Its identity: [`uuid`].
+    pub(crate) uuid: Option<[u8; 16]>,
     /// `CL_DEVICE_MAX_WORK_ITEM_SIZES[0]`.
     max_items0: usize,
     id: cl_device_id,
@@ -188,6 +190,18 @@ fn memory_kind(d: &ClDevice) -> DeviceMemoryKind {
         (Ok(false), Ok(false)) => DeviceMemoryKind::Own,
         _ => DeviceMemoryKind::Unknown,
     }
+}
+
+/// `d`'s UUID (`CL_DEVICE_UUID_KHR`) where it has `cl_khr_device_uuid`
+/// (NVIDIA's, AMD's and Intel's GPU drivers), the same in every process
+/// that opens the device; `None` otherwise. It counts the processes of a
+/// node that share the device.
+fn uuid(d: &ClDevice) -> Option<[u8; 16]> {
+    let ext = d.extensions().unwrap_or_default();
+    if !ext.split_whitespace().any(|x| x == "cl_khr_device_uuid") {
+        return None;
+    }
+    d.uuid_khr().ok().filter(|u| *u != [0; 16])
 }
 
 /// Devices opened so far, by (platform index, device index): the OpenCL
@@ -275,6 +289,7 @@ pub(crate) fn open(
         max_alloc: d.max_mem_alloc_size().unwrap_or(u64::MAX),
         compute_units: d.max_compute_units().unwrap_or(0),
         memory: memory_kind(d),
+        uuid: uuid(d),
         max_items0: d
             .max_work_item_sizes()
             .ok()

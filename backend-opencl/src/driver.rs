@@ -181,6 +181,10 @@ impl Driver for OpenClDriver {
         self.dev.memory
     }
 
+    fn uuid(&self) -> Option<[u8; 16]> {
+        self.dev.uuid
+    }
+
     fn alloc(&self, bytes: u64) -> Result<Mem, AllocError> {
         let max = self.dev.max_alloc;
         if bytes > max {

@@ -245,6 +245,7 @@ fn c_plugin_is_discovered_and_describes_itself() {
     let mut canary = abi::DeviceInfo {
         memory_kind: 0xAAAA_AAAA,
         reserved: 0xAAAA_AAAA,
+        uuid: [0xAA; 16],
         ..abi::DeviceInfo::ZERO
     };
     // SAFETY: a complete host API and valid out pointers; the context is
@@ -255,8 +256,13 @@ fn c_plugin_is_discovered_and_describes_itself() {
         p.table.shutdown.unwrap()(ctx);
     }
     assert_eq!(
-        (canary.compute_units, canary.memory_kind, canary.reserved),
-        (1, 0xAAAA_AAAA, 0xAAAA_AAAA)
+        (
+            canary.compute_units,
+            canary.memory_kind,
+            canary.reserved,
+            canary.uuid
+        ),
+        (1, 0xAAAA_AAAA, 0xAAAA_AAAA, [0xAA; 16])
     );
     // The plugin's own error, with its message, for a bad device index.
     match b.device_info(3) {

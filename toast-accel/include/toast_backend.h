@@ -67,7 +67,7 @@ extern "C" {
 /* The bytes "TOASTBKD" read as a little-endian 64-bit integer. */
 #define TOAST_BACKEND_MAGIC 0x444B425453414F54ULL
 #define TOAST_BACKEND_ABI_MAJOR 1u
-#define TOAST_BACKEND_ABI_MINOR 9u
+#define TOAST_BACKEND_ABI_MINOR 10u
 #define TOAST_BACKEND_ENTRY_SYMBOL "toast_backend_entry"
 
 /* ---- status codes ------------------------------------------------------ */
@@ -143,14 +143,23 @@ typedef struct toast_device_info {
      * memset of sizeof *info into an older host's struct). */
     uint32_t memory_kind;
     uint32_t reserved; /* 0 */
+    /* ABI minor 10: the device's identity, the same in every process that
+     * drives it and different for every other device (CUDA's and HIP's
+     * device UUID, OpenCL's cl_khr_device_uuid); all zero when the plugin
+     * cannot tell. The host counts the processes of a node that share a
+     * device by it. Exists only in a host of minor 10 or later: write it
+     * only when toast_host_api.abi_minor >= 10. */
+    uint8_t uuid[16];
 } toast_device_info;
 
 #define TOAST_DEVICE_MEMORY_UNKNOWN 0u /* not told: treated as the device's own */
 #define TOAST_DEVICE_MEMORY_OWN 1u     /* its own memory (a discrete GPU) */
 #define TOAST_DEVICE_MEMORY_HOST 2u    /* the host's (CPU device, integrated GPU, APU) */
 /* The bytes of the toast_device_info of a host of ABI minor `m`. */
-#define TOAST_DEVICE_INFO_SIZE(m) \
-    ((m) >= 9u ? sizeof(toast_device_info) : offsetof(toast_device_info, memory_kind))
+#define TOAST_DEVICE_INFO_SIZE(m)                                   \
+    ((m) >= 10u ? sizeof(toast_device_info)                         \
+     : (m) >= 9u ? offsetof(toast_device_info, uuid)                \
+                 : offsetof(toast_device_info, memory_kind))
 
 /* ---- kernel arguments ---------------------------------------------------
  * Arrays marked "host" are plain host pointers of the stated length.

@@ -17,7 +17,7 @@ pub const MAGIC: u64 = 0x444B_4254_5341_4F54;
 /// ABI major version: the host refuses a plugin with another major.
 pub const ABI_MAJOR: u32 = 1;
 /// ABI minor version: tables only grow at the end between minors.
-pub const ABI_MINOR: u32 = 9;
+pub const ABI_MINOR: u32 = 10;
 /// The name of the one symbol a plugin exports.
 pub const ENTRY_SYMBOL: &str = "toast_backend_entry";
 
@@ -113,6 +113,13 @@ pub struct DeviceInfo {
     pub memory_kind: u32,
     /// ABI minor 9: 0.
     pub reserved: u32,
+    /// ABI minor 10: the device's identity, the same in every process
+    /// that drives the device and different for every other device (CUDA's
+    /// and HIP's device UUID, OpenCL's `cl_khr_device_uuid`); all zero when
+    /// the plugin cannot tell. The host counts the processes of a node that
+    /// share a device by it ([`DeviceInfo::identity`]). Present only in a
+    /// host of minor 10 or later.
+    pub uuid: [u8; 16],
 }
 
 /// `memory_kind`: not known (a plugin before minor 9 leaves 0).
@@ -134,17 +141,27 @@ impl DeviceInfo {
         peak_held_mib: 0,
         memory_kind: DEVICE_MEMORY_UNKNOWN,
         reserved: 0,
+        uuid: [0; 16],
     };
 
     /// The bytes of the `toast_device_info` a host of ABI minor
     /// `host_minor` has (C: `TOAST_DEVICE_INFO_SIZE`): the struct ended at
-    /// `peak_held_mib` before minor 9.
+    /// `peak_held_mib` before minor 9, at `reserved` before minor 10.
     pub const fn size_for_host(host_minor: u32) -> usize {
-        if host_minor >= 9 {
+        if host_minor >= 10 {
             std::mem::size_of::<DeviceInfo>()
+        } else if host_minor >= 9 {
+            std::mem::offset_of!(DeviceInfo, uuid)
         } else {
             std::mem::offset_of!(DeviceInfo, memory_kind)
         }
+    }
+
+    /// The device's identity ([`DeviceInfo::uuid`]) as a plugin of ABI
+    /// minor `plugin_minor` tells it: `None` from a plugin before minor 10
+    /// (which does not write it) or one that cannot tell (all zero).
+    pub fn identity(&self, plugin_minor: u32) -> Option<[u8; 16]> {
+        (plugin_minor >= 10 && self.uuid != [0; 16]).then_some(self.uuid)
     }
 
     /// Write `self` into the host's struct at `dst`: only the bytes a host

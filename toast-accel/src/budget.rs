@@ -5,7 +5,13 @@
 //! One figure, from the first of: the plugin option `memory=GiB`, TOAST's
 //! `TOAST_GPU_MEM_GB`, else the default, 90% of the device memory free when
 //! the backend starts (of the total where the API cannot tell the free
-//! memory, as OpenCL cannot). For a device in the host's memory (ABI minor
+//! memory, as OpenCL cannot). Where several processes of a node drive the
+//! same device (more ranks per node than GPUs; counted by the devices'
+//! UUIDs, ABI minor 10), the host plans each within its share of that
+//! default ([`Budget::shared_by`], as TOAST divides a device's memory by its
+//! processes per device), so that together they stay within the device's
+//! memory; a configured budget is each process's own and is not divided.
+//! For a device in the host's memory (ABI minor
 //! 9's `memory_kind`) the host plans within less than that default, what
 //! its own peak leaves of a process's share of the node's memory
 //! (`toast-ops`' `SatelliteJob::device_budget`): a planning figure, which
@@ -30,6 +36,12 @@ pub enum BudgetSource {
     Environment,
     /// 90% of the device memory free when the backend starts.
     DeviceDefault,
+    /// [`BudgetSource::DeviceDefault`] divided among the processes of
+    /// the node that drive the device ([`Budget::shared_by`]).
+    DeviceShared {
+        /// The processes, this one included (at least 2).
+        processes: u32,
+    },
     /// A device in the host's memory without a configured budget: 90% of
     /// what the host's predicted peak leaves of a process's share of the
     /// node's memory (`toast-ops`' `SatelliteJob::device_budget`).
@@ -53,6 +65,13 @@ impl std::fmt::Display for BudgetSource {
             BudgetSource::Option => "option memory=",
             BudgetSource::Environment => "TOAST_GPU_MEM_GB",
             BudgetSource::DeviceDefault => "the default, 90% of the device memory free at start",
+            BudgetSource::DeviceShared { processes } => {
+                return write!(
+                    f,
+                    "the default, 90% of the device memory free at start, divided among the \
+                     {processes} processes of this node that drive the device"
+                )
+            }
             BudgetSource::HostShare => {
                 "the default of a device in the host's memory, 90% of what the host's predicted \
                  peak leaves of a process's share of the node's memory"
@@ -76,6 +95,22 @@ impl Budget {
         Budget {
             bytes: base / 10 * 9,
             source: BudgetSource::DeviceDefault,
+        }
+    }
+
+    /// This default budget divided among the `processes` of a node that
+    /// drive the same device ([`BudgetSource::DeviceShared`]); unchanged
+    /// for one process, or for a budget that is not the device default (a
+    /// configured budget is each process's own).
+    pub fn shared_by(self, processes: usize) -> Budget {
+        if processes <= 1 || self.source != BudgetSource::DeviceDefault {
+            return self;
+        }
+        Budget {
+            bytes: self.bytes / processes as u64,
+            source: BudgetSource::DeviceShared {
+                processes: u32::try_from(processes).unwrap_or(u32::MAX),
+            },
         }
     }
 
@@ -143,6 +178,23 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_is_divided_among_the_processes_that_share_the_device() {
+        let default = Budget::default_for(80 << 30, 80 << 30);
+        assert_eq!(default.shared_by(1), default);
+        let quarter = default.shared_by(4);
+        assert_eq!(quarter.bytes, default.bytes / 4);
+        assert_eq!(quarter.source, BudgetSource::DeviceShared { processes: 4 });
+        assert!(
+            quarter.to_string().contains("the 4 processes of this node"),
+            "{quarter}"
+        );
+        assert!(!quarter.source.is_configured());
+        // A configured budget is each process's own.
+        let set = Budget::parse_gib("16", BudgetSource::Option).unwrap();
+        assert_eq!(set.shared_by(4), set);
+    }
 
     #[test]
     fn the_option_wins_over_the_environment() {

@@ -53,6 +53,7 @@ fn rust_side() -> BTreeMap<String, Layout> {
         toast_intervals => SampleRanges { ptr, len },
         toast_device_info => DeviceInfo {
             name, total_memory, free_memory, compute_units, peak_held_mib, memory_kind, reserved,
+            uuid,
         },
         toast_pointing_detector_args => PointingDetectorArgs {
             n_det, n_samp, quat_index, focalplane, intervals, boresight, shared_flags,
@@ -208,8 +209,8 @@ fn rust_constants() -> BTreeMap<String, String> {
 }
 
 /// Host minors at which `TOAST_DEVICE_INFO_SIZE` and
-/// `DeviceInfo::size_for_host` are compared (before, at and after minor 9).
-const DEVICE_INFO_SIZE_MINORS: [u32; 4] = [0, 8, 9, 10];
+/// `DeviceInfo::size_for_host` are compared (before, at and after minors 9 and 10).
+const DEVICE_INFO_SIZE_MINORS: [u32; 5] = [0, 8, 9, 10, 11];
 
 /// Scalar typedefs of the header whose size the Rust side fixes.
 fn rust_typedef_sizes() -> BTreeMap<String, usize> {

@@ -299,6 +299,11 @@ fn toast_gpu_vars() -> [&'static str; 8] {
     ]
 }
 
+/// The variable that names a plugin's device (`TOAST_CUDA_DEVICE`, ...).
+fn env_var_of(backend: &str) -> String {
+    format!("TOAST_{}_DEVICE", backend.to_uppercase())
+}
+
 fn ranks_spread_over_the_devices(backend: &str) {
     let dir = match library_dir(backend) {
         Ok(d) => d,
@@ -314,8 +319,23 @@ fn ranks_spread_over_the_devices(backend: &str) {
         e.extend_from_slice(env);
         device_line(&backends_with(&dir, &e, args), backend)
     };
-    // No launcher: the default device.
-    assert!(opened(&[], &[]).contains(" #0"));
+    // No launcher: the default device. Each device has its own UUID
+    // (`toastemu`, the API, the ordinal), which `backends` prints.
+    let first = opened(&[], &[]);
+    assert!(first.contains(" #0"), "{first}");
+    let api = format!("{backend:\0<4}")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let uuid = |dev: &str| {
+        format!(
+            "; UUID 746f6173-7465-6d75-{}-{}{dev}000000",
+            &api[..4],
+            &api[4..]
+        )
+    };
+    assert!(first.ends_with(&uuid("00")), "{first}");
+    assert!(opened(&[(&env_var_of(backend), "1")], &[]).ends_with(&uuid("01")));
     // The node-local rank of each launcher picks device rank % 2.
     for (var, rank, dev) in [
         ("OMPI_COMM_WORLD_LOCAL_RANK", "0", " #0"),
@@ -328,7 +348,7 @@ fn ranks_spread_over_the_devices(backend: &str) {
     }
     // The documented overrides win: the environment variable, then the
     // plugin option.
-    let env_var = format!("TOAST_{}_DEVICE", backend.to_uppercase());
+    let env_var = env_var_of(backend);
     let line = opened(&[("OMPI_COMM_WORLD_LOCAL_RANK", "1"), (&env_var, "0")], &[]);
     assert!(line.contains(" #0"), "{env_var}=0 wins: {line}");
     let opt = format!("{backend}:device=1");

@@ -331,3 +331,58 @@ fn a_killed_rank_ends_the_job() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// More ranks on a node than devices: the ranks that drive one device
+/// divide its default budget (counted by the devices' UUIDs over the
+/// ranks), and ranks with a device each keep all of it. On the emulated
+/// CUDA driver, which gives each of its `TOAST_EMU_DEVICES` a UUID.
+#[test]
+fn ranks_that_share_a_device_divide_its_default_budget() {
+    use toast_testkit::emulated::{ld_library_path, library_dir, REQUIRE};
+    let dir = match library_dir("cuda") {
+        Ok(d) => d,
+        Err(why) => {
+            return toast_testkit::plugins::skip_unless_required(
+                REQUIRE,
+                format!("emulated cuda: {why}"),
+            )
+        }
+    };
+    let budget = |ranks: usize, devices: &str| {
+        let _one = process::one_mpi_job_at_a_time();
+        let mut c = process::mpirun(ranks);
+        c.args(["-x", "TOAST_EMU_DEVICES", "-x", "LD_LIBRARY_PATH"]);
+        for v in ["TOAST_NVRTC_LIB", "TOAST_HIPRTC_LIB"] {
+            if std::env::var_os(v).is_some() {
+                c.args(["-x", v]);
+            }
+        }
+        c.arg(BIN)
+            .args(["run", "--backend", "cuda", "--dry-run"])
+            .env("TOAST_EMU_DEVICES", devices)
+            .env("LD_LIBRARY_PATH", ld_library_path(&dir));
+        for v in ["TOAST_CUDA_DEVICE", "TOAST_GPU_MEM_GB"] {
+            c.env_remove(v);
+        }
+        let o = process::run_with_deadline(c, Duration::from_secs(300), "toast-cli run");
+        let log = text(&o);
+        assert!(o.status.success(), "{log}");
+        log.lines()
+            .find(|l| l.starts_with("predicted device memory:"))
+            .unwrap_or_else(|| panic!("no device budget in the dry run:\n{log}"))
+            .to_string()
+    };
+    let shared = budget(2, "1");
+    assert!(
+        shared.contains("divided among the 2 processes of this node that drive the device"),
+        "{shared}"
+    );
+    let own = budget(2, "2");
+    assert!(
+        own.contains("(the default, 90% of the device memory free at start))"),
+        "{own}"
+    );
+    // Rank 0 of three on two devices shares device 0 with rank 2.
+    let three = budget(3, "2");
+    assert!(three.contains("divided among the 2 processes"), "{three}");
+}

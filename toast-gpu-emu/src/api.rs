@@ -62,6 +62,20 @@ pub fn device_name(base: &str, dev: c_int) -> String {
     }
 }
 
+/// The UUID of device `dev` of the API `api` (`cuda`, `hip`): `toastemu`,
+/// the API's name and the ordinal, so that the devices of one process
+/// differ and every process names device `dev` the same, as the UUIDs of a
+/// node's GPUs do.
+pub fn device_uuid(api: &str, dev: c_int) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(b"toastemu");
+    for (d, s) in id[8..12].iter_mut().zip(api.bytes()) {
+        *d = s;
+    }
+    id[12..].copy_from_slice(&dev.to_le_bytes());
+    id
+}
+
 /// The streams and modules of one API library.
 #[derive(Debug)]
 pub struct Runtime {

@@ -111,6 +111,13 @@ pub trait Driver: fmt::Debug + Send + Sync + Sized + 'static {
     /// minor 9): the host counts a device in host memory (a CPU device, an
     /// integrated GPU or APU) in its host memory check.
     fn memory_kind(&self) -> DeviceMemoryKind;
+    /// The device's identity for `device_info` (ABI minor 10): its UUID,
+    /// the same in every process that drives the device (whatever ordinal
+    /// its visible-device list gives it) and different for every other
+    /// device; `None` where the API cannot tell. The host counts the
+    /// processes of a node that share the device by it, and divides the
+    /// default device memory budget among them.
+    fn uuid(&self) -> Option<[u8; 16]>;
 
     /// Allocate `bytes` bytes of device memory (contents unspecified, unless
     /// [`ZEROES_ON_ALLOC`](Self::ZEROES_ON_ALLOC)).

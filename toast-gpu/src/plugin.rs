@@ -166,6 +166,7 @@ unsafe extern "C" fn device_info<D: Driver>(
                 .min(u64::from(u32::MAX)) as u32,
             memory_kind: c.driver.memory_kind().to_abi(),
             reserved: 0,
+            uuid: c.driver.uuid().unwrap_or([0; 16]),
         };
         for (d, &b) in out.name.iter_mut().zip(name.as_bytes().iter().take(127)) {
             *d = b as c_char;

@@ -160,6 +160,10 @@ impl Driver for Fake {
         DeviceMemoryKind::Host
     }
 
+    fn uuid(&self) -> Option<[u8; 16]> {
+        Some(*b"fake device 0000")
+    }
+
     fn alloc(&self, bytes: u64) -> Result<u64, AllocError> {
         if bytes > LIMIT {
             return Err(AllocError::OutOfMemory("fake: out of memory".into()));
@@ -382,19 +386,28 @@ fn header_and_probe() {
     assert_eq!(unavailable_reason(), None);
 }
 
-/// `device_info` (ABI minor 9 grew the struct) writes the memory kind for
-/// a host of minor 9, and no byte past the struct of a host of minor 8.
+/// `device_info` (ABI minors 9 and 10 grew the struct) writes the memory
+/// kind for a host of minor 9, the device's identity for a host of minor
+/// 10, and no byte past the struct of an older host.
 #[test]
 fn device_info_writes_only_the_struct_of_the_hosts_minor() {
-    for (minor, kind, reserved) in [
-        (abi::ABI_MINOR, abi::DEVICE_MEMORY_HOST, 0),
-        (8, 0xAAAA_AAAA, 0xAAAA_AAAA),
+    let canary = [0xAA; 16];
+    for (minor, kind, reserved, uuid) in [
+        (
+            abi::ABI_MINOR,
+            abi::DEVICE_MEMORY_HOST,
+            0,
+            *b"fake device 0000",
+        ),
+        (9, abi::DEVICE_MEMORY_HOST, 0, canary),
+        (8, 0xAAAA_AAAA, 0xAAAA_AAAA, canary),
     ] {
         let (st, ctx) = init_from_host(c"", &UNREAD_LOG, minor);
         assert_eq!(st, abi::OK, "init: {}", last_error());
         let mut info = abi::DeviceInfo {
             memory_kind: 0xAAAA_AAAA,
             reserved: 0xAAAA_AAAA,
+            uuid: canary,
             ..abi::DeviceInfo::ZERO
         };
         // SAFETY: live context, shut down once; a whole struct.
@@ -403,13 +416,21 @@ fn device_info_writes_only_the_struct_of_the_hosts_minor() {
             table().shutdown.unwrap()(ctx);
         }
         assert_eq!(
-            (info.memory_kind, info.reserved, info.compute_units),
-            (kind, reserved, 4),
+            (
+                info.memory_kind,
+                info.reserved,
+                info.uuid,
+                info.compute_units
+            ),
+            (kind, reserved, uuid, 4),
             "host of minor {minor}"
         );
+        // The host reads the identity only from a plugin of minor 10.
+        assert_eq!(info.identity(9), None);
     }
     assert_eq!(abi::DeviceInfo::size_for_host(8), 152);
-    assert_eq!(abi::DeviceInfo::size_for_host(abi::ABI_MINOR), 160);
+    assert_eq!(abi::DeviceInfo::size_for_host(9), 160);
+    assert_eq!(abi::DeviceInfo::size_for_host(abi::ABI_MINOR), 176);
 }
 
 #[test]

@@ -566,6 +566,7 @@ impl Backend {
                 true => DeviceMemoryKind::from_abi(info.memory_kind),
                 false => DeviceMemoryKind::Unknown,
             },
+            identity: info.identity(self.plugin.abi_minor),
         })
     }
 
@@ -680,6 +681,9 @@ pub struct DeviceSummary {
     /// Whose memory the device's allocations take (ABI minor 9; unknown
     /// from an older plugin).
     pub memory_kind: DeviceMemoryKind,
+    /// The device's UUID (ABI minor 10), the same in every process that
+    /// drives it: `None` from an older plugin or one that cannot tell.
+    pub identity: Option<[u8; 16]>,
 }
 
 impl toast_core::device::DeviceMemory for Backend {

@@ -133,7 +133,7 @@ fn entry(e: &PluginEntry, out: &mut dyn Write) -> io::Result<()> {
                         match b.device_info(i) {
                             Ok(d) => writeln!(
                                 out,
-                                "    [{i}] {}: memory {} total, {} free{}; {} compute unit(s)",
+                                "    [{i}] {}: memory {} total, {} free{}; {} compute unit(s){}",
                                 d.name,
                                 bytes(d.total_memory),
                                 bytes(d.free_memory),
@@ -141,7 +141,9 @@ fn entry(e: &PluginEntry, out: &mut dyn Write) -> io::Result<()> {
                                     DeviceMemoryKind::Unknown => String::new(),
                                     kind => format!(" ({kind} memory)"),
                                 },
-                                d.compute_units
+                                d.compute_units,
+                                d.identity
+                                    .map_or(String::new(), |u| format!("; UUID {}", uuid(&u)))
                             )?,
                             Err(err) => writeln!(out, "    [{i}] cannot describe: {err}")?,
                         }
@@ -178,6 +180,19 @@ fn list(kernels: &[Kernel]) -> String {
     }
     let names: Vec<&str> = kernels.iter().map(|k| k.name()).collect();
     format!(": {}", names.join(", "))
+}
+
+/// A device UUID as CUDA and `nvidia-smi` write it (8-4-4-4-12 hex digits).
+fn uuid(u: &[u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 /// A byte count for people: `unknown` for 0, else in KiB/MiB/GiB.
@@ -243,6 +258,7 @@ mod tests {
                 peak_held_mib: 0,
                 memory_kind: abi::DEVICE_MEMORY_OWN,
                 reserved: 0,
+                uuid: [0; 16],
             }
         };
         abi::OK

@@ -440,8 +440,15 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     // started (asking its device starts it), as its start takes host
     // memory (a CUDA context).
     let shared = job.device_in_host_memory(&registry);
+    // The processes of a node that drive one device divide its default
+    // budget (more ranks per node than GPUs): counted by the devices'
+    // UUIDs over the processes (a collective), or 1 for a plan of other
+    // nodes.
     match args.dry_run.as_deref() {
-        None | Some("") => job.share_memory_bound(&*comm)?,
+        None | Some("") => {
+            job.share_memory_bound(&*comm)?;
+            job.share_device(&*comm, &registry)?;
+        }
         Some(_) => {
             job.set_memory_bound(None);
         }

@@ -8,7 +8,7 @@
 //! missing; the emulator returns `CUDA_ERROR_NOT_SUPPORTED`, which NVRTC
 //! accepts).
 //!
-//! One device (`TOAST_EMU_DEVICES=N`: N, named `… #k`), "toast-rs emulated CUDA device (host CPU)", compute
+//! One device (`TOAST_EMU_DEVICES=N`: N, named `… #k`, each with its own UUID), "toast-rs emulated CUDA device (host CPU)", compute
 //! capability 8.0 (so the plugin compiles for `sm_80` with the real NVRTC),
 //! 16 GiB, one primary context. As in the real driver, every call but the
 //! error strings needs `cuInit` first, and memory, stream, module and launch
@@ -20,7 +20,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use toast_gpu_emu::api::{device, device_count, device_name, put, Runtime};
+use toast_gpu_emu::api::{device, device_count, device_name, device_uuid, put, Runtime};
 use toast_gpu_emu::{call, heap, image, EmuError, LIMITS};
 
 /// `CUresult`.
@@ -257,6 +257,20 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CuD
             toast_gpu_emu::write_c_string(name, len as usize, &device_name(DEVICE_NAME, dev))
         };
         Ok(())
+    })
+}
+
+/// `cuDeviceGetUuid_v2`: [`toast_gpu_emu::api::device_uuid`].
+///
+/// # Safety
+/// `uuid` is valid for a write of 16 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CuDevice) -> CuResult {
+    api("cuDeviceGetUuid_v2", || {
+        initialized()?;
+        device(dev)?;
+        // SAFETY: the caller's contract.
+        unsafe { put(uuid, device_uuid("cuda", dev)) }
     })
 }
 

@@ -5,7 +5,7 @@
 //! host by `toast-gpu-emu` (see that crate's documentation for the design
 //! and for where the emulation is not faithful).
 //!
-//! One device (`TOAST_EMU_DEVICES=N`: N, named `… #k`), "toast-rs emulated HIP device (host CPU)", architecture
+//! One device (`TOAST_EMU_DEVICES=N`: N, named `… #k`, each with its own UUID), "toast-rs emulated HIP device (host CPU)", architecture
 //! `gfx90a` (so the plugin compiles for it with the real hiprtc), 16 GiB.
 //! hiprtc is not part of this library: the plugin finds the real one
 //! (`TOAST_HIPRTC_LIB`, `libhiprtc.so`, or ROCm 5's `libamdhip64.so.5`). A
@@ -14,7 +14,7 @@
 //! call print its reason to stderr.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use toast_gpu_emu::api::{device, device_count, device_name, put, Runtime};
+use toast_gpu_emu::api::{device, device_count, device_name, device_uuid, put, Runtime};
 use toast_gpu_emu::{call, heap, image, EmuError, LIMITS};
 
 /// `hipError_t`.
@@ -319,6 +319,19 @@ pub unsafe extern "C" fn hipDeviceGetAttribute(
         };
         // SAFETY: the caller's contract.
         unsafe { put(value, v) }
+    })
+}
+
+/// `hipDeviceGetUuid`: [`toast_gpu_emu::api::device_uuid`].
+///
+/// # Safety
+/// `uuid` is valid for a write of 16 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hipDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) -> HipError {
+    api("hipDeviceGetUuid", || {
+        device(dev)?;
+        // SAFETY: the caller's contract.
+        unsafe { put(uuid, device_uuid("hip", dev)) }
     })
 }
 

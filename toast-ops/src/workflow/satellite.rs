@@ -53,7 +53,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::budget::{Budget, BudgetSource};
 use toast_accel::host::{
-    DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot, DEFAULT_BACKEND,
+    DeviceSummary, DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot,
+    DEFAULT_BACKEND,
 };
 use toast_core::num::compact;
 use toast_core::{
@@ -319,6 +320,48 @@ impl WorkflowError {
     }
 }
 
+/// What names a process's device among the processes of a job: its node
+/// and its UUID (ABI minor 10, the same whatever visible-device list gives
+/// the device its ordinal). A device whose plugin cannot tell its UUID is
+/// named by its name and memory instead, so that unidentified devices of
+/// one kind on one node count as one: never more processes per device
+/// than there are, at worst fewer than the memory allows.
+pub fn device_key(node: &str, device: &DeviceSummary) -> Vec<u8> {
+    let mut key = format!("{node}\0").into_bytes();
+    match device.identity {
+        Some(uuid) => {
+            key.extend_from_slice(b"uuid\0");
+            key.extend_from_slice(&uuid);
+        }
+        None => key.extend_from_slice(
+            format!("name\0{}\0{}", device.name, device.total_memory).as_bytes(),
+        ),
+    }
+    key
+}
+
+/// For each process's [`device_key`] (empty: no device), the processes
+/// with the same key, itself included (1 for no device).
+pub fn processes_per_device(keys: &[Vec<u8>]) -> Vec<usize> {
+    keys.iter()
+        .map(|k| match k.is_empty() {
+            true => 1,
+            false => keys.iter().filter(|o| *o == k).count(),
+        })
+        .collect()
+}
+
+/// This node's name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`; empty
+/// where neither tells, which counts every process of the job as one
+/// node's: more sharing, never less).
+fn node_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// Size overrides of a case (TOAST's benchmark has none; ours are for
 /// tests and scaling studies).
 #[derive(Debug, Clone, Copy, Default)]
@@ -346,6 +389,12 @@ pub struct SatelliteJob {
     /// them all, and a device in the host's memory gets this process's
     /// share of what they leave ([`SatelliteJob::device_budget`]).
     pub processes_on_node: usize,
+    /// The processes of this node that drive this process's device, itself
+    /// included: 1 unless [`SatelliteJob::share_device`] counted them (by
+    /// node and device UUID). The default device budget is divided among
+    /// them ([`SatelliteJob::device_budget`]), so that more ranks per node
+    /// than GPUs do not together plan past a device's memory.
+    pub processes_on_device: usize,
     /// This node's memory bound, read once ([`SatelliteJob::memory_bound`]).
     memory_bound: std::sync::OnceLock<Option<presets::MemoryBound>>,
     /// TOAST's `TOAST_GPU_MEM_GB` as it was when the job was made (unset or
@@ -760,6 +809,7 @@ impl SatelliteJob {
             config,
             sky_file,
             processes_on_node: 1,
+            processes_on_device: 1,
             memory_bound: std::sync::OnceLock::new(),
             gpu_mem_gb: std::env::var("TOAST_GPU_MEM_GB")
                 .ok()
@@ -1140,7 +1190,8 @@ impl SatelliteJob {
         let Ok(device) = backend.device_info(0) else {
             return Ok(None);
         };
-        let default = Budget::default_for(device.free_memory, device.total_memory);
+        let default = Budget::default_for(device.free_memory, device.total_memory)
+            .shared_by(self.processes_on_device);
         let share = self.memory_bound().filter(|_| device.memory_kind.is_host());
         let Some(share) = share else {
             return Ok(Some((name, default)));
@@ -1185,6 +1236,41 @@ impl SatelliteJob {
     /// reading it; `false` where it was read or set already (it stays).
     pub fn set_memory_bound(&self, bound: Option<presets::MemoryBound>) -> bool {
         self.memory_bound.set(bound).is_ok()
+    }
+
+    /// Count, over the processes of `comm` (a collective; call it on every
+    /// process before the device budget is read), those that drive this
+    /// process's device, into [`SatelliteJob::processes_on_device`]: the
+    /// processes whose device has the same [`device_key`] (its node and
+    /// UUID). A process without a device backend counts 1.
+    pub fn share_device(
+        &mut self,
+        comm: &dyn Comm,
+        registry: &Registry,
+    ) -> Result<(), WorkflowError> {
+        let key = pipeline_backend_in(registry, &self.config.dispatch, None)
+            .filter(|b| !b.host_addressable())
+            .and_then(|b| b.device_info(0).ok())
+            .map(|d| device_key(&node_name(), &d))
+            .unwrap_or_default();
+        let mut counts = match comm
+            .gather_bytes(0, &key)
+            .map_err(|e| WorkflowError::gather("device sharing", e))?
+        {
+            Some(keys) => processes_per_device(&keys)
+                .into_iter()
+                .flat_map(|n| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes())
+                .collect(),
+            None => Vec::new(),
+        };
+        comm.broadcast_bytes(0, &mut counts)
+            .map_err(|e| WorkflowError::gather("device sharing", e))?;
+        self.processes_on_device = counts
+            .chunks_exact(4)
+            .nth(comm.rank())
+            .map_or(1, |c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .max(1);
+        Ok(())
     }
 
     /// Agree on [`SatelliteJob::memory_bound`] over the processes of
@@ -2187,6 +2273,37 @@ mod tests {
             n_obs: None,
         };
         SatelliteJob::new("tiny", cfg, overrides)
+    }
+
+    /// Processes share a device where node and UUID agree: two GPUs of a
+    /// node are apart even with one name (and one ordinal, as per-rank
+    /// `CUDA_VISIBLE_DEVICES` gives them); without UUIDs, devices of one
+    /// name and memory on a node count as one; no device counts 1.
+    #[test]
+    fn processes_per_device_count_node_and_uuid() {
+        let gpu = |uuid: Option<u8>| DeviceSummary {
+            name: "GPU (sm_90)".into(),
+            total_memory: 80 << 30,
+            free_memory: 79 << 30,
+            compute_units: 132,
+            peak_held_bytes: None,
+            memory_kind: toast_accel::abi::DeviceMemoryKind::Own,
+            identity: uuid.map(|u| [u; 16]),
+        };
+        let keys = [
+            device_key("n1", &gpu(Some(1))),
+            device_key("n1", &gpu(Some(2))),
+            device_key("n1", &gpu(Some(1))),
+            device_key("n2", &gpu(Some(1))),
+            Vec::new(),
+            device_key("n3", &gpu(None)),
+            device_key("n3", &gpu(None)),
+        ];
+        assert_eq!(processes_per_device(&keys), [2, 1, 2, 1, 1, 2, 2]);
+        assert_ne!(
+            device_key("n1", &gpu(Some(1))),
+            device_key("n1", &gpu(None))
+        );
     }
 
     /// Every item a step reads is provided by an earlier step, or created
