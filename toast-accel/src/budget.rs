@@ -150,6 +150,87 @@ impl std::fmt::Display for Budget {
     }
 }
 
+/// The value of the last `key` item of a plugin's `options` (`key=value`
+/// pairs separated by `;`; an item without `=` has the value ""), as the
+/// plugins read them: the last item of a key wins.
+fn option_value<'a>(options: &'a str, key: &str) -> Option<&'a str> {
+    options
+        .split(';')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| item.split_once('=').unwrap_or((item, "")))
+        .rfind(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v)
+}
+
+/// The most bytes of kernel workspace one launch of a `toast-gpu` plugin
+/// allocates (the polynomial filters' fits, the noise simulation's FFT
+/// streams): the plugin option `workspace_bytes=N`, else the default. A
+/// work item (one fit, one detector's stream) cannot be split: a launch
+/// holds at least one, so a configured limit smaller than one item is
+/// refused, which the host checks before any work for the noise
+/// simulation (`toast-ops`' `SatelliteJob::check_device_workspace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceLimit {
+    /// [`WorkspaceLimit::DEFAULT_BYTES`], less on a device whose largest
+    /// allocation or an eighth of whose memory is less, but never less than
+    /// one work item that the device's largest allocation holds (an hour
+    /// at 100 Hz needs 16 MiB a detector for the noise, a day 512 MiB).
+    Default,
+    /// The option `workspace_bytes=N`: at most N bytes (and the device's
+    /// largest allocation).
+    Option(u64),
+}
+
+impl WorkspaceLimit {
+    /// The default limit's bytes, 256 MiB.
+    pub const DEFAULT_BYTES: u64 = 256 << 20;
+
+    /// The limit configured by a plugin's `options` (the last
+    /// `workspace_bytes` item: a positive number of bytes), else
+    /// [`WorkspaceLimit::Default`]: the one reading of the option, by the
+    /// plugins and by the host.
+    pub fn configured(options: &str) -> Result<WorkspaceLimit, String> {
+        let Some(v) = option_value(options, "workspace_bytes") else {
+            return Ok(WorkspaceLimit::Default);
+        };
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(WorkspaceLimit::Option(n)),
+            _ => Err(format!(
+                "option workspace_bytes: `{}` is not a positive number of bytes",
+                v.trim()
+            )),
+        }
+    }
+
+    /// The most bytes one launch may use for items of `item_bytes` each,
+    /// on a device of `max_allocation` bytes' largest allocation and
+    /// `total_memory` bytes; `Err(why)` when not even one item fits.
+    pub fn launch_bytes(
+        self,
+        item_bytes: u64,
+        max_allocation: u64,
+        total_memory: u64,
+    ) -> Result<u64, String> {
+        let bytes = match self {
+            WorkspaceLimit::Option(n) => n.min(max_allocation),
+            WorkspaceLimit::Default => WorkspaceLimit::DEFAULT_BYTES
+                .min(max_allocation)
+                .min(total_memory / 8)
+                .max(item_bytes.min(max_allocation)),
+        };
+        if bytes >= item_bytes {
+            return Ok(bytes);
+        }
+        Err(match self {
+            WorkspaceLimit::Option(n) if n < item_bytes => format!(
+                "more than the {n} bytes a launch may use (the plugin option workspace_bytes)"
+            ),
+            _ => format!("more than the device's largest allocation, {max_allocation} bytes"),
+        })
+    }
+}
+
 impl Budget {
     /// The budget configured by a plugin's `options` (`key=value` pairs
     /// separated by `;`: its `memory=`) or the value of `TOAST_GPU_MEM_GB`
@@ -161,14 +242,11 @@ impl Budget {
     /// `memory` item wins, and a `memory` without a value is refused as a
     /// value that is not a number is.
     pub fn configured(options: &str, env: Option<&str>) -> Result<Option<Budget>, String> {
-        let option = options
-            .split(';')
-            .map(str::trim)
-            .filter(|item| !item.is_empty())
-            .map(|item| item.split_once('=').unwrap_or((item, "")))
-            .rfind(|(k, _)| k.trim() == "memory");
-        match (option, env.filter(|v| !v.trim().is_empty())) {
-            (Some((_, v)), _) => Budget::parse_gib(v, BudgetSource::Option).map(Some),
+        match (
+            option_value(options, "memory"),
+            env.filter(|v| !v.trim().is_empty()),
+        ) {
+            (Some(v), _) => Budget::parse_gib(v, BudgetSource::Option).map(Some),
             (None, Some(v)) => Budget::parse_gib(v, BudgetSource::Environment).map(Some),
             (None, None) => Ok(None),
         }
@@ -178,6 +256,41 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launch_holds_one_workspace_item_unless_the_option_says_less() {
+        assert_eq!(
+            WorkspaceLimit::configured("memory=2"),
+            Ok(WorkspaceLimit::Default)
+        );
+        assert_eq!(
+            WorkspaceLimit::configured("workspace_bytes=9; workspace_bytes=64"),
+            Ok(WorkspaceLimit::Option(64))
+        );
+        for bad in [
+            "workspace_bytes=0",
+            "workspace_bytes",
+            "workspace_bytes=1e3",
+        ] {
+            let e = WorkspaceLimit::configured(bad).unwrap_err();
+            assert!(e.starts_with("option workspace_bytes: `"), "{e}");
+        }
+        let (gib, day) = (1u64 << 30, 512u64 << 20 | 16);
+        let d = WorkspaceLimit::Default;
+        assert_eq!(d.launch_bytes(1000, u64::MAX, 80 * gib), Ok(256 << 20));
+        assert_eq!(d.launch_bytes(1000, u64::MAX, gib), Ok(gib / 8));
+        // A day's noise stream is one item: more than the default, held.
+        assert_eq!(d.launch_bytes(day, u64::MAX, 80 * gib), Ok(day));
+        let e = d.launch_bytes(day, 256 << 20, 80 * gib).unwrap_err();
+        assert!(e.contains("largest allocation, 268435456 bytes"), "{e}");
+        let set = WorkspaceLimit::Option(1 << 20);
+        assert_eq!(set.launch_bytes(1000, u64::MAX, 80 * gib), Ok(1 << 20));
+        let e = set.launch_bytes(day, u64::MAX, 80 * gib).unwrap_err();
+        assert!(
+            e.contains("1048576 bytes a launch may use (the plugin option"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn the_default_is_divided_among_the_processes_that_share_the_device() {

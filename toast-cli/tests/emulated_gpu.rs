@@ -822,3 +822,42 @@ fn budget_run(
     maps_are_the_cpus(backend, &out, &cpu);
     kernels_ran_on(backend, &out);
 }
+
+/// A device's `workspace_bytes` smaller than one detector's noise stream
+/// (a stream cannot be split) is refused by the dry run, naming the option
+/// and the stream's size: the plugin refused it only at the first
+/// `sim_noise` call, after the scan. Without noise, or with the default
+/// limit (which always holds one stream), the same run plans.
+#[test]
+fn a_workspace_too_small_for_one_noise_stream_is_refused_before_any_work() {
+    let Some(dir) = usable_emulated("cuda") else {
+        return;
+    };
+    let small = [
+        "--backend-options",
+        "cuda:workspace_bytes=1000",
+        "run",
+        "--backend",
+        "cuda",
+        "--n-det",
+        "2",
+        "--dry-run",
+    ];
+    let (ok, log) = toast_cli(&small, Some(&dir));
+    assert!(!ok, "{log}");
+    assert!(
+        log.contains(
+            "dispatch backend cuda: sim_noise needs 16777232 bytes of device workspace for one \
+             detector's noise stream (360000 samples an observation: an FFT of 1048576 points), \
+             more than the 1000 bytes a launch may use (the plugin option workspace_bytes)"
+        ),
+        "{log}"
+    );
+    let (ok, log) = toast_cli(
+        &[&small[..], &["--set", "sim_noise.enabled=false"]].concat(),
+        Some(&dir),
+    );
+    assert!(ok, "{log}");
+    let (ok, log) = toast_cli(&small[2..], Some(&dir));
+    assert!(ok, "{log}");
+}

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi};
+use toast_accel::budget::WorkspaceLimit;
 use toast_accel::device_source as ds;
 use toast_accel::plugin_support::{HostLog, HostSettings, PluginError};
 use toast_accel::rtc;
@@ -53,20 +54,6 @@ fn parse_sync(v: &str) -> Result<bool, PluginError> {
     }
 }
 
-/// The value of the option `workspace_bytes=`: a positive number of bytes.
-fn parse_workspace_bytes(v: &str) -> Result<u64, PluginError> {
-    match v.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(PluginError::new(
-            abi::ERR_INVALID_ARGUMENT,
-            format!(
-                "option workspace_bytes: `{}` is not a positive number of bytes",
-                v.trim()
-            ),
-        )),
-    }
-}
-
 /// The backend context of one `init`: a [`Driver`] and what every backend
 /// keeps beside it. The `ctx` pointer `init` hands the host is a boxed
 /// `Context<D>`; `shutdown` drops it, which releases every buffer.
@@ -81,11 +68,11 @@ pub struct Context<D: Driver> {
     /// How the polynomial filters lay out their workspace (option
     /// `workspace=`).
     pub(crate) workspace: WorkspaceLayout,
-    /// The most bytes of workspace one kernel launch of the polynomial
-    /// filters uses (option `workspace_bytes=`, default
-    /// `WORKSPACE_MAX_BYTES`; a smaller value cuts the grid into more
-    /// launches, as a device with less memory would: tests use it).
-    pub(crate) workspace_bytes: u64,
+    /// The most bytes of workspace one kernel launch uses (the polynomial
+    /// filters, the noise simulation: option `workspace_bytes=`, read by
+    /// [`WorkspaceLimit::configured`]; a smaller value cuts the grid into
+    /// more launches, as a device with less memory would: tests use it).
+    pub(crate) workspace_bytes: WorkspaceLimit,
     /// Whether every launch is waited for at once (option `sync=launch`),
     /// so that a device fault names its own kernel; else once per call
     /// (`sync=call`, the default; see "One synchronisation per call" in
@@ -143,7 +130,8 @@ impl<D: Driver> Context<D> {
         } = unsafe { HostSettings::read(host) };
         let mut named: Option<D::DeviceId> = None;
         let mut workspace = WorkspaceLayout::default();
-        let mut workspace_bytes = crate::kernels::WORKSPACE_MAX_BYTES;
+        // Read with the host's reader, which checks it before a run.
+        let workspace_bytes = WorkspaceLimit::configured(&options).map_err(PluginError::invalid)?;
         let mut sync_each_launch = false;
         if let Ok(v) = std::env::var(D::DEVICE_ENV) {
             if !v.trim().is_empty() {
@@ -165,7 +153,8 @@ impl<D: Driver> Context<D> {
                 // Read above, with TOAST_GPU_MEM_GB.
                 "memory" => {}
                 "workspace" => workspace = WorkspaceLayout::parse(v)?,
-                "workspace_bytes" => workspace_bytes = parse_workspace_bytes(v)?,
+                // Read above, by the host's reader.
+                "workspace_bytes" => {}
                 "sync" => sync_each_launch = parse_sync(v)?,
                 other => {
                     return Err(PluginError::new(

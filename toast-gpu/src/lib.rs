@@ -29,7 +29,8 @@
 //!   budget, else `TOAST_GPU_MEM_GB`, else 90% of the free memory
 //!   ([`Budget`]); `workspace=contiguous|interleaved`, the layout of the
 //!   polynomial filters' workspace, and `workspace_bytes=N`, the most of it
-//!   one launch uses; `sync=call|launch`, a wait per kernel call or per
+//!   one launch uses (`toast_accel::budget::WorkspaceLimit`, the host's
+//!   reader too); `sync=call|launch`, a wait per kernel call or per
 //!   launch), the driver, the buffer table, the call lock (a context runs
 //!   one call at a time), and the module,
 //!   compiled on the first kernel call or read from the disk cache.

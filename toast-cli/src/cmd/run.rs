@@ -428,6 +428,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     // Every field a step reads is made by an earlier step (a field name
     // set to one the workflow never makes fails here, not mid-run).
     job.check_wiring(&sim)?;
+    // A device's workspace option holds one detector's noise stream.
+    job.check_device_workspace(&sim, &registry)?;
     let (n_procs, ppn) = match args.dry_run.as_deref() {
         Some(spec) if !spec.is_empty() => parse_procs(spec)?,
         _ => (comm.size(), procs_per_node(comm.size())),

@@ -25,10 +25,11 @@
 //! marks where a group's mask changes (the chunk's first sample is always
 //! such a head), a block per head builds and decomposes the normal matrix,
 //! and a thread per point solves with its head's decomposition: the CPU's
-//! algorithm, and its bits. The workspace is at most `WORKSPACE_MAX_BYTES`,
-//! 256 MiB (less on a device with a smaller largest allocation or under 2
-//! GiB of memory; the plugin option `workspace_bytes=N` sets another limit),
-//! and the grid is cut into launches whose points' slices fit in it
+//! algorithm, and its bits. The workspace is at most 256 MiB
+//! (`toast_accel::budget::WorkspaceLimit`: less on a device with a smaller
+//! largest allocation or under 2 GiB of memory, but never less than one
+//! item; the plugin option `workspace_bytes=N` sets another limit), and the
+//! grid is cut into launches whose points' slices fit in it
 //! (`grid_chunks`).
 //!
 //! The small per-detector arrays and the intervals, which the kernels only
@@ -124,6 +125,7 @@ use params::LaunchParams;
 use std::cell::RefCell;
 use std::sync::{Arc, MutexGuard};
 use toast_accel::abi::{self, SampleRange};
+use toast_accel::budget::WorkspaceLimit;
 use toast_accel::check;
 use toast_accel::device_source as ds;
 use toast_accel::plugin_support::PluginError;
@@ -742,38 +744,27 @@ fn grid_x(blocks: u64, threads: u32) -> Option<u32> {
     fits.then_some(blocks as u32)
 }
 
-/// The most bytes of workspace a kernel call allocates by default (less
-/// when the device's largest allocation or an eighth of its memory is
-/// less; the option `workspace_bytes=` sets another limit).
-pub(crate) const WORKSPACE_MAX_BYTES: u64 = 256 << 20;
-
 /// How many work items of `item_len` doubles one launch of `kernel` may
-/// have: as many as fit in the workspace budget (the least of `limit`,
-/// [`WORKSPACE_MAX_BYTES`] unless the option `workspace_bytes=` says
-/// otherwise, the device's largest allocation `max_allocation` and an
-/// eighth of its `total_memory`); an error naming the sizes when not even
-/// one does.
+/// have: as many as the workspace limit `limit` allows
+/// ([`WorkspaceLimit::launch_bytes`]: 256 MiB by default, less on a device
+/// whose largest allocation `max_allocation` or an eighth of whose
+/// `total_memory` is less, but at least one item; the option
+/// `workspace_bytes=` sets another limit); an error naming the sizes when
+/// not even one item fits.
 pub(crate) fn workspace_items(
     kernel: &str,
     item_len: u64,
-    limit: u64,
+    limit: WorkspaceLimit,
     max_allocation: u64,
     total_memory: u64,
 ) -> Result<u64, PluginError> {
-    let budget = limit.min(max_allocation).min(total_memory / 8);
     let item_bytes = item_len.saturating_mul(8).max(1);
-    match budget / item_bytes {
-        0 => Err(PluginError::new(
+    match limit.launch_bytes(item_bytes, max_allocation, total_memory) {
+        Ok(bytes) => Ok(bytes / item_bytes),
+        Err(why) => Err(PluginError::new(
             abi::ERR_OUT_OF_MEMORY,
-            format!(
-                "{kernel}: one fit needs {item_bytes} bytes of device workspace, more than the \
-                 {budget} a launch may use (the least of {limit} bytes (the plugin option \
-                 workspace_bytes; default {WORKSPACE_MAX_BYTES}), the device's largest \
-                 allocation, {max_allocation}, and an eighth of its memory, {})",
-                total_memory / 8
-            ),
+            format!("{kernel}: one work item needs {item_bytes} bytes of device workspace, {why}"),
         )),
-        n => Ok(n),
     }
 }
 
@@ -954,26 +945,32 @@ mod tests {
     fn workspace_budget_and_chunks() {
         // 64 modes: 2 * 64^2 + 2 * 64 doubles = 66560 bytes per item.
         let item = 2 * 64 * 64 + 2 * 64;
+        let d = WorkspaceLimit::Default;
         assert_eq!(
-            workspace_items("k", item, WORKSPACE_MAX_BYTES, u64::MAX, 64 << 30).unwrap(),
+            workspace_items("k", item, d, u64::MAX, 64 << 30).unwrap(),
             (256 << 20) / 66560
         );
         assert_eq!(
-            workspace_items("k", item, WORKSPACE_MAX_BYTES, 1 << 20, 64 << 30).unwrap(),
+            workspace_items("k", item, d, 1 << 20, 64 << 30).unwrap(),
             15
         );
+        assert_eq!(workspace_items("k", item, d, u64::MAX, 1 << 20).unwrap(), 1);
+        // The default holds one item, even past its 256 MiB.
         assert_eq!(
-            workspace_items("k", item, WORKSPACE_MAX_BYTES, u64::MAX, 1 << 20).unwrap(),
+            workspace_items("k", 40 << 20, d, u64::MAX, 64 << 30).unwrap(),
             1
         );
-        let e = workspace_items("k", item, WORKSPACE_MAX_BYTES, 60_000, 64 << 30).unwrap_err();
+        let e = workspace_items("k", item, d, 60_000, 64 << 30).unwrap_err();
         assert_eq!(e.status, abi::ERR_OUT_OF_MEMORY);
         assert!(
             e.message
-                .starts_with("k: one fit needs 66560 bytes of device workspace"),
+                .starts_with("k: one work item needs 66560 bytes of device workspace, more than the device's largest allocation, 60000"),
             "{}",
             e.message
         );
+        let set = WorkspaceLimit::Option(60_000);
+        let e = workspace_items("k", item, set, u64::MAX, 64 << 30).unwrap_err();
+        assert!(e.message.contains("workspace_bytes"), "{}", e.message);
         // Dimension 1 whole when it fits, dimension 0 the rest.
         assert_eq!(grid_chunks(10, 2, 65535, 100), vec![((0, 10), (0, 2))]);
         assert_eq!(

@@ -51,7 +51,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use toast_accel::budget::{Budget, BudgetSource};
+use toast_accel::abi::Kernel;
+use toast_accel::budget::{Budget, BudgetSource, WorkspaceLimit};
 use toast_accel::host::{
     DeviceSummary, DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot,
     DEFAULT_BACKEND,
@@ -1399,6 +1400,65 @@ impl SatelliteJob {
     /// itself is refused ([`SatelliteJob::run`] checks the same).
     pub fn check_backends(&self, registry: &Registry) -> Result<(), WorkflowError> {
         check_named_backends(&self.config, registry)
+    }
+
+    /// Refuse, before any work, a noise simulation on a device whose
+    /// plugin option `workspace_bytes=` is smaller than one detector's
+    /// noise stream of the longest observation of `sim` (`2 N + 2` doubles
+    /// for an FFT of `N` points, [`presets::noise_fft_len`]): a stream
+    /// cannot be split, so its plugin would refuse the first `sim_noise`
+    /// call, after the scan. (The default limit always holds one stream.)
+    pub fn check_device_workspace(
+        &self,
+        sim: &SimSatellite,
+        registry: &Registry,
+    ) -> Result<(), WorkflowError> {
+        if !self.config.sim_noise.enabled {
+            return Ok(());
+        }
+        let Ok(resolved) =
+            self.config
+                .dispatch
+                .resolve(registry, Kernel::SimNoise, Some("sim_noise"))
+        else {
+            return Ok(());
+        };
+        let backend = &resolved.backend;
+        if backend.host_addressable() {
+            return Ok(());
+        }
+        let name = backend.name();
+        let options = registry
+            .entry(name)
+            .map(|e| e.options().to_string())
+            .unwrap_or_default();
+        let refused = |reason: String| WorkflowError::Dispatch {
+            setting: format!("backend {name}"),
+            reason,
+        };
+        let limit = WorkspaceLimit::configured(&options).map_err(refused)?;
+        let samples = sim
+            .obs_samples()
+            .map_err(|e| {
+                WorkflowError::Config(ConfigError::Section {
+                    section: "sim_satellite".into(),
+                    reason: e.to_string(),
+                })
+            })?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        let fft_len = presets::noise_fft_len(samples);
+        let stream = (2 * fft_len + 2) * 8;
+        limit
+            .launch_bytes(stream, u64::MAX, u64::MAX)
+            .map(drop)
+            .map_err(|why| {
+                refused(format!(
+                    "sim_noise needs {stream} bytes of device workspace for one detector's noise \
+                 stream ({samples} samples an observation: an FFT of {fft_len} points), {why}"
+                ))
+            })
     }
 
     /// The name of the pipeline backend of `registry` where its device's
