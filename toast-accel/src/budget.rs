@@ -5,12 +5,14 @@
 //! One figure, from the first of: the plugin option `memory=GiB`, TOAST's
 //! `TOAST_GPU_MEM_GB`, else the default, 90% of the device memory free when
 //! the backend starts (of the total where the API cannot tell the free
-//! memory, as OpenCL cannot). Where several processes of a node drive the
-//! same device (more ranks per node than GPUs; counted by the devices'
-//! UUIDs, ABI minor 10), the host plans each within its share of that
-//! default ([`Budget::shared_by`], as TOAST divides a device's memory by its
-//! processes per device), so that together they stay within the device's
-//! memory; a configured budget is each process's own and is not divided.
+//! memory, as OpenCL cannot). `TOAST_GPU_MEM_GB` is, as TOAST defines
+//! it, the memory of each GPU, and the default is the device's too: where
+//! several processes of a node drive the same device (more ranks per node
+//! than GPUs; counted by the devices' UUIDs, ABI minor 10), the host plans
+//! each within its share of either ([`Budget::shared_by`], as TOAST divides
+//! a device's memory by its processes per device), so that together they
+//! stay within it. The option `memory=` is each process's own and is not
+//! divided.
 //! For a device in the host's memory (ABI minor
 //! 9's `memory_kind`) the host plans within less than that default, what
 //! its own peak leaves of a process's share of the node's memory
@@ -36,11 +38,14 @@ pub enum BudgetSource {
     Environment,
     /// 90% of the device memory free when the backend starts.
     DeviceDefault,
-    /// [`BudgetSource::DeviceDefault`] divided among the processes of
-    /// the node that drive the device ([`Budget::shared_by`]).
+    /// A figure for the whole device, [`BudgetSource::DeviceDefault`] or
+    /// [`BudgetSource::Environment`], divided among the processes of the
+    /// node that drive the device ([`Budget::shared_by`]).
     DeviceShared {
         /// The processes, this one included (at least 2).
         processes: u32,
+        /// The figure was `TOAST_GPU_MEM_GB` (else the default).
+        from_environment: bool,
     },
     /// A device in the host's memory without a configured budget: 90% of
     /// what the host's predicted peak leaves of a process's share of the
@@ -55,7 +60,15 @@ impl BudgetSource {
     /// run is held within it even where that costs host memory, as
     /// streaming the detector data does on a device in the host's memory.
     pub fn is_configured(self) -> bool {
-        matches!(self, BudgetSource::Option | BudgetSource::Environment)
+        matches!(
+            self,
+            BudgetSource::Option
+                | BudgetSource::Environment
+                | BudgetSource::DeviceShared {
+                    from_environment: true,
+                    ..
+                }
+        )
     }
 }
 
@@ -65,12 +78,19 @@ impl std::fmt::Display for BudgetSource {
             BudgetSource::Option => "option memory=",
             BudgetSource::Environment => "TOAST_GPU_MEM_GB",
             BudgetSource::DeviceDefault => "the default, 90% of the device memory free at start",
-            BudgetSource::DeviceShared { processes } => {
+            BudgetSource::DeviceShared {
+                processes,
+                from_environment,
+            } => {
+                let whole = match from_environment {
+                    true => "TOAST_GPU_MEM_GB (the memory of each GPU, as TOAST defines it)",
+                    false => "the default, 90% of the device memory free at start",
+                };
                 return write!(
                     f,
-                    "the default, 90% of the device memory free at start, divided among the \
-                     {processes} processes of this node that drive the device"
-                )
+                    "{whole}, divided among the {processes} processes of this node that drive \
+                     the device"
+                );
             }
             BudgetSource::HostShare => {
                 "the default of a device in the host's memory, 90% of what the host's predicted \
@@ -98,18 +118,24 @@ impl Budget {
         }
     }
 
-    /// This default budget divided among the `processes` of a node that
-    /// drive the same device ([`BudgetSource::DeviceShared`]); unchanged
-    /// for one process, or for a budget that is not the device default (a
-    /// configured budget is each process's own).
+    /// A budget for the whole device (the default, `TOAST_GPU_MEM_GB`)
+    /// divided among the `processes` of a node that drive it
+    /// ([`BudgetSource::DeviceShared`]); unchanged for one process, or for
+    /// the option `memory=`, which is each process's own.
     pub fn shared_by(self, processes: usize) -> Budget {
-        if processes <= 1 || self.source != BudgetSource::DeviceDefault {
+        let from_environment = match self.source {
+            BudgetSource::DeviceDefault => false,
+            BudgetSource::Environment => true,
+            _ => return self,
+        };
+        if processes <= 1 {
             return self;
         }
         Budget {
             bytes: self.bytes / processes as u64,
             source: BudgetSource::DeviceShared {
                 processes: u32::try_from(processes).unwrap_or(u32::MAX),
+                from_environment,
             },
         }
     }
@@ -298,13 +324,30 @@ mod tests {
         assert_eq!(default.shared_by(1), default);
         let quarter = default.shared_by(4);
         assert_eq!(quarter.bytes, default.bytes / 4);
-        assert_eq!(quarter.source, BudgetSource::DeviceShared { processes: 4 });
+        assert_eq!(
+            quarter.source,
+            BudgetSource::DeviceShared {
+                processes: 4,
+                from_environment: false
+            }
+        );
         assert!(
             quarter.to_string().contains("the 4 processes of this node"),
             "{quarter}"
         );
         assert!(!quarter.source.is_configured());
-        // A configured budget is each process's own.
+        // TOAST_GPU_MEM_GB is each GPU's memory, as TOAST defines it.
+        let env = Budget::parse_gib("16", BudgetSource::Environment).unwrap();
+        let half = env.shared_by(2);
+        assert_eq!(half.bytes, 8 << 30);
+        assert!(half.source.is_configured());
+        assert!(
+            half.to_string().starts_with(
+                "8.000 GiB = 8589934592 bytes (TOAST_GPU_MEM_GB (the memory of each GPU"
+            ),
+            "{half}"
+        );
+        // The option is each process's own.
         let set = Budget::parse_gib("16", BudgetSource::Option).unwrap();
         assert_eq!(set.shared_by(4), set);
     }

@@ -348,7 +348,7 @@ fn ranks_that_share_a_device_divide_its_default_budget() {
             )
         }
     };
-    let budget = |ranks: usize, devices: &str| {
+    let budget = |ranks: usize, devices: &str, env: &[(&str, &str)], args: &[&str]| {
         let _one = process::one_mpi_job_at_a_time();
         let mut c = process::mpirun(ranks);
         c.args(["-x", "TOAST_EMU_DEVICES", "-x", "LD_LIBRARY_PATH"]);
@@ -357,13 +357,17 @@ fn ranks_that_share_a_device_divide_its_default_budget() {
                 c.args(["-x", v]);
             }
         }
-        c.arg(BIN)
-            .args(["run", "--backend", "cuda", "--dry-run"])
-            .env("TOAST_EMU_DEVICES", devices)
-            .env("LD_LIBRARY_PATH", ld_library_path(&dir));
         for v in ["TOAST_CUDA_DEVICE", "TOAST_GPU_MEM_GB"] {
             c.env_remove(v);
         }
+        for (k, v) in env {
+            c.args(["-x", k]).env(k, v);
+        }
+        c.arg(BIN)
+            .args(["run", "--backend", "cuda", "--dry-run"])
+            .args(args)
+            .env("TOAST_EMU_DEVICES", devices)
+            .env("LD_LIBRARY_PATH", ld_library_path(&dir));
         let o = process::run_with_deadline(c, Duration::from_secs(300), "toast-cli run");
         let log = text(&o);
         assert!(o.status.success(), "{log}");
@@ -372,17 +376,29 @@ fn ranks_that_share_a_device_divide_its_default_budget() {
             .unwrap_or_else(|| panic!("no device budget in the dry run:\n{log}"))
             .to_string()
     };
-    let shared = budget(2, "1");
+    let shared = budget(2, "1", &[], &[]);
     assert!(
         shared.contains("divided among the 2 processes of this node that drive the device"),
         "{shared}"
     );
-    let own = budget(2, "2");
+    let own = budget(2, "2", &[], &[]);
     assert!(
         own.contains("(the default, 90% of the device memory free at start))"),
         "{own}"
     );
     // Rank 0 of three on two devices shares device 0 with rank 2.
-    let three = budget(3, "2");
+    let three = budget(3, "2", &[], &[]);
     assert!(three.contains("divided among the 2 processes"), "{three}");
+    // TOAST_GPU_MEM_GB is each GPU's memory, as TOAST defines it: shared
+    // too. The option memory= is each process's own.
+    let env = budget(2, "1", &[("TOAST_GPU_MEM_GB", "8")], &[]);
+    assert!(
+        env.contains("(budget 4.000 GiB = 4294967296 bytes (TOAST_GPU_MEM_GB (the memory of each GPU, as TOAST defines it), divided among the 2 processes"),
+        "{env}"
+    );
+    let option = budget(2, "1", &[], &["--backend-options", "cuda:memory=8"]);
+    assert!(
+        option.contains("(budget 8.000 GiB = 8589934592 bytes (option memory=))"),
+        "{option}"
+    );
 }

@@ -392,9 +392,11 @@ pub struct SatelliteJob {
     pub processes_on_node: usize,
     /// The processes of this node that drive this process's device, itself
     /// included: 1 unless [`SatelliteJob::share_device`] counted them (by
-    /// node and device UUID). The default device budget is divided among
-    /// them ([`SatelliteJob::device_budget`]), so that more ranks per node
-    /// than GPUs do not together plan past a device's memory.
+    /// node and device UUID). The default device budget and
+    /// `TOAST_GPU_MEM_GB` (each GPU's memory, as TOAST defines it) are
+    /// divided among them ([`SatelliteJob::device_budget`]), so that more
+    /// ranks per node than GPUs do not together plan past a device's
+    /// memory.
     pub processes_on_device: usize,
     /// This node's memory bound, read once ([`SatelliteJob::memory_bound`]).
     memory_bound: std::sync::OnceLock<Option<presets::MemoryBound>>,
@@ -1150,7 +1152,9 @@ impl SatelliteJob {
     /// The device memory budget of the pipeline backend of `registry`: the
     /// one its plugin holds its pool within (`toast_accel::budget`: the
     /// option `memory=`, else `TOAST_GPU_MEM_GB`, else 90% of the free
-    /// memory of its device); `None` for a host-addressable backend, or
+    /// memory of its device; the last two divided among the
+    /// [`SatelliteJob::processes_on_device`], `Budget::shared_by`); `None`
+    /// for a host-addressable backend, or
     /// when the figure cannot be known (no device information). A device
     /// in the host's memory ([`SatelliteJob::device_in_host_memory`])
     /// without a configured budget is planned within less, where this
@@ -1186,7 +1190,7 @@ impl SatelliteJob {
                 }
             })?;
         if let Some(b) = configured {
-            return Ok(Some((name, b)));
+            return Ok(Some((name, b.shared_by(self.processes_on_device))));
         }
         let Ok(device) = backend.device_info(0) else {
             return Ok(None);
