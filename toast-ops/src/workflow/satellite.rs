@@ -342,13 +342,15 @@ pub fn device_key(node: &str, device: &DeviceSummary) -> Vec<u8> {
 }
 
 /// For each process's [`device_key`] (empty: no device), the processes
-/// with the same key, itself included (1 for no device).
+/// with the same key, itself included (1 for no device). Linear in the
+/// processes (a job may have tens of thousands).
 pub fn processes_per_device(keys: &[Vec<u8>]) -> Vec<usize> {
+    let mut count: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+    for k in keys.iter().filter(|k| !k.is_empty()) {
+        *count.entry(k).or_default() += 1;
+    }
     keys.iter()
-        .map(|k| match k.is_empty() {
-            true => 1,
-            false => keys.iter().filter(|o| *o == k).count(),
-        })
+        .map(|k| count.get(k.as_slice()).copied().unwrap_or(1))
         .collect()
 }
 
