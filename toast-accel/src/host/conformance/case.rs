@@ -23,6 +23,11 @@ use thiserror::Error;
 /// each). Nothing is allocated for an entry over it.
 pub const MAX_CASE_BYTES: u64 = 1 << 30;
 
+/// The bytes a case file may hold beyond [`MAX_CASE_BYTES`]: its zip
+/// headers and directory and the `.npy` headers (a few hundred bytes an
+/// array).
+pub const CASE_FILE_SLACK_BYTES: u64 = 16 << 20;
+
 /// A case file that cannot be used.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum CaseError {
@@ -58,6 +63,18 @@ pub enum CaseError {
     /// still run.
     #[error("{file}: the case panicked: {message}")]
     Panicked { file: PathBuf, message: String },
+    /// A case file larger than [`MAX_CASE_BYTES`] and room for its zip
+    /// headers ([`CASE_FILE_SLACK_BYTES`]): refused before the zip reader
+    /// looks for its directory, which it searches for through the whole
+    /// of a file that has none (minutes for a 100 GB file).
+    #[error(
+        "{file}: the file holds {bytes} bytes, over the {limit} bytes a case file may hold in all (its arrays and the zip's headers)"
+    )]
+    FileTooLarge {
+        file: PathBuf,
+        bytes: u64,
+        limit: u64,
+    },
     /// An array whose zip entry is larger than what is left of
     /// [`MAX_CASE_BYTES`] for the case: refused before it is read.
     #[error(
@@ -102,8 +119,10 @@ pub fn kernel_of(stem: &str) -> Option<Kernel> {
         .into_iter()
         .filter(|k| {
             let n = k.name();
-            stem.len() >= n.len()
-                && stem[..n.len()].eq_ignore_ascii_case(n)
+            // `get`: a name whose bytes at the kernel name's length are
+            // inside a character (`noise_weight_é`) is not that kernel's.
+            stem.get(..n.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(n))
                 && (stem.len() == n.len() || stem.as_bytes()[n.len()] == b'_')
         })
         .max_by_key(|k| k.name().len())
@@ -205,6 +224,11 @@ fn read_fields(path: &Path, cap: u64) -> Result<BTreeMap<String, Field>, CaseErr
         reason: e.to_string(),
     };
     let f = toast_core::input::open_regular(path).map_err(|e| read(&e))?;
+    let bytes = f.metadata().map_err(|e| read(&e))?.len();
+    let limit = cap.saturating_add(CASE_FILE_SLACK_BYTES);
+    if bytes > limit {
+        return Err(CaseError::FileTooLarge { file, bytes, limit });
+    }
     let mut zip = zip::ZipArchive::new(BufReader::new(f))
         .map_err(|e| read(&format!("not a readable zip archive: {e}")))?;
     let mut map = BTreeMap::new();
@@ -1268,6 +1292,11 @@ mod tests {
         );
         assert_eq!(kernel_of("scanmap_x"), None);
         assert_eq!(kernel_of("noise_weightx"), None);
+        // A character across a kernel name's length (`é` is two bytes,
+        // `☃` three) is no kernel's, and no panic.
+        assert_eq!(kernel_of("noise_weight_é☃"), Some(Kernel::NoiseWeight));
+        assert_eq!(kernel_of("noise_weigh\u{e9}"), None);
+        assert_eq!(kernel_of("pointing_detecto\u{2603}_x"), None);
     }
 
     #[test]
@@ -1306,6 +1335,28 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("noise_weight_basic.npz"), "{e}");
+    }
+
+    /// A file over the limit with its zip headers is refused before the
+    /// zip reader searches it for a directory (a sparse 100 GB file took
+    /// minutes).
+    #[test]
+    fn a_file_over_the_case_limit_is_refused_unread() {
+        let p = tmp("noise_weight_huge.npz", b"");
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(100 << 30).unwrap();
+        let e = read_fields(&p, MAX_CASE_BYTES).unwrap_err();
+        assert!(
+            matches!(e, CaseError::FileTooLarge { bytes, limit, .. }
+                if bytes == 100 << 30 && limit == MAX_CASE_BYTES + CASE_FILE_SLACK_BYTES),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("noise_weight_huge.npz: the file holds"),
+            "{e}"
+        );
+        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]
