@@ -316,6 +316,12 @@ fn replace_card(bytes: &mut [u8], key: &str, card: &str) {
     bytes[at..at + 80].copy_from_slice(c.as_bytes());
 }
 
+/// Replaces the card `key` of the table's header (after the primary
+/// HDU's one block, where BITPIX and NAXIS come first) by `card`.
+fn replace_table_card(bytes: &mut [u8], key: &str, card: &str) {
+    replace_card(&mut bytes[2880..], key, card);
+}
+
 fn read_err(dir: &Path, name: &str, bytes: &[u8]) -> String {
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
@@ -361,6 +367,41 @@ fn read_errors_are_clear() {
     replace_card(&mut b, "ORDERING", "ORDERING= 'SPIRAL'");
     let s = read_err(&dir, "spiral.fits", &b);
     assert!(s.contains("ORDERING") && s.contains("SPIRAL"), "{s}");
+
+    // What the FITS standard fixes for a binary table, and a full-sky
+    // map's pixel range.
+    for (key, card, want) in [
+        (
+            "BITPIX",
+            "BITPIX  =                   16",
+            "BITPIX = 16 in a binary table, which has BITPIX = 8",
+        ),
+        (
+            "GCOUNT",
+            "GCOUNT  =                    2",
+            "GCOUNT = 2 in a binary table, which has GCOUNT = 1",
+        ),
+        (
+            "PCOUNT",
+            "PCOUNT  =                   -1",
+            "PCOUNT = -1 in a binary table, which has PCOUNT >= 0",
+        ),
+        (
+            "FIRSTPIX",
+            "FIRSTPIX=                    5",
+            "FIRSTPIX = 5 but a full-sky map of NSIDE = 2 holds pixels 0 to 47",
+        ),
+        (
+            "LASTPIX",
+            "LASTPIX =                    7",
+            "LASTPIX = 7 but a full-sky map of NSIDE = 2 holds pixels 0 to 47",
+        ),
+    ] {
+        let mut b = good.clone();
+        replace_table_card(&mut b, key, card);
+        let s = read_err(&dir, &format!("{key}.fits"), &b);
+        assert!(s.contains(want), "{s}");
+    }
 
     // bad NSIDE
     let mut b = good.clone();

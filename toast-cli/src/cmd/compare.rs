@@ -274,6 +274,17 @@ fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> 
         lines: Vec::new(),
         differs: false,
     };
+    // Both are read into NESTED order, so the pixels compared are the same
+    // sky pixels; a file whose ORDERING keyword is wrong for its data then
+    // differs everywhere, and this names the likely cause.
+    if a.file_ordering != b.file_ordering {
+        let word = |m: &HealpixMap| format!("{:?}", m.file_ordering).to_uppercase();
+        report.lines.push(format!(
+            "{name}: ORDERING {} vs {} (both compared in NESTED order)",
+            word(a),
+            word(b)
+        ));
+    }
     for (fa, fb) in a.fields.iter().zip(&b.fields) {
         let diff = if hits {
             compare_hits(&fa.data, &fb.data)

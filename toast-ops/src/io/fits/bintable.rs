@@ -136,6 +136,23 @@ impl TableLayout {
             hdu,
             reason,
         };
+        // What the FITS standard (4.0, section 7.3.1) fixes for every
+        // binary table: bytes, two axes, no groups, a non-negative heap.
+        let fixed = [("BITPIX", 8), ("NAXIS", 2), ("GCOUNT", 1)];
+        for (key, want) in fixed {
+            let v = header.get_int(key).map_err(bad)?;
+            if v != want {
+                return Err(bad(format!(
+                    "{key} = {v} in a binary table, which has {key} = {want}"
+                )));
+            }
+        }
+        let pcount = header.get_int("PCOUNT").map_err(bad)?;
+        if pcount < 0 {
+            return Err(bad(format!(
+                "PCOUNT = {pcount} in a binary table, which has PCOUNT >= 0"
+            )));
+        }
         let row_bytes = header.get_int("NAXIS1").map_err(bad)?;
         let nrows = header.get_int("NAXIS2").map_err(bad)?;
         let tfields = header.get_int("TFIELDS").map_err(bad)?;

@@ -243,6 +243,9 @@ struct HealpixKeywords {
     partial: bool,
     /// `NSIDE` as written, checked by [`HealpixKeywords::resolution`].
     nside: Option<HeaderValue>,
+    /// `FIRSTPIX` and `LASTPIX` as written, where present: a full-sky map
+    /// holds pixels 0 to `npix - 1` ([`HealpixKeywords::resolution`]).
+    pixel_range: (Option<HeaderValue>, Option<HeaderValue>),
 }
 
 impl HealpixKeywords {
@@ -271,6 +274,10 @@ impl HealpixKeywords {
             ordering,
             partial,
             nside: header.get("NSIDE").cloned(),
+            pixel_range: (
+                header.get("FIRSTPIX").cloned(),
+                header.get("LASTPIX").cloned(),
+            ),
         })
     }
 
@@ -312,6 +319,18 @@ impl HealpixKeywords {
             return Err(at.row_count(format!(
                 "NSIDE = {nside} needs {npix} pixels but the table has {nrows} rows x {repeat} = {nelem}"
             )));
+        }
+        if !self.partial {
+            let (first, last) = &self.pixel_range;
+            for (key, value, want) in [("FIRSTPIX", first, 0), ("LASTPIX", last, npix as i64 - 1)] {
+                if let Some(v) = value.as_ref().filter(|v| v.as_int() != Some(want)) {
+                    return Err(at.not_healpix(format!(
+                        "{key} = {} but a full-sky map of NSIDE = {nside} holds pixels 0 to {}",
+                        v.display(),
+                        npix - 1
+                    )));
+                }
+            }
         }
         if self.partial && nelem > npix {
             return Err(at.row_count(format!(
