@@ -38,6 +38,11 @@ use toast_accel::host::{AccelError, Backend};
 pub struct HostBlock {
     pub addr: usize,
     pub nbytes: u64,
+    /// numpy's writeable flag is off: `update_host` must not write it (a
+    /// read-only memmap or a view of `bytes` is memory that cannot be
+    /// written; an array locked with `setflags(write=False)` is one its
+    /// owner does not want written).
+    pub readonly: bool,
 }
 
 /// The array interface of `obj` (numpy arrays; TOAST's aligned buffers,
@@ -88,7 +93,7 @@ pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
     };
     let shape: Vec<u64> = get("shape")?.extract()?;
     let typestr: String = get("typestr")?.extract()?;
-    let (addr, _readonly): (usize, bool) = get("data")?.extract()?;
+    let (addr, readonly): (usize, bool) = get("data")?.extract()?;
     if let Some(s) = iface.get_item("strides")? {
         if !s.is_none() {
             return Err(PyValueError::new_err(format!(
@@ -113,7 +118,11 @@ pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
     } else {
         addr
     };
-    Ok(HostBlock { addr, nbytes })
+    Ok(HostBlock {
+        addr,
+        nbytes,
+        readonly,
+    })
 }
 
 /// One present host buffer.
@@ -353,20 +362,30 @@ impl Present {
         Ok(())
     }
 
-    /// `accel_data_update_host`: device to host. Like TOAST's OpenMP
-    /// build, this writes the host buffer whatever numpy's writeable flag
-    /// says: TOAST's shared data (`MPIShared._flat`) are read-only numpy
-    /// views of writable shared memory, refreshed from the device this way.
+    /// `accel_data_update_host`: device to host, into a writable host
+    /// buffer only. A read-only one is refused before anything is copied:
+    /// writing it would crash on a read-only mapping (`np.memmap(mode="r")`)
+    /// or change an immutable object (`np.frombuffer(bytes)`) or an array
+    /// its owner locked. TOAST's shared data (`MPIShared._flat`, locked
+    /// views of writable memory) are unlocked for the copy by the caller
+    /// (`toast_rs.accel`'s `SharedDataManager.accel_update_host`), as pshmem's
+    /// own writers do.
     pub fn update_host(&self, b: HostBlock, name: &str) -> PyResult<()> {
+        if b.readonly {
+            return Err(PyValueError::new_err(format!(
+                "toast_rs accel: cannot update the host copy of '{name}': host buffer {:#x} \
+                 ({} bytes) is read-only (numpy's writeable flag is off), so the device copy \
+                 cannot be written into it",
+                b.addr, b.nbytes
+            )));
+        }
         let mut st = self.state();
         let handle = Self::entry(&mut st, b, "update the host copy of", name)?.handle;
         if let Some(h) = handle {
             // SAFETY: `b` is the live, C-contiguous host buffer of `nbytes`
             // bytes that the caller's Python object (held, with the GIL, for
-            // this call) exposes at `addr`: TOAST's host memory (numpy,
-            // aligned buffers, MPI shared windows), writable even where
-            // numpy marks the view read-only, as TOAST's own accelerator
-            // build writes it; nothing else touches it while the GIL is held.
+            // this call) exposes at `addr`, writable by numpy's flag
+            // (checked above); nothing else touches it while the GIL is held.
             let dst =
                 unsafe { std::slice::from_raw_parts_mut(b.addr as *mut u8, b.nbytes as usize) };
             self.backend.copy_to_host(h, 0, dst).map_err(mem_err)?;

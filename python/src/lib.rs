@@ -96,6 +96,9 @@ impl View<'_> {
     }
 }
 
+/// The last dimension of a quaternion array ([`Call::expect_dims`]).
+const QUATERNION: Option<(usize, &str)> = Some((4, "a quaternion"));
+
 /// The arguments of one kernel call and the checks they share.
 struct Call<'a, 'py> {
     kernel: &'static str,
@@ -474,6 +477,37 @@ impl<'a, 'py> Call<'a, 'py> {
         }
     }
 
+    /// TOAST's shape check (`extract_buffer`, `_libtoast/common.hpp`): each
+    /// `Some((n, what))` of `want` is the length dimension `d` of `v` must
+    /// have, `what` saying where `n` comes from. A length that one array
+    /// gives and another contradicts would otherwise pass the plugin's
+    /// checks, which see total lengths only, and be read with the wrong
+    /// layout (the error reads as TOAST's: `dimension 2 has length 3
+    /// instead of 1`).
+    fn expect_dims(&self, v: &View<'_>, want: &[Option<(usize, &str)>]) -> PyResult<()> {
+        for (d, (&have, w)) in v.shape.iter().zip(want).enumerate() {
+            if let Some((n, what)) = *w {
+                if have != n {
+                    return Err(value_err(
+                        self.kernel,
+                        v.name,
+                        format!(
+                            "dimension {d} has length {have} instead of {n} ({what}; shape {:?})",
+                            v.shape
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Call::expect_dims`] for detector quaternions, `[rows, samples,
+    /// 4]`: `samples` where another array gives n_samp.
+    fn expect_quats(&self, v: &View<'_>, samples: Option<(usize, &str)>) -> PyResult<()> {
+        self.expect_dims(v, &[None, samples, QUATERNION])
+    }
+
     /// Host pointer of a per-detector vector of `n` elements.
     fn per_det<T>(&self, v: &View<'_>, n: usize) -> PyResult<*const T> {
         self.expect_len(v, n, "one per detector")?;
@@ -625,7 +659,15 @@ fn pointing_detector(c: &mut Call<'_, '_>) -> PyResult<()> {
     let mask = c.mask(6, "shared_flag_mask")?;
     let n_det = quat_index.len;
     let n_samp = quats.shape[1];
-    c.expect_len(&focalplane, 4 * n_det, "[n_det, 4]")?;
+    c.expect_dims(
+        &focalplane,
+        &[Some((n_det, "n_det, the length of quat_index")), QUATERNION],
+    )?;
+    c.expect_dims(
+        &boresight,
+        &[Some((n_samp, "n_samp, as quats")), QUATERNION],
+    )?;
+    c.expect_quats(&quats, None)?;
     let (bs, sf, q) = (
         c.stage(&boresight)?,
         c.stage_if(&shared, shared.len == n_samp)?,
@@ -663,6 +705,7 @@ fn pixels_healpix(c: &mut Call<'_, '_>) -> PyResult<()> {
     let n_det = quat_index.len;
     let n_samp = pixels.shape[1];
     c.expect_len(&pixel_index, n_det, "one per detector, as quat_index")?;
+    c.expect_quats(&quats, Some((n_samp, "n_samp, as pixels")))?;
     let (q, sf, p, h) = (
         c.stage(&quats)?,
         c.stage_if(&shared, shared.len == n_samp)?,
@@ -726,6 +769,8 @@ fn stokes_weights_iqu(c: &mut Call<'_, '_>) -> PyResult<()> {
     let cal = c.input(8, "cal", &[F64], &[1])?;
     let iau = c.flag(9, "IAU")?;
     c.expect_len(&weight_index, n_det, "one per detector, as quat_index")?;
+    c.expect_dims(&weights, &[None, None, Some((3, "I, Q, U"))])?;
+    c.expect_quats(&quats, Some((n_samp, "n_samp, as weights")))?;
     let (epsilon, gamma, cal) = (
         c.per_det::<f64>(&epsilon, n_det)?,
         c.per_det::<f64>(&gamma, n_det)?,
@@ -838,7 +883,7 @@ fn nonlocal_as_unhit(
 fn scan_map(c: &mut Call<'_, '_>) -> PyResult<()> {
     let g2l = c.input(0, "global2local", &[I64], &[1])?;
     let n_pix_submap = c.i64(1, "n_pix_submap")?;
-    let mapdata = c.input(2, "mapdata", &[F64, F32, I64, I32], &[1, 2, 3])?;
+    let mapdata = c.input(2, "mapdata", &[F64, F32, I64, I32], &[3])?;
     let det_data = c.output(3, "det_data", &[F64], &[2])?;
     let data_index = c.input(4, "det_data_index", &[I32], &[1])?;
     let pixels = c.input(5, "pixels", &[I64], &[2])?;
@@ -854,6 +899,21 @@ fn scan_map(c: &mut Call<'_, '_>) -> PyResult<()> {
     let n_samp = pixels.shape[1];
     c.expect_len(&data_index, n_det, "one per detector, as pixels_index")?;
     c.expect_len(&weight_index, n_det, "one per detector, as pixels_index")?;
+    // TOAST's shapes: weights [n_rows, n_samp(, nnz)], det_data [n_rows,
+    // n_samp], mapdata [n_local_submap, n_pix_submap, nnz].
+    let nnz = nnz_of(&weights);
+    c.expect_dims(&weights, &[None, Some((n_samp, "n_samp, as pixels"))])?;
+    c.expect_dims(&det_data, &[None, Some((n_samp, "n_samp, as pixels"))])?;
+    c.expect_dims(
+        &mapdata,
+        &[
+            None,
+            usize::try_from(n_pix_submap)
+                .ok()
+                .map(|n| (n, "n_pix_submap")),
+            Some((nnz, "nnz, as weights")),
+        ],
+    )?;
     let map_dtype = match mapdata.dt {
         F64 => abi::DTYPE_F64,
         F32 => abi::DTYPE_F32,
@@ -882,7 +942,7 @@ fn scan_map(c: &mut Call<'_, '_>) -> PyResult<()> {
     let args = abi::ScanMapArgs {
         n_det: n_det as u64,
         n_samp: n_samp as u64,
-        nnz: nnz_of(&weights) as u64,
+        nnz: nnz as u64,
         pixel_index: pixel_index.host(),
         weight_index: weight_index.host(),
         data_index: data_index.host(),
@@ -927,6 +987,12 @@ fn build_noise_weighted(c: &mut Call<'_, '_>) -> PyResult<()> {
     let n_samp = pixels.shape[1];
     c.expect_len(&weight_index, n_det, "one per detector, as pixel_index")?;
     c.expect_len(&data_index, n_det, "one per detector, as pixel_index")?;
+    // TOAST's shapes: weights [n_rows, n_samp(, nnz)], det_data [n_rows,
+    // n_samp], zmap [n_local_submap, n_pix_submap, nnz] (nnz: the weights').
+    let nnz = nnz_of(&weights);
+    c.expect_dims(&weights, &[None, Some((n_samp, "n_samp, as pixels"))])?;
+    c.expect_dims(&det_data, &[None, Some((n_samp, "n_samp, as pixels"))])?;
+    c.expect_dims(&zmap, &[None, None, Some((nnz, "nnz, as weights"))])?;
     let det_scale = c.per_det::<f64>(&det_scale, n_det)?;
     // TOAST reads det_flags only when its rows are n_samp long (the
     // operator passes a (1, 1) array, and a one-element flag_index, for none).
@@ -947,7 +1013,7 @@ fn build_noise_weighted(c: &mut Call<'_, '_>) -> PyResult<()> {
     let args = abi::BuildNoiseWeightedArgs {
         n_det: n_det as u64,
         n_samp: n_samp as u64,
-        nnz: zmap.shape[2] as u64,
+        nnz: nnz as u64,
         pixel_index: pixel_index.host(),
         weight_index: weight_index.host(),
         data_index: data_index.host(),
@@ -1050,6 +1116,9 @@ fn offset_project_signal(c: &mut Call<'_, '_>) -> PyResult<()> {
     } else {
         (None, 0)
     };
+    if let Some(v) = &flag_data {
+        c.expect_dims(v, &[None, Some((det_data.shape[1], "n_samp, as det_data"))])?;
+    }
     let flag_index = flag_index.max(-1);
     // TOAST builds flag_data per call on the host (a copy of the detector
     // flags with the view mask or-ed in: templates/offset/offset.py), so it
@@ -1107,6 +1176,17 @@ fn offset_apply_diag_precond(c: &mut Call<'_, '_>) -> PyResult<()> {
     run(c.backend, &args, vec![o, v, i, f])
 }
 
+/// The shape a 3-D local map buffer of `nsub` submaps of `nsubpix` pixels
+/// of `block` values has (`None` for a size that is negative: the plugin
+/// refuses it).
+fn map_dims(nsub: i64, nsubpix: i64, block: usize) -> [Option<(usize, &'static str)>; 3] {
+    [
+        usize::try_from(nsub).ok().map(|n| (n, "nsub")),
+        usize::try_from(nsubpix).ok().map(|n| (n, "nsubpix")),
+        Some((block, "values per pixel")),
+    ]
+}
+
 /// `cov_accum_diag_hits(nsub, nsubpix, nnz, submap, subpix, hits)`.
 fn cov_accum_diag_hits(c: &mut Call<'_, '_>) -> PyResult<()> {
     let nsub = c.i64(0, "nsub")?;
@@ -1115,6 +1195,10 @@ fn cov_accum_diag_hits(c: &mut Call<'_, '_>) -> PyResult<()> {
     let submap = c.input(3, "submap", &[I64], &[1])?;
     let subpix = c.input(4, "subpix", &[I64], &[1])?;
     let hits = c.output(5, "hits", &[I64], &[1, 2, 3])?;
+    if nsub >= 1 && hits.shape.len() == 3 {
+        // A PixelData's [n_submap, n_pix_submap, 1] buffer.
+        c.expect_dims(&hits, &map_dims(nsub, nsubpix, 1))?;
+    }
     // TOAST passes its whole local map buffer; the kernel's is nsub x nsubpix.
     let (m, p) = (c.stage(&submap)?, c.stage(&subpix)?);
     let h = c.stage(&hits)?;
@@ -1144,6 +1228,24 @@ fn cov_accum_diag_invnpp(c: &mut Call<'_, '_>) -> PyResult<()> {
     let weights = c.input(5, "weights", &[F64], &[1, 2])?;
     let scale = c.f64(6, "scale")?;
     let invnpp = c.output(7, "invnpp", &[F64], &[1, 2, 3])?;
+    if nsub >= 1 {
+        // [n_samp, nnz] weights, and a PixelData's [n_submap, n_pix_submap,
+        // nnz (nnz + 1) / 2] buffer, agree with the sizes given.
+        if let Ok(k) = usize::try_from(nnz) {
+            if weights.shape.len() == 2 {
+                c.expect_dims(
+                    &weights,
+                    &[
+                        Some((submap.len, "n_samp, the length of submap")),
+                        Some((k, "nnz")),
+                    ],
+                )?;
+            }
+            if invnpp.shape.len() == 3 {
+                c.expect_dims(&invnpp, &map_dims(nsub, nsubpix, k * (k + 1) / 2))?;
+            }
+        }
+    }
     let (m, p, w) = (c.stage(&submap)?, c.stage(&subpix)?, c.stage(&weights)?);
     let o = c.stage(&invnpp)?;
     let active = nsub >= 1;
@@ -1162,7 +1264,10 @@ fn cov_accum_diag_invnpp(c: &mut Call<'_, '_>) -> PyResult<()> {
 
 /// `filter_polynomial(order, flags, signals_list, starts, stops)`: the
 /// signals are separate arrays, filtered independently (one call each, the
-/// scans in order), which is TOAST's result.
+/// scans in order), which is TOAST's result. Every signal is checked (dtype,
+/// rank, its length against `flags`', as TOAST does) before any is
+/// filtered, so a bad one leaves all of them as they were; the error names
+/// it by its index.
 fn filter_polynomial(c: &mut Call<'_, '_>) -> PyResult<()> {
     let order = c.i64(0, "order")?;
     let flags = c.input(1, "flags", &[U8], &[1])?;
@@ -1170,10 +1275,31 @@ fn filter_polynomial(c: &mut Call<'_, '_>) -> PyResult<()> {
     let stops = c.input(4, "stops", &[I64], &[1])?;
     c.expect_len(&stops, starts.len, "one per scan, as starts")?;
     let list = c.arg(2, "signals_list")?;
+    let py = list.py();
+    // An error about one signal, with its index.
+    let at = |i: usize, e: PyErr| {
+        PyErr::from_type(
+            e.get_type(py),
+            format!("{} (signals_list[{i}])", e.value(py)),
+        )
+    };
     let mut signals = Vec::new();
-    for item in list.try_iter()? {
-        let (obj, iface) = c.interface_of(item?, "signals_list")?;
-        signals.push(c.take_from(obj, iface, "signals_list", &[F64], &[1], true)?);
+    for (i, item) in list.try_iter()?.enumerate() {
+        let sig = c
+            .interface_of(item?, "signals_list")
+            .and_then(|(obj, iface)| c.take_from(obj, iface, "signals_list", &[F64], &[1], true))
+            .map_err(|e| at(i, e))?;
+        if sig.len != flags.len {
+            return Err(value_err(
+                c.kernel,
+                "signals_list",
+                format!(
+                    "signals_list[{i}] has {} samples, flags has {} (one flag per sample)",
+                    sig.len, flags.len
+                ),
+            ));
+        }
+        signals.push(sig);
     }
     let index = [0i32];
     for sig in &signals {
@@ -1202,13 +1328,27 @@ fn filter_poly2d(c: &mut Call<'_, '_>) -> PyResult<()> {
     let masks = c.input(3, "masks", &[U8], &[2])?;
     let coeff = c.output(4, "coeff", &[F64], &[3])?;
     let n_det = det_groups.len;
-    c.expect_len(&templates, n_det * templates.shape[1], "[n_det, n_mode]")?;
+    let (n_samp, n_mode) = (signals.shape[0], templates.shape[1]);
+    // TOAST's shapes: signals and masks [n_samp, n_det], templates [n_det,
+    // n_mode], coeff [n_samp, n_group, n_mode].
+    let det = Some((n_det, "n_det, the length of det_groups"));
+    c.expect_dims(&templates, &[det, None])?;
+    c.expect_dims(&signals, &[None, det])?;
+    c.expect_dims(&masks, &[Some((n_samp, "n_samp, as signals")), det])?;
+    c.expect_dims(
+        &coeff,
+        &[
+            Some((n_samp, "n_samp, as signals")),
+            None,
+            Some((n_mode, "n_mode, as templates")),
+        ],
+    )?;
     let (s, m, o) = (c.stage(&signals)?, c.stage(&masks)?, c.stage(&coeff)?);
     let args = abi::FilterPoly2dArgs {
-        n_samp: signals.shape[0] as u64,
+        n_samp: n_samp as u64,
         n_det: n_det as u64,
         n_group: coeff.shape[1] as u64,
-        n_mode: templates.shape[1] as u64,
+        n_mode: n_mode as u64,
         det_groups: det_groups.host(),
         templates: templates.host(),
         signals: s.abi(),

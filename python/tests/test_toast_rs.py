@@ -373,3 +373,276 @@ def test_accel_mapmaker_hybrid_pipelines_equal_host(tmp_path, monkeypatch):
     assert calls > 0  # the template ran on device data
     assert np.any(host)
     np.testing.assert_array_equal(dev, host)
+
+
+# ---------------------------------------------------------------------------
+# Hostile input: what TOAST refuses is refused (with the argument named),
+# nothing is written before the arguments are checked, no read-only memory
+# is written.
+
+
+def _toast_refuses(kernel, args):
+    """TOAST's own compiled kernel refuses ``args`` too (toast_rs is
+    uninstalled for the call and installed again on the cpu backend)."""
+    toast_rs.uninstall()
+    try:
+        with pytest.raises((RuntimeError, ValueError, TypeError)):
+            registry[kernel][ImplementationType.COMPILED](*args)
+    finally:
+        toast_rs.install("cpu")
+
+
+def _scan_map_args(mapdata, weights, n_pix_submap=4, n_samp=4):
+    idx = np.zeros(1, np.int32)
+    return [np.array([0, 1], np.int64), n_pix_submap, mapdata, np.zeros((1, n_samp)), idx,
+            np.array([[0, 1, 4, 5]], np.int64)[:, :n_samp].copy(), idx, weights, idx,
+            intervals((0, n_samp)), 1.0, False, False, False]
+
+
+@pytest.mark.parametrize(
+    "mapdata_shape, weights_shape, words",
+    [
+        # The probe's case: 2-D weights (nnz 1), a map of I, Q, U: TOAST's message.
+        ((2, 4, 3), (1, 4), "dimension 2 has length 3 instead of 1 (nnz, as weights"),
+        ((2, 12), (1, 4), "2 dimensions (shape [2, 12]), expected 3"),
+        ((24,), (1, 4), "1 dimensions (shape [24]), expected 3"),
+        ((4, 2, 3), (1, 4, 3), "dimension 1 has length 2 instead of 4 (n_pix_submap"),
+        ((1, 8, 3), (1, 4, 3), "dimension 1 has length 8 instead of 4 (n_pix_submap"),
+        ((2, 4, 3), (1, 2, 6), "`weights`: dimension 1 has length 2 instead of 4 (n_samp"),
+    ],
+    ids=["nnz", "2d", "1d", "n_pix_submap", "n_pix_submap_rows", "weights_n_samp"],
+)
+def test_scan_map_shapes_checked_as_toast(cpu, mapdata_shape, weights_shape, words):
+    mapdata = np.arange(np.prod(mapdata_shape), dtype=np.float64).reshape(mapdata_shape)
+    args = _scan_map_args(mapdata, np.ones(weights_shape))
+    with pytest.raises(ValueError) as e:
+        registry["scan_map"]["dispatch"](*args)
+    assert "toast_rs scan_map" in str(e.value) and words in str(e.value)
+    assert not args[3].any()  # det_data untouched
+    _toast_refuses("scan_map", _scan_map_args(mapdata, np.ones(weights_shape)))
+    # The consistent call runs, and gives TOAST's values.
+    good = _scan_map_args(np.arange(24.0).reshape(2, 4, 3), np.ones((1, 4, 3)))
+    registry["scan_map"]["dispatch"](*good)
+    np.testing.assert_array_equal(good[3], [[3.0, 12.0, 39.0, 48.0]])
+
+
+def _bnw_args(zmap_nnz, weights_nnz):
+    iv = intervals((0, 10))
+    i2 = np.arange(2, dtype=np.int32)
+    pixels = (np.arange(20, dtype=np.int64) % 8).reshape(2, 10)
+    return [np.array([0, 1], np.int64), np.zeros((2, 4, zmap_nnz)), i2, pixels, i2,
+            np.ones((2, 10, weights_nnz)), i2, np.ones((2, 10)), i2, np.zeros((2, 10), np.uint8),
+            np.ones(2), 1, iv, np.zeros(10, np.uint8), 1]
+
+
+def test_build_noise_weighted_zmap_nnz_is_the_weights(cpu):
+    args = _bnw_args(2, 3)
+    with pytest.raises(ValueError) as e:
+        registry["build_noise_weighted"]["dispatch"](*args)
+    assert str(e.value).startswith(
+        "toast_rs build_noise_weighted: argument `zmap`: dimension 2 has length 2 instead of 3 "
+        "(nnz, as weights")
+    assert not args[1].any()
+    _toast_refuses("build_noise_weighted", _bnw_args(2, 3))
+    args = _bnw_args(3, 3)
+    registry["build_noise_weighted"]["dispatch"](*args)
+    assert args[1].sum() == 2 * 10 * 3
+
+
+def _shape_cases():
+    iv = intervals((0, 10))
+    i1, i2 = np.zeros(1, np.int32), np.arange(2, dtype=np.int32)
+    quats = np.zeros((2, 10, 4))
+    quats[..., 3] = 1
+    fp = np.zeros((2, 4))
+    fp[:, 3] = 1
+    bore = np.zeros((10, 4))
+    bore[:, 3] = 1
+    return [
+        # Every total length agrees with the others'; a dimension does not.
+        ("pointing_detector", [fp.reshape(4, 2), bore, i2, np.zeros((2, 10, 4)), iv,
+                               np.zeros(1, np.uint8), 0],
+         "`focalplane`: dimension 0 has length 4 instead of 2"),
+        ("pointing_detector", [fp, bore.reshape(20, 2), i2, np.zeros((2, 10, 4)), iv,
+                               np.zeros(1, np.uint8), 0],
+         "`boresight`: dimension 0 has length 20 instead of 10"),
+        ("stokes_weights_IQU", [i2, quats, i2, np.zeros((3, 10, 2)), np.zeros(0), iv,
+                                np.zeros(2), np.zeros(2), np.ones(2), False],
+         "`weights`: dimension 2 has length 2 instead of 3"),
+        ("offset_project_signal", [0, np.ones((1, 10)), 0, np.zeros((2, 5), np.uint8), 1, 5, 0,
+                                   np.array([2], np.int64), np.zeros(2), np.zeros(2, np.uint8),
+                                   iv],
+         "`flag_data`: dimension 1 has length 5 instead of 10"),
+        ("filter_poly2D", [i2, np.ones((2, 1)), np.ones((6, 2)), np.ones((2, 6), np.uint8),
+                           np.zeros((6, 2, 1))],
+         "`masks`: dimension 0 has length 2 instead of 6"),
+        ("cov_accum_diag_invnpp", [1, 4, 3, np.zeros(4, np.int64), np.arange(4, dtype=np.int64),
+                                   np.ones((3, 4)), 1.0, np.zeros(24)],
+         "`weights`: dimension 0 has length 3 instead of 4"),
+        ("cov_accum_diag_hits", [1, 4, 1, np.zeros(4, np.int64), np.arange(4, dtype=np.int64),
+                                 np.zeros((2, 2, 1), np.int64)],
+         "`hits`: dimension 0 has length 2 instead of 1 (nsub;"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_shape_cases())))
+def test_contradicting_shapes_refused(cpu, case):
+    kernel, args, words = _shape_cases()[case]
+    with pytest.raises(ValueError) as e:
+        registry[kernel]["dispatch"](*args)
+    assert f"toast_rs {kernel}" in str(e.value) and words in str(e.value)
+    _toast_refuses(kernel, _shape_cases()[case][1])
+
+
+def test_filter_polynomial_checks_every_signal_first(cpu):
+    rng = np.random.default_rng(0)
+    flags = np.zeros(10, np.uint8)
+    starts, stops = np.array([0, 5]), np.array([4, 9])
+    for bad, exc, words in [
+        (np.zeros(5), ValueError, "signals_list[1] has 5 samples, flags has 10"),
+        (np.zeros(10, np.float32), TypeError, "dtype float32, expected float64 (signals_list[1])"),
+    ]:
+        ok = rng.random(10)
+        before = ok.copy()
+        with pytest.raises(exc) as e:
+            registry["filter_polynomial"]["dispatch"](1, flags, [ok, bad], starts, stops)
+        assert "toast_rs filter_polynomial: argument `signals_list`" in str(e.value)
+        assert words in str(e.value) and "`flags`" not in str(e.value)
+        np.testing.assert_array_equal(ok, before)  # not filtered
+    # Both good: both filtered, as TOAST does.
+    sigs = [rng.random(10), rng.random(10)]
+    theirs = [s.copy() for s in sigs]
+    registry["filter_polynomial"]["dispatch"](1, flags, sigs, starts, stops)
+    toast_rs.uninstall()
+    try:
+        registry["filter_polynomial"]["dispatch"](1, flags, theirs, starts, stops)
+    finally:
+        toast_rs.install("cpu")
+    np.testing.assert_allclose(sigs, theirs, atol=1e-12)
+
+
+def test_extra_arguments_are_refused(cpu):
+    args = noise_weight_args()
+    before = args[0].copy()
+    dispatch = registry["noise_weight"]["dispatch"]
+    with pytest.raises(TypeError, match=r"^noise_weight\(\): (too many positional|multiple )"):
+        dispatch(*args, "extra", 99)  # TOAST's: noise_weight() got multiple values ...
+    with pytest.raises(TypeError, match=r"noise_weight\(\): .*'bogus'"):
+        dispatch(*args, bogus=1)
+    with pytest.raises(TypeError, match=r"noise_weight\(\): multiple values for argument "
+                                        r"'use_accel'"):
+        dispatch(*args, True)  # dispatch passes use_accel= too, as TOAST's does
+    with pytest.raises(TypeError, match=r"noise_weight\(\): missing a required argument"):
+        dispatch(*args[:3])
+    np.testing.assert_array_equal(args[0], before)
+    assert toast_rs.stats()["noise_weight"]["calls"] == 0
+    # A positional use_accel counts: True goes to TOAST's implementation
+    # (without accel=True, toast_rs has no device data).
+    registry["noise_weight"][ImplementationType.DEFAULT](*args, True)
+    s = toast_rs.stats()["noise_weight"]
+    assert s["toast_calls"] == 1 and s["calls"] == 0
+    registry["noise_weight"][ImplementationType.COMPILED](*args, False)
+    assert toast_rs.stats()["noise_weight"]["calls"] == 1
+    with pytest.raises(TypeError, match=r"^scan_map\(\): too many positional arguments"):
+        registry["scan_map"][ImplementationType.COMPILED](
+            *_scan_map_args(np.ones((2, 4, 3)), np.ones((1, 4, 3))), False, 99)
+    with pytest.raises(TypeError, match=r"^scan_map\(\): "):
+        registry["scan_map"]["dispatch"](*_scan_map_args(np.ones((2, 4, 3)), np.ones((1, 4, 3))),
+                                         "extra", 99)
+
+
+def test_accel_update_host_refuses_read_only(accel_cpu, tmp_path):
+    from toast.accelerator import (accel_data_create, accel_data_reset,
+                                   accel_data_update_device, accel_data_update_host)
+
+    path = tmp_path / "ro.bin"
+    np.arange(4.0).tofile(path)
+    mapped = np.memmap(path, dtype=np.float64, mode="r")  # PROT_READ: writing it segfaults
+    locked = np.arange(4.0)
+    raw = np.arange(4.0).tobytes()
+    frozen = np.frombuffer(raw, dtype=np.float64)  # an immutable bytes object
+    locked.setflags(write=False)
+    for name, a in (("mapped", mapped), ("locked", locked), ("frozen", frozen)):
+        accel_data_create(a, name)
+        accel_data_update_device(a, name)
+        accel_data_reset(a, name)
+        with pytest.raises(ValueError) as e:
+            accel_data_update_host(a, name)
+        assert f"toast_rs accel: cannot update the host copy of '{name}'" in str(e.value)
+        assert "is read-only (numpy's writeable flag is off)" in str(e.value)
+        np.testing.assert_array_equal(a, np.arange(4.0))
+    assert raw == np.arange(4.0).tobytes()
+    assert "update_host" not in toast_rs.accel_stats()["ops"]
+
+
+def test_accel_shared_data_come_back_from_the_device(accel_cpu):
+    # TOAST's shared data are pshmem buffers numpy marks read-only; their
+    # device copy still comes back (unlocked for the copy, locked after).
+    from toast.observation import default_values as defaults
+    from toast.tests.helpers import close_data, create_satellite_data
+
+    data = create_satellite_data(None)
+    ob = data.obs[0]
+    key = defaults.times
+    expected = np.array(ob.shared[key].data)
+    assert not ob.shared[key].data.flags.writeable
+    ob.shared.accel_create(key)
+    ob.shared.accel_update_device(key)
+    ob.shared[key].set(np.zeros_like(expected), fromrank=0)
+    assert not ob.shared[key].data.any()
+    ob.shared.accel_update_host(key)
+    np.testing.assert_array_equal(ob.shared[key].data, expected)
+    assert not ob.shared[key].data.flags.writeable
+    ob.shared.accel_delete(key)
+    close_data(data)
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [("1e30", "TOAST_GPU_MEM_GB=1e+30 gives 107374182400000002135"),
+     ("1e-300", "TOAST_GPU_MEM_GB=1e-300 gives 0 bytes: under 1 byte")],
+    ids=["huge", "tiny"],
+)
+def test_accel_memory_limit_out_of_range(monkeypatch, value, words):
+    monkeypatch.setenv("TOAST_GPU_MEM_GB", value)
+    with pytest.raises(ValueError) as e:
+        toast_rs.install("cpu", accel=True)
+    assert str(e.value).startswith(f"toast_rs: {words}")
+    if value == "1e30":
+        assert "more than the 18446744073709551615 a 64-bit byte count holds" in str(e.value)
+    assert not toast_rs.installed()
+
+
+def test_accel_device_index_checked(monkeypatch):
+    from toast_rs import accel
+
+    monkeypatch.delenv("TOAST_RS_DEVICES", raising=False)
+    monkeypatch.delenv("TOAST_RS_OPENCL_PLATFORM", raising=False)
+    for value in ("99", "18446744073709551616"):
+        monkeypatch.setenv("TOAST_RS_DEVICE", value)
+        with pytest.raises(ValueError) as e:
+            toast_rs.install("cpu", accel=True)
+        assert str(e.value) == (
+            f"toast_rs: TOAST_RS_DEVICE={value!r}: device {value} does not exist: the cpu "
+            "backend has 1 device (0 to 0; one device assumed)")
+        assert not toast_rs.installed()
+    for value in ("-1", "abc", "1;x=1", "1.0"):
+        monkeypatch.setenv("TOAST_RS_DEVICE", value)
+        with pytest.raises(ValueError, match=rf"^toast_rs: TOAST_RS_DEVICE={value!r} is not a "
+                                             "non-negative integer index"):
+            toast_rs.install("cpu", accel=True)
+    monkeypatch.delenv("TOAST_RS_DEVICE")
+    with pytest.raises(ValueError, match=r"install\(device=3\): device 3 does not exist"):
+        toast_rs.install("cpu", accel=True, device=3)
+    with pytest.raises(TypeError, match="expected a device index"):
+        toast_rs.install("cpu", accel=True, device="0")
+    assert not toast_rs.installed()
+    # The OpenCL platform goes into the plugin's option string: digits only.
+    for value in ("abc", "0;x=1", "0:1", "-1"):
+        monkeypatch.setenv("TOAST_RS_OPENCL_PLATFORM", value)
+        with pytest.raises(ValueError, match=rf"^toast_rs: TOAST_RS_OPENCL_PLATFORM={value!r} "
+                                             "is not a non-negative integer index"):
+            accel.plugin_options("opencl", 1)
+    monkeypatch.setenv("TOAST_RS_OPENCL_PLATFORM", "2")
+    assert accel.plugin_options("opencl", 1) == "device=2:1"
+    assert accel.plugin_options("opencl", 0) == "device=2:0"  # not ignored

@@ -101,24 +101,34 @@ _PREPARE: Dict[str, Callable[[tuple], tuple]] = {
 }
 
 
-def _ours(name: str, runtime: Any, toast_fn: Callable[..., Any]) -> Callable[..., Any]:
+def _ours(
+    name: str, runtime: Any, toast_fn: Callable[..., Any], sig: inspect.Signature
+) -> Callable[..., Any]:
+    """Our implementation of TOAST kernel ``name`` in place of ``toast_fn``.
+
+    Every call is bound to ``sig``, the signature of TOAST's DEFAULT
+    implementation (its COMPILED one takes ``*args``), so that a call TOAST
+    would refuse (an argument too many or missing, an unknown keyword,
+    ``use_accel`` given twice) raises the same ``TypeError`` rather than
+    being cut to the arguments the kernel reads, and ``use_accel`` counts
+    however it is passed (by keyword, or positionally after the others).
+    """
     call = runtime.call
     prepare = _PREPARE.get(name)
-    try:
-        sig = inspect.signature(toast_fn)
-    except (TypeError, ValueError):
-        sig = None
-
+    params = [p for p in sig.parameters if p != "use_accel"]
     on_device = runtime.accel()
 
-    def kernel(*args: Any, use_accel: bool = False, **kwargs: Any) -> None:
+    def kernel(*args: Any, **kwargs: Any) -> None:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{name}(): {e}") from None
+        bound.apply_defaults()
+        use_accel = bound.arguments.get("use_accel", False)
+        args = tuple(bound.arguments[p] for p in params)
         if use_accel and not on_device:
             # Data on TOAST's own accelerator: only its kernels can run there.
-            return _count_toast(name, toast_fn, *args, use_accel=use_accel, **kwargs)
-        if kwargs:
-            if sig is None:
-                raise TypeError(f"toast_rs {name}: keyword arguments {sorted(kwargs)}")
-            args = sig.bind(*args, **kwargs).args
+            return _count_toast(name, toast_fn, *args, use_accel=use_accel)
         if prepare is not None:
             args = prepare(args)
         call(name, args, bool(use_accel))
@@ -198,7 +208,17 @@ def install(
         node_procs, node_rank = _accel.node_layout()
         placed = _accel.assign_device(backend, node_procs, node_rank, device)
         options = _accel.plugin_options(backend, placed["device"])
-    runtime = _native.Runtime(backend, dict(dispatch), explicit, fallback, bool(accel), options)
+    try:
+        runtime = _native.Runtime(backend, dict(dispatch), explicit, fallback, bool(accel),
+                                  options)
+    except RuntimeError as e:
+        if options is None:
+            raise
+        # The plugin refused the device option: say where its parts came from.
+        src = f"device {placed['device']} from {placed['how']}"
+        if os.environ.get("TOAST_RS_OPENCL_PLATFORM", "").strip():
+            src += ", platform from TOAST_RS_OPENCL_PLATFORM"
+        raise RuntimeError(f"{e} [option {options!r}: {src}]") from None
     if accel:
         limit, how = _accel.memory_limit(_accel.env_mem_gb(), placed["sharing"],
                                          "TOAST_GPU_MEM_GB")
@@ -220,10 +240,11 @@ def install(
             _saved[name] = {k: entries[k] for k in (impl.DEFAULT, impl.COMPILED) if k in entries}
             if impl.DEFAULT not in entries:
                 continue
+            sig = inspect.signature(entries[impl.DEFAULT]) if name in KERNELS else None
             for k, toast_fn in _saved[name].items():
                 if name in KERNELS:
                     # The timer TOAST wraps its own kernels in, for like-for-like timing reports.
-                    entries[k] = function_timer(_ours(name, runtime, toast_fn))
+                    entries[k] = function_timer(_ours(name, runtime, toast_fn, sig))
                 else:
                     entries[k] = _counted(name, toast_fn)
             chosen[name] = stats[name]["backend"] if name in KERNELS else "toast"

@@ -35,6 +35,13 @@ without it.
   and writes the host copy of a field whose device copy stays marked as the
   current one (zeroed by ``change_detectors``), so TOAST's MapMaker solved
   on zeros in every accelerator build of 3.0.6.
+* ``SharedDataManager.accel_update_host`` unlocks the shared buffer for the
+  copy: TOAST's shared data (pshmem's ``MPIShared._flat``) are numpy views
+  of writable memory that pshmem keeps read-only (``writeable=False``)
+  except while it writes them itself, and the present table refuses to
+  write a read-only host array (a read-only mapping or a view of ``bytes``
+  would crash or be corrupted). TOAST's OpenMP build writes them whatever
+  the flag says.
 * The registry kernels (all 14 of TOAST 3.0.6's are ours) called with
   ``use_accel=True`` run on the device buffers: see ``python/src/lib.rs``.
 
@@ -68,7 +75,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -84,6 +93,19 @@ _ABSENT = object()
 def _set(module: Any, attr: str, value: Any) -> None:
     _patched.append((module, attr, getattr(module, attr, _ABSENT)))
     setattr(module, attr, value)
+
+
+def _env_index(name: str) -> Optional[int]:
+    """The non-negative integer in environment variable ``name`` (None when
+    unset or empty). Only digits: the value goes into the plugin's option
+    string (``device=P:N``), where anything else would be spliced in as
+    options of its own."""
+    env = os.environ.get(name)
+    if env is None or not env.strip():
+        return None
+    if not re.fullmatch(r"\s*[0-9]+\s*", env):
+        raise ValueError(f"toast_rs: {name}={env!r} is not a non-negative integer index")
+    return int(env)
 
 
 def node_layout() -> Tuple[int, int]:
@@ -167,18 +189,35 @@ def assign_device(
     chosen = node_rank // per_dev
     sharing = min(per_dev, node_procs - chosen * per_dev)
     how = f"node rank {node_rank} of {node_procs}, {n_dev} devices ({source})"
-    env = os.environ.get("TOAST_RS_DEVICE")
-    if device is None and env:
+    if device is None:
+        device = _env_index("TOAST_RS_DEVICE")
+        if device is not None:
+            how = "TOAST_RS_DEVICE"
+            what = f"TOAST_RS_DEVICE={os.environ['TOAST_RS_DEVICE']!r}"
+    elif isinstance(device, bool):
+        raise TypeError(f"toast_rs.install(device={device!r}): expected a device index")
+    else:
         try:
-            device = int(env)
-        except ValueError:
-            raise ValueError(f"toast_rs: TOAST_RS_DEVICE={env!r} is not a device index")
-        how = "TOAST_RS_DEVICE"
-    elif device is not None:
+            device = operator.index(device)
+        except TypeError:
+            raise TypeError(
+                f"toast_rs.install(device={device!r}): expected a device index"
+            ) from None
         how = "install(device=...)"
-    if device is not None:
+        what = f"install(device={device})"
         if device < 0:
-            raise ValueError(f"toast_rs: device index {device} is negative")
+            raise ValueError(f"toast_rs: {what}: device index {device} is negative")
+    if device is not None:
+        # A count that is only assumed (one device) is not the backend's for
+        # opencl, whose plugin lists its devices itself and refuses an index
+        # it does not have (install names the variable then); the others'
+        # counts are known (TOAST_RS_DEVICES, the driver's, the host's one).
+        known = not (backend == "opencl" and source == "one device assumed")
+        if known and device >= n_dev:
+            raise ValueError(
+                f"toast_rs: {what}: device {device} does not exist: the {backend} backend has "
+                f"{n_dev} device{'s' if n_dev != 1 else ''} (0 to {n_dev - 1}; {source})"
+            )
         chosen = device
         sharing = 1
     return {"device": chosen, "n_devices": n_dev, "sharing": sharing, "how": how}
@@ -189,12 +228,13 @@ def plugin_options(backend: str, device: int) -> Optional[str]:
     if backend in ("cuda", "hip"):
         return f"device={device}"
     if backend == "opencl":
-        platform = os.environ.get("TOAST_RS_OPENCL_PLATFORM", "0")
+        platform = _env_index("TOAST_RS_OPENCL_PLATFORM")
         # Device 0 without an explicit choice: let the plugin pick the first
         # suitable device (or TOAST_OPENCL_DEVICE), as without accel.
-        if device == 0 and "TOAST_RS_DEVICE" not in os.environ and "TOAST_RS_DEVICES" not in os.environ:
+        if (device == 0 and platform is None and "TOAST_RS_DEVICE" not in os.environ
+                and "TOAST_RS_DEVICES" not in os.environ):
             return None
-        return f"device={platform}:{device}"
+        return f"device={platform or 0}:{device}"
     return None
 
 
@@ -205,6 +245,18 @@ def memory_limit(mem_gb: Optional[float], sharing: int, source: str) -> Tuple[Op
     if not (mem_gb > 0 and math.isfinite(mem_gb)):
         raise ValueError(f"toast_rs: {source}={mem_gb!r} must be a positive number of GB")
     limit = int(mem_gb * 2**30 / max(sharing, 1))
+    # The table counts bytes in 64 bits, and a limit of 0 bytes would refuse
+    # every buffer: neither is a limit anyone meant.
+    per = f" per process ({sharing} share the device)" if sharing > 1 else ""
+    if limit < 1:
+        raise ValueError(
+            f"toast_rs: {source}={mem_gb!r} gives {limit} bytes{per}: under 1 byte"
+        )
+    if limit > 2**64 - 1:
+        raise ValueError(
+            f"toast_rs: {source}={mem_gb!r} gives {limit} bytes{per}: more than the "
+            f"{2**64 - 1} a 64-bit byte count holds"
+        )
     how = f"{source}={mem_gb:g} GB"
     if sharing > 1:
         how += f" shared by {sharing} processes on the device"
@@ -349,6 +401,29 @@ def enable(runtime: Any, reinstall: Any) -> None:
 
     _exec.__doc__ = toast_copy.__doc__
     _set(Copy, "_exec", _exec)
+
+    # TOAST's shared data are pshmem buffers locked read-only between
+    # pshmem's own writes (MPIShared._lock_memory); the device copy goes
+    # back into them as pshmem's writers do: unlocked for the copy, locked
+    # again after. Any other read-only host array is refused by the table.
+    from toast.observation_data import SharedDataManager
+
+    toast_shared_update_host = SharedDataManager.accel_update_host
+
+    def _shared_update_host(self, key):
+        entry = self._internal.get(key)
+        shdata = getattr(entry, "shdata", None)
+        flat = getattr(shdata, "_flat", None)
+        if flat is None or flat.flags.writeable or not hasattr(shdata, "_unlock_memory"):
+            return toast_shared_update_host(self, key)
+        shdata._unlock_memory()
+        try:
+            return toast_shared_update_host(self, key)
+        finally:
+            shdata._lock_memory()
+
+    _shared_update_host.__doc__ = toast_shared_update_host.__doc__
+    _set(SharedDataManager, "accel_update_host", _shared_update_host)
 
 
 def patched_modules() -> List[str]:
