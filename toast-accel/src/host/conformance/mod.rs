@@ -74,7 +74,8 @@ pub use case::{
     FusedAccumulateCase, FusedCase, FusedPassFields, FusedProjectCase, MapData, NoiseWeightCase,
     PixelsHealpixCase, PointingDetectorCase, ScanMapCase, SimNoiseCase, SolverFlagsCase,
     StokesWeightsICase, StokesWeightsIquCase, TemplateOffsetAddToSignalCase,
-    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, MAX_CASE_BYTES,
+    TemplateOffsetApplyDiagPrecondCase, TemplateOffsetProjectSignalCase, CASE_FILE_SLACK_BYTES,
+    MAX_CASE_BYTES,
 };
 pub use compare::{
     CaseOutcome, Comparison, ACCUM_RTOL, AMP_RTOL, FUSED_COMPACT_RTOL, NOISE_RTOL, POLY2D_RTOL,
