@@ -44,21 +44,24 @@ fn driver(what: &str, e: cu::DriverError) -> PluginError {
 }
 
 /// Check that the driver and NVRTC can be loaded, with a plain `dlopen`,
-/// before cudarc touches them (cudarc panics when a library is missing).
-/// Returns NVRTC, which the backend keeps for compiling.
-fn probe() -> Result<Nvrtc, PluginError> {
+/// before cudarc touches them (cudarc panics when a library or a symbol is
+/// missing). Returns NVRTC, which the backend keeps for compiling, and
+/// whether the driver has `cuDeviceGetUuid_v2` (R470, CUDA 11.4, on).
+fn probe() -> Result<(Nvrtc, bool), PluginError> {
     // SAFETY: loading the driver library runs its initialisers only; it is
     // closed again at once (cudarc opens its own handle).
-    match unsafe { libloading::Library::new("libcuda.so.1") } {
-        Ok(lib) => drop(lib),
+    let has_uuid = match unsafe { libloading::Library::new("libcuda.so.1") } {
+        // SAFETY: only the symbol's presence is read; its type is never
+        // used to call it.
+        Ok(lib) => unsafe { lib.get::<unsafe extern "C" fn()>(b"cuDeviceGetUuid_v2") }.is_ok(),
         Err(e) => {
             return Err(unavailable(format!(
                 "no NVIDIA driver (libcuda.so.1): {}",
                 toast_accel::rtc::dl_error(&e)
             )))
         }
-    }
-    Nvrtc::load().map_err(unavailable)
+    };
+    Ok((Nvrtc::load().map_err(unavailable)?, has_uuid))
 }
 
 /// A kernel of the loaded module.
@@ -100,7 +103,11 @@ unsafe impl Send for CudaDriver {}
 unsafe impl Sync for CudaDriver {}
 
 impl CudaDriver {
-    fn open_device(choice: DeviceChoice<i32>, nvrtc: Nvrtc) -> Result<CudaDriver, PluginError> {
+    fn open_device(
+        choice: DeviceChoice<i32>,
+        nvrtc: Nvrtc,
+        has_uuid: bool,
+    ) -> Result<CudaDriver, PluginError> {
         cu::init().map_err(|e| {
             if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
                 unavailable("no NVIDIA GPU: cuInit returned CUDA_ERROR_NO_DEVICE")
@@ -138,15 +145,21 @@ impl CudaDriver {
             Ok(0) => DeviceMemoryKind::Own,
             _ => DeviceMemoryKind::Unknown,
         };
+        // The identity only counts the processes that share the device, so
+        // a driver that cannot tell (one without the symbol, on which
+        // cudarc would panic, or one that fails the call) leaves it unknown
+        // rather than failing the start.
         let mut id = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: valid device and out pointer. The identity only counts
-        // the processes that share the device, so a driver that cannot
-        // tell leaves it unknown rather than failing the start.
-        let uuid = unsafe { sys::cuDeviceGetUuid_v2(&mut id, dev) }
-            .result()
-            .ok()
-            .map(|()| id.bytes.map(|b| b as u8))
-            .filter(|u| *u != [0; 16]);
+        let uuid = if has_uuid {
+            // SAFETY: valid device and out pointer; the symbol exists
+            // (probed), so cudarc's lazy lookup finds it.
+            unsafe { sys::cuDeviceGetUuid_v2(&mut id, dev) }
+                .result()
+                .ok()
+                .map(|()| id.bytes.map(|b| b as u8))
+        } else {
+            None
+        };
         // SAFETY: valid device.
         let total =
             unsafe { cu::device::total_mem(dev) }.map_err(|e| driver("cuDeviceTotalMem", e))?;
@@ -189,8 +202,8 @@ impl Driver for CudaDriver {
     }
 
     fn open(choice: DeviceChoice<i32>) -> Result<Self, PluginError> {
-        let nvrtc = probe()?;
-        CudaDriver::open_device(choice, nvrtc)
+        let (nvrtc, has_uuid) = probe()?;
+        CudaDriver::open_device(choice, nvrtc, has_uuid)
     }
 
     fn summary(&self) -> String {

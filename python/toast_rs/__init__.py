@@ -214,11 +214,12 @@ def install(
     except RuntimeError as e:
         if options is None:
             raise
-        # The plugin refused the device option: say where its parts came from.
+        # Say which device option the backend was opened with and where its
+        # parts came from (the failure may be the option's or another's).
         src = f"device {placed['device']} from {placed['how']}"
         if os.environ.get("TOAST_RS_OPENCL_PLATFORM", "").strip():
             src += ", platform from TOAST_RS_OPENCL_PLATFORM"
-        raise RuntimeError(f"{e} [option {options!r}: {src}]") from None
+        raise RuntimeError(f"{e} [opened with option {options!r}: {src}]") from None
     if accel:
         limit, how = _accel.memory_limit(_accel.env_mem_gb(), placed["sharing"],
                                          "TOAST_GPU_MEM_GB")

@@ -11,8 +11,10 @@
 //! than GPUs; counted by the devices' UUIDs, ABI minor 10), the host plans
 //! each within its share of either ([`Budget::shared_by`], as TOAST divides
 //! a device's memory by its processes per device), so that together they
-//! stay within it. The option `memory=` is each process's own and is not
-//! divided.
+//! stay within it: a planning figure, as the plugin's pool holds the whole
+//! one (the plugin cannot know the share; its cache of freed blocks is
+//! divided by the node's processes instead). The option `memory=` is each
+//! process's own and is not divided.
 //! For a device in the host's memory (ABI minor
 //! 9's `memory_kind`) the host plans within less than that default, what
 //! its own peak leaves of a process's share of the node's memory
@@ -200,12 +202,21 @@ fn option_value<'a>(options: &'a str, key: &str) -> Option<&'a str> {
 pub enum WorkspaceLimit {
     /// [`WorkspaceLimit::DEFAULT_BYTES`], less on a device whose largest
     /// allocation or an eighth of whose memory is less, but never less than
-    /// one work item that the device's largest allocation holds (an hour
-    /// at 100 Hz needs 16 MiB a detector for the noise, a day 512 MiB).
+    /// one work item, where the device's largest allocation holds one (an
+    /// hour at 100 Hz needs 16 MiB a detector for the noise, a day 512
+    /// MiB).
     Default,
     /// The option `workspace_bytes=N`: at most N bytes (and the device's
     /// largest allocation).
     Option(u64),
+}
+
+/// The doubles of one detector's stream in the noise simulation's
+/// workspace for an FFT of `fft_len` points (`2 N + 2`: the stages
+/// alternate between two halves, `kernels.h`'s "noise simulation"): one
+/// work item of a [`WorkspaceLimit`], which cannot be split.
+pub const fn noise_stream_doubles(fft_len: u64) -> u64 {
+    fft_len.saturating_mul(2).saturating_add(2)
 }
 
 impl WorkspaceLimit {

@@ -98,6 +98,7 @@ pub mod budget;
 pub mod check;
 pub mod device_source;
 pub mod kernels;
+pub mod launcher;
 pub mod math;
 pub mod plugin_support;
 #[cfg(feature = "rtc")]

@@ -75,21 +75,17 @@ fn launched_world_size() -> Option<(usize, &'static str)> {
 
 /// The first of the launcher's variables `vars` that holds a count, with
 /// its name.
+#[cfg(not(feature = "mpi"))]
 fn launcher_count(vars: &[&'static str]) -> Option<(usize, &'static str)> {
     vars.iter()
         .find_map(|&k| Some((std::env::var(k).ok()?.trim().parse::<usize>().ok()?, k)))
 }
 
 /// Processes of this job on this node, from the launcher's environment
-/// (Open MPI, MPICH/Hydra, PMI), if it says.
+/// (Open MPI, MPICH/Hydra, Cray PALS, PMI: the variables the GPU plugins
+/// read too, `toast_accel::launcher`), if it says.
 pub fn local_size() -> Option<usize> {
-    launcher_count(&[
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "MPI_LOCALNRANKS",
-        "PMI_LOCAL_SIZE",
-    ])
-    .map(|(n, _)| n)
-    .filter(|&n| n > 0)
+    toast_accel::launcher::node_local_size()
 }
 
 /// The independent runs (`TOAST_INDEPENDENT_RUNS=1`, a task farm) that

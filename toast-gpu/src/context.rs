@@ -2,7 +2,7 @@
 //! host's log callback, the buffer table and the compiled module.
 
 use crate::checked_tables::CheckedTables;
-use crate::driver::{node_local_rank, DeviceChoice, Driver};
+use crate::driver::{DeviceChoice, Driver};
 use crate::memory::{Budget, Memory};
 use crate::small_cache::SmallCache;
 use std::collections::HashMap;
@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use toast_accel::abi::{self, HostApi};
 use toast_accel::budget::WorkspaceLimit;
 use toast_accel::device_source as ds;
+use toast_accel::launcher::{node_local_rank, node_local_size};
 use toast_accel::plugin_support::{HostLog, HostSettings, PluginError};
 use toast_accel::rtc;
 
@@ -143,7 +144,9 @@ impl<D: Driver> Context<D> {
         }
         // The budget is read by the one parser the host plans with
         // (`toast_accel::budget::Budget::configured`), so the plugin holds
-        // the figure the host refused or accepted the run by.
+        // the figure the host refused or accepted the run by (the host
+        // plans within a share of it where processes share the device:
+        // `Budget::shared_by`).
         let env = std::env::var("TOAST_GPU_MEM_GB").ok();
         let budget = Budget::configured(&options, env.as_deref()).map_err(PluginError::invalid)?;
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -182,7 +185,17 @@ impl<D: Driver> Context<D> {
         let ctx = Context {
             log,
             host_abi_minor,
-            memory: Memory::new(D::NAME, D::HANDLE_TAG, driver.total_memory() / 4, budget),
+            // Freed blocks kept for reuse: a quarter of the device, shared
+            // with the node's other processes, which may drive the same
+            // device (the host plans each within its share of the budget,
+            // but this pool holds the whole figure: its cache must not
+            // take the others' shares).
+            memory: Memory::new(
+                D::NAME,
+                D::HANDLE_TAG,
+                driver.total_memory() / 4 / node_local_size().unwrap_or(1) as u64,
+                budget,
+            ),
             driver,
             workspace,
             workspace_bytes,

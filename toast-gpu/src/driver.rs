@@ -278,7 +278,7 @@ impl ParamSlots {
 /// ([`crate::context::Context::new`]): the plugin option `device=` wins,
 /// then the driver's environment variable (`TOAST_CUDA_DEVICE`, ...), then
 /// the node-local rank a process launcher gives this process
-/// ([`node_local_rank`]), so that the ranks of an MPI job on one node spread
+/// ([`toast_accel::launcher::node_local_rank`]), so that the ranks of an MPI job on one node spread
 /// over its devices as TOAST's `accel_assign_device` spreads them; else
 /// the driver's default.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,32 +316,6 @@ impl<Id> DeviceChoice<Id> {
     }
 }
 
-/// The environment variables in which process launchers give a process its
-/// rank among the processes of its node, in the order they are read: Open
-/// MPI's `mpirun`, MPICH's and Intel MPI's Hydra, Slurm's `srun`, Cray
-/// PALS, PMI.
-pub const NODE_LOCAL_RANK_VARS: [&str; 5] = [
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-    "SLURM_LOCALID",
-    "PALS_LOCAL_RANKID",
-    "PMI_LOCAL_RANK",
-];
-
-/// This process's node-local rank from the first of
-/// [`NODE_LOCAL_RANK_VARS`] that is set to a non-negative integer (`None`:
-/// not started by such a launcher, e.g. a serial run).
-pub fn node_local_rank() -> Option<(usize, &'static str)> {
-    node_local_rank_in(|k| std::env::var(k).ok())
-}
-
-/// [`node_local_rank`] over a given environment (for tests).
-pub fn node_local_rank_in(var: impl Fn(&str) -> Option<String>) -> Option<(usize, &'static str)> {
-    NODE_LOCAL_RANK_VARS
-        .iter()
-        .find_map(|&k| Some((var(k)?.trim().parse::<usize>().ok()?, k)))
-}
-
 /// The ordinal to open among `count` devices (CUDA, HIP): the named one,
 /// the node-local one, or 0.
 pub fn ordinal_of(choice: &DeviceChoice<i32>, count: i32) -> i32 {
@@ -369,38 +343,6 @@ pub fn parse_ordinal(text: &str, what: &str) -> Result<i32, PluginError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_node_local_rank_comes_from_the_first_launcher_variable_set() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        assert_eq!(node_local_rank_in(env(&[])), None);
-        assert_eq!(
-            node_local_rank_in(env(&[("SLURM_LOCALID", "3")])),
-            Some((3, "SLURM_LOCALID"))
-        );
-        assert_eq!(
-            node_local_rank_in(env(&[
-                ("SLURM_LOCALID", "3"),
-                ("OMPI_COMM_WORLD_LOCAL_RANK", "1")
-            ])),
-            Some((1, "OMPI_COMM_WORLD_LOCAL_RANK"))
-        );
-        // Not a rank: the next variable is read.
-        assert_eq!(
-            node_local_rank_in(env(&[
-                ("OMPI_COMM_WORLD_LOCAL_RANK", "x"),
-                ("MPI_LOCALRANKID", "2")
-            ])),
-            Some((2, "MPI_LOCALRANKID"))
-        );
-    }
 
     #[test]
     fn ranks_spread_over_the_devices() {

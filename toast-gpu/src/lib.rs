@@ -96,12 +96,12 @@ pub mod plugin;
 mod small_cache;
 
 pub use context::Context;
-pub use driver::NODE_LOCAL_RANK_VARS;
 pub use driver::{
-    node_local_rank, ordinal_of, parse_ordinal, AllocError, DeviceChoice, DeviceMemoryKind, Driver,
-    Grid, Param, ParamSlots,
+    ordinal_of, parse_ordinal, AllocError, DeviceChoice, DeviceMemoryKind, Driver, Grid, Param,
+    ParamSlots,
 };
 pub use memory::Budget;
+pub use toast_accel::launcher::{node_local_rank, NODE_LOCAL_RANK_VARS};
 
 /// Emit a GPU plugin's ABI surface for a [`Driver`] at the root of the
 /// backend crate: the static function table and header (with the crate's

@@ -182,7 +182,8 @@ fn list(kernels: &[Kernel]) -> String {
     format!(": {}", names.join(", "))
 }
 
-/// A device UUID as CUDA and `nvidia-smi` write it (8-4-4-4-12 hex digits).
+/// A device UUID in the 8-4-4-4-12 hex digits of RFC 4122 (as `nvidia-smi
+/// -L` writes it after its `GPU-`).
 fn uuid(u: &[u8; 16]) -> String {
     let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
     format!(

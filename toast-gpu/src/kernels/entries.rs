@@ -1280,7 +1280,7 @@ impl DeviceKernel for abi::SimNoiseArgs {
             1,
             params::ToastSimNoiseTwiddles { fft_len: n, tw },
         )?;
-        let item_len = 2 * v.fft_len as u64 + 2;
+        let item_len = toast_accel::budget::noise_stream_doubles(v.fft_len as u64);
         let ws = call.workspace(item_len, v.n_det as u64)?;
         let per_batch = (ws.per_launch as usize).clamp(1, super::MAX_GRID_YZ);
         let item_step = item_len as i64;

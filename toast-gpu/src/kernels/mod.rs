@@ -25,12 +25,12 @@
 //! marks where a group's mask changes (the chunk's first sample is always
 //! such a head), a block per head builds and decomposes the normal matrix,
 //! and a thread per point solves with its head's decomposition: the CPU's
-//! algorithm, and its bits. The workspace is at most 256 MiB
-//! (`toast_accel::budget::WorkspaceLimit`: less on a device with a smaller
-//! largest allocation or under 2 GiB of memory, but never less than one
-//! item; the plugin option `workspace_bytes=N` sets another limit), and the
-//! grid is cut into launches whose points' slices fit in it
-//! (`grid_chunks`).
+//! algorithm, and its bits. The workspace is 256 MiB, or one work item
+//! where that is larger (`toast_accel::budget::WorkspaceLimit`: less on a
+//! device with a smaller largest allocation or under 2 GiB of memory, but
+//! never less than one item; the plugin option `workspace_bytes=N` sets
+//! another limit), and the grid is cut into launches whose points' slices
+//! fit in it (`grid_chunks`).
 //!
 //! The small per-detector arrays and the intervals, which the kernels only
 //! read, are looked up by their bytes in the context's cache of device

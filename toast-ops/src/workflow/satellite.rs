@@ -52,7 +52,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use toast_accel::abi::Kernel;
-use toast_accel::budget::{Budget, BudgetSource, WorkspaceLimit};
+use toast_accel::budget::{noise_stream_doubles, Budget, BudgetSource, WorkspaceLimit};
 use toast_accel::host::{
     DeviceSummary, DispatchPolicy, Dispatcher, KernelLog, Registry, TransferSnapshot,
     DEFAULT_BACKEND,
@@ -323,21 +323,17 @@ impl WorkflowError {
 
 /// What names a process's device among the processes of a job: its node
 /// and its UUID (ABI minor 10, the same whatever visible-device list gives
-/// the device its ordinal). A device whose plugin cannot tell its UUID is
-/// named by its name and memory instead, so that unidentified devices of
-/// one kind on one node count as one: never more processes per device
-/// than there are, at worst fewer than the memory allows.
+/// the device its ordinal); empty (counted alone) for a device whose plugin
+/// cannot tell its UUID (an older plugin, an OpenCL driver without
+/// `cl_khr_device_uuid`): identical GPUs of a node cannot be told apart
+/// then, and counting them as one would quarter the budget of four ranks
+/// on four GPUs.
 pub fn device_key(node: &str, device: &DeviceSummary) -> Vec<u8> {
+    let Some(uuid) = device.identity else {
+        return Vec::new();
+    };
     let mut key = format!("{node}\0").into_bytes();
-    match device.identity {
-        Some(uuid) => {
-            key.extend_from_slice(b"uuid\0");
-            key.extend_from_slice(&uuid);
-        }
-        None => key.extend_from_slice(
-            format!("name\0{}\0{}", device.name, device.total_memory).as_bytes(),
-        ),
-    }
+    key.extend_from_slice(&uuid);
     key
 }
 
@@ -1151,12 +1147,13 @@ impl SatelliteJob {
         (batch > 0).then(|| batch.min(most.max(1)))
     }
 
-    /// The device memory budget of the pipeline backend of `registry`: the
-    /// one its plugin holds its pool within (`toast_accel::budget`: the
-    /// option `memory=`, else `TOAST_GPU_MEM_GB`, else 90% of the free
-    /// memory of its device; the last two divided among the
-    /// [`SatelliteJob::processes_on_device`], `Budget::shared_by`); `None`
-    /// for a host-addressable backend, or
+    /// The device memory budget the run is planned within on the pipeline
+    /// backend of `registry`: the one its plugin holds its pool within
+    /// (`toast_accel::budget`: the option `memory=`, else
+    /// `TOAST_GPU_MEM_GB`, else 90% of the free memory of its device), the
+    /// last two divided among the [`SatelliteJob::processes_on_device`]
+    /// (`Budget::shared_by`: a planning figure, the plugin's pool holding
+    /// the whole one); `None` for a host-addressable backend, or
     /// when the figure cannot be known (no device information). A device
     /// in the host's memory ([`SatelliteJob::device_in_host_memory`])
     /// without a configured budget is planned within less, where this
@@ -1246,10 +1243,13 @@ impl SatelliteJob {
     }
 
     /// Count, over the processes of `comm` (a collective; call it on every
-    /// process before the device budget is read), those that drive this
-    /// process's device, into [`SatelliteJob::processes_on_device`]: the
-    /// processes whose device has the same [`device_key`] (its node and
-    /// UUID). A process without a device backend counts 1.
+    /// process before the device budget is read), those that drive each
+    /// device: the processes whose device has the same [`device_key`] (its
+    /// node and UUID; a process without a device backend, or whose device
+    /// tells no UUID, counts 1). [`SatelliteJob::processes_on_device`] is
+    /// the most of them on any device, the same on every process, so that
+    /// the processes plan alike (3 ranks on 2 GPUs: every rank plans within
+    /// half a device).
     pub fn share_device(
         &mut self,
         comm: &dyn Comm,
@@ -1274,8 +1274,9 @@ impl SatelliteJob {
             .map_err(|e| WorkflowError::gather("device sharing", e))?;
         self.processes_on_device = counts
             .chunks_exact(4)
-            .nth(comm.rank())
-            .map_or(1, |c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .max()
+            .unwrap_or(1)
             .max(1);
         Ok(())
     }
@@ -1410,10 +1411,12 @@ impl SatelliteJob {
 
     /// Refuse, before any work, a noise simulation on a device whose
     /// plugin option `workspace_bytes=` is smaller than one detector's
-    /// noise stream of the longest observation of `sim` (`2 N + 2` doubles
-    /// for an FFT of `N` points, [`presets::noise_fft_len`]): a stream
-    /// cannot be split, so its plugin would refuse the first `sim_noise`
-    /// call, after the scan. (The default limit always holds one stream.)
+    /// noise stream of the longest observation of `sim`
+    /// (`toast_accel::budget::noise_stream_doubles` of
+    /// [`presets::noise_fft_len`]): a stream cannot be split, so its plugin
+    /// would refuse the first `sim_noise` call, after the scan. (The
+    /// default limit holds one stream, where the device's largest
+    /// allocation does.)
     pub fn check_device_workspace(
         &self,
         sim: &SimSatellite,
@@ -1455,7 +1458,7 @@ impl SatelliteJob {
             .max()
             .unwrap_or(0);
         let fft_len = presets::noise_fft_len(samples);
-        let stream = (2 * fft_len + 2) * 8;
+        let stream = noise_stream_doubles(fft_len).saturating_mul(8);
         limit
             .launch_bytes(stream, u64::MAX, u64::MAX)
             .map(drop)
@@ -2343,8 +2346,8 @@ mod tests {
 
     /// Processes share a device where node and UUID agree: two GPUs of a
     /// node are apart even with one name (and one ordinal, as per-rank
-    /// `CUDA_VISIBLE_DEVICES` gives them); without UUIDs, devices of one
-    /// name and memory on a node count as one; no device counts 1.
+    /// `CUDA_VISIBLE_DEVICES` gives them); a device without a UUID, or no
+    /// device, counts 1.
     #[test]
     fn processes_per_device_count_node_and_uuid() {
         let gpu = |uuid: Option<u8>| DeviceSummary {
@@ -2365,11 +2368,8 @@ mod tests {
             device_key("n3", &gpu(None)),
             device_key("n3", &gpu(None)),
         ];
-        assert_eq!(processes_per_device(&keys), [2, 1, 2, 1, 1, 2, 2]);
-        assert_ne!(
-            device_key("n1", &gpu(Some(1))),
-            device_key("n1", &gpu(None))
-        );
+        assert_eq!(processes_per_device(&keys), [2, 1, 2, 1, 1, 1, 1]);
+        assert!(device_key("n1", &gpu(None)).is_empty());
     }
 
     /// Every item a step reads is provided by an earlier step, or created
