@@ -199,7 +199,7 @@ impl Hip {
         // SAFETY: a 16-byte out buffer (`hipUUID`); a device index the
         // caller checked.
         let r = unsafe { get(&mut id, ordinal) };
-        (r == HIP_SUCCESS && id != [0; 16]).then_some(id)
+        (r == HIP_SUCCESS).then_some(id)
     }
 
     /// Name and `gfx` architecture of device `ordinal`.

@@ -201,7 +201,7 @@ fn uuid(d: &ClDevice) -> Option<[u8; 16]> {
     if !ext.split_whitespace().any(|x| x == "cl_khr_device_uuid") {
         return None;
     }
-    d.uuid_khr().ok().filter(|u| *u != [0; 16])
+    d.uuid_khr().ok()
 }
 
 /// Devices opened so far, by (platform index, device index): the OpenCL

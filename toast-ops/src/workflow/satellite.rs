@@ -388,9 +388,9 @@ pub struct SatelliteJob {
     /// them all, and a device in the host's memory gets this process's
     /// share of what they leave ([`SatelliteJob::device_budget`]).
     pub processes_on_node: usize,
-    /// The processes of this node that drive this process's device, itself
-    /// included: 1 unless [`SatelliteJob::share_device`] counted them (by
-    /// node and device UUID). The default device budget and
+    /// The most processes of a node that drive one device, the same on
+    /// every process: 1 unless [`SatelliteJob::share_device`] counted them
+    /// (by node and device UUID). The default device budget and
     /// `TOAST_GPU_MEM_GB` (each GPU's memory, as TOAST defines it) are
     /// divided among them ([`SatelliteJob::device_budget`]), so that more
     /// ranks per node than GPUs do not together plan past a device's
@@ -1260,24 +1260,16 @@ impl SatelliteJob {
             .and_then(|b| b.device_info(0).ok())
             .map(|d| device_key(&node_name(), &d))
             .unwrap_or_default();
-        let mut counts = match comm
+        // The root counts; every process gets the most.
+        let most = comm
             .gather_bytes(0, &key)
             .map_err(|e| WorkflowError::gather("device sharing", e))?
-        {
-            Some(keys) => processes_per_device(&keys)
-                .into_iter()
-                .flat_map(|n| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes())
-                .collect(),
-            None => Vec::new(),
-        };
-        comm.broadcast_bytes(0, &mut counts)
+            .and_then(|keys| processes_per_device(&keys).into_iter().max());
+        let mut most = (most.unwrap_or(1) as u64).to_le_bytes().to_vec();
+        comm.broadcast_bytes(0, &mut most)
             .map_err(|e| WorkflowError::gather("device sharing", e))?;
-        self.processes_on_device = counts
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let most = <[u8; 8]>::try_from(most.as_slice()).map_or(1, u64::from_le_bytes);
+        self.processes_on_device = usize::try_from(most).unwrap_or(usize::MAX).max(1);
         Ok(())
     }
 
