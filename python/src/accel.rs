@@ -66,9 +66,15 @@ pub fn array_interface<'py>(
         .map(|d| (obj, d)))
 }
 
-/// Bytes per element of an array-interface typestr (`<f8`, `|u1`, `|V32`).
+/// Bytes per element of an array-interface typestr (`<f8`, `|u1`, `|V32`):
+/// its number, which counts bytes for every kind but `U`, whose number
+/// counts UCS-4 characters of 4 bytes each (`<U10` is 40 bytes).
 fn itemsize(typestr: &str) -> Option<u64> {
-    typestr.get(2..)?.parse().ok()
+    let n: u64 = typestr.get(2..)?.parse().ok()?;
+    match typestr.get(1..2)? {
+        "U" => n.checked_mul(4),
+        _ => Some(n),
+    }
 }
 
 /// The host block of a C-contiguous buffer, or a `TypeError` / `ValueError`

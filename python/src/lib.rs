@@ -20,7 +20,7 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -167,6 +167,82 @@ const INTERVAL_FIELDS: [(&str, &str); 4] = [
     ("last", "<i8"),
 ];
 
+/// The arguments of a call in a form that reading runs none of the
+/// caller's Python code: every array-like (an object with an
+/// `__array_interface__`, an ndarray subclass, TOAST's aligned buffers,
+/// which export only the buffer protocol) a numpy array viewing its memory
+/// (no copy), every number-like a Python `int` or `float`, the elements of
+/// a list argument the same.
+///
+/// [`Call`] records each array's address as it reads it. Were an argument
+/// converted only when read, its conversion (an `__array_interface__`
+/// property, an `__index__`) could run code that frees or reallocates an
+/// array read before it (`ndarray.resize(refcheck=False)`), and the kernel
+/// would write freed memory. Converting them all first leaves every
+/// address read afterwards current. (An interface that names memory its
+/// object does not keep alive breaks numpy's own contract; numpy's arrays
+/// of it are as unsafe.)
+fn settle_args<'py>(args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+    let py = args.py();
+    let numpy = py.import("numpy")?;
+    let settled = args
+        .iter()
+        .map(|a| {
+            if a.cast::<PyList>().is_ok() || a.cast::<PyTuple>().is_ok() {
+                let items: Vec<_> = a
+                    .try_iter()?
+                    .map(|e| settle(&numpy, e?))
+                    .collect::<PyResult<_>>()?;
+                Ok(PyList::new(py, items)?.into_any())
+            } else {
+                settle(&numpy, a)
+            }
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyTuple::new(py, settled)
+}
+
+/// One argument, [settled](settle_args).
+fn settle<'py>(
+    numpy: &Bound<'py, PyModule>,
+    obj: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let ndarray = numpy.getattr("ndarray")?;
+    let plain = obj.is_none()
+        || obj.is_exact_instance_of::<PyBool>()
+        || obj.is_exact_instance_of::<PyInt>()
+        || obj.is_exact_instance_of::<PyFloat>()
+        || obj.is_exact_instance_of::<PyString>()
+        || obj.get_type().is(&ndarray);
+    if plain {
+        return Ok(obj);
+    }
+    // numpy's scalars (which have an array interface too) as Python's.
+    if obj.is_instance(&numpy.getattr("generic")?)? {
+        let item = obj.call_method0("item")?;
+        if item.is_exact_instance_of::<PyBool>()
+            || item.is_exact_instance_of::<PyInt>()
+            || item.is_exact_instance_of::<PyFloat>()
+        {
+            return Ok(item);
+        }
+    }
+    if obj.is_instance(&ndarray)? || obj.hasattr("__array_interface__")? {
+        return numpy.call_method1("asarray", (obj,));
+    }
+    if let Ok(mv) = py.import("builtins")?.getattr("memoryview")?.call1((&obj,)) {
+        return numpy.call_method1("asarray", (mv,));
+    }
+    if obj.hasattr("__index__")? {
+        return py.import("operator")?.call_method1("index", (obj,));
+    }
+    if obj.hasattr("__float__")? {
+        return Ok(PyFloat::new(py, obj.extract::<f64>()?).into_any());
+    }
+    Ok(obj)
+}
+
 impl<'a, 'py> Call<'a, 'py> {
     fn arg(&self, i: usize, name: &str) -> PyResult<Bound<'py, PyAny>> {
         self.args.get_item(i).map_err(|_| {
@@ -188,21 +264,13 @@ impl<'a, 'py> Call<'a, 'py> {
     }
 
     /// [`interface`](Self::interface) of an object (an element of a list
-    /// argument).
+    /// argument). The arguments are [`settled`](settle_args): an array
+    /// argument is a numpy array here, whose interface is numpy's own.
     fn interface_of(
         &self,
-        mut obj: Bound<'py, PyAny>,
+        obj: Bound<'py, PyAny>,
         name: &'static str,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
-        if !obj.hasattr("__array_interface__")? {
-            // TOAST's aligned buffers (AlignedF64, AlignedI64, ...) export
-            // the buffer protocol only: view them as numpy arrays, which
-            // shares their memory (no copy).
-            let py = obj.py();
-            if let Ok(mv) = py.import("builtins")?.getattr("memoryview")?.call1((&obj,)) {
-                obj = py.import("numpy")?.call_method1("asarray", (mv,))?;
-            }
-        }
         let iface = obj
             .getattr("__array_interface__")
             .ok()
@@ -461,8 +529,31 @@ impl<'a, 'py> Call<'a, 'py> {
     fn mask(&self, i: usize, name: &str) -> PyResult<u8> {
         self.scalar(i, name, "an integer in 0..=255")
     }
+    /// A boolean switch: `True`/`False` (or numpy's), or the integers 0
+    /// and 1, as TOAST's compiled bindings take a `bool`; anything else
+    /// (the string `"False"`, which Python reads as true, `None`, 2) is
+    /// refused rather than read by its truthiness.
     fn flag(&self, i: usize, name: &str) -> PyResult<bool> {
-        self.arg(i, name)?.is_truthy()
+        let arg = self.arg(i, name)?;
+        if let Ok(b) = arg.cast::<PyBool>() {
+            return Ok(b.is_true());
+        }
+        match arg.cast::<PyInt>().ok().map(|n| n.extract::<i64>()) {
+            Some(Ok(0)) => Ok(false),
+            Some(Ok(1)) => Ok(true),
+            _ => {
+                let ty = arg
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "?".into());
+                Err(type_err(
+                    self.kernel,
+                    name,
+                    format!("expected True or False, got {ty}"),
+                ))
+            }
+        }
     }
 
     fn expect_len(&self, v: &View<'_>, n: usize, what: &str) -> PyResult<()> {
@@ -1578,9 +1669,10 @@ impl Runtime {
             None
         };
         let start = Instant::now();
+        let args = settle_args(args)?;
         let mut c = Call {
             kernel: e.toast_name,
-            args,
+            args: &args,
             backend: &self.backends[row],
             ranges: Vec::new(),
             accel,

@@ -646,3 +646,108 @@ def test_accel_device_index_checked(monkeypatch):
     monkeypatch.setenv("TOAST_RS_OPENCL_PLATFORM", "2")
     assert accel.plugin_options("opencl", 1) == "device=2:1"
     assert accel.plugin_options("opencl", 0) == "device=2:0"  # not ignored
+
+
+def _pixels(nest, nside=8, n_samp=5):
+    q = np.random.default_rng(0).normal(size=(1, n_samp, 4))
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    pixels = np.zeros((1, n_samp), np.int64)
+    registry["pixels_healpix"][ImplementationType.DEFAULT](
+        np.zeros(1, np.int32), q, np.zeros(n_samp, np.uint8), 0, np.zeros(1, np.int32), pixels,
+        intervals((0, n_samp)), np.zeros(12 * nside**2 // 64, np.uint8), 64, nside, nest)
+    return pixels[0]
+
+
+def test_flags_are_booleans_not_truthiness(cpu):
+    # The string "False" is true to Python; TOAST's bindings refuse it.
+    ring, nest = _pixels(False), _pixels(True)
+    assert not np.array_equal(ring, nest)
+    np.testing.assert_array_equal(_pixels(np.bool_(True)), nest)
+    np.testing.assert_array_equal(_pixels(0), ring)
+    for bad in ("False", None, 2, 1.0):
+        with pytest.raises(TypeError, match="argument `nest`: expected True or False"):
+            _pixels(bad)
+
+
+def test_install_arguments_checked():
+    with pytest.raises(TypeError, match="accel='false': expected True, False or None"):
+        toast_rs.install("cpu", accel="false")
+    for device, exc in ((-7, ValueError), (True, TypeError), (1.0, TypeError)):
+        with pytest.raises(exc):
+            toast_rs.install("cpu", device=device)
+    for path in (b"/tmp", [None], [b"/tmp"]):
+        with pytest.raises(TypeError, match="backend_path"):
+            toast_rs.install("cpu", backend_path=path)
+    assert not toast_rs.installed()
+
+
+def test_env_numbers_are_ascii_decimals(monkeypatch):
+    from toast_rs import accel
+
+    for value in ("1_0", "\u0661", "0x10"):
+        monkeypatch.setenv("TOAST_GPU_MEM_GB", value)
+        with pytest.raises(ValueError, match="is not a number of GB"):
+            accel.env_mem_gb()
+    monkeypatch.setenv("TOAST_GPU_MEM_GB", " 1.5e1 ")
+    assert accel.env_mem_gb() == 15.0
+    for value in ("1_000", "\u0663", "99999999999999999999", "0"):
+        monkeypatch.setenv("TOAST_RS_DEVICES", value)
+        with pytest.raises(ValueError, match="TOAST_RS_DEVICES"):
+            accel.device_count("cuda")
+    monkeypatch.setenv("TOAST_RS_DEVICES", "4")
+    assert accel.device_count("cuda") == (4, "TOAST_RS_DEVICES")
+
+
+def test_unicode_buffer_is_copied_whole(accel_cpu):
+    from toast.accelerator import (accel_data_create, accel_data_delete,
+                                   accel_data_update_device, accel_data_update_host)
+
+    u = np.array(["abcdefghij"] * 4, dtype="<U10")
+    accel_data_create(u, "u")
+    accel_data_update_device(u, "u")
+    u[:] = "ZZZZZZZZZZ"
+    accel_data_update_host(u, "u")
+    assert u.tolist() == ["abcdefghij"] * 4
+    accel_data_delete(u, "u")
+
+
+def test_arguments_converted_before_any_address_is_read(cpu):
+    # Reading a later argument (an __array_interface__ property, __index__)
+    # may run code that reallocates an array read before it: the kernel must
+    # see the array as it is after every conversion, never freed memory.
+    det = np.ones((4, 1 << 16))
+    iv = intervals((0, 1 << 16))
+
+    class Intervals:
+        @property
+        def __array_interface__(self):
+            det.resize((1,), refcheck=False)
+            return iv.__array_interface__
+
+    with pytest.raises(ValueError, match=r"argument `det_data`: 1 dimensions"):
+        registry["noise_weight"]["dispatch"](det, np.arange(4, dtype=np.int32), Intervals(),
+                                             np.full(4, 2.0))
+    # Array-likes and number-likes still work, converted once.
+    args = noise_weight_args()
+    ours = args[0].copy()
+
+    class Like:
+        def __init__(self, a):
+            self.a = a
+
+        @property
+        def __array_interface__(self):
+            return self.a.__array_interface__
+
+    registry["noise_weight"]["dispatch"](Like(ours), args[1], Like(args[2]), args[3])
+    theirs = args[0].copy()
+    registry["noise_weight"]["dispatch"](theirs, *args[1:])
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_plugin_options_with_nul_refused():
+    from toast_rs import _native
+
+    explicit, fallback = toast_rs._search_dirs(None)
+    with pytest.raises(RuntimeError, match="contain a NUL byte"):
+        _native.Runtime("cpu", {}, explicit, fallback, False, "threads=1\x00;x=1")

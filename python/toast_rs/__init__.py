@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Union
 
+import numpy as np
+
 from . import _native
 from . import accel as _accel
 
@@ -65,12 +67,23 @@ def _toast_registry():
 
 
 def _search_dirs(backend_path: Union[None, str, os.PathLike, Iterable]) -> tuple:
+    def one(p: Any) -> str:
+        if not isinstance(p, (str, os.PathLike)) or isinstance(p, bytes):
+            raise TypeError(
+                f"toast_rs.install: backend_path: expected a path (str or os.PathLike) or "
+                f"an iterable of them, got {type(p).__name__}"
+            )
+        path = os.fspath(p)
+        if not isinstance(path, str):
+            raise TypeError(f"toast_rs.install: backend_path: {path!r} is not a str path")
+        return path
+
     if backend_path is None:
         explicit = []
-    elif isinstance(backend_path, (str, os.PathLike)):
-        explicit = [str(backend_path)]
+    elif isinstance(backend_path, (str, os.PathLike, bytes, bytearray)):
+        explicit = [one(backend_path)]
     else:
-        explicit = [str(p) for p in backend_path]
+        explicit = [one(p) for p in backend_path]
     fallback = [str(Path(__file__).parent / "backends"), _native.BUILD_PLUGIN_DIR]
     return explicit, [d for d in fallback if os.path.isdir(d)]
 
@@ -87,8 +100,6 @@ def _count_toast(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -
 
 def _as_float64(args: tuple, i: int) -> tuple:
     # TOAST's DEFAULT build_noise_weighted passes det_data.astype(np.float64).
-    import numpy as np
-
     a = args[i]
     if isinstance(a, np.ndarray) and a.dtype != np.float64 and a.dtype.kind in "fiu":
         args = args[:i] + (a.astype(np.float64),) + args[i + 1 :]
@@ -194,6 +205,17 @@ def install(
     global _runtime
     if accel is None:
         accel = _env_flag("TOAST_RS_ACCEL")
+    elif not isinstance(accel, (bool, np.bool_)):
+        # bool("false") is True: a string here is a mistake, not a switch.
+        raise TypeError(
+            f"toast_rs.install: accel={accel!r}: expected True, False or None "
+            "(None: the TOAST_RS_ACCEL environment variable)"
+        )
+    accel = bool(accel)
+    if device is not None:
+        # Checked with accel off too (where it is unused): a bad index is a
+        # mistake either way.
+        device = _accel.device_index(device)
     registry, impl = _toast_registry()
     explicit, fallback = _search_dirs(backend_path)
     options = None

@@ -81,6 +81,8 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 #: (module, attribute, previous value) of every name :func:`enable` set.
 _patched: List[Tuple[Any, str, Any]] = []
 #: The device the runtime was opened on, and what decided it.
@@ -151,16 +153,23 @@ def _driver_count(backend: str) -> Optional[int]:
     return None
 
 
+# The most devices TOAST_RS_DEVICES may claim: device ordinals are C ints.
+_MAX_DEVICE_COUNT = 2**31 - 1
+
+
 def device_count(backend: str) -> Tuple[int, str]:
     """``(n_devices, where the number came from)`` for ``backend``."""
     env = os.environ.get("TOAST_RS_DEVICES")
     if env:
-        try:
-            n = int(env)
-        except ValueError:
+        # ASCII digits only, as TOAST_RS_DEVICE: Python's int() would also
+        # read "1_000" and other scripts' digits.
+        if not re.fullmatch(r"\s*[0-9]+\s*", env):
             raise ValueError(f"toast_rs: TOAST_RS_DEVICES={env!r} is not a device count")
-        if n < 1:
-            raise ValueError(f"toast_rs: TOAST_RS_DEVICES={env!r} must be at least 1")
+        n = int(env)
+        if not 1 <= n <= _MAX_DEVICE_COUNT:
+            raise ValueError(
+                f"toast_rs: TOAST_RS_DEVICES={env!r} must be 1 to {_MAX_DEVICE_COUNT}"
+            )
         return n, "TOAST_RS_DEVICES"
     n = _driver_count(backend)
     if n is not None and n > 0:
@@ -194,19 +203,10 @@ def assign_device(
         if device is not None:
             how = "TOAST_RS_DEVICE"
             what = f"TOAST_RS_DEVICE={os.environ['TOAST_RS_DEVICE']!r}"
-    elif isinstance(device, bool):
-        raise TypeError(f"toast_rs.install(device={device!r}): expected a device index")
     else:
-        try:
-            device = operator.index(device)
-        except TypeError:
-            raise TypeError(
-                f"toast_rs.install(device={device!r}): expected a device index"
-            ) from None
+        device = device_index(device)
         how = "install(device=...)"
         what = f"install(device={device})"
-        if device < 0:
-            raise ValueError(f"toast_rs: {what}: device index {device} is negative")
     if device is not None:
         # A count that is only assumed (one device) is not the backend's for
         # opencl, whose plugin lists its devices itself and refuses an index
@@ -221,6 +221,20 @@ def assign_device(
         chosen = device
         sharing = 1
     return {"device": chosen, "n_devices": n_dev, "sharing": sharing, "how": how}
+
+
+def device_index(device: Any) -> int:
+    """``install(device=...)`` as an index: an integer (not a bool), not
+    negative; a ``TypeError`` or ``ValueError`` naming it otherwise."""
+    if isinstance(device, (bool, np.bool_)):
+        raise TypeError(f"toast_rs.install(device={device!r}): expected a device index")
+    try:
+        index = operator.index(device)
+    except TypeError:
+        raise TypeError(f"toast_rs.install(device={device!r}): expected a device index") from None
+    if index < 0:
+        raise ValueError(f"toast_rs: install(device={index}): device index {index} is negative")
+    return index
 
 
 def plugin_options(backend: str, device: int) -> Optional[str]:
@@ -267,10 +281,11 @@ def env_mem_gb() -> Optional[float]:
     env = os.environ.get("TOAST_GPU_MEM_GB")
     if not env:
         return None
-    try:
-        return float(env)
-    except ValueError:
+    # A decimal number in ASCII, as toast-cli reads it: Python's float()
+    # would also read "1_0" (10) and other scripts' digits.
+    if not re.fullmatch(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*", env):
         raise ValueError(f"toast_rs: TOAST_GPU_MEM_GB={env!r} is not a number of GB")
+    return float(env)
 
 
 def enable(runtime: Any, reinstall: Any) -> None:

@@ -297,7 +297,15 @@ impl Plugin {
                 reason: "the plugin's table has no `init` entry".into(),
             });
         };
-        let opts = CString::new(options.replace('\0', "")).unwrap_or_default();
+        let Ok(opts) = CString::new(options) else {
+            return Err(AccelError::InitFailed {
+                backend: self.name.clone(),
+                kind: StatusKind::InvalidArgument,
+                message: format!(
+                    "its options {options:?} contain a NUL byte, which would cut them short"
+                ),
+            });
+        };
         let log_user = Box::leak(Box::new(self.name.clone())) as *mut String as *mut c_void;
         let api = abi::HostApi {
             size: std::mem::size_of::<abi::HostApi>() as u32,
