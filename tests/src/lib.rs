@@ -3,7 +3,7 @@
 //! instantiated per backend ([`conformance_suite!`]).
 
 use std::sync::Arc;
-use toast_accel::abi::{self, Kernel};
+use toast_accel::abi::{self, Kernel, SampleRange, SampleRanges};
 use toast_accel::host::conformance::{kernel_of, run_dir, CaseOutcome, Comparison};
 use toast_accel::host::{AccelError, Backend};
 use toast_testkit::plugins::{load, skip_unless_required};
@@ -224,4 +224,108 @@ pub fn assert_poly2d_bursts_match_cpu(device: &Backend) {
             i % n_mode
         );
     }
+}
+
+/// `template_offset_project_signal` with a step length far past the data
+/// (2^58 samples) and views of more amplitudes than their samples need (64
+/// each: TOAST's layout check asks only for at least `ceil(len / step)`):
+/// amplitude k of a view starts at `k * step_length`, which overflows an
+/// i64 from k = 32. `device` must sum each view's samples into its first
+/// amplitude and leave the others, as the CPU plugin does, and read no
+/// sample outside the data (the overflowed start would be negative).
+pub fn assert_huge_step_matches_cpu(device: &Backend) {
+    use toast_accel::host::stage::ArrayArg;
+    let (n_det, n_samp, per_view) = (2usize, 500usize, 64i64);
+    let step_length = 1i64 << 58;
+    let intervals = [
+        SampleRange {
+            first: 0,
+            last: 200,
+        },
+        SampleRange {
+            first: 250,
+            last: 500,
+        },
+    ];
+    let n_amp_views = [per_view, per_view];
+    let n_amp = 2 * per_view as usize;
+    let amp_offset: Vec<i64> = (0..n_det as i64).map(|d| d * n_amp as i64).collect();
+    let data_index: Vec<i32> = (0..n_det as i32).collect();
+    let flag_index: Vec<i32> = vec![0, -1];
+    let det_data: Vec<f64> = (0..n_det * n_samp)
+        .map(|i| ((i * 7919) % 1009) as f64 * 0.01 - 5.0)
+        .collect();
+    let flag_data: Vec<u8> = (0..n_samp).map(|s| u8::from(s % 7 == 0)).collect();
+    let amplitude_flags = vec![0u8; n_det * n_amp];
+    let run = |b: &Backend| -> Vec<f64> {
+        let mut amplitudes = vec![0.5f64; n_det * n_amp];
+        let d = ArrayArg::input(b, &det_data, "det_data").expect("stage det_data");
+        let f = ArrayArg::input(b, &flag_data, "flag_data").expect("stage flag_data");
+        let af = ArrayArg::input(b, &amplitude_flags, "amplitude_flags").expect("stage amp flags");
+        let a = ArrayArg::output(b, &mut amplitudes, "amplitudes").expect("stage amplitudes");
+        let args = abi::TemplateOffsetProjectArgs {
+            n_det: n_det as u64,
+            n_samp: n_samp as u64,
+            data_index: data_index.as_ptr(),
+            flag_index: flag_index.as_ptr(),
+            layout: abi::OffsetLayout {
+                step_length,
+                n_amp_views: n_amp_views.as_ptr(),
+                amp_offset: amp_offset.as_ptr(),
+            },
+            intervals: SampleRanges {
+                ptr: intervals.as_ptr(),
+                len: intervals.len() as u64,
+            },
+            det_data: d.abi(),
+            flag_data: f.abi(),
+            amplitudes: a.abi(),
+            amplitude_flags: af.abi(),
+            flag_mask: 1,
+            reserved: [0; 7],
+        };
+        // SAFETY: data_index, flag_index and amp_offset have n_det
+        // elements, n_amp_views one per interval; the staged arrays carry
+        // their lengths (det_data n_det x n_samp, flag_data one row, the
+        // amplitudes n_det x n_amp); only the amplitudes are written.
+        unsafe { b.launch(&args) }
+            .unwrap_or_else(|e| panic!("[{}] template_offset_project_signal: {e}", b.name()));
+        for x in [a, d, f, af] {
+            x.finish().expect("finish a staged array");
+        }
+        amplitudes
+    };
+    let cpu = Arc::new(load("cpu")).init("").expect("the cpu backend");
+    let want = run(&cpu);
+    let got = run(device);
+    // Each view's whole sum is in its first amplitude; the rest keep 0.5.
+    for d in 0..n_det {
+        for (v, iv) in intervals.iter().enumerate() {
+            let a0 = d * n_amp + v * per_view as usize;
+            assert!(want[a0] != 0.5, "view {v} of detector {d} summed");
+            assert!(want[a0 + 1..a0 + per_view as usize]
+                .iter()
+                .all(|&x| x == 0.5));
+            let n = (iv.last - iv.first) as f64;
+            let tol = 1e-15 * n * want[a0].abs().max(1.0) * 8.0;
+            assert!(
+                (got[a0] - want[a0]).abs() <= tol,
+                "[{}] amplitude {a0}: {:e}, the cpu's {:e}",
+                device.name(),
+                got[a0],
+                want[a0]
+            );
+        }
+    }
+    let same_rest = got
+        .iter()
+        .zip(&want)
+        .enumerate()
+        .filter(|(i, _)| !(i % n_amp).is_multiple_of(per_view as usize))
+        .all(|(_, (g, w))| g.to_bits() == w.to_bits());
+    assert!(
+        same_rest,
+        "[{}] an amplitude past its view's data changed",
+        device.name()
+    );
 }

@@ -145,3 +145,31 @@ emulated_poly2d! {
     poly2d_bursts_match_the_cpu_on_emulated_cuda => "cuda",
     poly2d_bursts_match_the_cpu_on_emulated_hip => "hip",
 }
+
+/// [`toast_tests::assert_huge_step_matches_cpu`] on the emulated `backend`.
+fn huge_step(backend: &str) {
+    let b = match Arc::new(load(backend)).init("") {
+        Ok(b) => b,
+        Err(e) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {e}")),
+    };
+    toast_tests::assert_huge_step_matches_cpu(&b);
+    println!("emulated {backend}: a step length past the data: the cpu's amplitudes");
+}
+
+#[test]
+fn a_huge_step_length_matches_the_cpu_on_emulated_cuda() {
+    in_child(
+        "a_huge_step_length_matches_the_cpu_on_emulated_cuda",
+        "cuda",
+        huge_step,
+    );
+}
+
+#[test]
+fn a_huge_step_length_matches_the_cpu_on_emulated_hip() {
+    in_child(
+        "a_huge_step_length_matches_the_cpu_on_emulated_hip",
+        "hip",
+        huge_step,
+    );
+}

@@ -49,6 +49,15 @@ fn poly2d_bursts_match_the_cpu_in_small_chunks() {
     }
 }
 
+/// A step length past the data (whose amplitude starts overflow an i64)
+/// sums each view into its first amplitude, as on the CPU, and reads
+/// nothing outside the data.
+#[test]
+fn a_huge_step_length_matches_the_cpu() {
+    let Some(b) = opencl() else { return };
+    toast_tests::assert_huge_step_matches_cpu(&b);
+}
+
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {

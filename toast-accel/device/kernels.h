@@ -874,16 +874,24 @@ DEVICE_FN int toast_amp_samples(i64 det, i64 det_end, i64 iv, i64 iv_end, i64 k,
     if (det >= det_end || iv >= iv_end || a0 < 0) {
         return 0;
     }
+    /* Amplitude k of the interval [first, last) starts at sample
+     * first + k step_length, which is inside it only for k <= (len - 1) /
+     * step_length; tested so, rather than by forming k step_length, which
+     * a huge step length (n_amp_views may exceed what the interval needs)
+     * would overflow. Then s0 <= last - 1, and s1 is formed without
+     * s0 + step_length either. */
+    const i64 first = intervals[2 * iv];
     const i64 last = intervals[2 * iv + 1];
-    *s0 = intervals[2 * iv] + k * step_length;
-    if (*s0 >= last) {
+    const i64 len = last - first;
+    if (len <= 0 || k > (len - 1) / step_length) {
         return 0;
     }
+    *s0 = first + k * step_length;
     *amp = a0 + view_offset[iv] + k;
     if (amplitude_flags[*amp] != 0) {
         return 0;
     }
-    *s1 = *s0 + step_length < last ? *s0 + step_length : last;
+    *s1 = last - *s0 > step_length ? *s0 + step_length : last;
     return 1;
 }
 

@@ -28,7 +28,7 @@
 use anyhow::Context;
 use std::io::Write;
 use std::path::Path;
-use toast_accel::host::conformance::{run_dir_with, CaseOutcome, Comparison};
+use toast_accel::host::conformance::{run_dir_each, CaseOutcome, Comparison};
 use toast_accel::host::Backend;
 
 /// Counts of a verify run.
@@ -107,16 +107,19 @@ pub fn verify_with(
     let cmp = opts
         .comparison
         .unwrap_or_else(|| Comparison::for_backend(backend));
-    let results = run_dir_with(backend, cases_dir, cmp);
-    if results.is_empty() {
-        return Err(anyhow::anyhow!("no .npz cases in {}", cases_dir.display()));
-    }
     let mut sum = Summary::default();
     let w = |out: &mut dyn Write, line: String| {
         writeln!(out, "{line}").context("cannot write the report")
     };
-    w(out, format!("comparison: {}", cmp.describe()))?;
-    for (path, result) in results {
+    // Each case's line as soon as it has run (standard output is line
+    // buffered), so that the report shows every case before one that took
+    // the process down; the header before the first.
+    let mut cases = 0usize;
+    run_dir_each(backend, cases_dir, cmp, |path, result| {
+        if cases == 0 {
+            w(out, format!("comparison: {}", cmp.describe()))?;
+        }
+        cases += 1;
         let case = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -152,7 +155,10 @@ pub fn verify_with(
                 format!("FAIL  {case}: {e}")
             }
         };
-        w(out, line)?;
+        w(out, line)
+    })?;
+    if cases == 0 {
+        return Err(anyhow::anyhow!("no .npz cases in {}", cases_dir.display()));
     }
     if opts.transfers || !backend.host_addressable() {
         w(out, transfers_line(backend))?;
@@ -299,6 +305,59 @@ mod tests {
         }
         h.push('\n');
         [&npy[..10], h.as_bytes(), &npy[10 + len..]].concat()
+    }
+
+    /// A version 1.0 `.npy` of no elements, of type `descr` with `shape`.
+    fn npy_empty(descr: &str, shape: &str) -> Vec<u8> {
+        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(' ');
+        }
+        h.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend((h.len() as u16).to_le_bytes());
+        out.extend(h.as_bytes());
+        out
+    }
+
+    /// `sim_noise` reads `filter_index`, `keys` and each row of
+    /// `amplitudes` through plain pointers, by the detector count and
+    /// `fft_len`: a case whose arrays are shorter fails by name (it crashed
+    /// the process, reading past them).
+    #[test]
+    fn sim_noise_arrays_shorter_than_the_detectors_fail_by_name() {
+        let dir = std::env::temp_dir().join(format!("toast-verify-noise-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = shipped().join("sim_noise_white_pow2.npz");
+        std::fs::copy(&good, dir.join("sim_noise_a_good.npz")).unwrap();
+        let replace = |case: &str, array: &'static str, npy: Vec<u8>| {
+            rewrite_npz(&good, &dir.join(format!("{case}.npz")), |n, b| {
+                Some(if n == array { npy.clone() } else { b })
+            })
+        };
+        replace(
+            "sim_noise_filter_index",
+            "filter_index",
+            npy_empty("<i4", "(0,)"),
+        );
+        replace("sim_noise_keys", "keys", npy_empty("<i8", "(0, 2)"));
+        let mut out = Vec::new();
+        let s = verify(&cpu_backend(), &dir, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].starts_with("PASS  sim_noise_a_good"), "{text}");
+        assert!(
+            lines[2].starts_with("FAIL  sim_noise_filter_index: ")
+                && lines[2].contains("field `filter_index`: shape [0], expected 1 elements"),
+            "{text}"
+        );
+        assert!(
+            lines[3].starts_with("FAIL  sim_noise_keys: ")
+                && lines[3].contains("field `keys`: shape [0, 2], expected 2 elements"),
+            "{text}"
+        );
+        assert_eq!(s.exit_code(), 1);
     }
 
     #[test]

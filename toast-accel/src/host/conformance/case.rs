@@ -1715,7 +1715,7 @@ pub struct SimNoiseCase {
 impl SimNoiseCase {
     pub(super) fn load(f: &mut Fields) -> Result<Self, CaseError> {
         let (det_data_in, det_data_out) = f.in_out("det_data_in", "det_data_out", 2)?;
-        Ok(SimNoiseCase {
+        let c = SimNoiseCase {
             n_samp: f.scalar("n_samp")?,
             fft_len: f.scalar("fft_len")?,
             counter0: f.scalar("counter0")?,
@@ -1725,6 +1725,31 @@ impl SimNoiseCase {
             amplitudes: f.arr("amplitudes", Some(2))?,
             det_data_in,
             det_data_out,
-        })
+        };
+        // The kernel reads `filter_index` and `keys` per detector and each
+        // row of `amplitudes` over fft_len / 2 + 1 frequencies, through
+        // plain pointers: their lengths must be those.
+        let n_det = c.data_index.data.len();
+        f.need("filter_index", &c.filter_index, n_det, PER_DET)?;
+        f.need("keys", &c.keys, 2 * n_det, "two key words per detector")?;
+        if c.keys.shape[1] != 2 {
+            return Err(f.err(
+                "keys",
+                format!("shape {:?}, expected [n_det, 2]", c.keys.shape),
+            ));
+        }
+        let Some(n_freq) = usize::try_from(c.fft_len).ok().map(|n| n / 2 + 1) else {
+            return Err(f.err("fft_len", format!("{} is negative", c.fft_len)));
+        };
+        if c.amplitudes.shape[1] != n_freq {
+            return Err(f.err(
+                "amplitudes",
+                format!(
+                    "shape {:?}, expected rows of fft_len / 2 + 1 = {n_freq} frequencies",
+                    c.amplitudes.shape
+                ),
+            ));
+        }
+        Ok(c)
     }
 }

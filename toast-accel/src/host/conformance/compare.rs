@@ -234,8 +234,9 @@ pub enum Comparison {
     /// Exact, except `stokes_weights_IQU` weights within [`TRIG_RTOL`] and
     /// `build_noise_weighted` zmap and `cov_accum_diag_invnpp` within
     /// [`ACCUM_RTOL`], `template_offset_project_signal` and (kept form)
-    /// `fused_project` amplitudes within [`AMP_RTOL`] x `step_length` (a
-    /// device's tree sum), norm-wise, with identical NaN patterns.
+    /// `fused_project` amplitudes within [`AMP_RTOL`] x `step_length` (at
+    /// most `n_samp`; a device's tree sum), norm-wise, with identical NaN
+    /// patterns.
     Tolerant,
 }
 
@@ -255,7 +256,7 @@ impl Comparison {
         match self {
             Comparison::Exact => "exact (bit for bit; NaN matches NaN)".to_string(),
             Comparison::Tolerant => format!(
-                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap / cov_accum_diag_invnpp / cov_accum_timestream invnpp within {ACCUM_RTOL:e} x max|want|, template_offset_project_signal / fused_project amplitudes within {AMP_RTOL:e} x step_length x max|want|, same NaN/inf pattern; all other outputs exact)"
+                "tolerant (device backend: stokes_weights_IQU weights within {TRIG_RTOL:e} and build_noise_weighted zmap / cov_accum_diag_invnpp / cov_accum_timestream invnpp within {ACCUM_RTOL:e} x max|want|, template_offset_project_signal / fused_project amplitudes within {AMP_RTOL:e} x step_length (at most n_samp) x max|want|, same NaN/inf pattern; all other outputs exact)"
             ),
         }
     }

@@ -143,18 +143,40 @@ pub fn run_dir_with(
     dir: &Path,
     cmp: Comparison,
 ) -> Vec<(PathBuf, Result<CaseOutcome, CaseError>)> {
-    each_case(dir, |p| {
-        load_case(p).map(|c| run_case_with(backend, &c, cmp))
-    })
+    let mut results = Vec::new();
+    let Ok(()) = run_dir_each(backend, dir, cmp, |p, r| {
+        results.push((p, r));
+        Ok::<(), std::convert::Infallible>(())
+    });
+    results
+}
+
+/// [`run_dir_with`], handing each case's result to `report` as soon as it
+/// is known, in the same order: a report written as it goes shows every
+/// case that ran, even if a later one takes the process down. Stops at the
+/// first error `report` returns, and returns it.
+pub fn run_dir_each<E>(
+    backend: &Backend,
+    dir: &Path,
+    cmp: Comparison,
+    report: impl FnMut(PathBuf, Result<CaseOutcome, CaseError>) -> Result<(), E>,
+) -> Result<(), E> {
+    each_case(
+        dir,
+        |p| load_case(p).map(|c| run_case_with(backend, &c, cmp)),
+        report,
+    )
 }
 
 /// `run` on every `.npz` file of `dir`, sorted by file name, each on its
-/// own: a case that panics is a [`CaseError::Panicked`] with the panic's
-/// message, and the next case runs.
-fn each_case(
+/// own, its result handed to `report` before the next runs: a case that
+/// panics is a [`CaseError::Panicked`] with the panic's message, and the
+/// next case runs.
+fn each_case<E>(
     dir: &Path,
     run: impl Fn(&Path) -> Result<CaseOutcome, CaseError>,
-) -> Vec<(PathBuf, Result<CaseOutcome, CaseError>)> {
+    mut report: impl FnMut(PathBuf, Result<CaseOutcome, CaseError>) -> Result<(), E>,
+) -> Result<(), E> {
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -164,33 +186,31 @@ fn each_case(
             .filter(|p| p.extension().is_some_and(|x| x == "npz"))
             .collect(),
         Err(e) => {
-            return vec![(
+            return report(
                 dir.to_path_buf(),
                 Err(CaseError::Read {
                     file: dir.to_path_buf(),
                     reason: format!("cannot list the directory: {e}"),
                 }),
-            )]
+            )
         }
     };
     files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-    files
-        .into_iter()
-        .map(|p| {
-            // Unwind safety: a panicking case's partial state (its arrays,
-            // a half-staged buffer) is dropped or left to the backend,
-            // which every later case uses only through its checked entry
-            // points.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&p)))
-                .unwrap_or_else(|payload| {
-                    Err(CaseError::Panicked {
-                        file: p.clone(),
-                        message: crate::plugin_support::panic_message(&*payload),
-                    })
-                });
-            (p, r)
-        })
-        .collect()
+    for p in files {
+        // Unwind safety: a panicking case's partial state (its arrays, a
+        // half-staged buffer) is dropped or left to the backend, which
+        // every later case uses only through its checked entry points.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&p))).unwrap_or_else(
+            |payload| {
+                Err(CaseError::Panicked {
+                    file: p.clone(),
+                    message: crate::plugin_support::panic_message(&*payload),
+                })
+            },
+        );
+        report(p, r)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -207,15 +227,25 @@ mod tests {
             std::fs::write(dir.join(f), b"").unwrap();
         }
         let ran = std::cell::RefCell::new(Vec::new());
-        let results = each_case(&dir, |p| {
-            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
-            ran.borrow_mut().push(name.clone());
-            if name == "b" {
-                let v: Vec<u8> = Vec::new();
-                panic!("index {} out of range in the adapter", v.len() + 7);
-            }
-            Ok(CaseOutcome::Pass)
-        });
+        let mut results = Vec::new();
+        let Ok(()) = each_case(
+            &dir,
+            |p| {
+                let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+                ran.borrow_mut().push(name.clone());
+                if name == "b" {
+                    let v: Vec<u8> = Vec::new();
+                    panic!("index {} out of range in the adapter", v.len() + 7);
+                }
+                Ok(CaseOutcome::Pass)
+            },
+            |p, r| {
+                // Each result is reported before the next case runs.
+                assert_eq!(ran.borrow().len(), results.len() + 1);
+                results.push((p, r));
+                Ok::<(), std::convert::Infallible>(())
+            },
+        );
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(*ran.borrow(), ["a", "b", "c"]);
         assert_eq!(results.len(), 3);

@@ -74,6 +74,15 @@ fn if_len<T>(a: &[T], n: usize) -> &[T] {
     }
 }
 
+/// The tolerance of a device's amplitudes (tolerant mode): [`AMP_RTOL`]
+/// for each sample an amplitude sums, `step_length` of them, but never more
+/// than the `n_samp` a detector has (a step length past the data must not
+/// widen the bound to any value at all).
+fn amp_rtol(step_length: i64, n_samp: usize) -> f64 {
+    let n_samp = i64::try_from(n_samp).unwrap_or(i64::MAX).max(1);
+    AMP_RTOL * step_length.clamp(1, n_samp) as f64
+}
+
 /// Dimension `i` of a shape, or 0.
 fn dim(shape: &[usize], i: usize) -> usize {
     shape.get(i).copied().unwrap_or(0)
@@ -594,7 +603,7 @@ impl TemplateOffsetProjectSignalCase {
     /// of `call_data_index`, in order, as TOAST's `OffsetTemplate` does.
     /// Exact in exact mode (the CPU sums each amplitude's samples in sample
     /// order, as TOAST's references); in tolerant mode within [`AMP_RTOL`]
-    /// x `step_length` of the largest |amplitude| (FORMAT.md section 9: a
+    /// x `step_length` (at most `n_samp`) of the largest |amplitude| (FORMAT.md section 9: a
     /// device adds an amplitude's samples in a tree, one block per
     /// amplitude).
     pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
@@ -651,7 +660,7 @@ impl TemplateOffsetProjectSignalCase {
             unsafe { launch(b, &args)? };
             finish(vec![a, d, fd, f])?;
         }
-        let rtol = AMP_RTOL * (*step_length).max(1) as f64;
+        let rtol = amp_rtol(*step_length, n_samp);
         Ok(verdict([cmp.float(
             "amplitudes",
             &amps,
@@ -1355,7 +1364,7 @@ impl FusedAccumulateCase {
 impl FusedProjectCase {
     /// `fused_project`: the amplitudes of TOAST's unfused sequence (see
     /// [`fused_compare`]); the kept form in tolerant mode within
-    /// [`AMP_RTOL`] × `step_length`, as `template_offset_project_signal`'s
+    /// [`AMP_RTOL`] × `step_length` (at most `n_samp`), as `template_offset_project_signal`'s
     /// (a device sums an amplitude's samples by a tree).
     pub(super) fn run(&self, b: &Backend, cmp: Comparison) -> Result<CaseOutcome, CaseOutcome> {
         let c = &self.0;
@@ -1446,7 +1455,7 @@ impl FusedProjectCase {
             &out,
             &p.out_want.data,
             p.compact_form,
-            AMP_RTOL * p.step_length.max(1) as f64,
+            amp_rtol(p.step_length, n_samp),
         )]))
     }
 }
