@@ -134,43 +134,77 @@ pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
     std::process::exit(code)
 }
 
+/// What `TOAST_FAULT_INJECT=RANK:PHASE[:MODE]` asks for.
+struct FaultSpec {
+    rank: usize,
+    phase: String,
+    kill: bool,
+}
+
+/// `TOAST_FAULT_INJECT`, parsed: `None` when unset; an error naming the
+/// problem for a malformed value, or a phase that `known` does not accept
+/// (a fault that could never fire would leave a test passing for nothing).
+fn fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<Option<FaultSpec>> {
+    let Ok(spec) = std::env::var("TOAST_FAULT_INJECT") else {
+        return Ok(None);
+    };
+    let bad = |why: String| anyhow::anyhow!("TOAST_FAULT_INJECT={spec:?}: {why}");
+    let mut parts = spec.split(':');
+    let (Some(rank), Some(phase)) = (parts.next(), parts.next()) else {
+        return Err(bad("expected RANK:PHASE[:error|kill]".into()));
+    };
+    let kill = match parts.next() {
+        None | Some("error") => false,
+        Some("kill") => true,
+        Some(other) => return Err(bad(format!("unknown mode {other:?} (error or kill)"))),
+    };
+    if let Some(extra) = parts.next() {
+        return Err(bad(format!(
+            "{extra:?} after the mode: expected RANK:PHASE[:error|kill]"
+        )));
+    }
+    let rank = rank
+        .parse()
+        .map_err(|_| bad(format!("rank {rank:?} is not a number")))?;
+    if !known(phase) {
+        return Err(bad(format!("no phase {phase:?} in this command")));
+    }
+    Ok(Some(FaultSpec {
+        rank,
+        phase: phase.to_string(),
+        kill,
+    }))
+}
+
+/// Check `TOAST_FAULT_INJECT` before any work (the dry run too): its form,
+/// and that `known` accepts its phase.
+pub fn check_fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
+    fault_spec(known).map(|_| ())
+}
+
 /// The fault injected at `phase` on this rank by `TOAST_FAULT_INJECT`, if
 /// any: `Err` for mode `error`; mode `kill` does not return.
 pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
-    let Ok(spec) = std::env::var("TOAST_FAULT_INJECT") else {
+    let Some(f) = fault_spec(&|_| true)? else {
         return Ok(());
     };
-    let mut parts = spec.split(':');
-    let (Some(rank), Some(at)) = (parts.next(), parts.next()) else {
+    if f.rank != comm.rank() || f.phase != phase {
+        return Ok(());
+    }
+    let spec = std::env::var("TOAST_FAULT_INJECT").unwrap_or_default();
+    if !f.kill {
         return Err(anyhow::anyhow!(
-            "TOAST_FAULT_INJECT={spec:?}: expected RANK:PHASE[:error|kill]"
-        ));
-    };
-    let mode = parts.next().unwrap_or("error");
-    let rank: usize = rank.parse().map_err(|_| {
-        anyhow::anyhow!("TOAST_FAULT_INJECT={spec:?}: rank {rank:?} is not a number")
-    })?;
-    if rank != comm.rank() || at != phase {
-        return Ok(());
-    }
-    match mode {
-        "error" => Err(anyhow::anyhow!(
             "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
-        )),
-        "kill" => {
-            crate::console::stderr(&format!(
-                "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})\n",
-                comm.rank()
-            ));
-            let pid = std::process::id().to_string();
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid])
-                .status();
-            // kill(1) missing: end abruptly all the same.
-            std::process::abort()
-        }
-        other => Err(anyhow::anyhow!(
-            "TOAST_FAULT_INJECT={spec:?}: unknown mode {other:?} (error or kill)"
-        )),
+        ));
     }
+    crate::console::stderr(&format!(
+        "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})\n",
+        comm.rank()
+    ));
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status();
+    // kill(1) missing: end abruptly all the same.
+    std::process::abort()
 }

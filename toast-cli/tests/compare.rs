@@ -5,7 +5,10 @@
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
-use toast_ops::io::fits::{write_hits_map, write_iqu_map, MapPrecision, Ordering};
+use toast_ops::io::fits::{
+    write_healpix_map, write_hits_map, write_iqu_map, ColumnFormat, ColumnSource, MapPrecision,
+    Ordering, WriteColumn,
+};
 use toast_testkit::process::{self, text};
 
 /// `toast-cli compare ARGS`, within a minute.
@@ -226,4 +229,78 @@ fn a_runs_maps_are_those_its_stats_list() {
         "{out}"
     );
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A hits map of floats (a map column written where the counts belong) is
+/// named as such and differs, whatever its values; the totals of hits are
+/// never written with dozens of digits.
+#[test]
+fn a_hits_map_of_floats_differs_by_its_type() {
+    let root = process::scratch("toast-cli-compare", "hits-type");
+    let (a, b) = (root.join("a"), root.join("b"));
+    write_run(&a, 0.0, 0);
+    write_run(&b, 0.0, 0);
+    // The same column `T` and the same counts as a_hits, as float32.
+    let float_hits = |dir: &Path, value: f32| {
+        let counts: Vec<f32> = (0..12).map(|p| value + p as f32).collect();
+        write_healpix_map(
+            &dir.join("mapmaker_hits.fits"),
+            Ordering::Nested,
+            &[WriteColumn {
+                name: "T",
+                unit: None,
+                format: ColumnFormat::F32,
+                data: ColumnSource::F32(&counts),
+            }],
+            &[],
+        )
+        .unwrap();
+    };
+    float_hits(&b, 10.0);
+    let o = compare(&[path(&a), path(&b)]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains(
+            "mapmaker_hits.fits T: column type E in a hits map (hits are counts: an integer \
+             column B, I, J or K)  DIFFER"
+        ),
+        "{t}"
+    );
+    // Both sides floats of 3.4e38: still not hits, and no 39-digit totals.
+    float_hits(&a, 3.4e38);
+    float_hits(&b, 3.4e38);
+    let o = compare(&[path(&a), path(&b)]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("mapmaker_hits.fits T: column type E and E in a hits map"),
+        "{t}"
+    );
+    assert!(!t.contains("000000000000"), "{t}");
+}
+
+/// Maps of huge finite values are compared by their ratios, without the
+/// squares overflowing: 1e300 against 1e300 (1 + 1e-6) is within 1e-5.
+#[test]
+fn huge_maps_compare_by_their_ratios() {
+    let root = process::scratch("toast-cli-compare", "huge");
+    let (a, b) = (root.join("a"), root.join("b"));
+    for (dir, scale) in [(&a, 1.0), (&b, 1.0 + 1e-6)] {
+        write_run(dir, 0.0, 0);
+        let m: Vec<f64> = (0..12).map(|p| scale * 1e300 * (1.0 + p as f64)).collect();
+        write_iqu_map(
+            &dir.join("mapmaker_map.fits"),
+            Ordering::Nested,
+            [&m, &m, &m],
+            "K",
+            MapPrecision::F64,
+            &[],
+        )
+        .unwrap();
+    }
+    let o = compare(&[path(&a), path(&b)]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("rms rel 1.00e-6"), "{t}");
 }

@@ -339,6 +339,12 @@ fn every_probe() {
     std::fs::create_dir_all(obstacle.join("timing.csv").join("x")).unwrap();
     let obstacle = s(&obstacle);
 
+    // A file where a directory is asked for.
+    let a_file = dir.join("a_file");
+    std::fs::write(&a_file, b"not a directory").unwrap();
+    let under_a_file = s(&a_file.join("out"));
+    let a_file = s(&a_file);
+
     // An output directory that is a link to nowhere.
     let dangling = dir.join("dangling");
     std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
@@ -624,6 +630,40 @@ fn every_probe() {
             Code(2),
             &["timing.csv: a directory, where the run puts its output timing.csv"],
         ),
+        // An output directory that is a file, or cannot be created or
+        // written (the dry run said 0 where the run refuses them), and a
+        // maps directory under a file.
+        probe(
+            &["run", "--dry-run", "--out-dir", &a_file],
+            Code(2),
+            &["a_file: cannot create: it is not a directory"],
+        ),
+        probe(
+            &["run", "--dry-run", "--out-dir", &under_a_file],
+            Code(2),
+            &["cannot create:", "a_file is not a directory"],
+        ),
+        probe(
+            &["run", "--dry-run", "--out-dir", "/proc/toast-cli-out"],
+            Code(2),
+            &["output directory /proc/toast-cli-out: cannot be created or written in /proc"],
+        ),
+        probe(
+            &["run", "--dry-run", "--out-dir", &out, "--set", &format!("mapmaker.output_dir={a_file}")],
+            Code(2),
+            &["mapmaker.output_dir", "a_file: cannot create: it is not a directory"],
+        ),
+        probe(
+            &["run", "--quiet", "--no-plot", "--n-det", "2", "--out-dir", &a_file],
+            Code(2),
+            &["a_file: cannot create: it is not a directory"],
+        ),
+        // A fault point the run does not have could never fire; a bad mode
+        // was found only at the phase, after the work before it.
+        probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"0:NoSuchPhase\": no phase \"NoSuchPhase\" in this command"])
+            .env("TOAST_FAULT_INJECT", "0:NoSuchPhase"),
+        probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"0:MapMaker:explode\": unknown mode \"explode\" (error or kill)"])
+            .env("TOAST_FAULT_INJECT", "0:MapMaker:explode"),
         // A --json file that cannot be written is refused before the
         // benchmark (it failed after it, exit status 1), and a device or a
         // directory is not replaced.

@@ -135,8 +135,14 @@ pub fn compare_hits(a: &[f64], b: &[f64]) -> ColumnDiff {
 
 /// Compare a map column of B with the same column of A (same length).
 pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
-    let (mut max_a, mut max_d, mut sum_a2, mut sum_d2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut max_a, mut max_d) = (0.0f64, 0.0f64);
     let (mut mismatched_unseen, mut non_finite, mut compared) = (0, 0, 0);
+    // The pixels with a value on both sides.
+    let both = || {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.is_finite() && y.is_finite() && **x != UNSEEN && **y != UNSEEN)
+    };
     for (&x, &y) in a.iter().zip(b) {
         if !(x.is_finite() && y.is_finite()) {
             non_finite += 1;
@@ -144,25 +150,42 @@ pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
         }
         match (x == UNSEEN, y == UNSEEN) {
             (false, false) => {
-                let d = (x - y).abs();
+                // |x - y| of two finite values can overflow (1e308 and
+                // -1e308): half of each, then doubled, cannot.
                 max_a = max_a.max(x.abs());
-                max_d = max_d.max(d);
-                sum_a2 += x * x;
-                sum_d2 += d * d;
+                max_d = max_d.max(2.0 * (0.5 * x - 0.5 * y).abs());
                 compared += 1;
             }
             (true, true) => {}
             _ => mismatched_unseen += 1,
         }
     }
+    // The sums of squares of values scaled by their maxima (the squares of
+    // maps of 1e300 overflow): rms(d) / rms(a) = (max_d sqrt(sum (d /
+    // max_d)^2)) / (max_a sqrt(sum (a / max_a)^2)).
+    let scaled = |max: f64, v: &dyn Fn(f64, f64) -> f64| -> f64 {
+        if max == 0.0 || !max.is_finite() {
+            return 0.0;
+        }
+        both()
+            .map(|(&x, &y)| (v(x, y) / max).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
     let ratio = |d: f64, r: f64| match (d == 0.0, r == 0.0) {
         (true, _) => 0.0,
         (false, true) => f64::INFINITY,
         (false, false) => d / r,
     };
+    let rms_d = scaled(max_d, &|x, y| 2.0 * (0.5 * x - 0.5 * y).abs());
+    let rms_a = scaled(max_a, &|x, _| x.abs());
     ColumnDiff::Map {
         max_rel: ratio(max_d, max_a),
-        rms_rel: ratio(sum_d2.sqrt(), sum_a2.sqrt()),
+        rms_rel: if max_d == 0.0 {
+            0.0
+        } else {
+            ratio(rms_d, rms_a) * ratio(max_d, max_a)
+        },
         mismatched_unseen,
         non_finite,
         compared,
@@ -286,6 +309,24 @@ fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> 
         ));
     }
     for (fa, fb) in a.fields.iter().zip(&b.fields) {
+        // Hits are counts: a column of another type (a float `E`) is not a
+        // hits map, whatever its values.
+        let floats: Vec<String> = [a, b]
+            .iter()
+            .filter_map(|m| column_type(m, &fa.name))
+            .filter(|t| hits && !matches!(t, 'B' | 'I' | 'J' | 'K'))
+            .map(String::from)
+            .collect();
+        if !floats.is_empty() {
+            report.differs = true;
+            report.lines.push(format!(
+                "{name} {}: column type {} in a hits map (hits are counts: an integer column \
+                 B, I, J or K)  DIFFER",
+                fa.name,
+                floats.join(" and ")
+            ));
+            continue;
+        }
         let diff = if hits {
             compare_hits(&fa.data, &fb.data)
         } else {
@@ -298,7 +339,11 @@ fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> 
                 total_a,
                 total_b,
                 differing,
-            } => format!("hits {} / {}, {differing} pixels differ", total_a, total_b),
+            } => format!(
+                "hits {} / {}, {differing} pixels differ",
+                count(total_a),
+                count(total_b)
+            ),
             ColumnDiff::Map {
                 max_rel,
                 rms_rel,
@@ -326,6 +371,29 @@ fn compare_file(name: &str, a: &HealpixMap, b: &HealpixMap, tol: Tolerances) -> 
         ));
     }
     report
+}
+
+/// The data type letter of column `name` of `map` (`E` of `TFORMn =
+/// '1024E'`), from the header; `None` where the header does not say.
+fn column_type(map: &HealpixMap, name: &str) -> Option<char> {
+    let n = (1..=999).find(|n| {
+        map.header
+            .get(&format!("TTYPE{n}"))
+            .and_then(|v| v.as_str())
+            .is_some_and(|t| t.trim() == name)
+    })?;
+    let tform = map.header.get(&format!("TFORM{n}"))?.as_str()?;
+    tform.trim().chars().find(|c| c.is_ascii_alphabetic())
+}
+
+/// A sum of hits: as an integer where it is one that an f64 holds exactly,
+/// else in scientific notation (never dozens of digits).
+fn count(total: f64) -> String {
+    if total.fract() == 0.0 && total.abs() < 9.0e15 {
+        format!("{}", total as i64)
+    } else {
+        format!("{total:e}")
+    }
 }
 
 /// Run the comparison, printing one line per column and the verdict.

@@ -227,9 +227,50 @@ fn check_out_link(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The nearest of `dir` and its ancestors that exists, which must be a
+/// directory (refused, naming it, where it is a file or anything else: a
+/// directory cannot be made there).
+fn nearest_existing_dir(dir: &Path) -> Result<PathBuf> {
+    let existing = dir
+        .ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .find(|a| std::fs::symlink_metadata(a).is_ok())
+        .unwrap_or(Path::new("."));
+    if !existing.is_dir() {
+        let what = if existing == dir {
+            "it is not a directory".to_string()
+        } else {
+            format!("{} is not a directory", existing.display())
+        };
+        bail!("output directory {}: cannot create: {what}", dir.display());
+    }
+    Ok(existing.to_path_buf())
+}
+
+/// The dry run's check of an output directory: what [`check_out_dir`]
+/// would refuse, without creating the directory. Its nearest existing
+/// ancestor (or itself) must be a directory in which a file can be created
+/// (a probe file, removed at once: a mode bit does not tell on a read-only
+/// file system, /proc or /sys, or for root).
+fn probe_out_dir(dir: &Path) -> Result<()> {
+    check_out_link(dir)?;
+    let existing = nearest_existing_dir(dir)?;
+    let probe = existing.join(format!(".toast-cli-dry-run-{}", std::process::id()));
+    std::fs::write(&probe, b"ok").with_context(|| {
+        format!(
+            "output directory {}: cannot be created or written in {}",
+            dir.display(),
+            existing.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// Check that the output directory can be created and written.
 fn check_out_dir(dir: &Path) -> Result<()> {
     check_out_link(dir)?;
+    nearest_existing_dir(dir)?;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("output directory {}: cannot create", dir.display()))?;
     let probe = dir.join(".toast-cli-write-test");
@@ -404,6 +445,11 @@ impl ProductSink for OutputDir<'_> {
 /// The workflow; returns the process exit status.
 pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i32> {
     let root = comm.rank() == 0;
+    // A fault point the run has (a phase, or `output NAME`), checked before
+    // any work, by the dry run too.
+    parallel::check_fault_spec(&|p| {
+        PHASES.contains(&p) || p.strip_prefix("output ").is_some_and(|n| !n.is_empty())
+    })?;
     let overrides = SizeOverrides {
         n_det: args.n_det,
         n_obs: args.n_obs,
@@ -492,12 +538,13 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         device.transpose()?;
     }
     // Only a job that passed every check creates its output directories;
-    // a dry run makes the checks that only read (the run would fail them).
+    // a dry run makes the same checks without creating them (the run would
+    // fail them).
     let maps_dir = maps_dir(&args.out_dir, &job.config.mapmaker.output_dir);
     if root {
         let check = |dir: &Path| match args.dry_run {
             None => check_out_dir(dir),
-            Some(_) => check_out_link(dir),
+            Some(_) => probe_out_dir(dir),
         };
         check(&args.out_dir)?;
         if job.config.mapmaker.enabled {

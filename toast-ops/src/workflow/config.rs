@@ -76,7 +76,9 @@
 //! detector sample, slower).
 
 use crate::mapmaker::MapMakerConfig;
-use crate::ops::{BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesWeightsConfig};
+use crate::ops::{
+    BinnerConfig, PixelsHealpixConfig, PointingDetectorConfig, StokesMode, StokesWeightsConfig,
+};
 use crate::sim::{
     DefaultNoiseModelConfig, ScanHealpixMapConfig, SimNoiseConfig, SimSatelliteConfig,
 };
@@ -521,6 +523,15 @@ pub fn apply_set(table: &mut Table, spec: &str) -> Result<(), ConfigError> {
         return Err(set_err(spec, format!("bad key `{key}`")));
     }
     let raw = raw.trim();
+    // One value on one line: text after a line break would be TOML of its
+    // own (`5\nbogus = 64`, `5\n[mapmaker]\n...`), settings no check saw,
+    // and no setting is text with control characters.
+    if let Some(c) = raw.chars().find(|c| c.is_control()) {
+        return Err(set_err(
+            spec,
+            format!("the value holds the control character {c:?}: give one value on one line"),
+        ));
+    }
     let value = match format!("v = {raw}").parse::<Table>() {
         Ok(mut t) => t.remove("v").expect("parsed key"),
         // Digits that TOML refuses are an integer out of its range, not a
@@ -620,7 +631,21 @@ fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), ConfigE
         };
         match v {
             Value::Table(sub) => flatten(&key, sub, out)?,
-            Value::String(s) => out.push(format!("{key}={s}")),
+            Value::String(s) => {
+                // `[dispatch.kernel] scan_map` and `[dispatch]
+                // "kernel.scan_map"` are one setting: given both ways, which
+                // one wins would be the table's order, not the user's.
+                let twice = out
+                    .iter()
+                    .find(|o| o.split_once('=').is_some_and(|(k, _)| k == key));
+                if let Some(first) = twice {
+                    return Err(section_err(
+                        "dispatch",
+                        format!("{key} is given twice ({first} and {key}={s}): give it once"),
+                    ));
+                }
+                out.push(format!("{key}={s}"))
+            }
             other => {
                 return Err(section_err(
                     "dispatch",
@@ -630,6 +655,77 @@ fn flatten(prefix: &str, t: &Table, out: &mut Vec<String>) -> Result<(), ConfigE
                     ),
                 ))
             }
+        }
+    }
+    Ok(())
+}
+
+/// The text settings that are not the name of an observation field (or of
+/// a focal-plane column): a date, paths, a Stokes mode, an MPI pattern, a
+/// telescope's name.
+const NOT_FIELD_NAMES: [&str; 6] = [
+    "mission_start",
+    "file",
+    "output_dir",
+    "mode",
+    "sync_type",
+    "telescope",
+];
+
+/// Every other text setting names a field (`scan_map.det_data`,
+/// `det_pointing.quats`, ...): refuse an empty name, or one with spaces or
+/// control characters, which no field of TOAST's has; an operator would
+/// otherwise write to a field nothing reads (`scan_map.det_data=` scanned
+/// the sky into a field the map-maker never bins).
+fn check_field_names(table: &Table) -> Result<(), ConfigError> {
+    for (section, v) in table {
+        let Value::Table(t) = v else { continue };
+        if section == "dispatch" {
+            continue;
+        }
+        for (key, v) in t {
+            let Value::String(name) = v else { continue };
+            if NOT_FIELD_NAMES.contains(&key.as_str()) {
+                continue;
+            }
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(section_err(
+                    section,
+                    format!(
+                        "{key} = {name:?}: a field name must be non-empty, without spaces or \
+                         control characters"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The map-maker's rcond thresholds against what an IQU pixel can reach:
+/// its covariance has the I direction's value n (its hits) and a Q/U block
+/// of trace at most n (each sample adds cos² + sin² = 1 there, less with a
+/// polarization efficiency below 1), so its smallest eigenvalue is at most
+/// n / 2 and its largest at least n: rcond <= 1/2. A threshold above 1/2
+/// cuts every pixel and leaves an all-zero map.
+fn check_iqu_rcond(cfg: &SatelliteConfig) -> Result<(), ConfigError> {
+    if cfg.weights.mode != StokesMode::IQU {
+        return Ok(());
+    }
+    let mm = &cfg.mapmaker;
+    for (key, v) in [
+        ("solve_rcond_threshold", mm.solve_rcond_threshold),
+        ("map_rcond_threshold", mm.map_rcond_threshold),
+    ] {
+        if v > 0.5 {
+            return Err(section_err(
+                "mapmaker",
+                format!(
+                    "{key} = {}: an IQU pixel's rcond is at most 1/2, so this threshold would \
+                     cut every pixel (an all-zero map)",
+                    toast_core::num::Compact(v)
+                ),
+            ));
         }
     }
     Ok(())
@@ -672,6 +768,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
         dispatch,
         table,
     };
+    check_field_names(&cfg.table)?;
     cfg.sim_satellite.validate()?;
     cfg.mapmaker.validate()?;
     cfg.baselines.validate()?;
@@ -679,6 +776,7 @@ pub fn build(table: Table) -> Result<SatelliteConfig, ConfigError> {
     crate::pixels::check_submap(cfg.pixels.nside, cfg.pixels.nside_submap)
         .map_err(|x| section_err("pixels", x.to_string()))?;
     check_workflow_keys(&cfg.table, &cfg)?;
+    check_iqu_rcond(&cfg)?;
     // The sky scan builds the distribution the map-maker reuses.
     cfg.scan_map.pixel_dist = cfg.binner.pixel_dist.clone();
     if !cfg.pixels.nest {
@@ -830,6 +928,43 @@ mod tests {
         // Digits TOML refuses that are not out of range stay text.
         let c = cfg(&["mapmaker.output_dir=007"]).unwrap();
         assert_eq!(c.mapmaker.output_dir, "007");
+        // One value on one line: what follows a line break is not read as
+        // more settings.
+        for set in [
+            "pixels.nside_submap=16\nbogus=64",
+            "mapmaker.iter_max=5\n[mapmaker]\niter_max=0",
+        ] {
+            let e = cfg(&[set]).unwrap_err();
+            assert!(
+                e.contains("the value holds the control character '\\n'"),
+                "{e}"
+            );
+        }
+        // A field name is a name.
+        for set in [
+            "scan_map.det_data=",
+            "scan_map.det_data=\"x\" , y = 1",
+            "mapmaker.det_data=a b",
+        ] {
+            let e = cfg(&[set]).unwrap_err();
+            assert!(e.contains("a field name must be non-empty"), "{set}: {e}");
+        }
+        // A threshold no IQU pixel passes.
+        let e = cfg(&["mapmaker.map_rcond_threshold=1"]).unwrap_err();
+        assert!(
+            e.contains("map_rcond_threshold = 1: an IQU pixel's rcond is at most 1/2"),
+            "{e}"
+        );
+        cfg(&["mapmaker.solve_rcond_threshold=0.5"]).unwrap();
+        // A dispatch setting given two ways is refused, not settled by order.
+        let file: Table =
+            "[dispatch.kernel]\nscan_map = \"cpu\"\n[dispatch]\n\"kernel.scan_map\" = \"opencl\"\n"
+                .parse()
+                .unwrap();
+        let mut t = workflow_defaults("tiny");
+        merge(&mut t, &file);
+        let e = build(t).unwrap_err().to_string();
+        assert!(e.contains("kernel.scan_map is given twice"), "{e}");
     }
 
     #[test]
