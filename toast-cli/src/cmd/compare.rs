@@ -10,7 +10,9 @@
 //! the other directory, column by column:
 //!
 //! * a hits map (a file whose name contains `hits`) must be identical:
-//!   the line gives both totals and the number of pixels that differ;
+//!   the line gives both totals and the number of pixels that differ; its
+//!   columns must be integers (FITS `B`, `I`, `J` or `K`: hits are counts),
+//!   a float column there is a difference whatever its values;
 //! * any other column is within tolerance when its largest difference
 //!   relative to its largest value, `max|a-b| / max|a|`, is at most
 //!   `--max-rel`, and its RMS difference relative to its RMS,
