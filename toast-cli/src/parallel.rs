@@ -177,9 +177,17 @@ fn fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<Option<FaultSpec>>
 }
 
 /// Check `TOAST_FAULT_INJECT` before any work (the dry run too): its form,
-/// and that `known` accepts its phase.
-pub fn check_fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
-    fault_spec(known).map(|_| ())
+/// that `known` accepts its phase, and that its rank is one of `comm`'s.
+pub fn check_fault_spec(comm: &dyn Comm, known: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
+    match fault_spec(known)? {
+        Some(f) if f.rank >= comm.size() => Err(anyhow::anyhow!(
+            "TOAST_FAULT_INJECT={:?}: rank {} of a job of {} process(es)",
+            std::env::var("TOAST_FAULT_INJECT").unwrap_or_default(),
+            f.rank,
+            comm.size()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The fault injected at `phase` on this rank by `TOAST_FAULT_INJECT`, if

@@ -664,6 +664,8 @@ fn every_probe() {
             .env("TOAST_FAULT_INJECT", "0:NoSuchPhase"),
         probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"0:MapMaker:explode\": unknown mode \"explode\" (error or kill)"])
             .env("TOAST_FAULT_INJECT", "0:MapMaker:explode"),
+        probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"3:MapMaker\": rank 3 of a job of 1 process(es)"])
+            .env("TOAST_FAULT_INJECT", "3:MapMaker"),
         // A --json file that cannot be written is refused before the
         // benchmark (it failed after it, exit status 1), and a device or a
         // directory is not replaced.

@@ -78,7 +78,7 @@ pub fn bench(comm: &dyn Comm, mib: usize) -> anyhow::Result<u8> {
 
 /// The checks on `comm`, with the fault point first; the exit status.
 pub fn run(comm: &dyn Comm) -> anyhow::Result<u8> {
-    let checked = parallel::check_fault_spec(&|p| p == FAULT_PHASE);
+    let checked = parallel::check_fault_spec(comm, &|p| p == FAULT_PHASE);
     if let Err(e) = checked.and_then(|()| parallel::fault_point(comm, FAULT_PHASE)) {
         parallel::fail(comm, &crate::error_chain(&e), 2);
     }

@@ -447,7 +447,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let root = comm.rank() == 0;
     // A fault point the run has (a phase, or `output NAME`), checked before
     // any work, by the dry run too.
-    parallel::check_fault_spec(&|p| {
+    parallel::check_fault_spec(&*comm, &|p| {
         PHASES.contains(&p) || p.strip_prefix("output ").is_some_and(|n| !n.is_empty())
     })?;
     let overrides = SizeOverrides {
