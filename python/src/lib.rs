@@ -171,76 +171,157 @@ const INTERVAL_FIELDS: [(&str, &str); 4] = [
 /// caller's Python code: every array-like (an object with an
 /// `__array_interface__`, an ndarray subclass, TOAST's aligned buffers,
 /// which export only the buffer protocol) a numpy array viewing its memory
-/// (no copy), every number-like a Python `int` or `float`, the elements of
-/// a list argument the same.
+/// (no copy), every number-like (numpy's scalars, 0-d arrays, objects with
+/// `__index__` or `__float__`) a Python `int`, `float` or `bool`, the
+/// elements of a list argument the same. [`Call`] then reads only exact
+/// ndarrays and exact numbers, and refuses anything else.
 ///
 /// [`Call`] records each array's address as it reads it. Were an argument
 /// converted only when read, its conversion (an `__array_interface__`
 /// property, an `__index__`) could run code that frees or reallocates an
-/// array read before it (`ndarray.resize(refcheck=False)`), and the kernel
-/// would write freed memory. Converting them all first leaves every
-/// address read afterwards current. (An interface that names memory its
-/// object does not keep alive breaks numpy's own contract; numpy's arrays
-/// of it are as unsafe.)
-fn settle_args<'py>(args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+/// array read before it (`ndarray.resize(refcheck=False)`,
+/// `AlignedF64.resize`), and the kernel would write freed memory. So the
+/// conversions that may run Python code come first, for every argument;
+/// then those that run none (a view of an ndarray subclass, of a buffer
+/// exporter: C code), so that no later conversion can move what they view.
+/// (An interface that names memory its object does not keep alive, or a
+/// resize with `refcheck=False` of an array another argument's interface
+/// names, breaks numpy's own contract; numpy's arrays of it are as unsafe.)
+fn settle_args<'py>(kernel: &str, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
     let py = args.py();
     let numpy = py.import("numpy")?;
-    let settled = args
-        .iter()
-        .map(|a| {
-            if a.cast::<PyList>().is_ok() || a.cast::<PyTuple>().is_ok() {
-                let items: Vec<_> = a
-                    .try_iter()?
-                    .map(|e| settle(&numpy, e?))
-                    .collect::<PyResult<_>>()?;
-                Ok(PyList::new(py, items)?.into_any())
-            } else {
-                settle(&numpy, a)
+    let named = |i: usize, e: PyErr| {
+        PyErr::from_type(
+            e.get_type(py),
+            format!("toast_rs {kernel}: argument {i}: {}", e.value(py)),
+        )
+    };
+    // Pass 1: the conversions that may run the caller's code.
+    let mut first = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        let a = if a.cast::<PyList>().is_ok() || a.cast::<PyTuple>().is_ok() {
+            let items = a
+                .try_iter()
+                .and_then(|it| it.map(|e| settle(&numpy, e?)).collect::<PyResult<Vec<_>>>())
+                .map_err(|e| named(i, e))?;
+            Settled::List(items)
+        } else {
+            settle(&numpy, a).map_err(|e| named(i, e))?
+        };
+        first.push(a);
+    }
+    // Pass 2: the views that run none.
+    let settled = first
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let view = |s: Settled<'py>| s.view(&numpy).map_err(|e| named(i, e));
+            match a {
+                Settled::List(items) => {
+                    let items = items.into_iter().map(view).collect::<PyResult<Vec<_>>>()?;
+                    Ok(PyList::new(py, items)?.into_any())
+                }
+                one => view(one),
             }
         })
         .collect::<PyResult<Vec<_>>>()?;
     PyTuple::new(py, settled)
 }
 
-/// One argument, [settled](settle_args).
-fn settle<'py>(
-    numpy: &Bound<'py, PyModule>,
-    obj: Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = obj.py();
-    let ndarray = numpy.getattr("ndarray")?;
-    let plain = obj.is_none()
+/// An argument after [`settle_args`]' first pass.
+enum Settled<'py> {
+    /// Final: an exact ndarray, an exact Python scalar, `None`, or an
+    /// object the kernel will refuse.
+    Done(Bound<'py, PyAny>),
+    /// An ndarray subclass or a buffer exporter, to view as an ndarray in
+    /// the second pass.
+    View(Bound<'py, PyAny>),
+    /// A list or tuple argument's elements.
+    List(Vec<Settled<'py>>),
+}
+
+impl<'py> Settled<'py> {
+    /// The second pass: an ndarray view of a [`Settled::View`] (no Python
+    /// code of the caller's runs: numpy views a subclass's memory, and a
+    /// memoryview is the exporter's C `getbuffer`).
+    fn view(self, numpy: &Bound<'py, PyModule>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Settled::Done(o) => Ok(o),
+            Settled::View(o) => {
+                if o.is_instance(&numpy.getattr("ndarray")?)? {
+                    return numpy.call_method1("asarray", (o,));
+                }
+                match o
+                    .py()
+                    .import("builtins")?
+                    .getattr("memoryview")?
+                    .call1((&o,))
+                {
+                    Ok(mv) => numpy.call_method1("asarray", (mv,)),
+                    // Neither an array nor a number: the kernel refuses it,
+                    // naming the argument.
+                    Err(_) => Ok(o),
+                }
+            }
+            Settled::List(items) => {
+                let py = numpy.py();
+                let items = items
+                    .into_iter()
+                    .map(|s| s.view(numpy))
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(PyList::new(py, items)?.into_any())
+            }
+        }
+    }
+}
+
+/// Whether `obj` is one of the forms [`Call`] reads: `None`, an exact
+/// Python `bool`, `int`, `float` or `str`, or an exact ndarray of at least
+/// one dimension.
+fn is_plain(obj: &Bound<'_, PyAny>, ndarray: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(obj.is_none()
         || obj.is_exact_instance_of::<PyBool>()
         || obj.is_exact_instance_of::<PyInt>()
         || obj.is_exact_instance_of::<PyFloat>()
         || obj.is_exact_instance_of::<PyString>()
-        || obj.get_type().is(&ndarray);
-    if plain {
-        return Ok(obj);
+        || (obj.get_type().is(ndarray) && obj.getattr("ndim")?.extract::<usize>()? > 0))
+}
+
+/// One argument, through [`settle_args`]' first pass.
+fn settle<'py>(numpy: &Bound<'py, PyModule>, obj: Bound<'py, PyAny>) -> PyResult<Settled<'py>> {
+    let py = obj.py();
+    let ndarray = numpy.getattr("ndarray")?;
+    if is_plain(&obj, &ndarray)? {
+        return Ok(Settled::Done(obj));
     }
-    // numpy's scalars (which have an array interface too) as Python's.
-    if obj.is_instance(&numpy.getattr("generic")?)? {
-        let item = obj.call_method0("item")?;
-        if item.is_exact_instance_of::<PyBool>()
-            || item.is_exact_instance_of::<PyInt>()
-            || item.is_exact_instance_of::<PyFloat>()
-        {
-            return Ok(item);
-        }
+    // numpy's scalars and 0-d arrays (an object array's element too) as
+    // Python's numbers: their item, settled in turn (once: an item that is
+    // itself an array-like or a number-like is converted below).
+    let item = if obj.is_instance(&numpy.getattr("generic")?)? || obj.get_type().is(&ndarray) {
+        obj.call_method0("item")?
+    } else {
+        obj
+    };
+    if is_plain(&item, &ndarray)? {
+        return Ok(Settled::Done(item));
     }
-    if obj.is_instance(&ndarray)? || obj.hasattr("__array_interface__")? {
-        return numpy.call_method1("asarray", (obj,));
+    if item.is_instance(&ndarray)? {
+        return Ok(Settled::View(item));
     }
-    if let Ok(mv) = py.import("builtins")?.getattr("memoryview")?.call1((&obj,)) {
-        return numpy.call_method1("asarray", (mv,));
+    if item.hasattr("__array_interface__")? {
+        return Ok(Settled::Done(numpy.call_method1("asarray", (item,))?));
     }
-    if obj.hasattr("__index__")? {
-        return py.import("operator")?.call_method1("index", (obj,));
+    if item.hasattr("__index__")? {
+        return Ok(Settled::Done(
+            py.import("operator")?.call_method1("index", (item,))?,
+        ));
     }
-    if obj.hasattr("__float__")? {
-        return Ok(PyFloat::new(py, obj.extract::<f64>()?).into_any());
+    if item.hasattr("__float__")? {
+        return Ok(Settled::Done(
+            PyFloat::new(py, item.extract::<f64>()?).into_any(),
+        ));
     }
-    Ok(obj)
+    Ok(Settled::View(item))
 }
 
 impl<'a, 'py> Call<'a, 'py> {
@@ -271,9 +352,14 @@ impl<'a, 'py> Call<'a, 'py> {
         obj: Bound<'py, PyAny>,
         name: &'static str,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
-        let iface = obj
-            .getattr("__array_interface__")
-            .ok()
+        // Only an exact ndarray, whose interface is numpy's own code: any
+        // other object's attribute lookup could run the caller's code.
+        let exact = obj
+            .get_type()
+            .is(obj.py().import("numpy")?.getattr("ndarray")?);
+        let iface = exact
+            .then(|| obj.getattr("__array_interface__").ok())
+            .flatten()
             .and_then(|d| d.cast_into::<PyDict>().ok())
             .ok_or_else(|| {
                 let ty = obj
@@ -509,15 +595,23 @@ impl<'a, 'py> Call<'a, 'py> {
         Ok(ranges)
     }
 
+    /// A number argument: an exact Python `bool`, `int` or `float` (the
+    /// arguments are [settled](settle_args): number-likes were converted),
+    /// whose extraction runs none of the caller's code.
     fn scalar<T: for<'b> FromPyObject<'b, 'py>>(
         &self,
         i: usize,
         name: &str,
         what: &str,
     ) -> PyResult<T> {
-        self.arg(i, name)?
-            .extract::<T>()
-            .map_err(|_| type_err(self.kernel, name, format!("expected {what}")))
+        let arg = self.arg(i, name)?;
+        let number = arg.is_exact_instance_of::<PyBool>()
+            || arg.is_exact_instance_of::<PyInt>()
+            || arg.is_exact_instance_of::<PyFloat>();
+        number
+            .then(|| arg.extract::<T>().ok())
+            .flatten()
+            .ok_or_else(|| type_err(self.kernel, name, format!("expected {what}")))
     }
     fn i64(&self, i: usize, name: &str) -> PyResult<i64> {
         self.scalar(i, name, "an integer")
@@ -530,9 +624,10 @@ impl<'a, 'py> Call<'a, 'py> {
         self.scalar(i, name, "an integer in 0..=255")
     }
     /// A boolean switch: `True`/`False` (or numpy's), or the integers 0
-    /// and 1, as TOAST's compiled bindings take a `bool`; anything else
-    /// (the string `"False"`, which Python reads as true, `None`, 2) is
-    /// refused rather than read by its truthiness.
+    /// and 1; anything else is refused rather than read by its
+    /// truthiness. Stricter than TOAST's compiled bindings, which refuse
+    /// the string `"False"` (true to Python) but read `None`, 2 or 1.0 by
+    /// their truth; TOAST's own callers pass booleans.
     fn flag(&self, i: usize, name: &str) -> PyResult<bool> {
         let arg = self.arg(i, name)?;
         if let Ok(b) = arg.cast::<PyBool>() {
@@ -1669,7 +1764,7 @@ impl Runtime {
             None
         };
         let start = Instant::now();
-        let args = settle_args(args)?;
+        let args = settle_args(e.toast_name, args)?;
         let mut c = Call {
             kernel: e.toast_name,
             args: &args,

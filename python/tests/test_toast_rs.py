@@ -727,6 +727,22 @@ def test_arguments_converted_before_any_address_is_read(cpu):
     with pytest.raises(ValueError, match=r"argument `det_data`: 1 dimensions"):
         registry["noise_weight"]["dispatch"](det, np.arange(4, dtype=np.int32), Intervals(),
                                              np.full(4, 2.0))
+    # A number read after an array, inside a 0-d object array: its
+    # __index__ runs while the arguments are settled, before any address.
+    n_samp, nside = 1 << 16, 8
+    pixels = np.zeros((1, n_samp), np.int64)
+
+    class Nside:
+        def __index__(self):
+            pixels.resize((1,), refcheck=False)
+            return nside
+
+    q = np.tile(np.array([0.0, 0.0, 0.0, 1.0]), (1, n_samp, 1))
+    with pytest.raises(ValueError, match=r"argument `pixels`: 1 dimensions"):
+        registry["pixels_healpix"][ImplementationType.DEFAULT](
+            np.zeros(1, np.int32), q, np.zeros(n_samp, np.uint8), 0, np.zeros(1, np.int32),
+            pixels, intervals((0, n_samp)), np.zeros(12 * nside**2 // 64, np.uint8), 64,
+            np.array(Nside(), dtype=object), True)
     # Array-likes and number-likes still work, converted once.
     args = noise_weight_args()
     ours = args[0].copy()

@@ -644,6 +644,11 @@ fn every_probe() {
             &["cannot create:", "a_file is not a directory"],
         ),
         probe(
+            &["run", "--dry-run", "--out-dir", &format!("{a_file}/")],
+            Code(2),
+            &["a_file/: cannot create: it is not a directory"],
+        ),
+        probe(
             &["run", "--dry-run", "--out-dir", "/proc/toast-cli-out"],
             Code(2),
             &["output directory /proc/toast-cli-out: cannot be created or written in /proc"],
@@ -666,6 +671,8 @@ fn every_probe() {
             .env("TOAST_FAULT_INJECT", "0:MapMaker:explode"),
         probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"3:MapMaker\": rank 3 of a job of 1 process(es)"])
             .env("TOAST_FAULT_INJECT", "3:MapMaker"),
+        probe(&["run", "--dry-run"], Code(2), &["no phase \"output mapmaker_mapp.fits\" in this command"])
+            .env("TOAST_FAULT_INJECT", "0:output mapmaker_mapp.fits"),
         // A --json file that cannot be written is refused before the
         // benchmark (it failed after it, exit status 1), and a device or a
         // directory is not replaced.

@@ -137,14 +137,11 @@ pub fn compare_hits(a: &[f64], b: &[f64]) -> ColumnDiff {
 
 /// Compare a map column of B with the same column of A (same length).
 pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
-    let (mut max_a, mut max_d) = (0.0f64, 0.0f64);
+    // Half of each difference, |x/2 - y/2|, which no two finite values
+    // overflow (x - y does: 1e308 and -1e308); the ratios double it.
+    let half = |x: f64, y: f64| (0.5 * x - 0.5 * y).abs();
+    let (mut max_a, mut max_h) = (0.0f64, 0.0f64);
     let (mut mismatched_unseen, mut non_finite, mut compared) = (0, 0, 0);
-    // The pixels with a value on both sides.
-    let both = || {
-        a.iter()
-            .zip(b)
-            .filter(|(x, y)| x.is_finite() && y.is_finite() && **x != UNSEEN && **y != UNSEEN)
-    };
     for (&x, &y) in a.iter().zip(b) {
         if !(x.is_finite() && y.is_finite()) {
             non_finite += 1;
@@ -152,25 +149,25 @@ pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
         }
         match (x == UNSEEN, y == UNSEEN) {
             (false, false) => {
-                // |x - y| of two finite values can overflow (1e308 and
-                // -1e308): half of each, then doubled, cannot.
                 max_a = max_a.max(x.abs());
-                max_d = max_d.max(2.0 * (0.5 * x - 0.5 * y).abs());
+                max_h = max_h.max(half(x, y));
                 compared += 1;
             }
             (true, true) => {}
             _ => mismatched_unseen += 1,
         }
     }
-    // The sums of squares of values scaled by their maxima (the squares of
-    // maps of 1e300 overflow): rms(d) / rms(a) = (max_d sqrt(sum (d /
-    // max_d)^2)) / (max_a sqrt(sum (a / max_a)^2)).
-    let scaled = |max: f64, v: &dyn Fn(f64, f64) -> f64| -> f64 {
-        if max == 0.0 || !max.is_finite() {
+    // sqrt(sum v^2) / max, over the pixels with a value on both sides: the
+    // squares scaled by their maximum, which maps of 1e300 would overflow.
+    let scaled_norm = |max: f64, v: &dyn Fn(f64, f64) -> f64| -> f64 {
+        if max == 0.0 {
             return 0.0;
         }
-        both()
-            .map(|(&x, &y)| (v(x, y) / max).powi(2))
+        let both = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.is_finite() && y.is_finite() && **x != UNSEEN && **y != UNSEEN);
+        both.map(|(&x, &y)| (v(x, y) / max).powi(2))
             .sum::<f64>()
             .sqrt()
     };
@@ -179,15 +176,13 @@ pub fn compare_map(a: &[f64], b: &[f64]) -> ColumnDiff {
         (false, true) => f64::INFINITY,
         (false, false) => d / r,
     };
-    let rms_d = scaled(max_d, &|x, y| 2.0 * (0.5 * x - 0.5 * y).abs());
-    let rms_a = scaled(max_a, &|x, _| x.abs());
+    // max|a-b| / max|a| = 2 max_h / max_a; rms(a-b) / rms(a) = 2 (max_h
+    // |h/max_h|) / (max_a |a/max_a|), the norms scaled as above.
+    let norm_h = scaled_norm(max_h, &half);
+    let norm_a = scaled_norm(max_a, &|x, _| x.abs());
     ColumnDiff::Map {
-        max_rel: ratio(max_d, max_a),
-        rms_rel: if max_d == 0.0 {
-            0.0
-        } else {
-            ratio(rms_d, rms_a) * ratio(max_d, max_a)
-        },
+        max_rel: 2.0 * ratio(max_h, max_a),
+        rms_rel: 2.0 * ratio(max_h, max_a) * ratio(norm_h, norm_a),
         mismatched_unseen,
         non_finite,
         compared,
@@ -565,6 +560,30 @@ mod tests {
         let d = compare_map(&[f64::NAN; 4], &[f64::NAN; 4]);
         assert!(matches!(d, ColumnDiff::Map { non_finite: 4, .. }) && !d.within(TOL));
         assert!(!compare_map(&[1.0], &[f64::NAN]).within(TOL));
+    }
+
+    /// Differences and squares of values near the largest f64 neither
+    /// overflow nor turn the ratios into NaN.
+    #[test]
+    fn extreme_values_give_finite_ratios() {
+        match compare_map(&[1e308, 1.0], &[-1e308, 1.0]) {
+            ColumnDiff::Map {
+                max_rel, rms_rel, ..
+            } => {
+                assert_eq!(max_rel, 2.0);
+                assert!((rms_rel - 2.0).abs() < 1e-12, "{rms_rel}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match compare_map(&[1e300; 3], &[1e300 * (1.0 + 1e-6); 3]) {
+            ColumnDiff::Map {
+                max_rel, rms_rel, ..
+            } => {
+                assert!((max_rel - 1e-6).abs() < 1e-15, "{max_rel}");
+                assert!((rms_rel - 1e-6).abs() < 1e-15, "{rms_rel}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -229,42 +229,83 @@ fn check_out_link(dir: &Path) -> Result<()> {
 
 /// The nearest of `dir` and its ancestors that exists, which must be a
 /// directory (refused, naming it, where it is a file or anything else: a
-/// directory cannot be made there).
+/// directory cannot be made there). Only a path that does not exist, or
+/// lies under a file, is passed over: any other failure to look at one (a
+/// directory that cannot be searched) is refused, naming it.
 fn nearest_existing_dir(dir: &Path) -> Result<PathBuf> {
-    let existing = dir
-        .ancestors()
-        .filter(|a| !a.as_os_str().is_empty())
-        .find(|a| std::fs::symlink_metadata(a).is_ok())
-        .unwrap_or(Path::new("."));
-    if !existing.is_dir() {
-        let what = if existing == dir {
-            "it is not a directory".to_string()
-        } else {
-            format!("{} is not a directory", existing.display())
-        };
-        bail!("output directory {}: cannot create: {what}", dir.display());
+    // `a_file/` as `a_file` (components drop a trailing slash), so that it
+    // is named as the file it is.
+    let norm = dir.components().as_path();
+    for a in norm.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        match std::fs::symlink_metadata(a) {
+            // Missing, or under a file (named as its ancestors are looked at).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                continue
+            }
+            Err(e) => bail!(
+                "output directory {}: cannot create: {}: {e}",
+                dir.display(),
+                a.display()
+            ),
+            Ok(_) if a.is_dir() => return Ok(a.to_path_buf()),
+            Ok(_) => {
+                let what = if a == norm {
+                    "it is not a directory".to_string()
+                } else {
+                    format!("{} is not a directory", a.display())
+                };
+                bail!("output directory {}: cannot create: {what}", dir.display());
+            }
+        }
     }
-    Ok(existing.to_path_buf())
+    Ok(PathBuf::from("."))
+}
+
+/// Create and remove a file in directory `dir`: whether files can be made
+/// there. The file is new (`create_new`: never a file or a link that was
+/// there, which a plain write would follow and truncate), named by this
+/// process, and removed only if this process made it.
+fn probe_writable(dir: &Path) -> std::io::Result<()> {
+    let pid = std::process::id();
+    let mut last = None;
+    for n in 0..8 {
+        let probe = dir.join(format!(".toast-cli-probe-{pid}-{n}"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+        {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no probe name was free")))
 }
 
 /// The dry run's check of an output directory: what [`check_out_dir`]
 /// would refuse, without creating the directory. Its nearest existing
 /// ancestor (or itself) must be a directory in which a file can be created
-/// (a probe file, removed at once: a mode bit does not tell on a read-only
-/// file system, /proc or /sys, or for root).
+/// ([`probe_writable`]: a mode bit does not tell on a read-only file
+/// system, /proc or /sys, or for root).
 fn probe_out_dir(dir: &Path) -> Result<()> {
     check_out_link(dir)?;
     let existing = nearest_existing_dir(dir)?;
-    let probe = existing.join(format!(".toast-cli-dry-run-{}", std::process::id()));
-    std::fs::write(&probe, b"ok").with_context(|| {
+    probe_writable(&existing).with_context(|| {
         format!(
             "output directory {}: cannot be created or written in {}",
             dir.display(),
             existing.display()
         )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    })
 }
 
 /// Check that the output directory can be created and written.
@@ -273,11 +314,7 @@ fn check_out_dir(dir: &Path) -> Result<()> {
     nearest_existing_dir(dir)?;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("output directory {}: cannot create", dir.display()))?;
-    let probe = dir.join(".toast-cli-write-test");
-    std::fs::write(&probe, b"ok")
-        .with_context(|| format!("output directory {}: not writable", dir.display()))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    probe_writable(dir).with_context(|| format!("output directory {}: not writable", dir.display()))
 }
 
 /// The phases as spinners (hidden when quiet or not on a terminal), with
@@ -448,7 +485,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     // A fault point the run has (a phase, or `output NAME`), checked before
     // any work, by the dry run too.
     parallel::check_fault_spec(&*comm, &|p| {
-        PHASES.contains(&p) || p.strip_prefix("output ").is_some_and(|n| !n.is_empty())
+        PHASES.contains(&p)
+            || p.strip_prefix("output ")
+                .is_some_and(|n| crate::output::OUTPUTS.contains(&n))
     })?;
     let overrides = SizeOverrides {
         n_det: args.n_det,

@@ -703,11 +703,12 @@ fn check_field_names(table: &Table) -> Result<(), ConfigError> {
 }
 
 /// The map-maker's rcond thresholds against what an IQU pixel can reach:
-/// its covariance has the I direction's value n (its hits) and a Q/U block
-/// of trace at most n (each sample adds cos² + sin² = 1 there, less with a
-/// polarization efficiency below 1), so its smallest eigenvalue is at most
-/// n / 2 and its largest at least n: rcond <= 1/2. A threshold above 1/2
-/// cuts every pixel and leaves an all-zero map.
+/// its covariance has the I direction's value n (its noise-weighted hits)
+/// and a Q/U block of trace at most n (each sample adds η² (cos² + sin²)
+/// there, with the polarization efficiency η = (1 - ε) / (1 + ε) <= 1 for
+/// a leakage ε >= 0; the simulated focal plane's is 0), so its smallest
+/// eigenvalue is at most n / 2 and its largest at least n: rcond <= 1/2. A
+/// threshold above 1/2 cuts every pixel and leaves an all-zero map.
 fn check_iqu_rcond(cfg: &SatelliteConfig) -> Result<(), ConfigError> {
     if cfg.weights.mode != StokesMode::IQU {
         return Ok(());
