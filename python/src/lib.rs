@@ -214,16 +214,7 @@ fn settle_args<'py>(kernel: &str, args: &Bound<'py, PyTuple>) -> PyResult<Bound<
     let settled = first
         .into_iter()
         .enumerate()
-        .map(|(i, a)| {
-            let view = |s: Settled<'py>| s.view(&numpy).map_err(|e| named(i, e));
-            match a {
-                Settled::List(items) => {
-                    let items = items.into_iter().map(view).collect::<PyResult<Vec<_>>>()?;
-                    Ok(PyList::new(py, items)?.into_any())
-                }
-                one => view(one),
-            }
-        })
+        .map(|(i, a)| a.view(&numpy).map_err(|e| named(i, e)))
         .collect::<PyResult<Vec<_>>>()?;
     PyTuple::new(py, settled)
 }

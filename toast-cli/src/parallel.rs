@@ -136,6 +136,8 @@ pub fn fail(comm: &dyn Comm, message: &str, code: i32) -> ! {
 
 /// What `TOAST_FAULT_INJECT=RANK:PHASE[:MODE]` asks for.
 struct FaultSpec {
+    /// The variable's value, for messages.
+    text: String,
     rank: usize,
     phase: String,
     kill: bool,
@@ -170,6 +172,7 @@ fn fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<Option<FaultSpec>>
         return Err(bad(format!("no phase {phase:?} in this command")));
     }
     Ok(Some(FaultSpec {
+        text: spec.clone(),
         rank,
         phase: phase.to_string(),
         kill,
@@ -182,7 +185,7 @@ pub fn check_fault_spec(comm: &dyn Comm, known: &dyn Fn(&str) -> bool) -> anyhow
     match fault_spec(known)? {
         Some(f) if f.rank >= comm.size() => Err(anyhow::anyhow!(
             "TOAST_FAULT_INJECT={:?}: rank {} of a job of {} process(es)",
-            std::env::var("TOAST_FAULT_INJECT").unwrap_or_default(),
+            f.text,
             f.rank,
             comm.size()
         )),
@@ -199,7 +202,7 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
     if f.rank != comm.rank() || f.phase != phase {
         return Ok(());
     }
-    let spec = std::env::var("TOAST_FAULT_INJECT").unwrap_or_default();
+    let spec = &f.text;
     if !f.kill {
         return Err(anyhow::anyhow!(
             "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
