@@ -170,25 +170,27 @@ fn backend_options(cli: &Cli) -> anyhow::Result<Vec<(String, String)>> {
     Ok(merged)
 }
 
-fn discovery(cli: &Cli) -> anyhow::Result<DiscoveryOptions> {
+/// Where to look for plugins, and the options each is initialised with
+/// (`given`: [`backend_options`]).
+fn discovery(cli: &Cli, given: &[(String, String)]) -> DiscoveryOptions {
     let mut opts = DiscoveryOptions {
         explicit: cli.backend_path.clone(),
         ..DiscoveryOptions::default()
     };
-    for (name, options) in backend_options(cli)? {
-        opts = opts.with_backend_options(&name, &options);
+    for (name, options) in given {
+        opts = opts.with_backend_options(name, options);
     }
-    Ok(opts)
+    opts
 }
 
 /// Refuse `--backend-options` for a backend that was not found, and
 /// initialise each backend given options, so that an option its plugin
 /// refuses is an error now (exit 2) rather than at its first kernel. A
 /// backend found but unavailable on this machine keeps its options unread.
-fn check_backend_options(cli: &Cli, registry: &Registry) -> anyhow::Result<()> {
-    for (name, options) in backend_options(cli)? {
+fn check_backend_options(given: &[(String, String)], registry: &Registry) -> anyhow::Result<()> {
+    for (name, options) in given {
         let spec = format!("{name}:{options}");
-        match registry.get(&name) {
+        match registry.get(name) {
             Ok(_) | Err(AccelError::Unavailable { .. }) => {}
             Err(AccelError::NotFound { .. }) => anyhow::bail!(
                 "--backend-options {spec:?}: no backend `{name}` was found (backends: {})",
@@ -256,7 +258,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     if let Command::Compare(args) = &cli.command {
         return cmd::compare::run(args).map(code);
     }
-    let mut opts = discovery(&cli)?;
+    let given_options = backend_options(&cli)?;
+    let mut opts = discovery(&cli, &given_options);
     // `--threads` sets a plugin's `threads` too (run: the CPU plugin's;
     // bench: the benchmarked backend's): both given, one would be dropped
     // (run kept the option, bench the flag).
@@ -285,7 +288,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         opts = cmd::bench::with_threads(opts, &a.backend, a.threads);
     }
     let registry = Registry::discover(&opts);
-    check_backend_options(&cli, &registry)?;
+    check_backend_options(&given_options, &registry)?;
     match &cli.command {
         Command::Run(args) => {
             let comm = parallel::init()?;

@@ -26,6 +26,7 @@
 //! check that a failing or vanishing rank ends the job with a message.
 
 use std::sync::Arc;
+use toast_accel::launcher::node_local_size;
 use toast_core::Comm;
 
 /// The world communicator of this process.
@@ -81,16 +82,10 @@ fn launcher_count(vars: &[&'static str]) -> Option<(usize, &'static str)> {
         .find_map(|&k| Some((std::env::var(k).ok()?.trim().parse::<usize>().ok()?, k)))
 }
 
-/// Processes of this job on this node, from the launcher's environment
-/// (Open MPI, MPICH/Hydra, Cray PALS, PMI: the variables the GPU plugins
-/// read too, `toast_accel::launcher`), if it says.
-pub fn local_size() -> Option<usize> {
-    toast_accel::launcher::node_local_size()
-}
-
 /// The independent runs (`TOAST_INDEPENDENT_RUNS=1`, a task farm) that
 /// share this node with this one, itself included: the launcher's
-/// node-local count ([`local_size`]), at most the runs it started. Each
+/// node-local count ([`node_local_size`], the variables the GPU plugins
+/// read too), at most the runs it started. Each
 /// run is a job of one process, but the node's memory holds all of them,
 /// so the memory check counts them all. `None` for a process that is not
 /// one of several declared independent runs, or where the launcher does
@@ -105,7 +100,7 @@ pub fn independent_runs_on_node() -> Option<usize> {
     {
         let (launched, _) =
             launched_world_size().filter(|&(n, _)| n > 1 && independent_runs_declared())?;
-        local_size().map(|n| n.min(launched))
+        node_local_size().map(|n| n.min(launched))
     }
 }
 
@@ -114,7 +109,7 @@ pub fn independent_runs_on_node() -> Option<usize> {
 /// so that `mpirun -n 4` on a 16-core node runs 4 × 4 threads rather than
 /// 4 × 16. `None` (all cores) for a single process per node.
 pub fn default_threads_per_rank() -> Option<usize> {
-    let local = local_size().filter(|&n| n > 1)?;
+    let local = node_local_size().filter(|&n| n > 1)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     Some((cores / local).max(1))
 }

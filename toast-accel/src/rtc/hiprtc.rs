@@ -154,7 +154,7 @@ pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> 
             }
             if p == proc {
                 for f in it {
-                    let name = f.trim_end_matches(['+', '-']);
+                    let name = feature_name(f).unwrap_or(f);
                     if !listed_features.contains(&name) {
                         listed_features.push(name);
                     }
@@ -170,8 +170,8 @@ pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> 
     }
     let mut seen = Vec::new();
     for f in parts {
-        let name = f.strip_suffix('+').or_else(|| f.strip_suffix('-'));
-        let Some(name) = name.filter(|n| TARGET_FEATURES.iter().any(|(k, _)| k == n)) else {
+        let Some(name) = feature_name(f).filter(|n| TARGET_FEATURES.iter().any(|(k, _)| k == n))
+        else {
             return Err(format!(
                 "`{f}` is not a target feature (sramecc+, sramecc-, xnack+ or xnack-)"
             ));
@@ -192,6 +192,13 @@ pub fn check_target(arch: &str, known: Option<&[String]>) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// The name of target feature `f` with its one setting (`xnack+`,
+/// `sramecc-`), or `None` for a name without one: the reading of both the
+/// user's target ID and comgr's list (which may also list bare names).
+fn feature_name(f: &str) -> Option<&str> {
+    f.strip_suffix(['+', '-'])
 }
 
 /// A loaded hiprtc.

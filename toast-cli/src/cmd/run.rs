@@ -910,7 +910,7 @@ fn parse_procs(spec: &str) -> Result<(usize, usize)> {
 /// Processes per node of this MPI job (the launcher's local size), or all
 /// of them.
 fn procs_per_node(size: usize) -> usize {
-    parallel::local_size()
+    toast_accel::launcher::node_local_size()
         .filter(|&n| size.is_multiple_of(n))
         .unwrap_or(size)
 }

@@ -92,6 +92,15 @@ impl Default for MapMakerConfig {
 }
 
 impl MapMakerConfig {
+    /// The two rcond cuts, each with its key: the solver's covariance's,
+    /// then the final map's.
+    pub fn rcond_thresholds(&self) -> [(&'static str, f64); 2] {
+        [
+            ("solve_rcond_threshold", self.solve_rcond_threshold),
+            ("map_rcond_threshold", self.map_rcond_threshold),
+        ]
+    }
+
     /// Check the values.
     pub fn validate(&self) -> Result<(), OpError> {
         let bad = |m: String| Err(OpError::Config(format!("mapmaker: {m}")));
@@ -101,10 +110,7 @@ impl MapMakerConfig {
                 Compact(self.convergence)
             ));
         }
-        for (n, v) in [
-            ("solve_rcond_threshold", self.solve_rcond_threshold),
-            ("map_rcond_threshold", self.map_rcond_threshold),
-        ] {
+        for (n, v) in self.rcond_thresholds() {
             // rcond (the smallest over the largest eigenvalue) is at most
             // 1: a larger threshold cuts every pixel (an all-zero map).
             if !(0.0..=1.0).contains(&v) {

@@ -713,11 +713,7 @@ fn check_iqu_rcond(cfg: &SatelliteConfig) -> Result<(), ConfigError> {
     if cfg.weights.mode != StokesMode::IQU {
         return Ok(());
     }
-    let mm = &cfg.mapmaker;
-    for (key, v) in [
-        ("solve_rcond_threshold", mm.solve_rcond_threshold),
-        ("map_rcond_threshold", mm.map_rcond_threshold),
-    ] {
+    for (key, v) in cfg.mapmaker.rcond_thresholds() {
         if v > 0.5 {
             return Err(section_err(
                 "mapmaker",
