@@ -4,14 +4,14 @@
 //! by every backend context on that device; each backend context makes its
 //! own queue on it (`Device::new_queue`).
 
-use opencl3::command_queue::CommandQueue;
+use cl3::command_queue as cq;
 use opencl3::context::Context;
 use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU};
 use opencl3::error_codes::ClError;
 use opencl3::kernel::Kernel;
 use opencl3::platform::get_platforms;
 use opencl3::program::Program;
-use opencl3::types::{cl_device_id, cl_kernel};
+use opencl3::types::{cl_command_queue, cl_device_id, cl_kernel};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use toast_accel::abi;
@@ -97,6 +97,36 @@ pub struct ClKernel {
 unsafe impl Send for ClKernel {}
 // SAFETY: see `Send`; the handle itself is never mutated.
 unsafe impl Sync for ClKernel {}
+
+/// A command queue, released when dropped. Not opencl3's `CommandQueue`,
+/// whose `Drop` panics when `clReleaseCommandQueue` fails (a lost device, a
+/// driver shutting down): a backend context is destroyed inside a C call,
+/// where a panic is an error at best and an abort while unwinding from
+/// another. A release that fails here leaves the queue to the driver.
+#[derive(Debug)]
+pub(crate) struct Queue(cl_command_queue);
+
+impl Queue {
+    /// The queue's handle, for the enqueue calls.
+    pub(crate) fn get(&self) -> cl_command_queue {
+        self.0
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // SAFETY: the queue `Device::new_queue` created, owned by this
+        // value alone and released once, here.
+        let _ = unsafe { cq::release_command_queue(self.0) };
+    }
+}
+
+// SAFETY: OpenCL command-queues are thread-safe objects (every OpenCL API
+// call but `clSetKernelArg` and `clSetKernelExecInfo` may be made from any
+// thread, OpenCL 3.0 appendix A.2); the handle itself is never mutated.
+unsafe impl Send for Queue {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Queue {}
 
 /// A program built on the device, by the hash of its binary, with the
 /// kernel objects created from it so far.
@@ -310,16 +340,17 @@ impl Device {
     /// see only that context's commands, so a command that fails is
     /// reported to the context that queued it (as a CUDA or HIP context has
     /// its own stream).
-    pub(crate) fn new_queue(&self) -> Result<CommandQueue, PluginError> {
+    pub(crate) fn new_queue(&self) -> Result<Queue, PluginError> {
         // SAFETY: `id` is the device of `context`; no queue properties are
         // requested.
-        unsafe { CommandQueue::create(&self.context, self.id, 0) }.map_err(|e| {
+        let raw = unsafe { cq::create_command_queue(self.context.get(), self.id, 0) };
+        raw.map(Queue).map_err(|e| {
             PluginError::new(
                 abi::ERR_DEVICE,
                 format!(
                     "opencl: cannot create an OpenCL queue on `{}`: {}",
                     self.name,
-                    cl_error(e.0)
+                    cl_error(e)
                 ),
             )
         })

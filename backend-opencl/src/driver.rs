@@ -1,9 +1,8 @@
 //! The OpenCL [`Driver`]: memory objects, blocking copies and fills on the
 //! backend context's own in-order queue, the program, and launches.
 
-use crate::device::{self, cl_error, ClKernel, Device, Selector};
+use crate::device::{self, cl_error, ClKernel, Device, Queue, Selector};
 use cl3::command_queue as cq;
-use opencl3::command_queue::CommandQueue;
 use opencl3::memory::CL_MEM_READ_WRITE;
 use opencl3::types::{cl_event, cl_mem, CL_BLOCKING};
 use std::ffi::c_void;
@@ -33,7 +32,7 @@ pub struct OpenClDriver {
     /// it is released before the device it was made on (which the
     /// process-wide list keeps alive anyway; OpenCL counts the queue's
     /// reference to the context).
-    queue: CommandQueue,
+    queue: Queue,
     dev: Arc<Device>,
 }
 
