@@ -370,6 +370,26 @@ pub fn discover_files(opts: &DiscoveryOptions) -> Discovery {
                 }
             },
         };
+        // A directory the user named that gives no plugin was meant to
+        // give one: say so (the variable's and the standard directories
+        // often hold none, and are only listed by `toast-cli backends`).
+        if source == Source::Explicit {
+            match &kind {
+                LocationKind::Directory { matched: 0 } => tracing::warn!(
+                    "backend path {}: a directory with no plugin file in it (files named {}); \
+                     nothing was loaded from it",
+                    loc.display(),
+                    plugin_file_name("NAME")
+                ),
+                LocationKind::Unreadable(e) => {
+                    tracing::warn!(
+                        "backend path {}: a directory that cannot be read: {e}",
+                        loc.display()
+                    )
+                }
+                _ => {}
+            }
+        }
         out.searched.push(SearchLocation {
             path: loc,
             source,
