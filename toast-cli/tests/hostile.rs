@@ -1208,7 +1208,7 @@ fn bad_values_in_a_sky_map_are_named() {
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(
-        t.contains("2 value(s) are UNSEEN (I 2, Q 0, U 0): scanned as unobserved"),
+        t.contains("2 value(s) are UNSEEN or an integer column's TNULLn (I 2, Q 0, U 0): scanned as unobserved"),
         "{t}"
     );
     // A map of one column (hits, I alone) is refused by the dry run too:

@@ -693,3 +693,101 @@ fn submap_columns_write_as_the_full_sky() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// An integer column's `TNULLn` values are undefined pixels ([`UNSEEN`]);
+/// a `TSCALn`/`TZEROn` that is not a finite number, or a `TNULLn` of an
+/// integer column that is not an integer, is refused naming the keyword
+/// (each was read as absent: the column used unscaled, nulls as numbers).
+#[test]
+fn integer_nulls_are_unseen_and_malformed_scaling_is_refused() {
+    let dir = scratch("tnull");
+    let nside = 2u64;
+    let n = (12 * nside * nside) as usize;
+    let col: Vec<i32> = (0..n as i32)
+        .map(|p| if p % 5 == 0 { -7 } else { p })
+        .collect();
+    let columns: Vec<WriteColumn<'_>> = ["I", "Q", "U"]
+        .iter()
+        .map(|name| WriteColumn {
+            name,
+            unit: Some("K"),
+            format: ColumnFormat::I32,
+            data: ColumnSource::I32(&col),
+        })
+        .collect();
+    let write = |name: &str, extra: &[HeaderCard]| {
+        let path = dir.join(name);
+        write_healpix_map(&path, Ordering::Nested, &columns, extra).unwrap();
+        path
+    };
+    // TNULL1 only: column 1's -7s are undefined, column 2's are numbers.
+    let path = write(
+        "tnull.fits",
+        &[
+            HeaderCard::int("TNULL1", -7, "undefined value"),
+            HeaderCard::float("TSCAL2", 2.0, "scale"),
+            HeaderCard::int("TZERO2", 1, "offset"),
+        ],
+    );
+    let m = read_healpix_map(&path, None).unwrap();
+    for p in 0..n {
+        let (v, expect_null) = (m.fields[0].data[p], col[p] == -7);
+        assert_eq!(v == UNSEEN, expect_null, "pixel {p}: {v}");
+        if !expect_null {
+            assert_eq!(v, col[p] as f64);
+        }
+        assert_eq!(m.fields[1].data[p], 1.0 + 2.0 * col[p] as f64);
+        assert_eq!(m.fields[2].data[p], col[p] as f64);
+    }
+    for (file, card, expect) in [
+        (
+            "tscal_str.fits",
+            HeaderCard::string("TSCAL1", "abc", ""),
+            "TSCAL1 = 'abc': not a finite number",
+        ),
+        (
+            "tzero_bool.fits",
+            HeaderCard::new("TZERO3", HeaderValue::Bool(true), None),
+            "TZERO3 = T: not a finite number",
+        ),
+        (
+            "tnull_str.fits",
+            HeaderCard::string("TNULL2", "-7", ""),
+            "TNULL2 = '-7': not an integer",
+        ),
+        (
+            "tnull_frac.fits",
+            HeaderCard::float("TNULL1", 0.5, ""),
+            "TNULL1 = 0.5: not an integer",
+        ),
+    ] {
+        let path = write(file, &[card]);
+        let err = read_healpix_map(&path, None).unwrap_err();
+        assert!(matches!(err, FitsError::BadHeader { .. }), "{file}: {err}");
+        assert!(err.to_string().contains(expect), "{file}: {err}");
+        // The reason alone leaves out the path (callers name it).
+        assert!(!err.reason().contains(&path.display().to_string()), "{err}");
+        assert!(err.reason().contains(expect), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A partial-sky map that lists a pixel twice is refused (one of the two
+/// values was kept without a word).
+#[test]
+fn partial_sky_pixel_listed_twice_is_refused() {
+    let dir = scratch("partial-dup");
+    let mut bytes = std::fs::read(data("hp_iqu_nest_partial_D_n8.fits")).unwrap();
+    // Rows of 26 bytes from the third block: PIXEL (int16) first.
+    let (data_start, row) = (2 * 2880, 26);
+    let first = [bytes[data_start], bytes[data_start + 1]];
+    bytes[data_start + row..data_start + row + 2].copy_from_slice(&first);
+    let path = dir.join("dup.fits");
+    std::fs::write(&path, &bytes).unwrap();
+    let err = read_healpix_map(&path, None).unwrap_err();
+    assert!(
+        err.to_string().contains("PIXEL entry 1 = ") && err.to_string().contains("repeats"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

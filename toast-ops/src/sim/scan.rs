@@ -53,14 +53,14 @@ impl InputSky {
     /// [`crate::io::fits::units`]) is converted to K, the run's unit; a
     /// unit that is not a temperature is refused, naming column and unit.
     pub fn from_file(path: &Path) -> Result<Self, OpError> {
-        let mut m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.to_string()))?;
+        let mut m = read_healpix_map(path, None).map_err(|e| sky_map_err(path, e.reason()))?;
         check_sky_columns(m.fields.len()).map_err(|reason| sky_map_err(path, reason))?;
         let (maps, unseen) = sky_values(&mut m).map_err(|reason| sky_map_err(path, reason))?;
         let n_unseen: usize = unseen.iter().sum();
         if n_unseen > 0 {
             tracing::warn!(
-                "sky map {}: {n_unseen} value(s) are UNSEEN (I {}, Q {}, U {}): scanned as \
-                 unobserved (zero signal)",
+                "sky map {}: {n_unseen} value(s) are UNSEEN or an integer column's TNULLn \
+                 (I {}, Q {}, U {}): scanned as unobserved (zero signal)",
                 path.display(),
                 unseen[0],
                 unseen[1],

@@ -2070,14 +2070,8 @@ fn sky_header_nside(path: &Path) -> Result<u64, WorkflowError> {
         path: path.to_path_buf(),
         reason,
     };
-    let header = fits::read_healpix_header(path).map_err(|e| {
-        // The FITS error starts with the path, which `SkyMap` names already.
-        let text = e.to_string();
-        let reason = text
-            .strip_prefix(&format!("{}: ", path.display()))
-            .unwrap_or(&text);
-        sky_map(reason.to_string())
-    })?;
+    // The FITS error's path is the one `SkyMap` names already.
+    let header = fits::read_healpix_header(path).map_err(|e| sky_map(e.reason()))?;
     crate::sim::check_sky_header(&header).map_err(sky_map)?;
     Ok(header.nside)
 }

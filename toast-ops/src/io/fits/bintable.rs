@@ -10,7 +10,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::header::{FitsReader, Header, HeaderCard, HeaderValue, BLOCK};
-use super::FitsError;
+use super::{FitsError, UNSEEN};
 
 // =====================================================================
 // Reading
@@ -30,6 +30,14 @@ pub(super) enum ColType {
 }
 
 impl ColType {
+    /// An integer type (`B`, `I`, `J`, `K`): the types `TNULLn` applies to.
+    fn is_integer(self) -> bool {
+        matches!(
+            self,
+            ColType::U8 | ColType::I16 | ColType::I32 | ColType::I64
+        )
+    }
+
     fn size(self) -> usize {
         match self {
             ColType::U8 => 1,
@@ -59,6 +67,9 @@ pub(super) struct TableColumn {
     scale: f64,
     /// `TZEROn` (default 0).
     zero: f64,
+    /// `TNULLn` of an integer column: the stored value of an undefined
+    /// element, decoded as [`UNSEEN`] (HEALPix's undefined pixel).
+    null: Option<i64>,
     /// `TUNITn`.
     pub(super) unit: Option<String>,
 }
@@ -177,14 +188,30 @@ impl TableLayout {
                     tform: tform.clone(),
                     reason,
                 })?;
-            let scale = header
-                .get(&format!("TSCAL{i}"))
-                .and_then(HeaderValue::as_f64)
-                .unwrap_or(1.0);
-            let zero = header
-                .get(&format!("TZERO{i}"))
-                .and_then(HeaderValue::as_f64)
-                .unwrap_or(0.0);
+            // A scaling keyword that is present must be a finite number
+            // (one that is not was read as absent, and the column used
+            // unscaled).
+            let number = |key: &str, default: f64| match header.get(key) {
+                None => Ok(default),
+                Some(v) => match v.as_f64() {
+                    Some(x) if x.is_finite() => Ok(x),
+                    _ => Err(bad(format!("{key} = {v}: not a finite number"))),
+                },
+            };
+            let scale = number(&format!("TSCAL{i}"), 1.0)?;
+            let zero = number(&format!("TZERO{i}"), 0.0)?;
+            // TNULLn marks the undefined values of an integer column
+            // (FITS 4.0, section 7.3.2); floating-point columns mark theirs
+            // with NaN, and the standard gives them no TNULLn (ignored).
+            let tnull = format!("TNULL{i}");
+            let null = match header.get(&tnull) {
+                Some(v) if ty.is_integer() => Some(v.as_int().ok_or_else(|| {
+                    bad(format!(
+                        "{tnull} = {v}: not an integer (column {i} holds integers)"
+                    ))
+                })?),
+                _ => None,
+            };
             let unit = header.get_str(&format!("TUNIT{i}"));
             columns.push(TableColumn {
                 index: i,
@@ -195,6 +222,7 @@ impl TableLayout {
                 offset,
                 scale,
                 zero,
+                null,
                 unit,
             });
             offset = offset.checked_add(width).ok_or_else(|| {
@@ -283,11 +311,13 @@ impl TableLayout {
 }
 
 /// Decodes the big-endian values of `col` from whole rows in `chunk` into `out`
-/// (`rows × repeat` values), applying TSCAL/TZERO.
+/// (`rows × repeat` values), applying TSCAL/TZERO; an integer equal to the
+/// column's `TNULLn` is [`UNSEEN`].
 fn decode_column(chunk: &[u8], row_bytes: usize, col: &TableColumn, out: &mut [f64]) {
     let size = col.ty.size();
     let (scale, zero) = (col.scale, col.zero);
     let scaled = scale != 1.0 || zero != 0.0;
+    let null = col.null;
     out.par_chunks_mut(col.repeat * 4096)
         .enumerate()
         .for_each(|(ci, out)| {
@@ -297,16 +327,26 @@ fn decode_column(chunk: &[u8], row_bytes: usize, col: &TableColumn, out: &mut [f
                 let e = k % col.repeat;
                 let at = row * row_bytes + col.offset + e * size;
                 let b = &chunk[at..at + size];
+                let int = |i: i64| match null {
+                    Some(n) if n == i => None,
+                    _ => Some(i as f64),
+                };
                 let v = match col.ty {
-                    ColType::U8 => b[0] as f64,
-                    ColType::I16 => i16::from_be_bytes([b[0], b[1]]) as f64,
-                    ColType::I32 => i32::from_be_bytes(b.try_into().expect("4 bytes")) as f64,
-                    ColType::I64 => i64::from_be_bytes(b.try_into().expect("8 bytes")) as f64,
-                    ColType::F32 => f32::from_be_bytes(b.try_into().expect("4 bytes")) as f64,
-                    ColType::F64 => f64::from_be_bytes(b.try_into().expect("8 bytes")),
+                    ColType::U8 => int(i64::from(b[0])),
+                    ColType::I16 => int(i64::from(i16::from_be_bytes([b[0], b[1]]))),
+                    ColType::I32 => int(i64::from(i32::from_be_bytes(
+                        b.try_into().expect("4 bytes"),
+                    ))),
+                    ColType::I64 => int(i64::from_be_bytes(b.try_into().expect("8 bytes"))),
+                    ColType::F32 => Some(f32::from_be_bytes(b.try_into().expect("4 bytes")) as f64),
+                    ColType::F64 => Some(f64::from_be_bytes(b.try_into().expect("8 bytes"))),
                     ColType::Other => unreachable!("non-numeric columns rejected earlier"),
                 };
-                *o = if scaled { zero + scale * v } else { v };
+                *o = match v {
+                    None => UNSEEN,
+                    Some(v) if scaled => zero + scale * v,
+                    Some(v) => v,
+                };
             }
         });
 }

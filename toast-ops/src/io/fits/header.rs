@@ -32,6 +32,19 @@ pub enum HeaderValue {
     Str(String),
 }
 
+/// As a header card writes it: `T`/`F`, the number, or the string in
+/// single quotes.
+impl std::fmt::Display for HeaderValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderValue::Bool(b) => f.write_str(if *b { "T" } else { "F" }),
+            HeaderValue::Int(v) => write!(f, "{v}"),
+            HeaderValue::Float(v) => write!(f, "{v}"),
+            HeaderValue::Str(s) => write!(f, "'{s}'"),
+        }
+    }
+}
+
 impl HeaderValue {
     /// The value as an integer, if it is one (or a float with an integral value).
     pub fn as_int(&self) -> Option<i64> {

@@ -464,6 +464,23 @@ fn scatter_partial(
             return Err(too_large(Some(available.bytes as u64)));
         }
     }
+    // A pixel given twice would keep one of its values without a word:
+    // one bit a pixel (a sixty-fourth of a map, within the check above).
+    let mut seen: Vec<u64> = Vec::new();
+    seen.try_reserve_exact(npix.div_ceil(64))
+        .map_err(|_| too_large(None))?;
+    seen.resize(npix.div_ceil(64), 0);
+    for (k, &pix) in pixels.iter().enumerate() {
+        let p = pix as usize;
+        let (word, bit) = (p / 64, 1u64 << (p % 64));
+        if seen[word] & bit != 0 {
+            return Err(at.not_healpix(format!(
+                "PIXEL entry {k} = {pix} repeats an earlier entry (each pixel at most once)"
+            )));
+        }
+        seen[word] |= bit;
+    }
+    drop(seen);
     let mut maps = Vec::with_capacity(values.len());
     for vals in &values {
         let mut m = Vec::new();

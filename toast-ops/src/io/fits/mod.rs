@@ -31,9 +31,12 @@
 //! [`read_healpix_map`] reads the first binary-table extension of any
 //! healpy-written map: scalar or vector columns (`TFORM = '1024E'` as written by
 //! `healpy.write_map` with `fits_IDL=True`), types `B I J K E D` with optional
-//! `TSCALn`/`TZEROn`, `ORDERING` `RING` or `NESTED`, implicit (full-sky) or
-//! explicit (partial-sky, first column `PIXEL`, missing pixels set to
-//! [`UNSEEN`]) indexing. Values are returned as `f64` in **NEST** order.
+//! `TSCALn`/`TZEROn` (finite numbers where present) and, on integer columns,
+//! `TNULLn` (its value is an undefined pixel, read as [`UNSEEN`]),
+//! `ORDERING` `RING` or `NESTED`, implicit (full-sky) or explicit
+//! (partial-sky, first column `PIXEL`, each pixel at most once, missing
+//! pixels set to [`UNSEEN`]) indexing. Values are returned as `f64` in
+//! **NEST** order.
 //! Every failure is a [`FitsError`] naming the file and the problem.
 //!
 //! # Files
@@ -193,4 +196,30 @@ pub enum FitsError {
         /// What is wrong.
         reason: String,
     },
+}
+
+impl FitsError {
+    /// The message without the file name it starts with, for a caller
+    /// whose own error names the file already.
+    pub fn reason(&self) -> String {
+        let text = self.to_string();
+        let path = match self {
+            FitsError::Open { path, .. }
+            | FitsError::Io { path, .. }
+            | FitsError::NotFits { path, .. }
+            | FitsError::BadHeader { path, .. }
+            | FitsError::NoBinTable { path, .. }
+            | FitsError::TooLarge { path, .. }
+            | FitsError::NotHealpix { path, .. }
+            | FitsError::BadNside { path, .. }
+            | FitsError::RowCount { path, .. }
+            | FitsError::UnsupportedTform { path, .. }
+            | FitsError::Truncated { path, .. }
+            | FitsError::InvalidInput { path, .. } => path,
+        };
+        match text.strip_prefix(&format!("{}: ", path.display())) {
+            Some(rest) => rest.to_string(),
+            None => text,
+        }
+    }
 }
