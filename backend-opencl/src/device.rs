@@ -36,6 +36,10 @@ pub enum Selector {
     /// The first device with `cl_khr_fp64` and `cl_khr_int64_base_atomics`.
     #[default]
     FirstSuitable,
+    /// `N`: the N-th (from 0) suitable device, in the order `clinfo -l`
+    /// lists them over all platforms: the index CUDA's and HIP's `device=N`
+    /// take, and the one a node-local rank picks.
+    Ordinal(usize),
     /// `P:D`: platform and device indices, as `clinfo -l` lists them.
     Index(usize, usize),
     /// A case-insensitive substring of the device name.
@@ -43,13 +47,19 @@ pub enum Selector {
 }
 
 impl Selector {
-    /// Parse `P:D` (two indices) or a name substring; an empty text is
+    /// Parse `N` (digits: an ordinal, never a name, though device names
+    /// hold digits: `1` would match "avx512" or "A100"), `P:D` (two
+    /// indices) or a name substring; an empty text is
     /// [`Selector::FirstSuitable`]. Every text is a valid selector (one that
     /// matches no device makes `init` report the devices there are).
     pub fn parse(text: &str) -> Selector {
         let t = text.trim();
         if t.is_empty() {
             return Selector::FirstSuitable;
+        }
+        if t.bytes().all(|b| b.is_ascii_digit()) {
+            // Beyond usize: no such device (init lists those there are).
+            return Selector::Ordinal(t.parse().unwrap_or(usize::MAX));
         }
         let index = t.split_once(':').and_then(|(p, d)| {
             Some((
@@ -65,7 +75,7 @@ impl Selector {
 
     fn matches(&self, platform: usize, device: usize, name: &str) -> bool {
         match self {
-            Selector::FirstSuitable => true,
+            Selector::FirstSuitable | Selector::Ordinal(_) => true,
             Selector::Index(p, d) => (*p, *d) == (platform, device),
             Selector::Name(s) => name.to_lowercase().contains(&s.to_lowercase()),
         }
@@ -76,6 +86,7 @@ impl std::fmt::Display for Selector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Selector::FirstSuitable => f.write_str("(first suitable)"),
+            Selector::Ordinal(n) => write!(f, "{n}"),
             Selector::Index(p, d) => write!(f, "{p}:{d}"),
             Selector::Name(s) => f.write_str(s),
         }
@@ -267,8 +278,17 @@ pub(crate) fn open(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let chosen = if *selector == Selector::FirstSuitable {
-        let suitable: Vec<_> = devs.iter().filter(|d| unsuitable(&d.3).is_none()).collect();
+    let suitable: Vec<_> = devs.iter().filter(|d| unsuitable(&d.3).is_none()).collect();
+    let chosen = if let Selector::Ordinal(n) = *selector {
+        suitable.get(n).copied().ok_or_else(|| {
+            unavailable(format!(
+                "no OpenCL device {n} (TOAST_OPENCL_DEVICE or option device=): {} device(s) \
+                 have cl_khr_fp64 and cl_khr_int64_base_atomics, numbered from 0; devices: {}",
+                suitable.len(),
+                listing()
+            ))
+        })?
+    } else if *selector == Selector::FirstSuitable {
         let index = node_local.map_or(0, |rank| rank % suitable.len().max(1));
         suitable.get(index).copied().ok_or_else(|| {
             unavailable(format!(
@@ -465,6 +485,14 @@ mod tests {
     fn selectors() {
         assert_eq!(Selector::parse(" "), Selector::FirstSuitable);
         assert_eq!(Selector::parse("0:1"), Selector::Index(0, 1));
+        // Digits are an ordinal, not a name fragment ("1" is in "avx512").
+        assert_eq!(Selector::parse(" 1 "), Selector::Ordinal(1));
+        assert_eq!(Selector::parse("007"), Selector::Ordinal(7));
+        assert_eq!(
+            Selector::parse("99999999999999999999999"),
+            Selector::Ordinal(usize::MAX)
+        );
+        assert_eq!(Selector::parse("-1"), Selector::Name("-1".into()));
         assert_eq!(Selector::parse(" 2 : 3 "), Selector::Index(2, 3));
         assert_eq!(Selector::parse("pthread"), Selector::Name("pthread".into()));
         assert_eq!(Selector::parse("a:b"), Selector::Name("a:b".into()));

@@ -29,9 +29,11 @@
 //! # Device selection
 //!
 //! The plugin option `device=SEL` (which wins) or the environment variable
-//! `TOAST_OPENCL_DEVICE=SEL`: `SEL` is `P:D` (platform and device indices,
-//! as `clinfo -l` lists them) or a case-insensitive substring of the device
-//! name ([`device::Selector`]). Without a selector the first device with
+//! `TOAST_OPENCL_DEVICE=SEL`: `SEL` is `N` (the N-th suitable device from
+//! 0, over all platforms in `clinfo -l` order: the index CUDA's and HIP's
+//! `device=N` take), `P:D` (platform and device indices, as `clinfo -l`
+//! lists them) or a case-insensitive substring of the device name
+//! ([`device::Selector`]). Without a selector the first device with
 //! both extensions is used, or, in a process a launcher started, the
 //! suitable device `node-local rank % count`. The OpenCL context is made
 //! once per device and process and shared by every backend context on that
