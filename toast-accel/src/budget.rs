@@ -120,6 +120,10 @@ impl Budget {
         }
     }
 
+    /// The largest budget [`Budget::parse_gib`] reads, in GiB (exclusive):
+    /// its bytes stay well inside a `u64`.
+    pub const MAX_GIB: f64 = 1e9;
+
     /// A budget for the whole device (the default, `TOAST_GPU_MEM_GB`)
     /// divided among the `processes` of a node that drive it
     /// ([`BudgetSource::DeviceShared`]); unchanged for one process, or for
@@ -142,18 +146,19 @@ impl Budget {
         }
     }
 
-    /// `GiB` (a positive number, fractions allowed) as a budget from
-    /// `source`.
+    /// `GiB` (a positive number below [`Budget::MAX_GIB`], fractions
+    /// allowed) as a budget from `source`.
     pub fn parse_gib(text: &str, source: BudgetSource) -> Result<Budget, String> {
         let gib = text
             .trim()
             .parse::<f64>()
             .ok()
-            .filter(|g| g.is_finite() && *g > 0.0 && *g < 1e9)
+            .filter(|g| g.is_finite() && *g > 0.0 && *g < Self::MAX_GIB)
             .ok_or_else(|| {
                 format!(
-                    "{source}: `{text}` is not a device memory budget in GiB (a positive number, \
-                     e.g. 16 or 0.25)"
+                    "{source}: `{text}` is not a device memory budget in GiB (a positive number \
+                     below {:e}, e.g. 16 or 0.25)",
+                    Self::MAX_GIB
                 )
             })?;
         Ok(Budget {

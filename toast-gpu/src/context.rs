@@ -178,10 +178,21 @@ impl<D: Driver> Context<D> {
         };
         let how = choice.describe();
         let driver = D::open(choice)?;
-        let budget = budget.unwrap_or_else(|| {
-            let (free, total) = driver.mem_info();
-            Budget::default_for(free, total)
-        });
+        let (free, total) = driver.mem_info();
+        let budget = match budget {
+            // A figure the device cannot hold: the host would plan a run
+            // within it that fails part way at the driver's out-of-memory.
+            Some(b) if total > 0 && b.bytes > total => {
+                return Err(PluginError::invalid(format!(
+                    "{} backend: device memory budget {b} is more than the device holds, \
+                     {:.3} GiB = {total} bytes: give at most that",
+                    D::NAME,
+                    total as f64 / (1u64 << 30) as f64
+                )))
+            }
+            Some(b) => b,
+            None => Budget::default_for(free, total),
+        };
         let ctx = Context {
             log,
             host_abi_minor,
