@@ -552,7 +552,9 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         }
     }
     let execution = job.execution_plan(&registry);
-    let predicted = job.predicted_memory(&execution);
+    // The largest process's prediction: the whole job's for one process
+    // (the figure the per-group lines and the memory check use).
+    let predicted = job.predicted_process_memory(&plan, &sim, &execution);
     // A device plan: its predicted device peak against its backend's budget.
     let device = match job.predicted_device_memory(&plan, &sim, &execution) {
         Some(p) => job
@@ -605,7 +607,7 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         crate::outln!(
             "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
              {} process(es) in {} group(s) of {}, {} thread(s) each; map-maker plan {}; \
-             predicted peak memory {} (one process{})",
+             predicted peak memory {} ({}{})",
             job.case,
             s.n_det,
             s.n_det / 2,
@@ -618,6 +620,11 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             rayon::current_num_threads(),
             execution,
             gib(predicted),
+            if n_procs > 1 {
+                "the largest process"
+            } else {
+                "one process"
+            },
             in_host_memory
         )?;
     }

@@ -622,6 +622,8 @@ pub struct RunStats {
     /// Peak resident memory per detector sample: the peaks of all
     /// processes summed, over the job's detector samples.
     pub bytes_per_det_sample_at_peak: f64,
+    /// The predicted peak of the largest process (as `peak_memory_bytes`
+    /// is measured): the whole job's for one process.
     pub predicted_memory_bytes: f64,
     pub n_det: u64,
     pub n_obs: u64,
@@ -1642,11 +1644,16 @@ impl SatelliteJob {
         // The map-maker's plan, chosen before any work: the sky scan keeps
         // the pointing for it or not.
         let plan = plan_of(cfg, &registry, dispatcher.policy());
-        // What was predicted for the device, for the statistics.
-        let predicted_device_memory_bytes = sim
-            .plan(comm.size())
-            .ok()
-            .and_then(|dist| self.predicted_device_memory(&dist, &sim, &plan));
+        // What was predicted for the host (the largest process) and the
+        // device, for the statistics.
+        let job_distribution = sim.plan(comm.size()).ok();
+        let predicted_memory_bytes = match &job_distribution {
+            Some(dist) => self.predicted_process_memory(dist, &sim, &plan),
+            None => self.predicted_memory(&plan),
+        };
+        let predicted_device_memory_bytes = job_distribution
+            .as_ref()
+            .and_then(|dist| self.predicted_device_memory(dist, &sim, &plan));
         let device_in_host_memory = self.device_in_host_memory(&registry);
         // A device pipeline backend: SimNoise runs in the scan's scope.
         let noise_on_device = scan_enabled_on_device(cfg, &registry, dispatcher.policy());
@@ -1918,7 +1925,7 @@ impl SatelliteJob {
             wall_time_s: walls[0],
             peak_memory_bytes: peaks[0],
             bytes_per_det_sample_at_peak: peaks[1] / (s.samples().max(1) as f64),
-            predicted_memory_bytes: self.predicted_memory(&plan),
+            predicted_memory_bytes,
             n_det: s.n_det,
             n_obs: s.n_obs,
             samples: s.samples(),
