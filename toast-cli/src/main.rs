@@ -20,6 +20,7 @@
 
 mod cmd;
 mod console;
+mod interrupt;
 mod limits;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
@@ -431,6 +432,9 @@ fn keep_hwloc_off_opencl() {
 fn main() -> ExitCode {
     #[cfg(unix)]
     default_sigpipe();
+    // Before any thread: a run stopped by a signal removes its staged
+    // outputs' temporaries.
+    interrupt::install();
     #[cfg(feature = "mpi")]
     keep_hwloc_off_opencl();
     let cli = match Cli::try_parse() {

@@ -26,13 +26,15 @@
 //! outputs untouched; one that fails during the commit also removes what it
 //! had already renamed, so no file of an unfinished run is left under a
 //! final name. A run killed outright can leave only temporaries, never a
-//! truncated file under a final name; the next commit into the directory
-//! removes temporaries whose process is gone.
+//! truncated file under a final name. One stopped by SIGINT, SIGTERM or
+//! SIGHUP removes its temporaries as it ends ([`crate::interrupt`]); after
+//! SIGKILL, the next commit into the directory removes temporaries whose
+//! process is gone.
 //!
 //! `TOAST_FAULT_INJECT=0:output NAME[:MODE]` fails (or kills) the run just
 //! after output `NAME`'s temporary file is written (see `parallel.rs`).
 
-use crate::parallel;
+use crate::{interrupt, parallel};
 use anyhow::{anyhow, Context, Result};
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
@@ -222,6 +224,7 @@ impl Staging {
         debug_assert!(OUTPUTS.contains(&name), "{name} is not an output");
         let final_path = self.dir_of(name).join(name);
         let tmp = self.dir_of(name).join(temp_name(name, std::process::id()));
+        interrupt::track(&tmp);
         self.staged.push((name, tmp.clone()));
         (final_path, tmp)
     }
@@ -266,8 +269,12 @@ impl Staging {
         let result = (|| -> Result<()> {
             for (name, tmp) in pending.by_ref() {
                 let final_path = at(name);
-                if let Err(e) = std::fs::rename(&tmp, &final_path) {
+                let renaming = std::fs::rename(&tmp, &final_path);
+                if renaming.is_err() {
                     let _ = std::fs::remove_file(&tmp);
+                }
+                interrupt::untrack(&tmp);
+                if let Err(e) = renaming {
                     return Err(
                         anyhow!(e).context(format!("{}: cannot rename", final_path.display()))
                     );
@@ -281,7 +288,8 @@ impl Staging {
         })();
         if let Err(e) = result {
             for (_, tmp) in pending {
-                let _ = std::fs::remove_file(tmp);
+                let _ = std::fs::remove_file(&tmp);
+                interrupt::untrack(&tmp);
             }
             for p in renamed {
                 let _ = std::fs::remove_file(p);
@@ -299,7 +307,8 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         for (_, tmp) in self.staged.drain(..) {
-            let _ = std::fs::remove_file(tmp);
+            let _ = std::fs::remove_file(&tmp);
+            interrupt::untrack(&tmp);
         }
     }
 }
@@ -321,12 +330,15 @@ fn temporary_beside(path: &Path) -> (String, PathBuf) {
 /// directory (`bench --json`).
 pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let (name, tmp) = temporary_beside(path);
-    std::fs::write(&tmp, bytes)
+    interrupt::track(&tmp);
+    let written = std::fs::write(&tmp, bytes)
         .and_then(|()| sync_file(&tmp))
         .and_then(|()| std::fs::rename(&tmp, path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
-        })?;
+        });
+    interrupt::untrack(&tmp);
+    written?;
     if let Some(dir) = path.parent() {
         let dir = if dir.as_os_str().is_empty() {
             Path::new(".")

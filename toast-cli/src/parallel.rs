@@ -22,7 +22,8 @@
 //! start of phase `PHASE` (`SimSatellite`, `ScanHealpixMap`, `SimNoise`,
 //! `MapMaker`, `write outputs`, or `output NAME` just after the temporary
 //! file of output `NAME` is written, e.g. `output mapmaker_map.fits`): mode `error` (default) returns an error through the
-//! normal path, mode `kill` sends the process SIGKILL. The tests use it to
+//! normal path, mode `kill` sends the process SIGKILL, mode `term` SIGTERM
+//! (its handler runs first: `crate::interrupt`). The tests use it to
 //! check that a failing or vanishing rank ends the job with a message.
 
 use std::sync::Arc;
@@ -135,7 +136,19 @@ struct FaultSpec {
     text: String,
     rank: usize,
     phase: String,
-    kill: bool,
+    mode: FaultMode,
+}
+
+/// How an injected fault ends the rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultMode {
+    /// An error returned through the normal path.
+    Error,
+    /// SIGKILL: the process ends at once, nothing of ours runs.
+    Kill,
+    /// SIGTERM, as a batch system's time limit sends it: the process's
+    /// handler runs (`crate::interrupt`), then it ends by the signal.
+    Term,
 }
 
 /// `TOAST_FAULT_INJECT`, parsed: `None` when unset; an error naming the
@@ -148,16 +161,17 @@ fn fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<Option<FaultSpec>>
     let bad = |why: String| anyhow::anyhow!("TOAST_FAULT_INJECT={spec:?}: {why}");
     let mut parts = spec.split(':');
     let (Some(rank), Some(phase)) = (parts.next(), parts.next()) else {
-        return Err(bad("expected RANK:PHASE[:error|kill]".into()));
+        return Err(bad("expected RANK:PHASE[:error|kill|term]".into()));
     };
-    let kill = match parts.next() {
-        None | Some("error") => false,
-        Some("kill") => true,
-        Some(other) => return Err(bad(format!("unknown mode {other:?} (error or kill)"))),
+    let mode = match parts.next() {
+        None | Some("error") => FaultMode::Error,
+        Some("kill") => FaultMode::Kill,
+        Some("term") => FaultMode::Term,
+        Some(other) => return Err(bad(format!("unknown mode {other:?} (error, kill or term)"))),
     };
     if let Some(extra) = parts.next() {
         return Err(bad(format!(
-            "{extra:?} after the mode: expected RANK:PHASE[:error|kill]"
+            "{extra:?} after the mode: expected RANK:PHASE[:error|kill|term]"
         )));
     }
     let rank = rank
@@ -170,7 +184,7 @@ fn fault_spec(known: &dyn Fn(&str) -> bool) -> anyhow::Result<Option<FaultSpec>>
         text: spec.clone(),
         rank,
         phase: phase.to_string(),
-        kill,
+        mode,
     }))
 }
 
@@ -189,7 +203,7 @@ pub fn check_fault_spec(comm: &dyn Comm, known: &dyn Fn(&str) -> bool) -> anyhow
 }
 
 /// The fault injected at `phase` on this rank by `TOAST_FAULT_INJECT`, if
-/// any: `Err` for mode `error`; mode `kill` does not return.
+/// any: `Err` for mode `error`; modes `kill` and `term` do not return.
 pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
     let Some(f) = fault_spec(&|_| true)? else {
         return Ok(());
@@ -198,19 +212,25 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     let spec = &f.text;
-    if !f.kill {
-        return Err(anyhow::anyhow!(
-            "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
-        ));
-    }
+    let signal = match f.mode {
+        FaultMode::Error => {
+            return Err(anyhow::anyhow!(
+                "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
+            ))
+        }
+        FaultMode::Kill => "KILL",
+        FaultMode::Term => "TERM",
+    };
     crate::console::stderr(&format!(
-        "toast-cli: rank {}: {phase}: killing this process (TOAST_FAULT_INJECT={spec})\n",
+        "toast-cli: rank {}: {phase}: sending this process SIG{signal} (TOAST_FAULT_INJECT={spec})\n",
         comm.rank()
     ));
     let pid = std::process::id().to_string();
     let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid])
+        .args([format!("-{signal}").as_str(), &pid])
         .status();
-    // kill(1) missing: end abruptly all the same.
+    // The signal is on its way (SIGTERM's handler runs on some thread and
+    // ends the process); kill(1) missing: end abruptly all the same.
+    std::thread::sleep(std::time::Duration::from_secs(10));
     std::process::abort()
 }

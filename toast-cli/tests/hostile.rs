@@ -145,6 +145,28 @@ fn outputs_are_replaced_whole_or_not_at_all() {
         "{:?}",
         after.keys()
     );
+    // A run stopped by SIGTERM (a batch system's time limit) while writing
+    // its outputs removes its own temporaries as it ends by the signal;
+    // the killed run's are still there, and the finals are untouched.
+    let o = small_run(
+        &out,
+        &["--set", "pixels.nside=64"],
+        &[("TOAST_FAULT_INJECT", "0:output mapmaker_map.fits:term")],
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(o.status.signal(), Some(15), "{}", text(&o));
+    }
+    let termed = contents(&out);
+    assert_eq!(
+        termed.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>(),
+        "the stopped run's temporaries were left, or a final changed"
+    );
+    for (name, bytes) in &complete {
+        assert!(termed.get(name) == Some(bytes), "{name} changed");
+    }
     // The next complete run removes the killed run's temporaries.
     let o = small_run(&out, &[], &[]);
     assert!(o.status.success(), "{}", text(&o));

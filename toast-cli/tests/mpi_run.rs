@@ -323,7 +323,10 @@ fn a_killed_rank_ends_the_job() {
     );
     let t = text(&o);
     assert!(!o.status.success(), "{t}");
-    assert!(t.contains("rank 1: MapMaker: killing this process"), "{t}");
+    assert!(
+        t.contains("rank 1: MapMaker: sending this process SIGKILL"),
+        "{t}"
+    );
     // mpirun names the rank that died.
     assert!(
         t.contains("rank 1") && (t.contains("signal 9") || t.contains("Killed")),
