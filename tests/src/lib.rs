@@ -329,3 +329,206 @@ pub fn assert_huge_step_matches_cpu(device: &Backend) {
         device.name()
     );
 }
+
+/// A data-dependent fault late in the data (a pixel beyond the map, a
+/// quaternion with no direction) leaves every output the kernel adds into
+/// as it was: `det_data` of `scan_map`, `zmap` of `build_noise_weighted`,
+/// `hits` of `cov_accum_diag_hits` and `hit_submaps` of `pixels_healpix`
+/// (the samples before the fault included: a caller that fixes its input
+/// and calls again must not count them twice). Each call must fail with the
+/// fault named.
+pub fn assert_faults_leave_accumulated_outputs(b: &Backend) {
+    use toast_accel::host::stage::ArrayArg;
+    let (n_det, n_samp, nps) = (2usize, 4096usize, 12i64);
+    let bad = n_samp - 7;
+    let row: Vec<i32> = (0..n_det as i32).collect();
+    let intervals = [SampleRange {
+        first: 0,
+        last: n_samp as i64,
+    }];
+    let ranges = SampleRanges {
+        ptr: intervals.as_ptr(),
+        len: 1,
+    };
+    let g2l: Vec<i64> = vec![0, 1];
+    // Pixels in the two local submaps; one beyond the map, late in row 1.
+    let mut pixels: Vec<i64> = (0..n_det * n_samp).map(|i| (i * 7 % 24) as i64).collect();
+    pixels[n_samp + bad] = 2 * nps + 3;
+    let weights: Vec<f64> = (0..n_det * n_samp * 3)
+        .map(|i| 0.25 + (i % 5) as f64)
+        .collect();
+    let map: Vec<f64> = (0..2 * nps as usize * 3).map(|i| i as f64 * 0.5).collect();
+    // The call failed, naming the bad sample, and left `output` unchanged.
+    let expect_fault = |name: &str, r: Result<(), AccelError>, unchanged: bool| {
+        let e = r.expect_err(&format!("[{}] {name}: a fault expected", b.name()));
+        let what = format!("sample {bad}");
+        assert!(
+            e.to_string().contains(&what),
+            "[{}] {name}: the fault does not name {what:?}: {e}",
+            b.name()
+        );
+        assert!(
+            unchanged,
+            "[{}] {name}: an output changed by a failed call",
+            b.name()
+        );
+    };
+
+    // scan_map: det_data, which it adds into.
+    let before: Vec<f64> = (0..n_det * n_samp).map(|i| i as f64).collect();
+    let mut det_data = before.clone();
+    let r = {
+        let g = ArrayArg::input(b, &g2l, "global2local").expect("stage");
+        let m = ArrayArg::input(b, &map, "mapdata").expect("stage");
+        let p = ArrayArg::input(b, &pixels, "pixels").expect("stage");
+        let w = ArrayArg::input(b, &weights, "weights").expect("stage");
+        let d = ArrayArg::output(b, &mut det_data, "det_data").expect("stage");
+        let args = abi::ScanMapArgs {
+            n_det: n_det as u64,
+            n_samp: n_samp as u64,
+            nnz: 3,
+            pixel_index: row.as_ptr(),
+            weight_index: row.as_ptr(),
+            data_index: row.as_ptr(),
+            intervals: ranges,
+            global2local: g.abi(),
+            n_pix_submap: nps,
+            map_dtype: abi::DTYPE_F64,
+            reserved0: 0,
+            mapdata: m.abi(),
+            pixels: p.abi(),
+            weights: w.abi(),
+            det_data: d.abi(),
+            data_scale: 1.0,
+            should_zero: 0,
+            should_subtract: 0,
+            should_scale: 0,
+            reserved: [0; 5],
+        };
+        // SAFETY: the index arrays have n_det elements naming rows 0..n_det;
+        // the staged arrays have the lengths their shapes imply (pixels and
+        // det_data n_det x n_samp, weights x 3, the map 2 submaps of nps x
+        // 3, global2local 2); only det_data is written.
+        unsafe { launched(b, &args, vec![d, g, m, p, w]) }
+    };
+    expect_fault("scan_map", r, det_data == before);
+
+    // build_noise_weighted: zmap.
+    let zbefore: Vec<f64> = (0..2 * nps as usize * 3).map(|i| 1.0 + i as f64).collect();
+    let mut zmap = zbefore.clone();
+    let scale = vec![1.0f64; n_det];
+    let r = {
+        let g = ArrayArg::input(b, &g2l, "global2local").expect("stage");
+        let p = ArrayArg::input(b, &pixels, "pixels").expect("stage");
+        let w = ArrayArg::input(b, &weights, "weights").expect("stage");
+        let d = ArrayArg::input(b, &before, "det_data").expect("stage");
+        let z = ArrayArg::output(b, &mut zmap, "zmap").expect("stage");
+        let args = abi::BuildNoiseWeightedArgs {
+            n_det: n_det as u64,
+            n_samp: n_samp as u64,
+            nnz: 3,
+            pixel_index: row.as_ptr(),
+            weight_index: row.as_ptr(),
+            data_index: row.as_ptr(),
+            flag_index: std::ptr::null(),
+            det_scale: scale.as_ptr(),
+            intervals: ranges,
+            global2local: g.abi(),
+            n_pix_submap: nps,
+            pixels: p.abi(),
+            weights: w.abi(),
+            det_data: d.abi(),
+            det_flags: abi::Array::ABSENT,
+            shared_flags: abi::Array::ABSENT,
+            zmap: z.abi(),
+            det_flag_mask: 0,
+            shared_flag_mask: 0,
+            reserved: [0; 6],
+        };
+        // SAFETY: as for scan_map; det_scale has n_det elements, no flags;
+        // only zmap is written.
+        unsafe { launched(b, &args, vec![z, g, p, w, d]) }
+    };
+    expect_fault("build_noise_weighted", r, zmap == zbefore);
+
+    // cov_accum_diag_hits: hits.
+    let submap: Vec<i64> = (0..n_samp).map(|i| (i % 2) as i64).collect();
+    let mut subpix: Vec<i64> = (0..n_samp).map(|i| (i % nps as usize) as i64).collect();
+    subpix[bad] = nps;
+    let hbefore: Vec<i64> = (0..2 * nps).collect();
+    let mut hits = hbefore.clone();
+    let r = {
+        let sm = ArrayArg::input(b, &submap, "submap").expect("stage");
+        let sp = ArrayArg::input(b, &subpix, "subpix").expect("stage");
+        let h = ArrayArg::output(b, &mut hits, "hits").expect("stage");
+        let args = abi::CovAccumDiagHitsArgs {
+            nsub: 2,
+            nsubpix: nps,
+            nnz: 1,
+            submap: sm.abi(),
+            subpix: sp.abi(),
+            hits: h.abi(),
+        };
+        // SAFETY: submap and subpix have n_samp elements, hits 2 x nps;
+        // only hits is written.
+        unsafe { launched(b, &args, vec![h, sm, sp]) }
+    };
+    expect_fault("cov_accum_diag_hits", r, hits == hbefore);
+
+    // pixels_healpix: hit_submaps (the pixels are only written).
+    let nside = 4i64;
+    let mut quats: Vec<f64> = (0..n_det * n_samp)
+        .flat_map(|i| {
+            let a = i as f64 * 1e-3;
+            [a.sin() * 0.6, a.cos() * 0.6, 0.2, 0.5]
+        })
+        .collect();
+    quats[4 * (n_samp + bad)] = f64::NAN;
+    let n_submap = (12 * nside * nside / nps) as usize;
+    let sbefore = vec![0u8; n_submap];
+    let mut hit_submaps = sbefore.clone();
+    let mut pix_out = vec![0i64; n_det * n_samp];
+    let r = {
+        let q = ArrayArg::input(b, &quats, "quats").expect("stage");
+        let p = ArrayArg::output(b, &mut pix_out, "pixels").expect("stage");
+        let h = ArrayArg::output(b, &mut hit_submaps, "hit_submaps").expect("stage");
+        let args = abi::PixelsHealpixArgs {
+            n_det: n_det as u64,
+            n_samp: n_samp as u64,
+            quat_index: row.as_ptr(),
+            pixel_index: row.as_ptr(),
+            intervals: ranges,
+            quats: q.abi(),
+            shared_flags: abi::Array::ABSENT,
+            pixels: p.abi(),
+            hit_submaps: h.abi(),
+            nside,
+            n_pix_submap: nps,
+            shared_flag_mask: 0,
+            nest: 1,
+            pixels_i32: 0,
+            reserved: [0; 5],
+        };
+        // SAFETY: quats n_det x n_samp x 4, pixels n_det x n_samp,
+        // hit_submaps one per submap of 12 nside^2 pixels; the index arrays
+        // name rows 0..n_det; pixels and hit_submaps are written.
+        unsafe { launched(b, &args, vec![p, h, q]) }
+    };
+    expect_fault("pixels_healpix", r, hit_submaps == sbefore);
+}
+
+/// Launch `args` on `b` and finish its staged arrays (copying the outputs
+/// back) only when the launch succeeded.
+///
+/// # Safety
+/// As [`Backend::launch`]: `args` name live arrays of the lengths the
+/// struct implies, `staged` among them.
+unsafe fn launched<A: toast_accel::host::KernelArgs>(
+    b: &Backend,
+    args: &A,
+    staged: Vec<toast_accel::host::stage::ArrayArg<'_>>,
+) -> Result<(), AccelError> {
+    // SAFETY: the caller's contract.
+    unsafe { b.launch(args) }?;
+    staged.into_iter().try_for_each(|x| x.finish())
+}

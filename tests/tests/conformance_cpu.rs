@@ -72,3 +72,14 @@ fn all_cases_pass_through_staged_buffers() {
     assert!(st.h2d_calls > 0 && st.d2h_calls > 0, "{st:?}");
     assert_eq!(st.allocs, st.frees, "every staged buffer is freed: {st:?}");
 }
+
+/// A fault late in the data leaves the outputs the map kernels add into as
+/// they were, with one thread and with several (each writes its outputs in
+/// place: the host arrays are the kernel's).
+#[test]
+fn faults_leave_accumulated_outputs_untouched() {
+    for options in ["threads=1", "threads=3"] {
+        let b = Arc::new(load("cpu")).init(options).expect("init");
+        toast_tests::assert_faults_leave_accumulated_outputs(&b);
+    }
+}

@@ -173,3 +173,32 @@ fn a_huge_step_length_matches_the_cpu_on_emulated_hip() {
         huge_step,
     );
 }
+
+/// [`toast_tests::assert_faults_leave_accumulated_outputs`] on the emulated
+/// `backend`.
+fn faults_leave_outputs(backend: &str) {
+    let b = match Arc::new(load(backend)).init("") {
+        Ok(b) => b,
+        Err(e) => return skip_unless_required(REQUIRE, format!("emulated {backend}: {e}")),
+    };
+    toast_tests::assert_faults_leave_accumulated_outputs(&b);
+    println!("emulated {backend}: failed calls left the host's outputs as they were");
+}
+
+#[test]
+fn faults_leave_accumulated_outputs_untouched_on_emulated_cuda() {
+    in_child(
+        "faults_leave_accumulated_outputs_untouched_on_emulated_cuda",
+        "cuda",
+        faults_leave_outputs,
+    );
+}
+
+#[test]
+fn faults_leave_accumulated_outputs_untouched_on_emulated_hip() {
+    in_child(
+        "faults_leave_accumulated_outputs_untouched_on_emulated_hip",
+        "hip",
+        faults_leave_outputs,
+    );
+}

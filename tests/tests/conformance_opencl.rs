@@ -58,6 +58,14 @@ fn a_huge_step_length_matches_the_cpu() {
     toast_tests::assert_huge_step_matches_cpu(&b);
 }
 
+/// A fault late in the data leaves the host's copies of the outputs the
+/// map kernels add into as they were.
+#[test]
+fn faults_leave_accumulated_outputs_untouched() {
+    let Some(b) = opencl() else { return };
+    toast_tests::assert_faults_leave_accumulated_outputs(&b);
+}
+
 /// The OpenCL backend, or `None` (after printing `SKIPPED: reason`) when it
 /// is unavailable and `TOAST_REQUIRE_OPENCL` is unset.
 fn opencl() -> Option<Backend> {

@@ -419,9 +419,10 @@ unsafe fn run_into<P: PixelOut>(
             arrays::output::<u8>(K, "hit_submaps", a.hit_submaps)?,
         )
     };
-    // SAFETY: AtomicU8 has the size and alignment of u8, and the exclusive
-    // borrow of `hits` is only used through this shared atomic view.
-    let hits: &[AtomicU8] = unsafe { &*(hits as *mut [u8] as *const [AtomicU8]) };
+    // The submaps hit are marked here first, and in `hits` only once every
+    // pixel is valid: a fault leaves the caller's marks as they were (see
+    // the kernels module).
+    let marks: Vec<AtomicU8> = (0..hits.len()).map(|_| AtomicU8::new(0)).collect();
     let pixels = SharedMut::new(pixels);
     let hp = Hpix::new(a.nside, v.factor);
     let nest = a.nest != 0;
@@ -440,7 +441,7 @@ unsafe fn run_into<P: PixelOut>(
         mask,
         nps,
         nps_shift,
-        hits,
+        hits: &marks,
     };
     let r = for_each_chunk(n_samp, v.intervals, |segs| {
         for det in 0..v.n_det {
@@ -459,7 +460,13 @@ unsafe fn run_into<P: PixelOut>(
         }
         Ok(())
     });
-    r.map_err(|f| super::fault_error(K, f))
+    r.map_err(|f| super::fault_error(K, f))?;
+    for (h, m) in hits.iter_mut().zip(&marks) {
+        if m.load(Ordering::Relaxed) != 0 {
+            *h = 1;
+        }
+    }
+    Ok(())
 }
 
 /// What the pixels of one stretch of samples (one detector, one piece of

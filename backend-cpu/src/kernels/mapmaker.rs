@@ -49,6 +49,24 @@ pub(crate) unsafe fn run(
         )
     };
     check::global2local(K, g2l, v.n_local_submap as u64)?;
+    let div = SubmapDiv::new(v.n_pix_submap);
+    // Every pixel the accumulation reads first: a fault leaves zmap
+    // untouched.
+    let (n_samp, det_mask, shared_mask) = (v.n_samp, a.det_flag_mask, a.shared_flag_mask);
+    super::check_pixels(
+        n_samp,
+        v.n_det,
+        v.intervals,
+        |det| v.pixel_index[det] as usize,
+        pixels,
+        &div,
+        g2l,
+        |det, s| {
+            (v.use_det_flags && det_flags[v.flag_index[det] as usize * n_samp + s] & det_mask != 0)
+                || (v.use_shared_flags && shared_flags[s] & shared_mask != 0)
+        },
+    )
+    .map_err(|f| super::fault_error(K, f))?;
     let job = Job {
         v,
         g2l,
@@ -60,7 +78,7 @@ pub(crate) unsafe fn run(
         det_mask: a.det_flag_mask,
         shared_mask: a.shared_flag_mask,
         zmap: SharedMut::new(zmap),
-        div: SubmapDiv::new(v.n_pix_submap),
+        div,
     };
     let nps = v.n_pix_submap as usize;
     let parts = rayon::current_num_threads().clamp(1, nps.max(1));
@@ -94,8 +112,8 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Accumulate the samples whose sub-pixel lies in `[lo, hi)`. Every
-    /// task checks every sample, so each finds the same first fault.
+    /// Accumulate the samples whose sub-pixel lies in `[lo, hi)`. The
+    /// pixels were checked before (`check_pixels`), so no task faults.
     #[inline(always)]
     fn part<const N: usize>(&self, lo: usize, hi: usize, nnz: usize) -> TaskResult {
         let nnz = if N > 0 { N } else { nnz };

@@ -155,6 +155,19 @@ fn check_common(
                  {nsubpix} pixels x {per_pixel}"
             ))
         })?;
+    // Every sample's pixel in the map (or skipped: negative) before the
+    // accumulation adds anything, so a fault leaves the output untouched
+    // (see the kernels module); one parallel read of the two arrays.
+    let beyond = |(&sm, &px): (&i64, &i64)| sm >= 0 && px >= 0 && !(sm < nsub && px < nsubpix);
+    if let Some(i) = submap
+        .par_iter()
+        .zip(subpix)
+        .with_min_len(1 << 14)
+        .position_first(beyond)
+    {
+        let f = beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i);
+        return Err(super::fault_error(kernel, f));
+    }
     Ok(npix as usize / per_pixel)
 }
 
@@ -322,8 +335,8 @@ pub(crate) fn cov_accum_diag_hits(
         && submap.len() >= HITS_SPLIT_FROM
         && std::mem::align_of::<AtomicI64>() == std::mem::align_of::<i64>()
     {
-        return hits_by_samples(nsub, nsubpix, submap, subpix, &mut hits[..npix], parts)
-            .map_err(|f| super::fault_error(K, f));
+        hits_by_samples(nsub, nsubpix, submap, subpix, &mut hits[..npix], parts);
+        return Ok(());
     }
     accumulate(
         K,
@@ -350,8 +363,8 @@ const HITS_SPLIT_FROM: usize = 1 << 14;
 /// sum, the same in any order, so the result is the one-task pass's; each
 /// task reads only its own samples instead of every sample (the pixel
 /// split read all of them in every task and scaled poorly: 2 threads at
-/// 0.97-1.10x TOAST's). On a fault the result is the one pass's too: the
-/// samples before the first bad one counted, the rest not.
+/// 0.97-1.10x TOAST's). The samples were checked (`check_common`): each
+/// is in the map or skipped.
 fn hits_by_samples(
     nsub: i64,
     nsubpix: i64,
@@ -359,7 +372,7 @@ fn hits_by_samples(
     subpix: &[i64],
     hits: &mut [i64],
     parts: usize,
-) -> TaskResult {
+) {
     // SAFETY: `AtomicI64` has the size of `i64` and, as checked by the
     // caller, its alignment; `hits` is borrowed exclusively for this call
     // and every access below goes through the atomics, so viewing its
@@ -373,49 +386,19 @@ fn hits_by_samples(
         ((sm as u64) < nsub as u64 && (px as u64) < nsubpix as u64)
             .then(|| (sm * nsubpix + px) as usize)
     };
-    // Each task: its range and, on a fault, the sample it stopped at.
-    let ends: Vec<(usize, usize, Option<SampleFault>)> = (0..parts)
-        .into_par_iter()
-        .map(|t| {
-            let (lo, hi) = ((t * chunk).min(n), ((t + 1) * chunk).min(n));
-            for i in lo..hi {
-                if i + PREFETCH_AHEAD < hi {
-                    if let Some(a) = pixel(i + PREFETCH_AHEAD) {
-                        prefetch(atoms.as_ptr().wrapping_add(a));
-                    }
-                }
-                match pixel(i) {
-                    Some(h) => {
-                        atoms[h].fetch_add(1, Ordering::Relaxed);
-                    }
-                    None if submap[i] >= 0 && subpix[i] >= 0 => {
-                        let f = beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i);
-                        return (lo, i, Some(f));
-                    }
-                    None => {}
+    (0..parts).into_par_iter().for_each(|t| {
+        let (lo, hi) = ((t * chunk).min(n), ((t + 1) * chunk).min(n));
+        for i in lo..hi {
+            if i + PREFETCH_AHEAD < hi {
+                if let Some(a) = pixel(i + PREFETCH_AHEAD) {
+                    prefetch(atoms.as_ptr().wrapping_add(a));
                 }
             }
-            (lo, hi, None)
-        })
-        .collect();
-    // On a fault, the counts are those of the samples before the first one,
-    // as in one pass: the tasks after it take their increments back (a
-    // rare path, run once).
-    let Some(first) = ends.iter().position(|e| e.2.is_some()) else {
-        return Ok(());
-    };
-    for &(lo, end, _) in &ends[first + 1..] {
-        for i in lo..end {
             if let Some(h) = pixel(i) {
-                atoms[h].fetch_sub(1, Ordering::Relaxed);
+                atoms[h].fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-    let mut ends = ends;
-    match ends.swap_remove(first).2 {
-        Some(f) => Err(f),
-        None => Ok(()),
-    }
+    });
 }
 
 /// Accumulate `scale * w wᵀ` (the lower triangle, row by row: `(j, k)` for
@@ -571,16 +554,21 @@ mod tests {
         }
         for parts in [2, 3, 4] {
             let mut got = vec![7i64; npix];
-            hits_by_samples(nsub, nsubpix, &submap, &subpix, &mut got, parts).unwrap();
+            hits_by_samples(nsub, nsubpix, &submap, &subpix, &mut got, parts);
             assert_eq!(got, want, "{parts} tasks");
         }
-        // A sample beyond the map is the kernel's fault, naming it.
+        // A sample beyond the map, late: the kernel's fault, naming it,
+        // and not one hit counted (the samples before it included).
         let mut bad = submap.clone();
         bad[n - 3] = nsub;
-        let mut got = vec![0i64; npix];
-        let e = hits_by_samples(nsub, nsubpix, &bad, &subpix, &mut got, 2).unwrap_err();
+        let mut got = vec![7i64; npix];
+        let e = cov_accum_diag_hits(nsub, nsubpix, 1, &bad, &subpix, &mut got).unwrap_err();
         let text = format!("{e:?}");
-        assert!(text.contains(&format!("submap {nsub}")), "{text}");
+        assert!(
+            text.contains(&format!("sample {}", n - 3)) && text.contains(&format!("submap {nsub}")),
+            "{text}"
+        );
+        assert!(got.iter().all(|&h| h == 7), "hits changed before the fault");
     }
 
     #[test]
@@ -679,8 +667,8 @@ mod tests {
         let one = pool(1).install(|| run(&submap, &subpix));
         assert!(one.0.iter().sum::<i64>() > (n as i64) * 8 / 10);
         assert_eq!(one, pool(3).install(|| run(&submap, &subpix)));
-        // A pixel beyond the map: the same first fault, after the same
-        // accumulation of the samples before it.
+        // A pixel beyond the map: the same first fault at every thread
+        // count, and nothing accumulated (not even the samples before it).
         let mut bad = subpix.clone();
         bad[12_345] = nsubpix;
         let one = pool(1).install(|| run(&submap, &bad));
@@ -694,7 +682,7 @@ mod tests {
             "{:?}",
             one.3
         );
-        assert!(one.0.iter().sum::<i64>() > 0);
+        assert!(one.0.iter().all(|&h| h == 0) && one.1.iter().all(|&b| b == 0));
         assert_eq!(one, pool(4).install(|| run(&submap, &bad)));
     }
 
@@ -703,6 +691,14 @@ mod tests {
         let mut hits = vec![0i64; 8];
         let e = cov_accum_diag_hits(2, 4, 1, &[0, 1, 2], &[1, 3, 0], &mut hits).unwrap_err();
         assert!(format!("{e:?}").contains("sample 2"), "{e:?}");
+        // The two samples before it are not counted: a fault leaves the
+        // output as it was.
+        assert_eq!(hits, vec![0i64; 8]);
+        let mut inv = vec![0.5; 8];
+        let e = cov_accum_diag_invnpp(2, 4, 1, &[1, 2], &[0, 0], &[1.0, 1.0], 1.0, &mut inv)
+            .unwrap_err();
+        assert!(format!("{e:?}").contains("sample 1"), "{e:?}");
+        assert_eq!(inv, vec![0.5; 8]);
         let mut hits = vec![0i64; 8];
         let e = cov_accum_diag_hits(2, 4, 1, &[0, 1], &[4, 0], &mut hits).unwrap_err();
         assert!(format!("{e:?}").contains("sample 0"), "{e:?}");

@@ -1,6 +1,16 @@
 //! The kernels. Each `run` takes the validated arguments from
 //! `toast_accel::check` and the raw argument struct (for the kernel arrays,
 //! which are host addresses here) and returns a data-dependent fault, if any.
+//!
+//! A kernel that adds into an output (a map: `build_noise_weighted`,
+//! `cov_accum_diag_*`; a timestream: `scan_map`; the hit submaps of
+//! `pixels_healpix`) leaves it as it was when it reports a fault: a caller
+//! that fixes its input and calls again must not count the samples before
+//! the fault twice. The map kernels check every pixel they would look up
+//! first ([`check_pixels`]; one read of the pixels, in parallel), and
+//! `pixels_healpix` marks its hit submaps only once every pixel is valid.
+//! An output that is only written (the pixels, weights, pointing) may hold
+//! part of the call's result after a fault.
 
 pub(crate) mod compact;
 pub(crate) mod cov_timestream;
@@ -22,8 +32,8 @@ pub(crate) mod test_arrays;
 pub(crate) mod test_cases;
 pub(crate) mod weight;
 
-use crate::par::SampleFault;
-use toast_accel::abi;
+use crate::par::{for_each_chunk, SampleFault, TaskResult};
+use toast_accel::abi::{self, SampleRange};
 use toast_accel::kernels::KernelArgs;
 use toast_accel::plugin_support::PluginError;
 
@@ -134,6 +144,44 @@ impl SubmapDiv {
             }
         }
     }
+}
+
+/// The first sample (in detector, interval, sample order) whose pixel
+/// [`locate`] refuses, over `n_det` detectors (`row(det)`: its row of
+/// `pixels`, `n_samp` long) within `intervals`: negative pixels, and the
+/// samples `skipped(det, sample)` says the kernel skips (flagged), are
+/// not looked up. Run before a kernel adds into its output, so that a
+/// fault leaves the output untouched (see the module's description).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_pixels(
+    n_samp: usize,
+    n_det: usize,
+    intervals: &[SampleRange],
+    row: impl Fn(usize) -> usize + Sync,
+    pixels: &[i64],
+    div: &SubmapDiv,
+    global2local: &[i64],
+    skipped: impl Fn(usize, usize) -> bool + Sync,
+) -> TaskResult {
+    for_each_chunk(n_samp, intervals, |segs| {
+        for det in 0..n_det {
+            let base = row(det) * n_samp;
+            for seg in segs {
+                for (k, &p) in pixels[base + seg.first..base + seg.last].iter().enumerate() {
+                    if p < 0 {
+                        continue;
+                    }
+                    let s = seg.first + k;
+                    if let Err(m) = locate(div, global2local, p) {
+                        if !skipped(det, s) {
+                            return Err(SampleFault::new(det, seg.view, s, m));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Locate pixel `pix >= 0` of a map: the local submap and sub-pixel, or the

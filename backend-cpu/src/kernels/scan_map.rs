@@ -90,6 +90,19 @@ unsafe fn run_t<T: MapValue>(v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), Plu
         )
     };
     check::global2local(K, g2l, v.n_local_submap as u64)?;
+    let div = SubmapDiv::new(v.n_pix_submap);
+    // Every pixel first: a fault leaves det_data untouched.
+    super::check_pixels(
+        v.n_samp,
+        v.n_det,
+        v.intervals,
+        |det| v.pixel_index[det] as usize,
+        pixels,
+        &div,
+        g2l,
+        |_, _| false,
+    )
+    .map_err(|f| super::fault_error(K, f))?;
     let det_data = SharedMut::new(det_data);
     let mode = if a.should_subtract != 0 {
         Mode::Subtract
@@ -105,7 +118,7 @@ unsafe fn run_t<T: MapValue>(v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), Plu
         pixels,
         weights,
         det_data,
-        div: SubmapDiv::new(v.n_pix_submap),
+        div,
         scale: a.data_scale,
         zero: a.should_zero != 0,
         mode,
