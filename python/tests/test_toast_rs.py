@@ -575,6 +575,40 @@ def test_accel_update_host_refuses_read_only(accel_cpu, tmp_path):
     assert "update_host" not in toast_rs.accel_stats()["ops"]
 
 
+def test_accel_assign_device_move_keeps_the_memory_rules(monkeypatch):
+    import toast.accelerator.accel as acc
+    from toast.accelerator import accel_data_create
+
+    monkeypatch.setenv("TOAST_RS_DEVICES", "2")
+    monkeypatch.delenv("TOAST_RS_DEVICE", raising=False)
+    monkeypatch.setenv("TOAST_GPU_MEM_GB", "1")
+    toast_rs.install("cpu", accel=True)
+    try:
+        # One process of two on the node: device 1, alone, with mem_gb.
+        acc.accel_assign_device(2, 1, 1e-6, False)
+        s = toast_rs.accel_stats()
+        assert s["device"]["device"] == 1 and s["device"]["sharing"] == 1
+        assert s["limit_bytes"] == int(1e-6 * 2**30)
+        assert s["limit"] == "accel_assign_device mem_gb=1e-06 GB"
+        with pytest.raises(RuntimeError, match="memory limit.*'big'"):
+            accel_data_create(np.ones(1000), "big")
+        # Back to device 0, shared by two of four processes: mem_gb divided.
+        acc.accel_assign_device(4, 0, 2.0, False)
+        s = toast_rs.accel_stats()
+        assert s["device"]["device"] == 0 and s["device"]["sharing"] == 2
+        assert s["limit_bytes"] == 2**30
+        assert s["limit"] == "accel_assign_device mem_gb=2 GB shared by 2 processes on the device"
+        # Without mem_gb, TOAST_GPU_MEM_GB's share, moving as staying.
+        for rank, device in ((2, 1), (3, 1)):
+            acc.accel_assign_device(4, rank, None, False)
+            s = toast_rs.accel_stats()
+            assert s["device"]["device"] == device and s["device"]["sharing"] == 2
+            assert s["limit_bytes"] == 2**29
+            assert s["limit"] == "TOAST_GPU_MEM_GB=1 GB shared by 2 processes on the device"
+    finally:
+        toast_rs.uninstall()
+
+
 def test_accel_shared_data_come_back_from_the_device(accel_cpu):
     # TOAST's shared data are pshmem buffers numpy marks read-only; their
     # device copy still comes back (unlocked for the copy, locked after).
