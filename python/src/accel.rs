@@ -11,24 +11,42 @@
 //!
 //! Entries are keyed by the host buffer's address and carry its size in
 //! bytes, as `OmpManager`'s are: asking about an address that is present
-//! with another size is an error (TOAST's), creating one twice is an error.
-//! A kernel argument resolves to the entry at its address whose buffer is at
-//! least as large (TOAST passes views of a buffer's first elements: a
-//! `DetectorData`'s `data` is a prefix of its `_raw`); an argument inside a
-//! present buffer at a non-zero offset cannot be addressed (the plugin ABI
-//! takes whole buffers) and is refused with its offset. An empty buffer has
-//! no device allocation, and is keyed by its Python object (numpy gives an
-//! empty view a different dummy address each time).
+//! with another size is an error (TOAST's), creating one twice is an error,
+//! and so is creating one whose bytes overlap a present buffer's (the same
+//! host bytes would have two device copies, an update of one overwriting
+//! the other's). A kernel argument resolves to the entry at its address
+//! whose buffer is at least as large (TOAST passes views of a buffer's first
+//! elements: a `DetectorData`'s `data` is a prefix of its `_raw`); an
+//! argument inside a present buffer at a non-zero offset cannot be
+//! addressed (the plugin ABI takes whole buffers) and is refused with its
+//! offset, one larger than the buffer at its address with both sizes. An
+//! empty buffer has no device allocation, and is keyed by its Python object
+//! (numpy gives an empty view a different dummy address each time).
+//!
+//! An entry holds a weak reference to the object that owns its host memory
+//! (an array's base chain ends there: a view of a present array finds the
+//! entry of that array). Once that object is gone, its memory is freed and
+//! the address may be another array's, or (for an empty buffer) another
+//! object's: the entry is stale. Every lookup drops a stale entry it meets,
+//! freeing its device buffer, with a `RuntimeWarning` naming it, and goes
+//! on as if it were absent. An owner that takes no weak references
+//! (`bytes`) is held instead, until `accel_data_delete`.
+//!
+//! Locking: the table's lock is only held while no Python code can run (no
+//! warning, no Python object made or let go that could run a finalizer),
+//! since Python code may call back into the table and the lock is not
+//! reentrant.
 //!
 //! Every byte moved is counted per TOAST staging operation (create's zeroing
 //! is a reset, `update_device` is host to device, `update_host` device to
 //! host) and per buffer name, which is how a pipeline shows that each
 //! detector field crossed at most once each way.
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyRuntimeWarning, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyMemoryView, PyWeakrefMethods, PyWeakrefReference};
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::sync::{Arc, Mutex, MutexGuard};
 use toast_accel::abi;
 use toast_accel::host::{AccelError, Backend};
@@ -131,6 +149,105 @@ pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
     })
 }
 
+/// Where an entry sits in the table. Ordered with every `Object` key before
+/// every `Memory` key, so the `Memory` keys are one range of addresses in
+/// which an entry's neighbours are its neighbours in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    /// An empty buffer, which has no bytes: its Python object's address.
+    Object(usize),
+    /// A non-empty buffer: the address of its first byte.
+    Memory(usize),
+}
+
+impl Key {
+    fn addr(self) -> usize {
+        match self {
+            Key::Object(a) | Key::Memory(a) => a,
+        }
+    }
+}
+
+impl HostBlock {
+    fn key(&self) -> Key {
+        if self.nbytes == 0 {
+            Key::Object(self.addr)
+        } else {
+            Key::Memory(self.addr)
+        }
+    }
+}
+
+/// The object whose life is the life of `obj`'s memory: for a numpy array,
+/// the root of its `base` chain (a view's memory is its base's), through
+/// memoryviews to their exporter (`np.asarray(memoryview(x))` is `x`'s
+/// memory); any other object (TOAST's `Aligned*`, an `mmap`, `bytes`) is
+/// its own.
+fn memory_owner<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let ndarray = obj.py().import("numpy")?.getattr("ndarray")?;
+    let mut owner = obj.clone();
+    loop {
+        let next = if owner.is_instance(&ndarray)? {
+            owner.getattr("base")?
+        } else if let Ok(view) = owner.cast::<PyMemoryView>() {
+            // A released memoryview has no exporter to ask; one made from
+            // raw memory has none (`obj` is None): it is the owner.
+            match view.getattr("obj") {
+                Ok(exporter) => exporter,
+                Err(_) => break,
+            }
+        } else {
+            break;
+        };
+        if next.is_none() {
+            break;
+        }
+        owner = next;
+    }
+    Ok(owner)
+}
+
+/// How an entry holds the object that owns its host memory.
+#[derive(Debug)]
+enum Owner {
+    /// A weak reference. Once it is dead the memory is freed and its
+    /// address free for another array: the entry is stale.
+    Weak(Py<PyWeakrefReference>),
+    /// An object that takes no weak references (`bytes`, under a
+    /// `np.frombuffer` array): held, so its memory stays allocated until
+    /// `accel_data_delete` and the entry cannot go stale.
+    Held { _owner: Py<PyAny> },
+}
+
+impl Owner {
+    /// The owner of `b`, the host block of `obj`: the object itself for an
+    /// empty buffer (its entry is keyed by that object), else the owner of
+    /// its memory.
+    fn of(obj: &Bound<'_, PyAny>, b: HostBlock) -> PyResult<Owner> {
+        let owner = if b.nbytes == 0 {
+            obj.clone()
+        } else {
+            memory_owner(obj)?
+        };
+        Ok(match PyWeakrefReference::new(&owner) {
+            Ok(weak) => Owner::Weak(weak.unbind()),
+            Err(_) => Owner::Held {
+                _owner: owner.unbind(),
+            },
+        })
+    }
+
+    /// Whether the memory is still allocated. Runs no Python code: the
+    /// strong reference `upgrade` makes is to an object that others keep
+    /// alive, so dropping it frees nothing.
+    fn alive(&self, py: Python<'_>) -> bool {
+        match self {
+            Owner::Weak(weak) => weak.bind(py).upgrade().is_some(),
+            Owner::Held { .. } => true,
+        }
+    }
+}
+
 /// One present host buffer.
 #[derive(Debug)]
 struct Entry {
@@ -138,9 +255,20 @@ struct Entry {
     /// The device buffer; `None` for an empty host buffer.
     handle: Option<u64>,
     name: String,
+    owner: Owner,
     /// Copies of this buffer so far: host to device, device to host.
     h2d: u64,
     d2h: u64,
+}
+
+impl Entry {
+    /// `'name' (host 0x..., N bytes)`, for messages.
+    fn describe(&self, key: Key) -> String {
+        match key {
+            Key::Memory(a) => format!("'{}' (host {a:#x}, {} bytes)", self.name, self.nbytes),
+            Key::Object(a) => format!("'{}' (empty, host object {a:#x})", self.name),
+        }
+    }
 }
 
 /// Calls and bytes of one kind of transfer.
@@ -180,7 +308,9 @@ enum Way {
 
 #[derive(Debug, Default)]
 struct State {
-    entries: BTreeMap<usize, Entry>,
+    /// No two entries' host bytes overlap (`create` refuses it), stale
+    /// entries included.
+    entries: BTreeMap<Key, Entry>,
     /// Device bytes held by the entries.
     used: u64,
     /// Largest `used` seen.
@@ -193,6 +323,64 @@ struct State {
     /// (TOAST maps them per call too: `global2local`, `hit_submaps`).
     kernel_h2d: Moved,
     kernel_d2h: Moved,
+}
+
+impl State {
+    /// The entry of `b` itself (its address, or an empty buffer's object).
+    fn at(&self, b: HostBlock) -> Vec<Key> {
+        let key = b.key();
+        self.entries
+            .contains_key(&key)
+            .then_some(key)
+            .into_iter()
+            .collect()
+    }
+
+    /// The entries that hold any of `b`'s bytes (an empty buffer's: its
+    /// own, [`State::at`]), in address order: the one starting before `b`
+    /// and reaching into it, then those starting inside it.
+    fn overlapping(&self, b: HostBlock) -> Vec<Key> {
+        let Key::Memory(start) = b.key() else {
+            return self.at(b);
+        };
+        let end = start.saturating_add(usize::try_from(b.nbytes).unwrap_or(usize::MAX));
+        let before = self
+            .entries
+            .range(Key::Memory(0)..Key::Memory(start))
+            .next_back()
+            .filter(|(k, e)| k.addr() as u64 + e.nbytes > start as u64);
+        let inside = self.entries.range(Key::Memory(start)..Key::Memory(end));
+        before.into_iter().chain(inside).map(|(&k, _)| k).collect()
+    }
+
+    /// The entry whose host bytes hold byte `addr`.
+    fn containing(&self, addr: usize) -> Option<Key> {
+        self.entries
+            .range(Key::Memory(0)..=Key::Memory(addr))
+            .next_back()
+            .filter(|(k, e)| ((addr - k.addr()) as u64) < e.nbytes)
+            .map(|(&k, _)| k)
+    }
+
+    /// Take an entry out of the table (its device buffer is the caller's
+    /// to free).
+    fn remove(&mut self, key: Key) -> Option<Entry> {
+        let e = self.entries.remove(&key)?;
+        self.used -= e.nbytes;
+        Some(e)
+    }
+}
+
+/// The counts of a [`State`], copied for [`Present::stats`].
+#[derive(Debug)]
+struct Counts {
+    ops: BTreeMap<&'static str, Moved>,
+    by_name: BTreeMap<String, Crossings>,
+    kernel_h2d: Moved,
+    kernel_d2h: Moved,
+    used: u64,
+    peak: u64,
+    buffers: usize,
 }
 
 /// The present table of one backend.
@@ -212,12 +400,28 @@ pub enum Resolved {
     Device(abi::Array),
     /// Not present.
     Missing,
+    /// At the start of the present buffer `name`, which has only `nbytes`
+    /// bytes: fewer than the argument.
+    Smaller { name: String, nbytes: u64 },
     /// Inside the present buffer `name` but not at its start.
     Interior { offset: u64, name: String },
 }
 
 fn mem_err(e: AccelError) -> PyErr {
     PyRuntimeError::new_err(format!("toast_rs: {e}"))
+}
+
+/// Warn (`RuntimeWarning`) about each stale entry a lookup dropped. Call it
+/// with the table unlocked: a warning runs Python code (filters,
+/// `warnings.showwarning`) that may use the table, and raises where the
+/// filter says `error`.
+pub fn warn_dropped(py: Python<'_>, dropped: &[String]) -> PyResult<()> {
+    let category = py.get_type::<PyRuntimeWarning>();
+    for message in dropped {
+        let message = CString::new(message.replace('\0', "\\0")).expect("NULs replaced");
+        PyErr::warn(py, &category, &message, 1)?;
+    }
+    Ok(())
 }
 
 impl Present {
@@ -237,6 +441,57 @@ impl Present {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Drop the entries among `keys` whose owner is dead, freeing their
+    /// device buffers; returns a warning for each. A stale entry's owner is
+    /// a dead weak reference, so dropping it runs no Python code (the lock
+    /// may be held).
+    fn drop_stale(&self, py: Python<'_>, st: &mut State, keys: Vec<Key>) -> Vec<String> {
+        let mut dropped = Vec::new();
+        for key in keys {
+            if st.entries.get(&key).is_none_or(|e| e.owner.alive(py)) {
+                continue;
+            }
+            let e = st.remove(key).expect("looked up above");
+            let freed = match e.handle.map(|h| self.backend.free(h)) {
+                Some(Err(err)) => format!("; freeing its device buffer failed: {err}"),
+                _ => String::new(),
+            };
+            dropped.push(format!(
+                "toast_rs accel: dropped the present buffer {}: the object that owned its host \
+                 memory was freed without accel_data_delete, so its device copy is released \
+                 and the address is no longer present (any array there now is another){freed}",
+                e.describe(key)
+            ));
+        }
+        dropped
+    }
+
+    /// The table, locked, once none of the entries `touched` picks out is
+    /// stale: stale ones are dropped (their device buffers freed) and
+    /// warned about with the lock released, then looked up again (the
+    /// warning ran Python code, which may have changed the table).
+    fn live_state(
+        &self,
+        py: Python<'_>,
+        touched: impl Fn(&State) -> Vec<Key>,
+    ) -> PyResult<MutexGuard<'_, State>> {
+        loop {
+            let mut st = self.state();
+            let keys = touched(&st);
+            let dropped = self.drop_stale(py, &mut st, keys);
+            if dropped.is_empty() {
+                return Ok(st);
+            }
+            drop(st);
+            warn_dropped(py, &dropped)?;
+        }
+    }
+
+    /// The whole table, locked, with every stale entry dropped.
+    fn live_table(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, State>> {
+        self.live_state(py, |st| st.entries.keys().copied().collect())
+    }
+
     /// Set (or clear) the device memory this process may hold.
     pub fn set_limit(&self, limit: Option<(u64, String)>) {
         *self.limit.lock().unwrap_or_else(|p| p.into_inner()) = limit;
@@ -244,9 +499,9 @@ impl Present {
 
     /// Whether `b` is present; the same address with another size is
     /// TOAST's error.
-    pub fn present(&self, b: HostBlock, name: &str) -> PyResult<bool> {
-        let st = self.state();
-        match st.entries.get(&b.addr) {
+    pub fn present(&self, py: Python<'_>, b: HostBlock, name: &str) -> PyResult<bool> {
+        let st = self.live_state(py, |st| st.at(b))?;
+        match st.entries.get(&b.key()) {
             None => Ok(false),
             Some(e) if e.nbytes == b.nbytes => Ok(true),
             Some(e) => Err(PyRuntimeError::new_err(format!(
@@ -257,16 +512,36 @@ impl Present {
         }
     }
 
-    /// `accel_data_create`: a device buffer for `b` (contents undefined
-    /// until an update or reset; the plugins zero new buffers).
-    pub fn create(&self, b: HostBlock, name: &str) -> PyResult<()> {
-        let mut st = self.state();
-        if let Some(e) = st.entries.get(&b.addr) {
-            return Err(PyRuntimeError::new_err(format!(
-                "toast_rs accel: cannot create '{name}': host buffer {:#x} is already present \
-                 as '{}' with {} bytes",
-                b.addr, e.name, e.nbytes
-            )));
+    /// `accel_data_create`: a device buffer for `b`, the host block of
+    /// `obj` (contents undefined until an update or reset; the plugins zero
+    /// new buffers). Refused when `b` is present already, or shares bytes
+    /// with a present buffer (two device copies of the same host bytes,
+    /// each update of one overwriting the other's).
+    pub fn create(&self, obj: &Bound<'_, PyAny>, b: HostBlock, name: &str) -> PyResult<()> {
+        let py = obj.py();
+        let owner = Owner::of(obj, b)?;
+        let mut st = self.live_state(py, |st| st.overlapping(b))?;
+        if let Some(&key) = st.overlapping(b).first() {
+            let e = &st.entries[&key];
+            return Err(PyRuntimeError::new_err(
+                if key == b.key() && e.nbytes == b.nbytes {
+                    format!(
+                        "toast_rs accel: cannot create '{name}': host buffer {:#x} is already \
+                         present as '{}' with {} bytes",
+                        b.addr, e.name, e.nbytes
+                    )
+                } else {
+                    format!(
+                        "toast_rs accel: cannot create '{name}' (host {:#x}, {} bytes): its host \
+                         bytes overlap the present buffer {}; the same host bytes cannot have \
+                         two device copies (delete '{}' first, or use its device copy)",
+                        b.addr,
+                        b.nbytes,
+                        e.describe(key),
+                        e.name
+                    )
+                },
+            ));
         }
         let handle = if b.nbytes == 0 {
             None
@@ -296,11 +571,12 @@ impl Present {
         st.ops.entry("create").or_default().add(b.nbytes);
         st.by_name.entry(name.to_string()).or_default().buffers += 1;
         st.entries.insert(
-            b.addr,
+            b.key(),
             Entry {
                 nbytes: b.nbytes,
                 handle,
                 name: name.to_string(),
+                owner,
                 h2d: 0,
                 d2h: 0,
             },
@@ -308,8 +584,9 @@ impl Present {
         Ok(())
     }
 
-    fn entry<'s>(st: &'s mut State, b: HostBlock, op: &str, name: &str) -> PyResult<&'s Entry> {
-        match st.entries.get(&b.addr) {
+    /// The entry of `b` for `op`, or the error naming what is there.
+    fn entry<'s>(st: &'s State, b: HostBlock, op: &str, name: &str) -> PyResult<&'s Entry> {
+        match st.entries.get(&b.key()) {
             Some(e) if e.nbytes == b.nbytes => Ok(e),
             Some(e) => Err(PyRuntimeError::new_err(format!(
                 "toast_rs accel: cannot {op} '{name}': host buffer {:#x} is present as '{}' \
@@ -326,7 +603,7 @@ impl Present {
 
     /// Count one copy of the present buffer `b` under `name`.
     fn crossed(st: &mut State, b: HostBlock, name: &str, way: Way) {
-        let Some(e) = st.entries.get_mut(&b.addr) else {
+        let Some(e) = st.entries.get_mut(&b.key()) else {
             return;
         };
         let n = match way {
@@ -353,9 +630,9 @@ impl Present {
     }
 
     /// `accel_data_update_device`: host to device.
-    pub fn update_device(&self, b: HostBlock, name: &str) -> PyResult<()> {
-        let mut st = self.state();
-        let handle = Self::entry(&mut st, b, "update the device copy of", name)?.handle;
+    pub fn update_device(&self, py: Python<'_>, b: HostBlock, name: &str) -> PyResult<()> {
+        let mut st = self.live_state(py, |st| st.at(b))?;
+        let handle = Self::entry(&st, b, "update the device copy of", name)?.handle;
         if let Some(h) = handle {
             // SAFETY: `b` is the live, C-contiguous host buffer of `nbytes`
             // bytes that the caller's Python object (held, with the GIL, for
@@ -376,7 +653,7 @@ impl Present {
     /// views of writable memory) are unlocked for the copy by the caller
     /// (`toast_rs.accel`'s `SharedDataManager.accel_update_host`), as pshmem's
     /// own writers do.
-    pub fn update_host(&self, b: HostBlock, name: &str) -> PyResult<()> {
+    pub fn update_host(&self, py: Python<'_>, b: HostBlock, name: &str) -> PyResult<()> {
         if b.readonly {
             return Err(PyValueError::new_err(format!(
                 "toast_rs accel: cannot update the host copy of '{name}': host buffer {:#x} \
@@ -385,8 +662,8 @@ impl Present {
                 b.addr, b.nbytes
             )));
         }
-        let mut st = self.state();
-        let handle = Self::entry(&mut st, b, "update the host copy of", name)?.handle;
+        let mut st = self.live_state(py, |st| st.at(b))?;
+        let handle = Self::entry(&st, b, "update the host copy of", name)?.handle;
         if let Some(h) = handle {
             // SAFETY: `b` is the live, C-contiguous host buffer of `nbytes`
             // bytes that the caller's Python object (held, with the GIL, for
@@ -402,9 +679,9 @@ impl Present {
     }
 
     /// `accel_data_reset`: zero the device copy.
-    pub fn reset(&self, b: HostBlock, name: &str) -> PyResult<()> {
-        let mut st = self.state();
-        let handle = Self::entry(&mut st, b, "reset", name)?.handle;
+    pub fn reset(&self, py: Python<'_>, b: HostBlock, name: &str) -> PyResult<()> {
+        let mut st = self.live_state(py, |st| st.at(b))?;
+        let handle = Self::entry(&st, b, "reset", name)?.handle;
         if let Some(h) = handle {
             self.backend.reset(h, 0, b.nbytes).map_err(mem_err)?;
         }
@@ -413,23 +690,32 @@ impl Present {
     }
 
     /// `accel_data_delete`: free the device copy.
-    pub fn delete(&self, b: HostBlock, name: &str) -> PyResult<()> {
-        let mut st = self.state();
-        Self::entry(&mut st, b, "delete", name)?;
-        let e = st.entries.remove(&b.addr).expect("checked above");
-        if let Some(h) = e.handle {
-            self.backend.free(h).map_err(mem_err)?;
+    pub fn delete(&self, py: Python<'_>, b: HostBlock, name: &str) -> PyResult<()> {
+        let e = {
+            let mut st = self.live_state(py, |st| st.at(b))?;
+            Self::entry(&st, b, "delete", name)?;
+            let e = st.remove(b.key()).expect("checked above");
+            st.ops.entry("delete").or_default().add(e.nbytes);
+            e
+        };
+        // The entry goes with the lock released: a held owner may be freed
+        // with it, which can run Python code (a `__del__`) that uses the
+        // table.
+        match e.handle {
+            Some(h) => self.backend.free(h).map_err(mem_err),
+            None => Ok(()),
         }
-        st.used -= e.nbytes;
-        st.ops.entry("delete").or_default().add(e.nbytes);
-        Ok(())
     }
 
     /// Free every device buffer (uninstall, a device change).
     pub fn clear(&self) -> PyResult<()> {
-        let mut st = self.state();
-        let entries = std::mem::take(&mut st.entries);
-        st.used = 0;
+        let entries = {
+            let mut st = self.state();
+            st.used = 0;
+            std::mem::take(&mut st.entries)
+        };
+        // Freed (and their owners let go) with the lock released, as in
+        // `delete`.
         let mut first_err = None;
         for e in entries.into_values() {
             if let Some(h) = e.handle {
@@ -441,29 +727,49 @@ impl Present {
         first_err.map_or(Ok(()), |e| Err(mem_err(e)))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.state().entries.is_empty()
+    /// Whether no buffer is present (stale entries dropped first).
+    pub fn is_empty(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.live_table(py)?.entries.is_empty())
     }
 
     /// The device buffer of a kernel argument of `bytes` bytes at `addr`.
-    pub fn resolve(&self, addr: usize, bytes: u64, len: u64) -> Resolved {
-        let st = self.state();
-        if let Some((&start, e)) = st.entries.range(..=addr).next_back() {
-            let end = start as u64 + e.nbytes;
-            if start == addr && bytes <= e.nbytes {
-                return match e.handle {
-                    Some(h) => Resolved::Device(abi::Array { ptr: h, len }),
-                    None => Resolved::Device(abi::Array::ABSENT),
-                };
+    /// The present buffer holding `addr`, if its owner is dead, is dropped
+    /// and its warning pushed to `dropped`, for the caller to give once the
+    /// kernel has run: a warning runs Python code, which must not run
+    /// between the arguments' lookups and the launch (it could free a
+    /// device buffer an earlier argument resolved to).
+    pub fn resolve(
+        &self,
+        py: Python<'_>,
+        addr: usize,
+        bytes: u64,
+        len: u64,
+        dropped: &mut Vec<String>,
+    ) -> Resolved {
+        let mut st = self.state();
+        let touched = st.containing(addr).into_iter().collect();
+        dropped.extend(self.drop_stale(py, &mut st, touched));
+        let Some(key) = st.containing(addr) else {
+            return Resolved::Missing;
+        };
+        let e = &st.entries[&key];
+        let start = key.addr();
+        if start != addr {
+            Resolved::Interior {
+                offset: (addr - start) as u64,
+                name: e.name.clone(),
             }
-            if (addr as u64) < end && start != addr {
-                return Resolved::Interior {
-                    offset: (addr - start) as u64,
-                    name: e.name.clone(),
-                };
+        } else if bytes > e.nbytes {
+            Resolved::Smaller {
+                name: e.name.clone(),
+                nbytes: e.nbytes,
+            }
+        } else {
+            match e.handle {
+                Some(h) => Resolved::Device(abi::Array { ptr: h, len }),
+                None => Resolved::Device(abi::Array::ABSENT),
             }
         }
-        Resolved::Missing
     }
 
     /// Count the bytes a `use_accel=True` kernel call staged for itself.
@@ -477,22 +783,38 @@ impl Present {
         }
     }
 
-    /// The table: `[(address, bytes, name)]`.
-    pub fn table(&self) -> Vec<(usize, u64, String)> {
-        self.state()
+    /// The table: `[(address, bytes, name)]` (an empty buffer's address is
+    /// its Python object's), stale entries dropped first.
+    pub fn table(&self, py: Python<'_>) -> PyResult<Vec<(usize, u64, String)>> {
+        Ok(self
+            .live_table(py)?
             .entries
             .iter()
-            .map(|(&a, e)| (a, e.nbytes, e.name.clone()))
-            .collect()
+            .map(|(k, e)| (k.addr(), e.nbytes, e.name.clone()))
+            .collect())
     }
 
     /// `{"ops": {op: {calls, bytes}}, "by_name": {name: {h2d_calls,
     /// h2d_bytes, d2h_calls, d2h_bytes, buffers, max_h2d_per_buffer,
     /// max_d2h_per_buffer}}, "kernel_staging": {...},
     /// "h2d_bytes", "d2h_bytes", "device_bytes", "peak_device_bytes",
-    /// "buffers"}`.
+    /// "buffers"}` (stale entries dropped first).
     pub fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.state();
+        // A copy, read into Python objects with the lock released: making
+        // them can start Python's garbage collector, whose finalizers (a
+        // TOAST object's `__del__`) may delete from the table.
+        let st = {
+            let st = self.live_table(py)?;
+            Counts {
+                ops: st.ops.clone(),
+                by_name: st.by_name.clone(),
+                kernel_h2d: st.kernel_h2d,
+                kernel_d2h: st.kernel_d2h,
+                used: st.used,
+                peak: st.peak,
+                buffers: st.entries.len(),
+            }
+        };
         let moved = |m: &Moved| -> PyResult<Bound<'py, PyDict>> {
             let d = PyDict::new(py);
             d.set_item("calls", m.calls)?;
@@ -527,7 +849,7 @@ impl Present {
         out.set_item("d2h_bytes", get("update_host") + st.kernel_d2h.bytes)?;
         out.set_item("device_bytes", st.used)?;
         out.set_item("peak_device_bytes", st.peak)?;
-        out.set_item("buffers", st.entries.len())?;
+        out.set_item("buffers", st.buffers)?;
         let limit = self.limit.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match limit {
             Some((l, how)) => {

@@ -21,7 +21,7 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -111,6 +111,9 @@ struct Call<'a, 'py> {
     /// Bytes this call staged for itself (host to device, device to host)
     /// on a `use_accel=True` call.
     staged: Cell<(u64, u64)>,
+    /// Warnings about stale present buffers the arguments' lookups dropped,
+    /// given after the call (`accel::warn_dropped`).
+    dropped: RefCell<Vec<String>>,
 }
 
 /// A kernel's array argument: a host array (passed through, or staged for
@@ -705,7 +708,14 @@ impl<'a, 'py> Call<'a, 'py> {
         if v.len == 0 {
             return Ok(Arg::ABSENT);
         }
-        match present.resolve(v.ptr, v.bytes() as u64, v.len as u64) {
+        let resolved = present.resolve(
+            self.args.py(),
+            v.ptr,
+            v.bytes() as u64,
+            v.len as u64,
+            &mut self.dropped.borrow_mut(),
+        );
+        match resolved {
             Resolved::Device(a) => Ok(Arg::Device(a)),
             Resolved::Missing => Err(PyRuntimeError::new_err(format!(
                 "toast_rs {} (use_accel=True): argument `{}` (host {:#x}, {} bytes) is not \
@@ -714,6 +724,17 @@ impl<'a, 'py> Call<'a, 'py> {
                 self.kernel,
                 v.name,
                 v.ptr,
+                v.bytes()
+            ))),
+            Resolved::Smaller { name, nbytes } => Err(PyRuntimeError::new_err(format!(
+                "toast_rs {} (use_accel=True): argument `{}` (host {:#x}, {} bytes) starts at \
+                 the present buffer '{name}', which has {nbytes} bytes on the device: the \
+                 argument needs {}; stage the whole array (delete '{name}' and create the \
+                 larger array)",
+                self.kernel,
+                v.name,
+                v.ptr,
+                v.bytes(),
                 v.bytes()
             ))),
             Resolved::Interior { offset, name } => Err(PyRuntimeError::new_err(format!(
@@ -810,7 +831,10 @@ fn run<A: toast_accel::host::KernelArgs>(
     // `ArrayArg` (a live host buffer of the declared length, or this
     // backend's staged copy of one), or the device buffer of a present host
     // array at least as large as the argument (`Present::resolve`), which
-    // lives until `accel_data_delete`; every host pointer comes from a
+    // lives until `accel_data_delete` or until a lookup finds its owner dead
+    // (no Python code runs between the arguments' lookups and this launch,
+    // and a lookup drops only the entry holding its own argument, which an
+    // earlier argument's lookup found alive); every host pointer comes from a
     // checked `View` alive for the call with the length the struct declares
     // for it (n_det, n_view), and outputs overlap nothing else
     // (`Call::claim`; two distinct present host buffers have distinct
@@ -1763,8 +1787,11 @@ impl Runtime {
             ranges: Vec::new(),
             accel,
             staged: Cell::new((0, 0)),
+            dropped: RefCell::new(Vec::new()),
         };
-        (e.adapt)(&mut c)?;
+        let ran = (e.adapt)(&mut c);
+        accel::warn_dropped(args.py(), &c.dropped.take())?;
+        ran?;
         if let Some(p) = accel {
             let (h2d, d2h) = c.staged.get();
             p.count_kernel_staging(h2d, d2h);
@@ -1833,39 +1860,43 @@ impl Runtime {
 
     /// `accel_data_present(data, name)`.
     fn accel_present(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
-        self.present()?.present(block(data, "present", name)?, name)
+        self.present()?
+            .present(data.py(), block(data, "present", name)?, name)
     }
 
     /// `accel_data_create(data, name)`: a device buffer of the same size.
     fn accel_create(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
-        self.present()?.create(block(data, "create", name)?, name)
+        self.present()?
+            .create(data, block(data, "create", name)?, name)
     }
 
     /// `accel_data_reset(data, name)`: zero the device copy.
     fn accel_reset(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
-        self.present()?.reset(block(data, "reset", name)?, name)
+        self.present()?
+            .reset(data.py(), block(data, "reset", name)?, name)
     }
 
     /// `accel_data_update_device(data, name)`: host to device.
     fn accel_update_device(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
         self.present()?
-            .update_device(block(data, "update_device", name)?, name)
+            .update_device(data.py(), block(data, "update_device", name)?, name)
     }
 
     /// `accel_data_update_host(data, name)`: device to host.
     fn accel_update_host(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
         self.present()?
-            .update_host(block(data, "update_host", name)?, name)
+            .update_host(data.py(), block(data, "update_host", name)?, name)
     }
 
     /// `accel_data_delete(data, name)`: free the device copy.
     fn accel_delete(&self, data: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
-        self.present()?.delete(block(data, "delete", name)?, name)
+        self.present()?
+            .delete(data.py(), block(data, "delete", name)?, name)
     }
 
     /// The present table: `[(host address, bytes, name)]`.
-    fn accel_table(&self) -> PyResult<Vec<(usize, u64, String)>> {
-        Ok(self.present()?.table())
+    fn accel_table(&self, py: Python<'_>) -> PyResult<Vec<(usize, u64, String)>> {
+        self.present()?.table(py)
     }
 
     /// Free every device buffer of the present table.
@@ -1874,8 +1905,8 @@ impl Runtime {
     }
 
     /// Whether the present table is empty.
-    fn accel_empty(&self) -> PyResult<bool> {
-        Ok(self.present()?.is_empty())
+    fn accel_empty(&self, py: Python<'_>) -> PyResult<bool> {
+        self.present()?.is_empty(py)
     }
 
     /// Limit the device bytes this process may hold (`None`: no limit);

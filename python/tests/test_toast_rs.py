@@ -575,6 +575,240 @@ def test_accel_update_host_refuses_read_only(accel_cpu, tmp_path):
     assert "update_host" not in toast_rs.accel_stats()["ops"]
 
 
+def test_accel_create_refuses_overlapping_buffers(accel_cpu):
+    # Two device copies of the same host bytes: an update of one would
+    # silently overwrite the other's.
+    from toast.accelerator import accel_data_create, accel_data_delete, accel_data_update_host
+
+    a = np.ones((2, 10))
+    accel_data_create(a, "whole")
+    flat = a.reshape(-1)
+    for part in (a[1:], a[:1], flat[5:15], flat[15:]):
+        with pytest.raises(RuntimeError) as e:
+            accel_data_create(part, "part")
+        assert str(e.value) == (
+            f"toast_rs accel: cannot create 'part' (host {part.ctypes.data:#x}, {part.nbytes} "
+            f"bytes): its host bytes overlap the present buffer 'whole' (host "
+            f"{a.ctypes.data:#x}, 160 bytes); the same host bytes cannot have two device "
+            "copies (delete 'whole' first, or use its device copy)")
+    # The same start and size: today's error.
+    with pytest.raises(RuntimeError, match="host buffer .* is already present as 'whole' "
+                                           "with 160 bytes"):
+        accel_data_create(a.reshape(20), "again")
+    # A buffer holding a present one is refused too, naming the one inside.
+    big = np.ones(40)
+    accel_data_create(big[10:20], "inner")
+    with pytest.raises(RuntimeError, match="'big'.*overlap the present buffer 'inner'"):
+        accel_data_create(big, "big")
+    # Neighbours that share no byte are fine.
+    accel_data_create(big[20:30], "next")
+    accel_data_create(big[:10], "before")
+    assert sorted(n for _, _, n in toast_rs._runtime.accel_table()) == [
+        "before", "inner", "next", "whole"]
+    accel_data_update_host(a, "whole")
+    accel_data_delete(a, "whole")
+    accel_data_create(a[1:], "tail")  # nothing overlaps it now
+    assert toast_rs.accel_stats()["buffers"] == 4
+
+
+class _Window:
+    """Memory it does not own, through an array interface (as a view whose
+    owner is the window): once the window is gone the memory outlives it, so
+    a new object at the same address is certain."""
+
+    def __init__(self, backing):
+        self.__array_interface__ = dict(backing.__array_interface__)
+
+
+def test_accel_entry_of_a_freed_array_is_dropped(accel_cpu):
+    import gc
+    import warnings
+
+    from toast.accelerator import (accel_data_create, accel_data_delete, accel_data_present,
+                                   accel_data_reset, accel_data_update_device,
+                                   accel_data_update_host)
+
+    # The probe's case: freed without accel_data_delete.
+    a = np.full((2, 10), 1.0)
+    accel_data_create(a, "a")
+    accel_data_update_device(a, "a")
+    del a
+    gc.collect()
+    with pytest.warns(RuntimeWarning, match=r"dropped the present buffer 'a' \(host 0x[0-9a-f]+, "
+                                            r"160 bytes\): the object that owned its host memory "
+                                            r"was freed without accel_data_delete"):
+        s = toast_rs.accel_stats()
+    assert s["buffers"] == 0 and s["device_bytes"] == 0
+    assert s["transfers"]["frees"] == s["transfers"]["allocs"] == 1  # its device buffer too
+
+    # The address taken by another object, for certain: every lookup drops
+    # the stale entry (with a warning) and goes on as if it were absent.
+    backing = np.full((2, 10), 50.0)
+    dispatch = registry["noise_weight"]["dispatch"]
+    weights = (np.arange(2, dtype=np.int32), intervals((0, 10)), np.array([2.0, 3.0]))
+    lookups = [
+        (lambda: accel_data_present(backing, "b"), None),
+        (lambda: accel_data_update_host(backing, "b"), "not present"),
+        (lambda: accel_data_update_device(backing, "b"), "not present"),
+        (lambda: accel_data_reset(backing, "b"), "not present"),
+        (lambda: accel_data_delete(backing, "b"), "not present"),
+        (lambda: dispatch(backing, *weights, use_accel=True), "`det_data`.*not present"),
+    ]
+    for lookup, error in lookups:
+        w = _Window(backing)
+        accel_data_create(w, "dead")
+        del w
+        with pytest.warns(RuntimeWarning, match="dropped the present buffer 'dead'"):
+            if error is None:
+                assert lookup() is False
+            else:
+                with pytest.raises(RuntimeError, match=error):
+                    lookup()
+        assert toast_rs.accel_stats()["buffers"] == 0
+    np.testing.assert_array_equal(backing, 50.0)  # no dead device data came back
+    # create: the stale entry goes, the new one is made.
+    w = _Window(backing)
+    accel_data_create(w, "dead")
+    del w
+    with pytest.warns(RuntimeWarning, match="dropped the present buffer 'dead'"):
+        accel_data_create(backing, "b")
+    assert [n for _, _, n in toast_rs._runtime.accel_table()] == ["b"]
+    # Overlapping a stale entry is no overlap.
+    accel_data_delete(backing, "b")
+    w = _Window(backing)
+    accel_data_create(w, "dead")
+    del w
+    with pytest.warns(RuntimeWarning, match="dropped the present buffer 'dead'"):
+        accel_data_create(backing[1:], "tail")
+    accel_data_delete(backing[1:], "tail")
+
+    # Empty arrays are keyed by their object, whose id CPython reuses at once.
+    tmp = np.zeros(0)
+    key = id(tmp)
+    accel_data_create(tmp, "tmp")
+    del tmp
+    for _ in range(1000):
+        f = np.zeros(0)
+        if id(f) == key:
+            break
+        del f
+    else:
+        pytest.skip("CPython did not reuse the empty array's id")
+    with pytest.warns(RuntimeWarning, match=r"dropped the present buffer 'tmp' \(empty"):
+        assert not accel_data_present(f, "f")
+    accel_data_create(f, "f")
+    assert accel_data_present(f, "f")
+    accel_data_delete(f, "f")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not any(accel_data_present(np.zeros(0), "f") for _ in range(100))
+        # A view of a live present array finds it (the entry's owner is the
+        # memory's, not the object passed): the array lives while a view does.
+        a = np.arange(20.0)
+        accel_data_create(a, "a")
+        accel_data_update_device(a, "a")
+        view = a.reshape(2, 10)
+        del a
+        gc.collect()
+        assert accel_data_present(view.reshape(20), "a")
+        out = view.copy()
+        dispatch(view, *weights, use_accel=True)
+        accel_data_update_host(view.reshape(20), "a")
+        dispatch(out, *weights)
+        np.testing.assert_array_equal(view, out)
+        accel_data_delete(view.reshape(20), "a")
+        # An owner that takes no weak references (bytes) is held until delete.
+        raw = np.arange(4.0).tobytes()
+        accel_data_create(np.frombuffer(raw), "frozen")
+        gc.collect()
+        assert accel_data_present(np.frombuffer(raw), "frozen")
+        accel_data_delete(np.frombuffer(raw), "frozen")
+    assert toast_rs.accel_stats()["buffers"] == 0
+
+
+def test_accel_stale_warning_may_use_the_table(accel_cpu, monkeypatch):
+    # The warning runs Python code (a showwarning hook, an error filter),
+    # which may call back into the table: it comes with the table unlocked.
+    import warnings
+
+    from toast.accelerator import accel_data_create, accel_data_present
+
+    backing = np.ones(8)
+    seen = []
+
+    def show(message, *args, **kwargs):
+        seen.append((str(message), accel_data_present(backing, "again")))
+
+    w = _Window(backing)
+    accel_data_create(w, "dead")
+    del w
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        monkeypatch.setattr(warnings, "showwarning", show)
+        assert not accel_data_present(backing, "b")
+    assert len(seen) == 1 and "'dead'" in seen[0][0] and seen[0][1] is False
+    # An error filter raises the warning; the entry is gone all the same.
+    w = _Window(backing)
+    accel_data_create(w, "dead")
+    del w
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="'dead'"):
+            accel_data_present(backing, "b")
+        assert not accel_data_present(backing, "b")
+
+
+def test_accel_kernel_argument_larger_than_its_buffer(accel_cpu):
+    from toast.accelerator import accel_data_create, accel_data_update_device
+
+    big = np.ones((4, 10))
+    accel_data_create(big[:2], "first_half")
+    accel_data_update_device(big[:2], "first_half")
+    with pytest.raises(RuntimeError) as e:
+        registry["noise_weight"]["dispatch"](big, np.arange(4, dtype=np.int32),
+                                             intervals((0, 10)), np.ones(4), use_accel=True)
+    assert str(e.value) == (
+        f"toast_rs noise_weight (use_accel=True): argument `det_data` (host "
+        f"{big.ctypes.data:#x}, 320 bytes) starts at the present buffer 'first_half', which "
+        "has 160 bytes on the device: the argument needs 320; stage the whole array (delete "
+        "'first_half' and create the larger array)")
+
+
+def test_accel_assign_device_move_keeps_the_memory_rules(monkeypatch):
+    import toast.accelerator.accel as acc
+    from toast.accelerator import accel_data_create
+
+    monkeypatch.setenv("TOAST_RS_DEVICES", "2")
+    monkeypatch.delenv("TOAST_RS_DEVICE", raising=False)
+    monkeypatch.setenv("TOAST_GPU_MEM_GB", "1")
+    toast_rs.install("cpu", accel=True)
+    try:
+        # One process of two on the node: device 1, alone, with mem_gb.
+        acc.accel_assign_device(2, 1, 1e-6, False)
+        s = toast_rs.accel_stats()
+        assert s["device"]["device"] == 1 and s["device"]["sharing"] == 1
+        assert s["limit_bytes"] == int(1e-6 * 2**30)
+        assert s["limit"] == "accel_assign_device mem_gb=1e-06 GB"
+        with pytest.raises(RuntimeError, match="memory limit.*'big'"):
+            accel_data_create(np.ones(1000), "big")
+        # Back to device 0, shared by two of four processes: mem_gb divided.
+        acc.accel_assign_device(4, 0, 2.0, False)
+        s = toast_rs.accel_stats()
+        assert s["device"]["device"] == 0 and s["device"]["sharing"] == 2
+        assert s["limit_bytes"] == 2**30
+        assert s["limit"] == "accel_assign_device mem_gb=2 GB shared by 2 processes on the device"
+        # Without mem_gb, TOAST_GPU_MEM_GB's share, moving as staying.
+        for rank, device in ((2, 1), (3, 1)):
+            acc.accel_assign_device(4, rank, None, False)
+            s = toast_rs.accel_stats()
+            assert s["device"]["device"] == device and s["device"]["sharing"] == 2
+            assert s["limit_bytes"] == 2**29
+            assert s["limit"] == "TOAST_GPU_MEM_GB=1 GB shared by 2 processes on the device"
+    finally:
+        toast_rs.uninstall()
+
+
 def test_accel_shared_data_come_back_from_the_device(accel_cpu):
     # TOAST's shared data are pshmem buffers numpy marks read-only; their
     # device copy still comes back (unlocked for the copy, locked after).

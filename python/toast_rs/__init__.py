@@ -279,8 +279,9 @@ def install(
             _accel._device.clear()
             _accel._device.update(placed, backend=backend)
 
-            def reinstall(dev: int) -> None:
+            def reinstall(dev: int) -> Any:
                 install(backend, backend_path=backend_path, accel=True, device=dev)
+                return _runtime
 
             _accel.enable(runtime, reinstall)
     return chosen

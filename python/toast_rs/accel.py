@@ -67,8 +67,10 @@ plugin as its ``device=`` option (opencl: ``device=P:N`` with platform
 
 Device memory: ``TOAST_GPU_MEM_GB`` (or the ``mem_gb`` of a later
 ``accel_assign_device`` call) is the device's memory for TOAST, shared by
-the processes assigned to it; a ``create`` that would take this process over
-its share raises ``RuntimeError`` naming the buffer, the sizes and the limit.
+the processes assigned to it (by ``accel_assign_device``'s node layout, the
+same whether the call moves this process to another device or not); a
+``create`` that would take this process over its share raises
+``RuntimeError`` naming the buffer, the sizes and the limit.
 """
 
 from __future__ import annotations
@@ -291,8 +293,10 @@ def env_mem_gb() -> Optional[float]:
 def enable(runtime: Any, reinstall: Any) -> None:
     """Point TOAST's accelerator layer at ``runtime``'s present table.
 
-    ``reinstall(device)`` re-creates the runtime on another device (for a
-    later ``accel_assign_device`` call that moves this process).
+    ``reinstall(device)`` re-creates the runtime on another device and
+    returns it (for a later ``accel_assign_device`` call that moves this
+    process; the call then sets the new runtime's memory limit and
+    ``_device`` from its own assignment, as when the process stays).
     """
     import toast.accelerator as pkg
     import toast.accelerator.accel as acc
@@ -341,6 +345,15 @@ def enable(runtime: Any, reinstall: Any) -> None:
         if disabled:
             return
         a = assign_device(_device["backend"], int(node_procs), int(node_rank))
+        # This process's share of the device's memory, the same whether it
+        # moves or stays: ``mem_gb`` (TOAST passes TOAST_GPU_MEM_GB, or its
+        # 2 GB default), else TOAST_GPU_MEM_GB, divided among the processes
+        # on the device. Checked before anything moves.
+        if mem_gb:
+            limit, how = memory_limit(float(mem_gb), a["sharing"], "accel_assign_device mem_gb")
+        else:
+            limit, how = memory_limit(env_mem_gb(), a["sharing"], "TOAST_GPU_MEM_GB")
+        target = runtime
         if a["device"] != _device["device"]:
             if not runtime.accel_empty():
                 raise RuntimeError(
@@ -348,12 +361,9 @@ def enable(runtime: Any, reinstall: Any) -> None:
                     f"{_device['device']} with data present there; it cannot move to device "
                     f"{a['device']} (delete the device data first)"
                 )
-            reinstall(a["device"])
-            return
-        limit, how = memory_limit(float(mem_gb) if mem_gb else None, a["sharing"],
-                                  "accel_assign_device mem_gb")
+            target = reinstall(a["device"])
         if limit is not None:
-            runtime.accel_set_limit(limit, how)
+            target.accel_set_limit(limit, how)
         _device.update(a)
 
     for attr, value in (
