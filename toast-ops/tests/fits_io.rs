@@ -730,14 +730,14 @@ fn integer_nulls_are_unseen_and_malformed_scaling_is_refused() {
         ],
     );
     let m = read_healpix_map(&path, None).unwrap();
-    for p in 0..n {
-        let (v, expect_null) = (m.fields[0].data[p], col[p] == -7);
+    for (p, &c) in col.iter().enumerate() {
+        let (v, expect_null) = (m.fields[0].data[p], c == -7);
         assert_eq!(v == UNSEEN, expect_null, "pixel {p}: {v}");
         if !expect_null {
-            assert_eq!(v, col[p] as f64);
+            assert_eq!(v, c as f64);
         }
-        assert_eq!(m.fields[1].data[p], 1.0 + 2.0 * col[p] as f64);
-        assert_eq!(m.fields[2].data[p], col[p] as f64);
+        assert_eq!(m.fields[1].data[p], 1.0 + 2.0 * c as f64);
+        assert_eq!(m.fields[2].data[p], c as f64);
     }
     for (file, card, expect) in [
         (
