@@ -27,9 +27,10 @@
 //! had already renamed, so no file of an unfinished run is left under a
 //! final name. A run killed outright can leave only temporaries, never a
 //! truncated file under a final name. One stopped by SIGINT, SIGTERM or
-//! SIGHUP removes its temporaries as it ends ([`crate::interrupt`]); after
-//! SIGKILL, the next commit into the directory removes temporaries whose
-//! process is gone.
+//! SIGHUP removes its temporaries as it ends, and, during the commit, the
+//! files it had already renamed ([`crate::interrupt`]); after SIGKILL, the
+//! next commit into the directory removes temporaries whose process is
+//! gone.
 //!
 //! `TOAST_FAULT_INJECT=0:output NAME[:MODE]` fails (or kills) the run just
 //! after output `NAME`'s temporary file is written (see `parallel.rs`).
@@ -269,9 +270,13 @@ impl Staging {
         let result = (|| -> Result<()> {
             for (name, tmp) in pending.by_ref() {
                 let final_path = at(name);
+                // Until the commit ends, a signal removes what was renamed
+                // too, as a failure below does.
+                interrupt::track(&final_path);
                 let renaming = std::fs::rename(&tmp, &final_path);
                 if renaming.is_err() {
                     let _ = std::fs::remove_file(&tmp);
+                    interrupt::untrack(&final_path);
                 }
                 interrupt::untrack(&tmp);
                 if let Err(e) = renaming {
@@ -292,9 +297,13 @@ impl Staging {
                 interrupt::untrack(&tmp);
             }
             for p in renamed {
-                let _ = std::fs::remove_file(p);
+                let _ = std::fs::remove_file(&p);
+                interrupt::untrack(&p);
             }
             return Err(e);
+        }
+        for p in &renamed {
+            interrupt::untrack(p);
         }
         remove_dead_temporaries(&dir, &OUTPUTS);
         if maps_dir != dir {

@@ -212,7 +212,7 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     let spec = &f.text;
-    let signal = match f.mode {
+    let name = match f.mode {
         FaultMode::Error => {
             return Err(anyhow::anyhow!(
                 "{phase}: injected failure (TOAST_FAULT_INJECT={spec})"
@@ -222,15 +222,22 @@ pub fn fault_point(comm: &dyn Comm, phase: &str) -> anyhow::Result<()> {
         FaultMode::Term => "TERM",
     };
     crate::console::stderr(&format!(
-        "toast-cli: rank {}: {phase}: sending this process SIG{signal} (TOAST_FAULT_INJECT={spec})\n",
+        "toast-cli: rank {}: {phase}: sending this process SIG{name} (TOAST_FAULT_INJECT={spec})\n",
         comm.rank()
     ));
-    let pid = std::process::id().to_string();
-    let _ = std::process::Command::new("kill")
-        .args([format!("-{signal}").as_str(), &pid])
-        .status();
-    // The signal is on its way (SIGTERM's handler runs on some thread and
-    // ends the process); kill(1) missing: end abruptly all the same.
-    std::thread::sleep(std::time::Duration::from_secs(10));
+    #[cfg(unix)]
+    {
+        let signal = match f.mode {
+            FaultMode::Term => libc::SIGTERM,
+            _ => libc::SIGKILL,
+        };
+        // SAFETY: `kill` of this process with a valid signal number; what
+        // runs then is the signal's action (SIGTERM: `crate::interrupt`'s
+        // handler, then the default action).
+        unsafe { libc::kill(libc::getpid(), signal) };
+        // The process ends by the signal (SIGTERM's handler may run on
+        // another thread first); should it not, end it all the same.
+        std::thread::sleep(std::time::Duration::from_secs(10));
+    }
     std::process::abort()
 }

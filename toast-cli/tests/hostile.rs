@@ -689,7 +689,7 @@ fn every_probe() {
         // was found only at the phase, after the work before it.
         probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"0:NoSuchPhase\": no phase \"NoSuchPhase\" in this command"])
             .env("TOAST_FAULT_INJECT", "0:NoSuchPhase"),
-        probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"0:MapMaker:explode\": unknown mode \"explode\" (error or kill)"])
+        probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"0:MapMaker:explode\": unknown mode \"explode\" (error, kill or term)"])
             .env("TOAST_FAULT_INJECT", "0:MapMaker:explode"),
         probe(&["run", "--dry-run"], Code(2), &["TOAST_FAULT_INJECT=\"3:MapMaker\": rank 3 of a job of 1 process(es)"])
             .env("TOAST_FAULT_INJECT", "3:MapMaker"),

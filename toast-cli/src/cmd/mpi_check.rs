@@ -8,7 +8,7 @@
 //! ...), 2 ranks`).
 //!
 //! The command starts with the fault point `mpi-check`
-//! (`TOAST_FAULT_INJECT=RANK:mpi-check[:error|kill]`), followed by a barrier:
+//! (`TOAST_FAULT_INJECT=RANK:mpi-check[:error|kill|term]`), followed by a barrier:
 //! when one rank fails there, the others are already waiting in a
 //! collective, so the job ends only if the failing rank's `MPI_Abort` (or
 //! its death, noticed by `mpirun`) ends them; otherwise it hangs, which is
