@@ -336,7 +336,11 @@ pub fn assert_huge_step_matches_cpu(device: &Backend) {
 /// `hits` of `cov_accum_diag_hits` and `hit_submaps` of `pixels_healpix`
 /// (the samples before the fault included: a caller that fixes its input
 /// and calls again must not count them twice). Each call must fail with the
-/// fault named.
+/// fault named. On a host-addressable backend (the CPU plugin) the kernel
+/// writes the host's arrays in place, so this tests the kernels; on a
+/// device backend the outputs are copied back only after a successful
+/// launch ([`launched`]), so there it tests the fault's message and that
+/// nothing is copied back.
 pub fn assert_faults_leave_accumulated_outputs(b: &Backend) {
     use toast_accel::host::stage::ArrayArg;
     let (n_det, n_samp, nps) = (2usize, 4096usize, 12i64);

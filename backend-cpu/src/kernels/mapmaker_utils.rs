@@ -155,20 +155,33 @@ fn check_common(
                  {nsubpix} pixels x {per_pixel}"
             ))
         })?;
-    // Every sample's pixel in the map (or skipped: negative) before the
-    // accumulation adds anything, so a fault leaves the output untouched
-    // (see the kernels module); one parallel read of the two arrays.
+    Ok(npix as usize / per_pixel)
+}
+
+/// Every sample's pixel is in the map (or skipped: negative), checked
+/// after the shapes and before the accumulation adds anything, so that a
+/// fault leaves the output untouched (see the kernels module); one
+/// parallel read of the two arrays.
+fn check_in_map(
+    kernel: &str,
+    nsub: i64,
+    nsubpix: i64,
+    submap: &[i64],
+    subpix: &[i64],
+) -> Result<(), PluginError> {
     let beyond = |(&sm, &px): (&i64, &i64)| sm >= 0 && px >= 0 && !(sm < nsub && px < nsubpix);
-    if let Some(i) = submap
+    match submap
         .par_iter()
         .zip(subpix)
         .with_min_len(1 << 14)
         .position_first(beyond)
     {
-        let f = beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i);
-        return Err(super::fault_error(kernel, f));
+        Some(i) => Err(super::fault_error(
+            kernel,
+            beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i),
+        )),
+        None => Ok(()),
     }
-    Ok(npix as usize / per_pixel)
 }
 
 /// The output map of [`accumulate`]: `nsub * nsubpix` pixels of
@@ -330,6 +343,7 @@ pub(crate) fn cov_accum_diag_hits(
         return Ok(());
     }
     let npix = check_common(K, nsub, nsubpix, submap, subpix, ("hits", hits.len()), 1)?;
+    check_in_map(K, nsub, nsubpix, submap, subpix)?;
     let parts = rayon::current_num_threads();
     if parts > 1
         && submap.len() >= HITS_SPLIT_FROM
@@ -363,7 +377,7 @@ const HITS_SPLIT_FROM: usize = 1 << 14;
 /// sum, the same in any order, so the result is the one-task pass's; each
 /// task reads only its own samples instead of every sample (the pixel
 /// split read all of them in every task and scaled poorly: 2 threads at
-/// 0.97-1.10x TOAST's). The samples were checked (`check_common`): each
+/// 0.97-1.10x TOAST's). The samples were checked (`check_in_map`): each
 /// is in the map or skipped.
 fn hits_by_samples(
     nsub: i64,
@@ -444,6 +458,7 @@ pub(crate) fn cov_accum_diag_invnpp(
             submap.len()
         )));
     }
+    check_in_map(K, nsub, nsubpix, submap, subpix)?;
     let out = &mut invnpp[..npix * block];
     match nnz {
         1 => accumulate_invnpp::<1, 1>(K, nsub, nsubpix, submap, subpix, weights, scale, out),

@@ -2,15 +2,19 @@
 //! `toast_accel::check` and the raw argument struct (for the kernel arrays,
 //! which are host addresses here) and returns a data-dependent fault, if any.
 //!
-//! A kernel that adds into an output (a map: `build_noise_weighted`,
-//! `cov_accum_diag_*`; a timestream: `scan_map`; the hit submaps of
-//! `pixels_healpix`) leaves it as it was when it reports a fault: a caller
-//! that fixes its input and calls again must not count the samples before
-//! the fault twice. The map kernels check every pixel they would look up
-//! first ([`check_pixels`]; one read of the pixels, in parallel), and
-//! `pixels_healpix` marks its hit submaps only once every pixel is valid.
-//! An output that is only written (the pixels, weights, pointing) may hold
-//! part of the call's result after a fault.
+//! A kernel of TOAST's registry that adds into an output (a map:
+//! `build_noise_weighted`, `cov_accum_diag_*`; a timestream: `scan_map`;
+//! the hit submaps of `pixels_healpix`), and `cov_accum_timestream`, leave
+//! it as it was when they report a fault: a caller that fixes its input and
+//! calls again must not count the samples before the fault twice. The map
+//! kernels check every pixel they would look up first ([`check_pixels`];
+//! one read of the pixels, in parallel), and `pixels_healpix` marks its hit
+//! submaps only once every pixel is valid. An output that is only written
+//! (the pixels, weights, pointing) may hold part of the call's result after
+//! a fault. The map-maker's fused passes (`fused_accumulate`, called in
+//! every CG iteration on pixels the run computed itself) are left without
+//! the extra read: a fault there ends the run, whose outputs are then
+//! absent.
 
 pub(crate) mod compact;
 pub(crate) mod cov_timestream;
