@@ -711,6 +711,35 @@ fn an_integrated_device_is_counted_with_the_host_and_streams_for_a_set_budget() 
     assert!(!log.contains("would be refused"), "{log}");
 }
 
+/// A set budget larger than the whole memory of a device with memory of
+/// its own is refused when the plugin starts, naming both figures (a plan
+/// within it would fail part way); on a device in the host's memory (which
+/// may report only a carve-out) it stands.
+#[test]
+fn a_budget_above_the_devices_own_memory_is_refused() {
+    let Some(dir) = usable_emulated("cuda") else {
+        return;
+    };
+    let dry = |env: &[(&str, &str)], budget: &str| {
+        let mut args = vec!["run", "--backend", "cuda", "--n-det", "4", "--n-obs", "1"];
+        args.extend_from_slice(&["--backend-options", budget, "--dry-run"]);
+        toast_cli_env(&args, Some(&dir), env)
+    };
+    let (ok, log) = dry(&[], "cuda:memory=100");
+    assert!(!ok, "{log}");
+    assert!(
+        log.contains(
+            "cuda backend: device memory budget 100.000 GiB = 107374182400 bytes (option \
+             memory=) is more than the device holds, 16.000 GiB"
+        ),
+        "{log}"
+    );
+    let (ok, log) = dry(&[], "cuda:memory=15");
+    assert!(ok, "{log}");
+    let (ok, log) = dry(&[("TOAST_EMU_INTEGRATED", "1")], "cuda:memory=100");
+    assert!(ok && log.contains("(budget 100.000 GiB"), "{log}");
+}
+
 /// A run of tiny with 8 detectors (and the settings `extra`, on the CPU
 /// too) on emulated cuda within `budget` (the option and its bytes): the
 /// dry run says `want`, the run takes `plan` (fused) with batches of

@@ -180,9 +180,13 @@ impl<D: Driver> Context<D> {
         let driver = D::open(choice)?;
         let (free, total) = driver.mem_info();
         let budget = match budget {
-            // A figure the device cannot hold: the host would plan a run
-            // within it that fails part way at the driver's out-of-memory.
-            Some(b) if total > 0 && b.bytes > total => {
+            // A figure the device's own memory cannot hold: the host would
+            // plan a run within it that fails part way at the driver's
+            // out-of-memory. A device in the host's memory (an integrated
+            // GPU, an APU, PoCL) may report only a carve-out as its total
+            // while it allocates from the host's memory, which the host's
+            // memory check bounds: its set budget stands.
+            Some(b) if total > 0 && b.bytes > total && !driver.memory_kind().is_host() => {
                 return Err(PluginError::invalid(format!(
                     "{} backend: device memory budget {b} is more than the device holds, \
                      {:.3} GiB = {total} bytes: give at most that",
