@@ -281,7 +281,14 @@ def test_accel_device_assignment(monkeypatch):
     monkeypatch.setenv("TOAST_RS_DEVICE", "1")
     assert accel.assign_device("cuda", 4, 0)["device"] == 1
     assert accel.plugin_options("cuda", 1) == "device=1"
-    assert accel.plugin_options("opencl", 1) == "device=0:1"
+    # OpenCL: the N-th suitable device over all platforms, as CUDA's index.
+    assert accel.plugin_options("opencl", 1) == "device=1"
+    assert accel.plugin_options("opencl", 0) == "device=0"
+    monkeypatch.delenv("TOAST_RS_DEVICE")
+    monkeypatch.delenv("TOAST_RS_DEVICES")
+    monkeypatch.setenv("TOAST_OPENCL_DEVICE", "pthread")
+    assert accel.plugin_options("opencl", 0) is None  # the user's choice stands
+    monkeypatch.delenv("TOAST_OPENCL_DEVICE")
     with pytest.raises(ValueError, match="node rank 4 of 4"):
         accel.assign_device("cuda", 4, 4)
 

@@ -245,12 +245,19 @@ def plugin_options(backend: str, device: int) -> Optional[str]:
         return f"device={device}"
     if backend == "opencl":
         platform = _env_index("TOAST_RS_OPENCL_PLATFORM")
-        # Device 0 without an explicit choice: let the plugin pick the first
-        # suitable device (or TOAST_OPENCL_DEVICE), as without accel.
-        if (device == 0 and platform is None and "TOAST_RS_DEVICE" not in os.environ
+        if platform is not None:
+            return f"device={platform}:{device}"
+        # The user's own choice of OpenCL device (TOAST_OPENCL_DEVICE), when
+        # nothing of ours names one, is the plugin's to take, as without
+        # accel.
+        if (device == 0 and "TOAST_OPENCL_DEVICE" in os.environ
+                and "TOAST_RS_DEVICE" not in os.environ
                 and "TOAST_RS_DEVICES" not in os.environ):
             return None
-        return f"device={platform or 0}:{device}"
+        # Else the N-th suitable device over all platforms, the index the
+        # assignment counts (the plugin's own choice under a launcher, rank
+        # % devices, is not TOAST's rule).
+        return f"device={device}"
     return None
 
 
