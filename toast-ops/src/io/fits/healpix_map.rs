@@ -439,6 +439,11 @@ fn scatter_partial(
     at: At<'_>,
 ) -> Result<Vec<Vec<f64>>, FitsError> {
     for (k, &pix) in pixels.iter().enumerate() {
+        if pix == UNSEEN {
+            return Err(at.not_healpix(format!(
+                "PIXEL entry {k} is undefined (the column's TNULLn value)"
+            )));
+        }
         if !(pix >= 0.0 && pix < npix as f64 && pix.fract() == 0.0) {
             return Err(at.not_healpix(format!(
                 "PIXEL entry {k} = {pix} is not a pixel index of NSIDE = {nside}"
