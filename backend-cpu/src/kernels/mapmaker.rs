@@ -52,19 +52,23 @@ pub(crate) unsafe fn run(
     let div = SubmapDiv::new(v.n_pix_submap);
     // Every pixel the accumulation reads first: a fault leaves zmap
     // untouched.
-    let (n_samp, det_mask, shared_mask) = (v.n_samp, a.det_flag_mask, a.shared_flag_mask);
+    let (det_mask, shared_mask) = (a.det_flag_mask, a.shared_flag_mask);
+    let flags = super::FlagRule {
+        n_samp: v.n_samp,
+        det: v
+            .use_det_flags
+            .then_some((det_flags, v.flag_index, det_mask)),
+        shared: v.use_shared_flags.then_some((shared_flags, shared_mask)),
+    };
     super::check_pixels(
-        n_samp,
+        v.n_samp,
         v.n_det,
         v.intervals,
         |det| v.pixel_index[det] as usize,
         pixels,
         &div,
         g2l,
-        |det, s| {
-            (v.use_det_flags && det_flags[v.flag_index[det] as usize * n_samp + s] & det_mask != 0)
-                || (v.use_shared_flags && shared_flags[s] & shared_mask != 0)
-        },
+        |det, s| flags.skips(det, s),
     )
     .map_err(|f| super::fault_error(K, f))?;
     let job = Job {

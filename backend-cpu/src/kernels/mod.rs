@@ -188,6 +188,26 @@ pub(crate) fn check_pixels(
     })
 }
 
+/// The samples a map kernel skips by their flags (TOAST's rule): a
+/// detector's row of `det_flags` (by `flag_index`) where the call uses
+/// them, the shared flags where it uses them, each against its mask.
+pub(crate) struct FlagRule<'a> {
+    pub(crate) n_samp: usize,
+    /// `det_flags`, `flag_index` and the mask, where used.
+    pub(crate) det: Option<(&'a [u8], &'a [i32], u8)>,
+    /// The shared flags and their mask, where used.
+    pub(crate) shared: Option<(&'a [u8], u8)>,
+}
+
+impl FlagRule<'_> {
+    /// Whether sample `s` of detector `det` is flagged out.
+    pub(crate) fn skips(&self, det: usize, s: usize) -> bool {
+        self.det
+            .is_some_and(|(f, idx, m)| f[idx[det] as usize * self.n_samp + s] & m != 0)
+            || self.shared.is_some_and(|(f, m)| f[s] & m != 0)
+    }
+}
+
 /// Locate pixel `pix >= 0` of a map: the local submap and sub-pixel, or the
 /// reason it is not in the map.
 #[inline(always)]
