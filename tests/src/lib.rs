@@ -339,7 +339,7 @@ pub fn assert_huge_step_matches_cpu(device: &Backend) {
 /// fault named. On a host-addressable backend (the CPU plugin) the kernel
 /// writes the host's arrays in place, so this tests the kernels; on a
 /// device backend the outputs are copied back only after a successful
-/// launch ([`launched`]), so there it tests the fault's message and that
+/// launch (`launched`), so there it tests the fault's message and that
 /// nothing is copied back.
 pub fn assert_faults_leave_accumulated_outputs(b: &Backend) {
     use toast_accel::host::stage::ArrayArg;
