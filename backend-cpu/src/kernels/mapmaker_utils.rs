@@ -169,19 +169,32 @@ fn check_in_map(
     submap: &[i64],
     subpix: &[i64],
 ) -> Result<(), PluginError> {
-    let beyond = |(&sm, &px): (&i64, &i64)| sm >= 0 && px >= 0 && !(sm < nsub && px < nsubpix);
-    match submap
-        .par_iter()
-        .zip(subpix)
-        .with_min_len(1 << 14)
-        .position_first(beyond)
-    {
-        Some(i) => Err(super::fault_error(
-            kernel,
-            beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i),
-        )),
-        None => Ok(()),
-    }
+    // Not negative, and beyond the map: branch-free, so that the scan of a
+    // block vectorises (a short-circuiting search per sample made the
+    // check cost as much as the hits themselves).
+    let beyond = |sm: i64, px: i64| {
+        (sm >= 0) & (px >= 0) & ((sm as u64 >= nsub as u64) | (px as u64 >= nsubpix as u64))
+    };
+    const BLOCK: usize = 1 << 14;
+    let bad_block = submap
+        .par_chunks(BLOCK)
+        .zip(subpix.par_chunks(BLOCK))
+        .position_first(|(sm, px)| {
+            sm.iter()
+                .zip(px)
+                .fold(false, |any, (&a, &b)| any | beyond(a, b))
+        });
+    let Some(block) = bad_block else {
+        return Ok(());
+    };
+    let first = block * BLOCK;
+    let i = (first..submap.len())
+        .find(|&i| beyond(submap[i], subpix[i]))
+        .expect("the block holds a sample beyond the map");
+    Err(super::fault_error(
+        kernel,
+        beyond_the_map(nsub, nsubpix, submap[i], subpix[i], i),
+    ))
 }
 
 /// The output map of [`accumulate`]: `nsub * nsubpix` pixels of
