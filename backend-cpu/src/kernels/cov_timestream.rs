@@ -74,16 +74,15 @@ pub(crate) unsafe fn run(
         shared: v.use_shared_flags.then_some((shared_flags, shared_mask)),
     };
     super::check_pixels(
+        K,
         v.n_samp,
-        v.n_det,
         v.intervals,
-        |det| v.pixel_index[det] as usize,
+        v.pixel_index,
         pixels,
         &div,
         g2l,
-        |det, s| flags.skips(det, s),
-    )
-    .map_err(|f| super::fault_error(K, f))?;
+        &flags,
+    )?;
     let job = Job {
         v,
         g2l,

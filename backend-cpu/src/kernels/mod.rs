@@ -36,7 +36,7 @@ pub(crate) mod test_arrays;
 pub(crate) mod test_cases;
 pub(crate) mod weight;
 
-use crate::par::{for_each_chunk, SampleFault, TaskResult};
+use crate::par::{for_each_chunk, SampleFault};
 use toast_accel::abi::{self, SampleRange};
 use toast_accel::kernels::KernelArgs;
 use toast_accel::plugin_support::PluginError;
@@ -150,26 +150,27 @@ impl SubmapDiv {
     }
 }
 
-/// The first sample (in detector, interval, sample order) whose pixel
-/// [`locate`] refuses, over `n_det` detectors (`row(det)`: its row of
-/// `pixels`, `n_samp` long) within `intervals`: negative pixels, and the
-/// samples `skipped(det, sample)` says the kernel skips (flagged), are
-/// not looked up. Run before a kernel adds into its output, so that a
-/// fault leaves the output untouched (see the module's description).
+/// Every pixel a map kernel would look up is in the map, else `kernel`'s
+/// fault for the first sample (in detector, interval, sample order) whose
+/// pixel [`locate`] refuses, over the detectors' rows of `pixels` (one per
+/// entry of `pixel_index`, `n_samp` long) within `intervals`: negative
+/// pixels, and the samples `flags` skips, are not looked up. Run before a
+/// kernel adds into its output, so that a fault leaves the output
+/// untouched (see the module's description).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn check_pixels(
+    kernel: &str,
     n_samp: usize,
-    n_det: usize,
     intervals: &[SampleRange],
-    row: impl Fn(usize) -> usize + Sync,
+    pixel_index: &[i32],
     pixels: &[i64],
     div: &SubmapDiv,
     global2local: &[i64],
-    skipped: impl Fn(usize, usize) -> bool + Sync,
-) -> TaskResult {
+    flags: &FlagRule<'_>,
+) -> Result<(), PluginError> {
     for_each_chunk(n_samp, intervals, |segs| {
-        for det in 0..n_det {
-            let base = row(det) * n_samp;
+        for (det, &row) in pixel_index.iter().enumerate() {
+            let base = row as usize * n_samp;
             for seg in segs {
                 for (k, &p) in pixels[base + seg.first..base + seg.last].iter().enumerate() {
                     if p < 0 {
@@ -177,7 +178,7 @@ pub(crate) fn check_pixels(
                     }
                     let s = seg.first + k;
                     if let Err(m) = locate(div, global2local, p) {
-                        if !skipped(det, s) {
+                        if !flags.skips(det, s) {
                             return Err(SampleFault::new(det, seg.view, s, m));
                         }
                     }
@@ -186,6 +187,7 @@ pub(crate) fn check_pixels(
         }
         Ok(())
     })
+    .map_err(|f| fault_error(kernel, f))
 }
 
 /// The samples a map kernel skips by their flags (TOAST's rule): a
@@ -200,6 +202,13 @@ pub(crate) struct FlagRule<'a> {
 }
 
 impl FlagRule<'_> {
+    /// No sample is skipped by flags (`scan_map`).
+    pub(crate) const NONE: FlagRule<'static> = FlagRule {
+        n_samp: 0,
+        det: None,
+        shared: None,
+    };
+
     /// Whether sample `s` of detector `det` is flagged out.
     pub(crate) fn skips(&self, det: usize, s: usize) -> bool {
         self.det

@@ -92,17 +92,17 @@ unsafe fn run_t<T: MapValue>(v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), Plu
     check::global2local(K, g2l, v.n_local_submap as u64)?;
     let div = SubmapDiv::new(v.n_pix_submap);
     // Every pixel first: a fault leaves det_data untouched.
+    let none = super::FlagRule::NONE;
     super::check_pixels(
+        K,
         v.n_samp,
-        v.n_det,
         v.intervals,
-        |det| v.pixel_index[det] as usize,
+        v.pixel_index,
         pixels,
         &div,
         g2l,
-        |_, _| false,
-    )
-    .map_err(|f| super::fault_error(K, f))?;
+        &none,
+    )?;
     let det_data = SharedMut::new(det_data);
     let mode = if a.should_subtract != 0 {
         Mode::Subtract
