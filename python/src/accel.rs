@@ -32,6 +32,12 @@
 //! on as if it were absent. An owner that takes no weak references
 //! (`bytes`) is held instead, until `accel_data_delete`.
 //!
+//! The weak reference's callback counts the deaths (an atomic add: it may
+//! run inside any Python code, the table's own calls included, so it takes
+//! no lock), and the next call into the table after one sweeps the whole
+//! table: a dead owner's device buffer is freed, and stops counting against
+//! the memory limit, at the next table call, whichever buffer it names.
+//!
 //! Locking: the table's lock is only held while no Python code can run (no
 //! warning, no Python object made or let go that could run a finalizer),
 //! since Python code may call back into the table and the lock is not
@@ -44,10 +50,12 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyRuntimeWarning, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyCFunction;
 use pyo3::types::{PyDict, PyMemoryView, PyWeakrefMethods, PyWeakrefReference};
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use toast_accel::abi;
 use toast_accel::host::{AccelError, Backend};
 
@@ -223,18 +231,21 @@ impl Owner {
     /// The owner of `b`, the host block of `obj`: the object itself for an
     /// empty buffer (its entry is keyed by that object), else the owner of
     /// its memory.
-    fn of(obj: &Bound<'_, PyAny>, b: HostBlock) -> PyResult<Owner> {
+    /// `on_death` is the weak reference's callback.
+    fn of(obj: &Bound<'_, PyAny>, b: HostBlock, on_death: &Py<PyCFunction>) -> PyResult<Owner> {
         let owner = if b.nbytes == 0 {
             obj.clone()
         } else {
             memory_owner(obj)?
         };
-        Ok(match PyWeakrefReference::new(&owner) {
-            Ok(weak) => Owner::Weak(weak.unbind()),
-            Err(_) => Owner::Held {
-                _owner: owner.unbind(),
+        Ok(
+            match PyWeakrefReference::new_with(&owner, on_death.bind(obj.py())) {
+                Ok(weak) => Owner::Weak(weak.unbind()),
+                Err(_) => Owner::Held {
+                    _owner: owner.unbind(),
+                },
             },
-        })
+        )
     }
 
     /// Whether the memory is still allocated. Runs no Python code: the
@@ -391,6 +402,11 @@ pub struct Present {
     /// limit was set (for the error).
     limit: Mutex<Option<(u64, String)>>,
     state: Mutex<State>,
+    /// Owners that died since the last sweep of the table, counted by
+    /// [`on_death`](Self::on_death).
+    deaths: Arc<AtomicUsize>,
+    /// The callback of every entry's weak reference: counts a death.
+    on_death: OnceLock<Py<PyCFunction>>,
 }
 
 /// What a kernel argument resolved to.
@@ -430,7 +446,24 @@ impl Present {
             backend,
             limit: Mutex::new(None),
             state: Mutex::new(State::default()),
+            deaths: Arc::new(AtomicUsize::new(0)),
+            on_death: OnceLock::new(),
         }
+    }
+
+    /// The weak references' callback (made once): it adds one to `deaths`
+    /// and does nothing else, so it is safe wherever the owner dies.
+    fn on_death(&self, py: Python<'_>) -> PyResult<&Py<PyCFunction>> {
+        if let Some(f) = self.on_death.get() {
+            return Ok(f);
+        }
+        let deaths = Arc::clone(&self.deaths);
+        let f = PyCFunction::new_closure(py, None, None, move |_args, _kwargs| -> PyResult<()> {
+            deaths.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })?;
+        // Two threads may both make one; the first set is kept.
+        Ok(self.on_death.get_or_init(|| f.unbind()))
     }
 
     pub fn backend(&self) -> &Arc<Backend> {
@@ -466,8 +499,8 @@ impl Present {
         dropped
     }
 
-    /// The table, locked, once none of the entries `touched` picks out is
-    /// stale: stale ones are dropped (their device buffers freed) and
+    /// The table, locked, once none of the entries `touched` picks out (all
+    /// of them after an owner's death) is stale: stale ones are dropped (their device buffers freed) and
     /// warned about with the lock released, then looked up again (the
     /// warning ran Python code, which may have changed the table).
     fn live_state(
@@ -477,7 +510,13 @@ impl Present {
     ) -> PyResult<MutexGuard<'_, State>> {
         loop {
             let mut st = self.state();
-            let keys = touched(&st);
+            // After a death, every entry: its device buffer is freed now,
+            // not when a call meets its address.
+            let keys = if self.deaths.swap(0, Ordering::Relaxed) > 0 {
+                st.entries.keys().copied().collect()
+            } else {
+                touched(&st)
+            };
             let dropped = self.drop_stale(py, &mut st, keys);
             if dropped.is_empty() {
                 return Ok(st);
@@ -519,7 +558,7 @@ impl Present {
     /// each update of one overwriting the other's).
     pub fn create(&self, obj: &Bound<'_, PyAny>, b: HostBlock, name: &str) -> PyResult<()> {
         let py = obj.py();
-        let owner = Owner::of(obj, b)?;
+        let owner = Owner::of(obj, b, self.on_death(py)?)?;
         let mut st = self.live_state(py, |st| st.overlapping(b))?;
         if let Some(&key) = st.overlapping(b).first() {
             let e = &st.entries[&key];

@@ -263,9 +263,36 @@ def test_accel_memory_limit(monkeypatch):
     monkeypatch.setenv("TOAST_GPU_MEM_GB", str(1000 / 2**30))  # 1000 bytes
     toast_rs.install("cpu", accel=True)
     try:
-        accel_data_create(np.ones(100), "small")  # 800 bytes
+        small = np.ones(100)  # 800 bytes, kept alive (a dead one is freed)
+        accel_data_create(small, "small")
         with pytest.raises(RuntimeError, match="memory limit.*'big'.*TOAST_GPU_MEM_GB"):
             accel_data_create(np.ones(50), "big")
+    finally:
+        toast_rs.uninstall()
+
+
+def test_accel_dead_entry_is_freed_at_the_next_call(monkeypatch):
+    # A present array freed without accel_data_delete: its device buffer is
+    # released by the next table call, whatever buffer that call names, so
+    # it no longer counts against the limit.
+    import gc
+
+    from toast.accelerator import accel_data_create, accel_data_delete
+
+    monkeypatch.setenv("TOAST_GPU_MEM_GB", str(1000 / 2**30))  # 1000 bytes
+    toast_rs.install("cpu", accel=True)
+    try:
+        a = np.ones(100)  # 800 bytes
+        other = np.ones(100)  # alive beside a: another address
+        accel_data_create(a, "a")
+        del a
+        gc.collect()
+        with pytest.warns(RuntimeWarning, match="dropped the present buffer 'a'"):
+            accel_data_create(other, "other")
+        s = toast_rs.accel_stats()
+        assert s["buffers"] == 1 and s["device_bytes"] == 800
+        assert s["transfers"]["frees"] == 1
+        accel_data_delete(other, "other")
     finally:
         toast_rs.uninstall()
 
