@@ -5,11 +5,15 @@
 //! (`.NAME.tmp-PID`), flushed and synced ([`Staging::write_with`]). Only when
 //! all of a run's outputs are staged does [`Staging::commit`] put them in
 //! place: it removes the previous run's `stats.json` first (a directory
-//! without it is not a complete run), then the previous run's outputs that
-//! this run does not write (`mapmaker_map.png` under `--no-plot`,
-//! `mapmaker_binmap.fits` with `mapmaker.write_binmap=false`, every map
-//! with `mapmaker.enabled=false`), renames the staged files into place with
-//! `stats.json` last, and syncs the directories.
+//! without it is not a complete run), then the files that `stats.json`
+//! listed as that run's own and this run does not write
+//! (`mapmaker_map.png` under `--no-plot`, `mapmaker_binmap.fits` with
+//! `mapmaker.write_binmap=false`, every map with `mapmaker.enabled=false`),
+//! renames the staged files into place with `stats.json` last, and syncs
+//! the directories. A file of an output's name that no run listed (TOAST's
+//! own `mapmaker_cov.fits`, a user's file) is never removed, nor is a file
+//! this run read (its sky map, its configuration file), even where the
+//! previous run listed it: the new `stats.json` tells this run's files.
 //!
 //! The maps (`mapmaker_*`) go to the maps directory, TOAST's
 //! `mapmaker.output_dir` (relative to the output directory, or absolute);
@@ -87,6 +91,8 @@ pub struct Staging {
     dir: PathBuf,
     maps_dir: PathBuf,
     comm: Arc<dyn Comm>,
+    /// Files the run read (never removed by the commit).
+    inputs: Vec<PathBuf>,
     /// (final name, temporary path) of each staged output.
     staged: Vec<(&'static str, PathBuf)>,
 }
@@ -132,6 +138,39 @@ pub fn check_output_names(dir: &Path, maps_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The files a run's `stats.json` (at `stats`, in output directory `dir`)
+/// lists as its own, as paths to open now. The run named them under its
+/// output directory as it was given (its own entry, `GIVEN/stats.json`,
+/// says how): a path under that is read under `dir`, an absolute one (an
+/// absolute maps directory) as it is. The error says why the file gives no
+/// such list.
+pub fn listed_outputs(dir: &Path, stats: &Path) -> Result<Vec<PathBuf>, String> {
+    let text = std::fs::read_to_string(stats).map_err(|e| format!("cannot read: {e}"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(outputs) = value.get("outputs").and_then(|o| o.as_array()) else {
+        return Err("no list of the run's files (`outputs`)".into());
+    };
+    let outputs: Vec<&str> = outputs.iter().filter_map(|o| o.as_str()).collect();
+    let given = outputs
+        .iter()
+        .map(Path::new)
+        .find(|p| p.file_name().is_some_and(|n| n == COMPLETE))
+        .and_then(Path::parent)
+        .ok_or("`outputs` does not list stats.json itself")?;
+    outputs
+        .iter()
+        .map(|listed| {
+            let p = Path::new(listed);
+            match p.strip_prefix(given) {
+                Ok(rel) => Ok(dir.join(rel)),
+                Err(_) if p.is_absolute() => Ok(p.to_path_buf()),
+                Err(_) => Err(format!("lists {listed}, outside the run's directory")),
+            }
+        })
+        .collect()
+}
+
 /// Remove `path` if it exists.
 fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
@@ -141,12 +180,14 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 }
 
 impl Staging {
-    /// Outputs for directory `dir`, the maps in `maps_dir` (both must exist).
-    pub fn new(dir: &Path, maps_dir: &Path, comm: Arc<dyn Comm>) -> Self {
+    /// Outputs for directory `dir`, the maps in `maps_dir` (both must
+    /// exist), of a run that read the files `inputs`.
+    pub fn new(dir: &Path, maps_dir: &Path, inputs: Vec<PathBuf>, comm: Arc<dyn Comm>) -> Self {
         Staging {
             dir: dir.to_path_buf(),
             maps_dir: maps_dir.to_path_buf(),
             comm,
+            inputs,
             staged: Vec::new(),
         }
     }
@@ -166,6 +207,15 @@ impl Staging {
             .iter()
             .map(|(n, _)| self.dir_of(n).join(n))
             .collect()
+    }
+
+    /// The list `stats.json` holds (its `outputs`, read back by
+    /// [`listed_outputs`]): the outputs staged so far and `stats.json`
+    /// itself, as the run names them.
+    pub fn listing(&self) -> Vec<String> {
+        let mut files = self.staged_paths();
+        files.push(self.dir.join(COMPLETE));
+        files.iter().map(|p| p.display().to_string()).collect()
     }
 
     /// Stage output `name` (one of [`OUTPUTS`]): `write` writes the whole
@@ -247,6 +297,16 @@ impl Staging {
                 dir.join(name)
             }
         };
+        // The previous run's own files, from its stats.json (none where
+        // there is none, or it gives no list), and this run's inputs, as
+        // canonical paths: one file may be spelled two ways.
+        let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+        let previous: Vec<PathBuf> = listed_outputs(&dir, &at(COMPLETE))
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| canonical(p))
+            .collect();
+        let inputs: Vec<PathBuf> = self.inputs.iter().filter_map(|p| canonical(p)).collect();
         remove_if_present(&at(COMPLETE)).with_context(|| {
             format!(
                 "{}: cannot remove the previous run's output",
@@ -254,7 +314,9 @@ impl Staging {
             )
         })?;
         for name in OUTPUTS {
-            if !self.staged.iter().any(|(n, _)| *n == name) {
+            let stale =
+                canonical(&at(name)).is_some_and(|c| previous.contains(&c) && !inputs.contains(&c));
+            if stale && !self.staged.iter().any(|(n, _)| *n == name) {
                 remove_if_present(&at(name)).with_context(|| {
                     format!(
                         "{}: cannot remove the previous run's output",
@@ -400,7 +462,20 @@ mod tests {
     use super::*;
 
     fn staging(dir: &Path) -> Staging {
-        Staging::new(dir, dir, Arc::new(toast_core::SerialComm))
+        Staging::new(dir, dir, Vec::new(), Arc::new(toast_core::SerialComm))
+    }
+
+    /// Stage `stats.json` as `toast-cli run` writes it: with its listing.
+    fn stage_stats(s: &mut Staging, tag: &str) {
+        let stats = serde_json::json!({ "tag": tag, "outputs": s.listing() });
+        s.write_bytes("stats.json", stats.to_string().as_bytes())
+            .unwrap();
+    }
+
+    fn stats_tag(dir: &Path) -> String {
+        let text = std::fs::read_to_string(dir.join("stats.json")).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        value["tag"].as_str().unwrap().to_string()
     }
 
     fn names(dir: &Path) -> Vec<String> {
@@ -419,7 +494,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let mut s = staging(&dir);
         s.write_bytes("mapmaker_map.png", b"old png").unwrap();
-        s.write_bytes("stats.json", b"old").unwrap();
+        stage_stats(&mut s, "old");
         s.commit().unwrap();
         assert_eq!(names(&dir), ["mapmaker_map.png", "stats.json"]);
         // A run that fails half-way: the previous outputs stay as they were.
@@ -442,10 +517,10 @@ mod tests {
         std::fs::write(dir.join(temp_name("timing.csv", u32::MAX)), b"x").unwrap();
         let mut s = staging(&dir);
         s.write_bytes("mapmaker_hits.fits", b"new").unwrap();
-        s.write_bytes("stats.json", b"new").unwrap();
+        stage_stats(&mut s, "new");
         s.commit().unwrap();
         assert_eq!(names(&dir), ["mapmaker_hits.fits", "stats.json"]);
-        assert_eq!(std::fs::read(dir.join("stats.json")).unwrap(), b"new");
+        assert_eq!(stats_tag(&dir), "new");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -565,8 +640,12 @@ mod tests {
         let maps = dir.join("maps");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&maps).unwrap();
-        std::fs::write(maps.join("mapmaker_cov.fits"), b"old").unwrap();
-        let mut s = Staging::new(&dir, &maps, Arc::new(toast_core::SerialComm));
+        let mut s = Staging::new(&dir, &maps, Vec::new(), Arc::new(toast_core::SerialComm));
+        s.write_bytes("mapmaker_cov.fits", b"old").unwrap();
+        s.write_bytes("mapmaker_map.fits", b"old").unwrap();
+        stage_stats(&mut s, "old");
+        s.commit().unwrap();
+        let mut s = Staging::new(&dir, &maps, Vec::new(), Arc::new(toast_core::SerialComm));
         s.write_bytes("mapmaker_map.fits", b"m").unwrap();
         s.write_bytes("stats.json", b"s").unwrap();
         assert_eq!(
@@ -576,6 +655,53 @@ mod tests {
         s.commit().unwrap();
         assert_eq!(names(&maps), ["mapmaker_map.fits"]);
         assert_eq!(names(&dir), ["maps", "stats.json"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The commit removes only what the previous run's stats.json listed,
+    /// and never a file this run read: a directory of TOAST's outputs, or
+    /// a previous run's map used as this run's sky, keeps them.
+    #[test]
+    fn files_no_run_listed_and_the_runs_inputs_are_never_removed() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-foreign-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // TOAST's outputs (no stats.json of ours): none is removed.
+        for name in [
+            "mapmaker_cov.fits",
+            "mapmaker_rcond.fits",
+            "mapmaker_map.png",
+        ] {
+            std::fs::write(dir.join(name), b"toast").unwrap();
+        }
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_map.fits", b"m1").unwrap();
+        s.write_bytes("mapmaker_binmap.fits", b"b1").unwrap();
+        stage_stats(&mut s, "first");
+        s.commit().unwrap();
+        let all = [
+            "mapmaker_binmap.fits",
+            "mapmaker_cov.fits",
+            "mapmaker_map.fits",
+            "mapmaker_map.png",
+            "mapmaker_rcond.fits",
+            "stats.json",
+        ];
+        assert_eq!(names(&dir), all);
+        // A run that reads the first run's binmap (its sky map, spelled
+        // another way) and does not write one: the binmap stays, the
+        // others are still not this tool's to remove.
+        let input = dir.join(".").join("mapmaker_binmap.fits");
+        let mut s = Staging::new(&dir, &dir, vec![input], Arc::new(toast_core::SerialComm));
+        s.write_bytes("mapmaker_map.fits", b"m2").unwrap();
+        stage_stats(&mut s, "second");
+        s.commit().unwrap();
+        assert_eq!(names(&dir), all);
+        assert_eq!(
+            std::fs::read(dir.join("mapmaker_binmap.fits")).unwrap(),
+            b"b1"
+        );
+        assert_eq!(stats_tag(&dir), "second");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

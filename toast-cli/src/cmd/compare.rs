@@ -228,34 +228,19 @@ fn run_maps(dir: &Path) -> Result<(BTreeMap<String, PathBuf>, usize)> {
     if !stats.is_file() {
         return Ok((in_dir, 0));
     }
-    let bad = |why: &str| anyhow::anyhow!("{}: {why}", stats.display());
-    let text = std::fs::read_to_string(&stats)
-        .with_context(|| format!("cannot read {}", stats.display()))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(&format!("not JSON: {e}")))?;
-    let Some(outputs) = value.get("outputs").and_then(|o| o.as_array()) else {
-        return Err(bad("no list of the run's files (`outputs`)"));
-    };
-    let outputs: Vec<&str> = outputs.iter().filter_map(|o| o.as_str()).collect();
-    let given = outputs
-        .iter()
-        .map(Path::new)
-        .find(|p| p.file_name().is_some_and(|n| n == "stats.json"))
-        .and_then(Path::parent)
-        .ok_or_else(|| bad("`outputs` does not list stats.json itself"))?;
+    let files = crate::output::listed_outputs(dir, &stats)
+        .map_err(|why| anyhow::anyhow!("{}: {why}", stats.display()))?;
     let mut maps = BTreeMap::new();
-    for listed in outputs.iter().filter(|o| o.ends_with(".fits")) {
-        let p = Path::new(listed);
-        let path = match p.strip_prefix(given) {
-            Ok(rel) => dir.join(rel),
-            Err(_) if p.is_absolute() => p.to_path_buf(),
-            Err(_) => return Err(bad(&format!("lists {listed}, outside the run's directory"))),
-        };
+    for path in files
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "fits"))
+    {
         if !path.is_file() {
-            return Err(bad(&format!(
-                "lists {}, which is not a regular file",
+            bail!(
+                "{}: lists {}, which is not a regular file",
+                stats.display(),
                 path.display()
-            )));
+            );
         }
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         maps.insert(name.unwrap_or_default(), path);

@@ -704,7 +704,12 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
         return Ok(0);
     }
     let mut spinners = Spinners::new(args.quiet, Arc::clone(&comm));
-    let mut staging = Staging::new(&args.out_dir, &maps_dir, Arc::clone(&comm));
+    // The files the run read, which its commit never removes.
+    let inputs = [args.config.clone(), job.sky_file.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut staging = Staging::new(&args.out_dir, &maps_dir, inputs, Arc::clone(&comm));
     let mut out = OutputDir {
         staging: &mut staging,
         plot: !args.no_plot,
@@ -730,14 +735,8 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     let stats = &outcome.stats;
     let mut value = serde_json::to_value(stats)?;
     // Every file of this run (stats.json included), as the run names them.
-    let mut outputs: Vec<String> = staging
-        .staged_paths()
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    outputs.push(dir.join("stats.json").display().to_string());
     if let serde_json::Value::Object(m) = &mut value {
-        m.insert("outputs".into(), outputs.into());
+        m.insert("outputs".into(), staging.listing().into());
     }
     let text = serde_json::to_string_pretty(&value)?;
     staging.write_bytes("stats.json", (text + "\n").as_bytes())?;
