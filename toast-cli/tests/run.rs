@@ -403,6 +403,54 @@ fn derived_sizes_and_memory_are_checked_before_work() {
         &with(&["--set", "sim_satellite.obs_minutes=1e12"]),
         "sim_satellite.obs_minutes 1000000000000",
     );
+    // The sizes are the simulation's own sampling: an observation of
+    // 1.00021 samples' length holds 1 sample from this start date (refused
+    // before work, not in SimSatellite), and with gaps, or lengths between
+    // samples, the counts differ from rate x length (the expected hits
+    // said 120000 where the run hit 120002).
+    assert_fails(
+        &with(&["--set", "sim_satellite.obs_minutes=0.00016670166666666667"]),
+        "an observation holds 1 sample(s)",
+    );
+    for lengths in [
+        [
+            "sim_satellite.obs_minutes=10",
+            "sim_satellite.gap_minutes=1",
+        ],
+        [
+            "sim_satellite.obs_minutes=1",
+            "sim_satellite.gap_minutes=0.0001",
+        ],
+        [
+            "sim_satellite.obs_minutes=0.0005000416666666666",
+            "sim_satellite.gap_minutes=0",
+        ],
+        [
+            "sim_satellite.obs_minutes=0.008333358333333334",
+            "sim_satellite.gap_minutes=0",
+        ],
+    ] {
+        let mut args = with(&[
+            "--no-plot",
+            "--n-obs",
+            "3",
+            "--set",
+            "baselines.step_time=60",
+        ]);
+        for l in &lengths {
+            args.extend(["--set", l]);
+        }
+        let r = run(&args);
+        let t = text(&r);
+        assert_eq!(r.status.code(), Some(0), "{lengths:?}: {t}");
+        let hits = t
+            .lines()
+            .find_map(|l| l.strip_prefix("total hits:"))
+            .unwrap_or_else(|| panic!("{lengths:?}: no total hits: {t}"));
+        let (got, want) = hits.trim().split_once(" (expected ").unwrap();
+        assert_eq!(format!("{got})"), want, "{lengths:?}: {t}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
     // nside 2^29: a prediction beyond any machine.
     let huge = [
         "--n-det",

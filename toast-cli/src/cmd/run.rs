@@ -605,13 +605,19 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
     };
     if root {
         crate::outln!(
-            "case {}: {} detectors ({} pixels) x {} observation(s) of {} samples = {} samples; \
+            "case {}: {} detectors ({} pixels) x {} observation(s) of {}{} samples = {} samples; \
              {} process(es) in {} group(s) of {}, {} thread(s) each; map-maker plan {}; \
              predicted peak memory {} ({}{})",
             job.case,
             s.n_det,
             s.n_det / 2,
             s.n_obs,
+            // The simulation's sampling may make some one sample shorter.
+            if s.samples_per_det == s.n_obs * s.samples_per_obs {
+                ""
+            } else {
+                "up to "
+            },
             s.samples_per_obs,
             s.samples(),
             n_procs,

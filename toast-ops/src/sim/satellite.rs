@@ -2,7 +2,8 @@
 
 use crate::astro::focalplane;
 use crate::astro::scan_strategy::{
-    create_satellite_schedule, scan_sampling, simulate_scan, unix_us_from_civil, ScanStrategy,
+    create_satellite_schedule, scan_sampling, simulate_scan, unix_us_from_civil, SatelliteSchedule,
+    ScanSampling, ScanStrategy,
 };
 use crate::dist::JobDistribution;
 use rayon::prelude::*;
@@ -148,6 +149,31 @@ impl SimSatelliteConfig {
         }
         Ok(unix_us_from_civil(year, month, day, 0, 0, 0))
     }
+
+    /// The schedule of the mission's first `n_obs` observations and their
+    /// sampling at `rate` Hz (TOAST's `create_satellite_schedule` and
+    /// `SimSatellite`'s layout): the one place the observations' sample
+    /// counts come from, for the simulation and for the sizes checked
+    /// before it. They need not be equal (a start between two samples
+    /// rounds up, a gap adds one), nor `rate` × the observation's length.
+    pub fn schedule(
+        &self,
+        n_obs: usize,
+        rate: f64,
+    ) -> Result<(SatelliteSchedule, Vec<ScanSampling>), OpError> {
+        let schedule = create_satellite_schedule(
+            "",
+            self.mission_start_us()?,
+            self.obs_minutes * 60.0,
+            self.gap_minutes * 60.0,
+            n_obs,
+            self.prec_period * 60.0,
+            self.spin_period * 60.0,
+        )
+        .map_err(sat_err)?;
+        let layout = scan_sampling(&schedule, rate).map_err(sat_err)?;
+        Ok((schedule, layout))
+    }
 }
 
 /// Convert the benchmark focal plane to toast-core detectors (TOAST's units:
@@ -250,29 +276,9 @@ impl SimSatellite {
             .collect())
     }
 
-    fn schedule(
-        &self,
-    ) -> Result<
-        (
-            crate::astro::scan_strategy::SatelliteSchedule,
-            Vec<crate::astro::scan_strategy::ScanSampling>,
-        ),
-        OpError,
-    > {
-        let c = &self.config;
-        let rate = self.focalplane.sample_rate();
-        let schedule = create_satellite_schedule(
-            "",
-            c.mission_start_us()?,
-            c.obs_minutes * 60.0,
-            c.gap_minutes * 60.0,
-            self.first + self.n_obs,
-            c.prec_period * 60.0,
-            c.spin_period * 60.0,
-        )
-        .map_err(sat_err)?;
-        let layout = scan_sampling(&schedule, rate).map_err(sat_err)?;
-        Ok((schedule, layout))
+    fn schedule(&self) -> Result<(SatelliteSchedule, Vec<ScanSampling>), OpError> {
+        self.config
+            .schedule(self.first + self.n_obs, self.focalplane.sample_rate())
     }
 
     /// Detector sets by pixel (TOAST's `detset_key = "pixel"`), in focal-plane order.

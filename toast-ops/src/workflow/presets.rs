@@ -369,14 +369,32 @@ pub struct Sizing {
     pub n_det: u64,
     /// Observations.
     pub n_obs: u64,
-    /// Samples per detector and observation (360 000 for 1 hour at 100 Hz).
+    /// Samples per detector of the longest observation (360 000 for 1 hour
+    /// at 100 Hz).
     pub samples_per_obs: u64,
+    /// Samples per detector over all the observations: `n_obs` ×
+    /// `samples_per_obs` where they are all as long, as in the presets;
+    /// the simulation's sampling may make some one sample shorter
+    /// (`SimSatelliteConfig::schedule`, which the workflow's size check
+    /// sets both from).
+    pub samples_per_det: u64,
 }
 
 impl Sizing {
+    /// `n_det` detectors of `n_obs` observations of `samples_per_obs`
+    /// samples each.
+    pub fn uniform(n_det: u64, n_obs: u64, samples_per_obs: u64) -> Sizing {
+        Sizing {
+            n_det,
+            n_obs,
+            samples_per_obs,
+            samples_per_det: n_obs * samples_per_obs,
+        }
+    }
+
     /// Total detector samples (= the expected total hits).
     pub fn samples(&self) -> u64 {
-        self.n_det * self.n_obs * self.samples_per_obs
+        self.n_det * self.samples_per_det
     }
 }
 
@@ -393,11 +411,7 @@ pub fn select_distribution(cap: f64) -> Sizing {
             n_obs += 1;
         }
     }
-    Sizing {
-        n_det: n_det.max(2),
-        n_obs,
-        samples_per_obs: SAMPLES_PER_OBS,
-    }
+    Sizing::uniform(n_det.max(2), n_obs, SAMPLES_PER_OBS)
 }
 
 /// The sizing of a named preset, or `None` for an unknown name.
@@ -642,7 +656,7 @@ impl DeviceMemory {
 pub fn predicted_memory(s: Sizing, nside: u64, role: HostRole) -> f64 {
     predicted_process_memory(
         s.samples() as f64,
-        (s.n_obs * s.samples_per_obs) as f64,
+        s.samples_per_det as f64,
         s.n_obs,
         nside,
         role,
@@ -818,7 +832,7 @@ mod tests {
         let s = preset("tiny").unwrap();
         DeviceMemory::of(
             s.samples() as f64,
-            (s.n_obs * s.samples_per_obs) as f64,
+            s.samples_per_det as f64,
             s.n_obs,
             grid,
             work_timestream,

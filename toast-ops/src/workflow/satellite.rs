@@ -71,25 +71,21 @@ const SAMPLE_RATE: f64 = 100.0;
 /// overflow in the kernels' index arithmetic.
 pub const MAX_SAMPLES: u64 = 1 << 53;
 
-/// The sizes the configuration derives, checked before any work:
-/// samples per observation (SimSatellite's sampling, `1 + floor(rate (T -
-/// 2 µs))` per scan), total detector samples, the mission's length in µs
-/// and the baseline step (`rint(step_time · rate)` samples), each at most
-/// [`MAX_SAMPLES`]; errors name the option and value.
+/// The sizes the configuration derives, checked before any work: each
+/// observation's samples (the simulation's own sampling,
+/// `SimSatelliteConfig::schedule`: at least 2), total detector samples, the
+/// mission's length in µs and the baseline step (`rint(step_time · rate)`
+/// samples), each at most [`MAX_SAMPLES`]; errors name the option and
+/// value. Sets `sizing`'s sample counts.
 fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), WorkflowError> {
     let limit = MAX_SAMPLES as f64;
     let sat = &config.sim_satellite;
-    let per_obs = 1.0 + ((sat.obs_minutes * 60.0 - 2e-6) * SAMPLE_RATE).floor();
-    let total = (per_obs <= limit)
-        .then(|| {
-            sizing
-                .n_det
-                .checked_mul(sizing.n_obs)?
-                .checked_mul(per_obs as u64)
-        })
-        .flatten()
-        .filter(|&t| t <= MAX_SAMPLES);
-    if total.is_none() {
+    // Bounds first, from the lengths alone (an observation holds about
+    // rate x its length samples): the schedule is laid out in i64 µs and
+    // the sampling in usize samples, which these keep far from overflow.
+    let per_obs = (sat.obs_minutes * 60.0 * SAMPLE_RATE).floor() + 1.0;
+    let total = sizing.n_det as f64 * sizing.n_obs as f64 * per_obs;
+    if total > limit {
         return Err(WorkflowError::BadSize {
             option: "sim_satellite.obs_minutes",
             value: compact(sat.obs_minutes),
@@ -100,19 +96,6 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
             ),
         });
     }
-    if per_obs < 2.0 {
-        return Err(WorkflowError::BadSize {
-            option: "sim_satellite.obs_minutes",
-            value: compact(sat.obs_minutes),
-            reason: format!(
-                "an observation holds {} sample(s) at {SAMPLE_RATE} Hz; it needs at least 2 \
-                 (obs_minutes of {} or more)",
-                per_obs.max(0.0),
-                compact((1.0 / SAMPLE_RATE + 2e-6) / 60.0)
-            ),
-        });
-    }
-    sizing.samples_per_obs = per_obs as u64;
     let mission_us = (sat.obs_minutes + sat.gap_minutes) * 60e6 * sizing.n_obs as f64;
     if mission_us > limit {
         let (option, value) = if sat.gap_minutes > sat.obs_minutes {
@@ -128,6 +111,42 @@ fn check_sizes(config: &SatelliteConfig, sizing: &mut Sizing) -> Result<(), Work
                  µs, more than {MAX_SAMPLES} µs (285 years)",
                 sizing.n_obs,
                 compact(sat.obs_minutes + sat.gap_minutes)
+            ),
+        });
+    }
+    let too_short = |samples: u64| WorkflowError::BadSize {
+        option: "sim_satellite.obs_minutes",
+        value: compact(sat.obs_minutes),
+        reason: format!(
+            "an observation holds {samples} sample(s) at {SAMPLE_RATE} Hz; it needs at least 2 \
+             (obs_minutes of about {} or more)",
+            compact((1.0 / SAMPLE_RATE + 2e-6) / 60.0)
+        ),
+    };
+    // Shorter than a sample: the schedule's scans would stop before their
+    // first sample.
+    if per_obs < 2.0 {
+        return Err(too_short(per_obs.max(0.0) as u64));
+    }
+    // The counts themselves: what the simulation will lay out.
+    let (_, layout) = sat
+        .schedule(sizing.n_obs as usize, SAMPLE_RATE)
+        .map_err(super::config::ConfigError::from)?;
+    let counts = layout.iter().map(|l| l.n_samples as u64);
+    let shortest = counts.clone().min().unwrap_or(0);
+    if shortest < 2 {
+        return Err(too_short(shortest));
+    }
+    sizing.samples_per_obs = counts.clone().max().unwrap_or(0);
+    sizing.samples_per_det = counts.sum();
+    if sizing.samples() > MAX_SAMPLES {
+        return Err(WorkflowError::BadSize {
+            option: "sim_satellite.obs_minutes",
+            value: compact(sat.obs_minutes),
+            reason: format!(
+                "{} detector(s) x {} samples of {} observation(s) ({SAMPLE_RATE} Hz) exceed \
+                 {MAX_SAMPLES} detector samples",
+                sizing.n_det, sizing.samples_per_det, sizing.n_obs
             ),
         });
     }
