@@ -103,6 +103,22 @@ fn itemsize(typestr: &str) -> Option<u64> {
     }
 }
 
+/// Whether an array-interface `descr` (a list of `(name, type[, shape])`,
+/// `type` a typestr or a nested descr) has a field of Python objects
+/// (`|O`), at any depth.
+fn descr_has_objects(descr: &Bound<'_, PyAny>) -> bool {
+    let Ok(fields) = descr.try_iter() else {
+        return false;
+    };
+    fields.flatten().any(|field| match field.get_item(1) {
+        Ok(ty) => match ty.extract::<String>() {
+            Ok(typestr) => typestr.get(1..2) == Some("O"),
+            Err(_) => descr_has_objects(&ty),
+        },
+        Err(_) => false,
+    })
+}
+
 /// The host block of a C-contiguous buffer, or a `TypeError` / `ValueError`
 /// naming `what` (the TOAST call and buffer name).
 pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
@@ -133,6 +149,15 @@ pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
                  host buffer is one block"
             )));
         }
+    }
+    // Python objects' bytes are pointers, each owning a reference: a device
+    // copy written back would put freed (or null) pointers in the array.
+    let descr = iface.get_item("descr")?;
+    if typestr.get(1..2) == Some("O") || descr.is_some_and(|d| descr_has_objects(&d)) {
+        return Err(PyTypeError::new_err(format!(
+            "toast_rs {what}: the array's dtype holds Python objects (typestr {typestr:?}, or a \
+             field of it): their bytes are references, which a device copy cannot hold"
+        )));
     }
     let size = itemsize(&typestr).ok_or_else(|| {
         PyTypeError::new_err(format!("toast_rs {what}: unreadable typestr {typestr:?}"))

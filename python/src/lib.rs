@@ -1200,6 +1200,19 @@ fn build_noise_weighted(c: &mut Call<'_, '_>) -> PyResult<()> {
     let use_det_flags = det_flags.shape[1] == n_samp;
     if use_det_flags {
         c.expect_len(&flag_index, n_det, "one per detector, as pixel_index")?;
+        // No row for flag_index to name: staged, an empty array is the
+        // ABI's "no det_flags", which would drop the flags unread.
+        if det_flags.len == 0 && n_det > 0 && n_samp > 0 {
+            return Err(value_err(
+                c.kernel,
+                det_flags.name,
+                format!(
+                    "shape {:?}: rows of n_samp flags, so they are read, but no row for \
+                     flag_index to name",
+                    det_flags.shape
+                ),
+            ));
+        }
     }
     let n_pix_submap = zmap.shape[1] as i64;
     let (g, p, w, d, f, sf, z) = (

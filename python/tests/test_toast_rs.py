@@ -271,6 +271,26 @@ def test_accel_memory_limit(monkeypatch):
         toast_rs.uninstall()
 
 
+def test_accel_refuses_arrays_of_python_objects(accel_cpu):
+    # An object's bytes are a reference: a device copy written back put
+    # freed pointers in the array (a double free at exit).
+    from toast.accelerator import accel_data_create, accel_data_present
+
+    for dt in [np.dtype(object), np.dtype([("o", object), ("x", "f8")]),
+               np.dtype([("n", [("o", object)]), ("x", "f8")]), np.dtype([("o", object, (2,))])]:
+        a = np.empty(4, dtype=dt)
+        with pytest.raises(TypeError, match="holds Python objects"):
+            accel_data_create(a, "objs")
+        with pytest.raises(TypeError, match="holds Python objects"):
+            accel_data_present(a, "objs")
+    # Plain structured data is bytes, and may go.
+    a = np.zeros(4, dtype=[("x", "f8"), ("n", "i4")])
+    accel_data_create(a, "rec")
+    assert accel_data_present(a, "rec")
+    from toast.accelerator import accel_data_delete
+    accel_data_delete(a, "rec")
+
+
 def test_accel_dead_entry_is_freed_at_the_next_call(monkeypatch):
     # A present array freed without accel_data_delete: its device buffer is
     # released by the next table call, whatever buffer that call names, so
@@ -479,6 +499,23 @@ def test_build_noise_weighted_zmap_nnz_is_the_weights(cpu):
     assert not args[1].any()
     _toast_refuses("build_noise_weighted", _bnw_args(2, 3))
     args = _bnw_args(3, 3)
+    registry["build_noise_weighted"]["dispatch"](*args)
+    assert args[1].sum() == 2 * 10 * 3
+
+
+def test_build_noise_weighted_det_flags_without_rows_is_refused(cpu):
+    # Rows of n_samp flags are read (TOAST's rule); with none, flag_index
+    # names a row that is not there. An empty array staged is the ABI's "no
+    # det_flags": the flags were dropped, every sample accumulated.
+    args = _bnw_args(3, 3)
+    args[9] = np.ones((0, 10), np.uint8)
+    with pytest.raises(ValueError, match=r"build_noise_weighted: argument `det_flags`: shape "
+                                         r"\[0, 10\]: .*no row for flag_index to name"):
+        registry["build_noise_weighted"]["dispatch"](*args)
+    assert not args[1].any()
+    # A (1, 1) array and a one-element flag_index: TOAST's "no flags".
+    args = _bnw_args(3, 3)
+    args[8], args[9] = np.zeros(1, np.int32), np.zeros((1, 1), np.uint8)
     registry["build_noise_weighted"]["dispatch"](*args)
     assert args[1].sum() == 2 * 10 * 3
 
