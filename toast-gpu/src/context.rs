@@ -152,6 +152,15 @@ impl<D: Driver> Context<D> {
         for item in options.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item.split_once('=').unwrap_or((item, ""));
             match k.trim() {
+                // Without a value it would name no device and still count
+                // as named (MPI ranks would not spread over the devices).
+                "device" if v.trim().is_empty() => {
+                    return Err(PluginError::invalid(format!(
+                        "{} backend: option device: an empty value names no device (leave \
+                         the option out for the default device)",
+                        D::NAME
+                    )))
+                }
                 "device" => named = Some(D::parse_device(v, "option device")?),
                 // Read above, with TOAST_GPU_MEM_GB.
                 "memory" => {}

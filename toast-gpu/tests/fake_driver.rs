@@ -442,6 +442,17 @@ fn options_select_the_device_and_unknown_ones_are_refused() {
         last_error(),
         "fake backend: unknown option `colour` (known: device, memory, sync, workspace, workspace_bytes)"
     );
+    // An empty selection names no device: refused, not taken as a named
+    // default (which would stop MPI ranks spreading over the devices).
+    for empty in [c"device=", c"device", c"device= ; memory=1"] {
+        let (st, _) = init_with(empty, &UNREAD_LOG);
+        assert_eq!(st, abi::ERR_INVALID_ARGUMENT, "{empty:?}");
+        assert!(
+            last_error().contains("option device: an empty value names no device"),
+            "{}",
+            last_error()
+        );
+    }
     let (st, ctx) = init_with(c" device=0 ", &LOG);
     assert_eq!(st, abi::OK, "init: {}", last_error());
     let log = LOG.lock().unwrap().clone();
