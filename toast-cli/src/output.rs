@@ -102,6 +102,13 @@ fn temp_name(name: &str, pid: u32) -> String {
     format!(".{name}.tmp-{pid}")
 }
 
+/// The longest name this process writes in an output directory: the
+/// temporary of its longest output's name.
+pub fn longest_temporary() -> String {
+    let name = OUTPUTS.iter().max_by_key(|n| n.len()).expect("outputs");
+    temp_name(name, std::process::id())
+}
+
 /// Flush a written file's data and metadata to the disk.
 fn sync_file(path: &Path) -> std::io::Result<()> {
     std::fs::OpenOptions::new()

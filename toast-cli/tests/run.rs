@@ -296,6 +296,25 @@ fn bad_input_is_reported_before_work() {
     let out = dir.join("out");
     let o = out.to_str().unwrap();
     assert_fails(&["--case", "huge", "--out-dir", o], "unknown case `huge`");
+    // A directory whose files' paths are too long for the system: refused
+    // before it is made (the run did all its work, then failed to write).
+    #[cfg(target_os = "linux")]
+    {
+        // 4076 bytes: the directory's own path is within the limit, its
+        // files' (`.mapmaker_noiseweighted_map.fits.tmp-PID`) are not.
+        let mut deep = out.clone();
+        while deep.as_os_str().len() + 201 < 4076 {
+            deep.push("d".repeat(200));
+        }
+        deep.push("d".repeat(4076 - deep.as_os_str().len() - 1));
+        assert_eq!(deep.as_os_str().len(), 4076);
+        for dry in [&["--dry-run"][..], &[]] {
+            let mut args = vec!["--out-dir", deep.to_str().unwrap()];
+            args.extend(dry);
+            assert_fails(&args, "(PATH_MAX)");
+        }
+        assert!(!out.exists(), "a refused run creates no output directory");
+    }
     assert_fails(
         &["--set", "baselines.step_tim=60", "--out-dir", o],
         "[baselines] step_tim",

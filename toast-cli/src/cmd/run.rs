@@ -269,12 +269,16 @@ fn nearest_existing_dir(dir: &Path) -> Result<PathBuf> {
 /// Create and remove a file in directory `dir`: whether files can be made
 /// there. The file is new (`create_new`: never a file or a link that was
 /// there, which a plain write would follow and truncate), named by this
-/// process, and removed only if this process made it.
+/// process, and removed only if this process made it. Its name is as long
+/// as the longest the run writes there ([`crate::output::longest_temporary`]),
+/// so a path the system finds too long is refused here, before the work.
 fn probe_writable(dir: &Path) -> std::io::Result<()> {
     let pid = std::process::id();
+    let longest = crate::output::longest_temporary().len();
     let mut last = None;
     for n in 0..8 {
-        let probe = dir.join(format!(".toast-cli-probe-{pid}-{n}"));
+        let name = format!(".toast-cli-probe-{pid}-{n}");
+        let probe = dir.join(format!("{name:x<longest$}"));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -299,6 +303,7 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
 fn probe_out_dir(dir: &Path) -> Result<()> {
     check_out_link(dir)?;
     let existing = nearest_existing_dir(dir)?;
+    check_path_length(dir)?;
     probe_writable(&existing).with_context(|| {
         format!(
             "output directory {}: cannot be created or written in {}",
@@ -308,10 +313,33 @@ fn probe_out_dir(dir: &Path) -> Result<()> {
     })
 }
 
+/// The paths of the files the run writes in `dir` against the system's
+/// limit, before the directory is made (a probe in an ancestor does not
+/// spell them).
+fn check_path_length(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let bytes = dir
+            .join(crate::output::longest_temporary())
+            .as_os_str()
+            .len();
+        if bytes >= libc::PATH_MAX as usize {
+            bail!(
+                "output directory {}: the paths of its files reach {bytes} bytes, over the \
+                 system's limit of {} (PATH_MAX)",
+                dir.display(),
+                libc::PATH_MAX - 1
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Check that the output directory can be created and written.
 fn check_out_dir(dir: &Path) -> Result<()> {
     check_out_link(dir)?;
     nearest_existing_dir(dir)?;
+    check_path_length(dir)?;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("output directory {}: cannot create", dir.display()))?;
     probe_writable(dir).with_context(|| format!("output directory {}: not writable", dir.display()))
