@@ -157,6 +157,15 @@ pub struct KernelFacts {
 /// for its `pixels_healpix` name it).
 pub const PIXELS_OPERATOR: &str = "pixels";
 
+/// A plan's note: compact pointing asked for beside full pointing.
+const COMPACT_UNDER_FULL: &str =
+    "binner.compact_pointing does not apply: binner.full_pointing = true keeps the full pointing";
+
+/// A plan's note: streamed detector data asked for where the pointing is
+/// not recomputed on the device.
+const STREAM_NEEDS_RECOMPUTED: &str = "binner.stream_detector_data applies to recomputed \
+     pointing only: the detector data stay on the device";
+
 impl KernelFacts {
     /// The facts of the map-maker `operator`'s kernels in `registry` under
     /// `policy`.
@@ -312,6 +321,12 @@ impl Plan {
                      boresight and kept there"
                         .into(),
                 );
+                if binner.compact_pointing {
+                    why.push(COMPACT_UNDER_FULL.into());
+                }
+                if binner.stream_detector_data {
+                    why.push(STREAM_NEEDS_RECOMPUTED.into());
+                }
                 ExecutionPlan::DeviceKept {
                     passes: passes(&mut why),
                 }
@@ -323,6 +338,9 @@ impl Plan {
                     "binner.compact_pointing does not apply ({b}): the pointing expanded on the \
                      device from the boresight and kept there"
                 ));
+                if binner.stream_detector_data {
+                    why.push(STREAM_NEEDS_RECOMPUTED.into());
+                }
                 ExecutionPlan::DeviceKept {
                     passes: passes(&mut why),
                 }
@@ -333,11 +351,7 @@ impl Plan {
                         .into(),
                 );
                 if binner.stream_detector_data {
-                    why.push(
-                        "binner.stream_detector_data applies to recomputed pointing only: the \
-                         detector data stay on the device"
-                            .into(),
-                    );
+                    why.push(STREAM_NEEDS_RECOMPUTED.into());
                 }
                 ExecutionPlan::DeviceCompact {
                     passes: passes(&mut why),
@@ -388,8 +402,18 @@ impl Plan {
             None => "no device backend".to_string(),
         };
         why.push(host);
+        if binner.stream_detector_data {
+            why.push(
+                "binner.stream_detector_data does not apply: it streams detector data through \
+                 a device"
+                    .into(),
+            );
+        }
         let plan = if binner.full_pointing {
             why.push("binner.full_pointing = true: pointing expanded once and kept".into());
+            if binner.compact_pointing {
+                why.push(COMPACT_UNDER_FULL.into());
+            }
             ExecutionPlan::HostKept {
                 passes: passes(&mut why),
             }
@@ -803,5 +827,38 @@ mod tests {
             .expect("a plan serializes");
         assert_eq!(json["name"], "host-compact");
         assert_eq!(json["passes"], "fused");
+    }
+
+    /// A setting the chosen plan does not use is named in its reasons,
+    /// never dropped unsaid.
+    #[test]
+    fn settings_a_plan_does_not_use_are_named() {
+        let mut b = binner(true, true);
+        b.stream_detector_data = true;
+        for backend in [Some(("cpu", true)), None, Some(("cuda", false))] {
+            let p = Plan::choose(&b, &facts(backend));
+            assert!(p.keeps_pointing(), "{p:?}");
+            for setting in [
+                "binner.compact_pointing does not apply",
+                "binner.stream_detector_data",
+            ] {
+                assert!(
+                    p.why.iter().any(|w| w.starts_with(setting)),
+                    "{backend:?}: {p:?}"
+                );
+            }
+        }
+        // Compact on a device keeps its data there.
+        b.full_pointing = false;
+        let p = Plan::choose(&b, &facts(Some(("cuda", false))));
+        assert!(p.why.iter().any(|w| w == STREAM_NEEDS_RECOMPUTED), "{p:?}");
+        // Nothing is said of a setting left at its default.
+        let p = Plan::choose(&binner(true, false), &facts(None));
+        assert!(
+            !p.why
+                .iter()
+                .any(|w| w.contains("does not apply") || w.contains("applies to")),
+            "{p:?}"
+        );
     }
 }
