@@ -10,7 +10,7 @@ use std::sync::Arc;
 use toast_accel::abi;
 use toast_accel::device_source::{fnv1a, Target};
 use toast_accel::plugin_support::PluginError;
-use toast_accel::rtc::{CacheKey, CompileError, Compiled};
+use toast_accel::rtc::{self, CacheKey, CompileError, Compiled};
 use toast_gpu::{AllocError, DeviceChoice, DeviceMemoryKind, Driver, Grid, Param};
 
 /// A device allocation: an OpenCL buffer object. Kernels receive the object
@@ -121,6 +121,7 @@ impl Driver for OpenClDriver {
     }
 
     fn open(choice: DeviceChoice<Selector>) -> Result<Self, PluginError> {
+        rtc::cache_switch_off("TOAST_OPENCL_CACHE").map_err(PluginError::invalid)?;
         let (selector, node_local) = match choice {
             DeviceChoice::Default => (Selector::FirstSuitable, None),
             DeviceChoice::Named(s) => (s, None),
@@ -289,10 +290,11 @@ impl Driver for OpenClDriver {
     }
 
     /// `opencl-<source hash>-<hash of device, platform, driver>.bin`;
-    /// `None` when `TOAST_OPENCL_CACHE=0` (kept beside
-    /// `TOAST_KERNEL_CACHE=0`, which turns off every backend's cache).
+    /// `None` when `TOAST_OPENCL_CACHE` turns it off (kept beside
+    /// `TOAST_KERNEL_CACHE`, which turns off every backend's cache; both
+    /// read by `rtc::cache_switch_off`, and checked when the plugin starts).
     fn cache_key(&self, source_hash: &str) -> Option<CacheKey> {
-        if std::env::var("TOAST_OPENCL_CACHE").is_ok_and(|v| v.trim() == "0") {
+        if rtc::cache_switch_off("TOAST_OPENCL_CACHE").unwrap_or(true) {
             return None;
         }
         let d = &self.dev;

@@ -134,6 +134,7 @@ impl<D: Driver> Context<D> {
         // Read with the host's reader, which checks it before a run.
         let workspace_bytes = WorkspaceLimit::configured(&options).map_err(PluginError::invalid)?;
         let mut sync_each_launch = false;
+        toast_accel::rtc::cache_switch_off("TOAST_KERNEL_CACHE").map_err(PluginError::invalid)?;
         if let Ok(v) = std::env::var(D::DEVICE_ENV) {
             if !v.trim().is_empty() {
                 named = Some(D::parse_device(

@@ -69,11 +69,31 @@ pub fn check_library_path(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the switch in environment variable `var` (`TOAST_KERNEL_CACHE`,
+/// `TOAST_OPENCL_CACHE`) turns a cache off: `0`, `off`, `false` or `no`
+/// (any case) do; unset, empty, `1`, `on`, `true` or `yes` leave it on.
+/// Any other value is an error naming the variable, which the GPU plugins
+/// return from `init`; a caller past that check reads an error as off.
+pub fn cache_switch_off(var: &str) -> Result<bool, String> {
+    let Ok(value) = std::env::var(var) else {
+        return Ok(false);
+    };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "0" | "off" | "false" | "no" => Ok(true),
+        "" | "1" | "on" | "true" | "yes" => Ok(false),
+        _ => Err(format!(
+            "environment variable {var}: `{value}` is not a switch (0, off, false or no turn the \
+             cache off; 1, on, true or yes leave it on)"
+        )),
+    }
+}
+
 /// The directory compiled modules are cached in: `$TOAST_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/toast-rs`, else `~/.cache/toast-rs`; `None` when none
-/// of these variables is set or `TOAST_KERNEL_CACHE=0`.
+/// of these variables is set or `TOAST_KERNEL_CACHE` turns the cache off
+/// ([`cache_switch_off`]).
 pub fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("TOAST_KERNEL_CACHE").is_ok_and(|v| v == "0") {
+    if cache_switch_off("TOAST_KERNEL_CACHE").unwrap_or(true) {
         return None;
     }
     let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
@@ -281,6 +301,37 @@ fn first_error_line(log: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_switches_read_the_usual_spellings_and_refuse_others() {
+        // A variable of this test's own: tests run in parallel.
+        let var = "TOAST_RTC_TEST_CACHE_SWITCH";
+        std::env::remove_var(var);
+        assert_eq!(cache_switch_off(var), Ok(false));
+        for (value, off) in [
+            ("0", true),
+            ("off", true),
+            (" FALSE ", true),
+            ("no", true),
+            ("", false),
+            ("1", false),
+            ("On", false),
+            ("true", false),
+            ("yes", false),
+        ] {
+            std::env::set_var(var, value);
+            assert_eq!(cache_switch_off(var), Ok(off), "{value:?}");
+        }
+        std::env::set_var(var, "garbage");
+        let e = cache_switch_off(var).unwrap_err();
+        assert!(
+            e.contains(&format!("{var}: `garbage` is not a switch")),
+            "{e}"
+        );
+        std::env::remove_var(var);
+    }
+
     /// Every damage to an entry is refused with its reason, before the
     /// code reaches a driver: each truncation, each flipped byte, another
     /// identity, another format.
