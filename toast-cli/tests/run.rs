@@ -403,6 +403,37 @@ fn bad_input_is_reported_before_work() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With no offset template there is nothing to solve: the summary says the
+/// maps are binned, and stats.json does not call it a failed solve.
+#[test]
+fn a_run_without_templates_reports_binned_maps() {
+    let dir = scratch("binned");
+    let out = dir.join("out");
+    let r = run(&[
+        "--n-det",
+        "2",
+        "--no-plot",
+        "--set",
+        "pixels.nside=32",
+        "--set",
+        "sim_satellite.obs_minutes=10",
+        "--set",
+        "baselines.enabled=false",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&r);
+    assert_eq!(r.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("CG iterations:  0 (no offset amplitudes to solve for: binned maps)"),
+        "{t}"
+    );
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["converged"], true, "{stats}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Sizes derived from the options (baseline step, sample counts) and the
 /// predicted memory are checked before any work (issue #13).
 #[test]

@@ -827,17 +827,21 @@ fn print_summary(job: &SatelliteJob, st: &toast_ops::workflow::RunStats, dir: &P
         }
     )?;
     if let Some(m) = &st.maps {
-        crate::outln!(
-            "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
-            m.cg_iterations,
-            if m.converged {
-                "converged"
-            } else {
-                "not converged"
-            },
-            m.n_amplitudes,
-            m.n_flagged_amplitudes
-        )?;
+        if m.n_amplitudes == 0 && m.cg_iterations == 0 {
+            crate::outln!("CG iterations:  0 (no offset amplitudes to solve for: binned maps)")?;
+        } else {
+            crate::outln!(
+                "CG iterations:  {} ({}; {} amplitudes, {} flagged)",
+                m.cg_iterations,
+                if m.converged {
+                    "converged"
+                } else {
+                    "not converged"
+                },
+                m.n_amplitudes,
+                m.n_flagged_amplitudes
+            )?;
+        }
         crate::outln!(
             "map RMS (K):    I {:.6e}  Q {:.6e}  U {:.6e}",
             m.rms_I,
