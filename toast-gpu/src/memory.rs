@@ -42,7 +42,10 @@
 //! memory). An allocation that would pass it first releases the cached
 //! blocks, then is refused with `ERR_OUT_OF_MEMORY` naming the budget and
 //! where it came from, before the driver is asked: a run sized to a budget
-//! fails the same way on a card of any size.
+//! fails the same way on a card of any size. A request whose size class
+//! would pass the budget but whose own bytes fit gets a block of its own
+//! size (the live blocks keep their classes: many small buffers may still
+//! be refused before their requested bytes reach the budget).
 
 use crate::driver::{AllocError, Driver};
 use std::collections::{BTreeMap, HashMap};
@@ -220,8 +223,17 @@ impl<B: Copy> Memory<B> {
         name: &str,
     ) -> Result<u64, PluginError> {
         let backend = self.backend;
-        let class = size_class(bytes).min(dev.max_block()).max(bytes);
         let mut g = self.lock();
+        let rounded = size_class(bytes).min(dev.max_block()).max(bytes);
+        // A request the budget holds is never refused for its rounding: it
+        // then takes a block of its own size (cached under it, as a class).
+        let class = if g.live_class_bytes + rounded > self.budget.bytes
+            && g.live_class_bytes + bytes <= self.budget.bytes
+        {
+            bytes
+        } else {
+            rounded
+        };
         let reused = g.free.get_mut(&class).and_then(Vec::pop);
         let zero = reused.is_some() || !dev.zeroes_on_alloc();
         if reused.is_none() && g.live_class_bytes + g.cached_bytes + class > self.budget.bytes {
@@ -242,7 +254,7 @@ impl<B: Copy> Memory<B> {
                         "{backend}: cannot allocate {bytes} bytes for buffer `{name}`: out of the \
                          device memory budget of {} ({} bytes held in {} buffers; device memory: \
                          {} bytes free of {total}){OUT_OF_MEMORY_HINT}, or raise the budget \
-                         (--backend-options {backend}:memory=GiB)",
+                         (--backend-options {backend}:memory=GiB, or TOAST_GPU_MEM_GB)",
                         self.budget,
                         g.live_class_bytes,
                         g.live.len(),
@@ -489,6 +501,16 @@ mod tests {
         assert!(*d.used.borrow() <= budget.bytes, "{}", d.used.borrow());
         assert!(m.peak_held() <= budget.bytes);
         m.free(&d, c).unwrap();
+        // A request that fits the budget though its class does not (after
+        // a's 1 MiB class, 25000 bytes fit, their 32 KiB class does not):
+        // served at its own size, and the budget still holds.
+        let m = Memory::new("test", TAG, 0, budget);
+        let a = m.alloc(&d, 600_000, "a").unwrap();
+        let b = m.alloc(&d, 25_000, "b").unwrap();
+        assert!(m.peak_held() <= budget.bytes, "{}", m.peak_held());
+        assert!(m.alloc(&d, 200, "c").is_err());
+        m.free(&d, a).unwrap();
+        m.free(&d, b).unwrap();
         for bad in ["0", "-1", "x", "inf", ""] {
             assert!(
                 Budget::parse_gib(bad, BudgetSource::Environment).is_err(),
