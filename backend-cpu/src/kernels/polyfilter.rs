@@ -17,6 +17,15 @@
 //! the pseudo-inverse with dgelss's singular-value cut. Against TOAST the
 //! results agree to about 1e-12 relative (the tests' tolerances).
 //!
+//! The normal equations square the templates' condition number. A
+//! filter_polynomial scan whose normal matrix is ill-conditioned (an order
+//! near the square root of its length or above:
+//! [`NORMAL_EQUATIONS_MIN_RATIO`]) is solved on the CPU as TOAST's SVD
+//! solves it, without forming the normal matrix ([`lstsq_subtract`]:
+//! Givens QR, then a one-sided Jacobi SVD), to the accuracy the problem
+//! allows (condition number x eps); the device code keeps the normal
+//! equations there (FORMAT.md section 13).
+//!
 //! Speed: a scan's normal matrix and its first signal's right-hand side are
 //! summed in one pass over the samples ([`ScanFit::with_rhs`]), with the sums
 //! in registers for up to 6 templates (order 5: a `FixedSums`, whose size the
@@ -487,21 +496,168 @@ impl ScanFit {
     /// Solve for the amplitudes of right-hand side `amp` and subtract the
     /// fitted polynomial from every sample of `signal`, flagged or not.
     fn subtract(&self, mut amp: Vec<f64>, signal: &mut [f64]) {
-        const B: usize = LEGENDRE_BLOCK;
         let n = self.norder;
-        let mut p = vec![0.0; n * B];
         let mut w = vec![0.0; n];
         pinv_apply(n, &self.a, &self.v, POLY_RCOND, &mut amp, &mut w);
-        // Each sample gets the terms in order k = 0, 1, ..; across the block
-        // the subtractions are independent.
-        for (ib, s) in signal.chunks_mut(B).enumerate() {
-            legendre(n, self.xstart, self.dx, ib * B, s.len(), &mut p);
-            for (k, &ak) in amp.iter().enumerate() {
-                for (x, &pk) in s.iter_mut().zip(&p[k * B..]) {
-                    *x -= ak * pk;
+        subtract_polynomial(&amp, self.xstart, self.dx, signal);
+    }
+
+    /// Whether the normal matrix is too ill-conditioned for its solve to be
+    /// TOAST's: its smallest eigenvalue below [`NORMAL_EQUATIONS_MIN_RATIO`]
+    /// of its largest.
+    fn ill_conditioned(&self) -> bool {
+        let n = self.norder;
+        let (mut lmin, mut lmax) = (f64::INFINITY, 0.0f64);
+        for i in 0..n {
+            let l = self.a[i * n + i].abs();
+            lmin = lmin.min(l);
+            lmax = lmax.max(l);
+        }
+        lmin < NORMAL_EQUATIONS_MIN_RATIO * lmax
+    }
+}
+
+/// Subtract `Σ_k amp[k] P_k(x_i)` from every sample `i` of `signal` (the
+/// Legendre abscissae `xstart + i dx`), the terms in order k = 0, 1, ..;
+/// across a block of samples the subtractions are independent.
+fn subtract_polynomial(amp: &[f64], xstart: f64, dx: f64, signal: &mut [f64]) {
+    const B: usize = LEGENDRE_BLOCK;
+    let n = amp.len();
+    let mut p = vec![0.0; n * B];
+    for (ib, s) in signal.chunks_mut(B).enumerate() {
+        legendre(n, xstart, dx, ib * B, s.len(), &mut p);
+        for (k, &ak) in amp.iter().enumerate() {
+            for (x, &pk) in s.iter_mut().zip(&p[k * B..]) {
+                *x -= ak * pk;
+            }
+        }
+    }
+}
+
+/// The smallest eigenvalue of a scan's normal matrix, relative to its
+/// largest, that the normal equations solve as TOAST's SVD of the
+/// templates does: 2^-22, a template matrix of condition number 2048.
+/// Their solution's error grows as that ratio's inverse times the unit
+/// roundoff (5e-10 of the data at a ratio of ~1e-6, FORMAT.md section 13),
+/// and below about 1e-16 the eigenvalue cut drops templates TOAST keeps
+/// (a residual 10% of the data larger at order 150 on 500 samples). Below
+/// it the scan is fitted by [`lstsq_subtract`].
+const NORMAL_EQUATIONS_MIN_RATIO: f64 = 1.0 / (1u64 << 22) as f64;
+
+/// Sweeps of the one-sided Jacobi SVD before giving up.
+const SVD_MAX_SWEEPS: usize = 100;
+
+/// Fit the `norder` Legendre templates to each of `signals` (one scan: the
+/// abscissae `xstart + i dx`, good samples where `flags == 0`) by least
+/// squares, as TOAST's `dgelss` with rcond -1 does, and subtract the fit
+/// from every sample. For the scans whose normal matrix is ill-conditioned
+/// ([`NORMAL_EQUATIONS_MIN_RATIO`]), so without forming it: each good
+/// sample's row of templates (with its signal values) is rotated into an
+/// upper triangular `R` and `Qᵀ s` by Givens rotations (backward stable,
+/// `norder²` memory), `R`'s SVD is taken by one-sided Jacobi (Hestenes:
+/// its singular values, those of the templates, to their own relative
+/// accuracy), and the amplitudes are `V Σ⁺ Uᵀ Qᵀ s` with the singular
+/// values at most `f64::EPSILON` of the largest dropped (dgelss's cut).
+fn lstsq_subtract(norder: usize, xstart: f64, dx: f64, flags: &[u8], signals: &mut [&mut [f64]]) {
+    const B: usize = LEGENDRE_BLOCK;
+    let (n, m) = (norder, signals.len());
+    // R row-major (upper triangle), Y = Qᵀ S row-major (n x m).
+    let mut r = vec![0.0f64; n * n];
+    let mut y = vec![0.0f64; n * m];
+    let mut table = vec![0.0; n * B];
+    let mut row = vec![0.0; n];
+    let mut yrow = vec![0.0; m];
+    for (ib, f) in flags.chunks(B).enumerate() {
+        legendre(n, xstart, dx, ib * B, f.len(), &mut table);
+        for (i, _) in f.iter().enumerate().filter(|(_, &f)| f == 0) {
+            for (k, x) in row.iter_mut().enumerate() {
+                *x = table[k * B + i];
+            }
+            for (q, v) in yrow.iter_mut().enumerate() {
+                *v = signals[q][ib * B + i];
+            }
+            for j in 0..n {
+                let pj = row[j];
+                if pj == 0.0 {
+                    continue;
+                }
+                let rjj = r[j * n + j];
+                let h = rjj.hypot(pj);
+                let (c, s) = (rjj / h, pj / h);
+                r[j * n + j] = h;
+                for k in j + 1..n {
+                    let (a, b) = (r[j * n + k], row[k]);
+                    r[j * n + k] = c * a + s * b;
+                    row[k] = c * b - s * a;
+                }
+                for (q, v) in yrow.iter_mut().enumerate() {
+                    let a = y[j * m + q];
+                    y[j * m + q] = c * a + s * *v;
+                    *v = c * *v - s * a;
                 }
             }
         }
+    }
+    // One-sided Jacobi on the columns of R (column-major copy): A = R V
+    // with orthogonal columns, |A_j| the singular values.
+    let mut a = vec![0.0f64; n * n];
+    for i in 0..n {
+        for j in i..n {
+            a[j * n + i] = r[i * n + j];
+        }
+    }
+    let mut v = vec![0.0; n * n];
+    for j in 0..n {
+        v[j * n + j] = 1.0;
+    }
+    for _ in 0..SVD_MAX_SWEEPS {
+        let mut rotated = false;
+        for p in 0..n {
+            for q in p + 1..n {
+                let (cp, cq) = (&a[p * n..(p + 1) * n], &a[q * n..(q + 1) * n]);
+                let (mut alpha, mut beta, mut gamma) = (0.0, 0.0, 0.0);
+                for (x, z) in cp.iter().zip(cq) {
+                    alpha += x * x;
+                    beta += z * z;
+                    gamma += x * z;
+                }
+                if gamma == 0.0 || gamma.abs() <= f64::EPSILON * (alpha * beta).sqrt() {
+                    continue;
+                }
+                rotated = true;
+                let zeta = (beta - alpha) / (2.0 * gamma);
+                let t = zeta.signum() / (zeta.abs() + (1.0 + zeta * zeta).sqrt());
+                let c = 1.0 / (1.0 + t * t).sqrt();
+                let s = c * t;
+                for mat in [&mut a, &mut v] {
+                    for i in 0..n {
+                        let (x, z) = (mat[p * n + i], mat[q * n + i]);
+                        mat[p * n + i] = c * x - s * z;
+                        mat[q * n + i] = s * x + c * z;
+                    }
+                }
+            }
+        }
+        if !rotated {
+            break;
+        }
+    }
+    let sigma2: Vec<f64> = (0..n)
+        .map(|j| a[j * n..(j + 1) * n].iter().map(|x| x * x).sum())
+        .collect();
+    let smax = sigma2.iter().fold(0.0f64, |m, &s| m.max(s)).sqrt();
+    let keep = |s2: f64| s2.sqrt() > (f64::EPSILON * smax).max(f64::MIN_POSITIVE);
+    for (q, signal) in signals.iter_mut().enumerate() {
+        // amp = Σ_j V_j (A_j · y) / σ_j².
+        let mut amp = vec![0.0; n];
+        for j in (0..n).filter(|&j| keep(sigma2[j])) {
+            let dot: f64 = (0..n).map(|i| a[j * n + i] * y[i * m + q]).sum();
+            let w = dot / sigma2[j];
+            for (k, ak) in amp.iter_mut().enumerate() {
+                *ak += v[j * n + k] * w;
+            }
+        }
+        subtract_polynomial(&amp, xstart, dx, signal);
     }
 }
 
@@ -562,6 +718,15 @@ pub(crate) fn filter_polynomial(
         let Some((fit, rhs)) = ScanFit::with_rhs(f, sig, norder_max) else {
             return;
         };
+        if fit.ill_conditioned() {
+            let mut all: Vec<&mut [f64]> = shared
+                .iter()
+                // SAFETY: see above.
+                .map(|s| unsafe { s.slice_mut(scan.start, scan.len) })
+                .collect();
+            lstsq_subtract(fit.norder, fit.xstart, fit.dx, f, &mut all);
+            return;
+        }
         fit.subtract(rhs, sig);
         for sig in rest {
             // SAFETY: see above.
@@ -833,6 +998,61 @@ mod tests {
         let mut s = [1.0, 100.0, 2.0, 6.0];
         filter_polynomial(0, &flags, &mut [&mut s[..]], &[0], &[4]).unwrap();
         assert_eq!(s, [-2.0, 97.0, -1.0, 3.0]);
+    }
+
+    /// Order 150 on a scan of 500 samples: the templates' condition number
+    /// is ~3e9, so the normal equations cannot solve it (their eigenvalue
+    /// cut dropped the high orders: a residual 10% of the data larger than
+    /// TOAST's). A signal that is a polynomial of the fit's order, with
+    /// flagged samples off it, is then removed from its good samples to
+    /// the accuracy TOAST's SVD gives (cond x eps of the data), from two
+    /// signals at once, and the flagged samples keep their offset.
+    #[test]
+    fn an_ill_conditioned_fit_is_solved_as_toasts_svd_does() {
+        let (n, order) = (500usize, 150i64);
+        let norder = order as usize + 1;
+        let dx = 2.0 / n as f64;
+        let mut table = vec![0.0; norder * LEGENDRE_BLOCK];
+        let mut poly = vec![0.0; n];
+        for (ib, out) in poly.chunks_mut(LEGENDRE_BLOCK).enumerate() {
+            legendre(
+                norder,
+                0.5 * dx - 1.0,
+                dx,
+                ib * LEGENDRE_BLOCK,
+                out.len(),
+                &mut table,
+            );
+            for (i, v) in out.iter_mut().enumerate() {
+                // Low and high orders, each of size ~1.
+                *v = [1, 7, 120, 149, 150]
+                    .iter()
+                    .map(|&k| table[k * LEGENDRE_BLOCK + i])
+                    .sum();
+            }
+        }
+        let flags: Vec<u8> = (0..n).map(|i| u8::from(i % 97 == 5)).collect();
+        let mut a = poly.clone();
+        let mut b: Vec<f64> = poly.iter().map(|v| -2.0 * v).collect();
+        for (i, _) in flags.iter().enumerate().filter(|(_, &f)| f != 0) {
+            a[i] += 10.0;
+        }
+        let scale = poly.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        filter_polynomial(
+            order,
+            &flags,
+            &mut [&mut a[..], &mut b[..]],
+            &[0],
+            &[n as i64],
+        )
+        .unwrap();
+        for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
+            let want = if flags[i] != 0 { 10.0 } else { 0.0 };
+            assert!((x - want).abs() < 1e-6 * scale, "a[{i}] = {x}");
+            if flags[i] == 0 {
+                assert!(y.abs() < 2e-6 * scale, "b[{i}] = {y}");
+            }
+        }
     }
 
     #[test]
