@@ -128,7 +128,7 @@ pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
             .map(|n| n.to_string())
             .unwrap_or_else(|_| "?".into())
     };
-    let Some((_, iface)) = array_interface(obj)? else {
+    let Some((array, iface)) = array_interface(obj)? else {
         return Err(PyTypeError::new_err(format!(
             "toast_rs {what}: expected an array or buffer, got {}",
             ty()
@@ -152,8 +152,17 @@ pub fn host_block(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<HostBlock> {
     }
     // Python objects' bytes are pointers, each owning a reference: a device
     // copy written back would put freed (or null) pointers in the array.
+    // numpy says it itself (`dtype.hasobject`): its descr falls back to
+    // one `|V` field for a dtype of overlapping or unordered fields.
+    let hasobject = match array.getattr("dtype") {
+        Ok(dtype) => dtype
+            .getattr("hasobject")
+            .and_then(|h| h.extract::<bool>())
+            .unwrap_or(false),
+        Err(_) => false,
+    };
     let descr = iface.get_item("descr")?;
-    if typestr.get(1..2) == Some("O") || descr.is_some_and(|d| descr_has_objects(&d)) {
+    if hasobject || typestr.get(1..2) == Some("O") || descr.is_some_and(|d| descr_has_objects(&d)) {
         return Err(PyTypeError::new_err(format!(
             "toast_rs {what}: the array's dtype holds Python objects (typestr {typestr:?}, or a \
              field of it): their bytes are references, which a device copy cannot hold"
@@ -524,6 +533,17 @@ impl Present {
         dropped
     }
 
+    /// The entries a call checks for staleness: those it `touched`, or,
+    /// after an owner's death, every entry (its device buffer is freed now,
+    /// not when a call meets its address).
+    fn to_check(&self, st: &State, touched: Vec<Key>) -> Vec<Key> {
+        if self.deaths.swap(0, Ordering::Relaxed) > 0 {
+            st.entries.keys().copied().collect()
+        } else {
+            touched
+        }
+    }
+
     /// The table, locked, once none of the entries `touched` picks out (all
     /// of them after an owner's death) is stale: stale ones are dropped (their device buffers freed) and
     /// warned about with the lock released, then looked up again (the
@@ -535,13 +555,7 @@ impl Present {
     ) -> PyResult<MutexGuard<'_, State>> {
         loop {
             let mut st = self.state();
-            // After a death, every entry: its device buffer is freed now,
-            // not when a call meets its address.
-            let keys = if self.deaths.swap(0, Ordering::Relaxed) > 0 {
-                st.entries.keys().copied().collect()
-            } else {
-                touched(&st)
-            };
+            let keys = self.to_check(&st, touched(&st));
             let dropped = self.drop_stale(py, &mut st, keys);
             if dropped.is_empty() {
                 return Ok(st);
@@ -811,7 +825,7 @@ impl Present {
         dropped: &mut Vec<String>,
     ) -> Resolved {
         let mut st = self.state();
-        let touched = st.containing(addr).into_iter().collect();
+        let touched = self.to_check(&st, st.containing(addr).into_iter().collect());
         dropped.extend(self.drop_stale(py, &mut st, touched));
         let Some(key) = st.containing(addr) else {
             return Resolved::Missing;

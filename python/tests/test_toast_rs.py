@@ -276,8 +276,10 @@ def test_accel_refuses_arrays_of_python_objects(accel_cpu):
     # freed pointers in the array (a double free at exit).
     from toast.accelerator import accel_data_create, accel_data_present
 
+    # The last: fields out of order, whose descr numpy gives as one |V16.
     for dt in [np.dtype(object), np.dtype([("o", object), ("x", "f8")]),
-               np.dtype([("n", [("o", object)]), ("x", "f8")]), np.dtype([("o", object, (2,))])]:
+               np.dtype([("n", [("o", object)]), ("x", "f8")]), np.dtype([("o", object, (2,))]),
+               np.dtype({"names": ["x", "o"], "formats": ["f8", object], "offsets": [8, 0]})]:
         a = np.empty(4, dtype=dt)
         with pytest.raises(TypeError, match="holds Python objects"):
             accel_data_create(a, "objs")
@@ -312,7 +314,19 @@ def test_accel_dead_entry_is_freed_at_the_next_call(monkeypatch):
         s = toast_rs.accel_stats()
         assert s["buffers"] == 1 and s["device_bytes"] == 800
         assert s["transfers"]["frees"] == 1
+        # A use_accel=True kernel argument, naming another buffer, sweeps too.
         accel_data_delete(other, "other")
+        data = np.ones((2, 10))  # 160 bytes
+        accel_data_create(data, "data")
+        dead = np.ones(2)
+        accel_data_create(dead, "dead")
+        del dead
+        gc.collect()
+        weights = (np.arange(2, dtype=np.int32), intervals((0, 10)), np.array([2.0, 3.0]))
+        with pytest.warns(RuntimeWarning, match="dropped the present buffer 'dead'"):
+            registry["noise_weight"]["dispatch"](data, *weights, use_accel=True)
+        assert toast_rs.accel_stats()["buffers"] == 1
+        accel_data_delete(data, "data")
     finally:
         toast_rs.uninstall()
 
