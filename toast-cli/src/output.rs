@@ -4,16 +4,19 @@
 //! Every output is first written to a temporary name in the same directory
 //! (`.NAME.tmp-PID`), flushed and synced ([`Staging::write_with`]). Only when
 //! all of a run's outputs are staged does [`Staging::commit`] put them in
-//! place: it removes the previous run's `stats.json` first (a directory
-//! without it is not a complete run), then the files that `stats.json`
-//! listed as that run's own and this run does not write
-//! (`mapmaker_map.png` under `--no-plot`, `mapmaker_binmap.fits` with
-//! `mapmaker.write_binmap=false`, every map with `mapmaker.enabled=false`),
-//! renames the staged files into place with `stats.json` last, and syncs
-//! the directories. A file of an output's name that no run listed (TOAST's
-//! own `mapmaker_cov.fits`, a user's file) is never removed, nor is a file
-//! this run read (its sky map, its configuration file), even where the
-//! previous run listed it: the new `stats.json` tells this run's files.
+//! place: it moves the previous run's `stats.json` aside first, to
+//! `.stats.json.previous` (a directory without `stats.json` is not a
+//! complete run), then removes the files it listed as that run's own and
+//! this run does not write (`mapmaker_map.png` under `--no-plot`,
+//! `mapmaker_binmap.fits` with `mapmaker.write_binmap=false`, every map
+//! with `mapmaker.enabled=false`), renames the staged files into place
+//! with `stats.json` last, syncs the directories and removes
+//! `.stats.json.previous`. A commit stopped part way (a signal, a failure,
+//! SIGKILL) leaves that record, so the next commit still removes the files
+//! it lists. A file of an output's name that no run listed (TOAST's own
+//! `mapmaker_cov.fits`, a user's file) is never removed, nor is a file this
+//! run read (its sky map, its configuration file), even where the previous
+//! run listed it: the new `stats.json` tells this run's files.
 //!
 //! The maps (`mapmaker_*`) go to the maps directory, TOAST's
 //! `mapmaker.output_dir` (relative to the output directory, or absolute);
@@ -65,6 +68,10 @@ pub const OUTPUTS: [&str; 11] = [
 
 /// The file whose presence marks a complete run.
 const COMPLETE: &str = "stats.json";
+
+/// The previous run's `stats.json`, moved aside while a commit runs (see
+/// [`Staging::commit`]).
+const PREVIOUS: &str = ".stats.json.previous";
 
 /// Whether output `name` is a map, written to the maps directory.
 pub fn is_map(name: &str) -> bool {
@@ -304,22 +311,29 @@ impl Staging {
                 dir.join(name)
             }
         };
-        // The previous run's own files, from its stats.json (none where
-        // there is none, or it gives no list), and this run's inputs, as
-        // canonical paths: one file may be spelled two ways.
+        // The previous run's own files, from its stats.json, or from the
+        // record a commit stopped part way left (none where neither gives a
+        // list), and this run's inputs, as canonical paths: one file may be
+        // spelled two ways.
         let canonical = |p: &Path| std::fs::canonicalize(p).ok();
-        let previous: Vec<PathBuf> = listed_outputs(&dir, &at(COMPLETE))
-            .unwrap_or_default()
+        let record = dir.join(PREVIOUS);
+        let previous: Vec<PathBuf> = [at(COMPLETE), record.clone()]
             .iter()
-            .filter_map(|p| canonical(p))
+            .flat_map(|stats| listed_outputs(&dir, stats).unwrap_or_default())
+            .filter_map(|p| canonical(&p))
             .collect();
         let inputs: Vec<PathBuf> = self.inputs.iter().filter_map(|p| canonical(p)).collect();
-        remove_if_present(&at(COMPLETE)).with_context(|| {
-            format!(
-                "{}: cannot remove the previous run's output",
-                at(COMPLETE).display()
-            )
-        })?;
+        // The previous stats.json moves aside, not away: the directory is
+        // no complete run from here, and a commit stopped before the end
+        // leaves the list for the next one.
+        if std::fs::symlink_metadata(at(COMPLETE)).is_ok() {
+            std::fs::rename(at(COMPLETE), &record).with_context(|| {
+                format!(
+                    "{}: cannot move the previous run's output aside",
+                    at(COMPLETE).display()
+                )
+            })?;
+        }
         for name in OUTPUTS {
             let stale =
                 canonical(&at(name)).is_some_and(|c| previous.contains(&c) && !inputs.contains(&c));
@@ -374,6 +388,8 @@ impl Staging {
         for p in &renamed {
             interrupt::untrack(p);
         }
+        // Nothing of the previous run is left that this one does not list.
+        let _ = remove_if_present(&record);
         remove_dead_temporaries(&dir, &OUTPUTS);
         if maps_dir != dir {
             remove_dead_temporaries(&maps_dir, &OUTPUTS);
@@ -665,6 +681,30 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A commit stopped after it moved the previous stats.json aside (a
+    /// signal, SIGKILL, a power cut) leaves its record: the next commit
+    /// still removes the files that run listed, then the record.
+    #[test]
+    fn a_stopped_commits_record_still_names_the_previous_runs_files() {
+        let dir = std::env::temp_dir().join(format!("toast-cli-stopped-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_map.fits", b"a").unwrap();
+        s.write_bytes("mapmaker_map.png", b"a").unwrap();
+        stage_stats(&mut s, "a");
+        s.commit().unwrap();
+        // What a commit stopped after its first step leaves.
+        std::fs::rename(dir.join(COMPLETE), dir.join(PREVIOUS)).unwrap();
+        let mut s = staging(&dir);
+        s.write_bytes("mapmaker_map.fits", b"c").unwrap();
+        stage_stats(&mut s, "c");
+        s.commit().unwrap();
+        assert_eq!(names(&dir), ["mapmaker_map.fits", "stats.json"]);
+        assert_eq!(stats_tag(&dir), "c");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The commit removes only what the previous run's stats.json listed,
     /// and never a file this run read: a directory of TOAST's outputs, or
     /// a previous run's map used as this run's sky, keeps them.
@@ -696,9 +736,16 @@ mod tests {
         ];
         assert_eq!(names(&dir), all);
         // A run that reads the first run's binmap (its sky map, spelled
-        // another way) and does not write one: the binmap stays, the
-        // others are still not this tool's to remove.
-        let input = dir.join(".").join("mapmaker_binmap.fits");
+        // through a link to the directory) and does not write one: the
+        // binmap stays, the others are still not this tool's to remove.
+        let link = dir.with_extension("link");
+        let _ = std::fs::remove_file(&link);
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        #[cfg(not(unix))]
+        let link = dir.clone();
+        let input = link.join("mapmaker_binmap.fits");
+        assert_ne!(input, dir.join("mapmaker_binmap.fits"));
         let mut s = Staging::new(&dir, &dir, vec![input], Arc::new(toast_core::SerialComm));
         s.write_bytes("mapmaker_map.fits", b"m2").unwrap();
         stage_stats(&mut s, "second");
@@ -709,6 +756,7 @@ mod tests {
             b"b1"
         );
         assert_eq!(stats_tag(&dir), "second");
+        let _ = std::fs::remove_file(&link);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
