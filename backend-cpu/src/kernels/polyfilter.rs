@@ -705,32 +705,36 @@ pub(crate) fn filter_polynomial(
         .filter_map(|(&a, &b)| clamp_scan(a, b, n))
         .collect();
     let shared: Vec<SharedMut<f64>> = signals.iter_mut().map(|s| SharedMut::new(s)).collect();
-    // SAFETY (for both uses below): a call touches samples
-    // [scan.start, scan.start + scan.len) of each signal, one signal at a time,
-    // and calls run concurrently only for disjoint scans.
+    // SAFETY (for every use below): a call touches samples
+    // [scan.start, scan.start + scan.len) of each signal, through at most one
+    // live slice per signal at a time, and calls run concurrently only for
+    // disjoint scans.
     let run = |scan: &Scan| {
         let f = &flags[scan.start..scan.start + scan.len];
         let Some((first, rest)) = shared.split_first() else {
             return;
         };
-        // SAFETY: see above.
-        let sig = unsafe { first.slice_mut(scan.start, scan.len) };
-        let Some((fit, rhs)) = ScanFit::with_rhs(f, sig, norder_max) else {
+        /// # Safety
+        /// As `SharedMut::slice_mut`: no other live slice of the range.
+        #[allow(clippy::mut_from_ref)]
+        unsafe fn scan_of<'s>(s: &'s SharedMut<f64>, scan: &Scan) -> &'s mut [f64] {
+            // SAFETY: the caller's contract.
+            unsafe { s.slice_mut(scan.start, scan.len) }
+        }
+        // SAFETY: see above (each slice made is the signal's only live one).
+        let slice = |s| unsafe { scan_of(s, scan) };
+        // The first signal's slice lives only for the normal sums.
+        let Some((fit, rhs)) = ScanFit::with_rhs(f, slice(first), norder_max) else {
             return;
         };
         if fit.ill_conditioned() {
-            let mut all: Vec<&mut [f64]> = shared
-                .iter()
-                // SAFETY: see above.
-                .map(|s| unsafe { s.slice_mut(scan.start, scan.len) })
-                .collect();
+            let mut all: Vec<&mut [f64]> = shared.iter().map(slice).collect();
             lstsq_subtract(fit.norder, fit.xstart, fit.dx, f, &mut all);
             return;
         }
-        fit.subtract(rhs, sig);
+        fit.subtract(rhs, slice(first));
         for sig in rest {
-            // SAFETY: see above.
-            let sig = unsafe { sig.slice_mut(scan.start, scan.len) };
+            let sig = slice(sig);
             let rhs = fit.rhs(f, sig);
             fit.subtract(rhs, sig);
         }
