@@ -227,7 +227,8 @@ impl<B: Copy> Memory<B> {
         let rounded = size_class(bytes).min(dev.max_block()).max(bytes);
         // A request the budget holds is never refused for its rounding: it
         // then takes a block of its own size (cached under it, as a class).
-        let class = if g.live_class_bytes + rounded > self.budget.bytes
+        let class = if bytes > 0
+            && g.live_class_bytes + rounded > self.budget.bytes
             && g.live_class_bytes + bytes <= self.budget.bytes
         {
             bytes
