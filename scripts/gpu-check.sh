@@ -444,7 +444,7 @@ if [ "$scale" = 1 ]; then
     if [ -n "$total" ] && awk -v t="$total" 'BEGIN { exit !(t < 16 / 0.9) }'; then
       small_gib=$(awk -v t="$total" 'BEGIN { printf "%.1f", t * 0.9 }')
     fi
-    scale_case small 120 90 "10x, in 16 GiB" -- --case small --backend-options "$gpu:memory=$small_gib"
+    scale_case small 120 90 "10x, in $small_gib GiB" -- --case small --backend-options "$gpu:memory=$small_gib"
     scale_case medium 0 150 "under 120 s" -- --case medium
   fi
   if [ "$failed" = 0 ]; then report_status="complete (--scale): every step that ran passed"; else report_status="complete (--scale): some steps FAILED"; fi

@@ -303,7 +303,6 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
 fn probe_out_dir(dir: &Path) -> Result<()> {
     check_out_link(dir)?;
     let existing = nearest_existing_dir(dir)?;
-    check_path_length(dir)?;
     probe_writable(&existing).with_context(|| {
         format!(
             "output directory {}: cannot be created or written in {}",
@@ -314,8 +313,8 @@ fn probe_out_dir(dir: &Path) -> Result<()> {
 }
 
 /// The paths of the files the run writes in `dir` against the system's
-/// limit, before the directory is made (a probe in an ancestor does not
-/// spell them).
+/// limit, checked for both output directories before either is made (a
+/// probe in an ancestor does not spell them).
 fn check_path_length(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
@@ -339,7 +338,6 @@ fn check_path_length(dir: &Path) -> Result<()> {
 fn check_out_dir(dir: &Path) -> Result<()> {
     check_out_link(dir)?;
     nearest_existing_dir(dir)?;
-    check_path_length(dir)?;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("output directory {}: cannot create", dir.display()))?;
     probe_writable(dir).with_context(|| format!("output directory {}: not writable", dir.display()))
@@ -615,6 +613,11 @@ pub fn run(args: &RunArgs, registry: Registry, comm: Arc<dyn Comm>) -> Result<i3
             None => check_out_dir(dir),
             Some(_) => probe_out_dir(dir),
         };
+        // Both directories' path lengths before either is made.
+        check_path_length(&args.out_dir)?;
+        if job.config.mapmaker.enabled {
+            check_path_length(&maps_dir).context("mapmaker.output_dir")?;
+        }
         check(&args.out_dir)?;
         if job.config.mapmaker.enabled {
             check(&maps_dir).context("mapmaker.output_dir")?;
