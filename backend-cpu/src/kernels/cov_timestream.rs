@@ -22,7 +22,7 @@ use crate::arrays::{self, Arg};
 use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
 use rayon::prelude::*;
 use toast_accel::abi::CovAccumTimestreamArgs;
-use toast_accel::check::{self, CovAccumTimestream};
+use toast_accel::check::CovAccumTimestream;
 use toast_accel::plugin_support::PluginError;
 
 const K: &str = "cov_accum_timestream";
@@ -61,8 +61,6 @@ pub(crate) unsafe fn run(
             arrays::output::<f64>(K, "invnpp", a.invnpp)?,
         )
     };
-    check::global2local(K, g2l, v.n_local_submap as u64)?;
-    let div = SubmapDiv::new(v.n_pix_submap);
     // Every pixel the accumulation reads first: a fault leaves hits and
     // invnpp untouched.
     let (det_mask, shared_mask) = (a.det_flag_mask, a.shared_flag_mask);
@@ -73,14 +71,15 @@ pub(crate) unsafe fn run(
             .then_some((det_flags, v.flag_index, det_mask)),
         shared: v.use_shared_flags.then_some((shared_flags, shared_mask)),
     };
-    super::check_pixels(
+    let div = super::check_pixels(
         K,
         v.n_samp,
         v.intervals,
         v.pixel_index,
         pixels,
-        &div,
         g2l,
+        v.n_local_submap as u64,
+        v.n_pix_submap,
         &flags,
     )?;
     let job = Job {

@@ -12,7 +12,7 @@ use crate::arrays::{self, Arg};
 use crate::par::{first_fault, SampleFault, SharedMut, TaskResult};
 use rayon::prelude::*;
 use toast_accel::abi::BuildNoiseWeightedArgs;
-use toast_accel::check::{self, BuildNoiseWeighted};
+use toast_accel::check::BuildNoiseWeighted;
 use toast_accel::plugin_support::PluginError;
 
 const K: &str = "build_noise_weighted";
@@ -48,8 +48,6 @@ pub(crate) unsafe fn run(
             arrays::output::<f64>(K, "zmap", a.zmap)?,
         )
     };
-    check::global2local(K, g2l, v.n_local_submap as u64)?;
-    let div = SubmapDiv::new(v.n_pix_submap);
     // Every pixel the accumulation reads first: a fault leaves zmap
     // untouched.
     let (det_mask, shared_mask) = (a.det_flag_mask, a.shared_flag_mask);
@@ -60,14 +58,15 @@ pub(crate) unsafe fn run(
             .then_some((det_flags, v.flag_index, det_mask)),
         shared: v.use_shared_flags.then_some((shared_flags, shared_mask)),
     };
-    super::check_pixels(
+    let div = super::check_pixels(
         K,
         v.n_samp,
         v.intervals,
         v.pixel_index,
         pixels,
-        &div,
         g2l,
+        v.n_local_submap as u64,
+        v.n_pix_submap,
         &flags,
     )?;
     let job = Job {

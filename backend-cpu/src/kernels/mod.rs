@@ -150,24 +150,31 @@ impl SubmapDiv {
     }
 }
 
-/// Every pixel a map kernel would look up is in the map, else `kernel`'s
+/// The map a map kernel looks its pixels up in (`global2local` of
+/// `n_local_submap` local submaps, submaps of `n_pix_submap` pixels),
+/// checked with every pixel the kernel would look up: the table's entries
+/// (`check::global2local`), then each pixel is in the map, else `kernel`'s
 /// fault for the first sample (in detector, interval, sample order) whose
 /// pixel [`locate`] refuses, over the detectors' rows of `pixels` (one per
 /// entry of `pixel_index`, `n_samp` long) within `intervals`: negative
 /// pixels, and the samples `flags` skips, are not looked up. Run before a
 /// kernel adds into its output, so that a fault leaves the output
-/// untouched (see the module's description).
+/// untouched (see the module's description). Returns the submap division
+/// the kernel's lookups use.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn check_pixels(
-    kernel: &str,
+    kernel: &'static str,
     n_samp: usize,
     intervals: &[SampleRange],
     pixel_index: &[i32],
     pixels: &[i64],
-    div: &SubmapDiv,
     global2local: &[i64],
+    n_local_submap: u64,
+    n_pix_submap: i64,
     flags: &FlagRule<'_>,
-) -> Result<(), PluginError> {
+) -> Result<SubmapDiv, PluginError> {
+    toast_accel::check::global2local(kernel, global2local, n_local_submap)?;
+    let div = &SubmapDiv::new(n_pix_submap);
     for_each_chunk(n_samp, intervals, |segs| {
         for (det, &row) in pixel_index.iter().enumerate() {
             let base = row as usize * n_samp;
@@ -187,7 +194,8 @@ pub(crate) fn check_pixels(
         }
         Ok(())
     })
-    .map_err(|f| fault_error(kernel, f))
+    .map_err(|f| fault_error(kernel, f))?;
+    Ok(*div)
 }
 
 /// The samples a map kernel skips by their flags (TOAST's rule): a

@@ -5,7 +5,7 @@ use super::{locate, SubmapDiv};
 use crate::arrays::{self, Arg};
 use crate::par::{for_each_chunk, SampleFault, SharedMut, TaskResult};
 use toast_accel::abi::{self, ScanMapArgs};
-use toast_accel::check::{self, ScanMap};
+use toast_accel::check::ScanMap;
 use toast_accel::plugin_support::PluginError;
 
 const K: &str = "scan_map";
@@ -89,18 +89,17 @@ unsafe fn run_t<T: MapValue>(v: &ScanMap<'_>, a: &ScanMapArgs) -> Result<(), Plu
             arrays::output::<f64>(K, "det_data", a.det_data)?,
         )
     };
-    check::global2local(K, g2l, v.n_local_submap as u64)?;
-    let div = SubmapDiv::new(v.n_pix_submap);
     // Every pixel first: a fault leaves det_data untouched.
     let none = super::FlagRule::NONE;
-    super::check_pixels(
+    let div = super::check_pixels(
         K,
         v.n_samp,
         v.intervals,
         v.pixel_index,
         pixels,
-        &div,
         g2l,
+        v.n_local_submap as u64,
+        v.n_pix_submap,
         &none,
     )?;
     let det_data = SharedMut::new(det_data);
