@@ -545,9 +545,10 @@ impl Present {
     }
 
     /// The table, locked, once none of the entries `touched` picks out (all
-    /// of them after an owner's death) is stale: stale ones are dropped (their device buffers freed) and
-    /// warned about with the lock released, then looked up again (the
-    /// warning ran Python code, which may have changed the table).
+    /// of them after an owner's death) is stale: stale ones are dropped
+    /// (their device buffers freed) and warned about with the lock
+    /// released, then looked up again (the warning ran Python code, which
+    /// may have changed the table).
     fn live_state(
         &self,
         py: Python<'_>,
